@@ -1,0 +1,235 @@
+//! The grace-period planner: when the leader must call the final round.
+//!
+//! With a grace period, the cluster saves once right after the notice, keeps
+//! training, and saves a second time as late as it safely can. Only the
+//! leader (the worker that won `TERMINATED_WORKER`) plans; it checks before
+//! each of its steps whether to publish `LAST_RUN_TO_CHECKPOINT` now.
+//!
+//! # What a final round costs
+//!
+//! If the leader publishes before step `k` at time `t`, the final save ends at
+//! about `t + agreement + step + save`: the acknowledgements, the step `k`
+//! that everyone still runs, and the save before step `k + 1`. If it does not
+//! publish now, its next chance comes one step later. So it must publish when
+//!
+//! ```text
+//! now + 2 × step + agreement + save ≥ deadline
+//! ```
+//!
+//! with `step` a high percentile (p95) of this process's recent step
+//! durations, `save` the longest save measured (the first round always
+//! measures one) times a safety factor, and `agreement` the longest measured
+//! publish-to-last-acknowledgement time.
+//!
+//! TensorFlow instead publishes at `notice + grace − 6 × mean step`: it
+//! ignores the save time, so a save longer than a few steps ends after the
+//! deadline, and its mean divides by the total run count including the runs
+//! restored from a checkpoint, so after a restart the estimate is near zero.
+//! Here only steps timed in this process count, and only the last
+//! [`WINDOW`] of them, so a slowdown shows at once.
+
+use crate::step_resolution::Notice;
+
+/// How many recent step durations the planner keeps.
+pub const WINDOW: usize = 128;
+/// The percentile of step durations planned for.
+pub const STEP_PERCENTILE: f64 = 0.95;
+/// The final save is planned as this many times the longest save measured:
+/// it writes the same tensors, but file-system latency varies.
+pub const SAVE_SAFETY: f64 = 1.5;
+/// Steps between a decision not to publish and the end of the final save
+/// (one until the next check, one more that every worker runs after the
+/// final round is published).
+pub const STEPS_AHEAD: f64 = 2.0;
+/// Fixed allowance for scheduling jitter and the exit path, in seconds.
+pub const SLACK: f64 = 0.1;
+
+/// Recent step, save and agreement durations of one worker.
+#[derive(Debug, Clone)]
+pub struct GracePlanner {
+    steps: [f64; WINDOW],
+    len: usize,
+    next: usize,
+    longest_save: Option<f64>,
+    longest_agreement: f64,
+}
+
+impl Default for GracePlanner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GracePlanner {
+    /// A planner with no measurements.
+    #[must_use]
+    pub fn new() -> Self {
+        GracePlanner {
+            steps: [0.0; WINDOW],
+            len: 0,
+            next: 0,
+            longest_save: None,
+            longest_agreement: 0.0,
+        }
+    }
+
+    /// Records one step's duration in seconds (negative or NaN values, from a
+    /// clock step, are ignored).
+    pub fn record_step(&mut self, secs: f64) {
+        if !(secs >= 0.0) {
+            return;
+        }
+        self.steps[self.next] = secs;
+        self.next = (self.next + 1) % WINDOW;
+        self.len = (self.len + 1).min(WINDOW);
+    }
+
+    /// Records one checkpoint save's duration in seconds.
+    pub fn record_save(&mut self, secs: f64) {
+        if secs >= 0.0 {
+            self.longest_save = Some(self.longest_save.map_or(secs, |s| s.max(secs)));
+        }
+    }
+
+    /// Records how long one publish waited for every acknowledgement.
+    pub fn record_agreement(&mut self, secs: f64) {
+        if secs >= 0.0 {
+            self.longest_agreement = self.longest_agreement.max(secs);
+        }
+    }
+
+    /// Number of step durations held.
+    #[must_use]
+    pub fn samples(&self) -> usize {
+        self.len
+    }
+
+    /// The longest save measured so far.
+    #[must_use]
+    pub fn longest_save(&self) -> Option<f64> {
+        self.longest_save
+    }
+
+    /// The [`STEP_PERCENTILE`] of the recent step durations (0 with none).
+    #[must_use]
+    pub fn step_estimate(&self) -> f64 {
+        if self.len == 0 {
+            return 0.0;
+        }
+        let mut recent: Vec<f64> = self.steps[..self.len].to_vec();
+        recent.sort_by(f64::total_cmp);
+        // Nearest-rank percentile: the smallest sample with at least 95 % of
+        // the samples at or below it.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+        let rank = ((STEP_PERCENTILE * self.len as f64).ceil() as usize).clamp(1, self.len);
+        recent[rank - 1]
+    }
+
+    /// Seconds the final round needs between the decision and the end of the
+    /// final save.
+    #[must_use]
+    pub fn margin(&self) -> f64 {
+        STEPS_AHEAD * self.step_estimate() + self.longest_agreement + SAVE_SAFETY * self.longest_save.unwrap_or(0.0) + SLACK
+    }
+
+    /// When the machine goes away: the notice's own deadline if it has one
+    /// and it is earlier, else `notice.at + grace_period`.
+    #[must_use]
+    pub fn deadline(notice: Notice, grace_period: f64) -> f64 {
+        let by_grace = notice.at + grace_period;
+        notice.deadline.map_or(by_grace, |d| d.min(by_grace))
+    }
+
+    /// The latest moment at which publishing the final round still lets the
+    /// final save end before the deadline.
+    #[must_use]
+    pub fn latest_publish(&self, notice: Notice, grace_period: f64) -> f64 {
+        Self::deadline(notice, grace_period) - self.margin()
+    }
+
+    /// Whether the leader must publish the final round before this step.
+    #[must_use]
+    pub fn final_round_due(&self, notice: Notice, grace_period: f64, now: f64) -> bool {
+        now >= self.latest_publish(notice, grace_period)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notice(at: f64) -> Notice {
+        Notice { at, deadline: None }
+    }
+
+    #[test]
+    fn empty_planner_publishes_just_before_the_deadline() {
+        let p = GracePlanner::new();
+        assert_eq!(p.step_estimate(), 0.0);
+        assert!((p.latest_publish(notice(100.0), 10.0) - (110.0 - SLACK)).abs() < 1e-9);
+        assert!(!p.final_round_due(notice(100.0), 10.0, 109.0));
+        assert!(p.final_round_due(notice(100.0), 10.0, 109.95));
+    }
+
+    #[test]
+    fn save_time_moves_the_final_round_earlier() {
+        let mut p = GracePlanner::new();
+        for _ in 0..50 {
+            p.record_step(0.05);
+        }
+        p.record_save(2.0);
+        p.record_agreement(0.01);
+        // margin = 2 × 0.05 + 0.01 + 1.5 × 2.0 + 0.1 = 3.21
+        assert!((p.margin() - 3.21).abs() < 1e-9);
+        assert!(!p.final_round_due(notice(0.0), 10.0, 6.7));
+        assert!(p.final_round_due(notice(0.0), 10.0, 6.8));
+    }
+
+    #[test]
+    fn percentile_follows_the_slow_tail_not_the_mean() {
+        let mut p = GracePlanner::new();
+        for i in 0..100 {
+            p.record_step(if i % 10 == 0 { 1.0 } else { 0.1 });
+        }
+        // 10 % of steps take 1 s: the p95 is 1 s, the mean only 0.19 s.
+        assert_eq!(p.step_estimate(), 1.0);
+    }
+
+    #[test]
+    fn window_forgets_old_steps() {
+        let mut p = GracePlanner::new();
+        for _ in 0..WINDOW {
+            p.record_step(5.0);
+        }
+        for _ in 0..WINDOW {
+            p.record_step(0.01);
+        }
+        assert_eq!(p.samples(), WINDOW);
+        assert_eq!(p.step_estimate(), 0.01);
+    }
+
+    #[test]
+    fn negative_and_nan_durations_are_ignored() {
+        let mut p = GracePlanner::new();
+        p.record_step(-1.0);
+        p.record_step(f64::NAN);
+        p.record_save(-3.0);
+        assert_eq!(p.samples(), 0);
+        assert_eq!(p.longest_save(), None);
+    }
+
+    #[test]
+    fn platform_deadline_wins_when_earlier() {
+        let n = Notice { at: 0.0, deadline: Some(30.0) };
+        assert_eq!(GracePlanner::deadline(n, 3600.0), 30.0);
+        assert_eq!(GracePlanner::deadline(n, 10.0), 10.0);
+    }
+
+    #[test]
+    fn longest_save_is_kept() {
+        let mut p = GracePlanner::new();
+        p.record_save(1.0);
+        p.record_save(0.5);
+        assert_eq!(p.longest_save(), Some(1.0));
+    }
+}

@@ -1,0 +1,23 @@
+//! The core of `tf-failure-handling`: preemption handling for `tf.distribute`.
+//!
+//! TensorFlow's `PreemptionCheckpointHandler` keeps its protocol in Python
+//! threads and events. Here the protocol is a set of sans-IO state machines:
+//! they take events and the current time, and return what to do. The Python
+//! package (`python/tf_failure_handling`) performs those actions against
+//! TensorFlow: coordination-service keys, checkpoint saves, the exit.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`step_resolution`] | who saves at which step; claims, acknowledgements, the two grace rounds |
+//! | [`grace`] | when the final round of a grace period must start |
+//! | [`termination`] | signal plumbing that turns a delivery into one wake-up, from any thread |
+//!
+//! The PyO3 binding (`python` feature, on when built by maturin) is the only
+//! module that knows about Python; `cargo test` needs no Python.
+
+pub mod grace;
+pub mod step_resolution;
+pub mod termination;
+
+#[cfg(feature = "python")]
+mod python;

@@ -1,0 +1,473 @@
+//! Step resolution: which worker saves at which step, and when everyone exits.
+//!
+//! # Actors
+//!
+//! Every worker of a `MultiWorkerMirroredStrategy` cluster runs one
+//! [`Resolver`]. Three threads of a worker feed it events:
+//!
+//! * the **training thread** calls [`Resolver::before_step`] before every
+//!   `run()` and [`Resolver::on_saved`] after a save;
+//! * the **notice watcher** (signals, a user's `termination_watcher_fn`, later
+//!   metadata servers) calls [`Resolver::on_notice`] and then
+//!   [`Resolver::on_claim`] with the outcome of claiming `TERMINATED_WORKER`;
+//! * the **peer watcher** blocks on the coordination service for the step key
+//!   of the current round and calls [`Resolver::on_step_key`] with its value.
+//!
+//! The resolver never performs I/O and never reads a clock: every method takes
+//! what happened (and `now`, in seconds on a monotonic clock the caller
+//! chooses) and returns what the caller must do next. The caller owns the
+//! coordination service, the checkpoint and the exit.
+//!
+//! # Keys (identical to TensorFlow 2.21, so mixed clusters and tools agree)
+//!
+//! | key | written by | value |
+//! | --- | --- | --- |
+//! | `TERMINATED_WORKER` | the first worker with a notice | its id; later writers get AlreadyExists and stand down |
+//! | `RUN_TO_CHECKPOINT` | that worker, at its next `run()` | its run count + 1 |
+//! | `RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_<id>` | every worker's peer watcher | `"1"` |
+//! | `LAST_RUN_TO_CHECKPOINT` | the same worker, when the grace period runs out | its run count + 1 |
+//! | `RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_<id>` | every worker's peer watcher | `"1"` |
+//! | both step keys | every worker at shutdown | `STOP_WATCHER`, to release blocked readers |
+//!
+//! # States of one worker
+//!
+//! ```text
+//!  Training ──notice──▶ Claiming ──won──▶ Leading ──before_step──▶ Publish(k = runs+1)
+//!     │                    └─lost─▶ (stands down, follows the leader)
+//!     └──step key k──▶ Agreed(k) ──before_step with runs == k──▶ Save
+//!  Save ──grace 0 or final round──▶ Exit
+//!  Save ──grace > 0, first round──▶ Countdown: the leader publishes the final
+//!        step when the grace planner says the last save would otherwise end
+//!        after the deadline; everyone saves once more and exits.
+//! ```
+//!
+//! Workers of a synchronous cluster are at most one step apart: a step's
+//! collectives cannot finish until every worker joined them. The leader
+//! publishes `runs + 1` *before* starting that step and waits for every
+//! acknowledgement (bounded by the caller's peer timeout), so every worker has
+//! the agreed step before it can finish step `runs + 1`, and each saves exactly
+//! once, at the same step, in each round.
+//!
+//! A notice that arrives while a round is in progress, or during the
+//! countdown, changes nothing: the cluster is already going down at the
+//! leader's pace (TensorFlow behaves the same way).
+
+use thiserror::Error;
+
+use crate::grace::GracePlanner;
+
+/// Claimed by the first worker with a notice; its value is that worker's id.
+pub const TERMINATED_WORKER: &str = "TERMINATED_WORKER";
+/// Step key of the first round.
+pub const RUN_TO_CHECKPOINT: &str = "RUN_TO_CHECKPOINT";
+/// Step key of the second (final) round, used only with a grace period.
+pub const LAST_RUN_TO_CHECKPOINT: &str = "LAST_RUN_TO_CHECKPOINT";
+/// Prefix of the acknowledgement keys.
+pub const ACK_PREFIX: &str = "RECEIVED_SIGNAL";
+/// Written to both step keys at shutdown so blocked readers return.
+pub const STOP_WATCHER: &str = "STOP_WATCHER";
+/// Key that `PreemptionWatcher` reads.
+pub const PREEMPTION_NOTICE_KEY: &str = "TF_DEFAULT_PREEMPTION_NOTICE_KEY";
+/// Name of the run counter variable attached to the user's checkpoint.
+pub const CHECKPOINTED_RUNS: &str = "checkpointed_runs";
+/// Value of the acknowledgement keys.
+pub const ACK_VALUE: &str = "1";
+
+/// One of the two agreement rounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Round {
+    /// Save as soon as possible after the notice.
+    Initial,
+    /// Save right before the grace period ends.
+    Final,
+}
+
+impl Round {
+    /// The coordination-service key that carries this round's agreed step.
+    #[must_use]
+    pub fn key(self) -> &'static str {
+        match self {
+            Round::Initial => RUN_TO_CHECKPOINT,
+            Round::Final => LAST_RUN_TO_CHECKPOINT,
+        }
+    }
+
+    /// The key worker `id` writes to acknowledge this round.
+    #[must_use]
+    pub fn ack_key(self, id: &str) -> String {
+        format!("{ACK_PREFIX}_{}_{id}", self.key())
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Round::Initial => 0,
+            Round::Final => 1,
+        }
+    }
+}
+
+/// Where this worker sits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Membership {
+    /// No cluster (MirroredStrategy, OneDevice, an empty ClusterSpec): id
+    /// `single_worker`, chief, no coordination service.
+    Local,
+    /// A member of a multi-worker cluster with `num_workers` members whose
+    /// ids are `0..num_workers` (TensorFlow's `id_in_cluster`).
+    Worker {
+        /// This worker's `id_in_cluster`.
+        id: u32,
+        /// How many workers acknowledge each round.
+        num_workers: u32,
+    },
+}
+
+impl Membership {
+    /// The id used in keys: `single_worker` locally, else the decimal id.
+    #[must_use]
+    pub fn id(&self) -> String {
+        match self {
+            Membership::Local => "single_worker".to_owned(),
+            Membership::Worker { id, .. } => id.to_string(),
+        }
+    }
+}
+
+/// A termination notice as a source reported it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Notice {
+    /// When the notice was seen (seconds, caller's monotonic clock).
+    pub at: f64,
+    /// When the platform takes the machine away, if it said so.
+    pub deadline: Option<f64>,
+}
+
+/// What the caller does with a notice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoticeOutcome {
+    /// Local mode: this worker leads; nothing to write.
+    Lead,
+    /// Write `TERMINATED_WORKER = value`, then report the outcome with
+    /// [`Resolver::on_claim`].
+    Claim {
+        /// Always [`TERMINATED_WORKER`].
+        key: &'static str,
+        /// This worker's id.
+        value: String,
+    },
+    /// Ignored: a claim is already in progress, a round is under way, the
+    /// countdown runs, or the worker is done.
+    Ignored,
+}
+
+/// What the caller does with a step key's value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyOutcome {
+    /// Write `key = "1"`; then, if `watch_next` is set, block on that round's
+    /// key next, else the peer watcher is done.
+    Ack {
+        /// The acknowledgement key for this worker and round.
+        key: String,
+        /// The round to watch after acknowledging, if any.
+        watch_next: Option<Round>,
+    },
+    /// The value was `STOP_WATCHER`: the peer watcher ends.
+    Stop,
+}
+
+/// What the training thread does before a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Run the step.
+    Proceed,
+    /// This worker leads: publish `step` for `round`. In multi-worker mode,
+    /// write `round.key() = step` and wait (bounded) for the acknowledgements
+    /// `ack_keys`; then run the step.
+    Publish {
+        /// The round being agreed.
+        round: Round,
+        /// The agreed step (run count + 1).
+        step: u64,
+        /// Keys to wait for; empty in local mode.
+        ack_keys: Vec<String>,
+    },
+    /// Save a checkpoint now, then call [`Resolver::on_saved`].
+    Save {
+        /// The round this save completes.
+        round: Round,
+        /// The run count being saved.
+        step: u64,
+    },
+}
+
+/// What follows a save.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterSave {
+    /// Stop the watchers, clean up and call the exit function.
+    Exit,
+    /// Keep training through the grace period; a final round follows.
+    Countdown,
+}
+
+/// Errors of [`Resolver::on_step_key`].
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum StepKeyError {
+    /// The value is neither a run count nor `STOP_WATCHER`.
+    #[error("coordination-service key {key} holds {value:?}, which is not a run count")]
+    Malformed {
+        /// The key read.
+        key: &'static str,
+        /// What it held.
+        value: String,
+    },
+}
+
+/// Errors of [`Resolver::on_saved`].
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SaveError {
+    /// `on_saved` without a preceding [`Decision::Save`] for that round.
+    #[error("a save for the {0:?} round was reported, but none was asked for")]
+    Unexpected(Round),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Claim {
+    Idle,
+    Pending,
+    Won,
+    Lost,
+}
+
+/// The per-worker state machine; see the module documentation.
+#[derive(Debug)]
+pub struct Resolver {
+    membership: Membership,
+    id: String,
+    grace_period: f64,
+    round: Round,
+    claim: Claim,
+    notice: Option<Notice>,
+    /// Agreed step per round, as received from the leader (or set by it).
+    agreed: [Option<u64>; 2],
+    published: [bool; 2],
+    /// A `Save` was handed out and not yet reported.
+    saving: Option<Round>,
+    saved: [bool; 2],
+    exited: bool,
+}
+
+impl Resolver {
+    /// A resolver for `membership` with a grace period in seconds (`<= 0`:
+    /// save once and exit).
+    #[must_use]
+    pub fn new(membership: Membership, grace_period: f64) -> Self {
+        let id = membership.id();
+        Resolver {
+            membership,
+            id,
+            grace_period,
+            round: Round::Initial,
+            claim: Claim::Idle,
+            notice: None,
+            agreed: [None, None],
+            published: [false, false],
+            saving: None,
+            saved: [false, false],
+            exited: false,
+        }
+    }
+
+    /// This worker's id as used in keys.
+    #[must_use]
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The membership this resolver was built with.
+    #[must_use]
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// The grace period in seconds.
+    #[must_use]
+    pub fn grace_period(&self) -> f64 {
+        self.grace_period
+    }
+
+    /// The round in progress.
+    #[must_use]
+    pub fn round(&self) -> Round {
+        self.round
+    }
+
+    /// The notice this worker leads with, once its claim was won.
+    #[must_use]
+    pub fn leading_notice(&self) -> Option<Notice> {
+        (self.claim == Claim::Won).then_some(self.notice).flatten()
+    }
+
+    /// The agreed step of the round in progress, if known.
+    #[must_use]
+    pub fn agreed_step(&self) -> Option<u64> {
+        self.agreed[self.round.index()]
+    }
+
+    /// True once [`AfterSave::Exit`] was returned.
+    #[must_use]
+    pub fn exited(&self) -> bool {
+        self.exited
+    }
+
+    /// True in the grace-period countdown (after the first save).
+    #[must_use]
+    pub fn counting_down(&self) -> bool {
+        self.round == Round::Final
+    }
+
+    /// Whether [`Resolver::before_step`] can return anything but `Proceed`.
+    /// The binding mirrors this in one atomic flag: with no notice anywhere,
+    /// the check before a step is a single load.
+    #[must_use]
+    pub fn needs_attention(&self) -> bool {
+        if self.exited {
+            return false;
+        }
+        let r = self.round.index();
+        (self.agreed[r].is_some() && !self.saved[r])
+            || (self.claim == Claim::Won && !self.published[r])
+    }
+
+    /// A termination source reported a notice for this worker.
+    pub fn on_notice(&mut self, notice: Notice) -> NoticeOutcome {
+        if self.exited
+            || self.claim != Claim::Idle
+            || self.round == Round::Final
+            || self.agreed[Round::Initial.index()].is_some()
+        {
+            return NoticeOutcome::Ignored;
+        }
+        self.notice = Some(notice);
+        match self.membership {
+            Membership::Local => {
+                self.claim = Claim::Won;
+                NoticeOutcome::Lead
+            }
+            Membership::Worker { .. } => {
+                self.claim = Claim::Pending;
+                NoticeOutcome::Claim {
+                    key: TERMINATED_WORKER,
+                    value: self.id.clone(),
+                }
+            }
+        }
+    }
+
+    /// The outcome of writing `TERMINATED_WORKER`: `won` when the write
+    /// succeeded, false when a peer held it (AlreadyExists). Ignored unless a
+    /// claim is pending.
+    pub fn on_claim(&mut self, won: bool) {
+        if self.claim != Claim::Pending {
+            return;
+        }
+        self.claim = if won { Claim::Won } else { Claim::Lost };
+    }
+
+    /// The peer watcher read `value` from `round.key()`.
+    ///
+    /// # Errors
+    ///
+    /// [`StepKeyError::Malformed`] when the value is neither a run count nor
+    /// `STOP_WATCHER`; the state is unchanged.
+    pub fn on_step_key(&mut self, round: Round, value: &str) -> Result<KeyOutcome, StepKeyError> {
+        if value == STOP_WATCHER {
+            return Ok(KeyOutcome::Stop);
+        }
+        let step: u64 = value.trim().parse().map_err(|_| StepKeyError::Malformed {
+            key: round.key(),
+            value: value.to_owned(),
+        })?;
+        let slot = &mut self.agreed[round.index()];
+        if slot.is_none() {
+            *slot = Some(step);
+        }
+        let watch_next = (round == Round::Initial && self.grace_period > 0.0).then_some(Round::Final);
+        Ok(KeyOutcome::Ack {
+            key: round.ack_key(&self.id),
+            watch_next,
+        })
+    }
+
+    /// Called before every step with the number of completed runs. In the
+    /// countdown, the leader asks `planner` whether the final round is due.
+    pub fn before_step(&mut self, run_count: u64, now: f64, planner: &GracePlanner) -> Decision {
+        if self.exited || self.saving.is_some() {
+            return Decision::Proceed;
+        }
+        let round = self.round;
+        let r = round.index();
+        if let Some(step) = self.agreed[r] {
+            if run_count == step && !self.saved[r] {
+                self.saving = Some(round);
+                return Decision::Save { round, step };
+            }
+            return Decision::Proceed;
+        }
+        if self.claim != Claim::Won || self.published[r] {
+            return Decision::Proceed;
+        }
+        let notice = self.notice.expect("a won claim always has its notice");
+        if round == Round::Final && !planner.final_round_due(notice, self.grace_period, now) {
+            return Decision::Proceed;
+        }
+        let step = run_count + 1;
+        self.published[r] = true;
+        // The leader knows the value it publishes; recording it here rather
+        // than waiting for its own peer watcher removes a race and keeps
+        // local mode identical.
+        self.agreed[r] = Some(step);
+        let ack_keys = match self.membership {
+            Membership::Local => Vec::new(),
+            Membership::Worker { num_workers, .. } => (0..num_workers).map(|i| round.ack_key(&i.to_string())).collect(),
+        };
+        Decision::Publish { round, step, ack_keys }
+    }
+
+    /// The save asked for by [`Decision::Save`] finished.
+    ///
+    /// # Errors
+    ///
+    /// [`SaveError::Unexpected`] when no save for `round` was asked for.
+    pub fn on_saved(&mut self, round: Round) -> Result<AfterSave, SaveError> {
+        if self.saving != Some(round) {
+            return Err(SaveError::Unexpected(round));
+        }
+        self.saving = None;
+        self.saved[round.index()] = true;
+        if self.grace_period <= 0.0 || round == Round::Final {
+            self.exited = true;
+            Ok(AfterSave::Exit)
+        } else {
+            self.round = Round::Final;
+            Ok(AfterSave::Countdown)
+        }
+    }
+
+    /// The save asked for by [`Decision::Save`] failed; the next
+    /// `before_step` at the same run count asks again.
+    pub fn on_save_failed(&mut self) {
+        self.saving = None;
+    }
+
+    /// Keys to write `STOP_WATCHER` to at shutdown (none in local mode).
+    #[must_use]
+    pub fn shutdown_keys(&self) -> &'static [&'static str] {
+        match self.membership {
+            Membership::Local => &[],
+            Membership::Worker { .. } => &[RUN_TO_CHECKPOINT, LAST_RUN_TO_CHECKPOINT],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,319 @@
+"""Harness for the multi-process MultiWorkerMirroredStrategy integration tests.
+
+Each test starts real worker processes (``mwms_worker.py``) on 127.0.0.1 only,
+talks to them through signals and files, and reads what they did from the
+``EVENT {json}`` lines they print.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORKER_SCRIPT = Path(__file__).resolve().parent / "mwms_worker.py"
+EVENT_PREFIX = "EVENT "
+
+_TF_IMPORT_ERROR: str | None = None
+_TF_CHECKED = False
+
+
+def _tensorflow_import_error() -> str | None:
+    """None if tensorflow imports, else a description of why it does not."""
+    global _TF_CHECKED, _TF_IMPORT_ERROR
+    if not _TF_CHECKED:
+        _TF_CHECKED = True
+        try:
+            importlib.import_module("tensorflow")
+        except Exception as e:  # noqa: BLE001 - any import failure means "no TF"
+            _TF_IMPORT_ERROR = f"{type(e).__name__}: {e}"
+    return _TF_IMPORT_ERROR
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).resolve().parent
+    ours = [item for item in items if here in Path(str(item.fspath)).resolve().parents]
+    if not ours:
+        return
+    error = _tensorflow_import_error()
+    if error is None:
+        return
+    marker = pytest.mark.skip(
+        reason=f"tensorflow cannot be imported, MWMS integration tests skipped ({error})")
+    for item in ours:
+        item.add_marker(marker)
+
+
+def ours_import_error() -> str | None:
+    """None if ``tf_failure_handling`` imports, else the ImportError text."""
+    try:
+        importlib.import_module("tf_failure_handling")
+    except ImportError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def require_impl(impl: str) -> str:
+    """Skip the calling test when ``impl`` is "ours" and the package is not built."""
+    if impl == "ours" and ours_import_error() is not None:
+        pytest.skip("tf_failure_handling not built")
+    return impl
+
+
+@pytest.fixture(params=["tf", "ours"])
+def impl(request) -> str:
+    """Which handler classes the workers use: TF's or tf_failure_handling's."""
+    return require_impl(request.param)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports that are free on 127.0.0.1 right now."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def parse_events(text: str) -> list[dict]:
+    """The EVENT records in a worker's stdout (a partial last line is ignored)."""
+    events = []
+    for line in text.splitlines(keepends=True):
+        if not line.startswith(EVENT_PREFIX) or not line.endswith("\n"):
+            continue
+        try:
+            events.append(json.loads(line[len(EVENT_PREFIX):]))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+_LIVE_PROCESSES: set[subprocess.Popen] = set()
+
+
+def _kill_live_processes() -> None:
+    for proc in list(_LIVE_PROCESSES):
+        if proc.poll() is None:
+            proc.kill()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        _LIVE_PROCESSES.discard(proc)
+
+
+atexit.register(_kill_live_processes)
+
+
+class Cluster:
+    """N ``mwms_worker.py`` processes forming one MWMS cluster on 127.0.0.1."""
+
+    def __init__(self, workdir: Path, *, impl: str, ckpt_dir: Path, num_workers: int = 2,
+                 steps: int = 60, step_sleep: float = 0.03, extra_args=(),
+                 worker_args=None, name: str = "cluster"):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.impl = impl
+        self.ckpt_dir = Path(ckpt_dir)
+        self.num_workers = num_workers
+        self.steps = steps
+        self.step_sleep = step_sleep
+        self.extra_args = list(extra_args)
+        self.worker_args = worker_args or {}
+        self.name = name
+        self.ports: list[int] = []
+        self.procs: list[subprocess.Popen] = []
+        self.returncodes: list[int | None] = [None] * num_workers
+        self.stdout_paths = [self.workdir / f"{name}-worker{i}.stdout"
+                             for i in range(num_workers)]
+        self.stderr_paths = [self.workdir / f"{name}-worker{i}.stderr"
+                             for i in range(num_workers)]
+        self.signal_times: dict[int, float] = {}
+
+    # -- lifecycle ---------------------------------------------------------
+    def command(self, index: int) -> list[str]:
+        cmd = [
+            sys.executable, str(WORKER_SCRIPT),
+            "--ports", ",".join(str(p) for p in self.ports),
+            "--index", str(index),
+            "--impl", self.impl,
+            "--ckpt-dir", str(self.ckpt_dir),
+            "--steps", str(self.steps),
+            "--step-sleep", str(self.step_sleep),
+            *self.extra_args,
+        ]
+        cmd += [str(a) for a in self.worker_args.get(index, ())]
+        return cmd
+
+    @staticmethod
+    def environment() -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("TF_CONFIG", None)
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        env["PYTHONUNBUFFERED"] = "1"
+        # TF (and the package) probe the GCE metadata server to detect the
+        # platform: keep that probe on the loopback interface.
+        env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+        env.setdefault("NO_PROXY", "127.0.0.1,localhost")
+        env.setdefault("no_proxy", "127.0.0.1,localhost")
+        return env
+
+    def start(self) -> Cluster:
+        assert not self.procs, "cluster already started"
+        self.ports = free_ports(self.num_workers)
+        env = self.environment()
+        for i in range(self.num_workers):
+            with open(self.stdout_paths[i], "wb") as out, \
+                    open(self.stderr_paths[i], "wb") as err:
+                proc = subprocess.Popen(self.command(i), stdout=out, stderr=err,
+                                        stdin=subprocess.DEVNULL, env=env,
+                                        cwd=str(self.workdir))
+            _LIVE_PROCESSES.add(proc)
+            self.procs.append(proc)
+        return self
+
+    def kill(self) -> None:
+        """Kill whatever is still running (teardown)."""
+        for i, proc in enumerate(self.procs):
+            if proc.poll() is None:
+                proc.kill()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            self.returncodes[i] = proc.poll()
+            _LIVE_PROCESSES.discard(proc)
+
+    # -- observation -------------------------------------------------------
+    def events(self, index: int, kind: str | None = None) -> list[dict]:
+        try:
+            text = self.stdout_paths[index].read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        events = parse_events(text)
+        if kind is not None:
+            events = [e for e in events if e["event"] == kind]
+        return events
+
+    def stderr_tail(self, index: int, lines: int = 40) -> str:
+        return _tail(self.stderr_paths[index], lines)
+
+    def describe(self, index: int) -> str:
+        proc = self.procs[index] if index < len(self.procs) else None
+        rc = None if proc is None else proc.poll()
+        events = self.events(index)
+        last = json.dumps(events[-3:])[:1500] if events else "none"
+        return (f"{self.name} worker {index} (impl={self.impl}, pid="
+                f"{None if proc is None else proc.pid}, returncode={rc})\n"
+                f"  last events: {last}\n"
+                f"  stderr tail:\n{self.stderr_tail(index)}")
+
+    def wait_until(self, predicate, timeout: float, what: str,
+                   poll: float = 0.02) -> None:
+        """Poll ``predicate()`` until true; fail with ``what`` and the workers' state."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(poll)
+        if predicate():
+            return
+        details = "\n".join(self.describe(i) for i in range(self.num_workers))
+        pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{details}")
+
+    def progress(self, index: int) -> int:
+        """Highest step reported in a ``progress`` event by worker ``index``."""
+        steps = [e["step"] for e in self.events(index, "progress")]
+        return max(steps, default=-1)
+
+    def wait_for_progress(self, min_step: int, timeout: float = 60.0) -> None:
+        def ready():
+            for i in range(self.num_workers):
+                if self.progress(i) >= min_step:
+                    continue
+                if self.procs[i].poll() is not None:
+                    details = self.describe(i)
+                    pytest.fail(f"worker {i} exited before reaching step {min_step}\n"
+                                f"{details}")
+                return False
+            return True
+
+        self.wait_until(ready, timeout,
+                        f"all {self.num_workers} workers to report progress >= {min_step}")
+
+    def send_signal(self, index: int, sig: int = signal.SIGTERM) -> float:
+        """Send ``sig`` to worker ``index``; returns the time.time() it was sent."""
+        proc = self.procs[index]
+        assert proc.poll() is None, f"worker {index} already exited:\n{self.describe(index)}"
+        sent = time.time()
+        proc.send_signal(sig)
+        self.signal_times[index] = sent
+        return sent
+
+    def wait(self, timeout: float = 60.0, what: str = "the workers to exit") -> list[int]:
+        """Wait (bounded) for every worker to exit; returns their exit codes."""
+        deadline = time.monotonic() + timeout
+        for i, proc in enumerate(self.procs):
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                self.returncodes[i] = proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                still = [j for j, p in enumerate(self.procs) if p.poll() is None]
+                details = "\n".join(self.describe(j) for j in range(self.num_workers))
+                self.kill()
+                pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}: "
+                            f"workers {still} still running (killed)\n{details}")
+            _LIVE_PROCESSES.discard(proc)
+        return list(self.returncodes)
+
+    def run_to_completion(self, timeout: float = 90.0) -> list[dict]:
+        """Start (if needed), wait for exit 0 everywhere; return the ``done`` events."""
+        if not self.procs:
+            self.start()
+        codes = self.wait(timeout, "an uninterrupted run to finish")
+        details = "\n".join(self.describe(i) for i in range(self.num_workers))
+        assert codes == [0] * self.num_workers, f"exit codes {codes}\n{details}"
+        done = []
+        for i in range(self.num_workers):
+            events = self.events(i, "done")
+            assert len(events) == 1, f"worker {i} printed no done event\n{details}"
+            done.append(events[0])
+        return done
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    """``make(name=..., impl=..., ckpt_dir=..., ...)`` -> Cluster; all killed at teardown."""
+    clusters: list[Cluster] = []
+
+    def make(**kwargs) -> Cluster:
+        kwargs.setdefault("ckpt_dir", tmp_path / "train" / "ckpt")
+        cluster = Cluster(tmp_path, **kwargs)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.kill()

@@ -1,0 +1,245 @@
+"""One MultiWorkerMirroredStrategy worker driven by a PreemptionCheckpointHandler.
+
+Run as a standalone script (one process per worker, all on 127.0.0.1)::
+
+    python mwms_worker.py --ports 23001,23002 --index 0 --impl tf \
+        --ckpt-dir /tmp/ckpt --steps 80 --step-sleep 0.03
+
+``--impl tf`` uses ``tf.distribute.experimental.PreemptionCheckpointHandler`` /
+``TerminationConfig``; ``--impl ours`` uses ``tf_failure_handling``'s classes.
+
+Everything the tests (and the demo) need to know is printed on stdout as one
+JSON object per line, prefixed with ``EVENT ``:
+
+* ``start``: ``restored`` (``handler.total_run_calls`` after construction), ``pid``,
+  ``index``, ``impl``.
+* ``progress``: every ``--progress-every`` steps: ``step`` (run calls done), ``loss``.
+* ``save``: every ``tf.train.CheckpointManager.save`` call in this process (whoever
+  makes it): ``runs`` (the ``checkpointed_runs`` value being saved), ``t_start``,
+  ``t_end`` (``time.time()``), ``directory``, ``path``.
+* ``signal``: when the worker sends itself SIGTERM (``--signal-self-at-step``).
+* ``exit``: when a ``SystemExit`` leaves the training loop (``code``).
+* ``error``: when an exception leaves the training loop (``type``, ``message``).
+* ``done``: after a full run: ``steps``, ``weights`` (flat lists of floats).
+
+The training data is a deterministic function of the global step index (and of the
+worker index), so a resumed run sees exactly the batches an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+IN_FEATURES = 4
+OUT_FEATURES = 2
+PER_WORKER_BATCH = 8
+LEARNING_RATE = 0.05
+MOMENTUM = 0.9
+
+
+def emit(event: str, **fields) -> None:
+    """Print one instrumentation event as a JSON line and flush it."""
+    fields = {"event": event, "t": time.time(), **fields}
+    sys.stdout.write("EVENT " + json.dumps(fields, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ports", required=True,
+                   help="comma-separated ports of all workers (all on 127.0.0.1)")
+    p.add_argument("--index", type=int, required=True, help="this worker's index")
+    p.add_argument("--impl", choices=("tf", "ours"), default="tf")
+    p.add_argument("--ckpt-dir", required=True)
+    p.add_argument("--steps", type=int, default=80, help="total run calls")
+    p.add_argument("--step-sleep", type=float, default=0.03,
+                   help="seconds slept (python side) inside each step")
+    p.add_argument("--grace", type=float, default=0.0,
+                   help="TerminationConfig grace_period (0 = handler default)")
+    p.add_argument("--watcher-file", default=None,
+                   help="termination_watcher_fn = the file exists")
+    p.add_argument("--exit-code", type=int, default=None,
+                   help="exit_fn = sys.exit(CODE) (default: the handler's own)")
+    p.add_argument("--fail-at-step", type=int, default=None,
+                   help="raise an OpError inside the train function at this step")
+    p.add_argument("--signal-self-at-step", type=int, default=None,
+                   help="send SIGTERM to this process before this step")
+    p.add_argument("--progress-every", type=int, default=10)
+    return p.parse_args(argv)
+
+
+def tf_config(ports: list[int], index: int) -> dict:
+    return {
+        "cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+        "task": {"type": "worker", "index": index},
+    }
+
+
+def batch_for(step: int, index: int):
+    """The (x, y) batch worker ``index`` trains on at global step ``step``."""
+    import numpy as np
+
+    rng = np.random.default_rng([step, index])
+    x = rng.standard_normal((PER_WORKER_BATCH, IN_FEATURES)).astype(np.float32)
+    true_w = np.arange(IN_FEATURES * OUT_FEATURES, dtype=np.float32).reshape(
+        IN_FEATURES, OUT_FEATURES) / 10.0
+    y = x @ true_w + 0.5 + 0.01 * rng.standard_normal(
+        (PER_WORKER_BATCH, OUT_FEATURES)).astype(np.float32)
+    return x, y
+
+
+def handler_classes(impl: str):
+    """(PreemptionCheckpointHandler, TerminationConfig) for ``impl``."""
+    if impl == "ours":
+        import tf_failure_handling as tfh
+
+        return tfh.PreemptionCheckpointHandler, tfh.TerminationConfig
+    import tensorflow as tf
+
+    return (tf.distribute.experimental.PreemptionCheckpointHandler,
+            tf.distribute.experimental.TerminationConfig)
+
+
+def instrument_checkpoint_manager_saves() -> None:
+    """Make every ``tf.train.CheckpointManager.save`` print a ``save`` event."""
+    import tensorflow as tf
+
+    cls = tf.train.CheckpointManager
+    if getattr(cls.save, "_mwms_worker_instrumented", False):
+        return
+    original = cls.save
+
+    def save(self, *args, **kwargs):
+        runs_var = getattr(self.checkpoint, "checkpointed_runs", None)
+        runs = None if runs_var is None else int(runs_var.numpy())
+        t_start = time.time()
+        path = original(self, *args, **kwargs)
+        t_end = time.time()
+        emit("save", runs=runs, t_start=t_start, t_end=t_end,
+             directory=os.path.abspath(self.directory), path=path)
+        return path
+
+    save._mwms_worker_instrumented = True
+    cls.save = save
+
+
+def build_training(strategy):
+    """Variables, optimizer state and the distributed single-step function."""
+    import tensorflow as tf
+
+    mean = tf.VariableAggregation.MEAN
+    with strategy.scope():
+        kernel = tf.Variable(
+            tf.reshape(tf.linspace(-0.3, 0.3, IN_FEATURES * OUT_FEATURES),
+                       (IN_FEATURES, OUT_FEATURES)),
+            name="kernel", aggregation=mean)
+        bias = tf.Variable(tf.zeros((OUT_FEATURES,)), name="bias", aggregation=mean)
+        model = tf.Module(name="model")
+        model.kernel, model.bias = kernel, bias
+        optimizer = tf.Module(name="sgd_momentum")
+        optimizer.iterations = tf.Variable(
+            tf.constant(0, tf.int64), name="iterations",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        optimizer.v_kernel = tf.Variable(tf.zeros_like(kernel), name="v_kernel",
+                                         aggregation=mean)
+        optimizer.v_bias = tf.Variable(tf.zeros_like(bias), name="v_bias",
+                                       aggregation=mean)
+
+    def step_fn(x, y, fail):
+        with tf.GradientTape() as tape:
+            pred = tf.matmul(x, kernel) + bias
+            loss = tf.reduce_mean(tf.square(pred - y))
+            # Injected failure: a real OpError (InvalidArgumentError) raised by an
+            # op inside the distributed train function, before the all-reduce.
+            loss = tf.debugging.check_numerics(
+                loss * tf.where(fail, float("inf"), 1.0), "injected failure")
+        g_kernel, g_bias = tape.gradient(loss, [kernel, bias])
+        # MEAN-aggregated assignments in replica context all-reduce the update.
+        optimizer.v_kernel.assign(MOMENTUM * optimizer.v_kernel + g_kernel)
+        optimizer.v_bias.assign(MOMENTUM * optimizer.v_bias + g_bias)
+        kernel.assign_sub(LEARNING_RATE * optimizer.v_kernel)
+        bias.assign_sub(LEARNING_RATE * optimizer.v_bias)
+        optimizer.iterations.assign_add(1)
+        return loss
+
+    @tf.function
+    def distributed_step(x, y, fail):
+        per_replica = strategy.run(step_fn, args=(x, y, fail))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    return model, optimizer, distributed_step
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    ports = [int(p) for p in args.ports.split(",") if p]
+    os.environ["TF_CONFIG"] = json.dumps(tf_config(ports, args.index))
+    # Keep TF's GCE probe on the loopback interface (refused at once => not GCE).
+    os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+
+    import tensorflow as tf
+
+    handler_cls, config_cls = handler_classes(args.impl)
+    instrument_checkpoint_manager_saves()
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, optimizer, distributed_step = build_training(strategy)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+    config_kwargs = {}
+    if args.watcher_file:
+        watcher_file = args.watcher_file
+        config_kwargs["termination_watcher_fn"] = lambda: os.path.exists(watcher_file)
+    if args.exit_code is not None:
+        exit_code = args.exit_code
+        config_kwargs["exit_fn"] = lambda: sys.exit(exit_code)
+    if args.grace > 0:
+        config_kwargs["grace_period"] = args.grace
+    termination_config = config_cls(**config_kwargs) if config_kwargs else None
+
+    handler = handler_cls(strategy.cluster_resolver, checkpoint,
+                          checkpoint_dir=args.ckpt_dir,
+                          termination_config=termination_config)
+    start = int(handler.total_run_calls)
+    emit("start", restored=start, pid=os.getpid(), index=args.index,
+         impl=args.impl, steps=args.steps)
+
+    def train_step(step: int):
+        x, y = batch_for(step, args.index)
+        fail = args.fail_at_step is not None and step == args.fail_at_step
+        loss = distributed_step(tf.constant(x), tf.constant(y), tf.constant(fail))
+        if args.step_sleep > 0:
+            time.sleep(args.step_sleep)
+        return loss
+
+    step = start
+    try:
+        for step in range(start, args.steps):
+            if args.signal_self_at_step is not None and step == args.signal_self_at_step:
+                emit("signal", step=step, signum=int(signal.SIGTERM))
+                os.kill(os.getpid(), signal.SIGTERM)
+            loss = handler.run(train_step, step)
+            if (step + 1) % args.progress_every == 0:
+                emit("progress", step=step + 1, loss=float(loss))
+    except SystemExit as e:
+        emit("exit", code=e.code, step=step)
+        raise
+    except BaseException as e:
+        emit("error", type=type(e).__name__, message=str(e)[:2000], step=step)
+        raise
+
+    emit("done", steps=args.steps, total_run_calls=int(handler.total_run_calls),
+         weights={
+             "kernel": [float(v) for v in model.kernel.numpy().ravel()],
+             "bias": [float(v) for v in model.bias.numpy().ravel()],
+         })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
