@@ -34,7 +34,7 @@ def _tensorflow_import_error() -> str | None:
         _TF_CHECKED = True
         try:
             importlib.import_module("tensorflow")
-        except Exception as e:  # noqa: BLE001 - any import failure means "no TF"
+        except Exception as e:  # any import failure means "no TF"
             _TF_IMPORT_ERROR = f"{type(e).__name__}: {e}"
     return _TF_IMPORT_ERROR
 
@@ -48,7 +48,8 @@ def pytest_collection_modifyitems(config, items):
     if error is None:
         return
     marker = pytest.mark.skip(
-        reason=f"tensorflow cannot be imported, MWMS integration tests skipped ({error})")
+        reason=f"tensorflow cannot be imported, MWMS integration tests skipped ({error})"
+    )
     for item in ours:
         item.add_marker(marker)
 
@@ -96,7 +97,7 @@ def parse_events(text: str) -> list[dict]:
         if not line.startswith(EVENT_PREFIX) or not line.endswith("\n"):
             continue
         try:
-            events.append(json.loads(line[len(EVENT_PREFIX):]))
+            events.append(json.loads(line[len(EVENT_PREFIX) :]))
         except json.JSONDecodeError:
             continue
     return events
@@ -130,9 +131,19 @@ atexit.register(_kill_live_processes)
 class Cluster:
     """N ``mwms_worker.py`` processes forming one MWMS cluster on 127.0.0.1."""
 
-    def __init__(self, workdir: Path, *, impl: str, ckpt_dir: Path, num_workers: int = 2,
-                 steps: int = 60, step_sleep: float = 0.03, extra_args=(),
-                 worker_args=None, name: str = "cluster"):
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        impl: str,
+        ckpt_dir: Path,
+        num_workers: int = 2,
+        steps: int = 60,
+        step_sleep: float = 0.03,
+        extra_args=(),
+        worker_args=None,
+        name: str = "cluster",
+    ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.impl = impl
@@ -146,22 +157,27 @@ class Cluster:
         self.ports: list[int] = []
         self.procs: list[subprocess.Popen] = []
         self.returncodes: list[int | None] = [None] * num_workers
-        self.stdout_paths = [self.workdir / f"{name}-worker{i}.stdout"
-                             for i in range(num_workers)]
-        self.stderr_paths = [self.workdir / f"{name}-worker{i}.stderr"
-                             for i in range(num_workers)]
+        self.stdout_paths = [self.workdir / f"{name}-worker{i}.stdout" for i in range(num_workers)]
+        self.stderr_paths = [self.workdir / f"{name}-worker{i}.stderr" for i in range(num_workers)]
         self.signal_times: dict[int, float] = {}
 
     # -- lifecycle ---------------------------------------------------------
     def command(self, index: int) -> list[str]:
         cmd = [
-            sys.executable, str(WORKER_SCRIPT),
-            "--ports", ",".join(str(p) for p in self.ports),
-            "--index", str(index),
-            "--impl", self.impl,
-            "--ckpt-dir", str(self.ckpt_dir),
-            "--steps", str(self.steps),
-            "--step-sleep", str(self.step_sleep),
+            sys.executable,
+            str(WORKER_SCRIPT),
+            "--ports",
+            ",".join(str(p) for p in self.ports),
+            "--index",
+            str(index),
+            "--impl",
+            self.impl,
+            "--ckpt-dir",
+            str(self.ckpt_dir),
+            "--steps",
+            str(self.steps),
+            "--step-sleep",
+            str(self.step_sleep),
             *self.extra_args,
         ]
         cmd += [str(a) for a in self.worker_args.get(index, ())]
@@ -185,11 +201,15 @@ class Cluster:
         self.ports = free_ports(self.num_workers)
         env = self.environment()
         for i in range(self.num_workers):
-            with open(self.stdout_paths[i], "wb") as out, \
-                    open(self.stderr_paths[i], "wb") as err:
-                proc = subprocess.Popen(self.command(i), stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL, env=env,
-                                        cwd=str(self.workdir))
+            with open(self.stdout_paths[i], "wb") as out, open(self.stderr_paths[i], "wb") as err:
+                proc = subprocess.Popen(
+                    self.command(i),
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=str(self.workdir),
+                )
             _LIVE_PROCESSES.add(proc)
             self.procs.append(proc)
         return self
@@ -225,13 +245,14 @@ class Cluster:
         rc = None if proc is None else proc.poll()
         events = self.events(index)
         last = json.dumps(events[-3:])[:1500] if events else "none"
-        return (f"{self.name} worker {index} (impl={self.impl}, pid="
-                f"{None if proc is None else proc.pid}, returncode={rc})\n"
-                f"  last events: {last}\n"
-                f"  stderr tail:\n{self.stderr_tail(index)}")
+        return (
+            f"{self.name} worker {index} (impl={self.impl}, pid="
+            f"{None if proc is None else proc.pid}, returncode={rc})\n"
+            f"  last events: {last}\n"
+            f"  stderr tail:\n{self.stderr_tail(index)}"
+        )
 
-    def wait_until(self, predicate, timeout: float, what: str,
-                   poll: float = 0.02) -> None:
+    def wait_until(self, predicate, timeout: float, what: str, poll: float = 0.02) -> None:
         """Poll ``predicate()`` until true; fail with ``what`` and the workers' state."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -255,13 +276,13 @@ class Cluster:
                     continue
                 if self.procs[i].poll() is not None:
                     details = self.describe(i)
-                    pytest.fail(f"worker {i} exited before reaching step {min_step}\n"
-                                f"{details}")
+                    pytest.fail(f"worker {i} exited before reaching step {min_step}\n{details}")
                 return False
             return True
 
-        self.wait_until(ready, timeout,
-                        f"all {self.num_workers} workers to report progress >= {min_step}")
+        self.wait_until(
+            ready, timeout, f"all {self.num_workers} workers to report progress >= {min_step}"
+        )
 
     def send_signal(self, index: int, sig: int = signal.SIGTERM) -> float:
         """Send ``sig`` to worker ``index``; returns the time.time() it was sent."""
@@ -283,8 +304,10 @@ class Cluster:
                 still = [j for j, p in enumerate(self.procs) if p.poll() is None]
                 details = "\n".join(self.describe(j) for j in range(self.num_workers))
                 self.kill()
-                pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}: "
-                            f"workers {still} still running (killed)\n{details}")
+                pytest.fail(
+                    f"timed out after {timeout:.0f}s waiting for {what}: "
+                    f"workers {still} still running (killed)\n{details}"
+                )
             _LIVE_PROCESSES.discard(proc)
         return list(self.returncodes)
 

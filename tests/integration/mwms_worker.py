@@ -51,24 +51,44 @@ def emit(event: str, **fields) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ports", required=True,
-                   help="comma-separated ports of all workers (all on 127.0.0.1)")
+    p.add_argument(
+        "--ports", required=True, help="comma-separated ports of all workers (all on 127.0.0.1)"
+    )
     p.add_argument("--index", type=int, required=True, help="this worker's index")
     p.add_argument("--impl", choices=("tf", "ours"), default="tf")
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--steps", type=int, default=80, help="total run calls")
-    p.add_argument("--step-sleep", type=float, default=0.03,
-                   help="seconds slept (python side) inside each step")
-    p.add_argument("--grace", type=float, default=0.0,
-                   help="TerminationConfig grace_period (0 = handler default)")
-    p.add_argument("--watcher-file", default=None,
-                   help="termination_watcher_fn = the file exists")
-    p.add_argument("--exit-code", type=int, default=None,
-                   help="exit_fn = sys.exit(CODE) (default: the handler's own)")
-    p.add_argument("--fail-at-step", type=int, default=None,
-                   help="raise an OpError inside the train function at this step")
-    p.add_argument("--signal-self-at-step", type=int, default=None,
-                   help="send SIGTERM to this process before this step")
+    p.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.03,
+        help="seconds slept (python side) inside each step",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=0.0,
+        help="TerminationConfig grace_period (0 = handler default)",
+    )
+    p.add_argument("--watcher-file", default=None, help="termination_watcher_fn = the file exists")
+    p.add_argument(
+        "--exit-code",
+        type=int,
+        default=None,
+        help="exit_fn = sys.exit(CODE) (default: the handler's own)",
+    )
+    p.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=None,
+        help="raise an OpError inside the train function at this step",
+    )
+    p.add_argument(
+        "--signal-self-at-step",
+        type=int,
+        default=None,
+        help="send SIGTERM to this process before this step",
+    )
     p.add_argument("--progress-every", type=int, default=10)
     return p.parse_args(argv)
 
@@ -86,10 +106,15 @@ def batch_for(step: int, index: int):
 
     rng = np.random.default_rng([step, index])
     x = rng.standard_normal((PER_WORKER_BATCH, IN_FEATURES)).astype(np.float32)
-    true_w = np.arange(IN_FEATURES * OUT_FEATURES, dtype=np.float32).reshape(
-        IN_FEATURES, OUT_FEATURES) / 10.0
-    y = x @ true_w + 0.5 + 0.01 * rng.standard_normal(
-        (PER_WORKER_BATCH, OUT_FEATURES)).astype(np.float32)
+    true_w = (
+        np.arange(IN_FEATURES * OUT_FEATURES, dtype=np.float32).reshape(IN_FEATURES, OUT_FEATURES)
+        / 10.0
+    )
+    y = (
+        x @ true_w
+        + 0.5
+        + 0.01 * rng.standard_normal((PER_WORKER_BATCH, OUT_FEATURES)).astype(np.float32)
+    )
     return x, y
 
 
@@ -101,8 +126,10 @@ def handler_classes(impl: str):
         return tfh.PreemptionCheckpointHandler, tfh.TerminationConfig
     import tensorflow as tf
 
-    return (tf.distribute.experimental.PreemptionCheckpointHandler,
-            tf.distribute.experimental.TerminationConfig)
+    return (
+        tf.distribute.experimental.PreemptionCheckpointHandler,
+        tf.distribute.experimental.TerminationConfig,
+    )
 
 
 def instrument_checkpoint_manager_saves() -> None:
@@ -120,8 +147,14 @@ def instrument_checkpoint_manager_saves() -> None:
         t_start = time.time()
         path = original(self, *args, **kwargs)
         t_end = time.time()
-        emit("save", runs=runs, t_start=t_start, t_end=t_end,
-             directory=os.path.abspath(self.directory), path=path)
+        emit(
+            "save",
+            runs=runs,
+            t_start=t_start,
+            t_end=t_end,
+            directory=os.path.abspath(self.directory),
+            path=path,
+        )
         return path
 
     save._mwms_worker_instrumented = True
@@ -135,20 +168,23 @@ def build_training(strategy):
     mean = tf.VariableAggregation.MEAN
     with strategy.scope():
         kernel = tf.Variable(
-            tf.reshape(tf.linspace(-0.3, 0.3, IN_FEATURES * OUT_FEATURES),
-                       (IN_FEATURES, OUT_FEATURES)),
-            name="kernel", aggregation=mean)
+            tf.reshape(
+                tf.linspace(-0.3, 0.3, IN_FEATURES * OUT_FEATURES), (IN_FEATURES, OUT_FEATURES)
+            ),
+            name="kernel",
+            aggregation=mean,
+        )
         bias = tf.Variable(tf.zeros((OUT_FEATURES,)), name="bias", aggregation=mean)
         model = tf.Module(name="model")
         model.kernel, model.bias = kernel, bias
         optimizer = tf.Module(name="sgd_momentum")
         optimizer.iterations = tf.Variable(
-            tf.constant(0, tf.int64), name="iterations",
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        optimizer.v_kernel = tf.Variable(tf.zeros_like(kernel), name="v_kernel",
-                                         aggregation=mean)
-        optimizer.v_bias = tf.Variable(tf.zeros_like(bias), name="v_bias",
-                                       aggregation=mean)
+            tf.constant(0, tf.int64),
+            name="iterations",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+        optimizer.v_kernel = tf.Variable(tf.zeros_like(kernel), name="v_kernel", aggregation=mean)
+        optimizer.v_bias = tf.Variable(tf.zeros_like(bias), name="v_bias", aggregation=mean)
 
     def step_fn(x, y, fail):
         with tf.GradientTape() as tape:
@@ -157,7 +193,8 @@ def build_training(strategy):
             # Injected failure: a real OpError (InvalidArgumentError) raised by an
             # op inside the distributed train function, before the all-reduce.
             loss = tf.debugging.check_numerics(
-                loss * tf.where(fail, float("inf"), 1.0), "injected failure")
+                loss * tf.where(fail, float("inf"), 1.0), "injected failure"
+            )
         g_kernel, g_bias = tape.gradient(loss, [kernel, bias])
         # MEAN-aggregated assignments in replica context all-reduce the update.
         optimizer.v_kernel.assign(MOMENTUM * optimizer.v_kernel + g_kernel)
@@ -202,12 +239,16 @@ def main(argv=None) -> int:
         config_kwargs["grace_period"] = args.grace
     termination_config = config_cls(**config_kwargs) if config_kwargs else None
 
-    handler = handler_cls(strategy.cluster_resolver, checkpoint,
-                          checkpoint_dir=args.ckpt_dir,
-                          termination_config=termination_config)
+    handler = handler_cls(
+        strategy.cluster_resolver,
+        checkpoint,
+        checkpoint_dir=args.ckpt_dir,
+        termination_config=termination_config,
+    )
     start = int(handler.total_run_calls)
-    emit("start", restored=start, pid=os.getpid(), index=args.index,
-         impl=args.impl, steps=args.steps)
+    emit(
+        "start", restored=start, pid=os.getpid(), index=args.index, impl=args.impl, steps=args.steps
+    )
 
     def train_step(step: int):
         x, y = batch_for(step, args.index)
@@ -230,14 +271,18 @@ def main(argv=None) -> int:
         emit("exit", code=e.code, step=step)
         raise
     except BaseException as e:
-        emit("error", type=type(e).__name__, message=str(e)[:2000], step=step)
+        emit("error", type=type(e).__name__, message=str(e)[-2000:], step=step)
         raise
 
-    emit("done", steps=args.steps, total_run_calls=int(handler.total_run_calls),
-         weights={
-             "kernel": [float(v) for v in model.kernel.numpy().ravel()],
-             "bias": [float(v) for v in model.bias.numpy().ravel()],
-         })
+    emit(
+        "done",
+        steps=args.steps,
+        total_run_calls=int(handler.total_run_calls),
+        weights={
+            "kernel": [float(v) for v in model.kernel.numpy().ravel()],
+            "bias": [float(v) for v in model.bias.numpy().ravel()],
+        },
+    )
     return 0
 
 

@@ -1,0 +1,192 @@
+"""Checkpoint managers, the ``checkpointed_runs`` counter, and the worker temp dirs.
+
+Layout as TensorFlow's handler writes it, so checkpoints move freely between
+the two: a ``tf.train.Checkpoint`` gets a ``CheckpointManager(max_to_keep=1)`` in
+``checkpoint_dir``; a non-chief writes to
+``dirname(checkpoint_dir)/workertemp_<task_id>/basename(checkpoint_dir)`` and removes
+``workertemp_<task_id>`` before a preemption exit; the run count is the int64
+variable ``checkpointed_runs`` attached to the user's checkpoint.
+
+Objects that are not TensorFlow's are accepted when they follow the small
+protocol the fakes of :mod:`tf_failure_handling.testing` implement: a checkpoint
+with ``make_manager(directory, max_to_keep)`` and ``make_counter()``, a manager with
+``save``, ``restore_or_initialize``, ``directory`` and ``_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Optional
+
+from . import _errors
+
+COUNTER_NAME = "checkpointed_runs"
+
+
+def _tf_classes():
+    try:
+        from tensorflow.python.checkpoint import checkpoint as checkpoint_lib
+        from tensorflow.python.checkpoint import checkpoint_management
+    except ImportError:
+        return None, None
+    return checkpoint_lib.Checkpoint, checkpoint_management.CheckpointManager
+
+
+def _is_manager(obj: Any) -> bool:
+    _, manager_cls = _tf_classes()
+    if manager_cls is not None and isinstance(obj, manager_cls):
+        return True
+    return all(hasattr(obj, a) for a in ("save", "restore_or_initialize", "directory", "_checkpoint"))
+
+
+def _is_checkpoint(obj: Any) -> bool:
+    checkpoint_cls, _ = _tf_classes()
+    if checkpoint_cls is not None and isinstance(obj, checkpoint_cls):
+        return True
+    return callable(getattr(obj, "make_manager", None))
+
+
+def _make_manager(checkpoint: Any, directory: str) -> Any:
+    checkpoint_cls, manager_cls = _tf_classes()
+    if checkpoint_cls is not None and isinstance(checkpoint, checkpoint_cls):
+        return manager_cls(checkpoint, directory=directory, max_to_keep=1)
+    return checkpoint.make_manager(directory, max_to_keep=1)
+
+
+def make_dirs(path: str) -> None:
+    try:
+        from tensorflow.python.lib.io import file_io
+    except ImportError:
+        os.makedirs(path, exist_ok=True)
+    else:
+        file_io.recursive_create_dir_v2(path)
+
+
+def delete_recursively(path: str) -> None:
+    try:
+        from tensorflow.python.platform import gfile
+    except ImportError:
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        if gfile.Exists(path):
+            gfile.DeleteRecursively(path)
+
+
+def non_chief_dir(checkpoint_dir: str, task_id: int) -> str:
+    """Where a non-chief worker writes: ``<parent>/workertemp_<task_id>/<base>``."""
+    parent = os.path.join(os.path.dirname(checkpoint_dir), f"workertemp_{task_id}")
+    make_dirs(parent)
+    return os.path.join(parent, os.path.basename(checkpoint_dir))
+
+
+class Checkpoints:
+    """The read and write managers of one handler and its run counter."""
+
+    def __init__(
+        self,
+        checkpoint_or_manager: Any,
+        checkpoint_dir: Optional[str],
+        is_chief: bool,
+        task_id: Optional[int],
+    ) -> None:
+        if checkpoint_dir is not None:
+            if not isinstance(checkpoint_dir, (str, os.PathLike)):
+                raise TypeError(
+                    f"checkpoint_dir must be a path string, got {type(checkpoint_dir).__name__}"
+                )
+            checkpoint_dir = os.fspath(checkpoint_dir)
+        if _is_manager(checkpoint_or_manager):
+            self.read = self.write = checkpoint_or_manager
+            self.api_made = False
+        elif _is_checkpoint(checkpoint_or_manager):
+            if not checkpoint_dir:
+                # TF means to raise this but builds it with the wrong arguments,
+                # so its users get a TypeError instead.
+                raise _errors.make(
+                    "InvalidArgumentError",
+                    "When a checkpoint is passed, a checkpoint_dir must be passed as well.",
+                )
+            self.api_made = True
+            self.read = _make_manager(checkpoint_or_manager, checkpoint_dir)
+            if is_chief:
+                self.write = self.read
+            else:
+                self.write = _make_manager(
+                    checkpoint_or_manager, non_chief_dir(checkpoint_dir, task_id or 0)
+                )
+        else:
+            raise TypeError(
+                "checkpoint_or_checkpoint_manager must be a tf.train.Checkpoint or a "
+                f"tf.train.CheckpointManager, got {type(checkpoint_or_manager).__name__}"
+            )
+        self.counter = self._attach_counter()
+
+    def _attach_counter(self) -> Any:
+        """The ``checkpointed_runs`` variable, attached to both managers' checkpoints.
+
+        A checkpoint that already carries one (a second handler on the same
+        checkpoint) keeps it, so the count it restores is the one it saved.
+        """
+        checkpoints = [self.read._checkpoint, self.write._checkpoint]
+        for ckpt in checkpoints:
+            existing = getattr(ckpt, COUNTER_NAME, None)
+            if existing is not None:
+                counter = existing
+                break
+        else:
+            counter = self._new_counter(checkpoints[0])
+        for ckpt in checkpoints:
+            if getattr(ckpt, COUNTER_NAME, None) is None:
+                setattr(ckpt, COUNTER_NAME, counter)
+        return counter
+
+    @staticmethod
+    def _new_counter(checkpoint: Any) -> Any:
+        make_counter = getattr(checkpoint, "make_counter", None)
+        if callable(make_counter):
+            return make_counter()
+        from tensorflow.python.framework import constant_op, dtypes
+        from tensorflow.python.ops import variables
+
+        return variables.Variable(
+            initial_value=constant_op.constant(0, dtype=dtypes.int64),
+            trainable=False,
+            name=COUNTER_NAME,
+        )
+
+    def restore(self) -> int:
+        """Restores the latest checkpoint (if any); returns the restored run count."""
+        self.read.restore_or_initialize()
+        return int(self.counter.numpy())
+
+    def save(self, run_count: int, save_fn: Any, args: tuple, kwargs: dict) -> None:
+        """Records ``run_count`` in the counter and saves through ``save_fn`` or the manager."""
+        self.counter.assign(run_count)
+        with _preemption_save_context():
+            if save_fn is not None:
+                save_fn(*args, **kwargs)
+            else:
+                self.write.save(*args, **kwargs)
+
+    def remove_worker_temp(self, is_chief: bool) -> None:
+        """Deletes ``workertemp_<task_id>`` of a non-chief whose manager the handler made."""
+        if self.api_made and not is_chief:
+            delete_recursively(os.path.dirname(self.write.directory))
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _preemption_save_context():
+    """TF's ``checkpoint_context.preemption_save_context()`` when TF is present."""
+    try:
+        from tensorflow.python.checkpoint import checkpoint_context
+    except ImportError:
+        return _NullContext()
+    return checkpoint_context.preemption_save_context()

@@ -1,0 +1,500 @@
+"""``PreemptionCheckpointHandler`` and ``TerminationConfig``.
+
+The step-resolution protocol (who saves at which step, the two grace rounds)
+lives in the Rust core (``src/step_resolution.rs`` explains it); this module
+performs what the core decides against TensorFlow: coordination-service keys,
+checkpoint saves, error reports and the exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import numbers
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from . import _checkpoint, _cluster, _coordination, _errors, _native, _platform
+
+log = logging.getLogger("tf_failure_handling")
+
+RUN_TO_CHECKPOINT = _native.RUN_TO_CHECKPOINT
+LAST_RUN_TO_CHECKPOINT = _native.LAST_RUN_TO_CHECKPOINT
+TERMINATED_WORKER = _native.TERMINATED_WORKER
+STOP_WATCHER = _native.STOP_WATCHER
+
+#: Seconds the leader waits for every worker to acknowledge a step key, unless
+#: ``TerminationConfig(peer_timeout=...)`` or ``TF_FAILURE_HANDLING_PEER_TIMEOUT``
+#: says otherwise. Acknowledgements come from a background thread of each peer and
+#: normally take milliseconds; the bound is there for a peer that is gone.
+DEFAULT_PEER_TIMEOUT = 300.0
+PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
+#: How often ``termination_watcher_fn`` is called (TF: once a second).
+WATCHER_FN_INTERVAL = 1.0
+#: Longest single blocking get of the peer watcher; it re-checks for shutdown
+#: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
+PEER_WATCH_SLICE = 5.0
+#: Bound on joining a watcher thread at shutdown.
+THREAD_JOIN_TIMEOUT = 10.0
+
+
+def _check_callable(name: str, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
+
+
+def _check_seconds(name: str, value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    value = float(value)
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number of seconds, got {value}")
+    return value
+
+
+class TerminationConfig:
+    """How a worker learns of its end, how it exits, and how long it has.
+
+    Replaces ``tf.distribute.experimental.TerminationConfig`` with the same
+    constructor. Differences from TensorFlow:
+
+    * a ``termination_watcher_fn`` is polled *in addition to* the signals, not
+      instead of SIGTERM;
+    * ``grace_period`` must be a non-negative number (TF accepts anything and
+      treats negatives as 0);
+    * keyword-only extras: ``peer_timeout`` bounds the wait for peers'
+      acknowledgements (TF waits forever), ``signals`` lists the signals that
+      count as a notice (default SIGTERM; add ``signal.SIGUSR1`` for SLURM's
+      ``--signal``).
+    """
+
+    def __init__(
+        self,
+        termination_watcher_fn: Optional[Callable[[], bool]] = None,
+        exit_fn: Optional[Callable[[], Any]] = None,
+        grace_period: Optional[float] = None,
+        save_fn: Optional[Callable[..., Any]] = None,
+        *,
+        peer_timeout: Optional[float] = None,
+        signals: Optional[Sequence[int]] = None,
+    ) -> None:
+        _check_callable("termination_watcher_fn", termination_watcher_fn)
+        _check_callable("exit_fn", exit_fn)
+        _check_callable("save_fn", save_fn)
+        self.termination_watcher_fn = termination_watcher_fn
+        self.exit_fn = exit_fn
+        self.grace_period = _check_seconds("grace_period", grace_period)
+        self.save_fn = save_fn
+        self.peer_timeout = _check_seconds("peer_timeout", peer_timeout)
+        if signals is not None:
+            signals = tuple(int(s) for s in signals)
+        self.signals = signals
+
+    @classmethod
+    def _from_any(cls, config: Any) -> TerminationConfig:
+        """Accepts ours, TF's own ``TerminationConfig`` (same attributes), or None."""
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        if all(
+            hasattr(config, a)
+            for a in ("termination_watcher_fn", "exit_fn", "grace_period", "save_fn")
+        ):
+            return cls(
+                config.termination_watcher_fn,
+                config.exit_fn,
+                config.grace_period,
+                config.save_fn,
+            )
+        raise TypeError(
+            "termination_config must be a TerminationConfig or None, "
+            f"got {type(config).__name__}"
+        )
+
+
+def _peer_timeout(config: TerminationConfig) -> float:
+    if config.peer_timeout is not None:
+        return config.peer_timeout
+    raw = os.environ.get(PEER_TIMEOUT_ENV)
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError as e:
+            raise ValueError(f"{PEER_TIMEOUT_ENV}={raw!r} is not a number of seconds") from e
+        return _check_seconds(PEER_TIMEOUT_ENV, value)
+    return DEFAULT_PEER_TIMEOUT
+
+
+class PreemptionCheckpointHandler(_native.HandlerCore):
+    """Saves a checkpoint at one agreed step when any worker gets a termination notice.
+
+    Replaces ``tf.distribute.experimental.PreemptionCheckpointHandler`` with the
+    same constructor, methods, coordination-service keys, checkpoint layout and
+    exit codes. ``run()`` is native: with no notice pending it costs one atomic
+    load over calling the function. Differences from TensorFlow:
+
+    * every wait for peers is bounded (``TerminationConfig(peer_timeout=...)``),
+      and a timeout raises ``tf.errors.DeadlineExceededError`` naming the workers
+      that did not answer;
+    * it can be built off the main thread; SIGTERM is caught through
+      ``sigaction`` and any previously installed handler still runs; the
+      previous disposition is restored by :meth:`close`;
+    * SIGTERM is watched even when a ``termination_watcher_fn`` is given;
+    * a notice from any source wakes the watcher at once (TF polls once a second);
+    * the final save of a grace period is planned from measured save and step
+      times (see ``src/grace.rs``);
+    * ``_run_counter`` is a plain ``int``;
+    * a ``tf.train.Checkpoint`` without ``checkpoint_dir`` raises
+      ``InvalidArgumentError`` (TF raises a ``TypeError`` while trying to);
+    * GCE CPU and TPU VMs are supported.
+    """
+
+    def __init__(
+        self,
+        cluster_resolver: Any,
+        checkpoint_or_checkpoint_manager: Any,
+        checkpoint_dir: Optional[str] = None,
+        termination_config: Optional[TerminationConfig] = None,
+    ) -> None:
+        super().__init__()
+        self._closed = False
+        self._notice_thread: Optional[threading.Thread] = None
+        self._peer_thread: Optional[threading.Thread] = None
+        self._signal_watch: Optional[_native.SignalWatch] = None
+        self._closing = threading.Event()
+        self._manual_deadline: Optional[float] = None
+        self._total_run_calls_warned = False
+
+        config = TerminationConfig._from_any(termination_config)
+        self._cluster_resolver = cluster_resolver
+        self._termination_config = termination_config
+        self._checkpoint_or_checkpoint_manager = checkpoint_or_checkpoint_manager
+        self._checkpoint_dir = checkpoint_dir
+
+        self._membership = _cluster.membership(cluster_resolver)
+        self._local_mode = self._membership.local
+        self._id_in_cluster = self._membership.id_in_cluster
+        self._is_chief = self._membership.is_chief
+
+        self._platform_device = _platform.detect()
+        watcher_fn, exit_fn, grace = _platform.complete(
+            self._platform_device, config.termination_watcher_fn, config.exit_fn, config.grace_period
+        )
+        self._termination_watcher_fn = watcher_fn
+        self._exit_fn = exit_fn
+        self._grace_period = grace
+        self._save_fn = config.save_fn
+        self._peer_timeout = _peer_timeout(config)
+        self._signals = config.signals if config.signals is not None else (signal.SIGTERM,)
+
+        self._checkpoints = _checkpoint.Checkpoints(
+            checkpoint_or_checkpoint_manager,
+            checkpoint_dir,
+            self._is_chief,
+            self._membership.task_id,
+        )
+        self._read_checkpoint_manager = self._checkpoints.read
+        self._write_checkpoint_manager = self._checkpoints.write
+        self._api_made_checkpoint_manager = self._checkpoints.api_made
+        self._checkpointed_runs = self._checkpoints.counter
+
+        self._coordination = None if self._local_mode else _coordination.Client(_coordination.current())
+
+        self._run_counter = self._checkpoints.restore()
+        self._core_configure(
+            self._membership.worker_id, self._membership.num_workers, float(self._grace_period)
+        )
+        self._start_watchers()
+        log.info(
+            "PreemptionCheckpointHandler initialized or restored: worker %s, %d run(s) restored, "
+            "platform %s, grace period %gs.",
+            self._id_in_cluster,
+            self._run_counter,
+            self._platform_device.name,
+            self._grace_period,
+        )
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def total_run_calls(self) -> int:
+        """Calls to ``run`` so far, including those restored from the checkpoint.
+
+        Deprecated in TensorFlow (track steps in a checkpointed variable); kept
+        for scripts that use it.
+        """
+        if not self._total_run_calls_warned:
+            self._total_run_calls_warned = True
+            log.warning(
+                "total_run_calls is deprecated in TensorFlow: track steps using a "
+                "tf.Variable saved in the checkpoint instead."
+            )
+        return self._run_counter
+
+    @contextlib.contextmanager
+    def watch_preemption_scope(self) -> Iterator[None]:
+        """Reports an ``OpError`` raised inside the block to the cluster, then re-raises it.
+
+        With MultiWorkerMirroredStrategy ``run`` already does this; the scope is
+        for TPUStrategy-style loops, as in TensorFlow.
+        """
+        try:
+            yield
+        except _errors.module().OpError as e:
+            self._propagate_error(e)
+            raise
+
+    def close(self) -> None:
+        """Stops the watchers and restores the signal handlers. Idempotent.
+
+        TensorFlow relies on ``__del__`` for this; ``__del__`` calls it too.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_watchers()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # ------------------------------------------- hooks other libraries call
+
+    def _check_preemption_and_maybe_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        """Acts on a notice or an agreed step before the next step (orbit calls this)."""
+        decision = self._core_before_step(time.monotonic())
+        if decision is None:
+            return
+        if decision[0] == "publish":
+            _, round_key, step, ack_keys = decision
+            self._publish(round_key, step, ack_keys)
+            return
+        _, round_key, step = decision
+        self._save_checkpoint_at(round_key, step, args, kwargs)
+
+    def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        """Saves now, recording the run count (TF's private method of this name)."""
+        start = time.monotonic()
+        self._checkpoints.save(self._run_counter, self._save_fn, args, kwargs)
+        self._checkpoint_time = time.monotonic() - start
+        log.info(
+            "Checkpoint finished at path %s in %.3fs.",
+            self._write_checkpoint_manager.directory,
+            self._checkpoint_time,
+        )
+
+    def _propagate_error(self, error: BaseException) -> None:
+        """Reports a step's ``OpError`` to every worker; never raises."""
+        if self._local_mode or not isinstance(error, _errors.module().OpError):
+            return
+        log.info("Propagating error to cluster: %r: %s", error, error)
+        try:
+            self._coordination.report_error(error.error_code, error.message)
+        except Exception as e:  # noqa: BLE001 - the step's own error matters more
+            log.info("Ignoring error during error propagation: %r: %s", e, e)
+
+    # ------------------------------------------------------------ protocol
+
+    def _publish(self, round_key: str, step: int, ack_keys: list) -> None:
+        log.info(
+            "Worker %s leads the %s round: every worker saves after run %d.",
+            self._id_in_cluster,
+            "final" if round_key == LAST_RUN_TO_CHECKPOINT else "first",
+            step,
+        )
+        if self._local_mode:
+            return
+        start = time.monotonic()
+        if not self._coordination.set(round_key, str(step)):
+            log.warning(
+                "%s was already set (a peer shut down?); not waiting for acknowledgements.",
+                round_key,
+            )
+            return
+        self._await_acknowledgements(round_key, step, ack_keys)
+        self._core_agreement(time.monotonic() - start)
+
+    def _await_acknowledgements(self, round_key: str, step: int, ack_keys: list) -> None:
+        """Waits, bounded by the peer timeout, until every worker acknowledged."""
+        deadline = time.monotonic() + self._peer_timeout
+        pending = list(ack_keys)
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if self._coordination.get(pending[0], min(remaining, 1.0)) is not None:
+                log.info("Acknowledgement %s received.", pending[0])
+                pending.pop(0)
+        if not pending:
+            return
+        # Name every worker still missing, not only the first one waited on.
+        missing = [k for k in pending if self._coordination.get(k, 0.001) is None]
+        if not missing:
+            return
+        workers = ", ".join(k.rsplit("_", 1)[1] for k in missing)
+        raise _errors.make(
+            "DeadlineExceededError",
+            f"Worker {self._id_in_cluster} published {round_key}={step} but worker(s) "
+            f"{workers} did not acknowledge within {self._peer_timeout:g}s "
+            f"(missing keys: {', '.join(missing)}). Set TerminationConfig(peer_timeout=...) "
+            f"or {PEER_TIMEOUT_ENV} to wait longer.",
+        )
+
+    def _save_checkpoint_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
+        log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
+        start = time.monotonic()
+        try:
+            self._save_checkpoint(*args, **kwargs)
+        except BaseException:
+            self._core_save_failed()
+            raise
+        after = self._core_saved(round_key, time.monotonic() - start)
+        if after == "exit":
+            self._stop_watchers()
+            self._checkpoints.remove_worker_temp(self._is_chief)
+            log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
+            self._exit_fn()
+        else:
+            state = self._core_state()
+            log.info(
+                "Continue training for the grace period; the final round is planned for "
+                "%.1fs before the deadline.",
+                state["margin"],
+            )
+
+    # ------------------------------------------------------------ watchers
+
+    def _start_watchers(self) -> None:
+        self._signal_watch = _native.SignalWatch(list(self._signals))
+        self._notice_thread = threading.Thread(
+            target=self._watch_own_notice,
+            name=f"WorkerTerminationSignalWatcher-{self._id_in_cluster}",
+            daemon=True,
+        )
+        self._notice_thread.start()
+        if not self._local_mode:
+            self._peer_thread = threading.Thread(
+                target=self._watch_step_keys,
+                name=f"PeerTerminationWatcher-{self._id_in_cluster}",
+                daemon=True,
+            )
+            self._peer_thread.start()
+
+    def _notify_termination(self, deadline: Optional[float] = None) -> None:
+        """Delivers a notice as a termination source would (used by ``testing``)."""
+        self._manual_deadline = deadline
+        watch = self._signal_watch
+        if watch is not None:
+            watch.trigger()
+
+    def _watch_own_notice(self) -> None:
+        watch = self._signal_watch
+        fn = self._termination_watcher_fn
+        next_poll = time.monotonic()
+        while not self._closing.is_set():
+            timeout = max(0.0, next_poll - time.monotonic()) if fn is not None else None
+            try:
+                woke = watch.wait(timeout)
+            except RuntimeError:  # closed
+                return
+            if self._closing.is_set():
+                return
+            if woke is not None and woke > 0:
+                self._on_own_notice(f"signal {signal.Signals(woke).name}", None)
+                return
+            if woke == 0:
+                self._on_own_notice("a termination source", self._manual_deadline)
+                return
+            if fn is not None and time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + WATCHER_FN_INTERVAL
+                try:
+                    fired = fn()
+                except Exception as e:  # noqa: BLE001 - a broken watcher must not kill training
+                    log.warning("termination_watcher_fn raised %r; polling it again later.", e)
+                    continue
+                if fired:
+                    self._on_own_notice("termination_watcher_fn", None)
+                    return
+
+    def _on_own_notice(self, source: str, deadline: Optional[float]) -> None:
+        outcome = self._core_notice(time.monotonic(), deadline)
+        if outcome[0] == "lead":
+            log.info("Received termination notice from %s.", source)
+        elif outcome[0] == "claim":
+            _, key, value = outcome
+            try:
+                won = self._coordination.set(key, value)
+            except Exception as e:  # noqa: BLE001 - the cluster may already be going down
+                log.warning("Could not claim %s after a notice from %s: %s", key, source, e)
+                won = False
+            self._core_claim(won)
+            if won:
+                log.info("Member %s has received termination notice (%s).", value, source)
+            else:
+                log.info(
+                    "Member %s has received termination notice (%s), but another worker "
+                    "received one first; it decides when to checkpoint.",
+                    value,
+                    source,
+                )
+        else:
+            log.info("Termination notice from %s ignored: already handling one.", source)
+
+    def _watch_step_keys(self) -> None:
+        round_key = RUN_TO_CHECKPOINT
+        while True:
+            try:
+                value = self._coordination.get(round_key, PEER_WATCH_SLICE)
+            except Exception as e:  # noqa: BLE001 - service gone: nothing left to watch
+                if not self._closing.is_set():
+                    log.info("Stopped watching %s: %s", round_key, e)
+                return
+            if value is None:
+                if self._closing.is_set():
+                    return
+                continue
+            try:
+                kind, ack_key, next_key = self._core_step_key(round_key, value)
+            except ValueError as e:
+                log.error("Stopped watching for peers' notices: %s", e)
+                return
+            if kind == "stop":
+                return
+            try:
+                self._coordination.set(ack_key, _native.ACK_VALUE)
+            except Exception as e:  # noqa: BLE001
+                log.warning("Could not acknowledge %s=%s: %s", round_key, value, e)
+                return
+            log.info("%s=%s received; acknowledged with %s.", round_key, value, ack_key)
+            if next_key is None:
+                return
+            round_key = next_key
+
+    def _stop_watchers(self) -> None:
+        self._closing.set()
+        watch = self._signal_watch
+        if watch is not None:
+            watch.close()
+        if self._notice_thread is not None and self._notice_thread is not threading.current_thread():
+            self._notice_thread.join(THREAD_JOIN_TIMEOUT)
+        self._notice_thread = None
+        if self._peer_thread is not None:
+            for key in self._core_shutdown_keys():
+                try:
+                    self._coordination.set(key, STOP_WATCHER)
+                except Exception as e:  # noqa: BLE001 - peers may have exited already
+                    log.info("Ignoring error while releasing %s: %s", key, e)
+            self._peer_thread.join(THREAD_JOIN_TIMEOUT)
+            if self._peer_thread.is_alive():
+                log.warning(
+                    "The peer watcher did not stop within %gs; leaving it (daemon thread).",
+                    THREAD_JOIN_TIMEOUT,
+                )
+            self._peer_thread = None

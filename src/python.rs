@@ -1,0 +1,529 @@
+//! The PyO3 binding: the only module that knows about Python.
+//!
+//! * [`HandlerCore`] is the native base class of the Python
+//!   `PreemptionCheckpointHandler`. It owns the hot path, `run()`: with no
+//!   notice anywhere, the check before a step is one atomic load, then the
+//!   user's function is called directly, counted and timed. Anything else
+//!   goes to the Python method `_check_preemption_and_maybe_checkpoint`,
+//!   which asks the [`Resolver`] (through the `_core_*` methods) what to do
+//!   and performs it against TensorFlow.
+//! * [`PySignalWatch`] exposes [`SignalWatch`]; its wait releases the GIL.
+//! * [`KeyValueStore`] is the in-memory coordination service behind
+//!   `tf_failure_handling.testing`: TF's semantics (a set of an existing key
+//!   fails, a get blocks until the key is set), plus cluster error reports.
+//!
+//! Blocking calls follow one loop: release the GIL for at most
+//! [`SLICE`], re-attach, run pending signal handlers (so Ctrl-C works),
+//! check the deadline, repeat. No Rust lock is held while Python runs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use pyo3::{intern, IntoPyObjectExt};
+
+use crate::grace::GracePlanner;
+use crate::step_resolution::{AfterSave, Decision, KeyOutcome, Membership, Notice, NoticeOutcome, Resolver, Round};
+use crate::termination::{SignalWatch, Wake};
+
+/// Longest time a blocking call stays detached before it checks signals.
+const SLICE: Duration = Duration::from_millis(100);
+
+fn round_from_key(key: &str) -> PyResult<Round> {
+    match key {
+        k if k == Round::Initial.key() => Ok(Round::Initial),
+        k if k == Round::Final.key() => Ok(Round::Final),
+        other => Err(PyValueError::new_err(format!("{other:?} is not a step key"))),
+    }
+}
+
+/// Converts a timeout in seconds (None = forever) to a deadline.
+fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Instant::now() + Duration::from_secs_f64(t))),
+        Some(t) => Err(PyValueError::new_err(format!("timeout must be a non-negative number of seconds, got {t}"))),
+    }
+}
+
+/// The slice to detach for: [`SLICE`], or less when the deadline is nearer.
+fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
+    match deadline {
+        None => Some(SLICE),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| left.min(SLICE))
+        }
+    }
+}
+
+struct CoreState {
+    resolver: Option<Resolver>,
+    planner: GracePlanner,
+    /// When `save_checkpoint_if_preempted` was last called: with that API the
+    /// time between calls is the step time.
+    last_call: Option<Instant>,
+}
+
+/// Native base of `PreemptionCheckpointHandler`.
+#[pyclass(frozen, subclass, module = "tf_failure_handling._native")]
+pub struct HandlerCore {
+    /// Mirrors [`Resolver::needs_attention`]; the only thing `run()` reads
+    /// when nothing is going on.
+    attention: AtomicBool,
+    /// TensorFlow's `_run_counter`: completed `run()` calls, restored from
+    /// the checkpoint.
+    run_counter: AtomicU64,
+    /// Errors of a step are reported to the cluster unless local.
+    local: AtomicBool,
+    state: Mutex<CoreState>,
+}
+
+impl HandlerCore {
+    fn with_resolver<T>(&self, f: impl FnOnce(&mut Resolver, &mut GracePlanner) -> PyResult<T>) -> PyResult<T> {
+        let mut guard = self.state.lock();
+        let CoreState { resolver, planner, .. } = &mut *guard;
+        let resolver = resolver
+            .as_mut()
+            .ok_or_else(|| PyRuntimeError::new_err("the handler core is not configured (call _core_configure first)"))?;
+        let out = f(resolver, planner);
+        self.attention.store(resolver.needs_attention(), Ordering::Release);
+        out
+    }
+}
+
+#[pymethods]
+impl HandlerCore {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        HandlerCore {
+            attention: AtomicBool::new(false),
+            run_counter: AtomicU64::new(0),
+            local: AtomicBool::new(true),
+            state: Mutex::new(CoreState {
+                resolver: None,
+                planner: GracePlanner::new(),
+                last_call: None,
+            }),
+        }
+    }
+
+    /// Runs `distributed_train_function(*args, **kwargs)` with preemption
+    /// and error handling; see the Python class for the full contract.
+    #[pyo3(signature = (distributed_train_function, *args, **kwargs))]
+    fn run<'py>(
+        slf: &Bound<'py, Self>,
+        distributed_train_function: &Bound<'py, PyAny>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        if this.attention.load(Ordering::Acquire) {
+            slf.call_method0(intern!(slf.py(), "_check_preemption_and_maybe_checkpoint"))?;
+        }
+        let start = Instant::now();
+        match distributed_train_function.call(args, kwargs) {
+            Ok(result) => {
+                let secs = start.elapsed().as_secs_f64();
+                this.run_counter.fetch_add(1, Ordering::Relaxed);
+                this.state.lock().planner.record_step(secs);
+                Ok(result)
+            }
+            Err(err) => {
+                if !this.local.load(Ordering::Relaxed) {
+                    // The shim's reporter swallows its own failures; if it
+                    // raises anyway the step's error still wins.
+                    let _ = slf.call_method1(intern!(slf.py(), "_propagate_error"), (err.value(slf.py()),));
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Checks for an agreed step (saving and maybe exiting there), then
+    /// counts one run; the time since the previous call is the step time.
+    #[pyo3(signature = (*args, **kwargs))]
+    fn save_checkpoint_if_preempted(slf: &Bound<'_, Self>, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        let this = slf.get();
+        if this.attention.load(Ordering::Acquire) {
+            slf.call_method(intern!(slf.py(), "_check_preemption_and_maybe_checkpoint"), args, kwargs)?;
+        }
+        this.run_counter.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut state = this.state.lock();
+        if let Some(previous) = state.last_call.replace(now) {
+            state.planner.record_step(now.duration_since(previous).as_secs_f64());
+        }
+        Ok(())
+    }
+
+    /// Completed `run()` calls (TensorFlow's `_run_counter`).
+    #[getter(_run_counter)]
+    fn get_run_counter(&self) -> u64 {
+        self.run_counter.load(Ordering::Relaxed)
+    }
+
+    #[setter(_run_counter)]
+    fn set_run_counter(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        // Accepts ints and anything with __index__ (numpy integers, which
+        // TensorFlow's own counter is).
+        let n: i128 = value.call_method0(intern!(value.py(), "__index__"))?.extract()?;
+        let n = u64::try_from(n).map_err(|_| PyValueError::new_err(format!("_run_counter must be a non-negative integer, got {n}")))?;
+        self.run_counter.store(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether a step key, a leading notice or the countdown needs the
+    /// training thread's attention before the next step.
+    #[getter(_attention)]
+    fn attention(&self) -> bool {
+        self.attention.load(Ordering::Acquire)
+    }
+
+    /// Sets up the resolver: `worker_id` None for local mode.
+    #[pyo3(signature = (worker_id, num_workers, grace_period))]
+    fn _core_configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64) -> PyResult<()> {
+        if !grace_period.is_finite() || grace_period < 0.0 {
+            return Err(PyValueError::new_err(format!("grace_period must be a non-negative number of seconds, got {grace_period}")));
+        }
+        let membership = match worker_id {
+            None => Membership::Local,
+            Some(id) if id < num_workers => Membership::Worker { id, num_workers },
+            Some(id) => return Err(PyValueError::new_err(format!("worker id {id} is not below the worker count {num_workers}"))),
+        };
+        self.local.store(membership == Membership::Local, Ordering::Relaxed);
+        let mut state = self.state.lock();
+        state.resolver = Some(Resolver::new(membership, grace_period));
+        self.attention.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// A termination notice: returns `("lead",)`, `("claim", key, value)` or
+    /// `("ignored",)`.
+    #[pyo3(signature = (now, deadline=None))]
+    fn _core_notice<'py>(&self, py: Python<'py>, now: f64, deadline: Option<f64>) -> PyResult<Bound<'py, PyTuple>> {
+        let outcome = self.with_resolver(|r, _| Ok(r.on_notice(Notice { at: now, deadline })))?;
+        match outcome {
+            NoticeOutcome::Lead => PyTuple::new(py, ["lead"]),
+            NoticeOutcome::Claim { key, value } => PyTuple::new(py, ["claim", key, value.as_str()]),
+            NoticeOutcome::Ignored => PyTuple::new(py, ["ignored"]),
+        }
+    }
+
+    fn _core_claim(&self, won: bool) -> PyResult<()> {
+        self.with_resolver(|r, _| {
+            r.on_claim(won);
+            Ok(())
+        })
+    }
+
+    /// A step key's value: returns `("ack", ack_key, next_round_key_or_None)`
+    /// or `("stop", None, None)`.
+    ///
+    /// # Errors
+    ///
+    /// `ValueError` for a malformed value or an unknown key.
+    fn _core_step_key<'py>(&self, py: Python<'py>, round_key: &str, value: &str) -> PyResult<Bound<'py, PyTuple>> {
+        let round = round_from_key(round_key)?;
+        let outcome = self.with_resolver(|r, _| r.on_step_key(round, value).map_err(|e| PyValueError::new_err(e.to_string())))?;
+        match outcome {
+            KeyOutcome::Ack { key, watch_next } => (
+                "ack",
+                key,
+                watch_next.map(Round::key),
+            )
+                .into_pyobject(py)
+                .map(|t| t.cast_into::<PyTuple>().expect("a tuple")),
+            KeyOutcome::Stop => ("stop", py.None(), py.None()).into_pyobject(py).map(|t| t.cast_into::<PyTuple>().expect("a tuple")),
+        }
+    }
+
+    /// The decision before a step at `now`: None to proceed,
+    /// `("publish", round_key, step, ack_keys)` or `("save", round_key, step)`.
+    fn _core_before_step<'py>(&self, py: Python<'py>, now: f64) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let runs = self.run_counter.load(Ordering::Relaxed);
+        let decision = self.with_resolver(|r, planner| Ok(r.before_step(runs, now, planner)))?;
+        Ok(match decision {
+            Decision::Proceed => None,
+            Decision::Publish { round, step, ack_keys } => Some(PyTuple::new(
+                py,
+                [
+                    "publish".into_bound_py_any(py)?,
+                    round.key().into_bound_py_any(py)?,
+                    step.into_bound_py_any(py)?,
+                    ack_keys.into_bound_py_any(py)?,
+                ],
+            )?),
+            Decision::Save { round, step } => Some(PyTuple::new(
+                py,
+                ["save".into_bound_py_any(py)?, round.key().into_bound_py_any(py)?, step.into_bound_py_any(py)?],
+            )?),
+        })
+    }
+
+    /// The save of `round_key` finished after `duration` seconds: returns
+    /// `"exit"` or `"countdown"`.
+    fn _core_saved(&self, round_key: &str, duration: f64) -> PyResult<&'static str> {
+        let round = round_from_key(round_key)?;
+        self.with_resolver(|r, planner| {
+            let after = r.on_saved(round).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            planner.record_save(duration);
+            Ok(match after {
+                AfterSave::Exit => "exit",
+                AfterSave::Countdown => "countdown",
+            })
+        })
+    }
+
+    fn _core_save_failed(&self) -> PyResult<()> {
+        self.with_resolver(|r, _| {
+            r.on_save_failed();
+            Ok(())
+        })
+    }
+
+    /// A publish waited `duration` seconds for every acknowledgement.
+    fn _core_agreement(&self, duration: f64) -> PyResult<()> {
+        self.with_resolver(|_, planner| {
+            planner.record_agreement(duration);
+            Ok(())
+        })
+    }
+
+    fn _core_shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
+        self.with_resolver(|r, _| Ok(r.shutdown_keys().to_vec()))
+    }
+
+    /// A snapshot for logs and tests.
+    fn _core_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = self.state.lock();
+        let d = PyDict::new(py);
+        d.set_item("step_estimate", state.planner.step_estimate())?;
+        d.set_item("step_samples", state.planner.samples())?;
+        d.set_item("longest_save", state.planner.longest_save())?;
+        d.set_item("margin", state.planner.margin())?;
+        if let Some(r) = &state.resolver {
+            d.set_item("id", r.id())?;
+            d.set_item("round", r.round().key())?;
+            d.set_item("agreed_step", r.agreed_step())?;
+            d.set_item("leading", r.leading_notice().is_some())?;
+            d.set_item("counting_down", r.counting_down())?;
+            d.set_item("exited", r.exited())?;
+            if let Some(n) = r.leading_notice() {
+                d.set_item("deadline", GracePlanner::deadline(n, r.grace_period()))?;
+                d.set_item("final_round_at", state.planner.latest_publish(n, r.grace_period()))?;
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// Watches signals for one handler; `wait` releases the GIL.
+#[pyclass(frozen, name = "SignalWatch", module = "tf_failure_handling._native")]
+pub struct PySignalWatch {
+    inner: Mutex<Option<std::sync::Arc<SignalWatch>>>,
+}
+
+impl PySignalWatch {
+    fn inner(&self) -> PyResult<std::sync::Arc<SignalWatch>> {
+        self.inner.lock().clone().ok_or_else(|| PyRuntimeError::new_err("the signal watch is closed"))
+    }
+}
+
+#[pymethods]
+impl PySignalWatch {
+    /// Installs handlers for `signals` from any thread, chaining the
+    /// previous handlers.
+    #[new]
+    fn new(signals: Vec<i32>) -> PyResult<Self> {
+        let watch = SignalWatch::new(&signals).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(PySignalWatch {
+            inner: Mutex::new(Some(std::sync::Arc::new(watch))),
+        })
+    }
+
+    /// Blocks up to `timeout` seconds (None: until woken) for a watched
+    /// signal (returns its number) or a trigger (returns 0); None on timeout.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<i32>> {
+        let watch = self.inner()?;
+        let deadline = deadline_after(timeout)?;
+        loop {
+            let Some(slice) = next_slice(deadline) else {
+                return Ok(watch.poll().map(wake_code));
+            };
+            let w = std::sync::Arc::clone(&watch);
+            if let Some(wake) = py.detach(move || w.wait(slice)) {
+                return Ok(Some(wake_code(wake)));
+            }
+            py.check_signals()?;
+        }
+    }
+
+    /// Reports a pending delivery or trigger without blocking.
+    fn poll(&self) -> PyResult<Option<i32>> {
+        Ok(self.inner()?.poll().map(wake_code))
+    }
+
+    /// Wakes the waiter (a notice from a source that is not a signal).
+    fn trigger(&self) -> PyResult<()> {
+        self.inner()?.trigger();
+        Ok(())
+    }
+
+    /// The signals watched.
+    #[getter]
+    fn signals(&self) -> PyResult<Vec<i32>> {
+        Ok(self.inner()?.signals().to_vec())
+    }
+
+    /// Uninstalls (restoring previous handlers once nothing else watches);
+    /// a waiter is woken first. Idempotent.
+    fn close(&self) {
+        if let Some(w) = self.inner.lock().take() {
+            w.trigger();
+        }
+    }
+}
+
+fn wake_code(wake: Wake) -> i32 {
+    match wake {
+        Wake::Signal(s) => s,
+        Wake::Triggered => 0,
+    }
+}
+
+/// Number of times `signal` was delivered to this process.
+#[pyfunction]
+fn signal_deliveries(signal: i32) -> u64 {
+    crate::termination::delivered(signal)
+}
+
+#[derive(Default)]
+struct Store {
+    values: HashMap<String, String>,
+    /// The first error reported to the cluster: `(code, message)`.
+    error: Option<(i64, String)>,
+}
+
+/// In-memory coordination service with TensorFlow's key-value semantics.
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub struct KeyValueStore {
+    store: Mutex<Store>,
+    /// Signalled on every set, delete and error report: what blocked gets
+    /// wait for.
+    changed: Condvar,
+}
+
+#[pymethods]
+impl KeyValueStore {
+    #[new]
+    fn new() -> Self {
+        KeyValueStore {
+            store: Mutex::new(Store::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Sets `key`; False (and nothing changes) when it already exists.
+    fn set(&self, key: String, value: String) -> bool {
+        let mut s = self.store.lock();
+        if s.values.contains_key(&key) {
+            return false;
+        }
+        s.values.insert(key, value);
+        drop(s);
+        self.changed.notify_all();
+        true
+    }
+
+    /// Blocks until `key` is set, an error is reported, or `timeout`
+    /// seconds pass. Returns `("ok", value)`, `("timeout", None)` or
+    /// `("error", (code, message))`.
+    #[pyo3(signature = (key, timeout=None))]
+    fn get<'py>(&self, py: Python<'py>, key: String, timeout: Option<f64>) -> PyResult<Bound<'py, PyTuple>> {
+        let deadline = deadline_after(timeout)?;
+        loop {
+            {
+                let s = self.store.lock();
+                if let Some((code, message)) = &s.error {
+                    return ("error", (*code, message.clone())).into_pyobject(py).map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
+                }
+                if let Some(v) = s.values.get(&key) {
+                    return ("ok", v.clone()).into_pyobject(py).map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
+                }
+            }
+            let Some(slice) = next_slice(deadline) else {
+                return ("timeout", py.None()).into_pyobject(py).map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
+            };
+            py.detach(|| {
+                let mut s = self.store.lock();
+                if s.error.is_none() && !s.values.contains_key(&key) {
+                    let _ = self.changed.wait_for(&mut s, slice);
+                }
+            });
+            py.check_signals()?;
+        }
+    }
+
+    /// The value of `key` without blocking.
+    fn try_get(&self, key: &str) -> Option<String> {
+        self.store.lock().values.get(key).cloned()
+    }
+
+    /// Removes `key`; True if it existed.
+    fn delete(&self, key: &str) -> bool {
+        let removed = self.store.lock().values.remove(key).is_some();
+        self.changed.notify_all();
+        removed
+    }
+
+    /// Every key currently set, sorted.
+    fn keys(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.store.lock().values.keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    /// Records an error for the whole cluster (the first one wins) and fails
+    /// every blocked get.
+    fn report_error(&self, code: i64, message: String) {
+        let mut s = self.store.lock();
+        if s.error.is_none() {
+            s.error = Some((code, message));
+        }
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    /// The reported error, if any.
+    #[getter]
+    fn error(&self) -> Option<(i64, String)> {
+        self.store.lock().error.clone()
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // A second initialisation (a re-import) is harmless.
+    let _ = pyo3_log::try_init();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("RUN_TO_CHECKPOINT", crate::step_resolution::RUN_TO_CHECKPOINT)?;
+    m.add("LAST_RUN_TO_CHECKPOINT", crate::step_resolution::LAST_RUN_TO_CHECKPOINT)?;
+    m.add("TERMINATED_WORKER", crate::step_resolution::TERMINATED_WORKER)?;
+    m.add("ACK_PREFIX", crate::step_resolution::ACK_PREFIX)?;
+    m.add("ACK_VALUE", crate::step_resolution::ACK_VALUE)?;
+    m.add("STOP_WATCHER", crate::step_resolution::STOP_WATCHER)?;
+    m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
+    m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
+    m.add_class::<HandlerCore>()?;
+    m.add_class::<PySignalWatch>()?;
+    m.add_class::<KeyValueStore>()?;
+    m.add_function(wrap_pyfunction!(signal_deliveries, m)?)?;
+    Ok(())
+}

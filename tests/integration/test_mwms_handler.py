@@ -1,0 +1,262 @@
+"""PreemptionCheckpointHandler with real 2-worker MultiWorkerMirroredStrategy clusters.
+
+Every test runs for TF's handler ("tf") and for tf_failure_handling's ("ours").
+Workers run ``mwms_worker.py`` on 127.0.0.1; see ``conftest.py`` for the harness.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from .conftest import Cluster, require_impl
+
+NUM_WORKERS = 2
+STEPS = 70  # total run calls of the preemption tests
+STEP_SLEEP = 0.03  # python-side sleep in each step: ~40 ms steps
+SIGNAL_AFTER = 10  # send the notice once every worker reported this step
+EXIT_TIMEOUT = 60.0  # bound for "saved and exited" after a notice
+DEFAULT_EXIT_CODE = 42  # TF's default exit_fn on non-GCE platforms
+
+
+def _chief_and_non_chief_dirs(ckpt_dir):
+    return ckpt_dir, ckpt_dir.parent / "workertemp_1" / ckpt_dir.name
+
+
+@pytest.fixture(scope="module")
+def reference_weights(tmp_path_factory):
+    """Final weights of one uninterrupted run of STEPS steps (TF's handler)."""
+    workdir = tmp_path_factory.mktemp("reference")
+    cluster = Cluster(
+        workdir,
+        impl="tf",
+        ckpt_dir=workdir / "train" / "ckpt",
+        steps=STEPS,
+        step_sleep=0.0,
+        name="reference",
+    )
+    try:
+        done = cluster.run_to_completion(timeout=120)
+    finally:
+        cluster.kill()
+    for event in done[1:]:
+        assert_weights_equal(event["weights"], done[0]["weights"], "worker 0 vs other")
+    return done[0]["weights"]
+
+
+def assert_weights_equal(actual: dict, expected: dict, what: str) -> None:
+    assert sorted(actual) == sorted(expected), what
+    for name in expected:
+        a, e = np.asarray(actual[name]), np.asarray(expected[name])
+        assert a.shape == e.shape, f"{what}: {name} shape {a.shape} != {e.shape}"
+        assert np.allclose(a, e, rtol=1e-6, atol=1e-7), (
+            f"{what}: {name} differs from the uninterrupted run\n"
+            f"resumed:       {a.tolist()}\nuninterrupted: {e.tolist()}"
+        )
+
+
+def notify_after_progress(cluster: Cluster, targets, min_step=SIGNAL_AFTER) -> tuple[float, int]:
+    """Wait until training is under way, then SIGTERM ``targets``.
+
+    Returns (time the first signal was sent, lowest step reported by any worker).
+    """
+    cluster.wait_for_progress(min_step)
+    progress = min(cluster.progress(i) for i in range(cluster.num_workers))
+    sent = [cluster.send_signal(i, signal.SIGTERM) for i in targets]
+    return min(sent), progress
+
+
+def check_preemption_exit(cluster: Cluster, exit_code: int, rounds: int = 1) -> list[int]:
+    """Both workers exited with ``exit_code`` after saving ``rounds`` times each,
+    at the same step in every round; checkpoint layout as TF's.
+
+    Returns the agreed step of each round.
+    """
+    codes = cluster.wait(EXIT_TIMEOUT, "both workers to save and exit after the notice")
+    details = "\n".join(cluster.describe(i) for i in range(cluster.num_workers))
+    assert codes == [exit_code] * cluster.num_workers, (
+        f"expected every worker to exit with {exit_code}, got {codes}\n{details}"
+    )
+
+    saves = [cluster.events(i, "save") for i in range(cluster.num_workers)]
+    for i, worker_saves in enumerate(saves):
+        assert len(worker_saves) == rounds, (
+            f"worker {i} saved {len(worker_saves)} times, expected {rounds}: "
+            f"{worker_saves}\n{details}"
+        )
+    steps_per_worker = [[s["runs"] for s in worker_saves] for worker_saves in saves]
+    assert all(steps == steps_per_worker[0] for steps in steps_per_worker), (
+        f"workers saved at different steps: {steps_per_worker}"
+    )
+
+    chief_dir, non_chief_dir = _chief_and_non_chief_dirs(cluster.ckpt_dir)
+    assert all(s["directory"] == str(chief_dir) for s in saves[0]), saves[0]
+    assert all(s["directory"] == str(non_chief_dir) for s in saves[1]), saves[1]
+    assert not non_chief_dir.parent.exists(), (
+        f"{non_chief_dir.parent} should be deleted before the preemption exit"
+    )
+    assert (chief_dir / "checkpoint").is_file(), f"no checkpoint in {chief_dir}"
+    assert list(chief_dir.glob("ckpt-*.index")), f"no checkpoint data in {chief_dir}"
+    return steps_per_worker[0]
+
+
+def restart_and_check(
+    cluster_factory, impl: str, ckpt_dir, saved_step: int, reference: dict, name: str = "restart"
+) -> None:
+    """Restart both workers on ``ckpt_dir``: they resume at ``saved_step`` and
+    end with the uninterrupted run's weights."""
+    cluster = cluster_factory(name=name, impl=impl, ckpt_dir=ckpt_dir, steps=STEPS, step_sleep=0.0)
+    done = cluster.run_to_completion(timeout=120)
+    for i in range(cluster.num_workers):
+        starts = cluster.events(i, "start")
+        assert len(starts) == 1, starts
+        assert starts[0]["restored"] == saved_step, (
+            f"restarted worker {i} restored total_run_calls={starts[0]['restored']}, "
+            f"the checkpoint was saved at {saved_step}"
+        )
+        assert done[i]["total_run_calls"] == STEPS
+        assert_weights_equal(
+            done[i]["weights"], reference, f"{impl} worker {i} resumed from step {saved_step}"
+        )
+
+
+# --------------------------------------------------------------------------- a
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("targets", [(0,), (1,), (0, 1)], ids=["chief", "non_chief", "both"])
+def test_sigterm_saves_at_agreed_step_and_resumes(
+    impl, targets, cluster_factory, reference_weights
+):
+    cluster = cluster_factory(name="preempted", impl=impl, steps=STEPS, step_sleep=STEP_SLEEP)
+    cluster.start()
+    _, progress = notify_after_progress(cluster, targets)
+
+    (saved_step,) = check_preemption_exit(cluster, DEFAULT_EXIT_CODE)
+    assert progress <= saved_step < STEPS, (
+        f"saved at step {saved_step}; notice sent after step {progress}"
+    )
+
+    restart_and_check(cluster_factory, impl, cluster.ckpt_dir, saved_step, reference_weights)
+
+
+# --------------------------------------------------------------------------- b
+@pytest.mark.timeout(240)
+def test_watcher_fn_and_custom_exit_fn(impl, cluster_factory, tmp_path, reference_weights):
+    notice = tmp_path / "termination-notice"
+    exit_code = 7
+    cluster = cluster_factory(
+        name="watched",
+        impl=impl,
+        steps=STEPS,
+        step_sleep=STEP_SLEEP,
+        extra_args=["--watcher-file", str(notice), "--exit-code", str(exit_code)],
+    )
+    cluster.start()
+    cluster.wait_for_progress(SIGNAL_AFTER)
+    progress = min(cluster.progress(i) for i in range(NUM_WORKERS))
+    notice.touch()
+
+    (saved_step,) = check_preemption_exit(cluster, exit_code)
+    assert progress <= saved_step < STEPS, (
+        f"saved at step {saved_step}; notice file created after step {progress}"
+    )
+
+    restart_and_check(cluster_factory, impl, cluster.ckpt_dir, saved_step, reference_weights)
+
+
+# --------------------------------------------------------------------------- c
+GRACE = 3.0
+GRACE_STEPS = 150  # enough steps to outlast the grace period
+
+
+@pytest.mark.timeout(240)
+def test_grace_period_saves_twice_before_deadline(impl, cluster_factory):
+    cluster = cluster_factory(
+        name="grace",
+        impl=impl,
+        steps=GRACE_STEPS,
+        step_sleep=STEP_SLEEP,
+        extra_args=["--grace", str(GRACE)],
+    )
+    cluster.start()
+    signal_time, _ = notify_after_progress(cluster, (1,))
+    deadline = signal_time + GRACE
+
+    first_step, second_step = check_preemption_exit(cluster, DEFAULT_EXIT_CODE, rounds=2)
+    assert first_step < second_step < GRACE_STEPS
+    saves = [cluster.events(i, "save") for i in range(NUM_WORKERS)]
+    first, second = ([s[r] for s in saves] for r in range(2))
+
+    first_start = max(s["t_start"] for s in first)
+    assert first_start - signal_time < 1.0, (
+        f"first save started {first_start - signal_time:.3f}s after SIGTERM"
+    )
+    second_start = min(s["t_start"] for s in second)
+    assert second_start > signal_time + GRACE / 2, (
+        f"final save started {second_start - signal_time:.3f}s after SIGTERM, "
+        f"expected near the end of the {GRACE}s grace period"
+    )
+
+    second_end = max(s["t_end"] for s in second)
+    if second_end >= deadline:
+        message = (
+            f"final save ended {second_end - deadline:+.3f}s after the grace "
+            f"deadline (SIGTERM at t0, grace {GRACE}s, final save "
+            f"{second_start - signal_time:.3f}s..{second_end - signal_time:.3f}s)"
+        )
+        if impl == "tf":
+            pytest.xfail("TF's planner ignores the save time: " + message)
+        pytest.fail(message)
+
+
+# --------------------------------------------------------------------------- d
+@pytest.mark.timeout(180)
+def test_error_in_one_worker_fails_the_other(impl, cluster_factory):
+    fail_at = 20
+    cluster = cluster_factory(
+        name="failing",
+        impl=impl,
+        steps=STEPS,
+        step_sleep=STEP_SLEEP,
+        worker_args={1: ["--fail-at-step", str(fail_at)]},
+    )
+    cluster.start()
+    started = time.monotonic()
+    codes = cluster.wait(EXIT_TIMEOUT, "both workers to fail after worker 1's OpError")
+    details = "\n".join(cluster.describe(i) for i in range(NUM_WORKERS))
+    for i, code in enumerate(codes):
+        assert code not in (0, DEFAULT_EXIT_CODE), (
+            f"worker {i} exited with {code}, expected a failure\n{details}"
+        )
+    assert time.monotonic() - started < EXIT_TIMEOUT
+    failing_errors = cluster.events(1, "error")
+    assert failing_errors and failing_errors[0]["step"] == fail_at, details
+    assert "injected failure" in failing_errors[0]["message"], details
+    assert not cluster.events(0, "done") and not cluster.events(1, "done")
+
+
+# --------------------------------------------------------------------------- e
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "first,second", [("tf", "ours"), ("ours", "tf")], ids=["tf_then_ours", "ours_then_tf"]
+)
+def test_checkpoint_cross_compatible(first, second, cluster_factory, reference_weights):
+    require_impl(first)
+    require_impl(second)
+    cluster = cluster_factory(
+        name=f"preempted-{first}", impl=first, steps=STEPS, step_sleep=STEP_SLEEP
+    )
+    cluster.start()
+    notify_after_progress(cluster, (1,))
+    (saved_step,) = check_preemption_exit(cluster, DEFAULT_EXIT_CODE)
+
+    restart_and_check(
+        cluster_factory,
+        second,
+        cluster.ckpt_dir,
+        saved_step,
+        reference_weights,
+        name=f"restart-{second}",
+    )
