@@ -8,7 +8,7 @@ without it) the stand-ins below carry the same names, codes and constructor.
 
 from __future__ import annotations
 
-import functools
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -62,14 +62,26 @@ def _fallback() -> SimpleNamespace:
     return ns
 
 
-@functools.lru_cache(maxsize=None)
+_resolved: list = []
+_resolve_lock = threading.Lock()
+
+
 def module() -> Any:
-    """``tensorflow.python.framework.errors`` if importable, else the stand-ins."""
-    try:
-        from tensorflow.python.framework import errors
-    except ImportError:
-        return _fallback()
-    return errors
+    """``tensorflow.python.framework.errors`` if importable, else the stand-ins.
+
+    Resolved once, under a lock: TensorFlow's import is not safe to run from
+    several threads at once (simulated workers would otherwise race into it).
+    """
+    if _resolved:
+        return _resolved[0]
+    with _resolve_lock:
+        if not _resolved:
+            try:
+                from tensorflow.python.framework import errors
+            except ImportError:
+                errors = _fallback()
+            _resolved.append(errors)
+    return _resolved[0]
 
 
 def make(name: str, message: str) -> BaseException:

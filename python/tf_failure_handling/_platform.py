@@ -111,10 +111,12 @@ def default_exit_fn() -> None:
 
 
 def _devices(kind: str) -> bool:
-    try:
-        from tensorflow.python.eager import context
-    except ImportError:
+    # A process that has not imported TensorFlow has no TF devices in use; do
+    # not pay TF's import (seconds) to learn that.
+    if "tensorflow" not in sys.modules:
         return False
+    from tensorflow.python.eager import context
+
     return bool(context.context().list_logical_devices(kind))
 
 

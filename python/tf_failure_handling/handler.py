@@ -172,6 +172,7 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         self._manual_deadline: Optional[float] = None
         self._total_run_calls_warned = False
 
+        _errors.module()
         config = TerminationConfig._from_any(termination_config)
         self._cluster_resolver = cluster_resolver
         self._termination_config = termination_config
@@ -363,11 +364,14 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             self._exit_fn()
         else:
             state = self._core_state()
-            log.info(
-                "Continue training for the grace period; the final round is planned for "
-                "%.1fs before the deadline.",
-                state["margin"],
-            )
+            if state.get("leading"):
+                log.info(
+                    "Continue training for the grace period; the final round starts %.2fs "
+                    "before the deadline (save, steps and acknowledgements as measured).",
+                    state["margin"],
+                )
+            else:
+                log.info("Continue training for the grace period.")
 
     # ------------------------------------------------------------ watchers
 

@@ -1,0 +1,471 @@
+"""Test your training loop's preemption handling without a cluster.
+
+This module is public and documented: it gives you the pieces our own unit
+tests use, so you can check how *your* loop behaves when a worker is preempted,
+fails, or restarts, in milliseconds and in one process.
+
+* :class:`InMemoryCoordinationService` behaves like TensorFlow's coordination
+  service as the handler uses it (``context.context()``): setting an existing key
+  raises ``AlreadyExistsError``, a get blocks until the key is set (or its
+  timeout passes: ``DeadlineExceededError``), and ``report_error_to_cluster``
+  fails every blocked get with the reported error. It needs no TensorFlow; when
+  TF is installed its errors are TF's own classes.
+* :class:`SimulatedCluster` runs N workers as threads on one such service, with
+  a lock-step :meth:`WorkerContext.all_reduce` standing in for
+  MultiWorkerMirroredStrategy's collectives (a step finishes only when every
+  worker joined it; an error reported to the cluster aborts it everywhere).
+  :meth:`SimulatedCluster.preempt` delivers a termination notice to a worker, as
+  SIGTERM or a metadata server would.
+* :class:`FakeCheckpoint` / :class:`FakeVariable` are a checkpoint that needs no
+  TensorFlow: JSON files written atomically, with ``CheckpointManager``'s
+  ``max_to_keep`` and ``restore_or_initialize``.
+
+Example::
+
+    from tf_failure_handling import testing
+
+    def worker(ctx):
+        w = testing.FakeVariable(0.0)
+        handler = ctx.handler(testing.FakeCheckpoint(w=w), ctx.checkpoint_dir)
+        for step in range(handler.total_run_calls, 100):
+            if step == 10 and ctx.index == 1 and ctx.attempt == 0:
+                ctx.cluster.preempt(1)
+            handler.run(lambda: w.assign_add(ctx.all_reduce(1.0)))
+        return w.numpy()
+
+    cluster = testing.SimulatedCluster(num_workers=3, root=tmp_path)
+    first = cluster.run(worker)            # both exit 42 at the agreed step
+    assert {r.exit_code for r in first} == {42}
+    second = cluster.run(worker)           # restart: restores and finishes
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from . import _coordination, _errors, _native
+
+__all__ = [
+    "FakeCheckpoint",
+    "FakeCheckpointManager",
+    "FakeVariable",
+    "InMemoryCoordinationService",
+    "SimpleClusterResolver",
+    "SimulatedCluster",
+    "WorkerContext",
+    "WorkerResult",
+    "use_coordination_service",
+]
+
+use_coordination_service = _coordination.use
+"""Context manager: make a service the current thread's coordination service."""
+
+
+class InMemoryCoordinationService:
+    """TensorFlow's coordination-service key-value API, in memory.
+
+    Methods have the names and arguments of ``tf``'s ``context.context()``, so
+    the same object also stands in for TF's context in tests of TF's own handler.
+    ``fail_next_set`` / ``fail_next_get`` inject one failure (a
+    ``tf.errors.UnavailableError``) into the next matching call.
+    """
+
+    def __init__(self) -> None:
+        _errors.module()  # resolve TF's error classes in this thread, once
+        self._store = _native.KeyValueStore()
+        self._error_listeners: list = []
+        self._faults_lock = threading.Lock()
+        self._set_faults: dict = {}
+        self._get_faults: dict = {}
+
+    # TF's API -------------------------------------------------------------
+
+    def set_config_key_value(self, key: str, value: str) -> None:
+        self._maybe_fail(self._set_faults, key, "set")
+        if not self._store.set(str(key), str(value)):
+            raise _errors.make("AlreadyExistsError", f"Config key {key} already exists.")
+
+    def get_config_key_value(self, key: str, timeout_in_ms: int = 0) -> str:
+        """Blocks until ``key`` is set; ``timeout_in_ms`` 0 means forever, as in TF."""
+        self._maybe_fail(self._get_faults, key, "get")
+        timeout = None if not timeout_in_ms else timeout_in_ms / 1000.0
+        status, payload = self._store.get(str(key), timeout)
+        if status == "ok":
+            return payload
+        if status == "timeout":
+            raise _errors.make(
+                "DeadlineExceededError",
+                f"GetKeyValue() timed out with key: {key} and duration: {timeout_in_ms}ms",
+            )
+        code, message = payload
+        raise _errors.from_code(code, message)
+
+    def delete_config_key_value(self, key: str) -> None:
+        self._store.delete(str(key))
+
+    def report_error_to_cluster(self, error_code: int, error_message: str) -> None:
+        self._store.report_error(int(error_code), str(error_message))
+        for listener in list(self._error_listeners):
+            listener()
+
+    # Inspection and fault injection ----------------------------------------
+
+    def keys(self) -> list:
+        """Every key set, sorted."""
+        return self._store.keys()
+
+    def value(self, key: str) -> Optional[str]:
+        """The value of ``key`` or None, without blocking."""
+        return self._store.try_get(key)
+
+    @property
+    def error(self) -> Optional[tuple]:
+        """The first error reported to the cluster, as ``(code, message)``."""
+        return self._store.error
+
+    def fail_next_set(self, key: str) -> None:
+        """The next set of ``key`` raises ``UnavailableError``."""
+        with self._faults_lock:
+            self._set_faults[key] = self._set_faults.get(key, 0) + 1
+
+    def fail_next_get(self, key: str) -> None:
+        """The next get of ``key`` raises ``UnavailableError``."""
+        with self._faults_lock:
+            self._get_faults[key] = self._get_faults.get(key, 0) + 1
+
+    def _maybe_fail(self, faults: dict, key: str, what: str) -> None:
+        with self._faults_lock:
+            if faults.get(key, 0) <= 0:
+                return
+            faults[key] -= 1
+        raise _errors.make("UnavailableError", f"injected failure of {what}({key!r})")
+
+    def _on_error(self, listener: Callable[[], None]) -> None:
+        self._error_listeners.append(listener)
+
+
+class _ClusterSpec:
+    """The part of ``tf.train.ClusterSpec`` the handler reads."""
+
+    def __init__(self, spec: dict) -> None:
+        self._spec = {k: list(v) for k, v in spec.items()}
+
+    @property
+    def jobs(self) -> list:
+        return list(self._spec)
+
+    def as_dict(self) -> dict:
+        return {k: list(v) for k, v in self._spec.items()}
+
+
+class SimpleClusterResolver:
+    """A cluster resolver that needs no TensorFlow (``cluster_spec``, ``task_type``, ``task_id``)."""
+
+    def __init__(self, cluster_spec: dict, task_type: Optional[str] = None, task_id: Optional[int] = None) -> None:
+        self._spec = _ClusterSpec(cluster_spec)
+        self.task_type = task_type
+        self.task_id = task_id
+
+    def cluster_spec(self) -> _ClusterSpec:
+        return self._spec
+
+
+class FakeVariable:
+    """A checkpointable number: ``assign``, ``assign_add``, ``numpy``."""
+
+    def __init__(self, value: Any = 0) -> None:
+        self._value = value
+
+    def assign(self, value: Any) -> FakeVariable:
+        self._value = value
+        return self
+
+    def assign_add(self, delta: Any) -> FakeVariable:
+        self._value = self._value + delta
+        return self
+
+    def numpy(self) -> Any:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"FakeVariable({self._value!r})"
+
+
+class FakeCheckpoint:
+    """A checkpoint of :class:`FakeVariable` attributes, saved as JSON.
+
+    Any ``FakeVariable`` attribute is saved, including the ``checkpointed_runs``
+    counter the handler attaches.
+    """
+
+    def __init__(self, **variables: FakeVariable) -> None:
+        for name, var in variables.items():
+            if not isinstance(var, FakeVariable):
+                raise TypeError(f"{name} must be a FakeVariable, got {type(var).__name__}")
+            setattr(self, name, var)
+
+    def variables(self) -> dict:
+        return {k: v for k, v in vars(self).items() if isinstance(v, FakeVariable)}
+
+    def make_manager(self, directory: str, max_to_keep: int = 1) -> FakeCheckpointManager:
+        return FakeCheckpointManager(self, directory, max_to_keep)
+
+    def make_counter(self) -> FakeVariable:
+        return FakeVariable(0)
+
+
+class FakeCheckpointManager:
+    """``tf.train.CheckpointManager``'s contract for a :class:`FakeCheckpoint`.
+
+    A save writes ``ckpt-<n>.json`` through a temporary file and a rename, then
+    the ``checkpoint`` index: a crash leaves either the previous checkpoint or
+    the new one, never a partial file in use.
+    """
+
+    INDEX = "checkpoint"
+
+    def __init__(self, checkpoint: FakeCheckpoint, directory: str, max_to_keep: int = 1) -> None:
+        self._checkpoint = checkpoint
+        self.directory = os.fspath(directory)
+        self._max_to_keep = max_to_keep
+        self.saves = 0
+
+    @property
+    def latest_checkpoint(self) -> Optional[str]:
+        try:
+            with open(os.path.join(self.directory, self.INDEX)) as f:
+                name = f.read().strip()
+        except FileNotFoundError:
+            return None
+        path = os.path.join(self.directory, name)
+        return path if os.path.exists(path) else None
+
+    def _existing(self) -> list:
+        if not os.path.isdir(self.directory):
+            return []
+        found = []
+        for n in os.listdir(self.directory):
+            if n.startswith("ckpt-") and n.endswith(".json"):
+                found.append(int(n[5:-5]))
+        return sorted(found)
+
+    def save(self, checkpoint_number: Optional[int] = None) -> str:
+        os.makedirs(self.directory, exist_ok=True)
+        existing = self._existing()
+        number = checkpoint_number if checkpoint_number is not None else (existing[-1] + 1 if existing else 1)
+        name = f"ckpt-{number}.json"
+        path = os.path.join(self.directory, name)
+        data = {k: v.numpy() for k, v in self._checkpoint.variables().items()}
+        _atomic_write(path, json.dumps(data))
+        _atomic_write(os.path.join(self.directory, self.INDEX), name)
+        for old in self._existing()[: -self._max_to_keep] if self._max_to_keep else []:
+            if old != number:
+                os.remove(os.path.join(self.directory, f"ckpt-{old}.json"))
+        self.saves += 1
+        return path
+
+    def restore_or_initialize(self) -> Optional[str]:
+        path = self.latest_checkpoint
+        if path is None:
+            return None
+        with open(path) as f:
+            data = json.load(f)
+        for name, var in self._checkpoint.variables().items():
+            if name in data:
+                var.assign(data[name])
+        return path
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class WorkerResult:
+    """How one simulated worker ended."""
+
+    index: int
+    #: The worker function's return value (None if it exited or raised).
+    value: Any = None
+    #: The ``SystemExit`` code if the worker exited (42 after a preemption save).
+    exit_code: Optional[int] = None
+    #: The exception the worker raised, if any.
+    error: Optional[BaseException] = None
+    #: Seconds from start to end.
+    seconds: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.error is None and self.exit_code is None
+
+
+@dataclass
+class WorkerContext:
+    """What a simulated worker function receives."""
+
+    index: int
+    cluster: SimulatedCluster
+    #: How many times :meth:`SimulatedCluster.run` ran before this one.
+    attempt: int
+    cluster_resolver: SimpleClusterResolver
+    checkpoint_dir: Optional[str]
+    handlers: list = field(default_factory=list)
+
+    def handler(self, checkpoint_or_manager: Any, checkpoint_dir: Optional[str] = None, termination_config: Any = None) -> Any:
+        """Builds this worker's ``PreemptionCheckpointHandler`` on the simulated cluster."""
+        from .handler import PreemptionCheckpointHandler
+
+        h = PreemptionCheckpointHandler(
+            self.cluster_resolver, checkpoint_or_manager, checkpoint_dir, termination_config
+        )
+        self.handlers.append(h)
+        self.cluster._handler_ready(self.index, h)
+        return h
+
+    def all_reduce(self, value: float) -> float:
+        """Sums ``value`` over every worker, in lock step (MWMS's collective)."""
+        return self.cluster._all_reduce(self.index, value)
+
+
+class SimulatedCluster:
+    """N workers in threads over one :class:`InMemoryCoordinationService`.
+
+    Each :meth:`run` is one life of the cluster: a fresh service and fresh
+    workers, with checkpoints kept under ``root`` between runs, as after a
+    restart. Every wait is bounded by ``timeout`` seconds; a worker that is
+    still running then is reported by name.
+    """
+
+    def __init__(self, num_workers: int, root: Optional[os.PathLike] = None, timeout: float = 60.0, chief: bool = False) -> None:
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+        _errors.module()  # resolve TF's error classes here, not racing in worker threads
+        self.num_workers = num_workers
+        self.root = os.fspath(root) if root is not None else None
+        self.timeout = timeout
+        self._chief = chief
+        self.attempts = 0
+        self.service: Optional[InMemoryCoordinationService] = None
+        self._lock = threading.Lock()
+        self._handlers: dict = {}
+        self._pending_notices: dict = {}
+        self._barrier: Optional[threading.Barrier] = None
+        self._sums: list = []
+
+    @property
+    def checkpoint_dir(self) -> Optional[str]:
+        return None if self.root is None else os.path.join(self.root, "ckpt")
+
+    def _spec(self) -> dict:
+        addresses = [f"localhost:{i}" for i in range(self.num_workers)]
+        if self._chief:
+            return {"chief": addresses[:1], "worker": addresses[1:]}
+        return {"worker": addresses}
+
+    def _resolver(self, index: int) -> SimpleClusterResolver:
+        if self._chief:
+            return SimpleClusterResolver(self._spec(), "chief" if index == 0 else "worker", 0 if index == 0 else index - 1)
+        return SimpleClusterResolver(self._spec(), "worker", index)
+
+    def preempt(self, index: int, deadline: Optional[float] = None) -> None:
+        """Delivers a termination notice to worker ``index`` (now, or once its handler exists)."""
+        with self._lock:
+            handler = self._handlers.get(index)
+            if handler is None:
+                self._pending_notices[index] = deadline
+                return
+        handler._notify_termination(deadline)
+
+    def _handler_ready(self, index: int, handler: Any) -> None:
+        with self._lock:
+            self._handlers[index] = handler
+            pending = index in self._pending_notices
+            deadline = self._pending_notices.pop(index, None)
+        if pending:
+            handler._notify_termination(deadline)
+
+    def _all_reduce(self, index: int, value: float) -> float:
+        barrier = self._barrier
+        with self._lock:
+            self._sums[index] = value
+        try:
+            barrier.wait(self.timeout)
+            total = sum(self._sums)
+            barrier.wait(self.timeout)
+        except threading.BrokenBarrierError:
+            error = self.service.error
+            if error is not None:
+                raise _errors.from_code(error[0], error[1]) from None
+            raise _errors.make(
+                "UnavailableError",
+                f"collective aborted on worker {index}: a peer left the step or it timed out "
+                f"after {self.timeout:g}s",
+            ) from None
+        return total
+
+    def run(self, worker_fn: Callable[[WorkerContext], Any], workers: Optional[Sequence[int]] = None) -> list:
+        """Runs ``worker_fn`` on every worker and returns their :class:`WorkerResult`\\ s.
+
+        Raises:
+          TimeoutError: a worker did not finish within ``timeout`` seconds (its
+            thread is left running as a daemon and named in the message).
+        """
+        self.service = service = InMemoryCoordinationService()
+        indices = list(range(self.num_workers)) if workers is None else list(workers)
+        self._barrier = barrier = threading.Barrier(len(indices))
+        self._sums = [0.0] * self.num_workers
+        service._on_error(barrier.abort)
+        with self._lock:
+            self._handlers = {}
+        results = [WorkerResult(i) for i in indices]
+        attempt = self.attempts
+        self.attempts += 1
+        contexts = []
+
+        def body(slot: int, index: int) -> None:
+            ctx = WorkerContext(index, self, attempt, self._resolver(index), self.checkpoint_dir)
+            contexts.append(ctx)
+            result = results[slot]
+            start = time.monotonic()
+            try:
+                with _coordination.use(service):
+                    result.value = worker_fn(ctx)
+            except SystemExit as e:
+                result.exit_code = e.code if isinstance(e.code, int) else 1
+                # A worker that leaves the cluster releases peers blocked in a collective.
+                barrier.abort()
+            except BaseException as e:  # noqa: BLE001 - reported in the result
+                result.error = e
+                barrier.abort()
+            finally:
+                result.seconds = time.monotonic() - start
+                for h in ctx.handlers:
+                    h.close()
+
+        threads = [
+            threading.Thread(target=body, args=(slot, i), name=f"simulated-worker-{i}", daemon=True)
+            for slot, i in enumerate(indices)
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self.timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        hung = [t.name for t in threads if t.is_alive()]
+        if hung:
+            service.report_error_to_cluster(4, "simulated cluster timed out")
+            raise TimeoutError(
+                f"{', '.join(hung)} still running after {self.timeout:g}s "
+                f"(coordination keys: {service.keys()})"
+            )
+        return results
