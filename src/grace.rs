@@ -76,7 +76,7 @@ impl GracePlanner {
     /// Records one step's duration in seconds (negative or NaN values, from a
     /// clock step, are ignored).
     pub fn record_step(&mut self, secs: f64) {
-        if !(secs >= 0.0) {
+        if secs.is_nan() || secs < 0.0 {
             return;
         }
         self.steps[self.next] = secs;
@@ -220,7 +220,10 @@ mod tests {
 
     #[test]
     fn platform_deadline_wins_when_earlier() {
-        let n = Notice { at: 0.0, deadline: Some(30.0) };
+        let n = Notice {
+            at: 0.0,
+            deadline: Some(30.0),
+        };
         assert_eq!(GracePlanner::deadline(n, 3600.0), 30.0);
         assert_eq!(GracePlanner::deadline(n, 10.0), 10.0);
     }

@@ -46,7 +46,9 @@ fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> {
     match timeout {
         None => Ok(None),
         Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Instant::now() + Duration::from_secs_f64(t))),
-        Some(t) => Err(PyValueError::new_err(format!("timeout must be a non-negative number of seconds, got {t}"))),
+        Some(t) => Err(PyValueError::new_err(format!(
+            "timeout must be a non-negative number of seconds, got {t}"
+        ))),
     }
 }
 
@@ -64,9 +66,9 @@ fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
 struct CoreState {
     resolver: Option<Resolver>,
     planner: GracePlanner,
-    /// When `save_checkpoint_if_preempted` was last called: with that API the
-    /// time between calls is the step time.
-    last_call: Option<Instant>,
+    /// When the last `run()` (or `save_checkpoint_if_preempted`) started; the
+    /// interval to the next start is one step's duration.
+    last_start: Option<Instant>,
 }
 
 /// Native base of `PreemptionCheckpointHandler`.
@@ -108,7 +110,7 @@ impl HandlerCore {
             state: Mutex::new(CoreState {
                 resolver: None,
                 planner: GracePlanner::new(),
-                last_call: None,
+                last_start: None,
             }),
         }
     }
@@ -123,18 +125,30 @@ impl HandlerCore {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
-        if this.attention.load(Ordering::Acquire) {
-            slf.call_method0(intern!(slf.py(), "_check_preemption_and_maybe_checkpoint"))?;
-        }
+        // One clock read per call: the planner's step time is the interval
+        // between the starts of consecutive runs, which is also exactly the
+        // time between two checks before a step.
         let start = Instant::now();
+        {
+            let mut state = this.state.lock();
+            if let Some(previous) = state.last_start.replace(start) {
+                state.planner.record_step(start.duration_since(previous).as_secs_f64());
+            }
+        }
+        if this.attention.load(Ordering::Acquire) {
+            let checked = slf.call_method0(intern!(slf.py(), "_check_preemption_and_maybe_checkpoint"));
+            // A publish or save is not step time: restart the interval.
+            this.state.lock().last_start = Some(Instant::now());
+            checked?;
+        }
         match distributed_train_function.call(args, kwargs) {
             Ok(result) => {
-                let secs = start.elapsed().as_secs_f64();
                 this.run_counter.fetch_add(1, Ordering::Relaxed);
-                this.state.lock().planner.record_step(secs);
                 Ok(result)
             }
             Err(err) => {
+                // A failed call is not counted, and not a step duration.
+                this.state.lock().last_start = None;
                 if !this.local.load(Ordering::Relaxed) {
                     // The shim's reporter swallows its own failures; if it
                     // raises anyway the step's error still wins.
@@ -150,15 +164,19 @@ impl HandlerCore {
     #[pyo3(signature = (*args, **kwargs))]
     fn save_checkpoint_if_preempted(slf: &Bound<'_, Self>, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
         let this = slf.get();
+        let now = Instant::now();
+        {
+            let mut state = this.state.lock();
+            if let Some(previous) = state.last_start.replace(now) {
+                state.planner.record_step(now.duration_since(previous).as_secs_f64());
+            }
+        }
         if this.attention.load(Ordering::Acquire) {
-            slf.call_method(intern!(slf.py(), "_check_preemption_and_maybe_checkpoint"), args, kwargs)?;
+            let checked = slf.call_method(intern!(slf.py(), "_check_preemption_and_maybe_checkpoint"), args, kwargs);
+            this.state.lock().last_start = Some(Instant::now());
+            checked?;
         }
         this.run_counter.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
-        let mut state = this.state.lock();
-        if let Some(previous) = state.last_call.replace(now) {
-            state.planner.record_step(now.duration_since(previous).as_secs_f64());
-        }
         Ok(())
     }
 
@@ -189,12 +207,18 @@ impl HandlerCore {
     #[pyo3(signature = (worker_id, num_workers, grace_period))]
     fn _core_configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64) -> PyResult<()> {
         if !grace_period.is_finite() || grace_period < 0.0 {
-            return Err(PyValueError::new_err(format!("grace_period must be a non-negative number of seconds, got {grace_period}")));
+            return Err(PyValueError::new_err(format!(
+                "grace_period must be a non-negative number of seconds, got {grace_period}"
+            )));
         }
         let membership = match worker_id {
             None => Membership::Local,
             Some(id) if id < num_workers => Membership::Worker { id, num_workers },
-            Some(id) => return Err(PyValueError::new_err(format!("worker id {id} is not below the worker count {num_workers}"))),
+            Some(id) => {
+                return Err(PyValueError::new_err(format!(
+                    "worker id {id} is not below the worker count {num_workers}"
+                )))
+            }
         };
         self.local.store(membership == Membership::Local, Ordering::Relaxed);
         let mut state = self.state.lock();
@@ -232,14 +256,12 @@ impl HandlerCore {
         let round = round_from_key(round_key)?;
         let outcome = self.with_resolver(|r, _| r.on_step_key(round, value).map_err(|e| PyValueError::new_err(e.to_string())))?;
         match outcome {
-            KeyOutcome::Ack { key, watch_next } => (
-                "ack",
-                key,
-                watch_next.map(Round::key),
-            )
+            KeyOutcome::Ack { key, watch_next } => ("ack", key, watch_next.map(Round::key))
                 .into_pyobject(py)
                 .map(|t| t.cast_into::<PyTuple>().expect("a tuple")),
-            KeyOutcome::Stop => ("stop", py.None(), py.None()).into_pyobject(py).map(|t| t.cast_into::<PyTuple>().expect("a tuple")),
+            KeyOutcome::Stop => ("stop", py.None(), py.None())
+                .into_pyobject(py)
+                .map(|t| t.cast_into::<PyTuple>().expect("a tuple")),
         }
     }
 
@@ -261,7 +283,11 @@ impl HandlerCore {
             )?),
             Decision::Save { round, step } => Some(PyTuple::new(
                 py,
-                ["save".into_bound_py_any(py)?, round.key().into_bound_py_any(py)?, step.into_bound_py_any(py)?],
+                [
+                    "save".into_bound_py_any(py)?,
+                    round.key().into_bound_py_any(py)?,
+                    step.into_bound_py_any(py)?,
+                ],
             )?),
         })
     }
@@ -331,7 +357,10 @@ pub struct PySignalWatch {
 
 impl PySignalWatch {
     fn inner(&self) -> PyResult<std::sync::Arc<SignalWatch>> {
-        self.inner.lock().clone().ok_or_else(|| PyRuntimeError::new_err("the signal watch is closed"))
+        self.inner
+            .lock()
+            .clone()
+            .ok_or_else(|| PyRuntimeError::new_err("the signal watch is closed"))
     }
 }
 
@@ -452,14 +481,20 @@ impl KeyValueStore {
             {
                 let s = self.store.lock();
                 if let Some((code, message)) = &s.error {
-                    return ("error", (*code, message.clone())).into_pyobject(py).map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
+                    return ("error", (*code, message.clone()))
+                        .into_pyobject(py)
+                        .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
                 }
                 if let Some(v) = s.values.get(&key) {
-                    return ("ok", v.clone()).into_pyobject(py).map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
+                    return ("ok", v.clone())
+                        .into_pyobject(py)
+                        .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
                 }
             }
             let Some(slice) = next_slice(deadline) else {
-                return ("timeout", py.None()).into_pyobject(py).map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
+                return ("timeout", py.None())
+                    .into_pyobject(py)
+                    .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
             };
             py.detach(|| {
                 let mut s = self.store.lock();

@@ -334,17 +334,12 @@ impl Resolver {
             return false;
         }
         let r = self.round.index();
-        (self.agreed[r].is_some() && !self.saved[r])
-            || (self.claim == Claim::Won && !self.published[r])
+        (self.agreed[r].is_some() && !self.saved[r]) || (self.claim == Claim::Won && !self.published[r])
     }
 
     /// A termination source reported a notice for this worker.
     pub fn on_notice(&mut self, notice: Notice) -> NoticeOutcome {
-        if self.exited
-            || self.claim != Claim::Idle
-            || self.round == Round::Final
-            || self.agreed[Round::Initial.index()].is_some()
-        {
+        if self.exited || self.claim != Claim::Idle || self.round == Round::Final || self.agreed[Round::Initial.index()].is_some() {
             return NoticeOutcome::Ignored;
         }
         self.notice = Some(notice);

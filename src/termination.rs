@@ -166,7 +166,7 @@ fn ensure_dispatcher() -> io::Result<()> {
             .map(|_| ())
             .map_err(|e| e.raw_os_error().unwrap_or(0))
     });
-    result.clone().map_err(io::Error::from_raw_os_error)
+    (*result).map_err(io::Error::from_raw_os_error)
 }
 
 fn install(signal: i32) -> Result<(), InstallError> {
@@ -194,7 +194,11 @@ fn install(signal: i32) -> Result<(), InstallError> {
             });
         }
         let chain = previous.sa_sigaction;
-        let chain = if chain == libc::SIG_DFL || chain == libc::SIG_IGN { 0 } else { chain };
+        let chain = if chain == libc::SIG_DFL || chain == libc::SIG_IGN {
+            0
+        } else {
+            chain
+        };
         PREV_SIGINFO[index].store(previous.sa_flags & libc::SA_SIGINFO != 0, Ordering::SeqCst);
         PREV_HANDLER[index].store(chain, Ordering::SeqCst);
         if libc::sigaction(signal, &ours, std::ptr::null_mut()) != 0 {
@@ -206,7 +210,14 @@ fn install(signal: i32) -> Result<(), InstallError> {
         }
         table.insert(signal, Installed { previous, watchers: 1 });
     }
-    log::debug!("watching signal {signal} (previous handler {})", if PREV_HANDLER[index].load(Ordering::SeqCst) == 0 { "none" } else { "chained" });
+    log::debug!(
+        "watching signal {signal} (previous handler {})",
+        if PREV_HANDLER[index].load(Ordering::SeqCst) == 0 {
+            "none"
+        } else {
+            "chained"
+        }
+    );
     Ok(())
 }
 
@@ -234,7 +245,10 @@ fn uninstall(signal: i32) {
 /// numbers out of range).
 #[must_use]
 pub fn delivered(signal: i32) -> u64 {
-    usize::try_from(signal).ok().filter(|&i| i < MAX_SIGNAL).map_or(0, |i| COUNTS[i].load(Ordering::SeqCst))
+    usize::try_from(signal)
+        .ok()
+        .filter(|&i| i < MAX_SIGNAL)
+        .map_or(0, |i| COUNTS[i].load(Ordering::SeqCst))
 }
 
 /// What ended a [`SignalWatch::wait`].

@@ -37,7 +37,9 @@ def _is_manager(obj: Any) -> bool:
     _, manager_cls = _tf_classes()
     if manager_cls is not None and isinstance(obj, manager_cls):
         return True
-    return all(hasattr(obj, a) for a in ("save", "restore_or_initialize", "directory", "_checkpoint"))
+    return all(
+        hasattr(obj, a) for a in ("save", "restore_or_initialize", "directory", "_checkpoint")
+    )
 
 
 def _is_checkpoint(obj: Any) -> bool:

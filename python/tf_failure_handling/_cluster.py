@@ -76,7 +76,8 @@ def membership(cluster_resolver: Any) -> Membership:
     tasks = spec.get(task_type, [])
     if not 0 <= task_id < len(tasks):
         raise ValueError(
-            f"task {task_type}:{task_id} is not in the cluster spec ({len(tasks)} {task_type} tasks)"
+            f"task {task_type}:{task_id} is not in the cluster spec "
+            f"({len(tasks)} {task_type} tasks)"
         )
     chiefs = len(spec.get("chief", []))
     if task_type == "evaluator":

@@ -114,8 +114,7 @@ class TerminationConfig:
                 config.save_fn,
             )
         raise TypeError(
-            "termination_config must be a TerminationConfig or None, "
-            f"got {type(config).__name__}"
+            f"termination_config must be a TerminationConfig or None, got {type(config).__name__}"
         )
 
 
@@ -186,7 +185,10 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
         self._platform_device = _platform.detect()
         watcher_fn, exit_fn, grace = _platform.complete(
-            self._platform_device, config.termination_watcher_fn, config.exit_fn, config.grace_period
+            self._platform_device,
+            config.termination_watcher_fn,
+            config.exit_fn,
+            config.grace_period,
         )
         self._termination_watcher_fn = watcher_fn
         self._exit_fn = exit_fn
@@ -206,7 +208,9 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         self._api_made_checkpoint_manager = self._checkpoints.api_made
         self._checkpointed_runs = self._checkpoints.counter
 
-        self._coordination = None if self._local_mode else _coordination.Client(_coordination.current())
+        self._coordination = (
+            None if self._local_mode else _coordination.Client(_coordination.current())
+        )
 
         self._run_counter = self._checkpoints.restore()
         self._core_configure(
@@ -486,7 +490,10 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         watch = self._signal_watch
         if watch is not None:
             watch.close()
-        if self._notice_thread is not None and self._notice_thread is not threading.current_thread():
+        if (
+            self._notice_thread is not None
+            and self._notice_thread is not threading.current_thread()
+        ):
             self._notice_thread.join(THREAD_JOIN_TIMEOUT)
         self._notice_thread = None
         if self._peer_thread is not None:

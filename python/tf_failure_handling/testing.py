@@ -164,9 +164,11 @@ class _ClusterSpec:
 
 
 class SimpleClusterResolver:
-    """A cluster resolver that needs no TensorFlow (``cluster_spec``, ``task_type``, ``task_id``)."""
+    """A cluster resolver without TensorFlow: ``cluster_spec()``, ``task_type``, ``task_id``."""
 
-    def __init__(self, cluster_spec: dict, task_type: Optional[str] = None, task_id: Optional[int] = None) -> None:
+    def __init__(
+        self, cluster_spec: dict, task_type: Optional[str] = None, task_id: Optional[int] = None
+    ) -> None:
         self._spec = _ClusterSpec(cluster_spec)
         self.task_type = task_type
         self.task_id = task_id
@@ -257,7 +259,11 @@ class FakeCheckpointManager:
     def save(self, checkpoint_number: Optional[int] = None) -> str:
         os.makedirs(self.directory, exist_ok=True)
         existing = self._existing()
-        number = checkpoint_number if checkpoint_number is not None else (existing[-1] + 1 if existing else 1)
+        number = (
+            checkpoint_number
+            if checkpoint_number is not None
+            else (existing[-1] + 1 if existing else 1)
+        )
         name = f"ckpt-{number}.json"
         path = os.path.join(self.directory, name)
         data = {k: v.numpy() for k, v in self._checkpoint.variables().items()}
@@ -321,7 +327,12 @@ class WorkerContext:
     checkpoint_dir: Optional[str]
     handlers: list = field(default_factory=list)
 
-    def handler(self, checkpoint_or_manager: Any, checkpoint_dir: Optional[str] = None, termination_config: Any = None) -> Any:
+    def handler(
+        self,
+        checkpoint_or_manager: Any,
+        checkpoint_dir: Optional[str] = None,
+        termination_config: Any = None,
+    ) -> Any:
         """Builds this worker's ``PreemptionCheckpointHandler`` on the simulated cluster."""
         from .handler import PreemptionCheckpointHandler
 
@@ -346,7 +357,13 @@ class SimulatedCluster:
     still running then is reported by name.
     """
 
-    def __init__(self, num_workers: int, root: Optional[os.PathLike] = None, timeout: float = 60.0, chief: bool = False) -> None:
+    def __init__(
+        self,
+        num_workers: int,
+        root: Optional[os.PathLike] = None,
+        timeout: float = 60.0,
+        chief: bool = False,
+    ) -> None:
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
         _errors.module()  # resolve TF's error classes here, not racing in worker threads
@@ -374,7 +391,9 @@ class SimulatedCluster:
 
     def _resolver(self, index: int) -> SimpleClusterResolver:
         if self._chief:
-            return SimpleClusterResolver(self._spec(), "chief" if index == 0 else "worker", 0 if index == 0 else index - 1)
+            return SimpleClusterResolver(
+                self._spec(), "chief" if index == 0 else "worker", 0 if index == 0 else index - 1
+            )
         return SimpleClusterResolver(self._spec(), "worker", index)
 
     def preempt(self, index: int, deadline: Optional[float] = None) -> None:
@@ -413,7 +432,9 @@ class SimulatedCluster:
             ) from None
         return total
 
-    def run(self, worker_fn: Callable[[WorkerContext], Any], workers: Optional[Sequence[int]] = None) -> list:
+    def run(
+        self, worker_fn: Callable[[WorkerContext], Any], workers: Optional[Sequence[int]] = None
+    ) -> list:
         """Runs ``worker_fn`` on every worker and returns their :class:`WorkerResult`\\ s.
 
         Raises:

@@ -35,6 +35,7 @@ import signal
 import sys
 import time
 
+T_PROCESS_START = time.monotonic()
 IN_FEATURES = 4
 OUT_FEATURES = 2
 PER_WORKER_BATCH = 8
@@ -239,6 +240,7 @@ def main(argv=None) -> int:
         config_kwargs["grace_period"] = args.grace
     termination_config = config_cls(**config_kwargs) if config_kwargs else None
 
+    t_handler = time.monotonic()
     handler = handler_cls(
         strategy.cluster_resolver,
         checkpoint,
@@ -247,7 +249,14 @@ def main(argv=None) -> int:
     )
     start = int(handler.total_run_calls)
     emit(
-        "start", restored=start, pid=os.getpid(), index=args.index, impl=args.impl, steps=args.steps
+        "start",
+        restored=start,
+        pid=os.getpid(),
+        index=args.index,
+        impl=args.impl,
+        steps=args.steps,
+        setup_s=round(t_handler - T_PROCESS_START, 3),
+        handler_init_s=round(time.monotonic() - t_handler, 3),
     )
 
     def train_step(step: int):

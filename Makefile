@@ -1,0 +1,48 @@
+# The two commands the README starts with:
+#   make demo   real TF workers on 127.0.0.1 get preempted, save at one agreed step, restart, finish
+#   make test   every test: Rust (unit + property), lints, Python unit and integration (real TF)
+# Each creates what it needs: .venv (TensorFlow CPU, maturin, pytest) and the native build.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.deps-installed
+DEPS := "tensorflow-cpu==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff
+
+.PHONY: demo test test-rust test-python lint build build-release bench clean
+
+$(STAMP): Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(DEPS)
+	touch $(STAMP)
+
+build: $(STAMP)
+	$(VENV)/bin/maturin develop --quiet
+
+build-release: $(STAMP)
+	$(VENV)/bin/maturin develop --quiet --release
+
+demo: build
+	$(PY) demo/run_demo.py
+
+test: test-rust lint test-python
+
+test-rust:
+	cargo test --quiet
+
+lint: $(STAMP)
+	cargo fmt --check
+	cargo clippy --quiet --all-targets -- -D warnings
+	cargo clippy --quiet --all-targets --features python -- -D warnings
+	$(VENV)/bin/ruff check python tests benches demo
+	$(VENV)/bin/ruff format --check python tests benches demo
+
+test-python: build
+	$(PY) -m pytest tests -q
+
+bench: build-release
+	$(PY) benches/bench_run.py
+
+clean:
+	rm -rf $(VENV) target
