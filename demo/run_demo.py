@@ -342,7 +342,7 @@ def main(argv=None) -> int:
         if post["codes"] != [0] * n or len(post["done"]) != n:
             say("  the restarted run did not finish\n" + current.stderr_tail(0))
             return 1
-    except TimeoutError:
+    except (TimeoutError, subprocess.TimeoutExpired):
         say(f"\nTIMEOUT: a phase took longer than {args.timeout:.0f}s")
         if current is not None:
             for i in range(n):

@@ -257,11 +257,14 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    /// A resolver for `membership` with a grace period in seconds (`<= 0`:
-    /// save once and exit).
+    /// A resolver for `membership` with a grace period in seconds (`<= 0`
+    /// or NaN: save once and exit).
     #[must_use]
     pub fn new(membership: Membership, grace_period: f64) -> Self {
         let id = membership.id();
+        // Decide once whether there is a grace period, so that every later
+        // comparison agrees (NaN would otherwise fail both `> 0` and `<= 0`).
+        let grace_period = if grace_period > 0.0 { grace_period } else { 0.0 };
         Resolver {
             membership,
             id,

@@ -34,7 +34,7 @@ def _tensorflow_import_error() -> str | None:
         _TF_CHECKED = True
         try:
             importlib.import_module("tensorflow")
-        except Exception as e:  # any import failure means "no TF"
+        except Exception as e:  # noqa: BLE001 - any import failure means "no TF"
             _TF_IMPORT_ERROR = f"{type(e).__name__}: {e}"
     return _TF_IMPORT_ERROR
 

@@ -234,6 +234,9 @@ def test_error_in_one_worker_fails_the_other(impl, cluster_factory):
     failing_errors = cluster.events(1, "error")
     assert failing_errors and failing_errors[0]["step"] == fail_at, details
     assert "injected failure" in failing_errors[0]["message"], details
+    # The peer raises the propagated error rather than dying some other way.
+    peer_errors = cluster.events(0, "error")
+    assert peer_errors and peer_errors[0]["type"] == failing_errors[0]["type"], details
     assert not cluster.events(0, "done") and not cluster.events(1, "done")
 
 
