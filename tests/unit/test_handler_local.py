@@ -41,7 +41,9 @@ def _train(handler, w, steps, on_step=None):
     ids=["no-resolver", "empty-cluster-spec"],
 )
 def test_local_mode_membership(make_handler, tmp_path, resolver):
-    h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt", resolver=resolver)
+    h = make_handler(
+        testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt", resolver=resolver
+    )
     assert h._local_mode is True
     assert h._id_in_cluster == "single_worker"
     assert h._is_chief is True
@@ -52,7 +54,9 @@ def test_local_mode_membership(make_handler, tmp_path, resolver):
 def test_local_mode_with_tf_empty_cluster_spec(make_handler, tmp_path):
     tf = pytest.importorskip("tensorflow", reason="uses TF's own cluster resolver")
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({}))
-    h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt", resolver=resolver)
+    h = make_handler(
+        testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt", resolver=resolver
+    )
     assert h._local_mode is True
     assert h._id_in_cluster == "single_worker"
 
@@ -116,7 +120,9 @@ def test_default_exit_is_system_exit_42_and_checkpoint_is_on_disk(make_handler, 
     with pytest.raises(SystemExit) as exc:
         _train(h, w, 50)
     assert exc.value.code == 42
-    manager = testing.FakeCheckpoint(w=testing.FakeVariable(-1), checkpointed_runs=testing.FakeVariable(-1))
+    manager = testing.FakeCheckpoint(
+        w=testing.FakeVariable(-1), checkpointed_runs=testing.FakeVariable(-1)
+    )
     assert manager.make_manager(str(tmp_path / "ckpt")).restore_or_initialize() is not None
     assert manager.w.numpy() == 6
     assert manager.checkpointed_runs.numpy() == 6
@@ -262,7 +268,11 @@ def test_save_checkpoint_if_preempted_counts_one_run_per_call(make_handler, tmp_
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "expected_file"),
-    [((), {}, "ckpt-1.json"), ((77,), {}, "ckpt-77.json"), ((), {"checkpoint_number": 5}, "ckpt-5.json")],
+    [
+        ((), {}, "ckpt-1.json"),
+        ((77,), {}, "ckpt-77.json"),
+        ((), {"checkpoint_number": 5}, "ckpt-5.json"),
+    ],
 )
 def test_save_checkpoint_if_preempted_saves_at_agreed_step_with_args(
     make_handler, tmp_path, args, kwargs, expected_file
@@ -360,7 +370,11 @@ def test_failing_fn_is_not_counted_and_its_exception_propagates_unchanged(make_h
     errors = _errors.module()
     h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
     h.run(lambda: None)
-    for error in (ValueError("boom"), errors.InvalidArgumentError(None, None, "bad op"), KeyboardInterrupt()):
+    for error in (
+        ValueError("boom"),
+        errors.InvalidArgumentError(None, None, "bad op"),
+        KeyboardInterrupt(),
+    ):
 
         def fail(e=error):
             raise e
@@ -377,6 +391,7 @@ def test_failing_fn_at_the_agreed_step_does_not_skip_the_save(make_handler, tmp_
     _train(h, testing.FakeVariable(0), 2)
     h._notify_termination()
     wait_for_attention(h)
+
     def failing_step():
         raise RuntimeError("step failed")
 
@@ -409,7 +424,9 @@ def test_watch_preemption_scope_reports_op_errors_in_a_cluster(make_handler, tmp
     service = testing.InMemoryCoordinationService()
     resolver = testing.SimpleClusterResolver({"worker": ["a"]}, "worker", 0)
     with testing.use_coordination_service(service):
-        h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt", resolver=resolver)
+        h = make_handler(
+            testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt", resolver=resolver
+        )
         with pytest.raises(ValueError), h.watch_preemption_scope():
             raise ValueError("not reported")
         assert service.error is None
@@ -424,7 +441,9 @@ def test_run_reports_op_errors_in_a_cluster_but_not_other_errors(make_handler, t
     service = testing.InMemoryCoordinationService()
     resolver = testing.SimpleClusterResolver({"worker": ["a"]}, "worker", 0)
     with testing.use_coordination_service(service):
-        h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt", resolver=resolver)
+        h = make_handler(
+            testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt", resolver=resolver
+        )
 
         def fail(e):
             raise e
@@ -463,7 +482,9 @@ def test_grace_period_in_local_mode_saves_twice_before_the_deadline(make_handler
     grace = 0.6
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
-    h = make_handler(ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=grace), cls=PublishRecorder)
+    h = make_handler(
+        ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=grace), cls=PublishRecorder
+    )
 
     def step():
         w.assign_add(1)
@@ -610,7 +631,10 @@ def test_real_tf_checkpoint_saves_tf_layout_and_restores(make_handler, tmp_path)
     assert "checkpointed_runs/.ATTRIBUTES/VARIABLE_VALUE" in names
     reader = tf.train.load_checkpoint(path)
     assert reader.get_tensor("checkpointed_runs/.ATTRIBUTES/VARIABLE_VALUE") == 5
-    assert reader.get_variable_to_dtype_map()["checkpointed_runs/.ATTRIBUTES/VARIABLE_VALUE"] == tf.int64
+    assert (
+        reader.get_variable_to_dtype_map()["checkpointed_runs/.ATTRIBUTES/VARIABLE_VALUE"]
+        == tf.int64
+    )
     assert reader.get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE") == pytest.approx(7.5)
 
     v2 = tf.Variable(0.0)
@@ -625,7 +649,9 @@ def test_real_tf_checkpoint_saves_tf_layout_and_restores(make_handler, tmp_path)
 def test_real_tf_checkpoint_manager_passed_directly(make_handler, tmp_path):
     tf = pytest.importorskip("tensorflow", reason="uses a real tf.train.CheckpointManager")
     v = tf.Variable(1)
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), str(tmp_path / "m"), max_to_keep=3)
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(v=v), str(tmp_path / "m"), max_to_keep=3
+    )
     h = make_handler(manager)
     assert h._read_checkpoint_manager is manager
     assert h._write_checkpoint_manager is manager

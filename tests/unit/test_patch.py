@@ -15,7 +15,10 @@ def test_patch_and_unpatch_round_trip():
     try:
         tfh.patch()
         tfh.patch()  # idempotent: a second call must not save our class as "original"
-        assert tf.distribute.experimental.PreemptionCheckpointHandler is tfh.PreemptionCheckpointHandler
+        assert (
+            tf.distribute.experimental.PreemptionCheckpointHandler
+            is tfh.PreemptionCheckpointHandler
+        )
         assert tf.distribute.experimental.TerminationConfig is tfh.TerminationConfig
         assert failure_handling.PreemptionCheckpointHandler is tfh.PreemptionCheckpointHandler
         assert failure_handling.WorkerPreemptionHandler is tfh.PreemptionCheckpointHandler
