@@ -86,6 +86,17 @@ pub struct HandlerCore {
 }
 
 impl HandlerCore {
+    /// Hands a step's error to the shim's `_propagate_error` (which reports
+    /// `OpError`s to the cluster outside local mode) and returns it.
+    fn report(&self, slf: &Bound<'_, Self>, err: PyErr) -> PyErr {
+        if !self.local.load(Ordering::Relaxed) {
+            // The reporter swallows its own failures; if it raises anyway the
+            // step's error still wins.
+            let _ = slf.call_method1(intern!(slf.py(), "_propagate_error"), (err.value(slf.py()),));
+        }
+        err
+    }
+
     fn with_resolver<T>(&self, f: impl FnOnce(&mut Resolver, &mut GracePlanner) -> PyResult<T>) -> PyResult<T> {
         let mut guard = self.state.lock();
         let CoreState { resolver, planner, .. } = &mut *guard;
@@ -139,7 +150,12 @@ impl HandlerCore {
             let checked = slf.call_method0(intern!(slf.py(), "_check_preemption_and_maybe_checkpoint"));
             // A publish or save is not step time: restart the interval.
             this.state.lock().last_start = Some(Instant::now());
-            checked?;
+            if let Err(err) = checked {
+                // As in TensorFlow, the check is inside the reporting scope: a
+                // peer that did not acknowledge, or a failed save, reaches
+                // every worker rather than leaving them in a collective.
+                return Err(this.report(slf, err));
+            }
         }
         match distributed_train_function.call(args, kwargs) {
             Ok(result) => {
@@ -149,12 +165,7 @@ impl HandlerCore {
             Err(err) => {
                 // A failed call is not counted, and not a step duration.
                 this.state.lock().last_start = None;
-                if !this.local.load(Ordering::Relaxed) {
-                    // The shim's reporter swallows its own failures; if it
-                    // raises anyway the step's error still wins.
-                    let _ = slf.call_method1(intern!(slf.py(), "_propagate_error"), (err.value(slf.py()),));
-                }
-                Err(err)
+                Err(this.report(slf, err))
             }
         }
     }
@@ -189,8 +200,12 @@ impl HandlerCore {
     #[setter(_run_counter)]
     fn set_run_counter(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         // Accepts ints and anything with __index__ (numpy integers, which
-        // TensorFlow's own counter is).
-        let n: i128 = value.call_method0(intern!(value.py(), "__index__"))?.extract()?;
+        // TensorFlow's own counter is); anything else is a TypeError, as
+        // operator.index gives.
+        // SAFETY: PyNumber_Index returns a new reference or NULL with an
+        // exception set, which from_owned_ptr_or_err turns into PyErr.
+        let index = unsafe { Bound::from_owned_ptr_or_err(value.py(), pyo3::ffi::PyNumber_Index(value.as_ptr()))? };
+        let n: i128 = index.extract()?;
         let n = u64::try_from(n).map_err(|_| PyValueError::new_err(format!("_run_counter must be a non-negative integer, got {n}")))?;
         self.run_counter.store(n, Ordering::Relaxed);
         Ok(())

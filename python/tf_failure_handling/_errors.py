@@ -90,5 +90,9 @@ def make(name: str, message: str) -> BaseException:
 
 
 def from_code(code: int, message: str) -> BaseException:
-    """The error TF raises for a status ``code``."""
-    return module().exception_type_from_error_code(code)(None, None, message)
+    """The error TF raises for a status ``code`` (``UnknownError`` for unknown codes)."""
+    try:
+        cls = module().exception_type_from_error_code(code)
+    except KeyError:  # TF's table has only the canonical codes
+        cls = module().UnknownError
+    return cls(None, None, message)

@@ -79,25 +79,37 @@ def request_gce_metadata(path: str, timeout: float = METADATA_TIMEOUT) -> str:
 
     def fetch() -> str:
         req = urllib.request.Request(url, headers=GCE_HEADER)
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        try:
+            resp = urllib.request.urlopen(req, timeout=timeout)
+        except urllib.error.HTTPError as e:
+            e.close()  # an HTTPError holds the connection open until closed
+            raise
+        with resp:
+            if resp.status != 200:
+                raise ValueError(f"{url} answered HTTP {resp.status}")
             return resp.read(1 << 16).decode("utf-8", "replace")
 
     return _bounded(fetch, timeout, "GCE metadata request")
 
 
 def on_gce() -> bool:
+    """True when the GCE metadata server answers 200 (any failure means no)."""
     try:
         request_gce_metadata("instance/hostname")
-    except (OSError, TimeoutError, urllib.error.URLError, ValueError):
+    except Exception as e:  # noqa: BLE001 - off GCE anything can come back
+        log.debug("not on GCE: %s", e)
         return False
     return True
 
 
 def gce_termination_watcher() -> bool:
-    """True when GCE announces host maintenance that terminates this VM (TF's watcher)."""
+    """True when GCE announces host maintenance that terminates this VM (TF's watcher).
+
+    A failed or malformed answer is "no notice", never an exception.
+    """
     try:
         return request_gce_metadata("instance/maintenance-event") == "TERMINATE_ON_HOST_MAINTENANCE"
-    except (OSError, TimeoutError, urllib.error.URLError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - a flaky metadata server must not kill training
         log.debug("GCE maintenance-event poll failed: %s", e)
         return False
 

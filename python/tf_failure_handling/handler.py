@@ -38,6 +38,9 @@ WATCHER_FN_INTERVAL = 1.0
 #: Longest single blocking get of the peer watcher; it re-checks for shutdown
 #: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
 PEER_WATCH_SLICE = 5.0
+#: Pauses between attempts to claim ``TERMINATED_WORKER`` when the coordination
+#: service fails (not when a peer holds it): about a second in all.
+CLAIM_RETRY_PAUSES = (0.1, 0.3, 0.6)
 #: Bound on joining a watcher thread at shutdown.
 THREAD_JOIN_TIMEOUT = 10.0
 
@@ -53,8 +56,8 @@ def _check_seconds(name: str, value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     value = float(value)
-    if math.isnan(value) or value < 0:
-        raise ValueError(f"{name} must be a non-negative number of seconds, got {value}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite, non-negative number of seconds, got {value}")
     return value
 
 
@@ -396,11 +399,20 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             self._peer_thread.start()
 
     def _notify_termination(self, deadline: Optional[float] = None) -> None:
-        """Delivers a notice as a termination source would (used by ``testing``)."""
+        """Delivers a notice as a termination source would (used by ``testing``).
+
+        A notice after the handler exited or was closed is ignored, as a signal
+        would be.
+        """
         self._manual_deadline = deadline
         watch = self._signal_watch
-        if watch is not None:
+        if watch is None or self._closing.is_set():
+            log.info("Termination notice after shutdown ignored.")
+            return
+        try:
             watch.trigger()
+        except RuntimeError:  # closed between the check and the trigger
+            log.info("Termination notice after shutdown ignored.")
 
     def _watch_own_notice(self) -> None:
         watch = self._signal_watch
@@ -437,11 +449,7 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             log.info("Received termination notice from %s.", source)
         elif outcome[0] == "claim":
             _, key, value = outcome
-            try:
-                won = self._coordination.set(key, value)
-            except Exception as e:  # noqa: BLE001 - the cluster may already be going down
-                log.warning("Could not claim %s after a notice from %s: %s", key, source, e)
-                won = False
+            won = self._claim(key, value, source)
             self._core_claim(won)
             if won:
                 log.info("Member %s has received termination notice (%s).", value, source)
@@ -454,6 +462,29 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
                 )
         else:
             log.info("Termination notice from %s ignored: already handling one.", source)
+
+    def _claim(self, key: str, value: str, source: str) -> bool:
+        """Writes ``TERMINATED_WORKER``; True if this worker got it first.
+
+        A transient failure of the coordination service is retried a few
+        times (TF drops the notice at the first failure).
+        """
+        for attempt, pause in enumerate((*CLAIM_RETRY_PAUSES, None)):
+            try:
+                return self._coordination.set(key, value)
+            except Exception as e:  # noqa: BLE001 - the cluster may already be going down
+                if pause is None or self._closing.is_set():
+                    log.warning(
+                        "Could not claim %s after a notice from %s (%d attempts): %s",
+                        key,
+                        source,
+                        attempt + 1,
+                        e,
+                    )
+                    return False
+                log.info("Claiming %s failed (%s); retrying in %gs.", key, e, pause)
+                time.sleep(pause)
+        return False
 
     def _watch_step_keys(self) -> None:
         round_key = RUN_TO_CHECKPOINT

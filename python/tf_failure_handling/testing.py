@@ -41,6 +41,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -236,6 +237,11 @@ class FakeCheckpointManager:
         self.directory = os.fspath(directory)
         self._max_to_keep = max_to_keep
         self.saves = 0
+        # Checkpoints this manager keeps, oldest first: like TF's manager it
+        # counts recency of saves, not checkpoint numbers. Files found on disk
+        # at start count as older than any save of this manager.
+        self._kept = self._existing()
+        self._next = (self._kept[-1] + 1) if self._kept else 1
 
     @property
     def latest_checkpoint(self) -> Optional[str]:
@@ -258,19 +264,19 @@ class FakeCheckpointManager:
 
     def save(self, checkpoint_number: Optional[int] = None) -> str:
         os.makedirs(self.directory, exist_ok=True)
-        existing = self._existing()
-        number = (
-            checkpoint_number
-            if checkpoint_number is not None
-            else (existing[-1] + 1 if existing else 1)
-        )
+        number = self._next if checkpoint_number is None else int(checkpoint_number)
+        self._next = max(self._next, number + 1)
         name = f"ckpt-{number}.json"
         path = os.path.join(self.directory, name)
         data = {k: v.numpy() for k, v in self._checkpoint.variables().items()}
         _atomic_write(path, json.dumps(data))
         _atomic_write(os.path.join(self.directory, self.INDEX), name)
-        for old in self._existing()[: -self._max_to_keep] if self._max_to_keep else []:
-            if old != number:
+        if number in self._kept:
+            self._kept.remove(number)
+        self._kept.append(number)
+        while self._max_to_keep and len(self._kept) > self._max_to_keep:
+            old = self._kept.pop(0)
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(self.directory, f"ckpt-{old}.json"))
         self.saves += 1
         return path
@@ -294,6 +300,61 @@ def _atomic_write(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+class _Collective:
+    """A lock-step all-reduce for ``n`` workers: MWMS's collectives in miniature.
+
+    Each call joins the current generation; the last arrival completes it and
+    wakes the rest. A generation that completed returns its sum even if the
+    collective is aborted afterwards (a peer that exits after the step must
+    not fail workers that finished it); a later one fails with the cluster's
+    reported error, or ``UnavailableError`` when a peer left or the wait timed
+    out.
+    """
+
+    def __init__(self, n: int, timeout: float, service: InMemoryCoordinationService) -> None:
+        self._n = n
+        self._timeout = timeout
+        self._service = service
+        #: Signalled when a generation completes or the collective is aborted.
+        self._changed = threading.Condition()
+        self._generation = 0
+        self._arrived = 0
+        self._sum = 0.0
+        self._results: dict = {}
+        self._aborted: Optional[str] = None
+
+    def all_reduce(self, index: int, value: float) -> float:
+        with self._changed:
+            if self._aborted is None:
+                generation = self._generation
+                self._sum += value
+                self._arrived += 1
+                if self._arrived == self._n:
+                    self._results = {generation: self._sum}
+                    self._generation += 1
+                    self._arrived = 0
+                    self._sum = 0.0
+                    self._changed.notify_all()
+                    return self._results[generation]
+                self._changed.wait_for(
+                    lambda: self._generation != generation or self._aborted is not None,
+                    self._timeout,
+                )
+                if self._generation != generation:
+                    return self._results[generation]
+            reason = self._aborted or f"timed out after {self._timeout:g}s"
+        error = self._service.error
+        if error is not None:
+            raise _errors.from_code(error[0], error[1])
+        raise _errors.make("UnavailableError", f"collective aborted on worker {index}: {reason}")
+
+    def abort(self, reason: str) -> None:
+        with self._changed:
+            if self._aborted is None:
+                self._aborted = reason
+            self._changed.notify_all()
 
 
 @dataclass
@@ -376,8 +437,7 @@ class SimulatedCluster:
         self._lock = threading.Lock()
         self._handlers: dict = {}
         self._pending_notices: dict = {}
-        self._barrier: Optional[threading.Barrier] = None
-        self._sums: list = []
+        self._collective: Optional[_Collective] = None
 
     @property
     def checkpoint_dir(self) -> Optional[str]:
@@ -414,23 +474,7 @@ class SimulatedCluster:
             handler._notify_termination(deadline)
 
     def _all_reduce(self, index: int, value: float) -> float:
-        barrier = self._barrier
-        with self._lock:
-            self._sums[index] = value
-        try:
-            barrier.wait(self.timeout)
-            total = sum(self._sums)
-            barrier.wait(self.timeout)
-        except threading.BrokenBarrierError:
-            error = self.service.error
-            if error is not None:
-                raise _errors.from_code(error[0], error[1]) from None
-            raise _errors.make(
-                "UnavailableError",
-                f"collective aborted on worker {index}: a peer left the step or it timed out "
-                f"after {self.timeout:g}s",
-            ) from None
-        return total
+        return self._collective.all_reduce(index, value)
 
     def run(
         self, worker_fn: Callable[[WorkerContext], Any], workers: Optional[Sequence[int]] = None
@@ -443,9 +487,8 @@ class SimulatedCluster:
         """
         self.service = service = InMemoryCoordinationService()
         indices = list(range(self.num_workers)) if workers is None else list(workers)
-        self._barrier = barrier = threading.Barrier(len(indices))
-        self._sums = [0.0] * self.num_workers
-        service._on_error(barrier.abort)
+        self._collective = collective = _Collective(len(indices), self.timeout, service)
+        service._on_error(lambda: collective.abort("an error was reported to the cluster"))
         with self._lock:
             self._handlers = {}
         results = [WorkerResult(i) for i in indices]
@@ -463,11 +506,11 @@ class SimulatedCluster:
                     result.value = worker_fn(ctx)
             except SystemExit as e:
                 result.exit_code = e.code if isinstance(e.code, int) else 1
-                # A worker that leaves the cluster releases peers blocked in a collective.
-                barrier.abort()
+                # A worker that leaves releases peers blocked in a later collective.
+                collective.abort(f"worker {index} left the cluster")
             except BaseException as e:  # noqa: BLE001 - reported in the result
                 result.error = e
-                barrier.abort()
+                collective.abort(f"worker {index} failed: {e!r}")
             finally:
                 result.seconds = time.monotonic() - start
                 for h in ctx.handlers:

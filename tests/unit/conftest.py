@@ -18,7 +18,6 @@ import time
 from typing import Any, Callable, Optional
 
 import pytest
-
 from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, _platform, testing
 
 

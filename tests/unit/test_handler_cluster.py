@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import re
@@ -13,7 +12,6 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tf_failure_handling import TerminationConfig, _errors, testing
 
 from .conftest import RecordingCheckpoint, wait_until
@@ -28,35 +26,15 @@ def _expected_keys(n: int) -> set:
     }
 
 
-def make_worker(notices, steps=STEPS, config=None, record=None, before_step=None, sync_exit=True):
+def make_worker(notices, steps=STEPS, config=None, record=None, before_step=None):
     """A worker function: ``steps`` all-reduced steps, notices ``{index: step}`` on attempt 0.
 
     Each step adds ``index + 1`` summed over the cluster to ``w``; returns ``w``.
     ``record[index]`` receives the worker's RecordingCheckpoint and handler.
-
-    Workers leaving with SystemExit wait (bounded) for each other first: SimulatedCluster
-    aborts its barrier when a worker exits, which breaks a peer that completed the same
-    last step but had not woken up yet (see
-    test_testing_module.py::test_exit_after_a_completed_all_reduce_does_not_fail_peers).
     """
-    exit_barriers: dict = {}
-    lock = threading.Lock()
 
     def worker(ctx):
-        with lock:
-            barrier = exit_barriers.setdefault(
-                ctx.attempt, threading.Barrier(ctx.cluster._barrier.parties)
-            )
-        try:
-            return train(ctx)
-        except SystemExit:
-            if sync_exit:
-                with contextlib.suppress(threading.BrokenBarrierError):
-                    barrier.wait(5)
-            raise
-        except BaseException:
-            barrier.abort()
-            raise
+        return train(ctx)
 
     def train(ctx):
         w = testing.FakeVariable(0.0)
@@ -121,7 +99,7 @@ def assert_layout_after_exit(cluster, record):
     root = cluster.root
     assert sorted(os.listdir(root)) == ["ckpt"], os.listdir(root)
     assert os.path.exists(os.path.join(root, "ckpt", "checkpoint"))
-    for i, (ckpt, handler) in record.items():
+    for i, (_ckpt, handler) in record.items():
         directory = handler._write_checkpoint_manager.directory
         if i == 0:
             assert handler._is_chief
@@ -234,6 +212,36 @@ def test_keys_have_tf_names_and_values(tmp_path):
     assert service.value("LAST_RUN_TO_CHECKPOINT") == "STOP_WATCHER"
     assert set(service.keys()) == _expected_keys(n)
     assert [record[i][1]._id_in_cluster for i in range(n)] == ["0", "1", "2", "3"]
+
+
+@pytest.mark.parametrize("chief", [False, True], ids=["no-chief", "chief"])
+def test_workertemp_is_removed_before_exit_fn_runs(tmp_path, chief):
+    n = 3
+    cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT, chief=chief)
+    seen = {}
+
+    def config(ctx):
+        def exit_fn():
+            h = record[ctx.index][1]
+            write_dir = h._write_checkpoint_manager.directory
+            seen[ctx.index] = {
+                "write_dir_exists": os.path.exists(write_dir),
+                "parent_exists": os.path.exists(os.path.dirname(write_dir)),
+                "saved_there": record[ctx.index][0].saved_runs,
+            }
+            raise SystemExit(42)
+
+        return TerminationConfig(exit_fn=exit_fn)
+
+    record = {}
+    results = cluster.run(make_worker({1: 4}, config=config, record=record))
+    assert [r.exit_code for r in results] == [42] * n, results
+    assert seen[0]["write_dir_exists"] is True  # the chief's checkpoint stays
+    for i in range(1, n):
+        assert seen[i]["saved_there"] == [5]
+        assert seen[i]["write_dir_exists"] is False, f"worker {i}'s workertemp still there"
+        assert seen[i]["parent_exists"] is False
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
 
 
 def test_uninterrupted_run_writes_only_stop_watcher_keys(tmp_path):
@@ -442,14 +450,7 @@ def test_lost_acknowledgement_names_only_the_missing_worker_and_nobody_hangs(tmp
         assert isinstance(r.error, errors.OpError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an OpError raised by the handler's own pre-step check (here the leader's "
-    "DeadlineExceededError for a missing acknowledgement) is not reported to the cluster "
-    "(run() only reports errors of fn; TF's run() wraps the check in the same try), so "
-    "service.error stays None and the peers fail with an unrelated error (or, in real MWMS, "
-    "block in the next collective)",
-)
+# Regression test for a bug these unit tests found (fixed; formerly a strict xfail).
 @pytest.mark.timeout(30)
 def test_leaders_deadline_error_is_reported_to_the_cluster(tmp_path):
     n = 3
@@ -565,7 +566,6 @@ def test_closing_a_peer_before_the_notice_does_not_hang_the_leader(tmp_path):
             config=TerminationConfig(peer_timeout=30),
             record=record,
             before_step=before_step,
-            sync_exit=False,  # worker 1 does not exit: it fails when worker 0 leaves
         )
     )
     assert time.monotonic() - start < 10

@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, _errors, testing
 
 from .conftest import (
@@ -144,12 +143,7 @@ def test_custom_exit_fn_that_returns_lets_training_continue_without_a_second_sav
     assert h._attention is False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a notice delivered after the handler exited/closed raises RuntimeError "
-    "('the signal watch is closed') from _notify_termination (and so from "
-    "testing.SimulatedCluster.preempt) instead of being ignored like a late signal",
-)
+# Regression test for a bug these unit tests found (fixed; formerly a strict xfail).
 def test_notice_after_exit_is_ignored(make_handler, tmp_path, no_exit_config):
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
@@ -229,11 +223,7 @@ def test_run_counter_rejects_negatives(make_handler, tmp_path, bad):
     assert h._run_counter == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: assigning a non-integer (1.5, '3', None) to _run_counter raises "
-    "AttributeError (\"'float' object has no attribute '__index__'\") instead of TypeError",
-)
+# Regression test for a bug these unit tests found (fixed; formerly a strict xfail).
 @pytest.mark.parametrize("bad", [1.5, "3", None])
 def test_run_counter_rejects_non_integers_with_type_error(make_handler, tmp_path, bad):
     h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
@@ -509,6 +499,77 @@ def test_grace_period_in_local_mode_saves_twice_before_the_deadline(make_handler
     # The final save is late (most of the grace period used) but before the deadline.
     assert ended - noticed > grace / 2
     assert ended - noticed < grace + 0.5
+
+
+def _grace_run(make_handler, tmp_path, grace, step_seconds, save_seconds=0.0, restored=0):
+    """Notice at once; returns (seconds from notice to exit, saved run counts, handler)."""
+    saved = []
+    ckpt = RecordingCheckpoint(w=testing.FakeVariable(0))
+
+    def save_fn():
+        time.sleep(save_seconds)
+        saved.append(int(ckpt.checkpointed_runs.numpy()))
+
+    h = make_handler(
+        ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=grace, save_fn=save_fn)
+    )
+    h._run_counter = restored
+    for _ in range(10):  # some step times to plan with
+        h.run(time.sleep, step_seconds)
+    noticed = time.monotonic()
+    h._notify_termination()
+    wait_for_attention(h)
+    with pytest.raises(SystemExit):
+        for _ in range(100_000):
+            h.run(time.sleep, step_seconds)
+    return time.monotonic() - noticed, saved, h
+
+
+@pytest.mark.timeout(30)
+def test_grace_final_save_accounts_for_a_slow_save(make_handler, tmp_path):
+    """The final save ends before the deadline even when a save takes many steps.
+
+    TF plans only with 6 x mean step time (0.06 s here) and so would start the 0.15 s
+    save at 0.74 s and end after the 0.8 s deadline."""
+    grace = 0.8
+    elapsed, saved, _ = _grace_run(make_handler, tmp_path, grace, 0.01, save_seconds=0.15)
+    assert len(saved) == 2
+    assert saved[1] > saved[0] + 5
+    assert elapsed < grace, f"final save ended {elapsed:.3f}s after the notice"
+
+
+@pytest.mark.timeout(30)
+def test_grace_planning_is_not_diluted_by_restored_runs(make_handler, tmp_path):
+    """After a restore of 10**6 runs the step estimate still reflects real steps.
+
+    TF divides by the total run count, so its estimate is ~0 and it saves at the deadline."""
+    grace = 0.6
+    elapsed, saved, h = _grace_run(make_handler, tmp_path, grace, 0.02, restored=10**6)
+    assert len(saved) == 2
+    assert saved[0] == 10**6 + 11
+    assert h._core_state()["step_estimate"] >= 0.015
+    assert elapsed < grace + 0.05, f"final save ended {elapsed:.3f}s after the notice"
+
+
+@pytest.mark.timeout(30)
+def test_watcher_fn_that_raises_is_polled_again(make_handler, tmp_path):
+    calls = []
+
+    def watcher():
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise ConnectionError("metadata server hiccup")
+        return True
+
+    ckpt = RecordingCheckpoint(w=testing.FakeVariable(0))
+    h = make_handler(ckpt, tmp_path / "ckpt", TerminationConfig(termination_watcher_fn=watcher))
+    wait_for_attention(h, timeout=5)
+    assert len(calls) == 2
+    assert 0.5 < calls[1] - calls[0] < 2.0, "polled about once a second, as TF"
+    with pytest.raises(SystemExit):
+        for _ in range(3):
+            h.run(lambda: None)
+    assert ckpt.saved_runs == [1]
 
 
 @pytest.mark.timeout(30)
