@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,17 +39,15 @@ def say(message: str = "") -> None:
     print(message, flush=True)
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+def _load_worker_module():
+    """``mwms_worker`` (the training script) as a module, for its loopback helpers."""
+    spec = importlib.util.spec_from_file_location("mwms_worker", WORKER_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+free_ports = _load_worker_module().free_ports
 
 
 def choose_impl(requested: str) -> str:
@@ -275,17 +273,15 @@ def main(argv=None) -> int:
     ckpt_dir = workdir / "train" / "ckpt"
     started = time.monotonic()
     current = None
+
+    def start(label: str, ckpt: Path, step_sleep: float) -> Workers:
+        return Workers(
+            label, impl, ckpt, workdir, workers=n, steps=args.steps, step_sleep=step_sleep
+        )
+
     try:
         say("\n[1/3] Uninterrupted reference run ...")
-        current = Workers(
-            "reference",
-            impl,
-            workdir / "reference" / "ckpt",
-            workdir,
-            workers=n,
-            steps=args.steps,
-            step_sleep=0.0,
-        )
+        current = start("reference", workdir / "reference" / "ckpt", 0.0)
         ref = drive(current, n, args.steps, time.monotonic() + args.timeout, show_progress=False)
         if ref["codes"] != [0] * n or len(ref["done"]) != n:
             say(f"reference run failed: exit codes {ref['codes']}\n" + current.stderr_tail(0))
@@ -294,15 +290,7 @@ def main(argv=None) -> int:
         say(f"  finished {args.steps} steps, exit codes {ref['codes']}")
 
         say(f"\n[2/3] Demo run, SIGTERM to worker {signal_worker} after step {signal_after} ...")
-        current = Workers(
-            "preempted",
-            impl,
-            ckpt_dir,
-            workdir,
-            workers=n,
-            steps=args.steps,
-            step_sleep=args.step_sleep,
-        )
+        current = start("preempted", ckpt_dir, args.step_sleep)
         pre = drive(
             current,
             n,
@@ -325,15 +313,7 @@ def main(argv=None) -> int:
         say(f"  checkpoint index file {latest}: {'present' if latest.is_file() else 'MISSING'}")
 
         say("\n[3/3] Restart with the same checkpoint directory ...")
-        current = Workers(
-            "restarted",
-            impl,
-            ckpt_dir,
-            workdir,
-            workers=n,
-            steps=args.steps,
-            step_sleep=args.step_sleep,
-        )
+        current = start("restarted", ckpt_dir, args.step_sleep)
         post = drive(current, n, args.steps, time.monotonic() + args.timeout, show_progress=True)
         say(
             f"  finished: exit codes {post['codes']}, restored step "

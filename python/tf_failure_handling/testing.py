@@ -34,9 +34,10 @@ Example::
         return w.numpy()
 
     cluster = testing.SimulatedCluster(num_workers=3, root=tmp_path)
-    first = cluster.run(worker)            # both exit 42 at the agreed step
+    first = cluster.run(worker)            # all exit 42 at the agreed step
     assert {r.exit_code for r in first} == {42}
     second = cluster.run(worker)           # restart: restores and finishes
+    assert {r.value for r in second} == {300.0}
 """
 
 from __future__ import annotations

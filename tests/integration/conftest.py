@@ -12,13 +12,14 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from .mwms_worker import free_ports
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "mwms_worker.py"
 EVENT_PREFIX = "EVENT "
@@ -74,20 +75,6 @@ def require_impl(impl: str) -> str:
 def impl(request) -> str:
     """Which handler classes the workers use: TF's or tf_failure_handling's."""
     return require_impl(request.param)
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports that are free on 127.0.0.1 right now."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def parse_events(text: str) -> list[dict]:

@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -92,6 +93,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--progress-every", type=int, default=10)
     return p.parse_args(argv)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports that are free on 127.0.0.1 right now."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def tf_config(ports: list[int], index: int) -> dict:

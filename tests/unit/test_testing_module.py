@@ -570,32 +570,6 @@ def test_handlers_are_closed_when_a_worker_ends(tmp_path):
     assert all(h._closed for h in handlers)
 
 
-def test_docstring_example(tmp_path):
-    """The module's documented example works as written."""
-
-    def worker(ctx):
-        w = testing.FakeVariable(0.0)
-        handler = ctx.handler(testing.FakeCheckpoint(w=w), ctx.checkpoint_dir)
-        for step in range(handler.total_run_calls, 100):
-            if step == 10 and ctx.index == 1 and ctx.attempt == 0:
-                ctx.cluster.preempt(1)
-                thread = handler._notice_thread
-                while thread is not None and thread.is_alive():
-                    time.sleep(0.001)
-            handler.run(lambda: w.assign_add(ctx.all_reduce(1.0)))
-        return w.numpy()
-
-    cluster = testing.SimulatedCluster(num_workers=3, root=tmp_path, timeout=20)
-    first = cluster.run(worker)
-    # A worker may fail instead of exiting when a peer exits right after the last step
-    # (see test_exit_after_a_completed_all_reduce_does_not_fail_peers); the leader exits.
-    assert 42 in {r.exit_code for r in first}
-    assert {r.exit_code for r in first} <= {42, None}
-    assert all(r.exit_code == 42 or "collective aborted" in str(r.error) for r in first)
-    second = cluster.run(worker)
-    assert [r.value for r in second] == [300.0] * 3
-
-
 # Regression test for a bug these unit tests found (fixed; formerly a strict xfail).
 @pytest.mark.timeout(30)
 def test_preempting_a_worker_that_already_finished_is_harmless(tmp_path):
