@@ -11,10 +11,14 @@
 //! | [`step_resolution`] | who saves at which step; claims, acknowledgements, the two grace rounds |
 //! | [`grace`] | when the final round of a grace period must start |
 //! | [`termination`] | signal plumbing that turns a delivery into one wake-up, from any thread |
+//! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
+//! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
 //!
 //! The PyO3 binding (`python` feature, on when built by maturin) is the only
 //! module that knows about Python; `cargo test` needs no Python.
 
+pub mod closure_queue;
+pub mod failure;
 pub mod grace;
 pub mod step_resolution;
 pub mod termination;

@@ -1,26 +1,16 @@
-//! The PyO3 binding: the only module that knows about Python.
+//! `HandlerCore`: the native base of `PreemptionCheckpointHandler`.
 //!
-//! * [`HandlerCore`] is the native base class of the Python
-//!   `PreemptionCheckpointHandler`. It owns the hot path, `run()`: with no
-//!   notice anywhere, the check before a step is one atomic load, then the
-//!   user's function is called directly, counted and timed. Anything else
-//!   goes to the Python method `_check_preemption_and_maybe_checkpoint`,
-//!   which asks the [`Resolver`] (through the `_core_*` methods) what to do
-//!   and performs it against TensorFlow.
-//! * [`PySignalWatch`] exposes [`SignalWatch`]; its wait releases the GIL.
-//! * [`KeyValueStore`] is the in-memory coordination service behind
-//!   `tf_failure_handling.testing`: TF's semantics (a set of an existing key
-//!   fails, a get blocks until the key is set), plus cluster error reports.
-//!
-//! Blocking calls follow one loop: release the GIL for at most
-//! [`SLICE`], re-attach, run pending signal handlers (so Ctrl-C works),
-//! check the deadline, repeat. No Rust lock is held while Python runs.
+//! It owns the hot path, `run()`: with no notice anywhere, the check before a
+//! step is one atomic load, then the user's function is called directly,
+//! counted and timed. Anything else goes to the Python method
+//! `_check_preemption_and_maybe_checkpoint`, which asks the [`Resolver`]
+//! (through the `_core_*` methods) what to do and performs it against
+//! TensorFlow.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -28,38 +18,12 @@ use pyo3::{intern, IntoPyObjectExt};
 
 use crate::grace::GracePlanner;
 use crate::step_resolution::{AfterSave, Decision, KeyOutcome, Membership, Notice, NoticeOutcome, Resolver, Round};
-use crate::termination::{SignalWatch, Wake};
-
-/// Longest time a blocking call stays detached before it checks signals.
-const SLICE: Duration = Duration::from_millis(100);
 
 fn round_from_key(key: &str) -> PyResult<Round> {
     match key {
         k if k == Round::Initial.key() => Ok(Round::Initial),
         k if k == Round::Final.key() => Ok(Round::Final),
         other => Err(PyValueError::new_err(format!("{other:?} is not a step key"))),
-    }
-}
-
-/// Converts a timeout in seconds (None = forever) to a deadline.
-fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> {
-    match timeout {
-        None => Ok(None),
-        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Instant::now() + Duration::from_secs_f64(t))),
-        Some(t) => Err(PyValueError::new_err(format!(
-            "timeout must be a non-negative number of seconds, got {t}"
-        ))),
-    }
-}
-
-/// The slice to detach for: [`SLICE`], or less when the deadline is nearer.
-fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
-    match deadline {
-        None => Some(SLICE),
-        Some(d) => {
-            let left = d.saturating_duration_since(Instant::now());
-            (!left.is_zero()).then(|| left.min(SLICE))
-        }
     }
 }
 
@@ -362,218 +326,4 @@ impl HandlerCore {
         }
         Ok(d)
     }
-}
-
-/// Watches signals for one handler; `wait` releases the GIL.
-#[pyclass(frozen, name = "SignalWatch", module = "tf_failure_handling._native")]
-pub struct PySignalWatch {
-    inner: Mutex<Option<std::sync::Arc<SignalWatch>>>,
-}
-
-impl PySignalWatch {
-    fn inner(&self) -> PyResult<std::sync::Arc<SignalWatch>> {
-        self.inner
-            .lock()
-            .clone()
-            .ok_or_else(|| PyRuntimeError::new_err("the signal watch is closed"))
-    }
-}
-
-#[pymethods]
-impl PySignalWatch {
-    /// Installs handlers for `signals` from any thread, chaining the
-    /// previous handlers.
-    #[new]
-    fn new(signals: Vec<i32>) -> PyResult<Self> {
-        let watch = SignalWatch::new(&signals).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(PySignalWatch {
-            inner: Mutex::new(Some(std::sync::Arc::new(watch))),
-        })
-    }
-
-    /// Blocks up to `timeout` seconds (None: until woken) for a watched
-    /// signal (returns its number) or a trigger (returns 0); None on timeout.
-    #[pyo3(signature = (timeout=None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<i32>> {
-        let watch = self.inner()?;
-        let deadline = deadline_after(timeout)?;
-        loop {
-            let Some(slice) = next_slice(deadline) else {
-                return Ok(watch.poll().map(wake_code));
-            };
-            let w = std::sync::Arc::clone(&watch);
-            if let Some(wake) = py.detach(move || w.wait(slice)) {
-                return Ok(Some(wake_code(wake)));
-            }
-            py.check_signals()?;
-        }
-    }
-
-    /// Reports a pending delivery or trigger without blocking.
-    fn poll(&self) -> PyResult<Option<i32>> {
-        Ok(self.inner()?.poll().map(wake_code))
-    }
-
-    /// Wakes the waiter (a notice from a source that is not a signal).
-    fn trigger(&self) -> PyResult<()> {
-        self.inner()?.trigger();
-        Ok(())
-    }
-
-    /// The signals watched.
-    #[getter]
-    fn signals(&self) -> PyResult<Vec<i32>> {
-        Ok(self.inner()?.signals().to_vec())
-    }
-
-    /// Uninstalls (restoring previous handlers once nothing else watches);
-    /// a waiter is woken first. Idempotent.
-    fn close(&self) {
-        if let Some(w) = self.inner.lock().take() {
-            w.trigger();
-        }
-    }
-}
-
-fn wake_code(wake: Wake) -> i32 {
-    match wake {
-        Wake::Signal(s) => s,
-        Wake::Triggered => 0,
-    }
-}
-
-/// Number of times `signal` was delivered to this process.
-#[pyfunction]
-fn signal_deliveries(signal: i32) -> u64 {
-    crate::termination::delivered(signal)
-}
-
-#[derive(Default)]
-struct Store {
-    values: HashMap<String, String>,
-    /// The first error reported to the cluster: `(code, message)`.
-    error: Option<(i64, String)>,
-}
-
-/// In-memory coordination service with TensorFlow's key-value semantics.
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub struct KeyValueStore {
-    store: Mutex<Store>,
-    /// Signalled on every set, delete and error report: what blocked gets
-    /// wait for.
-    changed: Condvar,
-}
-
-#[pymethods]
-impl KeyValueStore {
-    #[new]
-    fn new() -> Self {
-        KeyValueStore {
-            store: Mutex::new(Store::default()),
-            changed: Condvar::new(),
-        }
-    }
-
-    /// Sets `key`; False (and nothing changes) when it already exists.
-    fn set(&self, key: String, value: String) -> bool {
-        let mut s = self.store.lock();
-        if s.values.contains_key(&key) {
-            return false;
-        }
-        s.values.insert(key, value);
-        drop(s);
-        self.changed.notify_all();
-        true
-    }
-
-    /// Blocks until `key` is set, an error is reported, or `timeout`
-    /// seconds pass. Returns `("ok", value)`, `("timeout", None)` or
-    /// `("error", (code, message))`.
-    #[pyo3(signature = (key, timeout=None))]
-    fn get<'py>(&self, py: Python<'py>, key: String, timeout: Option<f64>) -> PyResult<Bound<'py, PyTuple>> {
-        let deadline = deadline_after(timeout)?;
-        loop {
-            {
-                let s = self.store.lock();
-                if let Some((code, message)) = &s.error {
-                    return ("error", (*code, message.clone()))
-                        .into_pyobject(py)
-                        .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
-                }
-                if let Some(v) = s.values.get(&key) {
-                    return ("ok", v.clone())
-                        .into_pyobject(py)
-                        .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
-                }
-            }
-            let Some(slice) = next_slice(deadline) else {
-                return ("timeout", py.None())
-                    .into_pyobject(py)
-                    .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
-            };
-            py.detach(|| {
-                let mut s = self.store.lock();
-                if s.error.is_none() && !s.values.contains_key(&key) {
-                    let _ = self.changed.wait_for(&mut s, slice);
-                }
-            });
-            py.check_signals()?;
-        }
-    }
-
-    /// The value of `key` without blocking.
-    fn try_get(&self, key: &str) -> Option<String> {
-        self.store.lock().values.get(key).cloned()
-    }
-
-    /// Removes `key`; True if it existed.
-    fn delete(&self, key: &str) -> bool {
-        let removed = self.store.lock().values.remove(key).is_some();
-        self.changed.notify_all();
-        removed
-    }
-
-    /// Every key currently set, sorted.
-    fn keys(&self) -> Vec<String> {
-        let mut k: Vec<String> = self.store.lock().values.keys().cloned().collect();
-        k.sort();
-        k
-    }
-
-    /// Records an error for the whole cluster (the first one wins) and fails
-    /// every blocked get.
-    fn report_error(&self, code: i64, message: String) {
-        let mut s = self.store.lock();
-        if s.error.is_none() {
-            s.error = Some((code, message));
-        }
-        drop(s);
-        self.changed.notify_all();
-    }
-
-    /// The reported error, if any.
-    #[getter]
-    fn error(&self) -> Option<(i64, String)> {
-        self.store.lock().error.clone()
-    }
-}
-
-#[pymodule]
-fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    // A second initialisation (a re-import) is harmless.
-    let _ = pyo3_log::try_init();
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("RUN_TO_CHECKPOINT", crate::step_resolution::RUN_TO_CHECKPOINT)?;
-    m.add("LAST_RUN_TO_CHECKPOINT", crate::step_resolution::LAST_RUN_TO_CHECKPOINT)?;
-    m.add("TERMINATED_WORKER", crate::step_resolution::TERMINATED_WORKER)?;
-    m.add("ACK_PREFIX", crate::step_resolution::ACK_PREFIX)?;
-    m.add("ACK_VALUE", crate::step_resolution::ACK_VALUE)?;
-    m.add("STOP_WATCHER", crate::step_resolution::STOP_WATCHER)?;
-    m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
-    m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
-    m.add_class::<HandlerCore>()?;
-    m.add_class::<PySignalWatch>()?;
-    m.add_class::<KeyValueStore>()?;
-    m.add_function(wrap_pyfunction!(signal_deliveries, m)?)?;
-    Ok(())
 }

@@ -1,0 +1,1 @@
+//! The coordinator's closure queue (being written).

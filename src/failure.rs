@@ -1,0 +1,1 @@
+//! Worker/PS failure classification (being written).

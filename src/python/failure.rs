@@ -1,0 +1,7 @@
+//! Binding of the worker/PS failure classifier.
+
+use pyo3::prelude::*;
+
+pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+    Ok(())
+}

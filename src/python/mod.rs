@@ -1,0 +1,70 @@
+//! The PyO3 binding: the only module that knows about Python.
+//!
+//! | file | exposes |
+//! | --- | --- |
+//! | `handler.rs` | `HandlerCore`, the native base of `PreemptionCheckpointHandler`: `run()`'s hot path and the step resolver |
+//! | `signals.rs` | `SignalWatch`: signals from any thread, chained; its wait releases the GIL |
+//! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
+//! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
+//! | `failure.rs` | the worker/PS failure classifier |
+//!
+//! Blocking calls follow one loop: release the GIL for at most [`SLICE`],
+//! re-attach, run pending signal handlers (so Ctrl-C works), check the
+//! deadline, repeat. No Rust lock is held while Python runs.
+
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+mod closure_queue;
+mod failure;
+mod handler;
+mod signals;
+mod store;
+
+/// Longest time a blocking call stays detached before it checks signals.
+pub(crate) const SLICE: Duration = Duration::from_millis(100);
+
+/// Converts a timeout in seconds (None = forever) to a deadline.
+pub(crate) fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Instant::now() + Duration::from_secs_f64(t))),
+        Some(t) => Err(PyValueError::new_err(format!(
+            "timeout must be a non-negative number of seconds, got {t}"
+        ))),
+    }
+}
+
+/// The slice to detach for: [`SLICE`], or less when the deadline is nearer.
+pub(crate) fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
+    match deadline {
+        None => Some(SLICE),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| left.min(SLICE))
+        }
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // A second initialisation (a re-import) is harmless.
+    let _ = pyo3_log::try_init();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("RUN_TO_CHECKPOINT", crate::step_resolution::RUN_TO_CHECKPOINT)?;
+    m.add("LAST_RUN_TO_CHECKPOINT", crate::step_resolution::LAST_RUN_TO_CHECKPOINT)?;
+    m.add("TERMINATED_WORKER", crate::step_resolution::TERMINATED_WORKER)?;
+    m.add("ACK_PREFIX", crate::step_resolution::ACK_PREFIX)?;
+    m.add("ACK_VALUE", crate::step_resolution::ACK_VALUE)?;
+    m.add("STOP_WATCHER", crate::step_resolution::STOP_WATCHER)?;
+    m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
+    m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
+    m.add_class::<handler::HandlerCore>()?;
+    signals::register(m)?;
+    m.add_class::<store::KeyValueStore>()?;
+    closure_queue::register(m)?;
+    failure::register(m)?;
+    Ok(())
+}
