@@ -8,9 +8,21 @@ use them. Checkpoints, coordination-service keys and exit codes are TensorFlow's
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._native import __version__
 from ._patch import patch, unpatch
 from .handler import PreemptionCheckpointHandler, TerminationConfig
+
+# The coordinator needs TensorFlow; it is imported on first use so that this
+# package (and its `testing` module) imports fast and without TF.
+_COORDINATOR_NAMES = (
+    "ClusterCoordinator",
+    "PerWorkerValue",
+    "PerWorkerValues",
+    "RemoteValue",
+    "experimental_get_current_worker_index",
+)
 
 __all__ = [
     "PreemptionCheckpointHandler",
@@ -18,4 +30,13 @@ __all__ = [
     "__version__",
     "patch",
     "unpatch",
+    *_COORDINATOR_NAMES,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _COORDINATOR_NAMES:
+        from . import coordinator
+
+        return getattr(coordinator, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

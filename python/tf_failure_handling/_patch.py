@@ -12,12 +12,17 @@ _saved: dict = {}
 def _targets() -> list:
     """``(namespace, attribute, replacement)`` for every name this package replaces."""
     import tensorflow as tf
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
     from tensorflow.python.distribute.failure_handling import failure_handling
 
+    from .coordinator import ClusterCoordinator
     from .handler import PreemptionCheckpointHandler, TerminationConfig
 
     experimental = tf.distribute.experimental
     return [
+        (experimental.coordinator, "ClusterCoordinator", ClusterCoordinator),
+        (tf.distribute.coordinator, "ClusterCoordinator", ClusterCoordinator),
+        (cluster_coordinator, "ClusterCoordinator", ClusterCoordinator),
         (experimental, "PreemptionCheckpointHandler", PreemptionCheckpointHandler),
         (experimental, "TerminationConfig", TerminationConfig),
         # Libraries that import the module directly (tf_keras' BackupAndRestore).
@@ -28,9 +33,12 @@ def _targets() -> list:
 
 
 def patch() -> None:
-    """Makes ``tf.distribute.experimental.PreemptionCheckpointHandler`` and
-    ``TerminationConfig`` (and the module TF defines them in) this package's
-    classes. Idempotent; undone by :func:`unpatch`."""
+    """Makes TensorFlow's names this package's classes.
+
+    ``tf.distribute.experimental.PreemptionCheckpointHandler``, ``TerminationConfig``,
+    ``tf.distribute[.experimental].coordinator.ClusterCoordinator`` and the modules
+    TF defines them in. Idempotent; undone by :func:`unpatch`.
+    """
     with _lock:
         for namespace, name, replacement in _targets():
             key = (id(namespace), name)

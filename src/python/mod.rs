@@ -26,11 +26,13 @@ mod store;
 /// Longest time a blocking call stays detached before it checks signals.
 pub(crate) const SLICE: Duration = Duration::from_millis(100);
 
-/// Converts a timeout in seconds (None = forever) to a deadline.
+/// Converts a timeout in seconds (None = forever) to a deadline (None when
+/// unrepresentably far).
 pub(crate) fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> {
     match timeout {
         None => Ok(None),
-        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Instant::now() + Duration::from_secs_f64(t))),
+        // A timeout too long to represent (say 1e30 s) means "forever".
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Duration::try_from_secs_f64(t).ok().and_then(|d| Instant::now().checked_add(d))),
         Some(t) => Err(PyValueError::new_err(format!(
             "timeout must be a non-negative number of seconds, got {t}"
         ))),

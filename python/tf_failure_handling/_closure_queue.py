@@ -1,0 +1,92 @@
+"""The coordinator's closure queue: TensorFlow's ``_CoordinatedClosureQueue`` on a native core.
+
+The queue itself (main queue, per-worker tag queues, in-flight count, first error,
+waits) is :class:`tf_failure_handling._native.ClosureQueue`; this module only adds
+what TensorFlow's ``Cluster`` and ``Worker`` read from it: the cancellation manager.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from . import _native
+
+#: TensorFlow's ``_CLOSURE_QUEUE_MAX_SIZE``.
+MAX_SIZE: int = _native.CLOSURE_QUEUE_MAX_SIZE
+
+_manager_factory: Optional[Callable[[], Any]] = None
+
+
+class _CancellationManager:
+    """Stand-in for ``tensorflow.python.eager.cancellation.CancellationManager`` without TF."""
+
+    def __init__(self) -> None:
+        self._cancelled = False
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+    def start_cancel(self) -> None:
+        self._cancelled = True
+
+    def get_cancelable_function(self, concrete_function: Any) -> Any:
+        return concrete_function
+
+
+def _new_cancellation_manager() -> Any:
+    """TensorFlow's ``CancellationManager`` when TF is importable, else the stand-in."""
+    global _manager_factory
+    if _manager_factory is None:
+        try:
+            from tensorflow.python.eager import cancellation
+        except ImportError:
+            _manager_factory = _CancellationManager
+        else:
+            _manager_factory = cancellation.CancellationManager
+    return _manager_factory()
+
+
+class ClosureQueue(_native.ClosureQueue):
+    """Replaces ``cluster_coordinator._CoordinatedClosureQueue``, with the same interface.
+
+    ``put(closure, tag=None)``, ``get(timeout=None, tag=None)``, ``mark_finished()``,
+    ``put_back(closure)``, ``mark_failed(e)``, ``wait(timeout=None)``, ``done()``,
+    ``stop()``, ``clear_tag_unlocked(tag)``, ``inflight_closure_count`` and
+    ``_cancellation_mgr`` behave as TensorFlow's. Blocking calls release the GIL and
+    answer Ctrl-C. Differences from TensorFlow:
+
+    * timeouts are deadlines: TF restarts ``wait``'s and ``get``'s timeout whenever the
+      queue changes, so ``wait(timeout)`` can block forever under steady progress;
+    * ``put_back`` never waits for room (the closure was admitted once); TF's can
+      deadlock when every worker puts back into a full queue;
+    * with an error pending, ``put`` does not wait for room: the closure is cancelled
+      right away with the rest;
+    * while an error cancels the queue, no queued closure is handed to a worker (TF
+      starts them against the cancelled manager); ``done()`` answers False meanwhile
+      instead of cancelling a second time;
+    * a ``wait(timeout)`` next to another ``wait`` keeps its own deadline (TF's second
+      waiter blocks on a lock with no timeout);
+    * tags are ints (TF's worker indices).
+    """
+
+    def __init__(self, max_size: int = MAX_SIZE) -> None:
+        self._cancellation_mgr = _new_cancellation_manager()
+
+    def _start_cancel(self) -> None:
+        # Called by the native side, holding no lock, before it waits for the
+        # closures in flight.
+        self._cancellation_mgr.start_cancel()
+
+    def _cancel_done(self) -> None:
+        # A cancelled manager cannot be reused (TF recreates it the same way).
+        self._cancellation_mgr = _new_cancellation_manager()
+
+    def stop(self) -> None:
+        """Releases every ``get`` (they return None) and cancels running closures."""
+        super().stop()
+        self._cancellation_mgr.start_cancel()
+
+    def clear_tag_unlocked(self, tag: int) -> None:
+        """Drops the closures queued for worker ``tag`` (not cancelled, as in TF)."""
+        self.clear_tag(tag)

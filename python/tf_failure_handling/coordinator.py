@@ -1,0 +1,289 @@
+"""``ClusterCoordinator`` on the native closure queue and failure classifier.
+
+TensorFlow's coordinator has three parts that matter here: the closure queue
+(every ``schedule``, every worker thread's ``get``, every ``join``), the
+classification of errors into "a worker failed" / "a parameter server failed"
+(every failed closure), and the machinery that runs closures on workers
+(``Closure``, ``RemoteValue``, ``Worker``, per-worker resources, function
+tracing, cancellation and executor scopes). This module replaces the first two
+with the Rust core (``src/closure_queue.rs``, ``src/failure.rs``) and keeps
+TensorFlow's own classes for the third, so closures run exactly as they do
+under TF: same threads, same tracing, same at-least-once retry after a worker
+failure, same ``RemoteValue`` objects.
+
+Differences from TensorFlow:
+
+* the queue's ``wait(timeout)`` honours its deadline (TF restarts the timeout at
+  every wake-up), and every blocked queue call releases the GIL and answers
+  Ctrl-C;
+* a rejected ``schedule`` call does not leave the strategy flagged as
+  "being scheduled" (TF has no ``finally`` there);
+* a strategy that is not a ParameterServerStrategy gets the ``ValueError`` TF
+  means to raise (TF fails first with an ``AttributeError``; ours is both);
+* the wait for a failed worker to come back is bounded by
+  ``worker_recovery_timeout`` (TF's 3600 s by default, settable here or with
+  ``TF_FAILURE_HANDLING_WORKER_RECOVERY_TIMEOUT``); when it runs out the
+  coordinator logs which worker did not return, then retries as TF does.
+
+Importing this module imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any, Optional
+
+from tensorflow.python.distribute.coordinator import cluster_coordinator as _tf_cc
+from tensorflow.python.distribute.coordinator import coordinator_context as _context
+from tensorflow.python.distribute.coordinator import metric_utils as _metric_utils
+from tensorflow.python.distribute.coordinator import remote_value as _remote_value
+from tensorflow.python.distribute.coordinator import values as _values
+from tensorflow.python.eager import cancellation as _cancellation
+from tensorflow.python.eager import context as _eager_context
+from tensorflow.python.framework import errors as _tf_errors
+
+from . import _failure
+from ._closure_queue import ClosureQueue
+
+log = logging.getLogger("tf_failure_handling")
+
+#: TF's bound on waiting for a failed worker to come back, in seconds.
+DEFAULT_WORKER_RECOVERY_TIMEOUT = 3600.0
+WORKER_RECOVERY_TIMEOUT_ENV = "TF_FAILURE_HANDLING_WORKER_RECOVERY_TIMEOUT"
+
+RemoteValue = _remote_value.RemoteValue
+PerWorkerValues = _values.PerWorkerValues
+PerWorkerValue = _values.PerWorkerValues
+experimental_get_current_worker_index = _context.get_current_worker_index
+ClosureInputError = _tf_cc.ClosureInputError
+ClosureAbortedError = _tf_cc.ClosureAbortedError
+PSUnavailableError = _tf_cc.PSUnavailableError
+
+
+_ONLY_PS_STRATEGY = (
+    "Only `tf.distribute.experimental.ParameterServerStrategy` is supported to work with "
+    "`tf.distribute.experimental.coordinator.ClusterCoordinator` currently."
+)
+
+
+class NotParameterServerStrategyError(ValueError, AttributeError):
+    """A coordinator was asked for a strategy that is not a ParameterServerStrategy.
+
+    TF means to raise ``ValueError`` here but fails earlier with an
+    ``AttributeError`` (``'MirroredStrategy' object has no attribute
+    '_cluster_coordinator'``); this error is both, so code written against
+    either keeps working.
+    """
+
+
+def _recovery_timeout(value: Optional[float]) -> float:
+    if value is None:
+        raw = os.environ.get(WORKER_RECOVERY_TIMEOUT_ENV)
+        if not raw:
+            return DEFAULT_WORKER_RECOVERY_TIMEOUT
+        try:
+            value = float(raw)
+        except ValueError as e:
+            raise ValueError(
+                f"{WORKER_RECOVERY_TIMEOUT_ENV}={raw!r} is not a number of seconds"
+            ) from e
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"worker_recovery_timeout must be a number of seconds, got {type(value).__name__}"
+        )
+    if not value > 0 or value == float("inf"):
+        raise ValueError(
+            f"worker_recovery_timeout must be a positive, finite number of seconds, got {value}"
+        )
+    return float(value)
+
+
+class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
+    """TF's worker-failure handling with the native classifier and a bounded, settable wait."""
+
+    def __init__(self, server_def: Any, cluster: _Cluster, recovery_timeout: float) -> None:
+        self._recovery_timeout = recovery_timeout
+        super().__init__(server_def, cluster)
+
+    def _validate_preemption_failure(self, e: BaseException) -> None:
+        """Returns if ``e`` is a worker failure the coordinator recovers from, else raises it."""
+        if (
+            _failure.is_worker_failure(e)
+            and not self._cluster.closure_queue._cancellation_mgr.is_cancelled
+        ):
+            _metric_utils.monitor_increment_counter("worker_failures")
+            return
+        raise e
+
+    @contextlib.contextmanager
+    def wait_on_failure(
+        self,
+        on_failure_fn=None,
+        on_transient_failure_fn=None,
+        on_recovery_fn=None,
+        worker_device_name="(unknown)",
+    ):
+        """Runs the block; on a worker failure waits (bounded) for the cluster to recover.
+
+        The order of checks is TF's: transient PS failures and timeouts (within
+        their tolerances) and derived cancellations are retried; anything that
+        is not a worker failure is re-raised; a worker failure calls
+        ``on_failure_fn``, waits for the preemption thread to update the
+        cluster, then runs ``on_recovery_fn`` under the same handling.
+        """
+        assert self._should_preemption_thread_run
+        try:
+            yield
+        except (_tf_errors.OpError, ClosureInputError, ClosureAbortedError, TypeError) as e:
+            cluster = self._cluster
+            if cluster._record_and_ignore_transient_ps_failure(
+                e
+            ) or cluster._record_and_ignore_transient_timeouts(e):
+                log.error(
+                    "Remote function on worker %s failed with %r:%s; treated as a transient "
+                    "failure and retried.",
+                    worker_device_name,
+                    e,
+                    e,
+                )
+                if on_transient_failure_fn:
+                    on_transient_failure_fn()
+                return
+            if isinstance(e, _tf_errors.CancelledError) and "/job:" in str(e):
+                log.error(
+                    "Remote function on worker %s failed with %r:%s; this derived error is "
+                    "retried and not reported.",
+                    worker_device_name,
+                    e,
+                    e,
+                )
+                if on_transient_failure_fn:
+                    on_transient_failure_fn()
+                return
+
+            self._validate_preemption_failure(e)
+            log.error("Worker %s failed with %r:%s", worker_device_name, e, e)
+            if on_failure_fn:
+                on_failure_fn(e)
+
+            with self._cluster_update_lock:
+                self._cluster_due_for_update_or_finish.set()
+                recovered = self._worker_up_cond.wait(self._recovery_timeout)
+                if self._error_from_recovery:
+                    try:
+                        raise self._error_from_recovery
+                    finally:
+                        self._error_from_recovery = None
+            if recovered:
+                log.info("Worker %s has been recovered.", worker_device_name)
+            else:
+                log.warning(
+                    "Worker %s did not come back within %gs (worker_recovery_timeout); "
+                    "its closures are retried on the workers that are up.",
+                    worker_device_name,
+                    self._recovery_timeout,
+                )
+
+            if on_recovery_fn:
+                with self.wait_on_failure(
+                    on_recovery_fn=on_recovery_fn,
+                    on_transient_failure_fn=on_transient_failure_fn,
+                    worker_device_name=worker_device_name,
+                ):
+                    on_recovery_fn()
+
+
+class _Cluster(_tf_cc.Cluster):
+    """TF's ``Cluster`` with the native queue and transient-failure counters.
+
+    ``Cluster.__init__`` is not called: it would start TF's worker threads on
+    TF's own queue. Everything it sets up is set up here, in the same order.
+    """
+
+    def __init__(self, strategy: Any, recovery_timeout: float) -> None:
+        self._num_workers = strategy._num_workers
+        self._num_ps = strategy._num_ps
+        self._transient = _failure.TransientFailures(self._num_ps, self._num_workers)
+        self.closure_queue = ClosureQueue()
+        if os.getenv("TF_PSS_ENABLE_COORDINATION_SERVICE"):
+            # TF's experimental coordination-service failure detection, as is.
+            self.failure_handler = _tf_cc.CoordinationServicePreemptionHandler(
+                _eager_context.get_server_def(), self
+            )
+        else:
+            self.failure_handler = _WorkerPreemptionHandler(
+                _eager_context.get_server_def(), self, recovery_timeout
+            )
+        self.workers = [
+            _tf_cc.Worker(i, f"/job:worker/replica:0/task:{i}", self)
+            for i in range(self._num_workers)
+        ]
+        self.resource_cancellation_mgr = _cancellation.CancellationManager()
+
+    def _record_and_ignore_transient_ps_failure(self, e: BaseException) -> bool:
+        return self._transient.record_and_ignore_transient_ps_failure(e)
+
+    def _record_and_ignore_transient_timeouts(self, e: BaseException) -> bool:
+        return self._transient.record_and_ignore_transient_timeouts(e)
+
+
+class ClusterCoordinator(_tf_cc.ClusterCoordinator):
+    """Schedules functions on a ParameterServerStrategy cluster and survives worker loss.
+
+    Replaces ``tf.distribute.experimental.coordinator.ClusterCoordinator`` (and
+    ``tf.distribute.coordinator.ClusterCoordinator``) with the same constructor,
+    methods and errors. One coordinator exists per strategy, as in TF. The
+    closure queue and the failure classifier are native; closures, remote
+    values and per-worker resources are TensorFlow's own. Extra keyword-only
+    argument: ``worker_recovery_timeout`` (seconds, default 3600 as TF).
+    """
+
+    def __new__(cls, strategy: Any, **_kwargs: Any) -> ClusterCoordinator:
+        # One coordinator per strategy, as TF.
+        if not hasattr(strategy, "_is_parameter_server_strategy_v2"):
+            raise NotParameterServerStrategyError(
+                f"{_ONLY_PS_STRATEGY} Got {type(strategy).__name__}."
+            )
+        if strategy._cluster_coordinator is None:
+            strategy._cluster_coordinator = object.__new__(cls)
+        elif not isinstance(strategy._cluster_coordinator, cls):
+            log.warning(
+                "This strategy already has TensorFlow's own ClusterCoordinator; it is reused "
+                "(two coordinators cannot share one cluster)."
+            )
+        return strategy._cluster_coordinator
+
+    def __init__(self, strategy: Any, *, worker_recovery_timeout: Optional[float] = None) -> None:
+        if getattr(self, "_has_initialized", False):
+            return
+        timeout = _recovery_timeout(worker_recovery_timeout)
+        self._strategy = strategy
+        self.strategy.extended._used_with_coordinator = True
+        self._cluster = _Cluster(strategy, timeout)
+        self._has_initialized = True
+        log.info(
+            "ClusterCoordinator (native queue and classifier): %d workers, %d parameter servers.",
+            strategy._num_workers,
+            strategy._num_ps,
+        )
+
+    def __del__(self) -> None:
+        # TF's __del__ assumes __init__ finished; a coordinator whose
+        # construction was refused has no cluster to stop.
+        cluster = getattr(self, "_cluster", None)
+        if cluster is not None:
+            log.info("ClusterCoordinator destructor: stopping cluster")
+            cluster.stop()
+
+    def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> Any:
+        """Schedules ``fn`` on some worker; returns a ``RemoteValue`` (TF's contract).
+
+        Unlike TF, a rejected call (say, a ``RemoteValue`` among the inputs) does
+        not leave the strategy marked as "being scheduled".
+        """
+        try:
+            return super().schedule(fn, args=args, kwargs=kwargs)
+        finally:
+            self.strategy.extended._being_scheduled = False

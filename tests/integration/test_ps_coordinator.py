@@ -1,0 +1,264 @@
+"""ClusterCoordinator with real ParameterServerStrategy clusters on 127.0.0.1.
+
+Every test runs for TF's coordinator ("tf") and for tf_failure_handling's ("ours").
+Each test gets its own cluster: 2 worker servers + 1 PS server (``ps_cluster.py serve``)
+and the coordinator (``ps_coordinator_script.py``), each in its own process; see
+``ps_cluster.py`` for the harness.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .ps_cluster import NUM_WORKERS, PsCluster, ours_status
+
+CONNECT_TIMEOUT = 90.0  # process start + TF import (4 processes on 2 cores) + connect
+
+BASIC_CLOSURES = 1000
+KILL_CLOSURES = 1500
+KILL_AFTER = 300  # closures done before worker 1 is killed
+DOWNTIME = 3.0  # seconds worker 1 stays dead
+POST_RESTART_MIN = 20  # closures worker 1 must run after its restart
+ERROR_CLOSURES = 300
+FAIL_AT = 100
+AFTER_ERROR = 20
+
+
+@pytest.fixture(params=["tf", "ours"])
+def impl(request) -> str:
+    """Which coordinator the coordinator process uses: TF's or tf_failure_handling's."""
+    if request.param == "ours":
+        status, why = ours_status()
+        if status == "skip":
+            pytest.skip(f"{why}: ClusterCoordinator tests run for TF only")
+        if status == "broken":
+            pytest.fail(why)
+    return request.param
+
+
+@pytest.fixture
+def ps_cluster(tmp_path, impl):
+    """``make(name)`` -> an unstarted PsCluster for ``impl``; all killed at teardown."""
+    clusters: list[PsCluster] = []
+
+    def make(name: str) -> PsCluster:
+        cluster = PsCluster(tmp_path, impl=impl, name=name)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.kill()
+
+
+def check_no_errors(cluster: PsCluster, summary: dict) -> None:
+    assert summary["errors"] == [], (
+        f"{len(summary['errors'])}+ RemoteValues failed: {summary['errors']}\n{cluster.describe()}"
+    )
+    assert summary["resolved"] == summary["scheduled"], (
+        f"only {summary['resolved']} of {summary['scheduled']} RemoteValues resolved\n"
+        f"{cluster.describe()}"
+    )
+
+
+# --------------------------------------------------------------------------- 1
+@pytest.mark.timeout(150)
+def test_basic_schedule_join_fetch(ps_cluster):
+    cluster = ps_cluster("basic").start("basic", "--closures", BASIC_CLOSURES)
+    cluster.wait_done(CONNECT_TIMEOUT + 60)
+    s = cluster.summary("all")
+
+    assert s["scheduled"] == BASIC_CLOSURES
+    check_no_errors(cluster, s)
+    assert s["all_remote_values"], "schedule returned something that is not the RemoteValue"
+    assert s["iterator_is_per_worker_values"], "iter(per-worker dataset) is no PerWorkerValues"
+    assert s["done_after_join"], "done() is False after join() returned"
+    assert s["coordinator_fetch_matches"], "coordinator.fetch(list) != each rv.fetch()"
+    assert s["fetch_passthrough"], "coordinator.fetch changed a non-RemoteValue"
+    # Exactly-once without failures: v == the sum of the x every closure returned.
+    assert s["value"] == s["sum_x"], f"v={s['value']} != sum of fetched x={s['sum_x']}"
+    counts = s["count_by_worker"]
+    assert sorted(counts) == [str(w) for w in range(NUM_WORKERS)], (
+        f"closures ran on workers {counts}, expected all of 0..{NUM_WORKERS - 1}"
+    )
+    assert all(n > 0 for n in counts.values()), counts
+    # Each worker's iterator yielded 1..n once each: one dataset per worker, no
+    # value lost or repeated.
+    assert all(s["consecutive_by_worker"].values()), (
+        f"per-worker x values are not 1..n: min {s['min_x_by_worker']}, "
+        f"max {s['max_x_by_worker']}, counts {counts}"
+    )
+
+
+# --------------------------------------------------------------------------- 2
+@pytest.mark.timeout(200)
+def test_worker_killed_and_restarted(ps_cluster):
+    cluster = ps_cluster("kill").start(
+        "kill",
+        "--closures",
+        KILL_CLOSURES,
+        "--post-restart-min",
+        POST_RESTART_MIN,
+        "--max-seconds",
+        120,
+    )
+    cluster.wait_event(
+        lambda e: e["event"] == "progress" and e["done"] >= KILL_AFTER,
+        CONNECT_TIMEOUT + 30,
+        f"the coordinator to finish {KILL_AFTER} closures",
+    )
+    killed_at = time.time()
+    cluster.kill_server("worker", 1)
+    time.sleep(DOWNTIME)
+    cluster.start_server("worker", 1)
+    cluster.wait_serving("worker", 1, 60)
+    restarted_at = time.time()
+    (cluster.workdir / "restarted").touch()
+
+    events = cluster.wait_done(150)
+    gave_up = [e for e in events if e["event"] == "gave_up"]
+    after = cluster.summary("after_restart")
+    assert not gave_up, (
+        f"worker 1 ran {after['count_by_worker'].get('1', 0)} closures after its restart "
+        f"(wanted {POST_RESTART_MIN}) before the coordinator gave up: {gave_up}\n"
+        f"{cluster.describe()}"
+    )
+    before = cluster.summary("before_restart")
+    total = cluster.summary("all")
+
+    assert total["scheduled"] >= KILL_CLOSURES
+    # join() returned after every wave and no RemoteValue was lost.
+    check_no_errors(cluster, before)
+    check_no_errors(cluster, after)
+    check_no_errors(cluster, total)
+    # At-least-once: a closure cut short by the kill may have added to v already.
+    assert total["value"] >= total["sum_x"], (
+        f"v={total['value']} < sum of fetched x={total['sum_x']}: a closure's update was lost"
+    )
+    assert before["count_by_worker"].get("1", 0) > 0, (
+        f"worker 1 ran nothing before it was killed: {before['count_by_worker']}"
+    )
+    assert after["count_by_worker"].get("1", 0) >= POST_RESTART_MIN, after
+    # Worker 1's iterator was rebuilt on the new server (it yields 1, 2, ... again);
+    # worker 0's never was. (Worker 1 may already be back in the wave that was running
+    # when `restarted` appeared, so the "after" phase need not start at x == 1.)
+    assert total["duplicate_x_by_worker"].get("1", 0) > 0, (
+        f"worker 1's x values never repeat: its dataset was not rebuilt after the restart "
+        f"(min/max before {before['min_x_by_worker']}/{before['max_x_by_worker']}, "
+        f"after {after['min_x_by_worker']}/{after['max_x_by_worker']})"
+    )
+    assert total["duplicate_x_by_worker"].get("0", 0) == 0, (
+        f"worker 0's dataset was rebuilt although worker 0 never failed: {total}"
+    )
+    # Worker 0 kept going while worker 1 was down.
+    progress = [e for e in events if e["event"] == "progress"]
+    during = [e["done"] for e in progress if killed_at + 0.5 < e["t"] < restarted_at]
+    assert len(during) >= 2 and during[-1] > during[0], (
+        f"no progress while worker 1 was down (done counts {during})\n{cluster.describe()}"
+    )
+
+
+# --------------------------------------------------------------------------- 3
+@pytest.mark.timeout(150)
+def test_error_cancels_queued_closures(ps_cluster):
+    cluster = ps_cluster("error").start(
+        "error",
+        "--closures",
+        ERROR_CLOSURES,
+        "--fail-at",
+        FAIL_AT,
+        "--after-error",
+        AFTER_ERROR,
+    )
+    cluster.wait_done(CONNECT_TIMEOUT + 60)
+    s = cluster.summary("error")
+    details = (
+        f"raised by {s['raised_by']}: {s['raised']}\nstatus counts {s['status_counts']}\n"
+        f"other errors {s['other_errors']}\n{cluster.describe()}"
+    )
+
+    # join() (or a schedule() issued after the failure) raises the closure's error.
+    assert s["raised"] is not None, f"neither schedule nor join raised\n{details}"
+    assert s["raised"]["type"] == "InvalidArgumentError", details
+    assert "fails on purpose" in s["raised"]["message"], details
+    assert s["raised_by"] == "join" or s["raised_by"].startswith("schedule#"), details
+    # Raised once: the error is cleared, a second join returns and done() is True.
+    assert s["second_join_error"] is None, details
+    assert s["done_after"], details
+
+    failing = s["failing_closure_error"]
+    assert failing is not None and failing["type"] == "InvalidArgumentError", details
+    counts = dict(s["status_counts"])
+    assert counts.pop("InvalidArgumentError", 0) == 1, details
+    resolved = counts.pop("resolved", 0)
+    cancelled = counts.pop("CancelledError", 0)
+    assert not counts, f"unexpected RemoteValue errors {counts}\n{details}"
+    assert resolved + cancelled + 1 == s["scheduled"]
+    assert cancelled >= 1, f"no closure queued behind the failure was cancelled\n{details}"
+    # FIFO: of the closures before the failing one only those still in flight on the
+    # other worker(s) may have been cancelled.
+    unresolved_before = FAIL_AT - sum(i < FAIL_AT for i in s["resolved_indices"])
+    assert unresolved_before <= NUM_WORKERS - 1, (
+        f"{unresolved_before} closures scheduled before the failing one did not resolve\n{details}"
+    )
+
+    after = cluster.summary("after_error")
+    assert after["scheduled"] == AFTER_ERROR
+    check_no_errors(cluster, after)
+    assert after["value_delta"] == after["sum_x"], after
+
+
+# --------------------------------------------------------------------------- 4
+# What TF 2.21 raises (checked with --impl tf); ours must raise the same type (or a
+# subclass of it, so that `except TFType` keeps working).
+BAD_INPUT_RAISES = {
+    "schedule_non_callable": "TypeError",
+    "schedule_python_function": "TypeError",
+    "schedule_lambda": "TypeError",
+    "schedule_remote_value_arg": "ValueError",
+    "schedule_remote_value_kwarg": "ValueError",
+    # TF's __new__ reads strategy._cluster_coordinator, which only
+    # ParameterServerStrategy has: any other strategy gives AttributeError...
+    "coordinator_mirrored": "AttributeError",
+    "coordinator_default_strategy": "AttributeError",
+    "coordinator_not_a_strategy": "AttributeError",
+    # ... and the ValueError ("Only ParameterServerStrategy is supported") needs an
+    # object that has that attribute.
+    "coordinator_duck_strategy": "ValueError",
+}
+BAD_INPUT_RESULTS = {
+    "fetch_ok": "7",
+    "coordinator_is_singleton": "True",
+    "tf_class_gives_same_coordinator": "True",
+    "coordinator_strategy": "True",
+    "fetch_passthrough": "[3, {'k': 's'}]",
+    "schedule_after_bad_input": "(42, 1)",
+}
+
+
+@pytest.mark.timeout(120)
+def test_bad_input(ps_cluster):
+    cluster = ps_cluster("bad_input").start("bad_input")
+    cluster.wait_done(CONNECT_TIMEOUT + 30)
+    checks = {e["name"]: e for e in cluster.events("check")}
+    assert sorted(checks) == sorted([*BAD_INPUT_RAISES, *BAD_INPUT_RESULTS]), (
+        f"checks run: {sorted(checks)}\n{cluster.describe()}"
+    )
+    problems = []
+    for name, expected in BAD_INPUT_RAISES.items():
+        got = checks[name]
+        if expected not in (got.get("raised_mro") or []):
+            problems.append(
+                f"{name}: TF raises {expected}, got {got['raised']} "
+                f"({got.get('message') or got.get('result')})"
+            )
+    for name, expected in BAD_INPUT_RESULTS.items():
+        got = checks[name]
+        if got["raised"] is not None or got["result"] != expected:
+            problems.append(
+                f"{name}: TF gives {expected}, got "
+                f"{got['raised'] or got['result']} {got.get('message', '')}"
+            )
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,97 @@
+"""The coordinator shim's own logic (the queue and classifier have their own tests;
+real ParameterServerStrategy clusters are in tests/integration)."""
+
+import pytest
+
+tf = pytest.importorskip("tensorflow", reason="ClusterCoordinator wraps TensorFlow's coordinator")
+
+import tf_failure_handling as tfh  # noqa: E402
+from tf_failure_handling import coordinator  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "make_strategy",
+    [tf.distribute.MirroredStrategy, lambda: tf.distribute.OneDeviceStrategy("/cpu:0")],
+    ids=["mirrored", "one_device"],
+)
+def test_non_ps_strategy_is_refused_with_an_error_tf_code_also_catches(make_strategy):
+    strategy = make_strategy()
+    with pytest.raises(AttributeError):  # what TF 2.21 actually raises
+        tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with pytest.raises(ValueError, match=r"Only `tf\.distribute\.experimental\.ParameterServer"):
+        tfh.ClusterCoordinator(strategy)
+    with pytest.raises(AttributeError):
+        tfh.ClusterCoordinator(strategy)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf")])
+def test_recovery_timeout_must_be_positive_and_finite(bad):
+    with pytest.raises(ValueError, match="worker_recovery_timeout"):
+        coordinator._recovery_timeout(bad)
+
+
+@pytest.mark.parametrize("bad", ["10", True, [1]])
+def test_recovery_timeout_must_be_a_number(bad):
+    with pytest.raises(TypeError, match="worker_recovery_timeout"):
+        coordinator._recovery_timeout(bad)
+
+
+def test_recovery_timeout_defaults_to_tfs_and_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(coordinator.WORKER_RECOVERY_TIMEOUT_ENV, raising=False)
+    assert coordinator._recovery_timeout(None) == 3600.0
+    monkeypatch.setenv(coordinator.WORKER_RECOVERY_TIMEOUT_ENV, "12.5")
+    assert coordinator._recovery_timeout(None) == 12.5
+    assert coordinator._recovery_timeout(7) == 7.0  # the argument wins
+    monkeypatch.setenv(coordinator.WORKER_RECOVERY_TIMEOUT_ENV, "soon")
+    with pytest.raises(ValueError, match="soon"):
+        coordinator._recovery_timeout(None)
+
+
+def test_public_names_are_tensorflows_own_value_classes():
+    from tensorflow.python.distribute.coordinator import remote_value, values
+
+    assert tfh.RemoteValue is remote_value.RemoteValue
+    assert tfh.PerWorkerValues is values.PerWorkerValues
+    assert tfh.PerWorkerValue is values.PerWorkerValues
+    assert (
+        tfh.experimental_get_current_worker_index
+        is tf.distribute.coordinator.experimental_get_current_worker_index
+    )
+    with pytest.raises(AttributeError):
+        tfh.NoSuchName  # noqa: B018
+
+
+def test_patch_covers_the_coordinator_names():
+    originals = (
+        tf.distribute.experimental.coordinator.ClusterCoordinator,
+        tf.distribute.coordinator.ClusterCoordinator,
+    )
+    try:
+        tfh.patch()
+        assert tf.distribute.experimental.coordinator.ClusterCoordinator is tfh.ClusterCoordinator
+        assert tf.distribute.coordinator.ClusterCoordinator is tfh.ClusterCoordinator
+    finally:
+        tfh.unpatch()
+    assert (
+        tf.distribute.experimental.coordinator.ClusterCoordinator,
+        tf.distribute.coordinator.ClusterCoordinator,
+    ) == originals
+
+
+def test_rejected_schedule_does_not_leave_the_strategy_being_scheduled():
+    class Extended:
+        _being_scheduled = False
+
+    class Strategy:
+        _is_parameter_server_strategy_v2 = True
+        _cluster_coordinator = None
+        extended = Extended()
+
+    # A coordinator object without a cluster: TF's schedule rejects the plain
+    # function before touching the cluster; the flag must end up False.
+    coord = object.__new__(tfh.ClusterCoordinator)
+    coord._strategy = Strategy()
+    coord._strategy.extended._being_scheduled = True
+    with pytest.raises(TypeError, match=r"tf\.function"):
+        coord.schedule(lambda: 1)
+    assert coord._strategy.extended._being_scheduled is False
