@@ -43,6 +43,8 @@ test-python: build
 
 bench: build-release
 	$(PY) benches/bench_run.py
+	$(PY) benches/bench_closure_queue.py
+	$(PY) benches/bench_classify.py
 
 clean:
 	rm -rf $(VENV) target
