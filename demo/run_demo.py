@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "integration" / "mwms_worker.py"
-EVENT_PREFIX = "EVENT "
 
 
 def say(message: str = "") -> None:
@@ -47,7 +46,9 @@ def _load_worker_module():
     return module
 
 
-free_ports = _load_worker_module().free_ports
+_worker = _load_worker_module()
+free_ports = _worker.free_ports
+EVENT_PREFIX = _worker.EVENT_PREFIX
 
 
 def choose_impl(requested: str) -> str:

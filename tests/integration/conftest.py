@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from .mwms_worker import free_ports
+from .mwms_worker import free_ports, parse_events, tail
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "mwms_worker.py"
-EVENT_PREFIX = "EVENT "
 
 _TF_IMPORT_ERROR: str | None = None
 _TF_CHECKED = False
@@ -75,27 +74,6 @@ def require_impl(impl: str) -> str:
 def impl(request) -> str:
     """Which handler classes the workers use: TF's or tf_failure_handling's."""
     return require_impl(request.param)
-
-
-def parse_events(text: str) -> list[dict]:
-    """The EVENT records in a worker's stdout (a partial last line is ignored)."""
-    events = []
-    for line in text.splitlines(keepends=True):
-        if not line.startswith(EVENT_PREFIX) or not line.endswith("\n"):
-            continue
-        try:
-            events.append(json.loads(line[len(EVENT_PREFIX) :]))
-        except json.JSONDecodeError:
-            continue
-    return events
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as e:
-        return f"<cannot read {path}: {e}>"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 _LIVE_PROCESSES: set[subprocess.Popen] = set()
@@ -225,7 +203,7 @@ class Cluster:
         return events
 
     def stderr_tail(self, index: int, lines: int = 40) -> str:
-        return _tail(self.stderr_paths[index], lines)
+        return tail(self.stderr_paths[index], lines)
 
     def describe(self, index: int) -> str:
         proc = self.procs[index] if index < len(self.procs) else None

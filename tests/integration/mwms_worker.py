@@ -44,11 +44,36 @@ LEARNING_RATE = 0.05
 MOMENTUM = 0.9
 
 
+EVENT_PREFIX = "EVENT "
+
+
 def emit(event: str, **fields) -> None:
     """Print one instrumentation event as a JSON line and flush it."""
     fields = {"event": event, "t": time.time(), **fields}
-    sys.stdout.write("EVENT " + json.dumps(fields, sort_keys=True) + "\n")
+    sys.stdout.write(EVENT_PREFIX + json.dumps(fields, sort_keys=True) + "\n")
     sys.stdout.flush()
+
+
+def parse_events(text: str) -> list[dict]:
+    """The ``EVENT`` records :func:`emit` wrote to stdout (a partial last line is ignored)."""
+    events = []
+    for line in text.splitlines(keepends=True):
+        if not line.startswith(EVENT_PREFIX) or not line.endswith("\n"):
+            continue
+        try:
+            events.append(json.loads(line[len(EVENT_PREFIX) :]))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def tail(path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file, for failure messages."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -26,13 +26,12 @@ import time
 from pathlib import Path
 
 try:  # imported by the tests
-    from .mwms_worker import emit, free_ports
+    from .mwms_worker import emit, free_ports, parse_events, tail
 except ImportError:  # run as a script (server mode): only the stdlib and TF are needed
-    from mwms_worker import emit, free_ports
+    from mwms_worker import emit, free_ports, parse_events, tail
 
 HERE = Path(__file__).resolve().parent
 COORDINATOR_SCRIPT = HERE / "ps_coordinator_script.py"
-EVENT_PREFIX = "EVENT "
 NUM_WORKERS = 2
 NUM_PS = 1
 # What tf_failure_handling must export for the "ours" runs.
@@ -73,27 +72,6 @@ def serve(argv=None) -> int:
 
 
 # ----------------------------------------------------------------------------- test side
-def parse_events(text: str) -> list[dict]:
-    """The EVENT records in a process's stdout (a partial last line is ignored)."""
-    events = []
-    for line in text.splitlines(keepends=True):
-        if not line.startswith(EVENT_PREFIX) or not line.endswith("\n"):
-            continue
-        try:
-            events.append(json.loads(line[len(EVENT_PREFIX) :]))
-        except json.JSONDecodeError:
-            continue
-    return events
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as e:
-        return f"<cannot read {path}: {e}>"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 def environment() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)

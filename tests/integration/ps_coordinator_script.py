@@ -41,16 +41,11 @@ import sys
 import time
 import traceback
 
+from mwms_worker import emit  # sibling script: the EVENT line protocol
+
 T_PROCESS_START = time.monotonic()
 # tf.int64 max is fine for the dataset's upper bound: the iterator never ends.
 DATASET_END = 1 << 40
-
-
-def emit(event: str, **fields) -> None:
-    """Print one instrumentation event as a JSON line and flush it."""
-    fields = {"event": event, "t": time.time(), **fields}
-    sys.stdout.write("EVENT " + json.dumps(fields, sort_keys=True) + "\n")
-    sys.stdout.flush()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
