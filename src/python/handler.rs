@@ -33,6 +33,8 @@ struct CoreState {
     /// When the last `run()` (or `save_checkpoint_if_preempted`) started; the
     /// interval to the next start is one step's duration.
     last_start: Option<Instant>,
+    /// False until the first interval (warm-up) has been discarded.
+    warmed_up: bool,
 }
 
 /// Native base of `PreemptionCheckpointHandler`.
@@ -50,6 +52,45 @@ pub struct HandlerCore {
 }
 
 impl HandlerCore {
+    /// A step starts now. One clock read per call: the planner's step time is
+    /// the interval between the starts of consecutive steps, which is exactly
+    /// the time between two checks before a step. The first interval of the
+    /// handler's life is not recorded: it holds `tf.function` tracing and
+    /// collective set-up, often seconds, and with few samples it would be the
+    /// "p95" and swallow a short grace period.
+    fn step_started(&self) {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        if let Some(previous) = state.last_start.replace(now) {
+            if state.warmed_up {
+                state.planner.record_step(now.duration_since(previous).as_secs_f64());
+            } else {
+                state.warmed_up = true;
+            }
+        }
+    }
+
+    /// The check before a step: one atomic load when nothing is going on,
+    /// else the shim's `_check_preemption_and_maybe_checkpoint` (with the save
+    /// arguments of `save_checkpoint_if_preempted`, if any).
+    fn check_before_step(
+        &self,
+        slf: &Bound<'_, Self>,
+        save_args: Option<(&Bound<'_, PyTuple>, Option<&Bound<'_, PyDict>>)>,
+    ) -> PyResult<()> {
+        if !self.attention.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let name = intern!(slf.py(), "_check_preemption_and_maybe_checkpoint");
+        let checked = match save_args {
+            None => slf.call_method0(name),
+            Some((args, kwargs)) => slf.call_method(name, args, kwargs),
+        };
+        // A publish or save is not step time: restart the interval.
+        self.state.lock().last_start = Some(Instant::now());
+        checked.map(drop)
+    }
+
     /// Hands a step's error to the shim's `_propagate_error` (which reports
     /// `OpError`s to the cluster outside local mode) and returns it.
     fn report(&self, slf: &Bound<'_, Self>, err: PyErr) -> PyErr {
@@ -86,6 +127,7 @@ impl HandlerCore {
                 resolver: None,
                 planner: GracePlanner::new(),
                 last_start: None,
+                warmed_up: false,
             }),
         }
     }
@@ -100,26 +142,12 @@ impl HandlerCore {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
-        // One clock read per call: the planner's step time is the interval
-        // between the starts of consecutive runs, which is also exactly the
-        // time between two checks before a step.
-        let start = Instant::now();
-        {
-            let mut state = this.state.lock();
-            if let Some(previous) = state.last_start.replace(start) {
-                state.planner.record_step(start.duration_since(previous).as_secs_f64());
-            }
-        }
-        if this.attention.load(Ordering::Acquire) {
-            let checked = slf.call_method0(intern!(slf.py(), "_check_preemption_and_maybe_checkpoint"));
-            // A publish or save is not step time: restart the interval.
-            this.state.lock().last_start = Some(Instant::now());
-            if let Err(err) = checked {
-                // As in TensorFlow, the check is inside the reporting scope: a
-                // peer that did not acknowledge, or a failed save, reaches
-                // every worker rather than leaving them in a collective.
-                return Err(this.report(slf, err));
-            }
+        this.step_started();
+        if let Err(err) = this.check_before_step(slf, None) {
+            // As in TensorFlow, the check is inside the reporting scope: a
+            // peer that did not acknowledge, or a failed save, reaches every
+            // worker rather than leaving them in a collective.
+            return Err(this.report(slf, err));
         }
         match distributed_train_function.call(args, kwargs) {
             Ok(result) => {
@@ -139,18 +167,8 @@ impl HandlerCore {
     #[pyo3(signature = (*args, **kwargs))]
     fn save_checkpoint_if_preempted(slf: &Bound<'_, Self>, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
         let this = slf.get();
-        let now = Instant::now();
-        {
-            let mut state = this.state.lock();
-            if let Some(previous) = state.last_start.replace(now) {
-                state.planner.record_step(now.duration_since(previous).as_secs_f64());
-            }
-        }
-        if this.attention.load(Ordering::Acquire) {
-            let checked = slf.call_method(intern!(slf.py(), "_check_preemption_and_maybe_checkpoint"), args, kwargs);
-            this.state.lock().last_start = Some(Instant::now());
-            checked?;
-        }
+        this.step_started();
+        this.check_before_step(slf, Some((args, kwargs)))?;
         this.run_counter.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

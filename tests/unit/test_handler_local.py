@@ -730,3 +730,27 @@ def test_real_tf_checkpoint_manager_passed_directly(make_handler, tmp_path):
 def test_handler_class_is_a_drop_in_name(make_handler):
     assert PreemptionCheckpointHandler.__name__ == "PreemptionCheckpointHandler"
     assert TerminationConfig.__name__ == "TerminationConfig"
+
+
+def test_first_step_is_warm_up_and_not_a_step_time(tmp_path):
+    """The first interval (tracing, collective set-up) must not become the p95.
+
+    Regression: with ~10 samples the slow first step was the p95, so a short
+    grace period's final round was called right after the first save.
+    """
+    w = testing.FakeVariable(0.0)
+    handler = PreemptionCheckpointHandler(
+        None,
+        testing.FakeCheckpoint(w=w),
+        str(tmp_path / "ckpt"),
+        TerminationConfig(exit_fn=lambda: None),
+    )
+    try:
+        handler.run(time.sleep, 0.3)  # the slow first step
+        for _ in range(5):
+            handler.run(time.sleep, 0.001)
+        state = handler._core_state()
+        assert state["step_samples"] == 4  # intervals 2->3 .. 5->6; 1->2 is warm-up
+        assert state["step_estimate"] < 0.1
+    finally:
+        handler.close()
