@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import importlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .mwms_worker import free_ports, parse_events, tail
+from .mwms_worker import child_environment, free_ports, parse_events, tail
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "mwms_worker.py"
 
@@ -148,23 +147,10 @@ class Cluster:
         cmd += [str(a) for a in self.worker_args.get(index, ())]
         return cmd
 
-    @staticmethod
-    def environment() -> dict[str, str]:
-        env = dict(os.environ)
-        env.pop("TF_CONFIG", None)
-        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        env["PYTHONUNBUFFERED"] = "1"
-        # TF (and the package) probe the GCE metadata server to detect the
-        # platform: keep that probe on the loopback interface.
-        env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
-        env.setdefault("NO_PROXY", "127.0.0.1,localhost")
-        env.setdefault("no_proxy", "127.0.0.1,localhost")
-        return env
-
     def start(self) -> Cluster:
         assert not self.procs, "cluster already started"
         self.ports = free_ports(self.num_workers)
-        env = self.environment()
+        env = child_environment()
         for i in range(self.num_workers):
             with open(self.stdout_paths[i], "wb") as out, open(self.stderr_paths[i], "wb") as err:
                 proc = subprocess.Popen(

@@ -54,6 +54,29 @@ def emit(event: str, **fields) -> None:
     sys.stdout.flush()
 
 
+def child_environment() -> dict[str, str]:
+    """The environment for a TF process of the test clusters: quiet, unbuffered, loopback only."""
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PYTHONUNBUFFERED"] = "1"
+    # TF (and the package) probe the GCE metadata server to detect the
+    # platform: keep that probe on the loopback interface.
+    env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+    env.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    env.setdefault("no_proxy", "127.0.0.1,localhost")
+    return env
+
+
+def require_loopback(cluster: dict) -> None:
+    """Refuses a cluster spec with any address but 127.0.0.1; keeps TF's probes local."""
+    for addresses in cluster.values():
+        for address in addresses:
+            assert address.startswith("127.0.0.1:"), f"127.0.0.1 only, got {address}"
+    os.environ.pop("TF_CONFIG", None)
+    os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+
+
 def parse_events(text: str) -> list[dict]:
     """The ``EVENT`` records :func:`emit` wrote to stdout (a partial last line is ignored)."""
     events = []

@@ -26,9 +26,23 @@ import time
 from pathlib import Path
 
 try:  # imported by the tests
-    from .mwms_worker import emit, free_ports, parse_events, tail
+    from .mwms_worker import (
+        child_environment,
+        emit,
+        free_ports,
+        parse_events,
+        require_loopback,
+        tail,
+    )
 except ImportError:  # run as a script (server mode): only the stdlib and TF are needed
-    from mwms_worker import emit, free_ports, parse_events, tail
+    from mwms_worker import (
+        child_environment,
+        emit,
+        free_ports,
+        parse_events,
+        require_loopback,
+        tail,
+    )
 
 HERE = Path(__file__).resolve().parent
 COORDINATOR_SCRIPT = HERE / "ps_coordinator_script.py"
@@ -52,11 +66,7 @@ def serve(argv=None) -> int:
     p.add_argument("--task", type=int, required=True)
     args = p.parse_args(argv)
     cluster = json.loads(args.cluster)
-    for addresses in cluster.values():
-        for address in addresses:
-            assert address.startswith("127.0.0.1:"), f"127.0.0.1 only, got {address}"
-    os.environ.pop("TF_CONFIG", None)
-    os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+    require_loopback(cluster)
     import tensorflow as tf
 
     server = tf.distribute.Server(
@@ -72,18 +82,6 @@ def serve(argv=None) -> int:
 
 
 # ----------------------------------------------------------------------------- test side
-def environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("TF_CONFIG", None)
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["PYTHONUNBUFFERED"] = "1"
-    # TF probes the GCE metadata server: keep that probe on the loopback interface.
-    env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
-    env.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    env.setdefault("no_proxy", "127.0.0.1,localhost")
-    return env
-
-
 def port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -121,7 +119,7 @@ def ours_status() -> tuple[str, str]:
             [sys.executable, "-c", code],
             capture_output=True,
             text=True,
-            env=environment(),
+            env=child_environment(),
             timeout=120,
         )
         lines = proc.stdout.strip().splitlines()
@@ -165,7 +163,7 @@ class Proc:
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
-                env=environment(),
+                env=child_environment(),
                 cwd=str(workdir),
             )
         _LIVE.add(self.popen)

@@ -41,7 +41,7 @@ import sys
 import time
 import traceback
 
-from mwms_worker import emit  # sibling script: the EVENT line protocol
+from mwms_worker import emit, require_loopback  # sibling script: shared loopback helpers
 
 T_PROCESS_START = time.monotonic()
 # tf.int64 max is fine for the dataset's upper bound: the iterator never ends.
@@ -435,11 +435,7 @@ SCENARIOS = {"basic": run_basic, "kill": run_kill, "error": run_error, "bad_inpu
 def main(argv=None) -> int:
     args = parse_args(argv)
     cluster = json.loads(args.cluster)
-    for addresses in cluster.values():
-        for address in addresses:
-            assert address.startswith("127.0.0.1:"), f"127.0.0.1 only, got {address}"
-    os.environ.pop("TF_CONFIG", None)
-    os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+    require_loopback(cluster)
     emit("start", pid=os.getpid(), impl=args.impl, scenario=args.scenario)
     try:
         api = impl_api(args.impl)
