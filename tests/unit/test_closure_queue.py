@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from tf_failure_handling._closure_queue import MAX_SIZE, ClosureQueue
 
-from .conftest import wait_until
+from .conftest import BLOCK_TENSORFLOW, wait_until
 
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None
 IMPLS = [
@@ -520,18 +520,10 @@ def test_a_cycle_through_the_pending_error_is_collected():
 
 # ---- Ctrl-C ------------------------------------------------------------------
 
-CTRL_C_SCRIPT = """
-import sys, time
-
-
-class _NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ImportError("tensorflow is blocked in this test")
-        return None
-
-
-sys.meta_path.insert(0, _NoTensorFlow())
+CTRL_C_SCRIPT = (
+    BLOCK_TENSORFLOW
+    + """
+import time
 
 from tf_failure_handling._closure_queue import ClosureQueue
 
@@ -574,6 +566,7 @@ except KeyboardInterrupt:
         except ValueError:
             print("ERROR STILL PENDING", flush=True)
 """
+)
 
 
 @pytest.mark.parametrize("case", ["get", "wait", "put", "cancel"])

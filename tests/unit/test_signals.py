@@ -15,20 +15,12 @@ import textwrap
 
 import pytest
 
-from .conftest import NO_METADATA_SERVER
+from .conftest import BLOCK_TENSORFLOW, NO_METADATA_SERVER
 
-PRELUDE = """
+PRELUDE = (
+    BLOCK_TENSORFLOW
+    + """
 import json, os, signal, sys, threading, time
-
-
-class _NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ImportError("tensorflow is blocked in this test")
-        return None
-
-
-sys.meta_path.insert(0, _NoTensorFlow())
 
 from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, _native, testing
 
@@ -59,6 +51,7 @@ def train_until_exit(handler, seconds=10.0):
     emit("not_exited", runs=handler._run_counter)
     sys.exit(3)
 """
+)
 
 
 def run_script(tmp_path, body: str, timeout: float = 30.0):
