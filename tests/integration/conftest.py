@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .mwms_worker import child_environment, free_ports, parse_events, tail
+from .mwms_worker import child_environment, free_ports, parse_events, poll_until, tail
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "mwms_worker.py"
 
@@ -205,12 +205,7 @@ class Cluster:
 
     def wait_until(self, predicate, timeout: float, what: str, poll: float = 0.02) -> None:
         """Poll ``predicate()`` until true; fail with ``what`` and the workers' state."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(poll)
-        if predicate():
+        if poll_until(predicate, timeout, poll):
             return
         details = "\n".join(self.describe(i) for i in range(self.num_workers))
         pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{details}")

@@ -77,6 +77,16 @@ def require_loopback(cluster: dict) -> None:
     os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
 
 
+def poll_until(predicate, timeout: float, poll: float) -> bool:
+    """Calls ``predicate()`` every ``poll`` s until it is true (True) or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return bool(predicate())
+
+
 def parse_events(text: str) -> list[dict]:
     """The ``EVENT`` records :func:`emit` wrote to stdout (a partial last line is ignored)."""
     events = []

@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 try:  # imported by the tests
@@ -31,6 +30,7 @@ try:  # imported by the tests
         emit,
         free_ports,
         parse_events,
+        poll_until,
         require_loopback,
         tail,
     )
@@ -40,6 +40,7 @@ except ImportError:  # run as a script (server mode): only the stdlib and TF are
         emit,
         free_ports,
         parse_events,
+        poll_until,
         require_loopback,
         tail,
     )
@@ -298,12 +299,7 @@ class PsCluster:
 
     def wait_until(self, predicate, timeout: float, what: str, poll: float = 0.05) -> None:
         """Poll ``predicate()`` until true; fail with ``what`` and every process's state."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(poll)
-        if predicate():
+        if poll_until(predicate, timeout, poll):
             return
         raise AssertionError(
             f"timed out after {timeout:.0f}s waiting for {what}\n{self.describe()}"
