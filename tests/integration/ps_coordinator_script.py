@@ -343,6 +343,12 @@ def run_error(job: Job, args) -> None:
         **summarize(results),
     )
 
+    # A closure cancelled while its IteratorGetNext ran on a worker can leave that
+    # worker's iterator at end of sequence (tf.data, with TF's coordinator as with
+    # ours: both cancel in-flight closures through the same CancellationManager), so
+    # the closures scheduled after the error read from a fresh per-worker iterator,
+    # as a user resuming after an error would.
+    job.iterator = iter(job.per_worker_dataset)
     before = job.value()
     rvs = [job.schedule_step() for _ in range(args.after_error)]
     job.coordinator.join()
