@@ -13,6 +13,8 @@
 //! | [`termination`] | signal plumbing that turns a delivery into one wake-up, from any thread |
 //! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
 //! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
+//! | [`sources`] | metadata-service termination sources (GCE, AWS, Azure): sans-IO pollers and the threads that run them |
+//! | [`http`] | a minimal, strictly bounded HTTP/1.1 client for metadata servers |
 //!
 //! The PyO3 binding (`python` feature, on when built by maturin) is the only
 //! module that knows about Python; `cargo test` needs no Python.
@@ -20,6 +22,8 @@
 pub mod closure_queue;
 pub mod failure;
 pub mod grace;
+pub mod http;
+pub mod sources;
 pub mod step_resolution;
 pub mod termination;
 

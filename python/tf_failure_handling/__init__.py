@@ -13,6 +13,7 @@ from typing import Any
 from ._native import __version__
 from ._patch import patch, unpatch
 from .handler import PreemptionCheckpointHandler, TerminationConfig
+from .watcher import PreemptionWatcher
 
 # The coordinator needs TensorFlow; it is imported on first use so that this
 # package (and its `testing` module) imports fast and without TF.
@@ -26,6 +27,7 @@ _COORDINATOR_NAMES = (
 
 __all__ = [
     "PreemptionCheckpointHandler",
+    "PreemptionWatcher",
     "TerminationConfig",
     "__version__",
     "patch",

@@ -13,10 +13,14 @@ def _targets() -> list:
     """``(namespace, attribute, replacement)`` for every name this package replaces."""
     import tensorflow as tf
     from tensorflow.python.distribute.coordinator import cluster_coordinator
-    from tensorflow.python.distribute.failure_handling import failure_handling
+    from tensorflow.python.distribute.failure_handling import (
+        failure_handling,
+        preemption_watcher,
+    )
 
     from .coordinator import ClusterCoordinator
     from .handler import PreemptionCheckpointHandler, TerminationConfig
+    from .watcher import PreemptionWatcher
 
     experimental = tf.distribute.experimental
     return [
@@ -25,6 +29,8 @@ def _targets() -> list:
         (cluster_coordinator, "ClusterCoordinator", ClusterCoordinator),
         (experimental, "PreemptionCheckpointHandler", PreemptionCheckpointHandler),
         (experimental, "TerminationConfig", TerminationConfig),
+        (experimental, "PreemptionWatcher", PreemptionWatcher),
+        (preemption_watcher, "PreemptionWatcher", PreemptionWatcher),
         # Libraries that import the module directly (tf_keras' BackupAndRestore).
         (failure_handling, "PreemptionCheckpointHandler", PreemptionCheckpointHandler),
         (failure_handling, "WorkerPreemptionHandler", PreemptionCheckpointHandler),
@@ -36,6 +42,7 @@ def patch() -> None:
     """Makes TensorFlow's names this package's classes.
 
     ``tf.distribute.experimental.PreemptionCheckpointHandler``, ``TerminationConfig``,
+    ``PreemptionWatcher``,
     ``tf.distribute[.experimental].coordinator.ClusterCoordinator`` and the modules
     TF defines them in. Idempotent; undone by :func:`unpatch`.
     """

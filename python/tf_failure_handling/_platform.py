@@ -1,23 +1,63 @@
-"""Platform detection and the defaults each platform gets.
+"""Where this process runs, and the defaults each platform gets.
 
-As TensorFlow: a machine is on Google Compute Engine when its metadata server
-answers ``instance/hostname``; GPUs or TPUs come from TF's logical devices.
-Unlike TensorFlow every metadata request has a short timeout (TF's GCE watcher
-has none), the answer is computed once per process, and GCE CPU and TPU VMs are
-supported rather than rejected.
+:func:`environment` answers, once per process (cached):
+
+* **cloud** — ``"gce"``, ``"aws"``, ``"azure"`` or None, tried in that order, first
+  hit wins:
+
+  - ``TF_FAILURE_HANDLING_CLOUD`` = ``gce`` | ``aws`` | ``azure`` | ``none`` forces
+    the answer without any probe (anything else is a ValueError).
+  - GCE as TensorFlow detects it: the metadata server answers
+    ``instance/hostname`` (:func:`on_gce`) at ``http://$GCE_METADATA_IP``, else
+    ``http://metadata.google.internal``. Always probed, as TF does; off GCE the name
+    does not resolve, which usually fails in milliseconds (bounded by
+    :data:`METADATA_TIMEOUT` even when name resolution hangs).
+  - AWS: IMDS (``_native.probe_metadata("aws", …)``) at
+    ``TF_FAILURE_HANDLING_AWS_METADATA_URL``, else ``http://169.254.169.254`` —
+    probed only when that variable is set or the DMI tables say EC2
+    (``/sys/class/dmi/id/{sys,bios,board}_vendor`` name Amazon, or ``product_name`` /
+    ``bios_version`` contain "amazon", or ``/sys/hypervisor/uuid`` starts with "ec2").
+  - Azure: IMDS (``_native.probe_metadata("azure", …)``) at
+    ``TF_FAILURE_HANDLING_AZURE_METADATA_URL``, else ``http://169.254.169.254`` —
+    probed only when that variable is set or DMI says Azure (``chassis_asset_tag``
+    is Azure's, or a Microsoft "Virtual Machine").
+
+  A probe that fails in any way means "not that cloud". Every probe is bounded by
+  :data:`METADATA_TIMEOUT`; off-cloud, with no variables set, detection reads a few
+  small sysfs files and costs milliseconds (the GCE name lookup aside).
+* **metadata_base** — the ``http://host[:port]`` of that cloud's metadata service,
+  which ``_native.MetadataWatch`` watches for termination notices.
+* **scheduler** — ``"slurm"`` (``SLURM_JOB_ID`` set), else ``"kubernetes"``
+  (``KUBERNETES_SERVICE_HOST`` set), else None.
+* **device** — TF's ``PlatformDevice``: ``GCE_*`` on GCE, else ``INTERNAL_*``; GPU
+  or TPU from TF's logical devices, asked only if TensorFlow is already imported.
+
+:func:`complete` fills what a user left unset with the platform's defaults
+(exit code and grace period per cloud, SIGUSR1 too under SLURM), and
+:func:`signal_deadline` says when a signalled machine goes away, where the
+scheduler tells (``SLURM_JOB_END_TIME``; Kubernetes' grace period,
+``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s).
+
+Unlike TensorFlow, every metadata request has a short timeout (TF's GCE watcher
+has none), the answer is computed once per process, GCE CPU and TPU VMs are
+supported rather than rejected, and AWS and Azure are known.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import logging
+import math
 import os
+import signal
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
-from typing import Optional
+from typing import Any, Callable, Optional, Sequence
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -29,8 +69,38 @@ GCE_EXIT_CODE = 143
 GCE_GPU_GRACE_PERIOD = 3600
 #: The exit code Borg and TF's default ``exit_fn`` use.
 DEFAULT_EXIT_CODE = 42
-#: Seconds a metadata request may take, DNS included.
+#: Seconds a metadata request (or probe) may take, DNS included.
 METADATA_TIMEOUT = 1.0
+
+#: Forces the cloud: ``gce``, ``aws``, ``azure`` or ``none`` (no probe at all).
+CLOUD_ENV = "TF_FAILURE_HANDLING_CLOUD"
+#: Base URL of the AWS instance metadata service (tests, proxies).
+AWS_METADATA_ENV = "TF_FAILURE_HANDLING_AWS_METADATA_URL"
+#: Base URL of the Azure instance metadata service (tests, proxies).
+AZURE_METADATA_ENV = "TF_FAILURE_HANDLING_AZURE_METADATA_URL"
+#: Seconds Kubernetes leaves between SIGTERM and SIGKILL for this pod.
+KUBERNETES_GRACE_ENV = "TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD"
+#: Kubernetes' default ``terminationGracePeriodSeconds``.
+KUBERNETES_DEFAULT_GRACE_PERIOD = 30.0
+#: Set by SLURM >= 23.02: the job's end time, in Unix seconds.
+SLURM_END_TIME_ENV = "SLURM_JOB_END_TIME"
+
+#: Where AWS and Azure serve instance metadata (link-local, no DNS).
+AWS_DEFAULT_METADATA_BASE = "http://169.254.169.254"
+AZURE_DEFAULT_METADATA_BASE = "http://169.254.169.254"
+#: The DMI tables the kernel exposes (world-readable files of one line each).
+DMI_DIR = "/sys/class/dmi/id"
+#: Xen guests on EC2 (older instance types) have a uuid starting with "ec2" here.
+HYPERVISOR_UUID = "/sys/hypervisor/uuid"
+#: Azure's ``chassis_asset_tag`` (Microsoft's documented way to tell Azure VMs).
+AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
+
+#: Default grace periods in seconds: AWS Spot gives two minutes' notice (the
+#: notice's own deadline caps the countdown); Azure Spot's Preempt event 30 s.
+AWS_GRACE_PERIOD = 120
+AZURE_GRACE_PERIOD = 30
+
+CLOUDS = ("gce", "aws", "azure")
 
 
 class PlatformDevice(enum.Enum):
@@ -43,6 +113,35 @@ class PlatformDevice(enum.Enum):
     GCE_TPU = "GCE_TPU"
     GCE_CPU = "GCE_CPU"
     UNSUPPORTED = "unsupported"
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """Where this process runs (see the module docstring for how each field is found)."""
+
+    #: TF's platform device: ``GCE_*`` when ``cloud == "gce"``, else ``INTERNAL_*``.
+    device: PlatformDevice
+    #: ``"gce"``, ``"aws"``, ``"azure"``, or None off-cloud.
+    cloud: Optional[str]
+    #: ``"http://host[:port]"`` of the cloud's metadata service; None off-cloud.
+    metadata_base: Optional[str]
+    #: ``"slurm"``, ``"kubernetes"`` or None.
+    scheduler: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+    """A termination config with every unset field filled in (:func:`complete`)."""
+
+    #: The user's ``termination_watcher_fn`` (metadata services are watched natively).
+    watcher_fn: Optional[Callable[[], bool]]
+    exit_fn: Callable[[], Any]
+    grace_period: float
+    #: Signals that count as a termination notice.
+    signals: tuple[int, ...]
+
+
+# ------------------------------------------------------------------ GCE (as TF)
 
 
 def _gce_base() -> str:
@@ -105,7 +204,8 @@ def on_gce() -> bool:
 def gce_termination_watcher() -> bool:
     """True when GCE announces host maintenance that terminates this VM (TF's watcher).
 
-    A failed or malformed answer is "no notice", never an exception.
+    A failed or malformed answer is "no notice", never an exception. Not a default
+    any more (``_native.MetadataWatch`` long-polls GCE); kept for users who pass it.
     """
     try:
         return request_gce_metadata("instance/maintenance-event") == "TERMINATE_ON_HOST_MAINTENANCE"
@@ -122,6 +222,63 @@ def default_exit_fn() -> None:
     sys.exit(DEFAULT_EXIT_CODE)
 
 
+# ------------------------------------------------------------------ AWS, Azure
+
+
+def _url_from_env(name: str, default: str) -> tuple[str, bool]:
+    """``(base, from_env)``: the variable's URL (scheme added if missing), else ``default``."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default, False
+    if "://" not in value:
+        value = "http://" + value
+    return value.rstrip("/"), True
+
+
+def _read_line(path: str) -> Optional[str]:
+    """The stripped first line of a small sysfs file; None if it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline(4096).strip()
+    except OSError:
+        return None
+
+
+def _dmi(name: str) -> str:
+    return _read_line(os.path.join(DMI_DIR, name)) or ""
+
+
+def dmi_says_aws() -> bool:
+    """True when the DMI tables (or Xen's hypervisor uuid) name Amazon EC2."""
+    for name in ("sys_vendor", "bios_vendor", "board_vendor", "product_name", "bios_version"):
+        if "amazon" in _dmi(name).lower():
+            return True
+    return (_read_line(HYPERVISOR_UUID) or "").lower().startswith("ec2")
+
+
+def dmi_says_azure() -> bool:
+    """True when the DMI tables describe an Azure VM."""
+    if _dmi("chassis_asset_tag") == AZURE_ASSET_TAG:
+        return True
+    return _dmi("sys_vendor") == "Microsoft Corporation" and _dmi("product_name") == (
+        "Virtual Machine"
+    )
+
+
+def _probe(cloud: str, base: str) -> bool:
+    """``_native.probe_metadata``, with any failure meaning "not that cloud"."""
+    try:
+        from . import _native
+
+        return bool(_native.probe_metadata(cloud, base, METADATA_TIMEOUT))
+    except Exception as e:  # noqa: BLE001 - off that cloud anything can come back
+        log.debug("not on %s (%s): %s", cloud, base, e)
+        return False
+
+
+# ------------------------------------------------------------------ detection
+
+
 def _devices(kind: str) -> bool:
     # A process that has not imported TensorFlow has no TF devices in use; do
     # not pay TF's import (seconds) to learn that.
@@ -132,10 +289,7 @@ def _devices(kind: str) -> bool:
     return bool(context.context().list_logical_devices(kind))
 
 
-@functools.lru_cache(maxsize=1)
-def detect() -> PlatformDevice:
-    """The platform of this process (computed once)."""
-    gce = on_gce()
+def _device(gce: bool) -> PlatformDevice:
     if _devices("GPU"):
         return PlatformDevice.GCE_GPU if gce else PlatformDevice.INTERNAL_GPU
     if _devices("TPU"):
@@ -143,19 +297,131 @@ def detect() -> PlatformDevice:
     return PlatformDevice.GCE_CPU if gce else PlatformDevice.INTERNAL_CPU
 
 
-def complete(platform: PlatformDevice, watcher_fn, exit_fn, grace_period: Optional[float]):
-    """Fills what the user left unset with the platform's defaults.
+def _cloud() -> tuple[Optional[str], Optional[str]]:
+    """``(cloud, metadata_base)`` by the rules of the module docstring."""
+    aws_base, aws_env = _url_from_env(AWS_METADATA_ENV, AWS_DEFAULT_METADATA_BASE)
+    azure_base, azure_env = _url_from_env(AZURE_METADATA_ENV, AZURE_DEFAULT_METADATA_BASE)
+    forced = os.environ.get(CLOUD_ENV, "").strip().lower()
+    if forced:
+        bases = {"gce": _gce_base(), "aws": aws_base, "azure": azure_base, "none": None}
+        if forced not in bases:
+            raise ValueError(
+                f"{CLOUD_ENV}={os.environ[CLOUD_ENV]!r}: expected one of gce, aws, azure, none"
+            )
+        return (None if forced == "none" else forced), bases[forced]
+    if on_gce():
+        return "gce", _gce_base()
+    if (aws_env or dmi_says_aws()) and _probe("aws", aws_base):
+        return "aws", aws_base
+    if (azure_env or dmi_says_azure()) and _probe("azure", azure_base):
+        return "azure", azure_base
+    return None, None
 
-    Returns ``(watcher_fn, exit_fn, grace_period)`` as TF's
-    ``_complete_config_for_environment`` would, except that GCE CPU and TPU get
-    the GCE watcher and exit code instead of being rejected.
+
+def _scheduler() -> Optional[str]:
+    if os.environ.get("SLURM_JOB_ID"):
+        return "slurm"
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return "kubernetes"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> Environment:
+    """Where this process runs (computed once; ``environment.cache_clear()`` to redo).
+
+    Raises:
+      ValueError: ``TF_FAILURE_HANDLING_CLOUD`` holds an unknown cloud.
     """
-    if platform is PlatformDevice.GCE_GPU:
-        return (
-            watcher_fn or gce_termination_watcher,
-            exit_fn or gce_exit_fn,
-            GCE_GPU_GRACE_PERIOD if grace_period is None else grace_period,
+    start = time.monotonic()
+    cloud, base = _cloud()
+    env = Environment(
+        device=_device(cloud == "gce"), cloud=cloud, metadata_base=base, scheduler=_scheduler()
+    )
+    log.debug("environment %s (detected in %.3f s)", env, time.monotonic() - start)
+    return env
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> PlatformDevice:
+    """TF's platform device of this process: ``environment().device`` (cached too)."""
+    return environment().device
+
+
+# ------------------------------------------------------------------ defaults
+
+
+def _default_grace_period(env: Environment) -> float:
+    if env.cloud == "gce":
+        return GCE_GPU_GRACE_PERIOD if env.device is PlatformDevice.GCE_GPU else 0
+    if env.cloud == "aws":
+        return AWS_GRACE_PERIOD
+    if env.cloud == "azure":
+        return AZURE_GRACE_PERIOD
+    return 0
+
+
+def complete(
+    env: Environment,
+    watcher_fn: Optional[Callable[[], bool]],
+    exit_fn: Optional[Callable[[], Any]],
+    grace_period: Optional[float],
+    signals: Optional[Sequence[int]],
+) -> Defaults:
+    """Fills what the user left unset (None) with the platform's defaults.
+
+    A user's value always wins, a grace period of 0 included. As TF's
+    ``_complete_config_for_environment`` for Borg and GCE GPU, except that GCE CPU
+    and TPU get GCE's exit code instead of being rejected, AWS and Azure get their
+    notices' lead times as grace period, and under SLURM SIGUSR1 (what
+    ``--signal`` usually sends) counts as a notice besides SIGTERM.
+    """
+    if exit_fn is None:
+        exit_fn = gce_exit_fn if env.cloud == "gce" else default_exit_fn
+    if grace_period is None:
+        grace_period = _default_grace_period(env)
+    if signals is None:
+        chosen: Sequence[int] = (
+            (signal.SIGTERM, signal.SIGUSR1) if env.scheduler == "slurm" else (signal.SIGTERM,)
         )
-    if platform in (PlatformDevice.GCE_CPU, PlatformDevice.GCE_TPU):
-        return (watcher_fn or gce_termination_watcher, exit_fn or gce_exit_fn, grace_period or 0)
-    return (watcher_fn, exit_fn or default_exit_fn, grace_period or 0)
+    else:
+        chosen = signals
+    return Defaults(
+        watcher_fn=watcher_fn,
+        exit_fn=exit_fn,
+        grace_period=grace_period,
+        signals=tuple(dict.fromkeys(int(s) for s in chosen)),
+    )
+
+
+def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
+    """When a signalled machine goes away (Unix time), where the scheduler says.
+
+    SLURM: ``SLURM_JOB_END_TIME`` if it is a time after ``unix_now``. Kubernetes:
+    ``unix_now`` plus ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD`` (default 30 s,
+    Kubernetes' default ``terminationGracePeriodSeconds``). Otherwise None.
+
+    Raises:
+      ValueError: the Kubernetes grace period is not a finite number >= 0.
+    """
+    if env.scheduler == "slurm":
+        raw = os.environ.get(SLURM_END_TIME_ENV, "").strip()
+        try:
+            end = float(raw)
+        except ValueError:
+            if raw:
+                log.debug("ignoring %s=%r: not a number", SLURM_END_TIME_ENV, raw)
+            return None
+        return end if math.isfinite(end) and end > unix_now else None
+    if env.scheduler == "kubernetes":
+        raw = os.environ.get(KUBERNETES_GRACE_ENV, "").strip()
+        if not raw:
+            return unix_now + KUBERNETES_DEFAULT_GRACE_PERIOD
+        try:
+            grace = float(raw)
+        except ValueError:
+            grace = math.nan
+        if not (math.isfinite(grace) and grace >= 0):
+            raise ValueError(f"{KUBERNETES_GRACE_ENV}={raw!r}: expected a number of seconds >= 0")
+        return unix_now + grace
+    return None

@@ -13,12 +13,11 @@ import logging
 import math
 import numbers
 import os
-import signal
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from . import _checkpoint, _cluster, _coordination, _errors, _native, _platform
+from . import _checkpoint, _cluster, _coordination, _errors, _native, _platform, _sources, watcher
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -26,6 +25,7 @@ RUN_TO_CHECKPOINT = _native.RUN_TO_CHECKPOINT
 LAST_RUN_TO_CHECKPOINT = _native.LAST_RUN_TO_CHECKPOINT
 TERMINATED_WORKER = _native.TERMINATED_WORKER
 STOP_WATCHER = _native.STOP_WATCHER
+PREEMPTION_NOTICE_KEY = _native.PREEMPTION_NOTICE_KEY
 
 #: Seconds the leader waits for every worker to acknowledge a step key, unless
 #: ``TerminationConfig(peer_timeout=...)`` or ``TF_FAILURE_HANDLING_PEER_TIMEOUT``
@@ -34,7 +34,7 @@ STOP_WATCHER = _native.STOP_WATCHER
 DEFAULT_PEER_TIMEOUT = 300.0
 PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
 #: How often ``termination_watcher_fn`` is called (TF: once a second).
-WATCHER_FN_INTERVAL = 1.0
+WATCHER_FN_INTERVAL = _sources.WATCHER_FN_INTERVAL
 #: Longest single blocking get of the peer watcher; it re-checks for shutdown
 #: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
 PEER_WATCH_SLICE = 5.0
@@ -73,8 +73,11 @@ class TerminationConfig:
       treats negatives as 0);
     * keyword-only extras: ``peer_timeout`` bounds the wait for peers'
       acknowledgements (TF waits forever), ``signals`` lists the signals that
-      count as a notice (default SIGTERM; add ``signal.SIGUSR1`` for SLURM's
-      ``--signal``).
+      count as a notice (default SIGTERM, plus SIGUSR1 under SLURM, whose
+      ``--signal`` usually sends it);
+    * the defaults follow the platform (``_platform.complete``): AWS and Azure
+      get a grace period (120 s, 30 s) capped by the deadline their notices
+      carry; GCE CPU and TPU VMs are supported.
     """
 
     def __init__(
@@ -95,9 +98,7 @@ class TerminationConfig:
         self.grace_period = _check_seconds("grace_period", grace_period)
         self.save_fn = save_fn
         self.peer_timeout = _check_seconds("peer_timeout", peer_timeout)
-        if signals is not None:
-            signals = tuple(int(s) for s in signals)
-        self.signals = signals
+        self.signals = None if signals is None else tuple(_sources.signal_numbers(signals))
 
     @classmethod
     def _from_any(cls, config: Any) -> TerminationConfig:
@@ -166,12 +167,14 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         termination_config: Optional[TerminationConfig] = None,
     ) -> None:
         super().__init__()
+        #: The clock the protocol reads: notice times, deadlines, save and agreement
+        #: durations. Simulations substitute a virtual one; waits for peers stay real.
+        self._clock: Callable[[], float] = time.monotonic
         self._closed = False
         self._notice_thread: Optional[threading.Thread] = None
         self._peer_thread: Optional[threading.Thread] = None
-        self._signal_watch: Optional[_native.SignalWatch] = None
+        self._sources: Optional[_sources.NoticeSources] = None
         self._closing = threading.Event()
-        self._manual_deadline: Optional[float] = None
         self._total_run_calls_warned = False
 
         _errors.module()
@@ -186,19 +189,21 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         self._id_in_cluster = self._membership.id_in_cluster
         self._is_chief = self._membership.is_chief
 
-        self._platform_device = _platform.detect()
-        watcher_fn, exit_fn, grace = _platform.complete(
-            self._platform_device,
+        self._environment = _platform.environment()
+        self._platform_device = self._environment.device
+        defaults = _platform.complete(
+            self._environment,
             config.termination_watcher_fn,
             config.exit_fn,
             config.grace_period,
+            config.signals,
         )
-        self._termination_watcher_fn = watcher_fn
-        self._exit_fn = exit_fn
-        self._grace_period = grace
+        self._termination_watcher_fn = defaults.watcher_fn
+        self._exit_fn = defaults.exit_fn
+        self._grace_period = defaults.grace_period
         self._save_fn = config.save_fn
         self._peer_timeout = _peer_timeout(config)
-        self._signals = config.signals if config.signals is not None else (signal.SIGTERM,)
+        self._signals = defaults.signals
 
         self._checkpoints = _checkpoint.Checkpoints(
             checkpoint_or_checkpoint_manager,
@@ -222,11 +227,14 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         self._start_watchers()
         log.info(
             "PreemptionCheckpointHandler initialized or restored: worker %s, %d run(s) restored, "
-            "platform %s, grace period %gs.",
+            "platform %s (cloud %s, scheduler %s), grace period %gs, signals %s.",
             self._id_in_cluster,
             self._run_counter,
             self._platform_device.name,
+            self._environment.cloud or "none",
+            self._environment.scheduler or "none",
             self._grace_period,
+            ", ".join(_sources.signal_name(s) for s in self._signals),
         )
 
     # ------------------------------------------------------------------ API
@@ -277,7 +285,7 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
     def _check_preemption_and_maybe_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Acts on a notice or an agreed step before the next step (orbit calls this)."""
-        decision = self._core_before_step(time.monotonic())
+        decision = self._core_before_step(self._clock())
         if decision is None:
             return
         if decision[0] == "publish":
@@ -289,9 +297,9 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Saves now, recording the run count (TF's private method of this name)."""
-        start = time.monotonic()
+        start = self._clock()
         self._checkpoints.save(self._run_counter, self._save_fn, args, kwargs)
-        self._checkpoint_time = time.monotonic() - start
+        self._checkpoint_time = self._clock() - start
         log.info(
             "Checkpoint finished at path %s in %.3fs.",
             self._write_checkpoint_manager.directory,
@@ -319,7 +327,7 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         )
         if self._local_mode:
             return
-        start = time.monotonic()
+        start = self._clock()
         if not self._coordination.set(round_key, str(step)):
             log.warning(
                 "%s was already set (a peer shut down?); not waiting for acknowledgements.",
@@ -327,7 +335,7 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             )
             return
         self._await_acknowledgements(round_key, step, ack_keys)
-        self._core_agreement(time.monotonic() - start)
+        self._core_agreement(self._clock() - start)
 
     def _await_acknowledgements(self, round_key: str, step: int, ack_keys: list) -> None:
         """Waits, bounded by the peer timeout, until every worker acknowledged."""
@@ -357,18 +365,24 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
     def _save_checkpoint_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
-        start = time.monotonic()
+        start = self._clock()
         try:
             self._save_checkpoint(*args, **kwargs)
         except BaseException:
             self._core_save_failed()
             raise
-        after = self._core_saved(round_key, time.monotonic() - start)
+        after = self._core_saved(round_key, self._clock() - start)
         if after == "exit":
             self._stop_watchers()
             self._checkpoints.remove_worker_temp(self._is_chief)
             log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
             self._exit_fn()
+            # TF carries on silently here; say what state the worker is in.
+            log.warning(
+                "exit_fn returned instead of ending the process: training continues, the "
+                "checkpoint of run %d is complete, and this handler no longer acts on notices.",
+                step,
+            )
         else:
             state = self._core_state()
             if state.get("leading"):
@@ -383,7 +397,9 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
     # ------------------------------------------------------------ watchers
 
     def _start_watchers(self) -> None:
-        self._signal_watch = _native.SignalWatch(list(self._signals))
+        self._sources = _sources.NoticeSources(
+            self._environment, self._signals, self._termination_watcher_fn
+        )
         self._notice_thread = threading.Thread(
             target=self._watch_own_notice,
             name=f"WorkerTerminationSignalWatcher-{self._id_in_cluster}",
@@ -401,58 +417,45 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
     def _notify_termination(self, deadline: Optional[float] = None) -> None:
         """Delivers a notice as a termination source would (used by ``testing``).
 
-        A notice after the handler exited or was closed is ignored, as a signal
-        would be.
+        ``deadline`` is on the handler's clock (``time.monotonic()``). A notice after the
+        handler exited or was closed is ignored, as a signal would be.
         """
-        self._manual_deadline = deadline
-        watch = self._signal_watch
-        if watch is None or self._closing.is_set():
-            log.info("Termination notice after shutdown ignored.")
-            return
-        try:
-            watch.trigger()
-        except RuntimeError:  # closed between the check and the trigger
+        sources = self._sources
+        unix_deadline = None if deadline is None else time.time() + (deadline - self._clock())
+        if (
+            sources is None
+            or self._closing.is_set()
+            or not sources.trigger("a termination source", unix_deadline)
+        ):
             log.info("Termination notice after shutdown ignored.")
 
     def _watch_own_notice(self) -> None:
-        watch = self._signal_watch
-        fn = self._termination_watcher_fn
-        next_poll = time.monotonic()
-        while not self._closing.is_set():
-            timeout = max(0.0, next_poll - time.monotonic()) if fn is not None else None
-            try:
-                woke = watch.wait(timeout)
-            except RuntimeError:  # closed
-                return
-            if self._closing.is_set():
-                return
-            if woke is not None and woke > 0:
-                self._on_own_notice(f"signal {signal.Signals(woke).name}", None)
-                return
-            if woke == 0:
-                self._on_own_notice("a termination source", self._manual_deadline)
-                return
-            if fn is not None and time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + WATCHER_FN_INTERVAL
-                try:
-                    fired = fn()
-                except Exception as e:  # noqa: BLE001 - a broken watcher must not kill training
-                    log.warning("termination_watcher_fn raised %r; polling it again later.", e)
-                    continue
-                if fired:
-                    self._on_own_notice("termination_watcher_fn", None)
-                    return
+        notice = self._sources.wait()
+        if notice is None or self._closing.is_set():
+            return
+        deadline = None
+        if notice.deadline is not None:
+            # Platforms announce wall-clock times; the resolver runs on the monotonic clock.
+            deadline = self._clock() + (notice.deadline - time.time())
+            log.info(
+                "The notice from %s gives %.1fs until the machine goes away.",
+                notice.source,
+                notice.deadline - time.time(),
+            )
+        self._on_own_notice(notice.source, deadline)
 
     def _on_own_notice(self, source: str, deadline: Optional[float]) -> None:
-        outcome = self._core_notice(time.monotonic(), deadline)
+        outcome = self._core_notice(self._clock(), deadline)
         if outcome[0] == "lead":
             log.info("Received termination notice from %s.", source)
+            self._announce(source)
         elif outcome[0] == "claim":
             _, key, value = outcome
             won = self._claim(key, value, source)
             self._core_claim(won)
             if won:
                 log.info("Member %s has received termination notice (%s).", value, source)
+                self._announce(source)
             else:
                 log.info(
                     "Member %s has received termination notice (%s), but another worker "
@@ -462,6 +465,17 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
                 )
         else:
             log.info("Termination notice from %s ignored: already handling one.", source)
+
+    def _announce(self, source: str) -> None:
+        """Tells PreemptionWatchers: in this process, and through the coordination service."""
+        message = watcher.notice_message(self._id_in_cluster, source)
+        watcher.publish_local(message)
+        if self._local_mode:
+            return
+        try:
+            self._coordination.set(PREEMPTION_NOTICE_KEY, message)
+        except Exception as e:  # noqa: BLE001 - informational; the protocol goes on
+            log.info("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, e)
 
     def _claim(self, key: str, value: str, source: str) -> bool:
         """Writes ``TERMINATED_WORKER``; True if this worker got it first.
@@ -518,9 +532,8 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
     def _stop_watchers(self) -> None:
         self._closing.set()
-        watch = self._signal_watch
-        if watch is not None:
-            watch.close()
+        if self._sources is not None:
+            self._sources.close()
         if (
             self._notice_thread is not None
             and self._notice_thread is not threading.current_thread()

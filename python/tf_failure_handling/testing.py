@@ -416,7 +416,9 @@ class SimulatedCluster:
     Each :meth:`run` is one life of the cluster: a fresh service and fresh
     workers, with checkpoints kept under ``root`` between runs, as after a
     restart. Every wait is bounded by ``timeout`` seconds; a worker that is
-    still running then is reported by name.
+    still running then is reported by name. ``service_factory`` makes each
+    run's service (an :class:`InMemoryCoordinationService` subclass that
+    observes or faults the protocol, say).
     """
 
     def __init__(
@@ -425,6 +427,7 @@ class SimulatedCluster:
         root: Optional[os.PathLike] = None,
         timeout: float = 60.0,
         chief: bool = False,
+        service_factory: Optional[Callable[[], InMemoryCoordinationService]] = None,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
@@ -433,6 +436,8 @@ class SimulatedCluster:
         self.root = os.fspath(root) if root is not None else None
         self.timeout = timeout
         self._chief = chief
+        #: Makes each run's service (a subclass can observe or fault the protocol).
+        self._service_factory = service_factory or InMemoryCoordinationService
         self.attempts = 0
         self.service: Optional[InMemoryCoordinationService] = None
         self._lock = threading.Lock()
@@ -486,7 +491,7 @@ class SimulatedCluster:
           TimeoutError: a worker did not finish within ``timeout`` seconds (its
             thread is left running as a daemon and named in the message).
         """
-        self.service = service = InMemoryCoordinationService()
+        self.service = service = self._service_factory()
         indices = list(range(self.num_workers)) if workers is None else list(workers)
         self._collective = collective = _Collective(len(indices), self.timeout, service)
         service._on_error(lambda: collective.abort("an error was reported to the cluster"))

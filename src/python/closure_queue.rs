@@ -83,7 +83,7 @@ impl PyClosureQueue {
         // Phase 3: wait for in-flight closures, in slices.
         let cancelled = loop {
             let end = Instant::now() + SLICE;
-            match py.detach(|| cancellation.finish_until(Some(end))) {
+            match super::detach(py, || cancellation.finish_until(Some(end))) {
                 Ok(c) => break c,
                 Err(_) => {
                     if let Err(e) = py.check_signals() {
@@ -140,7 +140,7 @@ impl PyClosureQueue {
                 let mut item = full.into_inner();
                 loop {
                     let end = Instant::now() + SLICE;
-                    match py.detach(|| core.put(item, Some(end))) {
+                    match super::detach(py, || core.put(item, Some(end))) {
                         Ok(outcome) => break outcome,
                         Err(full) => item = full.into_inner(),
                     }
@@ -168,7 +168,7 @@ impl PyClosureQueue {
         let deadline = deadline(timeout);
         loop {
             let Some(end) = slice_end(deadline) else { return Ok(None) };
-            match py.detach(|| self.core.get(tag, Some(end))) {
+            match super::detach(py, || self.core.get(tag, Some(end))) {
                 Ok(item) => return Ok(Some(item)),
                 Err(GetError::Stopped) => return Ok(None),
                 Err(GetError::Timeout) => py.check_signals()?,
@@ -222,7 +222,7 @@ impl PyClosureQueue {
                 };
             }
             let Some(end) = slice_end(deadline) else { return Ok(false) };
-            settled = py.detach(|| waiter.wait_until(Some(end)));
+            settled = super::detach(py, || waiter.wait_until(Some(end)));
             if settled.is_err() {
                 py.check_signals()?;
             }

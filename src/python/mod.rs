@@ -7,6 +7,7 @@
 //! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `failure.rs` | the worker/PS failure classifier |
+//! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!
 //! Blocking calls follow one loop: release the GIL for at most [`SLICE`],
 //! re-attach, run pending signal handlers (so Ctrl-C works), check the
@@ -21,6 +22,7 @@ mod closure_queue;
 mod failure;
 mod handler;
 mod signals;
+mod sources;
 mod store;
 
 /// Longest time a blocking call stays detached before it checks signals.
@@ -37,6 +39,50 @@ pub(crate) fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> 
             "timeout must be a non-negative number of seconds, got {t}"
         ))),
     }
+}
+
+/// Runs `f` with the GIL released, like `py.detach`, but never re-attaches
+/// while the interpreter is finalizing.
+///
+/// CPython before 3.14 ends a daemon thread that re-attaches during
+/// finalization with `pthread_exit`, whose forced unwind through Rust frames
+/// aborts the process ("FATAL: exception not rethrown"). A daemon thread blocked
+/// in one of our waits when the program ends (a watcher, a coordinator worker
+/// thread) therefore parks here instead, as CPython 3.14 itself does, and dies
+/// with the process.
+pub(crate) fn detach<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: Send + FnOnce() -> T,
+    T: Send,
+{
+    py.detach(|| {
+        let out = f();
+        while interpreter_finalizing() {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        out
+    })
+}
+
+/// Whether the interpreter is finalizing; callable without the GIL (it reads
+/// one atomic). `Py_IsFinalizing` is public from 3.13, `_Py_IsFinalizing`
+/// before; the symbol is looked up once in the running interpreter.
+fn interpreter_finalizing() -> bool {
+    type IsFinalizing = unsafe extern "C" fn() -> libc::c_int;
+    static FUNCTION: std::sync::OnceLock<Option<IsFinalizing>> = std::sync::OnceLock::new();
+    let function = FUNCTION.get_or_init(|| {
+        for name in [c"Py_IsFinalizing", c"_Py_IsFinalizing"] {
+            // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name.
+            let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+            if !symbol.is_null() {
+                // SAFETY: both symbols are `int f(void)` in every CPython that has them.
+                return Some(unsafe { std::mem::transmute::<*mut libc::c_void, IsFinalizing>(symbol) });
+            }
+        }
+        None
+    });
+    // SAFETY: the function only reads the runtime's finalizing flag atomically.
+    function.is_some_and(|f| unsafe { f() } != 0)
 }
 
 /// The slice to detach for: [`SLICE`], or less when the deadline is nearer.
@@ -68,5 +114,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::KeyValueStore>()?;
     closure_queue::register(m)?;
     failure::register(m)?;
+    sources::register(m)?;
     Ok(())
 }

@@ -22,6 +22,16 @@ impl PySignalWatch {
             .clone()
             .ok_or_else(|| PyRuntimeError::new_err("the signal watch is closed"))
     }
+
+    /// The core watch, for sources that trigger it from Rust
+    /// (`MetadataWatch`).
+    ///
+    /// # Errors
+    ///
+    /// `RuntimeError` once closed.
+    pub(crate) fn watch(&self) -> PyResult<Arc<SignalWatch>> {
+        self.inner()
+    }
 }
 
 #[pymethods]
@@ -47,7 +57,7 @@ impl PySignalWatch {
                 return Ok(watch.poll().map(wake_code));
             };
             let w = Arc::clone(&watch);
-            if let Some(wake) = py.detach(move || w.wait(slice)) {
+            if let Some(wake) = super::detach(py, move || w.wait(slice)) {
                 return Ok(Some(wake_code(wake)));
             }
             py.check_signals()?;

@@ -74,7 +74,7 @@ impl KeyValueStore {
                     .into_pyobject(py)
                     .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
             };
-            py.detach(|| {
+            super::detach(py, || {
                 let mut s = self.store.lock();
                 if s.error.is_none() && !s.values.contains_key(&key) {
                     let _ = self.changed.wait_for(&mut s, slice);

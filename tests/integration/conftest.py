@@ -106,6 +106,7 @@ class Cluster:
         step_sleep: float = 0.03,
         extra_args=(),
         worker_args=None,
+        env=None,
         name: str = "cluster",
     ):
         self.workdir = Path(workdir)
@@ -117,6 +118,7 @@ class Cluster:
         self.step_sleep = step_sleep
         self.extra_args = list(extra_args)
         self.worker_args = worker_args or {}
+        self.env = dict(env or {})
         self.name = name
         self.ports: list[int] = []
         self.procs: list[subprocess.Popen] = []
@@ -150,7 +152,7 @@ class Cluster:
     def start(self) -> Cluster:
         assert not self.procs, "cluster already started"
         self.ports = free_ports(self.num_workers)
-        env = child_environment()
+        env = {**child_environment(), **self.env}
         for i in range(self.num_workers):
             with open(self.stdout_paths[i], "wb") as out, open(self.stderr_paths[i], "wb") as err:
                 proc = subprocess.Popen(

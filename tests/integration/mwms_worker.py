@@ -130,7 +130,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0.0,
         help="TerminationConfig grace_period (0 = handler default)",
     )
-    p.add_argument("--watcher-file", default=None, help="termination_watcher_fn = the file exists")
+    p.add_argument(
+        "--watcher-file",
+        default=None,
+        help="termination_watcher_fn = the file exists ({index} is replaced by --index)",
+    )
     p.add_argument(
         "--exit-code",
         type=int,
@@ -304,7 +308,7 @@ def main(argv=None) -> int:
 
     config_kwargs = {}
     if args.watcher_file:
-        watcher_file = args.watcher_file
+        watcher_file = args.watcher_file.format(index=args.index)
         config_kwargs["termination_watcher_fn"] = lambda: os.path.exists(watcher_file)
     if args.exit_code is not None:
         exit_code = args.exit_code

@@ -55,8 +55,10 @@ def _no_gce_metadata_server():
     previous = os.environ.get(_platform.GCE_METADATA_ENV)
     os.environ[_platform.GCE_METADATA_ENV] = NO_METADATA_SERVER
     _platform.detect.cache_clear()
+    _platform.environment.cache_clear()
     yield
     _platform.detect.cache_clear()
+    _platform.environment.cache_clear()
     if previous is None:
         os.environ.pop(_platform.GCE_METADATA_ENV, None)
     else:

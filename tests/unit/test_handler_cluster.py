@@ -21,9 +21,13 @@ CLUSTER_TIMEOUT = 20.0
 
 
 def _expected_keys(n: int) -> set:
-    return {"TERMINATED_WORKER", "RUN_TO_CHECKPOINT", "LAST_RUN_TO_CHECKPOINT"} | {
-        f"RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_{i}" for i in range(n)
-    }
+    # TF's keys, plus the notice key PreemptionWatchers read (written by the leader).
+    return {
+        "TERMINATED_WORKER",
+        "RUN_TO_CHECKPOINT",
+        "LAST_RUN_TO_CHECKPOINT",
+        "TF_DEFAULT_PREEMPTION_NOTICE_KEY",
+    } | {f"RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_{i}" for i in range(n)}
 
 
 def make_worker(notices, steps=STEPS, config=None, record=None, before_step=None):

@@ -1,22 +1,45 @@
-"""Platform detection and defaults, against a fake GCE metadata server on 127.0.0.1."""
+"""Platform detection and defaults, against fake metadata servers on 127.0.0.1.
+
+Nothing here addresses anything but 127.0.0.1: the GCE host is the session's
+closed port (conftest) or a fake server, and the AWS/Azure default bases and the
+DMI tables are redirected for every test (``_isolated_environment``).
+"""
 
 from __future__ import annotations
 
 import gc
 import http.server
+import signal
 import socket
 import threading
 import time
 import warnings
 
 import pytest
-from tf_failure_handling import TerminationConfig, _platform, testing
+from fake_metadata import FakeMetadata, aws_action
+from tf_failure_handling import TerminationConfig, _native, _platform, testing
 
 from .conftest import NO_METADATA_SERVER, wait_for_attention
 
 PD = _platform.PlatformDevice
 HOSTNAME = "/computeMetadata/v1/instance/hostname"
 MAINTENANCE = "/computeMetadata/v1/instance/maintenance-event"
+#: The variables these tests set; a developer's own values must not leak in.
+ENV_VARS = (
+    _platform.CLOUD_ENV,
+    _platform.AWS_METADATA_ENV,
+    _platform.AZURE_METADATA_ENV,
+    _platform.KUBERNETES_GRACE_ENV,
+    _platform.SLURM_END_TIME_ENV,
+    "SLURM_JOB_ID",
+    "KUBERNETES_SERVICE_HOST",
+)
+#: A probe of an unreachable metadata service gives up within this.
+PROBE_BOUND = 1.5
+HAS_PROBE = hasattr(_native, "probe_metadata")
+needs_probe = pytest.mark.skipif(
+    not HAS_PROBE, reason="the installed extension has no _native.probe_metadata yet"
+)
 
 
 class FakeMetadataServer:
@@ -126,22 +149,60 @@ def garbage_server(monkeypatch):
     _collect_leaked_sockets()
 
 
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch, tmp_path):
+    """No cloud, no scheduler: empty DMI tables, metadata bases on a closed port."""
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    dmi = tmp_path / "dmi"
+    dmi.mkdir()
+    monkeypatch.setattr(_platform, "DMI_DIR", str(dmi))
+    monkeypatch.setattr(_platform, "HYPERVISOR_UUID", str(tmp_path / "no-hypervisor-uuid"))
+    closed = "http://" + NO_METADATA_SERVER
+    monkeypatch.setattr(_platform, "AWS_DEFAULT_METADATA_BASE", closed)
+    monkeypatch.setattr(_platform, "AZURE_DEFAULT_METADATA_BASE", closed)
+    _platform.environment.cache_clear()
+    _platform.detect.cache_clear()
+    yield dmi
+    _platform.environment.cache_clear()
+    _platform.detect.cache_clear()
+
+
 @pytest.fixture
-def clean_detect():
-    _platform.detect.cache_clear()
-    yield
-    _platform.detect.cache_clear()
+def dmi(_isolated_environment):
+    """Writes DMI table entries: ``dmi(sys_vendor="Amazon EC2", ...)``."""
+
+    def write(**entries: str) -> None:
+        for name, value in entries.items():
+            (_isolated_environment / name).write_text(value + "\n")
+
+    return write
 
 
-def _expected_device(gce: bool) -> PD:
-    if _platform._devices("GPU"):
-        return PD.GCE_GPU if gce else PD.INTERNAL_GPU
-    if _platform._devices("TPU"):
-        return PD.GCE_TPU if gce else PD.INTERNAL_TPU
-    return PD.GCE_CPU if gce else PD.INTERNAL_CPU
+@pytest.fixture
+def fake():
+    """The three-cloud fake metadata server (tests/fake_metadata.py)."""
+    with FakeMetadata() as server:
+        yield server
 
 
 # ------------------------------------------------------------ complete()
+
+
+def _env(cloud=None, device=None, scheduler=None, base=None) -> _platform.Environment:
+    if device is None:
+        device = PD.GCE_CPU if cloud == "gce" else PD.INTERNAL_CPU
+    if base is None and cloud is not None:
+        base = "http://127.0.0.1:1"
+    return _platform.Environment(
+        device=device, cloud=cloud, metadata_base=base, scheduler=scheduler
+    )
+
+
+def _exit_code(exit_fn) -> int:
+    with pytest.raises(SystemExit) as exc:
+        exit_fn()
+    return exc.value.code
 
 
 def test_platform_device_values_are_tfs():
@@ -156,62 +217,88 @@ def test_platform_device_values_are_tfs():
     }
 
 
+# (cloud, device, exit code, grace period): the defaults table of _platform.complete.
+DEFAULTS_TABLE = [
+    (None, PD.INTERNAL_CPU, 42, 0),
+    (None, PD.INTERNAL_GPU, 42, 0),
+    (None, PD.INTERNAL_TPU, 42, 0),
+    (None, PD.UNSUPPORTED, 42, 0),
+    ("gce", PD.GCE_GPU, 143, 3600),
+    ("gce", PD.GCE_CPU, 143, 0),
+    ("gce", PD.GCE_TPU, 143, 0),
+    ("aws", PD.INTERNAL_CPU, 42, 120),
+    ("aws", PD.INTERNAL_GPU, 42, 120),
+    ("azure", PD.INTERNAL_CPU, 42, 30),
+    ("azure", PD.INTERNAL_GPU, 42, 30),
+]
+
+
+@pytest.mark.parametrize(("cloud", "device", "code", "grace"), DEFAULTS_TABLE)
+def test_defaults_table(cloud, device, code, grace):
+    d = _platform.complete(_env(cloud, device), None, None, None, None)
+    assert isinstance(d, _platform.Defaults)
+    assert d.watcher_fn is None, "metadata services are watched natively, not by a watcher fn"
+    assert _exit_code(d.exit_fn) == code
+    assert d.exit_fn is (_platform.gce_exit_fn if cloud == "gce" else _platform.default_exit_fn)
+    assert d.grace_period == grace
+    assert d.signals == (signal.SIGTERM,)
+
+
+@pytest.mark.parametrize(("cloud", "device", "code", "grace"), DEFAULTS_TABLE)
+@pytest.mark.parametrize("given", [0, 0.0, 5, 7200.5])
+def test_a_given_grace_period_wins_including_zero(cloud, device, code, grace, given):
+    d = _platform.complete(_env(cloud, device), None, None, given, None)
+    assert d.grace_period == given
+    assert type(d.grace_period) is type(given)
+
+
+@pytest.mark.parametrize(("cloud", "device", "code", "grace"), DEFAULTS_TABLE)
+def test_what_the_user_gave_wins(cloud, device, code, grace):
+    def watcher():
+        return False
+
+    def exit_fn():
+        return None
+
+    d = _platform.complete(
+        _env(cloud, device, scheduler="slurm"), watcher, exit_fn, 12, [signal.SIGUSR2]
+    )
+    assert d == _platform.Defaults(watcher, exit_fn, 12, (signal.SIGUSR2,))
+
+
 @pytest.mark.parametrize(
-    "device", [PD.INTERNAL_CPU, PD.INTERNAL_GPU, PD.INTERNAL_TPU, PD.UNSUPPORTED]
+    ("scheduler", "expected"),
+    [
+        (None, (signal.SIGTERM,)),
+        ("kubernetes", (signal.SIGTERM,)),
+        ("slurm", (signal.SIGTERM, signal.SIGUSR1)),
+    ],
 )
-def test_internal_defaults(device):
-    watcher, exit_fn, grace = _platform.complete(device, None, None, None)
-    assert watcher is None
-    assert grace == 0
-    with pytest.raises(SystemExit) as exc:
-        exit_fn()
-    assert exc.value.code == 42
+def test_default_signals_follow_the_scheduler(scheduler, expected):
+    assert _platform.complete(_env(scheduler=scheduler), None, None, None, None).signals == expected
 
 
-@pytest.mark.parametrize("device", [PD.INTERNAL_CPU, PD.INTERNAL_GPU, PD.INTERNAL_TPU])
-def test_internal_keeps_what_the_user_gave(device):
-    def watcher():
-        return False
-
-    def exit_fn():
-        return None
-
-    assert _platform.complete(device, watcher, exit_fn, 12) == (watcher, exit_fn, 12)
-
-
-def test_gce_gpu_defaults():
-    watcher, exit_fn, grace = _platform.complete(PD.GCE_GPU, None, None, None)
-    assert watcher is _platform.gce_termination_watcher
-    assert grace == 3600
-    with pytest.raises(SystemExit) as exc:
-        exit_fn()
-    assert exc.value.code == 143
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ((), ()),
+        ([], ()),
+        ([signal.SIGINT], (signal.SIGINT,)),
+        ((signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR1), (signal.SIGUSR1, signal.SIGTERM)),
+    ],
+)
+def test_given_signals_are_kept_as_plain_ints(given, expected):
+    signals = _platform.complete(_env(scheduler="slurm"), None, None, None, given).signals
+    assert signals == expected
+    assert all(type(s) is int for s in signals)
 
 
-@pytest.mark.parametrize("grace", [0, 0.0, 5, 7200.5])
-def test_gce_gpu_honours_a_given_grace_period_including_zero(grace):
-    assert _platform.complete(PD.GCE_GPU, None, None, grace)[2] == grace
-
-
-@pytest.mark.parametrize("device", [PD.GCE_CPU, PD.GCE_TPU])
-def test_gce_cpu_and_tpu_defaults(device):
-    watcher, exit_fn, grace = _platform.complete(device, None, None, None)
-    assert watcher is _platform.gce_termination_watcher
-    assert grace == 0
-    with pytest.raises(SystemExit) as exc:
-        exit_fn()
-    assert exc.value.code == 143
-
-
-@pytest.mark.parametrize("device", [PD.GCE_CPU, PD.GCE_TPU, PD.GCE_GPU])
-def test_gce_keeps_what_the_user_gave(device):
-    def watcher():
-        return False
-
-    def exit_fn():
-        return None
-
-    assert _platform.complete(device, watcher, exit_fn, 30) == (watcher, exit_fn, 30)
+def test_defaults_are_frozen():
+    d = _platform.complete(_env(), None, None, None, None)
+    with pytest.raises(AttributeError):
+        d.grace_period = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        _env().cloud = "aws"  # type: ignore[misc]
 
 
 # ------------------------------------------------------------ metadata server
@@ -318,11 +405,320 @@ def test_termination_watcher_is_false_when_the_endpoint_is_not_http(garbage_serv
     assert _platform.gce_termination_watcher() is False
 
 
-# ------------------------------------------------------------ detect()
+# ------------------------------------------------------------ environment()
 
 
-def test_detect_without_gce(clean_detect, monkeypatch):
-    monkeypatch.setenv("GCE_METADATA_IP", NO_METADATA_SERVER)
+def _expected_device(gce: bool) -> PD:
+    if _platform._devices("GPU"):
+        return PD.GCE_GPU if gce else PD.INTERNAL_GPU
+    if _platform._devices("TPU"):
+        return PD.GCE_TPU if gce else PD.INTERNAL_TPU
+    return PD.GCE_CPU if gce else PD.INTERNAL_CPU
+
+
+def test_off_cloud_without_any_probe_takes_milliseconds(fake, monkeypatch):
+    """No variables, no DMI tables: only the GCE probe (TF's), which fails at once here.
+
+    A correctness bound, not a benchmark: an AWS or Azure probe would be a request
+    to the fake server (the default bases point there) and an unreachable one costs
+    up to METADATA_TIMEOUT.
+    """
+    monkeypatch.setattr(_platform, "AWS_DEFAULT_METADATA_BASE", fake.base)
+    monkeypatch.setattr(_platform, "AZURE_DEFAULT_METADATA_BASE", fake.base)
+    _platform.environment()  # warm up imports and the probe thread's first start
+    _platform.environment.cache_clear()
+    start = time.perf_counter()
+    env = _platform.environment()
+    elapsed = time.perf_counter() - start
+    assert env == _platform.Environment(_expected_device(gce=False), None, None, None)
+    assert fake.requests == [], "probed a metadata service without a reason to"
+    assert elapsed < 0.05, f"off-cloud detection took {elapsed * 1000:.1f} ms"
+
+
+@pytest.mark.parametrize("cloud", ["gce", "aws", "azure", "none", "AWS", " azure "])
+def test_forced_cloud_is_not_probed(fake, monkeypatch, cloud):
+    for name, value in {**fake.env("gce"), **fake.env("aws"), **fake.env("azure")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(_platform.CLOUD_ENV, cloud)
+    env = _platform.environment()
+    want = cloud.strip().lower()
+    assert env.cloud == (None if want == "none" else want)
+    assert env.metadata_base == (None if want == "none" else fake.base)
+    assert env.device is _expected_device(gce=want == "gce")
+    assert fake.requests == []
+
+
+def test_forced_cloud_without_variables_uses_the_default_bases(monkeypatch):
+    monkeypatch.setenv(_platform.CLOUD_ENV, "aws")
+    assert _platform.environment().metadata_base == _platform.AWS_DEFAULT_METADATA_BASE
+    _platform.environment.cache_clear()
+    monkeypatch.setenv(_platform.CLOUD_ENV, "azure")
+    assert _platform.environment().metadata_base == _platform.AZURE_DEFAULT_METADATA_BASE
+    _platform.environment.cache_clear()
+    monkeypatch.delenv(_platform.GCE_METADATA_ENV)
+    monkeypatch.setenv(_platform.CLOUD_ENV, "gce")
+    assert _platform.environment().metadata_base == "http://metadata.google.internal"
+
+
+@pytest.mark.parametrize("value", ["ec2", "google", "1", "gce,aws"])
+def test_unknown_forced_cloud_is_an_error_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv(_platform.CLOUD_ENV, value)
+    with pytest.raises(ValueError, match=_platform.CLOUD_ENV):
+        _platform.environment()
+
+
+def test_gce_detected_by_its_metadata_server(fake, monkeypatch):
+    monkeypatch.setenv("GCE_METADATA_IP", fake.host)
+    env = _platform.environment()
+    assert env.cloud == "gce"
+    assert env.metadata_base == fake.base
+    assert env.device is _expected_device(gce=True)
+    method, path, headers = fake.requests[0]
+    assert (method, path, headers["metadata-flavor"]) == ("GET", HOSTNAME, "Google")
+
+
+@needs_probe
+def test_aws_detected_through_the_variable(fake, monkeypatch):
+    monkeypatch.setenv(_platform.AWS_METADATA_ENV, fake.base + "/")
+    env = _platform.environment()
+    assert (env.cloud, env.metadata_base) == ("aws", fake.base)
+    assert env.device is _expected_device(gce=False)
+    assert any(path.startswith("/latest/") for _, path, _ in fake.requests)
+
+
+@needs_probe
+def test_azure_detected_through_the_variable(fake, monkeypatch):
+    monkeypatch.setenv(_platform.AZURE_METADATA_ENV, fake.base)
+    env = _platform.environment()
+    assert (env.cloud, env.metadata_base) == ("azure", fake.base)
+    assert any(path.startswith("/metadata/") for _, path, _ in fake.requests)
+
+
+@needs_probe
+def test_detection_order_is_gce_aws_azure(fake, monkeypatch):
+    for cloud in ("azure", "aws", "gce"):
+        for name, value in fake.env(cloud).items():
+            monkeypatch.setenv(name, value)
+        _platform.environment.cache_clear()
+        assert _platform.environment().cloud == cloud
+
+
+@needs_probe
+@pytest.mark.parametrize("cloud", ["aws", "azure"])
+def test_a_variable_pointing_at_another_service_is_not_that_cloud(monkeypatch, cloud):
+    """The probe checks the answer: a GCE-only server (404 elsewhere) is not AWS or Azure."""
+    server = FakeMetadataServer()
+    try:
+        name = _platform.AWS_METADATA_ENV if cloud == "aws" else _platform.AZURE_METADATA_ENV
+        monkeypatch.setenv(name, "http://" + server.address)
+        assert _platform.environment().cloud is None
+    finally:
+        server.stop()
+
+
+@needs_probe
+@pytest.mark.parametrize("cloud", ["aws", "azure"])
+def test_unreachable_variable_base_is_not_that_cloud_and_bounded(monkeypatch, cloud):
+    name = _platform.AWS_METADATA_ENV if cloud == "aws" else _platform.AZURE_METADATA_ENV
+    monkeypatch.setenv(name, "http://" + NO_METADATA_SERVER)
+    start = time.monotonic()
+    assert _platform.environment().cloud is None
+    assert time.monotonic() - start < PROBE_BOUND
+
+
+@needs_probe
+@pytest.mark.parametrize("cloud", ["aws", "azure"])
+def test_a_server_error_is_not_that_cloud(fake, monkeypatch, cloud):
+    fake.set(fault="500", fault_scope="all")
+    for name, value in fake.env(cloud).items():
+        monkeypatch.setenv(name, value)
+    assert _platform.environment().cloud is None
+    assert fake.requests
+
+
+# DMI tables as the kernel shows them on each kind of machine.
+AWS_DMI = [
+    {"sys_vendor": "Amazon EC2", "product_name": "m5.large", "bios_vendor": "Amazon EC2"},
+    {"board_vendor": "Amazon EC2"},
+    {"bios_vendor": "Xen", "bios_version": "4.11.amazon", "product_name": "HVM domU"},
+    {"product_name": "amazon-something"},
+]
+AZURE_DMI = [
+    {"chassis_asset_tag": "7783-7084-3265-9085-8269-3286-77"},
+    {"sys_vendor": "Microsoft Corporation", "product_name": "Virtual Machine"},
+]
+OTHER_DMI = [
+    {},
+    {"sys_vendor": "QEMU", "product_name": "Standard PC (Q35 + ICH9, 2009)"},
+    {"sys_vendor": "Google", "product_name": "Google Compute Engine"},
+    {"sys_vendor": "Microsoft Corporation", "product_name": "Surface Laptop"},
+    {"sys_vendor": "Dell Inc.", "product_name": "PowerEdge R750", "chassis_asset_tag": "1234"},
+    {"sys_vendor": "Xen", "bios_version": "4.2"},
+]
+
+
+@pytest.mark.parametrize("entries", AWS_DMI + AZURE_DMI + OTHER_DMI)
+def test_dmi_classification(dmi, entries):
+    dmi(**entries)
+    assert _platform.dmi_says_aws() is (entries in AWS_DMI)
+    assert _platform.dmi_says_azure() is (entries in AZURE_DMI)
+
+
+@pytest.mark.parametrize(
+    ("uuid", "aws"),
+    [("ec2e1916-9099-7caf-fd21-012345abcdef", True), ("EC2E1916-9099", True), ("4c4c4544", False)],
+)
+def test_xen_hypervisor_uuid(monkeypatch, tmp_path, uuid, aws):
+    path = tmp_path / "uuid"
+    path.write_text(uuid + "\n")
+    monkeypatch.setattr(_platform, "HYPERVISOR_UUID", str(path))
+    assert _platform.dmi_says_aws() is aws
+
+
+def test_unreadable_dmi_is_no_cloud(monkeypatch, tmp_path):
+    monkeypatch.setattr(_platform, "DMI_DIR", str(tmp_path / "missing"))
+    (tmp_path / "uuid").mkdir()  # a directory: reading it fails
+    monkeypatch.setattr(_platform, "HYPERVISOR_UUID", str(tmp_path / "uuid"))
+    assert _platform.dmi_says_aws() is False
+    assert _platform.dmi_says_azure() is False
+
+
+@needs_probe
+@pytest.mark.parametrize(
+    ("cloud", "entries"), [("aws", e) for e in AWS_DMI] + [("azure", e) for e in AZURE_DMI]
+)
+def test_dmi_makes_the_default_base_probed(fake, monkeypatch, dmi, cloud, entries):
+    dmi(**entries)
+    monkeypatch.setattr(_platform, f"{cloud.upper()}_DEFAULT_METADATA_BASE", fake.base)
+    env = _platform.environment()
+    assert (env.cloud, env.metadata_base) == (cloud, fake.base)
+
+
+@pytest.mark.parametrize("entries", AWS_DMI[:1] + AZURE_DMI[:1])
+def test_dmi_hit_with_an_unreachable_base_is_not_that_cloud_and_bounded(dmi, entries):
+    dmi(**entries)  # the default bases are a closed port (fixture)
+    start = time.monotonic()
+    assert _platform.environment().cloud is None
+    assert time.monotonic() - start < PROBE_BOUND
+
+
+@pytest.mark.parametrize("entries", OTHER_DMI)
+def test_no_probe_without_dmi_or_variable(fake, monkeypatch, dmi, entries):
+    dmi(**entries)
+    monkeypatch.setattr(_platform, "AWS_DEFAULT_METADATA_BASE", fake.base)
+    monkeypatch.setattr(_platform, "AZURE_DEFAULT_METADATA_BASE", fake.base)
+    assert _platform.environment().cloud is None
+    assert fake.requests == []
+
+
+def test_a_probe_that_raises_is_not_that_cloud(monkeypatch, dmi):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(_native, "probe_metadata", broken, raising=False)
+    dmi(sys_vendor="Amazon EC2")
+    monkeypatch.setenv(_platform.AZURE_METADATA_ENV, "http://" + NO_METADATA_SERVER)
+    assert _platform.environment().cloud is None
+
+
+def test_probe_gets_the_cloud_base_and_timeout(monkeypatch, dmi):
+    calls = []
+    monkeypatch.setattr(
+        _native, "probe_metadata", lambda *a: calls.append(a) or a[0] == "azure", raising=False
+    )
+    dmi(sys_vendor="Amazon EC2")
+    monkeypatch.setenv(_platform.AZURE_METADATA_ENV, "127.0.0.1:9")
+    env = _platform.environment()
+    assert (env.cloud, env.metadata_base) == ("azure", "http://127.0.0.1:9")
+    assert calls == [
+        ("aws", _platform.AWS_DEFAULT_METADATA_BASE, _platform.METADATA_TIMEOUT),
+        ("azure", "http://127.0.0.1:9", _platform.METADATA_TIMEOUT),
+    ]
+
+
+def test_environment_is_computed_once(fake, monkeypatch):
+    monkeypatch.setenv("GCE_METADATA_IP", fake.host)
+    first = _platform.environment()
+    asked = len(fake.requests)
+    fake.set(fault="500", fault_scope="all")
+    assert _platform.environment() is first
+    assert _platform.detect() is first.device
+    assert len(fake.requests) == asked, "environment() asked the server again"
+    _platform.environment.cache_clear()
+    _platform.detect.cache_clear()
+    assert _platform.environment().cloud is None
+    assert _platform.detect() is _expected_device(gce=False)
+
+
+# ------------------------------------------------------------ scheduler
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({}, None),
+        ({"SLURM_JOB_ID": "1234"}, "slurm"),
+        ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "kubernetes"),
+        ({"SLURM_JOB_ID": "1234", "KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "slurm"),
+        ({"SLURM_JOB_ID": "", "KUBERNETES_SERVICE_HOST": ""}, None),
+    ],
+)
+def test_scheduler(monkeypatch, variables, expected):
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert _platform.environment().scheduler == expected
+
+
+# ------------------------------------------------------------ signal_deadline()
+
+NOW = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (str(int(NOW) + 600), NOW + 600),
+        (f"{NOW + 0.5}", NOW + 0.5),
+        (str(int(NOW) - 1), None),
+        (str(int(NOW)), None),
+        ("", None),
+        ("garbage", None),
+        ("nan", None),
+        ("inf", None),
+        (None, None),
+    ],
+)
+def test_slurm_deadline_is_the_job_end_time_if_in_the_future(monkeypatch, value, expected):
+    if value is not None:
+        monkeypatch.setenv(_platform.SLURM_END_TIME_ENV, value)
+    assert _platform.signal_deadline(_env(scheduler="slurm"), NOW) == expected
+
+
+@pytest.mark.parametrize(("value", "grace"), [(None, 30.0), ("45", 45.0), ("0", 0.0), ("2.5", 2.5)])
+def test_kubernetes_deadline_is_now_plus_the_grace_period(monkeypatch, value, grace):
+    if value is not None:
+        monkeypatch.setenv(_platform.KUBERNETES_GRACE_ENV, value)
+    assert _platform.signal_deadline(_env(scheduler="kubernetes"), NOW) == NOW + grace
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "30s"])
+def test_bad_kubernetes_grace_period_is_an_error_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv(_platform.KUBERNETES_GRACE_ENV, value)
+    with pytest.raises(ValueError, match=_platform.KUBERNETES_GRACE_ENV):
+        _platform.signal_deadline(_env(scheduler="kubernetes"), NOW)
+
+
+@pytest.mark.parametrize("cloud", [None, "gce", "aws", "azure"])
+def test_no_signal_deadline_without_a_scheduler(monkeypatch, cloud):
+    monkeypatch.setenv(_platform.SLURM_END_TIME_ENV, str(int(NOW) + 600))
+    monkeypatch.setenv(_platform.KUBERNETES_GRACE_ENV, "45")
+    assert _platform.signal_deadline(_env(cloud), NOW) is None
+
+
+# ------------------------------------------------------------ detect() and the handler
+
+
+def test_detect_without_gce():
     assert _platform.detect() is _expected_device(gce=False)
 
 
@@ -330,56 +726,74 @@ def test_detect_on_gce(metadata):
     assert _platform.detect() is _expected_device(gce=True)
 
 
-def test_detect_is_computed_once(metadata):
-    first = _platform.detect()
-    asked = len(metadata.requests)
-    metadata.routes[HOSTNAME] = (500, b"gone")
-    assert _platform.detect() is first
-    assert len(metadata.requests) == asked, "detect() asked the server again"
-    _platform.detect.cache_clear()
-    assert _platform.detect() is _expected_device(gce=False)
+needs_watch = pytest.mark.skipif(
+    not hasattr(_native, "MetadataWatch"),
+    reason="the installed extension has no _native.MetadataWatch yet",
+)
 
 
-def test_handler_on_gce_uses_the_gce_watcher_and_exit_code(metadata, make_handler, tmp_path):
+@needs_watch
+@pytest.mark.timeout(60)
+def test_handler_on_gce_exits_with_gces_code_on_a_maintenance_event(
+    fake, monkeypatch, make_handler, tmp_path
+):
     """End to end: maintenance event on the fake server -> save -> SystemExit(143)."""
-    metadata.routes[MAINTENANCE] = (200, b"NONE")
+    monkeypatch.setenv("GCE_METADATA_IP", fake.host)
     w = testing.FakeVariable(0)
     ckpt = testing.FakeCheckpoint(w=w)
     h = make_handler(ckpt, tmp_path / "ckpt")
+    assert h._environment.cloud == "gce"
     assert h._platform_device in (PD.GCE_CPU, PD.GCE_GPU, PD.GCE_TPU)
-    assert h._termination_watcher_fn is _platform.gce_termination_watcher
+    assert h._termination_watcher_fn is None
     assert h._exit_fn is _platform.gce_exit_fn
     for _ in range(3):
         h.run(lambda: w.assign_add(1))
     assert h._attention is False
-    metadata.routes[MAINTENANCE] = (200, b"TERMINATE_ON_HOST_MAINTENANCE")
+    fake.gce_maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
     wait_for_attention(h, timeout=5)
     with pytest.raises(SystemExit) as exc:
         for _ in range(5):
             h.run(lambda: w.assign_add(1))
     assert exc.value.code == 143
     assert ckpt.checkpointed_runs.numpy() == h._run_counter
-    assert any(path == MAINTENANCE for path, _ in metadata.requests)
+    assert fake.count(MAINTENANCE) > 0
 
 
-def test_handler_on_gce_keeps_a_user_exit_fn_and_grace(metadata, make_handler, tmp_path):
+@needs_watch
+@pytest.mark.timeout(60)
+def test_handler_on_aws_gets_the_spot_defaults(fake, monkeypatch, make_handler, tmp_path):
+    monkeypatch.setenv(_platform.AWS_METADATA_ENV, fake.base)
+    h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
+    assert h._environment.cloud == "aws"
+    assert h._exit_fn is _platform.default_exit_fn
+    assert h._grace_period == _platform.AWS_GRACE_PERIOD
+    fake.aws_instance_action = aws_action("terminate", in_seconds=120)
+    wait_for_attention(h, timeout=5)
+
+
+def test_handler_keeps_a_user_exit_fn_and_grace(metadata, make_handler, tmp_path):
     def exit_fn():
         return None
+
+    def watcher():
+        return False
 
     h = make_handler(
         testing.FakeCheckpoint(w=testing.FakeVariable(0)),
         tmp_path / "ckpt",
-        TerminationConfig(exit_fn=exit_fn, grace_period=0, termination_watcher_fn=lambda: False),
+        TerminationConfig(exit_fn=exit_fn, grace_period=0, termination_watcher_fn=watcher),
     )
+    assert h._environment.cloud == "gce"
     assert h._exit_fn is exit_fn
     assert h._grace_period == 0
-    assert h._termination_watcher_fn is not _platform.gce_termination_watcher
+    assert h._termination_watcher_fn is watcher
 
 
-def test_handler_off_gce_has_borg_defaults(clean_detect, make_handler, tmp_path, monkeypatch):
-    monkeypatch.setenv("GCE_METADATA_IP", NO_METADATA_SERVER)
+def test_handler_off_cloud_has_borg_defaults(make_handler, tmp_path):
     h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
     assert h._platform_device is _expected_device(gce=False)
+    assert h._environment.cloud is None
     assert h._termination_watcher_fn is None
     assert h._exit_fn is _platform.default_exit_fn
     assert h._grace_period == 0
+    assert tuple(h._signals) == (signal.SIGTERM,)

@@ -1,0 +1,202 @@
+"""Every termination source of this process, as one wait.
+
+A worker learns that its machine is going away from
+
+* a signal (SIGTERM by default; SLURM's ``--signal`` adds SIGUSR1), caught with
+  ``sigaction`` from any thread by the Rust core (``src/termination.rs``);
+* its cloud's metadata service (GCE, AWS, Azure), probed by Rust threads
+  (``src/sources.rs``) with short timeouts;
+* a user's ``termination_watcher_fn``, polled once a second (it is Python, so it
+  is called here);
+* :meth:`NoticeSources.trigger` (tests, ``tf_failure_handling.testing``).
+
+All of them end in the same :class:`_native.SignalWatch`: a signal wakes it, a
+metadata notice triggers it, so :meth:`NoticeSources.wait` returns as soon as any
+source fires, never after a poll interval. Deadlines are Unix times here (the
+platforms announce wall-clock times); the handler converts them to its monotonic
+clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Callable, NamedTuple, Optional, Sequence
+
+from . import _native, _platform
+
+log = logging.getLogger("tf_failure_handling")
+
+#: How often ``termination_watcher_fn`` is called (TF: once a second).
+WATCHER_FN_INTERVAL = 1.0
+#: A watcher fn call longer than this is logged (once): it delays only its own polls.
+SLOW_WATCHER_FN = 5.0
+#: Bound on joining the watcher-fn thread at close (a call in progress is not waited out).
+POLLER_JOIN_TIMEOUT = 1.0
+
+
+class Notice(NamedTuple):
+    """A termination notice: where it came from and when the machine goes away."""
+
+    source: str
+    #: Unix time the platform announced, or None when it did not say.
+    deadline: Optional[float]
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def signal_numbers(signals: Sequence[int]) -> list[int]:
+    if isinstance(signals, (str, bytes)) or not hasattr(signals, "__iter__"):
+        raise TypeError(f"signals must be a sequence of signal numbers, got {signals!r}")
+    numbers = []
+    for s in signals:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise TypeError(f"signals must be signal numbers, got {s!r}")
+        numbers.append(int(s))
+    return numbers
+
+
+class NoticeSources:
+    """Signals, metadata services and a watcher fn behind one :meth:`wait`.
+
+    ``watch_metadata=False`` leaves the metadata service alone (a second watcher
+    in a process that already probes it).
+    """
+
+    def __init__(
+        self,
+        env: _platform.Environment,
+        signals: Sequence[int],
+        watcher_fn: Optional[Callable[[], bool]] = None,
+        *,
+        watch_metadata: bool = True,
+    ) -> None:
+        self._env = env
+        self._watcher_fn = watcher_fn
+        self._manual: Optional[Notice] = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._watch = _native.SignalWatch(signal_numbers(signals))
+        self._metadata: Optional[_native.MetadataWatch] = None
+        if watch_metadata and env.cloud is not None and env.metadata_base is not None:
+            try:
+                self._metadata = _native.MetadataWatch(env.cloud, env.metadata_base, self._watch)
+            except Exception as e:  # noqa: BLE001 - signals still work without it
+                log.warning("Not watching the %s metadata service: %s", env.cloud, e)
+            else:
+                log.info("Watching the %s metadata service at %s.", env.cloud, env.metadata_base)
+        self._stop_polling = threading.Event()
+        self._poller: Optional[threading.Thread] = None
+        if watcher_fn is not None:
+            self._poller = threading.Thread(
+                target=self._poll_watcher_fn, name="TerminationWatcherFnPoller", daemon=True
+            )
+            self._poller.start()
+
+    @property
+    def signals(self) -> list[int]:
+        return self._watch.signals
+
+    @property
+    def metadata(self) -> Optional[_native.MetadataWatch]:
+        return self._metadata
+
+    def trigger(self, source: str, deadline: Optional[float] = None) -> bool:
+        """Delivers a notice as a source would; False once closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._manual = Notice(source, deadline)
+            try:
+                self._watch.trigger()
+            except RuntimeError:  # closed meanwhile
+                return False
+        return True
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[Notice]:
+        """The next notice, or None after ``timeout`` seconds or once closed.
+
+        Blocks with the GIL released, in slices so that Ctrl-C still works.
+        """
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self._closed:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            try:
+                woke = self._watch.wait(left)
+            except RuntimeError:  # closed
+                return None
+            if self._closed:
+                return None
+            if woke is not None:
+                notice = self._notice_for(woke)
+                if notice is not None:
+                    return notice
+            if end is not None and time.monotonic() >= end:
+                return None
+        return None
+
+    def _poll_watcher_fn(self) -> None:
+        """Calls the watcher fn every :data:`WATCHER_FN_INTERVAL` s until it fires or close.
+
+        It runs in its own thread so that a watcher fn that blocks delays only
+        itself: signals and metadata notices are still seen. One that raises is
+        logged and called again later; a broken watcher must not kill training.
+        """
+        fn = self._watcher_fn
+        slow_warned = False
+        while not self._stop_polling.is_set():
+            started = time.monotonic()
+            try:
+                fired = fn()
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                log.warning("termination_watcher_fn raised %r; polling it again later.", e)
+                fired = False
+            took = time.monotonic() - started
+            if took > SLOW_WATCHER_FN and not slow_warned:
+                slow_warned = True
+                log.warning(
+                    "termination_watcher_fn took %.1fs; other termination sources are "
+                    "still watched meanwhile.",
+                    took,
+                )
+            if fired:
+                self.trigger("termination_watcher_fn", None)
+                return
+            self._stop_polling.wait(max(0.0, WATCHER_FN_INTERVAL - took))
+
+    def _notice_for(self, woke: int) -> Optional[Notice]:
+        if woke > 0:
+            return Notice(
+                f"signal {signal_name(woke)}", _platform.signal_deadline(self._env, time.time())
+            )
+        with self._lock:
+            manual, self._manual = self._manual, None
+        if manual is not None:
+            return manual
+        if self._metadata is not None:
+            found = self._metadata.notice
+            if found is not None:
+                return Notice(found[0], found[1])
+        return None
+
+    def close(self) -> None:
+        """Stops the metadata probes and restores the signal handlers. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop_polling.set()
+        self._watch.close()
+        if self._metadata is not None:
+            self._metadata.close()
+        poller = self._poller
+        if poller is not None and poller is not threading.current_thread():
+            # A watcher fn blocked in a call cannot be interrupted: leave its daemon thread.
+            poller.join(POLLER_JOIN_TIMEOUT)
