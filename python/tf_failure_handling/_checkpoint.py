@@ -75,6 +75,35 @@ def delete_recursively(path: str) -> None:
             gfile.DeleteRecursively(path)
 
 
+def writable_dir(path: str) -> None:
+    """Raises a TF error now if checkpoints could not be written under ``path`` later.
+
+    TF's own handler fails at construction with ``FailedPreconditionError`` when
+    the directory is a file; this also covers a path below a file and a local
+    directory without write permission (``PermissionDeniedError``). Nothing is
+    created: the manager creates the directory at its first save, as in TF.
+    Remote paths (``gs://``...) are left to the first save.
+    """
+    path = os.fspath(path)
+    if "://" in path:
+        return
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        parent = os.path.dirname(existing)
+        if parent == existing:
+            break
+        existing = parent
+    if not os.path.isdir(existing):
+        raise _errors.make(
+            "FailedPreconditionError",
+            f"{existing} is not a directory: checkpoints cannot be written to {path}",
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _errors.make(
+            "PermissionDeniedError", f"{existing}: no permission to write checkpoints to {path}"
+        )
+
+
 def non_chief_dir(checkpoint_dir: str, task_id: int) -> str:
     """Where a non-chief worker writes: ``<parent>/workertemp_<task_id>/<base>``."""
     parent = os.path.join(os.path.dirname(checkpoint_dir), f"workertemp_{task_id}")
@@ -123,6 +152,8 @@ class Checkpoints:
                 f"tf.train.CheckpointManager, got {type(checkpoint_or_manager).__name__}"
             )
         self.counter = self._attach_counter()
+        # Find out now, not at the preemption, that the saves cannot be written.
+        writable_dir(self.write.directory)
 
     def _attach_counter(self) -> Any:
         """The ``checkpointed_runs`` variable, attached to both managers' checkpoints.
@@ -158,8 +189,27 @@ class Checkpoints:
         )
 
     def restore(self) -> int:
-        """Restores the latest checkpoint (if any); returns the restored run count."""
-        self.read.restore_or_initialize()
+        """Restores the latest checkpoint (if any); returns the restored run count.
+
+        A checkpoint that cannot be read raises TF's error type again (a bare
+        ``OpError`` becomes ``DataLossError``, its subclass) with the checkpoint's
+        path in the message; nothing in the directory is changed or deleted.
+        """
+        errors = _errors.module()
+        try:
+            self.read.restore_or_initialize()
+        except errors.OpError as e:
+            path = getattr(self.read, "latest_checkpoint", None) or self.read.directory
+            cls = errors.DataLossError if type(e) is errors.OpError else type(e)
+            message = (
+                f"Cannot restore the checkpoint {path}: {e.message} -- the files were left "
+                "as they are; move them away to start from scratch, or put back an intact copy."
+            )
+            try:
+                clearer = cls(None, None, message)
+            except TypeError:  # an OpError subclass with another constructor: keep it
+                raise e from None
+            raise clearer from e
         return int(self.counter.numpy())
 
     def save(self, run_count: int, save_fn: Any, args: tuple, kwargs: dict) -> None:

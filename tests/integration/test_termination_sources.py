@@ -75,7 +75,8 @@ def test_aws_spot_notice_deadline_caps_the_grace_period(cluster_factory):
             impl="ours",
             steps=100_000,  # far more than fits before the deadline
             step_sleep=STEP_SLEEP,
-            env=server.env("aws"),
+            # Detection probes the fake server (the harness forces "no cloud" otherwise).
+            env={**server.env("aws"), "TF_FAILURE_HANDLING_CLOUD": ""},
         )
         cluster.start()
         cluster.wait_for_progress(SIGNAL_AFTER)
