@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 DEPS := "tensorflow-cpu==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff
 
-.PHONY: demo test test-rust test-python lint build build-release bench clean
+.PHONY: demo test test-rust test-python lint build build-release bench reliability clean
 
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ bench: build-release
 	$(PY) benches/bench_run.py
 	$(PY) benches/bench_closure_queue.py
 	$(PY) benches/bench_classify.py
+
+# The long mode of the fault-injection trials (tests/reliability): 20,000 simulated
+# trials and 24 real-process trials, then the table the README's Reliability section shows.
+reliability: build
+	$(PY) tests/reliability/run.py
 
 clean:
 	rm -rf $(VENV) target

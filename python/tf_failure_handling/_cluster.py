@@ -86,3 +86,96 @@ def membership(cluster_resolver: Any) -> Membership:
     num_workers = chiefs + len(spec.get("worker", []))
     is_chief = task_type == "chief" or (chiefs == 0 and task_type == "worker" and task_id == 0)
     return Membership(worker_id, num_workers, is_chief, task_type, task_id)
+
+
+#: Seconds one peer health probe may take (they run in parallel).
+PEER_PROBE_TIMEOUT = 2.0
+#: Error types (by name) that can mean "a peer is gone".
+_LOST_PEER_ERRORS = (
+    "UnavailableError",
+    "DeadlineExceededError",
+    "AbortedError",
+    "CancelledError",
+    "InternalError",
+)
+
+
+def _peer_tasks(cluster_resolver: Any, me: Membership) -> list:
+    """``(label, task, address)`` of every other chief/worker task of the cluster."""
+    spec = _as_dict(cluster_resolver.cluster_spec())
+    peers = []
+    for job in ("chief", "worker"):
+        addresses = spec.get(job) or []
+        if isinstance(addresses, dict):
+            addresses = [addresses[k] for k in sorted(addresses)]
+        for index, address in enumerate(addresses):
+            if job == me.task_type and index == me.task_id:
+                continue
+            peers.append((f"{job} {index}", f"/job:{job}/replica:0/task:{index}", address))
+    return peers
+
+
+def coordination_leader(cluster_resolver: Any) -> Optional[str]:
+    """The task that hosts TF's coordination service: the chief, else worker 0."""
+    spec = _as_dict(cluster_resolver.cluster_spec())
+    for job in ("chief", "worker"):
+        if spec.get(job):
+            return f"/job:{job}/replica:0/task:0"
+    return None
+
+
+def unreachable_peers(
+    error: Any, service: Any, cluster_resolver: Any, me: Membership
+) -> Optional[list]:
+    """``[(label, task, address, why)]`` of the peers that fail a health probe.
+
+    None (no probe made) when the error does not look like a lost peer or the
+    service cannot probe (not TF's context). Probes run in parallel, each
+    bounded by :data:`PEER_PROBE_TIMEOUT`.
+    """
+    import threading
+
+    probe = getattr(service, "check_collective_ops_peer_health", None)
+    message = str(getattr(error, "message", error))
+    lost = type(error).__name__ in _LOST_PEER_ERRORS or "Collective ops is aborted" in message
+    if probe is None or not lost:
+        return None
+    peers = _peer_tasks(cluster_resolver, me)
+    answers: dict = {}
+
+    def check(task: str) -> None:
+        try:
+            probe(task, int(PEER_PROBE_TIMEOUT * 1000))
+        except Exception as e:  # noqa: BLE001 - the answer is the exception
+            answers[task] = type(e).__name__
+        else:
+            answers[task] = None
+
+    threads = [
+        threading.Thread(target=check, args=(task,), name="tfh-peer-probe", daemon=True)
+        for _, task, _ in peers
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(PEER_PROBE_TIMEOUT + 1.0)
+    return [
+        (label, task, address, answers.get(task) or "no answer")
+        for label, task, address in peers
+        if task not in answers or answers[task] is not None
+    ]
+
+
+def with_unreachable_named(error: Any, unreachable: list, me: Membership) -> Optional[Any]:
+    """``error`` again (same type) with ``unreachable`` named in its message, or None."""
+    if not unreachable:
+        return None
+    names = ", ".join(f"{label} ({address}: {why})" for label, _, address, why in unreachable)
+    note = (
+        f"{getattr(error, 'message', error)}\n[tf_failure_handling] peers that did not answer "
+        f"a health probe from worker {me.id_in_cluster}: {names}"
+    )
+    try:
+        return type(error)(getattr(error, "node_def", None), getattr(error, "op", None), note)
+    except TypeError:
+        return None

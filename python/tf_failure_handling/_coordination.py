@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from . import _errors
 
@@ -38,16 +38,65 @@ def use(service: Any) -> Iterator[Any]:
         _local.service = previous
 
 
+#: Default bound, in seconds, on one write to the coordination service.
+DEFAULT_WRITE_TIMEOUT = 60.0
+
+
+def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``fn()``, or ``DeadlineExceededError`` if it has not returned after ``timeout`` s.
+
+    TF's ``set_config_key_value`` and ``report_error_to_cluster`` take no timeout,
+    and when the service's leader is cut off from the network (not dead: a dead
+    one refuses the connection at once) they never return. The call runs in a
+    daemon thread; when it is given up, that thread is left to TF.
+    """
+    box: list = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box.append((False, e))
+        done.set()
+
+    threading.Thread(target=target, name=f"tfh-coordination-{what}", daemon=True).start()
+    if not done.wait(timeout):
+        raise _errors.make(
+            "DeadlineExceededError",
+            f"The coordination service did not answer {what} within {timeout:g}s "
+            "(its leader, worker 0, may be cut off from this worker).",
+        )
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 class Client:
-    """Thin adapter: TF's exceptions for "exists" and "timed out" become values."""
+    """Thin adapter: TF's exceptions for "exists" and "timed out" become values.
 
-    def __init__(self, service: Any) -> None:
+    Writes are bounded by ``write_timeout`` seconds (``DeadlineExceededError``
+    after that); reads are bounded by the timeout each get is given.
+    """
+
+    def __init__(self, service: Any, write_timeout: float = DEFAULT_WRITE_TIMEOUT) -> None:
         self._service = service
+        self._write_timeout = write_timeout
 
-    def set(self, key: str, value: str) -> bool:
+    @property
+    def service(self) -> Any:
+        """The wrapped service (TF's context in production)."""
+        return self._service
+
+    def set(self, key: str, value: str, timeout: Optional[float] = None) -> bool:
         """Sets ``key``; False when it already exists (TF's AlreadyExistsError)."""
         try:
-            self._service.set_config_key_value(key, value)
+            _bounded(
+                lambda: self._service.set_config_key_value(key, value),
+                self._write_timeout if timeout is None else timeout,
+                f"set({key})",
+            )
         except _errors.module().AlreadyExistsError:
             return False
         return True
@@ -61,5 +110,9 @@ class Client:
         except _errors.module().DeadlineExceededError:
             return None
 
-    def report_error(self, code: int, message: str) -> None:
-        self._service.report_error_to_cluster(code, message)
+    def report_error(self, code: int, message: str, timeout: Optional[float] = None) -> None:
+        _bounded(
+            lambda: self._service.report_error_to_cluster(code, message),
+            self._write_timeout if timeout is None else timeout,
+            "report_error_to_cluster",
+        )

@@ -43,6 +43,10 @@ PEER_WATCH_SLICE = 5.0
 CLAIM_RETRY_PAUSES = (0.1, 0.3, 0.6)
 #: Bound on joining a watcher thread at shutdown.
 THREAD_JOIN_TIMEOUT = 10.0
+#: Bound on one coordination-service write that nothing waits for (releasing
+#: blocked readers at shutdown, reporting an error, announcing a notice). The
+#: protocol's own writes are bounded by the peer timeout (60 s at most).
+SHUTDOWN_WRITE_TIMEOUT = 10.0
 
 
 def _check_callable(name: str, value: Any) -> None:
@@ -217,7 +221,11 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         self._checkpointed_runs = self._checkpoints.counter
 
         self._coordination = (
-            None if self._local_mode else _coordination.Client(_coordination.current())
+            None
+            if self._local_mode
+            else _coordination.Client(
+                _coordination.current(), max(1.0, min(self._peer_timeout, 60.0))
+            )
         )
 
         self._run_counter = self._checkpoints.restore()
@@ -306,15 +314,41 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             self._checkpoint_time,
         )
 
-    def _propagate_error(self, error: BaseException) -> None:
-        """Reports a step's ``OpError`` to every worker; never raises."""
+    def _propagate_error(self, error: BaseException) -> Optional[BaseException]:
+        """Reports a step's ``OpError`` to every worker; never raises.
+
+        Returns the error ``run()`` raises instead, or None for ``error`` itself:
+        when the error looks like a lost peer (a collective aborted, a deadline
+        or an unavailable task), the peers that do not answer a health probe
+        are named in its message (same type; TF's message often names nobody).
+        """
         if self._local_mode or not isinstance(error, _errors.module().OpError):
-            return
+            return None
+        replacement, unreachable = None, None
+        try:
+            unreachable = _cluster.unreachable_peers(
+                error, self._coordination.service, self._cluster_resolver, self._membership
+            )
+            replacement = _cluster.with_unreachable_named(error, unreachable, self._membership)
+        except Exception as e:  # noqa: BLE001 - only a better message is at stake
+            log.info("Could not probe the peers after %r: %s", error, e)
+        leader = _cluster.coordination_leader(self._cluster_resolver)
+        if unreachable and any(task == leader for _, task, _, _ in unreachable):
+            # TF's report_error_to_cluster blocks, holding the GIL, until the
+            # service's leader answers: with the leader cut off, never.
+            log.warning(
+                "Not reporting %r to the cluster: the coordination service's leader (%s) "
+                "does not answer.",
+                error,
+                leader,
+            )
+            return replacement
         log.info("Propagating error to cluster: %r: %s", error, error)
         try:
-            self._coordination.report_error(error.error_code, error.message)
+            self._coordination.report_error(error.error_code, error.message, SHUTDOWN_WRITE_TIMEOUT)
         except Exception as e:  # noqa: BLE001 - the step's own error matters more
             log.info("Ignoring error during error propagation: %r: %s", e, e)
+        return replacement
 
     # ------------------------------------------------------------ protocol
 
@@ -473,7 +507,7 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         if self._local_mode:
             return
         try:
-            self._coordination.set(PREEMPTION_NOTICE_KEY, message)
+            self._coordination.set(PREEMPTION_NOTICE_KEY, message, SHUTDOWN_WRITE_TIMEOUT)
         except Exception as e:  # noqa: BLE001 - informational; the protocol goes on
             log.info("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, e)
 
@@ -543,7 +577,7 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         if self._peer_thread is not None:
             for key in self._core_shutdown_keys():
                 try:
-                    self._coordination.set(key, STOP_WATCHER)
+                    self._coordination.set(key, STOP_WATCHER, SHUTDOWN_WRITE_TIMEOUT)
                 except Exception as e:  # noqa: BLE001 - peers may have exited already
                     log.info("Ignoring error while releasing %s: %s", key, e)
             self._peer_thread.join(THREAD_JOIN_TIMEOUT)

@@ -92,12 +92,20 @@ impl HandlerCore {
     }
 
     /// Hands a step's error to the shim's `_propagate_error` (which reports
-    /// `OpError`s to the cluster outside local mode) and returns it.
+    /// `OpError`s to the cluster outside local mode) and returns the error to
+    /// raise: the step's own, or the one the reporter returned in its place
+    /// (the same type, its message naming peers that cannot be reached).
     fn report(&self, slf: &Bound<'_, Self>, err: PyErr) -> PyErr {
         if !self.local.load(Ordering::Relaxed) {
             // The reporter swallows its own failures; if it raises anyway the
             // step's error still wins.
-            let _ = slf.call_method1(intern!(slf.py(), "_propagate_error"), (err.value(slf.py()),));
+            if let Ok(replacement) = slf.call_method1(intern!(slf.py(), "_propagate_error"), (err.value(slf.py()),)) {
+                if replacement.is_instance_of::<pyo3::exceptions::PyBaseException>() {
+                    let replacement = PyErr::from_value(replacement);
+                    replacement.set_cause(slf.py(), Some(err));
+                    return replacement;
+                }
+            }
         }
         err
     }

@@ -1,0 +1,155 @@
+"""A few real-process fault trials (see ``process_trials.py``), one of each kind.
+
+Each runs real TensorFlow processes on 127.0.0.1 (the partition trial also on the two
+veth addresses of a network namespace it creates) with a fixed seed; a failure
+prints the seed, the plan, what was observed and the processes' logs, and
+``run_trial(make_plan(kind, seed))`` replays it. The long mode runs many seeds::
+
+    .venv/bin/python tests/reliability/process_trials.py --seeds 0-19
+
+The seeds below were picked for coverage: the preemption trial signals both
+workers, the second one during the acknowledgement round, with a grace period,
+delayed acknowledgements and slow saves; the crash trial kills the chief after
+its data files were written, with an earlier complete checkpoint to fall back to;
+the partition trial cuts off the non-leader while the leader waits for its
+acknowledgement; the PS trial kills both workers at once, then one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from . import process_trials
+from .process_trials import (
+    KINDS,
+    MOMENTS,
+    SECOND_NOTICE_MOMENTS,
+    Plan,
+    TrialResult,
+    format_table,
+    make_plan,
+    netns_unavailable,
+    reference_weights,
+    run_trial,
+)
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None,
+    reason="tensorflow is not installed: the real-process trials need it",
+)
+
+PREEMPTION_SEED = 22
+CRASH_SEED = 4
+PARTITION_SEED = 0
+#: Cuts off worker 0, the coordination-service leader, 0.08 s after worker 1 got its
+#: SIGTERM and published the agreed step (acknowledgements take 0.5 s in this plan).
+LEADER_PARTITION_SEED = 8
+PS_SEED = 6
+
+
+@pytest.fixture(scope="module")
+def trial_root(tmp_path_factory):
+    """Where the trials' directories go; the reference run is made once, first."""
+    root = tmp_path_factory.mktemp("process-trials")
+    reference_weights(root)
+    return root
+
+
+def check(result: TrialResult) -> None:
+    assert result.ok, result.report()
+    assert result.hangs == 0 and result.lost_steps == 0, result.report()
+    assert result.mismatched_saves == 0 and result.lost_closures == 0, result.report()
+
+
+# ------------------------------------------------------------------ plans (no processes)
+def test_plans_are_reproducible_from_their_seed():
+    for kind in KINDS:
+        for seed in range(20):
+            assert make_plan(kind, seed) == make_plan(kind, seed)
+        assert len({make_plan(kind, s).describe() for s in range(20)}) > 1, kind
+
+
+def test_plans_cover_the_fault_space():
+    pre = [make_plan("preemption", s).params for s in range(200)]
+    assert {tuple(p["targets"]) for p in pre} >= {(0,), (1,), (0, 1), (1, 0)}
+    assert any(p["grace"] for p in pre) and any(not p["grace"] for p in pre)
+    assert {p["second_moment"] for p in pre} == {None, *SECOND_NOTICE_MOMENTS}
+    crash = [make_plan("crash_during_save", s).params for s in range(200)]
+    assert {(p["prior"], p["kill_target"]) for p in crash} == {
+        (a, b) for a in (False, True) for b in (0, 1)
+    }
+    halves = {p["kill_delay"] > p["slow_save"] / 2 for p in crash}
+    assert halves == {False, True}, "kills before and after the data files are written"
+    part = [make_plan("partition", s).params for s in range(200)]
+    assert {(p["isolated"], p["notice_target"]) for p in part} == {
+        (a, b) for a in (0, 1) for b in (0, 1)
+    }
+    assert any(p["cut_offset"] < 0 for p in part) and any(p["cut_offset"] > 0 for p in part)
+    ps = [make_plan("ps_worker_kills", s).params for s in range(200)]
+    assert all(p["closures"] >= 5000 for p in ps)
+    kills = [k for p in ps for k in p["kills"]]
+    assert {tuple(k["workers"]) for k in kills} == {(0,), (1,), (0, 1)}
+
+
+def test_a_failing_trial_names_its_seed_and_plan():
+    plan = make_plan("preemption", 123)
+    result = TrialResult(plan.kind, plan.seed, plan, violations=["worker 1 saved at [7, 7]"])
+    result.fault("sigterm", 2)
+    report = result.report()
+    assert "seed 123" in report and plan.describe() in report
+    assert "make_plan('preemption', 123)" in report and "worker 1 saved" in report
+    table = format_table([result, TrialResult("partition", 1, Plan("partition", 1, {}))])
+    assert "| preemption | 1 | 1 | 0 | sigterm 2 |" in table
+    assert set(MOMENTS) >= {"during_ack", "during_save", "during_countdown"}
+
+
+# ------------------------------------------------------------------ real processes
+@pytest.mark.timeout(240)
+def test_preemption_with_a_second_notice(trial_root):
+    result = run_trial(make_plan("preemption", PREEMPTION_SEED), trial_root)
+    check(result)
+    assert result.faults["sigterm"] == 2
+    # Aimed at the acknowledgement round (acknowledgements take 0.3 s in this plan).
+    assert result.notes["second_notice"] == "during_ack", result.report()
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_during_a_save_restores_the_last_complete_checkpoint(trial_root):
+    result = run_trial(make_plan("crash_during_save", CRASH_SEED), trial_root)
+    check(result)
+    assert result.faults == {"sigterm": 2, "sigkill": 1}, result.report()
+    # The chief died mid-save: its earlier checkpoint is the one to restore.
+    assert result.notes["partial"] > result.notes["complete"] > 0, result.report()
+    assert result.notes["restart_restored"] == [result.notes["complete"]] * 2
+
+
+@pytest.mark.timeout(240)
+def test_partition_stops_the_other_worker_with_an_error_naming_the_cut_off_one(trial_root):
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
+    result = run_trial(make_plan("partition", PARTITION_SEED), trial_root)
+    check(result)
+    assert result.faults == {"sigterm": 1, "partition": 1}, result.report()
+
+
+@pytest.mark.timeout(240)
+def test_partition_of_the_coordination_leader(trial_root, monkeypatch):
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
+    # Once hung here: the other worker's error report to the cut-off leader never
+    # returned. Now it stops after the 4 s peer bound and the bounded report.
+    monkeypatch.setattr(process_trials, "PARTITION_BOUND", 30.0)
+    result = run_trial(make_plan("partition", LEADER_PARTITION_SEED), trial_root)
+    check(result)
+
+
+@pytest.mark.timeout(480)
+def test_ps_worker_kills_lose_no_closure(trial_root):
+    result = run_trial(make_plan("ps_worker_kills", PS_SEED), trial_root)
+    check(result)
+    assert result.faults["worker_sigkill"] >= 3, result.report()
+    assert result.notes["ps"]["scheduled"] >= 5000, result.report()

@@ -1,0 +1,316 @@
+"""The processes of the real-process fault trials (``process_trials.py``).
+
+Two modes, one per cluster kind::
+
+    python trial_worker.py mwms [trial options] [mwms_worker.py options]
+    python trial_worker.py ps-coordinator --cluster JSON --impl ours --closures 5000 ...
+
+``mwms`` runs ``tests/integration/mwms_worker.py`` (one MultiWorkerMirroredStrategy
+worker; its ``EVENT`` lines and options are unchanged) with what the trials add:
+
+* ``--hosts`` puts each worker on its own address (default 127.0.0.1 for every
+  worker; a partition trial puts one worker on a veth address inside a network
+  namespace the trial created);
+* ``--slow-save S`` makes every ``tf.train.CheckpointManager.save`` slow and
+  observable: ``save_begin`` is printed, then ``S/2`` seconds pass before TF writes
+  the checkpoint files, ``save_written`` is printed once they are in place, and
+  another ``S/2`` seconds pass before the manager records them in the
+  ``checkpoint`` state file (``save`` is printed when ``save`` returns, as always).
+  A SIGKILL between ``save_begin`` and ``save`` leaves a partial checkpoint: none
+  at all, or data files that the state file does not name;
+* every coordination-service key the handler sets is printed as ``kv_set``
+  (``key``, ``value``, ``ok``, ``t_start``), so a trial sees when the leader
+  published the agreed step and when each worker acknowledged it;
+  ``--ack-delay S`` makes each acknowledgement wait ``S`` seconds first, which
+  stretches the acknowledgement round so that a second notice can land inside it.
+
+``ps-coordinator`` is the chief of a ParameterServerStrategy cluster whose servers
+``tests/integration/ps_cluster.py`` runs. It schedules ``--closures`` (or more)
+indexed closures in waves of random size (``--seed``) with a ``join`` after each,
+prints ``progress`` after every wave, and keeps going until the trial writes
+``--control-dir/faults_done`` (it killed and restarted workers meanwhile) and
+``--post-waves`` more waves ran. Closure ``i`` reads the next element of the
+per-worker dataset, adds ``i + 1`` to ``contrib[i]`` (one op) and to ``total`` (both
+on the PS) and returns ``(worker index, i, x)``. At the end it prints ``summary``
+with what every RemoteValue gave and what the PS variables hold, so the trial can
+tell lost closures (unresolved, wrong result, or ``contrib[i] == 0``) from
+duplicates (``contrib[i] > i + 1``: at-least-once execution, as TF documents).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+INTEGRATION = Path(__file__).resolve().parent.parent / "integration"
+if str(INTEGRATION) not in sys.path:
+    sys.path.insert(0, str(INTEGRATION))
+
+import mwms_worker  # noqa: E402 - found through the path set above
+from mwms_worker import emit  # noqa: E402
+
+T_PROCESS_START = time.monotonic()
+ACK_PREFIX = "RECEIVED_SIGNAL"  # tf_failure_handling._native.ACK_PREFIX, TF's name
+
+
+# ----------------------------------------------------------------------------- mwms
+def parse_mwms_args(argv):
+    p = argparse.ArgumentParser(
+        description="an mwms_worker.py worker with trial hooks", allow_abbrev=False
+    )
+    p.add_argument(
+        "--hosts",
+        default="",
+        help="comma-separated host of each worker (default 127.0.0.1 for every one)",
+    )
+    p.add_argument("--slow-save", type=float, default=0.0, help="seconds each save takes")
+    p.add_argument("--ack-delay", type=float, default=0.0, help="seconds before each ack")
+    return p.parse_known_args(argv)
+
+
+def use_hosts(hosts: list) -> None:
+    """Makes ``mwms_worker`` build TF_CONFIG with ``hosts`` instead of 127.0.0.1."""
+
+    def tf_config(ports, index):
+        return {
+            "cluster": {"worker": [f"{h}:{port}" for h, port in zip(hosts, ports)]},
+            "task": {"type": "worker", "index": index},
+        }
+
+    mwms_worker.tf_config = tf_config
+
+
+def slow_down_saves(seconds: float) -> None:
+    """Every CheckpointManager.save takes ``seconds`` more, in two observable halves."""
+    import tensorflow as tf
+
+    mwms_worker.instrument_checkpoint_manager_saves()  # prints ``save`` when done
+    cls = tf.train.CheckpointManager
+    instrumented_save = cls.save
+    record_state = cls._record_state
+    state = threading.local()
+    half = seconds / 2
+
+    def save(self, *args, **kwargs):
+        runs_var = getattr(self.checkpoint, "checkpointed_runs", None)
+        runs = None if runs_var is None else int(runs_var.numpy())
+        emit("save_begin", runs=runs, directory=os.path.abspath(self.directory))
+        time.sleep(half)
+        state.runs, state.written = runs, False
+        try:
+            return instrumented_save(self, *args, **kwargs)
+        finally:
+            state.runs = None
+
+    def _record_state(self):
+        # The first call of a save comes right after TF wrote the data files and
+        # before the `checkpoint` state file names them.
+        if getattr(state, "runs", None) is not None and not state.written:
+            state.written = True
+            emit("save_written", runs=state.runs, directory=os.path.abspath(self.directory))
+            time.sleep(half)
+        return record_state(self)
+
+    save._mwms_worker_instrumented = True  # keeps mwms_worker from wrapping it again
+    cls.save = save
+    cls._record_state = _record_state
+
+
+def observe_coordination_keys(ack_delay: float) -> None:
+    """Prints every key the handler sets; delays acknowledgements by ``ack_delay``."""
+    from tf_failure_handling import _coordination
+
+    original = _coordination.Client.set
+
+    def set(self, key, value):
+        if ack_delay > 0 and key.startswith(ACK_PREFIX):
+            time.sleep(ack_delay)
+        t_start = time.time()
+        try:
+            ok = original(self, key, value)
+        except BaseException as e:
+            emit("kv_set", key=key, value=value, ok=None, error=repr(e)[:300], t_start=t_start)
+            raise
+        emit("kv_set", key=key, value=value, ok=ok, t_start=t_start)
+        return ok
+
+    _coordination.Client.set = set
+
+
+def run_mwms(argv) -> int:
+    trial, rest = parse_mwms_args(argv)
+    # The handler's protocol log, with wall-clock times, on stderr (for diagnosis).
+    log = logging.getLogger("tf_failure_handling")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(created).3f %(threadName)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    if trial.hosts:
+        use_hosts(trial.hosts.split(","))
+    impl = rest[rest.index("--impl") + 1] if "--impl" in rest else "tf"
+    if trial.slow_save > 0:
+        slow_down_saves(trial.slow_save)
+    if impl == "ours":
+        observe_coordination_keys(trial.ack_delay)
+    return mwms_worker.main(rest)
+
+
+# ----------------------------------------------------------------------------- ps
+def parse_ps_args(argv):
+    p = argparse.ArgumentParser(description="PS-cluster coordinator with indexed closures")
+    p.add_argument("--cluster", required=True, help="cluster spec as JSON (127.0.0.1 only)")
+    p.add_argument("--impl", choices=("tf", "ours"), default="ours")
+    p.add_argument("--closures", type=int, default=5000, help="at least this many closures")
+    p.add_argument("--seed", type=int, default=0, help="draws the wave sizes")
+    p.add_argument("--wave-min", type=int, default=100)
+    p.add_argument("--wave-max", type=int, default=500)
+    p.add_argument("--post-waves", type=int, default=2, help="waves after faults_done")
+    p.add_argument("--control-dir", required=True)
+    p.add_argument("--max-seconds", type=float, default=300.0)
+    p.add_argument("--connect-timeout", type=float, default=90.0)
+    return p.parse_args(argv)
+
+
+def run_ps_coordinator(argv) -> int:
+    args = parse_ps_args(argv)
+    cluster = json.loads(args.cluster)
+    mwms_worker.require_loopback(cluster)
+    import ps_coordinator_script as pcs  # sibling of mwms_worker: Job, servers, errors
+
+    emit("start", pid=os.getpid(), impl=args.impl, closures=args.closures)
+    try:
+        api = pcs.impl_api(args.impl)
+        pcs.wait_for_servers(cluster, args.connect_timeout)
+        job = pcs.Job(cluster, api)
+        emit("connected", after_s=round(time.monotonic() - T_PROCESS_START, 3))
+        run_indexed_waves(job, args)
+    except BaseException as e:  # noqa: BLE001 - reported, then a non-zero exit
+        emit("error", traceback=traceback.format_exc()[-3000:], **pcs.error_record(e))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    emit("done", seconds=round(time.monotonic() - T_PROCESS_START, 3))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # As ps_coordinator_script: skip a teardown that TF's threads can make slow.
+    os._exit(0)
+
+
+def run_indexed_waves(job, args) -> None:
+    tf = job.tf
+    rng = random.Random(args.seed)
+    capacity = max(args.closures * 4, 1 << 15)  # room for the waves after the faults
+    with job.strategy.scope():
+        # contrib[i] += i + 1 in one op: a closure's effect on the PS is all or nothing,
+        # so contrib[i] / (i + 1) is how often closure i ran to completion (or at least
+        # through its update) -- 0 is a lost closure, 2+ a re-execution.
+        contrib = tf.Variable(tf.zeros([capacity], tf.int64), name="contrib")
+    total = job.v  # a second, separate update: total += i + 1
+    get_worker_index = job.api["get_worker_index"]
+
+    @tf.function
+    def indexed_step(iterator, i):
+        x = next(iterator)
+        contrib.scatter_add(tf.IndexedSlices(tf.reshape(i + 1, [1]), tf.reshape(i, [1])))
+        total.assign_add(i + 1)
+        return get_worker_index(), i, x
+
+    faults_done = Path(args.control_dir) / "faults_done"
+    rvs: list = []
+    t0 = time.monotonic()
+    waves = post_waves = 0
+    faults_seen_at = None
+    while True:
+        if faults_seen_at is None and faults_done.exists():
+            faults_seen_at = len(rvs)
+            emit("faults_done_seen", scheduled=len(rvs), wave=waves)
+        size = rng.randint(args.wave_min, args.wave_max)
+        if len(rvs) + size > capacity:
+            emit("gave_up", reason="out of closure indices", done=len(rvs))
+            break
+        t_wave = time.monotonic()
+        start = len(rvs)
+        for i in range(start, start + size):
+            index = tf.constant(i, tf.int64)
+            rvs.append(job.coordinator.schedule(indexed_step, args=(job.iterator, index)))
+        job.coordinator.join()
+        waves += 1
+        if faults_seen_at is not None:
+            post_waves += 1
+        emit(
+            "progress",
+            wave=waves,
+            size=size,
+            done=len(rvs),
+            join_s=round(time.monotonic() - t_wave, 3),
+        )
+        if len(rvs) >= args.closures and post_waves >= args.post_waves:
+            break
+        if time.monotonic() - t0 > args.max_seconds:
+            emit("gave_up", reason="max seconds", done=len(rvs))
+            break
+
+    unresolved, wrong, by_worker = [], [], {}
+    for i, rv in enumerate(rvs):
+        try:
+            worker, index, _x = rv.fetch()
+        except Exception as e:  # noqa: BLE001 - every failure is reported
+            unresolved.append({"index": i, **_short_error(e)})
+            continue
+        if int(index) != i:
+            wrong.append({"index": i, "returned": int(index)})
+        by_worker[str(int(worker))] = by_worker.get(str(int(worker)), 0) + 1
+    values = contrib.numpy()
+    counts = [int(values[i]) // (i + 1) for i in range(len(rvs))]
+    uneven = [i for i in range(len(rvs)) if int(values[i]) % (i + 1)]
+    emit(
+        "summary",
+        scheduled=len(rvs),
+        waves=waves,
+        faults_seen_at=faults_seen_at,
+        unresolved=len(unresolved),
+        unresolved_sample=unresolved[:5],
+        wrong_results=wrong[:5],
+        wrong_count=len(wrong),
+        count_by_worker=by_worker,
+        never_ran=[i for i, c in enumerate(counts) if c == 0][:20],
+        never_ran_count=sum(c == 0 for c in counts),
+        duplicates=sum(c - 1 for c in counts if c > 1),
+        duplicated_closures=sum(c > 1 for c in counts),
+        uneven=uneven[:20],
+        contrib_beyond_scheduled=int(values[len(rvs) :].sum()),
+        contrib_sum=int(values.sum()),
+        # Updates of `total` are separate from those of `contrib`: a closure cut short
+        # by a kill may have applied one and not the other before it ran again.
+        total=int(total.numpy()),
+        exactly_once=sum(i + 1 for i in range(len(rvs))),
+        seconds=round(time.monotonic() - t0, 3),
+    )
+
+
+def _short_error(e: BaseException) -> dict:
+    return {"type": type(e).__name__, "message": str(e)[:300]}
+
+
+MODES = {"mwms": run_mwms, "ps-coordinator": run_ps_coordinator}
+#: A trial that finds a process hung sends it this signal first: every thread's
+#: Python stack goes to stderr (the handler watches SIGTERM, and SIGUSR1 under SLURM).
+STACKS_SIGNAL = signal.SIGUSR2
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in MODES:
+        sys.exit(f"usage: {sys.argv[0]} {{{'|'.join(MODES)}}} ...")
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    sys.exit(MODES[sys.argv[1]](sys.argv[2:]))
