@@ -45,9 +45,10 @@ bench: build-release
 	$(PY) benches/bench_run.py
 	$(PY) benches/bench_closure_queue.py
 	$(PY) benches/bench_classify.py
+	$(PY) benches/bench_notice.py
 
-# The long mode of the fault-injection trials (tests/reliability): 20,000 simulated
-# trials and 24 real-process trials, then the table the README's Reliability section shows.
+# The long mode of the fault-injection trials (tests/reliability): 10,000 simulated
+# trials and 6 real-process trials of each of 4 kinds, then the table the README's Reliability section shows.
 reliability: build
 	$(PY) tests/reliability/run.py
 

@@ -1,6 +1,6 @@
 """The long mode of the fault-injection trials: many seeds, one table.
 
-    python tests/reliability/run.py [--sim-trials N] [--process-trials M] [--seed S]
+    python tests/reliability/run.py [--sim-trials N] [--process-seeds M] [--seed S]
 
 (``make reliability`` runs it with the defaults.) Simulated trials run on the
 in-memory cluster (``simulation.py``); process trials run real TensorFlow
@@ -101,23 +101,35 @@ def run_simulated(tally: Tally, start: int, count: int, progress_every: int) -> 
             )
 
 
-def run_processes(tally: Tally, start: int, count: int) -> None:
+def run_processes(tally: Tally, start: int, seeds_per_kind: int) -> None:
     from reliability import process_trials
 
-    for record in process_trials.run_process_trials(None, range(start, start + count)):
-        tally.add(f"process: {record['kind']}", record)
-        print(
-            f"  process trial {record['kind']} seed {record.get('seed')}: "
-            f"{'ok' if not record.get('violations') else 'VIOLATION'} "
-            f"({record.get('seconds', 0):.0f}s)",
-            flush=True,
-        )
+    for kind in process_trials.KINDS:
+        for seed in range(start, start + seeds_per_kind):
+            r = process_trials.run_trial(process_trials.make_plan(kind, seed))
+            tally.add(
+                f"process: {kind}",
+                {
+                    "seconds": r.seconds,
+                    "faults": r.faults,
+                    "lost steps": r.lost_steps,
+                    "hangs": r.hangs,
+                    "mismatched saves": r.mismatched_saves,
+                    "lost closures": r.lost_closures,
+                    "violations": r.violations,
+                    "describe": r.plan.describe(),
+                },
+            )
+            state = "skipped: " + r.skipped if r.skipped else "ok" if r.ok else "VIOLATION"
+            print(f"  process trial {kind} seed {seed}: {state} ({r.seconds:.0f}s)", flush=True)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sim-trials", type=int, default=20_000)
-    p.add_argument("--process-trials", type=int, default=24)
+    p.add_argument("--sim-trials", type=int, default=10_000)
+    p.add_argument(
+        "--process-seeds", type=int, default=6, help="real-process trials per kind (4 kinds)"
+    )
     p.add_argument("--seed", type=int, default=0, help="first seed")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
@@ -130,10 +142,13 @@ def main(argv=None) -> int:
     if args.sim_trials:
         print(f"Running {args.sim_trials} simulated trials from seed {args.seed}...", flush=True)
         run_simulated(tally, args.seed, args.sim_trials, max(1, args.sim_trials // 20))
-    if args.process_trials:
-        print(f"Running {args.process_trials} real-process trials...", flush=True)
-        run_processes(tally, args.seed, args.process_trials)
-    seeds = f"{args.seed}..{args.seed + max(args.sim_trials, args.process_trials) - 1}"
+    if args.process_seeds:
+        print(f"Running {args.process_seeds} real-process trials of each kind...", flush=True)
+        run_processes(tally, args.seed, args.process_seeds)
+    seeds = (
+        f"simulated {args.seed}..{args.seed + args.sim_trials - 1}, "
+        f"real-process {args.seed}..{args.seed + args.process_seeds - 1} of each kind"
+    )
     print()
     print(tally.table(seeds))
     print(f"\nTotal wall time {time.monotonic() - started:.0f}s.")
