@@ -469,8 +469,12 @@ def _check_first_life(plan, trial, service, results, violations) -> int:
 
 def _restart_and_check(plan, cluster, trial, first, service, violations) -> int:
     """Restarts every worker without faults; the final state must be the uninterrupted one."""
+    # A new life: a plain service (no injected faults, no cut-off writers), same checkpoints.
+    restarted = testing.SimulatedCluster(
+        plan.num_workers, root=cluster.root, timeout=CLUSTER_TIMEOUT, chief=plan.chief
+    )
     try:
-        second = cluster.run(_worker(None, plan))
+        second = restarted.run(_worker(None, plan))
     except TimeoutError as e:
         violations.append(f"hang after restart: {e}")
         return 0

@@ -46,6 +46,9 @@ PARTITION_SEED = 0
 #: Cuts off worker 0, the coordination-service leader, 0.08 s after worker 1 got its
 #: SIGTERM and published the agreed step (acknowledgements take 0.5 s in this plan).
 LEADER_PARTITION_SEED = 8
+#: Cut before the notice: the survivor's collective is aborted by TF's heartbeat
+#: error, which names no worker (a violation until run() named the unreachable peers).
+HEARTBEAT_PARTITION_SEED = 1
 PS_SEED = 6
 
 
@@ -144,6 +147,15 @@ def test_partition_of_the_coordination_leader(trial_root, monkeypatch):
     # returned. Now it stops after the 4 s peer bound and the bounded report.
     monkeypatch.setattr(process_trials, "PARTITION_BOUND", 30.0)
     result = run_trial(make_plan("partition", LEADER_PARTITION_SEED), trial_root)
+    check(result)
+
+
+@pytest.mark.timeout(240)
+def test_partition_before_the_notice_names_the_cut_off_worker(trial_root):
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
+    result = run_trial(make_plan("partition", HEARTBEAT_PARTITION_SEED), trial_root)
     check(result)
 
 
