@@ -523,9 +523,14 @@ def test_a_cycle_through_the_pending_error_is_collected():
 CTRL_C_SCRIPT = (
     BLOCK_TENSORFLOW
     + """
+import signal
 import time
 
 from tf_failure_handling._closure_queue import ClosureQueue
+
+# A parent that ignores SIGINT (a shell's background job) passes that on, and
+# Python then installs no KeyboardInterrupt handler: install it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class C:
