@@ -47,6 +47,10 @@ def test_a_blocking_watcher_fn_does_not_hide_other_notices(make_handler, tmp_pat
         assert time.monotonic() - started < 3.0, "close() waited for the blocked watcher fn"
     finally:
         release.set()
+        # Let the released call finish here, not in (and log into) the next test.
+        poller = h._sources._poller
+        poller.join(5.0)
+        assert not poller.is_alive()
 
 
 def test_a_slow_watcher_fn_is_reported_once(make_handler, tmp_path, caplog, monkeypatch):
