@@ -7,7 +7,6 @@ talks to them through signals and files, and reads what they did from the
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import json
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from .mwms_worker import LIVE_PROCESSES as _LIVE_PROCESSES
 from .mwms_worker import child_environment, free_ports, parse_events, poll_until, tail
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "mwms_worker.py"
@@ -73,23 +73,6 @@ def require_impl(impl: str) -> str:
 def impl(request) -> str:
     """Which handler classes the workers use: TF's or tf_failure_handling's."""
     return require_impl(request.param)
-
-
-_LIVE_PROCESSES: set[subprocess.Popen] = set()
-
-
-def _kill_live_processes() -> None:
-    for proc in list(_LIVE_PROCESSES):
-        if proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        _LIVE_PROCESSES.discard(proc)
-
-
-atexit.register(_kill_live_processes)
 
 
 class Cluster:

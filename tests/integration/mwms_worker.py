@@ -29,10 +29,12 @@ worker index), so a resumed run sees exactly the batches an uninterrupted one do
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -45,6 +47,22 @@ MOMENTUM = 0.9
 
 
 EVENT_PREFIX = "EVENT "
+
+#: Child processes the test harnesses started and have not reaped yet; whatever
+#: is left at exit (pytest killed by its timeout, say) is killed then.
+LIVE_PROCESSES: set = set()
+
+
+@atexit.register
+def kill_live_processes() -> None:
+    for proc in list(LIVE_PROCESSES):
+        if proc.poll() is None:
+            proc.kill()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        LIVE_PROCESSES.discard(proc)
 
 
 def emit(event: str, **fields) -> None:

@@ -15,7 +15,6 @@ Server mode::
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import signal
@@ -25,6 +24,7 @@ import sys
 from pathlib import Path
 
 try:  # imported by the tests
+    from .mwms_worker import LIVE_PROCESSES as _LIVE
     from .mwms_worker import (
         child_environment,
         emit,
@@ -35,6 +35,7 @@ try:  # imported by the tests
         tail,
     )
 except ImportError:  # run as a script (server mode): only the stdlib and TF are needed
+    from mwms_worker import LIVE_PROCESSES as _LIVE
     from mwms_worker import (
         child_environment,
         emit,
@@ -136,18 +137,6 @@ def ours_status() -> tuple[str, str]:
             else:
                 _ours_status = ("skip", f"tf_failure_handling is not installed ({detail})")
     return _ours_status
-
-
-_LIVE: set[subprocess.Popen] = set()
-
-
-@atexit.register
-def _kill_live() -> None:
-    """Last resort (e.g. pytest killed by its timeout): no server outlives pytest."""
-    for popen in list(_LIVE):
-        if popen.poll() is None:
-            popen.kill()
-        _LIVE.discard(popen)
 
 
 class Proc:

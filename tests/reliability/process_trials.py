@@ -55,7 +55,6 @@ duplicated) closures, seconds.
 from __future__ import annotations
 
 import argparse
-import atexit
 import dataclasses
 import itertools
 import json
@@ -76,6 +75,7 @@ if str(TESTS) not in sys.path:  # run as a script; under pytest `tests` is on th
     sys.path.insert(0, str(TESTS))
 
 from integration import ps_cluster  # noqa: E402
+from integration.mwms_worker import LIVE_PROCESSES as _LIVE  # noqa: E402
 from integration.mwms_worker import (  # noqa: E402
     child_environment,
     free_ports,
@@ -315,23 +315,6 @@ class TrialResult:
 
 
 # ============================================================================ MWMS harness
-_LIVE: set = set()
-
-
-def _kill_live() -> None:
-    for popen in list(_LIVE):
-        if popen.poll() is None:
-            popen.kill()
-            try:
-                popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        _LIVE.discard(popen)
-
-
-atexit.register(_kill_live)
-
-
 class Workers:
     """One life of a 2-worker MWMS cluster of ``trial_worker.py mwms`` processes.
 
