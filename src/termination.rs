@@ -11,23 +11,53 @@
 //! # Signals
 //!
 //! TensorFlow installs its SIGTERM handler with Python's `signal.signal`,
-//! which only works on the main thread and silently replaces whatever handler
-//! was there. Here a C-level `sigaction` handler is installed instead, from
-//! any thread:
+//! which only works on the main thread and replaces whatever handler was
+//! there. Here a C-level `sigaction` handler is installed instead, from any
+//! thread:
 //!
 //! * the handler only does async-signal-safe work: it bumps a per-signal
-//!   counter, writes one byte to a non-blocking self-pipe, and calls the
-//!   handler that was installed before it (Python's own C handler, so a
-//!   Python-level `signal.signal` handler still runs on the main thread), but
-//!   never the default action, which would kill the process before it can
-//!   save;
-//! * one dispatcher thread blocks on the pipe and wakes every
-//!   [`SignalWatch`] waiting on a condition variable, so a watcher sees the
-//!   signal at once, not after a poll interval;
+//!   counter and writes one byte to a non-blocking self-pipe; one dispatcher
+//!   thread blocks on the pipe and wakes every [`SignalWatch`] waiting on a
+//!   condition variable, so a watcher sees the signal at once, not after a
+//!   poll interval;
 //! * installs are reference-counted per signal; when the last watch of a
-//!   signal is dropped, the previous disposition is restored (unless someone
-//!   replaced ours meanwhile, in which case theirs is left alone).
+//!   signal is dropped, the previous disposition is restored.
+//!
+//! ## Who owns a notice
+//!
+//! A watch is an **owner** (a `PreemptionCheckpointHandler`: the notice is
+//! its to act on until the checkpoint is written) or an **observer** (a
+//! `PreemptionWatcher`: it records the notice and nothing more).
+//!
+//! * While an owner of a signal is alive, the handler installed before ours
+//!   (a Python `signal.signal` handler, `faulthandler.register(...,
+//!   chain=True)`, a C library's) is **not called**: it could end the process
+//!   before the save, which is exactly what a preemption handler exists to
+//!   prevent. TensorFlow behaves the same way (its `signal.signal` replaces the
+//!   previous handler). Dropping the last watch restores the previous
+//!   disposition, so it runs again for later signals.
+//! * With observers only, the previous handler is chained after the counter
+//!   is bumped (a watcher must not change what SIGTERM does to the process,
+//!   beyond not letting the default action kill it).
+//! * A chained call that comes back to us (a third-party handler installed
+//!   after ours that chains to ours, while ours chains to it) is cut by a
+//!   per-thread depth guard: each handler runs once per delivery.
+//! * Someone who replaces our disposition later (`signal.signal(SIGTERM, f)`)
+//!   switches our watching off; [`SignalWatch::displaced`] tells, and the
+//!   binding logs a warning once per watch. Dropping the last watch then
+//!   leaves their handler in place and keeps our handler's chain to the
+//!   previous one intact, since theirs may still call ours.
+//! * A forked child inherits the disposition but neither the dispatcher
+//!   thread nor the watches: in a process other than the one that installed
+//!   it, the handler puts the previous disposition back and re-raises the
+//!   signal, so the child behaves as if we had never been installed (SIGTERM
+//!   ends it by default). A watch made in the child starts afresh.
+//!
+//! Nothing in this module calls Python or logs while [`installed`]'s mutex is
+//! held: `log` reaches Python through pyo3-log, which needs the GIL, and a
+//! thread holding the GIL may be waiting for that mutex.
 
+use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
@@ -47,8 +77,32 @@ static COUNTS: [AtomicU64; MAX_SIGNAL] = [const { AtomicU64::new(0) }; MAX_SIGNA
 static PREV_HANDLER: [AtomicUsize; MAX_SIGNAL] = [const { AtomicUsize::new(0) }; MAX_SIGNAL];
 /// Whether that previous handler takes `(sig, info, context)`.
 static PREV_SIGINFO: [AtomicBool; MAX_SIGNAL] = [const { AtomicBool::new(false) }; MAX_SIGNAL];
+/// Live owner watches per signal: while above 0 the previous handler is not
+/// called (see "Who owns a notice").
+static OWNERS: [AtomicUsize; MAX_SIGNAL] = [const { AtomicUsize::new(0) }; MAX_SIGNAL];
 /// Write end of the self-pipe, -1 until the dispatcher runs.
 static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
+/// The process that installed our handlers and runs the dispatcher (0 =
+/// none yet). A different `getpid()` means a forked child.
+static OWNER_PID: AtomicI32 = AtomicI32::new(0);
+
+/// The full previous disposition per signal, readable from the signal
+/// handler without a lock (a forked child restores it). Written only under
+/// [`installed`]'s mutex, before our handler is installed for that signal;
+/// the handler reads it only after seeing our handler was installed.
+struct PreviousActions([UnsafeCell<libc::sigaction>; MAX_SIGNAL]);
+// SAFETY: see the struct's comment: writes happen-before the installation
+// of the handler that reads them (sigaction is a full barrier in practice,
+// and a SeqCst fence is issued between the write and the install).
+unsafe impl Sync for PreviousActions {}
+static PREV_ACTION: PreviousActions =
+    // SAFETY: an all-zero sigaction is SIG_DFL with an empty mask.
+    PreviousActions([const { UnsafeCell::new(unsafe { std::mem::zeroed() }) }; MAX_SIGNAL]);
+
+thread_local! {
+    /// Depth of [`on_signal`] on this thread, to cut a chain that loops back.
+    static IN_HANDLER: Cell<u32> = const { Cell::new(0) };
+}
 
 /// Wakes waiters. `generation` counts wake-ups so that a waiter that checked
 /// the counters just before a signal cannot miss its notification.
@@ -90,6 +144,16 @@ pub enum InstallError {
     },
 }
 
+/// What a watch does with a signal; see "Who owns a notice".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The notice is this watch's to act on: the previous handler is not
+    /// called while it lives.
+    Owner,
+    /// The watch only records the notice; the previous handler still runs.
+    Observer,
+}
+
 struct Installed {
     previous: libc::sigaction,
     watchers: usize,
@@ -100,107 +164,187 @@ fn installed() -> &'static Mutex<HashMap<i32, Installed>> {
     INSTALLED.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+fn our_handler() -> usize {
+    on_signal as *const () as usize
+}
+
+fn current_pid() -> i32 {
+    // SAFETY: getpid has no preconditions and is async-signal-safe.
+    unsafe { libc::getpid() }
+}
+
 extern "C" fn on_signal(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    // SAFETY: only async-signal-safe calls below (atomics, write(2), and the
-    // previous handler, which was itself installed as a signal handler).
-    // errno is preserved for the interrupted code.
+    // SAFETY: only async-signal-safe calls below (atomics, getpid, write(2),
+    // sigaction, raise, and the previous handler, which was itself installed
+    // as a signal handler). errno is preserved for the interrupted code.
     unsafe {
         let errno = *libc::__errno_location();
         let Ok(index) = usize::try_from(signal) else { return };
-        if index < MAX_SIGNAL {
-            COUNTS[index].fetch_add(1, Ordering::SeqCst);
-            let fd = PIPE_WRITE.load(Ordering::SeqCst);
-            if fd >= 0 {
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                let byte = signal as u8;
-                let _ = libc::write(fd, std::ptr::addr_of!(byte).cast(), 1);
+        if index >= MAX_SIGNAL {
+            return;
+        }
+        if current_pid() != OWNER_PID.load(Ordering::SeqCst) {
+            // A forked child: step aside. The re-raised signal is blocked
+            // while this handler runs and is delivered, with the previous
+            // disposition, as soon as it returns.
+            libc::sigaction(signal, PREV_ACTION.0[index].get(), std::ptr::null_mut());
+            libc::raise(signal);
+            *libc::__errno_location() = errno;
+            return;
+        }
+        COUNTS[index].fetch_add(1, Ordering::SeqCst);
+        let fd = PIPE_WRITE.load(Ordering::SeqCst);
+        if fd >= 0 {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let byte = signal as u8;
+            let _ = libc::write(fd, std::ptr::addr_of!(byte).cast(), 1);
+        }
+        let previous = PREV_HANDLER[index].load(Ordering::SeqCst);
+        let depth = IN_HANDLER.with(Cell::get);
+        if previous != 0 && depth == 0 && OWNERS[index].load(Ordering::SeqCst) == 0 {
+            IN_HANDLER.with(|d| d.set(1));
+            if PREV_SIGINFO[index].load(Ordering::SeqCst) {
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(previous);
+                f(signal, info, context);
+            } else {
+                let f: extern "C" fn(libc::c_int) = std::mem::transmute(previous);
+                f(signal);
             }
-            let previous = PREV_HANDLER[index].load(Ordering::SeqCst);
-            if previous != 0 {
-                if PREV_SIGINFO[index].load(Ordering::SeqCst) {
-                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(previous);
-                    f(signal, info, context);
-                } else {
-                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(previous);
-                    f(signal);
-                }
-            }
+            IN_HANDLER.with(|d| d.set(0));
         }
         *libc::__errno_location() = errno;
     }
 }
 
-/// Starts the dispatcher thread and the self-pipe once.
-fn ensure_dispatcher() -> io::Result<()> {
-    static STARTED: OnceLock<Result<(), i32>> = OnceLock::new();
-    let result = STARTED.get_or_init(|| {
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: plain pipe2 on a two-element array.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-            return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
+/// Starts the dispatcher thread and the self-pipe once per process (again
+/// in a forked child, which inherits neither thread). Called with
+/// [`installed`]'s mutex held.
+fn ensure_dispatcher(table: &mut HashMap<i32, Installed>) -> io::Result<()> {
+    let pid = current_pid();
+    let owner = OWNER_PID.load(Ordering::SeqCst);
+    if owner == pid {
+        return Ok(());
+    }
+    if owner != 0 {
+        // A forked child: the parent's watches are not ours. Entries whose
+        // handler is still installed keep their previous disposition with no
+        // watcher, so the next install reuses it instead of chaining to
+        // itself.
+        for entry in table.values_mut() {
+            entry.watchers = 0;
         }
-        let read_fd = fds[0];
-        // The reader blocks: clear O_NONBLOCK on the read end only.
-        // SAFETY: fcntl on a descriptor we own.
-        unsafe {
-            let flags = libc::fcntl(read_fd, libc::F_GETFL);
-            libc::fcntl(read_fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        for owners in &OWNERS {
+            owners.store(0, Ordering::SeqCst);
         }
-        PIPE_WRITE.store(fds[1], Ordering::SeqCst);
-        std::thread::Builder::new()
-            .name("tfh-signal-dispatch".into())
-            .spawn(move || {
-                let mut buf = [0u8; 64];
-                loop {
-                    // SAFETY: reading into a local buffer from our pipe.
-                    let n = unsafe { libc::read(read_fd, buf.as_mut_ptr().cast(), buf.len()) };
-                    if n > 0 {
-                        notify_all();
-                    } else if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    } else {
-                        return;
-                    }
-                }
-            })
-            .map(|_| ())
-            .map_err(|e| e.raw_os_error().unwrap_or(0))
+    }
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: plain pipe2 on a two-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let read_fd = fds[0];
+    // The reader blocks: clear O_NONBLOCK on the read end only.
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(read_fd, libc::F_GETFL);
+        libc::fcntl(read_fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+    }
+    let spawned = std::thread::Builder::new().name("tfh-signal-dispatch".into()).spawn(move || {
+        let mut buf = [0u8; 64];
+        loop {
+            // SAFETY: reading into a local buffer from our pipe.
+            let n = unsafe { libc::read(read_fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n > 0 {
+                notify_all();
+            } else if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            } else {
+                return;
+            }
+        }
     });
-    (*result).map_err(io::Error::from_raw_os_error)
+    if let Err(e) = spawned {
+        // SAFETY: closing the descriptors we just made.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        return Err(e);
+    }
+    let old_write = PIPE_WRITE.swap(fds[1], Ordering::SeqCst);
+    if old_write >= 0 {
+        // The parent's pipe, inherited: the child must not wake the parent.
+        // SAFETY: closing an inherited descriptor nothing else here uses.
+        unsafe { libc::close(old_write) };
+    }
+    OWNER_PID.store(pid, Ordering::SeqCst);
+    Ok(())
 }
 
-fn install(signal: i32) -> Result<(), InstallError> {
+fn install(signal: i32, role: Role) -> Result<(), InstallError> {
     let index = usize::try_from(signal).map_err(|_| InstallError::Uncatchable(signal))?;
     if index == 0 || index >= MAX_SIGNAL || signal == libc::SIGKILL || signal == libc::SIGSTOP {
         return Err(InstallError::Uncatchable(signal));
     }
-    ensure_dispatcher().map_err(|source| InstallError::Os { signal, source })?;
-    let mut table = installed().lock();
-    if let Some(entry) = table.get_mut(&signal) {
-        entry.watchers += 1;
-        return Ok(());
-    }
-    // SAFETY: sigaction with zeroed, then filled, structs.
+    let chained = {
+        let mut table = installed().lock();
+        ensure_dispatcher(&mut table).map_err(|source| InstallError::Os { signal, source })?;
+        install_locked(&mut table, signal, index)?;
+        if role == Role::Owner {
+            OWNERS[index].fetch_add(1, Ordering::SeqCst);
+        }
+        PREV_HANDLER[index].load(Ordering::SeqCst) != 0
+    };
+    // Logged after the mutex is released (pyo3-log needs the GIL).
+    log::debug!(
+        "watching signal {signal} as {} (previous handler: {})",
+        if role == Role::Owner { "owner" } else { "observer" },
+        match (chained, role) {
+            (false, _) => "none",
+            (true, Role::Owner) => "not called while a handler is open",
+            (true, Role::Observer) => "chained",
+        }
+    );
+    Ok(())
+}
+
+fn install_locked(table: &mut HashMap<i32, Installed>, signal: i32, index: usize) -> Result<(), InstallError> {
+    // SAFETY: sigaction queries and installs with structs we own.
     unsafe {
-        let mut ours: libc::sigaction = std::mem::zeroed();
-        ours.sa_sigaction = on_signal as *const () as usize;
-        ours.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut ours.sa_mask);
-        let mut previous: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(signal, std::ptr::null(), &mut previous) != 0 {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(signal, std::ptr::null(), &mut current) != 0 {
             return Err(InstallError::Os {
                 signal,
                 source: io::Error::last_os_error(),
             });
         }
+        if let Some(entry) = table.get_mut(&signal) {
+            if entry.watchers > 0 || current.sa_sigaction == our_handler() {
+                // Ours is installed (or, in a forked child, still inherited):
+                // the recorded previous disposition stands.
+                entry.watchers += 1;
+                return Ok(());
+            }
+            // A dormant entry (we were displaced and later uninstalled): the
+            // current handler may chain to ours; the depth guard cuts that
+            // loop. Record the current one as the new previous.
+            table.remove(&signal);
+        }
+        let previous = current;
         let chain = previous.sa_sigaction;
-        let chain = if chain == libc::SIG_DFL || chain == libc::SIG_IGN {
+        let chain = if chain == libc::SIG_DFL || chain == libc::SIG_IGN || chain == our_handler() {
             0
         } else {
             chain
         };
+        *PREV_ACTION.0[index].get() = previous;
         PREV_SIGINFO[index].store(previous.sa_flags & libc::SA_SIGINFO != 0, Ordering::SeqCst);
         PREV_HANDLER[index].store(chain, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let mut ours: libc::sigaction = std::mem::zeroed();
+        ours.sa_sigaction = our_handler();
+        ours.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut ours.sa_mask);
         if libc::sigaction(signal, &ours, std::ptr::null_mut()) != 0 {
             PREV_HANDLER[index].store(0, Ordering::SeqCst);
             return Err(InstallError::Os {
@@ -210,35 +354,38 @@ fn install(signal: i32) -> Result<(), InstallError> {
         }
         table.insert(signal, Installed { previous, watchers: 1 });
     }
-    log::debug!(
-        "watching signal {signal} (previous handler {})",
-        if PREV_HANDLER[index].load(Ordering::SeqCst) == 0 {
-            "none"
-        } else {
-            "chained"
-        }
-    );
     Ok(())
 }
 
-fn uninstall(signal: i32) {
+fn uninstall(signal: i32, role: Role) {
+    let Ok(index) = usize::try_from(signal) else { return };
     let mut table = installed().lock();
     let Some(entry) = table.get_mut(&signal) else { return };
+    if entry.watchers == 0 {
+        return;
+    }
+    if role == Role::Owner {
+        // Saturating: a forked child reset the count.
+        let _ = OWNERS[index].fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
     entry.watchers -= 1;
     if entry.watchers > 0 {
         return;
     }
-    let entry = table.remove(&signal).expect("present above");
     // SAFETY: sigaction query and restore with structs we own.
     unsafe {
         let mut current: libc::sigaction = std::mem::zeroed();
         libc::sigaction(signal, std::ptr::null(), &mut current);
-        if current.sa_sigaction == on_signal as *const () as usize {
+        if current.sa_sigaction == our_handler() {
             libc::sigaction(signal, &entry.previous, std::ptr::null_mut());
+            table.remove(&signal);
+            PREV_HANDLER[index].store(0, Ordering::SeqCst);
         }
+        // Otherwise someone replaced ours: theirs stays, and the entry stays
+        // dormant with its chain to the previous handler, since theirs may
+        // still call ours (zeroing it would drop the previous handler from
+        // that chain).
     }
-    #[allow(clippy::cast_sign_loss)]
-    PREV_HANDLER[signal as usize].store(0, Ordering::SeqCst);
 }
 
 /// How many times `signal` was delivered since the process started (0 for
@@ -260,10 +407,14 @@ pub enum Wake {
     Triggered,
 }
 
-/// Watches a set of signals for one consumer (one handler). Dropping it
-/// uninstalls what it installed.
+/// Watches a set of signals for one consumer (one handler or watcher).
+/// Dropping it uninstalls what it installed.
 pub struct SignalWatch {
     signals: Vec<i32>,
+    role: Role,
+    /// The process it was made in: dropped in a forked child, it leaves the
+    /// child's (reset) bookkeeping alone.
+    pid: i32,
     seen: Mutex<Vec<u64>>,
     triggered: Arc<AtomicBool>,
 }
@@ -277,15 +428,15 @@ impl SignalWatch {
     ///
     /// [`InstallError`] when a signal cannot be caught or the OS refuses; the
     /// signals installed before the failing one are uninstalled again.
-    pub fn new(signals: &[i32]) -> Result<Self, InstallError> {
+    pub fn new(signals: &[i32], role: Role) -> Result<Self, InstallError> {
         let mut done = Vec::with_capacity(signals.len());
         for &s in signals {
             if done.contains(&s) {
                 continue;
             }
-            if let Err(e) = install(s) {
+            if let Err(e) = install(s, role) {
                 for &d in &done {
-                    uninstall(d);
+                    uninstall(d, role);
                 }
                 return Err(e);
             }
@@ -294,6 +445,8 @@ impl SignalWatch {
         let seen = done.iter().map(|&s| delivered(s)).collect();
         Ok(SignalWatch {
             signals: done,
+            role,
+            pid: current_pid(),
             seen: Mutex::new(seen),
             triggered: Arc::new(AtomicBool::new(false)),
         })
@@ -303,6 +456,30 @@ impl SignalWatch {
     #[must_use]
     pub fn signals(&self) -> &[i32] {
         &self.signals
+    }
+
+    /// Whether this watch owns its signals' notices.
+    #[must_use]
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The watched signals whose disposition is no longer ours (someone
+    /// called `signal.signal` or `sigaction` after us): they are not seen
+    /// any more.
+    #[must_use]
+    pub fn displaced(&self) -> Vec<i32> {
+        self.signals
+            .iter()
+            .copied()
+            .filter(|&s| {
+                // SAFETY: querying a disposition into a struct we own.
+                unsafe {
+                    let mut current: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(s, std::ptr::null(), &mut current) == 0 && current.sa_sigaction != our_handler()
+                }
+            })
+            .collect()
     }
 
     /// Wakes the waiter as if a notice arrived (a termination source that is
@@ -352,8 +529,11 @@ impl SignalWatch {
 
 impl Drop for SignalWatch {
     fn drop(&mut self) {
+        if self.pid != current_pid() {
+            return;
+        }
         for &s in &self.signals {
-            uninstall(s);
+            uninstall(s, self.role);
         }
     }
 }
@@ -362,12 +542,12 @@ impl Drop for SignalWatch {
 mod tests {
     use super::*;
 
-    // Signals are process-wide; these tests use SIGUSR2 and SIGWINCH, which
-    // nothing else in the test binary touches, and run their steps in one
-    // test to avoid interleaving.
+    // Signals are process-wide; each test uses its own signal (SIGUSR2,
+    // SIGWINCH, SIGURG, SIGPROF), which nothing else in the test binary
+    // touches, and runs its steps in one test to avoid interleaving.
     #[test]
     fn signal_wakes_waiter_from_another_thread_and_uninstall_restores() {
-        let watch = Arc::new(SignalWatch::new(&[libc::SIGUSR2]).unwrap());
+        let watch = Arc::new(SignalWatch::new(&[libc::SIGUSR2], Role::Observer).unwrap());
         assert_eq!(watch.poll(), None);
         let w = Arc::clone(&watch);
         let t = std::thread::spawn(move || w.wait(Duration::from_secs(10)));
@@ -400,33 +580,122 @@ mod tests {
         CHAINED.fetch_add(1, Ordering::SeqCst);
     }
 
+    fn current_handler(signal: i32) -> usize {
+        // SAFETY: querying the disposition.
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(signal, std::ptr::null(), &mut current);
+            current.sa_sigaction
+        }
+    }
+
+    /// Observers chain the previous handler; an owner stops it until the
+    /// last owner is gone; the refcount keeps the install; the last drop
+    /// restores the previous handler. One test: the steps share SIGWINCH.
     #[test]
-    fn previous_handler_is_chained_and_refcount_keeps_install() {
+    fn observers_chain_owners_hold_back_the_previous_handler() {
         // SAFETY: installing a plain handler for SIGWINCH.
         unsafe { libc::signal(libc::SIGWINCH, previous_handler as *const () as usize) };
-        let a = SignalWatch::new(&[libc::SIGWINCH]).unwrap();
-        let b = SignalWatch::new(&[libc::SIGWINCH, libc::SIGWINCH]).unwrap();
+        let a = SignalWatch::new(&[libc::SIGWINCH], Role::Observer).unwrap();
+        let b = SignalWatch::new(&[libc::SIGWINCH, libc::SIGWINCH], Role::Observer).unwrap();
         assert_eq!(b.signals(), &[libc::SIGWINCH]);
         unsafe { libc::raise(libc::SIGWINCH) };
         assert_eq!(a.wait(Duration::from_secs(5)), Some(Wake::Signal(libc::SIGWINCH)));
         assert_eq!(b.wait(Duration::from_secs(5)), Some(Wake::Signal(libc::SIGWINCH)));
         assert_eq!(CHAINED.load(Ordering::SeqCst), 1);
+
+        let owner = SignalWatch::new(&[libc::SIGWINCH], Role::Owner).unwrap();
+        unsafe { libc::raise(libc::SIGWINCH) };
+        assert_eq!(owner.wait(Duration::from_secs(5)), Some(Wake::Signal(libc::SIGWINCH)));
+        assert_eq!(a.wait(Duration::from_secs(5)), Some(Wake::Signal(libc::SIGWINCH)));
+        assert_eq!(CHAINED.load(Ordering::SeqCst), 1, "an owner holds the previous handler back");
+        drop(owner);
+
         drop(a);
         unsafe { libc::raise(libc::SIGWINCH) };
         assert_eq!(b.wait(Duration::from_secs(5)), Some(Wake::Signal(libc::SIGWINCH)));
-        assert_eq!(CHAINED.load(Ordering::SeqCst), 2);
+        assert_eq!(CHAINED.load(Ordering::SeqCst), 2, "chained again once no owner is left");
+        assert!(b.displaced().is_empty());
         drop(b);
-        unsafe {
-            let mut current: libc::sigaction = std::mem::zeroed();
-            libc::sigaction(libc::SIGWINCH, std::ptr::null(), &mut current);
-            assert_eq!(current.sa_sigaction, previous_handler as *const () as usize);
+        assert_eq!(current_handler(libc::SIGWINCH), previous_handler as *const () as usize);
+    }
+
+    static THIRD_PARTY_CALLS: AtomicU64 = AtomicU64::new(0);
+    static THIRD_PARTY_NEXT: AtomicUsize = AtomicUsize::new(0);
+    extern "C" fn third_party(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+        THIRD_PARTY_CALLS.fetch_add(1, Ordering::SeqCst);
+        let next = THIRD_PARTY_NEXT.load(Ordering::SeqCst);
+        if next != 0 {
+            // SAFETY: `next` is our own SA_SIGINFO handler, recorded below.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(next) };
+            f(signal, info, context);
         }
+    }
+
+    fn install_third_party(signal: i32) {
+        // SAFETY: sigaction with structs we own; the third party chains to
+        // whatever was installed before it (ours).
+        unsafe {
+            let mut ours: libc::sigaction = std::mem::zeroed();
+            ours.sa_sigaction = third_party as *const () as usize;
+            ours.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut ours.sa_mask);
+            let mut previous: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(signal, &ours, &mut previous);
+            THIRD_PARTY_NEXT.store(previous.sa_sigaction, Ordering::SeqCst);
+        }
+    }
+
+    /// A handler installed after ours displaces it (reported), stays when our
+    /// last watch goes, and a later watch that chains to it while it chains
+    /// to us does not loop: each handler runs once per delivery.
+    #[test]
+    fn a_later_handler_displaces_ours_and_chains_do_not_loop() {
+        let first = SignalWatch::new(&[libc::SIGURG], Role::Observer).unwrap();
+        install_third_party(libc::SIGURG);
+        assert_eq!(first.displaced(), vec![libc::SIGURG]);
+        drop(first);
+        assert_eq!(current_handler(libc::SIGURG), third_party as *const () as usize, "theirs stays");
+
+        let second = SignalWatch::new(&[libc::SIGURG], Role::Observer).unwrap();
+        assert!(second.displaced().is_empty());
+        let before = THIRD_PARTY_CALLS.load(Ordering::SeqCst);
+        unsafe { libc::raise(libc::SIGURG) };
+        assert_eq!(second.wait(Duration::from_secs(5)), Some(Wake::Signal(libc::SIGURG)));
+        assert_eq!(THIRD_PARTY_CALLS.load(Ordering::SeqCst), before + 1, "called once, no loop");
+        drop(second);
+        assert_eq!(current_handler(libc::SIGURG), third_party as *const () as usize);
+    }
+
+    /// In a forked child our handler steps aside: the previous disposition
+    /// (here the default, which ends the process) applies.
+    #[test]
+    fn a_forked_child_gets_the_previous_disposition_back() {
+        let watch = SignalWatch::new(&[libc::SIGPROF], Role::Owner).unwrap();
+        // SAFETY: the child only calls async-signal-safe functions before
+        // _exit.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0);
+            if pid == 0 {
+                libc::raise(libc::SIGPROF);
+                libc::_exit(7);
+            }
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+            assert!(libc::WIFSIGNALED(status), "the child survived SIGPROF (status {status})");
+            assert_eq!(libc::WTERMSIG(status), libc::SIGPROF);
+        }
+        assert_eq!(watch.poll(), None, "the child's signal did not reach the parent");
     }
 
     #[test]
     fn uncatchable_signals_are_refused() {
-        assert!(matches!(SignalWatch::new(&[libc::SIGKILL]), Err(InstallError::Uncatchable(_))));
-        assert!(matches!(SignalWatch::new(&[0]), Err(InstallError::Uncatchable(0))));
-        assert!(matches!(SignalWatch::new(&[999]), Err(InstallError::Uncatchable(999))));
+        assert!(matches!(
+            SignalWatch::new(&[libc::SIGKILL], Role::Owner),
+            Err(InstallError::Uncatchable(_))
+        ));
+        assert!(matches!(SignalWatch::new(&[0], Role::Owner), Err(InstallError::Uncatchable(0))));
+        assert!(matches!(SignalWatch::new(&[999], Role::Owner), Err(InstallError::Uncatchable(999))));
     }
 }

@@ -15,14 +15,27 @@ metadata notice triggers it, so :meth:`NoticeSources.wait` returns as soon as an
 source fires, never after a poll interval. Deadlines are Unix times here (the
 platforms announce wall-clock times); the handler converts them to its monotonic
 clock.
+
+A handler's sources *own* their signals (``owner=True``): while they are open,
+a handler installed before them is not called, so nothing can end the process
+before the checkpoint is written (``src/termination.rs``, "Who owns a notice").
+A watcher's sources only observe.
+
+At interpreter exit (``atexit``, before finalization starts), every open
+``NoticeSources`` is closed and the threads waiting in it are joined: CPython
+ends a daemon thread that re-takes the GIL during finalization with
+``pthread_exit``, and one caught inside the native wait would abort the process
+instead of letting it exit with the code it asked for.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import signal
 import threading
 import time
+import weakref
 from typing import Callable, NamedTuple, Optional, Sequence
 
 from . import _native, _platform
@@ -35,6 +48,30 @@ WATCHER_FN_INTERVAL = 1.0
 SLOW_WATCHER_FN = 5.0
 #: Bound on joining the watcher-fn thread at close (a call in progress is not waited out).
 POLLER_JOIN_TIMEOUT = 1.0
+#: Bound, at interpreter exit, on joining the threads that wait in open sources
+#: (closing wakes them at once; the bound only keeps a stuck one from delaying exit).
+EXIT_JOIN_TIMEOUT = 2.0
+
+#: Every open NoticeSources, for the exit hook.
+_open_sources: weakref.WeakSet = weakref.WeakSet()
+_open_sources_lock = threading.Lock()
+
+
+def _release_all_at_exit() -> None:
+    """Closes every open NoticeSources and joins the threads waiting in them."""
+    with _open_sources_lock:
+        sources = list(_open_sources)
+    waiters = []
+    for s in sources:
+        waiters.extend(s._waiting_threads())
+        s.close(join=False)
+    end = time.monotonic() + EXIT_JOIN_TIMEOUT
+    for t in waiters:
+        if t is not threading.current_thread():
+            t.join(max(0.0, end - time.monotonic()))
+
+
+atexit.register(_release_all_at_exit)
 
 
 class Notice(NamedTuple):
@@ -67,7 +104,8 @@ class NoticeSources:
     """Signals, metadata services and a watcher fn behind one :meth:`wait`.
 
     ``watch_metadata=False`` leaves the metadata service alone (a second watcher
-    in a process that already probes it).
+    in a process that already probes it). ``owner=True`` (a handler) holds back
+    previously installed signal handlers while open.
     """
 
     def __init__(
@@ -77,13 +115,16 @@ class NoticeSources:
         watcher_fn: Optional[Callable[[], bool]] = None,
         *,
         watch_metadata: bool = True,
+        owner: bool = False,
     ) -> None:
         self._env = env
         self._watcher_fn = watcher_fn
         self._manual: Optional[Notice] = None
         self._lock = threading.Lock()
         self._closed = False
-        self._watch = _native.SignalWatch(signal_numbers(signals))
+        #: Threads inside :meth:`wait` (joined at interpreter exit).
+        self._waiters: set = set()
+        self._watch = _native.SignalWatch(signal_numbers(signals), owner=owner)
         self._metadata: Optional[_native.MetadataWatch] = None
         if watch_metadata and env.cloud is not None and env.metadata_base is not None:
             try:
@@ -99,6 +140,8 @@ class NoticeSources:
                 target=self._poll_watcher_fn, name="TerminationWatcherFnPoller", daemon=True
             )
             self._poller.start()
+        with _open_sources_lock:
+            _open_sources.add(self)
 
     @property
     def signals(self) -> list[int]:
@@ -126,21 +169,34 @@ class NoticeSources:
         Blocks with the GIL released, in slices so that Ctrl-C still works.
         """
         end = None if timeout is None else time.monotonic() + timeout
-        while not self._closed:
-            left = None if end is None else max(0.0, end - time.monotonic())
-            try:
-                woke = self._watch.wait(left)
-            except RuntimeError:  # closed
-                return None
+        me = threading.current_thread()
+        with self._lock:
             if self._closed:
                 return None
-            if woke is not None:
-                notice = self._notice_for(woke)
-                if notice is not None:
-                    return notice
-            if end is not None and time.monotonic() >= end:
-                return None
-        return None
+            self._waiters.add(me)
+        try:
+            while not self._closed:
+                left = None if end is None else max(0.0, end - time.monotonic())
+                try:
+                    woke = self._watch.wait(left)
+                except RuntimeError:  # closed
+                    return None
+                if self._closed:
+                    return None
+                if woke is not None:
+                    notice = self._notice_for(woke)
+                    if notice is not None:
+                        return notice
+                if end is not None and time.monotonic() >= end:
+                    return None
+            return None
+        finally:
+            with self._lock:
+                self._waiters.discard(me)
+
+    def _waiting_threads(self) -> list:
+        with self._lock:
+            return list(self._waiters)
 
     def _poll_watcher_fn(self) -> None:
         """Calls the watcher fn every :data:`WATCHER_FN_INTERVAL` s until it fires or close.
@@ -186,17 +242,23 @@ class NoticeSources:
                 return Notice(found[0], found[1])
         return None
 
-    def close(self) -> None:
-        """Stops the metadata probes and restores the signal handlers. Idempotent."""
+    def close(self, join: bool = True) -> None:
+        """Stops the metadata probes and restores the signal handlers. Idempotent.
+
+        ``join=False`` (``__del__``, interpreter exit) does not wait for the
+        watcher-fn thread and starts nothing.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        with _open_sources_lock:
+            _open_sources.discard(self)
         self._stop_polling.set()
         self._watch.close()
         if self._metadata is not None:
             self._metadata.close()
         poller = self._poller
-        if poller is not None and poller is not threading.current_thread():
+        if join and poller is not None and poller is not threading.current_thread():
             # A watcher fn blocked in a call cannot be interrupted: leave its daemon thread.
             poller.join(POLLER_JOIN_TIMEOUT)

@@ -4,6 +4,14 @@ The step-resolution protocol (who saves at which step, the two grace rounds)
 lives in the Rust core (``src/step_resolution.rs`` explains it); this module
 performs what the core decides against TensorFlow: coordination-service keys,
 checkpoint saves, error reports and the exit.
+
+Ownership of a notice: while a handler is open it owns its worker's termination
+notices. Signal handlers installed before it are not called (as with TF, whose
+``signal.signal`` replaces them) until :meth:`PreemptionCheckpointHandler.close`
+restores them; a newer handler of the same worker in the same process (a second
+``model.fit``) takes the notices over from an older one that is still open; after
+a save whose ``exit_fn`` returns, further notices are absorbed (logged) until
+``close()``.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import numbers
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from . import _checkpoint, _cluster, _coordination, _errors, _native, _platform, _sources, watcher
@@ -47,6 +56,13 @@ THREAD_JOIN_TIMEOUT = 10.0
 #: blocked readers at shutdown, reporting an error, announcing a notice). The
 #: protocol's own writes are bounded by the peer timeout (60 s at most).
 SHUTDOWN_WRITE_TIMEOUT = 10.0
+
+
+#: The handler that owns the notices of each worker of this process, keyed by
+#: (coordination service, worker id): the newest one built. An older one that is
+#: still open hands every notice it sees to it and acts on none.
+_owners_lock = threading.Lock()
+_owners: dict = {}
 
 
 def _check_callable(name: str, value: Any) -> None:
@@ -144,15 +160,20 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
     Replaces ``tf.distribute.experimental.PreemptionCheckpointHandler`` with the
     same constructor, methods, coordination-service keys, checkpoint layout and
-    exit codes. ``run()`` is native: with no notice pending it costs one atomic
-    load over calling the function. Differences from TensorFlow:
+    exit codes. With no notice pending, ``run()`` adds two native calls to
+    calling the function (a clock read for the step time, an atomic load).
+    Differences from TensorFlow:
 
     * every wait for peers is bounded (``TerminationConfig(peer_timeout=...)``),
       and a timeout raises ``tf.errors.DeadlineExceededError`` naming the workers
       that did not answer;
     * it can be built off the main thread; SIGTERM is caught through
-      ``sigaction`` and any previously installed handler still runs; the
-      previous disposition is restored by :meth:`close`;
+      ``sigaction``. As with TF, a handler installed before it is not called
+      while it is open (it could end the process before the save); unlike TF,
+      :meth:`close` restores it, and one installed later is warned about;
+    * a second handler of the same worker takes the notices over from an open
+      older one (TF: both react); after an ``exit_fn`` that returns, further
+      notices are absorbed until :meth:`close`;
     * SIGTERM is watched even when a ``termination_watcher_fn`` is given;
     * a notice from any source wakes the watcher at once (TF polls once a second);
     * the final save of a grace period is planned from measured save and step
@@ -180,6 +201,12 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         self._sources: Optional[_sources.NoticeSources] = None
         self._closing = threading.Event()
         self._total_run_calls_warned = False
+        #: The newer handler of the same worker that owns the notices now, if any.
+        self._successor: Optional[weakref.ref] = None
+        #: An error a background thread of this handler met; raised by the next run().
+        self._thread_error: Optional[BaseException] = None
+        #: Notices the notice thread has finished with (acted on, absorbed or handed on).
+        self._notices_handled = 0
 
         _errors.module()
         config = TerminationConfig._from_any(termination_config)
@@ -233,6 +260,7 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             self._membership.worker_id, self._membership.num_workers, float(self._grace_period)
         )
         self._start_watchers()
+        self._take_over_notices()
         log.info(
             "PreemptionCheckpointHandler initialized or restored: worker %s, %d run(s) restored, "
             "platform %s (cloud %s, scheduler %s), grace period %gs, signals %s.",
@@ -246,6 +274,43 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         )
 
     # ------------------------------------------------------------------ API
+
+    def run(self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Runs ``distributed_train_function(*args, **kwargs)`` with preemption handling.
+
+        Before the call: saves at the agreed step and exits, or publishes a step,
+        when a notice needs it. An ``OpError`` (of the step or of that check) is
+        reported to the cluster outside local mode, then raised; a failed call is
+        not counted.
+        """
+        if self._core_begin_step():
+            try:
+                self._check_before_step((), None)
+            except BaseException as error:
+                replacement = self._reported(error)
+                if replacement is None:
+                    raise
+                raise replacement from error
+        try:
+            result = distributed_train_function(*args, **kwargs)
+        except BaseException as error:
+            self._core_step_failed()
+            replacement = self._reported(error)
+            if replacement is None:
+                raise
+            raise replacement from error
+        self._core_step_done()
+        return result
+
+    def save_checkpoint_if_preempted(self, *args: Any, **kwargs: Any) -> None:
+        """Saves (and maybe exits) at the agreed step, then counts one run.
+
+        For loops that do not wrap their step in :meth:`run`; the arguments go to
+        the checkpoint manager's ``save`` (orbit passes ``checkpoint_number``).
+        """
+        if self._core_begin_step():
+            self._check_before_step(args, kwargs)
+        self._core_step_done()
 
     @property
     def total_run_calls(self) -> int:
@@ -283,16 +348,46 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         if self._closed:
             return
         self._closed = True
+        self._give_up_ownership()
         self._stop_watchers()
 
     def __del__(self) -> None:
+        # Never joins, writes to the cluster or starts a thread: __del__ may run
+        # at interpreter exit, where a new thread blocks forever.
         with contextlib.suppress(Exception):
-            self.close()
+            if not self._closed:
+                self._closed = True
+                self._give_up_ownership()
+                self._closing.set()
+                if self._sources is not None:
+                    self._sources.close(join=False)
 
     # ------------------------------------------- hooks other libraries call
 
+    def _check_before_step(self, args: tuple, kwargs: Optional[dict]) -> None:
+        try:
+            self._check_preemption_and_maybe_checkpoint(*args, **(kwargs or {}))
+        finally:
+            self._core_after_check()
+
+    def _reported(self, error: BaseException) -> Optional[BaseException]:
+        """Reports ``error`` to the cluster (outside local mode); the error to raise in
+        its place, or None to raise ``error`` itself."""
+        if self._local_mode:
+            return None
+        try:
+            return self._propagate_error(error)
+        except Exception as e:  # noqa: BLE001 - the step's own error wins
+            log.error("Reporting %r to the cluster failed: %r", error, e)
+            return None
+
     def _check_preemption_and_maybe_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Acts on a notice or an agreed step before the next step (orbit calls this)."""
+        error = self._thread_error
+        if error is not None:
+            self._thread_error = None
+            self._core_set_pending(False)
+            raise error
         decision = self._core_before_step(self._clock())
         if decision is None:
             return
@@ -407,14 +502,18 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             raise
         after = self._core_saved(round_key, self._clock() - start)
         if after == "exit":
-            self._stop_watchers()
+            # The signal watch stays: until close(), a further notice is absorbed,
+            # not handed back to whatever was installed before (which could kill
+            # a worker that exit_fn chose to keep running).
+            self._stop_peer_watcher()
             self._checkpoints.remove_worker_temp(self._is_chief)
             log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
             self._exit_fn()
             # TF carries on silently here; say what state the worker is in.
             log.warning(
                 "exit_fn returned instead of ending the process: training continues, the "
-                "checkpoint of run %d is complete, and this handler no longer acts on notices.",
+                "checkpoint of run %d is complete, and this handler absorbs further notices "
+                "until close().",
                 step,
             )
         else:
@@ -430,9 +529,72 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
     # ------------------------------------------------------------ watchers
 
+    def _owner_key(self) -> tuple:
+        service = None if self._coordination is None else id(self._coordination.service)
+        return (service, self._id_in_cluster)
+
+    def _take_over_notices(self) -> None:
+        """Makes this handler the one that acts on its worker's notices.
+
+        An older handler of the same worker that is still open (tf_keras leaves
+        the handler of an earlier ``fit`` open) stops acting on notices and
+        watching the step keys; any notice it still sees is handed to this one,
+        whose resolver ignores one it already has.
+        """
+        key = self._owner_key()
+        with _owners_lock:
+            ref = _owners.get(key)
+            _owners[key] = weakref.ref(self)
+        older = None if ref is None else ref()
+        if older is not None and older is not self and not older._closed:
+            older._successor = weakref.ref(self)
+            log.info(
+                "A new PreemptionCheckpointHandler of worker %s takes over termination "
+                "notices from an earlier one that is still open (close() it when done).",
+                self._id_in_cluster,
+            )
+
+    def _give_up_ownership(self) -> None:
+        key = self._owner_key()
+        with _owners_lock:
+            ref = _owners.get(key)
+            if ref is not None and ref() in (self, None):
+                del _owners[key]
+
+    def _current_owner(self) -> Optional[PreemptionCheckpointHandler]:
+        """The newer handler that owns the notices now, or None when this one does."""
+        successor = None if self._successor is None else self._successor()
+        while successor is not None and successor._successor is not None:
+            later = successor._successor()
+            if later is None:
+                break
+            successor = later
+        return successor
+
+    def _fail_in_background(self, what: str, error: BaseException) -> None:
+        """A background thread met an error it cannot handle: the next ``run()`` raises it.
+
+        The error is TF's ``UnavailableError`` naming what failed and why (the
+        original is its ``__cause__``), so no thread ends without the handler
+        learning of it.
+        """
+        log.error("PreemptionCheckpointHandler: %s failed: %r", what, error)
+        if self._closing.is_set():
+            return
+        if isinstance(error, _errors.module().OpError):
+            raised = error
+        else:
+            raised = _errors.make(
+                "UnavailableError", f"worker {self._id_in_cluster}: {what} failed: {error!r}"
+            )
+            raised.__cause__ = error
+        if self._thread_error is None:
+            self._thread_error = raised
+        self._core_set_pending(True)
+
     def _start_watchers(self) -> None:
         self._sources = _sources.NoticeSources(
-            self._environment, self._signals, self._termination_watcher_fn
+            self._environment, self._signals, self._termination_watcher_fn, owner=True
         )
         self._notice_thread = threading.Thread(
             target=self._watch_own_notice,
@@ -464,9 +626,30 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             log.info("Termination notice after shutdown ignored.")
 
     def _watch_own_notice(self) -> None:
-        notice = self._sources.wait()
-        if notice is None or self._closing.is_set():
-            return
+        """Acts on every notice until close: the first one starts the protocol, later
+        ones are absorbed by the resolver (logged); an older handler forwards them."""
+        while True:
+            notice = self._sources.wait()
+            if notice is None or self._closing.is_set():
+                return
+            try:
+                owner = self._current_owner()
+                if owner is not None:
+                    log.info(
+                        "Termination notice from %s handed to the newer handler of worker %s.",
+                        notice.source,
+                        self._id_in_cluster,
+                    )
+                    if owner._sources is not None:
+                        owner._sources.trigger(notice.source, notice.deadline)
+                    continue
+                self._handle_notice(notice)
+            except BaseException as e:  # noqa: BLE001 - handed to the next run()
+                self._fail_in_background(f"handling the notice from {notice.source}", e)
+            finally:
+                self._notices_handled += 1
+
+    def _handle_notice(self, notice: _sources.Notice) -> None:
         deadline = None
         if notice.deadline is not None:
             # Platforms announce wall-clock times; the resolver runs on the monotonic clock.
@@ -498,7 +681,10 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
                     source,
                 )
         else:
-            log.info("Termination notice from %s ignored: already handling one.", source)
+            log.info(
+                "Termination notice from %s absorbed: this handler already acts on an earlier one.",
+                source,
+            )
 
     def _announce(self, source: str) -> None:
         """Tells PreemptionWatchers: in this process, and through the coordination service."""
@@ -554,6 +740,9 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
                 return
             if kind == "stop":
                 return
+            if self._current_owner() is not None:
+                # A newer handler of this worker watches and acknowledges now.
+                return
             try:
                 self._coordination.set(ack_key, _native.ACK_VALUE)
             except Exception as e:  # noqa: BLE001
@@ -574,16 +763,29 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         ):
             self._notice_thread.join(THREAD_JOIN_TIMEOUT)
         self._notice_thread = None
-        if self._peer_thread is not None:
+        self._stop_peer_watcher()
+
+    def _stop_peer_watcher(self) -> None:
+        """Releases the peer watcher (``STOP_WATCHER`` on the step keys) and joins it.
+
+        A handler that a newer one took over from writes nothing: the keys belong
+        to the newer one's protocol, and its own peer watcher stops by itself.
+        """
+        thread = self._peer_thread
+        if thread is None:
+            return
+        self._peer_thread = None
+        if self._current_owner() is None:
             for key in self._core_shutdown_keys():
                 try:
                     self._coordination.set(key, STOP_WATCHER, SHUTDOWN_WRITE_TIMEOUT)
                 except Exception as e:  # noqa: BLE001 - peers may have exited already
                     log.info("Ignoring error while releasing %s: %s", key, e)
-            self._peer_thread.join(THREAD_JOIN_TIMEOUT)
-            if self._peer_thread.is_alive():
-                log.warning(
-                    "The peer watcher did not stop within %gs; leaving it (daemon thread).",
-                    THREAD_JOIN_TIMEOUT,
-                )
-            self._peer_thread = None
+        if thread is threading.current_thread():
+            return
+        thread.join(THREAD_JOIN_TIMEOUT)
+        if thread.is_alive():
+            log.warning(
+                "The peer watcher did not stop within %gs; leaving it (daemon thread).",
+                THREAD_JOIN_TIMEOUT,
+            )

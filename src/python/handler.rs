@@ -1,11 +1,18 @@
 //! `HandlerCore`: the native base of `PreemptionCheckpointHandler`.
 //!
-//! It owns the hot path, `run()`: with no notice anywhere, the check before a
-//! step is one atomic load, then the user's function is called directly,
-//! counted and timed. Anything else goes to the Python method
-//! `_check_preemption_and_maybe_checkpoint`, which asks the [`Resolver`]
-//! (through the `_core_*` methods) what to do and performs it against
-//! TensorFlow.
+//! It holds the state of the hot path and the [`Resolver`]; `run()` itself is
+//! Python (`handler.py`) and calls in here twice per step: once before the
+//! step (`_core_begin_step`: one clock read and one mutex for the step-time
+//! sample, then one atomic load that says whether a notice or an agreed step
+//! needs attention) and once after it (`_core_step_done`: the run counter).
+//!
+//! No method here calls back into Python. That is deliberate: a daemon
+//! thread that CPython ends during finalization (`pthread_exit`, when it
+//! re-takes the GIL inside the user's step or a coordination call) unwinds
+//! its stack, and a Rust frame below that Python code catches the forced
+//! unwind and aborts the process ("FATAL: exception not rethrown", exit 134
+//! instead of the 42 it asked for). With `run()` in Python the user's step
+//! runs with no Rust frame beneath it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -14,7 +21,7 @@ use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use pyo3::{intern, IntoPyObjectExt};
+use pyo3::IntoPyObjectExt;
 
 use crate::grace::GracePlanner;
 use crate::step_resolution::{AfterSave, Decision, KeyOutcome, Membership, Notice, NoticeOutcome, Resolver, Round};
@@ -43,11 +50,12 @@ pub struct HandlerCore {
     /// Mirrors [`Resolver::needs_attention`]; the only thing `run()` reads
     /// when nothing is going on.
     attention: AtomicBool,
+    /// Set when a background thread of the handler has something the next
+    /// step must see (an error it met): `run()` then takes the slow path.
+    pending: AtomicBool,
     /// TensorFlow's `_run_counter`: completed `run()` calls, restored from
     /// the checkpoint.
     run_counter: AtomicU64,
-    /// Errors of a step are reported to the cluster unless local.
-    local: AtomicBool,
     state: Mutex<CoreState>,
 }
 
@@ -70,46 +78,6 @@ impl HandlerCore {
         }
     }
 
-    /// The check before a step: one atomic load when nothing is going on,
-    /// else the shim's `_check_preemption_and_maybe_checkpoint` (with the save
-    /// arguments of `save_checkpoint_if_preempted`, if any).
-    fn check_before_step(
-        &self,
-        slf: &Bound<'_, Self>,
-        save_args: Option<(&Bound<'_, PyTuple>, Option<&Bound<'_, PyDict>>)>,
-    ) -> PyResult<()> {
-        if !self.attention.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let name = intern!(slf.py(), "_check_preemption_and_maybe_checkpoint");
-        let checked = match save_args {
-            None => slf.call_method0(name),
-            Some((args, kwargs)) => slf.call_method(name, args, kwargs),
-        };
-        // A publish or save is not step time: restart the interval.
-        self.state.lock().last_start = Some(Instant::now());
-        checked.map(drop)
-    }
-
-    /// Hands a step's error to the shim's `_propagate_error` (which reports
-    /// `OpError`s to the cluster outside local mode) and returns the error to
-    /// raise: the step's own, or the one the reporter returned in its place
-    /// (the same type, its message naming peers that cannot be reached).
-    fn report(&self, slf: &Bound<'_, Self>, err: PyErr) -> PyErr {
-        if !self.local.load(Ordering::Relaxed) {
-            // The reporter swallows its own failures; if it raises anyway the
-            // step's error still wins.
-            if let Ok(replacement) = slf.call_method1(intern!(slf.py(), "_propagate_error"), (err.value(slf.py()),)) {
-                if replacement.is_instance_of::<pyo3::exceptions::PyBaseException>() {
-                    let replacement = PyErr::from_value(replacement);
-                    replacement.set_cause(slf.py(), Some(err));
-                    return replacement;
-                }
-            }
-        }
-        err
-    }
-
     fn with_resolver<T>(&self, f: impl FnOnce(&mut Resolver, &mut GracePlanner) -> PyResult<T>) -> PyResult<T> {
         let mut guard = self.state.lock();
         let CoreState { resolver, planner, .. } = &mut *guard;
@@ -129,8 +97,8 @@ impl HandlerCore {
     fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
         HandlerCore {
             attention: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
             run_counter: AtomicU64::new(0),
-            local: AtomicBool::new(true),
             state: Mutex::new(CoreState {
                 resolver: None,
                 planner: GracePlanner::new(),
@@ -140,45 +108,34 @@ impl HandlerCore {
         }
     }
 
-    /// Runs `distributed_train_function(*args, **kwargs)` with preemption
-    /// and error handling; see the Python class for the full contract.
-    #[pyo3(signature = (distributed_train_function, *args, **kwargs))]
-    fn run<'py>(
-        slf: &Bound<'py, Self>,
-        distributed_train_function: &Bound<'py, PyAny>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let this = slf.get();
-        this.step_started();
-        if let Err(err) = this.check_before_step(slf, None) {
-            // As in TensorFlow, the check is inside the reporting scope: a
-            // peer that did not acknowledge, or a failed save, reaches every
-            // worker rather than leaving them in a collective.
-            return Err(this.report(slf, err));
-        }
-        match distributed_train_function.call(args, kwargs) {
-            Ok(result) => {
-                this.run_counter.fetch_add(1, Ordering::Relaxed);
-                Ok(result)
-            }
-            Err(err) => {
-                // A failed call is not counted, and not a step duration.
-                this.state.lock().last_start = None;
-                Err(this.report(slf, err))
-            }
-        }
+    /// A step (a `run()` or `save_checkpoint_if_preempted` call) starts now:
+    /// records the step-time sample and returns whether a notice or an
+    /// agreed step needs the check before the step.
+    fn _core_begin_step(&self) -> bool {
+        self.step_started();
+        self.attention.load(Ordering::Acquire) || self.pending.load(Ordering::Acquire)
     }
 
-    /// Checks for an agreed step (saving and maybe exiting there), then
-    /// counts one run; the time since the previous call is the step time.
-    #[pyo3(signature = (*args, **kwargs))]
-    fn save_checkpoint_if_preempted(slf: &Bound<'_, Self>, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-        let this = slf.get();
-        this.step_started();
-        this.check_before_step(slf, Some((args, kwargs)))?;
-        this.run_counter.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+    /// Whether the next step must take the slow path for something other
+    /// than the resolver (a background thread's error).
+    fn _core_set_pending(&self, pending: bool) {
+        self.pending.store(pending, Ordering::Release);
+    }
+
+    /// The check before a step ended (a publish or a save is not step time:
+    /// the interval restarts now).
+    fn _core_after_check(&self) {
+        self.state.lock().last_start = Some(Instant::now());
+    }
+
+    /// The step failed: it is not counted, and not a step duration.
+    fn _core_step_failed(&self) {
+        self.state.lock().last_start = None;
+    }
+
+    /// The step completed: one more run.
+    fn _core_step_done(&self) {
+        self.run_counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Completed `run()` calls (TensorFlow's `_run_counter`).
@@ -225,7 +182,6 @@ impl HandlerCore {
                 )))
             }
         };
-        self.local.store(membership == Membership::Local, Ordering::Relaxed);
         let mut state = self.state.lock();
         state.resolver = Some(Resolver::new(membership, grace_period));
         self.attention.store(false, Ordering::Release);
@@ -330,25 +286,46 @@ impl HandlerCore {
         self.with_resolver(|r, _| Ok(r.shutdown_keys().to_vec()))
     }
 
-    /// A snapshot for logs and tests.
+    /// A snapshot for logs and tests. The values are read under the lock and
+    /// turned into Python objects after it is released.
     fn _core_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let state = self.state.lock();
-        let d = PyDict::new(py);
-        d.set_item("step_estimate", state.planner.step_estimate())?;
-        d.set_item("step_samples", state.planner.samples())?;
-        d.set_item("longest_save", state.planner.longest_save())?;
-        d.set_item("margin", state.planner.margin())?;
-        if let Some(r) = &state.resolver {
-            d.set_item("id", r.id())?;
-            d.set_item("round", r.round().key())?;
-            d.set_item("agreed_step", r.agreed_step())?;
-            d.set_item("leading", r.leading_notice().is_some())?;
-            d.set_item("counting_down", r.counting_down())?;
-            d.set_item("exited", r.exited())?;
-            if let Some(n) = r.leading_notice() {
-                d.set_item("deadline", GracePlanner::deadline(n, r.grace_period()))?;
-                d.set_item("final_round_at", state.planner.latest_publish(n, r.grace_period()))?;
+        let mut items: Vec<(&'static str, Option<f64>)> = Vec::new();
+        let mut texts: Vec<(&'static str, String)> = Vec::new();
+        let mut flags: Vec<(&'static str, bool)> = Vec::new();
+        let mut agreed_step = None;
+        let samples;
+        {
+            let state = self.state.lock();
+            items.push(("step_estimate", Some(state.planner.step_estimate())));
+            samples = state.planner.samples();
+            items.push(("longest_save", state.planner.longest_save()));
+            items.push(("margin", Some(state.planner.margin())));
+            if let Some(r) = &state.resolver {
+                texts.push(("id", r.id().to_string()));
+                texts.push(("round", r.round().key().to_string()));
+                agreed_step = Some(r.agreed_step());
+                flags.push(("leading", r.leading_notice().is_some()));
+                flags.push(("counting_down", r.counting_down()));
+                flags.push(("exited", r.exited()));
+                if let Some(n) = r.leading_notice() {
+                    items.push(("deadline", Some(GracePlanner::deadline(n, r.grace_period()))));
+                    items.push(("final_round_at", Some(state.planner.latest_publish(n, r.grace_period()))));
+                }
             }
+        }
+        let d = PyDict::new(py);
+        d.set_item("step_samples", samples)?;
+        for (k, v) in items {
+            d.set_item(k, v)?;
+        }
+        for (k, v) in texts {
+            d.set_item(k, v)?;
+        }
+        if let Some(step) = agreed_step {
+            d.set_item("agreed_step", step)?;
+        }
+        for (k, v) in flags {
+            d.set_item(k, v)?;
         }
         Ok(d)
     }

@@ -9,9 +9,13 @@
 //! | `failure.rs` | the worker/PS failure classifier |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!
-//! Blocking calls follow one loop: release the GIL for at most [`SLICE`],
-//! re-attach, run pending signal handlers (so Ctrl-C works), check the
-//! deadline, repeat. No Rust lock is held while Python runs.
+//! Blocking calls go through [`wait_sliced`]: on the main thread they release
+//! the GIL for at most [`SLICE`], re-attach, run pending signal handlers (so
+//! Ctrl-C works), check the deadline, repeat; on any other thread (where
+//! Python runs no signal handlers) the whole wait stays detached, so a daemon
+//! thread does not re-attach every slice and cannot be caught re-attaching
+//! while the interpreter finalizes (see [`detach`]). No Rust lock is held
+//! while Python runs.
 
 use std::time::{Duration, Instant};
 
@@ -49,15 +53,18 @@ pub(crate) fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> 
 /// aborts the process ("FATAL: exception not rethrown"). A daemon thread blocked
 /// in one of our waits when the program ends (a watcher, a coordinator worker
 /// thread) therefore parks here instead, as CPython 3.14 itself does, and dies
-/// with the process.
+/// with the process. The thread that runs the finalization (a `__del__` or
+/// `atexit`-time close) was attached when it came in and re-attaches as
+/// usual: parking it would hang the exit.
 pub(crate) fn detach<T, F>(py: Python<'_>, f: F) -> T
 where
     F: Send + FnOnce() -> T,
     T: Send,
 {
+    let finalizing_thread = interpreter_finalizing();
     py.detach(|| {
         let out = f();
-        while interpreter_finalizing() {
+        while !finalizing_thread && interpreter_finalizing() {
             std::thread::sleep(Duration::from_secs(1));
         }
         out
@@ -85,6 +92,47 @@ fn interpreter_finalizing() -> bool {
     function.is_some_and(|f| unsafe { f() } != 0)
 }
 
+/// `threading.main_thread().ident`, read when the module is initialised.
+static MAIN_THREAD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// Whether the calling thread is the interpreter's main thread, the only one
+/// that runs Python signal handlers (Python's thread ident is `pthread_self`).
+pub(crate) fn on_main_thread() -> bool {
+    // SAFETY: pthread_self has no preconditions.
+    #[allow(clippy::useless_conversion)]
+    let me = u64::from(unsafe { libc::pthread_self() });
+    MAIN_THREAD.get().map_or(true, |&main| main == me)
+}
+
+/// Waits in slices until `step(slice)` returns `Some` (its value) or
+/// `deadline` passes (`Ok(None)`).
+///
+/// # Errors
+///
+/// What a Python signal handler raised (on the main thread only), such as
+/// `KeyboardInterrupt`.
+pub(crate) fn wait_sliced<T, F>(py: Python<'_>, deadline: Option<Instant>, mut step: F) -> PyResult<Option<T>>
+where
+    F: Send + FnMut(Duration) -> Option<T>,
+    T: Send,
+{
+    if on_main_thread() {
+        loop {
+            let Some(slice) = next_slice(deadline) else { return Ok(None) };
+            if let Some(value) = detach(py, || step(slice)) {
+                return Ok(Some(value));
+            }
+            py.check_signals()?;
+        }
+    }
+    Ok(detach(py, move || loop {
+        let slice = next_slice(deadline)?;
+        if let Some(value) = step(slice) {
+            return Some(value);
+        }
+    }))
+}
+
 /// The slice to detach for: [`SLICE`], or less when the deadline is nearer.
 pub(crate) fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
     match deadline {
@@ -96,10 +144,16 @@ pub(crate) fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
     }
 }
 
+fn py_main_thread_ident(py: Python<'_>) -> PyResult<u64> {
+    py.import("threading")?.call_method0("main_thread")?.getattr("ident")?.extract()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // A second initialisation (a re-import) is harmless.
     let _ = pyo3_log::try_init();
+    let main: u64 = py_main_thread_ident(m.py())?;
+    let _ = MAIN_THREAD.set(main);
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("RUN_TO_CHECKPOINT", crate::step_resolution::RUN_TO_CHECKPOINT)?;
     m.add("LAST_RUN_TO_CHECKPOINT", crate::step_resolution::LAST_RUN_TO_CHECKPOINT)?;

@@ -1,18 +1,28 @@
 //! `SignalWatch`: [`SignalWatch`] for Python; its wait releases the GIL.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::{deadline_after, next_slice};
-use crate::termination::{SignalWatch, Wake};
+use super::{deadline_after, wait_sliced};
+use crate::termination::{Role, SignalWatch, Wake};
 
 /// Watches signals for one handler; `wait` releases the GIL.
 #[pyclass(frozen, name = "SignalWatch", module = "tf_failure_handling._native")]
 pub struct PySignalWatch {
     inner: Mutex<Option<Arc<SignalWatch>>>,
+    /// Set once the "someone replaced our handler" warning was logged.
+    displaced_warned: Arc<AtomicBool>,
+}
+
+/// What one slice of [`PySignalWatch::wait`] found.
+enum Woke {
+    Wake(Wake),
+    /// A watched signal's disposition is no longer ours (first time only).
+    Displaced(Vec<i32>),
 }
 
 impl PySignalWatch {
@@ -36,32 +46,62 @@ impl PySignalWatch {
 
 #[pymethods]
 impl PySignalWatch {
-    /// Installs handlers for `signals` from any thread, chaining the
-    /// previous handlers.
+    /// Installs handlers for `signals` from any thread. An `owner` (a
+    /// handler) holds back the previously installed handlers while it lives;
+    /// an observer (a watcher) chains them.
     #[new]
-    fn new(signals: Vec<i32>) -> PyResult<Self> {
-        let watch = SignalWatch::new(&signals).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    #[pyo3(signature = (signals, owner=false))]
+    fn new(signals: Vec<i32>, owner: bool) -> PyResult<Self> {
+        let role = if owner { Role::Owner } else { Role::Observer };
+        let watch = SignalWatch::new(&signals, role).map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(PySignalWatch {
             inner: Mutex::new(Some(Arc::new(watch))),
+            displaced_warned: Arc::new(AtomicBool::new(false)),
         })
     }
 
     /// Blocks up to `timeout` seconds (None: until woken) for a watched
     /// signal (returns its number) or a trigger (returns 0); None on timeout.
+    /// Logs a warning, once, when someone has replaced the handler of a
+    /// watched signal (it is then no longer seen).
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<i32>> {
         let watch = self.inner()?;
         let deadline = deadline_after(timeout)?;
         loop {
-            let Some(slice) = next_slice(deadline) else {
-                return Ok(watch.poll().map(wake_code));
-            };
             let w = Arc::clone(&watch);
-            if let Some(wake) = super::detach(py, move || w.wait(slice)) {
-                return Ok(Some(wake_code(wake)));
+            let warned = Arc::clone(&self.displaced_warned);
+            let woke = wait_sliced(py, deadline, move |slice| {
+                if let Some(wake) = w.wait(slice) {
+                    return Some(Woke::Wake(wake));
+                }
+                if warned.load(Ordering::Relaxed) {
+                    return None;
+                }
+                let displaced = w.displaced();
+                (!displaced.is_empty()).then(|| {
+                    warned.store(true, Ordering::Relaxed);
+                    Woke::Displaced(displaced)
+                })
+            })?;
+            match woke {
+                None => return Ok(watch.poll().map(wake_code)),
+                Some(Woke::Wake(wake)) => return Ok(Some(wake_code(wake))),
+                Some(Woke::Displaced(signals)) => warn_displaced(&signals),
             }
-            py.check_signals()?;
         }
+    }
+
+    /// The watched signals whose handler someone replaced after ours (they
+    /// are no longer seen).
+    fn displaced(&self) -> PyResult<Vec<i32>> {
+        Ok(self.inner()?.displaced())
+    }
+
+    /// Whether this watch owns its signals' notices.
+    #[getter]
+    fn owner(&self) -> PyResult<bool> {
+        Ok(self.inner()?.role() == Role::Owner)
     }
 
     /// Reports a pending delivery or trigger without blocking.
@@ -88,6 +128,17 @@ impl PySignalWatch {
             w.trigger();
         }
     }
+}
+
+fn warn_displaced(signals: &[i32]) {
+    let names: Vec<String> = signals.iter().map(|s| format!("signal {s}")).collect();
+    log::warn!(
+        target: "tf_failure_handling",
+        "The handler of {} was replaced after tf_failure_handling installed its own (a later \
+         signal.signal or sigaction call): that signal no longer reaches the preemption handler or \
+         watcher. Install your handler before building them, or close them first.",
+        names.join(", ")
+    );
 }
 
 fn wake_code(wake: Wake) -> i32 {

@@ -9,7 +9,14 @@ use parking_lot::{Condvar, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::{deadline_after, next_slice};
+use super::{deadline_after, wait_sliced};
+
+/// What a get found.
+enum Found {
+    Value(String),
+    /// The cluster's error: `(code, message)`.
+    Error(i64, String),
+}
 
 #[derive(Default)]
 struct Store {
@@ -25,6 +32,17 @@ pub struct KeyValueStore {
     /// Signalled on every set, delete and error report: what blocked gets
     /// wait for.
     changed: Condvar,
+}
+
+impl KeyValueStore {
+    /// The error reported to the cluster, else the value of `key`, if any.
+    fn lookup(&self, key: &str) -> Option<Found> {
+        let s = self.store.lock();
+        if let Some((code, message)) = &s.error {
+            return Some(Found::Error(*code, message.clone()));
+        }
+        s.values.get(key).cloned().map(Found::Value)
+    }
 }
 
 #[pymethods]
@@ -55,33 +73,25 @@ impl KeyValueStore {
     #[pyo3(signature = (key, timeout=None))]
     fn get<'py>(&self, py: Python<'py>, key: String, timeout: Option<f64>) -> PyResult<Bound<'py, PyTuple>> {
         let deadline = deadline_after(timeout)?;
-        loop {
-            {
-                let s = self.store.lock();
-                if let Some((code, message)) = &s.error {
-                    return ("error", (*code, message.clone()))
-                        .into_pyobject(py)
-                        .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
-                }
-                if let Some(v) = s.values.get(&key) {
-                    return ("ok", v.clone())
-                        .into_pyobject(py)
-                        .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
-                }
-            }
-            let Some(slice) = next_slice(deadline) else {
-                return ("timeout", py.None())
-                    .into_pyobject(py)
-                    .map(|t| t.cast_into::<PyTuple>().expect("a tuple"));
-            };
-            super::detach(py, || {
+        // The answer is taken under the lock and turned into Python objects
+        // after it is released (no Rust lock is held while Python runs).
+        let answer = match self.lookup(&key) {
+            Some(found) => Some(found),
+            None => wait_sliced(py, deadline, |slice| {
                 let mut s = self.store.lock();
                 if s.error.is_none() && !s.values.contains_key(&key) {
                     let _ = self.changed.wait_for(&mut s, slice);
                 }
-            });
-            py.check_signals()?;
-        }
+                drop(s);
+                self.lookup(&key)
+            })?,
+        };
+        let tuple = match answer {
+            None => ("timeout", py.None()).into_pyobject(py)?,
+            Some(Found::Error(code, message)) => ("error", (code, message)).into_pyobject(py)?.into_any().cast_into::<PyTuple>()?,
+            Some(Found::Value(v)) => ("ok", v).into_pyobject(py)?.into_any().cast_into::<PyTuple>()?,
+        };
+        Ok(tuple)
     }
 
     /// The value of `key` without blocking.

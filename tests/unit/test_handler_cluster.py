@@ -63,11 +63,10 @@ def make_worker(notices, steps=STEPS, config=None, record=None, before_step=None
 def wait_for_notice(handler):
     """Waits until the handler's notice watcher has handled the notice (claimed or stood down).
 
-    The watcher thread ends after handling one notice; waiting for that makes the step at
-    which the leader publishes deterministic (its next check) without depending on peers.
+    Waiting for that makes the step at which the leader publishes deterministic (its next
+    check) without depending on peers.
     """
-    thread = handler._notice_thread
-    wait_until(lambda: thread is None or not thread.is_alive(), what="the notice to be handled")
+    wait_until(lambda: handler._notices_handled >= 1, what="the notice to be handled")
 
 
 def uninterrupted_value(n: int, steps: int = STEPS) -> float:

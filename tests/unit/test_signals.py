@@ -128,31 +128,6 @@ def test_handler_built_off_the_main_thread_sees_sigterm_and_exits_42(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_previous_python_handler_is_chained(tmp_path):
-    rc, events, proc = run_script(
-        tmp_path,
-        """
-        got = []
-        signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
-
-        def exit_fn():
-            emit("exit", python_handler_calls=len(got), signals=got)
-            sys.exit(42)
-
-        h = PreemptionCheckpointHandler(None, ckpt, CKPT_DIR, TerminationConfig(exit_fn=exit_fn))
-        h.run(step)
-        os.kill(os.getpid(), signal.SIGTERM)
-        wait_for_attention(h)
-        train_until_exit(h)
-        """,
-    )
-    assert rc == 42, _details(proc)
-    assert events["exit"]["python_handler_calls"] == 1, events
-    assert events["exit"]["signals"] == [int(signal.SIGTERM)]
-    assert saved_checkpoint(tmp_path) is not None
-
-
-@pytest.mark.timeout(60)
 def test_sigterm_is_watched_even_with_a_watcher_fn(tmp_path):
     rc, events, proc = run_script(
         tmp_path,
