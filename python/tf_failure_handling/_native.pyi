@@ -12,7 +12,6 @@ STOP_WATCHER: str
 PREEMPTION_NOTICE_KEY: str
 CHECKPOINTED_RUNS: str
 
-
 class HandlerCore:
     """Native base of ``PreemptionCheckpointHandler``: the hot path's state and the step
     resolver. Nothing here calls back into Python (``run()`` is Python)."""
