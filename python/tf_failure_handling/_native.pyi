@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``tf_failure_handling._native``."""
 
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional, TypeVar
 
 __version__: str
 RUN_TO_CHECKPOINT: str
@@ -12,14 +12,18 @@ STOP_WATCHER: str
 PREEMPTION_NOTICE_KEY: str
 CHECKPOINTED_RUNS: str
 
+_T = TypeVar("_T")
+
 class HandlerCore:
-    """Native base of ``PreemptionCheckpointHandler``: the hot path's state and the step
-    resolver. Nothing here calls back into Python (``run()`` is Python)."""
+    """Native base of ``PreemptionCheckpointHandler``: the hot path and the step resolver."""
 
     _run_counter: int
     @property
     def _attention(self) -> bool: ...
     def __new__(cls, *args: Any, **kwargs: Any) -> HandlerCore: ...
+    def run(
+        self, distributed_train_function: Callable[..., _T], *args: Any, **kwargs: Any
+    ) -> _T: ...
     def _core_begin_step(self) -> bool: ...
     def _core_after_check(self) -> None: ...
     def _core_step_failed(self) -> None: ...

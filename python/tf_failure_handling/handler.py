@@ -160,8 +160,8 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
     Replaces ``tf.distribute.experimental.PreemptionCheckpointHandler`` with the
     same constructor, methods, coordination-service keys, checkpoint layout and
-    exit codes. With no notice pending, ``run()`` adds two native calls to
-    calling the function (a clock read for the step time, an atomic load).
+    exit codes. ``run(fn, *args, **kwargs)`` is native: with no notice pending it
+    adds a clock read (the step time) and two atomic loads to calling ``fn``.
     Differences from TensorFlow:
 
     * every wait for peers is bounded (``TerminationConfig(peer_timeout=...)``),
@@ -275,33 +275,6 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
     # ------------------------------------------------------------------ API
 
-    def run(self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Runs ``distributed_train_function(*args, **kwargs)`` with preemption handling.
-
-        Before the call: saves at the agreed step and exits, or publishes a step,
-        when a notice needs it. An ``OpError`` (of the step or of that check) is
-        reported to the cluster outside local mode, then raised; a failed call is
-        not counted.
-        """
-        if self._core_begin_step():
-            try:
-                self._check_before_step((), None)
-            except BaseException as error:
-                replacement = self._reported(error)
-                if replacement is None:
-                    raise
-                raise replacement from error
-        try:
-            result = distributed_train_function(*args, **kwargs)
-        except BaseException as error:
-            self._core_step_failed()
-            replacement = self._reported(error)
-            if replacement is None:
-                raise
-            raise replacement from error
-        self._core_step_done()
-        return result
-
     def save_checkpoint_if_preempted(self, *args: Any, **kwargs: Any) -> None:
         """Saves (and maybe exits) at the agreed step, then counts one run.
 
@@ -369,6 +342,29 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             self._check_preemption_and_maybe_checkpoint(*args, **(kwargs or {}))
         finally:
             self._core_after_check()
+
+    # ``run(fn, *args, **kwargs)`` is native (HandlerCore.run, src/python/handler.rs):
+    # it calls these two only when a notice needs attention or the step failed.
+
+    def _run_check(self) -> None:
+        """The check before ``run()``'s step. As in TF it is inside the reporting scope:
+        a peer that did not acknowledge, or a failed save, reaches every worker."""
+        try:
+            self._check_before_step((), None)
+        except BaseException as error:
+            replacement = self._reported(error)
+            if replacement is None:
+                raise
+            raise replacement from error
+
+    def _run_failed(self, error: BaseException) -> BaseException:
+        """``run()``'s step raised ``error``: not counted, reported; returns what to raise."""
+        self._core_step_failed()
+        replacement = self._reported(error)
+        if replacement is None:
+            return error
+        replacement.__cause__ = error
+        return replacement
 
     def _reported(self, error: BaseException) -> Optional[BaseException]:
         """Reports ``error`` to the cluster (outside local mode); the error to raise in

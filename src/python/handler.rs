@@ -1,27 +1,33 @@
 //! `HandlerCore`: the native base of `PreemptionCheckpointHandler`.
 //!
-//! It holds the state of the hot path and the [`Resolver`]; `run()` itself is
-//! Python (`handler.py`) and calls in here twice per step: once before the
-//! step (`_core_begin_step`: one clock read and one mutex for the step-time
-//! sample, then one atomic load that says whether a notice or an agreed step
-//! needs attention) and once after it (`_core_step_done`: the run counter).
+//! It holds the hot path, `run()`, and the [`Resolver`]. With nothing going
+//! on, `run()` reads the clock once and takes one mutex for the step-time
+//! sample, loads two atomics (a notice or an agreed step needs attention; a
+//! background thread left an error), calls the user's function and counts
+//! the run. Anything else goes to Python methods of the shim
+//! (`_run_check`, `_run_failed`), which ask the [`Resolver`] through the
+//! `_core_*` methods what to do and perform it against TensorFlow.
 //!
-//! No method here calls back into Python. That is deliberate: a daemon
-//! thread that CPython ends during finalization (`pthread_exit`, when it
-//! re-takes the GIL inside the user's step or a coordination call) unwinds
-//! its stack, and a Rust frame below that Python code catches the forced
-//! unwind and aborts the process ("FATAL: exception not rethrown", exit 134
-//! instead of the 42 it asked for). With `run()` in Python the user's step
-//! runs with no Rust frame beneath it.
+//! `run()` is not a PyO3 method but a raw `METH_FASTCALL` function
+//! ([`run_fastcall`]), for one reason: a daemon thread that CPython ends
+//! during finalization (`pthread_exit`, when it re-takes the GIL inside the
+//! user's step or a coordination call) unwinds its stack, and PyO3's
+//! trampoline beneath that Python code catches the forced unwind and aborts
+//! the process ("FATAL: exception not rethrown", exit 134 instead of the 42
+//! it asked for). [`run_fastcall`] is `extern "C-unwind"`, has no
+//! `catch_unwind`, and holds only raw pointers and plain values while Python
+//! runs, so a forced unwind passes through it untouched. It must not panic:
+//! it calls nothing that can.
 
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use pyo3::IntoPyObjectExt;
+use pyo3::{ffi, intern, Borrowed, IntoPyObjectExt};
 
 use crate::grace::GracePlanner;
 use crate::step_resolution::{AfterSave, Decision, KeyOutcome, Membership, Notice, NoticeOutcome, Resolver, Round};
@@ -88,6 +94,91 @@ impl HandlerCore {
         self.attention.store(resolver.needs_attention(), Ordering::Release);
         out
     }
+}
+
+/// `HandlerCore.run(distributed_train_function, *args, **kwargs)`; see the
+/// module doc for why it is raw.
+///
+/// # Safety
+///
+/// Called by CPython as a `METH_FASTCALL | METH_KEYWORDS` method of
+/// `HandlerCore` (the descriptor checks `slf`'s type), with the GIL held.
+unsafe extern "C-unwind" fn run_fastcall(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls methods with the GIL held.
+    let py = unsafe { Python::assume_attached() };
+    if nargs < 1 {
+        PyTypeError::new_err("run() missing 1 required positional argument: 'distributed_train_function'").restore(py);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `slf` is a live object for the duration of the call; the
+    // method descriptor already checked that it is a HandlerCore.
+    let core = unsafe { Borrowed::from_ptr(py, slf).cast_unchecked::<HandlerCore>() }.get();
+    core.step_started();
+    if core.attention.load(Ordering::Acquire) || core.pending.load(Ordering::Acquire) {
+        let name = intern!(py, "_run_check").as_ptr();
+        // SAFETY: a method call with owned result, NULL-terminated varargs.
+        let checked = unsafe { ffi::PyObject_CallMethodObjArgs(slf, name, std::ptr::null_mut::<ffi::PyObject>()) };
+        if checked.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: we own the result.
+        unsafe { ffi::Py_DECREF(checked) };
+    }
+    #[allow(clippy::cast_sign_loss)]
+    let positional = (nargs - 1) as usize;
+    // SAFETY: `args` holds `nargs` positional arguments followed by the
+    // keyword values named by `kwnames`; the first is the function.
+    let result = unsafe { ffi::PyObject_Vectorcall(*args, args.add(1), positional, kwnames) };
+    if result.is_null() {
+        // Only raw pointers live across the Python call below.
+        let error = PyErr::fetch(py).into_value(py).into_ptr();
+        let name = intern!(py, "_run_failed").as_ptr();
+        // SAFETY: a method call with owned result, NULL-terminated varargs;
+        // `error` is owned and released after it.
+        let raised = unsafe {
+            let raised = ffi::PyObject_CallMethodObjArgs(slf, name, error, std::ptr::null_mut::<ffi::PyObject>());
+            ffi::Py_DECREF(error);
+            raised
+        };
+        if !raised.is_null() {
+            // SAFETY: we own `raised`, the exception to raise.
+            PyErr::from_value(unsafe { Bound::from_owned_ptr(py, raised) }).restore(py);
+        }
+        return std::ptr::null_mut();
+    }
+    core.run_counter.fetch_add(1, Ordering::Relaxed);
+    result
+}
+
+/// A `PyMethodDef` that CPython may point to forever.
+struct MethodDef(UnsafeCell<ffi::PyMethodDef>);
+// SAFETY: written once here, then only read by CPython under the GIL.
+unsafe impl Sync for MethodDef {}
+
+type FastCall = unsafe extern "C-unwind" fn(*mut ffi::PyObject, *const *mut ffi::PyObject, ffi::Py_ssize_t, *mut ffi::PyObject) -> *mut ffi::PyObject;
+
+static RUN_DEF: MethodDef = MethodDef(UnsafeCell::new(ffi::PyMethodDef {
+    ml_name: c"run".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        // SAFETY: the same ABI; only the unwind annotation differs, and
+        // unwinding through `run_fastcall` is what it is defined for.
+        PyCFunctionFastWithKeywords: unsafe { std::mem::transmute::<FastCall, ffi::PyCFunctionFastWithKeywords>(run_fastcall) },
+    },
+    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+    ml_doc: c"run(distributed_train_function, *args, **kwargs)\n--\n\nRuns the function with preemption and error handling; see PreemptionCheckpointHandler.run.".as_ptr(),
+}));
+
+/// Puts `run` (a method descriptor over [`run_fastcall`]) on `HandlerCore`.
+pub(crate) fn add_run(py: Python<'_>) -> PyResult<()> {
+    let ty = py.get_type::<HandlerCore>();
+    // SAFETY: a static method definition and HandlerCore's type object.
+    let descr = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyDescr_NewMethod(ty.as_type_ptr(), RUN_DEF.0.get()))? };
+    ty.setattr("run", descr)
 }
 
 #[pymethods]

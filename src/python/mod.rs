@@ -164,6 +164,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
     m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
     m.add_class::<handler::HandlerCore>()?;
+    handler::add_run(m.py())?;
     signals::register(m)?;
     m.add_class::<store::KeyValueStore>()?;
     closure_queue::register(m)?;

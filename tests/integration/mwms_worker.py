@@ -176,8 +176,35 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="send SIGTERM to this process before this step",
     )
+    p.add_argument(
+        "--previous-handler",
+        choices=tuple(PREVIOUS_HANDLERS),
+        default="none",
+        help="a SIGTERM handler installed before the preemption handler is built",
+    )
+    p.add_argument(
+        "--stale-handler",
+        action="store_true",
+        help="build a first handler on the same checkpoint and leave it open (tf_keras' "
+        "second fit), then the one that trains",
+    )
     p.add_argument("--progress-every", type=int, default=10)
     return p.parse_args(argv)
+
+
+def _install_faulthandler_chain() -> None:
+    import faulthandler
+
+    faulthandler.register(signal.SIGTERM, chain=True)
+
+
+#: SIGTERM handlers a process may have before the preemption handler: absltest and TF's
+#: multi-process harness register faulthandler with chain=True; a script may exit itself.
+PREVIOUS_HANDLERS = {
+    "none": lambda: None,
+    "faulthandler-chain": _install_faulthandler_chain,
+    "python-exit-3": lambda: signal.signal(signal.SIGTERM, lambda *_: sys.exit(3)),
+}
 
 
 def free_ports(n: int) -> list[int]:
@@ -339,6 +366,16 @@ def main(argv=None) -> int:
     if args.grace > 0:
         config_kwargs["grace_period"] = args.grace
     termination_config = config_cls(**config_kwargs) if config_kwargs else None
+
+    PREVIOUS_HANDLERS[args.previous_handler]()
+    if args.stale_handler:
+        stale = handler_cls(
+            strategy.cluster_resolver,
+            checkpoint,
+            checkpoint_dir=args.ckpt_dir,
+            termination_config=termination_config,
+        )
+        stale.run(lambda: None)  # kept open and never closed, as tf_keras does
 
     t_handler = time.monotonic()
     handler = handler_cls(
