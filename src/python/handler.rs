@@ -160,7 +160,8 @@ struct MethodDef(UnsafeCell<ffi::PyMethodDef>);
 // SAFETY: written once here, then only read by CPython under the GIL.
 unsafe impl Sync for MethodDef {}
 
-type FastCall = unsafe extern "C-unwind" fn(*mut ffi::PyObject, *const *mut ffi::PyObject, ffi::Py_ssize_t, *mut ffi::PyObject) -> *mut ffi::PyObject;
+type FastCall =
+    unsafe extern "C-unwind" fn(*mut ffi::PyObject, *const *mut ffi::PyObject, ffi::Py_ssize_t, *mut ffi::PyObject) -> *mut ffi::PyObject;
 
 static RUN_DEF: MethodDef = MethodDef(UnsafeCell::new(ffi::PyMethodDef {
     ml_name: c"run".as_ptr(),
