@@ -59,9 +59,11 @@ def median(values: Iterable[float]) -> float:
 
 def markdown(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     """A Markdown table, as the README has it."""
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+
+    def line(cells: Sequence[str]) -> str:
+        return "|" + "".join(f" {c} |" if c else " |" for c in cells)
+
+    return "\n".join([line(header), line(["---"] * len(header)), *map(line, rows)])
 
 
 def print_readme_table(title: str, header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
