@@ -15,14 +15,18 @@ MICRO = "\u00b5"
 
 
 def duration(seconds: float) -> str:
-    """``42 ns``, ``1.52 us``, ``11.8 us``, ``3.4 ms``, ``0.110 s`` (with the micro sign)."""
+    """``42 ns``, ``1.52 us``, ``11.8 us``, ``654 us``, ``1.36 ms``, ``0.110 s`` (micro sign)."""
     ns = seconds * 1e9
     if ns < 1_000:
         return f"{ns:.0f} ns"
     if ns < 10_000:
         return f"{ns / 1e3:.2f} {MICRO}s"
-    if ns < 1_000_000:
+    if ns < 100_000:
         return f"{ns / 1e3:.1f} {MICRO}s"
+    if ns < 1_000_000:
+        return f"{ns / 1e3:.0f} {MICRO}s"
+    if seconds < 0.01:
+        return f"{seconds * 1e3:.2f} ms"
     if seconds < 0.1:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds:.3f} s"
@@ -40,17 +44,18 @@ def per_second(rate: float) -> str:
 
 
 def ratio(r: float) -> str:
-    """``123x``, ``4.4x`` (with the multiplication sign)."""
-    return f"{r:.0f}{TIMES}" if r >= 10 else f"{r:.1f}{TIMES}"
+    """``123x``, ``4.4x``, ``1.07x`` (with the multiplication sign)."""
+    digits = 0 if r >= 10 else 1 if r >= 2 else 2
+    return f"{r:.{digits}f}{TIMES}"
 
 
 def ratio_range(ratios: Iterable[float]) -> str:
-    """``105-131x``, ``1.0-1.4x`` (en dash, multiplication sign): lowest and highest."""
+    """``105-131x``, ``1.0-1.4x`` (en dash, multiplication sign): lowest and highest;
+    two decimals below 2x."""
     values = sorted(ratios)
     lo, hi = values[0], values[-1]
-    if hi >= 10:
-        return f"{lo:.0f}{DASH}{hi:.0f}{TIMES}"
-    return f"{lo:.1f}{DASH}{hi:.1f}{TIMES}"
+    digits = 0 if hi >= 10 else 1 if hi >= 2 else 2
+    return f"{lo:.{digits}f}{DASH}{hi:.{digits}f}{TIMES}"
 
 
 def median(values: Iterable[float]) -> float:
