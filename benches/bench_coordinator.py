@@ -20,7 +20,7 @@ ratio of the medians (ours over TF for closures/s, TF over ours for the time
 per call: above 1 means ours is better) and the range of the per-round ratios,
 then the README's table.
 
-    python benches/bench_coordinator.py [--rounds 3] [--waves 4] [--closures 300]
+    python benches/bench_coordinator.py [--rounds 4] [--waves 4] [--closures 300]
 
 Every address is 127.0.0.1 (``require_loopback``).
 """
@@ -130,7 +130,7 @@ def one_run(impl: str, args: argparse.Namespace, root: Path, name: str) -> list[
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--waves", type=int, default=4)
     parser.add_argument("--closures", type=int, default=300, help="closures per wave")
     parser.add_argument("--warmup", type=int, default=50)

@@ -10,7 +10,7 @@ ours, ``--repeats`` times each:
 
 Prints medians and the ratios.
 
-    python benches/bench_notice.py [--repeats 3]
+    python benches/bench_notice.py [--repeats 5]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def one_run(impl: str, scenario: str, root: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", choices=("sigterm", "watcher"), default=None)
     args = parser.parse_args()
     os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
