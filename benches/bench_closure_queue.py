@@ -28,7 +28,7 @@ The threads of a round start together at a ``threading.Barrier``; nothing is
 synchronised by sleeping. Every workload runs once per queue to warm up (both
 queues), then ``--rounds`` rounds, TF's and ours alternately. Prints closures
 per second (medians), the ratio of the medians and the range of the per-round
-ratios, then the README's table.
+ratios, then the README's table (which adds the wall time per closure).
 
     python benches/bench_closure_queue.py [--closures 20000] [--rounds 7]
 
@@ -256,8 +256,8 @@ def main() -> int:
         table.append(
             (
                 label,
-                f"{tf_rate} closures/s",
-                f"{ours_rate} closures/s",
+                f"{tf_rate} closures/s ({_report.duration(tf_s / n)})",
+                f"{ours_rate} closures/s ({_report.duration(ours_s / n)})",
                 f"{ratio} ({spread})",
                 overlap,
                 f"{alone_rate} closures/s" if alone_rate else "",

@@ -198,9 +198,9 @@ def main() -> int:
         ("", "TensorFlow", "tf-failure-handling", "ratio, ours better (per round)"),
         [
             (
-                "closures/s through `schedule()` + `join()`",
-                f"{rate('tf'):.0f}",
-                f"{rate('ours'):.0f}",
+                "closures/s through `schedule()` + `join()` (wall time per closure)",
+                f"{rate('tf'):.0f} ({_report.duration(1 / rate('tf'))})",
+                f"{rate('ours'):.0f} ({_report.duration(1 / rate('ours'))})",
                 f"{_report.ratio(ratio)} ({spread})",
             ),
             (
