@@ -41,9 +41,12 @@ lint: $(STAMP)
 test-python: build
 	$(PY) -m pytest tests -q
 
+# The README's performance tables, in its order: each bench runs TF's class and
+# ours alternately and ends with its table in the README's format ("README, ...").
 bench: build-release
 	$(PY) benches/bench_run.py
 	$(PY) benches/bench_closure_queue.py
+	$(PY) benches/bench_coordinator.py
 	$(PY) benches/bench_classify.py
 	$(PY) benches/bench_notice.py
 

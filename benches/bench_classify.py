@@ -4,10 +4,17 @@
 Each function classifies the same errors -- a worker ``UnavailableError``, a
 PS ``UnavailableError``, a plain ``InvalidArgumentError`` and a
 ``ClosureInputError`` wrapping the worker error -- one at a time and as a mix.
-A sample is the mean time per call over ``--calls`` calls, minus the same loop
-with no call; the figure is the median of ``--repeats`` samples, with TF's and
-our samples interleaved so that both see the same machine. Prints a table and
-the ratios; the target is ours >= 10x faster than TF's ``_is_worker_failure``.
+A third row, "ps, then worker", times what the coordinator's failure handling
+asks of the classifier for one failed closure: ``_is_ps_failure(e)`` (its
+transient-PS-failure check) and then ``_is_worker_failure(e)`` (its
+preemption check), both called on each error in one loop -- TF's two
+functions against our two.
+
+A sample is the mean time per error over ``--calls`` errors, minus the same
+loop with no call; the figure is the median of ``--repeats`` samples, with
+TF's and our samples interleaved so that both see the same machine. Prints a
+table with the ratio of the medians and the range of the per-repeat ratios,
+then the README's table (the mix rows).
 
 Build the extension with ``maturin develop --release`` first.
 
@@ -22,16 +29,33 @@ import statistics
 import sys
 import time
 
+import _report
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MIX = "mix of the four"
+#: The row that times both classifications per error in one loop.
+BOTH = "ps, then worker"
 
 
 def loop_ns(fn, items: list, calls: int) -> float:
-    """Mean ns per call of ``fn`` over ``calls`` calls cycling through ``items``."""
+    """Mean ns per item of ``fn(x)`` over ``calls`` items cycling through ``items``."""
     rounds = max(1, calls // len(items))
     start = time.perf_counter_ns()
     for _ in range(rounds):
         for x in items:
             fn(x)
+    return (time.perf_counter_ns() - start) / (rounds * len(items))
+
+
+def loop_both_ns(first, second, items: list, calls: int) -> float:
+    """Mean ns per item of ``first(x)`` and then ``second(x)``, in one loop."""
+    rounds = max(1, calls // len(items))
+    start = time.perf_counter_ns()
+    for _ in range(rounds):
+        for x in items:
+            first(x)
+            second(x)
     return (time.perf_counter_ns() - start) / (rounds * len(items))
 
 
@@ -78,7 +102,7 @@ def main() -> int:
         "PS Unavailable": [ps],
         "InvalidArgument": [invalid],
         "ClosureInputError(worker)": [wrapped],
-        "mix of the four": [worker, ps, invalid, wrapped],
+        MIX: [worker, ps, invalid, wrapped],
     }
     pairs = {
         "is_worker_failure": (cc._is_worker_failure, _failure.is_worker_failure),
@@ -89,23 +113,66 @@ def main() -> int:
             for x in items:
                 assert tf_fn(x) == our_fn(x), (tf_fn, x)
 
+    def timer(name: str):
+        """``(tf_loop, our_loop)``, each ``(items, calls) -> ns per item``."""
+        if name != BOTH:
+            tf_fn, our_fn = pairs[name]
+            return (
+                lambda items, calls: loop_ns(tf_fn, items, calls),
+                lambda items, calls: loop_ns(our_fn, items, calls),
+            )
+        tf_ps, ours_ps = pairs["is_ps_failure"]
+        tf_worker, ours_worker = pairs["is_worker_failure"]
+        return (
+            lambda items, calls: loop_both_ns(tf_ps, tf_worker, items, calls),
+            lambda items, calls: loop_both_ns(ours_ps, ours_worker, items, calls),
+        )
+
     print(f"python {sys.version.split()[0]}, {args.calls} calls x {args.repeats} repeats")
-    print(f"{'function':<18} {'errors':<26} {'TF ns':>8} {'ours ns':>8} {'ratio':>7}")
-    worst = {}
-    for fname, (tf_fn, our_fn) in pairs.items():
+    print(
+        f"{'function':<18} {'errors':<26} {'TF ns':>8} {'ours ns':>8} {'ratio':>7}"
+        f" {'per repeat':>11}"
+    )
+    worst: dict = {}
+    mix: dict = {}
+    for fname in (*pairs, BOTH):
+        tf_loop, our_loop = timer(fname)
         for cname, items in cases.items():
             tf_s, our_s = [], []
             for _ in range(args.repeats):
                 base = empty_ns(items, args.calls)
-                tf_s.append(loop_ns(tf_fn, items, args.calls) - base)
-                our_s.append(loop_ns(our_fn, items, args.calls) - base)
+                tf_s.append(tf_loop(items, args.calls) - base)
+                our_s.append(our_loop(items, args.calls) - base)
             t, o = statistics.median(tf_s), statistics.median(our_s)
+            per_repeat = _report.ratio_range(a / b for a, b in zip(tf_s, our_s))
             worst[fname] = min(worst.get(fname, float("inf")), t / o)
-            print(f"{fname:<18} {cname:<26} {t:8.0f} {o:8.0f} {t / o:6.1f}x")
-    base = statistics.median(empty_ns(cases["mix of the four"], args.calls) for _ in range(5))
+            if cname == MIX:
+                mix[fname] = (t, o, per_repeat)
+            print(f"{fname:<18} {cname:<26} {t:8.0f} {o:8.0f} {t / o:6.1f}x {per_repeat:>11}")
+    base = statistics.median(empty_ns(cases[MIX], args.calls) for _ in range(5))
     print(f"(loop overhead subtracted: {base:.0f} ns per iteration)")
     for fname, ratio in worst.items():
         print(f"worst ratio, {fname}: {ratio:.1f}x")
+
+    labels = {
+        "is_worker_failure": "`_is_worker_failure` (mix of worker, PS, app and wrapped errors)",
+        "is_ps_failure": "`_is_ps_failure` (same mix)",
+        BOTH: "both, as the coordinator calls them on a failed closure: "
+        "`_is_ps_failure` then `_is_worker_failure` on each error of the mix, one loop",
+    }
+    _report.print_readme_table(
+        "failure classification, per call",
+        ("", "TensorFlow", "tf-failure-handling", "ratio (per repeat)"),
+        [
+            (
+                labels[fname],
+                _report.duration(t * 1e-9),
+                _report.duration(o * 1e-9),
+                f"{_report.ratio(t / o)} ({per_repeat})",
+            )
+            for fname, (t, o, per_repeat) in mix.items()
+        ],
+    )
     return 0
 
 

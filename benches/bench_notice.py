@@ -10,7 +10,7 @@ ours, ``--repeats`` times each:
 
 Prints medians and the ratios.
 
-    python benches/bench_notice.py [--repeats 3]
+    python benches/bench_notice.py [--repeats 5]
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _report
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -69,7 +71,7 @@ def one_run(impl: str, scenario: str, root: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", choices=("sigterm", "watcher"), default=None)
     args = parser.parse_args()
     os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
@@ -81,20 +83,24 @@ def main() -> int:
                     value = one_run(impl, scenario, Path(tmp))
                     results.setdefault((scenario, impl), []).append(value)
                     print(f"  {scenario:8} {impl:5} {value:.3f}s", flush=True)
-    print()
-    print("| | TensorFlow | tf-failure-handling | ratio |")
-    print("| --- | --- | --- | --- |")
     labels = {
-        "sigterm": "SIGTERM to worker 1 → both saves done",
-        "watcher": "watcher-fn notice on worker 1 → the other worker exits (after the first)",
+        "sigterm": "SIGTERM to one worker \u2192 both saves done",
+        "watcher": "`termination_watcher_fn` notice on one worker \u2192 the other worker exits,"
+        " after the first",
     }
+    rows = []
     for scenario, label in labels.items():
         if (scenario, "tf") not in results:
             continue
         tf_s = statistics.median(results[(scenario, "tf")])
         ours_s = statistics.median(results[(scenario, "ours")])
-        ratio = f"{tf_s / ours_s:.1f}x" if ours_s >= 0.001 else "> 100x"
-        print(f"| {label} | {tf_s:.3f} s | {ours_s:.3f} s | {ratio} |")
+        ratio = _report.ratio(tf_s / ours_s) if ours_s >= 0.001 else f"> 100{_report.TIMES}"
+        rows.append((label, f"{tf_s:.3f} s", f"{ours_s:.3f} s", ratio))
+    _report.print_readme_table(
+        f"from a notice to the exit (medians of {args.repeats})",
+        ("", "TensorFlow", "tf-failure-handling", "ratio"),
+        rows,
+    )
     return 0
 
 
