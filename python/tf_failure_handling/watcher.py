@@ -15,7 +15,8 @@ termination sources itself: the signals (SIGTERM by default; SIGUSR1 too under
 SLURM), the cloud's metadata service, and the notices of any handler in this
 process. Watching a signal means catching it: while a watcher is open, SIGTERM
 is recorded instead of killing the process (a previously installed handler still
-runs); :meth:`PreemptionWatcher.close` restores it.
+runs, unless a ``PreemptionCheckpointHandler`` is open: the handler owns the
+notice); :meth:`PreemptionWatcher.close` restores it.
 """
 
 from __future__ import annotations
