@@ -113,7 +113,7 @@ pub use azure::{parse_scheduled_events, AzurePoller, AZURE_METADATA};
 pub use dates::{parse_rfc1123, parse_rfc3339};
 pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
 pub use shared::{Action, Cloud, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, MIN_INTERVAL};
-pub use watch::{probe, MetadataWatch, Stats, Wake, WatchConfig};
+pub use watch::{probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
 
 /// The pollers watching `cloud`, each with a thread name.
 #[must_use]

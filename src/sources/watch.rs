@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::shared::{Action, Cloud, Event, Notice, Poller, Response, Timing, WatchError, LOG_TARGET};
 use super::{aws, azure, gce, pollers};
-use crate::http::{BaseUrl, Client};
+use crate::http::{BaseUrl, Client, HttpError};
 
 /// What to watch, validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -252,10 +252,11 @@ pub struct MetadataWatch {
     alive: Mutex<Option<mpsc::Receiver<()>>>,
 }
 
-/// How long [`MetadataWatch::close`] waits for its threads. They notice the
-/// stop flag within [`http::SLICE`](crate::http::SLICE); a thread still running after this is
-/// left to end on its own.
-const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// How long [`MetadataWatch::close`] waits for its threads (the Python
+/// binding waits as long, in slices). They notice the stop flag within
+/// [`http::SLICE`](crate::http::SLICE); a thread still running after this
+/// is left to end on its own.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 impl MetadataWatch {
     /// Starts polling at once. `wake` runs once, on a polling thread, when
@@ -370,21 +371,50 @@ impl MetadataWatch {
         self.shared.halt();
     }
 
-    /// Stops polling and joins the threads: returns within about
-    /// [`http::SLICE`](crate::http::SLICE) even while a request is blocked (at most
-    /// [`CLOSE_WAIT`]). Idempotent.
-    pub fn close(&self) {
-        self.stop();
-        let Some(alive) = self.alive.lock().take() else { return };
-        let threads = std::mem::take(&mut *self.threads.lock());
-        match alive.recv_timeout(CLOSE_WAIT) {
+    /// Waits up to `timeout` for the polling threads to end, and joins them
+    /// once they all have: true then (and on every later call), false on
+    /// timeout. It does not stop them ([`MetadataWatch::stop`] does).
+    ///
+    /// The threads may log, and a log record may need the GIL (pyo3-log):
+    /// a caller that holds the GIL must release it around this wait, and
+    /// wait in short slices if it wants to run signal handlers meanwhile.
+    pub fn join(&self, timeout: Duration) -> bool {
+        let mut alive = self.alive.lock();
+        let Some(receiver) = alive.as_ref() else { return true };
+        match receiver.recv_timeout(timeout) {
+            // Nothing is ever sent: disconnected means every sender, one per
+            // thread, was dropped as its `drive` returned.
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                for t in threads {
+                *alive = None;
+                drop(alive);
+                for t in std::mem::take(&mut *self.threads.lock()) {
                     let _ = t.join();
                 }
+                true
             }
-            // Nothing is ever sent; a timeout leaves the threads detached.
-            _ => log::warn!(target: LOG_TARGET, "metadata polling threads did not stop within {CLOSE_WAIT:?}; leaving them"),
+            _ => false,
+        }
+    }
+
+    /// Stops polling and joins the threads: returns within about
+    /// [`http::SLICE`](crate::http::SLICE) even while a request is blocked
+    /// (at most [`CLOSE_WAIT`]; threads still running then are left to end
+    /// on their own). Idempotent. Blocks without looking at signals: the
+    /// Python binding stops and [`MetadataWatch::join`]s in slices instead.
+    pub fn close(&self) {
+        self.stop();
+        if !self.join(CLOSE_WAIT) {
+            self.abandon();
+        }
+    }
+
+    /// Gives up waiting for threads that did not stop within
+    /// [`CLOSE_WAIT`]: they are left to end on their own, and later
+    /// [`MetadataWatch::join`]s return at once.
+    pub fn abandon(&self) {
+        if self.alive.lock().take().is_some() {
+            self.threads.lock().clear();
+            log::warn!(target: LOG_TARGET, "metadata polling threads did not stop within {CLOSE_WAIT:?}; leaving them");
         }
     }
 }
@@ -407,7 +437,9 @@ impl Drop for MetadataWatch {
 /// * Azure: `GET /metadata/instance?api-version=2021-02-01` with
 ///   `Metadata: true` answers 200.
 ///
-/// Anything else, including any failure, is false. `stop` abandons it.
+/// Anything else, including any failure, is false. `stop` abandons it
+/// within [`http::SLICE`](crate::http::SLICE); once it is set, nothing more
+/// is logged.
 #[must_use]
 pub fn probe(cloud: Cloud, base: &BaseUrl, timeout: Duration, stop: Option<&AtomicBool>) -> bool {
     let start = Instant::now();
@@ -417,6 +449,9 @@ pub fn probe(cloud: Cloud, base: &BaseUrl, timeout: Duration, stop: Option<&Atom
         let left = deadline.saturating_duration_since(Instant::now());
         match client.request(method, path, headers, left, stop) {
             Ok(r) => Some(r.status),
+            // Abandoned by the caller, who is gone or going: nothing to say,
+            // and no log record that might wait for the GIL.
+            Err(HttpError::Stopped) => None,
             Err(e) => {
                 log::debug!(target: LOG_TARGET, "{} metadata probe {path}: {e}", cloud.name());
                 None

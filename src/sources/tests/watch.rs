@@ -214,3 +214,22 @@ fn probes() {
     drop(listener);
     assert!(!probe(Cloud::Gce, &closed, second, None));
 }
+
+#[test]
+fn join_waits_for_stopped_threads_and_is_idempotent() {
+    let base = fake_server(|_, _, _| Reply::Hang);
+    let config = WatchConfig::new("gce", &base, 0.5, 30.0).unwrap();
+    let watch = MetadataWatch::start(&config, None).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!watch.join(Duration::from_millis(10)), "still polling: the threads have not ended");
+    watch.stop();
+    let start = Instant::now();
+    // In slices, as the Python binding waits.
+    while !watch.join(Duration::from_millis(20)) {
+        assert!(start.elapsed() < Duration::from_secs(2), "the threads did not stop");
+    }
+    assert!(start.elapsed() < Duration::from_millis(600), "{:?}", start.elapsed());
+    assert!(watch.join(Duration::ZERO), "joined: every later join returns at once");
+    watch.close();
+    watch.abandon();
+}
