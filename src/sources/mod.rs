@@ -74,12 +74,17 @@
 //! nothing a later answer says can change what the handler does. Every
 //! request is bounded by its timeout and, through the stop flag, by
 //! [`MetadataWatch::close`], which returns within about
-//! [`http::SLICE`](crate::http::SLICE) plus one slice even while a request is blocked.
+//! [`http::SLICE`](crate::http::SLICE) plus one slice even while a request
+//! is blocked.
 //!
 //! Logging (target `tf_failure_handling`, forwarded to Python's logger of
 //! that name): info for a notice and for each [`Event::Note`] (once),
 //! a warning the first time each kind of trouble occurs, debug for every
-//! failure.
+//! failure; a request cut short by the stop flag is not logged. A record
+//! may need the GIL (pyo3-log), so a caller that holds it never blocks on
+//! these threads: it [`MetadataWatch::stop`]s and then
+//! [`MetadataWatch::join`]s in short slices with the GIL released
+//! (`src/python/sources.rs`), and a stopped [`probe`] logs nothing.
 //!
 //! # Files
 //!
