@@ -38,6 +38,27 @@
 scheduler tells (``SLURM_JOB_END_TIME``; Kubernetes' grace period,
 ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s).
 
+Every variable this module reads is read and checked by :func:`settings`, which
+:func:`environment` calls first, so at handler or watcher construction:
+
+===============================================  ================================================
+variable                                         accepted (blank or unset: the default)
+===============================================  ================================================
+``TF_FAILURE_HANDLING_CLOUD``                    ``gce``, ``aws``, ``azure``, ``none`` (any case)
+``GCE_METADATA_IP``                              ``host[:port][/]``
+``TF_FAILURE_HANDLING_AWS_METADATA_URL``         ``[http://]host[:port][/]``
+``TF_FAILURE_HANDLING_AZURE_METADATA_URL``       ``[http://]host[:port][/]``
+``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``  seconds, a finite number >= 0
+``SLURM_JOB_END_TIME``                           Unix seconds, a finite number
+``SLURM_JOB_ID``, ``KUBERNETES_SERVICE_HOST``    anything (only whether it is set counts)
+===============================================  ================================================
+
+Anything else is a ``ValueError`` naming the variable and its value. The parsed
+values travel in :class:`Environment`; nothing here reads the environment again
+when a notice arrives (a bad value used to surface only then, in the notice thread,
+which died with it), except :func:`gce_termination_watcher`, which, like TF's,
+reads ``GCE_METADATA_IP`` on every poll and treats any failure as "no notice".
+
 Unlike TensorFlow, every metadata request has a short timeout (TF's GCE watcher
 has none), the answer is computed once per process, GCE CPU and TPU VMs are
 supported rather than rejected, and AWS and Azure are known.
@@ -48,6 +69,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import ipaddress
 import logging
 import math
 import os
@@ -127,6 +149,32 @@ class Environment:
     metadata_base: Optional[str]
     #: ``"slurm"``, ``"kubernetes"`` or None.
     scheduler: Optional[str]
+    #: ``SLURM_JOB_END_TIME`` (Unix seconds), if set.
+    slurm_end_time: Optional[float] = None
+    #: ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD`` in seconds, else Kubernetes' default.
+    kubernetes_grace_period: float = KUBERNETES_DEFAULT_GRACE_PERIOD
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every environment variable this module reads, parsed and checked (:func:`settings`)."""
+
+    #: ``TF_FAILURE_HANDLING_CLOUD``: ``"gce"``, ``"aws"``, ``"azure"``, ``"none"``, or
+    #: None (unset: detect).
+    forced_cloud: Optional[str]
+    #: ``http://`` + ``GCE_METADATA_IP``, else GCE's metadata server.
+    gce_base: str
+    #: ``TF_FAILURE_HANDLING_AWS_METADATA_URL`` as ``http://host[:port]``, or None.
+    aws_base: Optional[str]
+    #: ``TF_FAILURE_HANDLING_AZURE_METADATA_URL`` as ``http://host[:port]``, or None.
+    azure_base: Optional[str]
+    #: ``"slurm"`` (``SLURM_JOB_ID`` set), ``"kubernetes"`` (``KUBERNETES_SERVICE_HOST``
+    #: set), or None.
+    scheduler: Optional[str]
+    #: ``SLURM_JOB_END_TIME``, or None.
+    slurm_end_time: Optional[float]
+    #: ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, else 30 s.
+    kubernetes_grace_period: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +189,136 @@ class Defaults:
     signals: tuple[int, ...]
 
 
-# ------------------------------------------------------------------ GCE (as TF)
+# ------------------------------------------------------------------ settings
+
+#: A host name's bytes, as the native client accepts them (``http::BaseUrl``).
+_HOST_NAME_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._")
+
+
+def _bad(name: str, raw: str, expected: str) -> ValueError:
+    return ValueError(f"{name}={raw!r}: expected {expected}")
+
+
+def _env(name: str) -> Optional[str]:
+    """The variable's value, stripped; None when unset or blank."""
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def _base_url_problem(url: str) -> Optional[str]:
+    """Why ``url`` is not ``http://host[:port]`` (one trailing slash allowed), or None.
+
+    The same rules as the native client's ``BaseUrl::parse`` (``src/http.rs``), which
+    checks again when the metadata watch starts; here the error can name the variable.
+    """
+    if url[:7].lower() != "http://":
+        return "the scheme must be http://"
+    rest = url[7:-1] if url.endswith("/") else url[7:]
+    if any(c in rest for c in "/?#@"):
+        return "no path, query, fragment or user info is allowed"
+    if rest.startswith("["):
+        host, bracket, port = rest[1:].partition("]")
+        if not bracket:
+            return "unclosed ["
+        if not _is_ip(host, ipaddress.IPv6Address):
+            return "invalid IPv6 literal"
+    else:
+        host, colon, port = rest.partition(":")
+        port = colon + port
+        name = 0 < len(host) <= 253 and set(host.encode()) <= _HOST_NAME_BYTES
+        if not (name or _is_ip(host, ipaddress.IPv4Address)):
+            return "invalid host"
+    if port and not port.startswith(":"):
+        return "unexpected text after the host"
+    digits = port[1:]
+    if port and not (digits.isascii() and digits.isdigit() and len(digits) <= 5):
+        return "invalid port"
+    if port and not 0 < int(digits) < 65536:
+        return "invalid port"
+    return None
+
+
+def _is_ip(text: str, kind: Callable[[str], Any]) -> bool:
+    try:
+        kind(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _metadata_url(name: str) -> Optional[str]:
+    """The variable as ``http://host[:port]`` (``http://`` added if no scheme), or None."""
+    raw = _env(name)
+    if raw is None:
+        return None
+    url = raw if "://" in raw else "http://" + raw
+    problem = _base_url_problem(url)
+    if problem:
+        raise _bad(name, os.environ[name], f"[http://]host[:port] ({problem})")
+    return url.rstrip("/")
 
 
 def _gce_base() -> str:
-    return "http://" + os.environ.get(GCE_METADATA_ENV, "metadata.google.internal")
+    """``http://`` + ``GCE_METADATA_IP`` (``host[:port]``), else GCE's metadata server.
+
+    Raises:
+      ValueError: ``GCE_METADATA_IP`` is not ``host[:port]``.
+    """
+    raw = _env(GCE_METADATA_ENV)
+    if raw is None:
+        return "http://metadata.google.internal"
+    problem = _base_url_problem("http://" + raw)
+    if problem:
+        raise _bad(GCE_METADATA_ENV, os.environ[GCE_METADATA_ENV], f"host[:port] ({problem})")
+    return "http://" + raw.rstrip("/")
+
+
+def _seconds(name: str, minimum: Optional[float] = None) -> Optional[float]:
+    """The variable as a finite number (at least ``minimum``); None when unset or blank."""
+    raw = _env(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or (minimum is not None and value < minimum):
+        at_least = "" if minimum is None else f" >= {minimum:g}"
+        raise _bad(name, os.environ[name], f"a finite number of seconds{at_least}")
+    return value
+
+
+def settings() -> Settings:
+    """Reads and checks every environment variable this module uses (not cached).
+
+    Raises:
+      ValueError: a variable holds something it cannot mean; the message names the
+        variable and its value (see the module docstring for what each accepts).
+    """
+    forced = _env(CLOUD_ENV)
+    if forced is not None:
+        forced = forced.lower()
+        if forced not in (*CLOUDS, "none"):
+            raise _bad(CLOUD_ENV, os.environ[CLOUD_ENV], "one of gce, aws, azure, none")
+    if _env("SLURM_JOB_ID") is not None:
+        scheduler: Optional[str] = "slurm"
+    elif _env("KUBERNETES_SERVICE_HOST") is not None:
+        scheduler = "kubernetes"
+    else:
+        scheduler = None
+    grace = _seconds(KUBERNETES_GRACE_ENV, minimum=0.0)
+    return Settings(
+        forced_cloud=forced,
+        gce_base=_gce_base(),
+        aws_base=_metadata_url(AWS_METADATA_ENV),
+        azure_base=_metadata_url(AZURE_METADATA_ENV),
+        scheduler=scheduler,
+        slurm_end_time=_seconds(SLURM_END_TIME_ENV),
+        kubernetes_grace_period=KUBERNETES_DEFAULT_GRACE_PERIOD if grace is None else grace,
+    )
+
+
+# ------------------------------------------------------------------ GCE (as TF)
 
 
 def _bounded(fn, timeout: float, what: str):
@@ -172,9 +345,14 @@ def _bounded(fn, timeout: float, what: str):
     return value
 
 
-def request_gce_metadata(path: str, timeout: float = METADATA_TIMEOUT) -> str:
-    """GET ``computeMetadata/v1/<path>`` with the metadata header, bounded by ``timeout``."""
-    url = f"{_gce_base()}/computeMetadata/v1/{path}"
+def request_gce_metadata(
+    path: str, timeout: float = METADATA_TIMEOUT, base: Optional[str] = None
+) -> str:
+    """GET ``computeMetadata/v1/<path>`` with the metadata header, bounded by ``timeout``.
+
+    ``base`` defaults to ``http://$GCE_METADATA_IP`` (read now), else GCE's server.
+    """
+    url = f"{base or _gce_base()}/computeMetadata/v1/{path}"
 
     def fetch() -> str:
         req = urllib.request.Request(url, headers=GCE_HEADER)
@@ -191,10 +369,10 @@ def request_gce_metadata(path: str, timeout: float = METADATA_TIMEOUT) -> str:
     return _bounded(fetch, timeout, "GCE metadata request")
 
 
-def on_gce() -> bool:
-    """True when the GCE metadata server answers 200 (any failure means no)."""
+def on_gce(base: Optional[str] = None) -> bool:
+    """True when the GCE metadata server (at ``base``) answers 200 (any failure means no)."""
     try:
-        request_gce_metadata("instance/hostname")
+        request_gce_metadata("instance/hostname", base=base)
     except Exception as e:  # noqa: BLE001 - off GCE anything can come back
         log.debug("not on GCE: %s", e)
         return False
@@ -223,16 +401,6 @@ def default_exit_fn() -> None:
 
 
 # ------------------------------------------------------------------ AWS, Azure
-
-
-def _url_from_env(name: str, default: str) -> tuple[str, bool]:
-    """``(base, from_env)``: the variable's URL (scheme added if missing), else ``default``."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default, False
-    if "://" not in value:
-        value = "http://" + value
-    return value.rstrip("/"), True
 
 
 def _read_line(path: str) -> Optional[str]:
@@ -297,46 +465,42 @@ def _device(gce: bool) -> PlatformDevice:
     return PlatformDevice.GCE_CPU if gce else PlatformDevice.INTERNAL_CPU
 
 
-def _cloud() -> tuple[Optional[str], Optional[str]]:
+def _cloud(s: Settings) -> tuple[Optional[str], Optional[str]]:
     """``(cloud, metadata_base)`` by the rules of the module docstring."""
-    aws_base, aws_env = _url_from_env(AWS_METADATA_ENV, AWS_DEFAULT_METADATA_BASE)
-    azure_base, azure_env = _url_from_env(AZURE_METADATA_ENV, AZURE_DEFAULT_METADATA_BASE)
-    forced = os.environ.get(CLOUD_ENV, "").strip().lower()
-    if forced:
-        bases = {"gce": _gce_base(), "aws": aws_base, "azure": azure_base, "none": None}
-        if forced not in bases:
-            raise ValueError(
-                f"{CLOUD_ENV}={os.environ[CLOUD_ENV]!r}: expected one of gce, aws, azure, none"
-            )
-        return (None if forced == "none" else forced), bases[forced]
-    if on_gce():
-        return "gce", _gce_base()
-    if (aws_env or dmi_says_aws()) and _probe("aws", aws_base):
+    aws_base = s.aws_base or AWS_DEFAULT_METADATA_BASE
+    azure_base = s.azure_base or AZURE_DEFAULT_METADATA_BASE
+    if s.forced_cloud is not None:
+        bases = {"gce": s.gce_base, "aws": aws_base, "azure": azure_base, "none": None}
+        return (None if s.forced_cloud == "none" else s.forced_cloud), bases[s.forced_cloud]
+    if on_gce(s.gce_base):
+        return "gce", s.gce_base
+    if (s.aws_base is not None or dmi_says_aws()) and _probe("aws", aws_base):
         return "aws", aws_base
-    if (azure_env or dmi_says_azure()) and _probe("azure", azure_base):
+    if (s.azure_base is not None or dmi_says_azure()) and _probe("azure", azure_base):
         return "azure", azure_base
     return None, None
-
-
-def _scheduler() -> Optional[str]:
-    if os.environ.get("SLURM_JOB_ID"):
-        return "slurm"
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return "kubernetes"
-    return None
 
 
 @functools.lru_cache(maxsize=1)
 def environment() -> Environment:
     """Where this process runs (computed once; ``environment.cache_clear()`` to redo).
 
+    Every environment variable is read and checked first (:func:`settings`), before
+    any probe.
+
     Raises:
-      ValueError: ``TF_FAILURE_HANDLING_CLOUD`` holds an unknown cloud.
+      ValueError: a variable holds something it cannot mean, named with its value.
     """
     start = time.monotonic()
-    cloud, base = _cloud()
+    s = settings()
+    cloud, base = _cloud(s)
     env = Environment(
-        device=_device(cloud == "gce"), cloud=cloud, metadata_base=base, scheduler=_scheduler()
+        device=_device(cloud == "gce"),
+        cloud=cloud,
+        metadata_base=base,
+        scheduler=s.scheduler,
+        slurm_end_time=s.slurm_end_time,
+        kubernetes_grace_period=s.kubernetes_grace_period,
     )
     log.debug("environment %s (detected in %.3f s)", env, time.monotonic() - start)
     return env
@@ -397,31 +561,17 @@ def complete(
 def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
     """When a signalled machine goes away (Unix time), where the scheduler says.
 
-    SLURM: ``SLURM_JOB_END_TIME`` if it is a time after ``unix_now``. Kubernetes:
-    ``unix_now`` plus ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD`` (default 30 s,
-    Kubernetes' default ``terminationGracePeriodSeconds``). Otherwise None.
+    SLURM: ``env.slurm_end_time`` (``SLURM_JOB_END_TIME``) if it is after
+    ``unix_now``. Kubernetes: ``unix_now`` plus ``env.kubernetes_grace_period``
+    (``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s, Kubernetes'
+    default ``terminationGracePeriodSeconds``). Otherwise None.
 
-    Raises:
-      ValueError: the Kubernetes grace period is not a finite number >= 0.
+    Called in the notice thread when a signal arrives: it reads only ``env``, whose
+    values :func:`environment` checked, and never raises.
     """
     if env.scheduler == "slurm":
-        raw = os.environ.get(SLURM_END_TIME_ENV, "").strip()
-        try:
-            end = float(raw)
-        except ValueError:
-            if raw:
-                log.debug("ignoring %s=%r: not a number", SLURM_END_TIME_ENV, raw)
-            return None
-        return end if math.isfinite(end) and end > unix_now else None
+        end = env.slurm_end_time
+        return end if end is not None and end > unix_now else None
     if env.scheduler == "kubernetes":
-        raw = os.environ.get(KUBERNETES_GRACE_ENV, "").strip()
-        if not raw:
-            return unix_now + KUBERNETES_DEFAULT_GRACE_PERIOD
-        try:
-            grace = float(raw)
-        except ValueError:
-            grace = math.nan
-        if not (math.isfinite(grace) and grace >= 0):
-            raise ValueError(f"{KUBERNETES_GRACE_ENV}={raw!r}: expected a number of seconds >= 0")
-        return unix_now + grace
+        return unix_now + env.kubernetes_grace_period
     return None

@@ -7,26 +7,37 @@
 //! GIL. The watch holds that core weakly: closing the `SignalWatch` still
 //! uninstalls its handlers, and a notice arriving afterwards wakes nobody.
 //!
-//! `wait` and `probe_metadata` block in [`SLICE`]s with the GIL released,
-//! running pending signal handlers between slices (Ctrl-C works). `close`
-//! joins the threads with the GIL released (a thread may be waiting for the
-//! GIL to log); dropping the object only stops them. An `atexit` hook closes
-//! every watch still alive, so that no polling thread tries to attach (to
-//! log) while the interpreter finalizes.
+//! # Waiting on threads that log
+//!
+//! Every thread started here may log, and pyo3-log needs the GIL for a
+//! record (always, the first time a logger's level is looked up; for every
+//! record that passes the level). So no wait here on one of those threads,
+//! or on anything they must do first, ever holds the GIL or a Rust lock:
+//! `wait`, `close`, `probe_metadata` and the `atexit` hook all wait with
+//! [`detach`] for at most a [`SLICE`](super::SLICE) at a time
+//! ([`wait_in_slices`]), re-attach, run pending signal handlers (Ctrl-C
+//! raises `KeyboardInterrupt` within a slice), and go on. Joining a thread the
+//! moment it is known to have ended is the only other wait.
+//!
+//! Dropping a `MetadataWatch` only stops its threads. `probe_metadata`
+//! interrupted by a signal stops its probe thread, gives it a moment
+//! (detached) to end, and raises; a stopped probe logs nothing. An `atexit`
+//! hook closes every watch still alive, so that no polling thread tries to
+//! attach (to log) while the interpreter finalizes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use super::signals::PySignalWatch;
-use super::{deadline_after, detach, next_slice, SLICE};
+use super::{deadline_after, detach, next_slice};
 use crate::http::BaseUrl;
-use crate::sources::{probe, Cloud, MetadataWatch, Notice, Wake, WatchConfig, WatchError};
+use crate::sources::{probe, Cloud, MetadataWatch, Notice, Wake, WatchConfig, WatchError, CLOSE_WAIT};
 
 /// Every watch created and not yet dropped, for the `atexit` hook.
 static LIVE: Mutex<Vec<Weak<MetadataWatch>>> = Mutex::new(Vec::new());
@@ -40,6 +51,53 @@ fn to_py(e: WatchError) -> PyErr {
 
 fn pair(notice: Notice) -> (String, Option<f64>) {
     (notice.description, notice.deadline)
+}
+
+/// Calls `step(slice)` with the GIL released, for at most a
+/// [`SLICE`](super::SLICE) (less near `deadline`) at a time, until it
+/// returns `Some`; between slices, with the GIL held and no Rust lock, runs
+/// pending signal handlers.
+/// `Ok(None)` once `deadline` has passed.
+///
+/// # Errors
+///
+/// Whatever a signal handler raised (`KeyboardInterrupt`).
+fn wait_in_slices<T, F>(py: Python<'_>, deadline: Option<Instant>, step: &mut F) -> PyResult<Option<T>>
+where
+    T: Send,
+    F: FnMut(Duration) -> Option<T> + Send,
+{
+    loop {
+        let Some(slice) = next_slice(deadline) else {
+            return Ok(None);
+        };
+        if let Some(done) = detach(py, || step(slice)) {
+            return Ok(Some(done));
+        }
+        py.check_signals()?;
+    }
+}
+
+/// Stops `watches` and joins their threads, waiting in slices until
+/// [`CLOSE_WAIT`] from now; threads still running then are left to end on
+/// their own (logged).
+///
+/// # Errors
+///
+/// Whatever a signal handler raised; the watches are stopped then, and their
+/// threads end on their own.
+fn stop_and_join(py: Python<'_>, watches: &[Arc<MetadataWatch>]) -> PyResult<()> {
+    for w in watches {
+        w.stop();
+    }
+    let deadline = Instant::now().checked_add(CLOSE_WAIT);
+    for w in watches {
+        if wait_in_slices(py, deadline, &mut |slice| w.join(slice).then_some(()))?.is_none() {
+            // Logging may attach: not while waiting, and with no lock held.
+            w.abandon();
+        }
+    }
+    Ok(())
 }
 
 /// Watches a cloud's metadata service for termination notices on
@@ -90,22 +148,16 @@ impl PyMetadataWatch {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<(String, Option<f64>)>> {
         let deadline = deadline_after(timeout)?;
-        loop {
-            if let Some(notice) = self.core.notice() {
-                return Ok(Some(pair(notice)));
-            }
-            if self.core.closed() {
-                return Ok(None);
-            }
-            let Some(slice) = next_slice(deadline) else {
-                return Ok(None);
-            };
-            let core = Arc::clone(&self.core);
-            if let Some(notice) = detach(py, move || core.wait(slice)) {
-                return Ok(Some(pair(notice)));
-            }
-            py.check_signals()?;
+        if let Some(notice) = self.core.notice() {
+            return Ok(Some(pair(notice)));
         }
+        let core = &self.core;
+        // `Some(None)`: closed meanwhile.
+        let found = wait_in_slices(py, deadline, &mut |slice| match core.wait(slice) {
+            Some(notice) => Some(Some(notice)),
+            None => core.closed().then_some(None),
+        })?;
+        Ok(found.flatten().map(pair))
     }
 
     /// The `noticeTime` (Unix seconds) of AWS's rebalance recommendation,
@@ -134,16 +186,28 @@ impl PyMetadataWatch {
     }
 
     /// Stops polling and joins the threads (a blocked request is abandoned
-    /// within a fraction of a second). Idempotent.
-    fn close(&self, py: Python<'_>) {
-        let core = Arc::clone(&self.core);
-        detach(py, move || core.close());
+    /// within a fraction of a second; a thread still running after two
+    /// seconds is left to end on its own). Idempotent. Interruptible: a
+    /// signal handler's exception (Ctrl-C) propagates, with polling stopped.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        stop_and_join(py, std::slice::from_ref(&self.core))
     }
 }
+
+/// How long an interrupted `probe_metadata` waits for its probe thread to
+/// end: the probe notices its stop flag within
+/// [`http::SLICE`](crate::http::SLICE).
+const PROBE_STOP_WAIT: Duration = Duration::from_secs(1);
 
 /// Whether `cloud`'s metadata server answers at `base_url`: one detection
 /// request (two for AWS IMDSv1), all within `timeout` seconds, GIL
 /// released. False on anything but the expected answer.
+///
+/// The probe runs on its own thread; this one waits in slices with the GIL
+/// released and runs signal handlers between them. When one raises
+/// (Ctrl-C), the probe is stopped, given up to [`PROBE_STOP_WAIT`]
+/// (detached; it takes about one [`http::SLICE`](crate::http::SLICE)) to
+/// end, and the exception propagates.
 #[pyfunction]
 #[pyo3(signature = (cloud, base_url, timeout=1.0))]
 fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: f64) -> PyResult<bool> {
@@ -155,46 +219,52 @@ fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: f64) -> 
         )));
     }
     let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX);
-    let stop = AtomicBool::new(false);
-    let (stop_ref, base_ref) = (&stop, &base);
-    std::thread::scope(|scope| {
-        let (tx, mut rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("tfh-probe".into())
-            .spawn_scoped(scope, move || {
-                let _ = tx.send(probe(cloud, base_ref, timeout, Some(stop_ref)));
-            })
-            .map_err(|e| PyRuntimeError::new_err(format!("cannot start the probe thread: {e}")))?;
-        loop {
-            let (received, back) = detach(py, move || (rx.recv_timeout(SLICE), rx));
-            rx = back;
-            match received {
-                Ok(found) => return Ok(found),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Err(e) = py.check_signals() {
-                        // The probe ends within a slice; the scope joins it.
-                        stop_ref.store(true, Ordering::SeqCst);
-                        return Err(e);
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(false),
-            }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let thread_stop = Arc::clone(&stop);
+    let probing = std::thread::Builder::new()
+        .name("tfh-probe".into())
+        .spawn(move || {
+            let _ = tx.send(probe(cloud, &base, timeout, Some(&thread_stop)));
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the probe thread: {e}")))?;
+    // `Some(None)`: the thread ended without an answer (it panicked).
+    let mut receive = move |slice: Duration| match rx.recv_timeout(slice) {
+        Ok(found) => Some(Some(found)),
+        Err(mpsc::RecvTimeoutError::Timeout) => None,
+        Err(mpsc::RecvTimeoutError::Disconnected) => Some(None),
+    };
+    // No deadline of its own: the probe is bounded by `timeout`.
+    match wait_in_slices(py, None, &mut receive) {
+        Ok(found) => {
+            // It has sent its answer (or died): joining cannot block on it.
+            let _ = detach(py, move || probing.join());
+            Ok(found.flatten().unwrap_or(false))
         }
-    })
+        Err(e) => {
+            stop.store(true, Ordering::SeqCst);
+            // Detached and bounded: a stopped probe ends within a slice and
+            // logs nothing, but it may be in the middle of a log record.
+            detach(py, move || {
+                if receive(PROBE_STOP_WAIT).is_some() {
+                    let _ = probing.join();
+                }
+            });
+            Err(e)
+        }
+    }
 }
 
 /// Closes every watch still alive; registered with `atexit`.
+///
+/// # Errors
+///
+/// Whatever a signal handler raised while it waited (the watches are
+/// stopped then; their threads end on their own).
 #[pyfunction]
-fn close_metadata_watches(py: Python<'_>) {
+fn close_metadata_watches(py: Python<'_>) -> PyResult<()> {
     let live: Vec<Arc<MetadataWatch>> = LIVE.lock().drain(..).filter_map(|w| w.upgrade()).collect();
-    detach(py, move || {
-        for w in &live {
-            w.stop();
-        }
-        for w in &live {
-            w.close();
-        }
-    });
+    stop_and_join(py, &live)
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
