@@ -79,6 +79,7 @@ class NotParameterServerStrategyError(ValueError, AttributeError):
 
 
 def _recovery_timeout(value: Optional[float]) -> float:
+    name = "worker_recovery_timeout"
     if value is None:
         raw = os.environ.get(WORKER_RECOVERY_TIMEOUT_ENV)
         if not raw:
@@ -89,14 +90,13 @@ def _recovery_timeout(value: Optional[float]) -> float:
             raise ValueError(
                 f"{WORKER_RECOVERY_TIMEOUT_ENV}={raw!r} is not a number of seconds"
             ) from e
+        name = f"{WORKER_RECOVERY_TIMEOUT_ENV}={raw!r}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(
             f"worker_recovery_timeout must be a number of seconds, got {type(value).__name__}"
         )
     if not value > 0 or value == float("inf"):
-        raise ValueError(
-            f"worker_recovery_timeout must be a positive, finite number of seconds, got {value}"
-        )
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value}")
     return float(value)
 
 

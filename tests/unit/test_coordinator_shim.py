@@ -45,6 +45,10 @@ def test_recovery_timeout_defaults_to_tfs_and_reads_the_environment(monkeypatch)
     monkeypatch.setenv(coordinator.WORKER_RECOVERY_TIMEOUT_ENV, "soon")
     with pytest.raises(ValueError, match="soon"):
         coordinator._recovery_timeout(None)
+    for bad in ("-1", "0", "inf", "nan"):
+        monkeypatch.setenv(coordinator.WORKER_RECOVERY_TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"{coordinator.WORKER_RECOVERY_TIMEOUT_ENV}='{bad}'"):
+            coordinator._recovery_timeout(None)
 
 
 def test_public_names_are_tensorflows_own_value_classes():
