@@ -47,9 +47,12 @@ WATCHER_FN_INTERVAL = _sources.WATCHER_FN_INTERVAL
 #: Longest single blocking get of the peer watcher; it re-checks for shutdown
 #: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
 PEER_WATCH_SLICE = 5.0
-#: Pauses between attempts to claim ``TERMINATED_WORKER`` when the coordination
-#: service fails (not when a peer holds it): about a second in all.
-CLAIM_RETRY_PAUSES = (0.1, 0.3, 0.6)
+#: A failed coordination-service call of the protocol is retried after this pause,
+#: doubled after each failure up to :data:`RETRY_MAX_PAUSE`, until the protocol's bound
+#: (the peer timeout, or the notice's deadline when sooner) has passed. See the failure
+#: table in ``src/step_resolution.rs``.
+RETRY_FIRST_PAUSE = 0.05
+RETRY_MAX_PAUSE = 1.0
 #: Bound on joining a watcher thread at shutdown.
 THREAD_JOIN_TIMEOUT = 10.0
 #: Bound on one coordination-service write that nothing waits for (releasing
@@ -438,10 +441,55 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         try:
             self._coordination.report_error(error.error_code, error.message, SHUTDOWN_WRITE_TIMEOUT)
         except Exception as e:  # noqa: BLE001 - the step's own error matters more
-            log.info("Ignoring error during error propagation: %r: %s", e, e)
+            log.warning("Could not report the error to the cluster: %r: %s", e, e)
         return replacement
 
     # ------------------------------------------------------------ protocol
+
+    def _retry_bound(self) -> float:
+        """Seconds a failing protocol call is retried: the peer timeout, or less when the
+        leading notice's deadline is nearer (a machine that is gone cannot be waited for)."""
+        bound = self._peer_timeout
+        deadline = self._core_state().get("deadline")
+        if deadline is not None:
+            bound = min(bound, max(1.0, deadline - self._clock()))
+        return bound
+
+    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``, retrying a failed coordination-service call within the bound.
+
+        Coordination-service errors (any ``OpError``: a transient failure can look like
+        Unavailable, Internal or Aborted) are retried after growing pauses; once the bound has
+        passed, an ``UnavailableError`` names what failed, how often and the last cause.
+        Anything else is a bug and is raised at once.
+        """
+        errors = _errors.module()
+        bound = self._retry_bound()
+        deadline = time.monotonic() + bound
+        pause = RETRY_FIRST_PAUSE
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return call()
+            except errors.OpError as e:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closing.is_set():
+                    raise _errors.make(
+                        "UnavailableError",
+                        f"Worker {self._id_in_cluster}: {what} failed {attempts} time(s) "
+                        f"within {bound:g}s; the last error: {type(e).__name__}: {e}",
+                    ) from e
+                (log.warning if attempts == 1 else log.info)(
+                    "%s failed (%s: %s); retrying in %gs (%.1fs left).",
+                    what,
+                    type(e).__name__,
+                    e,
+                    min(pause, left),
+                    left,
+                )
+                self._closing.wait(min(pause, left))
+                pause = min(pause * 2, RETRY_MAX_PAUSE)
 
     def _publish(self, round_key: str, step: int, ack_keys: list) -> None:
         log.info(
@@ -453,7 +501,11 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         if self._local_mode:
             return
         start = self._clock()
-        if not self._coordination.set(round_key, str(step)):
+        published = self._retrying(
+            f"publishing {round_key}={step}",
+            lambda: self._coordination.set(round_key, str(step)),
+        )
+        if not published:
             log.warning(
                 "%s was already set (a peer shut down?); not waiting for acknowledgements.",
                 round_key,
@@ -466,26 +518,44 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         """Waits, bounded by the peer timeout, until every worker acknowledged."""
         deadline = time.monotonic() + self._peer_timeout
         pending = list(ack_keys)
+        last_error: Optional[BaseException] = None
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if self._coordination.get(pending[0], min(remaining, 1.0)) is not None:
+            try:
+                got = self._coordination.get(pending[0], min(remaining, 1.0))
+            except _errors.module().OpError as e:
+                # A failed read is retried until the peer timeout, like a slow peer.
+                if last_error is None:
+                    log.warning("Reading %s failed (%s); retrying.", pending[0], e)
+                last_error = e
+                self._closing.wait(min(RETRY_FIRST_PAUSE, max(0.0, remaining)))
+                continue
+            if got is not None:
                 log.info("Acknowledgement %s received.", pending[0])
                 pending.pop(0)
         if not pending:
             return
         # Name every worker still missing, not only the first one waited on.
-        missing = [k for k in pending if self._coordination.get(k, 0.001) is None]
+        missing = []
+        for key in pending:
+            try:
+                if self._coordination.get(key, 0.001) is None:
+                    missing.append(key)
+            except _errors.module().OpError as e:
+                last_error = e
+                missing.append(key)
         if not missing:
             return
+        cause = "" if last_error is None else f" The last read failed: {last_error}."
         workers = ", ".join(k.rsplit("_", 1)[1] for k in missing)
         raise _errors.make(
             "DeadlineExceededError",
             f"Worker {self._id_in_cluster} published {round_key}={step} but worker(s) "
             f"{workers} did not acknowledge within {self._peer_timeout:g}s "
-            f"(missing keys: {', '.join(missing)}). Set TerminationConfig(peer_timeout=...) "
-            f"or {PEER_TIMEOUT_ENV} to wait longer.",
+            f"(missing keys: {', '.join(missing)}).{cause} Set "
+            f"TerminationConfig(peer_timeout=...) or {PEER_TIMEOUT_ENV} to wait longer.",
         )
 
     def _save_checkpoint_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
@@ -689,61 +759,81 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
         if self._local_mode:
             return
         try:
-            self._coordination.set(PREEMPTION_NOTICE_KEY, message, SHUTDOWN_WRITE_TIMEOUT)
-        except Exception as e:  # noqa: BLE001 - informational; the protocol goes on
-            log.info("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, e)
+            self._retrying(
+                f"publishing {PREEMPTION_NOTICE_KEY}",
+                lambda: self._coordination.set(
+                    PREEMPTION_NOTICE_KEY, message, SHUTDOWN_WRITE_TIMEOUT
+                ),
+            )
+        except Exception as e:  # noqa: BLE001 - for PreemptionWatchers; the protocol goes on
+            log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, e)
 
     def _claim(self, key: str, value: str, source: str) -> bool:
         """Writes ``TERMINATED_WORKER``; True if this worker got it first.
 
-        A transient failure of the coordination service is retried a few
-        times (TF drops the notice at the first failure).
+        A failure of the coordination service is retried within the bound (TF drops
+        the notice at the first failure); after it, the ``UnavailableError`` reaches
+        the next ``run()``.
         """
-        for attempt, pause in enumerate((*CLAIM_RETRY_PAUSES, None)):
-            try:
-                return self._coordination.set(key, value)
-            except Exception as e:  # noqa: BLE001 - the cluster may already be going down
-                if pause is None or self._closing.is_set():
-                    log.warning(
-                        "Could not claim %s after a notice from %s (%d attempts): %s",
-                        key,
-                        source,
-                        attempt + 1,
-                        e,
-                    )
-                    return False
-                log.info("Claiming %s failed (%s); retrying in %gs.", key, e, pause)
-                time.sleep(pause)
-        return False
+        try:
+            return self._retrying(
+                f"claiming {key} after the notice from {source}",
+                lambda: self._coordination.set(key, value),
+            )
+        except BaseException:
+            self._core_claim(False)
+            raise
 
     def _watch_step_keys(self) -> None:
+        """Acknowledges the step keys a leader publishes (one round, or two with a grace
+        period) until they are set, shutdown, or a newer handler takes over.
+
+        A failed read is retried until it has failed without a break for longer than
+        the bound; a failed acknowledgement is retried within the bound; after that, or
+        on anything unexpected, the next ``run()`` raises the error.
+        """
+        try:
+            self._watch_step_keys_until_done()
+        except BaseException as e:  # noqa: BLE001 - handed to the next run()
+            self._fail_in_background("watching the peers' step keys", e)
+
+    def _watch_step_keys_until_done(self) -> None:
+        errors = _errors.module()
         round_key = RUN_TO_CHECKPOINT
-        while True:
+        failing_since: Optional[float] = None
+        pause = RETRY_FIRST_PAUSE
+        while not self._closing.is_set():
             try:
                 value = self._coordination.get(round_key, PEER_WATCH_SLICE)
-            except Exception as e:  # noqa: BLE001 - service gone: nothing left to watch
-                if not self._closing.is_set():
-                    log.info("Stopped watching %s: %s", round_key, e)
-                return
-            if value is None:
+            except errors.OpError as e:
                 if self._closing.is_set():
                     return
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    log.warning("Reading %s failed (%s); retrying.", round_key, e)
+                elif now - failing_since > self._retry_bound():
+                    raise _errors.make(
+                        "UnavailableError",
+                        f"Worker {self._id_in_cluster}: reading {round_key} has failed for "
+                        f"{now - failing_since:.1f}s; the last error: {type(e).__name__}: {e}",
+                    ) from e
+                self._closing.wait(pause)
+                pause = min(pause * 2, RETRY_MAX_PAUSE)
                 continue
-            try:
-                kind, ack_key, next_key = self._core_step_key(round_key, value)
-            except ValueError as e:
-                log.error("Stopped watching for peers' notices: %s", e)
-                return
+            failing_since, pause = None, RETRY_FIRST_PAUSE
+            if value is None:
+                continue
+            kind, ack_key, next_key = self._core_step_key(round_key, value)
             if kind == "stop":
                 return
             if self._current_owner() is not None:
                 # A newer handler of this worker watches and acknowledges now.
                 return
-            try:
-                self._coordination.set(ack_key, _native.ACK_VALUE)
-            except Exception as e:  # noqa: BLE001
-                log.warning("Could not acknowledge %s=%s: %s", round_key, value, e)
-                return
+            self._retrying(
+                f"acknowledging {round_key}={value} with {ack_key}",
+                lambda key=ack_key: self._coordination.set(key, _native.ACK_VALUE),
+            )
             log.info("%s=%s received; acknowledged with %s.", round_key, value, ack_key)
             if next_key is None:
                 return

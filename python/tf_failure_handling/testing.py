@@ -140,6 +140,13 @@ class InMemoryCoordinationService:
         with self._faults_lock:
             self._get_faults[key] = self._get_faults.get(key, 0) + 1
 
+    def faults_left(self) -> dict:
+        """Injected failures not yet raised: ``{("set" or "get", key): count}``, zeros omitted."""
+        with self._faults_lock:
+            left = {("set", k): v for k, v in self._set_faults.items() if v}
+            left.update({("get", k): v for k, v in self._get_faults.items() if v})
+        return left
+
     def _maybe_fail(self, faults: dict, key: str, what: str) -> None:
         with self._faults_lock:
             if faults.get(key, 0) <= 0:

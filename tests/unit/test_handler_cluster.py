@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tf_failure_handling import TerminationConfig, _errors, testing
+from tf_failure_handling.handler import PreemptionCheckpointHandler
 
 from .conftest import RecordingCheckpoint, wait_until
 
@@ -431,115 +432,52 @@ def test_peer_timeout_from_the_environment(tmp_path, monkeypatch):
     assert time.monotonic() - start < 5
 
 
-def _ack_of_worker_2_fails(ctx, handler, step):
-    if ctx.index == 0 and step == 0:
-        ctx.cluster.service.fail_next_set("RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_2")
+@pytest.fixture
+def worker_2_never_acknowledges(monkeypatch):
+    """Worker 2's peer watcher is gone (a hung process): it never acknowledges.
+
+    (A failed acknowledgement is retried; test_protocol_faults.py covers those.)
+    """
+    original = PreemptionCheckpointHandler._watch_step_keys_until_done
+
+    def watch(self):
+        if self._id_in_cluster != "2":
+            original(self)
+
+    monkeypatch.setattr(PreemptionCheckpointHandler, "_watch_step_keys_until_done", watch)
 
 
-@pytest.mark.timeout(30)
-def test_lost_acknowledgement_names_only_the_missing_worker_and_nobody_hangs(tmp_path):
+@pytest.mark.timeout(60)
+def test_lost_acknowledgement_names_only_the_missing_worker_and_nobody_hangs(
+    tmp_path, worker_2_never_acknowledges
+):
     n = 3
     errors = _errors.module()
     cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT)
     config = TerminationConfig(peer_timeout=0.5)
-    start = time.monotonic()
-    results = cluster.run(make_worker({0: 3}, config=config, before_step=_ack_of_worker_2_fails))
-    assert time.monotonic() - start < 10
+    results = cluster.run(make_worker({0: 3}, config=config))
     leader_error = results[0].error
     assert type(leader_error) is errors.DeadlineExceededError, results
     assert "worker(s) 2 did not acknowledge" in str(leader_error)
+    assert "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_2" in str(leader_error)
     for r in results:
         assert r.exit_code is None and r.error is not None, results
         assert isinstance(r.error, errors.OpError)
 
 
 # Regression test for a bug these unit tests found (fixed; formerly a strict xfail).
-@pytest.mark.timeout(30)
-def test_leaders_deadline_error_is_reported_to_the_cluster(tmp_path):
+@pytest.mark.timeout(60)
+def test_leaders_deadline_error_is_reported_to_the_cluster(tmp_path, worker_2_never_acknowledges):
     n = 3
     errors = _errors.module()
     cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT)
     config = TerminationConfig(peer_timeout=0.5)
-    results = cluster.run(make_worker({0: 3}, config=config, before_step=_ack_of_worker_2_fails))
+    results = cluster.run(make_worker({0: 3}, config=config))
     assert type(results[0].error) is errors.DeadlineExceededError
     assert cluster.service.error is not None
     assert cluster.service.error[0] == 4
     for r in results:
         assert type(r.error) is errors.DeadlineExceededError, (r.index, r.error)
-
-
-@pytest.mark.timeout(30)
-def test_failing_get_of_an_acknowledgement_causes_no_hang(tmp_path):
-    n = 3
-    errors = _errors.module()
-    cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT)
-
-    def before_step(ctx, handler, step):
-        if ctx.index == 1 and step == 0:
-            ctx.cluster.service.fail_next_get("RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0")
-
-    start = time.monotonic()
-    results = cluster.run(
-        make_worker({1: 2}, config=TerminationConfig(peer_timeout=2), before_step=before_step)
-    )
-    assert time.monotonic() - start < 10
-    # The leader's wait for acknowledgement 0 failed: it raises, its peers are released.
-    assert isinstance(results[1].error, errors.UnavailableError), results
-    assert "injected failure" in str(results[1].error)
-    assert all(r.error is not None and r.exit_code is None for r in results), results
-
-
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("key", ["TERMINATED_WORKER", "RUN_TO_CHECKPOINT"])
-def test_failing_set_causes_no_hang_and_no_split_decision(tmp_path, key):
-    n = 3
-    cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT)
-    record = {}
-
-    def before_step(ctx, handler, step):
-        if ctx.index == 1 and step == 0:
-            ctx.cluster.service.fail_next_set(key)
-
-    start = time.monotonic()
-    results = cluster.run(
-        make_worker(
-            {1: 2}, config=TerminationConfig(peer_timeout=2), record=record, before_step=before_step
-        )
-    )
-    assert time.monotonic() - start < 10
-    saved = {i: record[i][0].saved_runs for i in range(n)}
-    if all(r.exit_code == 42 for r in results):
-        assert len({tuple(s) for s in saved.values()}) == 1 and len(saved[0]) == 1, saved
-    else:
-        # Nobody saved: either training finished or every worker failed.
-        assert all(s == [] for s in saved.values()), saved
-        assert all(r.exit_code is None for r in results), results
-        if key == "RUN_TO_CHECKPOINT":
-            assert isinstance(results[1].error, _errors.module().UnavailableError)
-
-
-@pytest.mark.timeout(30)
-def test_failing_get_of_the_step_key_only_loses_that_workers_watcher(tmp_path):
-    """A peer watcher whose get fails stops; the leader names exactly that worker."""
-    n = 3
-    errors = _errors.module()
-    service_ready = threading.Event()
-    cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT)
-
-    def worker(ctx):
-        if ctx.index == 2:
-            ctx.cluster.service.fail_next_get("RUN_TO_CHECKPOINT")
-            service_ready.set()
-        else:
-            service_ready.wait(5)
-        return make_worker({0: 3}, config=TerminationConfig(peer_timeout=0.5))(ctx)
-
-    results = cluster.run(worker)
-    error = results[0].error
-    assert type(error) is errors.DeadlineExceededError, results
-    missing = re.search(r"worker\(s\) ([0-9, ]+) did not", str(error)).group(1).split(", ")
-    assert len(missing) == 1
-    assert cluster.service.value(f"RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_{missing[0]}") is None
 
 
 # ------------------------------------------------------------ misc

@@ -1,0 +1,111 @@
+"""One failed coordination-service call of the protocol never loses a preemption.
+
+Each case injects failures into one get or set of one protocol key, at the moment the
+protocol makes that call, on a ``SimulatedCluster`` of 2 or 5 workers; worker 1 gets the
+notice. The outcome that counts as success:
+
+* a single failure, or a burst shorter than the bound: every worker saves at one step
+  (each round) and exits 42, and no error reaches the cluster;
+* failures for longer than the bound (the peer timeout here): no worker exits 42 or
+  trains on; every worker ends with an ``OpError`` whose message names the key that
+  failed, within the bound plus the test's slack.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tf_failure_handling import TerminationConfig, _errors, testing
+
+from .conftest import wait_until
+from .test_handler_cluster import make_worker
+
+CLUSTER_TIMEOUT = 120.0
+NOTICED = 1  # the worker that gets the notice (and leads)
+PEER = 0  # the worker whose acknowledgement is faulted
+
+#: name -> (get or set, key, needs a grace period). The keys are TF's.
+FAULTS = {
+    "claim": ("set", "TERMINATED_WORKER", False),
+    "announce": ("set", "TF_DEFAULT_PREEMPTION_NOTICE_KEY", False),
+    "publish": ("set", "RUN_TO_CHECKPOINT", False),
+    "peer-watch": ("get", "RUN_TO_CHECKPOINT", False),
+    "acknowledge": ("set", f"RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_{PEER}", False),
+    "await": ("get", f"RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_{PEER}", False),
+    "shutdown": ("set", "LAST_RUN_TO_CHECKPOINT", False),
+    "second-publish": ("set", "LAST_RUN_TO_CHECKPOINT", True),
+    "second-peer-watch": ("get", "LAST_RUN_TO_CHECKPOINT", True),
+    "second-acknowledge": ("set", f"RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_{PEER}", True),
+    "second-await": ("get", f"RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_{PEER}", True),
+}
+GRACE = 1.5
+
+
+def _run(tmp_path, n, fault, failures, peer_timeout):
+    what, key, grace = FAULTS[fault]
+    cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT)
+    record = {}
+    armed = []
+
+    def before_step(ctx, handler, step):
+        if ctx.index == PEER and step == 0:
+            inject = getattr(ctx.cluster.service, f"fail_next_{what}")
+            for _ in range(failures):
+                inject(key)
+            armed.append(key)
+        if grace:
+            time.sleep(0.003)  # steps long enough that the grace period spans many
+
+    def config(ctx):
+        wait_until(lambda: armed or ctx.index == PEER, 60.0, "the fault to be armed")
+        return TerminationConfig(grace_period=GRACE if grace else 0, peer_timeout=peer_timeout)
+
+    start = time.monotonic()
+    results = cluster.run(
+        make_worker(
+            {NOTICED: 3},
+            steps=100_000 if grace else 40,
+            config=config,
+            record=record,
+            before_step=before_step,
+        )
+    )
+    return cluster, record, results, time.monotonic() - start
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("failures", [1, 3], ids=["once", "burst"])
+@pytest.mark.parametrize("n", [2, 5])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_transient_failure_loses_no_preemption(tmp_path, fault, n, failures):
+    cluster, record, results, _ = _run(tmp_path, n, fault, failures, peer_timeout=30.0)
+    assert [r.exit_code for r in results] == [42] * n, results
+    assert all(r.error is None for r in results), results
+    saves = [record[i][0].saved_runs for i in range(n)]
+    assert all(s == saves[0] for s in saves), f"workers saved at different steps: {saves}"
+    rounds = 2 if FAULTS[fault][2] else 1
+    assert len(saves[0]) == rounds, saves
+    assert cluster.service.error is None, cluster.service.error
+    what, key, _ = FAULTS[fault]
+    assert cluster.service.faults_left().get((what, key), 0) < failures, "the fault was not hit"
+
+
+PERMANENT = ["claim", "publish", "peer-watch", "acknowledge", "await"]
+BOUND = 1.0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 5])
+@pytest.mark.parametrize("fault", PERMANENT)
+def test_a_failure_longer_than_the_bound_is_a_named_error_on_every_worker(tmp_path, fault, n):
+    what, key, _ = FAULTS[fault]
+    cluster, _, results, took = _run(tmp_path, n, fault, 10**6, peer_timeout=BOUND)
+    assert cluster.service.faults_left()[(what, key)] < 10**6, "the fault was never hit"
+    errors = _errors.module()
+    for r in results:
+        assert r.exit_code is None, results
+        assert isinstance(r.error, errors.OpError), results
+        assert key in str(r.error), (r.index, str(r.error))
+    # Within the bound: retries stop at it; the rest is the simulated steps and slack.
+    assert took < BOUND + 30.0, took
