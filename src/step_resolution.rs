@@ -51,6 +51,33 @@
 //! A notice that arrives while a round is in progress, or during the
 //! countdown, changes nothing: the cluster is already going down at the
 //! leader's pace (TensorFlow behaves the same way).
+//!
+//! # Failures
+//!
+//! The caller performs every effect (the Python driver, `_driver.py`); each
+//! has one rule for when the coordination service fails. "The bound" is the
+//! peer timeout (default 300 s), or the time left before the leading notice's
+//! deadline when that is sooner (at least 1 s). Retries pause 50 ms, doubling
+//! to 1 s.
+//!
+//! | effect | key | on failure |
+//! | --- | --- | --- |
+//! | claim | `TERMINATED_WORKER` | retried within the bound; then `on_claim(false)` and the next `run()` raises `UnavailableError` naming the key and the cause |
+//! | announce (for `PreemptionWatcher`s) | `TF_DEFAULT_PREEMPTION_NOTICE_KEY` | retried within the bound; then a warning (the protocol does not depend on it) |
+//! | publish | `RUN_TO_CHECKPOINT`, `LAST_RUN_TO_CHECKPOINT` | retried within the bound; then `run()` raises `UnavailableError` naming the key, reported to the cluster |
+//! | watch (peer watcher) | the round's step key | a failed read is retried until reads have failed without a break for longer than the bound; then the next `run()` raises `UnavailableError` |
+//! | acknowledge | `RECEIVED_SIGNAL_<round>_<id>` | retried within the bound; then the next `run()` raises `UnavailableError` naming the key |
+//! | await acknowledgements (leader) | every `RECEIVED_SIGNAL_<round>_<id>` | a failed read counts as "not yet": retried until the peer timeout; then `run()` raises `DeadlineExceededError` naming the missing workers and keys (and the last failure), reported to the cluster |
+//! | save | — | `on_save_failed`; the save's error is raised by `run()` and reported |
+//! | shutdown writes | both step keys := `STOP_WATCHER` | logged; nothing waits for them |
+//! | error report | `report_error_to_cluster` | logged as a warning; the step's own error is raised |
+//!
+//! A transient failure (a burst shorter than the bound) therefore never loses
+//! a preemption: every worker still saves at one step and exits. A permanent
+//! one ends in a named error on every worker (its own, or the one reported to
+//! the cluster by a peer), never in a silent continuation or a hang. Errors
+//! the driver's threads meet are handed to the next `run()`
+//! (`HandlerCore._core_set_pending` makes it take the slow path).
 
 use thiserror::Error;
 

@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``tf_failure_handling._native``."""
 
-from typing import Any, Callable, Literal, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 __version__: str
 RUN_TO_CHECKPOINT: str
@@ -32,17 +32,55 @@ class HandlerCore:
     def _core_configure(
         self, worker_id: Optional[int], num_workers: int, grace_period: float
     ) -> None: ...
-    def _core_notice(self, now: float, deadline: Optional[float] = None) -> tuple: ...
+    def _core_notice(self, now: float, deadline: Optional[float] = None) -> NoticeAction: ...
     def _core_claim(self, won: bool) -> None: ...
-    def _core_step_key(
-        self, round_key: str, value: str
-    ) -> tuple[str, Optional[str], Optional[str]]: ...
-    def _core_before_step(self, now: float) -> Optional[tuple]: ...
-    def _core_saved(self, round_key: str, duration: float) -> Literal["exit", "countdown"]: ...
+    def _core_step_key(self, round_key: str, value: str) -> KeyAction: ...
+    def _core_before_step(self, now: float) -> StepAction: ...
+    def _core_saved(self, round_key: str, duration: float) -> SaveAction: ...
     def _core_save_failed(self) -> None: ...
     def _core_agreement(self, duration: float) -> None: ...
     def _core_shutdown_keys(self) -> list[str]: ...
     def _core_state(self) -> dict[str, Any]: ...
+
+class NoticeAction:
+    """What to do about a termination notice."""
+
+    class Lead(NoticeAction): ...
+
+    class Claim(NoticeAction):
+        key: str
+        value: str
+
+    class Absorb(NoticeAction): ...
+
+class StepAction:
+    """What to do before the next step."""
+
+    class Proceed(StepAction): ...
+
+    class Publish(StepAction):
+        round_key: str
+        step: int
+        ack_keys: list[str]
+
+    class Save(StepAction):
+        round_key: str
+        step: int
+
+class KeyAction:
+    """What to do with a step key a leader published."""
+
+    class Acknowledge(KeyAction):
+        ack_key: str
+        next_round_key: Optional[str]
+
+    class Stop(KeyAction): ...
+
+class SaveAction:
+    """What follows a save."""
+
+    Exit: SaveAction
+    Countdown: SaveAction
 
 class SignalWatch:
     """Watches signals from any thread; ``wait`` releases the GIL. An ``owner`` (a handler)

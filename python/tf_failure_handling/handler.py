@@ -1,9 +1,11 @@
 """``PreemptionCheckpointHandler`` and ``TerminationConfig``.
 
 The step-resolution protocol (who saves at which step, the two grace rounds)
-lives in the Rust core (``src/step_resolution.rs`` explains it); this module
-performs what the core decides against TensorFlow: coordination-service keys,
-checkpoint saves, error reports and the exit.
+lives in the Rust core (``src/step_resolution.rs`` explains it); ``_driver.py``
+performs what the core decides against TensorFlow (coordination-service keys,
+checkpoint saves, error reports, the exit) and owns the handler's threads. This
+module is the API: the constructor, TF's public methods and the private hooks
+other libraries call.
 
 Ownership of a notice: while a handler is open it owns its worker's termination
 notices. Signal handlers installed before it are not called (as with TF, whose
@@ -26,46 +28,32 @@ import time
 import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from . import _checkpoint, _cluster, _coordination, _errors, _native, _platform, _sources, watcher
+from . import _checkpoint, _cluster, _coordination, _errors, _native, _platform, _sources
+from ._driver import (  # noqa: F401 - re-exported: the protocol's keys and bounds
+    LAST_RUN_TO_CHECKPOINT,
+    PEER_TIMEOUT_ENV,
+    PEER_WATCH_SLICE,
+    PREEMPTION_NOTICE_KEY,
+    RETRY_FIRST_PAUSE,
+    RETRY_MAX_PAUSE,
+    RUN_TO_CHECKPOINT,
+    SHUTDOWN_WRITE_TIMEOUT,
+    STOP_WATCHER,
+    TERMINATED_WORKER,
+    THREAD_JOIN_TIMEOUT,
+    ProtocolDriver,
+)
 
 log = logging.getLogger("tf_failure_handling")
 
-RUN_TO_CHECKPOINT = _native.RUN_TO_CHECKPOINT
-LAST_RUN_TO_CHECKPOINT = _native.LAST_RUN_TO_CHECKPOINT
-TERMINATED_WORKER = _native.TERMINATED_WORKER
-STOP_WATCHER = _native.STOP_WATCHER
-PREEMPTION_NOTICE_KEY = _native.PREEMPTION_NOTICE_KEY
 
 #: Seconds the leader waits for every worker to acknowledge a step key, unless
 #: ``TerminationConfig(peer_timeout=...)`` or ``TF_FAILURE_HANDLING_PEER_TIMEOUT``
 #: says otherwise. Acknowledgements come from a background thread of each peer and
 #: normally take milliseconds; the bound is there for a peer that is gone.
 DEFAULT_PEER_TIMEOUT = 300.0
-PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
 #: How often ``termination_watcher_fn`` is called (TF: once a second).
 WATCHER_FN_INTERVAL = _sources.WATCHER_FN_INTERVAL
-#: Longest single blocking get of the peer watcher; it re-checks for shutdown
-#: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
-PEER_WATCH_SLICE = 5.0
-#: A failed coordination-service call of the protocol is retried after this pause,
-#: doubled after each failure up to :data:`RETRY_MAX_PAUSE`, until the protocol's bound
-#: (the peer timeout, or the notice's deadline when sooner) has passed. See the failure
-#: table in ``src/step_resolution.rs``.
-RETRY_FIRST_PAUSE = 0.05
-RETRY_MAX_PAUSE = 1.0
-#: Bound on joining a watcher thread at shutdown.
-THREAD_JOIN_TIMEOUT = 10.0
-#: Bound on one coordination-service write that nothing waits for (releasing
-#: blocked readers at shutdown, reporting an error, announcing a notice). The
-#: protocol's own writes are bounded by the peer timeout (60 s at most).
-SHUTDOWN_WRITE_TIMEOUT = 10.0
-
-
-#: The handler that owns the notices of each worker of this process, keyed by
-#: (coordination service, worker id): the newest one built. An older one that is
-#: still open hands every notice it sees to it and acts on none.
-_owners_lock = threading.Lock()
-_owners: dict = {}
 
 
 def _check_callable(name: str, value: Any) -> None:
@@ -158,7 +146,7 @@ def _peer_timeout(config: TerminationConfig) -> float:
     return DEFAULT_PEER_TIMEOUT
 
 
-class PreemptionCheckpointHandler(_native.HandlerCore):
+class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
     """Saves a checkpoint at one agreed step when any worker gets a termination notice.
 
     Replaces ``tf.distribute.experimental.PreemptionCheckpointHandler`` with the
@@ -340,62 +328,10 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
 
     # ------------------------------------------- hooks other libraries call
 
-    def _check_before_step(self, args: tuple, kwargs: Optional[dict]) -> None:
-        try:
-            self._check_preemption_and_maybe_checkpoint(*args, **(kwargs or {}))
-        finally:
-            self._core_after_check()
-
-    # ``run(fn, *args, **kwargs)`` is native (HandlerCore.run, src/python/handler.rs):
-    # it calls these two only when a notice needs attention or the step failed.
-
-    def _run_check(self) -> None:
-        """The check before ``run()``'s step. As in TF it is inside the reporting scope:
-        a peer that did not acknowledge, or a failed save, reaches every worker."""
-        try:
-            self._check_before_step((), None)
-        except BaseException as error:
-            replacement = self._reported(error)
-            if replacement is None:
-                raise
-            raise replacement from error
-
-    def _run_failed(self, error: BaseException) -> BaseException:
-        """``run()``'s step raised ``error``: not counted, reported; returns what to raise."""
-        self._core_step_failed()
-        replacement = self._reported(error)
-        if replacement is None:
-            return error
-        replacement.__cause__ = error
-        return replacement
-
-    def _reported(self, error: BaseException) -> Optional[BaseException]:
-        """Reports ``error`` to the cluster (outside local mode); the error to raise in
-        its place, or None to raise ``error`` itself."""
-        if self._local_mode:
-            return None
-        try:
-            return self._propagate_error(error)
-        except Exception as e:  # noqa: BLE001 - the step's own error wins
-            log.error("Reporting %r to the cluster failed: %r", error, e)
-            return None
-
     def _check_preemption_and_maybe_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        """Acts on a notice or an agreed step before the next step (orbit calls this)."""
-        error = self._thread_error
-        if error is not None:
-            self._thread_error = None
-            self._core_set_pending(False)
-            raise error
-        decision = self._core_before_step(self._clock())
-        if decision is None:
-            return
-        if decision[0] == "publish":
-            _, round_key, step, ack_keys = decision
-            self._publish(round_key, step, ack_keys)
-            return
-        _, round_key, step = decision
-        self._save_checkpoint_at(round_key, step, args, kwargs)
+        """Acts on a notice or an agreed step before the next step (tf_keras and orbit call
+        this); the arguments go to the checkpoint manager's ``save``."""
+        self._act_before_step(args, kwargs)
 
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Saves now, recording the run count (TF's private method of this name)."""
@@ -407,471 +343,3 @@ class PreemptionCheckpointHandler(_native.HandlerCore):
             self._write_checkpoint_manager.directory,
             self._checkpoint_time,
         )
-
-    def _propagate_error(self, error: BaseException) -> Optional[BaseException]:
-        """Reports a step's ``OpError`` to every worker; never raises.
-
-        Returns the error ``run()`` raises instead, or None for ``error`` itself:
-        when the error looks like a lost peer (a collective aborted, a deadline
-        or an unavailable task), the peers that do not answer a health probe
-        are named in its message (same type; TF's message often names nobody).
-        """
-        if self._local_mode or not isinstance(error, _errors.module().OpError):
-            return None
-        replacement, unreachable = None, None
-        try:
-            unreachable = _cluster.unreachable_peers(
-                error, self._coordination.service, self._cluster_resolver, self._membership
-            )
-            replacement = _cluster.with_unreachable_named(error, unreachable, self._membership)
-        except Exception as e:  # noqa: BLE001 - only a better message is at stake
-            log.info("Could not probe the peers after %r: %s", error, e)
-        leader = _cluster.coordination_leader(self._cluster_resolver)
-        if unreachable and any(task == leader for _, task, _, _ in unreachable):
-            # TF's report_error_to_cluster blocks, holding the GIL, until the
-            # service's leader answers: with the leader cut off, never.
-            log.warning(
-                "Not reporting %r to the cluster: the coordination service's leader (%s) "
-                "does not answer.",
-                error,
-                leader,
-            )
-            return replacement
-        log.info("Propagating error to cluster: %r: %s", error, error)
-        try:
-            self._coordination.report_error(error.error_code, error.message, SHUTDOWN_WRITE_TIMEOUT)
-        except Exception as e:  # noqa: BLE001 - the step's own error matters more
-            log.warning("Could not report the error to the cluster: %r: %s", e, e)
-        return replacement
-
-    # ------------------------------------------------------------ protocol
-
-    def _retry_bound(self) -> float:
-        """Seconds a failing protocol call is retried: the peer timeout, or less when the
-        leading notice's deadline is nearer (a machine that is gone cannot be waited for)."""
-        bound = self._peer_timeout
-        deadline = self._core_state().get("deadline")
-        if deadline is not None:
-            bound = min(bound, max(1.0, deadline - self._clock()))
-        return bound
-
-    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
-        """``call()``, retrying a failed coordination-service call within the bound.
-
-        Coordination-service errors (any ``OpError``: a transient failure can look like
-        Unavailable, Internal or Aborted) are retried after growing pauses; once the bound has
-        passed, an ``UnavailableError`` names what failed, how often and the last cause.
-        Anything else is a bug and is raised at once.
-        """
-        errors = _errors.module()
-        bound = self._retry_bound()
-        deadline = time.monotonic() + bound
-        pause = RETRY_FIRST_PAUSE
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return call()
-            except errors.OpError as e:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._closing.is_set():
-                    raise _errors.make(
-                        "UnavailableError",
-                        f"Worker {self._id_in_cluster}: {what} failed {attempts} time(s) "
-                        f"within {bound:g}s; the last error: {type(e).__name__}: {e}",
-                    ) from e
-                (log.warning if attempts == 1 else log.info)(
-                    "%s failed (%s: %s); retrying in %gs (%.1fs left).",
-                    what,
-                    type(e).__name__,
-                    e,
-                    min(pause, left),
-                    left,
-                )
-                self._closing.wait(min(pause, left))
-                pause = min(pause * 2, RETRY_MAX_PAUSE)
-
-    def _publish(self, round_key: str, step: int, ack_keys: list) -> None:
-        log.info(
-            "Worker %s leads the %s round: every worker saves after run %d.",
-            self._id_in_cluster,
-            "final" if round_key == LAST_RUN_TO_CHECKPOINT else "first",
-            step,
-        )
-        if self._local_mode:
-            return
-        start = self._clock()
-        published = self._retrying(
-            f"publishing {round_key}={step}",
-            lambda: self._coordination.set(round_key, str(step)),
-        )
-        if not published:
-            log.warning(
-                "%s was already set (a peer shut down?); not waiting for acknowledgements.",
-                round_key,
-            )
-            return
-        self._await_acknowledgements(round_key, step, ack_keys)
-        self._core_agreement(self._clock() - start)
-
-    def _await_acknowledgements(self, round_key: str, step: int, ack_keys: list) -> None:
-        """Waits, bounded by the peer timeout, until every worker acknowledged."""
-        deadline = time.monotonic() + self._peer_timeout
-        pending = list(ack_keys)
-        last_error: Optional[BaseException] = None
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                got = self._coordination.get(pending[0], min(remaining, 1.0))
-            except _errors.module().OpError as e:
-                # A failed read is retried until the peer timeout, like a slow peer.
-                if last_error is None:
-                    log.warning("Reading %s failed (%s); retrying.", pending[0], e)
-                last_error = e
-                self._closing.wait(min(RETRY_FIRST_PAUSE, max(0.0, remaining)))
-                continue
-            if got is not None:
-                log.info("Acknowledgement %s received.", pending[0])
-                pending.pop(0)
-        if not pending:
-            return
-        # Name every worker still missing, not only the first one waited on.
-        missing = []
-        for key in pending:
-            try:
-                if self._coordination.get(key, 0.001) is None:
-                    missing.append(key)
-            except _errors.module().OpError as e:
-                last_error = e
-                missing.append(key)
-        if not missing:
-            return
-        cause = "" if last_error is None else f" The last read failed: {last_error}."
-        workers = ", ".join(k.rsplit("_", 1)[1] for k in missing)
-        raise _errors.make(
-            "DeadlineExceededError",
-            f"Worker {self._id_in_cluster} published {round_key}={step} but worker(s) "
-            f"{workers} did not acknowledge within {self._peer_timeout:g}s "
-            f"(missing keys: {', '.join(missing)}).{cause} Set "
-            f"TerminationConfig(peer_timeout=...) or {PEER_TIMEOUT_ENV} to wait longer.",
-        )
-
-    def _save_checkpoint_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
-        log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
-        start = self._clock()
-        try:
-            self._save_checkpoint(*args, **kwargs)
-        except BaseException:
-            self._core_save_failed()
-            raise
-        after = self._core_saved(round_key, self._clock() - start)
-        if after == "exit":
-            # The signal watch stays: until close(), a further notice is absorbed,
-            # not handed back to whatever was installed before (which could kill
-            # a worker that exit_fn chose to keep running).
-            self._stop_peer_watcher()
-            self._checkpoints.remove_worker_temp(self._is_chief)
-            log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
-            self._exit_fn()
-            # TF carries on silently here; say what state the worker is in.
-            log.warning(
-                "exit_fn returned instead of ending the process: training continues, the "
-                "checkpoint of run %d is complete, and this handler absorbs further notices "
-                "until close().",
-                step,
-            )
-        else:
-            state = self._core_state()
-            if state.get("leading"):
-                log.info(
-                    "Continue training for the grace period; the final round starts %.2fs "
-                    "before the deadline (save, steps and acknowledgements as measured).",
-                    state["margin"],
-                )
-            else:
-                log.info("Continue training for the grace period.")
-
-    # ------------------------------------------------------------ watchers
-
-    def _owner_key(self) -> tuple:
-        service = None if self._coordination is None else id(self._coordination.service)
-        return (service, self._id_in_cluster)
-
-    def _take_over_notices(self) -> None:
-        """Makes this handler the one that acts on its worker's notices.
-
-        An older handler of the same worker that is still open (tf_keras leaves
-        the handler of an earlier ``fit`` open) stops acting on notices and
-        watching the step keys; any notice it still sees is handed to this one,
-        whose resolver ignores one it already has.
-        """
-        key = self._owner_key()
-        with _owners_lock:
-            ref = _owners.get(key)
-            _owners[key] = weakref.ref(self)
-        older = None if ref is None else ref()
-        if older is not None and older is not self and not older._closed:
-            older._successor = weakref.ref(self)
-            log.info(
-                "A new PreemptionCheckpointHandler of worker %s takes over termination "
-                "notices from an earlier one that is still open (close() it when done).",
-                self._id_in_cluster,
-            )
-
-    def _give_up_ownership(self) -> None:
-        key = self._owner_key()
-        with _owners_lock:
-            ref = _owners.get(key)
-            if ref is not None and ref() in (self, None):
-                del _owners[key]
-
-    def _current_owner(self) -> Optional[PreemptionCheckpointHandler]:
-        """The newer handler that owns the notices now, or None when this one does."""
-        successor = None if self._successor is None else self._successor()
-        while successor is not None and successor._successor is not None:
-            later = successor._successor()
-            if later is None:
-                break
-            successor = later
-        return successor
-
-    def _fail_in_background(self, what: str, error: BaseException) -> None:
-        """A background thread met an error it cannot handle: the next ``run()`` raises it.
-
-        The error is TF's ``UnavailableError`` naming what failed and why (the
-        original is its ``__cause__``), so no thread ends without the handler
-        learning of it.
-        """
-        log.error("PreemptionCheckpointHandler: %s failed: %r", what, error)
-        if self._closing.is_set():
-            return
-        if isinstance(error, _errors.module().OpError):
-            raised = error
-        else:
-            raised = _errors.make(
-                "UnavailableError", f"worker {self._id_in_cluster}: {what} failed: {error!r}"
-            )
-            raised.__cause__ = error
-        if self._thread_error is None:
-            self._thread_error = raised
-        self._core_set_pending(True)
-
-    def _start_watchers(self) -> None:
-        self._sources = _sources.NoticeSources(
-            self._environment, self._signals, self._termination_watcher_fn, owner=True
-        )
-        self._notice_thread = threading.Thread(
-            target=self._watch_own_notice,
-            name=f"WorkerTerminationSignalWatcher-{self._id_in_cluster}",
-            daemon=True,
-        )
-        self._notice_thread.start()
-        if not self._local_mode:
-            self._peer_thread = threading.Thread(
-                target=self._watch_step_keys,
-                name=f"PeerTerminationWatcher-{self._id_in_cluster}",
-                daemon=True,
-            )
-            self._peer_thread.start()
-
-    def _notify_termination(self, deadline: Optional[float] = None) -> None:
-        """Delivers a notice as a termination source would (used by ``testing``).
-
-        ``deadline`` is on the handler's clock (``time.monotonic()``). A notice after the
-        handler exited or was closed is ignored, as a signal would be.
-        """
-        sources = self._sources
-        unix_deadline = None if deadline is None else time.time() + (deadline - self._clock())
-        if (
-            sources is None
-            or self._closing.is_set()
-            or not sources.trigger("a termination source", unix_deadline)
-        ):
-            log.info("Termination notice after shutdown ignored.")
-
-    def _watch_own_notice(self) -> None:
-        """Acts on every notice until close: the first one starts the protocol, later
-        ones are absorbed by the resolver (logged); an older handler forwards them."""
-        while True:
-            notice = self._sources.wait()
-            if notice is None or self._closing.is_set():
-                return
-            try:
-                owner = self._current_owner()
-                if owner is not None:
-                    log.info(
-                        "Termination notice from %s handed to the newer handler of worker %s.",
-                        notice.source,
-                        self._id_in_cluster,
-                    )
-                    if owner._sources is not None:
-                        owner._sources.trigger(notice.source, notice.deadline)
-                    continue
-                self._handle_notice(notice)
-            except BaseException as e:  # noqa: BLE001 - handed to the next run()
-                self._fail_in_background(f"handling the notice from {notice.source}", e)
-            finally:
-                self._notices_handled += 1
-
-    def _handle_notice(self, notice: _sources.Notice) -> None:
-        deadline = None
-        if notice.deadline is not None:
-            # Platforms announce wall-clock times; the resolver runs on the monotonic clock.
-            deadline = self._clock() + (notice.deadline - time.time())
-            log.info(
-                "The notice from %s gives %.1fs until the machine goes away.",
-                notice.source,
-                notice.deadline - time.time(),
-            )
-        self._on_own_notice(notice.source, deadline)
-
-    def _on_own_notice(self, source: str, deadline: Optional[float]) -> None:
-        outcome = self._core_notice(self._clock(), deadline)
-        if outcome[0] == "lead":
-            log.info("Received termination notice from %s.", source)
-            self._announce(source)
-        elif outcome[0] == "claim":
-            _, key, value = outcome
-            won = self._claim(key, value, source)
-            self._core_claim(won)
-            if won:
-                log.info("Member %s has received termination notice (%s).", value, source)
-                self._announce(source)
-            else:
-                log.info(
-                    "Member %s has received termination notice (%s), but another worker "
-                    "received one first; it decides when to checkpoint.",
-                    value,
-                    source,
-                )
-        else:
-            log.info(
-                "Termination notice from %s absorbed: this handler already acts on an earlier one.",
-                source,
-            )
-
-    def _announce(self, source: str) -> None:
-        """Tells PreemptionWatchers: in this process, and through the coordination service."""
-        message = watcher.notice_message(self._id_in_cluster, source)
-        watcher.publish_local(message)
-        if self._local_mode:
-            return
-        try:
-            self._retrying(
-                f"publishing {PREEMPTION_NOTICE_KEY}",
-                lambda: self._coordination.set(
-                    PREEMPTION_NOTICE_KEY, message, SHUTDOWN_WRITE_TIMEOUT
-                ),
-            )
-        except Exception as e:  # noqa: BLE001 - for PreemptionWatchers; the protocol goes on
-            log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, e)
-
-    def _claim(self, key: str, value: str, source: str) -> bool:
-        """Writes ``TERMINATED_WORKER``; True if this worker got it first.
-
-        A failure of the coordination service is retried within the bound (TF drops
-        the notice at the first failure); after it, the ``UnavailableError`` reaches
-        the next ``run()``.
-        """
-        try:
-            return self._retrying(
-                f"claiming {key} after the notice from {source}",
-                lambda: self._coordination.set(key, value),
-            )
-        except BaseException:
-            self._core_claim(False)
-            raise
-
-    def _watch_step_keys(self) -> None:
-        """Acknowledges the step keys a leader publishes (one round, or two with a grace
-        period) until they are set, shutdown, or a newer handler takes over.
-
-        A failed read is retried until it has failed without a break for longer than
-        the bound; a failed acknowledgement is retried within the bound; after that, or
-        on anything unexpected, the next ``run()`` raises the error.
-        """
-        try:
-            self._watch_step_keys_until_done()
-        except BaseException as e:  # noqa: BLE001 - handed to the next run()
-            self._fail_in_background("watching the peers' step keys", e)
-
-    def _watch_step_keys_until_done(self) -> None:
-        errors = _errors.module()
-        round_key = RUN_TO_CHECKPOINT
-        failing_since: Optional[float] = None
-        pause = RETRY_FIRST_PAUSE
-        while not self._closing.is_set():
-            try:
-                value = self._coordination.get(round_key, PEER_WATCH_SLICE)
-            except errors.OpError as e:
-                if self._closing.is_set():
-                    return
-                now = time.monotonic()
-                if failing_since is None:
-                    failing_since = now
-                    log.warning("Reading %s failed (%s); retrying.", round_key, e)
-                elif now - failing_since > self._retry_bound():
-                    raise _errors.make(
-                        "UnavailableError",
-                        f"Worker {self._id_in_cluster}: reading {round_key} has failed for "
-                        f"{now - failing_since:.1f}s; the last error: {type(e).__name__}: {e}",
-                    ) from e
-                self._closing.wait(pause)
-                pause = min(pause * 2, RETRY_MAX_PAUSE)
-                continue
-            failing_since, pause = None, RETRY_FIRST_PAUSE
-            if value is None:
-                continue
-            kind, ack_key, next_key = self._core_step_key(round_key, value)
-            if kind == "stop":
-                return
-            if self._current_owner() is not None:
-                # A newer handler of this worker watches and acknowledges now.
-                return
-            self._retrying(
-                f"acknowledging {round_key}={value} with {ack_key}",
-                lambda key=ack_key: self._coordination.set(key, _native.ACK_VALUE),
-            )
-            log.info("%s=%s received; acknowledged with %s.", round_key, value, ack_key)
-            if next_key is None:
-                return
-            round_key = next_key
-
-    def _stop_watchers(self) -> None:
-        self._closing.set()
-        if self._sources is not None:
-            self._sources.close()
-        if (
-            self._notice_thread is not None
-            and self._notice_thread is not threading.current_thread()
-        ):
-            self._notice_thread.join(THREAD_JOIN_TIMEOUT)
-        self._notice_thread = None
-        self._stop_peer_watcher()
-
-    def _stop_peer_watcher(self) -> None:
-        """Releases the peer watcher (``STOP_WATCHER`` on the step keys) and joins it.
-
-        A handler that a newer one took over from writes nothing: the keys belong
-        to the newer one's protocol, and its own peer watcher stops by itself.
-        """
-        thread = self._peer_thread
-        if thread is None:
-            return
-        self._peer_thread = None
-        if self._current_owner() is None:
-            for key in self._core_shutdown_keys():
-                try:
-                    self._coordination.set(key, STOP_WATCHER, SHUTDOWN_WRITE_TIMEOUT)
-                except Exception as e:  # noqa: BLE001 - peers may have exited already
-                    log.info("Ignoring error while releasing %s: %s", key, e)
-        if thread is threading.current_thread():
-            return
-        thread.join(THREAD_JOIN_TIMEOUT)
-        if thread.is_alive():
-            log.warning(
-                "The peer watcher did not stop within %gs; leaving it (daemon thread).",
-                THREAD_JOIN_TIMEOUT,
-            )

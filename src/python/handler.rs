@@ -27,10 +27,54 @@ use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use pyo3::{ffi, intern, Borrowed, IntoPyObjectExt};
+use pyo3::{ffi, intern, Borrowed};
 
 use crate::grace::GracePlanner;
 use crate::step_resolution::{AfterSave, Decision, KeyOutcome, Membership, Notice, NoticeOutcome, Resolver, Round};
+
+/// What to do about a termination notice (`HandlerCore._core_notice`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum NoticeAction {
+    /// Local mode, or a worker that already won the claim: lead the response.
+    Lead {},
+    /// Claim `key` (TERMINATED_WORKER) with `value` (this worker's id); the
+    /// outcome goes back through `_core_claim`.
+    Claim { key: String, value: String },
+    /// A notice is already being handled (or was, and the handler exited):
+    /// absorbed.
+    Absorb {},
+}
+
+/// What to do before the next step (`HandlerCore._core_before_step`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum StepAction {
+    /// Nothing to do: run the step.
+    Proceed {},
+    /// This worker leads: publish `round_key` = `step` and wait for every
+    /// key in `ack_keys`.
+    Publish { round_key: String, step: u64, ack_keys: Vec<String> },
+    /// The agreed `step` of `round_key` is reached: save now.
+    Save { round_key: String, step: u64 },
+}
+
+/// What to do with a step key a leader published (`HandlerCore._core_step_key`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum KeyAction {
+    /// Write `ack_key`; then watch `next_round_key` (the final round), if any.
+    Acknowledge { ack_key: String, next_round_key: Option<String> },
+    /// `STOP_WATCHER`: the protocol is over for this watcher.
+    Stop {},
+}
+
+/// What follows a save (`HandlerCore._core_saved`).
+#[pyclass(frozen, eq, eq_int, module = "tf_failure_handling._native")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum SaveAction {
+    /// Clean up and call `exit_fn`.
+    Exit,
+    /// Keep training until the final round of the grace period.
+    Countdown,
+}
 
 fn round_from_key(key: &str) -> PyResult<Round> {
     match key {
@@ -280,16 +324,19 @@ impl HandlerCore {
         Ok(())
     }
 
-    /// A termination notice: returns `("lead",)`, `("claim", key, value)` or
-    /// `("ignored",)`.
+    /// A termination notice at `now` (with the platform's `deadline`, if it
+    /// announced one): what to do about it.
     #[pyo3(signature = (now, deadline=None))]
-    fn _core_notice<'py>(&self, py: Python<'py>, now: f64, deadline: Option<f64>) -> PyResult<Bound<'py, PyTuple>> {
+    fn _core_notice(&self, now: f64, deadline: Option<f64>) -> PyResult<NoticeAction> {
         let outcome = self.with_resolver(|r, _| Ok(r.on_notice(Notice { at: now, deadline })))?;
-        match outcome {
-            NoticeOutcome::Lead => PyTuple::new(py, ["lead"]),
-            NoticeOutcome::Claim { key, value } => PyTuple::new(py, ["claim", key, value.as_str()]),
-            NoticeOutcome::Ignored => PyTuple::new(py, ["ignored"]),
-        }
+        Ok(match outcome {
+            NoticeOutcome::Lead => NoticeAction::Lead {},
+            NoticeOutcome::Claim { key, value } => NoticeAction::Claim {
+                key: key.to_string(),
+                value,
+            },
+            NoticeOutcome::Ignored => NoticeAction::Absorb {},
+        })
     }
 
     fn _core_claim(&self, won: bool) -> PyResult<()> {
@@ -299,62 +346,50 @@ impl HandlerCore {
         })
     }
 
-    /// A step key's value: returns `("ack", ack_key, next_round_key_or_None)`
-    /// or `("stop", None, None)`.
+    /// A step key's value, as the peer watcher read it: what to do.
     ///
     /// # Errors
     ///
     /// `ValueError` for a malformed value or an unknown key.
-    fn _core_step_key<'py>(&self, py: Python<'py>, round_key: &str, value: &str) -> PyResult<Bound<'py, PyTuple>> {
+    fn _core_step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
         let round = round_from_key(round_key)?;
         let outcome = self.with_resolver(|r, _| r.on_step_key(round, value).map_err(|e| PyValueError::new_err(e.to_string())))?;
-        match outcome {
-            KeyOutcome::Ack { key, watch_next } => ("ack", key, watch_next.map(Round::key))
-                .into_pyobject(py)
-                .map(|t| t.cast_into::<PyTuple>().expect("a tuple")),
-            KeyOutcome::Stop => ("stop", py.None(), py.None())
-                .into_pyobject(py)
-                .map(|t| t.cast_into::<PyTuple>().expect("a tuple")),
-        }
-    }
-
-    /// The decision before a step at `now`: None to proceed,
-    /// `("publish", round_key, step, ack_keys)` or `("save", round_key, step)`.
-    fn _core_before_step<'py>(&self, py: Python<'py>, now: f64) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let runs = self.run_counter.load(Ordering::Relaxed);
-        let decision = self.with_resolver(|r, planner| Ok(r.before_step(runs, now, planner)))?;
-        Ok(match decision {
-            Decision::Proceed => None,
-            Decision::Publish { round, step, ack_keys } => Some(PyTuple::new(
-                py,
-                [
-                    "publish".into_bound_py_any(py)?,
-                    round.key().into_bound_py_any(py)?,
-                    step.into_bound_py_any(py)?,
-                    ack_keys.into_bound_py_any(py)?,
-                ],
-            )?),
-            Decision::Save { round, step } => Some(PyTuple::new(
-                py,
-                [
-                    "save".into_bound_py_any(py)?,
-                    round.key().into_bound_py_any(py)?,
-                    step.into_bound_py_any(py)?,
-                ],
-            )?),
+        Ok(match outcome {
+            KeyOutcome::Ack { key, watch_next } => KeyAction::Acknowledge {
+                ack_key: key,
+                next_round_key: watch_next.map(|r| r.key().to_string()),
+            },
+            KeyOutcome::Stop => KeyAction::Stop {},
         })
     }
 
-    /// The save of `round_key` finished after `duration` seconds: returns
-    /// `"exit"` or `"countdown"`.
-    fn _core_saved(&self, round_key: &str, duration: f64) -> PyResult<&'static str> {
+    /// The decision before a step at `now`.
+    fn _core_before_step(&self, now: f64) -> PyResult<StepAction> {
+        let runs = self.run_counter.load(Ordering::Relaxed);
+        let decision = self.with_resolver(|r, planner| Ok(r.before_step(runs, now, planner)))?;
+        Ok(match decision {
+            Decision::Proceed => StepAction::Proceed {},
+            Decision::Publish { round, step, ack_keys } => StepAction::Publish {
+                round_key: round.key().to_string(),
+                step,
+                ack_keys,
+            },
+            Decision::Save { round, step } => StepAction::Save {
+                round_key: round.key().to_string(),
+                step,
+            },
+        })
+    }
+
+    /// The save of `round_key` finished after `duration` seconds: what next.
+    fn _core_saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
         let round = round_from_key(round_key)?;
         self.with_resolver(|r, planner| {
             let after = r.on_saved(round).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
             planner.record_save(duration);
             Ok(match after {
-                AfterSave::Exit => "exit",
-                AfterSave::Countdown => "countdown",
+                AfterSave::Exit => SaveAction::Exit,
+                AfterSave::Countdown => SaveAction::Countdown,
             })
         })
     }

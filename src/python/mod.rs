@@ -164,6 +164,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
     m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
     m.add_class::<handler::HandlerCore>()?;
+    m.add_class::<handler::NoticeAction>()?;
+    m.add_class::<handler::StepAction>()?;
+    m.add_class::<handler::KeyAction>()?;
+    m.add_class::<handler::SaveAction>()?;
     handler::add_run(m.py())?;
     signals::register(m)?;
     m.add_class::<store::KeyValueStore>()?;
