@@ -53,7 +53,7 @@
 //!   signal, so the child behaves as if we had never been installed (SIGTERM
 //!   ends it by default). A watch made in the child starts afresh.
 //!
-//! Nothing in this module calls Python or logs while [`installed`]'s mutex is
+//! Nothing in this module calls Python or logs while the install table's mutex is
 //! held: `log` reaches Python through pyo3-log, which needs the GIL, and a
 //! thread holding the GIL may be waiting for that mutex.
 

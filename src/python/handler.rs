@@ -52,7 +52,11 @@ pub enum StepAction {
     Proceed {},
     /// This worker leads: publish `round_key` = `step` and wait for every
     /// key in `ack_keys`.
-    Publish { round_key: String, step: u64, ack_keys: Vec<String> },
+    Publish {
+        round_key: String,
+        step: u64,
+        ack_keys: Vec<String>,
+    },
     /// The agreed `step` of `round_key` is reached: save now.
     Save { round_key: String, step: u64 },
 }
