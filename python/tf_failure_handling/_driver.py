@@ -45,9 +45,15 @@ PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
 PEER_WATCH_SLICE = 5.0
 #: A failed coordination-service call of the protocol is retried after this pause,
 #: doubled after each failure up to :data:`RETRY_MAX_PAUSE`, until the protocol's bound
-#: (the peer timeout, or the notice's deadline when sooner) has passed.
+#: has passed: :data:`TRANSIENT_FAILURE_WINDOW`, or less when the peer timeout or the
+#: time left before the notice's deadline is shorter.
 RETRY_FIRST_PAUSE = 0.05
 RETRY_MAX_PAUSE = 1.0
+#: Seconds of failing calls after which a failure is not transient. A cluster whose
+#: service is in an error state (a peer reported an error) fails every call for good:
+#: that error must reach the worker promptly, with its own type, not after the peer
+#: timeout (300 s by default).
+TRANSIENT_FAILURE_WINDOW = 10.0
 #: Bound on joining a watcher thread at shutdown.
 THREAD_JOIN_TIMEOUT = 10.0
 #: Bound on one coordination-service write that nothing waits for (releasing
@@ -157,25 +163,42 @@ class ProtocolDriver:
     # ------------------------------------------------------------ protocol
 
     def _retry_bound(self) -> float:
-        """Seconds a failing protocol call is retried: the peer timeout, or less when the
-        leading notice's deadline is nearer (a machine that is gone cannot be waited for)."""
-        bound = self._peer_timeout
+        """Seconds a failing protocol call is retried: :data:`TRANSIENT_FAILURE_WINDOW`, or
+        the peer timeout or the time left before the leading notice's deadline (at least
+        1 s) when shorter (a machine that is gone cannot be waited for)."""
+        bound = min(self._peer_timeout, TRANSIENT_FAILURE_WINDOW)
         deadline = self._core_state().get("deadline")
         if deadline is not None:
             bound = min(bound, max(1.0, deadline - self._clock()))
         return bound
 
+    def _named(self, error: BaseException, what: str, attempts: int, seconds: float) -> Any:
+        """``error``'s type (TF's), its message prefixed with what failed, how often and
+        for how long; ``error`` is its cause."""
+        errors = _errors.module()
+        name = type(error).__name__ if isinstance(error, errors.OpError) else "UnavailableError"
+        try:
+            named = _errors.make(
+                name,
+                f"Worker {self._id_in_cluster}: {what} failed {attempts} time(s) over "
+                f"{seconds:.1f}s: {getattr(error, 'message', error)}",
+            )
+        except (AttributeError, TypeError):  # not one of TF's public error classes
+            named = _errors.make("UnavailableError", f"{what} failed: {error!r}")
+        named.__cause__ = error
+        return named
+
     def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
         """``call()``, retrying a failed coordination-service call within the bound.
 
         Coordination-service errors (any ``OpError``: a transient failure can look like
-        Unavailable, Internal or Aborted) are retried after growing pauses; once the bound has
-        passed, an ``UnavailableError`` names what failed, how often and the last cause.
-        Anything else is a bug and is raised at once.
+        Unavailable, Internal or Aborted) are retried after growing pauses; once the
+        bound has passed, the last error is raised again, of its own type, naming what
+        failed (:meth:`_named`). Anything else is a bug and is raised at once.
         """
         errors = _errors.module()
         bound = self._retry_bound()
-        deadline = time.monotonic() + bound
+        start = time.monotonic()
         pause = RETRY_FIRST_PAUSE
         attempts = 0
         while True:
@@ -183,13 +206,9 @@ class ProtocolDriver:
             try:
                 return call()
             except errors.OpError as e:
-                left = deadline - time.monotonic()
+                left = start + bound - time.monotonic()
                 if left <= 0 or self._closing.is_set():
-                    raise _errors.make(
-                        "UnavailableError",
-                        f"Worker {self._id_in_cluster}: {what} failed {attempts} time(s) "
-                        f"within {bound:g}s; the last error: {type(e).__name__}: {e}",
-                    ) from e
+                    raise self._named(e, what, attempts, time.monotonic() - start) from e
                 (log.warning if attempts == 1 else log.info)(
                     "%s failed (%s: %s); retrying in %gs (%.1fs left).",
                     what,
@@ -229,6 +248,8 @@ class ProtocolDriver:
         deadline = time.monotonic() + self._peer_timeout
         pending = list(ack_keys)
         last_error: Optional[BaseException] = None
+        failing_since: Optional[float] = None
+        failures = 0
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -236,17 +257,35 @@ class ProtocolDriver:
             try:
                 got = self._coordination.get(pending[0], min(remaining, 1.0))
             except _errors.module().OpError as e:
-                # A failed read is retried until the peer timeout, like a slow peer.
-                if last_error is None:
+                # A failed read is retried like a slow peer, but a failure that lasts
+                # longer than the bound is the service's (a peer reported an error).
+                now = time.monotonic()
+                failures += 1
+                if failing_since is None:
+                    failing_since = now
                     log.warning("Reading %s failed (%s); retrying.", pending[0], e)
+                elif now - failing_since > self._retry_bound():
+                    raise self._named(
+                        e, f"reading {pending[0]}", failures, now - failing_since
+                    ) from e
                 last_error = e
                 self._closing.wait(min(RETRY_FIRST_PAUSE, max(0.0, remaining)))
                 continue
+            failing_since, failures = None, 0
             if got is not None:
                 log.info("Acknowledgement %s received.", pending[0])
                 pending.pop(0)
         if not pending:
             return
+        if failing_since is not None and last_error is not None:
+            # The wait ended while reads were failing: the service's error, not a
+            # silent peer, is what to report.
+            raise self._named(
+                last_error,
+                f"reading {pending[0]}",
+                failures,
+                time.monotonic() - failing_since,
+            ) from last_error
         # Name every worker still missing, not only the first one waited on.
         missing = []
         for key in pending:
@@ -511,6 +550,7 @@ class ProtocolDriver:
         errors = _errors.module()
         round_key = RUN_TO_CHECKPOINT
         failing_since: Optional[float] = None
+        failures = 0
         pause = RETRY_FIRST_PAUSE
         while not self._closing.is_set():
             try:
@@ -518,20 +558,19 @@ class ProtocolDriver:
             except errors.OpError as e:
                 if self._closing.is_set():
                     return
+                failures += 1
                 now = time.monotonic()
                 if failing_since is None:
                     failing_since = now
                     log.warning("Reading %s failed (%s); retrying.", round_key, e)
                 elif now - failing_since > self._retry_bound():
-                    raise _errors.make(
-                        "UnavailableError",
-                        f"Worker {self._id_in_cluster}: reading {round_key} has failed for "
-                        f"{now - failing_since:.1f}s; the last error: {type(e).__name__}: {e}",
+                    raise self._named(
+                        e, f"reading {round_key}", failures, now - failing_since
                     ) from e
                 self._closing.wait(pause)
                 pause = min(pause * 2, RETRY_MAX_PAUSE)
                 continue
-            failing_since, pause = None, RETRY_FIRST_PAUSE
+            failing_since, failures, pause = None, 0, RETRY_FIRST_PAUSE
             if value is None:
                 continue
             action = self._core_step_key(round_key, value)
