@@ -56,18 +56,22 @@
 //!
 //! The caller performs every effect (the Python driver, `_driver.py`); each
 //! has one rule for when the coordination service fails. "The bound" is the
-//! peer timeout (default 300 s), or the time left before the leading notice's
-//! deadline when that is sooner (at least 1 s). Retries pause 50 ms, doubling
-//! to 1 s.
+//! transient-failure window (10 s), or the peer timeout or the time left
+//! before the leading notice's deadline (at least 1 s) when shorter: a
+//! service that fails for longer is in an error state (a peer reported an
+//! error), and that error must reach the worker promptly, with its own type.
+//! Retries pause 50 ms, doubling to 1 s. "Raises" below means: the last
+//! error again, of its own TF type, its message naming the worker, the key,
+//! how often and how long it failed.
 //!
 //! | effect | key | on failure |
 //! | --- | --- | --- |
-//! | claim | `TERMINATED_WORKER` | retried within the bound; then `on_claim(false)` and the next `run()` raises `UnavailableError` naming the key and the cause |
+//! | claim | `TERMINATED_WORKER` | retried within the bound; then `on_claim(false)` and the next `run()` raises |
 //! | announce (for `PreemptionWatcher`s) | `TF_DEFAULT_PREEMPTION_NOTICE_KEY` | retried within the bound; then a warning (the protocol does not depend on it) |
-//! | publish | `RUN_TO_CHECKPOINT`, `LAST_RUN_TO_CHECKPOINT` | retried within the bound; then `run()` raises `UnavailableError` naming the key, reported to the cluster |
-//! | watch (peer watcher) | the round's step key | a failed read is retried until reads have failed without a break for longer than the bound; then the next `run()` raises `UnavailableError` |
-//! | acknowledge | `RECEIVED_SIGNAL_<round>_<id>` | retried within the bound; then the next `run()` raises `UnavailableError` naming the key |
-//! | await acknowledgements (leader) | every `RECEIVED_SIGNAL_<round>_<id>` | a failed read counts as "not yet": retried until the peer timeout; then `run()` raises `DeadlineExceededError` naming the missing workers and keys (and the last failure), reported to the cluster |
+//! | publish | `RUN_TO_CHECKPOINT`, `LAST_RUN_TO_CHECKPOINT` | retried within the bound; then `run()` raises, and reports it to the cluster |
+//! | watch (peer watcher) | the round's step key | a failed read is retried until reads have failed without a break for longer than the bound; then the next `run()` raises |
+//! | acknowledge | `RECEIVED_SIGNAL_<round>_<id>` | retried within the bound; then the next `run()` raises |
+//! | await acknowledgements (leader) | every `RECEIVED_SIGNAL_<round>_<id>` | a failed read counts as "not yet" until reads have failed for longer than the bound (then `run()` raises); reads that answer "not set" until the peer timeout end in `DeadlineExceededError` naming the missing workers and keys; both are reported to the cluster |
 //! | save | — | `on_save_failed`; the save's error is raised by `run()` and reported |
 //! | shutdown writes | both step keys := `STOP_WATCHER` | logged; nothing waits for them |
 //! | error report | `report_error_to_cluster` | logged as a warning; the step's own error is raised |
