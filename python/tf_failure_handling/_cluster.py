@@ -88,7 +88,8 @@ def membership(cluster_resolver: Any) -> Membership:
     return Membership(worker_id, num_workers, is_chief, task_type, task_id)
 
 
-#: Seconds one peer health probe may take (they run in parallel).
+#: Seconds one peer health probe may take: TF's own timeout argument. TF holds the
+#: GIL during a probe, so the probe threads below run one at a time, not in parallel.
 PEER_PROBE_TIMEOUT = 2.0
 #: Error types (by name) that can mean "a peer is gone".
 _LOST_PEER_ERRORS = (
@@ -130,8 +131,9 @@ def unreachable_peers(
     """``[(label, task, address, why)]`` of the peers that fail a health probe.
 
     None (no probe made) when the error does not look like a lost peer or the
-    service cannot probe (not TF's context). Probes run in parallel, each
-    bounded by :data:`PEER_PROBE_TIMEOUT`.
+    service cannot probe (not TF's context). Each probe is bounded by
+    :data:`PEER_PROBE_TIMEOUT` (TF's timeout); TF holds the GIL inside a probe, so the
+    threads do not make them run in parallel, and the join bound cannot cut one short.
     """
     import threading
 

@@ -49,6 +49,12 @@ def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
     and when the service's leader is cut off from the network (not dead: a dead
     one refuses the connection at once) they never return. The call runs in a
     daemon thread; when it is given up, that thread is left to TF.
+
+    The bound holds only if TF releases the GIL while the call waits: this thread's
+    ``Event.wait`` cannot time out while another thread holds the GIL. TF's
+    ``report_error_to_cluster`` does not release it, so for that call the bound is
+    not enforced (the handler avoids the one case seen to block it: a report while
+    the coordination leader fails its health probe).
     """
     box: list = []
     done = threading.Event()
