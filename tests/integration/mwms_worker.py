@@ -78,6 +78,9 @@ def child_environment() -> dict[str, str]:
     env.pop("TF_CONFIG", None)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTHONUNBUFFERED"] = "1"
+    # A crash (SIGSEGV, SIGABRT) leaves every thread's Python traceback in stderr,
+    # which the harness shows. (SIGTERM is not among faulthandler's signals.)
+    env["PYTHONFAULTHANDLER"] = "1"
     # TF (and the package) probe the GCE metadata server to detect the
     # platform: keep that probe on the loopback interface.
     env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
