@@ -64,7 +64,7 @@ SHUTDOWN_WRITE_TIMEOUT = 10.0
 #: The handler that owns the notices of each worker of this process, keyed by
 #: (coordination service, worker id): the newest one built. An older one that is
 #: still open hands every notice it sees to it and acts on none.
-_owners_lock = threading.Lock()
+_owners_lock = threading.RLock()  # RLock: __del__ (GC, any moment) takes it too
 _owners: dict = {}
 
 

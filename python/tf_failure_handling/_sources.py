@@ -54,7 +54,7 @@ EXIT_JOIN_TIMEOUT = 2.0
 
 #: Every open NoticeSources, for the exit hook.
 _open_sources: weakref.WeakSet = weakref.WeakSet()
-_open_sources_lock = threading.Lock()
+_open_sources_lock = threading.RLock()  # RLock: __del__ (GC, any moment) takes it too
 
 
 def _release_all_at_exit() -> None:
@@ -120,7 +120,7 @@ class NoticeSources:
         self._env = env
         self._watcher_fn = watcher_fn
         self._manual: Optional[Notice] = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # close() may run from __del__ (GC) on any thread
         self._closed = False
         #: Threads inside :meth:`wait` (joined at interpreter exit).
         self._waiters: set = set()
