@@ -533,7 +533,9 @@ impl TransientFailures {
     ///
     /// Raises `IndexError` (as TF) when it names a task the cluster lacks.
     fn record_and_ignore_transient_ps_failure(&self, e: &Bound<'_, PyAny>) -> PyResult<bool> {
-        if !self.state.lock().tolerates_ps_failures() || !classify(Verdict::Ps, e)? {
+        // The lock is released before `classify` calls into Python.
+        let tolerates = self.state.lock().tolerates_ps_failures();
+        if !tolerates || !classify(Verdict::Ps, e)? {
             return Ok(false);
         }
         // TF: `_extract_failed_ps_instances(str(e))`, visited in set order.
