@@ -110,9 +110,10 @@ else:
 def ours_status() -> tuple[str, str]:
     """Whether tf_failure_handling can run the "ours" coordinator tests.
 
-    ``("ok", "")``; ``("skip", why)`` when the package is not installed or lacks the
-    coordinator API; ``("broken", why)`` when importing it fails (a real failure).
-    Probed once, in a subprocess, so this process's imports stay as they are.
+    ``("ok", "")``, or ``("broken", why)`` when the package is not installed, lacks
+    part of the coordinator API (a renamed export) or fails to import: the tests of
+    "ours" then fail, they are never skipped. Probed once, in a subprocess, so this
+    process's imports stay as they are.
     """
     global _ours_status
     if _ours_status is None:
@@ -133,9 +134,9 @@ def ours_status() -> tuple[str, str]:
             if kind == "ok":
                 _ours_status = ("ok", "")
             elif kind == "missing":
-                _ours_status = ("skip", f"tf_failure_handling has no {detail} yet")
+                _ours_status = ("broken", f"tf_failure_handling does not export {detail}")
             else:
-                _ours_status = ("skip", f"tf_failure_handling is not installed ({detail})")
+                _ours_status = ("broken", f"tf_failure_handling is not installed ({detail})")
     return _ours_status
 
 

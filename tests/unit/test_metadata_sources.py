@@ -50,11 +50,6 @@ QUIET = 0.6
 #: that answers at once (2 s would put the file over a minute).
 HOSTILE_QUIET = 1.5
 
-needs_watch = pytest.mark.skipif(
-    not hasattr(_native, "MetadataWatch"),
-    reason="the installed extension has no _native.MetadataWatch yet",
-)
-
 
 @pytest.fixture
 def fake():
@@ -264,7 +259,6 @@ NOTICE_CASES = [
 ]
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(("cloud", "kind"), NOTICE_CASES)
 def test_notice_is_seen_within_a_second_with_its_deadline(fake, watches, cloud, kind):
@@ -288,7 +282,6 @@ def test_notice_is_seen_within_a_second_with_its_deadline(fake, watches, cloud, 
     assert _stats(w)["notices"] >= 1
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_wake_is_triggered_by_the_notice(fake, watches, cloud):
@@ -303,7 +296,6 @@ def test_wake_is_triggered_by_the_notice(fake, watches, cloud):
         wake.close()
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 def test_gce_long_polls_with_the_etag(fake, watches):
     w = watches("gce", fake)
@@ -316,7 +308,6 @@ def test_gce_long_polls_with_the_etag(fake, watches):
     assert len(fake.requests) <= 6, fake.requests
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 def test_aws_uses_an_imdsv2_token_and_renews_it_on_401(fake, watches):
     w = watches("aws", fake)
@@ -338,7 +329,6 @@ def test_aws_uses_an_imdsv2_token_and_renews_it_on_401(fake, watches):
     assert last["x-aws-ec2-metadata-token"] == renewed
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 def test_aws_falls_back_to_imdsv1(fake, watches):
     fake.aws_imdsv1 = True
@@ -352,7 +342,6 @@ def test_aws_falls_back_to_imdsv1(fake, watches):
     assert time.monotonic() - published < SEEN_WITHIN
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 def test_aws_rebalance_is_not_a_notice(fake, watches):
     w = watches("aws", fake)
@@ -366,7 +355,6 @@ def test_aws_rebalance_is_not_a_notice(fake, watches):
     assert w.notice is None
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "events",
@@ -389,7 +377,6 @@ def test_azure_events_that_do_not_terminate_this_vm(fake, watches, events):
     assert _stats(w)["failures"] == _stats(w)["malformed"] == 0
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("event_type", ["Preempt", "Terminate"])
 def test_azure_terminating_event_for_this_vm(fake, watches, event_type):
@@ -402,7 +389,6 @@ def test_azure_terminating_event_for_this_vm(fake, watches, event_type):
     assert notice[1] == pytest.approx(_azure_deadline(event), abs=1e-6)
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 def test_azure_empty_not_before_means_now(fake, watches):
     w = watches("azure", fake)
@@ -413,7 +399,6 @@ def test_azure_empty_not_before_means_now(fake, watches):
     assert notice[1] == pytest.approx(time.time(), abs=2.0)
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_close_is_prompt_and_idempotent(fake, watches, cloud):
@@ -426,7 +411,6 @@ def test_close_is_prompt_and_idempotent(fake, watches, cloud):
     assert w.wait(5.0) is None, "wait returns at once once closed"
 
 
-@needs_watch
 @pytest.mark.parametrize(
     ("args", "kwargs"),
     [
@@ -446,7 +430,6 @@ def test_bad_arguments_are_value_errors(args, kwargs):
 # ------------------------------------------------------------ hostile servers
 
 
-@needs_watch
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("cloud", CLOUDS)
@@ -478,25 +461,17 @@ def test_hostile_server(fake, watches, cloud, fault):
 
 # ------------------------------------------------------------ probe_metadata
 
-needs_probe = pytest.mark.skipif(
-    not hasattr(_native, "probe_metadata"),
-    reason="the installed extension has no _native.probe_metadata yet",
-)
 
-
-@needs_probe
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_probe_finds_each_cloud(fake, cloud):
     assert _native.probe_metadata(cloud, fake.base, 1.0) is True
 
 
-@needs_probe
 def test_probe_aws_imdsv1(fake):
     fake.aws_imdsv1 = True
     assert _native.probe_metadata("aws", fake.base) is True
 
 
-@needs_probe
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_probe_false_with_nothing_listening(cloud):
     start = time.monotonic()
@@ -504,7 +479,6 @@ def test_probe_false_with_nothing_listening(cloud):
     assert time.monotonic() - start < 1.0
 
 
-@needs_probe
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_probe_false_for_a_server_error(fake, cloud):
     fake.set(fault="500", fault_scope="all")
@@ -512,7 +486,6 @@ def test_probe_false_for_a_server_error(fake, cloud):
     assert fake.requests
 
 
-@needs_probe
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_probe_is_bounded_by_its_timeout(fake, cloud):

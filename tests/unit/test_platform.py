@@ -37,10 +37,6 @@ ENV_VARS = (
 )
 #: A probe of an unreachable metadata service gives up within this.
 PROBE_BOUND = 1.5
-HAS_PROBE = hasattr(_native, "probe_metadata")
-needs_probe = pytest.mark.skipif(
-    not HAS_PROBE, reason="the installed extension has no _native.probe_metadata yet"
-)
 
 
 class FakeMetadataServer:
@@ -478,7 +474,6 @@ def test_gce_detected_by_its_metadata_server(fake, monkeypatch):
     assert (method, path, headers["metadata-flavor"]) == ("GET", HOSTNAME, "Google")
 
 
-@needs_probe
 def test_aws_detected_through_the_variable(fake, monkeypatch):
     monkeypatch.setenv(_platform.AWS_METADATA_ENV, fake.base + "/")
     env = _platform.environment()
@@ -487,7 +482,6 @@ def test_aws_detected_through_the_variable(fake, monkeypatch):
     assert any(path.startswith("/latest/") for _, path, _ in fake.requests)
 
 
-@needs_probe
 def test_azure_detected_through_the_variable(fake, monkeypatch):
     monkeypatch.setenv(_platform.AZURE_METADATA_ENV, fake.base)
     env = _platform.environment()
@@ -495,7 +489,6 @@ def test_azure_detected_through_the_variable(fake, monkeypatch):
     assert any(path.startswith("/metadata/") for _, path, _ in fake.requests)
 
 
-@needs_probe
 def test_detection_order_is_gce_aws_azure(fake, monkeypatch):
     for cloud in ("azure", "aws", "gce"):
         for name, value in fake.env(cloud).items():
@@ -504,7 +497,6 @@ def test_detection_order_is_gce_aws_azure(fake, monkeypatch):
         assert _platform.environment().cloud == cloud
 
 
-@needs_probe
 @pytest.mark.parametrize("cloud", ["aws", "azure"])
 def test_a_variable_pointing_at_another_service_is_not_that_cloud(monkeypatch, cloud):
     """The probe checks the answer: a GCE-only server (404 elsewhere) is not AWS or Azure."""
@@ -517,7 +509,6 @@ def test_a_variable_pointing_at_another_service_is_not_that_cloud(monkeypatch, c
         server.stop()
 
 
-@needs_probe
 @pytest.mark.parametrize("cloud", ["aws", "azure"])
 def test_unreachable_variable_base_is_not_that_cloud_and_bounded(monkeypatch, cloud):
     name = _platform.AWS_METADATA_ENV if cloud == "aws" else _platform.AZURE_METADATA_ENV
@@ -527,7 +518,6 @@ def test_unreachable_variable_base_is_not_that_cloud_and_bounded(monkeypatch, cl
     assert time.monotonic() - start < PROBE_BOUND
 
 
-@needs_probe
 @pytest.mark.parametrize("cloud", ["aws", "azure"])
 def test_a_server_error_is_not_that_cloud(fake, monkeypatch, cloud):
     fake.set(fault="500", fault_scope="all")
@@ -584,7 +574,6 @@ def test_unreadable_dmi_is_no_cloud(monkeypatch, tmp_path):
     assert _platform.dmi_says_azure() is False
 
 
-@needs_probe
 @pytest.mark.parametrize(
     ("cloud", "entries"), [("aws", e) for e in AWS_DMI] + [("azure", e) for e in AZURE_DMI]
 )
@@ -710,13 +699,6 @@ def test_detect_on_gce(metadata):
     assert _platform.detect() is _expected_device(gce=True)
 
 
-needs_watch = pytest.mark.skipif(
-    not hasattr(_native, "MetadataWatch"),
-    reason="the installed extension has no _native.MetadataWatch yet",
-)
-
-
-@needs_watch
 @pytest.mark.timeout(60)
 def test_handler_on_gce_exits_with_gces_code_on_a_maintenance_event(
     fake, monkeypatch, make_handler, tmp_path
@@ -743,7 +725,6 @@ def test_handler_on_gce_exits_with_gces_code_on_a_maintenance_event(
     assert fake.count(MAINTENANCE) > 0
 
 
-@needs_watch
 @pytest.mark.timeout(60)
 def test_handler_on_aws_gets_the_spot_defaults(fake, monkeypatch, make_handler, tmp_path):
     monkeypatch.setenv(_platform.AWS_METADATA_ENV, fake.base)
