@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ci import is_ci
 
 from .mwms_worker import LIVE_PROCESSES as _LIVE_PROCESSES
 from .mwms_worker import child_environment, free_ports, parse_events, poll_until, tail
@@ -23,6 +24,7 @@ from .mwms_worker import child_environment, free_ports, parse_events, poll_until
 WORKER_SCRIPT = Path(__file__).resolve().parent / "mwms_worker.py"
 
 _TF_IMPORT_ERROR: str | None = None
+_TF_IMPORT_ERROR_KEY = pytest.StashKey[str]()
 _TF_CHECKED = False
 
 
@@ -46,11 +48,22 @@ def pytest_collection_modifyitems(config, items):
     error = _tensorflow_import_error()
     if error is None:
         return
+    if is_ci():
+        # CI has TensorFlow: an import that fails there is a broken build, not a skip.
+        for item in ours:
+            item.stash[_TF_IMPORT_ERROR_KEY] = error
+        return
     marker = pytest.mark.skip(
         reason=f"tensorflow cannot be imported, MWMS integration tests skipped ({error})"
     )
     for item in ours:
         item.add_marker(marker)
+
+
+def pytest_runtest_setup(item):
+    error = item.stash.get(_TF_IMPORT_ERROR_KEY, None)
+    if error is not None:
+        pytest.fail(f"CI=true and tensorflow cannot be imported: {error}", pytrace=False)
 
 
 def ours_import_error() -> str | None:
@@ -63,9 +76,11 @@ def ours_import_error() -> str | None:
 
 
 def require_impl(impl: str) -> str:
-    """Skip the calling test when ``impl`` is "ours" and the package is not built."""
-    if impl == "ours" and ours_import_error() is not None:
-        pytest.skip("tf_failure_handling not built")
+    """Fails the calling test when ``impl`` is "ours" and the package does not import."""
+    if impl == "ours":
+        error = ours_import_error()
+        if error is not None:
+            pytest.fail(f"tf_failure_handling does not import: {error}")
     return impl
 
 
