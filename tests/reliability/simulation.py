@@ -11,9 +11,20 @@ replays it.
 
 Time: each handler reads a per-worker virtual clock (``handler._clock``) that a
 step advances by its planned duration and a save by its own, so grace periods of
-minutes cost no wall time. Waits for peers stay real and are bounded by
-:data:`PEER_TIMEOUT`; a worker still running after :data:`CLUSTER_TIMEOUT` real
-seconds is a hang.
+minutes cost no wall time. Waits for peers stay real. No verdict depends on how
+fast the machine is: a worker that is alive answers well within the handler's
+peer bound (:data:`PEER_TIMEOUT`, generous); only the trials whose fault silences
+a worker for good use a short bound (:data:`SILENT_PEER_TIMEOUT`), and there every
+outcome the bound can produce is checked the same way. :data:`CLUSTER_TIMEOUT`
+only turns a hang into a failure. Mismatched saves are found from the saves each
+worker made, and workers that resume at different steps from the collective
+itself (every all-reduce carries the step; a worker that joins one at another step
+ends with :class:`OutOfStep` at once instead of deadlocking).
+
+Every call a worker's handler makes to the coordination service, from whichever
+of its threads, passes through that worker's view of the service
+(:class:`_WorkerService`): that is where a fault strikes one worker and where the
+writes of a silenced worker are lost.
 
 Moments of a notice: ``before_step`` (between two ``run`` calls), ``during_step``
 (inside the train function), ``during_ack`` (right after the leader publishes the
@@ -21,23 +32,47 @@ agreed step, while acknowledgements are collected), ``during_save`` (inside a
 checkpoint save) and ``during_countdown`` (after the first save of a grace
 period).
 
-Faults (one per trial at most): ``peer_unresponsive`` (a worker's
-acknowledgements never reach the service), ``peer_crash`` (a worker dies at the
-agreement: its thread stops and nothing it writes arrives), ``coordination_fault``
-(one set or get of a protocol key fails), ``step_error`` (an ``OpError`` in one
-worker's step), ``save_error`` (a save fails after writing part of a file).
+Faults (one per trial at most), and the outcome that counts as success for each.
+A fault "struck" when its moment came (``TrialResult.injected``); a planned fault
+that never struck leaves a plain preemption.
 
-Invariants (each violation is reported with the seed):
+``preemption`` (no fault), or a fault that never struck
+    The preemption succeeded: every worker saved once per round, at the round's
+    agreed step, and exited 42 (with a grace period whose final round was not due
+    before the last step: every worker finished training having saved the first
+    round); no errors. Without a delivered notice every worker finished.
+``coordination_fault``
+    One set or get of a protocol key fails (``UnavailableError``), on one worker
+    for the keys several workers use. A transient failure must not lose the
+    preemption: success as above.
+``peer_unresponsive``, ``peer_crash``
+    A worker's acknowledgements never reach the service (unresponsive), or it dies
+    at the agreement: its thread stops and nothing it writes arrives (crash). No
+    agreement can complete, so the named error: some worker ends with
+    ``DeadlineExceededError`` naming the silent worker as one that did not
+    acknowledge, and every worker ended with an error or exited 42 having saved at
+    the agreed step (the crashed one ends with :class:`Crash`); none carries on.
+``step_error`` (an ``OpError`` in one worker's step)
+    Every worker ends with the same error type, unless it had already exited at an
+    agreed step.
+``save_error`` (a save fails after writing part of a file)
+    That worker ends with an error; every other worker ended with an error or
+    exited 42 having saved at the agreed step.
+
+Invariants of every trial (each violation is reported with the seed):
 
 * every worker that saved in a round saved at the round's agreed step, exactly
   once per round; a worker that exited with 42 saved in every round;
-* nothing hangs: the cluster ends within :data:`CLUSTER_TIMEOUT`; an
-  acknowledgement timeout raises ``DeadlineExceededError`` naming the worker
-  that did not answer;
-* an error in one worker's step ends every other worker with the same error type
-  (unless that worker had already exited at an agreed step);
+* nothing hangs (:data:`CLUSTER_TIMEOUT`); an acknowledgement timeout names the
+  silent worker;
+* no notice is dropped: a worker that got one and finished training sees the
+  claim it starts (:data:`NOTICE_BOUND`), so "everyone finished" cannot hide a
+  notice that the handler lost;
+* workers step together: every collective checks that all joined it at the same
+  step (:class:`OutOfStep` otherwise);
 * after a restart, the final state equals an uninterrupted run's, and a restart
-  after a clean preemption resumes exactly at the agreed step (no lost steps).
+  after a preemption in which every worker exited resumes exactly at the agreed
+  step (no lost steps).
 """
 
 from __future__ import annotations
@@ -45,6 +80,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import tempfile
 import threading
 import time
@@ -62,23 +98,99 @@ KINDS = (
 )
 KIND_WEIGHTS = (6, 1, 1, 2, 1, 1)
 MOMENTS = ("before_step", "during_step", "during_ack", "during_save", "during_countdown")
-#: Real seconds a leader waits for acknowledgements in a trial (the bound under test).
-PEER_TIMEOUT = 0.15
-#: Real seconds after which a worker still running counts as a hang.
-CLUSTER_TIMEOUT = 20.0
-#: Real seconds a simulated collective waits for a missing peer.
-COLLECTIVE_TIMEOUT = 10.0
+#: Kinds whose fault silences a worker for good: the peer bound itself is under test.
+SILENCING = ("peer_unresponsive", "peer_crash")
+#: Real seconds a leader waits for acknowledgements where every worker stays alive
+#: and connected. Far beyond how long a live simulated worker takes to answer on a
+#: loaded machine: only a lost acknowledgement reaches it.
+PEER_TIMEOUT = 60.0
+#: Real seconds a leader waits for acknowledgements in the kinds of :data:`SILENCING`.
+#: A live worker slower than this is named as well, which those trials accept.
+SILENT_PEER_TIMEOUT = 0.15
+#: Real seconds after which a worker still running counts as a hang. A bound that
+#: turns a hang into a failure, nothing more: trials take well under a second.
+CLUSTER_TIMEOUT = 120.0
+#: Real seconds a worker that got a notice and finished training waits for the
+#: claim its notice starts (normally there already): a bound that turns a dropped
+#: notice into a failure.
+NOTICE_BOUND = 60.0
 EXIT_CODE = 42
+#: An all-reduce carries ``step * STEP_STRIDE`` next to its value (both exact in a
+#: float64: steps < 64, values < 2**12, at most 8 workers), so every worker can check
+#: that all of them joined it at the same step.
+STEP_STRIDE = float(2**20)
 
 RUN_TO_CHECKPOINT = _native.RUN_TO_CHECKPOINT
 LAST_RUN_TO_CHECKPOINT = _native.LAST_RUN_TO_CHECKPOINT
 TERMINATED_WORKER = _native.TERMINATED_WORKER
 ACK_PREFIX = _native.ACK_PREFIX
 STOP_WATCHER = _native.STOP_WATCHER
+PREEMPTION_NOTICE_KEY = _native.PREEMPTION_NOTICE_KEY
+
+
+#: The coordination faults (see :func:`fault_call`) that lose the preemption with
+#: today's handler: the failed call stops a worker's watcher or its leader, and
+#: every worker ends with an error instead of saving (issue 9, item 1). Only a
+#: failed claim (``set TERMINATED_WORKER``, retried) is survived. Their trials are
+#: expected to fail (``xfail``) in the short suite and run with the short peer
+#: bound, so that each known failure costs a fraction of a second rather than
+#: :data:`PEER_TIMEOUT`. Empty this set when the handler survives them.
+KNOWN_TO_LOSE_THE_PREEMPTION = frozenset(
+    {
+        f"get {RUN_TO_CHECKPOINT}",
+        f"set {RUN_TO_CHECKPOINT}",
+        f"get {ACK_PREFIX}_{RUN_TO_CHECKPOINT}_<id>",
+        f"set {ACK_PREFIX}_{RUN_TO_CHECKPOINT}_<id>",
+        f"get {LAST_RUN_TO_CHECKPOINT}",
+        f"set {LAST_RUN_TO_CHECKPOINT}",
+        f"get {ACK_PREFIX}_{LAST_RUN_TO_CHECKPOINT}_<id>",
+        f"set {ACK_PREFIX}_{LAST_RUN_TO_CHECKPOINT}_<id>",
+    }
+)
+
+
+def ack_key(round_key: str, worker: int) -> str:
+    return f"{ACK_PREFIX}_{round_key}_{worker}"
+
+
+def fault_call(plan: Plan) -> Optional[str]:
+    """The call a coordination fault strikes, e.g. ``"get RUN_TO_CHECKPOINT"``.
+
+    Acknowledgement keys are named by role (``RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_<id>``).
+    None for the other kinds.
+    """
+    if plan.kind != "coordination_fault":
+        return None
+    op, key = plan.fault_op
+    if key.startswith(ACK_PREFIX):
+        key = key.rsplit("_", 1)[0] + "_<id>"
+    return f"{op} {key}"
+
+
+def known_to_lose_the_preemption(plan: Plan) -> bool:
+    """Whether the plan's fault is one that today's handler does not survive (issue 9)."""
+    return fault_call(plan) in KNOWN_TO_LOSE_THE_PREEMPTION
+
+
+def peer_timeout(plan: Plan) -> float:
+    """The handlers' peer bound in this plan's trial."""
+    if plan.peer_timeout is not None:
+        return plan.peer_timeout
+    if plan.kind in SILENCING or known_to_lose_the_preemption(plan):
+        return SILENT_PEER_TIMEOUT
+    return PEER_TIMEOUT
 
 
 class Crash(BaseException):
     """Ends a simulated worker abruptly (a process killed mid-agreement)."""
+
+
+class NoticeDropped(Exception):
+    """A worker got a notice and the cluster never acted on it."""
+
+
+class OutOfStep(Exception):
+    """Workers joined one collective at different steps (they resumed at different runs)."""
 
 
 class VirtualClock:
@@ -117,10 +229,21 @@ class Plan:
     step_durations: list
     save_durations: list
     notices: list
+    #: The worker the fault strikes (None for a coordination fault: whichever
+    #: worker makes the call first; only one worker makes it in a preemption).
     fault_worker: Optional[int] = None
     fault_step: Optional[int] = None
     #: ("set" | "get", key) for coordination faults.
     fault_op: Optional[tuple] = None
+    #: The handlers' peer bound; None: :func:`peer_timeout` decides by kind.
+    peer_timeout: Optional[float] = None
+    #: Names a plan not drawn from a seed (:func:`targeted_plan`).
+    label: str = ""
+    #: A worker that gets a notice between or inside its steps waits for the claim
+    #: the notice starts before it goes on (steps of real training take far longer
+    #: than a claim; simulated ones do not). Random plans leave the claim racing
+    #: with the steps.
+    settle_notices: bool = False
 
     def describe(self) -> str:
         notices = ", ".join(
@@ -132,8 +255,9 @@ class Plan:
             fault = f", fault {self.kind} worker={self.fault_worker} step={self.fault_step}"
             if self.fault_op:
                 fault += f" op={self.fault_op}"
+        name = self.label or f"seed {self.seed}"
         return (
-            f"seed {self.seed}: {self.num_workers} workers{' (chief)' if self.chief else ''}, "
+            f"{name}: {self.num_workers} workers{' (chief)' if self.chief else ''}, "
             f"{self.steps} steps, grace {self.grace:.1f}s, notices [{notices}]{fault}"
         )
 
@@ -176,9 +300,78 @@ def make_plan(seed: int) -> Plan:
         if op == "set":
             keys.append(TERMINATED_WORKER)
         peer = rng.randrange(n)
-        keys.append(f"{ACK_PREFIX}_{RUN_TO_CHECKPOINT}_{peer}")
+        keys.append(ack_key(RUN_TO_CHECKPOINT, peer))
         plan.fault_op = (op, rng.choice(keys))
+        if op == "get" and plan.fault_op[1] in (RUN_TO_CHECKPOINT, LAST_RUN_TO_CHECKPOINT):
+            # Every worker watches the step keys: the fault strikes one worker's watch.
+            plan.fault_worker = rng.randrange(n)
     return plan
+
+
+#: Grace period (virtual seconds) of the targeted plans that aim at the final round.
+TARGETED_GRACE = 2.0
+
+#: One failed call of the protocol, by the moment it strikes, for :func:`targeted_plan`:
+#: ``name: (op, key, worker, grace)``. Worker 1 gets the notice and leads; ``worker``
+#: is the one whose call fails (None: whichever makes that call first, as only one
+#: does). With a grace period of 0 the only set of ``LAST_RUN_TO_CHECKPOINT`` is a
+#: shutdown write (``STOP_WATCHER``), hence "shutdown".
+TARGETED_CALLS = {
+    "claim": ("set", TERMINATED_WORKER, 1, 0.0),
+    "announce": ("set", PREEMPTION_NOTICE_KEY, 1, 0.0),
+    "publish": ("set", RUN_TO_CHECKPOINT, None, 0.0),
+    "peer watch": ("get", RUN_TO_CHECKPOINT, 0, 0.0),
+    "leader's own watch": ("get", RUN_TO_CHECKPOINT, 1, 0.0),
+    "peer ack": ("set", ack_key(RUN_TO_CHECKPOINT, 0), None, 0.0),
+    "leader's own ack": ("set", ack_key(RUN_TO_CHECKPOINT, 1), None, 0.0),
+    "await ack": ("get", ack_key(RUN_TO_CHECKPOINT, 0), None, 0.0),
+    "publish final": ("set", LAST_RUN_TO_CHECKPOINT, None, TARGETED_GRACE),
+    "peer watch final": ("get", LAST_RUN_TO_CHECKPOINT, 0, TARGETED_GRACE),
+    "peer ack final": ("set", ack_key(LAST_RUN_TO_CHECKPOINT, 0), None, TARGETED_GRACE),
+    "await ack final": ("get", ack_key(LAST_RUN_TO_CHECKPOINT, 0), None, TARGETED_GRACE),
+    "shutdown": ("set", LAST_RUN_TO_CHECKPOINT, None, 0.0),
+}
+
+
+def targeted_plan(call: str, num_workers: int, bound: Optional[float] = None) -> Plan:
+    """A preemption of worker 1 at step 5 in which the call ``call`` fails once.
+
+    Fixed durations (steps 0.1 s, saves 0.1 s, virtual), no chief, 40 steps, and
+    worker 1 goes on only once its notice is claimed: the only thing that varies
+    between these plans is which call fails. ``bound`` is
+    the handlers' peer bound (default: :data:`PEER_TIMEOUT`).
+    """
+    op, key, worker, grace = TARGETED_CALLS[call]
+    steps = 40
+    return Plan(
+        seed=-1,
+        kind="coordination_fault",
+        num_workers=num_workers,
+        chief=False,
+        steps=steps,
+        grace=grace,
+        step_durations=[0.1] * steps,
+        save_durations=[0.1] * num_workers,
+        notices=[NoticePlan(target=1, step=5, moment="before_step", lead=None)],
+        fault_worker=worker,
+        fault_op=(op, key),
+        peer_timeout=PEER_TIMEOUT if bound is None else bound,
+        label=f"failed {call}",
+        settle_notices=True,
+    )
+
+
+@dataclasses.dataclass
+class Sabotage:
+    """Defects planted in a trial by the harness's own tests (never in a real trial)."""
+
+    #: This worker's checkpoints record one run more than the step it saved at,
+    #: as if its handler saved one step late.
+    late_save_on: Optional[int] = None
+    #: After the restart, this worker resumes one run ahead of the others.
+    resume_ahead: Optional[int] = None
+    #: Notices to this worker are counted as delivered but never reach its handler.
+    drop_notices_to: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -192,10 +385,18 @@ class TrialResult:
     lost_steps: int
     outcomes: list
     seconds: float
+    #: 1 if the outcome that counts as success for this kind was not reached (a
+    #: preemption lost, or a fault not surfaced as the named error).
+    wrong_outcome: int = 0
 
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    @property
+    def struck(self) -> bool:
+        """Whether the plan's fault struck (always False for ``preemption``)."""
+        return self.plan.kind != "preemption" and bool(self.injected.get(self.plan.kind))
 
 
 def expected_total(steps: int, n: int) -> float:
@@ -208,22 +409,92 @@ def _step_value(step: int, n: int) -> float:
     return float((step + 1) * n * (n + 1) // 2)
 
 
+class _TrialService(testing.InMemoryCoordinationService):
+    """The shared service, recording which worker waits for which key (for a hang report)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waits_lock = threading.Lock()
+        self._waits: dict = {}
+
+    def get_as(self, worker: int, key: str, timeout_in_ms: int) -> str:
+        token = object()
+        with self._waits_lock:
+            self._waits[token] = (worker, key)
+        try:
+            return self.get_config_key_value(key, timeout_in_ms)
+        finally:
+            with self._waits_lock:
+                del self._waits[token]
+
+    def pending_waits(self) -> list:
+        with self._waits_lock:
+            return sorted(set(self._waits.values()))
+
+
+class _WorkerService:
+    """Worker ``index``'s view of the trial's service (what its handler is given).
+
+    Every call of the worker's handler passes here, whichever of its threads makes
+    it, so a fault strikes exactly one worker's calls and a silenced worker's
+    writes are lost however they are made.
+    """
+
+    def __init__(self, trial: _Trial, service: _TrialService, index: int) -> None:
+        self._trial = trial
+        self._service = service
+        self._index = index
+
+    def set_config_key_value(self, key: str, value: str) -> None:
+        trial, index = self._trial, self._index
+        trial.maybe_fail("set", key, index)
+        if trial.lost(index, key):
+            return  # written by a worker cut off from the service: never arrives
+        agreement = key == RUN_TO_CHECKPOINT and value != STOP_WATCHER
+        if agreement:
+            trial.before_agreement(index)
+        self._service.set_config_key_value(key, value)
+        if agreement:
+            trial.after_agreement()
+
+    def get_config_key_value(self, key: str, timeout_in_ms: int = 0) -> str:
+        self._trial.maybe_fail("get", key, self._index)
+        if self._trial.abandoned:
+            # The cluster reports its own give-up as DEADLINE_EXCEEDED, which a
+            # handler takes for the end of one slice of a longer wait: fail instead.
+            raise _errors.make("UnavailableError", "the trial gave up on this cluster (hang)")
+        return self._service.get_as(self._index, key, timeout_in_ms)
+
+    def delete_config_key_value(self, key: str) -> None:
+        self._service.delete_config_key_value(key)
+
+    def report_error_to_cluster(self, error_code: int, error_message: str) -> None:
+        if self._index in self._trial.crashed:
+            return
+        self._service.report_error_to_cluster(error_code, error_message)
+
+
 class _Trial:
     """The shared state of one trial's first life (notices, faults, observations)."""
 
-    def __init__(self, plan: Plan, root: str) -> None:
+    def __init__(self, plan: Plan, root: str, sabotage: Sabotage) -> None:
         self.plan = plan
         self.root = root
+        self.sabotage = sabotage
         self.clocks = [VirtualClock() for _ in range(plan.num_workers)]
         self.lock = threading.Lock()
         self.saves: dict = {i: [] for i in range(plan.num_workers)}
         self.first_round_saved: set = set()
         self.fired: set = set()
         self.injected: dict = {}
-        self.cut_off: set = set()  # worker ids whose writes never arrive
         self.drop_acks_of: Optional[int] = None
         self.crashed: set = set()
+        self.noticed: set = set()  # workers a notice was delivered to
+        self.coordination_fault_spent = False
+        #: Set when the first life hung: every later call of a worker fails.
+        self.abandoned = False
         self.cluster: Optional[testing.SimulatedCluster] = None
+        self.service: Optional[_TrialService] = None
 
     # -- notices -----------------------------------------------------------
     def fire(self, moment: str, worker: int, step: Optional[int]) -> None:
@@ -243,51 +514,73 @@ class _Trial:
                 self.fired.add(i)
             deadline = None if n.lead is None else self.clocks[n.target].now() + n.lead
             self.note("notice")
-            self.cluster.preempt(n.target, deadline)
+            with self.lock:
+                self.noticed.add(n.target)
+            if self.sabotage.drop_notices_to != n.target:
+                self.cluster.preempt(n.target, deadline)
+            if self.plan.settle_notices and worker == n.target:
+                self.expect_claim(worker)
 
     def note(self, kind: str) -> None:
         with self.lock:
             self.injected[kind] = self.injected.get(kind, 0) + 1
 
     # -- the coordination service as the trial sees it ----------------------
-    def service(self) -> testing.InMemoryCoordinationService:
-        trial = self
+    def make_service(self) -> _TrialService:
+        self.service = _TrialService()
+        return self.service
 
-        class TrialService(testing.InMemoryCoordinationService):
-            def set_config_key_value(self, key: str, value: str) -> None:
-                if trial.dropped(key):
-                    return  # written by a worker cut off from the service: lost
-                super().set_config_key_value(key, value)
-                if key == RUN_TO_CHECKPOINT and value != STOP_WATCHER:
-                    trial.on_agreement()
+    def view(self, index: int) -> _WorkerService:
+        return _WorkerService(self, self.service, index)
 
-        service = TrialService()
-        if self.plan.kind == "coordination_fault":
-            op, key = self.plan.fault_op
-            (service.fail_next_set if op == "set" else service.fail_next_get)(key)
-            self.note("coordination_fault")
-        return service
+    def maybe_fail(self, op: str, key: str, worker: int) -> None:
+        plan = self.plan
+        if plan.kind != "coordination_fault" or (op, key) != plan.fault_op:
+            return
+        if plan.fault_worker is not None and worker != plan.fault_worker:
+            return
+        with self.lock:
+            if self.coordination_fault_spent:
+                return
+            self.coordination_fault_spent = True
+            self.injected["coordination_fault"] = 1
+        raise _errors.make("UnavailableError", f"injected failure of {op}({key!r}) on {worker}")
 
-    def dropped(self, key: str) -> bool:
-        name = threading.current_thread().name
-        writer = name.rsplit("-", 1)[-1]
-        if writer.isdigit() and int(writer) in self.crashed:
+    def lost(self, worker: int, key: str) -> bool:
+        if worker in self.crashed:
             return True
-        return (
-            self.drop_acks_of is not None
-            and key.startswith(ACK_PREFIX)
-            and key.endswith(f"_{self.drop_acks_of}")
-        )
+        silent = self.drop_acks_of
+        return silent is not None and key.startswith(ACK_PREFIX) and key.endswith(f"_{silent}")
 
-    def on_agreement(self) -> None:
+    def before_agreement(self, leader: int) -> None:
+        """The leader is about to publish the agreed step: strike the silencing faults."""
         plan = self.plan
         if plan.kind == "peer_unresponsive" and self.drop_acks_of is None:
             self.drop_acks_of = plan.fault_worker
             self.note("peer_unresponsive")
         if plan.kind == "peer_crash" and not self.crashed:
+            # Marked before the write, so that none of its acknowledgements slips
+            # through; the leader's own publication (checked before this) arrives.
             self.crashed.add(plan.fault_worker)
             self.note("peer_crash")
+
+    def after_agreement(self) -> None:
         self.fire("during_ack", -1, None)
+
+    def expect_claim(self, worker: int) -> None:
+        """Waits until the notice ``worker`` got is claimed: it was not dropped.
+
+        Acting on a notice starts with the claim (``TERMINATED_WORKER``), by this
+        worker or by one noticed earlier. The claim runs beside the steps, so
+        training may end first; it must still come, within :data:`NOTICE_BOUND`.
+        """
+        try:
+            self.service.get_config_key_value(TERMINATED_WORKER, int(NOTICE_BOUND * 1000))
+        except _errors.module().DeadlineExceededError:
+            raise NoticeDropped(
+                f"worker {worker} got a notice and finished training, and nobody claimed "
+                f"{TERMINATED_WORKER} within {NOTICE_BOUND:g}s: the notice was dropped"
+            ) from None
 
 
 def _make_checkpoint(trial: Optional[_Trial], index: int, **variables):
@@ -295,7 +588,8 @@ def _make_checkpoint(trial: Optional[_Trial], index: int, **variables):
         def save(self, checkpoint_number=None):
             if trial is None:
                 return super().save(checkpoint_number)
-            runs = int(self._checkpoint.checkpointed_runs.numpy())
+            counter = self._checkpoint.checkpointed_runs
+            runs = int(counter.numpy())
             plan = trial.plan
             if plan.kind == "save_error" and index == plan.fault_worker:
                 trial.note("save_error")
@@ -306,6 +600,9 @@ def _make_checkpoint(trial: Optional[_Trial], index: int, **variables):
                 raise OSError(f"injected save failure on worker {index}")
             trial.fire("during_save", index, None)
             trial.clocks[index].advance(plan.save_durations[index])
+            if trial.sabotage.late_save_on == index:
+                runs += 1
+                counter.assign(runs)
             path = super().save(checkpoint_number)
             with trial.lock:
                 trial.saves[index].append(runs)
@@ -319,17 +616,35 @@ def _make_checkpoint(trial: Optional[_Trial], index: int, **variables):
     return TrialCheckpoint(**variables)
 
 
-def _worker(trial: Optional[_Trial], plan: Plan):
+def _in_step(ctx: testing.WorkerContext, n: int, step: int, value: float) -> float:
+    """``ctx.all_reduce(value)``, failing with :class:`OutOfStep` unless all joined at ``step``."""
+    total = ctx.all_reduce(value + step * STEP_STRIDE)
+    steps, summed = divmod(total, STEP_STRIDE)
+    if steps != step * n:
+        raise OutOfStep(
+            f"worker {ctx.index} joined the collective of step {step}, its peers other steps "
+            f"(sum of steps {steps:.0f}, expected {step * n})"
+        )
+    return summed
+
+
+def _worker(trial: Optional[_Trial], plan: Plan, sabotage: Sabotage):
+    bound = peer_timeout(plan)
+
     def body(ctx: testing.WorkerContext):
         w = testing.FakeVariable(0.0)
-        handler = ctx.handler(
-            _make_checkpoint(trial, ctx.index, w=w),
-            ctx.checkpoint_dir,
-            TerminationConfig(grace_period=plan.grace, peer_timeout=PEER_TIMEOUT),
-        )
+        config = TerminationConfig(grace_period=plan.grace, peer_timeout=bound)
+        checkpoint = _make_checkpoint(trial, ctx.index, w=w)
+        if trial is None:
+            handler = ctx.handler(checkpoint, ctx.checkpoint_dir, config)
+        else:
+            with testing.use_coordination_service(trial.view(ctx.index)):
+                handler = ctx.handler(checkpoint, ctx.checkpoint_dir, config)
         clock = None if trial is None else trial.clocks[ctx.index]
         if clock is not None:
             handler._clock = clock.now
+        if trial is None and sabotage.resume_ahead == ctx.index:
+            handler._run_counter += 1
         restored = handler._run_counter
 
         for step in range(restored, plan.steps):
@@ -351,44 +666,55 @@ def _worker(trial: Optional[_Trial], plan: Plan):
                         raise _errors.make(
                             "InvalidArgumentError", f"injected step error on worker {ctx.index}"
                         )
-                total = ctx.all_reduce(float((step + 1) * (ctx.index + 1)))
+                total = _in_step(ctx, plan.num_workers, step, float((step + 1) * (ctx.index + 1)))
                 w.assign_add(total)
                 if clock is not None:
                     clock.advance(plan.step_durations[step])
 
             handler.run(train)
+        if trial is not None and ctx.index in trial.noticed:
+            trial.expect_claim(ctx.index)
         return {"value": w.numpy(), "restored": restored}
 
     return body
 
 
-def run_trial(plan: Plan, root: Optional[str] = None) -> TrialResult:
+def run_trial(
+    plan: Plan, root: Optional[str] = None, *, sabotage: Optional[Sabotage] = None
+) -> TrialResult:
     """Runs ``plan`` (first life with notices and faults, then a clean restart)."""
+    sabotage = sabotage or Sabotage()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(dir=root) as tmp:
-        trial = _Trial(plan, tmp)
+        trial = _Trial(plan, tmp, sabotage)
         cluster = testing.SimulatedCluster(
             plan.num_workers,
             root=tmp,
             timeout=CLUSTER_TIMEOUT,
             chief=plan.chief,
-            service_factory=trial.service,
+            service_factory=trial.make_service,
         )
         trial.cluster = cluster
         violations: list = []
         hung = False
         try:
-            first = cluster.run(_worker(trial, plan))
+            first = cluster.run(_worker(trial, plan, sabotage))
         except TimeoutError as e:
             hung = True
-            violations.append(f"hang in the first life: {e}")
+            waits = ", ".join(f"worker {w} for {k}" for w, k in trial.service.pending_waits())
+            violations.append(f"hang in the first life: {e}; waiting: {waits or 'none'}")
             first = []
+            trial.abandoned = True
+            _join_released_workers()
         service = cluster.service
-        mismatched = _check_first_life(plan, trial, service, first, violations) if first else 0
+        mismatched, wrong = 0, 0
+        if first:
+            mismatched = _check_saves(plan, trial, service, first, violations)
+            wrong = _check_outcome(plan, trial, service, first, violations)
 
         lost = 0
         if not hung:
-            lost = _restart_and_check(plan, cluster, trial, first, service, violations)
+            lost = _restart_and_check(plan, cluster, first, service, sabotage, violations)
     return TrialResult(
         plan,
         violations,
@@ -398,7 +724,23 @@ def run_trial(plan: Plan, root: Optional[str] = None) -> TrialResult:
         lost,
         [_outcome(r) for r in first],
         time.monotonic() - started,
+        wrong,
     )
+
+
+def _join_released_workers() -> None:
+    """After a hang: waits for the workers the cluster's reported error released.
+
+    ``SimulatedCluster.run`` reports an error to the cluster when it gives up, which
+    fails every blocked call (and the first life's workers find the trial
+    abandoned), and leaves the worker threads to end by themselves. They are
+    waited for (each closes its handler and joins its watchers), so that no thread
+    of a hung trial outlives it: one still inside the native extension when the
+    interpreter exits aborts the process.
+    """
+    for thread in threading.enumerate():
+        if thread.name.startswith("simulated-worker-"):
+            thread.join(CLUSTER_TIMEOUT)
 
 
 def _outcome(r: testing.WorkerResult) -> str:
@@ -416,7 +758,8 @@ def _agreed(service, key: str) -> Optional[int]:
     return int(value)
 
 
-def _check_first_life(plan, trial, service, results, violations) -> int:
+def _check_saves(plan, trial, service, results, violations) -> int:
+    """Every save at its round's agreed step, once per round; an exit after every round."""
     rounds = [_agreed(service, k) for k in (RUN_TO_CHECKPOINT, LAST_RUN_TO_CHECKPOINT)]
     mismatched = 0
     for r in results:
@@ -433,7 +776,7 @@ def _check_first_life(plan, trial, service, results, violations) -> int:
                 )
         if r.exit_code == EXIT_CODE:
             expected_rounds = 1 if plan.grace == 0 else 2
-            if len(saves) != expected_rounds and plan.kind == "preemption":
+            if len(saves) != expected_rounds:
                 mismatched += 1
                 violations.append(
                     f"worker {r.index} exited after {len(saves)} save(s), expected "
@@ -441,42 +784,131 @@ def _check_first_life(plan, trial, service, results, violations) -> int:
                 )
         elif r.exit_code is not None:
             violations.append(f"worker {r.index} exited with {r.exit_code}")
-        if r.seconds > CLUSTER_TIMEOUT:
-            violations.append(f"worker {r.index} ran {r.seconds:.1f}s")
+    for r in results:
+        if isinstance(r.error, OutOfStep):
+            violations.append(f"worker {r.index}: {r.error}")
+    return mismatched
 
-    errors = [r.error for r in results if r.error is not None]
-    for e in errors:
-        if isinstance(e, _errors.module().DeadlineExceededError) and "did not acknowledge" in str(
-            e
-        ):
-            silent = plan.fault_worker if plan.kind in ("peer_unresponsive", "peer_crash") else None
-            if silent is not None and f" {silent}" not in str(e).split("did not acknowledge")[0]:
-                violations.append(f"acknowledgement timeout does not name worker {silent}: {e}")
-    if plan.kind == "preemption" and errors:
-        violations.append(f"errors without a fault: {[repr(e) for e in errors]}")
-    if plan.kind == "step_error" and trial.injected.get("step_error"):
+
+def _acknowledgement_timeouts(results) -> list:
+    """``(worker, [silent workers named])`` for every acknowledgement timeout raised."""
+    found = []
+    deadline_exceeded = _errors.module().DeadlineExceededError
+    for r in results:
+        text = str(r.error)
+        if isinstance(r.error, deadline_exceeded) and "did not acknowledge" in text:
+            # "... but worker(s) 0, 3 did not acknowledge within ...": the numbers
+            # after the last "worker" before the phrase.
+            named = re.split(r"worker", text.split("did not acknowledge")[0])[-1]
+            found.append((r.index, [int(x) for x in re.findall(r"\b\d+\b", named)]))
+    return found
+
+
+def _check_outcome(plan, trial, service, results, violations) -> int:
+    """The outcome that counts as success for the plan's kind (see the module's docstring)."""
+    before = len(violations)
+    struck = plan.kind != "preemption" and bool(trial.injected.get(plan.kind))
+    if not struck or plan.kind == "coordination_fault":
+        _expect_preemption_succeeded(plan, trial, service, results, violations)
+    elif plan.kind in SILENCING:
+        _expect_silent_worker_named(plan, trial, service, results, violations)
+    elif plan.kind == "step_error":
         kind = _errors.module().InvalidArgumentError
         for r in results:
-            if r.exit_code is not None or r.index in trial.crashed:
+            if r.exit_code is not None:
                 continue
             if not isinstance(r.error, kind):
                 violations.append(
                     f"worker {r.index} ended with {_outcome(r)} after worker "
                     f"{plan.fault_worker}'s step error"
                 )
-    return mismatched
+    elif plan.kind == "save_error":
+        failed = next(r for r in results if r.index == plan.fault_worker)
+        if failed.error is None:
+            violations.append(
+                f"worker {failed.index} ended with {_outcome(failed)} after its save failed"
+            )
+        _expect_no_carrying_on(service, trial, results, violations)
+    return int(len(violations) > before)
 
 
-def _restart_and_check(plan, cluster, trial, first, service, violations) -> int:
+def _expect_preemption_succeeded(plan, trial, service, results, violations) -> None:
+    errors = {r.index: r.error for r in results if r.error is not None}
+    if errors:
+        violations.append(
+            "preemption lost: "
+            + "; ".join(f"worker {i} raised {e!r}" for i, e in sorted(errors.items()))
+        )
+        return
+    if not trial.injected.get("notice"):
+        unfinished = [r.index for r in results if not r.finished]
+        if unfinished:
+            violations.append(f"workers {unfinished} stopped without a notice")
+        return
+    outcomes = {_outcome(r) for r in results}
+    if outcomes == {f"exit {EXIT_CODE}"}:
+        return  # every save at its agreed step and one per round: _check_saves
+    if outcomes == {"finished"}:
+        # Training ended before the preemption's last round was due (a notice late
+        # in training, a grace period longer than the rest of it): every round the
+        # training reached must have been saved by every worker.
+        rounds = [_agreed(service, k) for k in (RUN_TO_CHECKPOINT, LAST_RUN_TO_CHECKPOINT)]
+        missed = [
+            (r.index, step)
+            for step in rounds
+            if step is not None and step < plan.steps
+            for r in results
+            if step not in trial.saves[r.index]
+        ]
+        if not missed:
+            return
+    violations.append(
+        f"preemption lost: a notice was delivered, outcomes "
+        f"{[_outcome(r) for r in results]}, saves {trial.saves}, agreed "
+        f"{service.value(RUN_TO_CHECKPOINT)}/{service.value(LAST_RUN_TO_CHECKPOINT)}"
+    )
+
+
+def _expect_no_carrying_on(service, trial, results, violations) -> None:
+    """After a fault that ends the preemption: an error, or an exit at the agreed step."""
+    for r in results:
+        if r.error is not None or r.index in trial.crashed:
+            continue
+        if r.exit_code == EXIT_CODE and trial.saves[r.index]:
+            continue  # saved at the agreed step (checked by _check_saves) and left
+        violations.append(f"worker {r.index} ended with {_outcome(r)} after the fault")
+
+
+def _expect_silent_worker_named(plan, trial, service, results, violations) -> None:
+    silent = plan.fault_worker
+    timeouts = _acknowledgement_timeouts(results)
+    # A crashed worker is also named by the collectives it abandoned (MWMS names
+    # the task), and the first worker to see that error reports it to the cluster.
+    failed = f"worker {silent} failed"
+    if not any(silent in named for _, named in timeouts) and not any(
+        failed in str(r.error) for r in results if r.index not in trial.crashed
+    ):
+        violations.append(
+            f"no error names the silent worker {silent} (acknowledgement timeouts "
+            f"{timeouts}, outcomes {[_outcome(r) for r in results]})"
+        )
+    crashed = next((r for r in results if r.index in trial.crashed), None)
+    if crashed is not None and crashed.exit_code is not None:
+        violations.append(f"the crashed worker {crashed.index} exited with {crashed.exit_code}")
+    _expect_no_carrying_on(service, trial, results, violations)
+
+
+def _restart_and_check(plan, cluster, first, service, sabotage, violations) -> int:
     """Restarts every worker without faults; the final state must be the uninterrupted one."""
     # A new life: a plain service (no injected faults, no cut-off writers), same checkpoints.
     restarted = testing.SimulatedCluster(
         plan.num_workers, root=cluster.root, timeout=CLUSTER_TIMEOUT, chief=plan.chief
     )
     try:
-        second = restarted.run(_worker(None, plan))
+        second = restarted.run(_worker(None, plan, sabotage))
     except TimeoutError as e:
         violations.append(f"hang after restart: {e}")
+        _join_released_workers()
         return 0
     expected = expected_total(plan.steps, plan.num_workers)
     for r in second:
@@ -487,10 +919,10 @@ def _restart_and_check(plan, cluster, trial, first, service, violations) -> int:
                 f"restarted worker {r.index} ended with {r.value['value']}, "
                 f"uninterrupted run {expected}"
             )
-    # After a clean preemption every worker exited at the final agreed step: the
+    # After a preemption in which every worker exited at the final agreed step, the
     # restart resumes exactly there.
     lost = 0
-    if plan.kind == "preemption" and first and all(r.exit_code == EXIT_CODE for r in first):
+    if first and all(r.exit_code == EXIT_CODE for r in first):
         final = _agreed(service, LAST_RUN_TO_CHECKPOINT) or _agreed(service, RUN_TO_CHECKPOINT)
         restored = {r.index: r.value["restored"] for r in second if r.value is not None}
         for index, value in restored.items():

@@ -1,8 +1,19 @@
 """1,000 randomized fault-injection trials on the simulated cluster (see ``simulation.py``).
 
-Each batch runs 100 seeds and fails with every violating seed and its plan, so a
-failure is replayed with ``run_trial(make_plan(seed))``. Seeds that once found a
-defect are kept in :data:`REGRESSION_SEEDS` and run first.
+Each batch runs the seeds of 100 and fails with every violating seed and its plan,
+so a failure is replayed with ``run_trial(make_plan(seed))``. Seeds that once found
+a defect are kept in :data:`REGRESSION_SEEDS` and run first.
+
+Every trial checks the outcome that counts as success for its kind: after a
+coordination-service fault, that the preemption succeeded. Today's handler loses the
+preemption on most single failed calls (issue 9, item 1): the seeds whose fault is
+one of :data:`simulation.KNOWN_TO_LOSE_THE_PREEMPTION` run in their own test,
+expected to fail, and :data:`LOST_TODAY` lists the targeted calls expected to fail.
+Both are strict: once the handler survives them the tests fail until the marks go.
+
+No verdict here depends on how fast the machine is: the harness's own tests below
+plant a defect whose consequence is certain (a save at another step, workers out of
+step, a wait without end, a dropped notice) and check that the trial reports it.
 """
 
 from __future__ import annotations
@@ -11,14 +22,45 @@ import collections
 import logging
 
 import pytest
-from tf_failure_handling import handler as handler_module
 
-from .simulation import KINDS, make_plan, run_trial
+from . import simulation
+from .simulation import (
+    KINDS,
+    TARGETED_CALLS,
+    NoticePlan,
+    Plan,
+    Sabotage,
+    fault_call,
+    known_to_lose_the_preemption,
+    make_plan,
+    run_trial,
+    targeted_plan,
+)
 
 BATCHES = 10
 BATCH = 100
 #: Seeds that found a defect once (none of them may regress).
 REGRESSION_SEEDS: list = []
+#: The targeted failed calls that lose the preemption with today's handler (issue 9,
+#: item 1). Remove a call here when the handler survives it (the strict xfail says so).
+LOST_TODAY = frozenset(
+    {
+        "publish",
+        "peer watch",
+        "leader's own watch",
+        "peer ack",
+        "leader's own ack",
+        "await ack",
+        "publish final",
+        "peer watch final",
+        "peer ack final",
+        "await ack final",
+    }
+)
+ISSUE_9 = (
+    "issue 9: one failed get/set of a protocol key loses the preemption "
+    "(a watcher or the leader gives up; every worker ends with an error)"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -27,10 +69,9 @@ def quiet_handler_logs(caplog):
     caplog.set_level(logging.WARNING, logger="tf_failure_handling")
 
 
-def run_seeds(seeds) -> collections.Counter:
+def run_plans(plans) -> collections.Counter:
     failures, kinds = [], collections.Counter()
-    for seed in seeds:
-        plan = make_plan(seed)
+    for plan in plans:
         result = run_trial(plan)
         kinds[plan.kind] += 1
         if not result.ok:
@@ -42,16 +83,52 @@ def run_seeds(seeds) -> collections.Counter:
     return kinds
 
 
+def batch_plans(batch: int, *, lost_today: bool) -> list:
+    plans = [make_plan(seed) for seed in range(batch * BATCH, (batch + 1) * BATCH)]
+    return [p for p in plans if known_to_lose_the_preemption(p) == lost_today]
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("batch", range(BATCHES))
 def test_randomized_trials(batch):
-    kinds = run_seeds(range(batch * BATCH, (batch + 1) * BATCH))
-    assert sum(kinds.values()) == BATCH
+    plans = batch_plans(batch, lost_today=False)
+    kinds = run_plans(plans)
+    assert sum(kinds.values()) == len(plans) > BATCH // 2
+
+
+@pytest.mark.xfail(strict=True, reason=ISSUE_9)
+@pytest.mark.timeout(240)
+def test_randomized_trials_with_a_fault_lost_today():
+    """The seeds of the batches whose fault is one of KNOWN_TO_LOSE_THE_PREEMPTION."""
+    plans = [p for b in range(BATCHES) for p in batch_plans(b, lost_today=True)]
+    assert len(plans) > 50
+    run_plans(plans)
 
 
 @pytest.mark.timeout(120)
 def test_regression_seeds():
-    run_seeds(REGRESSION_SEEDS)
+    run_plans([make_plan(seed) for seed in REGRESSION_SEEDS])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [2, 5])
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=ISSUE_9))
+        if c in LOST_TODAY
+        else c
+        for c in TARGETED_CALLS
+    ],
+)
+def test_one_failed_call_does_not_lose_the_preemption(call, num_workers):
+    """Worker 1 is preempted; one call of the protocol fails once: every worker still saves."""
+    # A failure known today ends at the short peer bound instead of the generous one.
+    bound = simulation.SILENT_PEER_TIMEOUT if call in LOST_TODAY else None
+    result = run_trial(targeted_plan(call, num_workers, bound))
+    assert result.struck, f"the failure of {call} never struck: {result.plan.describe()}"
+    assert result.ok, "\n".join(result.violations)
+    assert result.outcomes == ["exit 42"] * num_workers
 
 
 def test_plans_cover_every_fault_kind_and_moment():
@@ -66,38 +143,76 @@ def test_plans_cover_every_fault_kind_and_moment():
     }
     assert {p.num_workers for p in plans} == set(range(2, 9))
     assert any(p.chief for p in plans) and not all(p.chief for p in plans)
+    calls = {fault_call(p) for p in plans if p.kind == "coordination_fault"}
+    assert len(calls) >= 7, calls
+    # Both sides of the split between the batches and the trials expected to fail.
+    faults = [p for p in plans if p.kind == "coordination_fault"]
+    assert any(known_to_lose_the_preemption(p) for p in faults)
+    assert any(not known_to_lose_the_preemption(p) for p in faults)
+    assert set(LOST_TODAY) <= set(TARGETED_CALLS)
 
 
-def _first_seed(kind: str, predicate=lambda plan: True) -> int:
-    for seed in range(10_000):
-        plan = make_plan(seed)
-        if plan.kind == kind and predicate(plan):
-            return seed
-    raise AssertionError(f"no {kind} plan in 10,000 seeds")
+# ------------------------------------------------------------- the harness's own tests
 
 
-def test_the_harness_catches_a_worker_saving_at_another_step(monkeypatch):
-    """The invariants can fail: a handler that saves one step late on worker 1 is caught."""
-    original = handler_module.PreemptionCheckpointHandler._save_checkpoint_at
+def preemption_plan(num_workers: int = 3, label: str = "") -> Plan:
+    """Worker 1 preempted at step 4 of 20; its notice is claimed before it goes on."""
+    steps = 20
+    return Plan(
+        seed=-1,
+        kind="preemption",
+        num_workers=num_workers,
+        chief=False,
+        steps=steps,
+        grace=0.0,
+        step_durations=[0.1] * steps,
+        save_durations=[0.1] * num_workers,
+        notices=[NoticePlan(target=1, step=4, moment="before_step", lead=None)],
+        label=label or "preemption of worker 1",
+        settle_notices=True,
+    )
 
-    def late(self, round_key, step, args, kwargs):
-        if self._id_in_cluster == "1":
-            self._run_counter = step + 1
-        return original(self, round_key, step, args, kwargs)
 
-    monkeypatch.setattr(handler_module.PreemptionCheckpointHandler, "_save_checkpoint_at", late)
-    # The restart then deadlocks in a collective (the workers resume at different steps).
-    monkeypatch.setattr("reliability.simulation.CLUSTER_TIMEOUT", 3.0)
-    seed = _first_seed("preemption", lambda p: bool(p.notices))
-    result = run_trial(make_plan(seed))
+def test_a_plain_preemption_passes():
+    result = run_trial(preemption_plan())
+    assert result.ok, result.violations
+    assert result.outcomes == ["exit 42"] * 3 and result.injected == {"notice": 1}
+
+
+def test_the_harness_catches_a_worker_saving_at_another_step():
+    """A handler that saves one step late on worker 1: its save is reported as mismatched."""
+    result = run_trial(preemption_plan(), sabotage=Sabotage(late_save_on=1))
     assert not result.ok
-    assert result.mismatched_saves >= 1, result.violations
+    assert result.mismatched_saves == 1, result.violations
+    assert any("worker 1 saved at" in v for v in result.violations), result.violations
+
+
+def test_the_harness_catches_workers_resuming_at_different_steps():
+    """A restart in which worker 1 resumes one run ahead fails at its first collective."""
+    result = run_trial(preemption_plan(), sabotage=Sabotage(resume_ahead=1))
+    assert not result.ok and not result.hung
+    assert any("OutOfStep" in v for v in result.violations), result.violations
+
+
+def test_the_harness_catches_a_dropped_notice(monkeypatch):
+    """A notice that never reaches the handler: training ends, and the trial fails."""
+    # The notice is certainly lost, so the bound only decides how long the test takes.
+    monkeypatch.setattr(simulation, "NOTICE_BOUND", 0.5)
+    plan = preemption_plan()
+    plan.settle_notices = False
+    result = run_trial(plan, sabotage=Sabotage(drop_notices_to=1))
+    assert result.wrong_outcome == 1, result.violations
+    assert any("NoticeDropped" in v for v in result.violations), result.violations
 
 
 def test_the_harness_catches_an_unbounded_wait(monkeypatch):
-    """A leader that ignores the peer bound would hang: the trial reports a violation."""
-    monkeypatch.setattr("reliability.simulation.PEER_TIMEOUT", 5.0)
-    monkeypatch.setattr("reliability.simulation.CLUSTER_TIMEOUT", 1.0)
-    seed = _first_seed("peer_unresponsive", lambda p: p.notices[0].moment == "before_step")
-    result = run_trial(make_plan(seed))
-    assert result.hung or not result.ok, result
+    """A leader whose wait for a silent peer never ends: the trial reports a hang."""
+    # The acknowledgement never comes and the leader waits for it without end, so
+    # the hang is certain: the cluster bound only decides how long the test takes.
+    monkeypatch.setattr(simulation, "SILENT_PEER_TIMEOUT", 1e6)
+    monkeypatch.setattr(simulation, "CLUSTER_TIMEOUT", 2.0)
+    plan = preemption_plan(label="worker 0 unresponsive")
+    plan.kind, plan.fault_worker = "peer_unresponsive", 0
+    result = run_trial(plan)
+    assert result.hung, result.violations
+    assert result.violations[0].startswith("hang in the first life"), result.violations
