@@ -727,9 +727,99 @@ def test_real_tf_checkpoint_manager_passed_directly(make_handler, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["m"]
 
 
-def test_handler_class_is_a_drop_in_name(make_handler):
-    assert PreemptionCheckpointHandler.__name__ == "PreemptionCheckpointHandler"
-    assert TerminationConfig.__name__ == "TerminationConfig"
+def test_a_script_written_for_tfs_signatures_runs_unchanged(tmp_path):
+    """TF's parameter names and positions mean the same here (TF 2.21's signatures).
+
+    TerminationConfig(termination_watcher_fn, exit_fn, grace_period, save_fn) and
+    PreemptionCheckpointHandler(cluster_resolver, checkpoint_or_checkpoint_manager,
+    checkpoint_dir, termination_config), positionally and by keyword: each argument
+    does what it does in TF (the watcher fn is polled, exit_fn ends the preemption,
+    the checkpoint is saved in checkpoint_dir and restored from it).
+    """
+    exits, polls = [], []
+
+    def watcher() -> bool:
+        polls.append(1)
+        return False
+
+    def build(positional: bool, directory) -> PreemptionCheckpointHandler:
+        w = testing.FakeVariable(0.0)
+        if positional:
+            config = TerminationConfig(watcher, lambda: exits.append("positional"), 0, None)
+            return PreemptionCheckpointHandler(None, testing.FakeCheckpoint(w=w), directory, config)
+        config = TerminationConfig(
+            termination_watcher_fn=watcher,
+            exit_fn=lambda: exits.append("keyword"),
+            grace_period=0,
+            save_fn=None,
+        )
+        return PreemptionCheckpointHandler(
+            cluster_resolver=None,
+            checkpoint_or_checkpoint_manager=testing.FakeCheckpoint(w=w),
+            checkpoint_dir=directory,
+            termination_config=config,
+        )
+
+    for positional in (True, False):
+        directory = str(tmp_path / f"ckpt-{positional}")
+        h = build(positional, directory)
+        try:
+            assert h._termination_watcher_fn is watcher
+            assert h._grace_period == 0
+            for _ in range(3):
+                h.run(lambda: None)
+            h._notify_termination()
+            wait_for_attention(h)
+            before = len(exits)
+            for _ in range(3):  # the agreed step is the next run: save, then exit_fn
+                h.run(lambda: None)
+                if len(exits) > before:
+                    break
+        finally:
+            h.close()
+        assert exits[before:] == ["positional" if positional else "keyword"]
+        restored = build(positional, directory)
+        try:
+            # Notice after run 3: the agreed step is run 4, saved in checkpoint_dir.
+            assert restored._run_counter == 4
+        finally:
+            restored.close()
+    assert polls, "the termination_watcher_fn was polled"
+
+
+def test_signatures_extend_tfs():
+    """Every TF parameter, in TF's order, with TF's default; additions are keyword-only."""
+    tf = pytest.importorskip("tensorflow", reason="compares with TF's own classes")
+    import inspect
+
+    for ours, theirs in (
+        (TerminationConfig, tf.distribute.experimental.TerminationConfig),
+        (PreemptionCheckpointHandler, tf.distribute.experimental.PreemptionCheckpointHandler),
+    ):
+        mine = list(inspect.signature(ours.__init__).parameters.values())
+        tfs = list(inspect.signature(theirs.__init__).parameters.values())
+        assert [(p.name, p.default, p.kind) for p in mine[: len(tfs)]] == [
+            (p.name, p.default, p.kind) for p in tfs
+        ]
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in mine[len(tfs) :])
+    for name in ("run", "save_checkpoint_if_preempted", "watch_preemption_scope"):
+        mine = inspect.signature(getattr(PreemptionCheckpointHandler, name))
+        tfs = inspect.signature(
+            getattr(tf.distribute.experimental.PreemptionCheckpointHandler, name)
+        )
+        # The same positional parameters and the same *args/**kwargs (ours are
+        # native: their positional parameters cannot be passed by keyword).
+        assert [_call_shape(p) for p in mine.parameters.values()] == [
+            _call_shape(p) for p in tfs.parameters.values()
+        ], name
+
+
+def _call_shape(p) -> str:
+    import inspect
+
+    if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        return "positional"
+    return p.kind.name
 
 
 def test_first_step_is_warm_up_and_not_a_step_time(tmp_path):
