@@ -5,9 +5,13 @@
 (``make reliability`` runs it with the defaults.) Simulated trials run on the
 in-memory cluster (``simulation.py``); process trials run real TensorFlow
 workers and ParameterServerStrategy clusters on 127.0.0.1 (``process_trials.py``).
-The table counts trials by kind, faults injected by kind, and the four numbers
-that must stay zero: lost steps, hangs, mismatched saves, lost closures. Any
-violating seed is printed with its plan; the exit code is 1 if there was one.
+The table counts trials by kind, the trials that could not run (``skipped``: a
+partition trial without network namespaces; under ``CI=true`` such a trial fails
+instead), faults injected by kind, and the numbers that must stay zero: lost
+steps, hangs, mismatched saves, lost closures, and wrong outcomes (a simulated
+trial that did not end the way that counts as success for its kind: the
+preemption saved by every worker, or the fault's named error). Any violating seed
+is printed with its plan; the exit code is 1 if there was one, or if no trial ran.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, so that `reliability` imports
 
-ZERO_COLUMNS = ("lost steps", "hangs", "mismatched saves", "lost closures")
+ZERO_COLUMNS = ("lost steps", "hangs", "mismatched saves", "lost closures", "wrong outcomes")
 
 
 class Tally:
     def __init__(self) -> None:
         self.trials: collections.Counter = collections.Counter()
+        self.skipped: collections.Counter = collections.Counter()
         self.faults: collections.Counter = collections.Counter()
         self.zero: dict = {k: collections.Counter() for k in ZERO_COLUMNS}
         self.failures: list = []
@@ -35,6 +40,7 @@ class Tally:
 
     def add(self, kind: str, record: dict) -> None:
         self.trials[kind] += 1
+        self.skipped[kind] += int(bool(record.get("skipped")))
         self.seconds[kind] += record.get("seconds", 0.0)
         for fault, count in record.get("faults", {}).items():
             self.faults[fault] += count
@@ -45,7 +51,7 @@ class Tally:
 
     def table(self, seeds: str) -> str:
         kinds = sorted(self.trials)
-        header = ["trial kind", "trials", *ZERO_COLUMNS, "violations", "wall s"]
+        header = ["trial kind", "trials", "skipped", *ZERO_COLUMNS, "violations", "wall s"]
         rows = []
         for kind in kinds:
             violations = sum(1 for k, _, _ in self.failures if k == kind)
@@ -53,6 +59,7 @@ class Tally:
                 [
                     kind,
                     str(self.trials[kind]),
+                    str(self.skipped[kind]),
                     *(str(self.zero[c][kind]) for c in ZERO_COLUMNS),
                     str(violations),
                     f"{self.seconds[kind]:.0f}",
@@ -62,6 +69,7 @@ class Tally:
             [
                 "**all**",
                 str(sum(self.trials.values())),
+                str(sum(self.skipped.values())),
                 *(str(sum(self.zero[c].values())) for c in ZERO_COLUMNS),
                 str(len(self.failures)),
                 f"{sum(self.seconds.values()):.0f}",
@@ -89,6 +97,7 @@ def run_simulated(tally: Tally, start: int, count: int, progress_every: int) -> 
                 "lost steps": r.lost_steps,
                 "hangs": int(r.hung),
                 "mismatched saves": r.mismatched_saves,
+                "wrong outcomes": r.wrong_outcome,
                 "violations": r.violations,
                 "describe": plan.describe(),
             },
@@ -116,6 +125,7 @@ def run_processes(tally: Tally, start: int, seeds_per_kind: int) -> None:
                     "hangs": r.hangs,
                     "mismatched saves": r.mismatched_saves,
                     "lost closures": r.lost_closures,
+                    "skipped": r.skipped,
                     "violations": r.violations,
                     "describe": r.plan.describe(),
                 },
@@ -156,7 +166,8 @@ def main(argv=None) -> int:
         print(f"\nVIOLATION ({kind}) {describe}")
         for v in violations[:5]:
             print(f"    {v}")
-    return 1 if tally.failures else 0
+    ran = sum(tally.trials.values()) - sum(tally.skipped.values())
+    return 1 if tally.failures or not ran else 0
 
 
 if __name__ == "__main__":

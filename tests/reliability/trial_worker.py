@@ -22,7 +22,8 @@ worker; its ``EVENT`` lines and options are unchanged) with what the trials add:
   (``key``, ``value``, ``ok``, ``t_start``), so a trial sees when the leader
   published the agreed step and when each worker acknowledged it;
   ``--ack-delay S`` makes each acknowledgement wait ``S`` seconds first, which
-  stretches the acknowledgement round so that a second notice can land inside it.
+  stretches the acknowledgement round, and ``--ack-gate FILE`` then until ``FILE``
+  exists, which holds the round open until the trial's second notice was sent.
 
 ``ps-coordinator`` is the chief of a ParameterServerStrategy cluster whose servers
 ``tests/integration/ps_cluster.py`` runs. It schedules ``--closures`` (or more)
@@ -58,9 +59,11 @@ if str(INTEGRATION) not in sys.path:
 
 import mwms_worker  # noqa: E402 - found through the path set above
 from mwms_worker import emit  # noqa: E402
+from tf_failure_handling._native import ACK_PREFIX  # noqa: E402 - TF's key name
 
 T_PROCESS_START = time.monotonic()
-ACK_PREFIX = "RECEIVED_SIGNAL"  # tf_failure_handling._native.ACK_PREFIX, TF's name
+#: Bound on waiting for ``--ack-gate`` (a hang bound: the trial opens it at once).
+ACK_GATE_TIMEOUT = 120.0
 
 
 # ----------------------------------------------------------------------------- mwms
@@ -75,6 +78,7 @@ def parse_mwms_args(argv):
     )
     p.add_argument("--slow-save", type=float, default=0.0, help="seconds each save takes")
     p.add_argument("--ack-delay", type=float, default=0.0, help="seconds before each ack")
+    p.add_argument("--ack-gate", default="", help="each ack waits until this file exists")
     return p.parse_known_args(argv)
 
 
@@ -126,15 +130,22 @@ def slow_down_saves(seconds: float) -> None:
     cls._record_state = _record_state
 
 
-def observe_coordination_keys(ack_delay: float) -> None:
-    """Prints every key the handler sets; delays acknowledgements by ``ack_delay``."""
+def observe_coordination_keys(ack_delay: float, ack_gate: str = "") -> None:
+    """Prints every key the handler sets; holds acknowledgements back.
+
+    Each acknowledgement waits ``ack_delay`` seconds, then (with ``ack_gate``) until
+    that file exists: the trial creates it once its second notice is sent.
+    """
     from tf_failure_handling import _coordination
 
     original = _coordination.Client.set
 
     def set(self, key, value):
-        if ack_delay > 0 and key.startswith(ACK_PREFIX):
-            time.sleep(ack_delay)
+        if key.startswith(ACK_PREFIX):
+            if ack_delay > 0:
+                time.sleep(ack_delay)
+            if ack_gate:
+                mwms_worker.poll_until(lambda: os.path.exists(ack_gate), ACK_GATE_TIMEOUT, 0.005)
         t_start = time.time()
         try:
             ok = original(self, key, value)
@@ -162,7 +173,7 @@ def run_mwms(argv) -> int:
     if trial.slow_save > 0:
         slow_down_saves(trial.slow_save)
     if impl == "ours":
-        observe_coordination_keys(trial.ack_delay)
+        observe_coordination_keys(trial.ack_delay, trial.ack_gate)
     return mwms_worker.main(rest)
 
 

@@ -1,0 +1,128 @@
+"""What a real-process trial found, and the table that sums many of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Optional
+
+from .plans import Plan
+
+
+@dataclasses.dataclass
+class TrialResult:
+    """What one trial did and found: a row of the reliability table."""
+
+    kind: str
+    seed: int
+    plan: Plan
+    violations: list = dataclasses.field(default_factory=list)
+    #: Faults actually injected, by kind (``sigterm``, ``sigkill``, ``partition``, ...).
+    faults: dict = dataclasses.field(default_factory=dict)
+    lost_steps: int = 0
+    hangs: int = 0
+    mismatched_saves: int = 0
+    lost_closures: int = 0
+    #: At-least-once re-executions (not a loss).
+    duplicate_closures: int = 0
+    seconds: float = 0.0
+    #: Why the trial could not run (only ``partition``, without network namespaces).
+    skipped: Optional[str] = None
+    #: Observations worth a column or a failure message (moments, exit codes, ...).
+    notes: dict = dataclasses.field(default_factory=dict)
+    #: Log tails of the processes, kept for a failure message.
+    logs: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def fault(self, kind: str, n: int = 1) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + n
+
+    def record(self) -> dict:
+        """The counters as plain data (JSON-able), for a long-mode runner."""
+        return {
+            "kind": self.kind,
+            "seed": self.seed,
+            "ok": self.ok,
+            "skipped": self.skipped,
+            "faults": dict(self.faults),
+            "lost_steps": self.lost_steps,
+            "hangs": self.hangs,
+            "mismatched_saves": self.mismatched_saves,
+            "lost_closures": self.lost_closures,
+            "duplicate_closures": self.duplicate_closures,
+            "seconds": round(self.seconds, 2),
+            "notes": self.notes,
+            "violations": list(self.violations),
+            "plan": self.plan.describe(),
+        }
+
+    def report(self) -> str:
+        """A failure message: seed, plan, violations, notes and the processes' logs."""
+        lines = [
+            f"{self.kind} trial, seed {self.seed} "
+            f"(replay: run_trial(make_plan({self.kind!r}, {self.seed})))",
+            f"  plan: {self.plan.describe()}",
+            f"  faults injected: {self.faults}",
+            f"  notes: {json.dumps(self.notes, default=str)[:3000]}",
+        ]
+        lines += [f"  VIOLATION: {v}" for v in self.violations]
+        if self.logs:
+            lines.append(self.logs)
+        return "\n".join(lines)
+
+
+COLUMNS = (
+    "kind",
+    "trials",
+    "failed",
+    "skipped",
+    "faults injected",
+    "lost steps",
+    "hangs",
+    "mismatched saves",
+    "lost closures",
+    "duplicate closures",
+    "median s",
+)
+
+
+def aggregate(results) -> list:
+    """One row per kind: the counters of the reliability table."""
+    rows = []
+    for kind in dict.fromkeys(r.kind for r in results):
+        rs = [r for r in results if r.kind == kind]
+        faults: dict = {}
+        for r in rs:
+            for k, v in r.faults.items():
+                faults[k] = faults.get(k, 0) + v
+        seconds = sorted(r.seconds for r in rs if not r.skipped)
+        rows.append(
+            {
+                "kind": kind,
+                "trials": len(rs),
+                "failed": sum(not r.ok for r in rs),
+                "skipped": sum(bool(r.skipped) for r in rs),
+                "faults injected": ", ".join(f"{k} {v}" for k, v in sorted(faults.items())),
+                "lost steps": sum(r.lost_steps for r in rs),
+                "hangs": sum(r.hangs for r in rs),
+                "mismatched saves": sum(r.mismatched_saves for r in rs),
+                "lost closures": sum(r.lost_closures for r in rs),
+                "duplicate closures": sum(r.duplicate_closures for r in rs),
+                "median s": round(seconds[len(seconds) // 2], 1) if seconds else 0,
+            }
+        )
+    return rows
+
+
+def format_table(results) -> str:
+    """The aggregate as a Markdown table."""
+    rows = aggregate(results)
+    lines = [
+        "| " + " | ".join(COLUMNS) + " |",
+        "| " + " | ".join("---" for _ in COLUMNS) + " |",
+    ]
+    lines += ["| " + " | ".join(str(row[c]) for c in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines)
