@@ -128,27 +128,6 @@ STOP_WATCHER = _native.STOP_WATCHER
 PREEMPTION_NOTICE_KEY = _native.PREEMPTION_NOTICE_KEY
 
 
-#: The coordination faults (see :func:`fault_call`) that lose the preemption with
-#: today's handler: the failed call stops a worker's watcher or its leader, and
-#: every worker ends with an error instead of saving (issue 9, item 1). Only a
-#: failed claim (``set TERMINATED_WORKER``, retried) is survived. Their trials are
-#: expected to fail (``xfail``) in the short suite and run with the short peer
-#: bound, so that each known failure costs a fraction of a second rather than
-#: :data:`PEER_TIMEOUT`. Empty this set when the handler survives them.
-KNOWN_TO_LOSE_THE_PREEMPTION = frozenset(
-    {
-        f"get {RUN_TO_CHECKPOINT}",
-        f"set {RUN_TO_CHECKPOINT}",
-        f"get {ACK_PREFIX}_{RUN_TO_CHECKPOINT}_<id>",
-        f"set {ACK_PREFIX}_{RUN_TO_CHECKPOINT}_<id>",
-        f"get {LAST_RUN_TO_CHECKPOINT}",
-        f"set {LAST_RUN_TO_CHECKPOINT}",
-        f"get {ACK_PREFIX}_{LAST_RUN_TO_CHECKPOINT}_<id>",
-        f"set {ACK_PREFIX}_{LAST_RUN_TO_CHECKPOINT}_<id>",
-    }
-)
-
-
 def ack_key(round_key: str, worker: int) -> str:
     return f"{ACK_PREFIX}_{round_key}_{worker}"
 
@@ -167,18 +146,11 @@ def fault_call(plan: Plan) -> Optional[str]:
     return f"{op} {key}"
 
 
-def known_to_lose_the_preemption(plan: Plan) -> bool:
-    """Whether the plan's fault is one that today's handler does not survive (issue 9)."""
-    return fault_call(plan) in KNOWN_TO_LOSE_THE_PREEMPTION
-
-
 def peer_timeout(plan: Plan) -> float:
     """The handlers' peer bound in this plan's trial."""
     if plan.peer_timeout is not None:
         return plan.peer_timeout
-    if plan.kind in SILENCING or known_to_lose_the_preemption(plan):
-        return SILENT_PEER_TIMEOUT
-    return PEER_TIMEOUT
+    return SILENT_PEER_TIMEOUT if plan.kind in SILENCING else PEER_TIMEOUT
 
 
 class Crash(BaseException):
@@ -239,10 +211,15 @@ class Plan:
     peer_timeout: Optional[float] = None
     #: Names a plan not drawn from a seed (:func:`targeted_plan`).
     label: str = ""
-    #: A worker that gets a notice between or inside its steps waits for the claim
-    #: the notice starts before it goes on (steps of real training take far longer
-    #: than a claim; simulated ones do not). Random plans leave the claim racing
-    #: with the steps.
+    #: This worker's acknowledgements never arrive, whatever the kind (a targeted
+    #: plan's way to keep the leader waiting for them).
+    acks_lost_from: Optional[int] = None
+    #: A ``step_error`` strikes only once the agreed step is published (it waits).
+    step_error_after_agreement: bool = False
+    #: A worker that gets a notice between or inside its steps waits until its
+    #: handler has handled it (claimed) before it goes on (steps of real training
+    #: take far longer than a claim; simulated ones do not). Random plans leave the
+    #: claim racing with the steps.
     settle_notices: bool = False
 
     def describe(self) -> str:
@@ -490,6 +467,9 @@ class _Trial:
         self.drop_acks_of: Optional[int] = None
         self.crashed: set = set()
         self.noticed: set = set()  # workers a notice was delivered to
+        self.delivered: dict = {}  # worker -> notices delivered to it
+        self.handlers: dict = {}  # worker -> its handler
+        self.agreed = threading.Event()  # the first round's step was published
         self.coordination_fault_spent = False
         #: Set when the first life hung: every later call of a worker fails.
         self.abandoned = False
@@ -516,10 +496,11 @@ class _Trial:
             self.note("notice")
             with self.lock:
                 self.noticed.add(n.target)
+                self.delivered[n.target] = self.delivered.get(n.target, 0) + 1
             if self.sabotage.drop_notices_to != n.target:
                 self.cluster.preempt(n.target, deadline)
             if self.plan.settle_notices and worker == n.target:
-                self.expect_claim(worker)
+                self.settle(worker)
 
     def note(self, kind: str) -> None:
         with self.lock:
@@ -558,6 +539,8 @@ class _Trial:
         if plan.kind == "peer_unresponsive" and self.drop_acks_of is None:
             self.drop_acks_of = plan.fault_worker
             self.note("peer_unresponsive")
+        if plan.acks_lost_from is not None:
+            self.drop_acks_of = plan.acks_lost_from
         if plan.kind == "peer_crash" and not self.crashed:
             # Marked before the write, so that none of its acknowledgements slips
             # through; the leader's own publication (checked before this) arrives.
@@ -565,7 +548,19 @@ class _Trial:
             self.note("peer_crash")
 
     def after_agreement(self) -> None:
+        self.agreed.set()
         self.fire("during_ack", -1, None)
+
+    def settle(self, worker: int) -> None:
+        """Waits until ``worker``'s handler has handled every notice delivered to it
+        (the claim made and its outcome recorded), bounded by :data:`NOTICE_BOUND`."""
+        self.expect_claim(worker)
+        handler = self.handlers[worker]
+        deadline = time.monotonic() + NOTICE_BOUND
+        while handler._notices_handled < self.delivered[worker]:
+            if time.monotonic() > deadline:
+                raise NoticeDropped(f"worker {worker}'s handler did not handle its notice")
+            time.sleep(0.001)
 
     def expect_claim(self, worker: int) -> None:
         """Waits until the notice ``worker`` got is claimed: it was not dropped.
@@ -643,6 +638,7 @@ def _worker(trial: Optional[_Trial], plan: Plan, sabotage: Sabotage):
         clock = None if trial is None else trial.clocks[ctx.index]
         if clock is not None:
             handler._clock = clock.now
+            trial.handlers[ctx.index] = handler
         if trial is None and sabotage.resume_ahead == ctx.index:
             handler._run_counter += 1
         restored = handler._run_counter
@@ -662,6 +658,8 @@ def _worker(trial: Optional[_Trial], plan: Plan, sabotage: Sabotage):
                         and ctx.index == plan.fault_worker
                         and step == plan.fault_step
                     ):
+                        if plan.step_error_after_agreement:
+                            trial.agreed.wait(NOTICE_BOUND)
                         trial.note("step_error")
                         raise _errors.make(
                             "InvalidArgumentError", f"injected step error on worker {ctx.index}"
