@@ -390,7 +390,7 @@ class FakeMetadata:
             return sum(1 for r in self._requests if _matches(r, path, method))
 
     def wait_for_requests(
-        self, path: str, count: int = 1, timeout: float = 5.0, method: Optional[str] = None
+        self, path: str, count: int = 1, timeout: float = 30.0, method: Optional[str] = None
     ) -> bool:
         """Waits until ``count`` requests for ``path`` have been seen in all; False on timeout."""
         with self._cond:

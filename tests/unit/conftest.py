@@ -95,7 +95,13 @@ def _no_peer_timeout_env(monkeypatch):
     monkeypatch.delenv("TF_FAILURE_HANDLING_PEER_TIMEOUT", raising=False)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> None:
+#: How long ``wait_until`` waits by default: a bound that only turns a hang into a failure.
+HANG = 60.0
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = HANG, what: str = "condition"
+) -> None:
     """Polls ``predicate`` (1 ms) until true; fails the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -104,7 +110,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "
         time.sleep(0.001)
 
 
-def wait_for_attention(handler: Any, timeout: float = 5.0) -> None:
+def wait_for_attention(handler: Any, timeout: float = HANG) -> None:
     """Waits until the handler's notice watcher has processed a notice."""
     wait_until(lambda: handler._attention, timeout, "the notice to be processed")
 
@@ -146,10 +152,15 @@ class PublishRecorder(PreemptionCheckpointHandler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.publishes: list = []
+        #: The handler's clock and plan (``_core_state()``) at each publish.
+        self.publish_times: list = []
+        self.publish_plans: list = []
         super().__init__(*args, **kwargs)
 
     def _publish(self, round_key: str, step: int, ack_keys: list) -> None:
         self.publishes.append((self._run_counter, step, round_key))
+        self.publish_times.append(self._clock())
+        self.publish_plans.append(self._core_state())
         super()._publish(round_key, step, ack_keys)
 
 

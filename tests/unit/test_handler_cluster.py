@@ -18,7 +18,8 @@ from tf_failure_handling.handler import PreemptionCheckpointHandler
 from .conftest import RecordingCheckpoint, wait_until
 
 STEPS = 40
-CLUSTER_TIMEOUT = 20.0
+#: A bound that only turns a hang into a failure.
+CLUSTER_TIMEOUT = 60.0
 
 
 def _expected_keys(n: int) -> set:
@@ -351,7 +352,8 @@ def test_op_error_in_one_worker_fails_every_worker_with_that_type(tmp_path, erro
 
     start = time.monotonic()
     results = cluster.run(make_worker({}, record={}, before_step=before_step))
-    assert time.monotonic() - start < 10
+    # Ended by the propagated error, not by the collectives' own timeout (the cluster's).
+    assert time.monotonic() - start < CLUSTER_TIMEOUT / 2
     assert cluster.service.error == (
         error_cls(None, None, "").error_code,
         "step 7 failed on worker 2",
@@ -417,7 +419,7 @@ def test_peer_that_never_acknowledges_makes_the_leader_raise_deadline_exceeded(t
     assert "worker(s) 1, 2 did not acknowledge" in str(error)
     assert "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1" in str(error)
     assert "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0" not in str(error)
-    assert 0.5 <= elapsed < 5
+    assert elapsed >= 0.5  # (an unbounded wait would be the cluster's TimeoutError)
     assert cluster.service.value("RUN_TO_CHECKPOINT") == "3"
 
 
@@ -429,7 +431,7 @@ def test_peer_timeout_from_the_environment(tmp_path, monkeypatch):
     results = cluster.run(make_worker({0: 1}), workers=[0])
     assert type(results[0].error) is _errors.module().DeadlineExceededError
     assert "worker(s) 1 did not acknowledge within 0.3s" in str(results[0].error)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start >= 0.3
 
 
 @pytest.fixture
@@ -495,21 +497,21 @@ def test_closing_a_peer_before_the_notice_does_not_hang_the_leader(tmp_path):
             handler.close()
             closed.set()
         if ctx.index == 0 and step == 2:
-            assert closed.wait(5)
+            assert closed.wait(CLUSTER_TIMEOUT)
             ctx.cluster.preempt(0)
             wait_until(lambda: handler._attention)
 
-    start = time.monotonic()
     results = cluster.run(
         make_worker(
             {},
             steps=10,
-            config=TerminationConfig(peer_timeout=30),
+            config=TerminationConfig(peer_timeout=CLUSTER_TIMEOUT * 2),
             record=record,
             before_step=before_step,
         )
     )
-    assert time.monotonic() - start < 10
+    # A leader that waited for the closed peer would end with DeadlineExceededError
+    # (or the cluster's TimeoutError), not exit 42.
     assert results[0].exit_code == 42
     assert record[0][0].saved_runs == [3]
 
