@@ -162,6 +162,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="termination_watcher_fn = the file exists ({index} is replaced by --index)",
     )
     p.add_argument(
+        "--watcher-hold",
+        default=None,
+        help="with --watcher-file: every call after the first waits until the notice file "
+        "or this file exists (each call prints watcher_fn)",
+    )
+    p.add_argument(
         "--exit-code",
         type=int,
         default=None,
@@ -263,6 +269,38 @@ def handler_classes(impl: str):
     )
 
 
+#: The handler of this worker, once built (for ``handler_plan``).
+HANDLER: list = []
+#: What ``handler_plan`` reports of tf_failure_handling's ``_core_state()``.
+PLAN_KEYS = ("deadline", "final_round_at", "margin", "longest_save", "step_estimate")
+
+
+def handler_plan():
+    """tf_failure_handling's grace plan and clock now (None for TF's handler)."""
+    handler = HANDLER[0] if HANDLER else None
+    state = getattr(handler, "_core_state", None)
+    if state is None:
+        return None
+    plan = {k: v for k, v in state().items() if k in PLAN_KEYS}
+    plan["clock"] = handler._clock()
+    return plan
+
+
+def held_watcher_fn(notice_file: str, hold_file: str):
+    """A watcher fn that sees ``notice_file`` and, after its first call, does not return
+    until ``notice_file`` or ``hold_file`` exists: a poll that is under way at shutdown."""
+    calls = [0]
+
+    def watcher() -> bool:
+        calls[0] += 1
+        emit("watcher_fn", call=calls[0])
+        while calls[0] > 1 and not os.path.exists(notice_file) and not os.path.exists(hold_file):
+            time.sleep(0.01)
+        return os.path.exists(notice_file)
+
+    return watcher
+
+
 def instrument_checkpoint_manager_saves() -> None:
     """Make every ``tf.train.CheckpointManager.save`` print a ``save`` event."""
     import tensorflow as tf
@@ -275,6 +313,7 @@ def instrument_checkpoint_manager_saves() -> None:
     def save(self, *args, **kwargs):
         runs_var = getattr(self.checkpoint, "checkpointed_runs", None)
         runs = None if runs_var is None else int(runs_var.numpy())
+        plan = handler_plan()
         t_start = time.time()
         path = original(self, *args, **kwargs)
         t_end = time.time()
@@ -285,6 +324,7 @@ def instrument_checkpoint_manager_saves() -> None:
             t_end=t_end,
             directory=os.path.abspath(self.directory),
             path=path,
+            plan=plan,
         )
         return path
 
@@ -363,6 +403,10 @@ def main(argv=None) -> int:
     if args.watcher_file:
         watcher_file = args.watcher_file.format(index=args.index)
         config_kwargs["termination_watcher_fn"] = lambda: os.path.exists(watcher_file)
+        if args.watcher_hold:
+            config_kwargs["termination_watcher_fn"] = held_watcher_fn(
+                watcher_file, args.watcher_hold
+            )
     if args.exit_code is not None:
         exit_code = args.exit_code
         config_kwargs["exit_fn"] = lambda: sys.exit(exit_code)
@@ -387,6 +431,7 @@ def main(argv=None) -> int:
         checkpoint_dir=args.ckpt_dir,
         termination_config=termination_config,
     )
+    HANDLER.append(handler)
     start = int(handler.total_run_calls)
     emit(
         "start",
