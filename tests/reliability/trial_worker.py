@@ -17,7 +17,9 @@ worker; its ``EVENT`` lines and options are unchanged) with what the trials add:
   another ``S/2`` seconds pass before the manager records them in the
   ``checkpoint`` state file (``save`` is printed when ``save`` returns, as always).
   A SIGKILL between ``save_begin`` and ``save`` leaves a partial checkpoint: none
-  at all, or data files that the state file does not name;
+  at all, or data files that the state file does not name. ``--save-gate PATH``
+  makes each half wait, after its sleep, until ``PATH-1`` (``PATH-2``) exists, so a
+  trial decides how far a save it kills gets;
 * every coordination-service key the handler sets is printed as ``kv_set``
   (``key``, ``value``, ``ok``, ``t_start``), so a trial sees when the leader
   published the agreed step and when each worker acknowledged it;
@@ -62,7 +64,8 @@ from mwms_worker import emit  # noqa: E402
 from tf_failure_handling._native import ACK_PREFIX  # noqa: E402 - TF's key name
 
 T_PROCESS_START = time.monotonic()
-#: Bound on waiting for ``--ack-gate`` (a hang bound: the trial opens it at once).
+#: Bound on waiting for ``--ack-gate`` or a ``--save-gate`` (a hang bound: the trial
+#: opens a gate as soon as its moment came, or kills the process waiting at it).
 ACK_GATE_TIMEOUT = 120.0
 
 
@@ -77,6 +80,12 @@ def parse_mwms_args(argv):
         help="comma-separated host of each worker (default 127.0.0.1 for every one)",
     )
     p.add_argument("--slow-save", type=float, default=0.0, help="seconds each save takes")
+    p.add_argument(
+        "--save-gate",
+        default="",
+        help="with --slow-save: each save waits for PATH-1 before writing its data files "
+        "and for PATH-2 before the state file names them ({index}: this worker's)",
+    )
     p.add_argument("--ack-delay", type=float, default=0.0, help="seconds before each ack")
     p.add_argument("--ack-gate", default="", help="each ack waits until this file exists")
     return p.parse_known_args(argv)
@@ -94,8 +103,12 @@ def use_hosts(hosts: list) -> None:
     mwms_worker.tf_config = tf_config
 
 
-def slow_down_saves(seconds: float) -> None:
-    """Every CheckpointManager.save takes ``seconds`` more, in two observable halves."""
+def slow_down_saves(seconds: float, gate: str = "") -> None:
+    """Every CheckpointManager.save takes ``seconds`` more, in two observable halves.
+
+    With ``gate``, each half then waits until ``gate-1`` (resp. ``gate-2``) exists:
+    the trial decides how far a save it is going to kill gets.
+    """
     import tensorflow as tf
 
     mwms_worker.instrument_checkpoint_manager_saves()  # prints ``save`` when done
@@ -110,6 +123,7 @@ def slow_down_saves(seconds: float) -> None:
         runs = None if runs_var is None else int(runs_var.numpy())
         emit("save_begin", runs=runs, directory=os.path.abspath(self.directory))
         time.sleep(half)
+        wait_for_gate(gate, 1)
         state.runs, state.written = runs, False
         try:
             return instrumented_save(self, *args, **kwargs)
@@ -123,11 +137,18 @@ def slow_down_saves(seconds: float) -> None:
             state.written = True
             emit("save_written", runs=state.runs, directory=os.path.abspath(self.directory))
             time.sleep(half)
+            wait_for_gate(gate, 2)
         return record_state(self)
 
     save._mwms_worker_instrumented = True  # keeps mwms_worker from wrapping it again
     cls.save = save
     cls._record_state = _record_state
+
+
+def wait_for_gate(gate: str, number: int) -> None:
+    if gate:
+        path = f"{gate}-{number}"
+        mwms_worker.poll_until(lambda: os.path.exists(path), ACK_GATE_TIMEOUT, 0.005)
 
 
 def observe_coordination_keys(ack_delay: float, ack_gate: str = "") -> None:
@@ -158,6 +179,10 @@ def observe_coordination_keys(ack_delay: float, ack_gate: str = "") -> None:
     _coordination.Client.set = set
 
 
+def _index(rest: list) -> str:
+    return rest[rest.index("--index") + 1] if "--index" in rest else "0"
+
+
 def run_mwms(argv) -> int:
     trial, rest = parse_mwms_args(argv)
     # The handler's protocol log, with wall-clock times, on stderr (for diagnosis).
@@ -171,7 +196,7 @@ def run_mwms(argv) -> int:
         use_hosts(trial.hosts.split(","))
     impl = rest[rest.index("--impl") + 1] if "--impl" in rest else "tf"
     if trial.slow_save > 0:
-        slow_down_saves(trial.slow_save)
+        slow_down_saves(trial.slow_save, trial.save_gate.format(index=_index(rest)))
     if impl == "ours":
         observe_coordination_keys(trial.ack_delay, trial.ack_gate)
     return mwms_worker.main(rest)

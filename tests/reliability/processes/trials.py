@@ -217,8 +217,19 @@ def _trial_crash_during_save(plan: Plan, result: TrialResult, workdir: Path) -> 
             return lives
         complete = saved
 
+    # The killed worker's save waits at two gates (before its data files, before the
+    # state file names them) that the trial opens: the SIGKILL lands in the planned
+    # part of the save however slow the machine. The other worker's gates are open.
+    target = p["kill_target"]
+    gates = workdir / "save-gate-{index}"
+    for gate in (1, 2):
+        Path(f"{str(gates).format(index=1 - target)}-{gate}").touch()
     crash = Workers(
-        workdir, "crash", ckpt_dir=ckpt, env=env, trial_args=["--slow-save", p["slow_save"]]
+        workdir,
+        "crash",
+        ckpt_dir=ckpt,
+        env=env,
+        trial_args=["--slow-save", p["slow_save"], "--save-gate", gates],
     ).start()
     lives.append(crash)
     problem = crash.wait_for_progress(complete + p["notice_after"])
@@ -230,12 +241,14 @@ def _trial_crash_during_save(plan: Plan, result: TrialResult, workdir: Path) -> 
         result.violations.append(f"crash life restored {restored}, expected {complete}")
     crash.signal(p["notice_target"], signal.SIGTERM)
     result.fault("sigterm")
-    target = p["kill_target"]
     found = poll_until(lambda: bool(crash.events(target, "save_begin")), EXIT_TIMEOUT, 0.01)
     if not found:
         result.violations.append(f"worker {target} never began a save after the notice")
         return lives
     begin = crash.events(target, "save_begin")[0]
+    if p["kill_delay"] > p["slow_save"] / 2:  # after its data files are written
+        Path(f"{str(gates).format(index=target)}-1").touch()
+        poll_until(lambda: bool(crash.events(target, "save_written")), EXIT_TIMEOUT, 0.01)
     time.sleep(max(0.0, begin["t"] + p["kill_delay"] - time.time()))
     killed_at = crash.signal(target, signal.SIGKILL)
     result.fault("sigkill")
