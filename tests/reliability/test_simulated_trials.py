@@ -84,19 +84,14 @@ def test_one_failed_call_does_not_lose_the_preemption(call, num_workers):
     assert result.outcomes == ["exit 42"] * num_workers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the driver retries a get that failed with the error another worker reported "
-    "to the cluster, as if it were transient: the leader waits out its peer bound and "
-    "raises DeadlineExceededError instead of the step's error (a regression of the "
-    "protocol driver, 451fc61)",
-)
 @pytest.mark.timeout(120)
 def test_a_step_error_ends_the_leaders_wait_for_acknowledgements():
     """Worker 1 leads and waits for worker 0's acknowledgement, which never comes;
-    worker 0's step fails and the error is reported to the cluster: every worker,
-    the waiting leader too, ends with that error at once (TF: a reported error fails
-    every blocked get), not with a timeout of the wait."""
+    worker 0's step fails and the error is reported to the cluster: every worker, the
+    waiting leader too, ends with that error (TF: a reported error fails every blocked
+    get), not with DeadlineExceededError for the missing acknowledgement. (The driver
+    of 451fc61 retried the failing get until the peer bound; main's driver gives up
+    after its transient-failure window, or the peer bound when shorter, as here.)"""
     plan = preemption_plan(num_workers=2, label="step error while the leader waits")
     plan.kind, plan.fault_worker, plan.fault_step = "step_error", 0, 4
     plan.acks_lost_from, plan.step_error_after_agreement = 0, True
