@@ -21,6 +21,11 @@ worker made, and workers that resume at different steps from the collective
 itself (every all-reduce carries the step; a worker that joins one at another step
 ends with :class:`OutOfStep` at once instead of deadlocking).
 
+:func:`targeted_plan` builds fixed plans instead of random ones: one preemption in
+which exactly one protocol call fails once (claim, publish, watch, acknowledge,
+await, both rounds, shutdown), with the notice handled before the worker goes on,
+so the call always strikes at the same moment.
+
 Every call a worker's handler makes to the coordination service, from whichever
 of its threads, passes through that worker's view of the service
 (:class:`_WorkerService`): that is where a fault strikes one worker and where the
@@ -50,8 +55,10 @@ that never struck leaves a plain preemption.
     at the agreement: its thread stops and nothing it writes arrives (crash). No
     agreement can complete, so the named error: some worker ends with
     ``DeadlineExceededError`` naming the silent worker as one that did not
-    acknowledge, and every worker ended with an error or exited 42 having saved at
-    the agreed step (the crashed one ends with :class:`Crash`); none carries on.
+    acknowledge (or, for a crash, with the error of the collective it abandoned,
+    "worker N failed", which the first to see it reports to the cluster), and every
+    worker ended with an error or exited 42 having saved at the agreed step (the
+    crashed one ends with :class:`Crash`); none carries on.
 ``step_error`` (an ``OpError`` in one worker's step)
     Every worker ends with the same error type, unless it had already exited at an
     agreed step.
