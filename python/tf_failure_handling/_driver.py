@@ -93,6 +93,12 @@ class ProtocolDriver:
     # ``run(fn, *args, **kwargs)`` is native (HandlerCore.run, src/python/handler.rs):
     # it calls these two only when a notice needs attention or the step failed.
 
+    def _run_with_keywords(
+        self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """``run(distributed_train_function=f, ...)``: TF's signature, by keyword."""
+        return self.run(distributed_train_function, *args, **kwargs)
+
     def _run_check(self) -> None:
         """The check before ``run()``'s step. As in TF it is inside the reporting scope:
         a peer that did not acknowledge, or a failed save, reaches every worker."""

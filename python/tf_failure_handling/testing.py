@@ -470,13 +470,27 @@ class SimulatedCluster:
         return SimpleClusterResolver(self._spec(), "worker", index)
 
     def preempt(self, index: int, deadline: Optional[float] = None) -> None:
-        """Delivers a termination notice to worker ``index`` (now, or once its handler exists)."""
+        """Delivers a termination notice to worker ``index`` (now, or once its handler exists).
+
+        When the handler exists, returns once it has handled the notice (claimed it
+        or stood down), bounded by the cluster's ``timeout``: a simulated step takes
+        microseconds, and without the wait the rest of training could finish before
+        the claim lands, which no real step is short enough to do.
+        """
         with self._lock:
             handler = self._handlers.get(index)
             if handler is None:
                 self._pending_notices[index] = deadline
                 return
+        before = handler._notices_handled
         handler._notify_termination(deadline)
+        end = time.monotonic() + self.timeout
+        while handler._notices_handled == before and not handler._closed:
+            if time.monotonic() > end:
+                raise TimeoutError(
+                    f"worker {index}'s handler did not handle the notice within {self.timeout:g}s"
+                )
+            time.sleep(0.001)
 
     def _handler_ready(self, index: int, handler: Any) -> None:
         with self._lock:

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
@@ -160,8 +160,20 @@ unsafe extern "C-unwind" fn run_fastcall(
     // SAFETY: CPython calls methods with the GIL held.
     let py = unsafe { Python::assume_attached() };
     if nargs < 1 {
-        PyTypeError::new_err("run() missing 1 required positional argument: 'distributed_train_function'").restore(py);
-        return std::ptr::null_mut();
+        // `run(distributed_train_function=f, ...)`: the Python signature sorts
+        // it out (and raises TF's TypeError when the function is missing).
+        let name = intern!(py, "_run_with_keywords").as_ptr();
+        // SAFETY: a new reference to the bound method, or NULL with an error.
+        let method = unsafe { ffi::PyObject_GetAttr(slf, name) };
+        if method.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: forwarding our own vectorcall arguments; we own `method`.
+        return unsafe {
+            let result = ffi::PyObject_Vectorcall(method, args, 0, kwnames);
+            ffi::Py_DECREF(method);
+            result
+        };
     }
     // SAFETY: `slf` is a live object for the duration of the call; the
     // method descriptor already checked that it is a HandlerCore.

@@ -6,7 +6,6 @@ working fails here instead of misleading a reader.
 
 import pathlib
 import textwrap
-import time
 
 import pytest
 from tf_failure_handling import testing
@@ -33,33 +32,6 @@ def docstring_example(doc: str) -> str:
     return textwrap.dedent("\n".join(lines))
 
 
-@pytest.fixture
-def preempt_waits_for_the_handler(monkeypatch):
-    """``SimulatedCluster.preempt``, then wait until that worker's handler handled the notice.
-
-    The examples preempt a worker at step 10 of 100 and expect every worker to exit
-    42. A real step takes far longer than acting on a notice; a simulated one takes
-    microseconds, so the other 90 steps can finish before the notice's claim lands
-    (every worker then finishes: exit code None), more often the busier the machine.
-    Until ``preempt`` waits itself (a change to ``testing.py``), it waits here.
-    """
-    original = testing.SimulatedCluster.preempt
-
-    def preempt(self, index, deadline=None):
-        handler = self._handlers.get(index)
-        before = None if handler is None else handler._notices_handled
-        original(self, index, deadline)
-        if handler is None:
-            return
-        end = time.monotonic() + 60.0
-        while handler._notices_handled == before:
-            assert time.monotonic() < end, f"worker {index}'s notice was not handled"
-            time.sleep(0.001)
-
-    monkeypatch.setattr(testing.SimulatedCluster, "preempt", preempt)
-
-
-@pytest.mark.usefixtures("preempt_waits_for_the_handler")
 @pytest.mark.timeout(60)
 def test_readme_testing_example(tmp_path):
     code = readme_block("### Testing your own loop without a cluster")
@@ -67,7 +39,6 @@ def test_readme_testing_example(tmp_path):
     exec(compile(code, "README.md", "exec"), {"tmp_path": tmp_path})
 
 
-@pytest.mark.usefixtures("preempt_waits_for_the_handler")
 @pytest.mark.timeout(60)
 def test_testing_module_docstring_example(tmp_path):
     code = docstring_example(testing.__doc__)

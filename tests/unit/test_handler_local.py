@@ -854,3 +854,12 @@ def test_first_step_is_warm_up_and_not_a_step_time(tmp_path):
         assert state["step_estimate"] < 2.0
     finally:
         handler.close()
+
+
+def test_run_takes_the_function_by_keyword_as_tf_does(make_handler, tmp_path):
+    h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
+    assert h.run(distributed_train_function=lambda x: x + 1, x=1) == 2
+    assert h.run(lambda x, y: x * y, 3, y=4) == 12
+    assert h._run_counter == 2
+    with pytest.raises(TypeError, match="distributed_train_function"):
+        h.run()
