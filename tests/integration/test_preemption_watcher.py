@@ -22,12 +22,16 @@ from .conftest import Cluster, require_impl
 SCRIPT = Path(__file__).resolve().parent / "watcher_script.py"
 #: Bound for building the strategy and the watcher (TF's import included).
 READY_TIMEOUT = 60.0
-#: Bound for "every watcher reported the notice" (ours: well under a second, plus the
-#: one-second poll of a ``termination_watcher_fn``).
-NOTICE_LATENCY = 3.0
-#: Bound for the key to carry a message from one worker's watcher to another's (it
-#: takes milliseconds; TF's handler polls its keys once a second).
-PROPAGATION = 0.5
+#: Bound for "every watcher reported the notice". It only turns a lost notice into a
+#: failure: ours takes milliseconds plus the one-second poll of a
+#: ``termination_watcher_fn``; how fast a notice crosses the cluster is measured by
+#: ``benches/bench_notice.py``, not asserted here.
+NOTICE_LATENCY = 30.0
+#: What TensorFlow's own SIGTERM notifier writes to ``TF_DEFAULT_PREEMPTION_NOTICE_KEY``
+#: for worker 1. TF installs it in every MWMS worker; a watcher only observes, so it
+#: chains the handler installed before it, and TF's write and ours race for the key
+#: (the first value stays).
+TF_NATIVE_NOTICE_WORKER_1 = "/job:worker/task:1"
 #: Bound for the processes to exit on their own after the notice.
 EXIT_TIMEOUT = 30.0
 TF_UNSUPPORTED_WARNING = "Preemption watcher does not support environment"
@@ -100,13 +104,15 @@ def test_sigterm_on_worker_1_reaches_both_workers_watchers(start):
     codes = cluster.wait(EXIT_TIMEOUT, "both workers to see the message and exit")
     assert codes == [0, 0], f"exit codes {codes}\n{_details(cluster)}"
     messages = [cluster.message(i) for i in range(2)]
-    text = messages[1]["message"]
-    assert text.startswith("worker worker:1: termination notice from signal SIGTERM at "), text
-    assert messages[0]["message"] == text, "worker 0 did not get worker 1's message"
+    ours = messages[1]["message"]
+    # Worker 1 reports its own notice, unless TF's notifier wrote the key first and
+    # worker 1's key watch read it before its signal watch reported.
+    if ours != TF_NATIVE_NOTICE_WORKER_1:
+        assert ours.startswith("worker worker:1: termination notice from signal SIGTERM at "), ours
+    # Worker 0 reports the key's one value: worker 1's message or TF's, both naming worker 1.
+    assert messages[0]["message"] in (ours, TF_NATIVE_NOTICE_WORKER_1), messages
     latencies = [m["t"] - sent for m in messages]
     assert all(0 <= s < NOTICE_LATENCY for s in latencies), latencies
-    # Worker 0 blocks on the key and wakes at once (no poll interval).
-    assert abs(latencies[0] - latencies[1]) < PROPAGATION, latencies
 
 
 @pytest.mark.timeout(120)
@@ -130,7 +136,6 @@ def test_handler_notice_on_worker_0_reaches_worker_1s_watcher(start, tmp_path):
     assert messages[1]["message"] == text, "worker 1 did not get worker 0's handler's notice"
     latencies = [m["t"] - created for m in messages]
     assert all(0 <= s < NOTICE_LATENCY for s in latencies), latencies
-    assert abs(latencies[0] - latencies[1]) < PROPAGATION, latencies
 
 
 @pytest.mark.timeout(90)
