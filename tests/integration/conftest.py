@@ -11,7 +11,6 @@ import importlib
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,15 @@ import pytest
 from ci import is_ci
 
 from .mwms_worker import LIVE_PROCESSES as _LIVE_PROCESSES
-from .mwms_worker import child_environment, free_ports, parse_events, poll_until, tail
+from .mwms_worker import (
+    child_environment,
+    free_ports,
+    kill_process,
+    parse_events,
+    poll_until,
+    tail,
+    worker_command,
+)
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "mwms_worker.py"
 
@@ -127,25 +134,16 @@ class Cluster:
 
     # -- lifecycle ---------------------------------------------------------
     def command(self, index: int) -> list[str]:
-        cmd = [
-            sys.executable,
-            str(WORKER_SCRIPT),
-            "--ports",
-            ",".join(str(p) for p in self.ports),
-            "--index",
-            str(index),
-            "--impl",
-            self.impl,
-            "--ckpt-dir",
-            str(self.ckpt_dir),
-            "--steps",
-            str(self.steps),
-            "--step-sleep",
-            str(self.step_sleep),
-            *self.extra_args,
-        ]
-        cmd += [str(a) for a in self.worker_args.get(index, ())]
-        return cmd
+        cmd = worker_command(
+            WORKER_SCRIPT,
+            ports=self.ports,
+            index=index,
+            impl=self.impl,
+            ckpt_dir=self.ckpt_dir,
+            steps=self.steps,
+            step_sleep=self.step_sleep,
+        )
+        return [*cmd, *self.extra_args, *(str(a) for a in self.worker_args.get(index, ()))]
 
     def start(self) -> Cluster:
         assert not self.procs, "cluster already started"
@@ -168,14 +166,8 @@ class Cluster:
     def kill(self) -> None:
         """Kill whatever is still running (teardown)."""
         for i, proc in enumerate(self.procs):
-            if proc.poll() is None:
-                proc.kill()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
+            kill_process(proc)
             self.returncodes[i] = proc.poll()
-            _LIVE_PROCESSES.discard(proc)
 
     # -- observation -------------------------------------------------------
     def events(self, index: int, kind: str | None = None) -> list[dict]:

@@ -53,16 +53,43 @@ EVENT_PREFIX = "EVENT "
 LIVE_PROCESSES: set = set()
 
 
+def kill_process(proc: subprocess.Popen) -> None:
+    """Kills ``proc`` if it still runs, reaps it (bounded) and forgets it."""
+    if proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    LIVE_PROCESSES.discard(proc)
+
+
 @atexit.register
 def kill_live_processes() -> None:
     for proc in list(LIVE_PROCESSES):
-        if proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        LIVE_PROCESSES.discard(proc)
+        kill_process(proc)
+
+
+def worker_command(
+    script, *, ports, index: int, impl: str, ckpt_dir, steps: int, step_sleep: float
+) -> list[str]:
+    """The command line of one worker process of ``script`` (this file's options)."""
+    return [
+        sys.executable,
+        str(script),
+        "--ports",
+        ",".join(str(p) for p in ports),
+        "--index",
+        str(index),
+        "--impl",
+        impl,
+        "--ckpt-dir",
+        str(ckpt_dir),
+        "--steps",
+        str(steps),
+        "--step-sleep",
+        str(step_sleep),
+    ]
 
 
 def emit(event: str, **fields) -> None:

@@ -26,9 +26,11 @@ from integration.mwms_worker import (
     LIVE_PROCESSES,
     child_environment,
     free_ports,
+    kill_process,
     parse_events,
     poll_until,
     tail,
+    worker_command,
 )
 from tf_failure_handling import _native
 from tf_failure_handling.handler import PEER_TIMEOUT_ENV
@@ -94,28 +96,18 @@ class Workers:
         self.sent: list = []  # (time.time(), worker, signal name)
 
     def command(self, index: int, ports: list) -> list:
-        cmd = [
-            sys.executable,
-            str(TRIAL_WORKER),
-            "mwms",
-            "--hosts",
-            ",".join(self.hosts),
-            *self.trial_args,
-            "--ports",
-            ",".join(str(p) for p in ports),
-            "--index",
-            str(index),
-            "--impl",
-            self.impl,
-            "--ckpt-dir",
-            str(self.ckpt_dir),
-            "--steps",
-            str(self.steps),
-            "--step-sleep",
-            str(self.step_sleep),
-            "--progress-every",
-            "1",
-        ]
+        cmd = worker_command(
+            TRIAL_WORKER,
+            ports=ports,
+            index=index,
+            impl=self.impl,
+            ckpt_dir=self.ckpt_dir,
+            steps=self.steps,
+            step_sleep=self.step_sleep,
+        )
+        # trial_worker.py's "mwms" subcommand comes before the worker's options.
+        cmd[2:2] = ["mwms", "--hosts", ",".join(self.hosts), *self.trial_args]
+        cmd += ["--progress-every", "1"]
         if self.netns[index] is not None:
             cmd = ["ip", "netns", "exec", self.netns[index], *cmd]
         return cmd
@@ -217,13 +209,7 @@ class Workers:
 
     def kill(self) -> None:
         for popen in self.procs:
-            if popen.poll() is None:
-                popen.kill()
-                try:
-                    popen.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    continue
-            LIVE_PROCESSES.discard(popen)
+            kill_process(popen)
 
 
 def dump_stacks(popen: subprocess.Popen, stderr: Path) -> None:
