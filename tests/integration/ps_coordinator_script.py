@@ -110,7 +110,20 @@ def impl_api(impl: str) -> dict:
 
 
 def error_record(e: BaseException) -> dict:
-    return {"type": type(e).__name__, "message": str(e)[:1500]}
+    """The error's type and message, without the Python stacks TF prepends.
+
+    A graph error starts with one "Detected at node ... (most recent call last):"
+    stack per op that saw it; how many depends on which worker's op failed first,
+    so the cause itself could fall past a fixed cut. Those stack lines are dropped.
+    """
+    lines = [
+        line
+        for line in str(e).splitlines()
+        if line.strip()
+        and not line.startswith("Detected at node")
+        and not line.lstrip().startswith("File ")
+    ]
+    return {"type": type(e).__name__, "message": "\n".join(lines)[:1500]}
 
 
 class Job:
