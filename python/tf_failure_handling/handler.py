@@ -187,7 +187,8 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         #: durations. Simulations substitute a virtual one; waits for peers stay real.
         self._clock: Callable[[], float] = time.monotonic
         self._closed = False
-        self._notice_thread: Optional[threading.Thread] = None
+        #: The protocol driver's thread (``_driver.ProtocolDriver._drive``).
+        self._driver_thread: Optional[threading.Thread] = None
         self._peer_thread: Optional[threading.Thread] = None
         self._sources: Optional[_sources.NoticeSources] = None
         self._closing = threading.Event()
