@@ -26,9 +26,9 @@
 //! # Order
 //!
 //! One receive takes the most urgent input: [`Input::Stop`] first (sticky:
-//! once stopped, every receive returns it at once, whatever is still queued),
-//! then step keys and key-read failures, then notices, each kind first in,
-//! first out. Step keys come before notices because a step key is a leader
+//! once stopped, every receive returns it at once, whatever is still queued;
+//! [`Inbox::drain`] then hands over what arrived before the stop), then step
+//! keys and key-read failures, then notices, each kind first in, first out. Step keys come before notices because a step key is a leader
 //! waiting, bounded by its peer timeout, for this worker's acknowledgement,
 //! while a notice that arrives after a step key changes nothing (the resolver
 //! absorbs it: the cluster is already going down at the leader's pace).
@@ -295,6 +295,17 @@ impl<E> Inbox<E> {
             },
             recv(timer) -> _ => Err(RecvError::Timeout),
         }
+    }
+
+    /// Takes every input still queued, without waiting, in the order a
+    /// receive would (step keys and key-read failures, then notices), even
+    /// once stopped: what arrived before a stop can still be dealt with
+    /// (the driver acknowledges a step key on its way out).
+    #[must_use]
+    pub fn drain(&self) -> Vec<Input<E>> {
+        let mut out: Vec<Input<E>> = self.keys.try_iter().collect();
+        out.extend(self.notices.try_iter());
+        out
     }
 
     /// [`Inbox::recv_deadline`] with a deadline `timeout` from now.

@@ -527,7 +527,7 @@ class ProtocolDriver:
           meanwhile is taken at once. **Acknowledgements go first**: a leader waits
           for them, bounded by its peer timeout, so one is never queued behind a
           claim's retries, only behind the one call already in flight;
-        * **stop** (``close()``) ends the loop.
+        * **stop** (``close()``) ends the loop after one last look (:meth:`_finish`).
 
         No exception ends this thread unnoticed: whatever a turn raises reaches the
         next ``run()`` (:meth:`_fail_in_background`).
@@ -542,6 +542,7 @@ class ProtocolDriver:
                 self._fail_in_background("the protocol driver's receive", e)
                 return
             if self._closing.is_set() or isinstance(item, _native.Input.Stop):
+                self._finish(item, acks, notices, current)
                 return
             self._take(item, acks, notices)
             while current is None and notices:
@@ -562,6 +563,37 @@ class ProtocolDriver:
                     self._notices_handled += 1
             else:
                 acks.remove(write)
+
+    def _finish(self, item: Any, acks: deque, notices: deque, current: Optional[_Write]) -> None:
+        """The stop of ``close()``: what arrived with it is dealt with, nothing waits.
+
+        * a step key is acknowledged, and every acknowledgement still pending gets
+          one last attempt: a leader may be waiting for it, and without it would
+          wait out its peer timeout and fail;
+        * a notice, or the claim or announce of one in progress, is dropped (logged):
+          a claim now would make the other workers stand down for a leader that is
+          closing and will never publish a step.
+        """
+        try:
+            if item is not None and not isinstance(item, _native.Input.Stop):
+                self._take(item, acks, notices)
+            for later in self._sources.drain():
+                self._take(later, acks, notices)
+        except BaseException as e:  # noqa: BLE001 - closing: logged there
+            self._fail_in_background("the protocol driver's last look", e)
+        for write in acks:
+            write.bound = 0.0  # one attempt: a failure is not retried while closing
+            try:
+                self._attempt(write)
+            except BaseException as e:  # noqa: BLE001 - closing: logged there
+                self._fail_in_background(write.what, e)
+        dropped = list(notices) + ([] if current is None else [current])
+        for what in dropped:
+            log.info(
+                "Closing: %s dropped (a notice is not acted on while the handler closes).",
+                what.what if isinstance(what, _Write) else f"the notice from {what.source}",
+            )
+            self._notices_handled += 1
 
     def _take(self, item: Any, acks: deque, notices: deque) -> None:
         """Files one input: a notice waits its turn, a step key may queue an
@@ -710,13 +742,17 @@ class ProtocolDriver:
         if self._local_mode:
             return None
 
+        # No longer than the protocol's writes: an acknowledgement may be waiting
+        # behind this call (see "Why the driver acknowledges" in step_resolution.rs).
+        timeout = max(1.0, min(SHUTDOWN_WRITE_TIMEOUT, self._peer_timeout))
+
         def failed(error: BaseException) -> None:
             # For PreemptionWatchers only; the protocol goes on.
             log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
 
         return self._write(
             f"publishing {PREEMPTION_NOTICE_KEY}",
-            lambda: self._coordination.set(PREEMPTION_NOTICE_KEY, message, SHUTDOWN_WRITE_TIMEOUT),
+            lambda: self._coordination.set(PREEMPTION_NOTICE_KEY, message, timeout),
             lambda _: None,
             failed,
             notice=True,

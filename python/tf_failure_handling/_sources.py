@@ -186,6 +186,14 @@ class NoticeSources:
             return self._notice_for(item)
         return item
 
+    def drain(self) -> list:
+        """Every input still queued, without waiting, even once closed (what arrived
+        before the stop), converted as :meth:`receive` does."""
+        return [
+            self._notice_for(item) if isinstance(item, _native.Input.Notice) else item
+            for item in self.inbox.drain()
+        ]
+
     def wait(self, timeout: Optional[float] = None) -> Optional[Notice]:
         """The next notice, or None after ``timeout`` seconds or once closed (a
         watcher's sources carry nothing else)."""

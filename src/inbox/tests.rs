@@ -102,6 +102,10 @@ fn stop_wins_over_queued_inputs_is_sticky_and_refuses_posts() {
         assert_eq!(inbox.recv_deadline(Some(Instant::now())), Ok(Input::Stop));
     }
     assert_eq!(poster.post(notice("after")), Err(PostError::Stopped));
+    // What arrived before the stop is still there for a last look.
+    assert_eq!(inbox.drain(), vec![key(Round::Initial, "3"), notice("queued")]);
+    assert_eq!(inbox.drain(), vec![]);
+    assert_eq!(inbox.recv_deadline(None), Ok(Input::Stop));
 }
 
 #[test]

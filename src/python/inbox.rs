@@ -156,6 +156,12 @@ impl PyInbox {
         self.inbox.stopped()
     }
 
+    /// Every input still queued, without waiting, even once stopped (what
+    /// arrived before the stop): step keys and failures, then notices.
+    fn drain(&self) -> Vec<PyInput> {
+        self.inbox.drain().into_iter().map(PyInput::from).collect()
+    }
+
     /// Notices dropped because too many were waiting.
     #[getter]
     fn dropped_notices(&self) -> u64 {
