@@ -46,7 +46,7 @@ STOP_WATCHER = _native.STOP_WATCHER
 PREEMPTION_NOTICE_KEY = _native.PREEMPTION_NOTICE_KEY
 
 PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
-#: Longest single blocking get of the peer watcher; it re-checks for shutdown
+#: Longest single blocking get of the step-key reader; it re-checks for shutdown
 #: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
 PEER_WATCH_SLICE = 5.0
 #: A failed coordination-service call of the protocol is retried after this pause,
@@ -856,7 +856,8 @@ class ProtocolDriver:
         self._stop_peer_watcher()
 
     def _stop_peer_watcher(self) -> None:
-        """Releases the peer watcher (``STOP_WATCHER`` on the step keys) and joins it.
+        """Releases the peer watcher, the step-key reader (``STOP_WATCHER`` on the step
+        keys), and joins it.
 
         A handler that a newer one took over from writes nothing: the keys belong
         to the newer one's protocol, and its own peer watcher stops by itself.

@@ -197,7 +197,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._successor: Optional[weakref.ref] = None
         #: An error a background thread of this handler met; raised by the next run().
         self._thread_error: Optional[BaseException] = None
-        #: Notices the notice thread has finished with (acted on, absorbed or handed on).
+        #: Notices the driver has finished with (acted on, absorbed, handed on or dropped at close).
         self._notices_handled = 0
 
         _errors.module()
