@@ -14,6 +14,7 @@
 //! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
 //! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
 //! | [`sources`] | metadata-service termination sources (GCE, AWS, Azure): sans-IO pollers and the threads that run them |
+//! | [`inbox`] | the driver's inputs (notices, step keys, stop) in one `crossbeam-channel` inbox |
 //! | [`http`] | a minimal, strictly bounded HTTP/1.1 client for metadata servers |
 //!
 //! The PyO3 binding (`python` feature, on when built by maturin) is the only
@@ -23,6 +24,7 @@ pub mod closure_queue;
 pub mod failure;
 pub mod grace;
 pub mod http;
+pub mod inbox;
 pub mod sources;
 pub mod step_resolution;
 pub mod termination;

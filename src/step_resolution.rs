@@ -3,15 +3,17 @@
 //! # Actors
 //!
 //! Every worker of a `MultiWorkerMirroredStrategy` cluster runs one
-//! [`Resolver`]. Three threads of a worker feed it events:
+//! [`Resolver`]. Two threads of a worker feed it events:
 //!
 //! * the **training thread** calls [`Resolver::before_step`] before every
 //!   `run()` and [`Resolver::on_saved`] after a save;
-//! * the **notice watcher** (signals, a user's `termination_watcher_fn`, later
-//!   metadata servers) calls [`Resolver::on_notice`] and then
-//!   [`Resolver::on_claim`] with the outcome of claiming `TERMINATED_WORKER`;
-//! * the **peer watcher** blocks on the coordination service for the step key
-//!   of the current round and calls [`Resolver::on_step_key`] with its value.
+//! * the **driver** takes every other input from one
+//!   [`crate::inbox::Inbox`]: a notice (signals, metadata servers, a user's
+//!   `termination_watcher_fn`) goes to [`Resolver::on_notice`] and, once the
+//!   claim of `TERMINATED_WORKER` is decided, [`Resolver::on_claim`]; a step
+//!   key goes to [`Resolver::on_step_key`]. The step keys are read by a
+//!   **reader** thread that blocks on the coordination service for the key
+//!   of each round and only posts what it reads into the inbox.
 //!
 //! The resolver never performs I/O and never reads a clock: every method takes
 //! what happened (and `now`, in seconds on a monotonic clock the caller
@@ -66,14 +68,15 @@
 //!
 //! | effect | key | on failure |
 //! | --- | --- | --- |
-//! | claim | `TERMINATED_WORKER` | retried within the bound; then `on_claim(false)` and the next `run()` raises |
-//! | announce (for `PreemptionWatcher`s) | `TF_DEFAULT_PREEMPTION_NOTICE_KEY` | retried within the bound; then a warning (the protocol does not depend on it) |
-//! | publish | `RUN_TO_CHECKPOINT`, `LAST_RUN_TO_CHECKPOINT` | retried within the bound; then `run()` raises, and reports it to the cluster |
-//! | watch (peer watcher) | the round's step key | a failed read is retried until reads have failed without a break for longer than the bound; then the next `run()` raises |
-//! | acknowledge | `RECEIVED_SIGNAL_<round>_<id>` | retried within the bound; then the next `run()` raises |
+//! | claim (driver) | `TERMINATED_WORKER` | retried within the bound; then `on_claim(false)` and the next `run()` raises |
+//! | announce (driver, for `PreemptionWatcher`s) | `TF_DEFAULT_PREEMPTION_NOTICE_KEY` | retried within the bound; then a warning (the protocol does not depend on it) |
+//! | publish (training thread) | `RUN_TO_CHECKPOINT`, `LAST_RUN_TO_CHECKPOINT` | retried within the bound; then `run()` raises, and reports it to the cluster |
+//! | read (reader) | the round's step key | a failed read is retried until reads have failed without a break for longer than the bound; then the reader posts the error and ends, and the driver hands it to the next `run()` |
+//! | acknowledge (driver) | `RECEIVED_SIGNAL_<round>_<id>` | retried within the bound, ahead of any claim or announce; then the next `run()` raises |
 //! | await acknowledgements (leader) | every `RECEIVED_SIGNAL_<round>_<id>` | a failed read counts as "not yet" until reads have failed for longer than the bound (then `run()` raises); reads that answer "not set" until the peer timeout end in `DeadlineExceededError` naming the missing workers and keys; both are reported to the cluster |
 //! | save | — | `on_save_failed`; the save's error is raised by `run()` and reported |
 //! | shutdown writes | both step keys := `STOP_WATCHER` | logged; nothing waits for them |
+//! | `close()` while inputs wait | — | the driver's last look: a step key that arrived is acknowledged and every pending acknowledgement gets one more attempt (a leader waits for it); a notice, or the claim or announce of one in progress, is dropped and logged (a claim now would make the peers stand down for a leader that will never publish) |
 //! | error report | `report_error_to_cluster` | logged as a warning; the step's own error is raised |
 //!
 //! A transient failure (a burst shorter than the bound) therefore never loses
@@ -82,6 +85,28 @@
 //! the cluster by a peer), never in a silent continuation or a hang. Errors
 //! the driver's threads meet are handed to the next `run()`
 //! (`HandlerCore._core_set_pending` makes it take the slow path).
+//!
+//! ## Why the driver acknowledges, and how a claim cannot starve it
+//!
+//! The driver performs the claim, the announce and the acknowledgements, one
+//! call at a time. A leader waits for every acknowledgement for at most the
+//! peer timeout, and a claim may be retried for up to the bound (10 s); done
+//! one after the other with sleeps in between, a claim's retries could hold
+//! an acknowledgement back until the leader gives up. They are not done that
+//! way: the driver never sleeps. The pause before a write's next attempt is
+//! the deadline of its next receive from the inbox, so a step key posted
+//! meanwhile is taken at once, and when several writes are due the oldest
+//! acknowledgement goes first; the inbox also hands out step keys before
+//! notices. An acknowledgement therefore waits for at most the one call
+//! already in flight, itself bounded by the write timeout: the peer timeout
+//! clamped to 1..60 s (to 1..10 s for the announce), so never longer than
+//! the leader's own wait when that is a second or more. Only a call that
+//! hangs for all of it (a service that hangs every call, the
+//! acknowledgement's included) makes the leader give up, naming this worker. Keeping the writes in one
+//! thread, rather than letting the reader acknowledge, puts every effect of
+//! a notice or a step key, and every failure rule above, in one loop; the
+//! reader stays a reader because a coordination-service get is a blocking
+//! call that cannot be waited on together with the inbox.
 
 use thiserror::Error;
 

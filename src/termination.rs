@@ -17,9 +17,11 @@
 //!
 //! * the handler only does async-signal-safe work: it bumps a per-signal
 //!   counter and writes one byte to a non-blocking self-pipe; one dispatcher
-//!   thread blocks on the pipe and wakes every [`SignalWatch`] waiting on a
-//!   condition variable, so a watcher sees the signal at once, not after a
-//!   poll interval;
+//!   thread blocks on the pipe and, at once, not after a poll interval,
+//!   posts the delivery to every watch made with a [`Sink`]
+//!   ([`SignalWatch::with_sink`]: the binding's sink posts into the
+//!   handler's [`crate::inbox::Inbox`]) and wakes every [`SignalWatch`]
+//!   waiting on a condition variable;
 //! * installs are reference-counted per signal; when the last watch of a
 //!   signal is dropped, the previous disposition is restored.
 //!
@@ -102,6 +104,69 @@ static PREV_ACTION: PreviousActions =
 thread_local! {
     /// Depth of [`on_signal`] on this thread, to cut a chain that loops back.
     static IN_HANDLER: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Where a watch made with [`SignalWatch::with_sink`] sends its deliveries:
+/// called on the dispatcher thread with the signal's number, once per
+/// wake-up of the dispatcher in which that signal was delivered (deliveries
+/// in quick succession are coalesced). It must not block or call Python; the
+/// binding's posts into an inbox.
+pub type Sink = Box<dyn Fn(i32) + Send + Sync>;
+
+/// One watch's subscription to the dispatcher.
+struct Subscription {
+    signals: Vec<i32>,
+    /// The process that made it: a forked child's dispatcher skips its
+    /// parent's subscriptions (it cannot lock anything the parent held).
+    pid: i32,
+    /// Deliveries per signal already posted.
+    posted: Mutex<Vec<u64>>,
+    sink: Sink,
+}
+
+impl Subscription {
+    /// Posts every watched signal delivered since the last call.
+    fn forward(&self) {
+        let fresh: Vec<i32> = {
+            let mut posted = self.posted.lock();
+            self.signals
+                .iter()
+                .zip(posted.iter_mut())
+                .filter_map(|(&s, seen)| {
+                    let now = delivered(s);
+                    (now != *seen).then(|| {
+                        *seen = now;
+                        s
+                    })
+                })
+                .collect()
+        };
+        for s in fresh {
+            (self.sink)(s);
+        }
+    }
+}
+
+/// Every live subscription. The dispatcher clones the list under the lock
+/// and posts after releasing it.
+fn subscriptions() -> &'static Mutex<Vec<std::sync::Weak<Subscription>>> {
+    static SUBSCRIPTIONS: OnceLock<Mutex<Vec<std::sync::Weak<Subscription>>>> = OnceLock::new();
+    SUBSCRIPTIONS.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// The dispatcher's work for one wake-up: post to every subscription of
+/// this process, then wake the waiters.
+fn dispatch() {
+    let pid = current_pid();
+    let live: Vec<Arc<Subscription>> = {
+        let mut list = subscriptions().lock();
+        list.retain(|s| s.strong_count() > 0);
+        list.iter().filter_map(std::sync::Weak::upgrade).collect()
+    };
+    for sub in live.iter().filter(|s| s.pid == pid) {
+        sub.forward();
+    }
+    notify_all();
 }
 
 /// Wakes waiters. `generation` counts wake-ups so that a waiter that checked
@@ -255,7 +320,7 @@ fn ensure_dispatcher(table: &mut HashMap<i32, Installed>) -> io::Result<()> {
             // SAFETY: reading into a local buffer from our pipe.
             let n = unsafe { libc::read(read_fd, buf.as_mut_ptr().cast(), buf.len()) };
             if n > 0 {
-                notify_all();
+                dispatch();
             } else if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
             } else {
@@ -417,6 +482,9 @@ pub struct SignalWatch {
     pid: i32,
     seen: Mutex<Vec<u64>>,
     triggered: Arc<AtomicBool>,
+    /// Present for a watch made with [`SignalWatch::with_sink`]; dropping it
+    /// ends the posting (the dispatcher holds it only weakly).
+    _subscription: Option<Arc<Subscription>>,
 }
 
 impl SignalWatch {
@@ -429,6 +497,22 @@ impl SignalWatch {
     /// [`InstallError`] when a signal cannot be caught or the OS refuses; the
     /// signals installed before the failing one are uninstalled again.
     pub fn new(signals: &[i32], role: Role) -> Result<Self, InstallError> {
+        Self::install_all(signals, role, None)
+    }
+
+    /// Like [`SignalWatch::new`], and every later delivery of a watched
+    /// signal is also posted to `sink` by the dispatcher thread, at once.
+    /// [`SignalWatch::poll`] and [`SignalWatch::wait`] keep their own
+    /// account and still report each delivery once.
+    ///
+    /// # Errors
+    ///
+    /// As [`SignalWatch::new`].
+    pub fn with_sink(signals: &[i32], role: Role, sink: Sink) -> Result<Self, InstallError> {
+        Self::install_all(signals, role, Some(sink))
+    }
+
+    fn install_all(signals: &[i32], role: Role, sink: Option<Sink>) -> Result<Self, InstallError> {
         let mut done = Vec::with_capacity(signals.len());
         for &s in signals {
             if done.contains(&s) {
@@ -443,12 +527,28 @@ impl SignalWatch {
             done.push(s);
         }
         let seen = done.iter().map(|&s| delivered(s)).collect();
+        let subscription = sink.map(|sink| {
+            let mut list = subscriptions().lock();
+            // Counted under the list's lock: a delivery the dispatcher
+            // reads after this is one it posts to this subscription, and
+            // one counted before it is not reported ("deliveries before
+            // this call").
+            let sub = Arc::new(Subscription {
+                posted: Mutex::new(done.iter().map(|&s| delivered(s)).collect()),
+                signals: done.clone(),
+                pid: current_pid(),
+                sink,
+            });
+            list.push(Arc::downgrade(&sub));
+            sub
+        });
         Ok(SignalWatch {
             signals: done,
             role,
             pid: current_pid(),
             seen: Mutex::new(seen),
             triggered: Arc::new(AtomicBool::new(false)),
+            _subscription: subscription,
         })
     }
 
@@ -543,7 +643,7 @@ mod tests {
     use super::*;
 
     // Signals are process-wide; each test uses its own signal (SIGUSR2,
-    // SIGWINCH, SIGURG, SIGPROF), which nothing else in the test binary
+    // SIGWINCH, SIGURG, SIGPROF, SIGVTALRM), which nothing else in the test binary
     // touches, and runs its steps in one test to avoid interleaving.
     #[test]
     fn signal_wakes_waiter_from_another_thread_and_uninstall_restores() {
@@ -687,6 +787,50 @@ mod tests {
             assert_eq!(libc::WTERMSIG(status), libc::SIGPROF);
         }
         assert_eq!(watch.poll(), None, "the child's signal did not reach the parent");
+    }
+
+    /// A watch with a sink has every delivery posted by the dispatcher, from
+    /// the moment it is made until it is dropped; its own `poll` still
+    /// reports the delivery too.
+    #[test]
+    fn a_sink_gets_each_delivery_from_the_dispatcher_until_the_watch_is_dropped() {
+        let signal = libc::SIGVTALRM;
+        // A delivery before the watch exists is not reported.
+        let before = SignalWatch::new(&[signal], Role::Observer).unwrap();
+        unsafe { libc::raise(signal) };
+        assert_eq!(before.wait(Duration::from_secs(30)), Some(Wake::Signal(signal)));
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let watch = SignalWatch::with_sink(
+            &[signal],
+            Role::Owner,
+            Box::new(move |s| {
+                let _ = tx.send(s);
+            }),
+        )
+        .unwrap();
+        assert!(rx.try_recv().is_err(), "an earlier delivery was posted");
+        unsafe { libc::raise(signal) };
+        assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(signal));
+        assert_eq!(watch.poll(), Some(Wake::Signal(signal)), "poll keeps its own account");
+        drop(watch);
+        // A later subscription is posted to after every earlier one (the
+        // dispatcher goes through them in order): once it has the delivery,
+        // the dropped watch's sink would have had it too.
+        let (later_tx, later_rx) = std::sync::mpsc::channel();
+        let later = SignalWatch::with_sink(
+            &[signal],
+            Role::Observer,
+            Box::new(move |s| {
+                let _ = later_tx.send(s);
+            }),
+        )
+        .unwrap();
+        unsafe { libc::raise(signal) };
+        assert_eq!(later_rx.recv_timeout(Duration::from_secs(30)), Ok(signal));
+        assert!(rx.try_recv().is_err(), "a dropped watch's sink was called");
+        drop(later);
+        drop(before);
     }
 
     #[test]

@@ -3,20 +3,25 @@
 The Rust core (``HandlerCore``, ``src/step_resolution.rs``) decides; this class
 performs each decision against TensorFlow and owns the threads that feed the core:
 
-* **inputs** reach the core from three places: the notice thread
-  (:meth:`ProtocolDriver._watch_own_notice`: every termination source, one
-  ``NoticeSources.wait``), the peer watcher (:meth:`ProtocolDriver._watch_step_keys`:
-  the step keys a leader publishes) and the training thread (``run()``'s check before a
-  step, :meth:`ProtocolDriver._act_before_step`);
+* **inputs** arrive in one inbox (``_native.Inbox``, ``src/inbox.rs``), read by one
+  loop (:meth:`ProtocolDriver._drive`): notices from every termination source (the
+  Rust signal dispatcher and metadata pollers post them directly; the watcher-fn
+  poller and ``testing`` from Python), the step keys a leader publishes (the reader
+  thread, :meth:`ProtocolDriver._watch_step_keys`, only reads and posts them), a
+  reader's failure, and the stop of ``close()``. The training thread is the other
+  actor: ``run()``'s check before a step (:meth:`ProtocolDriver._act_before_step`)
+  publishes and saves;
 * **decisions** come back typed: ``_native.NoticeAction`` (lead, claim, absorb),
   ``_native.StepAction`` (proceed, publish, save), ``_native.KeyAction`` (acknowledge,
   stop), ``_native.SaveAction`` (exit, countdown);
 * **effects** (claim, announce, publish, acknowledge, await, save, exit, shutdown
   writes, error reports) each follow one rule when they fail, the table in
-  ``src/step_resolution.rs`` ("Failures"): retried within the bound
-  (:meth:`ProtocolDriver._retrying`), then an ``UnavailableError`` naming the key and
-  the cause reaches the next ``run()`` (:meth:`ProtocolDriver._fail_in_background`), so
-  no thread of the handler ends without the handler learning of it.
+  ``src/step_resolution.rs`` ("Failures"): retried within the bound (the driver's
+  writes by :meth:`ProtocolDriver._attempt`, between which it keeps taking inputs;
+  the training thread's by :meth:`ProtocolDriver._retrying`), then an error naming
+  the key and the cause reaches the next ``run()``
+  (:meth:`ProtocolDriver._fail_in_background`), so no thread of the handler ends
+  without the handler learning of it.
 
 ``PreemptionCheckpointHandler`` (``handler.py``) is this class plus the API.
 """
@@ -27,6 +32,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import deque
 from typing import Any, Callable, Optional
 
 from . import _cluster, _errors, _native, _sources, watcher
@@ -40,7 +46,7 @@ STOP_WATCHER = _native.STOP_WATCHER
 PREEMPTION_NOTICE_KEY = _native.PREEMPTION_NOTICE_KEY
 
 PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
-#: Longest single blocking get of the peer watcher; it re-checks for shutdown
+#: Longest single blocking get of the step-key reader; it re-checks for shutdown
 #: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
 PEER_WATCH_SLICE = 5.0
 #: A failed coordination-service call of the protocol is retried after this pause,
@@ -66,6 +72,58 @@ SHUTDOWN_WRITE_TIMEOUT = 10.0
 #: still open hands every notice it sees to it and acts on none.
 _owners_lock = threading.RLock()  # RLock: __del__ (GC, any moment) takes it too
 _owners: dict = {}
+
+
+class _Write:
+    """One coordination-service write of the driver, retried within ``bound`` seconds.
+
+    The driver never sleeps between attempts: ``due`` is when the next attempt may
+    start, and until then the driver takes its inputs (``ProtocolDriver._drive``).
+    ``on_done(result)`` and ``on_failed(error)`` return the write that follows (the
+    announce after a won claim), or None.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        call: Callable[[], Any],
+        bound: float,
+        on_done: Callable[[Any], Optional[_Write]],
+        on_failed: Callable[[BaseException], Optional[_Write]],
+        notice: bool,
+    ) -> None:
+        self.what = what
+        self.call = call
+        self.bound = bound
+        self.on_done = on_done
+        self.on_failed = on_failed
+        #: Part of handling a notice (claim, announce), not an acknowledgement.
+        self.notice = notice
+        self.start = time.monotonic()
+        self.due = self.start
+        self.pause = RETRY_FIRST_PAUSE
+        self.attempts = 0
+
+
+def _first_due(acks: deque, current: Optional[_Write]) -> Optional[_Write]:
+    """The write to attempt now: the oldest due acknowledgement, else the notice's."""
+    now = time.monotonic()
+    for write in acks:
+        if write.due <= now:
+            return write
+    if current is not None and current.due <= now:
+        return current
+    return None
+
+
+def _time_to_next(acks: deque, current: Optional[_Write]) -> Optional[float]:
+    """Seconds until the next write is due (0: one is due now), None with none pending."""
+    dues = [w.due for w in acks]
+    if current is not None:
+        dues.append(current.due)
+    if not dues:
+        return None
+    return max(0.0, min(dues) - time.monotonic())
 
 
 class ProtocolDriver:
@@ -417,12 +475,13 @@ class ProtocolDriver:
         self._sources = _sources.NoticeSources(
             self._environment, self._signals, self._termination_watcher_fn, owner=True
         )
-        self._notice_thread = threading.Thread(
-            target=self._watch_own_notice,
+        # Named as TF's notice thread (tools and tests look for it by name).
+        self._driver_thread = threading.Thread(
+            target=self._drive,
             name=f"WorkerTerminationSignalWatcher-{self._id_in_cluster}",
             daemon=True,
         )
-        self._notice_thread.start()
+        self._driver_thread.start()
         if not self._local_mode:
             self._peer_thread = threading.Thread(
                 target=self._watch_step_keys,
@@ -446,115 +505,317 @@ class ProtocolDriver:
         ):
             log.info("Termination notice after shutdown ignored.")
 
-    def _watch_own_notice(self) -> None:
-        """Acts on every notice until close: the first one starts the protocol, later
-        ones are absorbed by the resolver (logged); an older handler forwards them."""
-        while True:
-            notice = self._sources.wait()
-            if notice is None or self._closing.is_set():
-                return
-            try:
-                owner = self._current_owner()
-                if owner is not None:
-                    log.info(
-                        "Termination notice from %s handed to the newer handler of worker %s.",
-                        notice.source,
-                        self._id_in_cluster,
-                    )
-                    if owner._sources is not None:
-                        owner._sources.trigger(notice.source, notice.deadline)
-                    continue
-                self._handle_notice(notice)
-            except BaseException as e:  # noqa: BLE001 - handed to the next run()
-                self._fail_in_background(f"handling the notice from {notice.source}", e)
-            finally:
-                self._notices_handled += 1
+    # ------------------------------------------------------------ the driver loop
 
-    def _handle_notice(self, notice: _sources.Notice) -> None:
-        deadline = None
+    def _drive(self) -> None:
+        """The protocol driver: takes every input from the inbox and performs the effects.
+
+        Each turn takes at most one input (``NoticeSources.receive``: stop first, then
+        step keys and key-read failures, then notices) and makes at most one attempt
+        at one write, the most urgent that is due:
+
+        * a **step key** goes to the resolver (``_core_step_key``) and, unless it is
+          ``STOP_WATCHER`` or a newer handler owns the notices, queues its
+          acknowledgement;
+        * a **key-read failure** (the reader gave up) reaches the next ``run()``;
+        * a **notice** waits until the one before it is done, then goes to the
+          resolver (``_core_notice``): claim ``TERMINATED_WORKER`` (then announce it
+          when won), lead (local mode), absorb it, or hand it to a newer handler;
+        * a **write** (acknowledge, claim, announce) that fails is retried within the
+          bound (:meth:`_retry_bound`), but never by sleeping: the pause before its
+          next attempt is the deadline of the next receive, so whatever arrives
+          meanwhile is taken at once. **Acknowledgements go first**: a leader waits
+          for them, bounded by its peer timeout, so one is never queued behind a
+          claim's retries, only behind the one call already in flight;
+        * **stop** (``close()``) ends the loop after one last look (:meth:`_finish`).
+
+        No exception ends this thread unnoticed: whatever a turn raises reaches the
+        next ``run()`` (:meth:`_fail_in_background`).
+        """
+        acks: deque = deque()  # acknowledgement writes, oldest first
+        notices: deque = deque()  # notices waiting for the current one
+        current: Optional[_Write] = None  # the write of the notice being handled
+        while True:
+            try:
+                item = self._sources.receive(_time_to_next(acks, current))
+            except BaseException as e:  # noqa: BLE001 - handed to the next run()
+                self._fail_in_background("the protocol driver's receive", e)
+                return
+            if self._closing.is_set() or isinstance(item, _native.Input.Stop):
+                self._finish(item, acks, notices, current)
+                return
+            self._take(item, acks, notices)
+            while current is None and notices:
+                current = self._start_notice(notices.popleft())
+            write = _first_due(acks, current)
+            if write is None:
+                continue
+            try:
+                finished, after = self._attempt(write)
+            except BaseException as e:  # noqa: BLE001 - handed to the next run()
+                self._fail_in_background(write.what, e)
+                finished, after = True, None
+            if not finished:
+                continue
+            if write is current:
+                current = after
+                if current is None:
+                    self._notices_handled += 1
+            else:
+                acks.remove(write)
+
+    def _finish(self, item: Any, acks: deque, notices: deque, current: Optional[_Write]) -> None:
+        """The stop of ``close()``: what arrived with it is dealt with, nothing waits.
+
+        * a step key is acknowledged, and every acknowledgement still pending gets
+          one last attempt: a leader may be waiting for it, and without it would
+          wait out its peer timeout and fail;
+        * a notice, or the claim or announce of one in progress, is dropped (logged):
+          a claim now would make the other workers stand down for a leader that is
+          closing and will never publish a step.
+        """
+        try:
+            if item is not None and not isinstance(item, _native.Input.Stop):
+                self._take(item, acks, notices)
+            for later in self._sources.drain():
+                self._take(later, acks, notices)
+        except BaseException as e:  # noqa: BLE001 - closing: logged there
+            self._fail_in_background("the protocol driver's last look", e)
+        for write in acks:
+            write.bound = 0.0  # one attempt: a failure is not retried while closing
+            try:
+                self._attempt(write)
+            except BaseException as e:  # noqa: BLE001 - closing: logged there
+                self._fail_in_background(write.what, e)
+        dropped = list(notices) + ([] if current is None else [current])
+        for what in dropped:
+            log.info(
+                "Closing: %s dropped (a notice is not acted on while the handler closes).",
+                what.what if isinstance(what, _Write) else f"the notice from {what.source}",
+            )
+            self._notices_handled += 1
+
+    def _take(self, item: Any, acks: deque, notices: deque) -> None:
+        """Files one input: a notice waits its turn, a step key may queue an
+        acknowledgement, a key-read failure reaches the next ``run()``."""
+        if item is None:  # the deadline of a retry: nothing arrived
+            return
+        try:
+            if isinstance(item, _sources.Notice):
+                notices.append(item)
+            elif isinstance(item, _native.Input.StepKey):
+                ack = self._on_step_key(item.round_key, item.value)
+                if ack is not None:
+                    acks.append(ack)
+            elif isinstance(item, _native.Input.KeyReadFailed):
+                self._fail_in_background("watching the peers' step keys", item.error)
+        except BaseException as e:  # noqa: BLE001 - handed to the next run()
+            self._fail_in_background("watching the peers' step keys", e)
+
+    def _attempt(self, write: _Write) -> tuple:
+        """One attempt of ``write``: ``(finished, next write)``.
+
+        A coordination-service error (any ``OpError``) schedules the next attempt after
+        a growing pause while the bound lasts; after it, ``write.on_failed`` gets the
+        last error, of its own type, naming what failed (:meth:`_named`). Anything else
+        is a bug and goes to ``on_failed`` at once.
+        """
+        write.attempts += 1
+        try:
+            result = write.call()
+        except _errors.module().OpError as e:
+            now = time.monotonic()
+            left = write.start + write.bound - now
+            if left <= 0 or self._closing.is_set():
+                named = self._named(e, write.what, write.attempts, now - write.start)
+                return True, write.on_failed(named)
+            (log.warning if write.attempts == 1 else log.info)(
+                "%s failed (%s: %s); retrying in %gs (%.1fs left).",
+                write.what,
+                type(e).__name__,
+                e,
+                min(write.pause, left),
+                left,
+            )
+            write.due = now + min(write.pause, left)
+            write.pause = min(write.pause * 2, RETRY_MAX_PAUSE)
+            return False, None
+        except Exception as e:  # noqa: BLE001 - a bug: handed on at once
+            return True, write.on_failed(e)
+        return True, write.on_done(result)
+
+    def _write(
+        self,
+        what: str,
+        call: Callable[[], Any],
+        on_done: Callable[[Any], Optional[_Write]],
+        on_failed: Callable[[BaseException], Optional[_Write]],
+        notice: bool = False,
+    ) -> _Write:
+        return _Write(what, call, self._retry_bound(), on_done, on_failed, notice)
+
+    # ------------------------------------------------------------ notices
+
+    def _start_notice(self, notice: _sources.Notice) -> Optional[_Write]:
+        """Acts on ``notice``: the write it starts, or None when it is done with
+        (absorbed, handed to a newer handler, or led in local mode)."""
+        try:
+            owner = self._current_owner()
+            if owner is not None:
+                log.info(
+                    "Termination notice from %s handed to the newer handler of worker %s.",
+                    notice.source,
+                    self._id_in_cluster,
+                )
+                if owner._sources is not None:
+                    owner._sources.trigger(notice.source, notice.deadline)
+                write = None
+            else:
+                write = self._on_own_notice(notice)
+        except BaseException as e:  # noqa: BLE001 - handed to the next run()
+            self._fail_in_background(f"handling the notice from {notice.source}", e)
+            write = None
+        if write is None:
+            self._notices_handled += 1
+        return write
+
+    def _on_own_notice(self, notice: _sources.Notice) -> Optional[_Write]:
+        source, deadline = notice.source, None
         if notice.deadline is not None:
             # Platforms announce wall-clock times; the resolver runs on the monotonic clock.
             deadline = self._clock() + (notice.deadline - time.time())
             log.info(
                 "The notice from %s gives %.1fs until the machine goes away.",
-                notice.source,
+                source,
                 notice.deadline - time.time(),
             )
-        self._on_own_notice(notice.source, deadline)
-
-    def _on_own_notice(self, source: str, deadline: Optional[float]) -> None:
         action = self._core_notice(self._clock(), deadline)
         if isinstance(action, _native.NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
-            self._announce(source)
-        elif isinstance(action, _native.NoticeAction.Claim):
-            key, value = action.key, action.value
-            won = self._claim(key, value, source)
-            self._core_claim(won)
-            if won:
-                log.info("Member %s has received termination notice (%s).", value, source)
-                self._announce(source)
-            else:
-                log.info(
-                    "Member %s has received termination notice (%s), but another worker "
-                    "received one first; it decides when to checkpoint.",
-                    value,
-                    source,
-                )
-        else:
-            log.info(
-                "Termination notice from %s absorbed: this handler already acts on an earlier one.",
-                source,
-            )
+            return self._announce(source)
+        if isinstance(action, _native.NoticeAction.Claim):
+            return self._claim(action.key, action.value, source)
+        log.info(
+            "Termination notice from %s absorbed: this handler already acts on an earlier one.",
+            source,
+        )
+        return None
 
-    def _announce(self, source: str) -> None:
-        """Tells PreemptionWatchers: in this process, and through the coordination service."""
-        message = watcher.notice_message(self._id_in_cluster, source)
-        watcher.publish_local(message)
-        if self._local_mode:
-            return
-        try:
-            self._retrying(
-                f"publishing {PREEMPTION_NOTICE_KEY}",
-                lambda: self._coordination.set(
-                    PREEMPTION_NOTICE_KEY, message, SHUTDOWN_WRITE_TIMEOUT
-                ),
-            )
-        except Exception as e:  # noqa: BLE001 - for PreemptionWatchers; the protocol goes on
-            log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, e)
-
-    def _claim(self, key: str, value: str, source: str) -> bool:
-        """Writes ``TERMINATED_WORKER``; True if this worker got it first.
+    def _claim(self, key: str, value: str, source: str) -> _Write:
+        """Writes ``TERMINATED_WORKER``; the resolver learns whether this worker got it first.
 
         A failure of the coordination service is retried within the bound (TF drops
         the notice at the first failure); after it, the ``UnavailableError`` reaches
         the next ``run()``.
         """
-        try:
-            return self._retrying(
-                f"claiming {key} after the notice from {source}",
-                lambda: self._coordination.set(key, value),
+
+        def claimed(won: bool) -> Optional[_Write]:
+            self._core_claim(won)
+            if won:
+                log.info("Member %s has received termination notice (%s).", value, source)
+                return self._announce(source)
+            log.info(
+                "Member %s has received termination notice (%s), but another worker "
+                "received one first; it decides when to checkpoint.",
+                value,
+                source,
             )
-        except BaseException:
+            return None
+
+        def failed(error: BaseException) -> None:
             self._core_claim(False)
-            raise
+            self._fail_in_background(f"handling the notice from {source}", error)
+
+        return self._write(
+            f"claiming {key} after the notice from {source}",
+            lambda: self._coordination.set(key, value),
+            claimed,
+            failed,
+            notice=True,
+        )
+
+    def _announce(self, source: str) -> Optional[_Write]:
+        """Tells PreemptionWatchers: in this process, and through the coordination service
+        (the write it starts; the protocol does not wait on it beyond the bound)."""
+        message = watcher.notice_message(self._id_in_cluster, source)
+        watcher.publish_local(message)
+        if self._local_mode:
+            return None
+
+        # No longer than the protocol's writes: an acknowledgement may be waiting
+        # behind this call (see "Why the driver acknowledges" in step_resolution.rs).
+        timeout = max(1.0, min(SHUTDOWN_WRITE_TIMEOUT, self._peer_timeout))
+
+        def failed(error: BaseException) -> None:
+            # For PreemptionWatchers only; the protocol goes on.
+            log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
+
+        return self._write(
+            f"publishing {PREEMPTION_NOTICE_KEY}",
+            lambda: self._coordination.set(PREEMPTION_NOTICE_KEY, message, timeout),
+            lambda _: None,
+            failed,
+            notice=True,
+        )
+
+    # ------------------------------------------------------------ step keys
+
+    def _on_step_key(self, round_key: str, value: str) -> Optional[_Write]:
+        """A step key the reader posted: the acknowledgement to write, if any."""
+        action = self._core_step_key(round_key, value)
+        if isinstance(action, _native.KeyAction.Stop):
+            return None
+        if self._current_owner() is not None:
+            # A newer handler of this worker acknowledges now.
+            return None
+        ack_key = action.ack_key
+
+        def acknowledged(_: Any) -> None:
+            log.info("%s=%s received; acknowledged with %s.", round_key, value, ack_key)
+
+        def failed(error: BaseException) -> None:
+            self._fail_in_background("watching the peers' step keys", error)
+
+        return self._write(
+            f"acknowledging {round_key}={value} with {ack_key}",
+            lambda: self._coordination.set(ack_key, _native.ACK_VALUE),
+            acknowledged,
+            failed,
+        )
 
     def _watch_step_keys(self) -> None:
-        """Acknowledges the step keys a leader publishes (one round, or two with a grace
-        period) until they are set, shutdown, or a newer handler takes over.
+        """The step-key reader: reads the keys a leader publishes (one round, or two with
+        a grace period) and posts each value into the inbox, until ``STOP_WATCHER``,
+        shutdown, or a newer handler takes over. It writes nothing: the driver
+        acknowledges.
 
-        A failed read is retried until it has failed without a break for longer than
-        the bound; a failed acknowledgement is retried within the bound; after that, or
-        on anything unexpected, the next ``run()`` raises the error.
+        A failed read is retried until reads have failed without a break for longer
+        than the bound; then, or on anything unexpected, the error is posted and the
+        driver hands it to the next ``run()``.
         """
+        self._reading_key = RUN_TO_CHECKPOINT
         try:
             self._watch_step_keys_until_done()
-        except BaseException as e:  # noqa: BLE001 - handed to the next run()
-            self._fail_in_background("watching the peers' step keys", e)
+        except BaseException as e:  # noqa: BLE001 - handed to the driver
+            if not self._sources.inbox.post_key_read_failed(self._reading_key, e):
+                # The inbox is stopped: closing (ignored there), or the driver is gone.
+                self._fail_in_background("watching the peers' step keys", e)
 
     def _watch_step_keys_until_done(self) -> None:
+        rounds = [RUN_TO_CHECKPOINT]
+        if self._grace_period > 0:
+            rounds.append(LAST_RUN_TO_CHECKPOINT)
+        for round_key in rounds:
+            self._reading_key = round_key
+            value = self._read_step_key(round_key)
+            if value is None or not self._sources.inbox.post_step_key(round_key, value):
+                return  # closing
+            if value == STOP_WATCHER or self._current_owner() is not None:
+                return
+
+    def _read_step_key(self, round_key: str) -> Optional[str]:
+        """The value of ``round_key`` once a leader set it; None once closing."""
         errors = _errors.module()
-        round_key = RUN_TO_CHECKPOINT
         failing_since: Optional[float] = None
         failures = 0
         pause = RETRY_FIRST_PAUSE
@@ -563,7 +824,7 @@ class ProtocolDriver:
                 value = self._coordination.get(round_key, PEER_WATCH_SLICE)
             except errors.OpError as e:
                 if self._closing.is_set():
-                    return
+                    return None
                 failures += 1
                 now = time.monotonic()
                 if failing_since is None:
@@ -577,38 +838,26 @@ class ProtocolDriver:
                 pause = min(pause * 2, RETRY_MAX_PAUSE)
                 continue
             failing_since, failures, pause = None, 0, RETRY_FIRST_PAUSE
-            if value is None:
-                continue
-            action = self._core_step_key(round_key, value)
-            if isinstance(action, _native.KeyAction.Stop):
-                return
-            ack_key, next_key = action.ack_key, action.next_round_key
-            if self._current_owner() is not None:
-                # A newer handler of this worker watches and acknowledges now.
-                return
-            self._retrying(
-                f"acknowledging {round_key}={value} with {ack_key}",
-                lambda key=ack_key: self._coordination.set(key, _native.ACK_VALUE),
-            )
-            log.info("%s=%s received; acknowledged with %s.", round_key, value, ack_key)
-            if next_key is None:
-                return
-            round_key = next_key
+            if value is not None:
+                return value
+        return None
 
     def _stop_watchers(self) -> None:
+        """``close()``: stops the inbox (the driver takes ``Stop``) and joins the threads."""
         self._closing.set()
         if self._sources is not None:
             self._sources.close()
         if (
-            self._notice_thread is not None
-            and self._notice_thread is not threading.current_thread()
+            self._driver_thread is not None
+            and self._driver_thread is not threading.current_thread()
         ):
-            self._notice_thread.join(THREAD_JOIN_TIMEOUT)
-        self._notice_thread = None
+            self._driver_thread.join(THREAD_JOIN_TIMEOUT)
+        self._driver_thread = None
         self._stop_peer_watcher()
 
     def _stop_peer_watcher(self) -> None:
-        """Releases the peer watcher (``STOP_WATCHER`` on the step keys) and joins it.
+        """Releases the peer watcher, the step-key reader (``STOP_WATCHER`` on the step
+        keys), and joins it.
 
         A handler that a newer one took over from writes nothing: the keys belong
         to the newer one's protocol, and its own peer watcher stops by itself.

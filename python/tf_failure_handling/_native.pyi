@@ -84,9 +84,12 @@ class SaveAction:
 
 class SignalWatch:
     """Watches signals from any thread; ``wait`` releases the GIL. An ``owner`` (a handler)
-    holds back previously installed handlers while it lives; an observer chains them."""
+    holds back previously installed handlers while it lives; an observer chains them.
+    With ``inbox``, the signal dispatcher posts every delivery into it at once."""
 
-    def __init__(self, signals: list[int], owner: bool = False) -> None: ...
+    def __init__(
+        self, signals: list[int], owner: bool = False, inbox: Optional[Inbox] = None
+    ) -> None: ...
     @property
     def signals(self) -> list[int]: ...
     @property
@@ -96,6 +99,42 @@ class SignalWatch:
     def poll(self) -> Optional[int]: ...
     def trigger(self) -> None: ...
     def close(self) -> None: ...
+
+class Input:
+    """One input of the protocol driver, as ``Inbox.recv`` returns it."""
+
+    class Notice(Input):
+        source: Optional[str]
+        signal: Optional[int]
+        at: float
+        deadline: Optional[float]
+
+    class StepKey(Input):
+        round_key: str
+        value: str
+
+    class KeyReadFailed(Input):
+        round_key: str
+        error: BaseException
+
+    class Stop(Input): ...
+
+class Inbox:
+    """The protocol driver's inputs in one place (``src/inbox.rs``); ``recv`` releases the GIL."""
+
+    def __init__(self) -> None: ...
+    def post_notice(self, source: str, deadline: Optional[float] = None) -> bool: ...
+    def post_step_key(self, round_key: str, value: str) -> bool: ...
+    def post_key_read_failed(self, round_key: str, error: BaseException) -> bool: ...
+    def stop(self) -> None: ...
+    @property
+    def stopped(self) -> bool: ...
+    @property
+    def dropped_notices(self) -> int: ...
+    def recv(
+        self, timeout: Optional[float] = None, signals: Optional[SignalWatch] = None
+    ) -> Optional[Input]: ...
+    def drain(self) -> list[Input]: ...
 
 class KeyValueStore:
     """In-memory coordination-service store with blocking gets (releases the GIL)."""
@@ -166,7 +205,7 @@ class MetadataWatch:
         self,
         cloud: str,
         base_url: str,
-        wake: Optional[SignalWatch] = None,
+        wake: Optional[Inbox | SignalWatch] = None,
         *,
         interval: float = 0.5,
         request_timeout: float = 1.0,

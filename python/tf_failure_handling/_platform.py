@@ -566,7 +566,7 @@ def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
     (``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s, Kubernetes'
     default ``terminationGracePeriodSeconds``). Otherwise None.
 
-    Called in the notice thread when a signal arrives: it reads only ``env``, whose
+    Called in the driver thread when a signal arrives: it reads only ``env``, whose
     values :func:`environment` checked, and never raises.
     """
     if env.scheduler == "slurm":

@@ -10,11 +10,15 @@ A worker learns that its machine is going away from
   is called here);
 * :meth:`NoticeSources.trigger` (tests, ``tf_failure_handling.testing``).
 
-All of them end in the same :class:`_native.SignalWatch`: a signal wakes it, a
-metadata notice triggers it, so :meth:`NoticeSources.wait` returns as soon as any
-source fires, never after a poll interval. Deadlines are Unix times here (the
-platforms announce wall-clock times); the handler converts them to its monotonic
-clock.
+All of them post into one :class:`_native.Inbox` (``src/inbox.rs``): the Rust signal
+dispatcher posts a delivery the moment the self-pipe wakes it, a metadata poller
+posts its first notice, the watcher-fn poller and :meth:`NoticeSources.trigger`
+post from Python. :meth:`NoticeSources.receive` takes whatever is most urgent out
+of it, never after a poll interval. A handler's inbox also carries the step keys
+its reader posts and the stop of ``close()``: the protocol driver
+(``_driver.py``) reads everything from this one place. Deadlines are Unix times
+here (the platforms announce wall-clock times); the handler converts them to its
+monotonic clock.
 
 A handler's sources *own* their signals (``owner=True``): while they are open,
 a handler installed before them is not called, so nothing can end the process
@@ -36,7 +40,7 @@ import signal
 import threading
 import time
 import weakref
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from . import _native, _platform
 
@@ -119,16 +123,17 @@ class NoticeSources:
     ) -> None:
         self._env = env
         self._watcher_fn = watcher_fn
-        self._manual: Optional[Notice] = None
         self._lock = threading.RLock()  # close() may run from __del__ (GC) on any thread
         self._closed = False
-        #: Threads inside :meth:`wait` (joined at interpreter exit).
+        #: Threads inside :meth:`receive` (joined at interpreter exit).
         self._waiters: set = set()
-        self._watch = _native.SignalWatch(signal_numbers(signals), owner=owner)
+        #: Where every source posts; a handler's step-key reader posts here too.
+        self.inbox = _native.Inbox()
+        self._watch = _native.SignalWatch(signal_numbers(signals), owner=owner, inbox=self.inbox)
         self._metadata: Optional[_native.MetadataWatch] = None
         if watch_metadata and env.cloud is not None and env.metadata_base is not None:
             try:
-                self._metadata = _native.MetadataWatch(env.cloud, env.metadata_base, self._watch)
+                self._metadata = _native.MetadataWatch(env.cloud, env.metadata_base, self.inbox)
             except Exception as e:  # noqa: BLE001 - signals still work without it
                 log.warning("Not watching the %s metadata service: %s", env.cloud, e)
             else:
@@ -156,43 +161,50 @@ class NoticeSources:
         with self._lock:
             if self._closed:
                 return False
-            self._manual = Notice(source, deadline)
-            try:
-                self._watch.trigger()
-            except RuntimeError:  # closed meanwhile
-                return False
-        return True
+        return self.inbox.post_notice(source, deadline)
 
-    def wait(self, timeout: Optional[float] = None) -> Optional[Notice]:
-        """The next notice, or None after ``timeout`` seconds or once closed.
+    def receive(self, timeout: Optional[float] = None) -> Any:
+        """The most urgent input: ``Input.Stop`` once closed, then step keys and key-read
+        failures (``_native.Input``), then notices (as :class:`Notice`); None after
+        ``timeout`` seconds (None: wait as long as it takes).
 
-        Blocks with the GIL released, in slices so that Ctrl-C still works.
+        Blocks with the GIL released (in slices on the main thread, so that Ctrl-C
+        still works). Logs a warning, once, when someone replaced the handler of a
+        watched signal.
         """
-        end = None if timeout is None else time.monotonic() + timeout
         me = threading.current_thread()
         with self._lock:
             if self._closed:
-                return None
+                return _native.Input.Stop()
             self._waiters.add(me)
         try:
-            while not self._closed:
-                left = None if end is None else max(0.0, end - time.monotonic())
-                try:
-                    woke = self._watch.wait(left)
-                except RuntimeError:  # closed
-                    return None
-                if self._closed:
-                    return None
-                if woke is not None:
-                    notice = self._notice_for(woke)
-                    if notice is not None:
-                        return notice
-                if end is not None and time.monotonic() >= end:
-                    return None
-            return None
+            item = self.inbox.recv(timeout, self._watch)
         finally:
             with self._lock:
                 self._waiters.discard(me)
+        if isinstance(item, _native.Input.Notice):
+            return self._notice_for(item)
+        return item
+
+    def drain(self) -> list:
+        """Every input still queued, without waiting, even once closed (what arrived
+        before the stop), converted as :meth:`receive` does."""
+        return [
+            self._notice_for(item) if isinstance(item, _native.Input.Notice) else item
+            for item in self.inbox.drain()
+        ]
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[Notice]:
+        """The next notice, or None after ``timeout`` seconds or once closed (a
+        watcher's sources carry nothing else)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            item = self.receive(left)
+            if item is None or isinstance(item, _native.Input.Stop):
+                return None
+            if isinstance(item, Notice):
+                return item
 
     def _waiting_threads(self) -> list:
         with self._lock:
@@ -227,23 +239,18 @@ class NoticeSources:
                 return
             self._stop_polling.wait(max(0.0, WATCHER_FN_INTERVAL - took))
 
-    def _notice_for(self, woke: int) -> Optional[Notice]:
-        if woke > 0:
+    def _notice_for(self, item: Any) -> Notice:
+        """A posted ``Input.Notice`` as a :class:`Notice`: a signal is named, and its
+        deadline is where the scheduler says (``_platform.signal_deadline``)."""
+        if item.signal is not None:
             return Notice(
-                f"signal {signal_name(woke)}", _platform.signal_deadline(self._env, time.time())
+                f"signal {signal_name(item.signal)}", _platform.signal_deadline(self._env, item.at)
             )
-        with self._lock:
-            manual, self._manual = self._manual, None
-        if manual is not None:
-            return manual
-        if self._metadata is not None:
-            found = self._metadata.notice
-            if found is not None:
-                return Notice(found[0], found[1])
-        return None
+        return Notice(item.source, item.deadline)
 
     def close(self, join: bool = True) -> None:
-        """Stops the metadata probes and restores the signal handlers. Idempotent.
+        """Stops the inbox (every receive returns ``Input.Stop``), the metadata probes
+        and the watcher-fn poller, and restores the signal handlers. Idempotent.
 
         ``join=False`` (``__del__``, interpreter exit) does not wait for the
         watcher-fn thread and starts nothing.
@@ -255,6 +262,7 @@ class NoticeSources:
         with _open_sources_lock:
             _open_sources.discard(self)
         self._stop_polling.set()
+        self.inbox.stop()
         self._watch.close()
         if self._metadata is not None:
             self._metadata.close()

@@ -187,7 +187,8 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         #: durations. Simulations substitute a virtual one; waits for peers stay real.
         self._clock: Callable[[], float] = time.monotonic
         self._closed = False
-        self._notice_thread: Optional[threading.Thread] = None
+        #: The protocol driver's thread (``_driver.ProtocolDriver._drive``).
+        self._driver_thread: Optional[threading.Thread] = None
         self._peer_thread: Optional[threading.Thread] = None
         self._sources: Optional[_sources.NoticeSources] = None
         self._closing = threading.Event()
@@ -196,7 +197,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._successor: Optional[weakref.ref] = None
         #: An error a background thread of this handler met; raised by the next run().
         self._thread_error: Optional[BaseException] = None
-        #: Notices the notice thread has finished with (acted on, absorbed or handed on).
+        #: Notices the driver has finished with (acted on, absorbed, handed on or dropped at close).
         self._notices_handled = 0
 
         _errors.module()

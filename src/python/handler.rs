@@ -80,7 +80,7 @@ pub enum SaveAction {
     Countdown,
 }
 
-fn round_from_key(key: &str) -> PyResult<Round> {
+pub(crate) fn round_from_key(key: &str) -> PyResult<Round> {
     match key {
         k if k == Round::Initial.key() => Ok(Round::Initial),
         k if k == Round::Final.key() => Ok(Round::Final),

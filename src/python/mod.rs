@@ -3,7 +3,8 @@
 //! | file | exposes |
 //! | --- | --- |
 //! | `handler.rs` | `HandlerCore`, the native base of `PreemptionCheckpointHandler`: `run()`'s hot path and the step resolver |
-//! | `signals.rs` | `SignalWatch`: signals from any thread, chained; its wait releases the GIL |
+//! | `inbox.rs` | `Inbox` and `Input`: the protocol driver's inputs in one place; its receive releases the GIL |
+//! | `signals.rs` | `SignalWatch`: signals from any thread, chained, posted into an `Inbox`; its wait releases the GIL |
 //! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `failure.rs` | the worker/PS failure classifier |
@@ -25,6 +26,7 @@ use pyo3::prelude::*;
 mod closure_queue;
 mod failure;
 mod handler;
+mod inbox;
 mod signals;
 mod sources;
 mod store;
@@ -170,6 +172,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::SaveAction>()?;
     handler::add_run(m.py())?;
     signals::register(m)?;
+    inbox::register(m)?;
     m.add_class::<store::KeyValueStore>()?;
     closure_queue::register(m)?;
     failure::register(m)?;

@@ -7,8 +7,10 @@ use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::inbox::{unix_now, PyInbox};
 use super::{deadline_after, wait_sliced};
-use crate::termination::{Role, SignalWatch, Wake};
+use crate::inbox::Origin;
+use crate::termination::{Role, SignalWatch, Sink, Wake};
 
 /// Watches signals for one handler; `wait` releases the GIL.
 #[pyclass(frozen, name = "SignalWatch", module = "tf_failure_handling._native")]
@@ -42,18 +44,39 @@ impl PySignalWatch {
     pub(crate) fn watch(&self) -> PyResult<Arc<SignalWatch>> {
         self.inner()
     }
+
+    /// The core watch and its "warned once" flag, for an `Inbox.recv` that
+    /// checks for displacement between slices; None once closed.
+    pub(crate) fn displacement(&self) -> Option<(Arc<SignalWatch>, Arc<AtomicBool>)> {
+        let watch = self.inner.lock().clone()?;
+        Some((watch, Arc::clone(&self.displaced_warned)))
+    }
 }
 
 #[pymethods]
 impl PySignalWatch {
     /// Installs handlers for `signals` from any thread. An `owner` (a
     /// handler) holds back the previously installed handlers while it lives;
-    /// an observer (a watcher) chains them.
+    /// an observer (a watcher) chains them. With `inbox`, the signal
+    /// dispatcher posts every delivery into it at once (as an
+    /// `Input.Notice` with the signal's number), without the GIL.
     #[new]
-    #[pyo3(signature = (signals, owner=false))]
-    fn new(signals: Vec<i32>, owner: bool) -> PyResult<Self> {
+    #[pyo3(signature = (signals, owner=false, inbox=None))]
+    fn new(signals: Vec<i32>, owner: bool, inbox: Option<&Bound<'_, PyInbox>>) -> PyResult<Self> {
         let role = if owner { Role::Owner } else { Role::Observer };
-        let watch = SignalWatch::new(&signals, role).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let watch = match inbox {
+            None => SignalWatch::new(&signals, role),
+            Some(inbox) => {
+                let poster = inbox.get().poster();
+                let sink: Sink = Box::new(move |signal| {
+                    // Refused only once the inbox is stopped (nobody reads
+                    // it) or full (the resolver would absorb it).
+                    let _ = poster.notice(Origin::Signal(signal), unix_now(), None);
+                });
+                SignalWatch::with_sink(&signals, role, sink)
+            }
+        }
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(PySignalWatch {
             inner: Mutex::new(Some(Arc::new(watch))),
             displaced_warned: Arc::new(AtomicBool::new(false)),
@@ -130,7 +153,7 @@ impl PySignalWatch {
     }
 }
 
-fn warn_displaced(signals: &[i32]) {
+pub(crate) fn warn_displaced(signals: &[i32]) {
     let names: Vec<String> = signals.iter().map(|s| format!("signal {s}")).collect();
     log::warn!(
         target: "tf_failure_handling",

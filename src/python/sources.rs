@@ -2,10 +2,12 @@
 //!
 //! The polling runs on Rust threads that never touch Python objects; they
 //! reach Python only through `log` (pyo3-log attaches to emit a record) and
-//! through the `wake` callback, which triggers the core
-//! [`crate::termination::SignalWatch`] behind a `SignalWatch` without the
-//! GIL. The watch holds that core weakly: closing the `SignalWatch` still
-//! uninstalls its handlers, and a notice arriving afterwards wakes nobody.
+//! through the `wake` callback, which runs without the GIL: it posts the
+//! notice into an `Inbox` (a handler's or watcher's sources), or triggers
+//! the core [`crate::termination::SignalWatch`] behind a `SignalWatch`. The
+//! latter is held weakly: closing the `SignalWatch` still uninstalls its
+//! handlers, and a notice arriving afterwards wakes nobody. A stopped inbox
+//! refuses the post.
 //!
 //! # Waiting on threads that log
 //!
@@ -31,12 +33,14 @@ use std::sync::{mpsc, Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::inbox::{unix_now, PyInbox};
 use super::signals::PySignalWatch;
 use super::{deadline_after, detach, next_slice};
 use crate::http::BaseUrl;
+use crate::inbox::Origin;
 use crate::sources::{probe, Cloud, MetadataWatch, Notice, Wake, WatchConfig, WatchError, CLOSE_WAIT};
 
 /// Every watch created and not yet dropped, for the `atexit` hook.
@@ -112,21 +116,36 @@ pub struct PyMetadataWatch {
 #[pymethods]
 impl PyMetadataWatch {
     /// Starts polling `base_url` (`http://host[:port]`) as `cloud` (`"gce"`,
-    /// `"aws"`, `"azure"`) at once; the first notice triggers `wake`.
+    /// `"aws"`, `"azure"`) at once. The first notice is posted into `wake`
+    /// when it is an `Inbox` (an `Input.Notice` with the notice's
+    /// description and deadline), or triggers it when it is a `SignalWatch`.
     #[new]
     #[pyo3(signature = (cloud, base_url, wake=None, *, interval=0.5, request_timeout=1.0))]
-    fn new(cloud: &str, base_url: &str, wake: Option<&Bound<'_, PySignalWatch>>, interval: f64, request_timeout: f64) -> PyResult<Self> {
+    fn new(cloud: &str, base_url: &str, wake: Option<&Bound<'_, PyAny>>, interval: f64, request_timeout: f64) -> PyResult<Self> {
         let config = WatchConfig::new(cloud, base_url, interval, request_timeout).map_err(to_py)?;
         let wake = match wake {
-            Some(w) => {
-                let watch = Arc::downgrade(&w.get().watch()?);
-                Some(Box::new(move || {
-                    if let Some(w) = watch.upgrade() {
-                        w.trigger();
-                    }
-                }) as Wake)
-            }
             None => None,
+            Some(w) => {
+                if let Ok(inbox) = w.cast::<PyInbox>() {
+                    let poster = inbox.get().poster();
+                    Some(Box::new(move |notice: &Notice| {
+                        // Refused only once the inbox is stopped: nobody reads it.
+                        let _ = poster.notice(Origin::Source(notice.description.clone()), unix_now(), notice.deadline);
+                    }) as Wake)
+                } else if let Ok(signals) = w.cast::<PySignalWatch>() {
+                    let watch = Arc::downgrade(&signals.get().watch()?);
+                    Some(Box::new(move |_: &Notice| {
+                        if let Some(w) = watch.upgrade() {
+                            w.trigger();
+                        }
+                    }) as Wake)
+                } else {
+                    return Err(PyTypeError::new_err(format!(
+                        "wake must be an Inbox, a SignalWatch or None, got {}",
+                        w.get_type().name()?
+                    )));
+                }
+            }
         };
         let core = Arc::new(MetadataWatch::start(&config, wake).map_err(to_py)?);
         let mut live = LIVE.lock();

@@ -69,8 +69,9 @@
 //! [`MetadataWatch`] runs one thread per poller (two for GCE, so each
 //! endpoint sees a change within one long poll or one interval), executes
 //! the actions with [`http::Client`](crate::http::Client), and keeps the first notice, sticky.
-//! The first notice also calls the `wake` callback (the Python binding
-//! triggers a [`crate::termination::SignalWatch`] with it) and ends polling:
+//! The first notice also calls the `wake` callback with it (the Python
+//! binding posts it into the handler's [`crate::inbox::Inbox`], or triggers
+//! a [`crate::termination::SignalWatch`]) and ends polling:
 //! nothing a later answer says can change what the handler does. Every
 //! request is bounded by its timeout and, through the stop flag, by
 //! [`MetadataWatch::close`], which returns within about

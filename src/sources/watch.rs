@@ -61,9 +61,10 @@ struct Found {
     rebalance: Option<f64>,
 }
 
-/// A callback run once, on the polling thread, when the first notice
-/// arrives.
-pub type Wake = Box<dyn Fn() + Send + Sync>;
+/// A callback run once, on the polling thread, with the first notice (the
+/// binding posts it into the handler's [`crate::inbox::Inbox`]). It must
+/// not block.
+pub type Wake = Box<dyn Fn(&Notice) + Send + Sync>;
 
 struct Shared {
     cloud: Cloud,
@@ -140,7 +141,7 @@ impl Shared {
                     // the `SignalWatch` next. Logging last: it may wait for
                     // the GIL.
                     if let Some(wake) = &self.wake {
-                        wake();
+                        wake(&notice);
                     }
                     self.noticed.notify_all();
                     self.halt();

@@ -85,7 +85,7 @@ fn aws_watch_sees_a_notice_wakes_once_and_stops_polling() {
     let watch = start(
         "aws",
         &base,
-        Some(Box::new(move || {
+        Some(Box::new(move |_: &Notice| {
             w.fetch_add(1, Ordering::SeqCst);
         })),
     );

@@ -1,0 +1,170 @@
+"""The protocol driver's inbox: every input arrives in one place and none is lost.
+
+``_native.Inbox`` (``src/inbox.rs``) carries the notices of every source, the step keys
+the reader posts, a reader's failure and the stop of ``close()``; one driver loop
+(``_driver.ProtocolDriver._drive``) takes them. The outcomes that count as success:
+
+* the binding keeps the inbox's contract (order, stop, drain, timeouts, a failure's
+  exception object intact);
+* a notice, a step key and a stop that arrive together are all dealt with: the step
+  key is acknowledged, the notices are counted as handled (not claimed: the handler is
+  closing), and the driver ends;
+* an acknowledgement is never queued behind a claim's retries: with the claim failing
+  until the test lets it through, the acknowledgement is written first.
+
+No verdict depends on timing: the driver is held inside a call, or the claim fails,
+until the test has posted what it needs; timeouts only turn a hang into a failure.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from tf_failure_handling import TerminationConfig, _driver, _errors, _native, testing
+
+from .conftest import HANG, wait_until
+
+CLUSTER = {"worker": ["localhost:0", "localhost:1"]}
+ACK_0 = "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0"
+
+
+# ------------------------------------------------------------ the binding
+
+
+def test_inbox_order_stop_and_drain_through_the_binding():
+    inbox = _native.Inbox()
+    assert inbox.recv(0) is None, "an empty inbox answers a zero timeout with None"
+    assert inbox.post_notice("a metadata service", 123.0)
+    assert inbox.post_step_key("RUN_TO_CHECKPOINT", "7")
+    error = _errors.make("UnavailableError", "the service is gone")
+    assert inbox.post_key_read_failed("LAST_RUN_TO_CHECKPOINT", error)
+
+    first = inbox.recv(0)  # queued inputs are served even with no time left
+    assert isinstance(first, _native.Input.StepKey)
+    assert (first.round_key, first.value) == ("RUN_TO_CHECKPOINT", "7")
+    second = inbox.recv(HANG)
+    assert isinstance(second, _native.Input.KeyReadFailed)
+    assert second.round_key == "LAST_RUN_TO_CHECKPOINT"
+    assert second.error is error, "the exception object (TF's type) reaches the driver"
+    third = inbox.recv(HANG)
+    assert isinstance(third, _native.Input.Notice)
+    assert (third.source, third.signal, third.deadline) == ("a metadata service", None, 123.0)
+
+    with pytest.raises(ValueError, match="not a step key"):
+        inbox.post_step_key("SOME_KEY", "1")
+
+    assert inbox.post_notice("before the stop")
+    inbox.stop()
+    assert inbox.stopped
+    assert isinstance(inbox.recv(), _native.Input.Stop), "stop wins and never blocks"
+    assert isinstance(inbox.recv(), _native.Input.Stop), "stop is sticky"
+    assert not inbox.post_notice("after the stop")
+    assert not inbox.post_step_key("RUN_TO_CHECKPOINT", "8")
+    left = inbox.drain()
+    assert [type(i) for i in left] == [_native.Input.Notice]
+    assert left[0].source == "before the stop"
+
+
+def test_stop_from_another_thread_wakes_a_blocked_receive():
+    inbox = _native.Inbox()
+    got = []
+    receiver = threading.Thread(target=lambda: got.append(inbox.recv()))
+    receiver.start()
+    inbox.stop()
+    receiver.join(HANG)
+    assert not receiver.is_alive(), "stop did not wake the receive"
+    assert isinstance(got[0], _native.Input.Stop)
+
+
+# ------------------------------------------------------------ the driver
+
+
+class GatedService(testing.InMemoryCoordinationService):
+    """Sets of ``key`` wait at a gate (``hold``) or fail (``fail``) until released."""
+
+    def __init__(self, key: str, mode: str) -> None:
+        super().__init__()
+        self.key, self.mode = key, mode
+        self.entered = threading.Event()
+        self.released = threading.Event()
+        self.writes: list = []  # successful sets, in order
+        self.failures = 0
+
+    def set_config_key_value(self, key: str, value: str) -> None:
+        if key == self.key and not self.released.is_set():
+            self.entered.set()
+            if self.mode == "hold":
+                assert self.released.wait(HANG), "the test never released the gate"
+            else:
+                self.failures += 1
+                raise _errors.make("UnavailableError", f"{key} fails until released")
+        super().set_config_key_value(key, value)
+        self.writes.append(key)
+
+
+def _worker_0(make_handler, tmp_path, service):
+    """Worker 0 of 2 on ``service``, with bounds far beyond the test's length."""
+    config = TerminationConfig(exit_fn=lambda: None, peer_timeout=HANG * 10)
+    resolver = testing.SimpleClusterResolver(CLUSTER, "worker", 0)
+    with testing.use_coordination_service(service):
+        return make_handler(
+            testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt", config, resolver
+        )
+
+
+@pytest.mark.timeout(120)
+def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_handler, tmp_path):
+    service = GatedService("TERMINATED_WORKER", "hold")
+    h = _worker_0(make_handler, tmp_path, service)
+    driver = h._driver_thread
+
+    # The driver takes a first notice and is held inside its claim...
+    h._notify_termination()
+    assert service.entered.wait(HANG), "the claim never started"
+    # ...while a second notice, a step key (as the reader posts it) and the stop of
+    # close() arrive together.
+    h._notify_termination()
+    assert h._sources.inbox.post_step_key("RUN_TO_CHECKPOINT", "7")
+    closer = threading.Thread(target=h.close)
+    closer.start()
+    wait_until(lambda: h._sources.inbox.stopped, what="close() to stop the inbox")
+    service.released.set()
+    closer.join(HANG)
+    assert not closer.is_alive() and not driver.is_alive(), "the driver did not end"
+
+    # The step key was taken by the resolver and acknowledged on the way out: a
+    # leader waiting for it does not have to wait out its peer timeout.
+    assert h._core_state()["agreed_step"] == 7
+    assert service.value(ACK_0) == "1"
+    # The claim in progress completed (it was already in flight); both notices are
+    # accounted for, and nothing was announced or claimed after the stop.
+    assert service.value("TERMINATED_WORKER") == "0"
+    assert h._notices_handled == 2
+    assert service.value(_driver.PREEMPTION_NOTICE_KEY) is None
+    assert h._thread_error is None
+
+
+@pytest.mark.timeout(120)
+def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(
+    make_handler, tmp_path, monkeypatch
+):
+    # The claim fails until the test lets it through; the bound must not end it first.
+    monkeypatch.setattr(_driver, "TRANSIENT_FAILURE_WINDOW", HANG * 10)
+    service = GatedService("TERMINATED_WORKER", "fail")
+    h = _worker_0(make_handler, tmp_path, service)
+
+    h._notify_termination()
+    assert service.entered.wait(HANG), "the claim never started"
+    # A leader (worker 1) published while this worker's claim is being retried.
+    assert h._sources.inbox.post_step_key("RUN_TO_CHECKPOINT", "5")
+    wait_until(lambda: service.value(ACK_0) == "1", what="the acknowledgement")
+    assert "TERMINATED_WORKER" not in service.writes, "the claim was let through early"
+    assert service.failures >= 1
+
+    service.released.set()
+    wait_until(lambda: h._notices_handled == 1, what="the claim to finish")
+    assert service.writes[:2] == [ACK_0, "TERMINATED_WORKER"], service.writes
+    assert h._thread_error is None
+    # The agreed step came from the leader: this worker follows it, whatever its claim.
+    assert h._core_state()["agreed_step"] == 5
