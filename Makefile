@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
-DEPS := "tensorflow-cpu==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff
+DEPS := "tensorflow-cpu==2.21.*" "tf-keras==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff
 
 .PHONY: demo test test-rust test-python lint build build-release bench reliability clean
 
