@@ -8,6 +8,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 DEPS := "tensorflow-cpu==2.21.*" "tf-keras==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff
+# orbit (tests/integration/test_orbit.py) ships only inside tf-models-official, whose
+# dependencies pin tensorflow~=2.20 and would replace TF 2.21: installed without them
+# (orbit itself needs only tensorflow, tf-keras, absl and numpy, all above).
+NO_DEPS := "tf-models-official==2.20.*"
 
 .PHONY: demo test test-rust test-python lint build build-release bench reliability clean
 
@@ -15,6 +19,7 @@ $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(DEPS)
+	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $(STAMP)
 
 build: $(STAMP)
