@@ -56,8 +56,10 @@ class OrbitProcess(KerasCluster):
     def signal_at(self, step: int) -> None:
         """Waits for the ``reached`` event of ``step``; sends SIGTERM."""
         self.wait_until(
-            lambda: any(e["step"] == step for e in self.events(0, "reached"))
-            or self.procs[0].poll() is not None,
+            lambda: (
+                any(e["step"] == step for e in self.events(0, "reached"))
+                or self.procs[0].poll() is not None
+            ),
             HANG,
             f"the process to reach step {step}",
         )
@@ -110,9 +112,7 @@ def test_sigterm_saves_at_the_global_step_exits_42_and_the_restart_restores(
 
 
 @pytest.mark.timeout(240)
-def test_keep_running_after_save_saves_once_and_absorbs_a_second_sigterm(
-    orbit_process, reference
-):
+def test_keep_running_after_save_saves_once_and_absorbs_a_second_sigterm(orbit_process, reference):
     process = orbit_process("keep-running", "--keep-running-after-save", "--hold-at", "4,8")
     process.start()
     process.signal_at(4)
