@@ -54,6 +54,7 @@ bench: build-release
 	$(PY) benches/bench_coordinator.py
 	$(PY) benches/bench_classify.py
 	$(PY) benches/bench_notice.py
+	$(PY) benches/bench_patch.py
 
 # The long mode of the fault-injection trials (tests/reliability): 10,000 simulated
 # trials and 6 real-process trials of each of 4 kinds, then the table the README's Reliability section shows.
