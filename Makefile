@@ -7,7 +7,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
-DEPS := "tensorflow-cpu==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff
+DEPS := "tensorflow-cpu==2.21.*" "tf-keras==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff
+# orbit (tests/integration/test_orbit.py) ships only inside tf-models-official, whose
+# dependencies pin tensorflow~=2.20 and would replace TF 2.21: installed without them
+# (orbit itself needs only tensorflow, tf-keras, absl and numpy, all above).
+NO_DEPS := "tf-models-official==2.20.*"
 
 .PHONY: demo test test-rust test-python lint build build-release bench reliability clean
 
@@ -15,6 +19,7 @@ $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(DEPS)
+	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $(STAMP)
 
 build: $(STAMP)
@@ -49,6 +54,7 @@ bench: build-release
 	$(PY) benches/bench_coordinator.py
 	$(PY) benches/bench_classify.py
 	$(PY) benches/bench_notice.py
+	$(PY) benches/bench_patch.py
 
 # The long mode of the fault-injection trials (tests/reliability): 10,000 simulated
 # trials and 6 real-process trials of each of 4 kinds, then the table the README's Reliability section shows.

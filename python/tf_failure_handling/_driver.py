@@ -143,8 +143,10 @@ class ProtocolDriver:
             self._save_checkpoint_at(action.round_key, action.step, args, kwargs)
 
     def _check_before_step(self, args: tuple, kwargs: Optional[dict]) -> None:
+        """The check before a step of ``run()`` or ``save_checkpoint_if_preempted``, which
+        recorded the step's start themselves."""
         try:
-            self._check_preemption_and_maybe_checkpoint(*args, **(kwargs or {}))
+            self._act_before_step(args, kwargs or {})
         finally:
             self._core_after_check()
 

@@ -234,8 +234,6 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
             self._is_chief,
             self._membership.task_id,
         )
-        self._read_checkpoint_manager = self._checkpoints.read
-        self._write_checkpoint_manager = self._checkpoints.write
         self._api_made_checkpoint_manager = self._checkpoints.api_made
         self._checkpointed_runs = self._checkpoints.counter
 
@@ -330,9 +328,39 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
     # ------------------------------------------- hooks other libraries call
 
     def _check_preemption_and_maybe_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        """Acts on a notice or an agreed step before the next step (tf_keras and orbit call
-        this); the arguments go to the checkpoint manager's ``save``."""
-        self._act_before_step(args, kwargs)
+        """Acts on a notice or an agreed step before the next step; the arguments go to
+        the checkpoint manager's ``save``.
+
+        For libraries that count their own steps instead of calling :meth:`run`:
+        tf_keras' ``BackupAndRestore(save_before_preemption=True)`` does
+        ``_run_counter += 1`` and then calls this once per batch. As with ``run()``,
+        the time between two calls (less any save or agreement) is a step time for the
+        grace period's plan.
+        """
+        self._core_begin_step()
+        try:
+            self._act_before_step(args, kwargs)
+        finally:
+            self._core_after_check()
+
+    @property
+    def _read_checkpoint_manager(self) -> Any:
+        """The manager restored from at construction (TF's attribute; tf_keras assigns
+        its own after construction, as TF's handler allows)."""
+        return self._checkpoints.read
+
+    @_read_checkpoint_manager.setter
+    def _read_checkpoint_manager(self, manager: Any) -> None:
+        self._checkpoints.read = manager
+
+    @property
+    def _write_checkpoint_manager(self) -> Any:
+        """The manager a preemption save goes through (TF's attribute; assignable)."""
+        return self._checkpoints.write
+
+    @_write_checkpoint_manager.setter
+    def _write_checkpoint_manager(self, manager: Any) -> None:
+        self._checkpoints.write = manager
 
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Saves now, recording the run count (TF's private method of this name)."""
