@@ -224,7 +224,8 @@ def report_errors(call: FitCall, report: Callable[[BaseException, str], None]) -
 
     for name in ("on_epoch_begin", "on_epoch_end"):
         hook = getattr(callbacks, name)
-        setattr(callbacks, name, _marked(_reporting(hook, report, f"a callback's {name}"), hook, call))
+        wrapper = _reporting(hook, report, f"a callback's {name}")
+        setattr(callbacks, name, _marked(wrapper, hook, call))
         call.undo.append(functools.partial(_restore_attribute, callbacks, name, hook))
 
     evaluate = model.evaluate
@@ -319,4 +320,3 @@ def _restore_attribute(obj: Any, name: str, original: Any) -> None:
 def steps_per_execution(model: Any) -> int:
     """Steps per ``train_function`` call (``Trainer.steps_per_execution``, public)."""
     return int(getattr(model, "steps_per_execution", 1) or 1)
-

@@ -141,9 +141,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
 
     When ``fit`` starts, the latest checkpoint in ``checkpoint_dir`` (if any) is restored
     and ``fit`` continues at its epoch and batch: the first epoch runs its remaining
-    batches only, so the restarted run and the interrupted one together make E×S
-    optimizer steps. When ``fit`` completes, the checkpoint is deleted (as Keras'
-    ``BackupAndRestore`` does), so a later ``fit`` starts afresh.
+    batches only, so the restarted run and the interrupted one together make
+    ``epochs * steps_per_epoch`` optimizer steps. When ``fit`` completes, the checkpoint
+    is deleted (as Keras' ``BackupAndRestore`` does), so a later ``fit`` starts afresh.
 
     With ``steps_per_epoch=None`` the epoch's length is the input's: when Keras knows
     it up front (arrays, a dataset of known cardinality) the resumed epoch runs its

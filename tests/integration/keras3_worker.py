@@ -43,7 +43,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mwms_worker import emit, require_loopback, tf_config  # noqa: E402
+from mwms_worker import emit, require_loopback, tf_config
 
 IN_FEATURES = 4
 OUT_FEATURES = 2
@@ -100,9 +100,11 @@ def work_around_keras_mwms_defects(model, strategy) -> None:
                 data_batch = next(distributed)
                 break
         local = tf.nest.map_structure(
-            lambda v: strategy.experimental_local_results(v)[0]
-            if isinstance(v, tf.distribute.DistributedValues)
-            else v,
+            lambda v: (
+                strategy.experimental_local_results(v)[0]
+                if isinstance(v, tf.distribute.DistributedValues)
+                else v
+            ),
             data_batch,
         )
         with strategy.scope():
@@ -119,9 +121,11 @@ def work_around_keras_mwms_defects(model, strategy) -> None:
             strategy_
         ):
             return tf.nest.map_structure(
-                lambda v: strategy_.reduce("MEAN", v, axis=None)
-                if isinstance(v, tf.distribute.DistributedValues)
-                else v,
+                lambda v: (
+                    strategy_.reduce("MEAN", v, axis=None)
+                    if isinstance(v, tf.distribute.DistributedValues)
+                    else v
+                ),
                 values,
             )
         return shipped(values, strategy_, reduction)
@@ -190,9 +194,7 @@ def build_model(strategy, fail_flag):
                 keras.layers.Dense(OUT_FEATURES, kernel_initializer=kernel),
             ]
         )
-        model.compile(
-            optimizer=keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM), loss="mse"
-        )
+        model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM), loss="mse")
         return model
 
     if strategy is None:

@@ -534,6 +534,6 @@ def test_a_fit_loop_not_on_the_stack_is_named(checkpoints):
     """A Keras whose fit is not TensorFlowTrainer.fit, or calls callbacks elsewhere."""
     callback = checkpoints()
     callback.set_model(make_model())
-    with pytest.raises(MissingKerasInternal, match="TensorFlowTrainer.fit call"):
+    with pytest.raises(MissingKerasInternal, match=r"TensorFlowTrainer\.fit call"):
         callback.on_train_begin()
     assert callback.handler is None
