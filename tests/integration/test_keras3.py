@@ -41,9 +41,7 @@ class KerasCluster(Cluster):
     """``num_workers`` ``keras3_worker.py`` processes (one for ``mirrored``)."""
 
     def __init__(self, workdir, *, mode: str, ckpt_dir, num_workers: int, args=(), **kwargs):
-        super().__init__(
-            workdir, impl="ours", ckpt_dir=ckpt_dir, num_workers=num_workers, **kwargs
-        )
+        super().__init__(workdir, impl="ours", ckpt_dir=ckpt_dir, num_workers=num_workers, **kwargs)
         self.mode = mode
         self.extra_args = [str(a) for a in args]
 
@@ -181,9 +179,7 @@ def restart_and_check(cluster: KerasCluster, saved: dict, reference: list) -> fl
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("target", [0, 1], ids=["chief", "non_chief"])
-def test_mwms_sigterm_saves_at_one_batch_and_fit_resumes_there(
-    target, tmp_path, mwms_reference
-):
+def test_mwms_sigterm_saves_at_one_batch_and_fit_resumes_there(target, tmp_path, mwms_reference):
     require_impl("ours")
     ckpt_dir = tmp_path / "train" / "ckpt"
     preempted = KerasCluster(
@@ -224,7 +220,9 @@ def test_mwms_error_in_one_workers_fit_stops_the_other_while_it_is_alive(kind, t
         failing = cluster.wait_for_event(1, "error", "worker 1's injected error")
         peer = cluster.wait_for_event(0, "error", "worker 0 to stop with an error")
         details = "\n".join(cluster.describe(i) for i in range(2))
-        assert cluster.procs[1].poll() is None, f"worker 1 exited before worker 0 stopped\n{details}"
+        assert cluster.procs[1].poll() is None, (
+            f"worker 1 exited before worker 0 stopped\n{details}"
+        )
         assert not cluster.events(1, "released")
         release.touch()
         codes = cluster.wait(BOUND, "both workers to exit after the error")

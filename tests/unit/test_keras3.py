@@ -471,6 +471,19 @@ def test_report_errors_reports_what_leaves_the_batch_loop_and_epoch_hooks():
         plain_fit(callbacks=[Attach(), FailInBatch()])
     assert [(type(e).__name__, w) for e, w in reports] == [("ArithmeticError", "a training batch")]
 
+    reports.clear()
+
+    class FailInValidation(keras.callbacks.Callback):
+        def on_test_batch_end(self, batch, logs=None):
+            raise FloatingPointError("validation hook")
+
+    with pytest.raises(FloatingPointError):
+        plain_fit(
+            callbacks=[Attach(), FailInValidation()],
+            validation_data=dataset().take(2),
+        )
+    assert [(type(e).__name__, w) for e, w in reports] == [("FloatingPointError", "validation")]
+
 
 def test_end_of_input_passes_through_the_wrapped_train_step(checkpoints):
     """A dataset shorter than steps_per_epoch: Keras' end-of-input handling still works
