@@ -34,12 +34,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+log = logging.getLogger("tf_failure_handling")
+
 #: The Keras release these internals were read from and are tested with.
 TESTED_KERAS = "3.15"
+_warned_version: list = []
 #: How far up the stack the callback hook may be from ``fit`` (CallbackList, wrappers).
 _MAX_FRAMES = 64
 #: Marks the wrappers this module installs, so a later ``fit`` can find and remove them.
@@ -136,11 +140,26 @@ class FitCall:
 def attach(model: Any) -> FitCall:
     """Checks every internal for this ``fit`` of ``model``; call from ``on_train_begin``.
 
-    Returns the call's objects; changes nothing yet. Raises :class:`MissingKerasInternal`
-    naming the first internal this Keras lacks.
+    Returns the call's objects, having changed nothing but the removal of an earlier fit's
+    leftovers (:func:`detach_leftovers`). Raises :class:`MissingKerasInternal` naming the
+    first internal this Keras lacks; logs a warning (once) on an untested Keras release.
     """
-    from keras.src.trainers.epoch_iterator import EpochIterator
+    try:
+        from keras.src.trainers.epoch_iterator import EpochIterator
+    except ImportError as e:
+        raise MissingKerasInternal(
+            "keras.src.trainers.epoch_iterator.EpochIterator", "the class of fit's epoch iterator"
+        ) from e
 
+    version = keras_version()
+    if not version.startswith(TESTED_KERAS + ".") and not _warned_version:
+        _warned_version.append(version)
+        log.warning(
+            "PreemptionCheckpoint is tested with Keras %s; this is Keras %s. The internals it "
+            "uses are checked when fit starts, but their behaviour is untested with it.",
+            TESTED_KERAS,
+            version,
+        )
     detach_leftovers(model)
     found = _fit_locals(model)
     epoch_iterator = found.get("epoch_iterator")

@@ -384,6 +384,16 @@ def test_keras_version_is_the_tested_one():
     assert keras.__version__.startswith(_keras_internals.TESTED_KERAS + "."), keras.__version__
 
 
+def test_an_untested_keras_release_is_warned_about_once(checkpoints, monkeypatch, caplog):
+    monkeypatch.setattr(keras, "__version__", "3.99.0")
+    monkeypatch.setattr(_keras_internals, "_warned_version", [])
+    with caplog.at_level(logging.WARNING, logger="tf_failure_handling"):
+        plain_fit(callbacks=[checkpoints()])
+        plain_fit(callbacks=[checkpoints()])
+    warned = [r.message for r in caplog.records if "this is Keras 3.99.0" in r.message]
+    assert len(warned) == 1, caplog.records
+
+
 def test_attach_finds_the_fit_call_and_detach_undoes_every_change():
     seen = {}
 
