@@ -16,6 +16,7 @@ the error that names it when a Keras version lacks it.
 from __future__ import annotations
 
 import logging
+import pathlib
 import time
 
 import numpy as np
@@ -215,6 +216,32 @@ def test_input_started_at_the_saved_position_reproduces_varying_batches(checkpoi
     )
     assert int(resumed.optimizer.iterations.numpy()) == EPOCHS * STEPS
     assert_same_weights(resumed, reference)
+
+
+@pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")  # fit's default
+def test_the_readme_recipe_runs_as_written(checkpoints, tmp_path):
+    """The README's input-position snippet, executed as written after a preemption."""
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    text = readme.read_text()
+    after = text[text.index("**The input pipeline's position is not saved**") :]
+    start = after.index("```python\n") + len("```python\n")
+    code = after[start : after.index("```", start)]
+    assert "saved_position(ckpt_dir)" in code and ".skip(skip)" in code
+
+    reference = plain_fit(data=dataset(varying=True))
+    position = preempt(checkpoints, make_model(), dataset(varying=True))
+    assert position.epoch * STEPS + position.batch > 0
+    model = make_model()
+    namespace = {
+        "model": model,
+        "dataset": tf.data.Dataset.from_tensor_slices(batches()),
+        "ckpt_dir": str(tmp_path / "train" / "ckpt"),
+        "E": EPOCHS,
+        "S": STEPS,
+    }
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * STEPS
+    assert_same_weights(model, reference)
 
 
 def test_the_same_model_fits_again_in_the_same_process_after_the_exit(checkpoints):
