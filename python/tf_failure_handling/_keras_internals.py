@@ -87,7 +87,11 @@ def require_tensorflow_backend() -> None:
 
 
 def _fit_code() -> Any:
-    """The code object of ``TensorFlowTrainer.fit`` (under its traceback filter)."""
+    """The code object of ``TensorFlowTrainer.fit`` (under its traceback filter).
+
+    Relies on (Keras 3.15, ``keras/src/backend/tensorflow/trainer.py``):
+    ``TensorFlowTrainer.fit`` is the TensorFlow backend's fit loop.
+    """
     try:
         from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
     except ImportError as e:
@@ -107,8 +111,9 @@ def _fit_code() -> Any:
 def _fit_locals(model: Any) -> dict:
     """The locals of the ``TensorFlowTrainer.fit`` call of ``model`` on this thread's stack.
 
-    Relies on: callbacks run synchronously inside ``fit`` (``on_train_begin`` and
-    ``on_epoch_begin`` are never dispatched to another thread).
+    Relies on (Keras 3.15, ``keras/src/backend/tensorflow/trainer.py`` and
+    ``keras/src/callbacks/callback_list.py``): callbacks run synchronously inside ``fit``
+    (``on_train_begin`` and ``on_epoch_begin`` are never dispatched to another thread).
     """
     code = _fit_code()
     frame = sys._getframe(1)
@@ -206,7 +211,8 @@ def _marked(fn: Callable[..., Any], original: Any, owner: Any) -> Callable[..., 
 def wrap_train_function(call: FitCall, step: Callable[[Callable[..., Any], Any], Any]) -> None:
     """Makes fit call ``step(original_train_function, iterator)`` for every step.
 
-    Relies on: fit calls ``self.train_function(iterator)`` (instance attribute, set by
+    Relies on (Keras 3.15, ``keras/src/backend/tensorflow/trainer.py``): fit calls
+    ``self.train_function(iterator)`` (an instance attribute, set by
     ``make_train_function()``, which keeps an existing one).
     """
     model, original = call.model, call.train_function
@@ -222,7 +228,9 @@ def report_errors(call: FitCall, report: Callable[[BaseException, str], None]) -
     """Calls ``report(error, where)`` for an exception that leaves fit's batch loop, a
     callback's epoch hook, or validation, then lets it go on.
 
-    Relies on: the batch loop (data, ``on_train_batch_begin/end``, ``train_function``)
+    Relies on (Keras 3.15, ``keras/src/backend/tensorflow/trainer.py`` and
+    ``keras/src/trainers/epoch_iterator.py``): the batch loop (data,
+    ``on_train_batch_begin/end``, ``train_function``)
     runs inside ``epoch_iterator.catch_stop_iteration()``; fit calls
     ``callbacks.on_epoch_begin/on_epoch_end`` and ``self.evaluate`` for validation.
     """
@@ -267,7 +275,12 @@ def _reporting(
 
 
 def start_at_epoch(call: FitCall, epoch: int) -> None:
-    """Makes this fit start at ``epoch`` (``model._initial_epoch``; read after on_train_begin)."""
+    """Makes this fit start at ``epoch``.
+
+    Relies on (Keras 3.15, ``keras/src/trainers/trainer.py`` and
+    ``keras/src/backend/tensorflow/trainer.py``): fit starts at
+    ``self._initial_epoch or initial_epoch``, read after ``on_train_begin``.
+    """
     model = call.model
     call.initial_epoch_before = model._initial_epoch
     call.initial_epoch_set = True
@@ -284,7 +297,8 @@ def reset_initial_epoch(call: FitCall) -> None:
 def skip_executions(call: FitCall, count: int) -> None:
     """Makes the next epoch of this fit begin after its first ``count`` executions.
 
-    Call from ``on_epoch_begin``: fit then calls ``iter(epoch_iterator)``, which calls
+    Relies on (Keras 3.15, ``keras/src/trainers/epoch_iterator.py``). Call from
+    ``on_epoch_begin``: fit then calls ``iter(epoch_iterator)``, which calls
     ``_enumerate_iterator()`` once; this replaces it, for that one call, with a generator
     that drops the first ``count`` ``(begin_step, end_step, iterator)`` items. No input
     is read for them (the TensorFlow backend's ``train_function`` reads it).

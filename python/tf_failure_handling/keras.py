@@ -131,7 +131,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     ``checkpoint_dir`` is where the chief writes (other workers write to
     ``workertemp_<task_id>`` next to it and delete it before exiting, as TensorFlow's
     handler does); ``termination_config`` is a :class:`~tf_failure_handling.TerminationConfig`
-    (or TF's), passed to the handler. Use one instance per ``fit``::
+    (or TF's), passed to the handler::
 
         with strategy.scope():  # MultiWorkerMirroredStrategy, MirroredStrategy, or none
             model = ...
