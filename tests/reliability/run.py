@@ -58,6 +58,11 @@ HEARTBEAT = 0.5
 STALL_BOUND = 60.0
 #: Bound on the child's exit once it said it was done, and on its thread dump.
 CHILD_EXIT_BOUND = 30.0
+#: Seconds one trial may take in the child before its faulthandler watchdog (a C
+#: thread, which needs no GIL) dumps every thread and ends it: the child ends even
+#: when its parent is gone. Beyond the trial's own bounds (two lives of
+#: ``simulation.CLUSTER_TIMEOUT`` and the joins after a hang).
+CHILD_TRIAL_BOUND = 900.0
 #: The harness's own test: the child stops itself (SIGSTOP) when this seed starts.
 FREEZE_ENV = "TFH_DEBUG_TRIALS_FREEZE_AT_SEED"
 
@@ -196,7 +201,9 @@ def debug_child(start: int, count: int, log_file: str) -> int:
         say(event="start", seed=seed, kind=plan.kind)
         if freeze_at is not None and int(freeze_at) == seed:
             os.kill(os.getpid(), signal.SIGSTOP)  # the harness's own test: a silent child
+        faulthandler.dump_traceback_later(CHILD_TRIAL_BOUND, exit=True)
         result = run_trial(plan)
+        faulthandler.cancel_dump_traceback_later()
         say(event="trial", seed=seed, kind=plan.kind, record=_trial_record(plan, result))
     stop.set()
     say(event="done", records=_NativeCounting.records, native=_NativeCounting.native)

@@ -1055,16 +1055,22 @@ def _names_failed_call(text: str, key: str) -> bool:
     return re.search(pattern, text) is not None
 
 
-#: ``"... failed 3 time(s) over 0.2s"``: how long the driver retried a call before
-#: giving up (rounded to 0.1 s).
-_GAVE_UP = re.compile(r"failed (\d+) time\(s\) over ([\d.]+)s")
+#: ``"Worker 1: claiming ... failed 3 time(s) over 0.2s"``: how long the driver retried
+#: a call before giving up (rounded to 0.1 s). Only the calls it gives up on when their
+#: failures outlast the bound: a leader's reads of acknowledgements also end when the
+#: peer timeout passes, however long they had been failing then.
+_GAVE_UP = re.compile(
+    r"Worker \d+: (?:claiming|publishing|acknowledging|reading (?:LAST_)?RUN_TO_CHECKPOINT\b)"
+    r"[^:]* failed (\d+) time\(s\) over ([\d.]+)s"
+)
 
 
 def _check_retries_lasted_the_bound(plan, results, violations) -> None:
     """Every call the driver gave up on had been retried for the whole bound.
 
-    The driver gives up once a call has failed for longer than its retry bound, which
-    is never shorter than :func:`retry_bound_floor` here; an error saying it gave up
+    The driver gives up on a claim, a publication, an acknowledgement or a peer
+    watcher's read once it has failed for longer than its retry bound, which is
+    never shorter than :func:`retry_bound_floor` here; an error saying it gave up
     sooner means a transient failure was not retried.
     """
     floor = retry_bound_floor(plan)
