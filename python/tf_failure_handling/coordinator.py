@@ -44,7 +44,7 @@ from tensorflow.python.eager import cancellation as _cancellation
 from tensorflow.python.eager import context as _eager_context
 from tensorflow.python.framework import errors as _tf_errors
 
-from . import _failure
+from . import _closures, _failure
 from ._closure_queue import ClosureQueue
 
 log = logging.getLogger("tf_failure_handling")
@@ -217,7 +217,7 @@ class _Cluster(_tf_cc.Cluster):
                 _eager_context.get_server_def(), self, recovery_timeout
             )
         self.workers = [
-            _tf_cc.Worker(i, f"/job:worker/replica:0/task:{i}", self)
+            _closures.Worker(i, f"/job:worker/replica:0/task:{i}", self)
             for i in range(self._num_workers)
         ]
         self.resource_cancellation_mgr = _cancellation.CancellationManager()
@@ -262,6 +262,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         self._strategy = strategy
         self.strategy.extended._used_with_coordinator = True
         self._cluster = _Cluster(strategy, timeout)
+        self._functions = _closures.ConcreteFunctionCache()
         self._has_initialized = True
         log.info(
             "ClusterCoordinator (native queue and classifier): %d workers, %d parameter servers.",
@@ -280,10 +281,51 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
     def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> Any:
         """Schedules ``fn`` on some worker; returns a ``RemoteValue`` (TF's contract).
 
-        Unlike TF, a rejected call (say, a ``RemoteValue`` among the inputs) does
-        not leave the strategy marked as "being scheduled".
+        A call whose arguments have a structure this ``fn`` was scheduled with
+        before reuses the concrete function TF derived then (see
+        ``_closures``); any other call derives it as TF does, under
+        ``strategy.scope()``. Unlike TF, a rejected call (say, a
+        ``RemoteValue`` among the inputs) does not leave the strategy marked
+        as "being scheduled".
         """
-        try:
-            return super().schedule(fn, args=args, kwargs=kwargs)
-        finally:
-            self.strategy.extended._being_scheduled = False
+        cache = self._functions
+        found = _closures.argument_key(args, kwargs)
+        if found is not None:
+            context = _closures.context_key(self._strategy)
+            if context is None:
+                found = None
+            else:
+                key = (found[0], context)
+                entry = cache.lookup(fn, key)
+                if entry is not None:
+                    cluster = self._cluster
+                    queue = cluster.closure_queue
+                    closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
+                    remote_value = closure.build_output_remote_value()
+                    queue.put(closure)
+                    return remote_value
+        if not _closures.is_schedulable(fn):
+            raise TypeError(
+                "`tf.distribute.experimental.coordinator.ClusterCoordinator.schedule`"
+                " only accepts a `tf.function` or a concrete function."
+            )
+        queue = self._cluster.closure_queue
+        extended = self.strategy.extended
+        with self.strategy.scope():
+            extended._being_scheduled = True
+            try:
+                closure = _tf_cc.Closure(fn, queue._cancellation_mgr, args=args, kwargs=kwargs)
+            finally:
+                extended._being_scheduled = False
+        if found is None:
+            cache.uncacheable += 1
+        elif hasattr(closure, "_concrete_function"):
+            _, keep, per_worker = found
+            entry = _closures._Entry(
+                closure._concrete_function, closure._output_type_spec, per_worker, keep
+            )
+            cache.store(fn, key, entry)
+            closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
+        remote_value = closure.build_output_remote_value()
+        queue.put(closure)
+        return remote_value

@@ -1,0 +1,374 @@
+"""The coordinator's closures: the concrete-function cache, the closure, the worker's loop.
+
+What TensorFlow 2.21's ``ClusterCoordinator`` does per closure, and what this
+module does instead:
+
+* ``schedule()`` builds a ``Closure``, whose ``__init__`` checks the arguments
+  for ``RemoteValue``s, selects worker 0's slice of every ``PerWorkerValues``,
+  maps every argument to its type spec (``nest.map_structure`` twice each) and
+  asks the ``tf.function`` for its concrete function
+  (``get_concrete_function``: TF's own argument binding and tracing-cache
+  lookup, under a metric timer), then derives the output type spec from the
+  function's outputs. That is most of the 0.6-1.2 ms a ``schedule()`` costs.
+  Here, :class:`ConcreteFunctionCache` keeps, per ``tf.function``, the concrete
+  function and output spec that TF derived for an argument *structure*; a
+  ``schedule()`` whose arguments have a structure seen before reuses them
+  (:func:`argument_key` builds the key in one walk over the arguments), and
+  any other one goes through TF's ``Closure`` as before and fills the cache.
+* Each worker thread runs ``Closure.execute_on`` (three ``nest`` walks over the
+  arguments, four context managers, one of them a metric timer) and then
+  copies the outputs to the coordinator one ``identity`` op per tensor, under
+  another timer. :class:`Closure` substitutes the per-worker values of
+  top-level arguments directly and copies all output tensors with one
+  ``identity_n`` op; :class:`Worker` runs the failure handling only when a
+  closure raised. TF's metrics (``closure_execution``,
+  ``remote_value_fetch``) are still recorded.
+
+The key. Two ``schedule()`` calls share a cache entry only when TF's
+``get_concrete_function`` would answer both with the same concrete function:
+the key holds, for each argument leaf, what TF's tracing looks at -- dtype
+and shape of an eager tensor, type and value of a Python scalar, the type spec
+object of a ``PerWorkerValues`` (compared by identity: a new ``iter()`` of a
+per-worker dataset makes a new spec and, once, a new entry) -- the containers'
+types, lengths and dict keys, and the tracing context (the eager device
+scope). Anything else (variables, NumPy arrays, composite tensors, a
+``RemoteValue``, graph mode, a SavedModel save) makes the call uncacheable:
+it takes TF's path every time, so TF raises what it raises. A miss costs a
+key more than TF's path; a key that differs where TF's would not only costs a
+miss. Entries keep their spec objects alive, so an ``id`` in a key is never
+reused while the entry exists; each function keeps at most
+:data:`MAX_ENTRIES_PER_FUNCTION`, oldest dropped first, and the cache holds
+functions weakly.
+
+After a worker's recovery TF rebuilds its per-worker resources in place (the
+same ``RemoteValue`` objects, the same specs): cached entries stay valid. The
+cancellation manager is read at every ``schedule()``, as TF does, so closures
+scheduled after an error run under the new manager.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any, Optional
+
+from tensorflow.python.distribute.coordinator import cluster_coordinator as _tf_cc
+from tensorflow.python.distribute.coordinator import coordinator_context as _context
+from tensorflow.python.distribute.coordinator import metric_utils as _metric_utils
+from tensorflow.python.distribute.coordinator import remote_value as _remote_value
+from tensorflow.python.distribute.coordinator import values as _values
+from tensorflow.python.eager import context as _eager_context
+from tensorflow.python.eager import def_function as _def_function
+from tensorflow.python.eager import function as _tf_function
+from tensorflow.python.framework import errors as _tf_errors
+from tensorflow.python.framework import ops as _ops
+from tensorflow.python.ops import array_ops as _array_ops
+from tensorflow.python.platform import tf_logging as _tf_logging
+from tensorflow.python.saved_model import save_context as _save_context
+from tensorflow.python.util import nest as _nest
+
+#: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
+MAX_ENTRIES_PER_FUNCTION = 64
+
+_EagerTensor = _ops.EagerTensor
+#: Python scalars: TF traces on their type and value.
+_SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
+#: ``PerWorkerValues`` classes whose type spec is their first value's (TF's property).
+_PER_WORKER = frozenset({_values.PerWorkerValues, _values.PerWorkerDistributedIterator})
+#: Tensor dtypes whose trace type is more than dtype and shape (handle data).
+_DT_RESOURCE = 20
+_DT_VARIANT = 21
+_READY = _remote_value.RemoteValueStatus.READY
+
+
+class _Uncacheable(Exception):
+    """Raised inside the key walk: this call takes TF's path."""
+
+
+class _KeyBuilder:
+    """One walk over a ``schedule()`` call's arguments (see the module docstring)."""
+
+    __slots__ = ("keep", "nested_per_worker")
+
+    def __init__(self) -> None:
+        self.keep: list = []  # spec objects whose id is in the key
+        self.nested_per_worker = False
+
+    def leaf(self, x: Any, top: bool) -> Any:
+        t = type(x)
+        if t is _EagerTensor:
+            dtype = x._datatype_enum()
+            if dtype == _DT_RESOURCE or dtype == _DT_VARIANT:
+                raise _Uncacheable
+            return (t, dtype, x._shape_tuple())
+        if t in _SCALARS:
+            return (t, x)
+        if t in _PER_WORKER:
+            spec = x._values[0]._type_spec
+            if spec is None:
+                raise _Uncacheable  # TF raises its ValueError
+            self.keep.append(spec)
+            if not top:
+                self.nested_per_worker = True
+            return (t, id(spec))
+        if t is tuple or t is list:
+            return (t, tuple([self.leaf(v, False) for v in x]))
+        if t is dict:
+            return (t, tuple([(k, self.leaf(v, False)) for k, v in x.items()]))
+        if isinstance(x, tuple) and hasattr(t, "_fields"):  # a namedtuple
+            return (t, tuple([self.leaf(v, False) for v in x]))
+        raise _Uncacheable
+
+
+def argument_key(args: Any, kwargs: Any) -> Optional[tuple]:
+    """``(key, keep, per_worker)`` for a ``schedule()`` call, or None if uncacheable.
+
+    ``keep`` holds the objects whose ``id`` is in ``key``; ``per_worker`` says
+    where the ``PerWorkerValues`` are: ``()`` none, a tuple of top-level
+    positions (ints) and keyword names (strs), or None when one is nested in
+    a container (execution then selects the worker's slice TF's way).
+    """
+    if args is None:
+        args = ()
+    if kwargs is None:
+        kwargs = {}
+    if type(args) not in (tuple, list) or type(kwargs) is not dict:
+        return None
+    builder = _KeyBuilder()
+    try:
+        arg_keys = tuple([builder.leaf(a, True) for a in args])
+        kw_keys = tuple([(k, builder.leaf(v, True)) for k, v in kwargs.items()])
+    except _Uncacheable:
+        return None
+    if builder.nested_per_worker:
+        per_worker = None
+    elif builder.keep:
+        per_worker = tuple(i for i, a in enumerate(args) if type(a) in _PER_WORKER) + tuple(
+            k for k, v in kwargs.items() if type(v) in _PER_WORKER
+        )
+    else:
+        per_worker = ()
+    return (type(args), arg_keys, kw_keys), builder.keep, per_worker
+
+
+def context_key(strategy: Any) -> Optional[tuple]:
+    """What of TF's tracing context can differ between two ``schedule()`` calls.
+
+    ``schedule()`` traces under ``strategy.scope()`` in eager mode; the only
+    part of TF's function context left to vary is the eager device scope. In
+    graph mode, inside another strategy's scope or a SavedModel save, None.
+    """
+    if not _eager_context.executing_eagerly() or _save_context.in_save_context():
+        return None
+    stack = _ops.get_default_graph()._distribution_strategy_stack
+    if stack and stack[-1].strategy is not strategy:
+        return None
+    return (_eager_context.context().device_name,)
+
+
+class _Entry:
+    """What TF's ``Closure.__init__`` derives for one argument structure."""
+
+    __slots__ = ("concrete_function", "output_type_spec", "per_worker", "keep")
+
+    def __init__(self, concrete_function, output_type_spec, per_worker, keep) -> None:
+        self.concrete_function = concrete_function
+        self.output_type_spec = output_type_spec
+        self.per_worker = per_worker
+        self.keep = keep
+
+
+class ConcreteFunctionCache:
+    """Concrete functions by ``tf.function`` and argument structure.
+
+    Thread-safe: a lock guards the maps (never held while TF runs). Counts
+    ``hits``, ``misses`` (TF's path, entry stored) and ``uncacheable`` calls.
+    """
+
+    def __init__(self, max_entries_per_function: int = MAX_ENTRIES_PER_FUNCTION) -> None:
+        self._max = max_entries_per_function
+        self._by_function: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.uncacheable = 0
+
+    def lookup(self, fn: Any, key: tuple) -> Optional[_Entry]:
+        try:
+            entries = self._by_function.get(fn)
+        except TypeError:  # not weak-referenceable: never cached
+            return None
+        if entries is None:
+            return None
+        entry = entries.get(key)
+        if entry is not None:
+            self.hits += 1
+        return entry
+
+    def store(self, fn: Any, key: tuple, entry: _Entry) -> None:
+        self.misses += 1
+        with self._lock:
+            try:
+                entries = self._by_function.get(fn)
+                if entries is None:
+                    entries = self._by_function[fn] = {}
+            except TypeError:
+                return
+            entries[key] = entry
+            while len(entries) > self._max:
+                del entries[next(iter(entries))]
+
+    def entries(self, fn: Any) -> int:
+        """How many argument structures of ``fn`` are cached."""
+        entries = self._by_function.get(fn)
+        return 0 if entries is None else len(entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_function.clear()
+
+
+def _metric_cell(name: str) -> Any:
+    """TF's coordinator metric ``name`` (what ``monitored_timer`` adds to), or None."""
+    if not _metric_utils.enable_metrics:
+        return None
+    if not _metric_utils._METRICS_MAPPING:
+        _metric_utils._init()
+    return _metric_utils._METRICS_MAPPING[name].get_cell()
+
+
+class Closure(_tf_cc.Closure):
+    """TF's ``Closure`` built from a cache entry instead of TF's derivation.
+
+    Same attributes (``_args``, ``_kwargs``, ``_concrete_function``,
+    ``_output_type_spec``, ``_function``, ``_output_remote_value_ref``), so
+    everything of TF's that handles closures (the queue's cancellation,
+    ``mark_cancelled``, ``build_output_remote_value``) works unchanged.
+    """
+
+    def __init__(self, entry: _Entry, cancellation_mgr: Any, args: Any, kwargs: Any) -> None:
+        self._args = args or ()
+        self._kwargs = kwargs or {}
+        self._concrete_function = entry.concrete_function
+        self._output_type_spec = entry.output_type_spec
+        self._function = cancellation_mgr.get_cancelable_function(entry.concrete_function)
+        self._output_remote_value_ref = None
+        self._per_worker = entry.per_worker
+
+    def execute_on(self, worker: Any) -> None:
+        """Runs the function on ``worker`` (TF's ``execute_on``, same errors and order)."""
+        per_worker = self._per_worker
+        if per_worker is None:
+            return super().execute_on(worker)
+        args, kwargs = self._args, self._kwargs
+        if per_worker:
+            index = worker.worker_index
+            args = list(args)
+            kwargs = dict(kwargs)
+            slots = []
+            for slot in per_worker:
+                value = (args if type(slot) is int else kwargs)[slot]._values[index]
+                slots.append((slot, value))
+            # TF: the errors of every input first (wrapped), then the values.
+            for _, value in slots:
+                e = value._get_error()
+                if e:
+                    if not isinstance(e, _tf_cc.ClosureInputError):
+                        e = _tf_cc.ClosureInputError(e)
+                    raise e
+            for slot, value in slots:
+                (args if type(slot) is int else kwargs)[slot] = _context.maybe_get_remote_value(
+                    value
+                )
+        with _ops.device(worker.device_name):
+            with _eager_context.executor_scope(worker.executor):
+                with _context.with_dispatch_context(worker):
+                    cell = _metric_cell("closure_execution")
+                    start = time.time()
+                    output_values = self._function(*args, **kwargs)
+                    if cell is not None:
+                        cell.add(time.time() - start)
+        ref = self._output_remote_value_ref
+        remote_value = None if ref is None else ref()
+        if remote_value is not None:
+            remote_value._set_values(output_values)
+        return None
+
+
+def copy_to_local(remote_value: Any) -> None:
+    """``remote_value.get()`` as the worker thread calls it, with one op for all tensors.
+
+    TF copies each output tensor to the coordinator with its own ``identity``
+    op; when every output is a plain eager tensor this copies them all with
+    one ``identity_n`` (same values, same device). Anything else (composite
+    tensors, iterators, resources) takes TF's ``get()``.
+    """
+    values = remote_value._values
+    if remote_value._status is not _READY or remote_value._error is not None or values is None:
+        remote_value.get()
+        return
+    flat = _nest.flatten(values)
+    if not flat or not all(
+        type(t) is _EagerTensor and t._datatype_enum() not in (_DT_RESOURCE, _DT_VARIANT)
+        for t in flat
+    ):
+        remote_value.get()
+        return
+    with remote_value._has_fetched_to_local_lock:
+        if remote_value._has_fetched_to_local:
+            return
+        with _ops.device("/job:%s" % _eager_context.get_server_def().job_name):
+            copied = _array_ops.identity_n(flat)
+        remote_value._fetched_tensors = _nest.pack_sequence_as(values, copied)
+        remote_value._has_fetched_to_local = True
+
+
+class Worker(_tf_cc.Worker):
+    """TF's ``Worker`` whose closure loop enters the failure handling only on a failure.
+
+    TF wraps every closure in ``failure_handler.wait_on_failure(...)`` (a
+    generator context manager and three lambdas) and two metric timers. Here
+    the closure runs bare; if it raises, the error is re-raised inside the
+    same ``wait_on_failure`` with the same callbacks, so retry, recovery and
+    error reporting are TF's.
+    """
+
+    def _process_closure(self, closure: Any) -> None:
+        queue = self._cluster.closure_queue
+        try:
+            try:
+                closure.execute_on(self)
+                ref = closure._output_remote_value_ref
+                remote_value = None if ref is None else ref()
+                if remote_value is not None:
+                    cell = _metric_cell("remote_value_fetch")
+                    start = time.time()
+                    copy_to_local(remote_value)
+                    if cell is not None:
+                        cell.add(time.time() - start)
+                queue.mark_finished()
+            except Exception:
+                with self.failure_handler.wait_on_failure(
+                    on_failure_fn=lambda e: self._on_closure_failure(closure, e),
+                    on_transient_failure_fn=lambda: queue.put_back(closure),
+                    on_recovery_fn=self._on_worker_recovery,
+                    worker_device_name=self.device_name,
+                ):
+                    raise
+        except Exception as e:  # noqa: BLE001 - TF's contract: the closure's error is stored
+            if not isinstance(e, _tf_errors.CancelledError):
+                _tf_logging.error(
+                    " /job:worker/task:%d encountered the following error when "
+                    "processing closure: %r:%s",
+                    self.worker_index,
+                    e,
+                    e,
+                )
+            closure.maybe_call_with_output_remote_value(lambda r: r._set_error(e))
+            queue.mark_failed(e)
+
+
+def is_schedulable(fn: Any) -> bool:
+    """What TF's ``schedule()`` accepts: a ``tf.function`` or a concrete function."""
+    return isinstance(fn, (_def_function.Function, _tf_function.ConcreteFunction))
