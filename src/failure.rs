@@ -692,10 +692,34 @@ impl Memo {
 /// The first error `subject` returns; classification stops there, as TF's
 /// function would stop at the raising `str()` or attribute read.
 pub fn classify<S: Subject>(verdict: Verdict, subject: &mut S) -> Result<bool, S::Error> {
+    let mut memos = [Memo::default(); 2];
+    verdict_with(verdict, subject, &mut memos)
+}
+
+/// Both verdicts for `subject` at once, as the coordinator needs them for a
+/// failed closure: [`Verdict::Ps`] first, then [`Verdict::Worker`], each
+/// exactly as [`classify`] would answer it. The kinds, messages and needle
+/// searches are shared between the two, so each `str()` is asked for and
+/// each needle searched at most once for the pair.
+///
+/// # Errors
+///
+/// The first error `subject` returns (the PS verdict never reads the gate,
+/// so a gate that fails fails after the PS verdict is known).
+pub fn classify_both<S: Subject>(subject: &mut S) -> Result<Classification, S::Error> {
+    let mut memos = [Memo::default(); 2];
+    let ps_failure = verdict_with(Verdict::Ps, subject, &mut memos)?;
+    let worker_failure = verdict_with(Verdict::Worker, subject, &mut memos)?;
+    Ok(Classification {
+        ps_failure,
+        worker_failure,
+    })
+}
+
+fn verdict_with<S: Subject>(verdict: Verdict, subject: &mut S, memos: &mut [Memo; 2]) -> Result<bool, S::Error> {
     let outer = subject.kinds(Stage::Outer)?;
     let unwraps = outer.intersects(Kinds::WRAPPERS);
     // One memo per distinct error: the outer one and, when unwrapping, the inner one.
-    let mut memos = [Memo::default(); 2];
     for rule in RULES.iter().filter(|r| r.verdict == verdict) {
         let (kinds, slot) = if rule.stage == Stage::Unwrapped && unwraps {
             (subject.kinds(Stage::Unwrapped)?, 1)
@@ -779,13 +803,9 @@ pub fn classify_observed(outer: Observed<'_>, inner: Option<Observed<'_>>, handl
         inner,
         handle_unknown_error,
     };
-    let verdict = |v, s: &mut ObservedSubject<'_>| match classify(v, s) {
-        Ok(b) => b,
+    match classify_both(&mut subject) {
+        Ok(both) => both,
         Err(never) => match never {},
-    };
-    Classification {
-        ps_failure: verdict(Verdict::Ps, &mut subject),
-        worker_failure: verdict(Verdict::Worker, &mut subject),
     }
 }
 
@@ -1104,6 +1124,56 @@ mod tests {
         };
         assert_eq!(classify(Verdict::Worker, &mut s), Err(()));
         assert_eq!(s.asked, ["message", "gate"]);
+    }
+
+    #[test]
+    fn failure_classification_both_matches_each_verdict() {
+        // `classify_both` shares its needle searches between the two verdicts;
+        // each verdict must still be what `classify` answers alone.
+        for (i, (outer, msg, inner, env, _, _)) in table().into_iter().enumerate() {
+            let inner = inner.as_ref().map(|(kinds, m)| Observed { kinds: *kinds, message: m });
+            let subject = || ObservedSubject {
+                outer: Observed {
+                    kinds: outer,
+                    message: &msg,
+                },
+                inner,
+                handle_unknown_error: env,
+            };
+            let never = |r: Result<bool, std::convert::Infallible>| match r {
+                Ok(b) => b,
+                Err(never) => match never {},
+            };
+            let want = Classification {
+                ps_failure: never(classify(Verdict::Ps, &mut subject())),
+                worker_failure: never(classify(Verdict::Worker, &mut subject())),
+            };
+            let got = match classify_both(&mut subject()) {
+                Ok(both) => both,
+                Err(never) => match never {},
+            };
+            assert_eq!(got, want, "row {i}: {outer:?} {msg:?} {inner:?} env={env}");
+        }
+    }
+
+    #[test]
+    fn failure_classification_both_of_a_wrapped_worker_error() {
+        // A worker error wrapped in ClosureInputError: both verdicts from the
+        // unwrapped error, and the gate is never read.
+        let mut s = Recording {
+            outer: Kinds::CLOSURE_INPUT,
+            inner: Kinds::UNAVAILABLE,
+            asked: vec![],
+        };
+        let both = classify_both(&mut s);
+        assert_eq!(
+            both,
+            Ok(Classification {
+                ps_failure: false,
+                worker_failure: true,
+            })
+        );
+        assert!(!s.asked.contains(&"gate"), "{:?}", s.asked);
     }
 
     #[test]

@@ -6,6 +6,8 @@ coordinator's worker threads call on every failed closure:
 
 * :func:`is_worker_failure` replaces ``_is_worker_failure(error)``;
 * :func:`is_ps_failure` replaces ``_is_ps_failure(error)``;
+* :func:`classify_failure` answers both in one call, ``(is_ps_failure(e),
+  is_worker_failure(e))``: what the coordinator asks of a failed closure;
 * :func:`extract_failed_ps_instances` replaces ``_extract_failed_ps_instances(err_msg)``;
 * :class:`TransientFailures` replaces ``Cluster``'s transient-failure counters:
   its ``record_and_ignore_transient_ps_failure(e)`` and
@@ -42,11 +44,12 @@ import functools
 from typing import Any
 
 from . import _errors
-from ._native import TransientFailures, is_ps_failure, is_worker_failure
+from ._native import TransientFailures, classify_failure, is_ps_failure, is_worker_failure
 from ._native import failed_ps_instances as extract_failed_ps_instances
 
 __all__ = [
     "TransientFailures",
+    "classify_failure",
     "extract_failed_ps_instances",
     "is_ps_failure",
     "is_worker_failure",

@@ -107,12 +107,16 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         self._recovery_timeout = recovery_timeout
         super().__init__(server_def, cluster)
 
-    def _validate_preemption_failure(self, e: BaseException) -> None:
-        """Returns if ``e`` is a worker failure the coordinator recovers from, else raises it."""
-        if (
-            _failure.is_worker_failure(e)
-            and not self._cluster.closure_queue._cancellation_mgr.is_cancelled
-        ):
+    def _validate_preemption_failure(
+        self, e: BaseException, worker_failure: Optional[bool] = None
+    ) -> None:
+        """Returns if ``e`` is a worker failure the coordinator recovers from, else raises it.
+
+        ``worker_failure`` is ``is_worker_failure(e)`` when already known.
+        """
+        if worker_failure is None:
+            worker_failure = _failure.is_worker_failure(e)
+        if worker_failure and not self._cluster.closure_queue._cancellation_mgr.is_cancelled:
             _metric_utils.monitor_increment_counter("worker_failures")
             return
         raise e
@@ -138,8 +142,10 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
             yield
         except (_tf_errors.OpError, ClosureInputError, ClosureAbortedError, TypeError) as e:
             cluster = self._cluster
+            # Both of TF's questions (_is_ps_failure, _is_worker_failure) in one call.
+            ps_failure, worker_failure = _failure.classify_failure(e)
             if cluster._record_and_ignore_transient_ps_failure(
-                e
+                e, ps_failure=ps_failure
             ) or cluster._record_and_ignore_transient_timeouts(e):
                 log.error(
                     "Remote function on worker %s failed with %r:%s; treated as a transient "
@@ -163,7 +169,7 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
                     on_transient_failure_fn()
                 return
 
-            self._validate_preemption_failure(e)
+            self._validate_preemption_failure(e, worker_failure)
             log.error("Worker %s failed with %r:%s", worker_device_name, e, e)
             if on_failure_fn:
                 on_failure_fn(e)
@@ -222,8 +228,10 @@ class _Cluster(_tf_cc.Cluster):
         ]
         self.resource_cancellation_mgr = _cancellation.CancellationManager()
 
-    def _record_and_ignore_transient_ps_failure(self, e: BaseException) -> bool:
-        return self._transient.record_and_ignore_transient_ps_failure(e)
+    def _record_and_ignore_transient_ps_failure(
+        self, e: BaseException, ps_failure: Optional[bool] = None
+    ) -> bool:
+        return self._transient.record_and_ignore_transient_ps_failure(e, ps_failure=ps_failure)
 
     def _record_and_ignore_transient_timeouts(self, e: BaseException) -> bool:
         return self._transient.record_and_ignore_transient_timeouts(e)
@@ -288,6 +296,12 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         ``RemoteValue`` among the inputs) does not leave the strategy marked
         as "being scheduled".
         """
+        if not _closures.is_schedulable(fn):
+            self.strategy.extended._being_scheduled = False
+            raise TypeError(
+                "`tf.distribute.experimental.coordinator.ClusterCoordinator.schedule`"
+                " only accepts a `tf.function` or a concrete function."
+            )
         cache = self._functions
         found = _closures.argument_key(args, kwargs)
         if found is not None:
@@ -304,11 +318,6 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
                     remote_value = closure.build_output_remote_value()
                     queue.put(closure)
                     return remote_value
-        if not _closures.is_schedulable(fn):
-            raise TypeError(
-                "`tf.distribute.experimental.coordinator.ClusterCoordinator.schedule`"
-                " only accepts a `tf.function` or a concrete function."
-            )
         queue = self._cluster.closure_queue
         extended = self.strategy.extended
         with self.strategy.scope():

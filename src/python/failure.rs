@@ -432,6 +432,34 @@ fn classify(verdict: Verdict, e: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(failed)
 }
 
+/// `(is_ps_failure(e), is_worker_failure(e))` in one call, as the
+/// coordinator's failure handling needs them for a failed closure (TF calls
+/// `_is_ps_failure` and `_is_worker_failure`, each building `str(e)` anew).
+/// The type's facts, the unwrapped error, each message and each needle
+/// search are shared between the two verdicts.
+///
+/// # Errors
+///
+/// What `str(e)` or reading `original_exception` raises, and the
+/// `ValueError` of a malformed `TF_PS_HANDLE_UNKNOWN_ERROR` (read only for
+/// an `UnknownError` that says `Graph execution error`).
+#[pyfunction]
+fn classify_failure<'py>(e: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+    let py = e.py();
+    let classes = classes(py)?;
+    let mut subject = PyError::new(classes, e)?;
+    let both = core::classify_both(&mut subject)?;
+    if both.worker_failure && subject.outer_facts.kinds.contains(ErrorKind::Unknown) {
+        log::info!(
+            target: "tf_failure_handling",
+            "Handling {}: {} as worker failure.",
+            e.get_type(),
+            e.str()?
+        );
+    }
+    PyTuple::new(py, [both.ps_failure, both.worker_failure])
+}
+
 /// Whether `e` means a worker failed: TF 2.21's `_is_worker_failure(error)`
 /// (`cluster_coordinator.py`), same verdict for every error.
 ///
@@ -531,11 +559,22 @@ impl TransientFailures {
     /// `Cluster._record_and_ignore_transient_ps_failure(e)`: whether to ignore
     /// `e` as a transient PS failure. Counts a strike for each PS task it names.
     ///
+    /// `ps_failure`, when given, is `is_ps_failure(e)` already known (from
+    /// [`classify_failure`]); the error is then not classified again.
+    ///
     /// Raises `IndexError` (as TF) when it names a task the cluster lacks.
-    fn record_and_ignore_transient_ps_failure(&self, e: &Bound<'_, PyAny>) -> PyResult<bool> {
+    #[pyo3(signature = (e, *, ps_failure=None))]
+    fn record_and_ignore_transient_ps_failure(&self, e: &Bound<'_, PyAny>, ps_failure: Option<bool>) -> PyResult<bool> {
         // The lock is released before `classify` calls into Python.
         let tolerates = self.state.lock().tolerates_ps_failures();
-        if !tolerates || !classify(Verdict::Ps, e)? {
+        if !tolerates {
+            return Ok(false);
+        }
+        let is_ps = match ps_failure {
+            Some(known) => known,
+            None => classify(Verdict::Ps, e)?,
+        };
+        if !is_ps {
             return Ok(false);
         }
         // TF: `_extract_failed_ps_instances(str(e))`, visited in set order.
@@ -602,6 +641,7 @@ impl TransientFailures {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_worker_failure, m)?)?;
     m.add_function(wrap_pyfunction!(is_ps_failure, m)?)?;
+    m.add_function(wrap_pyfunction!(classify_failure, m)?)?;
     m.add_function(wrap_pyfunction!(failed_ps_instances, m)?)?;
     m.add_class::<TransientFailures>()?;
     Ok(())

@@ -159,6 +159,12 @@ def test_truth_table_matches_tf(tf, handle_unknown_error, name, env):
                 got, want = outcome(ours, error), outcome(theirs, error)
                 if got != want:
                     mismatches.append((ours.__name__, wrapper, message, got, want))
+            # Both verdicts in one call: TF's two functions, PS first.
+            rows += 1
+            got = outcome(_failure.classify_failure, error)
+            want = outcome(lambda e: (tf.cc._is_ps_failure(e), tf.cc._is_worker_failure(e)), error)
+            if got != want:
+                mismatches.append(("classify_failure", wrapper, message, got, want))
     assert not mismatches, f"{len(mismatches)} of {rows} rows differ: {mismatches[:10]}"
 
 
@@ -241,6 +247,7 @@ def test_order_subtleties(tf, handle_unknown_error, build, env, worker, ps):
     e = build(tf)
     assert (tf.cc._is_worker_failure(e), tf.cc._is_ps_failure(e)) == (worker, ps)
     assert (_failure.is_worker_failure(e), _failure.is_ps_failure(e)) == (worker, ps)
+    assert _failure.classify_failure(e) == (ps, worker)
 
 
 def test_handle_unknown_error_is_read_per_call(tf, handle_unknown_error):
@@ -258,6 +265,8 @@ def test_malformed_handle_unknown_error(tf, handle_unknown_error):
         tf.cc._is_worker_failure(graph)
     with pytest.raises(ValueError):
         _failure.is_worker_failure(graph)
+    with pytest.raises(ValueError):
+        _failure.classify_failure(graph)
     worker = tf.errors.UnavailableError(None, None, W)
     with pytest.raises(ValueError):
         tf.cc._is_worker_failure(worker)
