@@ -170,7 +170,7 @@ def context_key(strategy: Any) -> Optional[tuple]:
 class _Entry:
     """What TF's ``Closure.__init__`` derives for one argument structure."""
 
-    __slots__ = ("concrete_function", "output_type_spec", "per_worker", "keep")
+    __slots__ = ("concrete_function", "keep", "output_type_spec", "per_worker")
 
     def __init__(self, concrete_function, output_type_spec, per_worker, keep) -> None:
         self.concrete_function = concrete_function
@@ -318,7 +318,7 @@ def copy_to_local(remote_value: Any) -> None:
     with remote_value._has_fetched_to_local_lock:
         if remote_value._has_fetched_to_local:
             return
-        with _ops.device("/job:%s" % _eager_context.get_server_def().job_name):
+        with _ops.device(f"/job:{_eager_context.get_server_def().job_name}"):
             copied = _array_ops.identity_n(flat)
         remote_value._fetched_tensors = _nest.pack_sequence_as(values, copied)
         remote_value._has_fetched_to_local = True
@@ -365,7 +365,10 @@ class Worker(_tf_cc.Worker):
                     e,
                     e,
                 )
-            closure.maybe_call_with_output_remote_value(lambda r: r._set_error(e))
+            ref = closure._output_remote_value_ref
+            remote_value = None if ref is None else ref()
+            if remote_value is not None:
+                remote_value._set_error(e)
             queue.mark_failed(e)
 
 

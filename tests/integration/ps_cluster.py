@@ -187,14 +187,16 @@ class Proc:
 
 
 class PsCluster:
-    """2 workers + 1 PS (``tf.distribute.Server`` processes) + the coordinator process."""
+    """2 workers (or ``num_workers``) + 1 PS (``tf.distribute.Server`` processes) + the
+    coordinator process."""
 
-    def __init__(self, workdir: Path, *, impl: str, name: str):
+    def __init__(self, workdir: Path, *, impl: str, name: str, num_workers: int = NUM_WORKERS):
         self.workdir = Path(workdir) / name
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.impl = impl
         self.name = name
-        chief, *workers, ps = free_ports(1 + NUM_WORKERS + NUM_PS)
+        self.num_workers = num_workers
+        chief, *workers, ps = free_ports(1 + num_workers + NUM_PS)
         self.ports = {"chief": [chief], "worker": workers, "ps": [ps]}
         self.spec = {
             job: [f"127.0.0.1:{port}" for port in ports] for job, ports in self.ports.items()
@@ -223,7 +225,7 @@ class PsCluster:
 
     def start(self, scenario: str, *coordinator_args) -> PsCluster:
         """Start the servers and the coordinator at once (it waits for the servers)."""
-        for task in range(NUM_WORKERS):
+        for task in range(self.num_workers):
             self.start_server("worker", task)
         for task in range(NUM_PS):
             self.start_server("ps", task)

@@ -25,6 +25,11 @@ Scenarios (``--scenario``):
 * ``error``: ``--closures`` closures, the one at ``--fail-at`` fails an Assert; count
   resolved/cancelled/failed; then ``--after-error`` more closures must work.
 * ``bad_input``: the errors ``schedule``/``ClusterCoordinator`` raise for bad input.
+* ``cache``: one ``tf.function`` scheduled with argument structures that change
+  (dtype, shape, Python values, keyword arguments, a new per-worker iterator) and
+  functions with an ``input_signature`` (compatible shapes, then incompatible
+  arguments): which calls traced, what each closure returned, what each rejected
+  call raised.
 
 Everything the tests need is printed on stdout as ``EVENT {json}`` lines (flushed):
 ``start``, ``servers_up``, ``connected``, ``progress`` (kill), ``summary`` (per phase),
@@ -52,7 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cluster", required=True, help="cluster spec as JSON (127.0.0.1 only)")
     p.add_argument("--impl", choices=("tf", "ours"), default="tf")
-    p.add_argument("--scenario", choices=("basic", "kill", "error", "bad_input"), default="basic")
+    p.add_argument(
+        "--scenario", choices=("basic", "kill", "error", "bad_input", "cache"), default="basic"
+    )
     p.add_argument("--closures", type=int, default=1000)
     p.add_argument("--wave", type=int, default=50, help="kill: closures per wave")
     p.add_argument("--control-dir", default=".", help="kill: where `restarted` appears")
@@ -448,7 +455,100 @@ def run_bad_input(job: Job, args) -> None:
     attempt("schedule_after_bad_input", still_works)
 
 
-SCENARIOS = {"basic": run_basic, "kill": run_kill, "error": run_error, "bad_input": run_bad_input}
+def run_cache(job: Job, args) -> None:
+    """Argument structures that must retrace, and input signatures that must hold."""
+    tf = job.tf
+    v = job.v
+    get_worker_index = job.api["get_worker_index"]
+    coordinator = job.coordinator
+    traces: list[str] = []  # appended while tracing only
+
+    @tf.function
+    def step(iterator, delta, scale):
+        traces.append(f"step {delta.dtype.name if hasattr(delta, 'dtype') else delta!r} {scale}")
+        x = next(iterator)
+        v.assign_add(x)
+        return get_worker_index(), x, delta * scale
+
+    def check(name: str, rvs: list, want) -> None:
+        coordinator.join()
+        got = []
+        for rv in rvs:
+            value = rv.fetch()
+            value = value[2] if isinstance(value, tuple) else value
+            got.append(value.tolist() if hasattr(value, "tolist") else value)
+        emit("check", name=name, raised=None, result=repr(got), want=repr(want))
+
+    # Each structure twice, interleaved, so that a wrong cache hit shows in a result.
+    calls = [
+        ("int64 scalar", (job.iterator, tf.constant(3, tf.int64), 1), {}, 3),
+        ("float32 scalar", (job.iterator, tf.constant(1.5, tf.float32), 1), {}, 1.5),
+        ("int64 vector", (job.iterator, tf.constant([1, 2], tf.int64), 1), {}, [1, 2]),
+        ("python 7", (job.iterator, 7, 1), {}, 7),
+        ("python 8", (job.iterator, 8, 1), {}, 8),
+        ("keyword scale", (job.iterator, tf.constant(3, tf.int64)), {"scale": 2}, 6),
+        ("keyword delta", (job.iterator,), {"delta": tf.constant(4, tf.int64), "scale": 1}, 4),
+    ]
+    for _ in range(2):
+        for name, a, kw, want in calls:
+            check(
+                name, [coordinator.schedule(step, args=a, kwargs=kw) for _ in range(3)], [want] * 3
+            )
+    # A new iterator of the same per-worker dataset: same spec, no new trace.
+    fresh = iter(job.per_worker_dataset)
+    rvs = [coordinator.schedule(step, args=(fresh, tf.constant(5, tf.int64), 1)) for _ in range(4)]
+    coordinator.join()
+    emit(
+        "check",
+        name="fresh iterator",
+        raised=None,
+        result=repr(sorted(int(rv.fetch()[1]) for rv in rvs)[:2]),
+        want=repr([1, 1]),
+    )
+    emit("traces", name="step", traces=traces)
+
+    # Input signatures: one trace for every compatible shape, incompatible calls refused.
+    sig_traces: list[str] = []
+
+    def total(x):
+        sig_traces.append(f"total {x.dtype.name}")
+        return tf.reduce_sum(x) * 2
+
+    total_int = tf.function(total, input_signature=[tf.TensorSpec([None], tf.int64)])
+    total_float = tf.function(total, input_signature=[tf.TensorSpec([None], tf.float32)])
+    for n in (2, 3, 5, 3):
+        x = tf.range(n, dtype=tf.int64)
+        check(f"signature int64 [{n}]", [coordinator.schedule(total_int, args=(x,))], [n * (n - 1)])
+    check(
+        "signature float32 [2]",
+        [coordinator.schedule(total_float, args=(tf.constant([0.5, 1.0]),))],
+        [3.0],
+    )
+    for name, fn, a in (
+        ("signature int64 given float32", total_int, (tf.constant([1.0]),)),
+        ("signature int64 given a matrix", total_int, (tf.constant([[1]], tf.int64),)),
+        ("signature float32 given int64", total_float, (tf.constant([1], tf.int64),)),
+        ("signature int64 given two arguments", total_int, (tf.constant([1], tf.int64), 1)),
+    ):
+        attempt(name, lambda fn=fn, a=a: coordinator.schedule(fn, args=a))
+    check(
+        "signature int64 after refusals",
+        [coordinator.schedule(total_int, args=(tf.constant([4, 5], tf.int64),))],
+        [18],
+    )
+    emit("traces", name="total", traces=sig_traces)
+    cache = getattr(coordinator, "_functions", None)  # tf_failure_handling's only
+    if cache is not None:
+        emit("cache_stats", hits=cache.hits, misses=cache.misses, uncacheable=cache.uncacheable)
+
+
+SCENARIOS = {
+    "basic": run_basic,
+    "kill": run_kill,
+    "error": run_error,
+    "bad_input": run_bad_input,
+    "cache": run_cache,
+}
 
 
 def main(argv=None) -> int:

@@ -260,3 +260,59 @@ def test_bad_input(ps_cluster):
                 f"{got['raised'] or got['result']} {got.get('message', '')}"
             )
     assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- 5
+# What TF 2.21 traces for the `cache` scenario's `step` calls: one concrete function
+# per argument structure; a keyword spelling of a seen structure and a new iterator
+# of the same per-worker dataset trace nothing.
+CACHE_STEP_TRACES = [
+    "step 'int64' 1",
+    "step 'float32' 1",
+    "step 'int64' 1",  # the int64 vector
+    "step 7 1",
+    "step 8 1",
+    "step 'int64' 2",
+]
+CACHE_REFUSALS = [
+    "signature int64 given float32",
+    "signature int64 given a matrix",
+    "signature float32 given int64",
+    "signature int64 given two arguments",
+]
+
+
+@pytest.mark.timeout(150)
+def test_schedule_cache_retraces_and_honours_input_signature(ps_cluster, impl):
+    """Reused concrete functions never answer for a different argument structure.
+
+    Each structure is scheduled in two rounds, interleaved with the others, so a
+    closure run with another structure's concrete function shows in its result.
+    """
+    cluster = ps_cluster("cache").start("cache")
+    cluster.wait_done(CONNECT_TIMEOUT + 60)
+    checks = [e for e in cluster.events("check")]
+    problems = [
+        f"{c['name']}: got {c['result']}, want {c['want']}"
+        for c in checks
+        if c["raised"] is None and c["result"] != c["want"]
+    ]
+    assert not problems, "\n".join(problems) + f"\n{cluster.describe()}"
+    ran = {c["name"] for c in checks if c["raised"] is None}
+    assert {"python 8", "keyword delta", "fresh iterator", "signature int64 [5]"} <= ran, ran
+
+    traces = {e["name"]: e["traces"] for e in cluster.events("traces")}
+    assert traces["step"] == CACHE_STEP_TRACES, traces
+    # One trace per input signature, whatever the shapes that fit it.
+    assert traces["total"] == ["total int64", "total float32"], traces
+
+    refused = {c["name"]: c for c in checks if c["raised"] is not None}
+    assert sorted(refused) == sorted(CACHE_REFUSALS), refused
+    for name, c in refused.items():
+        assert "TypeError" in c["raised_mro"], (name, c)
+        assert "Binding inputs to tf.function" in c["message"], (name, c)
+
+    if impl == "ours":
+        (stats,) = cluster.events("cache_stats")
+        # The checks above ran through cached concrete functions, not only TF's path.
+        assert stats["hits"] >= 20 and stats["misses"] >= len(CACHE_STEP_TRACES), stats

@@ -17,7 +17,6 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_c
 from tensorflow.python.distribute.coordinator import values as tf_values  # noqa: E402
 from tensorflow.python.eager import cancellation  # noqa: E402
 from tensorflow.python.eager import executor as tf_executor  # noqa: E402
-
 from tf_failure_handling import _closures  # noqa: E402
 
 LOCAL_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -223,9 +222,7 @@ def test_closure_runs_each_workers_slice_as_tf_does():
     pw = per_worker(tf.constant(10, tf.int64), tf.constant(20, tf.int64))
     kw = per_worker(tf.constant(100, tf.int64), tf.constant(200, tf.int64))
     for index in (0, 1):
-        ours, theirs = cached_closure(
-            add_worker_index, (pw, tf.constant(1, tf.int64)), {"z": kw}
-        )
+        ours, theirs = cached_closure(add_worker_index, (pw, tf.constant(1, tf.int64)), {"z": kw})
         results = []
         for closure in (ours, theirs):
             rv = closure.build_output_remote_value()
