@@ -457,8 +457,21 @@ fn classify_failure<'py>(e: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>>
             e.str()?
         );
     }
-    PyTuple::new(py, [both.ps_failure, both.worker_failure])
+    let answers = ANSWERS.get_or_try_init(py, || -> PyResult<[Py<PyTuple>; 4]> {
+        let answer = |ps: bool, worker: bool| PyTuple::new(py, [ps, worker]).map(Bound::unbind);
+        Ok([
+            answer(false, false)?,
+            answer(false, true)?,
+            answer(true, false)?,
+            answer(true, true)?,
+        ])
+    })?;
+    let index = usize::from(both.ps_failure) * 2 + usize::from(both.worker_failure);
+    Ok(answers[index].bind(py).clone())
 }
+
+/// The four answers of [`classify_failure`], built once (tuples are immutable).
+static ANSWERS: PyOnceLock<[Py<PyTuple>; 4]> = PyOnceLock::new();
 
 /// Whether `e` means a worker failed: TF 2.21's `_is_worker_failure(error)`
 /// (`cluster_coordinator.py`), same verdict for every error.
