@@ -9,7 +9,9 @@ module does instead:
   asks the ``tf.function`` for its concrete function
   (``get_concrete_function``: TF's own argument binding and tracing-cache
   lookup, under a metric timer), then derives the output type spec from the
-  function's outputs. That is most of the 0.6-1.2 ms a ``schedule()`` costs.
+  function's outputs. That is most of what a ``schedule()`` costs (about
+  0.4-0.5 ms of the calling thread's CPU on the bench's machine, 20-30 times
+  what a cached ``schedule()`` costs; ``benches/bench_coordinator.py``).
   Here, :class:`ConcreteFunctionCache` keeps, per ``tf.function``, the concrete
   function and output spec that TF derived for an argument *structure*; a
   ``schedule()`` whose arguments have a structure seen before reuses them

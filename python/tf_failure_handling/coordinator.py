@@ -249,8 +249,10 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
     Replaces ``tf.distribute.experimental.coordinator.ClusterCoordinator`` (and
     ``tf.distribute.coordinator.ClusterCoordinator``) with the same constructor,
     methods and errors. One coordinator exists per strategy, as in TF. The
-    closure queue and the failure classifier are native; closures, remote
-    values and per-worker resources are TensorFlow's own. Extra keyword-only
+    closure queue and the failure classifier are native; remote values and
+    per-worker resources are TensorFlow's own, and closures are TF's
+    ``Closure`` class, built from a cache of concrete functions when the
+    arguments' structure was seen before (``_closures``). Extra keyword-only
     argument: ``worker_recovery_timeout`` (seconds, default 3600 as TF).
     """
 
