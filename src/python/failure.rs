@@ -161,6 +161,7 @@ impl TypeFacts {
 /// `__getattribute__`/`__getattr__`, `__dict__` where `BaseException` keeps it.
 /// For such a type, an attribute that is not on the class is the instance
 /// dict's entry when it has one.
+#[cfg(not(feature = "abi3"))]
 fn plain_dict(ty: &Bound<'_, PyType>) -> bool {
     // SAFETY: reading plain fields of a live type object.
     let (getattro, dictoffset) = unsafe { ((*ty.as_type_ptr()).tp_getattro, (*ty.as_type_ptr()).tp_dictoffset) };
@@ -169,7 +170,15 @@ fn plain_dict(ty: &Bound<'_, PyType>) -> bool {
         && usize::try_from(dictoffset).ok() == Some(std::mem::offset_of!(ffi::PyBaseExceptionObject, dict))
 }
 
+/// The stable-ABI build (feature `abi3`) cannot read the type's slots: no
+/// instance-dict fast path.
+#[cfg(feature = "abi3")]
+fn plain_dict(_ty: &Bound<'_, PyType>) -> bool {
+    false
+}
+
 /// `obj.__dict__[key]`, for an exception of a [`plain_dict`] type.
+#[cfg(not(feature = "abi3"))]
 fn dict_item<'py>(obj: &Bound<'py, PyAny>, key: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = obj.py();
     // SAFETY: `obj` is an exception of a `plain_dict` type, so its
@@ -186,6 +195,13 @@ fn dict_item<'py>(obj: &Bound<'py, PyAny>, key: &Bound<'py, PyString>) -> PyResu
         }
         Ok(Some(Bound::from_borrowed_ptr(py, item)))
     }
+}
+
+/// Never called: without the type's slots (the stable-ABI build) no type is
+/// [`plain_dict`].
+#[cfg(feature = "abi3")]
+fn dict_item<'py>(_obj: &Bound<'py, PyAny>, _key: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(None)
 }
 
 /// Slots of [`TYPE_CACHE`].
@@ -208,9 +224,17 @@ fn cache_slots(tag: u32) -> [&'static AtomicU64; 2] {
     [&TYPE_CACHE[home], &TYPE_CACHE[(home + 1) % TYPE_CACHE_SLOTS]]
 }
 
+#[cfg(not(feature = "abi3"))]
 fn version_tag(ty: &Bound<'_, PyType>) -> u32 {
     // SAFETY: `ty` is a live type object; reading a plain field of it.
     unsafe { (*ty.as_type_ptr()).tp_version_tag }
+}
+
+/// The stable-ABI build (feature `abi3`) cannot read `tp_version_tag`: tag 0,
+/// never cached.
+#[cfg(feature = "abi3")]
+fn version_tag(_ty: &Bound<'_, PyType>) -> u32 {
+    0
 }
 
 /// The facts of `obj`'s type: cached for exceptions when every class is

@@ -170,7 +170,7 @@ unsafe extern "C-unwind" fn run_fastcall(
         }
         // SAFETY: forwarding our own vectorcall arguments; we own `method`.
         return unsafe {
-            let result = ffi::PyObject_Vectorcall(method, args, 0, kwnames);
+            let result = vectorcall(method, args, 0, kwnames);
             ffi::Py_DECREF(method);
             result
         };
@@ -193,7 +193,7 @@ unsafe extern "C-unwind" fn run_fastcall(
     let positional = (nargs - 1) as usize;
     // SAFETY: `args` holds `nargs` positional arguments followed by the
     // keyword values named by `kwnames`; the first is the function.
-    let result = unsafe { ffi::PyObject_Vectorcall(*args, args.add(1), positional, kwnames) };
+    let result = unsafe { vectorcall(*args, args.add(1), positional, kwnames) };
     if result.is_null() {
         // Only raw pointers live across the Python call below.
         let error = PyErr::fetch(py).into_value(py).into_ptr();
@@ -213,6 +213,90 @@ unsafe extern "C-unwind" fn run_fastcall(
     }
     core.run_counter.fetch_add(1, Ordering::Relaxed);
     result
+}
+
+/// `PyObject_Vectorcall` (a version-specific build).
+///
+/// # Safety
+///
+/// As `PyObject_Vectorcall`: the GIL held, `args` holds `nargs` positional
+/// arguments followed by the values of `kwnames` (a tuple of str, or NULL).
+#[cfg(not(feature = "abi3"))]
+#[inline]
+unsafe fn vectorcall(
+    callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: the caller's contract.
+    unsafe { ffi::PyObject_Vectorcall(callable, args, nargs, kwnames) }
+}
+
+/// `PyObject_Vectorcall` in the stable-ABI build (feature `abi3`): the
+/// stable ABI has it from 3.12 only, so it is looked up in the running
+/// interpreter (3.11 exports it too); on 3.10 the arguments are packed into a
+/// tuple and a dict for `PyObject_Call`.
+///
+/// # Safety
+///
+/// As `PyObject_Vectorcall`: the GIL held, `args` holds `nargs` positional
+/// arguments followed by the values of `kwnames` (a tuple of str, or NULL).
+#[cfg(feature = "abi3")]
+unsafe fn vectorcall(
+    callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    type Vectorcall =
+        unsafe extern "C-unwind" fn(*mut ffi::PyObject, *const *mut ffi::PyObject, usize, *mut ffi::PyObject) -> *mut ffi::PyObject;
+    static FUNCTION: std::sync::OnceLock<Option<Vectorcall>> = std::sync::OnceLock::new();
+    let function = FUNCTION.get_or_init(|| {
+        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name.
+        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"PyObject_Vectorcall".as_ptr()) };
+        // SAFETY: PEP 590's signature, the same in every CPython that exports it.
+        (!symbol.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Vectorcall>(symbol) })
+    });
+    if let Some(f) = function {
+        // SAFETY: the caller's contract.
+        return unsafe { f(callable, args, nargs, kwnames) };
+    }
+    // SAFETY: the caller's contract; every reference created here is released.
+    unsafe {
+        #[allow(clippy::cast_possible_wrap)]
+        let nargs = nargs as ffi::Py_ssize_t;
+        let tuple = ffi::PyTuple_New(nargs);
+        if tuple.is_null() {
+            return std::ptr::null_mut();
+        }
+        for i in 0..nargs {
+            let arg = *args.offset(i);
+            ffi::Py_INCREF(arg);
+            ffi::PyTuple_SetItem(tuple, i, arg);
+        }
+        let mut kwargs = std::ptr::null_mut();
+        if !kwnames.is_null() {
+            kwargs = ffi::PyDict_New();
+            if kwargs.is_null() {
+                ffi::Py_DECREF(tuple);
+                return std::ptr::null_mut();
+            }
+            for i in 0..ffi::PyTuple_Size(kwnames) {
+                if ffi::PyDict_SetItem(kwargs, ffi::PyTuple_GetItem(kwnames, i), *args.offset(nargs + i)) != 0 {
+                    ffi::Py_DECREF(tuple);
+                    ffi::Py_DECREF(kwargs);
+                    return std::ptr::null_mut();
+                }
+            }
+        }
+        let result = ffi::PyObject_Call(callable, tuple, kwargs);
+        ffi::Py_DECREF(tuple);
+        if !kwargs.is_null() {
+            ffi::Py_DECREF(kwargs);
+        }
+        result
+    }
 }
 
 /// A `PyMethodDef` that CPython may point to forever.
