@@ -15,7 +15,7 @@ DEPS := "tensorflow-cpu==2.21.*" "keras==3.15.*" "tf-keras==2.21.*" "maturin>=1.
 # (orbit itself needs only tensorflow, tf-keras, absl and numpy, all above).
 NO_DEPS := "tf-models-official==2.20.*"
 
-.PHONY: demo test test-rust test-python lint build build-release bench reliability clean
+.PHONY: demo test test-rust test-python lint build build-release bench reliability wheel test-compat test-compat-ends clean
 
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -63,5 +63,33 @@ bench: build-release
 reliability: build
 	$(PY) tests/reliability/run.py
 
+# Wheels users install without Rust: one per CPython 3.10-3.13 (version-specific,
+# not abi3: README, Install), built with pyenv's interpreters into dist/.
+PYENV_VERSIONS := $(shell pyenv root 2>/dev/null)/versions
+WHEEL_PYTHONS ?= $(foreach v,3.10 3.11 3.12 3.13,$(lastword $(sort $(wildcard $(PYENV_VERSIONS)/$(v).*/bin/python$(v)))))
+
+# maturin links through zig (pip's ziglang) for manylinux2014 (glibc 2.17, as
+# TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
+ZIG := "ziglang==0.13.*"
+
+wheel: $(STAMP)
+	$(PY) -m pip install --quiet $(ZIG)
+	rm -f dist/tf_failure_handling-*.whl
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/maturin build --quiet --release --zig \
+		--compatibility manylinux2014 --out dist $(addprefix -i ,$(WHEEL_PYTHONS))
+	ls dist/
+
+# The compatibility matrix (tests/compat/run_matrix.py): one virtualenv per
+# TensorFlow x Python combination under .compat/, the wheel from dist/ installed
+# (not editable), the unit tests and a real-TF subset; prints the README's matrix.
+# Long (each new virtualenv downloads TensorFlow): not part of `make test`.
+test-compat: wheel
+	$(PY) tests/compat/run_matrix.py
+
+# The ends of the range only: the oldest TensorFlow on the oldest Python and the
+# newest on the newest.
+test-compat-ends: wheel
+	$(PY) tests/compat/run_matrix.py --ends
+
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) target .compat dist
