@@ -1,11 +1,13 @@
-"""Client side of ``test_real_errors.py``: raises real TensorFlow errors and classifies them.
+"""Client side of ``test_real_errors.py``: the errors TensorFlow's coordinator classifies.
 
-Connects this process's eager context to a cluster of ``tf.distribute.Server``
-processes on 127.0.0.1 (as the chief), runs small ops on remote devices, kills
-servers as told, and for every error TensorFlow raises prints one ``EVENT``
-line with its type, its message and the verdicts of TensorFlow's own
-``_is_worker_failure`` / ``_is_ps_failure`` and of ours, bare and wrapped in
-``ClosureInputError`` / ``ClosureAbortedError`` as the coordinator sees them.
+The chief of a ParameterServerStrategy cluster of ``tf.distribute.Server``
+processes on 127.0.0.1 runs TensorFlow's own ``ClusterCoordinator`` with its
+module functions ``_is_worker_failure`` / ``_is_ps_failure`` wrapped to record
+every error the coordinator asks them about. It runs closures, kills worker 0
+and runs more (worker 1 takes them; worker 0's errors are classified), then
+kills the PS and runs one more (its error ends ``join()``). For every recorded
+error it prints one ``EVENT`` line: the phase, the type, the message, and
+TensorFlow's and our verdicts for both questions.
 
     python real_errors_script.py --cluster '{...}' --worker-pid N --ps-pid M
 """
@@ -17,12 +19,15 @@ import json
 import os
 import signal
 import sys
-import time
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from mwms_worker import emit, poll_until, require_loopback  # noqa: E402
 from ps_cluster import port_open  # noqa: E402
+
+#: Closures per phase: enough that worker 0 is busy when it dies.
+CLOSURES = 40
 
 
 def main() -> int:
@@ -38,30 +43,44 @@ def main() -> int:
     from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
     from tf_failure_handling import _failure
 
-    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster), job_name="chief")
+    recorded: list[tuple[str, BaseException]] = []
+    phase = ["start"]
+    lock = threading.Lock()
 
-    def verdicts(error):
-        return {
-            "tf": [cc._is_worker_failure(error), cc._is_ps_failure(error)],
-            "ours": [_failure.is_worker_failure(error), _failure.is_ps_failure(error)],
-        }
+    def recording(fn):
+        def wrapper(error):
+            with lock:
+                recorded.append((phase[0], error))
+            return fn(error)
 
-    def attempt(label: str, device: str) -> None:
+        return wrapper
+
+    cc._is_worker_failure = recording(tf_worker := cc._is_worker_failure)
+    cc._is_ps_failure = recording(tf_ps := cc._is_ps_failure)
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), rpc_layer="grpc"
+    )
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = cc.ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = tf.Variable(tf.constant(0, tf.int64))
+
+    @tf.function
+    def step():
+        v.assign_add(1)
+        return v.read_value()
+
+    def run_phase(name: str) -> None:
+        phase[0] = name
+        for _ in range(CLOSURES):
+            coordinator.schedule(step)
         try:
-            with tf.device(device):
-                value = (tf.constant(1.0) + 1.0).numpy()
-        except Exception as error:  # noqa: BLE001 - every error TF raises is classified
-            emit(
-                "error",
-                label=label,
-                type=type(error).__name__,
-                message=str(error)[:2000],
-                bare=verdicts(error),
-                input_wrapped=verdicts(cc.ClosureInputError(error)),
-                aborted_wrapped=verdicts(cc.ClosureAbortedError(error)),
-            )
+            coordinator.join()
+        except Exception as error:  # noqa: BLE001 - reported, the test decides
+            emit("join_raised", phase=name, type=type(error).__name__, message=str(error)[:500])
         else:
-            emit("ok", label=label, value=float(value))
+            emit("joined", phase=name)
 
     def kill(pid: int, address: str) -> None:
         os.kill(pid, signal.SIGKILL)
@@ -69,14 +88,27 @@ def main() -> int:
         if not poll_until(lambda: not port_open(port), timeout=60, poll=0.1):
             raise AssertionError(f"{address} still accepts connections 60 s after SIGKILL")
 
-    attempt("live worker", "/job:worker/replica:0/task:0")
-    attempt("no such task", "/job:worker/replica:0/task:7")
+    run_phase("healthy")
     kill(args.worker_pid, cluster["worker"][0])
-    attempt("dead worker", "/job:worker/replica:0/task:0")
+    run_phase("worker killed")
     kill(args.ps_pid, cluster["ps"][0])
-    attempt("dead ps", "/job:ps/replica:0/task:0")
-    emit("done", tf_version=tf.__version__, t_end=time.time())
-    return 0
+    run_phase("ps killed")
+
+    with lock:
+        seen = list(recorded)
+    for name, error in seen:
+        emit(
+            "error",
+            phase=name,
+            type=type(error).__name__,
+            message=str(error)[:2000],
+            tf=[tf_worker(error), tf_ps(error)],
+            ours=[_failure.is_worker_failure(error), _failure.is_ps_failure(error)],
+        )
+    emit("done", tf_version=tf.__version__)
+    # The coordinator's threads still wait for worker 0 and the PS: leave at once.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

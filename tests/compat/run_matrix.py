@@ -95,9 +95,15 @@ class Result:
 
 def pyenv_python(version: str) -> Path:
     """The newest pyenv interpreter ``version.*``."""
-    root = Path(subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip())
+    root = Path(
+        subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
+    )
     candidates = sorted(
-        (p for p in (root / "versions").glob(f"{version}.*") if re.fullmatch(rf"{re.escape(version)}\.\d+", p.name)),
+        (
+            p
+            for p in (root / "versions").glob(f"{version}.*")
+            if re.fullmatch(rf"{re.escape(version)}\.\d+", p.name)
+        ),
         key=lambda p: int(p.name.rsplit(".", 1)[1]),
     )
     if not candidates:
@@ -116,7 +122,9 @@ def wheel_for(python: str, dist: Path) -> Path:
         if not pytag.startswith("cp3"):
             continue
         floor = int(pytag[3:])
-        if (abitag == f"cp{major}{minor}" and floor == minor) or (abitag == "abi3" and floor <= minor):
+        if (abitag == f"cp{major}{minor}" and floor == minor) or (
+            abitag == "abi3" and floor <= minor
+        ):
             found.append(wheel)
     if not found:
         raise FileNotFoundError(f"no wheel for CPython {python} in {dist} (run `make wheel`)")
@@ -126,7 +134,9 @@ def wheel_for(python: str, dist: Path) -> Path:
 def run(cmd: list[str], timeout: float, log, **kwargs) -> subprocess.CompletedProcess:
     log.write(f"$ {' '.join(map(str, cmd))}\n")
     log.flush()
-    return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, text=True, **kwargs)
+    return subprocess.run(
+        cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, text=True, **kwargs
+    )
 
 
 def prepare(result: Result, dist: Path, log) -> Path | None:
@@ -142,13 +152,25 @@ def prepare(result: Result, dist: Path, log) -> Path | None:
             result.verdict, result.note = "error", "venv creation failed"
             return None
         run([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], PIP_TIMEOUT_S, log)
-        if run([str(py), "-m", "pip", "install", "--quiet", *deps], PIP_TIMEOUT_S, log).returncode != 0:
+        if (
+            run([str(py), "-m", "pip", "install", "--quiet", *deps], PIP_TIMEOUT_S, log).returncode
+            != 0
+        ):
             result.verdict, result.note = "error", "pip could not install " + " ".join(deps)
             return None
         stamp.write_text(json.dumps(deps))
     wheel = wheel_for(result.python, dist)
     result.wheel = wheel.name
-    install = [str(py), "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel)]
+    install = [
+        str(py),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--force-reinstall",
+        "--no-deps",
+        str(wheel),
+    ]
     if run(install, PIP_TIMEOUT_S, log).returncode != 0:
         result.verdict, result.note = "error", f"pip could not install {wheel.name}"
         return None
@@ -157,13 +179,23 @@ def prepare(result: Result, dist: Path, log) -> Path | None:
         "import json, sys, tensorflow as tf, tf_failure_handling as t;"
         "print(json.dumps([t.__file__, tf.__version__, sys.version.split()[0]]))"
     )
-    out = subprocess.run([str(py), "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(py), "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     if out.returncode != 0:
-        result.verdict, result.note = "error", "import failed: " + out.stderr.strip().splitlines()[-1]
+        result.verdict, result.note = (
+            "error",
+            "import failed: " + out.stderr.strip().splitlines()[-1],
+        )
         return None
-    location, result.tf_installed, result.python_full = json.loads(out.stdout.strip().splitlines()[-1])
+    location, result.tf_installed, result.python_full = json.loads(
+        out.stdout.strip().splitlines()[-1]
+    )
     if not Path(location).resolve().is_relative_to(venv.resolve()):
-        result.verdict, result.note = "error", f"tf_failure_handling imported from {location}, not the wheel"
+        result.verdict, result.note = (
+            "error",
+            f"tf_failure_handling imported from {location}, not the wheel",
+        )
         return None
     return py
 
@@ -202,7 +234,10 @@ def run_combination(result: Result, dist: Path) -> Result:
                     result.verdict = "FAIL"
                     result.note = f"pytest exit {done.returncode}, see {log_path.relative_to(ROOT)}"
             except subprocess.TimeoutExpired:
-                result.verdict, result.note = "FAIL", f"pytest still running after {PYTEST_TIMEOUT_S} s"
+                result.verdict, result.note = (
+                    "FAIL",
+                    f"pytest still running after {PYTEST_TIMEOUT_S} s",
+                )
     result.seconds = time.monotonic() - start
     return result
 
@@ -231,8 +266,12 @@ def parse_combination(text: str) -> tuple[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ends", action="store_true", help="only " + ", ".join(f"{t}/{p}" for t, p in ENDS))
-    parser.add_argument("--only", action="append", type=parse_combination, default=[], metavar="TF/PY")
+    parser.add_argument(
+        "--ends", action="store_true", help="only " + ", ".join(f"{t}/{p}" for t, p in ENDS)
+    )
+    parser.add_argument(
+        "--only", action="append", type=parse_combination, default=[], metavar="TF/PY"
+    )
     parser.add_argument("--dist", type=Path, default=ROOT / "dist", help="where the wheels are")
     args = parser.parse_args()
     combos = args.only or (ENDS if args.ends else COMBINATIONS)
@@ -240,8 +279,11 @@ def main() -> int:
     for tf, py in combos:
         print(f"TF {tf} on Python {py} ...", flush=True)
         result = run_combination(Result(tf=tf, python=py), args.dist)
-        print(f"  {result.verdict}: {result.passed} passed, {result.failed} failed, "
-              f"{result.skipped} skipped in {result.seconds:.0f} s {result.note}", flush=True)
+        print(
+            f"  {result.verdict}: {result.passed} passed, {result.failed} failed, "
+            f"{result.skipped} skipped in {result.seconds:.0f} s {result.note}",
+            flush=True,
+        )
         results.append(result)
     matrix = table(results)
     print("\nREADME, compatibility matrix:\n")

@@ -1,13 +1,13 @@
 """The failure classifier against errors that the installed TensorFlow really raises.
 
 The truth table (``tests/unit/test_failure_classification.py``) builds errors from
-TF 2.21's strings; this test lets the installed TensorFlow write them: a client
-connected to real ``tf.distribute.Server`` processes on 127.0.0.1 runs ops on a
-live worker, on a task that does not exist, on a worker and a PS that were
-killed (``real_errors_script.py``). Success: the live worker answers; the dead
-worker's error is a worker failure and not a PS failure, the dead PS's error a
-PS failure; and for every error, bare and wrapped, ours gives TensorFlow's own
-verdicts. Run by the compatibility matrix on every TensorFlow version.
+TF 2.21's strings; here the installed TensorFlow writes them. TensorFlow's own
+``ClusterCoordinator``, on real ``tf.distribute.Server`` processes on 127.0.0.1,
+runs closures while a worker and then the PS are killed, and every error it
+classifies is recorded (``real_errors_script.py``). Success: ours gives
+TensorFlow's verdicts on every one of them, and those verdicts are the ones the
+coordinator needs (a killed worker's errors are worker failures, the killed PS's
+a PS failure). Run by the compatibility matrix on every TensorFlow version.
 """
 
 from __future__ import annotations
@@ -57,7 +57,11 @@ def test_classifier_on_errors_tensorflow_raises(tmp_path):
                 cwd=tmp_path,
             )
         except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+            out = (
+                (e.stdout or b"").decode(errors="replace")
+                if isinstance(e.stdout, bytes)
+                else e.stdout
+            )
             raise AssertionError(
                 f"the client did not finish in {CLIENT_TIMEOUT_S} s; events so far: {out}"
             ) from None
@@ -67,19 +71,25 @@ def test_classifier_on_errors_tensorflow_raises(tmp_path):
     events = parse_events(proc.stdout)
     where = f"exit {proc.returncode}\nstdout: {proc.stdout[-4000:]}\nstderr: {proc.stderr[-4000:]}"
     assert proc.returncode == 0 and events and events[-1]["event"] == "done", where
-    by_label = {e["label"]: e for e in events if "label" in e}
-    assert by_label["live worker"]["event"] == "ok", where
-    for label in ("dead worker", "dead ps"):
-        assert by_label[label]["event"] == "error", f"{label}: no error\n{where}"
-    # The outcome that counts: a lost worker is retried, a lost PS is not.
-    assert by_label["dead worker"]["bare"]["ours"] == [True, False], by_label["dead worker"]
-    assert by_label["dead ps"]["bare"]["ours"][1] is True, by_label["dead ps"]
-    for event in by_label.values():
-        if event["event"] != "error":
-            continue
-        for form in ("bare", "input_wrapped", "aborted_wrapped"):
-            assert event[form]["ours"] == event[form]["tf"], (
-                f"{event['label']} ({form}): ours {event[form]['ours']}, "
-                f"TF {events[-1]['tf_version']} {event[form]['tf']}\n"
-                f"{event['type']}: {event['message']}"
-            )
+    version = events[-1]["tf_version"]
+    errors = [e for e in events if e["event"] == "error"]
+
+    def show(found):
+        return "\n".join(
+            f"{e['phase']}: {e['type']}: {e['message'][:300]} tf={e['tf']} ours={e['ours']}"
+            for e in found
+        )
+
+    # Ours answers as the installed TensorFlow does, for every error it classified.
+    differ = [e for e in errors if e["ours"] != e["tf"]]
+    assert not differ, f"TF {version} and ours disagree:\n{show(differ)}"
+    # The outcomes that count: the healthy phase had nothing to classify; the
+    # killed worker's errors were worker failures (its closures ran on worker 1,
+    # join() returned); the killed PS's error was a PS failure.
+    assert not [e for e in errors if e["phase"] == "healthy"], show(errors)
+    joined = {e["phase"] for e in events if e["event"] == "joined"}
+    assert {"healthy", "worker killed"} <= joined, where
+    worker = [e for e in errors if e["phase"] == "worker killed"]
+    assert worker and all(e["tf"] == [True, False] for e in worker), show(worker) or where
+    ps = [e for e in errors if e["phase"] == "ps killed"]
+    assert any(e["tf"][1] for e in ps), show(ps) or where
