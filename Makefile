@@ -42,6 +42,7 @@ lint: $(STAMP)
 	cargo fmt --check
 	cargo clippy --quiet --all-targets -- -D warnings
 	cargo clippy --quiet --all-targets --features python -- -D warnings
+	cargo clippy --quiet --all-targets --features abi3 -- -D warnings
 	$(VENV)/bin/ruff check python tests benches demo
 	$(VENV)/bin/ruff format --check python tests benches demo
 

@@ -23,8 +23,8 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from mwms_worker import emit, poll_until, require_loopback  # noqa: E402
-from ps_cluster import port_open  # noqa: E402
+from mwms_worker import emit, poll_until, require_loopback
+from ps_cluster import port_open
 
 #: Closures per phase: enough that worker 0 is busy when it dies.
 CLOSURES = 40
