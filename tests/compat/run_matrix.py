@@ -9,7 +9,8 @@ For each combination (TensorFlow ``X.Y`` on Python ``A.B``) this script
 2. installs the wheel from ``dist/`` that fits that Python (``--force-reinstall
    --no-deps``: the wheel, never an editable build) and checks that
    ``tf_failure_handling`` imports from the virtualenv's ``site-packages``, not
-   from the checkout's ``python/`` directory;
+   from the checkout's ``python/`` directory (the tests run without Rust on the
+   ``PATH``);
 3. runs, from the source tree, the unit tests (``tests/unit``, which include the
    failure classifier checked against that TensorFlow's own ``_is_worker_failure``
    and ``_is_ps_failure``) and a real-TensorFlow subset: MWMS workers saving at
@@ -224,6 +225,12 @@ def run_combination(result: Result, dist: Path) -> Result:
             cmd += ["tests/unit", *REAL_TF_TESTS]
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
             env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+            # As a user without Rust: no cargo or rustc on the PATH.
+            env["PATH"] = os.pathsep.join(
+                d
+                for d in env.get("PATH", "").split(os.pathsep)
+                if ".cargo" not in d and ".rustup" not in d
+            )
             try:
                 done = run(cmd, PYTEST_TIMEOUT_S, log, cwd=ROOT, env=env)
                 if report.exists():
