@@ -5,7 +5,8 @@ For each combination (TensorFlow ``X.Y`` on Python ``A.B``) this script
 1. creates (or reuses) a virtualenv ``.compat/tf<X.Y>-py<A.B>`` from pyenv's
    newest ``A.B`` (``$(pyenv root)/versions``) and installs ``tensorflow-cpu==X.Y.*``,
    the matching ``tf-keras==X.Y.*``, Keras 3.15 (the release the Keras support is
-   written for, as the Makefile pins) and pytest;
+   written for, as the Makefile pins; on Python 3.10, which Keras 3.15 does not
+   support, the Keras that TensorFlow's dependency brings) and pytest;
 2. installs the wheel from ``dist/`` that fits that Python (``--force-reinstall
    --no-deps``: the wheel, never an editable build) and checks that
    ``tf_failure_handling`` imports from the virtualenv's ``site-packages``, not
@@ -69,8 +70,10 @@ REAL_TF_TESTS = [
     "tests/compat",
 ]
 
-#: Keras 3 as the Makefile pins it (``_keras_internals.TESTED_KERAS``).
+#: Keras 3 as the Makefile pins it (``_keras_internals.TESTED_KERAS``). Keras 3.13 and
+#: later need Python 3.11: on 3.10 TensorFlow's own dependency picks Keras (3.12.x).
 KERAS = "keras==3.15.*"
+KERAS_MIN_PYTHON = (3, 11)
 TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis"]
 
 #: Bounds that turn a hang into a failure (the whole pytest run of one combination;
@@ -85,6 +88,7 @@ class Result:
     python: str
     tf_installed: str = "-"
     python_full: str = "-"
+    keras: str = "-"
     wheel: str = "-"
     passed: int = 0
     failed: int = 0
@@ -146,7 +150,8 @@ def prepare(result: Result, dist: Path, log) -> Path | None:
     venv = VENVS / f"tf{result.tf}-py{result.python}"
     py = venv / "bin" / "python"
     stamp = venv / ".deps"
-    deps = [f"tensorflow-cpu=={result.tf}.*", f"tf-keras=={result.tf}.*", KERAS, *TEST_DEPS]
+    keras = [KERAS] if tuple(int(x) for x in result.python.split(".")) >= KERAS_MIN_PYTHON else []
+    deps = [f"tensorflow-cpu=={result.tf}.*", f"tf-keras=={result.tf}.*", *keras, *TEST_DEPS]
     if not (stamp.exists() and stamp.read_text().strip() == json.dumps(deps)):
         base = pyenv_python(result.python)
         if run([str(base), "-m", "venv", "--clear", str(venv)], 300, log).returncode != 0:
@@ -177,8 +182,8 @@ def prepare(result: Result, dist: Path, log) -> Path | None:
         return None
     # From the checkout's root, as the tests run: the package must come from the venv.
     probe = (
-        "import json, sys, tensorflow as tf, tf_failure_handling as t;"
-        "print(json.dumps([t.__file__, tf.__version__, sys.version.split()[0]]))"
+        "import json, sys, keras, tensorflow as tf, tf_failure_handling as t;"
+        "print(json.dumps([t.__file__, tf.__version__, sys.version.split()[0], keras.__version__]))"
     )
     out = subprocess.run(
         [str(py), "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300
@@ -251,14 +256,18 @@ def run_combination(result: Result, dist: Path) -> Result:
 
 def table(results: list[Result]) -> str:
     lines = [
-        "| TensorFlow | Python | wheel | passed | failed | skipped | time | result |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| TensorFlow | Python | Keras | wheel | passed | failed | skipped | time | result |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         verdict = r.verdict + (f" ({r.note})" if r.note else "")
+        # tf_failure_handling-0.1.0-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
+        # -> cp311-cp311-manylinux2014_x86_64
+        parts = r.wheel.removesuffix(".whl").split("-")
+        wheel = "-".join([*parts[2:4], parts[4].split(".")[0]]) if len(parts) == 5 else r.wheel
         lines.append(
             f"| {r.tf_installed if r.tf_installed != '-' else r.tf} "
-            f"| {r.python_full if r.python_full != '-' else r.python} | {r.wheel} "
+            f"| {r.python_full if r.python_full != '-' else r.python} | {r.keras} | {wheel} "
             f"| {r.passed} | {r.failed} | {r.skipped} | {r.seconds:.0f} s | {verdict} |"
         )
     return "\n".join(lines)
