@@ -194,7 +194,7 @@ def prepare(result: Result, dist: Path, log) -> Path | None:
             "import failed: " + out.stderr.strip().splitlines()[-1],
         )
         return None
-    location, result.tf_installed, result.python_full = json.loads(
+    location, result.tf_installed, result.python_full, result.keras = json.loads(
         out.stdout.strip().splitlines()[-1]
     )
     if not Path(location).resolve().is_relative_to(venv.resolve()):
