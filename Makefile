@@ -60,7 +60,8 @@ bench: build-release
 	$(PY) benches/bench_patch.py
 
 # The long mode of the fault-injection trials (tests/reliability): 10,000 simulated
-# trials and 6 real-process trials of each of 4 kinds, then the table the README's Reliability section shows.
+# trials, 1,000 more with DEBUG logging through a file handler, and 6 real-process
+# trials of each of 4 kinds, then the table the README's Reliability section shows.
 reliability: build
 	$(PY) tests/reliability/run.py
 

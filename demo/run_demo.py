@@ -87,25 +87,18 @@ class Workers:
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")  # keep TF's GCE probe local
-        ports = ",".join(str(p) for p in free_ports(workers))
+        ports = free_ports(workers)
         self.procs = []
         for i in range(workers):
-            cmd = [
-                sys.executable,
-                str(WORKER_SCRIPT),
-                "--ports",
-                ports,
-                "--index",
-                str(i),
-                "--impl",
-                impl,
-                "--ckpt-dir",
-                str(ckpt_dir),
-                "--steps",
-                str(steps),
-                "--step-sleep",
-                str(step_sleep),
-            ]
+            cmd = _worker.worker_command(
+                WORKER_SCRIPT,
+                ports=ports,
+                index=i,
+                impl=impl,
+                ckpt_dir=ckpt_dir,
+                steps=steps,
+                step_sleep=step_sleep,
+            )
             with open(self.stderr_paths[i], "wb") as err:
                 proc = subprocess.Popen(
                     cmd,

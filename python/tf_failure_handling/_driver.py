@@ -99,6 +99,9 @@ class _Write:
         self.on_failed = on_failed
         #: Part of handling a notice (claim, announce), not an acknowledgement.
         self.notice = notice
+        #: Gets one last attempt at ``close()`` instead of being dropped (the announce:
+        #: the claim was won, and peers' watchers learn of the notice only from it).
+        self.finish_on_close = False
         self.start = time.monotonic()
         self.due = self.start
         self.pause = RETRY_FIRST_PAUSE
@@ -572,9 +575,11 @@ class ProtocolDriver:
         * a step key is acknowledged, and every acknowledgement still pending gets
           one last attempt: a leader may be waiting for it, and without it would
           wait out its peer timeout and fail;
-        * a notice, or the claim or announce of one in progress, is dropped (logged):
-          a claim now would make the other workers stand down for a leader that is
-          closing and will never publish a step.
+        * an announce in progress (the claim was won) gets one last attempt too: the
+          peers' watchers learn of the notice only from it;
+        * a notice, or the claim of one in progress, is dropped (logged): a claim now
+          would make the other workers stand down for a leader that is closing and
+          will never publish a step.
         """
         try:
             if item is not None and not isinstance(item, _native.Input.Stop):
@@ -589,6 +594,14 @@ class ProtocolDriver:
                 self._attempt(write)
             except BaseException as e:  # noqa: BLE001 - closing: logged there
                 self._fail_in_background(write.what, e)
+        if current is not None and current.finish_on_close:
+            current.bound = 0.0  # one attempt, as for the acknowledgements
+            try:
+                self._attempt(current)
+            except BaseException as e:  # noqa: BLE001 - closing: logged there
+                self._fail_in_background(current.what, e)
+            self._notices_handled += 1
+            current = None
         dropped = list(notices) + ([] if current is None else [current])
         for what in dropped:
             log.info(
@@ -740,25 +753,34 @@ class ProtocolDriver:
         """Tells PreemptionWatchers: in this process, and through the coordination service
         (the write it starts; the protocol does not wait on it beyond the bound)."""
         message = watcher.notice_message(self._id_in_cluster, source)
-        watcher.publish_local(message)
         if self._local_mode:
+            watcher.publish_local(message)
             return None
 
         # No longer than the protocol's writes: an acknowledgement may be waiting
         # behind this call (see "Why the driver acknowledges" in step_resolution.rs).
         timeout = max(1.0, min(SHUTDOWN_WRITE_TIMEOUT, self._peer_timeout))
 
+        # This process's watchers get the message once the cluster has it (or the
+        # write gave up): a script that closes and exits when its own watcher reports
+        # must not take the coordination service down before peers could read it.
+        def published(_: Any) -> None:
+            watcher.publish_local(message)
+
         def failed(error: BaseException) -> None:
             # For PreemptionWatchers only; the protocol goes on.
             log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
+            watcher.publish_local(message)
 
-        return self._write(
+        write = self._write(
             f"publishing {PREEMPTION_NOTICE_KEY}",
             lambda: self._coordination.set(PREEMPTION_NOTICE_KEY, message, timeout),
-            lambda _: None,
+            published,
             failed,
             notice=True,
         )
+        write.finish_on_close = True
+        return write
 
     # ------------------------------------------------------------ step keys
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -90,6 +91,20 @@ def worker_command(
         "--step-sleep",
         str(step_sleep),
     ]
+
+
+@contextlib.contextmanager
+def reporting_the_end():
+    """Emits ``exit`` (with the code) when the body exits the process, ``error`` (type and
+    the message's end) when it raises; the exception goes on either way."""
+    try:
+        yield
+    except SystemExit as e:
+        emit("exit", code=e.code)
+        raise
+    except BaseException as e:
+        emit("error", type=type(e).__name__, message=str(e)[-2000:])
+        raise
 
 
 def emit(event: str, **fields) -> None:

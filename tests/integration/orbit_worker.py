@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from mwms_worker import emit  # the script's directory is on sys.path
+from mwms_worker import emit, reporting_the_end  # the script's directory is on sys.path
 
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9
@@ -145,14 +145,8 @@ def main(argv=None) -> int:
         train_actions=[probe, save_if_preempted],
     )
     emit("start", pid=os.getpid(), restored=int(trainer.global_step.numpy()))
-    try:
+    with reporting_the_end():
         controller.train(args.steps)
-    except SystemExit as e:
-        emit("exit", code=e.code)
-        raise
-    except BaseException as e:
-        emit("error", type=type(e).__name__, message=str(e)[-2000:])
-        raise
     emit(
         "done",
         steps=ran[0],

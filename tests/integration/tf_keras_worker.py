@@ -36,7 +36,7 @@ import os
 import sys
 import time
 
-from mwms_worker import emit, tf_config  # the script's directory is on sys.path
+from mwms_worker import emit, reporting_the_end, tf_config  # the script's directory is on sys.path
 
 IN_FEATURES = 4
 OUT_FEATURES = 2
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         epoch, batch = args.hold_at.split(":")
         hold_at = (int(epoch), int(batch))
     batches = [0]
-    try:
+    with reporting_the_end():
         for fit in range(args.fits):
             callbacks = [
                 probe_callback(
@@ -234,12 +234,6 @@ def main(argv=None) -> int:
                 callbacks=callbacks,
                 verbose=0,
             )
-    except SystemExit as e:
-        emit("exit", code=e.code)
-        raise
-    except BaseException as e:
-        emit("error", type=type(e).__name__, message=str(e)[-2000:])
-        raise
 
     kernel, bias = (v.numpy() for v in model.layers[-1].weights)
     emit(

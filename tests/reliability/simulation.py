@@ -13,9 +13,11 @@ Time: each handler reads a per-worker virtual clock (``handler._clock``) that a
 step advances by its planned duration and a save by its own, so grace periods of
 minutes cost no wall time. Waits for peers stay real. No verdict depends on how
 fast the machine is: a worker that is alive answers well within the handler's
-peer bound (:data:`PEER_TIMEOUT`, generous); only the trials whose fault silences
-a worker for good use a short bound (:data:`SILENT_PEER_TIMEOUT`), and there every
-outcome the bound can produce is checked the same way. :data:`CLUSTER_TIMEOUT`
+peer bound (:data:`PEER_TIMEOUT`, generous); only the trials whose fault lasts for
+good (:data:`LASTING`: a silent worker, a call that always fails) use a short bound
+(:data:`SILENT_PEER_TIMEOUT`), and there every outcome the bound can produce is
+checked the same way. A burst of failures is kept far shorter than the handler's
+retry bound (:data:`BURST_MAX_CONSECUTIVE`). :data:`CLUSTER_TIMEOUT`
 only turns a hang into a failure. Mismatched saves are found from the saves each
 worker made, and workers that resume at different steps from the collective
 itself (every all-reduce carries the step; a worker that joins one at another step
@@ -39,7 +41,12 @@ period).
 
 Faults (one per trial at most), and the outcome that counts as success for each.
 A fault "struck" when its moment came (``TrialResult.injected``); a planned fault
-that never struck leaves a plain preemption.
+that never struck leaves a plain preemption. Where the fault makes the preemption
+impossible, success is *the named error*: every worker ends with an error of TF's
+type whose message names the fault (the key whose calls failed, the worker that
+fell silent, the step's or the save's error), raised by itself or received from
+the cluster; a worker that had already saved at the agreed step and exited 42
+did its part. A worker that "just" ended with some error does not count.
 
 ``preemption`` (no fault), or a fault that never struck
     The preemption succeeded: every worker saved once per round, at the round's
@@ -50,21 +57,36 @@ that never struck leaves a plain preemption.
     One set or get of a protocol key fails (``UnavailableError``), on one worker
     for the keys several workers use. A transient failure must not lose the
     preemption: success as above.
+``coordination_burst``
+    A few calls fail, then the service recovers: one to three of the protocol's
+    calls (claim, announce, publish, watch, acknowledge, await, in either round,
+    or the shutdown writes) fail once or twice each (:data:`BURST_MAX_CONSECUTIVE`),
+    two to six failures in all, a burst far shorter than the handler's retry
+    bound. The preemption succeeds: every worker saves at the agreed step of
+    every round and exits 42 (these plans notice early, so every round is due).
+``coordination_outage``
+    One call the preemption needs (claim, publish, watch, acknowledge, await, in
+    either round) fails every time, longer than any bound; the handlers' bound is
+    :data:`SILENT_PEER_TIMEOUT`. The named error: an ``OpError`` naming the key
+    (the driver's "<what> failed N time(s) over Ts") or, when the failing call
+    kept a worker from acknowledging, an acknowledgement timeout naming that
+    worker.
 ``peer_unresponsive``, ``peer_crash``
     A worker's acknowledgements never reach the service (unresponsive), or it dies
     at the agreement: its thread stops and nothing it writes arrives (crash). No
-    agreement can complete, so the named error: some worker ends with
-    ``DeadlineExceededError`` naming the silent worker as one that did not
-    acknowledge (or, for a crash, with the error of the collective it abandoned,
-    "worker N failed", which the first to see it reports to the cluster), and every
-    worker ended with an error or exited 42 having saved at the agreed step (the
-    crashed one ends with :class:`Crash`); none carries on.
+    agreement can complete, so the named error: ``DeadlineExceededError`` naming
+    the silent worker as one that did not acknowledge, or (for a crash) the error
+    of the collective it abandoned, "worker N failed", which the first to see it
+    reports to the cluster. The crashed one itself ends any way but an exit.
 ``step_error`` (an ``OpError`` in one worker's step)
-    Every worker ends with the same error type, unless it had already exited at an
-    agreed step.
+    The named error: ``InvalidArgumentError`` with the step's message.
 ``save_error`` (a save fails after writing part of a file)
-    That worker ends with an error; every other worker ended with an error or
-    exited 42 having saved at the agreed step.
+    That worker ends with the save's own error (``OSError``); every other worker
+    ends with the named error (an ``OpError`` carrying it, or naming that worker
+    as failed or silent) or exited 42 having saved at the agreed step.
+
+Every call the driver gave up on must have been retried for its whole bound (its
+error says how long it tried): a transient failure is never given up on at once.
 
 Invariants of every trial (each violation is reported with the seed):
 
@@ -102,18 +124,31 @@ KINDS = (
     "coordination_fault",
     "step_error",
     "save_error",
+    "coordination_burst",
+    "coordination_outage",
 )
-KIND_WEIGHTS = (6, 1, 1, 2, 1, 1)
+KIND_WEIGHTS = (6, 1, 1, 2, 1, 1, 1, 1)
 MOMENTS = ("before_step", "during_step", "during_ack", "during_save", "during_countdown")
 #: Kinds whose fault silences a worker for good: the peer bound itself is under test.
 SILENCING = ("peer_unresponsive", "peer_crash")
+#: Kinds whose fault lasts longer than any bound: the handlers run with the short
+#: peer bound (:data:`SILENT_PEER_TIMEOUT`), which also bounds their retries.
+LASTING = (*SILENCING, "coordination_outage")
 #: Real seconds a leader waits for acknowledgements where every worker stays alive
 #: and connected. Far beyond how long a live simulated worker takes to answer on a
 #: loaded machine: only a lost acknowledgement reaches it.
 PEER_TIMEOUT = 60.0
-#: Real seconds a leader waits for acknowledgements in the kinds of :data:`SILENCING`.
-#: A live worker slower than this is named as well, which those trials accept.
+#: Real seconds a leader waits for acknowledgements in the kinds of :data:`LASTING`
+#: (and, being shorter than the transient-failure window, how long a failing call
+#: is retried there). A live worker slower than this is named as well, which those
+#: trials accept.
 SILENT_PEER_TIMEOUT = 0.15
+#: At most this many consecutive failures of one call in a ``coordination_burst``.
+#: The handler retries a call after 50 ms, then 100 ms: two failures cost 0.15 s
+#: of pauses against a retry bound of at least 1 s (the bound is 1 s on a leader
+#: whose notice's deadline has come, 10 s elsewhere), so the burst ends well
+#: within the bound on any machine.
+BURST_MAX_CONSECUTIVE = 2
 #: Real seconds after which a worker still running counts as a hang. A bound that
 #: turns a hang into a failure, nothing more: trials take well under a second.
 CLUSTER_TIMEOUT = 120.0
@@ -139,6 +174,11 @@ def ack_key(round_key: str, worker: int) -> str:
     return f"{ACK_PREFIX}_{round_key}_{worker}"
 
 
+def _ack_worker(key: str) -> int:
+    """The worker an acknowledgement key belongs to."""
+    return int(key.rsplit("_", 1)[1])
+
+
 def fault_call(plan: Plan) -> Optional[str]:
     """The call a coordination fault strikes, e.g. ``"get RUN_TO_CHECKPOINT"``.
 
@@ -157,7 +197,14 @@ def peer_timeout(plan: Plan) -> float:
     """The handlers' peer bound in this plan's trial."""
     if plan.peer_timeout is not None:
         return plan.peer_timeout
-    return SILENT_PEER_TIMEOUT if plan.kind in SILENCING else PEER_TIMEOUT
+    return SILENT_PEER_TIMEOUT if plan.kind in LASTING else PEER_TIMEOUT
+
+
+def retry_bound_floor(plan: Plan) -> float:
+    """The least the handlers retry a failing call before giving up, in this plan's
+    trial: their bound is the transient-failure window (10 s), or the peer bound or
+    the time left before the notice's deadline (at least 1 s) when shorter."""
+    return min(peer_timeout(plan), 1.0)
 
 
 class Crash(BaseException):
@@ -197,6 +244,29 @@ class NoticePlan:
     lead: Optional[float]
 
 
+@dataclasses.dataclass(frozen=True)
+class FaultCall:
+    """Failures planted in one call of the protocol (``coordination_burst``/``_outage``)."""
+
+    #: The protocol's name for the call: ``claim``, ``announce``, ``publish``,
+    #: ``watch``, ``acknowledge``, ``await`` (``... final`` in the grace period's
+    #: final round) or ``shutdown`` (the ``STOP_WATCHER`` writes of a worker leaving).
+    role: str
+    op: str
+    key: str
+    #: The worker whose calls fail (None: whichever worker makes the call; for
+    #: these keys only one worker does, or only one at a time).
+    worker: Optional[int]
+    #: How many calls fail before the service recovers; None: every call, for
+    #: the rest of the first life (longer than any bound).
+    count: Optional[int]
+
+    def describe(self) -> str:
+        who = "" if self.worker is None else f" on w{self.worker}"
+        times = "always" if self.count is None else f"x{self.count}"
+        return f"{self.role} ({self.op} {self.key}{who}) {times}"
+
+
 @dataclasses.dataclass
 class Plan:
     seed: int
@@ -214,6 +284,8 @@ class Plan:
     fault_step: Optional[int] = None
     #: ("set" | "get", key) for coordination faults.
     fault_op: Optional[tuple] = None
+    #: The failing calls of a ``coordination_burst`` or ``coordination_outage``.
+    fault_calls: tuple = ()
     #: The handlers' peer bound; None: :func:`peer_timeout` decides by kind.
     peer_timeout: Optional[float] = None
     #: Names a plan not drawn from a seed (:func:`targeted_plan`).
@@ -239,6 +311,8 @@ class Plan:
             fault = f", fault {self.kind} worker={self.fault_worker} step={self.fault_step}"
             if self.fault_op:
                 fault += f" op={self.fault_op}"
+            if self.fault_calls:
+                fault = f", fault {self.kind}: " + ", ".join(c.describe() for c in self.fault_calls)
         name = self.label or f"seed {self.seed}"
         return (
             f"{name}: {self.num_workers} workers{' (chief)' if self.chief else ''}, "
@@ -249,6 +323,8 @@ class Plan:
 def make_plan(seed: int) -> Plan:
     rng = random.Random(seed)
     kind = rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
+    if kind in ("coordination_burst", "coordination_outage"):
+        return _protocol_fault_plan(seed, rng, kind)
     n = rng.randint(2, 8)
     steps = rng.randint(8, 40)
     grace = 0.0 if rng.random() < 0.5 else rng.choice((0.5, 2.0, 10.0, 60.0))
@@ -294,6 +370,88 @@ def make_plan(seed: int) -> Plan:
 
 #: Grace period (virtual seconds) of the targeted plans that aim at the final round.
 TARGETED_GRACE = 2.0
+
+#: The protocol's calls a ``coordination_burst`` may fail, by grace period. The
+#: four round roles fail in the first or (with a grace period) the final round.
+BURST_ROLES = {
+    False: ("claim", "announce", "publish", "watch", "acknowledge", "await", "shutdown"),
+    True: ("claim", "announce", "publish", "watch", "acknowledge", "await"),
+}
+#: The calls a ``coordination_outage`` fails for good: those the preemption cannot
+#: do without (an announcement is for ``PreemptionWatcher``\ s and a shutdown write
+#: releases readers that also stop by themselves, so neither is one of them).
+OUTAGE_ROLES = ("claim", "publish", "watch", "acknowledge", "await")
+ROUND_ROLES = ("publish", "watch", "acknowledge", "await")
+
+
+def protocol_call(role: str, final: bool, worker: int, count: Optional[int]) -> FaultCall:
+    """The :class:`FaultCall` of ``role`` (``worker`` is used by the per-worker roles:
+    the watcher that reads, the worker that acknowledges, the one awaited)."""
+    round_key = LAST_RUN_TO_CHECKPOINT if final else RUN_TO_CHECKPOINT
+    name = f"{role} final" if final and role in ROUND_ROLES else role
+    table = {
+        "claim": ("set", TERMINATED_WORKER, None),
+        "announce": ("set", PREEMPTION_NOTICE_KEY, None),
+        "publish": ("set", round_key, None),
+        "watch": ("get", round_key, worker),
+        "acknowledge": ("set", ack_key(round_key, worker), None),
+        "await": ("get", ack_key(round_key, worker), None),
+        "shutdown": ("set", LAST_RUN_TO_CHECKPOINT, None),
+    }
+    op, key, who = table[role]
+    return FaultCall(name, op, key, who, count)
+
+
+def _protocol_fault_plan(seed: int, rng: random.Random, kind: str) -> Plan:
+    """A preemption whose protocol calls fail: a burst shorter than the bound
+    (``coordination_burst``) or one call failing for good (``coordination_outage``).
+
+    Like the targeted plans, and unlike the other random ones, the durations are
+    fixed (steps and saves 0.1 s, virtual), one worker gets one notice early (step
+    1-10 of 40) and goes on once it is handled, so every planned call is certainly
+    made: the preemption reaches every round it plans (the final one too: with a
+    grace period of 2 s, it is due 20 steps after the notice).
+    """
+    n = rng.randint(2, 8)
+    chief = rng.random() < 0.3
+    grace = rng.choice((0.0, TARGETED_GRACE))
+    steps = 40
+    leader = rng.randrange(n)
+    notice = NoticePlan(
+        target=leader,
+        step=rng.randint(1, 10),
+        moment=rng.choice(("before_step", "during_step")),
+        lead=None,
+    )
+    if kind == "coordination_outage":
+        role = rng.choice(OUTAGE_ROLES)
+        final = role in ROUND_ROLES and grace > 0 and rng.random() < 0.5
+        calls = (protocol_call(role, final, rng.randrange(n), None),)
+    else:
+        chosen = {}
+        roles = rng.sample(BURST_ROLES[grace > 0], rng.randint(1, 3))
+        for role in roles:
+            final = role in ROUND_ROLES and grace > 0 and rng.random() < 0.5
+            call = protocol_call(role, final, rng.randrange(n), 0)
+            chosen[(call.op, call.key, call.worker)] = call
+        counts = [rng.randint(1, BURST_MAX_CONSECUTIVE) for _ in chosen]
+        if sum(counts) < 2:  # a burst: at least two failed calls
+            counts[0] = 2
+        calls = tuple(dataclasses.replace(c, count=k) for c, k in zip(chosen.values(), counts))
+    return Plan(
+        seed=seed,
+        kind=kind,
+        num_workers=n,
+        chief=chief,
+        steps=steps,
+        grace=grace,
+        step_durations=[0.1] * steps,
+        save_durations=[0.1] * n,
+        notices=[notice],
+        fault_calls=calls,
+        settle_notices=True,
+    )
+
 
 #: One failed call of the protocol, by the moment it strikes, for :func:`targeted_plan`:
 #: ``name: (op, key, worker, grace)``. Worker 1 gets the notice and leads; ``worker``
@@ -447,6 +605,8 @@ class _WorkerService:
             # The cluster reports its own give-up as DEADLINE_EXCEEDED, which a
             # handler takes for the end of one slice of a longer wait: fail instead.
             raise _errors.make("UnavailableError", "the trial gave up on this cluster (hang)")
+        if key.startswith(ACK_PREFIX):
+            self._trial.settle_acknowledgements(self._index, key)
         return self._service.get_as(self._index, key, timeout_in_ms)
 
     def delete_config_key_value(self, key: str) -> None:
@@ -477,7 +637,12 @@ class _Trial:
         self.delivered: dict = {}  # worker -> notices delivered to it
         self.handlers: dict = {}  # worker -> its handler
         self.agreed = threading.Event()  # the first round's step was published
-        self.coordination_fault_spent = False
+        #: Planted failures not yet raised: ``[op, key, worker or None, count or None]``.
+        self.failures_left: list = [[c.op, c.key, c.worker, c.count] for c in plan.fault_calls]
+        if plan.kind == "coordination_fault":
+            self.failures_left.append([*plan.fault_op, plan.fault_worker, 1])
+        #: Every planted failure raised: ``(op, key, worker)``.
+        self.failed_calls: list = []
         #: Set when the first life hung: every later call of a worker fails.
         self.abandoned = False
         self.cluster: Optional[testing.SimulatedCluster] = None
@@ -522,17 +687,36 @@ class _Trial:
         return _WorkerService(self, self.service, index)
 
     def maybe_fail(self, op: str, key: str, worker: int) -> None:
-        plan = self.plan
-        if plan.kind != "coordination_fault" or (op, key) != plan.fault_op:
-            return
-        if plan.fault_worker is not None and worker != plan.fault_worker:
-            return
+        """Raises ``UnavailableError`` if a planted failure matches this call."""
         with self.lock:
-            if self.coordination_fault_spent:
+            for failure in self.failures_left:
+                f_op, f_key, f_worker, count = failure
+                if (f_op, f_key) != (op, key) or f_worker not in (None, worker):
+                    continue
+                if count is not None:
+                    if count <= 0:
+                        continue
+                    failure[3] = count - 1
+                self.failed_calls.append((op, key, worker))
+                kind = self.plan.kind
+                if kind == "coordination_burst":
+                    self.injected[kind] = self.injected.get(kind, 0) + 1  # failed calls
+                else:
+                    self.injected[kind] = 1  # the fault struck
+                break
+            else:
                 return
-            self.coordination_fault_spent = True
-            self.injected["coordination_fault"] = 1
         raise _errors.make("UnavailableError", f"injected failure of {op}({key!r}) on {worker}")
+
+    def planted_left(self) -> list:
+        """The planted failures of a burst or outage that never struck."""
+        with self.lock:
+            struck = {(op, key) for op, key, _ in self.failed_calls}
+            return [
+                (op, key, worker, count)
+                for op, key, worker, count in self.failures_left
+                if (count is not None and count > 0) or (count is None and (op, key) not in struck)
+            ]
 
     def lost(self, worker: int, key: str) -> bool:
         if worker in self.crashed:
@@ -558,16 +742,56 @@ class _Trial:
         self.agreed.set()
         self.fire("during_ack", -1, None)
 
+    def settle_acknowledgements(self, reader: int, key: str) -> None:
+        """In a ``coordination_outage`` trial: holds the leader's read of an
+        acknowledgement until every worker able to acknowledge the round has done so.
+
+        Those trials run with the short peer bound, which a live worker on a loaded
+        machine could overrun; held like this, the leader's wait can only end
+        naming the worker whose failing call keeps it from acknowledging (the read
+        answers at once when it looks again), so the verdict does not depend on
+        the machine's speed. Bounded by :data:`NOTICE_BOUND` (then the read goes
+        ahead); an error reported to the cluster ends the hold at once.
+        """
+        plan = self.plan
+        if plan.kind != "coordination_outage":
+            return
+        call = plan.fault_calls[0]
+        round_key = key[len(ACK_PREFIX) + 1 : key.rindex("_")]
+        role = call.role.split()[0]
+        fault_round = LAST_RUN_TO_CHECKPOINT if call.role.endswith(" final") else RUN_TO_CHECKPOINT
+        silent = None  # the worker the outage keeps from acknowledging this round
+        if fault_round == round_key and role == "watch":
+            silent = call.worker
+        elif fault_round == round_key and role == "acknowledge":
+            silent = _ack_worker(call.key)
+        deadline = time.monotonic() + NOTICE_BOUND
+        for worker in range(plan.num_workers):
+            if worker == silent:
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                self.service.get_as(reader, ack_key(round_key, worker), max(1, int(left * 1000)))
+            except _errors.module().OpError:
+                return  # the cluster is in an error state, or the bound passed
+
     def settle(self, worker: int) -> None:
         """Waits until ``worker``'s handler has handled every notice delivered to it
-        (the claim made and its outcome recorded), bounded by :data:`NOTICE_BOUND`."""
-        self.expect_claim(worker)
+        (the claim made and its outcome recorded), bounded by :data:`NOTICE_BOUND`.
+
+        A claim that failed for good is handed to the next ``run()``
+        (``handler._thread_error``): then nobody claims, and the trial checks the
+        error instead."""
         handler = self.handlers[worker]
         deadline = time.monotonic() + NOTICE_BOUND
         while handler._notices_handled < self.delivered[worker]:
             if time.monotonic() > deadline:
                 raise NoticeDropped(f"worker {worker}'s handler did not handle its notice")
             time.sleep(0.001)
+        if handler._thread_error is None:
+            self.expect_claim(worker)
 
     def expect_claim(self, worker: int) -> None:
         """Waits until the notice ``worker`` got is claimed: it was not dropped.
@@ -800,40 +1024,138 @@ def _acknowledgement_timeouts(results) -> list:
     found = []
     deadline_exceeded = _errors.module().DeadlineExceededError
     for r in results:
-        text = str(r.error)
-        if isinstance(r.error, deadline_exceeded) and "did not acknowledge" in text:
-            # "... but worker(s) 0, 3 did not acknowledge within ...": the numbers
-            # after the last "worker" before the phrase.
-            named = re.split(r"worker", text.split("did not acknowledge")[0])[-1]
-            found.append((r.index, [int(x) for x in re.findall(r"\b\d+\b", named)]))
+        if isinstance(r.error, deadline_exceeded):
+            named = _named_as_silent(str(r.error))
+            if named is not None:
+                found.append((r.index, named))
     return found
+
+
+def _named_as_silent(text: str) -> Optional[list]:
+    """The workers an acknowledgement timeout in ``text`` names, or None if none is there.
+
+    ``"... but worker(s) 0, 3 did not acknowledge within ..."``: the numbers after
+    the last "worker" before the phrase.
+    """
+    if "did not acknowledge" not in text:
+        return None
+    named = re.split(r"worker", text.split("did not acknowledge")[0])[-1]
+    return [int(x) for x in re.findall(r"\b\d+\b", named)]
+
+
+def _names_silent_worker(text: str, worker: int) -> bool:
+    named = _named_as_silent(text)
+    return named is not None and worker in named
+
+
+def _names_failed_call(text: str, key: str) -> bool:
+    """Whether ``text`` holds the driver's error for a call of ``key`` that kept failing:
+    ``"Worker 1: publishing RUN_TO_CHECKPOINT=6 failed 3 time(s) over 0.2s: ..."``."""
+    pattern = rf"Worker \d+: [^:]*\b{re.escape(key)}\b[^:]* failed \d+ time\(s\) over"
+    return re.search(pattern, text) is not None
+
+
+#: ``"Worker 1: claiming ... failed 3 time(s) over 0.2s"``: how long the driver retried
+#: a call before giving up (rounded to 0.1 s). Only the calls it gives up on when their
+#: failures outlast the bound: a leader's reads of acknowledgements also end when the
+#: peer timeout passes, however long they had been failing then.
+_GAVE_UP = re.compile(
+    r"Worker \d+: (?:claiming|publishing|acknowledging|reading (?:LAST_)?RUN_TO_CHECKPOINT\b)"
+    r"[^:]* failed (\d+) time\(s\) over ([\d.]+)s"
+)
+
+
+def _check_retries_lasted_the_bound(plan, results, violations) -> None:
+    """Every call the driver gave up on had been retried for the whole bound.
+
+    The driver gives up on a claim, a publication, an acknowledgement or a peer
+    watcher's read once it has failed for longer than its retry bound, which is
+    never shorter than :func:`retry_bound_floor` here; an error saying it gave up
+    sooner means a transient failure was not retried.
+    """
+    floor = retry_bound_floor(plan)
+    for r in results:
+        for attempts, seconds in _GAVE_UP.findall(str(r.error or "")):
+            if float(seconds) + 0.05 < floor:
+                violations.append(
+                    f"worker {r.index} gave up after {attempts} failure(s) over {seconds}s, "
+                    f"before the retry bound ({floor:g}s): {r.error}"
+                )
 
 
 def _check_outcome(plan, trial, service, results, violations) -> int:
     """The outcome that counts as success for the plan's kind (see the module's docstring)."""
     before = len(violations)
     struck = plan.kind != "preemption" and bool(trial.injected.get(plan.kind))
-    if not struck or plan.kind == "coordination_fault":
+    if plan.kind in ("coordination_burst", "coordination_outage"):
+        left = trial.planted_left()
+        if left:
+            # The plan is built so that every call it fails is certainly made.
+            violations.append(f"planted failures that never struck: {left}")
+    _check_retries_lasted_the_bound(plan, results, violations)
+    if not struck or plan.kind in ("coordination_fault", "coordination_burst"):
         _expect_preemption_succeeded(plan, trial, service, results, violations)
+        if plan.kind == "coordination_burst" and len(violations) == before:
+            # An early notice and fixed durations: every round is due before the end.
+            if any(r.exit_code != EXIT_CODE for r in results):
+                violations.append(
+                    f"preemption lost after a burst of failed calls: outcomes "
+                    f"{[_outcome(r) for r in results]}"
+                )
     elif plan.kind in SILENCING:
         _expect_silent_worker_named(plan, trial, service, results, violations)
+    elif plan.kind == "coordination_outage":
+        call = plan.fault_calls[0]
+        # The worker whose call failed; a leader that cannot publish or claim waits
+        # for nobody, so only its own error can name the failure.
+        culprit = call.worker
+        if culprit is None and call.role.startswith(("acknowledge", "await")):
+            culprit = _ack_worker(call.key)
+
+        def names(text: str) -> bool:
+            return _names_failed_call(text, call.key) or (
+                culprit is not None and _names_silent_worker(text, culprit)
+            )
+
+        _expect_named_error(
+            trial,
+            results,
+            violations,
+            _errors.module().OpError,
+            names,
+            f"the failure of {call.describe()}",
+        )
     elif plan.kind == "step_error":
-        kind = _errors.module().InvalidArgumentError
-        for r in results:
-            if r.exit_code is not None:
-                continue
-            if not isinstance(r.error, kind):
-                violations.append(
-                    f"worker {r.index} ended with {_outcome(r)} after worker "
-                    f"{plan.fault_worker}'s step error"
-                )
+        cause = f"injected step error on worker {plan.fault_worker}"
+        _expect_named_error(
+            trial,
+            results,
+            violations,
+            _errors.module().InvalidArgumentError,
+            lambda text: cause in text,
+            f"worker {plan.fault_worker}'s step error",
+        )
     elif plan.kind == "save_error":
         failed = next(r for r in results if r.index == plan.fault_worker)
-        if failed.error is None:
+        cause = f"injected save failure on worker {plan.fault_worker}"
+        if not isinstance(failed.error, OSError) or cause not in str(failed.error):
             violations.append(
-                f"worker {failed.index} ended with {_outcome(failed)} after its save failed"
+                f"worker {failed.index} ended with {_outcome(failed)} ({failed.error!r}) "
+                f"after its save failed, not with the save's error"
             )
-        _expect_no_carrying_on(service, trial, results, violations)
+        peers = [r for r in results if r.index != plan.fault_worker]
+        _expect_named_error(
+            trial,
+            peers,
+            violations,
+            _errors.module().OpError,
+            lambda text: (
+                cause in text
+                or f"worker {plan.fault_worker} failed" in text
+                or _names_silent_worker(text, plan.fault_worker)
+            ),
+            f"worker {plan.fault_worker}'s failed save",
+        )
     return int(len(violations) > before)
 
 
@@ -874,33 +1196,48 @@ def _expect_preemption_succeeded(plan, trial, service, results, violations) -> N
     )
 
 
-def _expect_no_carrying_on(service, trial, results, violations) -> None:
-    """After a fault that ends the preemption: an error, or an exit at the agreed step."""
+def _expect_named_error(trial, results, violations, kind, names, fault: str) -> None:
+    """After a fault that ends the preemption: every worker ends with the named error.
+
+    That is an error of TF's type ``kind`` whose message names the fault (``names``:
+    the key whose calls failed, the worker that fell silent, the step's error...),
+    whether the worker raised it itself or got it from the cluster (an error
+    reported to the coordination service, a collective that a peer abandoned).
+    A worker that had already saved at the agreed step and exited did its part
+    (its save is checked by :func:`_check_saves`); a crashed worker is not asked.
+    """
     for r in results:
-        if r.error is not None or r.index in trial.crashed:
+        if r.index in trial.crashed:
             continue
         if r.exit_code == EXIT_CODE and trial.saves[r.index]:
-            continue  # saved at the agreed step (checked by _check_saves) and left
-        violations.append(f"worker {r.index} ended with {_outcome(r)} after the fault")
+            continue
+        if not isinstance(r.error, kind):
+            violations.append(
+                f"worker {r.index} ended with {_outcome(r)} ({r.error!r}) after {fault}, "
+                f"not with a {kind.__name__} naming it"
+            )
+        elif not names(str(r.error)):
+            violations.append(
+                f"worker {r.index}'s {type(r.error).__name__} does not name {fault}: {r.error}"
+            )
 
 
 def _expect_silent_worker_named(plan, trial, service, results, violations) -> None:
     silent = plan.fault_worker
-    timeouts = _acknowledgement_timeouts(results)
     # A crashed worker is also named by the collectives it abandoned (MWMS names
     # the task), and the first worker to see that error reports it to the cluster.
     failed = f"worker {silent} failed"
-    if not any(silent in named for _, named in timeouts) and not any(
-        failed in str(r.error) for r in results if r.index not in trial.crashed
-    ):
-        violations.append(
-            f"no error names the silent worker {silent} (acknowledgement timeouts "
-            f"{timeouts}, outcomes {[_outcome(r) for r in results]})"
-        )
+    _expect_named_error(
+        trial,
+        results,
+        violations,
+        _errors.module().OpError,
+        lambda text: _names_silent_worker(text, silent) or failed in text,
+        f"the silent worker {silent}",
+    )
     crashed = next((r for r in results if r.index in trial.crashed), None)
     if crashed is not None and crashed.exit_code is not None:
         violations.append(f"the crashed worker {crashed.index} exited with {crashed.exit_code}")
-    _expect_no_carrying_on(service, trial, results, violations)
 
 
 def _restart_and_check(plan, cluster, first, service, sabotage, violations) -> int:

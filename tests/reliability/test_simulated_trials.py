@@ -4,11 +4,19 @@ Each batch runs the seeds of 100 and fails with every violating seed and its pla
 so a failure is replayed with ``run_trial(make_plan(seed))``. Seeds that once found
 a defect are kept in :data:`REGRESSION_SEEDS` and run first.
 
-Every trial checks the outcome that counts as success for its kind: after a
-coordination-service fault, that the preemption succeeded. Next to the random
-seeds, one targeted trial per protocol call (claim, announce, publish, watch,
-acknowledge, await, both rounds, shutdown), for 2 and 5 workers, fails that call
-once and checks that every worker still saved at one step and exited 42.
+Every trial checks the outcome that counts as success for its kind: the
+preemption succeeded (after one failed coordination-service call, or a burst of
+them shorter than the handler's retry bound), or, where the fault made that
+impossible (a call that keeps failing, a silent peer, a failed step or save), the
+named error on every worker. Next to the random seeds, one targeted trial per
+protocol call (claim, announce, publish, watch, acknowledge, await, both rounds,
+shutdown), for 2 and 5 workers, fails that call once and checks that every worker
+still saved at one step and exited 42.
+
+The DEBUG-logging variant runs a few seeds in a child process with the package's
+loggers at DEBUG through a handler that writes to a file, so that a Rust lock held
+while a log record reaches Python deadlocks it (``run.py`` explains how); the long
+mode (``make reliability``) runs many more.
 
 No verdict here depends on how fast the machine is: the harness's own tests below
 plant a defect whose consequence is certain (a save at another step, workers out of
@@ -21,22 +29,29 @@ import collections
 import logging
 
 import pytest
+from tf_failure_handling import _driver, _errors
 
+from . import run as long_mode
 from . import simulation
 from .simulation import (
     KINDS,
+    OUTAGE_ROLES,
     TARGETED_CALLS,
     NoticePlan,
     Plan,
     Sabotage,
     fault_call,
     make_plan,
+    protocol_call,
     run_trial,
     targeted_plan,
 )
 
 BATCHES = 10
 BATCH = 100
+#: Seeds of the DEBUG-logging variant here (after the random ones above): few,
+#: so that it runs in well under a minute; the long mode runs 1,000.
+DEBUG_SEEDS = range(BATCHES * BATCH, BATCHES * BATCH + 40)
 #: Seeds that found a defect once (none of them may regress).
 REGRESSION_SEEDS: list = []
 
@@ -102,6 +117,18 @@ def test_a_step_error_ends_the_leaders_wait_for_acknowledgements():
     assert result.outcomes == ["InvalidArgumentError"] * 2
 
 
+@pytest.mark.timeout(300)
+def test_trials_under_debug_logging():
+    """Simulated trials with DEBUG logging to a file: none hangs or fails, and Rust's
+    log records did reach Python's logging (else the variant would check nothing)."""
+    tally = long_mode.Tally()
+    logged = long_mode.run_debug_logging(tally, DEBUG_SEEDS.start, len(DEBUG_SEEDS), max_hangs=1)
+    failures = [f"{describe}\n    " + "\n    ".join(v[:5]) for _, describe, v in tally.failures]
+    assert not failures, f"{len(failures)} failing trial(s):\n" + "\n".join(failures)
+    assert tally.trials[long_mode.DEBUG_ROW] == len(DEBUG_SEEDS)
+    assert logged["native"] > 0, logged
+
+
 def test_plans_cover_every_fault_kind_and_moment():
     plans = [make_plan(seed) for seed in range(BATCHES * BATCH)]
     assert {p.kind for p in plans} == set(KINDS)
@@ -116,6 +143,22 @@ def test_plans_cover_every_fault_kind_and_moment():
     assert any(p.chief for p in plans) and not all(p.chief for p in plans)
     calls = {fault_call(p) for p in plans if p.kind == "coordination_fault"}
     assert len(calls) >= 7, calls
+    # Bursts fail every call of the protocol, in both rounds, gets and sets, and
+    # more than once in a row; outages fail every call the preemption needs.
+    bursts = [c for p in plans if p.kind == "coordination_burst" for c in p.fault_calls]
+    assert {c.role for c in bursts} == {
+        *("claim", "announce", "shutdown"),
+        *(f"{r}{s}" for r in simulation.ROUND_ROLES for s in ("", " final")),
+    }
+    assert {c.op for c in bursts} == {"get", "set"}
+    assert max(c.count for c in bursts) == simulation.BURST_MAX_CONSECUTIVE
+    assert all(
+        sum(c.count for c in p.fault_calls) >= 2 for p in plans if p.kind == "coordination_burst"
+    )
+    outages = [p.fault_calls[0] for p in plans if p.kind == "coordination_outage"]
+    assert {c.role.split()[0] for c in outages} == set(OUTAGE_ROLES)
+    assert any(c.role.endswith(" final") for c in outages)
+    assert all(c.count is None for c in outages)
 
 
 # ------------------------------------------------------------- the harness's own tests
@@ -182,3 +225,76 @@ def test_the_harness_catches_an_unbounded_wait(monkeypatch):
     result = run_trial(plan)
     assert result.hung, result.violations
     assert result.violations[0].startswith("hang in the first life"), result.violations
+
+
+def outage_plan(role: str, final: bool = False, worker: int = 0) -> Plan:
+    """Worker 1 of 3 preempted at step 4; the call ``role`` fails for good."""
+    plan = preemption_plan(label=f"outage of {role}")
+    plan.kind = "coordination_outage"
+    plan.fault_calls = (protocol_call(role, final, worker, None),)
+    return plan
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("role", OUTAGE_ROLES)
+def test_an_outage_ends_in_the_named_error(role):
+    """A call the preemption needs fails for good: every worker ends with an error of
+    TF's type naming the failed key or the worker it kept from acknowledging."""
+    result = run_trial(outage_plan(role))
+    assert result.struck, result.violations
+    assert result.ok, "\n".join(result.violations)
+    assert all(o.endswith("Error") for o in result.outcomes), result.outcomes
+
+
+def test_the_harness_catches_a_burst_that_loses_the_preemption():
+    """A "burst" of claim failures that never ends: the preemption is lost (the named
+    error on every worker), and the burst's check reports it."""
+    plan = preemption_plan(label="claim fails for good, checked as a burst")
+    plan.kind = "coordination_burst"
+    plan.fault_calls = (protocol_call("claim", False, 0, None),)
+    plan.peer_timeout = 1.0  # the claim is retried for 1 s, not 10: only the test's length
+    result = run_trial(plan)
+    assert result.wrong_outcome == 1, result.violations
+    assert any(v.startswith("preemption lost") for v in result.violations), result.violations
+
+
+def test_the_harness_catches_an_error_that_does_not_name_the_fault(monkeypatch):
+    """A driver whose errors name nothing (no key, no cause): the outage trial reports
+    every worker's error as not naming the failure."""
+
+    def anonymous(self, error, what, attempts, seconds):
+        return _errors.make("UnavailableError", "something failed")
+
+    monkeypatch.setattr(_driver.ProtocolDriver, "_named", anonymous)
+    result = run_trial(outage_plan("publish"))
+    assert result.struck and result.wrong_outcome == 1, result.violations
+    assert any("does not name the failure of publish" in v for v in result.violations), (
+        result.violations
+    )
+
+
+def test_the_harness_catches_a_call_given_up_at_the_first_failure(monkeypatch):
+    """A driver that does not retry (a retry bound of 0): one failed claim loses the
+    preemption, and the trial says the driver gave up before its bound."""
+    monkeypatch.setattr(_driver.ProtocolDriver, "_retry_bound", lambda self: 0.0)
+    result = run_trial(targeted_plan("claim", 2))
+    assert result.struck and not result.ok
+    assert any("before the retry bound" in v for v in result.violations), result.violations
+
+
+@pytest.mark.timeout(180)
+def test_the_harness_catches_a_child_that_falls_silent(monkeypatch):
+    """A DEBUG-logging child that stops (as a deadlocked one does: no thread runs) is
+    counted as a hang for its seed, and the next seed runs in a new child."""
+    # The child certainly stops (SIGSTOP) at its first seed: the bounds only decide
+    # how long the test takes.
+    monkeypatch.setattr(long_mode, "STALL_BOUND", 3.0)
+    monkeypatch.setattr(long_mode, "CHILD_EXIT_BOUND", 3.0)
+    start = DEBUG_SEEDS.start
+    monkeypatch.setenv(long_mode.FREEZE_ENV, str(start))
+    tally = long_mode.Tally()
+    long_mode.run_debug_logging(tally, start, 2)
+    assert tally.trials[long_mode.DEBUG_ROW] == 2
+    assert tally.zero["hangs"][long_mode.DEBUG_ROW] == 1
+    [(_, _, violations)] = tally.failures
+    assert violations[0].startswith(f"DEBUG-logging trial of seed {start}: no sign of life")

@@ -21,7 +21,14 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tf_failure_handling import TerminationConfig, _driver, _errors, _native, testing
+from tf_failure_handling import (
+    PreemptionWatcher,
+    TerminationConfig,
+    _driver,
+    _errors,
+    _native,
+    testing,
+)
 
 from .conftest import HANG, wait_until
 
@@ -137,11 +144,13 @@ def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_h
     # leader waiting for it does not have to wait out its peer timeout.
     assert h._core_state()["agreed_step"] == 7
     assert service.value(ACK_0) == "1"
-    # The claim in progress completed (it was already in flight); both notices are
-    # accounted for, and nothing was announced or claimed after the stop.
+    # The claim in progress completed (it was already in flight) and was won, so its
+    # announce got one last attempt: the peers' watchers learn of the notice only
+    # from it. Both notices are accounted for; the second was not claimed.
     assert service.value("TERMINATED_WORKER") == "0"
     assert h._notices_handled == 2
-    assert service.value(_driver.PREEMPTION_NOTICE_KEY) is None
+    announced = service.value(_driver.PREEMPTION_NOTICE_KEY)
+    assert announced is not None and announced.startswith("worker 0: termination notice"), announced
     assert h._thread_error is None
 
 
@@ -168,3 +177,31 @@ def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(
     assert h._thread_error is None
     # The agreed step came from the leader: this worker follows it, whatever its claim.
     assert h._core_state()["agreed_step"] == 5
+
+
+@pytest.mark.timeout(120)
+def test_this_processs_watchers_learn_of_a_notice_only_once_the_cluster_has_it(
+    make_handler, tmp_path
+):
+    """A script that closes and exits when its own watcher reports (the leader hosts the
+    coordination service) must not take the service down before the peers' watchers
+    could read the notice: the key is written first, then this process's watchers get it.
+    Found under load: worker 0 exited after its in-process message, and worker 1's
+    watcher never saw the key."""
+    service = GatedService(_driver.PREEMPTION_NOTICE_KEY, "hold")
+    h = _worker_0(make_handler, tmp_path, service)
+    with testing.use_coordination_service(service):
+        watcher = PreemptionWatcher()
+    try:
+        h._notify_termination()
+        assert service.entered.wait(HANG), "the announce never started"
+        # The announce is held inside its write: nothing reached this process yet.
+        assert watcher.preemption_message is None
+        service.released.set()
+        message = watcher.wait(HANG)
+        assert message is not None and message.startswith("worker 0: termination notice")
+        assert service.value(_driver.PREEMPTION_NOTICE_KEY) == message
+    finally:
+        service.released.set()
+        watcher.close()
+        h.close()
