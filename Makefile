@@ -24,10 +24,15 @@ $(STAMP): Makefile
 	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	touch $(STAMP)
 
+# The editable build puts _native.abi3.so into python/tf_failure_handling/; a
+# version-specific _native.cpython-*.so left there by an older build would be
+# imported before it, so every build removes the old ones first.
 build: $(STAMP)
+	rm -f python/tf_failure_handling/_native.*.so
 	$(VENV)/bin/maturin develop --quiet
 
 build-release: $(STAMP)
+	rm -f python/tf_failure_handling/_native.*.so
 	$(VENV)/bin/maturin develop --quiet --release
 
 demo: build
@@ -65,20 +70,17 @@ bench: build-release
 reliability: build
 	$(PY) tests/reliability/run.py
 
-# Wheels users install without Rust: one per CPython 3.10-3.13 (version-specific,
-# not abi3: README, Install), built with pyenv's interpreters into dist/.
-PYENV_VERSIONS := $(shell pyenv root 2>/dev/null)/versions
-WHEEL_PYTHONS ?= $(foreach v,3.10 3.11 3.12 3.13,$(lastword $(sort $(wildcard $(PYENV_VERSIONS)/$(v).*/bin/python$(v)))))
-
-# maturin links through zig (pip's ziglang) for manylinux2014 (glibc 2.17, as
-# TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
+# The wheel users install without Rust: one stable-ABI (abi3) wheel for CPython
+# 3.10-3.13 (README, Install), into dist/. maturin links through zig (pip's
+# ziglang) for manylinux2014 (glibc 2.17, as TensorFlow 2.16's own wheels), not
+# this machine's glibc 2.36 (manylinux_2_34 otherwise).
 ZIG := "ziglang==0.13.*"
 
 wheel: $(STAMP)
 	$(PY) -m pip install --quiet $(ZIG)
 	rm -f dist/tf_failure_handling-*.whl
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/maturin build --quiet --release --zig \
-		--compatibility manylinux2014 --out dist $(addprefix -i ,$(WHEEL_PYTHONS))
+		--compatibility manylinux2014 --out dist -i $(PY)
 	ls dist/
 
 # The compatibility matrix (tests/compat/run_matrix.py): one virtualenv per

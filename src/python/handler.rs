@@ -233,10 +233,12 @@ unsafe fn vectorcall(
     unsafe { ffi::PyObject_Vectorcall(callable, args, nargs, kwnames) }
 }
 
-/// `PyObject_Vectorcall` in the stable-ABI build (feature `abi3`): the
-/// stable ABI has it from 3.12 only, so it is looked up in the running
-/// interpreter (3.11 exports it too); on 3.10 the arguments are packed into a
-/// tuple and a dict for `PyObject_Call`.
+/// `PyObject_Vectorcall` in the stable-ABI build (feature `abi3`, the
+/// wheel's): the stable ABI has it from 3.12 only, so it is looked up in the
+/// running interpreter, which exports it from 3.11; on 3.10 the call goes
+/// through `PyObject_VectorcallDict` (exported from 3.9), with the keyword
+/// arguments, when there are any, in a dict. Either way the positional
+/// arguments are not copied into a tuple.
 ///
 /// # Safety
 ///
@@ -251,47 +253,65 @@ unsafe fn vectorcall(
 ) -> *mut ffi::PyObject {
     type Vectorcall =
         unsafe extern "C-unwind" fn(*mut ffi::PyObject, *const *mut ffi::PyObject, usize, *mut ffi::PyObject) -> *mut ffi::PyObject;
-    static FUNCTION: std::sync::OnceLock<Option<Vectorcall>> = std::sync::OnceLock::new();
-    let function = FUNCTION.get_or_init(|| {
+    /// The interpreter's entry points, looked up once.
+    enum Entry {
+        Vectorcall(Vectorcall),
+        VectorcallDict(Vectorcall),
+        Call,
+    }
+    fn lookup(name: &std::ffi::CStr) -> Option<Vectorcall> {
         // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name.
-        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"PyObject_Vectorcall".as_ptr()) };
-        // SAFETY: PEP 590's signature, the same in every CPython that exports it.
+        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        // SAFETY: both names have this signature (PEP 590) in every CPython
+        // that exports them; the last argument is kwnames or a kwargs dict.
         (!symbol.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Vectorcall>(symbol) })
+    }
+    static ENTRY: std::sync::OnceLock<Entry> = std::sync::OnceLock::new();
+    let entry = ENTRY.get_or_init(|| {
+        lookup(c"PyObject_Vectorcall")
+            .map(Entry::Vectorcall)
+            .or_else(|| lookup(c"PyObject_VectorcallDict").map(Entry::VectorcallDict))
+            .unwrap_or(Entry::Call)
     });
-    if let Some(f) = function {
+    if let Entry::Vectorcall(f) = entry {
         // SAFETY: the caller's contract.
         return unsafe { f(callable, args, nargs, kwnames) };
     }
     // SAFETY: the caller's contract; every reference created here is released.
     unsafe {
         #[allow(clippy::cast_possible_wrap)]
-        let nargs = nargs as ffi::Py_ssize_t;
-        let tuple = ffi::PyTuple_New(nargs);
-        if tuple.is_null() {
-            return std::ptr::null_mut();
-        }
-        for i in 0..nargs {
-            let arg = *args.offset(i);
-            ffi::Py_INCREF(arg);
-            ffi::PyTuple_SetItem(tuple, i, arg);
-        }
+        let positional = nargs as ffi::Py_ssize_t;
         let mut kwargs = std::ptr::null_mut();
         if !kwnames.is_null() {
             kwargs = ffi::PyDict_New();
             if kwargs.is_null() {
-                ffi::Py_DECREF(tuple);
                 return std::ptr::null_mut();
             }
             for i in 0..ffi::PyTuple_Size(kwnames) {
-                if ffi::PyDict_SetItem(kwargs, ffi::PyTuple_GetItem(kwnames, i), *args.offset(nargs + i)) != 0 {
-                    ffi::Py_DECREF(tuple);
+                if ffi::PyDict_SetItem(kwargs, ffi::PyTuple_GetItem(kwnames, i), *args.offset(positional + i)) != 0 {
                     ffi::Py_DECREF(kwargs);
                     return std::ptr::null_mut();
                 }
             }
         }
-        let result = ffi::PyObject_Call(callable, tuple, kwargs);
-        ffi::Py_DECREF(tuple);
+        let result = match entry {
+            Entry::VectorcallDict(f) => f(callable, args, nargs, kwargs),
+            _ => {
+                let tuple = ffi::PyTuple_New(positional);
+                if tuple.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    for i in 0..positional {
+                        let arg = *args.offset(i);
+                        ffi::Py_INCREF(arg);
+                        ffi::PyTuple_SetItem(tuple, i, arg);
+                    }
+                    let result = ffi::PyObject_Call(callable, tuple, kwargs);
+                    ffi::Py_DECREF(tuple);
+                    result
+                }
+            }
+        };
         if !kwargs.is_null() {
             ffi::Py_DECREF(kwargs);
         }

@@ -71,8 +71,10 @@ REAL_TF_TESTS = [
 ]
 
 #: Keras 3 as the Makefile pins it (``_keras_internals.TESTED_KERAS``). Keras 3.13 and
-#: later need Python 3.11: on 3.10 TensorFlow's own dependency picks Keras (3.12.x).
+#: later need Python 3.11: Python 3.10 gets 3.12, the newest it can install (one of
+#: ``_keras_internals.TESTED_KERAS_RELEASES``).
 KERAS = "keras==3.15.*"
+KERAS_ON_310 = "keras==3.12.*"
 KERAS_MIN_PYTHON = (3, 11)
 TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis"]
 
@@ -150,7 +152,8 @@ def prepare(result: Result, dist: Path, log) -> Path | None:
     venv = VENVS / f"tf{result.tf}-py{result.python}"
     py = venv / "bin" / "python"
     stamp = venv / ".deps"
-    keras = [KERAS] if tuple(int(x) for x in result.python.split(".")) >= KERAS_MIN_PYTHON else []
+    new = tuple(int(x) for x in result.python.split(".")) >= KERAS_MIN_PYTHON
+    keras = [KERAS if new else KERAS_ON_310]
     deps = [f"tensorflow-cpu=={result.tf}.*", f"tf-keras=={result.tf}.*", *keras, *TEST_DEPS]
     if not (stamp.exists() and stamp.read_text().strip() == json.dumps(deps)):
         base = pyenv_python(result.python)
