@@ -82,6 +82,8 @@ TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis"]
 #: one pip install, which downloads TensorFlow).
 PYTEST_TIMEOUT_S = 3600
 PIP_TIMEOUT_S = 1800
+#: How much of a failed combination's log is printed (CI shows nothing else of it).
+LOG_TAIL_LINES = 80
 
 
 @dataclass
@@ -100,11 +102,20 @@ class Result:
     note: str = ""
 
 
+def pyenv_root() -> Path:
+    """pyenv's root: ``pyenv root``, else ``$PYENV_ROOT``, else ``~/.pyenv``."""
+    try:
+        out = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=60)
+        if out.returncode == 0 and out.stdout.strip():
+            return Path(out.stdout.strip())
+    except OSError:
+        pass
+    return Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+
+
 def pyenv_python(version: str) -> Path:
     """The newest pyenv interpreter ``version.*``."""
-    root = Path(
-        subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
-    )
+    root = pyenv_root()
     candidates = sorted(
         (
             p
@@ -114,7 +125,10 @@ def pyenv_python(version: str) -> Path:
         key=lambda p: int(p.name.rsplit(".", 1)[1]),
     )
     if not candidates:
-        raise FileNotFoundError(f"pyenv has no Python {version} under {root / 'versions'}")
+        raise FileNotFoundError(
+            f"no Python {version} under {root / 'versions'}: the compatibility matrix needs "
+            f"pyenv's CPython {version} (pyenv install {version})"
+        )
     return candidates[-1] / "bin" / "python"
 
 
@@ -303,6 +317,10 @@ def main() -> int:
             f"{result.skipped} skipped in {result.seconds:.0f} s {result.note}",
             flush=True,
         )
+        if result.verdict != "pass":
+            log_path = VENVS / f"tf{tf}-py{py}.log"
+            tail = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            print(f"  last {len(tail)} lines of {log_path}:", *tail, sep="\n    ", flush=True)
         results.append(result)
     matrix = table(results)
     print("\nREADME, compatibility matrix:\n")
