@@ -1,15 +1,22 @@
 """The stable-ABI (abi3) wheel against the version-specific one: run(), queue, classifier.
 
-Builds both release wheels of this checkout for one interpreter (a virtualenv with
-TensorFlow, such as ``.venv``), then for each of ``--rounds`` rounds installs each
-wheel in turn (``--force-reinstall --no-deps``) and runs ``bench_run.py``,
-``bench_closure_queue.py`` and ``bench_classify.py`` against it, one log per
+Builds both release wheels of this checkout (with ``.venv``'s maturin) for one
+interpreter (a virtualenv with TensorFlow, such as ``.venv``), then for each of
+``--rounds`` rounds installs each wheel in turn (``--force-reinstall --no-deps``)
+and runs ``bench_run.py``, ``bench_closure_queue.py`` and ``bench_classify.py``
+against it, one log per
 build and round in ``--out``. Prints tf-failure-handling's figures per build, one
 value per round: the README's "One abi3 wheel" table. The virtualenv is left with
 the abi3 wheel installed (``make build`` restores the editable build).
 
     python benches/compare_builds.py [--python .venv/bin/python] [--rounds 3]
     python benches/compare_builds.py --summarize DIR     # the table from earlier logs
+    python benches/compare_builds.py --micro [--rounds 5]
+
+``--micro`` runs, instead of the three benches, two loops with nothing around them
+(no TensorFlow): ``put``+``get``+``mark_finished`` on the native queue and
+``is_worker_failure`` on a ``ValueError``, each the minimum over 15 loops of 100,000
+calls, which is what a busy machine disturbs least.
 """
 
 from __future__ import annotations
@@ -51,6 +58,67 @@ ROWS = {
 }
 
 
+MICRO = """
+import time
+from tf_failure_handling import _native
+
+
+class Closure:
+    tag = None
+
+
+def best(loop):
+    return min(loop(100_000) for _ in range(15))
+
+
+def queue(n, q=_native.ClosureQueue(), closure=Closure()):
+    put, get, finish = q.put, q.get, q.mark_finished
+    start = time.perf_counter_ns()
+    for _ in range(n):
+        put(closure)
+        get()
+        finish()
+    return (time.perf_counter_ns() - start) / n
+
+
+def classify(n, error=ValueError("not a failure")):
+    is_worker_failure = _native.is_worker_failure
+    start = time.perf_counter_ns()
+    for _ in range(n):
+        is_worker_failure(error)
+    return (time.perf_counter_ns() - start) / n
+
+
+print(f"{best(queue):.0f} {best(classify):.0f}")
+"""
+
+
+def micro(python: str, wheels: dict[str, Path], rounds: int) -> str:
+    got: dict[str, list[list[str]]] = {build: [] for build in wheels}
+    for _ in range(rounds):
+        for build, wheel in wheels.items():
+            install(python, wheel)
+            out = subprocess.run(
+                [python, "-c", MICRO], cwd="/", capture_output=True, text=True, check=True
+            )
+            got[build].append(out.stdout.split())
+    lines = ["| | " + " | ".join(f"{b} ({rounds} rounds)" for b in wheels) + " |"]
+    lines.append("| --- |" + " --- |" * len(wheels))
+    for i, row in enumerate(
+        ["queue `put`+`get`+`mark_finished`, best of 15", "`is_worker_failure`, best of 15"]
+    ):
+        cells = [", ".join(f"{r[i]} ns" for r in got[build]) for build in wheels]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def install(python: str, wheel: Path) -> None:
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)],
+        check=True,
+    )
+
+
 def cell(log: str, pattern: str, column: int) -> str:
     for line in log.splitlines():
         if re.match(pattern, line):
@@ -88,7 +156,7 @@ def build_wheels(python: str, dest: Path) -> dict[str, Path]:
         where = dest / build
         subprocess.run(
             [
-                *(str(Path(python).parent / "maturin"), "build", "--quiet", "--release"),
+                *(str(ROOT / ".venv" / "bin" / "maturin"), "build", "--quiet", "--release"),
                 *("--features", feature, "--out", str(where), "-i", python),
             ],
             cwd=ROOT,
@@ -104,6 +172,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="where the logs go")
     parser.add_argument("--summarize", type=Path, default=None, metavar="DIR")
+    parser.add_argument("--micro", action="store_true", help="the two bare loops only")
     args = parser.parse_args()
     if args.summarize:
         print(summarize(args.summarize, args.rounds))
@@ -111,6 +180,9 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="compare-builds-"))
     out.mkdir(parents=True, exist_ok=True)
     wheels = build_wheels(args.python, out / "wheels")
+    if args.micro:
+        print(micro(args.python, wheels, args.rounds))
+        return 0
     for r in range(1, args.rounds + 1):
         for build, wheel in wheels.items():
             subprocess.run(
