@@ -43,6 +43,10 @@ log = logging.getLogger("tf_failure_handling")
 
 #: The Keras release these internals were read from and are tested with.
 TESTED_KERAS = "3.15"
+#: Every Keras release the tests run with: :data:`TESTED_KERAS` on Python 3.11 and later,
+#: and 3.12, the newest Keras that installs on Python 3.10 (``make test-compat`` runs the
+#: Keras tests with it on TensorFlow 2.16 and 2.21).
+TESTED_KERAS_RELEASES = ("3.12", TESTED_KERAS)
 _warned_version: list = []
 #: How far up the stack the callback hook may be from ``fit`` (CallbackList, wrappers).
 _MAX_FRAMES = 64
@@ -157,12 +161,13 @@ def attach(model: Any) -> FitCall:
         ) from e
 
     version = keras_version()
-    if not version.startswith(TESTED_KERAS + ".") and not _warned_version:
+    tested = any(version.startswith(release + ".") for release in TESTED_KERAS_RELEASES)
+    if not tested and not _warned_version:
         _warned_version.append(version)
         log.warning(
             "PreemptionCheckpoint is tested with Keras %s; this is Keras %s. The internals it "
             "uses are checked when fit starts, but their behaviour is untested with it.",
-            TESTED_KERAS,
+            " and ".join(TESTED_KERAS_RELEASES),
             version,
         )
     detach_leftovers(model)

@@ -49,8 +49,9 @@ from tensorflow.python.distribute.coordinator import values as _values
 from tensorflow.python.eager import cancellation as _cancellation
 from tensorflow.python.eager import context as _eager_context
 from tensorflow.python.framework import errors as _tf_errors
+from tensorflow.python.framework import versions as _tf_versions_module
 
-from . import _closures, _failure
+from . import _closures, _failure, _tf_versions
 from ._closure_queue import ClosureQueue
 
 log = logging.getLogger("tf_failure_handling")
@@ -275,6 +276,8 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         if getattr(self, "_has_initialized", False):
             return
         timeout = _recovery_timeout(worker_recovery_timeout)
+        # This class re-creates and subclasses TF internals (_tf_versions.RELIED_ON).
+        _tf_versions.warn_if_untested(_tf_versions_module.__version__)
         self._strategy = strategy
         self.strategy.extended._used_with_coordinator = True
         self._cluster = _Cluster(strategy, timeout)

@@ -47,6 +47,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyInt, PySet, PyString, PyTuple, PyType};
 
+use super::layout;
 use crate::failure::{self as core, ErrorKind, Gate, Kinds, Stage, Verdict};
 
 /// The classes of [`ErrorKind::ALL`], resolved once by
@@ -160,13 +161,15 @@ impl TypeFacts {
 /// over the `__dict__` in `BaseException`'s slot: metaclass `type`, no
 /// `__getattribute__`/`__getattr__`, `__dict__` where `BaseException` keeps it.
 /// For such a type, an attribute that is not on the class is the instance
-/// dict's entry when it has one.
+/// dict's entry when it has one. Never true where [`layout`] cannot read the
+/// type's slots.
 fn plain_dict(ty: &Bound<'_, PyType>) -> bool {
-    // SAFETY: reading plain fields of a live type object.
-    let (getattro, dictoffset) = unsafe { ((*ty.as_type_ptr()).tp_getattro, (*ty.as_type_ptr()).tp_dictoffset) };
+    let Some((getattro, dictoffset)) = layout::getattro_and_dictoffset(ty) else {
+        return false;
+    };
     ty.get_type().is(ty.py().get_type::<PyType>())
-        && getattro.map(|f| f as *const ()) == Some(ffi::PyObject_GenericGetAttr as *const ())
-        && usize::try_from(dictoffset).ok() == Some(std::mem::offset_of!(ffi::PyBaseExceptionObject, dict))
+        && getattro == ffi::PyObject_GenericGetAttr as *const ()
+        && dictoffset == layout::EXCEPTION_DICT_OFFSET
 }
 
 /// `obj.__dict__[key]`, for an exception of a [`plain_dict`] type.
@@ -176,7 +179,7 @@ fn dict_item<'py>(obj: &Bound<'py, PyAny>, key: &Bound<'py, PyString>) -> PyResu
     // `BaseException` dict slot is NULL or a dict; the item is borrowed and
     // owned at once, before anything else can run.
     unsafe {
-        let dict = (*obj.as_ptr().cast::<ffi::PyBaseExceptionObject>()).dict;
+        let dict = layout::exception_dict(obj);
         if dict.is_null() || ffi::PyDict_Check(dict) == 0 {
             return Ok(None);
         }
@@ -209,8 +212,7 @@ fn cache_slots(tag: u32) -> [&'static AtomicU64; 2] {
 }
 
 fn version_tag(ty: &Bound<'_, PyType>) -> u32 {
-    // SAFETY: `ty` is a live type object; reading a plain field of it.
-    unsafe { (*ty.as_type_ptr()).tp_version_tag }
+    layout::version_tag(ty)
 }
 
 /// The facts of `obj`'s type: cached for exceptions when every class is

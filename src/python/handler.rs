@@ -170,7 +170,7 @@ unsafe extern "C-unwind" fn run_fastcall(
         }
         // SAFETY: forwarding our own vectorcall arguments; we own `method`.
         return unsafe {
-            let result = ffi::PyObject_Vectorcall(method, args, 0, kwnames);
+            let result = vectorcall(method, args, 0, kwnames);
             ffi::Py_DECREF(method);
             result
         };
@@ -193,7 +193,7 @@ unsafe extern "C-unwind" fn run_fastcall(
     let positional = (nargs - 1) as usize;
     // SAFETY: `args` holds `nargs` positional arguments followed by the
     // keyword values named by `kwnames`; the first is the function.
-    let result = unsafe { ffi::PyObject_Vectorcall(*args, args.add(1), positional, kwnames) };
+    let result = unsafe { vectorcall(*args, args.add(1), positional, kwnames) };
     if result.is_null() {
         // Only raw pointers live across the Python call below.
         let error = PyErr::fetch(py).into_value(py).into_ptr();
@@ -213,6 +213,110 @@ unsafe extern "C-unwind" fn run_fastcall(
     }
     core.run_counter.fetch_add(1, Ordering::Relaxed);
     result
+}
+
+/// `PyObject_Vectorcall` (a version-specific build).
+///
+/// # Safety
+///
+/// As `PyObject_Vectorcall`: the GIL held, `args` holds `nargs` positional
+/// arguments followed by the values of `kwnames` (a tuple of str, or NULL).
+#[cfg(not(feature = "abi3"))]
+#[inline]
+unsafe fn vectorcall(
+    callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: the caller's contract.
+    unsafe { ffi::PyObject_Vectorcall(callable, args, nargs, kwnames) }
+}
+
+/// `PyObject_Vectorcall` in the stable-ABI build (feature `abi3`, the
+/// wheel's): the stable ABI has it from 3.12 only, so it is looked up in the
+/// running interpreter, which exports it from 3.11; on 3.10 the call goes
+/// through `PyObject_VectorcallDict` (exported from 3.9), with the keyword
+/// arguments, when there are any, in a dict. Either way the positional
+/// arguments are not copied into a tuple.
+///
+/// # Safety
+///
+/// As `PyObject_Vectorcall`: the GIL held, `args` holds `nargs` positional
+/// arguments followed by the values of `kwnames` (a tuple of str, or NULL).
+#[cfg(feature = "abi3")]
+unsafe fn vectorcall(
+    callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    type Vectorcall =
+        unsafe extern "C-unwind" fn(*mut ffi::PyObject, *const *mut ffi::PyObject, usize, *mut ffi::PyObject) -> *mut ffi::PyObject;
+    /// The interpreter's entry points, looked up once.
+    enum Entry {
+        Vectorcall(Vectorcall),
+        VectorcallDict(Vectorcall),
+        Call,
+    }
+    fn lookup(name: &std::ffi::CStr) -> Option<Vectorcall> {
+        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name.
+        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        // SAFETY: both names have this signature (PEP 590) in every CPython
+        // that exports them; the last argument is kwnames or a kwargs dict.
+        (!symbol.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Vectorcall>(symbol) })
+    }
+    static ENTRY: std::sync::OnceLock<Entry> = std::sync::OnceLock::new();
+    let entry = ENTRY.get_or_init(|| {
+        lookup(c"PyObject_Vectorcall")
+            .map(Entry::Vectorcall)
+            .or_else(|| lookup(c"PyObject_VectorcallDict").map(Entry::VectorcallDict))
+            .unwrap_or(Entry::Call)
+    });
+    if let Entry::Vectorcall(f) = entry {
+        // SAFETY: the caller's contract.
+        return unsafe { f(callable, args, nargs, kwnames) };
+    }
+    // SAFETY: the caller's contract; every reference created here is released.
+    unsafe {
+        #[allow(clippy::cast_possible_wrap)]
+        let positional = nargs as ffi::Py_ssize_t;
+        let mut kwargs = std::ptr::null_mut();
+        if !kwnames.is_null() {
+            kwargs = ffi::PyDict_New();
+            if kwargs.is_null() {
+                return std::ptr::null_mut();
+            }
+            for i in 0..ffi::PyTuple_Size(kwnames) {
+                if ffi::PyDict_SetItem(kwargs, ffi::PyTuple_GetItem(kwnames, i), *args.offset(positional + i)) != 0 {
+                    ffi::Py_DECREF(kwargs);
+                    return std::ptr::null_mut();
+                }
+            }
+        }
+        let result = match entry {
+            Entry::VectorcallDict(f) => f(callable, args, nargs, kwargs),
+            _ => {
+                let tuple = ffi::PyTuple_New(positional);
+                if tuple.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    for i in 0..positional {
+                        let arg = *args.offset(i);
+                        ffi::Py_INCREF(arg);
+                        ffi::PyTuple_SetItem(tuple, i, arg);
+                    }
+                    let result = ffi::PyObject_Call(callable, tuple, kwargs);
+                    ffi::Py_DECREF(tuple);
+                    result
+                }
+            }
+        };
+        if !kwargs.is_null() {
+            ffi::Py_DECREF(kwargs);
+        }
+        result
+    }
 }
 
 /// A `PyMethodDef` that CPython may point to forever.

@@ -8,6 +8,7 @@
 //! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `failure.rs` | the worker/PS failure classifier |
+//! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!
 //! Blocking calls go through [`wait_sliced`]: on the main thread they release
@@ -27,6 +28,7 @@ mod closure_queue;
 mod failure;
 mod handler;
 mod inbox;
+mod layout;
 mod signals;
 mod sources;
 mod store;
@@ -176,6 +178,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::KeyValueStore>()?;
     closure_queue::register(m)?;
     failure::register(m)?;
+    layout::register(m)?;
     sources::register(m)?;
     Ok(())
 }

@@ -627,3 +627,14 @@ def test_without_tensorflow_uses_stand_ins():
         assert tuple(got) == row[4:], row
     assert len(out["results"]) == len(NO_TF_TABLE)
     assert out["transient"] == [True, True, False, False, True, False, False]
+
+
+def test_the_classifiers_fast_paths_are_on_in_every_supported_python():
+    """The wheel is built for the stable ABI, which hides the type fields the classifier's
+    per-type cache reads (``src/python/layout.rs``); they are read where a check at import
+    finds CPython's layout. On 3.10-3.13 (``requires-python``) that check must pass, or
+    classification silently runs 2-3x slower."""
+    from tf_failure_handling import _native
+
+    assert (3, 10) <= sys.version_info[:2] <= (3, 13)
+    assert _native._type_layout_known() is True
