@@ -54,7 +54,10 @@ ROWS = {
     ),
     "`_is_worker_failure` (mix)": (r"^\| `_is_worker_failure`", 2),
     "`_is_ps_failure` (mix)": (r"^\| `_is_ps_failure`", 2),
-    "both, as the coordinator calls them": (r"^\| both, as the coordinator calls them", 2),
+    "both verdicts of a failed closure (ours: one `classify_failure`)": (
+        r"^\| both verdicts, as the coordinator needs them",
+        2,
+    ),
 }
 
 
