@@ -63,7 +63,8 @@ CHILD_EXIT_BOUND = 30.0
 #: when its parent is gone. Beyond the trial's own bounds (two lives of
 #: ``simulation.CLUSTER_TIMEOUT`` and the joins after a hang).
 CHILD_TRIAL_BOUND = 900.0
-#: The harness's own test: the child stops itself (SIGSTOP) when this seed starts.
+#: The harness's own test: the child stops itself (SIGSTOP) when this seed starts,
+#: or, set to ``"exit"``, ends with exit code 3 after saying it is done.
 FREEZE_ENV = "TFH_DEBUG_TRIALS_FREEZE_AT_SEED"
 
 
@@ -86,6 +87,12 @@ class Tally:
             self.zero[column][kind] += int(record.get(column, 0))
         if record.get("violations"):
             self.failures.append((kind, record.get("describe", ""), record["violations"]))
+
+    def add_outside_trials(self, kind: str, violation: str, hangs: int = 0) -> None:
+        """A violation that belongs to no trial (a child that hung or died after its
+        last one): counted in the zero columns and listed, but not as a trial."""
+        self.zero["hangs"][kind] += hangs
+        self.failures.append((kind, "", [violation]))
 
     def table(self, seeds: str) -> str:
         kinds = sorted(self.trials)
@@ -199,7 +206,7 @@ def debug_child(start: int, count: int, log_file: str) -> int:
     for seed in range(start, start + count):
         plan = make_plan(seed)
         say(event="start", seed=seed, kind=plan.kind)
-        if freeze_at is not None and int(freeze_at) == seed:
+        if freeze_at not in (None, "exit") and int(freeze_at) == seed:
             os.kill(os.getpid(), signal.SIGSTOP)  # the harness's own test: a silent child
         faulthandler.dump_traceback_later(CHILD_TRIAL_BOUND, exit=True)
         result = run_trial(plan)
@@ -207,6 +214,8 @@ def debug_child(start: int, count: int, log_file: str) -> int:
         say(event="trial", seed=seed, kind=plan.kind, record=_trial_record(plan, result))
     stop.set()
     say(event="done", records=_NativeCounting.records, native=_NativeCounting.native)
+    if freeze_at == "exit":
+        os._exit(3)  # the harness's own test: a child that dies on its way out
     return 0
 
 
@@ -296,6 +305,7 @@ def run_debug_logging(
                     finished = True
             if hung:
                 child.send_signal(signal.SIGABRT)  # faulthandler dumps every thread
+                child.send_signal(signal.SIGCONT)  # ... also when the child is stopped
             try:
                 child.wait(CHILD_EXIT_BOUND)
             except subprocess.TimeoutExpired:
@@ -305,6 +315,25 @@ def run_debug_logging(
             child.stdout.close()
             if finished and child.returncode == 0:
                 continue  # every seed ran (seed == end now)
+            if current is None and seed == end:
+                # Every trial was reported; the child hung or died on its way out.
+                what = (
+                    f"no sign of life for {STALL_BOUND:g}s after its last trial"
+                    if hung
+                    else f"exit code {child.returncode} after its last trial"
+                    + (
+                        f" (it did not exit {CHILD_EXIT_BOUND:g}s after saying done)"
+                        if finished
+                        else ""
+                    )
+                )
+                tally.add_outside_trials(
+                    DEBUG_ROW,
+                    f"DEBUG-logging child of seeds up to {end - 1}: {what}; its stderr ends:\n"
+                    + _tail(stderr_path),
+                    hangs=int(hung),
+                )
+                break
             # The child hung or died inside the trial of `current` (or before its first).
             failed = seed if current is None else current
             plan = make_plan(failed)
