@@ -306,10 +306,12 @@ def run_debug_logging(
             if hung:
                 child.send_signal(signal.SIGABRT)  # faulthandler dumps every thread
                 child.send_signal(signal.SIGCONT)  # ... also when the child is stopped
+            killed = False
             try:
                 child.wait(CHILD_EXIT_BOUND)
             except subprocess.TimeoutExpired:
                 child.kill()
+                killed = True
                 child.wait(CHILD_EXIT_BOUND)
             reader.join(CHILD_EXIT_BOUND)
             child.stdout.close()
@@ -317,21 +319,17 @@ def run_debug_logging(
                 continue  # every seed ran (seed == end now)
             if current is None and seed == end:
                 # Every trial was reported; the child hung or died on its way out.
-                what = (
-                    f"no sign of life for {STALL_BOUND:g}s after its last trial"
-                    if hung
-                    else f"exit code {child.returncode} after its last trial"
-                    + (
-                        f" (it did not exit {CHILD_EXIT_BOUND:g}s after saying done)"
-                        if finished
-                        else ""
-                    )
-                )
+                if hung:
+                    what = f"no sign of life for {STALL_BOUND:g}s after its last trial"
+                elif killed:
+                    what = f"still running {CHILD_EXIT_BOUND:g}s after its last trial (killed)"
+                else:
+                    what = f"exit code {child.returncode} after its last trial"
                 tally.add_outside_trials(
                     DEBUG_ROW,
                     f"DEBUG-logging child of seeds up to {end - 1}: {what}; its stderr ends:\n"
                     + _tail(stderr_path),
-                    hangs=int(hung),
+                    hangs=int(hung or killed),
                 )
                 break
             # The child hung or died inside the trial of `current` (or before its first).

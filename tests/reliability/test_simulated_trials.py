@@ -315,5 +315,5 @@ def test_the_harness_reports_a_child_that_dies_after_its_last_trial(monkeypatch)
     assert tally.zero["hangs"][long_mode.DEBUG_ROW] == 0
     [(_, _, violations)] = tally.failures
     assert violations[0].startswith(
-        f"DEBUG-logging child of seeds up to {start + 1}: exit code 3 after its last trial"
+        f"DEBUG-logging child of seeds up to {start + 1}: exit code 3 after its last trial;"
     ), violations[0]
