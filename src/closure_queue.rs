@@ -545,6 +545,27 @@ impl<T, E, K: Eq + Hash> ClosureQueue<T, E, K> {
         self.state.lock().inflight
     }
 
+    /// Sets the in-flight count to `count`, as TensorFlow's tests do with
+    /// `_inflight_closure_count += 1` to keep a `join()` from returning (and
+    /// `-= 1` to let it). Reaching 0 wakes what waits for nothing in flight,
+    /// as a finished closure does.
+    pub fn set_inflight(&self, count: usize) {
+        let mut s = self.state.lock();
+        s.inflight = count;
+        if count == 0 {
+            self.no_inflight.notify_all();
+            if s.main.is_empty() {
+                self.stop_waiting.notify_all();
+            }
+        }
+    }
+
+    /// `f` of the pending error, if any, run under the queue's lock: it must
+    /// not block (the binding only takes a new reference to it).
+    pub fn with_error<R>(&self, f: impl FnOnce(Option<&E>) -> R) -> R {
+        f(self.state.lock().error.as_ref())
+    }
+
     /// Closures in the main queue.
     pub fn queued(&self) -> usize {
         self.state.lock().main.len()
@@ -1557,5 +1578,36 @@ mod tests {
         ) {
             run_threads(capacity, &sched, &workers);
         }
+    }
+
+    #[test]
+    fn set_inflight_holds_a_wait_until_it_returns_to_zero() {
+        let q = Q::new(0);
+        q.set_inflight(1);
+        assert_eq!(q.inflight(), 1);
+        assert!(matches!(q.wait(soon(20)), Err(WaitError::Timeout)), "one closure counted in flight");
+        let q = Arc::new(q);
+        let waiter = {
+            let q = Arc::clone(&q);
+            thread::spawn(move || matches!(q.wait(soon(10_000)), Ok(Settled::Done)))
+        };
+        q.set_inflight(0);
+        assert!(waiter.join().unwrap(), "the wait returns once the count is back at zero");
+    }
+
+    #[test]
+    fn with_error_sees_the_pending_error_until_it_is_raised() {
+        let q = Q::new(0);
+        assert_eq!(q.with_error(|e| e.copied()), None);
+        assert!(matches!(q.put(1, None).unwrap(), Put::Queued));
+        q.try_get(None).unwrap();
+        q.mark_failed("boom").unwrap();
+        assert_eq!(q.with_error(|e| e.copied()), Some("boom"));
+        let Done::Failed(mut c) = q.done() else {
+            panic!("the error is pending")
+        };
+        let cancelled = c.try_finish().unwrap();
+        assert_eq!(cancelled.error, "boom");
+        assert_eq!(q.with_error(|e| e.copied()), None, "raised: no longer pending");
     }
 }

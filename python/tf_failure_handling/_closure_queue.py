@@ -7,9 +7,12 @@ what TensorFlow's ``Cluster`` and ``Worker`` read from it: the cancellation mana
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional
 
 from . import _native
+
+log = logging.getLogger("tf_failure_handling")
 
 #: TensorFlow's ``_CLOSURE_QUEUE_MAX_SIZE``.
 MAX_SIZE: int = _native.CLOSURE_QUEUE_MAX_SIZE
@@ -52,8 +55,10 @@ class ClosureQueue(_native.ClosureQueue):
 
     ``put(closure, tag=None)``, ``get(timeout=None, tag=None)``, ``mark_finished()``,
     ``put_back(closure)``, ``mark_failed(e)``, ``wait(timeout=None)``, ``done()``,
-    ``stop()``, ``clear_tag_unlocked(tag)``, ``inflight_closure_count`` and
-    ``_cancellation_mgr`` behave as TensorFlow's. Blocking calls release the GIL and
+    ``stop()``, ``clear_tag_unlocked(tag)``, ``inflight_closure_count`` (and its setter),
+    ``_inflight_closure_count``, ``_error`` (the pending error) and ``_cancellation_mgr``
+    behave as TensorFlow's, and a cancellation logs TensorFlow's ``Start cancelling
+    closures due to error ...`` at ERROR. Blocking calls release the GIL and
     answer Ctrl-C. Differences from TensorFlow:
 
     * timeouts are deadlines: TF restarts ``wait``'s and ``get``'s timeout whenever the
@@ -73,9 +78,25 @@ class ClosureQueue(_native.ClosureQueue):
     def __init__(self, max_size: int = MAX_SIZE) -> None:
         self._cancellation_mgr = _new_cancellation_manager()
 
+    @property
+    def _inflight_closure_count(self) -> int:
+        """TensorFlow's private counter, as a view of the native one.
+
+        TensorFlow's tests read it and add to it (``+= 1`` holds a ``join()``
+        open, ``-= 1`` lets it return); both act on the count the queue waits on.
+        """
+        return self.inflight_closure_count
+
+    @_inflight_closure_count.setter
+    def _inflight_closure_count(self, value: int) -> None:
+        self.inflight_closure_count = value
+
     def _start_cancel(self) -> None:
         # Called by the native side, holding no lock, before it waits for the
-        # closures in flight.
+        # closures in flight. TF's log lines, at TF's levels.
+        error = self._error
+        log.error("Start cancelling closures due to error %r: %s", error, error)
+        log.info("Canceling all closures: waiting for inflight closures to finish")
         self._cancellation_mgr.start_cancel()
 
     def _cancel_done(self) -> None:

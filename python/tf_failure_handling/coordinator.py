@@ -219,7 +219,15 @@ class _Cluster(_tf_cc.Cluster):
         self._num_workers = strategy._num_workers
         self._num_ps = strategy._num_ps
         self._transient = _failure.TransientFailures(self._num_ps, self._num_workers)
-        self.closure_queue = ClosureQueue()
+        # TF's module-level bound, read when the cluster is built as TF does
+        # (TF's own tests set it to 2 first); <= 0 is unbounded.
+        max_size = _tf_cc._CLOSURE_QUEUE_MAX_SIZE
+        if max_size <= 0:
+            log.warning(
+                "In a `ClusterCoordinator`, creating an infinite closure queue can "
+                "consume a significant amount of memory and even lead to OOM."
+            )
+        self.closure_queue = ClosureQueue(max_size)
         if os.getenv("TF_PSS_ENABLE_COORDINATION_SERVICE"):
             # TF's experimental coordination-service failure detection, as is.
             self.failure_handler = _tf_cc.CoordinationServicePreemptionHandler(

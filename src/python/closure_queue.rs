@@ -256,6 +256,21 @@ impl PyClosureQueue {
         self.core.inflight()
     }
 
+    /// Sets the count `wait()` and a cancellation wait for (TensorFlow's
+    /// setter, which its tests use to hold a `join()` open).
+    #[setter]
+    fn set_inflight_closure_count(&self, count: usize) {
+        self.core.set_inflight(count);
+    }
+
+    /// The pending error (TensorFlow's `_error`): what the next put, wait
+    /// or done raises; None when there is none.
+    #[getter]
+    fn _error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        // A new reference, taken under the queue's lock; no Python runs.
+        self.core.with_error(|e| e.map(|e| e.clone_ref(py)))
+    }
+
     /// Closures in the main queue.
     fn qsize(&self) -> usize {
         self.core.queued()

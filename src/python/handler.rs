@@ -215,6 +215,48 @@ unsafe extern "C-unwind" fn run_fastcall(
     result
 }
 
+/// The signature of `PyObject_Vectorcall` and `PyObject_VectorcallDict`.
+#[cfg(feature = "abi3")]
+type Vectorcall =
+    unsafe extern "C-unwind" fn(*mut ffi::PyObject, *const *mut ffi::PyObject, usize, *mut ffi::PyObject) -> *mut ffi::PyObject;
+
+/// The interpreter's vectorcall entry points, looked up once.
+#[cfg(feature = "abi3")]
+enum Entry {
+    Vectorcall(Vectorcall),
+    VectorcallDict(Vectorcall),
+    Call,
+}
+
+#[cfg(feature = "abi3")]
+static VECTORCALL_ENTRY: std::sync::OnceLock<Entry> = std::sync::OnceLock::new();
+
+/// The entry point [`vectorcall`] uses. A std `OnceLock`: its initializer
+/// only calls `dlsym` (no Python, no GIL), and [`resolve_vectorcall`] fills
+/// it in the module's init anyway (`mod.rs`, "Locks and the GIL").
+#[cfg(feature = "abi3")]
+fn vectorcall_entry() -> &'static Entry {
+    fn lookup(name: &std::ffi::CStr) -> Option<Vectorcall> {
+        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name.
+        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        // SAFETY: both names have this signature (PEP 590) in every CPython
+        // that exports them; the last argument is kwnames or a kwargs dict.
+        (!symbol.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Vectorcall>(symbol) })
+    }
+    VECTORCALL_ENTRY.get_or_init(|| {
+        lookup(c"PyObject_Vectorcall")
+            .map(Entry::Vectorcall)
+            .or_else(|| lookup(c"PyObject_VectorcallDict").map(Entry::VectorcallDict))
+            .unwrap_or(Entry::Call)
+    })
+}
+
+/// Looks up [`vectorcall`]'s entry point now (the module's init).
+pub(crate) fn resolve_vectorcall() {
+    #[cfg(feature = "abi3")]
+    let _ = vectorcall_entry();
+}
+
 /// `PyObject_Vectorcall` (a version-specific build).
 ///
 /// # Safety
@@ -251,28 +293,7 @@ unsafe fn vectorcall(
     nargs: usize,
     kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
-    type Vectorcall =
-        unsafe extern "C-unwind" fn(*mut ffi::PyObject, *const *mut ffi::PyObject, usize, *mut ffi::PyObject) -> *mut ffi::PyObject;
-    /// The interpreter's entry points, looked up once.
-    enum Entry {
-        Vectorcall(Vectorcall),
-        VectorcallDict(Vectorcall),
-        Call,
-    }
-    fn lookup(name: &std::ffi::CStr) -> Option<Vectorcall> {
-        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name.
-        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-        // SAFETY: both names have this signature (PEP 590) in every CPython
-        // that exports them; the last argument is kwnames or a kwargs dict.
-        (!symbol.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Vectorcall>(symbol) })
-    }
-    static ENTRY: std::sync::OnceLock<Entry> = std::sync::OnceLock::new();
-    let entry = ENTRY.get_or_init(|| {
-        lookup(c"PyObject_Vectorcall")
-            .map(Entry::Vectorcall)
-            .or_else(|| lookup(c"PyObject_VectorcallDict").map(Entry::VectorcallDict))
-            .unwrap_or(Entry::Call)
-    });
+    let entry = vectorcall_entry();
     if let Entry::Vectorcall(f) = entry {
         // SAFETY: the caller's contract.
         return unsafe { f(callable, args, nargs, kwnames) };

@@ -14,12 +14,11 @@
 //! user-defined exception types. On any other interpreter (3.14, free-threaded)
 //! the check fails and the classifier takes its slow path: right, only slower.
 
-use std::ffi::{c_char, c_uint, c_ulong, c_void, CStr};
-use std::sync::OnceLock;
-
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
+use std::ffi::{c_char, c_uint, c_ulong, c_void, CStr};
 
 /// `PyObject_HEAD`: reference count and type.
 #[repr(C)]
@@ -93,9 +92,18 @@ struct BaseExceptionPrefix {
 pub(crate) const EXCEPTION_DICT_OFFSET: isize = std::mem::offset_of!(BaseExceptionPrefix, dict) as isize;
 
 /// Whether the prefixes match the running interpreter ([`check`], once).
+///
+/// A `PyOnceLock`, not a `std::sync::OnceLock`: [`check`] runs Python
+/// (`py.import`, `py.run`), which may switch threads. With a std `OnceLock`,
+/// a second thread that reached here attached would block in
+/// `OnceLock::initialize` holding the GIL, while the initializing thread
+/// waits for the GIL to go on: the coordinator hang of issue 26 (eight worker
+/// threads classifying their first failures at once). `PyOnceLock` detaches
+/// while it waits. The module's init also calls [`known`] once
+/// ([`register`]), so in practice the cell is set before any thread can race.
 fn known(py: Python<'_>) -> bool {
-    static KNOWN: OnceLock<bool> = OnceLock::new();
-    *KNOWN.get_or_init(|| match check(py) {
+    static KNOWN: PyOnceLock<bool> = PyOnceLock::new();
+    *KNOWN.get_or_init(py, || match check(py) {
         Ok(true) => true,
         Ok(false) => {
             log::info!(
@@ -203,5 +211,7 @@ fn _type_layout_known(py: Python<'_>) -> bool {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Checked while the module initialises, on the importing thread alone.
+    known(m.py());
     m.add_function(wrap_pyfunction!(_type_layout_known, m)?)
 }

@@ -18,6 +18,42 @@
 //! thread does not re-attach every slice and cannot be caught re-attaching
 //! while the interpreter finalizes (see [`detach`]). No Rust lock is held
 //! while Python runs.
+//!
+//! # Locks and the GIL
+//!
+//! The rule: **a thread attached to the interpreter never waits for a thread
+//! that runs Python or needs the GIL.** Anything a thread can block on counts
+//! as a lock here: a `Mutex`, `RwLock` or `Condvar` (std or `parking_lot`), a
+//! channel, and also a `std::sync::Once`, `OnceLock` or `LazyLock`, whose
+//! `get_or_init` blocks every other caller while the first one runs the
+//! initializer. Logging counts as running Python (pyo3-log attaches to hand
+//! the record to `logging`).
+//!
+//! The example that broke it (issue 26): the type-layout check of
+//! `layout.rs` sat in a std `OnceLock` whose initializer ran `py.import` and
+//! `py.run`. Eight coordinator worker threads classified their first failed
+//! closures at once: the first ran the initializer, Python switched threads
+//! inside it, a second thread (holding the GIL) blocked in
+//! `OnceLock::initialize`, and the first never got the GIL back. `join()` hung.
+//!
+//! So, in this binding:
+//!
+//! * a once-cell whose initializer touches Python is a `PyOnceLock` (it
+//!   detaches while it waits), and is filled in the module's init where
+//!   possible, on the importing thread alone (`layout.rs`);
+//! * a std `OnceLock` is used only when its initializer neither attaches nor
+//!   waits for anything that does (the `dlsym` look-ups below and in
+//!   `handler.rs`, also filled in the module's init);
+//! * a Rust lock is taken attached only when none of its holders ever runs
+//!   Python, logs, drops a Python object or waits for the GIL while holding
+//!   it (the closure queue's core, the handler's state, the store); a wait
+//!   that can last (a condvar, a channel, a full queue) is detached
+//!   ([`detach`], [`wait_sliced`]);
+//! * log records are emitted after every Rust lock is released.
+//!
+//! `tests/unit/test_first_calls.py` makes the first call of every native
+//! entry point from eight threads at once in fresh processes, with a tiny
+//! switch interval.
 
 use std::time::{Duration, Instant};
 
@@ -158,6 +194,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let _ = pyo3_log::try_init();
     let main: u64 = py_main_thread_ident(m.py())?;
     let _ = MAIN_THREAD.set(main);
+    // The once-cells filled by `dlsym` are filled here, before any other
+    // thread can call in (see "Locks and the GIL" above).
+    let _ = interpreter_finalizing();
+    handler::resolve_vectorcall();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("RUN_TO_CHECKPOINT", crate::step_resolution::RUN_TO_CHECKPOINT)?;
     m.add("LAST_RUN_TO_CHECKPOINT", crate::step_resolution::LAST_RUN_TO_CHECKPOINT)?;
