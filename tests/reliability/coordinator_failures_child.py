@@ -41,7 +41,6 @@ def main() -> int:
     os.environ.pop("TF_CONFIG", None)
     os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
     import tensorflow as tf
-
     import tf_failure_handling as tfh
 
     ports = free_ports(WORKERS + 2)
