@@ -310,6 +310,10 @@ pub struct Resolver {
     saving: Option<Round>,
     saved: [bool; 2],
     exited: bool,
+    /// The agreed step is the run count at the check, not the next one: the
+    /// coordinator of a ParameterServerStrategy cluster, whose `run()` only
+    /// schedules (no step of its is in progress on other tasks), saves at once.
+    save_at_current_run: bool,
 }
 
 impl Resolver {
@@ -333,6 +337,17 @@ impl Resolver {
             saving: None,
             saved: [false, false],
             exited: false,
+            save_at_current_run: false,
+        }
+    }
+
+    /// Local mode only: the leader's agreed step is the run count at the check
+    /// that publishes it, so the same check saves ([`Resolver::before_step`]
+    /// asked again returns [`Decision::Save`]). For the coordinator of a
+    /// ParameterServerStrategy cluster, whose runs only schedule closures.
+    pub fn save_at_current_run(&mut self) {
+        if self.membership == Membership::Local {
+            self.save_at_current_run = true;
         }
     }
 
@@ -474,7 +489,7 @@ impl Resolver {
         if round == Round::Final && !planner.final_round_due(notice, self.grace_period, now) {
             return Decision::Proceed;
         }
-        let step = run_count + 1;
+        let step = if self.save_at_current_run { run_count } else { run_count + 1 };
         self.published[r] = true;
         // The leader knows the value it publishes; recording it here rather
         // than waiting for its own peer watcher removes a race and keeps

@@ -13,6 +13,7 @@ from typing import Any
 from ._native import __version__
 from ._patch import patch, unpatch
 from .handler import PreemptionCheckpointHandler, TerminationConfig
+from .serving import serve
 from .watcher import PreemptionWatcher
 
 # The coordinator needs TensorFlow; it is imported on first use so that this
@@ -31,6 +32,7 @@ __all__ = [
     "TerminationConfig",
     "__version__",
     "patch",
+    "serve",
     "unpatch",
     *_COORDINATOR_NAMES,
 ]

@@ -336,6 +336,64 @@ class Worker(_tf_cc.Worker):
     error reporting are TF's.
     """
 
+    #: Seconds a worker thread waits for a closure before it looks at its hold flag.
+    GET_SLICE = 0.5
+
+    def _holding(self) -> threading.Event:
+        # Created on first use: TF's ``Worker.__init__`` starts the thread before
+        # a subclass's ``__init__`` could set anything after it.
+        hold = self.__dict__.get("_tfh_hold")
+        if hold is None:
+            hold = self.__dict__.setdefault("_tfh_hold", threading.Event())
+            self.__dict__.setdefault("_tfh_idle", threading.Event())
+        return hold
+
+    def hold(self) -> None:
+        """Stops giving this worker new closures (a termination notice of the worker):
+        its thread finishes the closure it has, then waits for :meth:`resume`."""
+        self._holding().set()
+
+    def resume(self) -> None:
+        """Lets the thread take closures again (the worker is gone or back)."""
+        self._holding().clear()
+        self.__dict__["_tfh_idle"].clear()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """After :meth:`hold`: True once the thread has no closure in flight."""
+        self._holding()
+        return self.__dict__["_tfh_idle"].wait(timeout)
+
+    def _process_queue(self) -> None:
+        """TF's loop, plus the hold of a worker that got a termination notice.
+
+        The get waits in slices so that a hold is seen between closures; a closure
+        taken is always processed (nothing is taken and then left).
+        """
+        self._maybe_delay()
+        hold = self._holding()
+        idle = self.__dict__["_tfh_idle"]
+        queue = self._cluster.closure_queue
+        while self._should_worker_thread_run:
+            if hold.is_set():
+                idle.set()
+                hold.wait(self.GET_SLICE)
+                if hold.is_set():
+                    continue
+            closure = queue.get(timeout=self.GET_SLICE, tag=self.worker_index)
+            if closure is None:
+                if queue.stopped or not self._should_worker_thread_run:
+                    return
+                continue
+            if not self._should_worker_thread_run:
+                closure.mark_cancelled()
+                return
+            if isinstance(closure, _tf_cc.ResourceClosure):
+                self._process_resource_closure(closure)
+            else:
+                self._process_closure(closure)
+            # As TF: no reference to the processed closure survives the loop turn.
+            del closure
+
     def _process_closure(self, closure: Any) -> None:
         queue = self._cluster.closure_queue
         try:

@@ -17,6 +17,10 @@ class Membership:
     is_chief: bool
     task_type: Optional[str]
     task_id: Optional[int]
+    #: The coordinator (chief) of a ParameterServerStrategy cluster: it decides
+    #: alone (local mode for the step protocol) and watches the PS and worker
+    #: tasks through ``_ps_control``.
+    ps_coordinator: bool = False
 
     @property
     def local(self) -> bool:
@@ -44,10 +48,12 @@ def _as_dict(cluster_spec: Any) -> dict:
 def membership(cluster_resolver: Any) -> Membership:
     """The membership of the task ``cluster_resolver`` describes.
 
+    A cluster with a ``ps`` job (ParameterServerStrategy) gives the coordinator's
+    membership (TF raises ``NotImplementedError`` there).
+
     Raises:
-      NotImplementedError: the cluster has a ``ps`` job (as TF).
-      ValueError: the task type is not chief, worker or evaluator, or the task
-        id is not in the cluster.
+      ValueError: the task type is not chief, worker or evaluator (with a ``ps``
+        job: not chief), or the task id is not in the cluster.
       TypeError: ``cluster_resolver`` is not a cluster resolver.
     """
     if cluster_resolver is None:
@@ -60,13 +66,18 @@ def membership(cluster_resolver: Any) -> Membership:
     spec = _as_dict(cluster_resolver.cluster_spec())
     if not spec:
         return LOCAL
-    if "ps" in spec:
-        raise NotImplementedError(
-            "PreemptionCheckpointHandler does not support usage with "
-            "tf.distribute.experimental.ParameterServerStrategy (the cluster has a 'ps' job)."
-        )
     task_type = cluster_resolver.task_type
     task_id = cluster_resolver.task_id
+    if "ps" in spec:
+        # ParameterServerStrategy: the handler runs on the coordinator. TF's
+        # resolvers for it often name no task (SimpleClusterResolver(spec)).
+        if task_type not in (None, "chief"):
+            raise ValueError(
+                f"In a ParameterServerStrategy cluster the PreemptionCheckpointHandler runs on "
+                f"the coordinator (task type 'chief'), not on {task_type!r}: PS and worker "
+                "processes call tf_failure_handling.serve(server) instead of server.join()."
+            )
+        return Membership(None, 1, True, "chief", 0, ps_coordinator=True)
     if task_type not in _WORKER_TYPES:
         raise ValueError(
             f"task_type {task_type!r} has no id in the cluster; expected one of {_WORKER_TYPES}"

@@ -142,7 +142,11 @@ class ProtocolDriver:
         action = self._core_before_step(self._clock())
         if isinstance(action, _native.StepAction.Publish):
             self._publish(action.round_key, action.step, action.ack_keys)
-        elif isinstance(action, _native.StepAction.Save):
+            if self._ps_poller is not None:
+                # The coordinator of a PS cluster saves at the run count it
+                # published, in this same check, before scheduling anything more.
+                action = self._core_before_step(self._clock())
+        if isinstance(action, _native.StepAction.Save):
             self._save_checkpoint_at(action.round_key, action.step, args, kwargs)
 
     def _check_before_step(self, args: tuple, kwargs: Optional[dict]) -> None:
@@ -377,6 +381,8 @@ class ProtocolDriver:
         )
 
     def _save_checkpoint_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
+        if self._ps_poller is not None:
+            self._ps_before_save()
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
         start = self._clock()
         try:
@@ -391,6 +397,8 @@ class ProtocolDriver:
             # a worker that exit_fn chose to keep running).
             self._stop_peer_watcher()
             self._checkpoints.remove_worker_temp(self._is_chief)
+            if self._ps_poller is not None:
+                self._ps_after_save()
             log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
             self._exit_fn()
             # TF carries on silently here; say what state the worker is in.
@@ -705,6 +713,8 @@ class ProtocolDriver:
                 notice.deadline - time.time(),
             )
         action = self._core_notice(self._clock(), deadline)
+        if deadline is not None and self._notice_deadline is None:
+            self._notice_deadline = deadline
         if isinstance(action, _native.NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
             return self._announce(source)

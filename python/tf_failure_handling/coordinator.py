@@ -51,7 +51,7 @@ from tensorflow.python.eager import context as _eager_context
 from tensorflow.python.framework import errors as _tf_errors
 from tensorflow.python.framework import versions as _tf_versions_module
 
-from . import _closures, _failure, _tf_versions
+from . import _closures, _failure, _ps_control, _tf_versions
 from ._closure_queue import ClosureQueue
 
 log = logging.getLogger("tf_failure_handling")
@@ -291,6 +291,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         self._cluster = _Cluster(strategy, timeout)
         self._functions = _closures.ConcreteFunctionCache()
         self._has_initialized = True
+        _ps_control.register_coordinator(self)
         log.info(
             "ClusterCoordinator (native queue and classifier): %d workers, %d parameter servers.",
             strategy._num_workers,
@@ -304,6 +305,16 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         if cluster is not None:
             log.info("ClusterCoordinator destructor: stopping cluster")
             cluster.stop()
+
+    def join(self) -> None:
+        """Blocks until every scheduled function has run (TF's contract); raises the
+        first closure error, as TF.
+
+        With an open ``PreemptionCheckpointHandler`` on this coordinator, a
+        termination notice that arrives meanwhile is acted on here: the closures
+        finish, the checkpoint is saved and the process exits, as at a ``run()``.
+        """
+        _ps_control.join(self._cluster.closure_queue)
 
     def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> Any:
         """Schedules ``fn`` on some worker; returns a ``RemoteValue`` (TF's contract).

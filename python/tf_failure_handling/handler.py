@@ -28,7 +28,16 @@ import time
 import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from . import _checkpoint, _cluster, _coordination, _errors, _native, _platform, _sources
+from . import (
+    _checkpoint,
+    _cluster,
+    _coordination,
+    _errors,
+    _native,
+    _platform,
+    _ps_control,
+    _sources,
+)
 from ._driver import (  # noqa: F401 - re-exported: the protocol's keys and bounds
     LAST_RUN_TO_CHECKPOINT,
     PEER_TIMEOUT_ENV,
@@ -199,6 +208,12 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._thread_error: Optional[BaseException] = None
         #: Notices the driver has finished with (acted on, absorbed, handed on or dropped at close).
         self._notices_handled = 0
+        #: The deadline (handler clock) of the notice being acted on, if it had one.
+        self._notice_deadline: Optional[float] = None
+        #: ParameterServerStrategy: the watch over the PS and worker tasks.
+        self._ps_poller: Optional[_ps_control.ClusterPoller] = None
+        #: PS tasks whose notice this coordinator acts on (released after the save).
+        self._ps_with_notice: set = set()
 
         _errors.module()
         config = TerminationConfig._from_any(termination_config)
@@ -247,10 +262,19 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
 
         self._run_counter = self._checkpoints.restore()
         self._core_configure(
-            self._membership.worker_id, self._membership.num_workers, float(self._grace_period)
+            self._membership.worker_id,
+            self._membership.num_workers,
+            float(self._grace_period),
+            self._membership.ps_coordinator,
         )
         self._start_watchers()
         self._take_over_notices()
+        if self._membership.ps_coordinator:
+            self._ps_poller = _ps_control.ClusterPoller(
+                _cluster._as_dict(cluster_resolver.cluster_spec()), self._on_cluster_notice
+            )
+            self._ps_poller.start()
+            _ps_control.register_handler(self)
         log.info(
             "PreemptionCheckpointHandler initialized or restored: worker %s, %d run(s) restored, "
             "platform %s (cloud %s, scheduler %s), grace period %gs, signals %s.",
@@ -313,6 +337,82 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._closed = True
         self._give_up_ownership()
         self._stop_watchers()
+        if self._ps_poller is not None:
+            _ps_control.unregister_handler(self)
+            self._ps_poller.stop()
+
+    # --------------------------------------------- ParameterServerStrategy
+
+    def _check_in_join(self) -> None:
+        """What ``run()`` checks before a step, made by ``ClusterCoordinator.join()``
+        while it waits (the only place a notice can be seen once everything is
+        scheduled)."""
+        if self._attention or self._thread_error is not None:
+            self._check_preemption_and_maybe_checkpoint()
+
+    def _on_cluster_notice(
+        self, job: str, task: int, source: str, deadline: Optional[float]
+    ) -> None:
+        """A PS or worker task's notice (the poller's thread)."""
+        if job == "ps":
+            log.info("Termination notice of ps %d (%s): saving at the next run().", task, source)
+            self._ps_with_notice.add(task)
+            if self._sources is not None:
+                self._sources.trigger(f"ps {task}: {source}", deadline)
+        elif job == "worker" and self._ps_poller is not None:
+            drain = _ps_control.WorkerDrain(self._ps_poller, task, deadline)
+            threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
+
+    def _ps_before_save(self) -> None:
+        """Lets the scheduled closures finish (bounded by the notice's deadline) so that
+        the saved run count is the number of closures whose effect is in the variables."""
+        coordinator = _ps_control.find_coordinator()
+        if coordinator is None:
+            log.warning("No ClusterCoordinator found: saving without waiting for closures.")
+            return
+        # The closures may take until the save must start: the notice's deadline
+        # (or the grace period's end) less the longest save seen; with neither,
+        # peer_timeout bounds the wait.
+        state = self._core_state()
+        deadline = (
+            state.get("deadline")
+            if (self._notice_deadline is not None or self._grace_period > 0)
+            else None
+        )
+        if deadline is None:
+            bound = self._peer_timeout
+        else:
+            longest = state.get("longest_save") or 0.0
+            bound = max(0.0, deadline - self._clock() - longest)
+        start = self._clock()
+        queued, in_flight = _ps_control.join_within(coordinator, bound)
+        if queued or in_flight:
+            abandoned = queued + in_flight
+            self._run_counter = max(0, self._run_counter - abandoned)
+            log.warning(
+                "%d scheduled closure(s) did not finish within %.1fs (%d queued, %d in flight): "
+                "saving without them at run %d.",
+                abandoned,
+                bound,
+                queued,
+                in_flight,
+                self._run_counter,
+            )
+        else:
+            log.info(
+                "All scheduled closures finished in %.3fs; saving at run %d.",
+                self._clock() - start,
+                self._run_counter,
+            )
+
+    def _ps_after_save(self) -> None:
+        """Releases the PS tasks whose notice this save answered; stops the watch."""
+        poller = self._ps_poller
+        if poller is None:
+            return
+        poller.stop()
+        for task in sorted(self._ps_with_notice):
+            poller.release(f"/job:ps/replica:0/task:{task}", "checkpoint saved")
 
     def __del__(self) -> None:
         # Never joins, writes to the cluster or starts a thread: __del__ may run

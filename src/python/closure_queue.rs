@@ -271,6 +271,12 @@ impl PyClosureQueue {
         self.core.with_error(|e| e.map(|e| e.clone_ref(py)))
     }
 
+    /// Whether `stop()` was called (every get returns None).
+    #[getter]
+    fn stopped(&self) -> bool {
+        self.core.is_stopped()
+    }
+
     /// Closures in the main queue.
     fn qsize(&self) -> usize {
         self.core.queued()

@@ -443,8 +443,8 @@ impl HandlerCore {
     }
 
     /// Sets up the resolver: `worker_id` None for local mode.
-    #[pyo3(signature = (worker_id, num_workers, grace_period))]
-    fn _core_configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64) -> PyResult<()> {
+    #[pyo3(signature = (worker_id, num_workers, grace_period, save_at_current_run=false))]
+    fn _core_configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
         if !grace_period.is_finite() || grace_period < 0.0 {
             return Err(PyValueError::new_err(format!(
                 "grace_period must be a non-negative number of seconds, got {grace_period}"
@@ -459,8 +459,12 @@ impl HandlerCore {
                 )))
             }
         };
+        let mut resolver = Resolver::new(membership, grace_period);
+        if save_at_current_run {
+            resolver.save_at_current_run();
+        }
         let mut state = self.state.lock();
-        state.resolver = Some(Resolver::new(membership, grace_period));
+        state.resolver = Some(resolver);
         self.attention.store(false, Ordering::Release);
         Ok(())
     }

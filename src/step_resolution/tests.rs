@@ -1349,3 +1349,38 @@ fn simulator_covers_the_races() {
     eprintln!("runs with: notice during acks, in countdown, simultaneous, lost claim, early final key, failed save, local, final round due at once = {seen:?}");
     assert!(seen.iter().all(|&s| s >= 3), "{seen:?}");
 }
+
+#[test]
+fn a_ps_coordinator_saves_at_the_run_count_of_the_check_that_publishes() {
+    let planner = GracePlanner::new();
+    let mut r = Resolver::new(Membership::Local, 0.0);
+    r.save_at_current_run();
+    assert_eq!(r.on_notice(Notice { at: 1.0, deadline: None }), NoticeOutcome::Lead);
+    assert_eq!(
+        r.before_step(40, 1.0, &planner),
+        Decision::Publish {
+            round: I,
+            step: 40,
+            ack_keys: vec![]
+        }
+    );
+    // Asked again at the same run count (the same check): save now, at 40.
+    assert_eq!(r.before_step(40, 1.0, &planner), Decision::Save { round: I, step: 40 });
+    assert_eq!(r.on_saved(I), Ok(AfterSave::Exit));
+}
+
+#[test]
+fn save_at_current_run_is_for_local_mode_only() {
+    let planner = GracePlanner::new();
+    let mut r = Resolver::new(w(0, 2), 0.0);
+    r.save_at_current_run();
+    assert!(matches!(
+        r.on_notice(Notice { at: 1.0, deadline: None }),
+        NoticeOutcome::Claim { .. }
+    ));
+    r.on_claim(true);
+    let Decision::Publish { step, .. } = r.before_step(40, 1.0, &planner) else {
+        panic!("the leader publishes");
+    };
+    assert_eq!(step, 41, "workers of MultiWorkerMirroredStrategy keep the next run");
+}

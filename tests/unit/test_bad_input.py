@@ -9,7 +9,13 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, _errors, testing
+from tf_failure_handling import (
+    PreemptionCheckpointHandler,
+    TerminationConfig,
+    _cluster,
+    _errors,
+    testing,
+)
 
 from .conftest import wait_for_attention
 
@@ -214,21 +220,32 @@ def test_cluster_spec_may_be_a_plain_dict(make_handler, tmp_path):
     assert h._is_chief is False
 
 
-@pytest.mark.parametrize("task_type", ["worker", "chief", "ps"])
-def test_cluster_with_a_ps_job_is_not_implemented(make_handler, tmp_path, no_leak, task_type):
+@pytest.mark.parametrize("task_type", ["worker", "ps"])
+def test_handler_on_a_ps_or_worker_task_of_a_ps_cluster_is_a_value_error(
+    make_handler, tmp_path, no_leak, task_type
+):
     spec = {"chief": ["c:1"], "worker": ["a:1", "b:1"], "ps": ["p:1"]}
     resolver = testing.SimpleClusterResolver(spec, task_type, 0)
-    with pytest.raises(NotImplementedError, match="ParameterServerStrategy"):
+    with pytest.raises(ValueError, match=r"serve\(server\)"):
         make_handler(_fake(), tmp_path / "ckpt", resolver=resolver)
 
 
-def test_tf_cluster_resolver_with_ps_is_not_implemented(make_handler, tmp_path, no_leak):
+@pytest.mark.parametrize("task_type", ["chief", None])
+def test_the_coordinator_of_a_ps_cluster_is_the_deciding_task(task_type):
+    spec = {"chief": ["c:1"], "worker": ["a:1", "b:1"], "ps": ["p:1"]}
+    member = _cluster.membership(testing.SimpleClusterResolver(spec, task_type, 0))
+    assert member.ps_coordinator is True
+    assert member.local is True, "the coordinator decides alone (local mode of the protocol)"
+    assert member.is_chief is True
+
+
+def test_tf_cluster_resolver_of_a_ps_worker_is_a_value_error(make_handler, tmp_path, no_leak):
     tf = pytest.importorskip("tensorflow", reason="uses TF's ClusterSpec")
     spec = tf.train.ClusterSpec({"worker": ["a:1", "b:1"], "ps": ["p:1"]})
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         spec, task_type="worker", task_id=0
     )
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError, match="ParameterServerStrategy"):
         make_handler(_fake(), tmp_path / "ckpt", resolver=resolver)
 
 

@@ -1,0 +1,121 @@
+"""``serve(server)``: what a PS or worker process of ParameterServerStrategy runs.
+
+Replaces ``server.join()``. The process serves exactly as before (the
+``tf.distribute.Server`` it was given does all the work; this thread only
+waits) and also watches its own termination notices -- SIGTERM, SLURM,
+Kubernetes, the clouds' metadata services, a ``termination_watcher_fn``: the
+sources of ``PreemptionCheckpointHandler``. The coordinator learns of a notice by
+asking (``_ps_control``: a ``PyFunc`` op TensorFlow runs in this process), and
+tells the task when it is done with it:
+
+* a **PS** keeps serving (its variables are what the coordinator saves) until the
+  coordinator has saved the checkpoint, then exits with the restart code;
+* a **worker** keeps serving until the coordinator has let its closure in flight
+  finish and given it no new one, then exits with the restart code.
+
+If the coordinator does not answer by the notice's deadline (the platform's, else
+``grace_period`` when set, else ``TerminationConfig(peer_timeout=...)``, 300 s by
+default), the task exits with the restart code anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional
+
+from . import _platform, _ps_control, _sources
+from .handler import TerminationConfig, _peer_timeout
+
+log = logging.getLogger("tf_failure_handling")
+
+#: Seconds between two checks of the wait loops (they answer Ctrl-C between).
+_SLICE = 1.0
+
+
+def _job_and_task(server: Any) -> tuple:
+    server_def = getattr(server, "server_def", None)
+    job = getattr(server_def, "job_name", None)
+    task = getattr(server_def, "task_index", None)
+    if job is None or task is None:
+        raise TypeError(
+            "serve() takes the tf.distribute.Server of this PS or worker process, got "
+            f"{type(server).__name__}"
+        )
+    if job not in ("ps", "worker"):
+        raise ValueError(
+            f"serve() is for the 'ps' and 'worker' tasks of a ParameterServerStrategy "
+            f"cluster; this server is {job!r} (the coordinator uses PreemptionCheckpointHandler)"
+        )
+    return job, int(task)
+
+
+def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -> None:
+    """Serves like ``server.join()`` until this task's termination notice is dealt with.
+
+    Then calls the ``exit_fn`` (by default ``sys.exit(42)``, 143 on GCE), as the
+    handler does. Without a notice it returns only if ``exit_fn`` returns.
+
+    Raises:
+      TypeError: ``server`` is not a ``tf.distribute.Server``; ``termination_config``
+        is not a ``TerminationConfig``.
+      ValueError: the server is not a ``ps`` or ``worker`` task.
+    """
+    job, task = _job_and_task(server)
+    config = TerminationConfig._from_any(termination_config)
+    peer_timeout = _peer_timeout(config)
+    env = _platform.environment()
+    defaults = _platform.complete(
+        env, config.termination_watcher_fn, config.exit_fn, config.grace_period, config.signals
+    )
+    control = _ps_control.TaskControl(job, task)
+    control.install()
+    sources = _sources.NoticeSources(env, defaults.signals, defaults.watcher_fn, owner=True)
+    log.info(
+        "Serving %s %d (incarnation %s); watching %s for termination notices.",
+        job,
+        task,
+        control.incarnation,
+        ", ".join(_sources.signal_name(s) for s in defaults.signals),
+    )
+    try:
+        notice = None
+        while notice is None:
+            notice = sources.wait(_SLICE)
+        control.set_notice(notice.source, notice.deadline)
+        now = time.time()
+        if notice.deadline is not None:
+            end, why = notice.deadline, "the notice's deadline"
+        elif defaults.grace_period > 0:
+            end, why = now + defaults.grace_period, "the grace period"
+        else:
+            end, why = now + peer_timeout, "peer_timeout"
+        log.info(
+            "%s %d: termination notice from %s; serving until the coordinator is done with "
+            "this task (at most %.1fs, %s).",
+            job,
+            task,
+            notice.source,
+            end - now,
+            why,
+        )
+        while not control.released.is_set() and time.time() < end:
+            control.released.wait(min(_SLICE, max(0.0, end - time.time())))
+        if control.released.is_set():
+            log.info(
+                "%s %d: released by the coordinator (%s). Exiting.",
+                job,
+                task,
+                control.release_reason,
+            )
+        else:
+            log.warning(
+                "%s %d: the coordinator did not release this task within %.1fs (%s). Exiting.",
+                job,
+                task,
+                end - now,
+                why,
+            )
+    finally:
+        sources.close()
+    defaults.exit_fn()
