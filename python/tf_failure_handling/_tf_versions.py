@@ -83,6 +83,8 @@ RELIED_ON = {
     f"{_FCTX}:make_function_context": "what _closures.context_key keys on",
     f"{_CC}:_CoordinatedClosureQueue": "its behaviour is the native queue's (src/closure_queue.rs)",
     f"{_CC}:ClusterCoordinator": "subclassed",
+    f"{_CC}:ResourceClosure": "told apart by _closures.Worker._process_queue",
+    f"{_CC}:_CLOSURE_QUEUE_MAX_SIZE": "read by coordinator._Cluster (TF's tests set it)",
     f"{_CC}:CoordinationServicePreemptionHandler": "used as is (coordination-service mode)",
     f"{_CC}:ClosureInputError": "unwrapped by the classifier",
     f"{_CC}:ClosureAbortedError": "unwrapped by the classifier",
@@ -123,6 +125,8 @@ _TF_2_16 = {
     f"{_FCTX}:make_function_context": "7bc00970b640",
     f"{_CC}:_CoordinatedClosureQueue": "323aadc33065",
     f"{_CC}:ClusterCoordinator": "cf2028be6ca0",
+    f"{_CC}:ResourceClosure": "41747f043316",
+    f"{_CC}:_CLOSURE_QUEUE_MAX_SIZE": "dcddbed51736",
     f"{_CC}:CoordinationServicePreemptionHandler": "6d414a6a46b2",
     f"{_CC}:ClosureInputError": "f9f4db757755",
     f"{_CC}:ClosureAbortedError": "efb346ca8c69",
@@ -218,7 +222,12 @@ def fingerprint(internal: str) -> str:
     Raises:
       ImportError, AttributeError: the installed TensorFlow does not have it.
     """
-    source = textwrap.dedent(inspect.getsource(_resolve(internal)))
+    obj = _resolve(internal)
+    if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+        # A module-level setting (``_CLOSURE_QUEUE_MAX_SIZE``): what is relied on
+        # is that it exists with this type; its value may be set by anyone.
+        return hashlib.sha256(f"value of type {type(obj).__name__}".encode()).hexdigest()[:12]
+    source = textwrap.dedent(inspect.getsource(obj))
     tree = _strip_docstrings(ast.parse(source))
     return hashlib.sha256(_dump(tree).encode()).hexdigest()[:12]
 

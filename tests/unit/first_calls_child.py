@@ -29,17 +29,12 @@ class _NoTensorFlow:
         return None
 
 
-sys.meta_path.insert(0, _NoTensorFlow())
-
 #: A hang becomes a failure after this many seconds, with every thread's stack.
 HANG_BOUND = 60.0
 
-# Every record reaches a handler: pyo3-log hands each one to Python logging,
-# which needs the GIL (one of the ways a Rust lock could wait for it).
-logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(threadName)s %(message)s")
-
-# Imported after logging is set up; nothing native has been called yet except
-# the module's init.
+# Nothing native is called at import but the module's init; TensorFlow is
+# imported lazily (``_errors.module()``), after ``main`` blocked it. The test
+# imports this module for its names only.
 from tf_failure_handling import _errors, _native, testing  # noqa: E402
 
 CLOSED_PORT_URL = "http://127.0.0.1:9"
@@ -200,6 +195,10 @@ def main() -> int:
     name = sys.argv[1]
     threads = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     call = everything if name == "everything" else SCENARIOS[name]
+    sys.meta_path.insert(0, _NoTensorFlow())
+    # Every record reaches a handler: pyo3-log hands each one to Python logging,
+    # which needs the GIL (one of the ways a Rust lock could wait for it).
+    logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(threadName)s %(message)s")
     if name == "classifier":
         _resolve_error_classes()
     faulthandler.dump_traceback_later(HANG_BOUND, exit=True)
