@@ -35,7 +35,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
-from . import _cluster, _errors, _native, _sources, watcher
+from . import _cluster, _errors, _native, _platform, _sources, watcher
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -300,6 +300,7 @@ class ProtocolDriver:
             "final" if round_key == LAST_RUN_TO_CHECKPOINT else "first",
             step,
         )
+        self._records.write("agreement", step=step, proposer=self._records_label, round=round_key)
         if self._local_mode:
             return
         start = self._clock()
@@ -384,12 +385,17 @@ class ProtocolDriver:
         if self._ps_poller is not None:
             self._ps_before_save()
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
+        if self._records.current is None:
+            self._records.new_preemption()
+        self._records.write("save_start", step=self._run_counter, round=round_key)
         start = self._clock()
         try:
             self._save_checkpoint(*args, **kwargs)
-        except BaseException:
+        except BaseException as e:
             self._core_save_failed()
+            self._records.write("error", error=f"save failed: {e!r}")
             raise
+        self._records.write("save_end", path=self._saved_path())
         after = self._core_saved(round_key, self._clock() - start)
         if after == _native.SaveAction.Exit:
             # The signal watch stays: until close(), a further notice is absorbed,
@@ -400,6 +406,9 @@ class ProtocolDriver:
             if self._ps_poller is not None:
                 self._ps_after_save()
             log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
+            # Written before exit_fn: one that calls os._exit leaves no later moment.
+            self._records.write("exit", code=_platform.exit_code(self._exit_fn))
+            self._records.close()
             self._exit_fn()
             # TF carries on silently here; say what state the worker is in.
             log.warning(
@@ -704,6 +713,14 @@ class ProtocolDriver:
 
     def _on_own_notice(self, notice: _sources.Notice) -> Optional[_Write]:
         source, deadline = notice.source, None
+        if self._records.current is None:
+            self._records.new_preemption()
+            self._records.write(
+                "notice",
+                source=source,
+                deadline=notice.deadline,
+                grace_period=self._grace_period,
+            )
         if notice.deadline is not None:
             # Platforms announce wall-clock times; the resolver runs on the monotonic clock.
             deadline = self._clock() + (notice.deadline - time.time())
@@ -799,6 +816,15 @@ class ProtocolDriver:
         action = self._core_step_key(round_key, value)
         if isinstance(action, _native.KeyAction.Stop):
             return None
+        if not self._core_state().get("leading"):
+            if self._records.current is None:
+                self._records.new_preemption()
+                self._records.write("notice", source="peer", grace_period=self._grace_period)
+            try:
+                step = int(value)
+            except ValueError:
+                step = None
+            self._records.write("agreement", step=step, proposer="peer", round=round_key)
         if self._current_owner() is not None:
             # A newer handler of this worker acknowledges now.
             return None

@@ -400,6 +400,15 @@ def default_exit_fn() -> None:
     sys.exit(DEFAULT_EXIT_CODE)
 
 
+def exit_code(exit_fn: Any) -> Optional[int]:
+    """The code ``exit_fn`` exits with, when it is one of the defaults; else None."""
+    if exit_fn is default_exit_fn:
+        return DEFAULT_EXIT_CODE
+    if exit_fn is gce_exit_fn:
+        return GCE_EXIT_CODE
+    return None
+
+
 # ------------------------------------------------------------------ AWS, Azure
 
 

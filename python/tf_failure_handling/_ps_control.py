@@ -179,7 +179,9 @@ class ClusterPoller:
         cluster_spec: dict,
         on_notice: Callable[[str, int, str, Optional[float]], None],
         interval: float = POLL_INTERVAL,
+        on_released: Optional[Callable[[str, int, str], None]] = None,
     ) -> None:
+        self._on_released = on_released
         self.tasks = [
             f"/job:{job}/replica:0/task:{i}"
             for job in ("ps", "worker")
@@ -264,6 +266,12 @@ class ClusterPoller:
             log.info("Could not release %s (%s): it is gone already.", task, type(e).__name__)
             return False
         log.info("Released %s (%s).", task, reason)
+        if self._on_released is not None:
+            job, index = _job_task(task)
+            try:
+                self._on_released(job, index, reason)
+            except Exception as e:  # noqa: BLE001 - a record must not stop the release
+                log.warning("Recording the release of %s failed: %r", task, e)
         return True
 
     def wait_gone(self, task: str, incarnation: Optional[str], bound: float) -> bool:

@@ -37,6 +37,7 @@ from . import (
     _platform,
     _ps_control,
     _sources,
+    records,
 )
 from ._driver import (  # noqa: F401 - re-exported: the protocol's keys and bounds
     LAST_RUN_TO_CHECKPOINT,
@@ -94,7 +95,9 @@ class TerminationConfig:
     * keyword-only extras: ``peer_timeout`` bounds the wait for peers'
       acknowledgements (TF waits forever), ``signals`` lists the signals that
       count as a notice (default SIGTERM, plus SIGUSR1 under SLURM, whose
-      ``--signal`` usually sends it);
+      ``--signal`` usually sends it), ``records_dir`` where the preemption
+      records go (``tf_failure_handling.records``; default
+      ``<checkpoint_dir>/preemption_records``, ``False`` for none);
     * the defaults follow the platform (``_platform.complete``): AWS and Azure
       get a grace period (120 s, 30 s) capped by the deadline their notices
       carry; GCE CPU and TPU VMs are supported.
@@ -109,6 +112,7 @@ class TerminationConfig:
         *,
         peer_timeout: Optional[float] = None,
         signals: Optional[Sequence[int]] = None,
+        records_dir: Any = None,
     ) -> None:
         _check_callable("termination_watcher_fn", termination_watcher_fn)
         _check_callable("exit_fn", exit_fn)
@@ -119,6 +123,13 @@ class TerminationConfig:
         self.save_fn = save_fn
         self.peer_timeout = _check_seconds("peer_timeout", peer_timeout)
         self.signals = None if signals is None else tuple(_sources.signal_numbers(signals))
+        if records_dir is not None and records_dir is not False:
+            if not isinstance(records_dir, (str, os.PathLike)):
+                raise TypeError(
+                    "records_dir must be a path, False (no records) or None, got "
+                    f"{type(records_dir).__name__}"
+                )
+        self.records_dir = records_dir
 
     @classmethod
     def _from_any(cls, config: Any) -> TerminationConfig:
@@ -214,6 +225,8 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._ps_poller: Optional[_ps_control.ClusterPoller] = None
         #: PS tasks whose notice this coordinator acts on (released after the save).
         self._ps_with_notice: set = set()
+        #: (job, task) -> the record id of a PS or worker task's preemption.
+        self._remote_preemptions: dict = {}
 
         _errors.module()
         config = TerminationConfig._from_any(termination_config)
@@ -261,6 +274,20 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         )
 
         self._run_counter = self._checkpoints.restore()
+        member = self._membership
+        self._records_label = (
+            f"{member.task_type} {member.task_id}" if member.task_type else "local 0"
+        )
+        self._records = records.Recorder(
+            records.folder_for(
+                checkpoint_dir or getattr(checkpoint_or_checkpoint_manager, "directory", None),
+                config.records_dir,
+            ),
+            member.task_type or "local",
+            member.task_id or 0,
+            platform=self._environment.cloud or self._environment.scheduler or "local",
+        )
+        self._record_resume()
         self._core_configure(
             self._membership.worker_id,
             self._membership.num_workers,
@@ -271,7 +298,9 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._take_over_notices()
         if self._membership.ps_coordinator:
             self._ps_poller = _ps_control.ClusterPoller(
-                _cluster._as_dict(cluster_resolver.cluster_spec()), self._on_cluster_notice
+                _cluster._as_dict(cluster_resolver.cluster_spec()),
+                self._on_cluster_notice,
+                on_released=self._on_cluster_release,
             )
             self._ps_poller.start()
             _ps_control.register_handler(self)
@@ -337,9 +366,39 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._closed = True
         self._give_up_ownership()
         self._stop_watchers()
+        self._records.close()
         if self._ps_poller is not None:
             _ps_control.unregister_handler(self)
             self._ps_poller.stop()
+
+    # --------------------------------------------------- preemption records
+
+    def _record_resume(self) -> None:
+        """A ``resumed`` line when this task exited after a preemption and has not
+        resumed since (a second handler of the same run writes nothing)."""
+        rec = self._records
+        try:
+            last = records.last_exit(rec.folder, rec.job, rec.task)
+            if last is None:
+                return
+            earlier = records.load(rec.path).resumes if rec.path else []
+        except (OSError, ValueError):
+            return
+        if any(r.time >= last.exit_time for r in earlier):
+            return
+        lost = None if last.agreed_step is None else last.agreed_step - self._run_counter
+        rec.write(
+            "resumed",
+            preemption=last.id,
+            step=self._run_counter,
+            lost=lost,
+            downtime=time.time() - last.exit_time,
+        )
+
+    def _saved_path(self) -> Optional[str]:
+        manager = self._write_checkpoint_manager
+        path = getattr(manager, "latest_checkpoint", None)
+        return path if isinstance(path, str) else getattr(manager, "directory", None)
 
     # --------------------------------------------- ParameterServerStrategy
 
@@ -354,6 +413,19 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self, job: str, task: int, source: str, deadline: Optional[float]
     ) -> None:
         """A PS or worker task's notice (the poller's thread)."""
+        # The coordinator writes the PS and worker tasks' records: it is the
+        # process that knows the records folder (beside its checkpoints).
+        preemption = f"{job}-{task}-{int(time.time() * 1000)}"
+        self._remote_preemptions[(job, task)] = preemption
+        self._records.write(
+            "notice",
+            preemption=preemption,
+            as_job=job,
+            as_task=task,
+            source=source,
+            deadline=deadline,
+            observer=self._records_label,
+        )
         if job == "ps":
             log.info("Termination notice of ps %d (%s): saving at the next run().", task, source)
             self._ps_with_notice.add(task)
@@ -362,6 +434,18 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         elif job == "worker" and self._ps_poller is not None:
             drain = _ps_control.WorkerDrain(self._ps_poller, task, deadline)
             threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
+
+    def _on_cluster_release(self, job: str, task: int, reason: str) -> None:
+        """The coordinator released a PS or worker task (it exits with the restart code)."""
+        self._records.write(
+            "exit",
+            preemption=self._remote_preemptions.get((job, task)),
+            as_job=job,
+            as_task=task,
+            code=_platform.DEFAULT_EXIT_CODE,
+            released=reason,
+            observer=self._records_label,
+        )
 
     def _ps_before_save(self) -> None:
         """Lets the scheduled closures finish (bounded by the notice's deadline) so that
