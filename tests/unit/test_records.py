@@ -39,7 +39,7 @@ def _preempt(make_handler, tmp_path, notice_at: int = 5, config=None):
 
 
 def test_a_local_preemption_writes_every_stage_with_the_saved_step(make_handler, tmp_path):
-    h, w = _preempt(make_handler, tmp_path, notice_at=5)
+    _, w = _preempt(make_handler, tmp_path, notice_at=5)
     found = records.load(tmp_path / "ckpt" / "preemption_records")
     assert found.skipped == {}
     [p] = found.preemptions
@@ -103,7 +103,7 @@ def test_an_unwritable_folder_warns_and_training_goes_on(make_handler, tmp_path,
     blocker.write_text("not a folder")
     config = TerminationConfig(records_dir=blocker / "records")
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
-        h, w = _preempt(make_handler, tmp_path, config=config)
+        _, w = _preempt(make_handler, tmp_path, config=config)
     assert w.numpy() == 6, "the save and the exit happened all the same"
     assert sum("Cannot write preemption records" in r.message for r in caplog.records) == 1
 
