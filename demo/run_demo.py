@@ -225,6 +225,26 @@ def weights_match(a: dict, b: dict) -> tuple[bool, float]:
     return True, diff
 
 
+def show_records(records_dir: Path, output: Path) -> bool:
+    """Copies the run's preemption records to ``output``, prints the report and draws
+    the timeline (``python -m tf_failure_handling report``); False if that fails."""
+    kept = output / "preemption_records"
+    if kept.exists():
+        shutil.rmtree(kept)
+    output.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(records_dir, kept)
+    picture = output / "timeline.png"
+    command = [sys.executable, "-m", "tf_failure_handling", "report", str(kept)]
+    say(f"\nThe preemption records ({' '.join(command[1:])}):")
+    done = subprocess.run([*command, "--plot", str(picture)], capture_output=True, text=True)
+    say(done.stdout.rstrip())
+    if done.returncode != 0:
+        say(f"  report failed ({done.returncode}): {done.stderr.strip()}")
+        return False
+    say(f"Timeline picture: {picture}")
+    return True
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="PreemptionCheckpointHandler demo (MWMS).")
     p.add_argument("--steps", type=int, default=80)
@@ -240,6 +260,11 @@ def main(argv=None) -> int:
         help="send SIGTERM once every worker passed this step (default: steps // 3)",
     )
     p.add_argument("--impl", choices=("ours", "tf"), default="ours")
+    p.add_argument(
+        "--output",
+        default=str(Path(__file__).resolve().parent.parent / "demo-output"),
+        help="where the preemption records and the timeline picture are kept",
+    )
     p.add_argument("--timeout", type=float, default=120.0, help="bound for each phase")
     p.add_argument(
         "--keep",
@@ -328,6 +353,8 @@ def main(argv=None) -> int:
 
     ok = all(weights_match(post["done"][i]["weights"], reference)[0] for i in range(n))
     _, diff = weights_match(post["done"][0]["weights"], reference)
+    if impl == "ours":
+        ok = show_records(ckpt_dir / "preemption_records", Path(args.output)) and ok
     say(f"\nDone in {time.monotonic() - started:.1f}s.")
     if ok and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -77,6 +77,31 @@ class Recorder:
         self._failed = folder is None
         self._count = 0
         self.current: Optional[str] = None
+        # Opened now, not on the way to a save: the first line then costs one write.
+        with self._lock:
+            self._open_locked()
+
+    def _open_locked(self) -> bool:
+        if self._failed:
+            return False
+        if self._fd is None:
+            try:
+                os.makedirs(self.folder, exist_ok=True)
+                self._fd = os.open(
+                    self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
+                )
+            except OSError as e:
+                self._give_up(e)
+                return False
+        return True
+
+    def _give_up(self, error: OSError) -> None:
+        self._failed = True
+        log.warning(
+            "Cannot write preemption records to %s (%s); training goes on without them.",
+            self.folder,
+            error,
+        )
 
     @property
     def path(self) -> Optional[str]:
@@ -112,25 +137,15 @@ class Recorder:
         line = json.dumps(record, sort_keys=True, default=str)
         log.info("Preemption %s: %s", stage, line)
         with self._lock:
-            if self._failed:
+            if not self._open_locked():
                 return
             try:
-                if self._fd is None:
-                    os.makedirs(self.folder, exist_ok=True)
-                    self._fd = os.open(
-                        self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
-                    )
                 data = (line + "\n").encode()
                 written = os.write(self._fd, data)
                 if written != len(data):
                     raise OSError(f"short write ({written} of {len(data)} bytes)")
             except OSError as e:
-                self._failed = True
-                log.warning(
-                    "Cannot write preemption records to %s (%s); training goes on without them.",
-                    self.folder,
-                    e,
-                )
+                self._give_up(e)
 
     def close(self) -> None:
         with self._lock:

@@ -137,7 +137,10 @@ def plot(found: records.Records, out: str) -> None:
         if t is not None
     ] + [r.time for r in found.resumes]
     t0 = min(times)
-    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.6 * len(lanes)))
+    # Training before the first notice: the records start at the notice, so the
+    # lane's first bar is drawn from a little before it.
+    pad = max(1.0, 0.1 * (max(times) - t0))
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.6 * len(lanes)))
     y = {lane: i for i, lane in enumerate(lanes)}
     seen: set = set()
 
@@ -151,7 +154,7 @@ def plot(found: records.Records, out: str) -> None:
         i = y[lane]
         mine = [p for p in found.preemptions if p.label == lane]
         resumes = [r for r in found.resumes if f"{r.job} {r.task}" == lane]
-        start = 0.0
+        start = -pad
         for p in mine:
             notice = p.notice_time if p.notice_time is not None else p.save_start
             if notice is not None:
@@ -208,10 +211,11 @@ def plot(found: records.Records, out: str) -> None:
                 label=label("training"),
             )
     ax.set_yticks(range(len(lanes)), lanes)
-    ax.set_xlabel(f"seconds since {_when(t0)} UTC")
+    ax.set_xlabel(f"seconds since the first notice ({_when(t0)} UTC)")
     ax.set_title("Preemptions")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=7, fontsize="small")
-    fig.tight_layout()
+    ax.set_ylim(-0.6, len(lanes) - 0.4)
+    fig.legend(loc="lower center", ncol=7, fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(out)
     plt.close(fig)
 

@@ -137,8 +137,44 @@ def test_sigterm_saves_at_agreed_step_and_resumes(
     assert progress <= saved_step < STEPS, (
         f"saved at step {saved_step}; notice sent after step {progress}"
     )
+    if impl == "ours":
+        check_records(cluster.ckpt_dir, saved_step, targets, "SIGTERM", DEFAULT_EXIT_CODE)
 
     restart_and_check(cluster_factory, impl, cluster.ckpt_dir, saved_step, reference_weights)
+    if impl == "ours":
+        check_resumed(cluster.ckpt_dir, saved_step)
+
+
+def check_records(ckpt_dir, saved_step: int, targets, source: str, code: int) -> None:
+    """Each worker's preemption record matches what happened (issue 22)."""
+    from tf_failure_handling import records
+
+    found = records.load(ckpt_dir / "preemption_records")
+    assert found.skipped == {}, found.skipped
+    by_worker = {p.task: p for p in found.preemptions}
+    assert sorted(by_worker) == list(range(NUM_WORKERS)), found.preemptions
+    for i, p in by_worker.items():
+        assert p.agreed_step == saved_step, f"worker {i}: {p}"
+        assert p.save_start <= p.save_end <= p.exit_time, f"worker {i}: {p}"
+        assert p.exit_code == code, f"worker {i}: {p}"
+        assert p.checkpoint_path, f"worker {i}: {p}"
+        if len(targets) == 1:
+            expected = source if i in targets else "peer"
+            assert expected in p.source, f"worker {i}: expected {expected!r}: {p}"
+        else:
+            # Each learns of it from its own notice or from the peer's step key first.
+            assert source in p.source or p.source == "peer", f"worker {i}: {p}"
+    assert any(source in p.source for p in by_worker.values()), found.preemptions
+
+
+def check_resumed(ckpt_dir, saved_step: int) -> None:
+    from tf_failure_handling import records
+
+    found = records.load(ckpt_dir / "preemption_records")
+    assert sorted(r.task for r in found.resumes) == list(range(NUM_WORKERS)), found.resumes
+    for r in found.resumes:
+        assert r.step == saved_step and r.lost == 0, r
+        assert r.downtime is not None and r.downtime >= 0, r
 
 
 # --------------------------------------------------------------------------- b
@@ -162,6 +198,9 @@ def test_watcher_fn_and_custom_exit_fn(impl, cluster_factory, tmp_path, referenc
     assert progress <= saved_step < STEPS, (
         f"saved at step {saved_step}; notice file created after step {progress}"
     )
+    if impl == "ours":
+        # Every worker's watcher fn sees the file; a custom exit_fn's code is unknown.
+        check_records(cluster.ckpt_dir, saved_step, (0, 1), "termination_watcher_fn", None)
 
     restart_and_check(cluster_factory, impl, cluster.ckpt_dir, saved_step, reference_weights)
 
