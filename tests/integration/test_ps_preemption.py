@@ -139,13 +139,35 @@ def _resume_and_finish(c: Cluster) -> dict:
     return restored
 
 
+def _records(c: Cluster):
+    from tf_failure_handling import records
+
+    found = records.load(c.workdir / "ckpt" / "preemption_records")
+    assert found.skipped == {}, found.skipped
+    return {p.label: p for p in found.preemptions}, found.resumes
+
+
+def _check_coordinator_record(c: Cluster, restored: dict, source: str) -> None:
+    """The coordinator's record: its step is the checkpoint's, the save ended
+    before the exit, and the restart lost nothing."""
+    by_task, resumes = _records(c)
+    chief = by_task["chief 0"]
+    assert source in chief.source, chief
+    assert chief.agreed_step == restored["runs"], (chief, restored)
+    assert chief.save_start <= chief.save_end <= chief.exit_time, chief
+    assert chief.exit_code == RESTART_CODE, chief
+    [resume] = [r for r in resumes if r.job == "chief"]
+    assert resume.step == restored["runs"] and resume.lost == 0, resume
+
+
 def test_coordinator_notice_saves_at_one_step_and_resumes(cluster):
     c = cluster
     _notice_after_runs(c, "coordinator")
     assert c.wait_exit("coordinator", EXIT_BOUND) == RESTART_CODE, c.describe()
     assert all(c.alive(n) for n in ("ps0", "worker0", "worker1")), c.describe()
-    _resume_and_finish(c)
+    restored = _resume_and_finish(c)
     assert all(c.alive(n) for n in ("ps0", "worker0", "worker1")), c.describe()
+    _check_coordinator_record(c, restored, "SIGTERM")
 
 
 def test_ps_notice_serves_until_the_save_then_both_exit(cluster):
@@ -157,7 +179,12 @@ def test_ps_notice_serves_until_the_save_then_both_exit(cluster):
     # The launcher restarts what exited: the PS first, then the coordinator.
     c.serve("ps", 0)
     c.wait_event("ps0", "serving", START_BOUND)
-    _resume_and_finish(c)
+    restored = _resume_and_finish(c)
+    _check_coordinator_record(c, restored, "ps 0: signal SIGTERM")
+    ps = _records(c)[0]["ps 0"]
+    assert "SIGTERM" in ps.source and ps.exit_code == RESTART_CODE, ps
+    assert ps.extra.get("released") == "checkpoint saved", ps
+    assert ps.exit_time >= _records(c)[0]["chief 0"].save_end, "released after the save"
 
 
 def test_worker_notice_drains_that_worker_and_training_goes_on(cluster):
@@ -172,3 +199,6 @@ def test_worker_notice_drains_that_worker_and_training_goes_on(cluster):
         f"a closure was lost or applied twice: {done}\n{c.describe()}"
     )
     assert c.wait_exit("coordinator", EXIT_BOUND) == 0, c.describe()
+    worker = _records(c)[0]["worker 1"]
+    assert "SIGTERM" in worker.source and worker.extra.get("released") == "drained", worker
+    assert worker.notice_time <= worker.exit_time, worker
