@@ -81,6 +81,8 @@ bench: build-release
 	$(PY) benches/bench_classify.py
 	$(PY) benches/bench_notice.py
 	$(PY) benches/bench_patch.py
+	$(PY) benches/bench_ps_notice.py --repeats 2
+	$(PY) benches/bench_records.py --repeats 100
 
 # The long mode of the fault-injection trials (tests/reliability): 10,000 simulated
 # trials, 1,000 more with DEBUG logging through a file handler, and 6 real-process
