@@ -10,7 +10,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 # Keras 3 is pinned to the release tf_failure_handling.keras reads its internals from
 # (_keras_internals.TESTED_KERAS); TF 2.21 alone would take the newest.
-DEPS := "tensorflow-cpu==2.21.*" "keras==3.15.*" "tf-keras==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff "matplotlib>=3.5"
+# What TensorFlow's own fault-tolerance tests import (tests/tf_suite: TF's
+# multi_process_runner and multi_worker_test_base), not in TF's wheel's requirements.
+TF_TEST_DEPS := "portpicker==1.6.*" "dill==0.4.*" "tblib==3.2.*"
+DEPS := "tensorflow-cpu==2.21.*" "keras==3.15.*" "tf-keras==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff "matplotlib>=3.5" \
+	$(TF_TEST_DEPS)
 # orbit (tests/integration/test_orbit.py) ships only inside tf-models-official, whose
 # dependencies pin tensorflow~=2.20 and would replace TF 2.21: installed without them
 # (orbit itself needs only tensorflow, tf-keras, absl and numpy, all above).
