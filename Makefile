@@ -63,8 +63,8 @@ lint: $(STAMP)
 	cargo clippy --quiet --all-targets -- -D warnings
 	cargo clippy --quiet --all-targets --features python -- -D warnings
 	cargo clippy --quiet --all-targets --features abi3 -- -D warnings
-	$(VENV)/bin/ruff check python tests benches demo
-	$(VENV)/bin/ruff format --check python tests benches demo
+	$(VENV)/bin/ruff check python tests benches demo examples
+	$(VENV)/bin/ruff format --check python tests benches demo examples
 
 test-python: build pytest-suite
 

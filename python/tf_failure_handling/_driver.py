@@ -35,7 +35,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
-from . import _cluster, _errors, _native, _platform, _sources, watcher
+from . import _cluster, _errors, _native, _platform, _slurm, _sources, watcher
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -409,6 +409,8 @@ class ProtocolDriver:
             # Written before exit_fn: one that calls os._exit leaves no later moment.
             self._records.write("exit", code=_platform.exit_code(self._exit_fn))
             self._records.close()
+            # SLURM: the job back in the queue now that the checkpoint is saved (issue 23).
+            _slurm.requeue_after_save(self)
             self._exit_fn()
             # TF carries on silently here; say what state the worker is in.
             log.warning(

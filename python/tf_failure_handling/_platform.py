@@ -35,7 +35,8 @@
 :func:`complete` fills what a user left unset with the platform's defaults
 (exit code and grace period per cloud, SIGUSR1 too under SLURM), and
 :func:`signal_deadline` says when a signalled machine goes away, where the
-scheduler tells (``SLURM_JOB_END_TIME``; Kubernetes' grace period,
+scheduler tells (SLURM: ``SLURM_JOB_END_TIME``, else the job's ``EndTime``, and
+``KillWait`` after a SIGTERM, see ``_slurm``; Kubernetes' grace period,
 ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s).
 
 Every variable this module reads is read and checked by :func:`settings`, which
@@ -511,6 +512,11 @@ def environment() -> Environment:
         slurm_end_time=s.slurm_end_time,
         kubernetes_grace_period=s.kubernetes_grace_period,
     )
+    if env.scheduler == "slurm":
+        # SLURM deadline (issue 23): the job's EndTime, read once off this thread.
+        from . import _slurm
+
+        _slurm.start_reading_job()
     log.debug("environment %s (detected in %.3f s)", env, time.monotonic() - start)
     return env
 
@@ -570,8 +576,10 @@ def complete(
 def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
     """When a signalled machine goes away (Unix time), where the scheduler says.
 
-    SLURM: ``env.slurm_end_time`` (``SLURM_JOB_END_TIME``) if it is after
-    ``unix_now``. Kubernetes: ``unix_now`` plus ``env.kubernetes_grace_period``
+    SLURM (``_slurm.notice_deadline``): a SIGTERM, ``unix_now`` plus ``KillWait``;
+    a SIGUSR1, the job's end: ``env.slurm_end_time`` (``SLURM_JOB_END_TIME``), else
+    ``EndTime`` as ``scontrol show job`` said (read off this thread); either only
+    if after ``unix_now``. Kubernetes: ``unix_now`` plus ``env.kubernetes_grace_period``
     (``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s, Kubernetes'
     default ``terminationGracePeriodSeconds``). Otherwise None.
 
@@ -579,8 +587,9 @@ def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
     values :func:`environment` checked, and never raises.
     """
     if env.scheduler == "slurm":
-        end = env.slurm_end_time
-        return end if end is not None and end > unix_now else None
+        from . import _slurm
+
+        return _slurm.notice_deadline(env.slurm_end_time, unix_now)
     if env.scheduler == "kubernetes":
         return unix_now + env.kubernetes_grace_period
     return None

@@ -36,6 +36,7 @@ from . import (
     _native,
     _platform,
     _ps_control,
+    _slurm,
     _sources,
     records,
 )
@@ -97,7 +98,10 @@ class TerminationConfig:
       count as a notice (default SIGTERM, plus SIGUSR1 under SLURM, whose
       ``--signal`` usually sends it), ``records_dir`` where the preemption
       records go (``tf_failure_handling.records``; default
-      ``<checkpoint_dir>/preemption_records``, ``False`` for none);
+      ``<checkpoint_dir>/preemption_records``, ``False`` for none),
+      ``slurm_requeue`` whether, under SLURM, a job that ends by its time limit or
+      a preemption is put back in the queue after the save (default on, unless
+      ``TF_FAILURE_HANDLING_SLURM_REQUEUE=0``; see ``_slurm``);
     * the defaults follow the platform (``_platform.complete``): AWS and Azure
       get a grace period (120 s, 30 s) capped by the deadline their notices
       carry; GCE CPU and TPU VMs are supported.
@@ -113,6 +117,7 @@ class TerminationConfig:
         peer_timeout: Optional[float] = None,
         signals: Optional[Sequence[int]] = None,
         records_dir: Any = None,
+        slurm_requeue: Optional[bool] = None,
     ) -> None:
         _check_callable("termination_watcher_fn", termination_watcher_fn)
         _check_callable("exit_fn", exit_fn)
@@ -130,6 +135,11 @@ class TerminationConfig:
                     f"{type(records_dir).__name__}"
                 )
         self.records_dir = records_dir
+        if slurm_requeue is not None and not isinstance(slurm_requeue, bool):
+            raise TypeError(
+                f"slurm_requeue must be True, False or None, got {type(slurm_requeue).__name__}"
+            )
+        self.slurm_requeue = slurm_requeue
 
     @classmethod
     def _from_any(cls, config: Any) -> TerminationConfig:
@@ -255,6 +265,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._save_fn = config.save_fn
         self._peer_timeout = _peer_timeout(config)
         self._signals = defaults.signals
+        _slurm.attach(self, config.slurm_requeue)  # SLURM requeue option (issue 23)
 
         self._checkpoints = _checkpoint.Checkpoints(
             checkpoint_or_checkpoint_manager,

@@ -1,0 +1,397 @@
+"""SLURM: the job's deadlines, and the job back in the queue after the save.
+
+Under SLURM (``SLURM_JOB_ID`` set) the handler watches SIGTERM and SIGUSR1
+(``_platform.complete``). What SLURM sends, and when (SLURM 22.05, checked on a real
+one-node SLURM by ``tests/slurm``):
+
+=====================================  ==================================================
+event                                  what the training processes get
+=====================================  ==================================================
+time limit, ``--signal=USR1@N``        SIGUSR1 to tasks started by ``srun`` only, when
+                                       at most N s are left (slurmctld checks every
+                                       30 s, so between N and N-30 s before the
+                                       limit); SIGTERM at the limit, SIGKILL
+                                       ``KillWait`` s later
+time limit, ``--signal=B:USR1@N``      SIGUSR1 to the batch shell only: a training it
+                                       started without ``exec`` (and without ``srun``)
+                                       gets nothing before the limit
+partition preemption                   ``srun`` tasks: SIGCONT+SIGTERM at once, SIGTERM
+(``PreemptMode=REQUEUE``)              again when ``GraceTime`` ends, SIGKILL
+                                       ``KillWait`` s later; the batch step: SIGTERM only
+                                       when ``GraceTime`` ends, SIGKILL ``KillWait`` s
+                                       later. ``scontrol show job`` shows ``PreemptTime``
+                                       from the start of the grace time.
+``scancel`` (``--signal=TERM`` or      SIGTERM, then (plain ``scancel``) SIGKILL
+plain)                                 ``KillWait`` s later; ``PreemptTime=None``
+=====================================  ==================================================
+
+**Deadlines** (:func:`notice_deadline`, through ``_platform.signal_deadline``):
+SIGUSR1 → the job's end: ``SLURM_JOB_END_TIME`` (SLURM >= 23.02), else ``EndTime``
+from ``scontrol show job``, read once by a daemon thread started when the platform
+is detected (:func:`start_reading_job`; bounded by :data:`READ_TIMEOUT`, never on
+the training thread). SIGTERM → now + ``KillWait`` (``scontrol show config``), capped
+by the job's end: the one bound that holds for ``scancel`` and for both launch
+forms of a preemption (``srun`` tasks actually have ``GraceTime`` + ``KillWait``).
+Until the reader has answered, a SIGTERM has no deadline and a SIGUSR1 only
+``SLURM_JOB_END_TIME``.
+
+**Requeue** (:func:`requeue_after_save`, called by the driver after the checkpoint
+is saved and before ``exit_fn``): SLURM requeues a preempted job only if it is
+still running when ``GraceTime`` ends, and never a job that reached its time limit;
+a training that saves and exits early leaves the queue for good. So, unless turned
+off (``TerminationConfig(slurm_requeue=False)`` or
+``TF_FAILURE_HANDLING_SLURM_REQUEUE=0``), the task with ``SLURM_PROCID`` 0 (one per
+job) runs ``scontrol requeue $SLURM_JOB_ID`` (bounded by :data:`REQUEUE_TIMEOUT`)
+when
+
+* the notice was SLURM's time-limit signal: this process received SIGUSR1 (a
+  user's ``scancel --signal=USR1`` looks the same and is requeued too), or a
+  preemption: ``scontrol show job`` shows a ``PreemptTime``;
+* the job is requeueable (``Requeue=1``: ``sbatch --requeue`` or ``JobRequeue=1``).
+
+A batch step that is preempted gets its SIGTERM only when ``GraceTime`` ends, after
+SLURM has requeued the job itself (``Restarts`` already counts it): then nothing is
+run, and the record says so.
+
+A user's ``scancel`` (SIGTERM, no ``PreemptTime``) is not requeued. A failed
+requeue is logged with scontrol's message, and the process exits with the restart
+code all the same. The outcome is a ``requeue`` line of the preemption records
+(``requeued``, ``reason``, ``message``). The requeued job keeps its id; SLURM
+starts it again after ``cred_expire`` (120 s by default) with
+``SLURM_RESTART_COUNT`` set, which the handler logs (:func:`attach`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from datetime import datetime
+from typing import Any, Optional
+
+log = logging.getLogger("tf_failure_handling")
+
+#: ``0``, ``false``, ``off`` or ``no`` turns the requeue off (scripts left unchanged).
+REQUEUE_ENV = "TF_FAILURE_HANDLING_SLURM_REQUEUE"
+#: Bound on ``scontrol requeue``.
+REQUEUE_TIMEOUT = 30.0
+#: Bound on each ``scontrol show`` call.
+READ_TIMEOUT = 10.0
+
+_OFF = ("0", "false", "off", "no")
+
+
+def job_id() -> Optional[str]:
+    value = os.environ.get("SLURM_JOB_ID", "").strip()
+    return value or None
+
+
+def restart_count() -> int:
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def parse_fields(text: str) -> dict:
+    """``Key=Value`` fields of ``scontrol show ... -o`` output (one record per line)."""
+    fields: dict = {}
+    for m in re.finditer(r"(?:^|\s)([A-Za-z:/]+)=(.*?)(?=\s[A-Za-z:/]+=|$)", text.strip()):
+        fields.setdefault(m.group(1), m.group(2))
+    return fields
+
+
+def parse_time(value: Optional[str]) -> Optional[float]:
+    """A SLURM timestamp (``2026-11-25T16:43:17``, local time) as Unix seconds;
+    None for ``None``, ``Unknown``, ``N/A`` or anything else."""
+    if not value:
+        return None
+    try:
+        return datetime.strptime(value.strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def parse_seconds(value: Optional[str]) -> Optional[float]:
+    """``30 sec``, ``00:00:20``, ``1-00:00:00`` or ``20`` as seconds; None otherwise."""
+    if not value:
+        return None
+    text = value.strip().split()[0]
+    try:
+        days, _, rest = text.rpartition("-")
+        parts = [int(p) for p in rest.split(":")]
+        seconds = 0
+        for p in parts:
+            seconds = seconds * 60 + p
+        if len(parts) == 1 and not days:
+            return float(seconds)
+        return float(seconds + int(days or 0) * 86400)
+    except ValueError:
+        return None
+
+
+def _scontrol(*args: str, timeout: float = READ_TIMEOUT) -> subprocess.CompletedProcess:
+    exe = shutil.which("scontrol")
+    if exe is None:
+        raise FileNotFoundError("scontrol is not on PATH")
+    return subprocess.run(
+        [exe, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def show_job(jid: Optional[str] = None, timeout: float = READ_TIMEOUT) -> dict:
+    """``scontrol show job -o JOB`` as a dict. Raises OSError, TimeoutExpired, or
+    RuntimeError (scontrol's message) when it cannot be read."""
+    jid = jid or job_id()
+    out = _scontrol("show", "job", "-o", str(jid), timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError((out.stderr or out.stdout).strip() or f"exit {out.returncode}")
+    return parse_fields(out.stdout.splitlines()[0] if out.stdout else "")
+
+
+class JobInfo:
+    """What ``scontrol`` says about this job, read once in a daemon thread."""
+
+    def __init__(self, jid: str) -> None:
+        self.job_id = jid
+        self.done = threading.Event()
+        #: ``EndTime`` (Unix seconds), None when unlimited or unknown.
+        self.end_time: Optional[float] = None
+        self.partition: Optional[str] = None
+        #: The partition's ``GraceTime`` and the cluster's ``KillWait``, seconds.
+        self.grace_time: Optional[float] = None
+        self.kill_wait: Optional[float] = None
+        self.requeue: Optional[bool] = None
+        self.error: Optional[str] = None
+        self.took: Optional[float] = None
+        self._thread = threading.Thread(target=self._read, name="tfh-slurm-job", daemon=True)
+
+    def start(self) -> JobInfo:
+        self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        started = time.monotonic()
+        try:
+            job = show_job(self.job_id)
+            self.end_time = parse_time(job.get("EndTime"))
+            self.partition = job.get("Partition")
+            self.requeue = job.get("Requeue") == "1" if "Requeue" in job else None
+            if self.partition:
+                out = _scontrol("show", "partition", "-o", self.partition)
+                if out.returncode == 0:
+                    self.grace_time = parse_seconds(parse_fields(out.stdout).get("GraceTime"))
+            out = _scontrol("show", "config")
+            if out.returncode == 0:
+                m = re.search(r"^KillWait\s*=\s*(.+)$", out.stdout, re.MULTILINE)
+                self.kill_wait = parse_seconds(m.group(1)) if m else None
+        except Exception as e:  # noqa: BLE001 - a job we cannot read has no deadline
+            self.error = f"{type(e).__name__}: {e}"
+            log.info("SLURM job %s: cannot read its EndTime (%s).", self.job_id, self.error)
+        finally:
+            self.took = time.monotonic() - started
+            self.done.set()
+        log.debug(
+            "SLURM job %s: EndTime %s, partition %s (GraceTime %s), KillWait %s, read in %.3f s.",
+            self.job_id,
+            self.end_time,
+            self.partition,
+            self.grace_time,
+            self.kill_wait,
+            self.took,
+        )
+
+
+_lock = threading.Lock()
+_info: Optional[JobInfo] = None
+#: Signal deliveries already accounted for by :func:`notice_deadline`.
+_seen_term = 0
+
+
+def start_reading_job() -> Optional[JobInfo]:
+    """Starts (once per process and job) the daemon thread that reads the job."""
+    global _info
+    jid = job_id()
+    if jid is None:
+        return None
+    with _lock:
+        if _info is None or _info.job_id != jid:
+            _info = JobInfo(jid).start()
+        return _info
+
+
+def job_info() -> Optional[JobInfo]:
+    """The job's information once read, else None (never waits)."""
+    info = _info
+    return info if info is not None and info.done.is_set() else None
+
+
+def _deliveries(signum: int) -> int:
+    try:
+        from . import _native
+
+        return int(_native.signal_deliveries(int(signum)))
+    except Exception:  # noqa: BLE001 - no native module: no signal was caught by it
+        return 0
+
+
+def notice_deadline(end_time: Optional[float], unix_now: float) -> Optional[float]:
+    """When the job goes away after the signal that just arrived (Unix time), or None.
+
+    ``end_time`` is ``SLURM_JOB_END_TIME`` if set. A new SIGTERM: now + ``KillWait``,
+    capped by the end; otherwise (SIGUSR1) the end. Never raises, never waits.
+    """
+    global _seen_term
+    try:
+        info = job_info()
+        end = end_time if end_time is not None else (info.end_time if info else None)
+        if end is not None and end <= unix_now:
+            end = None
+        term = _deliveries(signal.SIGTERM)
+        new_term = term > _seen_term
+        _seen_term = term
+        if new_term and info is not None and info.kill_wait is not None:
+            bound = unix_now + info.kill_wait
+            return bound if end is None else min(bound, end)
+        return end
+    except Exception:  # noqa: BLE001 - see the docstring
+        return end_time if end_time is not None and end_time > unix_now else None
+
+
+# ------------------------------------------------------------------ requeue
+
+
+def requeue_enabled(option: Optional[bool]) -> bool:
+    """``TerminationConfig(slurm_requeue=...)`` if given, else the environment
+    variable (off with ``0``/``false``/``off``/``no``), else on."""
+    if option is not None:
+        return bool(option)
+    return os.environ.get(REQUEUE_ENV, "").strip().lower() not in _OFF
+
+
+def attach(handler: Any, option: Optional[bool]) -> None:
+    """Handler construction under SLURM: the requeue option, and the log line of a
+    requeued run."""
+    handler._slurm_requeue = option
+    if job_id() is None:
+        return
+    start_reading_job()
+    count = restart_count()
+    if count > 0:
+        log.info(
+            "SLURM job %s was requeued: this is restart %d (SLURM_RESTART_COUNT).",
+            job_id(),
+            count,
+        )
+
+
+def _int(value: Optional[str]) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _reason(job: dict) -> Optional[str]:
+    """Why the job should go back to the queue, or None (a user's scancel)."""
+    if _deliveries(signal.SIGUSR1) > 0:
+        return "time limit (SIGUSR1)"
+    if parse_time(job.get("PreemptTime")) is not None:
+        return "preemption"
+    return None
+
+
+def requeue_after_save(handler: Any) -> Optional[bool]:
+    """Puts the job back in the queue when it ends by SLURM's time limit or a
+    preemption (see the module docstring). Returns whether it was requeued (None
+    when not under SLURM, turned off, or not this task's to do). Never raises."""
+    try:
+        return _requeue_after_save(handler)
+    except Exception as e:  # noqa: BLE001 - the exit must happen whatever goes wrong here
+        log.warning("SLURM requeue: unexpected error %r; exiting without requeue.", e)
+        return False
+
+
+def _requeue_after_save(handler: Any) -> Optional[bool]:
+    jid = job_id()
+    if jid is None:
+        return None
+    if not requeue_enabled(getattr(handler, "_slurm_requeue", None)):
+        log.info("SLURM job %s: requeue turned off; not requeued.", jid)
+        return None
+    if os.environ.get("SLURM_PROCID", "0").strip() not in ("", "0"):
+        return None  # one task per job: SLURM_PROCID 0 requeues
+    records = getattr(handler, "_records", None)
+    started = time.monotonic()
+    message = ""
+    try:
+        job = show_job(jid)
+    except Exception as e:  # noqa: BLE001 - then only SIGUSR1 can tell
+        job = {}
+        message = f"scontrol show job failed: {e}"
+    reason = _reason(job)
+    requeued: Optional[bool]
+    already = _int(job.get("Restarts")) > restart_count()
+    if already:
+        # A batch step is signalled only when GraceTime ends, after SLURM requeued
+        # the preempted job itself (Restarts already counts this run's end).
+        requeued = True
+        reason = reason or "preemption"
+        message = "SLURM already requeued the job"
+        log.info("SLURM job %s (%s): %s.", jid, reason, message)
+    elif reason is None:
+        requeued = False
+        message = message or "the notice was neither SLURM's time limit nor a preemption"
+        log.info("SLURM job %s: not requeued: %s (a user's scancel?).", jid, message)
+    elif job.get("Requeue") == "0":
+        requeued = False
+        message = "the job is not requeueable (Requeue=0): submit it with sbatch --requeue"
+        log.warning("SLURM job %s (%s): not requeued: %s.", jid, reason, message)
+    else:
+        try:
+            out = _scontrol("requeue", jid, timeout=REQUEUE_TIMEOUT)
+            requeued = out.returncode == 0
+            message = (out.stderr or out.stdout).strip()
+        except subprocess.TimeoutExpired:
+            requeued = False
+            message = f"scontrol requeue did not finish within {REQUEUE_TIMEOUT:g} s"
+        except OSError as e:
+            requeued = False
+            message = f"scontrol requeue could not run: {e}"
+        if requeued:
+            log.info(
+                "SLURM job %s (%s): requeued after the checkpoint (scontrol requeue, %.2f s).",
+                jid,
+                reason,
+                time.monotonic() - started,
+            )
+        else:
+            log.warning(
+                "SLURM job %s (%s): scontrol requeue failed: %s. Exiting with the restart "
+                "code all the same; resubmit the job to resume.",
+                jid,
+                reason,
+                message or "no message",
+            )
+    if records is not None:
+        records.write(
+            "requeue",
+            job_id=jid,
+            requeued=requeued,
+            reason=reason,
+            message=message or None,
+            restart_count=restart_count(),
+            job_state=job.get("JobState"),
+        )
+        records.close()
+    return requeued

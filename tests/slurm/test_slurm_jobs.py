@@ -1,0 +1,285 @@
+"""Real SLURM jobs (``examples/slurm``) that end by a time limit, a preemption or a
+user's ``scancel``, with our handler and, as the baseline, TensorFlow's.
+
+Each test states the outcome that counts. Exit codes come from the training's own
+``EVENT exit`` line and ``scontrol show job`` (no ``sacct``: there is no accounting
+database); saved steps and times from the preemption records. The bounds only turn
+a hang into a failure.
+
+Time limits: slurmctld checks them every 30 s and sends ``--signal=SIG@N`` at the
+first check that finds at most N + 30 s left, so the tests submit at a known phase
+of those checks (:func:`submit_aligned`): the signal then comes about 33 s after the
+start of a one-minute job with ``@1``, and the requeued run, started at an unknown
+phase, finishes before its own earliest signal (29 s).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import EXAMPLES, TRAIN, parse_events, read_records
+from .slurm_cluster import GRACE_TIME, KILL_WAIT
+
+PYTHON = str(Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" / "python")
+if not os.path.exists(PYTHON):
+    import sys
+
+    PYTHON = sys.executable
+
+#: A one-minute job signalled when at most 1 + 30 s are left.
+LIMIT, LEAD = 60, 1
+#: Seconds from the start of the job to the check that signals it (the check comes
+#: when at most LEAD + 30 s are left; 3 s of margin).
+SIGNAL_AT = LIMIT - LEAD - 30 + 4
+#: Seconds from sbatch to the job's start (sched/builtin, sched_interval=2).
+START_DELAY = 1.3
+#: 0.1 s steps (~10 a second): the first run would need ~43 s for all of them (signalled at
+#: ~33 s), the rest takes the requeued run ~10 s after a ~6 s start.
+STEPS, STEP_TIME = 380, 0.1
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def submit(slurm, script: str, tmp_path: Path, sbatch_args, train_args: str, **env) -> tuple:
+    ckpt, out = tmp_path / "ckpt", tmp_path / "job.out"
+    job_env = dict(
+        slurm.env,
+        PYTHON=PYTHON,
+        TRAIN=str(TRAIN),
+        CKPT_DIR=str(ckpt),
+        TRAIN_ARGS=train_args,
+        PYTHONUNBUFFERED="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        TF_FAILURE_HANDLING_CLOUD="none",
+        **env,
+    )
+    jid = slurm.sbatch(
+        f"--output={out}", f"--chdir={tmp_path}", *sbatch_args, str(EXAMPLES / script), env=job_env
+    )
+    return jid, ckpt, out
+
+
+def submit_aligned(slurm, script, tmp_path, sbatch_args, train_args, **env):
+    """Submits so that the job starts SIGNAL_AT s before a time-limit check."""
+    checks = []
+    end = time.monotonic() + 45
+    while not checks and time.monotonic() < end:
+        checks = slurm.time_limit_checks()
+        if not checks:
+            time.sleep(1)
+    assert checks, "slurmctld logged no time-limit check within 45 s"
+    last = checks[-1]
+    now = time.time()
+    target = last + 30
+    while target - SIGNAL_AT - START_DELAY < now + 0.5:
+        target += 30
+    time.sleep(target - SIGNAL_AT - START_DELAY - now)
+    return submit(slurm, script, tmp_path, sbatch_args, train_args, **env)
+
+
+def wait_events(out: Path, pred, timeout: float) -> list:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        events = parse_events(out)
+        if any(pred(e) for e in events):
+            return events
+        time.sleep(0.5)
+    tail = out.read_text(errors="replace")[-3000:] if out.exists() else "(no output)"
+    raise TimeoutError(f"no such event within {timeout:g} s in {out}:\n{tail}")
+
+
+def by(events, name):
+    return [e for e in events if e["event"] == name]
+
+
+def stage(records, name):
+    return [r for r in records if r["stage"] == name]
+
+
+def report(scenario: str, **row) -> None:
+    print(f"\nSCENARIO {scenario}: " + ", ".join(f"{k}={v}" for k, v in row.items()))
+
+
+def check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, reason: str):
+    """The outcome that counts for a time limit or a preemption: the first run saved
+    at one step and exited 42, the job went back to the queue (same id,
+    Restarts >= 1), the next run resumed at that step, and the last run finished."""
+    job = slurm.wait_job(
+        jid, lambda j: j.get("JobState") in TERMINAL and j.get("Restarts", "0") != "0", 240
+    )
+    events, records = parse_events(out), read_records(ckpt)
+    starts, exits, done = by(events, "start"), by(events, "exit"), by(events, "done")
+    assert job["JobState"] == "COMPLETED", (job, events)
+    assert done and done[-1]["step"] == STEPS, events
+    assert exits and exits[0]["code"] == 42 and exits[0]["restart"] == 0, events
+    saved = exits[0]["step"]
+    requeues = stage(records, "requeue")
+    assert requeues and requeues[0]["requeued"] is True, records
+    assert requeues[0]["reason"].startswith(reason), requeues
+    assert requeues[0]["job_id"] == jid
+    resumed = [s for s in starts if s["restart"] >= 1]
+    assert resumed and resumed[0]["step"] == saved, (saved, starts)
+    assert stage(records, "save_start")[0]["step"] == saved
+    notice = stage(records, "notice")[0]
+    save_end = stage(records, "save_end")[0]
+    return {
+        "exit_codes": [e["code"] for e in exits] + [0],
+        "saved_step": saved,
+        "resumed_step": resumed[0]["step"],
+        "requeued": True,
+        "restarts": job.get("Restarts"),
+        "signal_to_checkpoint_s": round(save_end["time"] - notice["time"], 3),
+        "source": notice.get("source"),
+        "deadline_left_s": (
+            None if notice.get("deadline") is None else round(notice["deadline"] - notice["time"])
+        ),
+        "exit_to_rerun_s": round(resumed[0]["time"] - exits[0]["time"], 1),
+    }
+
+
+def test_time_limit_one_task_saves_requeues_resumes_and_finishes(slurm, tmp_path):
+    # one_node.sbatch execs the training: --signal=B:USR1 reaches it.
+    jid, ckpt, out = submit_aligned(
+        slurm,
+        "one_node.sbatch",
+        tmp_path,
+        [f"--time={LIMIT // 60}", f"--signal=B:USR1@{LEAD}"],
+        f"--steps {STEPS} --step-time {STEP_TIME}",
+    )
+    row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "time limit")
+    assert row["source"] == "signal SIGUSR1"
+    # SLURM 22.05 has no SLURM_JOB_END_TIME: the deadline is scontrol's EndTime.
+    assert row["deadline_left_s"] is not None and 0 < row["deadline_left_s"] <= LEAD + 31
+    report("time limit, 1 task, ours", **row)
+
+
+def test_time_limit_one_task_tf_handler_baseline(slurm, tmp_path):
+    # TensorFlow's handler does not catch SIGUSR1: the process dies of it, unsaved.
+    jid, ckpt, out = submit_aligned(
+        slurm,
+        "one_node.sbatch",
+        tmp_path,
+        [f"--time={LIMIT // 60}", f"--signal=B:USR1@{LEAD}"],
+        f"--steps {STEPS} --step-time {STEP_TIME} --impl tf",
+    )
+    job = slurm.wait_job(jid, lambda j: j.get("JobState") in TERMINAL, 120)
+    events = parse_events(out)
+    assert job["ExitCode"] == "0:10", job  # killed by signal 10 (SIGUSR1)
+    assert job["Restarts"] == "0" and job["JobState"] == "FAILED"
+    assert not by(events, "exit") and not by(events, "done")
+    assert not list(ckpt.glob("ckpt-*.index")) if ckpt.exists() else True
+    report(
+        "time limit, 1 task, TF's handler",
+        exit_codes=[job["ExitCode"]],
+        saved_step=None,
+        resumed_step=None,
+        requeued=False,
+        last_step=max((e["step"] for e in by(events, "progress")), default=None),
+    )
+
+
+@pytest.mark.parametrize("how", ["scancel --full --signal=TERM", "scancel"])
+def test_scancel_saves_exits_42_and_is_not_requeued(slurm, tmp_path, how):
+    jid, ckpt, out = submit(
+        slurm,
+        "one_node.sbatch",
+        tmp_path,
+        ["--time=5"],
+        f"--steps 100000 --step-time {STEP_TIME}",
+    )
+    wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, 90)
+    sent = time.time()
+    # --full: the batch step is the training (exec); without it only srun steps get it.
+    slurm.run(*how.split(), jid)
+    job = slurm.wait_job(jid, lambda j: j.get("JobState") in TERMINAL, KILL_WAIT + 60)
+    time.sleep(8)  # a requeue would show within cred_expire + a scheduling pass
+    job = slurm.job(jid)
+    events, records = parse_events(out), read_records(ckpt)
+    exits = by(events, "exit")
+    assert exits and exits[0]["code"] == 42, events
+    assert job["Restarts"] == "0" and job["JobState"] in ("FAILED", "CANCELLED"), job
+    requeues = stage(records, "requeue")
+    assert requeues and requeues[0]["requeued"] is False, records
+    assert len(by(events, "start")) == 1
+    save_end = stage(records, "save_end")[0]
+    notice = stage(records, "notice")[0]
+    report(
+        f"{how}, 1 task, ours",
+        exit_codes=[42],
+        job_state=job["JobState"],
+        job_exit=job["ExitCode"],
+        saved_step=exits[0]["step"],
+        requeued=False,
+        signal_to_checkpoint_s=round(save_end["time"] - notice["time"], 3),
+        scancel_to_checkpoint_s=round(save_end["time"] - sent, 3),
+    )
+
+
+def test_preemption_one_task_saves_requeues_resumes_and_finishes(slurm, tmp_path):
+    # A batch step gets SIGTERM only when GraceTime ends; SLURM requeues a job that
+    # is still running then, but ours saves and exits at once: it requeues itself.
+    jid, ckpt, out = submit(
+        slurm,
+        "one_node.sbatch",
+        tmp_path,
+        ["--time=5"],
+        f"--steps {STEPS} --step-time {STEP_TIME}",
+    )
+    wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, 90)
+    high = slurm.sbatch(
+        "-p",
+        "high",
+        f"--cpus-per-task={slurm.cpus}",
+        f"--output={tmp_path}/high.out",
+        "--wrap",
+        "sleep 2",
+    )
+    submitted = time.time()
+    row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "preemption")
+    assert row["source"] == "signal SIGTERM"
+    assert slurm.job(high).get("JobState") == "COMPLETED"
+    notice = stage(read_records(ckpt), "notice")[0]
+    row["high_submit_to_notice_s"] = round(notice["time"] - submitted, 1)
+    assert row["high_submit_to_notice_s"] <= GRACE_TIME + 10
+    report("preemption (batch step), 1 task, ours", **row)
+
+
+def test_preemption_two_tasks_srun_saves_requeues_resumes_and_finishes(slurm, tmp_path):
+    # srun tasks get SIGTERM as soon as the grace time starts: both workers agree on
+    # a step, save and exit 42 well within GraceTime; SLURM alone would then mark the
+    # job FAILED (it ended before the grace time did). Task 0 requeues it.
+    from .slurm_cluster import _free_ports
+
+    jid, ckpt, out = submit(
+        slurm,
+        "multi_node.sbatch",
+        tmp_path,
+        ["--time=5", "--ntasks=2"],
+        f"--steps {STEPS} --step-time {STEP_TIME} --port-base {_free_ports(1)[0]}",
+    )
+    wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, 150)
+    high = slurm.sbatch(
+        "-p",
+        "high",
+        f"--cpus-per-task={slurm.cpus}",
+        f"--output={tmp_path}/high.out",
+        "--wrap",
+        "sleep 2",
+    )
+    submitted = time.time()
+    row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "preemption")
+    events, records = parse_events(out), read_records(ckpt)
+    exits = by(events, "exit")
+    assert sorted(e["task"] for e in exits if e["restart"] == 0) == [0, 1], exits
+    assert {e["step"] for e in exits} == {row["saved_step"]}, exits  # one agreed step
+    assert len(stage(records, "requeue")) == 1  # one task requeues
+    assert stage(records, "requeue")[0].get("message") != "SLURM already requeued the job"
+    assert sorted(e["task"] for e in by(events, "done")) == [0, 1]
+    notice = stage(records, "notice")[0]
+    row["high_submit_to_notice_s"] = round(notice["time"] - submitted, 1)
+    assert row["high_submit_to_notice_s"] < GRACE_TIME  # at once, not at the grace's end
+    assert slurm.job(high).get("JobState") == "COMPLETED"
+    report("preemption (srun), 2 tasks MWMS, ours", **row)
