@@ -1,8 +1,12 @@
 # The two commands the README starts with:
 #   make demo   real TF workers on 127.0.0.1 get preempted, save at one agreed step, restart, finish
-#   make test   every test: Rust (unit + property), lints, Python unit and integration (real TF),
-#               and the compatibility ends from the wheel (TF 2.16 on Python 3.10, TF 2.21 on 3.13)
-# Each creates what it needs: .venv (TensorFlow CPU, maturin, pytest) and the native build.
+#   make test   every test: Rust (unit + property), lints, Python unit and integration (real TF,
+#               real PS clusters, a real SLURM the tests install and start), TensorFlow's own
+#               fault-tolerance tests against ours, and the compatibility ends from the wheel
+#               (TF 2.16 on Python 3.10, TF 2.21 on 3.13)
+# Each creates what it needs: .venv (TensorFlow CPU, maturin, pytest), the native build,
+# and SLURM's daemons (Debian's slurm-wlm and munge, installed with apt-get when missing,
+# started and stopped by tests/slurm/conftest.py).
 
 PYTHON ?= python3
 VENV := .venv
@@ -23,7 +27,7 @@ NO_DEPS := "tf-models-official==2.20.*"
 # TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
 ZIG := "ziglang==0.13.*"
 
-.PHONY: demo test test-rust test-python pytest-suite compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
+.PHONY: demo test test-rust test-python pytest-suite tf-suite compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
 
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -53,7 +57,7 @@ demo: build
 # they would not fit CI's 30 minutes. The ends print a line per combination and,
 # on a failure, the tail of its log.
 test: test-rust lint build wheel
-	$(MAKE) --no-print-directory -j2 pytest-suite compat-ends
+	$(MAKE) --no-print-directory -j3 pytest-suite compat-ends tf-suite
 
 test-rust:
 	cargo test --quiet
@@ -71,7 +75,13 @@ test-python: build pytest-suite
 # Without a build: `test` builds the extension and the wheel first, one after the
 # other (both write the checkout's python/ and target/), then runs these two.
 pytest-suite:
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --ignore=tests/tf_suite
+
+# TensorFlow's own fault-tolerance tests against our ClusterCoordinator
+# (tests/tf_suite: one process per test, as TF's BUILD shards them). Mostly
+# waiting on the processes they kill and restart, so it runs beside the suite.
+tf-suite:
+	$(PY) -m pytest tests/tf_suite -q
 
 compat-ends:
 	$(PY) tests/compat/run_matrix.py --ends
