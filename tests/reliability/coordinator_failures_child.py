@@ -16,24 +16,15 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import socket
 import sys
+from pathlib import Path
+
+# The integration tests' loopback helpers (stdlib only at import).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from mwms_worker import free_ports
 
 WORKERS = 8
 HANG_BOUND = 120.0
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def main() -> int:
