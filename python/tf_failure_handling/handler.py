@@ -291,7 +291,11 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         )
         self._records = records.Recorder(
             records.folder_for(
-                checkpoint_dir or getattr(checkpoint_or_checkpoint_manager, "directory", None),
+                # With a save_fn the user saves elsewhere: nothing is written beside
+                # the checkpoints unless records_dir or the variable says where.
+                None
+                if config.save_fn is not None
+                else checkpoint_dir or getattr(checkpoint_or_checkpoint_manager, "directory", None),
                 config.records_dir,
             ),
             member.task_type or "local",

@@ -39,7 +39,8 @@ log = logging.getLogger("tf_failure_handling")
 
 SCHEMA_VERSION = 1
 #: Where records go when the handler's ``TerminationConfig`` does not say:
-#: this variable, or ``<checkpoint_dir>/preemption_records``. ``off`` disables.
+#: this variable, or ``<checkpoint_dir>/preemption_records`` (created at the first
+#: notice; none by default when a ``save_fn`` replaces the save). ``off`` disables.
 RECORDS_DIR_ENV = "TF_FAILURE_HANDLING_RECORDS_DIR"
 DEFAULT_SUBDIR = "preemption_records"
 STAGES = ("notice", "agreement", "save_start", "save_end", "exit", "error", "resumed")
@@ -77,9 +78,8 @@ class Recorder:
         self._failed = folder is None
         self._count = 0
         self.current: Optional[str] = None
-        # Opened now, not on the way to a save: the first line then costs one write.
-        with self._lock:
-            self._open_locked()
+        # Opened at the first line (a notice, on the driver thread): nothing is
+        # created beside the checkpoints unless a preemption happens.
 
     def _open_locked(self) -> bool:
         if self._failed:

@@ -281,7 +281,12 @@ def test_save_checkpoint_if_preempted_saves_at_agreed_step_with_args(
     assert exc.value.code == 42
     assert ckpt.saved_runs == [5]
     assert ckpt.managers[0].save_args == [(args, kwargs)]
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["checkpoint", expected_file]
+    # TF's files, and the preemption records' folder (tf_failure_handling.records).
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [
+        "checkpoint",
+        expected_file,
+        "preemption_records",
+    ]
     assert h._run_counter == 5
 
 
