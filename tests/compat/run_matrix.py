@@ -76,7 +76,8 @@ REAL_TF_TESTS = [
 KERAS = "keras==3.15.*"
 KERAS_ON_310 = "keras==3.12.*"
 KERAS_MIN_PYTHON = (3, 11)
-TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis"]
+# matplotlib: the wheel's [plot] extra, which the records report's picture test needs.
+TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis", "matplotlib>=3.5"]
 
 #: Bounds that turn a hang into a failure (the whole pytest run of one combination;
 #: one pip install, which downloads TensorFlow).
