@@ -12,10 +12,13 @@ Verdict:
   skips (``skipTest``, e.g. "Worker number is less than 2." with one worker)
   counts as passed and says so: a pytest skip would fail under ``CI=true``
   (``tests/conftest.py``), and there is nothing of ours to run;
-* fails (or hangs past :data:`CHILD_TIMEOUT`) with ours: the same test runs with
-  TF's own classes (``TFH_TF_SUITE_IMPL=tf``). If TF's classes fail it too, the
-  test is an ``xfail`` ("fails with TensorFlow's own classes too", both outputs'
-  tails in the reason); otherwise it fails, with both tails.
+* fails with ours -- a failed or errored test, no exit within :data:`CHILD_TIMEOUT`
+  ("hang"), or a process still running :data:`EXIT_GRACE` s after unittest printed
+  its result ("hang at exit": TF's coordination-service handler leaves a
+  non-daemon timer thread running while a coordinator is alive) -- the same test
+  runs with TF's own classes (``TFH_TF_SUITE_IMPL=tf``). If TF's classes fail it
+  too, the test is an ``xfail`` ("fails with TensorFlow's own classes too", both
+  outputs' tails in the reason); otherwise it fails, with both tails.
 
 The bound per process only turns a hang into a failure; the tests take 20-60 s
 each, most of it starting and restarting the cluster's processes. Tests run one
@@ -43,6 +46,8 @@ MODULE = HERE / "tf_fault_tolerance.py"
 IMPL_ENV = "TFH_TF_SUITE_IMPL"
 #: Seconds one test process may take before it is killed and counted as a hang.
 CHILD_TIMEOUT = 300.0
+#: Seconds a test process may keep running after unittest printed its summary.
+EXIT_GRACE = 30.0
 #: Lines of a process's output shown in a failure or xfail message.
 TAIL_LINES = 60
 _BASE_CLASS = "BaseFaultToleranceTest"
@@ -70,7 +75,7 @@ def base_test_names(path: Path) -> list[str]:
     raise LookupError(f"no class {_BASE_CLASS} in {path}")
 
 
-def test_class_names(path: Path = MODULE) -> list[str]:
+def suite_class_names(path: Path = MODULE) -> list[str]:
     """The runnable test classes of ``tf_fault_tolerance.py`` (those that are TestCases)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     return [
@@ -88,7 +93,7 @@ def _cases() -> list:
         why = "tensorflow is not installed" if tf_dir is None else f"{base} is missing"
         return [pytest.param(None, marks=pytest.mark.skip(reason=why), id="no-tensorflow")]
     names = base_test_names(base)
-    return [f"{cls}.{name}" for cls in test_class_names() for name in names]
+    return [f"{cls}.{name}" for cls in suite_class_names() for name in names]
 
 
 @dataclass
@@ -96,7 +101,7 @@ class ChildResult:
     """One run of one test in its own process."""
 
     impl: str
-    outcome: str  # "passed", "skipped", "failed" or "hang"
+    outcome: str  # "passed", "skipped", "failed", "hang" or "hang at exit"
     returncode: int | None
     seconds: float
     output: str
@@ -124,27 +129,65 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _wait_unreaped(pid: int, timeout: float) -> bool:
-    """Waits up to ``timeout`` s for child ``pid`` to exit, leaving it unreaped."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
-
-
 _COORDINATOR_LINE = re.compile(r"^tf_suite: ClusterCoordinator is (\S+)$", re.M)
 _RAN = re.compile(r"^Ran (\d+) tests? in ", re.M)
 _SKIP_REASON = re.compile(r"skipped '([^'\n]*)'")
 
 
-def run_child(case: str, impl: str, log_dir: Path, timeout: float = CHILD_TIMEOUT) -> ChildResult:
+def _summary_printed(log_path: Path) -> bool:
+    """Whether unittest's ``Ran N tests`` line is in the log's last few KiB."""
+    with open(log_path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 8192))
+        return _RAN.search(f.read().decode(errors="replace")) is not None
+
+
+def _wait_unreaped(pid: int, log_path: Path, timeout: float, exit_grace: float) -> str:
+    """Waits for child ``pid`` to exit, leaving it unreaped: "exited", "hang" (no exit
+    within ``timeout`` s) or "hang-at-exit" (still running ``exit_grace`` s after
+    unittest printed its summary)."""
+    start = time.monotonic()
+    summary_at = None
+    checked = 0.0
+    while True:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return "exited"
+        now = time.monotonic()
+        if summary_at is None and now - checked >= 1.0:
+            checked = now
+            if _summary_printed(log_path):
+                summary_at = now
+        if summary_at is not None and now - summary_at >= exit_grace:
+            return "hang-at-exit"
+        if now - start >= timeout:
+            return "hang"
+        time.sleep(0.2)
+
+
+def _unittest_verdict(output: str) -> tuple[str, str]:
+    """``(outcome, note)`` from the child's unittest output: passed, skipped or failed."""
+    ran = _RAN.search(output)
+    if ran is None or ran.group(1) != "1":
+        return "failed", f"expected 1 test to run, got {ran.group(1) if ran else 'none'}"
+    summary = output[ran.end() :]
+    if not re.search(r"^OK\b", summary, re.M):
+        return "failed", ""
+    if re.search(r"^OK \(.*skipped=1", summary, re.M):
+        reason = _SKIP_REASON.search(output)
+        return "skipped", f"TF's test skipped itself: {reason.group(1) if reason else '?'}"
+    return "passed", ""
+
+
+def run_child(
+    case: str,
+    impl: str,
+    log_dir: Path,
+    timeout: float = CHILD_TIMEOUT,
+    exit_grace: float = EXIT_GRACE,
+) -> ChildResult:
     """Runs ``case`` (``Class.testName``) with ``impl``'s classes in a new process group."""
     log_path = log_dir / f"{case}.{impl}.log"
     env = dict(os.environ, **{IMPL_ENV: impl})
-    env.pop("CUDA_VISIBLE_DEVICES", None)
     start = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -157,38 +200,32 @@ def run_child(case: str, impl: str, log_dir: Path, timeout: float = CHILD_TIMEOU
             start_new_session=True,
         )
         try:
-            exited = _wait_unreaped(proc.pid, timeout)
+            how = _wait_unreaped(proc.pid, log_path, timeout, exit_grace)
         finally:
             # The cluster's processes and the forkserver are in the child's group;
             # the child is not reaped yet, so its id still names that group.
             _kill_group(proc.pid)
             code = proc.wait()
-        returncode: int | None = code if exited else None
     seconds = time.monotonic() - start
     output = log_path.read_text(errors="replace")
-    notes: list[str] = []
-    if returncode is None:
-        return ChildResult(impl, "hang", None, seconds, output, f"no exit within {timeout:.0f} s")
     coordinator = _COORDINATOR_LINE.search(output)
-    ran = _RAN.search(output)
-    summary = output[ran.end() :] if ran else ""
+    used = f"ClusterCoordinator: {coordinator.group(1)}" if coordinator else ""
+    if how == "hang":
+        return ChildResult(impl, "hang", None, seconds, output, f"no exit within {timeout:.0f} s")
+    if how == "hang-at-exit":
+        said, _ = _unittest_verdict(output)
+        note = (
+            f"unittest reported the test {said}, then the process did not exit within "
+            f"{exit_grace:.0f} s (a non-daemon thread still running at interpreter exit)"
+        )
+        return ChildResult(impl, "hang at exit", None, seconds, output, f"{note}; {used}")
     if coordinator is None:
-        notes.insert(0, "tf_fault_tolerance.py did not say which ClusterCoordinator it used")
-        outcome = "failed"
-    elif ran is None or ran.group(1) != "1":
-        notes.insert(0, f"expected 1 test to run, got {ran.group(1) if ran else 'none'}")
-        outcome = "failed"
-    elif returncode != 0 or not re.search(r"^OK\b", summary, re.M):
-        outcome = "failed"
-    elif re.search(r"^OK \(.*skipped=1", summary, re.M):
-        reason = _SKIP_REASON.search(output)
-        notes.insert(0, f"TF's test skipped itself: {reason.group(1) if reason else '?'}")
-        outcome = "skipped"
-    else:
-        outcome = "passed"
-    if coordinator is not None:
-        notes.append(f"ClusterCoordinator: {coordinator.group(1)}")
-    return ChildResult(impl, outcome, returncode, seconds, output, "; ".join(notes))
+        note = "tf_fault_tolerance.py did not say which ClusterCoordinator it used"
+        return ChildResult(impl, "failed", code, seconds, output, note)
+    outcome, note = _unittest_verdict(output)
+    if code != 0 and outcome != "failed":
+        outcome, note = "failed", f"unittest said {outcome} but the exit code is {code}"
+    return ChildResult(impl, outcome, code, seconds, output, "; ".join(filter(None, [note, used])))
 
 
 def _report(results: list[ChildResult]) -> str:
