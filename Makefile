@@ -27,7 +27,7 @@ NO_DEPS := "tf-models-official==2.20.*"
 # TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
 ZIG := "ziglang==0.13.*"
 
-.PHONY: demo test test-rust test-python pytest-suite tf-suite compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
+.PHONY: demo test test-rust test-python pytest-suite tf-suite tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
 
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,10 @@ pytest-suite:
 # waiting on the processes they kill and restart, so it runs beside the suite.
 tf-suite:
 	$(PY) -m pytest tests/tf_suite -q
+
+# The same with the coordination-service variants of TF's suite too (twice as long).
+tf-suite-all:
+	TFH_TF_SUITE_CLASSES=all $(PY) -m pytest tests/tf_suite -q
 
 compat-ends:
 	$(PY) tests/compat/run_matrix.py --ends

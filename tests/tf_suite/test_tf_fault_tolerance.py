@@ -93,7 +93,26 @@ def _cases() -> list:
         why = "tensorflow is not installed" if tf_dir is None else f"{base} is missing"
         return [pytest.param(None, marks=pytest.mark.skip(reason=why), id="no-tensorflow")]
     names = base_test_names(base)
-    return [f"{cls}.{name}" for cls in suite_class_names() for name in names]
+    return [f"{cls}.{name}" for cls in selected_classes() for name in names]
+
+
+#: TF's ``fault_tolerance_test.py``: one worker and one PS, two workers and two PS.
+#: ``make test`` runs these; ``TFH_TF_SUITE_CLASSES=all`` (``make tf-suite-all``) adds
+#: the coordination-service variants of ``fault_tolerance_coordination_service_test.py``.
+DEFAULT_CLASSES = ("MultiWorkerFaultToleranceTest", "SingleWorkerFaultToleranceTest")
+CLASSES_ENV = "TFH_TF_SUITE_CLASSES"
+
+
+def selected_classes() -> list[str]:
+    available = suite_class_names()
+    wanted = os.environ.get(CLASSES_ENV, "").strip()
+    if wanted == "all":
+        return available
+    names = [c.strip() for c in wanted.split(",") if c.strip()] or list(DEFAULT_CLASSES)
+    unknown = sorted(set(names) - set(available))
+    if unknown:
+        raise ValueError(f"{CLASSES_ENV}: no such test class {unknown}; have {available}")
+    return names
 
 
 @dataclass
