@@ -523,6 +523,9 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
                 self._closing.set()
                 if self._sources is not None:
                     self._sources.close(join=False)
+                self._records.close()
+                if self._ps_poller is not None:
+                    _ps_control.unregister_handler(self)
 
     # ------------------------------------------- hooks other libraries call
 
