@@ -19,11 +19,7 @@ import pytest
 from tf_failure_handling import TerminationConfig, records, report, testing
 
 from .conftest import BLOCK_TENSORFLOW, wait_for_attention, wait_until
-
-
-def _train(h, w, until: int) -> None:
-    while h._run_counter < until:
-        h.run(lambda: w.assign_add(1))
+from .test_handler_local import _train
 
 
 def _preempt(make_handler, tmp_path, notice_at: int = 5, config=None):
