@@ -576,15 +576,18 @@ def complete(
 def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
     """When a signalled machine goes away (Unix time), where the scheduler says.
 
-    SLURM (``_slurm.notice_deadline``): a SIGTERM, ``unix_now`` plus ``KillWait``;
-    a SIGUSR1, the job's end: ``env.slurm_end_time`` (``SLURM_JOB_END_TIME``), else
-    ``EndTime`` as ``scontrol show job`` said (read off this thread); either only
-    if after ``unix_now``. Kubernetes: ``unix_now`` plus ``env.kubernetes_grace_period``
+    SLURM (``_slurm.notice_deadline``, which has the table per launch form): a
+    SIGUSR1, the job's end (``env.slurm_end_time``, ``SLURM_JOB_END_TIME``, else
+    ``EndTime`` as ``scontrol show job`` said, read off this thread); a SIGTERM,
+    ``unix_now`` plus ``KillWait``, or for an ``srun`` task being preempted the
+    grace time's end (``PreemptTime`` + ``GraceTime``); each only if after
+    ``unix_now``. Kubernetes: ``unix_now`` plus ``env.kubernetes_grace_period``
     (``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s, Kubernetes'
     default ``terminationGracePeriodSeconds``). Otherwise None.
 
-    Called in the driver thread when a signal arrives: it reads only ``env``, whose
-    values :func:`environment` checked, and never raises.
+    Called in the driver thread when a signal arrives, never raises; apart from
+    the one bounded SLURM read above it reads only ``env``, whose values
+    :func:`environment` checked.
     """
     if env.scheduler == "slurm":
         from . import _slurm

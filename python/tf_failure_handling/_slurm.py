@@ -26,14 +26,26 @@ plain)                                 ``KillWait`` s later; ``PreemptTime=None`
 =====================================  ==================================================
 
 **Deadlines** (:func:`notice_deadline`, through ``_platform.signal_deadline``):
-SIGUSR1 → the job's end: ``SLURM_JOB_END_TIME`` (SLURM >= 23.02), else ``EndTime``
-from ``scontrol show job``, read once by a daemon thread started when the platform
+
+=====================  ==============================  ================================
+notice                 ``srun`` task                   batch step (``exec``)
+=====================  ==============================  ================================
+SIGUSR1 (time limit)   the job's end                   the job's end
+SIGTERM, preemption    ``PreemptTime`` + ``GraceTime``  now + ``KillWait``
+SIGTERM, ``scancel``   now + ``KillWait``              now + ``KillWait``
+=====================  ==============================  ================================
+
+The job's end is ``SLURM_JOB_END_TIME`` (SLURM >= 23.02), else ``EndTime`` from
+``scontrol show job``; ``GraceTime`` (the partition's) and ``KillWait`` (``scontrol
+show config``) are read with it, once, by a daemon thread started when the platform
 is detected (:func:`start_reading_job`; bounded by :data:`READ_TIMEOUT`, never on
-the training thread). SIGTERM → now + ``KillWait`` (``scontrol show config``), capped
-by the job's end: the one bound that holds for ``scancel`` and for both launch
-forms of a preemption (``srun`` tasks actually have ``GraceTime`` + ``KillWait``).
-Until the reader has answered, a SIGTERM has no deadline and a SIGUSR1 only
-``SLURM_JOB_END_TIME``.
+the training thread). Every deadline is capped by the job's end. Until the reader has
+answered, a SIGTERM has no deadline and a SIGUSR1 only ``SLURM_JOB_END_TIME``. An
+``srun`` task cannot tell a preemption from ``scancel`` by the signal: it reads the
+job's ``PreemptTime`` when the SIGTERM comes (one ``scontrol show job`` on the
+driver's thread, bounded by :data:`NOTICE_READ_TIMEOUT`; unreadable means
+``KillWait``). A batch step is signalled only when ``GraceTime`` is over, so
+``KillWait`` is what it has either way.
 
 **Requeue** (:func:`requeue_after_save`, called by the driver after the checkpoint
 is saved and before ``exit_fn``): SLURM requeues a preempted job only if it is
@@ -80,9 +92,13 @@ log = logging.getLogger("tf_failure_handling")
 REQUEUE_ENV = "TF_FAILURE_HANDLING_SLURM_REQUEUE"
 #: Bound on ``scontrol requeue``.
 REQUEUE_TIMEOUT = 30.0
-#: Bound on each ``scontrol show`` call.
+#: Bound on each ``scontrol show`` call of the reader started with the handler.
 READ_TIMEOUT = 10.0
+#: Bound on the one ``scontrol show job`` made when an ``srun`` task gets SIGTERM
+#: (is it a preemption?): the notice waits for it, so it is short.
+NOTICE_READ_TIMEOUT = 2.0
 
+_ON = ("1", "true", "on", "yes")
 _OFF = ("0", "false", "off", "no")
 
 
@@ -245,11 +261,43 @@ def _deliveries(signum: int) -> int:
         return 0
 
 
+def in_srun_step() -> bool:
+    """Whether this process is a task ``srun`` started (``SLURM_STEP_ID`` is set for
+    those and not for the batch step)."""
+    return os.environ.get("SLURM_STEP_ID", "").strip().isdigit()
+
+
+def preempt_time(info: JobInfo, timeout: float = NOTICE_READ_TIMEOUT) -> Optional[float]:
+    """The job's ``PreemptTime`` (Unix seconds) if it is being preempted in this run,
+    read now with ``scontrol show job`` (bounded by ``timeout``); None when it is
+    not, or when the job cannot be read in time."""
+    try:
+        job = show_job(info.job_id, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - unreadable: treated as no preemption
+        log.info("SLURM job %s: cannot read its PreemptTime (%s).", info.job_id, e)
+        return None
+    preempted = parse_time(job.get("PreemptTime"))
+    started = parse_time(job.get("StartTime"))
+    if preempted is None or (started is not None and preempted < started):
+        return None
+    return preempted
+
+
 def notice_deadline(end_time: Optional[float], unix_now: float) -> Optional[float]:
     """When the job goes away after the signal that just arrived (Unix time), or None.
 
-    ``end_time`` is ``SLURM_JOB_END_TIME`` if set. A new SIGTERM: now + ``KillWait``,
-    capped by the end; otherwise (SIGUSR1) the end. Never raises, never waits.
+    ``end_time`` is ``SLURM_JOB_END_TIME`` if set, else the job's ``EndTime`` once
+    read. A SIGUSR1 (time limit): the end. A new SIGTERM, capped by the end:
+
+    * in an ``srun`` task of a partition with a ``GraceTime``: a preemption starts
+      its grace time with this SIGTERM, so the job's ``PreemptTime`` is read (once,
+      bounded by :data:`NOTICE_READ_TIMEOUT`, on the driver's thread, never the
+      training's): ``PreemptTime`` + ``GraceTime`` when it is set, else (a user's
+      ``scancel``, or no answer in time) now + ``KillWait``;
+    * in the batch step: now + ``KillWait`` (a preempted batch step is signalled
+      only when ``GraceTime`` is over).
+
+    Never raises.
     """
     global _seen_term
     try:
@@ -260,10 +308,18 @@ def notice_deadline(end_time: Optional[float], unix_now: float) -> Optional[floa
         term = _deliveries(signal.SIGTERM)
         new_term = term > _seen_term
         _seen_term = term
-        if new_term and info is not None and info.kill_wait is not None:
+        if not new_term or info is None:
+            return end
+        bound = None
+        if in_srun_step() and info.grace_time:
+            preempted = preempt_time(info)
+            if preempted is not None:
+                bound = preempted + info.grace_time
+        if bound is None and info.kill_wait is not None:
             bound = unix_now + info.kill_wait
-            return bound if end is None else min(bound, end)
-        return end
+        if bound is None:
+            return end
+        return bound if end is None else min(bound, end)
     except Exception:  # noqa: BLE001 - see the docstring
         return end_time if end_time is not None and end_time > unix_now else None
 
@@ -271,17 +327,43 @@ def notice_deadline(end_time: Optional[float], unix_now: float) -> Optional[floa
 # ------------------------------------------------------------------ requeue
 
 
+def requeue_from_env() -> Optional[bool]:
+    """:data:`REQUEUE_ENV` as True/False, None when unset or empty.
+
+    Raises:
+      ValueError: for any other value than ``1``/``true``/``on``/``yes`` or
+        ``0``/``false``/``off``/``no`` (any case).
+    """
+    raw = os.environ.get(REQUEUE_ENV, "")
+    value = raw.strip().lower()
+    if not value:
+        return None
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(
+        f"{REQUEUE_ENV}={raw!r}: expected one of {', '.join(_ON + _OFF)} (or unset, which is "
+        "on under SLURM)"
+    )
+
+
 def requeue_enabled(option: Optional[bool]) -> bool:
     """``TerminationConfig(slurm_requeue=...)`` if given, else the environment
     variable (off with ``0``/``false``/``off``/``no``), else on."""
     if option is not None:
         return bool(option)
-    return os.environ.get(REQUEUE_ENV, "").strip().lower() not in _OFF
+    try:
+        from_env = requeue_from_env()
+    except ValueError:
+        return True  # rejected at the handler's construction already
+    return True if from_env is None else from_env
 
 
 def attach(handler: Any, option: Optional[bool]) -> None:
     """Handler construction under SLURM: the requeue option, and the log line of a
     requeued run."""
+    requeue_from_env()  # a bad value is an error at construction, under SLURM or not
     handler._slurm_requeue = option
     if job_id() is None:
         return
@@ -293,6 +375,15 @@ def attach(handler: Any, option: Optional[bool]) -> None:
             job_id(),
             count,
         )
+
+
+def resume_fields() -> dict:
+    """What a ``resumed`` preemption record says about SLURM: the job and
+    ``SLURM_RESTART_COUNT`` (empty when not under SLURM)."""
+    jid = job_id()
+    if jid is None:
+        return {}
+    return {"slurm_job_id": jid, "slurm_restart_count": restart_count()}
 
 
 def _int(value: Optional[str]) -> int:

@@ -408,6 +408,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
             step=self._run_counter,
             lost=lost,
             downtime=time.time() - last.exit_time,
+            **_slurm.resume_fields(),
         )
 
     def _saved_path(self) -> Optional[str]:

@@ -67,3 +67,96 @@ def test_notice_deadline_is_the_end_time_when_nothing_was_read():
     now = time.time()
     assert _slurm.notice_deadline(now + 50, now) == now + 50
     assert _slurm.notice_deadline(now - 1, now) is None
+
+
+def test_a_bad_requeue_variable_is_an_error_at_construction(monkeypatch, tmp_path):
+    monkeypatch.setenv(_slurm.REQUEUE_ENV, "maybe")
+    with pytest.raises(ValueError, match=_slurm.REQUEUE_ENV):
+        _slurm.requeue_from_env()
+    import tensorflow as tf
+    from tf_failure_handling import PreemptionCheckpointHandler
+
+    with pytest.raises(ValueError, match="maybe"):
+        PreemptionCheckpointHandler(None, tf.train.Checkpoint(), str(tmp_path))
+    for value, expected in (("YES", True), ("on", True), ("Off", False), ("", None)):
+        monkeypatch.setenv(_slurm.REQUEUE_ENV, value)
+        assert _slurm.requeue_from_env() is expected
+
+
+def _read_job(grace=20.0, kill_wait=10.0, end=None):
+    info = _slurm.JobInfo("7")
+    info.grace_time, info.kill_wait, info.end_time = grace, kill_wait, end
+    info.done.set()
+    return info
+
+
+@pytest.fixture
+def sigterms(monkeypatch):
+    """A new SIGTERM for each notice_deadline call; the job as read is settable."""
+    count = {"term": 0}
+
+    def deliveries(signum):
+        if signum == _slurm.signal.SIGTERM:
+            count["term"] += 1
+            return count["term"]
+        return 0
+
+    monkeypatch.setattr(_slurm, "_deliveries", deliveries)
+    monkeypatch.setattr(_slurm, "_seen_term", 0)
+    return monkeypatch
+
+
+def _stamp(unix: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(unix))
+
+
+def test_sigterm_deadline_per_launch_form_and_cause(sigterms):
+    now = float(int(time.time()))
+    shown = {}
+    sigterms.setattr(_slurm, "show_job", lambda jid, timeout: dict(shown))
+    sigterms.setattr(_slurm, "_info", _read_job(grace=20.0, kill_wait=10.0))
+
+    # The batch step: SIGTERM comes when the grace time is over; KillWait is left.
+    sigterms.delenv("SLURM_STEP_ID", raising=False)
+    shown.update(PreemptTime=_stamp(now - 20), StartTime=_stamp(now - 100))
+    assert _slurm.notice_deadline(None, now) == now + 10
+
+    # An srun task of a preempted job: the grace time starts with the SIGTERM.
+    sigterms.setenv("SLURM_STEP_ID", "0")
+    shown.update(PreemptTime=_stamp(now), StartTime=_stamp(now - 100))
+    assert _slurm.notice_deadline(None, now) == now + 20
+    # ... capped by the job's end.
+    assert _slurm.notice_deadline(now + 15, now) == now + 15
+
+    # An srun task and a user's scancel (no PreemptTime, or one from an earlier run).
+    shown.update(PreemptTime="None")
+    assert _slurm.notice_deadline(None, now) == now + 10
+    shown.update(PreemptTime=_stamp(now - 500))
+    assert _slurm.notice_deadline(None, now) == now + 10
+
+    # The job cannot be read in time: KillWait, the bound that always holds.
+    def unreadable(jid, timeout):
+        raise TimeoutError("scontrol show job")
+
+    sigterms.setattr(_slurm, "show_job", unreadable)
+    assert _slurm.notice_deadline(None, now) == now + 10
+
+    # A partition without a GraceTime is not read at all.
+    sigterms.setattr(_slurm, "_info", _read_job(grace=None, kill_wait=10.0))
+    assert _slurm.notice_deadline(None, now) == now + 10
+
+
+def test_sigusr1_deadline_is_the_job_end(sigterms):
+    now = time.time()
+    sigterms.setattr(_slurm, "_info", _read_job(end=now + 90))
+    sigterms.setattr(_slurm, "_deliveries", lambda signum: 0)
+    assert _slurm.notice_deadline(None, now) == now + 90
+    assert _slurm.notice_deadline(now + 60, now) == now + 60  # SLURM_JOB_END_TIME wins
+
+
+def test_resume_fields_name_the_restart(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert _slurm.resume_fields() == {}
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert _slurm.resume_fields() == {"slurm_job_id": "12", "slurm_restart_count": 2}
