@@ -149,6 +149,15 @@ def garbage_server(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def logical_devices(monkeypatch):
+    """The kinds of TF logical device this process has (``{"GPU"}``, ...), the input
+    of the device mapping; none unless a test adds some, whatever the host has."""
+    present: set = set()
+    monkeypatch.setattr(_platform, "_devices", lambda kind: kind in present)
+    return present
+
+
+@pytest.fixture(autouse=True)
 def _isolated_environment(monkeypatch, tmp_path):
     """No cloud, no scheduler: empty DMI tables, metadata bases on a closed port."""
     for name in ENV_VARS:
@@ -407,12 +416,33 @@ def test_termination_watcher_is_false_when_the_endpoint_is_not_http(garbage_serv
 # ------------------------------------------------------------ environment()
 
 
-def _expected_device(gce: bool) -> PD:
-    if _platform._devices("GPU"):
-        return PD.GCE_GPU if gce else PD.INTERNAL_GPU
-    if _platform._devices("TPU"):
-        return PD.GCE_TPU if gce else PD.INTERNAL_TPU
-    return PD.GCE_CPU if gce else PD.INTERNAL_CPU
+# (TF logical devices present, on GCE, the PlatformDevice's value): TF's
+# failure_handling_util.detect_platform (TF 2.21), written out, not computed: a GPU
+# wins over a TPU, the prefix says GCE or not, and no GPU or TPU is a CPU.
+DEVICE_TABLE = [
+    ((), False, "internal_CPU"),
+    ((), True, "GCE_CPU"),
+    (("CPU",), False, "internal_CPU"),
+    (("CPU",), True, "GCE_CPU"),
+    (("GPU",), False, "internal_GPU"),
+    (("GPU",), True, "GCE_GPU"),
+    (("TPU",), False, "internal_TPU"),
+    (("TPU",), True, "GCE_TPU"),
+    (("GPU", "TPU"), False, "internal_GPU"),
+    (("GPU", "TPU"), True, "GCE_GPU"),
+    (("CPU", "TPU"), True, "GCE_TPU"),
+]
+
+
+@pytest.mark.parametrize(("present", "gce", "expected"), DEVICE_TABLE)
+def test_device_table(request, logical_devices, present, gce, expected):
+    logical_devices.update(present)
+    if gce:
+        request.getfixturevalue("metadata")
+    env = _platform.environment()
+    assert env.cloud == ("gce" if gce else None)
+    assert env.device.value == expected
+    assert _platform.detect().value == expected
 
 
 def test_off_cloud_without_any_probe_takes_milliseconds(fake, monkeypatch):
@@ -427,7 +457,7 @@ def test_off_cloud_without_any_probe_takes_milliseconds(fake, monkeypatch):
     _platform.environment()  # warm up imports and the probe thread's first start
     _platform.environment.cache_clear()
     env = _platform.environment()
-    assert env == _platform.Environment(_expected_device(gce=False), None, None, None)
+    assert env == _platform.Environment(PD("internal_CPU"), None, None, None)
     assert fake.requests == [], "probed a metadata service without a reason to"
 
 
@@ -440,7 +470,7 @@ def test_forced_cloud_is_not_probed(fake, monkeypatch, cloud):
     want = cloud.strip().lower()
     assert env.cloud == (None if want == "none" else want)
     assert env.metadata_base == (None if want == "none" else fake.base)
-    assert env.device is _expected_device(gce=want == "gce")
+    assert env.device.value == ("GCE_CPU" if want == "gce" else "internal_CPU")
     assert fake.requests == []
 
 
@@ -468,7 +498,7 @@ def test_gce_detected_by_its_metadata_server(fake, monkeypatch):
     env = _platform.environment()
     assert env.cloud == "gce"
     assert env.metadata_base == fake.base
-    assert env.device is _expected_device(gce=True)
+    assert env.device.value == "GCE_CPU"
     method, path, headers = fake.requests[0]
     assert (method, path, headers["metadata-flavor"]) == ("GET", HOSTNAME, "Google")
 
@@ -477,7 +507,7 @@ def test_aws_detected_through_the_variable(fake, monkeypatch):
     monkeypatch.setenv(_platform.AWS_METADATA_ENV, fake.base + "/")
     env = _platform.environment()
     assert (env.cloud, env.metadata_base) == ("aws", fake.base)
-    assert env.device is _expected_device(gce=False)
+    assert env.device.value == "internal_CPU"
     assert any(path.startswith("/latest/") for _, path, _ in fake.requests)
 
 
@@ -636,7 +666,7 @@ def test_environment_is_computed_once(fake, monkeypatch):
     _platform.environment.cache_clear()
     _platform.detect.cache_clear()
     assert _platform.environment().cloud is None
-    assert _platform.detect() is _expected_device(gce=False)
+    assert _platform.detect().value == "internal_CPU"
 
 
 # ------------------------------------------------------------ scheduler
@@ -691,11 +721,11 @@ def test_no_signal_deadline_without_a_scheduler(monkeypatch, cloud):
 
 
 def test_detect_without_gce():
-    assert _platform.detect() is _expected_device(gce=False)
+    assert _platform.detect().value == "internal_CPU"
 
 
 def test_detect_on_gce(metadata):
-    assert _platform.detect() is _expected_device(gce=True)
+    assert _platform.detect().value == "GCE_CPU"
 
 
 @pytest.mark.timeout(60)
@@ -708,7 +738,7 @@ def test_handler_on_gce_exits_with_gces_code_on_a_maintenance_event(
     ckpt = testing.FakeCheckpoint(w=w)
     h = make_handler(ckpt, tmp_path / "ckpt")
     assert h._environment.cloud == "gce"
-    assert h._platform_device in (PD.GCE_CPU, PD.GCE_GPU, PD.GCE_TPU)
+    assert h._platform_device.value == "GCE_CPU"
     assert h._termination_watcher_fn is None
     assert h._exit_fn is _platform.gce_exit_fn
     for _ in range(3):
@@ -755,7 +785,7 @@ def test_handler_keeps_a_user_exit_fn_and_grace(metadata, make_handler, tmp_path
 
 def test_handler_off_cloud_has_borg_defaults(make_handler, tmp_path):
     h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
-    assert h._platform_device is _expected_device(gce=False)
+    assert h._platform_device.value == "internal_CPU"
     assert h._environment.cloud is None
     assert h._termination_watcher_fn is None
     assert h._exit_fn is _platform.default_exit_fn
