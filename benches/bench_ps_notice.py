@@ -77,8 +77,11 @@ def main() -> None:
                     f"{min(times):.2f}{_report.DASH}{max(times):.2f} s",
                 )
             )
-    print(f"\nREADME, ParameterServerStrategy notices ({args.repeats} trials per role):")
-    print(_report.markdown(("SIGTERM to", "until", "median", "range"), rows))
+    _report.print_readme_table(
+        f"ParameterServerStrategy notices ({args.repeats} trials per role)",
+        ("SIGTERM to", "until", "median", "range"),
+        rows,
+    )
 
 
 if __name__ == "__main__":

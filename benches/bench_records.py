@@ -81,8 +81,11 @@ def main() -> None:
         on = statistics.median(t[k] for t in times[True])
         off = statistics.median(t[k] for t in times[False])
         rows.append((what, _report.duration(off), _report.duration(on), _report.duration(on - off)))
-    print(f"\nREADME, preemption records on and off ({args.repeats} preemptions each, medians):")
-    print(_report.markdown(("path", "records off", "records on", "added"), rows))
+    _report.print_readme_table(
+        f"preemption records on and off ({args.repeats} preemptions each, medians)",
+        ("path", "records off", "records on", "added"),
+        rows,
+    )
 
 
 if __name__ == "__main__":

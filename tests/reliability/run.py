@@ -435,6 +435,10 @@ def main(argv=None) -> int:
     )
     print()
     print(tally.table(seeds))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benches"))
+    import _report  # benches/_report: under make figures, the table is kept with its provenance
+
+    _report.write_figure("reliability trials", tally.table(seeds))
     if logged is not None:
         print(
             f"\nDEBUG logging: {logged['records']} records written to a file, "

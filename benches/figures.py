@@ -1,0 +1,80 @@
+"""``make figures``: every bench and the reliability trials, one after the other, each
+table written to ``docs/figures/`` with its command, commit, date and machine.
+
+    python benches/figures.py [--out docs/figures] [--quick]
+
+The README and the docs print no figure by hand: the docs include these files, and
+``tests/unit/test_figures.py`` fails when a figure the README or a page states is in
+none of them. Every table is written to a temporary folder first and the figures
+folder is replaced only when every command succeeded, so a failed run leaves the
+last complete set. ``--quick`` runs each bench with few repeats, to check the
+pipeline, not to publish (its tables say so in their command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: (script, arguments of the published run, arguments of --quick). Each prints its
+#: tables through ``_report.print_readme_table`` (``_report.write_figure``).
+COMMANDS = (
+    ("benches/bench_run.py", [], ["--calls", "20000", "--rounds", "3"]),
+    ("benches/bench_closure_queue.py", [], ["--closures", "2000", "--rounds", "2"]),
+    ("benches/bench_coordinator.py", [], ["--rounds", "1"]),
+    ("benches/bench_classify.py", [], ["--calls", "10000", "--repeats", "3"]),
+    ("benches/bench_notice.py", [], ["--repeats", "1"]),
+    ("benches/bench_patch.py", [], ["--repeats", "3"]),
+    ("benches/bench_ps_notice.py", ["--repeats", "3"], ["--repeats", "1"]),
+    ("benches/bench_records.py", ["--repeats", "300"], ["--repeats", "20"]),
+    (
+        "tests/reliability/run.py",
+        [],
+        ["--sim-trials", "200", "--debug-trials", "20", "--process-seeds", "1"],
+    ),
+)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "figures")
+    p.add_argument("--quick", action="store_true", help="few repeats: checks the pipeline")
+    p.add_argument("--only", nargs="*", help="scripts to run (default: all)")
+    args = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="tfh-figures-"))
+    env = dict(os.environ, TFH_FIGURES_DIR=str(tmp), PYTHONUNBUFFERED="1")
+    failed = []
+    for script, full, quick in COMMANDS:
+        if args.only and script not in args.only and Path(script).name not in args.only:
+            continue
+        before = set(tmp.iterdir())
+        cmd = [sys.executable, script, *(quick if args.quick else full)]
+        print(f"== {' '.join(cmd[1:])}", flush=True)
+        started = time.monotonic()
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
+        took = time.monotonic() - started
+        written = sorted(p.name for p in set(tmp.iterdir()) - before)
+        print(f"== {script}: exit {rc} in {took:.0f} s; wrote {', '.join(written) or 'nothing'}")
+        if rc != 0 or not written:
+            failed.append(script)
+    if failed:
+        print(f"FAILED: {', '.join(failed)}; {args.out} left as it was ({tmp} has the rest).")
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    for path in tmp.iterdir():
+        shutil.copyfile(path, args.out / path.name)
+    shutil.rmtree(tmp)
+    print(f"{len(list(args.out.glob('*.md')))} tables in {args.out}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
