@@ -1,228 +1,111 @@
 """Preemption demo: 2 MultiWorkerMirroredStrategy workers on 127.0.0.1.
 
+The training is ``examples/mwms_custom_loop.py``, run by ``examples/launch_local.py``
+(one process per worker, restarted as a cluster launcher would):
+
 1. An uninterrupted reference run.
 2. The demo run: SIGTERM to one worker mid-run; every worker saves a checkpoint at
-   the same agreed step and exits with the restart code (42).
-3. The restart: the workers restore that step and finish.
-4. The resumed run's final weights are compared with the reference run's.
+   the same agreed step and exits with the restart code (42); the launcher starts
+   the workers again, they restore that step and finish.
+3. The resumed run's final weights are compared with the reference run's, and the
+   preemption records are shown (``python -m tf_failure_handling report``).
 
 Run with the project's virtualenv::
 
     .venv/bin/python demo/run_demo.py [--steps 80] [--workers 2]
 
 Exit status 0 only if the resumed run ends with the reference run's weights.
-The training itself is ``tests/integration/mwms_worker.py`` (one process per worker).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
-import queue
+import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "integration" / "mwms_worker.py"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+EXAMPLE = EXAMPLES / "mwms_custom_loop.py"
+sys.path.insert(0, str(EXAMPLES))
+
+import launch_local  # noqa: E402 - examples/launch_local.py, found through the path above
+
+SAVED = re.compile(r"^preempted: checkpoint saved at step (\d+), exiting with code (\d+)$")
+STARTED = re.compile(r"^starting at step (\d+)$")
+FINISHED = re.compile(r"^finished at step (\d+); weights (.*)$")
 
 
 def say(message: str = "") -> None:
     print(message, flush=True)
 
 
-def _load_worker_module():
-    """``mwms_worker`` (the training script) as a module, for its loopback helpers."""
-    spec = importlib.util.spec_from_file_location("mwms_worker", WORKER_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def environment() -> dict:
+    """This machine only: no cluster of the caller's, TF's GCE probe refused at once."""
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+    env.setdefault("TF_FAILURE_HANDLING_CLOUD", "none")
+    return env
 
 
-_worker = _load_worker_module()
-free_ports = _worker.free_ports
-EVENT_PREFIX = _worker.EVENT_PREFIX
+def narrator(show_progress: bool):
+    """Shows what the launcher shows, with one loss line per step (worker 0's) instead of
+    one per worker and without the final weights (compared at the end)."""
+
+    def echo(line: str) -> None:
+        if " loss " in line and not (show_progress and line.startswith("[worker:0] ")):
+            return
+        say("  " + line.split("; weights ")[0])
+
+    return echo
 
 
-def choose_impl(requested: str) -> str:
-    if requested != "ours":
-        return requested
-    try:
-        importlib.import_module("tf_failure_handling")
-    except ImportError as e:
-        say(
-            f"WARNING: tf_failure_handling is not importable ({e}); "
-            "falling back to TF's own PreemptionCheckpointHandler (--impl tf)."
-        )
-        return "tf"
-    return "ours"
+def run(label: str, ckpt_dir: Path, args, logs: Path, preempt: str | None = None):
+    command = [
+        str(EXAMPLE),
+        "--ckpt-dir",
+        str(ckpt_dir),
+        "--steps",
+        str(args.steps),
+        "--step-time",
+        str(args.step_time),
+    ]
+    return launch_local.launch(
+        command,
+        workers=args.workers,
+        preempt=preempt,
+        restarts=1,
+        timeout=args.timeout,
+        env=environment(),
+        logs=logs / label,
+        echo=narrator(show_progress=preempt is not None),
+    )
 
 
-class Workers:
-    """The worker processes of one run, with their EVENT lines on a queue."""
-
-    def __init__(
-        self,
-        label: str,
-        impl: str,
-        ckpt_dir: Path,
-        logdir: Path,
-        *,
-        workers: int,
-        steps: int,
-        step_sleep: float,
-    ):
-        self.label = label
-        self.events: queue.Queue = queue.Queue()
-        self.stderr_paths = [logdir / f"{label}-worker{i}.stderr" for i in range(workers)]
-        env = dict(os.environ)
-        env.pop("TF_CONFIG", None)
-        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")  # keep TF's GCE probe local
-        ports = free_ports(workers)
-        self.procs = []
-        for i in range(workers):
-            cmd = _worker.worker_command(
-                WORKER_SCRIPT,
-                ports=ports,
-                index=i,
-                impl=impl,
-                ckpt_dir=ckpt_dir,
-                steps=steps,
-                step_sleep=step_sleep,
-            )
-            with open(self.stderr_paths[i], "wb") as err:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdout=subprocess.PIPE,
-                    stderr=err,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    text=True,
-                )
-            self.procs.append(proc)
-            threading.Thread(target=self._read, args=(i, proc), daemon=True).start()
-
-    def _read(self, index: int, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:
-            if line.startswith(EVENT_PREFIX):
-                try:
-                    self.events.put((index, json.loads(line[len(EVENT_PREFIX) :])))
-                except json.JSONDecodeError:
-                    pass
-        self.events.put((index, {"event": "eof"}))
-
-    def next_event(self, deadline: float):
-        """(worker index, event dict); raises TimeoutError after ``deadline``."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        try:
-            return self.events.get(timeout=remaining)
-        except queue.Empty:
-            raise TimeoutError from None
-
-    def wait(self, deadline: float) -> list[int]:
-        codes = []
-        for proc in self.procs:
-            codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
-        return codes
-
-    def kill(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-
-    def stderr_tail(self, index: int, lines: int = 25) -> str:
-        text = self.stderr_paths[index].read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+def matches(result, pattern, task: str, attempt: int) -> list:
+    return [
+        found.groups()
+        for t, a, line in result.lines
+        if t == task and a == attempt and (found := pattern.match(line))
+    ]
 
 
-def drive(
-    run: Workers,
-    n: int,
-    steps: int,
-    deadline: float,
-    *,
-    show_progress: bool,
-    signal_worker: int | None = None,
-    signal_after: int = 0,
-) -> dict:
-    """Consume a run's events until every worker's stdout closes; print the story."""
-    losses: dict[int, dict[int, float]] = {}
-    printed: set[int] = set()
-    signalled = False
-    finished = set()
-    result = {"saves": {i: [] for i in range(n)}, "done": {}, "start": {}}
-    while len(finished) < n:
-        index, event = run.next_event(deadline)
-        kind = event["event"]
-        if kind == "eof":
-            finished.add(index)
-        elif kind == "start":
-            result["start"][index] = event["restored"]
-            if event["restored"]:
-                say(
-                    f"  worker {index} restored the checkpoint: resumes at step {event['restored']}"
-                )
-        elif kind == "progress":
-            losses.setdefault(event["step"], {})[index] = event["loss"]
-            reported = [s for s, by in losses.items() if len(by) == n and s not in printed]
-            for s in sorted(reported):
-                printed.add(s)
-                if show_progress:
-                    say(f"  training: step {s:4d}/{steps}  loss {losses[s][0]:.6f}")
-            if (
-                signal_worker is not None
-                and not signalled
-                and all(
-                    max((s for s, by in losses.items() if i in by), default=0) >= signal_after
-                    for i in range(n)
-                )
-            ):
-                signalled = True
-                step_now = max(losses)
-                run.procs[signal_worker].send_signal(signal.SIGTERM)
-                result["signal_time"] = time.time()
-                say(f"  >>> SIGTERM sent to worker {signal_worker} at step ~{step_now}")
-        elif kind == "save":
-            result["saves"][index].append(event)
-            ms = 1000 * (event["t_end"] - event["t_start"])
-            say(
-                f"  worker {index} saved a checkpoint at agreed step {event['runs']} "
-                f"({ms:.0f} ms) -> {event['path']}"
-            )
-        elif kind == "exit":
-            say(f"  worker {index} leaves through exit_fn (code {event['code']})")
-        elif kind == "error":
-            say(f"  worker {index} failed: {event['type']}: {event['message'][-300:]}")
-        elif kind == "done":
-            result["done"][index] = event
-    result["codes"] = run.wait(deadline)
-    return result
+def final_weights(result, task: str) -> dict | None:
+    finished = [groups for a in range(3) for groups in matches(result, FINISHED, task, a)]
+    return json.loads(finished[-1][1]) if finished else None
 
 
-def weights_match(a: dict, b: dict) -> tuple[bool, float]:
+def max_difference(a: dict, b: dict) -> float:
     import numpy as np
 
-    diff = 0.0
-    for name in b:
-        x, y = np.asarray(a[name]), np.asarray(b[name])
-        if x.shape != y.shape:
-            return False, float("inf")
-        diff = max(diff, float(np.max(np.abs(x - y))))
-        if not np.allclose(x, y, rtol=1e-6, atol=1e-7):
-            return False, diff
-    return True, diff
+    return max(float(np.max(np.abs(np.asarray(a[k]) - np.asarray(b[k])))) for k in b)
 
 
 def show_records(records_dir: Path, output: Path) -> bool:
@@ -249,7 +132,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="PreemptionCheckpointHandler demo (MWMS).")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--step-sleep", type=float, default=0.03)
+    p.add_argument("--step-time", type=float, default=0.03)
     p.add_argument(
         "--signal-worker", type=int, default=None, help="worker to SIGTERM (default: the last one)"
     )
@@ -257,19 +140,16 @@ def main(argv=None) -> int:
         "--signal-after",
         type=int,
         default=None,
-        help="send SIGTERM once every worker passed this step (default: steps // 3)",
+        help="send SIGTERM once a worker reports this step (default: about steps // 3)",
     )
-    p.add_argument("--impl", choices=("ours", "tf"), default="ours")
     p.add_argument(
         "--output",
-        default=str(Path(__file__).resolve().parent.parent / "demo-output"),
+        default=str(ROOT / "demo-output"),
         help="where the preemption records and the timeline picture are kept",
     )
-    p.add_argument("--timeout", type=float, default=120.0, help="bound for each phase")
+    p.add_argument("--timeout", type=float, default=300.0, help="bound for each run")
     p.add_argument(
-        "--keep",
-        action="store_true",
-        help="keep the temporary directory (logs, checkpoints) on success",
+        "--keep", action="store_true", help="keep the temporary folder (logs, checkpoints)"
     )
     args = p.parse_args(argv)
     n = args.workers
@@ -278,99 +158,51 @@ def main(argv=None) -> int:
     if not 0 <= signal_worker < n or signal_after >= args.steps:
         p.error("--signal-worker must name a worker; --signal-after must be < --steps")
 
-    impl = choose_impl(args.impl)
-    handler = (
-        "tf_failure_handling.PreemptionCheckpointHandler"
-        if impl == "ours"
-        else "tf.distribute.experimental.PreemptionCheckpointHandler"
-    )
     say(
-        f"Demo: {n} MultiWorkerMirroredStrategy workers on 127.0.0.1, {args.steps} "
-        f"steps, handler {handler}"
+        f"Demo: {n} MultiWorkerMirroredStrategy workers on 127.0.0.1 run "
+        f"{EXAMPLE.relative_to(ROOT)} for {args.steps} steps, with "
+        "tf_failure_handling.PreemptionCheckpointHandler"
     )
     workdir = Path(tempfile.mkdtemp(prefix="tfh-demo-"))
     ckpt_dir = workdir / "train" / "ckpt"
+    workers = [f"worker:{i}" for i in range(n)]
     started = time.monotonic()
-    current = None
 
-    def start(label: str, ckpt: Path, step_sleep: float) -> Workers:
-        return Workers(
-            label, impl, ckpt, workdir, workers=n, steps=args.steps, step_sleep=step_sleep
-        )
-
-    try:
-        say("\n[1/3] Uninterrupted reference run ...")
-        current = start("reference", workdir / "reference" / "ckpt", 0.0)
-        ref = drive(current, n, args.steps, time.monotonic() + args.timeout, show_progress=False)
-        if ref["codes"] != [0] * n or len(ref["done"]) != n:
-            say(f"reference run failed: exit codes {ref['codes']}\n" + current.stderr_tail(0))
-            return 1
-        reference = ref["done"][0]["weights"]
-        say(f"  finished {args.steps} steps, exit codes {ref['codes']}")
-
-        say(f"\n[2/3] Demo run, SIGTERM to worker {signal_worker} after step {signal_after} ...")
-        current = start("preempted", ckpt_dir, args.step_sleep)
-        pre = drive(
-            current,
-            n,
-            args.steps,
-            time.monotonic() + args.timeout,
-            show_progress=True,
-            signal_worker=signal_worker,
-            signal_after=signal_after,
-        )
-        saved = sorted({s["runs"] for i in range(n) for s in pre["saves"][i]})
-        say(f"  exit codes: {pre['codes']}")
-        if pre["done"] or not saved:
-            say("  the workers did not stop for the preemption notice")
-            return 1
-        say(
-            f"  agreed step saved by every worker: {saved}; checkpoint: "
-            f"{pre['saves'][0][-1]['path'] if pre['saves'][0] else '?'}"
-        )
-        latest = ckpt_dir / "checkpoint"
-        say(f"  checkpoint index file {latest}: {'present' if latest.is_file() else 'MISSING'}")
-
-        say("\n[3/3] Restart with the same checkpoint directory ...")
-        current = start("restarted", ckpt_dir, args.step_sleep)
-        post = drive(current, n, args.steps, time.monotonic() + args.timeout, show_progress=True)
-        say(
-            f"  finished: exit codes {post['codes']}, restored step "
-            f"{sorted(set(post['start'].values()))}"
-        )
-        if post["codes"] != [0] * n or len(post["done"]) != n:
-            say("  the restarted run did not finish\n" + current.stderr_tail(0))
-            return 1
-    except (TimeoutError, subprocess.TimeoutExpired):
-        say(f"\nTIMEOUT: a phase took longer than {args.timeout:.0f}s")
-        if current is not None:
-            for i in range(n):
-                say(f"--- worker {i} stderr tail ---\n{current.stderr_tail(i)}")
+    say("\n[1/3] Uninterrupted reference run ...")
+    reference = run("reference", workdir / "reference" / "ckpt", args, workdir)
+    if not reference.finished:
+        say(f"The reference run failed; logs in {workdir}")
         return 1
-    finally:
-        if current is not None:
-            current.kill()
 
-    ok = all(weights_match(post["done"][i]["weights"], reference)[0] for i in range(n))
-    _, diff = weights_match(post["done"][0]["weights"], reference)
-    if impl == "ours":
-        ok = show_records(ckpt_dir / "preemption_records", Path(args.output)) and ok
+    say(f"\n[2/3] Demo run: SIGTERM to worker {signal_worker} at step {signal_after}; restart ...")
+    demo = run("demo", ckpt_dir, args, workdir, preempt=f"worker:{signal_worker}@{signal_after}")
+    saved = {w: matches(demo, SAVED, w, 0) for w in workers}
+    resumed = {w: matches(demo, STARTED, w, 1) for w in workers}
+    say(f"  exits: {', '.join(f'{t} attempt {a}: {c}' for t, a, c in demo.exits)}")
+    if not demo.finished or not all(saved.values()) or not all(resumed.values()):
+        say(f"The demo run did not save, restart and finish; logs in {workdir}")
+        return 1
+    steps = {int(s[0][0]) for s in saved.values()}
+    starts = {int(r[0][0]) for r in resumed.values()}
+    say(f"  the workers saved at step {sorted(steps)} and resumed at step {sorted(starts)}")
+
+    say("\n[3/3] The resumed run against the reference run ...")
+    expected = final_weights(reference, "worker:0")
+    got = [final_weights(demo, w) for w in workers]
+    diff = max(max_difference(g, expected) for g in got)
+    same = len(steps) == 1 and steps == starts and diff <= 1e-6
+    recorded = show_records(ckpt_dir / "preemption_records", Path(args.output))
     say(f"\nDone in {time.monotonic() - started:.1f}s.")
-    if ok and not args.keep:
+    if same and recorded and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
         say(f"Logs and checkpoints kept in {workdir}")
-    if ok:
-        say(
-            f"RESULT: the resumed run's final weights EQUAL the uninterrupted run's "
-            f"(max |diff| = {diff:.3g})."
-        )
-        return 0
+    verdict = "EQUAL" if same else "DIFFER from"
     say(
-        f"RESULT: the resumed run's final weights DIFFER from the uninterrupted run's "
+        f"RESULT: the resumed run's final weights {verdict} the uninterrupted run's "
         f"(max |diff| = {diff:.3g})."
     )
-    return 1
+    return 0 if same and recorded else 1
 
 
 if __name__ == "__main__":

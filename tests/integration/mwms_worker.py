@@ -22,8 +22,10 @@ JSON object per line, prefixed with ``EVENT ``:
 * ``error``: when an exception leaves the training loop (``type``, ``message``).
 * ``done``: after a full run: ``steps``, ``weights`` (flat lists of floats).
 
-The training data is a deterministic function of the global step index (and of the
-worker index), so a resumed run sees exactly the batches an uninterrupted one does.
+The training (model, batches, update) is ``examples/mwms_custom_loop.py``'s, imported
+from there; this script adds the tests' instruments around it. The training data is
+a deterministic function of the global step index (and of the worker index), so a
+resumed run sees exactly the batches an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -38,13 +40,11 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 T_PROCESS_START = time.monotonic()
-IN_FEATURES = 4
-OUT_FEATURES = 2
-PER_WORKER_BATCH = 8
-LEARNING_RATE = 0.05
-MOMENTUM = 0.9
+#: The examples' folder: the training itself is ``mwms_custom_loop.py`` there.
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 EVENT_PREFIX = "EVENT "
@@ -279,22 +279,20 @@ def tf_config(ports: list[int], index: int) -> dict:
     }
 
 
+def custom_loop_example():
+    """``examples/mwms_custom_loop.py`` as a module: the model, the batches and the
+    update this worker trains with (the example ``make demo`` runs), so that the
+    tests exercise the example's code and it cannot rot."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    import mwms_custom_loop
+
+    return mwms_custom_loop
+
+
 def batch_for(step: int, index: int):
     """The (x, y) batch worker ``index`` trains on at global step ``step``."""
-    import numpy as np
-
-    rng = np.random.default_rng([step, index])
-    x = rng.standard_normal((PER_WORKER_BATCH, IN_FEATURES)).astype(np.float32)
-    true_w = (
-        np.arange(IN_FEATURES * OUT_FEATURES, dtype=np.float32).reshape(IN_FEATURES, OUT_FEATURES)
-        / 10.0
-    )
-    y = (
-        x @ true_w
-        + 0.5
-        + 0.01 * rng.standard_normal((PER_WORKER_BATCH, OUT_FEATURES)).astype(np.float32)
-    )
-    return x, y
+    return custom_loop_example().batch_for(step, index)
 
 
 def handler_classes(impl: str):
@@ -375,47 +373,18 @@ def instrument_checkpoint_manager_saves() -> None:
 
 
 def build_training(strategy):
-    """Variables, optimizer state and the distributed single-step function."""
+    """The example's variables, optimizer state and update, as one distributed step
+    function that can also fail on demand (``fail``: a real ``InvalidArgumentError``
+    from an op inside the train function, before the all-reduce)."""
     import tensorflow as tf
 
-    mean = tf.VariableAggregation.MEAN
-    with strategy.scope():
-        kernel = tf.Variable(
-            tf.reshape(
-                tf.linspace(-0.3, 0.3, IN_FEATURES * OUT_FEATURES), (IN_FEATURES, OUT_FEATURES)
-            ),
-            name="kernel",
-            aggregation=mean,
-        )
-        bias = tf.Variable(tf.zeros((OUT_FEATURES,)), name="bias", aggregation=mean)
-        model = tf.Module(name="model")
-        model.kernel, model.bias = kernel, bias
-        optimizer = tf.Module(name="sgd_momentum")
-        optimizer.iterations = tf.Variable(
-            tf.constant(0, tf.int64),
-            name="iterations",
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-        )
-        optimizer.v_kernel = tf.Variable(tf.zeros_like(kernel), name="v_kernel", aggregation=mean)
-        optimizer.v_bias = tf.Variable(tf.zeros_like(bias), name="v_bias", aggregation=mean)
+    example = custom_loop_example()
+    model, optimizer = example.build_model(strategy)
+    replica_step = example.replica_step_fn(model, optimizer)
 
     def step_fn(x, y, fail):
-        with tf.GradientTape() as tape:
-            pred = tf.matmul(x, kernel) + bias
-            loss = tf.reduce_mean(tf.square(pred - y))
-            # Injected failure: a real OpError (InvalidArgumentError) raised by an
-            # op inside the distributed train function, before the all-reduce.
-            loss = tf.debugging.check_numerics(
-                loss * tf.where(fail, float("inf"), 1.0), "injected failure"
-            )
-        g_kernel, g_bias = tape.gradient(loss, [kernel, bias])
-        # MEAN-aggregated assignments in replica context all-reduce the update.
-        optimizer.v_kernel.assign(MOMENTUM * optimizer.v_kernel + g_kernel)
-        optimizer.v_bias.assign(MOMENTUM * optimizer.v_bias + g_bias)
-        kernel.assign_sub(LEARNING_RATE * optimizer.v_kernel)
-        bias.assign_sub(LEARNING_RATE * optimizer.v_bias)
-        optimizer.iterations.assign_add(1)
-        return loss
+        x = tf.debugging.check_numerics(tf.where(fail, x * float("inf"), x), "injected failure")
+        return replica_step(x, y)
 
     @tf.function
     def distributed_step(x, y, fail):
