@@ -103,7 +103,50 @@ def report(scenario: str, **row) -> None:
     print(f"\nSCENARIO {scenario}: " + ", ".join(f"{k}={v}" for k, v in row.items()))
 
 
-def check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, reason: str):
+def preempt(slurm, tmp_path: Path) -> tuple:
+    """Submits a job to the ``high`` partition that needs every CPU of the node;
+    returns its id and when it was submitted."""
+    high = slurm.sbatch(
+        "-p",
+        "high",
+        f"--cpus-per-task={slurm.cpus}",
+        f"--output={tmp_path}/high.out",
+        "--wrap",
+        "sleep 2",
+    )
+    return high, time.time()
+
+
+def submit_two_tasks(slurm, tmp_path: Path, sbatch_args, train_args: str, aligned=False):
+    """``multi_node.sbatch`` with 2 tasks (``srun``, MultiWorkerMirroredStrategy
+    through TF's SlurmClusterResolver)."""
+    from .slurm_cluster import _free_ports
+
+    how = submit_aligned if aligned else submit
+    return how(
+        slurm,
+        "multi_node.sbatch",
+        tmp_path,
+        ["--ntasks=2", *sbatch_args],
+        f"{train_args} --port-base {_free_ports(1)[0]}",
+    )
+
+
+def check_one_agreed_step_per_run(events, records) -> None:
+    """Both tasks of every run that ended by a notice exited 42 at one step, and one
+    task wrote the requeue line of each preemption."""
+    by_run: dict = {}
+    for e in by(events, "exit"):
+        by_run.setdefault(e["restart"], []).append(e)
+    for run, exits in by_run.items():
+        assert sorted(e["task"] for e in exits) == [0, 1], (run, exits)
+        assert len({e["step"] for e in exits}) == 1, (run, exits)
+        assert {e["code"] for e in exits} == {42}, (run, exits)
+    ids = [r.get("preemption") for r in stage(records, "requeue")]
+    assert len(ids) == len(set(ids)), records
+
+
+def check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, reason: str, steps=None):
     """The outcome that counts for a time limit or a preemption: the first run saved
     at one step and exited 42, the job went back to the queue (same id,
     Restarts >= 1), the next run resumed at that step, and the last run finished."""
@@ -113,7 +156,7 @@ def check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, reason: str):
     events, records = parse_events(out), read_records(ckpt)
     starts, exits, done = by(events, "start"), by(events, "exit"), by(events, "done")
     assert job["JobState"] == "COMPLETED", (job, events)
-    assert done and done[-1]["step"] == STEPS, events
+    assert done and done[-1]["step"] == (steps or STEPS), events
     assert exits and exits[0]["code"] == 42 and exits[0]["restart"] == 0, events
     saved = exits[0]["step"]
     requeues = stage(records, "requeue")
@@ -206,6 +249,7 @@ def test_scancel_saves_exits_42_and_is_not_requeued(slurm, tmp_path, how):
     assert len(by(events, "start")) == 1
     save_end = stage(records, "save_end")[0]
     notice = stage(records, "notice")[0]
+    assert 0 < notice["deadline"] - notice["time"] <= KILL_WAIT, notice
     report(
         f"{how}, 1 task, ours",
         exit_codes=[42],
@@ -229,21 +273,15 @@ def test_preemption_one_task_saves_requeues_resumes_and_finishes(slurm, tmp_path
         f"--steps {STEPS} --step-time {STEP_TIME}",
     )
     wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, 90)
-    high = slurm.sbatch(
-        "-p",
-        "high",
-        f"--cpus-per-task={slurm.cpus}",
-        f"--output={tmp_path}/high.out",
-        "--wrap",
-        "sleep 2",
-    )
-    submitted = time.time()
+    high, submitted = preempt(slurm, tmp_path)
     row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "preemption")
     assert row["source"] == "signal SIGTERM"
     assert slurm.job(high).get("JobState") == "COMPLETED"
     notice = stage(read_records(ckpt), "notice")[0]
     row["high_submit_to_notice_s"] = round(notice["time"] - submitted, 1)
     assert row["high_submit_to_notice_s"] <= GRACE_TIME + 10
+    # Signalled when the grace time is over: KillWait is what is left.
+    assert 0 < row["deadline_left_s"] <= KILL_WAIT, row
     report("preemption (batch step), 1 task, ours", **row)
 
 
@@ -251,35 +289,110 @@ def test_preemption_two_tasks_srun_saves_requeues_resumes_and_finishes(slurm, tm
     # srun tasks get SIGTERM as soon as the grace time starts: both workers agree on
     # a step, save and exit 42 well within GraceTime; SLURM alone would then mark the
     # job FAILED (it ended before the grace time did). Task 0 requeues it.
-    from .slurm_cluster import _free_ports
-
-    jid, ckpt, out = submit(
-        slurm,
-        "multi_node.sbatch",
-        tmp_path,
-        ["--time=5", "--ntasks=2"],
-        f"--steps {STEPS} --step-time {STEP_TIME} --port-base {_free_ports(1)[0]}",
+    jid, ckpt, out = submit_two_tasks(
+        slurm, tmp_path, ["--time=5"], f"--steps {STEPS} --step-time {STEP_TIME}"
     )
     wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, 150)
-    high = slurm.sbatch(
-        "-p",
-        "high",
-        f"--cpus-per-task={slurm.cpus}",
-        f"--output={tmp_path}/high.out",
-        "--wrap",
-        "sleep 2",
-    )
-    submitted = time.time()
+    high, submitted = preempt(slurm, tmp_path)
     row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "preemption")
     events, records = parse_events(out), read_records(ckpt)
-    exits = by(events, "exit")
-    assert sorted(e["task"] for e in exits if e["restart"] == 0) == [0, 1], exits
-    assert {e["step"] for e in exits} == {row["saved_step"]}, exits  # one agreed step
+    check_one_agreed_step_per_run(events, records)
     assert len(stage(records, "requeue")) == 1  # one task requeues
     assert stage(records, "requeue")[0].get("message") != "SLURM already requeued the job"
     assert sorted(e["task"] for e in by(events, "done")) == [0, 1]
     notice = stage(records, "notice")[0]
     row["high_submit_to_notice_s"] = round(notice["time"] - submitted, 1)
     assert row["high_submit_to_notice_s"] < GRACE_TIME  # at once, not at the grace's end
+    # The deadline is the grace time's end (PreemptTime + GraceTime), not KillWait.
+    assert KILL_WAIT < row["deadline_left_s"] <= GRACE_TIME, row
     assert slurm.job(high).get("JobState") == "COMPLETED"
     report("preemption (srun), 2 tasks MWMS, ours", **row)
+
+
+# 2-task jobs: ``multi_node.sbatch`` execs ``srun``, which starts one TensorFlow worker
+# per task. Steps: the first run cannot finish before the signal (~33 s at 10 steps/s
+# at most), and the requeued one usually finishes before its own earliest signal; if
+# it does not, it saves and requeues again, which the checks allow.
+STEPS_2 = 340
+
+
+def test_time_limit_two_tasks_srun_saves_requeues_resumes_and_finishes(slurm, tmp_path):
+    # --signal=USR1@N without B: reaches every srun task (with B:, only the batch
+    # shell, which is srun itself here and does not forward SIGUSR1).
+    jid, ckpt, out = submit_two_tasks(
+        slurm,
+        tmp_path,
+        [f"--time={LIMIT // 60}", f"--signal=USR1@{LEAD}"],
+        f"--steps {STEPS_2} --step-time {STEP_TIME}",
+        aligned=True,
+    )
+    row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "time limit", steps=STEPS_2)
+    events, records = parse_events(out), read_records(ckpt)
+    check_one_agreed_step_per_run(events, records)
+    assert row["source"] == "signal SIGUSR1"
+    assert row["deadline_left_s"] is not None and 0 < row["deadline_left_s"] <= LEAD + 31
+    assert sorted(e["task"] for e in by(events, "done")) == [0, 1]
+    resumed = [r for r in stage(records, "resumed") if r.get("slurm_restart_count")]
+    assert resumed and resumed[0]["slurm_job_id"] == jid, records
+    report("time limit (srun), 2 tasks MWMS, ours", **row)
+
+
+def test_scancel_two_tasks_saves_exits_42_and_is_not_requeued(slurm, tmp_path):
+    jid, ckpt, out = submit_two_tasks(
+        slurm, tmp_path, ["--time=5"], f"--steps 100000 --step-time {STEP_TIME}"
+    )
+    wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, 150)
+    slurm.run("scancel", jid)
+    job = slurm.wait_job(jid, lambda j: j.get("JobState") in TERMINAL, KILL_WAIT + 60)
+    time.sleep(8)  # a requeue would show within cred_expire + a scheduling pass
+    job = slurm.job(jid)
+    events, records = parse_events(out), read_records(ckpt)
+    check_one_agreed_step_per_run(events, records)
+    exits = by(events, "exit")
+    assert len(exits) == 2 and job["Restarts"] == "0", (exits, job)
+    assert job["JobState"] in ("FAILED", "CANCELLED"), job
+    requeues = stage(records, "requeue")
+    assert len(requeues) == 1 and requeues[0]["requeued"] is False, records
+    notice = stage(records, "notice")[0]
+    assert 0 < notice["deadline"] - notice["time"] <= KILL_WAIT, notice  # KillWait
+    save_end = stage(records, "save_end")[0]
+    report(
+        "scancel (srun), 2 tasks MWMS, ours",
+        exit_codes=[42, 42],
+        job_state=job["JobState"],
+        saved_step=exits[0]["step"],
+        requeued=False,
+        signal_to_checkpoint_s=round(save_end["time"] - notice["time"], 3),
+    )
+
+
+def test_preemption_two_tasks_tf_handler_baseline(slurm, tmp_path):
+    # TensorFlow's handler saves at one step and exits 42 on the first SIGTERM, long
+    # before GraceTime ends: SLURM marks the job FAILED and never requeues it.
+    jid, ckpt, out = submit_two_tasks(
+        slurm, tmp_path, ["--time=5"], f"--steps {STEPS} --step-time {STEP_TIME} --impl tf"
+    )
+    wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, 150)
+    high, submitted = preempt(slurm, tmp_path)
+    job = slurm.wait_job(jid, lambda j: j.get("JobState") in TERMINAL, GRACE_TIME + 90)
+    time.sleep(8)  # a requeue would show within cred_expire + a scheduling pass
+    job = slurm.job(jid)
+    events = parse_events(out)
+    check_one_agreed_step_per_run(events, [])
+    exits = by(events, "exit")
+    assert len(exits) == 2, events
+    assert job["Restarts"] == "0" and job["JobState"] == "FAILED", job
+    assert list(ckpt.glob("ckpt-*.index")), "TF's handler saved no checkpoint"
+    assert len(by(events, "start")) == 2  # one run of 2 tasks: gone from the queue
+    assert slurm.wait_job(high, lambda j: j.get("JobState") in TERMINAL, 60)["JobState"] == (
+        "COMPLETED"
+    )
+    report(
+        "preemption (srun), 2 tasks MWMS, TF's handler",
+        exit_codes=[e["code"] for e in exits],
+        job_state=job["JobState"],
+        saved_step=exits[0]["step"],
+        resumed_step=None,
+        requeued=False,
+        high_submit_to_exit_s=round(max(e["time"] for e in exits) - submitted, 1),
+    )
