@@ -130,7 +130,10 @@ def provenance() -> str:
                     break
     except OSError:
         pass
-    script = os.path.relpath(sys.argv[0], os.path.dirname(os.path.dirname(__file__)))
+    if os.path.basename(os.path.dirname(sys.argv[0])) == "pytest":
+        script = "-m pytest"  # python -m pytest: argv[0] is pytest/__main__.py
+    else:
+        script = os.path.relpath(sys.argv[0], os.path.dirname(os.path.dirname(__file__)))
     command = " ".join(["python", script, *sys.argv[1:]])
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return (

@@ -40,6 +40,8 @@ COMMANDS = (
         [],
         ["--sim-trials", "200", "--debug-trials", "20", "--process-seeds", "1"],
     ),
+    # The SLURM scenarios: a real one-node SLURM (tests/slurm/conftest.py), ~10 min.
+    ("-m", ["pytest", "tests/slurm", "-q", "-p", "no:cacheprovider"], ["pytest", "tests/slurm"]),
 )
 
 
@@ -50,10 +52,12 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", help="scripts to run (default: all)")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="tfh-figures-"))
-    env = dict(os.environ, TFH_FIGURES_DIR=str(tmp), PYTHONUNBUFFERED="1")
+    # CI=true: a SLURM that cannot start fails the run instead of skipping its table.
+    env = dict(os.environ, TFH_FIGURES_DIR=str(tmp), PYTHONUNBUFFERED="1", CI="true")
     failed = []
     for script, full, quick in COMMANDS:
-        if args.only and script not in args.only and Path(script).name not in args.only:
+        name = "tests/slurm" if script == "-m" else script
+        if args.only and name not in args.only and Path(name).name not in args.only:
             continue
         before = set(tmp.iterdir())
         cmd = [sys.executable, script, *(quick if args.quick else full)]
@@ -62,9 +66,9 @@ def main(argv=None) -> int:
         rc = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
         took = time.monotonic() - started
         written = sorted(p.name for p in set(tmp.iterdir()) - before)
-        print(f"== {script}: exit {rc} in {took:.0f} s; wrote {', '.join(written) or 'nothing'}")
+        print(f"== {name}: exit {rc} in {took:.0f} s; wrote {', '.join(written) or 'nothing'}")
         if rc != 0 or not written:
-            failed.append(script)
+            failed.append(name)
     if failed:
         print(f"FAILED: {', '.join(failed)}; {args.out} left as it was ({tmp} has the rest).")
         return 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -55,6 +57,47 @@ def slurm(tmp_path_factory):
     finally:
         cluster.cancel_all()
         cluster.stop()
+        write_scenarios(versions())
+
+
+#: (scenario, outcome) of each job test that ran, in order (``test_slurm_jobs.report``).
+SCENARIOS: list = []
+#: The table's columns: (header, key of the outcome).
+COLUMNS = (
+    ("exit codes", "exit_codes"),
+    ("saved at step", "saved_step"),
+    ("resumed at step", "resumed_step"),
+    ("back in the queue", "requeued"),
+    ("signal to checkpoint", "signal_to_checkpoint_s"),
+    ("deadline left at the notice", "deadline_left_s"),
+)
+
+
+def write_scenarios(found: dict) -> None:
+    """Under ``make figures`` (``TFH_FIGURES_DIR``), the scenarios that ran as one
+    table, through ``benches/_report.write_figure``."""
+    if not SCENARIOS or not os.environ.get("TFH_FIGURES_DIR"):
+        return
+    sys.path.insert(0, str(REPO / "benches"))
+    import _report
+
+    def cell(key: str, value) -> str:
+        if value is None:
+            return _report.DASH
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, list):
+            return ", ".join(str(v) for v in value)
+        if key.endswith("_s"):
+            return f"{value:.3f} s" if isinstance(value, float) else f"{value} s"
+        return str(value)
+
+    rows = [
+        [scenario, *(cell(key, row.get(key)) for _, key in COLUMNS)] for scenario, row in SCENARIOS
+    ]
+    table = _report.markdown(["scenario", *(h for h, _ in COLUMNS)], rows)
+    slurm = found.get("slurm-wlm", "?")
+    _report.write_figure("SLURM scenarios", f"{table}\n\nSLURM {slurm} (Debian's slurm-wlm).")
 
 
 def parse_events(path: Path) -> list:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import EXAMPLES, TRAIN, parse_events, read_records
+from .conftest import EXAMPLES, SCENARIOS, TRAIN, parse_events, read_records
 from .slurm_cluster import GRACE_TIME, KILL_WAIT
 
 PYTHON = str(Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" / "python")
@@ -100,7 +100,10 @@ def stage(records, name):
 
 
 def report(scenario: str, **row) -> None:
+    """Prints the scenario's outcome and keeps it for the table ``make figures``
+    writes (``conftest.write_scenarios``)."""
     print(f"\nSCENARIO {scenario}: " + ", ".join(f"{k}={v}" for k, v in row.items()))
+    SCENARIOS.append((scenario, row))
 
 
 def preempt(slurm, tmp_path: Path) -> tuple:
