@@ -2,7 +2,9 @@
 
 Each batch runs the seeds of 100 and fails with every violating seed and its plan,
 so a failure is replayed with ``run_trial(make_plan(seed))``. Seeds that once found
-a defect are kept in :data:`REGRESSION_SEEDS` and run first.
+a defect are kept in :data:`REGRESSION_SEEDS`, each with the call its plan fails, and
+run first (``test_regression_seeds``); they were drawn before the burst and outage
+kinds existed, so they replay with ``make_plan(seed, FIRST_KINDS)``.
 
 Every trial checks the outcome that counts as success for its kind: the
 preemption succeeded (after one failed coordination-service call, or a burst of
@@ -34,6 +36,7 @@ from tf_failure_handling import _driver, _errors
 from . import run as long_mode
 from . import simulation
 from .simulation import (
+    FIRST_KINDS,
     KINDS,
     OUTAGE_ROLES,
     TARGETED_CALLS,
@@ -52,8 +55,33 @@ BATCH = 100
 #: Seeds of the DEBUG-logging variant here (after the random ones above): few,
 #: so that it runs in well under a minute; the long mode runs 1,000.
 DEBUG_SEEDS = range(BATCHES * BATCH, BATCHES * BATCH + 40)
-#: Seeds that found a defect once (none of them may regress).
-REGRESSION_SEEDS: list = []
+#: Seeds that found a defect once (none of them may regress), with the call their
+#: plan fails (``fault_call``), in plans of :data:`simulation.FIRST_KINDS`. Issue 9,
+#: item 1: one failed get or set of a protocol key made a watcher or the leader give
+#: up, and every worker ended with an error instead of saving. These 45 coordination
+#: faults lost the preemption on the handler of 9d2d3ad in each of three replays
+#: (that code built, the harness of 2a65d68; cbba1a9's message counts 82 such seeds:
+#: the rest lost it in some replays only); the protocol driver (c5fb6af) fixed them.
+#: The other defect a random seed found, a step error during the leader's wait for
+#: acknowledgements (cbba1a9), hit whichever seeds the timing chose (2-3 of 68
+#: step_error seeds per replay, never the same): no seed keeps it;
+#: ``test_a_step_error_ends_the_leaders_wait_for_acknowledgements`` does.
+REGRESSION_SEEDS = {
+    **dict.fromkeys(
+        (6, 578, 631, 701, 731, 734, 751, 782, 852, 899, 905, 972, 976, 984),
+        "get RUN_TO_CHECKPOINT",
+    ),
+    **dict.fromkeys((106, 222, 282, 562, 599), "set RUN_TO_CHECKPOINT"),
+    **dict.fromkeys(
+        (170, 171, 219, 225, 363, 487, 509, 573, 729, 743, 753, 800, 832, 867),
+        "get RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_<id>",
+    ),
+    **dict.fromkeys(
+        (19, 191, 230, 292, 413, 639, 659, 702, 951, 964),
+        "set RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_<id>",
+    ),
+    **dict.fromkeys((664, 878), "get LAST_RUN_TO_CHECKPOINT"),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -83,9 +111,26 @@ def test_randomized_trials(batch):
     assert sum(kinds.values()) == BATCH
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_regression_seeds():
-    run_plans([make_plan(seed) for seed in REGRESSION_SEEDS])
+    """Each seed still draws the plan that found the defect (its fault call), its
+    fault strikes, and the trial passes."""
+    assert len(REGRESSION_SEEDS) == 45, "a regression seed was dropped"
+    plans = [make_plan(seed, FIRST_KINDS) for seed in sorted(REGRESSION_SEEDS)]
+    assert {p.seed: fault_call(p) for p in plans} == REGRESSION_SEEDS, (
+        "make_plan no longer draws these seeds' plans: keep the generator they came from"
+    )
+    failures = []
+    for plan in plans:
+        result = run_trial(plan)
+        if not result.struck:
+            failures.append(f"{plan.describe()}\n    the fault never struck: tests nothing")
+        elif not result.ok:
+            failures.append(
+                f"{plan.describe()}\n    outcomes {result.outcomes}\n    "
+                + "\n    ".join(result.violations[:5])
+            )
+    assert not failures, f"{len(failures)} regression seed(s) failed:\n" + "\n".join(failures)
 
 
 @pytest.mark.timeout(120)
