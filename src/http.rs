@@ -769,6 +769,41 @@ mod tests {
         Client::new(base).request("GET", "/x", &[("Metadata", "true")], timeout, None)
     }
 
+    /// Far above anything these tests wait for: it only turns a request that
+    /// never returns into a failure that says what it was waiting for. How
+    /// fast a request gives up is not checked here (that is a bench figure).
+    const HANG_BOUND: Duration = Duration::from_secs(30);
+
+    /// Runs `f` on a thread; its result, or a failure naming `what` if it
+    /// has not returned within [`HANG_BOUND`].
+    fn returns<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        match rx.recv_timeout(HANG_BOUND) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what} had not returned after {HANG_BOUND:?}"),
+            Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+        }
+    }
+
+    /// A server that reads the request head, says so on the returned
+    /// receiver, writes `first` and then nothing, holding the connection open
+    /// until the returned sender is dropped: whatever the client sees, it is
+    /// not the end of the stream.
+    fn holding_server(first: &'static [u8]) -> (BaseUrl, mpsc::Receiver<()>, mpsc::Sender<()>) {
+        let (read_tx, read_rx) = mpsc::channel();
+        let (release, held) = mpsc::channel::<()>();
+        let base = server(move |mut s| {
+            let _ = s.write_all(first);
+            let _ = read_tx.send(());
+            let _ = held.recv();
+            drop(s);
+        });
+        (base, read_rx, release)
+    }
+
     #[test]
     fn base_urls() {
         let b = BaseUrl::parse("http://127.0.0.1:8080/").unwrap();
@@ -853,32 +888,45 @@ mod tests {
 
     #[test]
     fn never_answering_server_times_out_at_the_deadline() {
-        let base = server(|s| {
-            thread::sleep(Duration::from_secs(3));
-            drop(s);
-        });
+        // The server holds the connection open without a byte until the end of
+        // the test: only the deadline can end the request, and not before it.
+        let (base, _, release) = holding_server(b"");
         let start = Instant::now();
-        let e = get(base, Duration::from_millis(400)).unwrap_err();
+        let e = returns("a request to a silent server (deadline 400 ms)", move || {
+            get(base, Duration::from_millis(400))
+        })
+        .unwrap_err();
         let took = start.elapsed();
+        drop(release);
         assert!(matches!(e, HttpError::Timeout), "{e:?}");
-        assert!(took >= Duration::from_millis(400) && took < Duration::from_millis(700), "{took:?}");
+        assert!(took >= Duration::from_millis(400), "returned before its deadline: {took:?}");
     }
 
     #[test]
     fn dribbling_server_cannot_extend_the_deadline() {
-        let base = server(|mut s| {
-            for b in b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".iter().chain([b'x'; 100].iter()) {
-                if s.write_all(&[*b]).is_err() {
+        // A byte every 20 ms of a 60,000-byte body: the response would take 20
+        // minutes, so a client whose deadline each byte extends never returns
+        // (the hang bound fails it); one bounded by its deadline times out.
+        let (release, held) = mpsc::channel::<()>();
+        let base = server(move |mut s| {
+            if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 60000\r\n\r\n").is_err() {
+                return;
+            }
+            while let Err(mpsc::RecvTimeoutError::Timeout) = held.recv_timeout(Duration::from_millis(20)) {
+                if s.write_all(b"x").is_err() {
                     return;
                 }
-                thread::sleep(Duration::from_millis(100));
             }
         });
         let start = Instant::now();
-        let e = get(base, Duration::from_millis(600)).unwrap_err();
+        let e = returns("a request to a dribbling server (deadline 600 ms)", move || {
+            get(base, Duration::from_millis(600))
+        })
+        .unwrap_err();
         let took = start.elapsed();
+        drop(release);
         assert!(matches!(e, HttpError::Timeout), "{e:?}");
-        assert!(took < Duration::from_millis(900), "{took:?}");
+        assert!(took >= Duration::from_millis(600), "returned before its deadline: {took:?}");
     }
 
     #[test]
@@ -917,14 +965,14 @@ mod tests {
     fn garbage_and_truncation_are_malformed() {
         let base = reply(b"\x00\xff\x13garbage\r\n\r\n");
         assert!(matches!(get(base, Duration::from_secs(5)), Err(HttpError::Malformed(_))));
-        // Binary garbage that never ends a line fails at once too.
-        let base = server(|mut s| {
-            let _ = s.write_all(b"\x89PNG\x00\x00");
-            thread::sleep(Duration::from_secs(2));
-        });
-        let start = Instant::now();
-        assert!(matches!(get(base, Duration::from_secs(5)), Err(HttpError::Malformed(_))));
-        assert!(start.elapsed() < Duration::from_secs(1));
+        // Binary garbage that never ends a line fails at once too: the server
+        // holds the connection open after it, so a client that waited for the
+        // line's end would see neither an end of stream nor anything but its
+        // own deadline (HANG_BOUND away), and fail with Timeout.
+        let (base, _, release) = holding_server(b"\x89PNG\x00\x00");
+        let r = get(base, HANG_BOUND);
+        drop(release);
+        assert!(matches!(r, Err(HttpError::Malformed(_))), "{r:?}");
         let base = reply(b"HTTP/1.1 200 OK\r\nContent-Le");
         assert!(matches!(get(base, Duration::from_secs(5)), Err(HttpError::Malformed(_))));
         let base = reply(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort");
@@ -942,23 +990,22 @@ mod tests {
 
     #[test]
     fn stop_flag_abandons_a_blocked_request() {
-        let base = server(|s| {
-            thread::sleep(Duration::from_secs(3));
-            drop(s);
-        });
+        // The server has read the request and answers nothing; the request's
+        // own deadline is beyond the hang bound, so only the flag can end it.
+        let (base, head_read, release) = holding_server(b"");
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
-        let t = thread::spawn(move || {
-            let start = Instant::now();
-            let r = Client::new(base).request("GET", "/", &[], Duration::from_secs(10), Some(&flag));
-            (r, start.elapsed())
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let _ = tx.send(Client::new(base).request("GET", "/", &[], 2 * HANG_BOUND, Some(&flag)));
         });
-        thread::sleep(Duration::from_millis(200));
-        let set = Instant::now();
+        head_read.recv_timeout(HANG_BOUND).expect("the request never reached the server");
         stop.store(true, Ordering::SeqCst);
-        let (r, _) = t.join().unwrap();
+        let r = rx
+            .recv_timeout(HANG_BOUND)
+            .unwrap_or_else(|e| panic!("the request did not stop after the flag was set: {e:?}"));
+        drop(release);
         assert!(matches!(r, Err(HttpError::Stopped)), "{r:?}");
-        assert!(set.elapsed() < Duration::from_millis(350), "{:?}", set.elapsed());
     }
 
     #[test]
