@@ -3,19 +3,61 @@
 use super::*;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use crate::http::BaseUrl;
+
+/// Far above anything these tests wait for: it only turns a wait that never
+/// ends into a failure that says what it was waiting for. How fast a watch
+/// fails, closes or probes is not checked here (that is a bench figure).
+const HANG_BOUND: Duration = Duration::from_secs(30);
+
+/// A request timeout beyond [`HANG_BOUND`]: a request to a silent server
+/// ends within the bound only if the stop flag abandons it.
+const BEYOND_THE_BOUND: f64 = 600.0;
+
+/// Waits until `cond` holds; fails naming `what` after [`HANG_BOUND`].
+fn until(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < HANG_BOUND, "{what}: not after {HANG_BOUND:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Runs `f` on a thread; its result, or a failure naming `what` if it has
+/// not returned within [`HANG_BOUND`].
+fn returns<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(HANG_BOUND) {
+        Ok(r) => r,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what} had not returned after {HANG_BOUND:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
+}
 
 /// How a fake server answers one request.
 enum Reply {
     /// These bytes, then close.
     Raw(Vec<u8>),
-    /// Accept and never answer.
+    /// Accept and never answer: the connection stays open until the client
+    /// hangs up (so only the client's deadline or stop flag ends the request).
     Hang,
+}
+
+/// What a fake server saw of the requests it answered with [`Reply::Hang`].
+#[derive(Default)]
+struct Held {
+    /// Requests held so far.
+    started: AtomicUsize,
+    /// Of those, the ones whose client has hung up.
+    ended: AtomicUsize,
 }
 
 fn ok(status: u16, body: &str) -> Reply {
@@ -23,15 +65,18 @@ fn ok(status: u16, body: &str) -> Reply {
 }
 
 /// A fake metadata server on 127.0.0.1: `route(method, path, head)` answers
-/// each request. Returns its base URL.
-fn fake_server(route: impl Fn(&str, &str, &str) -> Reply + Send + Sync + 'static) -> String {
+/// each request. Returns its base URL and what it saw of held requests.
+fn fake_server(route: impl Fn(&str, &str, &str) -> Reply + Send + Sync + 'static) -> (String, Arc<Held>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
     let route = Arc::new(route);
+    let held = Arc::new(Held::default());
+    let seen = Arc::clone(&held);
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
             let route = Arc::clone(&route);
+            let held = Arc::clone(&held);
             std::thread::spawn(move || {
                 let mut head = Vec::new();
                 let mut byte = [0u8; 1];
@@ -49,14 +94,16 @@ fn fake_server(route: impl Fn(&str, &str, &str) -> Reply + Send + Sync + 'static
                         let _ = stream.write_all(&bytes);
                     }
                     Reply::Hang => {
-                        std::thread::sleep(Duration::from_secs(5));
-                        drop::<TcpStream>(stream);
+                        held.started.fetch_add(1, Ordering::SeqCst);
+                        // The client sends nothing more: the read ends when it hangs up.
+                        while matches!(stream.read(&mut byte), Ok(n) if n > 0) {}
+                        held.ended.fetch_add(1, Ordering::SeqCst);
                     }
                 }
             });
         }
     });
-    base
+    (base, seen)
 }
 
 fn start(cloud: &str, base: &str, wake: Option<Wake>) -> MetadataWatch {
@@ -68,7 +115,7 @@ fn start(cloud: &str, base: &str, wake: Option<Wake>) -> MetadataWatch {
 fn aws_watch_sees_a_notice_wakes_once_and_stops_polling() {
     let polls = Arc::new(AtomicUsize::new(0));
     let p = Arc::clone(&polls);
-    let base = fake_server(move |method, path, head| match (method, path) {
+    let (base, _) = fake_server(move |method, path, head| match (method, path) {
         ("PUT", "/latest/api/token") => ok(200, "tok"),
         ("GET", "/latest/meta-data/spot/instance-action") if head.contains("X-aws-ec2-metadata-token: tok\r\n") => {
             if p.fetch_add(1, Ordering::SeqCst) < 3 {
@@ -89,11 +136,13 @@ fn aws_watch_sees_a_notice_wakes_once_and_stops_polling() {
             w.fetch_add(1, Ordering::SeqCst);
         })),
     );
-    let n = watch.wait(Duration::from_secs(5)).expect("a notice");
+    let n = watch.wait(HANG_BOUND).expect("a notice");
     assert_eq!(n.deadline, Some(1_795_374_000.0));
     assert_eq!(watch.notice(), Some(n));
     assert_eq!(woken.load(Ordering::SeqCst), 1);
-    std::thread::sleep(Duration::from_millis(200));
+    // The notice stops the polling thread by itself (no close yet): once it
+    // has ended, its counts are final.
+    assert!(watch.join(HANG_BOUND), "the polling thread did not end after the notice");
     let stats = watch.stats();
     assert_eq!((stats.notices, stats.failures, stats.malformed), (1, 0, 0), "{stats:?}");
     assert_eq!(polls.load(Ordering::SeqCst), 4, "polling stops after the notice");
@@ -110,7 +159,7 @@ fn gce_watch_long_polls_against_a_fake_server() {
     // ETag (a changing value) until TERMINATE; preempted: always FALSE, no ETag.
     let step = Arc::new(AtomicUsize::new(0));
     let s = Arc::clone(&step);
-    let base = fake_server(move |_, path, head| {
+    let (base, _) = fake_server(move |_, path, head| {
         if !head.contains("Metadata-Flavor: Google\r\n") {
             return ok(403, "");
         }
@@ -125,7 +174,7 @@ fn gce_watch_long_polls_against_a_fake_server() {
         Reply::Raw(format!("HTTP/1.1 200 OK\r\nETag: e{n}\r\nContent-Length: {}\r\n\r\n{value}", value.len()).into_bytes())
     });
     let watch = start("gce", &base, None);
-    let n = watch.wait(Duration::from_secs(5)).expect("a notice");
+    let n = watch.wait(HANG_BOUND).expect("a notice");
     assert_eq!(n.description, "GCE maintenance-event TERMINATE_ON_HOST_MAINTENANCE");
     assert_eq!(step.load(Ordering::SeqCst), 4);
     assert_eq!(watch.stats().failures, 0);
@@ -133,7 +182,7 @@ fn gce_watch_long_polls_against_a_fake_server() {
 }
 
 #[test]
-fn hostile_servers_never_notice_and_close_is_prompt() {
+fn hostile_servers_never_notice_and_close_ends_the_threads() {
     let kinds: Vec<Box<dyn Fn() -> Reply + Send + Sync>> = vec![
         Box::new(|| ok(500, r#"{"action": "terminate"}"#)),
         Box::new(|| ok(200, "{\"action\": \"terminate\"")),
@@ -144,42 +193,58 @@ fn hostile_servers_never_notice_and_close_is_prompt() {
     ];
     let mut watches = Vec::new();
     for kind in kinds {
-        let base = fake_server(move |_, _, _| kind());
+        let (base, _) = fake_server(move |_, _, _| kind());
         for cloud in ["gce", "aws", "azure"] {
             watches.push(start(cloud, &base, None));
         }
     }
-    std::thread::sleep(Duration::from_millis(700));
+    // Each watch has failed at least once (a silent server's request only at
+    // its 0.5 s timeout), and none took anything for a notice.
     for (i, w) in watches.iter().enumerate() {
+        until(&format!("watch {i} counts a failure"), || {
+            let s = w.stats();
+            s.failures + s.malformed >= 1
+        });
         assert_eq!(w.notice(), None);
         let s = w.stats();
-        assert!(s.requests >= 1 && s.failures + s.malformed >= 1 && s.notices == 0, "{i}: {s:?}");
+        assert!(s.requests >= 1 && s.notices == 0, "{i}: {s:?}");
     }
-    let start = Instant::now();
+    // Stopped, every polling thread ends (none is left blocked): the join
+    // that `close` makes succeeds instead of abandoning them.
     for w in &watches {
-        w.close();
+        w.stop();
     }
-    assert!(start.elapsed() < Duration::from_millis(700), "{:?}", start.elapsed());
-    let start = Instant::now();
-    assert_eq!(watches[0].wait(Duration::from_secs(5)), None, "closed: no waiting");
-    assert!(start.elapsed() < Duration::from_millis(50));
+    for (i, w) in watches.iter().enumerate() {
+        assert!(w.join(HANG_BOUND), "watch {i}: the polling threads did not end after stop");
+        w.close();
+        assert!(w.closed());
+    }
+    let w = watches.swap_remove(0);
+    let r = returns("wait() on a closed watch", move || w.wait(Duration::from_secs(3600)));
+    assert_eq!(r, None, "closed: no waiting");
 }
 
 #[test]
-fn close_abandons_a_blocked_request_quickly() {
-    let base = fake_server(|_, _, _| Reply::Hang);
-    let config = WatchConfig::new("aws", &base, 0.5, 30.0).unwrap();
+fn close_abandons_a_blocked_request() {
+    let (base, held) = fake_server(|_, _, _| Reply::Hang);
+    let config = WatchConfig::new("aws", &base, 0.5, BEYOND_THE_BOUND).unwrap();
     let watch = MetadataWatch::start(&config, None).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    let start = Instant::now();
+    until("the watch's first request reaches the silent server", || {
+        held.started.load(Ordering::SeqCst) >= 1
+    });
     watch.close();
     watch.close();
-    assert!(start.elapsed() < Duration::from_millis(400), "{:?}", start.elapsed());
+    assert!(watch.closed());
+    // Its request's own timeout is beyond the bound: only the stop flag
+    // can have ended it (a thread close left blocked would still hold it).
+    until("the blocked request is abandoned (the server sees the client hang up)", || {
+        held.ended.load(Ordering::SeqCst) == held.started.load(Ordering::SeqCst)
+    });
 }
 
 #[test]
 fn probes() {
-    let base = fake_server(|method, path, head| match (method, path) {
+    let (base, _) = fake_server(|method, path, head| match (method, path) {
         ("GET", "/computeMetadata/v1/instance/hostname") if head.contains("Metadata-Flavor: Google\r\n") => ok(200, "h"),
         ("PUT", "/latest/api/token") => ok(200, "tok"),
         ("GET", "/metadata/instance?api-version=2021-02-01") if head.contains("Metadata: true\r\n") => ok(200, "{}"),
@@ -191,23 +256,29 @@ fn probes() {
         assert!(probe(cloud, &base, second, None), "{cloud:?}");
     }
     // IMDSv1: the token PUT is refused, the meta-data root answers.
-    let v1 = fake_server(|method, path, _| match (method, path) {
+    let (v1, _) = fake_server(|method, path, _| match (method, path) {
         ("PUT", _) => ok(405, ""),
         ("GET", "/latest/meta-data/") => ok(200, "ami-id"),
         _ => ok(404, ""),
     });
     assert!(probe(Cloud::Aws, &BaseUrl::parse(&v1).unwrap(), second, None));
     // Something else answering: no.
-    let other = fake_server(|_, _, _| ok(404, ""));
+    let (other, _) = fake_server(|_, _, _| ok(404, ""));
     let other = BaseUrl::parse(&other).unwrap();
     for cloud in [Cloud::Gce, Cloud::Aws, Cloud::Azure] {
         assert!(!probe(cloud, &other, second, None), "{cloud:?}");
     }
-    // Silence: no, within the timeout.
-    let silent = BaseUrl::parse(&fake_server(|_, _, _| Reply::Hang)).unwrap();
+    // Silence: no, at the timeout (the server holds the connection open, so
+    // only the probe's deadline ends it), not before.
+    let (silent, _) = fake_server(|_, _, _| Reply::Hang);
+    let silent = BaseUrl::parse(&silent).unwrap();
     let start = Instant::now();
-    assert!(!probe(Cloud::Azure, &silent, Duration::from_millis(300), None));
-    assert!(start.elapsed() < Duration::from_millis(500));
+    let found = returns("a probe of a silent server (timeout 300 ms)", move || {
+        probe(Cloud::Azure, &silent, Duration::from_millis(300), None)
+    });
+    let took = start.elapsed();
+    assert!(!found);
+    assert!(took >= Duration::from_millis(300), "gave up before its timeout: {took:?}");
     // Nobody listening: no.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let closed = BaseUrl::parse(&format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port())).unwrap();
@@ -217,18 +288,21 @@ fn probes() {
 
 #[test]
 fn join_waits_for_stopped_threads_and_is_idempotent() {
-    let base = fake_server(|_, _, _| Reply::Hang);
-    let config = WatchConfig::new("gce", &base, 0.5, 30.0).unwrap();
+    let (base, held) = fake_server(|_, _, _| Reply::Hang);
+    let config = WatchConfig::new("gce", &base, 0.5, BEYOND_THE_BOUND).unwrap();
     let watch = MetadataWatch::start(&config, None).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    // GCE polls two endpoints, each on its own thread: both blocked in a request.
+    until("both polling threads' requests reach the silent server", || {
+        held.started.load(Ordering::SeqCst) >= 2
+    });
     assert!(!watch.join(Duration::from_millis(10)), "still polling: the threads have not ended");
     watch.stop();
     let start = Instant::now();
-    // In slices, as the Python binding waits.
+    // In slices, as the Python binding waits; the requests' own timeout is
+    // beyond the bound, so only the stop flag can end them within it.
     while !watch.join(Duration::from_millis(20)) {
-        assert!(start.elapsed() < Duration::from_secs(2), "the threads did not stop");
+        assert!(start.elapsed() < HANG_BOUND, "the threads did not stop after {HANG_BOUND:?}");
     }
-    assert!(start.elapsed() < Duration::from_millis(600), "{:?}", start.elapsed());
     assert!(watch.join(Duration::ZERO), "joined: every later join returns at once");
     watch.close();
     watch.abandon();
