@@ -17,10 +17,26 @@ module does instead:
   ``schedule()`` whose arguments have a structure seen before reuses them
   (:func:`argument_key` builds the key in one walk over the arguments), and
   any other one goes through TF's ``Closure`` as before and fills the cache.
+* What a ``schedule()`` leaves alive until its closure runs and its result is
+  dropped is what CPython's cyclic garbage collector pays for: each object it
+  tracks that survives two young collections counts towards the next full
+  collection (all ~275k objects of a process that imported TensorFlow,
+  ~120 ms on the bench's machine). TF's ``schedule()`` leaves about 33 per
+  call: the ``Closure``, a cancellable wrapper function with its cells and
+  tuple, the ``RemoteValueImpl`` with its ``threading.Event`` (``Event``,
+  ``Condition``, ``Lock``, deque, two bound methods) and fetch ``Lock``, a weak
+  reference, the type specs of the arguments. Here the closure is native
+  (:data:`Closure`, ``src/python/closure.rs``: one tracked object that holds
+  the arguments and, until it is finished, the ``RemoteValue``); the cancellable
+  wrapper is made once per entry and cancellation manager
+  (:meth:`_Entry.cancelable_function`); the ``RemoteValue`` is TF's class
+  with a native event and lock that the collector does not track
+  (:class:`ClosureRemoteValue`). Two tracked objects per ``schedule()``: the
+  closure and the ``RemoteValue`` (``tests/unit/test_closure_gc.py``).
 * Each worker thread runs ``Closure.execute_on`` (three ``nest`` walks over the
   arguments, four context managers, one of them a metric timer) and then
   copies the outputs to the coordinator one ``identity`` op per tensor, under
-  another timer. :class:`Closure` substitutes the per-worker values of
+  another timer. :func:`run_on` substitutes the per-worker values of
   top-level arguments directly and copies all output tensors with one
   ``identity_n`` op; :class:`Worker` runs the failure handling only when a
   closure raised. TF's metrics (``closure_execution``,
@@ -70,6 +86,8 @@ from tensorflow.python.platform import tf_logging as _tf_logging
 from tensorflow.python.saved_model import save_context as _save_context
 from tensorflow.python.util import nest as _nest
 
+from . import _native
+
 #: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
 MAX_ENTRIES_PER_FUNCTION = 64
 
@@ -82,6 +100,7 @@ _PER_WORKER = frozenset({_values.PerWorkerValues, _values.PerWorkerDistributedIt
 _DT_RESOURCE = 20
 _DT_VARIANT = 21
 _READY = _remote_value.RemoteValueStatus.READY
+_NOT_READY = _remote_value.RemoteValueStatus.NOT_READY
 
 
 class _Uncacheable(Exception):
@@ -170,15 +189,49 @@ def context_key(strategy: Any) -> Optional[tuple]:
 
 
 class _Entry:
-    """What TF's ``Closure.__init__`` derives for one argument structure."""
+    """What TF's ``Closure.__init__`` derives for one argument structure, and how its
+    closures run.
 
-    __slots__ = ("concrete_function", "keep", "output_type_spec", "per_worker")
+    The closures themselves are native (:class:`Closure`): they hold the
+    arguments, the function to call and the output ``RemoteValue``, and call
+    back here to make the ``RemoteValue`` (:meth:`new_remote_value`) and to
+    run (:meth:`execute_on`).
+    """
+
+    __slots__ = ("_cancelable", "concrete_function", "keep", "output_type_spec", "per_worker")
 
     def __init__(self, concrete_function, output_type_spec, per_worker, keep) -> None:
         self.concrete_function = concrete_function
         self.output_type_spec = output_type_spec
         self.per_worker = per_worker
         self.keep = keep
+        # (cancellation manager, its cancelable wrapper of concrete_function)
+        self._cancelable: Optional[tuple] = None
+
+    def cancelable_function(self, manager: Any) -> Any:
+        """``manager.get_cancelable_function(concrete_function)``, made once per manager.
+
+        TF makes a new wrapper (a function and two cells) per closure; every
+        closure of this entry scheduled under the same manager shares one. The
+        queue's manager changes only after an error cancelled the closures.
+        """
+        pair = self._cancelable
+        if pair is None or pair[0] is not manager:
+            pair = (manager, manager.get_cancelable_function(self.concrete_function))
+            self._cancelable = pair
+        return pair[1]
+
+    def new_remote_value(self) -> ClosureRemoteValue:
+        """The ``RemoteValue`` a closure's outputs go to (``build_output_remote_value``)."""
+        return ClosureRemoteValue(None, self.output_type_spec)
+
+    def execute_on(self, closure: Any, worker: Any) -> None:
+        """Runs ``closure`` on ``worker`` and sets its outputs (TF's ``execute_on``,
+        same errors and order)."""
+        output_values = run_on(closure, self.per_worker, worker)
+        remote_value = closure._output_remote_value()
+        if remote_value is not None:
+            remote_value._set_values(output_values)
 
 
 class ConcreteFunctionCache:
@@ -240,62 +293,97 @@ def _metric_cell(name: str) -> Any:
     return _metric_utils._METRICS_MAPPING[name].get_cell()
 
 
-class Closure(_tf_cc.Closure):
-    """TF's ``Closure`` built from a cache entry instead of TF's derivation.
+class ClosureRemoteValue(_values.RemoteValueImpl):
+    """TF's ``RemoteValueImpl`` (same attributes and methods) whose wait and fetch lock
+    are native.
 
-    Same attributes (``_args``, ``_kwargs``, ``_concrete_function``,
-    ``_output_type_spec``, ``_function``, ``_output_remote_value_ref``), so
-    everything of TF's that handles closures (the queue's cancellation,
-    ``mark_cancelled``, ``build_output_remote_value``) works unchanged.
+    TF's ``__init__`` makes a ``threading.Event`` (an ``Event``, a ``Condition``,
+    a ``Lock``, a deque and two bound methods, all tracked by the garbage
+    collector) and another ``Lock`` per ``RemoteValue``. Here both are
+    :class:`~tf_failure_handling._native.Event` and
+    :class:`~tf_failure_handling._native.Lock`, which hold no Python object and
+    which the collector does not track; their waits release the GIL and answer
+    Ctrl-C as ``threading``'s do.
     """
 
-    def __init__(self, entry: _Entry, cancellation_mgr: Any, args: Any, kwargs: Any) -> None:
-        self._args = args or ()
-        self._kwargs = kwargs or {}
-        self._concrete_function = entry.concrete_function
-        self._output_type_spec = entry.output_type_spec
-        self._function = cancellation_mgr.get_cancelable_function(entry.concrete_function)
-        self._output_remote_value_ref = None
-        self._per_worker = entry.per_worker
+    def __init__(self, closure: Any, type_spec: Any) -> None:
+        self._closure = closure
+        self._type_spec = type_spec
+        self._values = None
+        self._has_fetched_to_local = False
+        self._has_fetched_to_local_lock = _native.Lock()
+        self._fetched_tensors = None
+        self._error = None
+        self._status_available_event = _native.Event()
+        self._status = _NOT_READY
 
-    def execute_on(self, worker: Any) -> None:
-        """Runs the function on ``worker`` (TF's ``execute_on``, same errors and order)."""
-        per_worker = self._per_worker
-        if per_worker is None:
-            return super().execute_on(worker)
-        args, kwargs = self._args, self._kwargs
-        if per_worker:
-            index = worker.worker_index
-            args = list(args)
-            kwargs = dict(kwargs)
-            slots = []
-            for slot in per_worker:
-                value = (args if type(slot) is int else kwargs)[slot]._values[index]
-                slots.append((slot, value))
-            # TF: the errors of every input first (wrapped), then the values.
-            for _, value in slots:
-                e = value._get_error()
-                if e:
-                    if not isinstance(e, _tf_cc.ClosureInputError):
-                        e = _tf_cc.ClosureInputError(e)
-                    raise e
-            for slot, value in slots:
-                (args if type(slot) is int else kwargs)[slot] = _context.maybe_get_remote_value(
-                    value
-                )
-        with _ops.device(worker.device_name):
-            with _eager_context.executor_scope(worker.executor):
-                with _context.with_dispatch_context(worker):
-                    cell = _metric_cell("closure_execution")
-                    start = time.time()
-                    output_values = self._function(*args, **kwargs)
-                    if cell is not None:
-                        cell.add(time.time() - start)
-        ref = self._output_remote_value_ref
-        remote_value = None if ref is None else ref()
-        if remote_value is not None:
-            remote_value._set_values(output_values)
-        return None
+    def _mark_cancelled(self) -> None:
+        """What TF's ``Closure.mark_cancelled`` sets on its output."""
+        self._set_error(
+            _tf_errors.CancelledError(
+                None,
+                None,
+                "The corresponding function is cancelled. Please reschedule the function.",
+            )
+        )
+
+
+#: A scheduled call, built from an :class:`_Entry`: ``Closure(entry, cancellation_mgr,
+#: args, kwargs)``, with TF's ``Closure`` attributes (``_args``, ``_kwargs``,
+#: ``_function``, ``_concrete_function``, ``_output_type_spec``, ``tag``) and methods
+#: (``build_output_remote_value``, ``execute_on``, ``mark_cancelled``,
+#: ``maybe_call_with_output_remote_value``). Native: see ``src/python/closure.rs``.
+Closure = _native.Closure
+
+
+def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
+    """Calls ``closure._function`` on ``worker``'s slice of the arguments; returns its outputs.
+
+    ``per_worker`` (the entry's): ``()`` no ``PerWorkerValues``, a tuple of
+    top-level positions and keyword names, or None (TF's own slice selection
+    over nested structures).
+    """
+    args, kwargs = closure._args, closure._kwargs
+    index = worker.worker_index
+    if per_worker is None:
+        # TF's execute_on, step by step.
+        args = _tf_cc._select_worker_slice(index, args)
+        kwargs = _tf_cc._select_worker_slice(index, kwargs)
+        e = _tf_cc._get_error_from_remote_values(args) or _tf_cc._get_error_from_remote_values(
+            kwargs
+        )
+        if e:
+            if not isinstance(e, _tf_cc.ClosureInputError):
+                e = _tf_cc.ClosureInputError(e)
+            raise e
+        args = _nest.map_structure(_context.maybe_get_remote_value, args)
+        kwargs = _nest.map_structure(_context.maybe_get_remote_value, kwargs)
+    elif per_worker:
+        args = list(args)
+        kwargs = dict(kwargs)
+        slots = []
+        for slot in per_worker:
+            value = (args if type(slot) is int else kwargs)[slot]._values[index]
+            slots.append((slot, value))
+        # TF: the errors of every input first (wrapped), then the values.
+        for _, value in slots:
+            e = value._get_error()
+            if e:
+                if not isinstance(e, _tf_cc.ClosureInputError):
+                    e = _tf_cc.ClosureInputError(e)
+                raise e
+        for slot, value in slots:
+            (args if type(slot) is int else kwargs)[slot] = _context.maybe_get_remote_value(value)
+    function = closure._function
+    with _ops.device(worker.device_name):
+        with _eager_context.executor_scope(worker.executor):
+            with _context.with_dispatch_context(worker):
+                cell = _metric_cell("closure_execution")
+                start = time.time()
+                output_values = function(*args, **kwargs)
+                if cell is not None:
+                    cell.add(time.time() - start)
+    return output_values
 
 
 def copy_to_local(remote_value: Any) -> None:
@@ -395,18 +483,24 @@ class Worker(_tf_cc.Worker):
             del closure
 
     def _process_closure(self, closure: Any) -> None:
+        if type(closure) is not Closure:
+            self._process_tf_closure(closure)
+            return
         queue = self._cluster.closure_queue
         try:
             try:
                 closure.execute_on(self)
-                ref = closure._output_remote_value_ref
-                remote_value = None if ref is None else ref()
+                remote_value = closure._output_remote_value()
                 if remote_value is not None:
                     cell = _metric_cell("remote_value_fetch")
                     start = time.time()
                     copy_to_local(remote_value)
                     if cell is not None:
                         cell.add(time.time() - start)
+                    del remote_value
+                # Only now: a copy that failed with the worker is retried with
+                # the same RemoteValue.
+                closure._release_output_remote_value()
                 queue.mark_finished()
             except Exception:
                 with self.failure_handler.wait_on_failure(
@@ -425,10 +519,36 @@ class Worker(_tf_cc.Worker):
                     e,
                     e,
                 )
-            ref = closure._output_remote_value_ref
-            remote_value = None if ref is None else ref()
-            if remote_value is not None:
-                remote_value._set_error(e)
+            closure._set_output_error(e)
+            queue.mark_failed(e)
+
+    def _process_tf_closure(self, closure: Any) -> None:
+        """A closure of TF's own class (none of this coordinator's ``schedule()`` makes one)."""
+        queue = self._cluster.closure_queue
+        try:
+            try:
+                closure.execute_on(self)
+                closure.maybe_call_with_output_remote_value(copy_to_local)
+                queue.mark_finished()
+            except Exception:
+                with self.failure_handler.wait_on_failure(
+                    on_failure_fn=lambda e: self._on_closure_failure(closure, e),
+                    on_transient_failure_fn=lambda: queue.put_back(closure),
+                    on_recovery_fn=self._on_worker_recovery,
+                    worker_device_name=self.device_name,
+                ):
+                    raise
+        except Exception as e:  # noqa: BLE001 - TF's contract: the closure's error is stored
+            if not isinstance(e, _tf_errors.CancelledError):
+                _tf_logging.error(
+                    " /job:worker/task:%d encountered the following error when "
+                    "processing closure: %r:%s",
+                    self.worker_index,
+                    e,
+                    e,
+                )
+            error = e
+            closure.maybe_call_with_output_remote_value(lambda r: r._set_error(error))
             queue.mark_failed(e)
 
 

@@ -7,6 +7,7 @@
 //! | `signals.rs` | `SignalWatch`: signals from any thread, chained, posted into an `Inbox`; its wait releases the GIL |
 //! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
+//! | `closure.rs` | `Closure`, `Event`, `Lock`: what a `schedule()` allocates, at (almost) no cost to the garbage collector |
 //! | `failure.rs` | the worker/PS failure classifier |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
@@ -60,6 +61,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+mod closure;
 mod closure_queue;
 mod failure;
 mod handler;
@@ -217,6 +219,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     inbox::register(m)?;
     m.add_class::<store::KeyValueStore>()?;
     closure_queue::register(m)?;
+    closure::register(m)?;
     failure::register(m)?;
     layout::register(m)?;
     sources::register(m)?;

@@ -1,0 +1,499 @@
+//! `Closure`, `Event` and `Lock`: what the coordinator allocates per
+//! `schedule()`, as objects that cost the cyclic garbage collector (almost)
+//! nothing.
+//!
+//! Why. CPython's collector runs a full collection of every tracked object
+//! (about 275k with TensorFlow imported, about 120 ms on the bench's machine)
+//! each time the objects that survived two younger collections grow by a
+//! quarter of that number. TensorFlow's `schedule()` leaves about 33 tracked
+//! objects per call alive (its `Closure`, the cancellable wrapper function
+//! with its cells, the `RemoteValueImpl` and the `threading.Event`, `Condition`,
+//! two `Lock`s, a deque and bound methods inside it, a weak reference, the
+//! type specs), so a loop of a few thousand `schedule()` calls pays for a full
+//! collection. Here one `schedule()` leaves four objects of collector-managed
+//! types: the `RemoteValue` (a Python object, TensorFlow's class), this
+//! module's `Closure`, `Event` and `Lock`. Only the first two are tracked;
+//! `Event` and `Lock` hold no Python object, so they are untracked as soon as
+//! they are made and the collector never looks at them (they still count
+//! towards the allocation count that starts the youngest collection, which
+//! is cheap).
+//!
+//! `Closure` is tracked, with `__traverse__` and `__clear__`: it holds the
+//! user's arguments, and a cycle through them (an error whose traceback holds
+//! a frame that holds the closure, a per-worker resource whose error is that
+//! error) must stay collectable.
+//!
+//! The closure's behaviour is the Python side's (`_closures._Entry`, the
+//! entry of the concrete-function cache the closure was made from): the
+//! closure only holds the data TensorFlow's `Closure` holds, under
+//! TensorFlow's attribute names, and its output `RemoteValue`. TensorFlow
+//! holds that `RemoteValue` through a weak reference (one more tracked object);
+//! this closure holds it strongly until the closure is finished, and answers
+//! "is it still wanted" from the reference count, as the weak reference would
+//! have: a `RemoteValue` the caller dropped is neither filled nor fetched.
+//!
+//! No Python object is dropped and no Python code runs while a Rust lock is
+//! held: references are cloned or taken out under the lock and used after.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::gc::PyVisit;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple, PyWeakrefReference};
+use pyo3::{ffi, intern, PyTraverseError};
+
+use super::wait_sliced;
+
+/// Timeouts beyond this many seconds (about 31 years) mean "no limit".
+const FOREVER_SECONDS: f64 = 1e9;
+
+/// Untracks a freshly made object of a class that holds no Python object:
+/// the collector never traverses it (it has nothing to find there).
+fn untracked<T: pyo3::PyClass>(obj: Bound<'_, T>) -> Bound<'_, T> {
+    // SAFETY: `obj` is a live object of a GC type (every #[pyclass] is one);
+    // PyObject_GC_UnTrack accepts tracked and untracked objects alike, and
+    // PyO3's dealloc untracks again, which is harmless.
+    unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) };
+    obj
+}
+
+/// A deadline from a `threading.Event.wait`-style timeout: `None` waits
+/// forever, a timeout ≤ 0 (or NaN) does not wait.
+fn deadline(timeout: Option<f64>) -> Option<Instant> {
+    let t = timeout?;
+    if t >= FOREVER_SECONDS {
+        return None;
+    }
+    let now = Instant::now();
+    if t > 0.0 {
+        Some(now + Duration::from_secs_f64(t))
+    } else {
+        Some(now)
+    }
+}
+
+// ----------------------------------------------------------------------------- Closure
+
+/// `obj`'s reference count.
+fn refcount(obj: &Py<PyAny>) -> ffi::Py_ssize_t {
+    // SAFETY: `obj` is a live object; reading its count has no precondition.
+    unsafe { ffi::Py_REFCNT(obj.as_ptr()) }
+}
+
+/// Where the closure's output `RemoteValue` is.
+enum Output {
+    /// `build_output_remote_value()` was not called.
+    NotBuilt,
+    /// Built, and held until the closure is finished (values or error set,
+    /// or cancelled).
+    Held(Py<PyAny>),
+    /// Finished: the closure no longer holds it.
+    Released,
+}
+
+/// Everything the closure refers to; `None` once `__clear__` ran.
+struct Refs {
+    entry: Py<PyAny>,
+    function: Py<PyAny>,
+    args: Py<PyAny>,
+    kwargs: Py<PyAny>,
+    tag: Option<Py<PyAny>>,
+    output: Output,
+}
+
+/// A scheduled function call: TensorFlow's `Closure` as data, made from a
+/// cache entry of `tf_failure_handling._closures` (which runs it).
+#[pyclass(frozen, name = "Closure", module = "tf_failure_handling._native")]
+pub struct PyClosure {
+    refs: Mutex<Option<Refs>>,
+}
+
+impl PyClosure {
+    /// A new reference to one field (None after `__clear__`).
+    fn field(&self, py: Python<'_>, pick: impl FnOnce(&Refs) -> &Py<PyAny>) -> Py<PyAny> {
+        self.refs.lock().as_ref().map_or_else(|| py.None(), |r| pick(r).clone_ref(py))
+    }
+
+    /// An attribute of the cache entry (TensorFlow's closure attributes that
+    /// every closure of one entry shares).
+    fn entry_attr<'py>(&self, py: Python<'py>, name: &Bound<'py, pyo3::types::PyString>) -> PyResult<Bound<'py, PyAny>> {
+        self.field(py, |r| &r.entry).into_bound(py).getattr(name)
+    }
+
+    /// The output `RemoteValue` if it is held and anything besides this
+    /// closure refers to it (what TensorFlow's weak reference would give).
+    fn wanted_output(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        let refs = self.refs.lock();
+        match refs.as_ref().map(|r| &r.output) {
+            Some(Output::Held(rv)) if refcount(rv) > 1 => Some(rv.clone_ref(py)),
+            _ => None,
+        }
+    }
+
+    /// Releases the output `RemoteValue`; returns it if anything else still
+    /// refers to it.
+    fn release_output(&self) -> Option<Py<PyAny>> {
+        let taken = {
+            let mut refs = self.refs.lock();
+            match refs.as_mut() {
+                Some(r) if matches!(r.output, Output::Held(_)) => std::mem::replace(&mut r.output, Output::Released),
+                _ => Output::Released,
+            }
+        };
+        match taken {
+            // Ours is the only reference: dropping it (after the lock) frees it.
+            Output::Held(rv) if refcount(&rv) > 1 => Some(rv),
+            _ => None,
+        }
+    }
+}
+
+#[pymethods]
+impl PyClosure {
+    /// A closure of `entry` (a `_closures._Entry`) on `args`/`kwargs`
+    /// (None: none, as TensorFlow's `args or ()`), whose function runs
+    /// under `cancellation_mgr` (`entry.cancelable_function(cancellation_mgr)`).
+    #[new]
+    #[pyo3(signature = (entry, cancellation_mgr, args=None, kwargs=None))]
+    fn new<'py>(
+        entry: Bound<'py, PyAny>,
+        cancellation_mgr: Bound<'py, PyAny>,
+        args: Option<Bound<'py, PyAny>>,
+        kwargs: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Self> {
+        let py = entry.py();
+        let function = entry.call_method1(intern!(py, "cancelable_function"), (cancellation_mgr,))?;
+        let args = match args {
+            Some(a) if a.is_truthy()? => a,
+            _ => PyTuple::empty(py).into_any(),
+        };
+        let kwargs = match kwargs {
+            Some(k) if k.is_truthy()? => k,
+            _ => PyDict::new(py).into_any(),
+        };
+        Ok(PyClosure {
+            refs: Mutex::new(Some(Refs {
+                entry: entry.unbind(),
+                function: function.unbind(),
+                args: args.unbind(),
+                kwargs: kwargs.unbind(),
+                tag: None,
+                output: Output::NotBuilt,
+            })),
+        })
+    }
+
+    /// The `RemoteValue` the closure's outputs go to (TensorFlow's; made by
+    /// the entry). ValueError the second time, as TensorFlow.
+    fn build_output_remote_value(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let entry = {
+            let refs = self.refs.lock();
+            match refs.as_ref() {
+                Some(r) if matches!(r.output, Output::NotBuilt) => r.entry.clone_ref(py),
+                _ => return Err(PyValueError::new_err("The output of the Closure cannot be built more than once.")),
+            }
+        };
+        let rv = entry.call_method0(py, intern!(py, "new_remote_value"))?;
+        let mut refs = self.refs.lock();
+        match refs.as_mut() {
+            Some(r) if matches!(r.output, Output::NotBuilt) => {
+                r.output = Output::Held(rv.clone_ref(py));
+                Ok(rv)
+            }
+            _ => {
+                drop(refs);
+                Err(PyValueError::new_err("The output of the Closure cannot be built more than once."))
+            }
+        }
+    }
+
+    /// The output `RemoteValue` while the closure holds it and its caller
+    /// still refers to it, else None.
+    fn _output_remote_value(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.wanted_output(py)
+    }
+
+    /// Finishes the closure with error `e`: the output `RemoteValue` (if
+    /// still wanted) gets it through `_set_error(e)`, and the closure lets
+    /// the `RemoteValue` go (an error's traceback may refer to the closure).
+    fn _set_output_error(&self, py: Python<'_>, e: Bound<'_, PyAny>) -> PyResult<()> {
+        match self.release_output() {
+            Some(rv) => rv.call_method1(py, intern!(py, "_set_error"), (e,)).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Lets the output `RemoteValue` go (the closure succeeded; its values
+    /// are set).
+    fn _release_output_remote_value(&self) {
+        drop(self.release_output());
+    }
+
+    /// TensorFlow's `Closure.mark_cancelled`: the output `RemoteValue`, if
+    /// still wanted, gets TensorFlow's `CancelledError`.
+    fn mark_cancelled(&self, py: Python<'_>) -> PyResult<()> {
+        match self.release_output() {
+            Some(rv) => rv.call_method0(py, intern!(py, "_mark_cancelled")).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// TensorFlow's `Closure.maybe_call_with_output_remote_value`.
+    fn maybe_call_with_output_remote_value(&self, py: Python<'_>, method: Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        match self.wanted_output(py) {
+            Some(rv) => Ok(method.call1((rv,))?.unbind()),
+            None => Ok(py.None()),
+        }
+    }
+
+    /// Runs the closure on `worker` and sets its outputs (TensorFlow's
+    /// `execute_on`; the entry's `execute_on` does it).
+    fn execute_on(slf: &Bound<'_, Self>, worker: Bound<'_, PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        let entry = slf.get().field(py, |r| &r.entry);
+        entry.call_method1(py, intern!(py, "execute_on"), (slf, worker)).map(drop)
+    }
+
+    /// A weak reference to the output `RemoteValue` while the closure holds
+    /// it, else None (TensorFlow's attribute; here only for code that reads it).
+    #[getter]
+    fn _output_remote_value_ref<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let held = {
+            let refs = self.refs.lock();
+            match refs.as_ref().map(|r| &r.output) {
+                Some(Output::Held(rv)) => Some(rv.clone_ref(py)),
+                _ => None,
+            }
+        };
+        held.map(|rv| PyWeakrefReference::new(rv.bind(py)).map(Bound::into_any)).transpose()
+    }
+
+    /// The cache entry the closure was made from.
+    #[getter]
+    fn _entry(&self, py: Python<'_>) -> Py<PyAny> {
+        self.field(py, |r| &r.entry)
+    }
+
+    /// What the worker calls: the concrete function wrapped by the
+    /// cancellation manager (replaceable, as TensorFlow's attribute).
+    #[getter]
+    fn _function(&self, py: Python<'_>) -> Py<PyAny> {
+        self.field(py, |r| &r.function)
+    }
+
+    #[setter(_function)]
+    fn set_function(&self, function: Py<PyAny>) {
+        let old = self.refs.lock().as_mut().map(|r| std::mem::replace(&mut r.function, function));
+        drop(old);
+    }
+
+    #[getter]
+    fn _args(&self, py: Python<'_>) -> Py<PyAny> {
+        self.field(py, |r| &r.args)
+    }
+
+    #[getter]
+    fn _kwargs(&self, py: Python<'_>) -> Py<PyAny> {
+        self.field(py, |r| &r.kwargs)
+    }
+
+    #[getter]
+    fn _concrete_function<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.entry_attr(py, intern!(py, "concrete_function"))
+    }
+
+    #[getter]
+    fn _output_type_spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.entry_attr(py, intern!(py, "output_type_spec"))
+    }
+
+    /// Where the `PerWorkerValues` are among the arguments (see
+    /// `_closures.argument_key`); None: TensorFlow's slice selection.
+    #[getter]
+    fn _per_worker<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.entry_attr(py, intern!(py, "per_worker"))
+    }
+
+    /// The queue's tag (a worker index, or None), set by `ClosureQueue.put`.
+    #[getter]
+    fn tag(&self, py: Python<'_>) -> Py<PyAny> {
+        self.refs
+            .lock()
+            .as_ref()
+            .and_then(|r| r.tag.as_ref().map(|t| t.clone_ref(py)))
+            .unwrap_or_else(|| py.None())
+    }
+
+    #[setter]
+    fn set_tag(&self, tag: Option<Py<PyAny>>) {
+        let old = self.refs.lock().as_mut().map(|r| std::mem::replace(&mut r.tag, tag));
+        drop(old);
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // The collector runs attached, on a thread that holds no closure's
+        // lock (no Python runs under it); try_lock only guards against a bug.
+        let Some(refs) = self.refs.try_lock() else { return Ok(()) };
+        if let Some(r) = refs.as_ref() {
+            visit.call(&r.entry)?;
+            visit.call(&r.function)?;
+            visit.call(&r.args)?;
+            visit.call(&r.kwargs)?;
+            if let Some(tag) = &r.tag {
+                visit.call(tag)?;
+            }
+            if let Output::Held(rv) = &r.output {
+                visit.call(rv)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        let taken = self.refs.lock().take();
+        drop(taken);
+    }
+}
+
+// ----------------------------------------------------------------------------- Event
+
+/// `threading.Event`, untracked by the collector; `wait` releases the GIL.
+#[pyclass(frozen, name = "Event", module = "tf_failure_handling._native")]
+pub struct PyEvent {
+    flag: Mutex<bool>,
+    /// Notified when the flag is set: what `wait` waits for.
+    set: Condvar,
+}
+
+#[pymethods]
+impl PyEvent {
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<Bound<'_, Self>> {
+        let event = PyEvent {
+            flag: Mutex::new(false),
+            set: Condvar::new(),
+        };
+        Ok(untracked(Bound::new(py, event)?))
+    }
+
+    fn is_set(&self) -> bool {
+        *self.flag.lock()
+    }
+
+    fn set(&self) {
+        *self.flag.lock() = true;
+        self.set.notify_all();
+    }
+
+    fn clear(&self) {
+        *self.flag.lock() = false;
+    }
+
+    /// Blocks until the flag is set or `timeout` seconds pass (None: no
+    /// limit; ≤ 0: no wait); returns the flag, as `threading.Event.wait`.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        if self.is_set() {
+            return Ok(true);
+        }
+        let deadline = deadline(timeout);
+        let done = wait_sliced(py, deadline, |slice| {
+            let mut flag = self.flag.lock();
+            if !*flag {
+                self.set.wait_for(&mut flag, slice);
+            }
+            flag.then_some(())
+        })?;
+        Ok(done.is_some() || self.is_set())
+    }
+}
+
+// ----------------------------------------------------------------------------- Lock
+
+/// `threading.Lock`, untracked by the collector; a blocked `acquire`
+/// releases the GIL. Any thread may release it, as `threading.Lock`.
+#[pyclass(frozen, name = "Lock", module = "tf_failure_handling._native")]
+pub struct PyLock {
+    locked: Mutex<bool>,
+    /// Notified at each release: what a blocked `acquire` waits for.
+    released: Condvar,
+}
+
+impl PyLock {
+    fn try_acquire(&self) -> bool {
+        let mut locked = self.locked.lock();
+        !std::mem::replace(&mut *locked, true)
+    }
+}
+
+#[pymethods]
+impl PyLock {
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<Bound<'_, Self>> {
+        let lock = PyLock {
+            locked: Mutex::new(false),
+            released: Condvar::new(),
+        };
+        Ok(untracked(Bound::new(py, lock)?))
+    }
+
+    /// `threading.Lock.acquire(blocking=True, timeout=-1)`.
+    #[pyo3(signature = (blocking=true, timeout=-1.0))]
+    fn acquire(&self, py: Python<'_>, blocking: bool, timeout: f64) -> PyResult<bool> {
+        if !blocking && timeout != -1.0 {
+            return Err(PyValueError::new_err("can't specify a timeout for a non-blocking call"));
+        }
+        if timeout < 0.0 && timeout != -1.0 {
+            return Err(PyValueError::new_err("timeout value must be a non-negative number"));
+        }
+        if self.try_acquire() {
+            return Ok(true);
+        }
+        if !blocking {
+            return Ok(false);
+        }
+        let deadline = if timeout == -1.0 { None } else { deadline(Some(timeout)) };
+        let got = wait_sliced(py, deadline, |slice| {
+            let mut locked = self.locked.lock();
+            if *locked {
+                self.released.wait_for(&mut locked, slice);
+            }
+            (!std::mem::replace(&mut *locked, true)).then_some(())
+        })?;
+        Ok(got.is_some())
+    }
+
+    /// RuntimeError when not locked, as `threading.Lock`.
+    fn release(&self) -> PyResult<()> {
+        let mut locked = self.locked.lock();
+        if !*locked {
+            return Err(PyRuntimeError::new_err("release unlocked lock"));
+        }
+        *locked = false;
+        drop(locked);
+        self.released.notify_one();
+        Ok(())
+    }
+
+    fn locked(&self) -> bool {
+        *self.locked.lock()
+    }
+
+    fn __enter__(&self, py: Python<'_>) -> PyResult<bool> {
+        self.acquire(py, true, -1.0)
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: Bound<'_, PyTuple>) -> PyResult<()> {
+        self.release()
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyClosure>()?;
+    m.add_class::<PyEvent>()?;
+    m.add_class::<PyLock>()?;
+    Ok(())
+}
