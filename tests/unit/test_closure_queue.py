@@ -261,16 +261,42 @@ def test_tagged_put_never_blocks(make_queue):
     assert q.get(tag=0).name == 0
 
 
+class ReadTimeout:
+    """A timeout that records that it was read.
+
+    Our native ``wait()`` reads its timeout (``float()``) as it starts and then closes
+    the gate to untagged puts before it first releases the GIL; ``__float__`` releases
+    no GIL between its store and its return. So a thread that holds the GIL and sees
+    ``read`` set knows that the wait runs and the gate is closed.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.read = False
+
+    def __float__(self) -> float:
+        self.read = True
+        return self.seconds
+
+
 def test_put_blocks_while_a_wait_runs(make_queue):
     q = make_queue()
     a, b = closures("a", "b")
     q.put(a)
     assert q.get() is a
-    waiter = Background(lambda: q.wait())
-    time.sleep(SETTLE)
+    if make_queue.impl == "tf":
+        # TF's wait() holds _put_wait_lock throughout; put() takes it first.
+        waiter = Background(lambda: q.wait())
+        wait_until(lambda: q._put_wait_lock.locked(), HANG, "the wait to run")
+    else:
+        timeout = ReadTimeout(HANG)
+        waiter = Background(lambda: q.wait(timeout))
+        wait_until(lambda: timeout.read, HANG, "the wait to run")
     putter = Background(lambda: q.put(b))
-    time.sleep(SETTLE)
-    assert not waiter.finished
+    # put() sets the tag first, then blocks (ours: before it releases the GIL).
+    wait_until(lambda: b.tag is None, HANG, "the put to start")
+    assert q.get(timeout=0) is None, "an untagged put does not enqueue while a wait() runs"
+    assert not waiter.finished, "a is in flight"
     assert not putter.finished, "an untagged put waits for the running wait()"
     q.mark_finished()
     assert waiter.result() is True
