@@ -88,6 +88,7 @@ class _Task:
         self.log = log
         self._command, self._env, self._events = command, env, events
         self.proc = None
+        self.reader = None
 
     def start(self):
         self.attempt += 1
@@ -102,11 +103,15 @@ class _Task:
                 stdin=subprocess.DEVNULL,
                 text=True,
             )
-        threading.Thread(target=self._read, args=(self.proc, self.attempt), daemon=True).start()
+        self.reader = threading.Thread(
+            target=self._read, args=(self.proc, self.attempt), daemon=True
+        )
+        self.reader.start()
 
     def _read(self, proc, attempt):
-        for line in proc.stdout:
-            self._events.put(("line", self.name, attempt, line.rstrip("\n")))
+        with proc.stdout:
+            for line in proc.stdout:
+                self._events.put(("line", self.name, attempt, line.rstrip("\n")))
         self._events.put(("exit", self.name, attempt, proc.wait()))
 
     def running(self) -> bool:
@@ -124,6 +129,7 @@ class _Task:
             self.proc.kill()
         if self.proc is not None:
             self.proc.wait()
+            self.reader.join(timeout=10)  # it closes the pipe at the end of the output
 
 
 def launch(
