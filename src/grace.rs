@@ -28,7 +28,7 @@
 //! Here only steps timed in this process count, and only the last
 //! [`WINDOW`] of them, so a slowdown shows at once.
 
-use crate::step_resolution::Notice;
+use crate::notice::Notice;
 
 /// How many recent step durations the planner keeps.
 pub const WINDOW: usize = 128;

@@ -10,6 +10,7 @@
 //! | --- | --- |
 //! | [`step_resolution`] | who saves at which step; claims, acknowledgements, the two grace rounds |
 //! | [`grace`] | when the final round of a grace period must start |
+//! | [`notice`] | a termination notice (when seen, when the machine goes away), below both of the above |
 //! | [`termination`] | signal plumbing that turns a delivery into one wake-up, from any thread |
 //! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
 //! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
@@ -25,6 +26,7 @@ pub mod failure;
 pub mod grace;
 pub mod http;
 pub mod inbox;
+pub mod notice;
 pub mod sources;
 pub mod step_resolution;
 pub mod termination;

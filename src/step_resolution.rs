@@ -111,6 +111,7 @@
 use thiserror::Error;
 
 use crate::grace::GracePlanner;
+pub use crate::notice::Notice;
 
 /// Claimed by the first worker with a notice; its value is that worker's id.
 pub const TERMINATED_WORKER: &str = "TERMINATED_WORKER";
@@ -187,15 +188,6 @@ impl Membership {
             Membership::Worker { id, .. } => id.to_string(),
         }
     }
-}
-
-/// A termination notice as a source reported it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Notice {
-    /// When the notice was seen (seconds, caller's monotonic clock).
-    pub at: f64,
-    /// When the platform takes the machine away, if it said so.
-    pub deadline: Option<f64>,
 }
 
 /// What the caller does with a notice.
