@@ -12,17 +12,15 @@
 //! A key-read failure carries the exception object itself, so the driver
 //! hands on TF's own error type and message.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 
+use super::displacement::{warn_displaced, Displacement};
 use super::handler::round_from_key;
-use super::signals::{warn_displaced, PySignalWatch};
 use super::{deadline_after, wait_sliced};
 use crate::inbox::{Inbox, Input, Origin, Poster, RecvError};
-use crate::termination::SignalWatch;
 
 /// What the binding's inbox carries for a failed read: the exception.
 pub(crate) type PyPoster = Poster<Py<PyAny>>;
@@ -170,18 +168,18 @@ impl PyInbox {
 
     /// The most urgent input (stop, then step keys and failures, then
     /// notices), waiting up to `timeout` seconds (None: until one arrives)
-    /// with the GIL released; None on timeout. With `signals`, logs a
-    /// warning once when someone replaced the handler of one of its signals
-    /// (it no longer reaches this inbox).
+    /// with the GIL released; None on timeout. With `signals` (a
+    /// `SignalWatch`), logs a warning once when someone replaced the handler
+    /// of one of its signals (it no longer reaches this inbox).
     ///
     /// # Errors
     ///
     /// `ValueError` for a negative timeout; what a signal handler raised
     /// while the main thread waited (`KeyboardInterrupt`).
     #[pyo3(signature = (timeout=None, signals=None))]
-    fn recv(&self, py: Python<'_>, timeout: Option<f64>, signals: Option<&Bound<'_, PySignalWatch>>) -> PyResult<Option<PyInput>> {
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>, signals: Option<Displacement>) -> PyResult<Option<PyInput>> {
         let deadline = deadline_after(timeout)?;
-        let displacement: Option<(Arc<SignalWatch>, Arc<AtomicBool>)> = signals.and_then(|s| s.get().displacement());
+        let displacement = signals.unwrap_or_default();
         // What is queued already is taken without releasing the GIL (a
         // select that finds an input ready does not wait); this also serves
         // a timeout of 0, for which no slice is left.
@@ -200,15 +198,7 @@ impl PyInbox {
                     Err(RecvError::Disconnected) => return Some(Got::Input(Input::Stop)),
                     Err(RecvError::Timeout) => {}
                 }
-                let (watch, warned) = displacement.as_ref()?;
-                if warned.load(Ordering::Relaxed) {
-                    return None;
-                }
-                let displaced = watch.displaced();
-                (!displaced.is_empty()).then(|| {
-                    warned.store(true, Ordering::Relaxed);
-                    Got::Displaced(displaced)
-                })
+                displacement.newly_displaced().map(Got::Displaced)
             })?;
             match got {
                 None => return Ok(None),

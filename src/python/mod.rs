@@ -5,6 +5,7 @@
 //! | `handler.rs` | `HandlerCore`, the native base of `PreemptionCheckpointHandler`: `run()`'s hot path and the step resolver |
 //! | `inbox.rs` | `Inbox` and `Input`: the protocol driver's inputs in one place; its receive releases the GIL |
 //! | `signals.rs` | `SignalWatch`: signals from any thread, chained, posted into an `Inbox`; its wait releases the GIL |
+//! | `displacement.rs` | signal handlers someone replaced after ours, which both waits above look for (below both) |
 //! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `closure.rs` | `Closure`, `Event`, `Lock`: what a `schedule()` allocates, at (almost) no cost to the garbage collector |
@@ -63,6 +64,7 @@ use pyo3::prelude::*;
 
 mod closure;
 mod closure_queue;
+mod displacement;
 mod failure;
 mod handler;
 mod inbox;

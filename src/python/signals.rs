@@ -1,12 +1,13 @@
 //! `SignalWatch`: [`SignalWatch`] for Python; its wait releases the GIL.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::displacement::{warn_displaced, Displacement};
 use super::inbox::{unix_now, PyInbox};
 use super::{deadline_after, wait_sliced};
 use crate::inbox::Origin;
@@ -45,11 +46,23 @@ impl PySignalWatch {
         self.inner()
     }
 
-    /// The core watch and its "warned once" flag, for an `Inbox.recv` that
-    /// checks for displacement between slices; None once closed.
-    pub(crate) fn displacement(&self) -> Option<(Arc<SignalWatch>, Arc<AtomicBool>)> {
-        let watch = self.inner.lock().clone()?;
-        Some((watch, Arc::clone(&self.displaced_warned)))
+    /// Where a wait looks for this watch's displaced handlers (nothing once
+    /// closed).
+    fn displacement(&self) -> Displacement {
+        match self.inner.lock().clone() {
+            Some(watch) => Displacement::new(watch, Arc::clone(&self.displaced_warned)),
+            None => Displacement::default(),
+        }
+    }
+}
+
+/// A `SignalWatch` argument (`Inbox.recv(signals=)`) as the [`Displacement`]
+/// to check between slices.
+impl<'a, 'py> FromPyObject<'a, 'py> for Displacement {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(obj.cast::<PySignalWatch>()?.get().displacement())
     }
 }
 
@@ -91,21 +104,15 @@ impl PySignalWatch {
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<i32>> {
         let watch = self.inner()?;
         let deadline = deadline_after(timeout)?;
+        let displacement = Displacement::new(Arc::clone(&watch), Arc::clone(&self.displaced_warned));
         loop {
             let w = Arc::clone(&watch);
-            let warned = Arc::clone(&self.displaced_warned);
+            let displacement = displacement.clone();
             let woke = wait_sliced(py, deadline, move |slice| {
                 if let Some(wake) = w.wait(slice) {
                     return Some(Woke::Wake(wake));
                 }
-                if warned.load(Ordering::Relaxed) {
-                    return None;
-                }
-                let displaced = w.displaced();
-                (!displaced.is_empty()).then(|| {
-                    warned.store(true, Ordering::Relaxed);
-                    Woke::Displaced(displaced)
-                })
+                displacement.newly_displaced().map(Woke::Displaced)
             })?;
             match woke {
                 None => return Ok(watch.poll().map(wake_code)),
@@ -151,17 +158,6 @@ impl PySignalWatch {
             w.trigger();
         }
     }
-}
-
-pub(crate) fn warn_displaced(signals: &[i32]) {
-    let names: Vec<String> = signals.iter().map(|s| format!("signal {s}")).collect();
-    log::warn!(
-        target: "tf_failure_handling",
-        "The handler of {} was replaced after tf_failure_handling installed its own (a later \
-         signal.signal or sigaction call): that signal no longer reaches the preemption handler or \
-         watcher. Install your handler before building them, or close them first.",
-        names.join(", ")
-    );
 }
 
 fn wake_code(wake: Wake) -> i32 {
