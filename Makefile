@@ -1,12 +1,15 @@
 # The two commands the README starts with:
-#   make demo   real TF workers on 127.0.0.1 get preempted, save at one agreed step, restart, finish
-#   make test   every test: Rust (unit + property), lints, Python unit and integration (real TF,
-#               real PS clusters, a real SLURM the tests install and start), TensorFlow's own
+#   make demo   real TF workers on 127.0.0.1 get preempted, save at one agreed step, restart,
+#               finish (examples/mwms_custom_loop.py run by examples/launch_local.py)
+#   make test   every test: Rust (unit + property), lints, the docs site (--strict), Python unit
+#               and integration (real TF, real PS clusters, a real SLURM the tests install and
+#               start, every example in examples/, the docs' runnable blocks), TensorFlow's own
 #               fault-tolerance tests against ours, and the compatibility ends from the wheel
 #               (TF 2.16 on Python 3.10, TF 2.21 on 3.13)
-# Each creates what it needs: .venv (TensorFlow CPU, maturin, pytest), the native build,
-# and SLURM's daemons (Debian's slurm-wlm and munge, installed with apt-get when missing,
-# started and stopped by tests/slurm/conftest.py).
+# Each creates what it needs: .venv (TensorFlow CPU, maturin, pytest, the docs tools), the
+# native build, iproute2 for the partition trials (system-deps below) and SLURM's daemons
+# (Debian's slurm-wlm and munge, installed with apt-get when missing, started and stopped by
+# tests/slurm/conftest.py). Installing from Debian needs root: docs/development.md says why.
 
 PYTHON ?= python3
 VENV := .venv
@@ -17,8 +20,12 @@ STAMP := $(VENV)/.deps-installed
 # What TensorFlow's own fault-tolerance tests import (tests/tf_suite: TF's
 # multi_process_runner and multi_worker_test_base), not in TF's wheel's requirements.
 TF_TEST_DEPS := "portpicker==1.6.*" "dill==0.4.*" "tblib==3.2.*"
+# The docs site (make docs): MkDocs, Material, mkdocstrings. Pinned, because --strict turns
+# any new warning of a new release into a failed build (docs/development.md).
+DOCS_DEPS := "mkdocs==1.6.1" "mkdocs-material==9.8.2" "mkdocstrings==1.0.8" \
+	"mkdocstrings-python==2.0.11" "griffelib==2.4.1" "pymdown-extensions==13.1.2"
 DEPS := "tensorflow-cpu==2.21.*" "keras==3.15.*" "tf-keras==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff "matplotlib>=3.5" \
-	$(TF_TEST_DEPS)
+	$(TF_TEST_DEPS) $(DOCS_DEPS)
 # orbit (tests/integration/test_orbit.py) ships only inside tf-models-official, whose
 # dependencies pin tensorflow~=2.20 and would replace TF 2.21: installed without them
 # (orbit itself needs only tensorflow, tf-keras, absl and numpy, all above).
@@ -27,7 +34,7 @@ NO_DEPS := "tf-models-official==2.20.*"
 # TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
 ZIG := "ziglang==0.13.*"
 
-.PHONY: demo test test-rust test-python pytest-suite tf-suite tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
+.PHONY: demo test system-deps docs test-rust test-python pytest-suite tf-suite tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
 
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -51,13 +58,36 @@ build-release: $(STAMP)
 demo: build
 	$(PY) demo/run_demo.py
 
-# The Python suite and the compatibility ends (TF 2.16 on Python 3.10, TF 2.21 on
-# 3.13, each from the wheel in its own virtualenv) run side by side: each leaves a
-# core idle much of the time (waiting on TF processes), and one after the other
-# they would not fit CI's 30 minutes. The ends print a line per combination and,
-# on a failure, the tail of its log.
-test: test-rust lint build wheel
+# The Python suite, TensorFlow's fault-tolerance suite and the compatibility ends (TF 2.16
+# on Python 3.10, TF 2.21 on 3.13, each from the wheel in its own virtualenv) run side by
+# side: each leaves a core idle much of the time (waiting on TF processes). CI gives
+# `make test` 90 minutes on 2 cores; it must stay under 45, one after the other they
+# would not. The measured wall time (`time make test` from a fresh clone, idle and
+# loaded) is in docs/development.md, "How long make test takes". The ends print a line
+# per combination and, on a failure, the tail of its log.
+test: system-deps test-rust lint docs build wheel
 	$(MAKE) --no-print-directory -j3 pytest-suite compat-ends tf-suite
+
+# What the tests need from Debian beyond SLURM (which tests/slurm installs itself):
+# iproute2, whose `ip netns` the partition trials use (tests/reliability/processes/
+# netns.py). Installed with apt-get when `ip` is missing and this runs as root; otherwise
+# one line says so, and those trials skip (fail under CI=true).
+system-deps:
+	@if ! command -v ip >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing iproute2 (ip netns, for the partition trials)"; \
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2; \
+		else \
+			echo "iproute2 (ip) is missing and cannot be installed (needs root and apt-get): the partition trials will skip"; \
+		fi; \
+	fi
+
+# The docs site into site/, warnings as errors (a broken link or anchor, a page outside
+# the navigation, a docstring mkdocstrings cannot read). Needs neither TF nor the build:
+# mkdocstrings reads the sources and _native.pyi.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 test-rust:
 	cargo test --quiet
