@@ -21,7 +21,7 @@ module does instead:
   dropped is what CPython's cyclic garbage collector pays for: each object it
   tracks that survives two young collections counts towards the next full
   collection (all ~275k objects of a process that imported TensorFlow,
-  ~120 ms on the bench's machine). TF's ``schedule()`` leaves about 33 per
+  ~120 ms on the bench's machine). TF's ``schedule()`` leaves about 20 per
   call: the ``Closure``, a cancellable wrapper function with its cells and
   tuple, the ``RemoteValueImpl`` with its ``threading.Event`` (``Event``,
   ``Condition``, ``Lock``, deque, two bound methods) and fetch ``Lock``, a weak
@@ -30,8 +30,8 @@ module does instead:
   the arguments and, until it is finished, the ``RemoteValue``); the cancellable
   wrapper is made once per entry and cancellation manager
   (:meth:`_Entry.cancelable_function`); the ``RemoteValue`` is TF's class
-  with a native event and lock that the collector does not track
-  (:class:`ClosureRemoteValue`). Two tracked objects per ``schedule()``: the
+  without an event or lock of its own (:class:`ClosureRemoteValue`: its waiters
+  wait on one native completion count). Two objects per ``schedule()``, the
   closure and the ``RemoteValue`` (``tests/unit/test_closure_gc.py``).
 * Each worker thread runs ``Closure.execute_on`` (three ``nest`` walks over the
   arguments, four context managers, one of them a metric timer) and then
@@ -101,6 +101,7 @@ _DT_RESOURCE = 20
 _DT_VARIANT = 21
 _READY = _remote_value.RemoteValueStatus.READY
 _NOT_READY = _remote_value.RemoteValueStatus.NOT_READY
+_ABORTED = _remote_value.RemoteValueStatus.ABORTED
 
 
 class _Uncacheable(Exception):
@@ -293,29 +294,118 @@ def _metric_cell(name: str) -> Any:
     return _metric_utils._METRICS_MAPPING[name].get_cell()
 
 
+#: What every :class:`ClosureRemoteValue`'s waiters wait on (``src/python/closure.rs``).
+_COMPLETIONS = _native.Completions()
+#: Guards the making of a :class:`ClosureRemoteValue`'s fetch lock (on first need).
+_MAKING_FETCH_LOCK = threading.Lock()
+
+
 class ClosureRemoteValue(_values.RemoteValueImpl):
-    """TF's ``RemoteValueImpl`` (same attributes and methods) whose wait and fetch lock
-    are native.
+    """TF's ``RemoteValueImpl`` (same fields, methods and errors) without an event or a
+    lock of its own.
 
     TF's ``__init__`` makes a ``threading.Event`` (an ``Event``, a ``Condition``,
     a ``Lock``, a deque and two bound methods, all tracked by the garbage
-    collector) and another ``Lock`` per ``RemoteValue``. Here both are
-    :class:`~tf_failure_handling._native.Event` and
-    :class:`~tf_failure_handling._native.Lock`, which hold no Python object and
-    which the collector does not track; their waits release the GIL and answer
-    Ctrl-C as ``threading``'s do.
+    collector) and another ``Lock`` per ``RemoteValue``. Here a waiter reads the
+    process's completion count, checks ``_status`` and waits for the count to
+    move (:meth:`_wait`; the wait releases the GIL and answers Ctrl-C); every
+    ``_set_*`` sets the fields, then the status, then advances the count. The
+    worker thread sets the values together with their copy on the coordinator
+    (:func:`complete`), so a ``get()`` finds them fetched and needs no lock; the
+    fetch lock is made only if a ``get()`` has to copy
+    (``_has_fetched_to_local_lock``). ``_status_available_event`` is a view of
+    the status with ``threading.Event``'s methods.
     """
+
+    #: The fetch lock, once a ``get()`` needed one.
+    _fetch_lock: Optional[Any] = None
 
     def __init__(self, closure: Any, type_spec: Any) -> None:
         self._closure = closure
         self._type_spec = type_spec
         self._values = None
         self._has_fetched_to_local = False
-        self._has_fetched_to_local_lock = _native.Lock()
         self._fetched_tensors = None
         self._error = None
-        self._status_available_event = _native.Event()
         self._status = _NOT_READY
+
+    @property
+    def _status_available_event(self) -> _StatusEvent:
+        return _StatusEvent(self)
+
+    @property
+    def _has_fetched_to_local_lock(self) -> Any:
+        lock = self._fetch_lock
+        if lock is None:
+            with _MAKING_FETCH_LOCK:
+                lock = self._fetch_lock
+                if lock is None:
+                    lock = self._fetch_lock = threading.Lock()
+        return lock
+
+    def _wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until the status is set (True) or ``timeout`` seconds pass (False)."""
+        if self._status is not _NOT_READY:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            seen = _COMPLETIONS.count()
+            if self._status is not _NOT_READY:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            _COMPLETIONS.wait(seen, left)
+
+    def _finish(self, status: Any, values: Any, error: Any) -> None:
+        self._values = values
+        self._error = error
+        self._status = status
+        _COMPLETIONS.advance()
+
+    def _set_aborted(self, error: Any) -> None:
+        self._finish(_ABORTED, None, error)
+
+    def _set_values(self, tensors: Any) -> None:
+        self._finish(_READY, tensors, None)
+
+    def _set_error(self, error: Any) -> None:
+        self._finish(_READY, None, error)
+
+    def _set_fetched_values(self, tensors: Any, fetched: Any) -> None:
+        """The values and their copy on the coordinator, ready at once."""
+        self._fetched_tensors = fetched
+        self._has_fetched_to_local = True
+        self._finish(_READY, tensors, None)
+
+    def _get_values(self) -> Any:
+        self._wait()
+        return self._values
+
+    def _get_error(self) -> Any:
+        self._wait()
+        return self._error
+
+    def _wait_and_maybe_error(self) -> None:
+        self._wait()
+        if self._status is _ABORTED:
+            raise _tf_errors.CancelledError(
+                None,
+                None,
+                "The corresponding function is aborted. Please reschedule the function.",
+            )
+        if self._error is not None:
+            raise self._error
+
+    def get(self) -> Any:
+        """TF's ``get()``: the outputs copied to the coordinator (once)."""
+        self._wait_and_maybe_error()
+        if not self._has_fetched_to_local:
+            with self._has_fetched_to_local_lock:
+                if not self._has_fetched_to_local:
+                    self._fetched_tensors = self._copy_to_local()
+                    self._has_fetched_to_local = True
+        return self._fetched_tensors
 
     def _mark_cancelled(self) -> None:
         """What TF's ``Closure.mark_cancelled`` sets on its output."""
@@ -326,6 +416,30 @@ class ClosureRemoteValue(_values.RemoteValueImpl):
                 "The corresponding function is cancelled. Please reschedule the function.",
             )
         )
+
+
+class _StatusEvent:
+    """A :class:`ClosureRemoteValue`'s status as a ``threading.Event`` (TF's
+    ``_status_available_event``): set once the status is not ``NOT_READY``."""
+
+    __slots__ = ("_remote_value",)
+
+    def __init__(self, remote_value: ClosureRemoteValue) -> None:
+        self._remote_value = remote_value
+
+    def is_set(self) -> bool:
+        return self._remote_value._status is not _NOT_READY
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._remote_value._wait(timeout)
+
+    def set(self) -> None:
+        if self._remote_value._status is _NOT_READY:
+            self._remote_value._status = _READY
+        _COMPLETIONS.advance()
+
+    def clear(self) -> None:
+        self._remote_value._status = _NOT_READY
 
 
 #: A scheduled call, built from an :class:`_Entry`: ``Closure(entry, cancellation_mgr,
@@ -414,6 +528,26 @@ def copy_to_local(remote_value: Any) -> None:
         remote_value._has_fetched_to_local = True
 
 
+def complete(remote_value: ClosureRemoteValue, values: Any) -> None:
+    """Sets ``remote_value``'s values as the worker thread does: with their copy on the
+    coordinator, made by one ``identity_n`` when every output is a plain eager
+    tensor, and only then ready (a ``get()`` never waits for the copy's lock). Any
+    other outputs: TF's order, the values set, then ``get()``.
+    """
+    if values is not None:
+        flat = _nest.flatten(values)
+        if flat and all(
+            type(t) is _EagerTensor and t._datatype_enum() not in (_DT_RESOURCE, _DT_VARIANT)
+            for t in flat
+        ):
+            with _ops.device(f"/job:{_eager_context.get_server_def().job_name}"):
+                copied = _array_ops.identity_n(flat)
+            remote_value._set_fetched_values(values, _nest.pack_sequence_as(values, copied))
+            return
+    remote_value._set_values(values)
+    remote_value.get()
+
+
 class Worker(_tf_cc.Worker):
     """TF's ``Worker`` whose closure loop enters the failure handling only on a failure.
 
@@ -489,15 +623,16 @@ class Worker(_tf_cc.Worker):
         queue = self._cluster.closure_queue
         try:
             try:
-                closure.execute_on(self)
+                output_values = run_on(closure, closure._per_worker, self)
                 remote_value = closure._output_remote_value()
                 if remote_value is not None:
                     cell = _metric_cell("remote_value_fetch")
                     start = time.time()
-                    copy_to_local(remote_value)
+                    complete(remote_value, output_values)
                     if cell is not None:
                         cell.add(time.time() - start)
                     del remote_value
+                del output_values
                 # Only now: a copy that failed with the worker is retried with
                 # the same RemoteValue.
                 closure._release_output_remote_value()

@@ -12,8 +12,8 @@ TensorFlow's classes -- ``RemoteValue``, per-worker resources, the failure
 handler's retry and recovery, the worker threads -- and makes each closure
 cheaper (``_closures``): ``schedule()`` reuses the concrete function TF
 derived for an argument structure seen before and leaves two objects for the
-garbage collector to track instead of TF's ~33 (a native closure, and TF's
-``RemoteValueImpl`` with a native event and lock), and the worker thread runs a
+garbage collector to track instead of TF's ~20 (a native closure, and TF's
+``RemoteValueImpl`` without an event or lock of its own), and the worker thread runs a
 closure without TF's per-closure ``nest`` walks and context managers, enters
 the failure handling only when the closure raised, and copies the outputs to
 the coordinator with one op. Same threads, same at-least-once retry after a
@@ -263,7 +263,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
     methods and errors. One coordinator exists per strategy, as in TF. The
     closure queue and the failure classifier are native; per-worker resources
     are TensorFlow's own; ``schedule()`` returns TF's ``RemoteValueImpl`` (a
-    subclass whose event and lock are native) and queues a native closure with
+    subclass that waits on one native completion count) and queues a native closure with
     TF's ``Closure`` attributes, built from a cache of concrete functions when
     the arguments' structure was seen before (``_closures``). Extra keyword-only
     argument: ``worker_recovery_timeout`` (seconds, default 3600 as TF).

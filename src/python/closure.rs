@@ -1,22 +1,20 @@
-//! `Closure`, `Event` and `Lock`: what the coordinator allocates per
-//! `schedule()`, as objects that cost the cyclic garbage collector (almost)
-//! nothing.
+//! `Closure` and `Completions`: what the coordinator allocates per
+//! `schedule()`, at the least cost to the cyclic garbage collector.
 //!
 //! Why. CPython's collector runs a full collection of every tracked object
 //! (about 275k with TensorFlow imported, about 120 ms on the bench's machine)
 //! each time the objects that survived two younger collections grow by a
-//! quarter of that number. TensorFlow's `schedule()` leaves about 33 tracked
-//! objects per call alive (its `Closure`, the cancellable wrapper function
-//! with its cells, the `RemoteValueImpl` and the `threading.Event`, `Condition`,
-//! two `Lock`s, a deque and bound methods inside it, a weak reference, the
-//! type specs), so a loop of a few thousand `schedule()` calls pays for a full
-//! collection. Here one `schedule()` leaves four objects of collector-managed
-//! types: the `RemoteValue` (a Python object, TensorFlow's class), this
-//! module's `Closure`, `Event` and `Lock`. Only the first two are tracked;
-//! `Event` and `Lock` hold no Python object, so they are untracked as soon as
-//! they are made and the collector never looks at them (they still count
-//! towards the allocation count that starts the youngest collection, which
-//! is cheap).
+//! quarter of that number, and starts a young collection every 700 net
+//! allocations of objects of collector-managed types. TensorFlow's
+//! `schedule()` leaves about 20 tracked objects per call alive until its
+//! closure has run (its `Closure`, the cancellable wrapper function with its
+//! cells, the `RemoteValueImpl` with the `threading.Event`, `Condition`, two
+//! `Lock`s, deque and bound methods inside it, a weak reference, the type
+//! specs), so a loop of a few thousand `schedule()` calls pays for a full
+//! collection. Here a `schedule()` leaves two: this module's `Closure` and the
+//! `RemoteValue` (TensorFlow's class, `_closures.ClosureRemoteValue`), which
+//! needs no event or lock of its own: its waiters wait on the one
+//! [`PyCompletions`] counter of the process.
 //!
 //! `Closure` is tracked, with `__traverse__` and `__clear__`: it holds the
 //! user's arguments, and a cycle through them (an error whose traceback holds
@@ -38,7 +36,7 @@
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple, PyWeakrefReference};
@@ -49,17 +47,7 @@ use super::wait_sliced;
 /// Timeouts beyond this many seconds (about 31 years) mean "no limit".
 const FOREVER_SECONDS: f64 = 1e9;
 
-/// Untracks a freshly made object of a class that holds no Python object:
-/// the collector never traverses it (it has nothing to find there).
-fn untracked<T: pyo3::PyClass>(obj: Bound<'_, T>) -> Bound<'_, T> {
-    // SAFETY: `obj` is a live object of a GC type (every #[pyclass] is one);
-    // PyObject_GC_UnTrack accepts tracked and untracked objects alike, and
-    // PyO3's dealloc untracks again, which is harmless.
-    unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) };
-    obj
-}
-
-/// A deadline from a `threading.Event.wait`-style timeout: `None` waits
+/// A deadline from a `threading`-style timeout: `None` waits
 /// forever, a timeout ≤ 0 (or NaN) does not wait.
 fn deadline(timeout: Option<f64>) -> Option<Instant> {
     let t = timeout?;
@@ -98,7 +86,9 @@ struct Refs {
     entry: Py<PyAny>,
     function: Py<PyAny>,
     args: Py<PyAny>,
-    kwargs: Py<PyAny>,
+    /// None for no keyword arguments: `_kwargs` then makes TensorFlow's `{}`
+    /// when read, so a call without them allocates no dict.
+    kwargs: Option<Py<PyAny>>,
     tag: Option<Py<PyAny>>,
     output: Output,
 }
@@ -170,15 +160,15 @@ impl PyClosure {
             _ => PyTuple::empty(py).into_any(),
         };
         let kwargs = match kwargs {
-            Some(k) if k.is_truthy()? => k,
-            _ => PyDict::new(py).into_any(),
+            Some(k) if k.is_truthy()? => Some(k.unbind()),
+            _ => None,
         };
         Ok(PyClosure {
             refs: Mutex::new(Some(Refs {
                 entry: entry.unbind(),
                 function: function.unbind(),
                 args: args.unbind(),
-                kwargs: kwargs.unbind(),
+                kwargs,
                 tag: None,
                 output: Output::NotBuilt,
             })),
@@ -296,7 +286,8 @@ impl PyClosure {
 
     #[getter]
     fn _kwargs(&self, py: Python<'_>) -> Py<PyAny> {
-        self.field(py, |r| &r.kwargs)
+        let kwargs = self.refs.lock().as_ref().and_then(|r| r.kwargs.as_ref().map(|k| k.clone_ref(py)));
+        kwargs.unwrap_or_else(|| PyDict::new(py).into_any().unbind())
     }
 
     #[getter]
@@ -340,7 +331,9 @@ impl PyClosure {
             visit.call(&r.entry)?;
             visit.call(&r.function)?;
             visit.call(&r.args)?;
-            visit.call(&r.kwargs)?;
+            if let Some(kwargs) = &r.kwargs {
+                visit.call(kwargs)?;
+            }
             if let Some(tag) = &r.tag {
                 visit.call(tag)?;
             }
@@ -357,143 +350,63 @@ impl PyClosure {
     }
 }
 
-// ----------------------------------------------------------------------------- Event
+// ----------------------------------------------------------------------------- Completions
 
-/// `threading.Event`, untracked by the collector; `wait` releases the GIL.
-#[pyclass(frozen, name = "Event", module = "tf_failure_handling._native")]
-pub struct PyEvent {
-    flag: Mutex<bool>,
-    /// Notified when the flag is set: what `wait` waits for.
-    set: Condvar,
+/// A count of completions that threads can wait on: one per process, for the
+/// `RemoteValue`s of `_closures` (a waiter reads the count, checks its
+/// `RemoteValue`, and waits for the count to move; a completion sets the
+/// `RemoteValue`, then advances the count).
+#[pyclass(frozen, name = "Completions", module = "tf_failure_handling._native")]
+pub struct PyCompletions {
+    count: Mutex<u64>,
+    /// Notified at every advance: what `wait` waits for.
+    advanced: Condvar,
 }
 
 #[pymethods]
-impl PyEvent {
+impl PyCompletions {
     #[new]
-    fn new(py: Python<'_>) -> PyResult<Bound<'_, Self>> {
-        let event = PyEvent {
-            flag: Mutex::new(false),
-            set: Condvar::new(),
-        };
-        Ok(untracked(Bound::new(py, event)?))
+    fn new() -> Self {
+        PyCompletions {
+            count: Mutex::new(0),
+            advanced: Condvar::new(),
+        }
     }
 
-    fn is_set(&self) -> bool {
-        *self.flag.lock()
+    /// The count now.
+    fn count(&self) -> u64 {
+        *self.count.lock()
     }
 
-    fn set(&self) {
-        *self.flag.lock() = true;
-        self.set.notify_all();
+    /// One more completion: wakes every waiter.
+    fn advance(&self) {
+        let mut count = self.count.lock();
+        *count = count.wrapping_add(1);
+        drop(count);
+        self.advanced.notify_all();
     }
 
-    fn clear(&self) {
-        *self.flag.lock() = false;
-    }
-
-    /// Blocks until the flag is set or `timeout` seconds pass (None: no
-    /// limit; ≤ 0: no wait); returns the flag, as `threading.Event.wait`.
-    #[pyo3(signature = (timeout=None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
-        if self.is_set() {
+    /// Blocks until the count differs from `seen` (True) or `timeout` seconds
+    /// pass (False; None: no limit, ≤ 0: no wait). Releases the GIL; on the
+    /// main thread it answers Ctrl-C.
+    #[pyo3(signature = (seen, timeout=None))]
+    fn wait(&self, py: Python<'_>, seen: u64, timeout: Option<f64>) -> PyResult<bool> {
+        if *self.count.lock() != seen {
             return Ok(true);
         }
-        let deadline = deadline(timeout);
-        let done = wait_sliced(py, deadline, |slice| {
-            let mut flag = self.flag.lock();
-            if !*flag {
-                self.set.wait_for(&mut flag, slice);
+        let moved = wait_sliced(py, deadline(timeout), |slice| {
+            let mut count = self.count.lock();
+            if *count == seen {
+                self.advanced.wait_for(&mut count, slice);
             }
-            flag.then_some(())
+            (*count != seen).then_some(())
         })?;
-        Ok(done.is_some() || self.is_set())
-    }
-}
-
-// ----------------------------------------------------------------------------- Lock
-
-/// `threading.Lock`, untracked by the collector; a blocked `acquire`
-/// releases the GIL. Any thread may release it, as `threading.Lock`.
-#[pyclass(frozen, name = "Lock", module = "tf_failure_handling._native")]
-pub struct PyLock {
-    locked: Mutex<bool>,
-    /// Notified at each release: what a blocked `acquire` waits for.
-    released: Condvar,
-}
-
-impl PyLock {
-    fn try_acquire(&self) -> bool {
-        let mut locked = self.locked.lock();
-        !std::mem::replace(&mut *locked, true)
-    }
-}
-
-#[pymethods]
-impl PyLock {
-    #[new]
-    fn new(py: Python<'_>) -> PyResult<Bound<'_, Self>> {
-        let lock = PyLock {
-            locked: Mutex::new(false),
-            released: Condvar::new(),
-        };
-        Ok(untracked(Bound::new(py, lock)?))
-    }
-
-    /// `threading.Lock.acquire(blocking=True, timeout=-1)`.
-    #[pyo3(signature = (blocking=true, timeout=-1.0))]
-    fn acquire(&self, py: Python<'_>, blocking: bool, timeout: f64) -> PyResult<bool> {
-        if !blocking && timeout != -1.0 {
-            return Err(PyValueError::new_err("can't specify a timeout for a non-blocking call"));
-        }
-        if timeout < 0.0 && timeout != -1.0 {
-            return Err(PyValueError::new_err("timeout value must be a non-negative number"));
-        }
-        if self.try_acquire() {
-            return Ok(true);
-        }
-        if !blocking {
-            return Ok(false);
-        }
-        let deadline = if timeout == -1.0 { None } else { deadline(Some(timeout)) };
-        let got = wait_sliced(py, deadline, |slice| {
-            let mut locked = self.locked.lock();
-            if *locked {
-                self.released.wait_for(&mut locked, slice);
-            }
-            (!std::mem::replace(&mut *locked, true)).then_some(())
-        })?;
-        Ok(got.is_some())
-    }
-
-    /// RuntimeError when not locked, as `threading.Lock`.
-    fn release(&self) -> PyResult<()> {
-        let mut locked = self.locked.lock();
-        if !*locked {
-            return Err(PyRuntimeError::new_err("release unlocked lock"));
-        }
-        *locked = false;
-        drop(locked);
-        self.released.notify_one();
-        Ok(())
-    }
-
-    fn locked(&self) -> bool {
-        *self.locked.lock()
-    }
-
-    fn __enter__(&self, py: Python<'_>) -> PyResult<bool> {
-        self.acquire(py, true, -1.0)
-    }
-
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: Bound<'_, PyTuple>) -> PyResult<()> {
-        self.release()
+        Ok(moved.is_some())
     }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyClosure>()?;
-    m.add_class::<PyEvent>()?;
-    m.add_class::<PyLock>()?;
+    m.add_class::<PyCompletions>()?;
     Ok(())
 }

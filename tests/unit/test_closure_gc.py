@@ -8,16 +8,18 @@ how often that happens inside a loop of ``schedule()`` calls (issue 24, item 5).
 
 Here, without a cluster: the closure and ``RemoteValue`` our ``schedule()`` makes
 (``_closures``, ``src/python/closure.rs``) against TF's own ``Closure`` and
-``RemoteValueImpl``, counted the way the collector sees them; the native ``Event``
-and ``Lock`` against ``threading``'s contract; and the native closure's
-references, which the collector must still see so that cycles through the user's
-arguments are collected. On a real cluster: ``benches/bench_coordinator.py``.
+``RemoteValueImpl``, counted the way the collector sees them; the ``RemoteValue``'s
+waits on the native completion count against ``threading.Event``'s contract; and
+the native closure's references, which the collector must still see so that cycles
+through the user's arguments are collected. On a real cluster:
+``benches/bench_coordinator.py``.
 """
 
 from __future__ import annotations
 
 import collections
 import gc
+import statistics
 import threading
 import weakref
 
@@ -73,6 +75,21 @@ def tracked_per_call(schedule) -> tuple[float, collections.Counter]:
     return sum(grown.values()) / CALLS, grown
 
 
+def allocated_per_call(schedule) -> float:
+    """Objects of collector-managed types (tracked or not) each call leaves alive: the
+    collector's allocation count, which starts its young collections."""
+    kept = []
+    grown = []
+    for _ in range(CALLS):
+        before = gc.get_count()[0]
+        result = schedule()
+        after = gc.get_count()[0]
+        kept.append(result)
+        if after >= before:  # no collection reset the count meanwhile
+            grown.append(after - before)
+    return statistics.median(grown)
+
+
 # ----------------------------------------------------------------------------- per schedule()
 def test_a_schedule_leaves_two_tracked_objects_where_tfs_leaves_many():
     mgr = cancellation.CancellationManager()
@@ -96,29 +113,30 @@ def test_a_schedule_leaves_two_tracked_objects_where_tfs_leaves_many():
 
     ours_per_call, ours_types = tracked_per_call(ours)
     tf_per_call, tf_types = tracked_per_call(theirs)
-    # The native closure and the RemoteValue; the event and lock are untracked.
+    # The native closure and the RemoteValue, nothing else.
     assert ours_per_call == 2, ours_types
     assert {k: v // CALLS for k, v in ours_types.items()} == {
         "Closure": 1,
         "ClosureRemoteValue": 1,
     }
+    assert allocated_per_call(ours) == 2  # no untracked object either (no event, no lock)
     # TF's: its Closure, cancellable wrapper (function, cells, tuple), the
     # RemoteValueImpl's Event/Condition/locks/deque/bound methods, a weakref.
     assert tf_per_call >= 10, tf_types
     for name in ("Closure", "RemoteValueImpl", "Event", "Condition", "function", "cell"):
         assert tf_types[name] >= CALLS, (name, tf_types)
+    assert allocated_per_call(theirs) >= 10
 
 
-def test_the_event_and_lock_are_not_tracked_and_the_closure_is():
+def test_the_remote_value_is_tfs_class_and_the_closure_is_tracked():
     mgr = cancellation.CancellationManager()
     closure = our_closure(mgr)
     rv = closure.build_output_remote_value()
     assert isinstance(rv, tf_values.RemoteValueImpl)
     assert isinstance(rv, tf_remote_value.RemoteValue)
-    assert not gc.is_tracked(rv._status_available_event)
-    assert not gc.is_tracked(rv._has_fetched_to_local_lock)
     assert gc.is_tracked(closure)  # it holds the user's arguments
     assert gc.is_tracked(rv)
+    assert closure._kwargs == {} and closure._kwargs is not closure._kwargs  # TF's fresh {}
 
 
 def test_the_cancelable_wrapper_is_made_once_per_entry_and_manager():
@@ -242,72 +260,56 @@ def test_an_error_whose_traceback_holds_the_closure_is_collected():
     assert caught[0]() is None
 
 
-# ----------------------------------------------------------------------------- Event
-def test_event_is_threading_events_contract():
-    event = _native.Event()
+# ----------------------------------------------------------------------------- waits
+def test_status_event_is_threading_events_contract():
+    rv = _closures.ClosureRemoteValue(None, None)
+    event = rv._status_available_event
     assert not event.is_set()
     assert event.wait(0) is False
     assert event.wait(-1) is False  # no wait, as threading.Event
     assert event.wait(0.01) is False
-    event.set()
+    rv._set_values(5)
     assert event.is_set() and event.wait() is True and event.wait(0) is True
-    event.clear()
-    assert not event.is_set()
+    assert rv._get_values() == 5 and rv._get_error() is None
+    assert rv._status is tf_remote_value.RemoteValueStatus.READY
 
 
-def test_event_wakes_a_waiting_thread():
-    event = _native.Event()
+def test_a_waiting_thread_wakes_when_the_remote_value_is_set():
+    rv = _closures.ClosureRemoteValue(None, None)
+    other = _closures.ClosureRemoteValue(None, None)
     started = threading.Event()
-    woke = []
+    got = []
 
     def waiter():
         started.set()
-        woke.append(event.wait(HANG))
+        got.append(rv._get_values())
 
     t = threading.Thread(target=waiter)
     t.start()
     assert started.wait(HANG)
-    event.set()
+    other._set_values("not mine")  # wakes every waiter; this one waits on
+    rv._set_values("mine")
     t.join(HANG)
-    assert woke == [True]
+    assert got == ["mine"]
 
 
-# ----------------------------------------------------------------------------- Lock
-def test_lock_is_threading_locks_contract():
-    lock = _native.Lock()
-    assert not lock.locked()
-    assert lock.acquire() is True and lock.locked()
-    assert lock.acquire(False) is False
-    assert lock.acquire(timeout=0.01) is False
-    lock.release()
-    with pytest.raises(RuntimeError, match="release unlocked lock"):
-        lock.release()
-    with lock:
-        assert lock.locked()
-    assert not lock.locked()
-    with pytest.raises(ValueError):
-        lock.acquire(False, 1.0)
-    with pytest.raises(ValueError):
-        lock.acquire(True, -2.0)
+def test_get_waits_then_raises_or_returns_as_tfs():
+    rv = _closures.ClosureRemoteValue(None, None)
+    rv._set_aborted(tf.errors.UnavailableError(None, None, "gone"))
+    with pytest.raises(tf.errors.CancelledError, match="aborted"):
+        rv.get()
+    rv = _closures.ClosureRemoteValue(None, None)
+    rv._set_fetched_values((1, 2), ("a", "b"))
+    assert rv.get() == ("a", "b")
+    assert rv._values == (1, 2) and rv._has_fetched_to_local
+    assert rv._fetch_lock is None  # fetched with the values: no lock made
 
 
-def test_lock_blocks_another_thread_until_released():
-    lock = _native.Lock()
-    lock.acquire()
-    order = []
-    started = threading.Event()
-
-    def other():
-        started.set()
-        with lock:
-            order.append("other")
-
-    t = threading.Thread(target=other)
-    t.start()
-    assert started.wait(HANG)
-    assert lock.locked()
-    order.append("main")
-    lock.release()  # any thread may release, as threading.Lock
-    t.join(HANG)
-    assert not t.is_alive()
-    assert order == ["main", "other"]
+def test_completions_count_and_wait():
+    completions = _native.Completions()
+    seen = completions.count()
+    assert completions.wait(seen, 0) is False
+    assert completions.wait(seen, 0.01) is False
+    completions.advance()
+    assert completions.count() == seen + 1
+    assert completions.wait(seen) is True  # moved: no wait
