@@ -17,22 +17,19 @@ Keras 3 page). Prints ``starting at step N`` (the optimizer's ``iterations`` whe
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
+
+from common import keras_progress, parser, reporting
 
 FEATURES = 4
 BATCH = 16
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None):
+    p = parser(__doc__, steps=100, step_time=0.02)
     p.add_argument("--ckpt-dir", required=True)
-    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--steps-per-epoch", type=int, default=25)
-    p.add_argument("--step-time", type=float, default=0.02, help="seconds to sleep per batch")
-    p.add_argument("--log-every", type=int, default=10)
     return p.parse_args(argv)
 
 
@@ -53,29 +50,18 @@ def main(argv=None) -> int:
     def step() -> int:
         return int(model.optimizer.iterations.numpy())
 
-    class Progress(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):  # after PreemptionCheckpoint restored
-            print(f"starting at step {step()}", flush=True)
-
-        def on_train_batch_end(self, batch, logs=None):
-            if step() % args.log_every == 0:
-                print(f"step {step()} loss {float(logs['loss']):.6f}", flush=True)
-            time.sleep(args.step_time)
-
-    try:
+    with reporting(step):
         model.fit(
             data,
-            epochs=args.epochs,
+            epochs=args.steps // args.steps_per_epoch,
             steps_per_epoch=args.steps_per_epoch,
-            callbacks=[PreemptionCheckpoint(args.ckpt_dir), Progress()],
+            # PreemptionCheckpoint restores when fit starts, before Progress reports.
+            callbacks=[
+                PreemptionCheckpoint(args.ckpt_dir),
+                keras_progress(keras.callbacks.Callback, step, args),
+            ],
             verbose=0,
         )
-    except SystemExit as e:
-        print(
-            f"preempted: checkpoint saved at step {step()}, exiting with code {e.code}", flush=True
-        )
-        raise
-    print(f"finished at step {step()}", flush=True)
     return 0
 
 

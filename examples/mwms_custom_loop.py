@@ -22,10 +22,11 @@ step N, exiting with code C`` and ``finished at step N`` with the final weights.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+
+from common import parser, reporting, say
 
 IN_FEATURES = 4
 OUT_FEATURES = 2
@@ -101,12 +102,9 @@ def weights(model) -> dict:
     }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None):
+    p = parser(__doc__, steps=200, step_time=0.02)
     p.add_argument("--ckpt-dir", required=True, help="checkpoints, on storage every worker sees")
-    p.add_argument("--steps", type=int, default=200, help="train until this step")
-    p.add_argument("--step-time", type=float, default=0.02, help="seconds to sleep after a step")
-    p.add_argument("--log-every", type=int, default=10)
     return p.parse_args(argv)
 
 
@@ -131,25 +129,18 @@ def main(argv=None) -> int:
     handler = PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, args.ckpt_dir)
     worker = strategy.cluster_resolver.task_id or 0
 
-    def say(message: str) -> None:
-        print(message, flush=True)
+    def step() -> int:
+        return int(optimizer.iterations.numpy())
 
-    step = int(optimizer.iterations.numpy())
-    say(f"starting at step {step}")
-    try:
-        while step < args.steps:
-            x, y = batch_for(step, worker)
+    say(f"starting at step {step()}")
+    with reporting(step, lambda: f"; weights {json.dumps(weights(model))}"):
+        while step() < args.steps:
+            x, y = batch_for(step(), worker)
             # A notice makes run() save after an agreed step and exit.
             loss = handler.run(train_step, tf.constant(x), tf.constant(y))
-            step += 1
-            if step % args.log_every == 0:
-                say(f"step {step} loss {float(loss):.6f}")
+            if step() % args.log_every == 0:
+                say(f"step {step()} loss {float(loss):.6f}")
             time.sleep(args.step_time)
-    except SystemExit as e:
-        saved = int(optimizer.iterations.numpy())
-        say(f"preempted: checkpoint saved at step {saved}, exiting with code {e.code}")
-        raise
-    say(f"finished at step {step}; weights {json.dumps(weights(model))}")
     return 0
 
 

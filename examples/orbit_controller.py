@@ -18,11 +18,11 @@ step N`` (N: orbit's global step).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import tf_failure_handling
+from common import parser, reporting, say
 
 tf_failure_handling.patch()  # before orbit builds its handler
 
@@ -31,23 +31,25 @@ BATCH = 16
 LEARNING_RATE = 0.05
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None):
+    p = parser(__doc__, steps=100, step_time=0.02)
     p.add_argument("--model-dir", required=True)
-    p.add_argument("--steps", type=int, default=100, help="global steps to train")
-    p.add_argument("--step-time", type=float, default=0.02, help="seconds to sleep per loop")
-    p.add_argument("--log-every", type=int, default=10)
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def build_trainer(dataset=None):
+    """An orbit ``StandardTrainer`` for a small regression: one SGD step per train loop
+    on ``dataset``'s (features, labels) batches, ``global_step`` counting the steps.
+
+    The input's position is not in the checkpoint: a restarted run reads ``dataset``
+    from its beginning (the default repeats 1,024 rows, so that does not matter)."""
     import orbit
     import tensorflow as tf
 
-    x = tf.random.stateless_normal((1024, FEATURES), seed=(1, 2))
-    y = tf.reduce_sum(x, axis=1, keepdims=True) * 0.5 + 1.0
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH)
+    if dataset is None:
+        x = tf.random.stateless_normal((1024, FEATURES), seed=(1, 2))
+        y = tf.reduce_sum(x, axis=1, keepdims=True) * 0.5 + 1.0
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH)
 
     class Trainer(orbit.StandardTrainer):
         def __init__(self):
@@ -73,7 +75,15 @@ def main(argv=None) -> int:
         def train_loop_end(self):
             return {"loss": self.loss.read_value()}
 
-    trainer = Trainer()
+    return Trainer()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import orbit
+    import tensorflow as tf
+
+    trainer = build_trainer()
     checkpoint = tf.train.Checkpoint(
         kernel=trainer.kernel, bias=trainer.bias, global_step=trainer.global_step
     )
@@ -89,7 +99,7 @@ def main(argv=None) -> int:
 
     def progress(output) -> None:
         if step() % args.log_every == 0:
-            print(f"step {step()} loss {float(output['loss']):.6f}", flush=True)
+            say(f"step {step()} loss {float(output['loss']):.6f}")
         time.sleep(args.step_time)
 
     controller = orbit.Controller(
@@ -99,15 +109,9 @@ def main(argv=None) -> int:
         checkpoint_manager=manager,  # the Controller restores the latest checkpoint
         train_actions=[progress, save_if_preempted],
     )
-    print(f"starting at step {step()}", flush=True)
-    try:
+    say(f"starting at step {step()}")
+    with reporting(step):
         controller.train(args.steps)
-    except SystemExit as e:
-        print(
-            f"preempted: checkpoint saved at step {step()}, exiting with code {e.code}", flush=True
-        )
-        raise
-    print(f"finished at step {step()}", flush=True)
     return 0
 
 

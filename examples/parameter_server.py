@@ -22,21 +22,20 @@ resume from the checkpoint. Prints ``starting at step N``, ``step N loss X`` (af
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+
+from common import parser, reporting, say
 
 FEATURES = 4
 BATCH = 8
 LEARNING_RATE = 0.05
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None):
+    # A step is one scheduled closure; every --log-every steps the coordinator join()s.
+    p = parser(__doc__, steps=200, step_time=0.01, log_every=20)
     p.add_argument("--ckpt-dir", required=True, help="the coordinator's checkpoints")
-    p.add_argument("--steps", type=int, default=200, help="closures to run in all")
-    p.add_argument("--step-time", type=float, default=0.01, help="seconds between schedules")
-    p.add_argument("--log-every", type=int, default=20, help="join() and log every N steps")
     return p.parse_args(argv)
 
 
@@ -87,25 +86,20 @@ def coordinate(resolver, args) -> int:
         bias.assign_sub(LEARNING_RATE * g_bias)
         return loss
 
-    def say(message: str) -> None:
-        print(message, flush=True)
+    def step() -> int:
+        return handler.total_run_calls
 
-    say(f"starting at step {handler.total_run_calls}")
-    try:
-        while handler.total_run_calls < args.steps:
+    say(f"starting at step {step()}")
+    with reporting(step):
+        while step() < args.steps:
             # A notice makes run() (or the join() below) save once the scheduled
             # closures are done, and exit.
             loss = handler.run(coordinator.schedule, train_step, args=(iterator,))
-            if handler.total_run_calls % args.log_every == 0:
+            if step() % args.log_every == 0:
                 coordinator.join()
-                say(f"step {handler.total_run_calls} loss {float(loss.fetch()):.6f}")
+                say(f"step {step()} loss {float(loss.fetch()):.6f}")
             time.sleep(args.step_time)
         coordinator.join()
-    except SystemExit as e:
-        saved = handler.total_run_calls
-        say(f"preempted: checkpoint saved at step {saved}, exiting with code {e.code}")
-        raise
-    say(f"finished at step {handler.total_run_calls}")
     return 0
 
 

@@ -17,11 +17,10 @@ batch, and goes on from the next batch. Prints ``starting at step N`` (the optim
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 
 import tf_failure_handling
+from common import keras_progress, parser, reporting
 
 tf_failure_handling.patch()  # before or after importing tf_keras
 
@@ -29,13 +28,10 @@ FEATURES = 4
 GLOBAL_BATCH = 16
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None):
+    p = parser(__doc__, steps=100, step_time=0.02)
     p.add_argument("--backup-dir", required=True, help="on storage every worker sees")
-    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--steps-per-epoch", type=int, default=25)
-    p.add_argument("--step-time", type=float, default=0.02, help="seconds to sleep per batch")
-    p.add_argument("--log-every", type=int, default=10)
     return p.parse_args(argv)
 
 
@@ -67,30 +63,16 @@ def main(argv=None) -> int:
     def step() -> int:
         return int(model.optimizer.iterations.numpy())
 
-    class Progress(tf_keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):  # after BackupAndRestore restored
-            print(f"starting at step {step()}", flush=True)
-
-        def on_train_batch_end(self, batch, logs=None):
-            if step() % args.log_every == 0:
-                print(f"step {step()} loss {logs['loss']:.6f}", flush=True)
-            time.sleep(args.step_time)
-
     backup = tf_keras.callbacks.BackupAndRestore(args.backup_dir, save_before_preemption=True)
-    try:
+    with reporting(step):
         model.fit(
             dataset(tf),
-            epochs=args.epochs,
+            epochs=args.steps // args.steps_per_epoch,
             steps_per_epoch=args.steps_per_epoch,
-            callbacks=[backup, Progress()],
+            # BackupAndRestore restores when fit starts, before Progress reports.
+            callbacks=[backup, keras_progress(tf_keras.callbacks.Callback, step, args)],
             verbose=0,
         )
-    except SystemExit as e:
-        print(
-            f"preempted: checkpoint saved at step {step()}, exiting with code {e.code}", flush=True
-        )
-        raise
-    print(f"finished at step {step()}", flush=True)
     return 0
 
 

@@ -33,10 +33,10 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -259,17 +259,9 @@ PREVIOUS_HANDLERS = {
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports that are free on 127.0.0.1 right now."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` distinct TCP ports that are free on 127.0.0.1 right now (the examples'
+    launcher's)."""
+    return example("launch_local").free_ports(n)
 
 
 def tf_config(ports: list[int], index: int) -> dict:
@@ -279,15 +271,18 @@ def tf_config(ports: list[int], index: int) -> dict:
     }
 
 
-def custom_loop_example():
-    """``examples/mwms_custom_loop.py`` as a module: the model, the batches and the
-    update this worker trains with (the example ``make demo`` runs), so that the
-    tests exercise the example's code and it cannot rot."""
+def example(name: str):
+    """The module ``examples/<name>.py``: the tests use the examples' code, so that
+    the examples cannot rot."""
     if str(EXAMPLES) not in sys.path:
         sys.path.insert(0, str(EXAMPLES))
-    import mwms_custom_loop
+    return importlib.import_module(name)
 
-    return mwms_custom_loop
+
+def custom_loop_example():
+    """``examples/mwms_custom_loop.py``: the model, the batches and the update this
+    worker trains with (the example ``make demo`` runs)."""
+    return example("mwms_custom_loop")
 
 
 def batch_for(step: int, index: int):

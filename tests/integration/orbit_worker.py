@@ -4,8 +4,9 @@ action, after ``tf_failure_handling.patch()`` (orbit builds
 
     python orbit_worker.py --model-dir /tmp/orbit --steps 12 --hold-at 5
 
-Each train step is one SGD-with-momentum update on the same batch; ``global_step``
-counts them and numbers the checkpoints (orbit passes it as ``checkpoint_number``).
+The trainer is ``examples/orbit_controller.py``'s (one SGD update per train loop);
+``global_step`` counts the updates and numbers the checkpoints (orbit passes it as
+``checkpoint_number``).
 Events (``EVENT {json}`` lines, see ``mwms_worker.emit``): ``start`` (``restored``:
 the global step after the Controller restored), ``step`` (after each train loop),
 ``reached`` (at a ``--hold-at`` step: the process then waits, bounded, until its
@@ -21,10 +22,8 @@ import os
 import sys
 import time
 
-from mwms_worker import emit, reporting_the_end  # the script's directory is on sys.path
+from mwms_worker import emit, example, reporting_the_end  # the script's directory is on sys.path
 
-LEARNING_RATE = 0.05
-MOMENTUM = 0.9
 #: Bound on waiting, at a ``--hold-at`` step, for the handler to handle the notice.
 HOLD_TIMEOUT = 60.0
 
@@ -66,7 +65,6 @@ def instrument_saves(tf) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
-    import numpy as np
     import tensorflow as tf
     import tf_failure_handling
 
@@ -74,44 +72,16 @@ def main(argv=None) -> int:
     import orbit
 
     instrument_saves(tf)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((8, 4)).astype(np.float32)
-    y = x @ (np.arange(8, dtype=np.float32).reshape(4, 2) / 10) + 0.5
-    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-
-    class Trainer(orbit.StandardTrainer):
-        def __init__(self):
-            self.global_step = orbit.utils.create_global_step()
-            self.kernel = tf.Variable(tf.reshape(tf.linspace(-0.3, 0.3, 8), (4, 2)))
-            self.bias = tf.Variable(tf.zeros((2,)))
-            self.velocity = [tf.Variable(tf.zeros_like(v)) for v in (self.kernel, self.bias)]
-            super().__init__(
-                train_dataset=dataset,
-                options=orbit.StandardTrainerOptions(use_tf_while_loop=False),
-            )
-
-        def train_loop_begin(self):
-            pass
-
-        def train_step(self, iterator):
-            features, labels = next(iterator)
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(features @ self.kernel + self.bias - labels))
-            grads = tape.gradient(loss, [self.kernel, self.bias])
-            for var, vel, grad in zip((self.kernel, self.bias), self.velocity, grads):
-                vel.assign(MOMENTUM * vel + grad)
-                var.assign_sub(LEARNING_RATE * vel)
-            self.global_step.assign_add(1)
-
-        def train_loop_end(self):
-            return {}
-
-    trainer = Trainer()
+    # The example's trainer (examples/orbit_controller.py), on one batch repeated: a
+    # resumed run then sees the batches an uninterrupted one does, and ends with its
+    # weights exactly.
+    x = tf.random.stateless_normal((16, 4), seed=(3, 4))
+    y = tf.reduce_sum(x, axis=1, keepdims=True) * 0.5 + 1.0
+    trainer = example("orbit_controller").build_trainer(
+        tf.data.Dataset.from_tensors((x, y)).repeat()
+    )
     checkpoint = tf.train.Checkpoint(
-        kernel=trainer.kernel,
-        bias=trainer.bias,
-        velocity=trainer.velocity,
-        global_step=trainer.global_step,
+        kernel=trainer.kernel, bias=trainer.bias, global_step=trainer.global_step
     )
     manager = tf.train.CheckpointManager(checkpoint, args.model_dir, max_to_keep=1)
     save_if_preempted = orbit.actions.SaveCheckpointIfPreempted(

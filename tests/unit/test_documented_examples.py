@@ -21,12 +21,13 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import textwrap
 import venv
 from pathlib import Path
 
 import pytest
+from compat.test_quickstart import RUN_TIMEOUT_S as BLOCK_BOUND
+from compat.test_quickstart import run_script
 from integration.mwms_worker import child_environment
 from tf_failure_handling import testing
 
@@ -34,8 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCUMENTS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 RUNS = "<!-- runs -->"
-#: Bounds one block's run (a TensorFlow import included): only turns a hang into a failure.
-BLOCK_BOUND = 300
 
 
 def runnable_blocks() -> list:
@@ -72,16 +71,7 @@ def test_the_documents_mark_runnable_blocks():
 )
 def test_marked_block_runs(document, line, code, tmp_path):
     assert "--8<--" not in code, "a runnable block must hold its code, not include it"
-    script = tmp_path / "block.py"
-    script.write_text(code)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=child_environment(),
-        capture_output=True,
-        text=True,
-        timeout=BLOCK_BOUND,
-    )
+    done = run_script(code, tmp_path)  # as the Quickstart's test runs it
     assert done.returncode == 0, (
         f"{document}:{line} exited with {done.returncode}\n{done.stdout}{done.stderr[-3000:]}"
     )
