@@ -34,7 +34,7 @@ NO_DEPS := "tf-models-official==2.20.*"
 # TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
 ZIG := "ziglang==0.13.*"
 
-.PHONY: demo test system-deps docs test-rust test-python pytest-suite tf-suite tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
+.PHONY: demo test system-deps docs test-rust test-python pytest-suite slurm-suite tf-suite figures tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
 
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -58,15 +58,16 @@ build-release: $(STAMP)
 demo: build
 	$(PY) demo/run_demo.py
 
-# The Python suite, TensorFlow's fault-tolerance suite and the compatibility ends (TF 2.16
-# on Python 3.10, TF 2.21 on 3.13, each from the wheel in its own virtualenv) run side by
-# side: each leaves a core idle much of the time (waiting on TF processes). CI gives
+# The Python suite, the SLURM jobs, TensorFlow's fault-tolerance suite and the
+# compatibility ends (TF 2.16 on Python 3.10, TF 2.21 on 3.13, each from the wheel in its
+# own virtualenv) run side by side: each leaves a core idle much of the time (waiting on
+# TF processes; the SLURM jobs mostly wait for slurmctld's 30 s time-limit checks). CI gives
 # `make test` 90 minutes on 2 cores; it must stay under 45, one after the other they
 # would not. The measured wall time (`time make test` from a fresh clone, idle and
 # loaded) is in docs/development.md, "How long make test takes". The ends print a line
 # per combination and, on a failure, the tail of its log.
 test: system-deps test-rust lint docs build wheel
-	$(MAKE) --no-print-directory -j3 pytest-suite compat-ends tf-suite
+	$(MAKE) --no-print-directory -j4 pytest-suite slurm-suite compat-ends tf-suite
 
 # What the tests need from Debian beyond SLURM (which tests/slurm installs itself):
 # iproute2, whose `ip netns` the partition trials use (tests/reliability/processes/
@@ -100,12 +101,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check python tests benches demo examples
 	$(VENV)/bin/ruff format --check python tests benches demo examples
 
-test-python: build pytest-suite
+test-python: build pytest-suite slurm-suite
 
 # Without a build: `test` builds the extension and the wheel first, one after the
 # other (both write the checkout's python/ and target/), then runs these two.
 pytest-suite:
-	$(PY) -m pytest tests -q --ignore=tests/tf_suite
+	$(PY) -m pytest tests -q --ignore=tests/tf_suite --ignore=tests/slurm
+
+# A real one-node SLURM (tests/slurm/conftest.py installs and starts it) and jobs on it.
+slurm-suite:
+	$(PY) -m pytest tests/slurm -q
 
 # TensorFlow's own fault-tolerance tests against our ClusterCoordinator
 # (tests/tf_suite: one process per test, as TF's BUILD shards them). Mostly
@@ -122,6 +127,14 @@ compat-ends:
 
 # The README's performance tables, in its order: each bench runs TF's class and
 # ours alternately and ends with its table in the README's format ("README, ...").
+# Every table the README and the docs show, regenerated: each bench (release build),
+# the reliability trials and the SLURM scenarios, written to docs/figures/ with the
+# command, commit, date and machine (benches/figures.py; about an hour on 2 cores).
+# tests/unit/test_figures.py fails when a page states a figure none of them contains.
+figures: build-release
+	$(PY) benches/figures.py
+	$(MAKE) --no-print-directory build
+
 bench: build-release
 	$(PY) benches/bench_run.py
 	$(PY) benches/bench_closure_queue.py
