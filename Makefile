@@ -125,8 +125,6 @@ tf-suite-all:
 compat-ends:
 	$(PY) tests/compat/run_matrix.py --ends
 
-# The README's performance tables, in its order: each bench runs TF's class and
-# ours alternately and ends with its table in the README's format ("README, ...").
 # Every table the README and the docs show, regenerated: each bench (release build),
 # the reliability trials and the SLURM scenarios, written to docs/figures/ with the
 # command, commit, date and machine (benches/figures.py; about an hour on 2 cores).
@@ -135,6 +133,8 @@ figures: build-release
 	$(PY) benches/figures.py
 	$(MAKE) --no-print-directory build
 
+# The benches alone, printing their tables: each runs TF's class and ours alternately
+# and ends with its table in the docs' format ("README, ...").
 bench: build-release
 	$(PY) benches/bench_run.py
 	$(PY) benches/bench_closure_queue.py
