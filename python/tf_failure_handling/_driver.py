@@ -35,7 +35,11 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
-from . import _cluster, _errors, _native, _platform, _slurm, _sources, watcher
+from . import _cluster, _errors, _native
+from ._platforms import in_process
+from ._platforms import platform as _platform
+from ._platforms import slurm as _slurm
+from ._platforms import sources as _sources
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -781,9 +785,9 @@ class ProtocolDriver:
     def _announce(self, source: str) -> Optional[_Write]:
         """Tells PreemptionWatchers: in this process, and through the coordination service
         (the write it starts; the protocol does not wait on it beyond the bound)."""
-        message = watcher.notice_message(self._id_in_cluster, source)
+        message = in_process.notice_message(self._id_in_cluster, source)
         if self._local_mode:
-            watcher.publish_local(message)
+            in_process.publish_local(message)
             return None
 
         # No longer than the protocol's writes: an acknowledgement may be waiting
@@ -794,12 +798,12 @@ class ProtocolDriver:
         # write gave up): a script that closes and exits when its own watcher reports
         # must not take the coordination service down before peers could read it.
         def published(_: Any) -> None:
-            watcher.publish_local(message)
+            in_process.publish_local(message)
 
         def failed(error: BaseException) -> None:
             # For PreemptionWatchers only; the protocol goes on.
             log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
-            watcher.publish_local(message)
+            in_process.publish_local(message)
 
         write = self._write(
             f"publishing {PREEMPTION_NOTICE_KEY}",

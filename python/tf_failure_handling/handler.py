@@ -34,10 +34,7 @@ from . import (
     _coordination,
     _errors,
     _native,
-    _platform,
     _ps_control,
-    _slurm,
-    _sources,
     records,
 )
 from ._driver import (  # noqa: F401 - re-exported: the protocol's keys and bounds
@@ -54,6 +51,9 @@ from ._driver import (  # noqa: F401 - re-exported: the protocol's keys and boun
     THREAD_JOIN_TIMEOUT,
     ProtocolDriver,
 )
+from ._platforms import platform as _platform
+from ._platforms import slurm as _slurm
+from ._platforms import sources as _sources
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -101,9 +101,9 @@ class TerminationConfig:
       ``<checkpoint_dir>/preemption_records``, ``False`` for none),
       ``slurm_requeue`` whether, under SLURM, a job that ends by its time limit or
       a preemption is put back in the queue after the save (default on, unless
-      ``TF_FAILURE_HANDLING_SLURM_REQUEUE=0``; see ``_slurm``);
-    * the defaults follow the platform (``_platform.complete``): AWS and Azure
-      get a grace period (120 s, 30 s) capped by the deadline their notices
+      ``TF_FAILURE_HANDLING_SLURM_REQUEUE=0``; see ``_platforms/slurm.py``);
+    * the defaults follow the platform (``complete`` in ``_platforms/platform.py``): AWS
+      and Azure get a grace period (120 s, 30 s) capped by the deadline their notices
       carry; GCE CPU and TPU VMs are supported.
     """
 

@@ -24,7 +24,9 @@ import logging
 import time
 from typing import Any, Optional
 
-from . import _platform, _ps_control, _sources
+from . import _ps_control
+from ._platforms import platform as _platform
+from ._platforms import sources as _sources
 from .handler import TerminationConfig, _peer_timeout
 
 log = logging.getLogger("tf_failure_handling")

@@ -22,7 +22,6 @@ notice); :meth:`PreemptionWatcher.close` restores it.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import logging
 import numbers
@@ -32,33 +31,19 @@ import time
 import weakref
 from typing import Any, Iterable, Optional, Sequence
 
-from . import _coordination, _errors, _native, _platform, _sources
+from . import _coordination, _errors
+from ._native import PREEMPTION_NOTICE_KEY
+from ._platforms import platform as _platform
+from ._platforms import sources as _sources
+from ._platforms.in_process import notice_message, subscribe, unsubscribe
 
 log = logging.getLogger("tf_failure_handling")
 
-PREEMPTION_NOTICE_KEY = _native.PREEMPTION_NOTICE_KEY
 #: The key TF's ``block_until_worker_exit`` waits on (never set: the wait ends
 #: when the service goes away with the workers).
 BLOCK_TILL_EXIT_KEY = "BLOCK_TILL_EXIT"
 #: Longest single blocking get on the notice key; shutdown is checked between.
 KEY_WATCH_SLICE = 1.0
-
-_subscribers_lock = threading.Lock()
-_subscribers: weakref.WeakSet = weakref.WeakSet()
-
-
-def notice_message(worker: str, source: str) -> str:
-    """The preemption message this package writes: who, what, and when (UTC)."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return f"worker {worker}: termination notice from {source} at {now}"
-
-
-def publish_local(message: str) -> None:
-    """Hands ``message`` to every open watcher of this process."""
-    with _subscribers_lock:
-        watchers = list(_subscribers)
-    for w in watchers:
-        w._receive(message)
 
 
 def _check_signals(signals: Any) -> Optional[tuple]:
@@ -138,8 +123,7 @@ class PreemptionWatcher:
         self._coordination = None if service is None else _coordination.Client(service)
         defaults = _platform.complete(self._environment, None, None, None, signals)
         self._sources = _sources.NoticeSources(self._environment, defaults.signals)
-        with _subscribers_lock:
-            _subscribers.add(self)
+        subscribe(self)
         # The threads hold only a weak reference to the watcher, so that a watcher
         # the program drops is collected, and its __del__ restores the signals.
         me = weakref.ref(self)
@@ -225,8 +209,7 @@ class PreemptionWatcher:
         self._closed = True
         with self._receive_lock:
             self._closing.set()
-        with _subscribers_lock:
-            _subscribers.discard(self)
+        unsubscribe(self)
         self._sources.close()
         for t in self._threads:
             if t is not threading.current_thread():

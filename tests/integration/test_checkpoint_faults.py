@@ -19,7 +19,7 @@ from .conftest import require_impl
 
 @pytest.fixture(autouse=True)
 def no_platform(monkeypatch):
-    from tf_failure_handling import _platform
+    from tf_failure_handling._platforms import platform as _platform
 
     monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
     monkeypatch.setenv(_platform.CLOUD_ENV, "none")

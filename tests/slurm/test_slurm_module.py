@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from tf_failure_handling import _slurm
+from tf_failure_handling._platforms import slurm as _slurm
 from tf_failure_handling.handler import TerminationConfig
 
 

@@ -18,7 +18,8 @@ import time
 from typing import Any, Callable, Optional
 
 import pytest
-from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, _platform, testing
+from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, testing
+from tf_failure_handling._platforms import platform as _platform
 
 
 def _closed_port() -> int:

@@ -14,13 +14,8 @@ import signal
 import threading
 
 import pytest
-from tf_failure_handling import (
-    PreemptionCheckpointHandler,
-    PreemptionWatcher,
-    _native,
-    _platform,
-    testing,
-)
+from tf_failure_handling import PreemptionCheckpointHandler, PreemptionWatcher, _native, testing
+from tf_failure_handling._platforms import platform as _platform
 
 GRACE = _platform.KUBERNETES_GRACE_ENV
 END = _platform.SLURM_END_TIME_ENV

@@ -18,7 +18,8 @@ import warnings
 
 import pytest
 from fake_metadata import FakeMetadata, aws_action
-from tf_failure_handling import TerminationConfig, _native, _platform, testing
+from tf_failure_handling import TerminationConfig, _native, testing
+from tf_failure_handling._platforms import platform as _platform
 
 from .conftest import NO_METADATA_SERVER, wait_for_attention
 

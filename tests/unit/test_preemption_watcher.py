@@ -20,8 +20,8 @@ import time
 
 import pytest
 from tf_failure_handling import PreemptionWatcher, TerminationConfig, _coordination, testing
-from tf_failure_handling import watcher as watcher_module
-from tf_failure_handling._platform import PlatformDevice
+from tf_failure_handling._platforms import in_process
+from tf_failure_handling._platforms.platform import PlatformDevice
 
 from .conftest import BLOCK_TENSORFLOW, NO_METADATA_SERVER, wait_until
 
@@ -285,7 +285,7 @@ def test_context_manager_closes(make_watcher):
         threads = list(w._threads)
         assert all(t.is_alive() for t in threads)
     assert not any(t.is_alive() for t in threads)
-    assert w not in list(watcher_module._subscribers)
+    assert w not in list(in_process._subscribers)
 
 
 def test_no_message_after_close(make_watcher):
@@ -293,7 +293,7 @@ def test_no_message_after_close(make_watcher):
     w = make_watcher(service)
     w.close()
     service.set_config_key_value(KEY, "too late")
-    watcher_module.publish_local("too late")
+    in_process.publish_local("too late")
     w._receive("too late")  # a publish_local that had listed the watcher before close
     assert w.wait(QUIET_PERIOD) is None
     assert w.preemption_message is None
@@ -325,10 +325,10 @@ def test_wait_returns_a_message_that_is_already_there(make_watcher):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP, 0, 100000])
 def test_uncatchable_signals_are_rejected(sig):
-    before = len(watcher_module._subscribers)
+    before = len(in_process._subscribers)
     with pytest.raises(ValueError, match="cannot be watched"):
         PreemptionWatcher(signals=[sig])
-    assert len(watcher_module._subscribers) == before
+    assert len(in_process._subscribers) == before
 
 
 @pytest.mark.parametrize("signals", ["x", "15", 15, [1.5], [None], [True]], ids=repr)

@@ -36,7 +36,7 @@
 (exit code and grace period per cloud, SIGUSR1 too under SLURM), and
 :func:`signal_deadline` says when a signalled machine goes away, where the
 scheduler tells (SLURM: ``SLURM_JOB_END_TIME``, else the job's ``EndTime``, and
-``KillWait`` after a SIGTERM, see ``_slurm``; Kubernetes' grace period,
+``KillWait`` after a SIGTERM, see ``slurm.py``; Kubernetes' grace period,
 ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s).
 
 Every variable this module reads is read and checked by :func:`settings`, which
@@ -446,9 +446,9 @@ def dmi_says_azure() -> bool:
 def _probe(cloud: str, base: str) -> bool:
     """``_native.probe_metadata``, with any failure meaning "not that cloud"."""
     try:
-        from . import _native
+        from .._native import probe_metadata
 
-        return bool(_native.probe_metadata(cloud, base, METADATA_TIMEOUT))
+        return bool(probe_metadata(cloud, base, METADATA_TIMEOUT))
     except Exception as e:  # noqa: BLE001 - off that cloud anything can come back
         log.debug("not on %s (%s): %s", cloud, base, e)
         return False
@@ -514,7 +514,7 @@ def environment() -> Environment:
     )
     if env.scheduler == "slurm":
         # SLURM deadline (issue 23): the job's EndTime, read once off this thread.
-        from . import _slurm
+        from . import slurm as _slurm
 
         _slurm.start_reading_job()
     log.debug("environment %s (detected in %.3f s)", env, time.monotonic() - start)
@@ -590,7 +590,7 @@ def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
     :func:`environment` checked.
     """
     if env.scheduler == "slurm":
-        from . import _slurm
+        from . import slurm as _slurm
 
         return _slurm.notice_deadline(env.slurm_end_time, unix_now)
     if env.scheduler == "kubernetes":

@@ -42,7 +42,8 @@ import time
 import weakref
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-from . import _native, _platform
+from .._native import Inbox, Input, MetadataWatch, SignalWatch
+from . import platform as _platform
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -128,12 +129,12 @@ class NoticeSources:
         #: Threads inside :meth:`receive` (joined at interpreter exit).
         self._waiters: set = set()
         #: Where every source posts; a handler's step-key reader posts here too.
-        self.inbox = _native.Inbox()
-        self._watch = _native.SignalWatch(signal_numbers(signals), owner=owner, inbox=self.inbox)
-        self._metadata: Optional[_native.MetadataWatch] = None
+        self.inbox = Inbox()
+        self._watch = SignalWatch(signal_numbers(signals), owner=owner, inbox=self.inbox)
+        self._metadata: Optional[MetadataWatch] = None
         if watch_metadata and env.cloud is not None and env.metadata_base is not None:
             try:
-                self._metadata = _native.MetadataWatch(env.cloud, env.metadata_base, self.inbox)
+                self._metadata = MetadataWatch(env.cloud, env.metadata_base, self.inbox)
             except Exception as e:  # noqa: BLE001 - signals still work without it
                 log.warning("Not watching the %s metadata service: %s", env.cloud, e)
             else:
@@ -153,7 +154,7 @@ class NoticeSources:
         return self._watch.signals
 
     @property
-    def metadata(self) -> Optional[_native.MetadataWatch]:
+    def metadata(self) -> Optional[MetadataWatch]:
         return self._metadata
 
     def trigger(self, source: str, deadline: Optional[float] = None) -> bool:
@@ -175,14 +176,14 @@ class NoticeSources:
         me = threading.current_thread()
         with self._lock:
             if self._closed:
-                return _native.Input.Stop()
+                return Input.Stop()
             self._waiters.add(me)
         try:
             item = self.inbox.recv(timeout, self._watch)
         finally:
             with self._lock:
                 self._waiters.discard(me)
-        if isinstance(item, _native.Input.Notice):
+        if isinstance(item, Input.Notice):
             return self._notice_for(item)
         return item
 
@@ -190,7 +191,7 @@ class NoticeSources:
         """Every input still queued, without waiting, even once closed (what arrived
         before the stop), converted as :meth:`receive` does."""
         return [
-            self._notice_for(item) if isinstance(item, _native.Input.Notice) else item
+            self._notice_for(item) if isinstance(item, Input.Notice) else item
             for item in self.inbox.drain()
         ]
 
@@ -201,7 +202,7 @@ class NoticeSources:
         while True:
             left = None if end is None else max(0.0, end - time.monotonic())
             item = self.receive(left)
-            if item is None or isinstance(item, _native.Input.Stop):
+            if item is None or isinstance(item, Input.Stop):
                 return None
             if isinstance(item, Notice):
                 return item

@@ -254,9 +254,9 @@ def job_info() -> Optional[JobInfo]:
 
 def _deliveries(signum: int) -> int:
     try:
-        from . import _native
+        from .._native import signal_deliveries
 
-        return int(_native.signal_deliveries(int(signum)))
+        return int(signal_deliveries(int(signum)))
     except Exception:  # noqa: BLE001 - no native module: no signal was caught by it
         return 0
 
