@@ -35,7 +35,8 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
-from . import _cluster, _errors, _native
+from . import _errors, _native
+from ._cluster import membership as _membership
 from ._platforms import in_process
 from ._platforms import platform as _platform
 from ._platforms import slurm as _slurm
@@ -213,13 +214,13 @@ class ProtocolDriver:
             return None
         replacement, unreachable = None, None
         try:
-            unreachable = _cluster.unreachable_peers(
+            unreachable = _membership.unreachable_peers(
                 error, self._coordination.service, self._cluster_resolver, self._membership
             )
-            replacement = _cluster.with_unreachable_named(error, unreachable, self._membership)
+            replacement = _membership.with_unreachable_named(error, unreachable, self._membership)
         except Exception as e:  # noqa: BLE001 - only a better message is at stake
             log.info("Could not probe the peers after %r: %s", error, e)
-        leader = _cluster.coordination_leader(self._cluster_resolver)
+        leader = _membership.coordination_leader(self._cluster_resolver)
         if unreachable and any(task == leader for _, task, _, _ in unreachable):
             # TF's report_error_to_cluster blocks, holding the GIL, until the
             # service's leader answers: with the leader cut off, never.

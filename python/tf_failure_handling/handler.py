@@ -28,15 +28,9 @@ import time
 import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from . import (
-    _checkpoint,
-    _cluster,
-    _coordination,
-    _errors,
-    _native,
-    _ps_control,
-    records,
-)
+from . import _checkpoint, _errors, _native, _ps_control, records
+from ._cluster import coordination as _coordination
+from ._cluster import membership as _membership
 from ._driver import (  # noqa: F401 - re-exported: the protocol's keys and bounds
     LAST_RUN_TO_CHECKPOINT,
     PEER_TIMEOUT_ENV,
@@ -245,7 +239,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._checkpoint_or_checkpoint_manager = checkpoint_or_checkpoint_manager
         self._checkpoint_dir = checkpoint_dir
 
-        self._membership = _cluster.membership(cluster_resolver)
+        self._membership = _membership.membership(cluster_resolver)
         self._local_mode = self._membership.local
         self._id_in_cluster = self._membership.id_in_cluster
         self._is_chief = self._membership.is_chief
@@ -313,7 +307,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._take_over_notices()
         if self._membership.ps_coordinator:
             self._ps_poller = _ps_control.ClusterPoller(
-                _cluster._as_dict(cluster_resolver.cluster_spec()),
+                _membership._as_dict(cluster_resolver.cluster_spec()),
                 self._on_cluster_notice,
                 on_released=self._on_cluster_release,
             )

@@ -50,7 +50,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from . import _coordination, _errors, _native
+from . import _errors, _native
+from ._cluster import coordination as _coordination
 
 __all__ = [
     "FakeCheckpoint",

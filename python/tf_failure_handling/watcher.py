@@ -31,7 +31,8 @@ import time
 import weakref
 from typing import Any, Iterable, Optional, Sequence
 
-from . import _coordination, _errors
+from . import _errors
+from ._cluster import coordination as _coordination
 from ._native import PREEMPTION_NOTICE_KEY
 from ._platforms import platform as _platform
 from ._platforms import sources as _sources

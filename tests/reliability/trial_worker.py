@@ -157,7 +157,7 @@ def observe_coordination_keys(ack_delay: float, ack_gate: str = "") -> None:
     Each acknowledgement waits ``ack_delay`` seconds, then (with ``ack_gate``) until
     that file exists: the trial creates it once its second notice is sent.
     """
-    from tf_failure_handling import _coordination
+    from tf_failure_handling._cluster import coordination as _coordination
 
     original = _coordination.Client.set
 

@@ -9,13 +9,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from tf_failure_handling import (
-    PreemptionCheckpointHandler,
-    TerminationConfig,
-    _cluster,
-    _errors,
-    testing,
-)
+from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, _errors, testing
+from tf_failure_handling._cluster import membership as _membership
 
 from .conftest import wait_for_attention
 
@@ -233,7 +228,7 @@ def test_handler_on_a_ps_or_worker_task_of_a_ps_cluster_is_a_value_error(
 @pytest.mark.parametrize("task_type", ["chief", None])
 def test_the_coordinator_of_a_ps_cluster_is_the_deciding_task(task_type):
     spec = {"chief": ["c:1"], "worker": ["a:1", "b:1"], "ps": ["p:1"]}
-    member = _cluster.membership(testing.SimpleClusterResolver(spec, task_type, 0))
+    member = _membership.membership(testing.SimpleClusterResolver(spec, task_type, 0))
     assert member.ps_coordinator is True
     assert member.local is True, "the coordinator decides alone (local mode of the protocol)"
     assert member.is_chief is True

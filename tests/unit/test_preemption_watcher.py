@@ -19,7 +19,8 @@ import threading
 import time
 
 import pytest
-from tf_failure_handling import PreemptionWatcher, TerminationConfig, _coordination, testing
+from tf_failure_handling import PreemptionWatcher, TerminationConfig, testing
+from tf_failure_handling._cluster import coordination as _coordination
 from tf_failure_handling._platforms import in_process
 from tf_failure_handling._platforms.platform import PlatformDevice
 

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tf_failure_handling import _coordination, _errors, testing
+from tf_failure_handling import _errors, testing
+from tf_failure_handling._cluster import coordination as _coordination
 
 #: A bound that only turns a hang into a failure.
 HANG = 60.0
@@ -500,7 +501,7 @@ def test_error_reported_to_the_cluster_aborts_the_collective_with_that_error():
     def worker(ctx):
         if ctx.index == 0:
             time.sleep(0.05)
-            from tf_failure_handling import _coordination as coordination
+            from tf_failure_handling._cluster import coordination
 
             coordination.current().report_error_to_cluster(9, "precondition")
             return None

@@ -12,7 +12,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
-from . import _errors
+from .. import _errors
 
 _local = threading.local()
 
