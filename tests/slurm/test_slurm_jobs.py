@@ -8,9 +8,12 @@ a hang into a failure.
 
 Time limits: slurmctld checks them every 30 s and sends ``--signal=SIG@N`` at the
 first check that finds at most N + 30 s left, so the tests submit at a known phase
-of those checks (:func:`submit_aligned`): the signal then comes about 33 s after the
-start of a one-minute job with ``@1``, and the requeued run, started at an unknown
-phase, finishes before its own earliest signal (29 s).
+of those checks (:func:`submit_aligned`): the signal then comes about 93 s after the
+start of a two-minute job with ``@1``, and the requeued run, started at an unknown
+phase, finishes well before its own earliest signal (89 s). Two minutes, not one:
+a SIGUSR1 that comes before the handler is built kills the process (SIGUSR1's
+default action), and on a loaded 2-core machine TensorFlow and a 2-worker
+MultiWorkerMirroredStrategy took more than the 33 s a one-minute job leaves.
 """
 
 from __future__ import annotations
@@ -30,16 +33,19 @@ if not os.path.exists(PYTHON):
 
     PYTHON = sys.executable
 
-#: A one-minute job signalled when at most 1 + 30 s are left.
-LIMIT, LEAD = 60, 1
+#: A two-minute job signalled when at most 1 + 30 s are left.
+LIMIT, LEAD = 120, 1
 #: Seconds from the start of the job to the check that signals it (the check comes
 #: when at most LEAD + 30 s are left; 3 s of margin).
 SIGNAL_AT = LIMIT - LEAD - 30 + 4
 #: Seconds from sbatch to the job's start (sched/builtin, sched_interval=2).
 START_DELAY = 1.3
-#: 0.1 s steps (~10 a second): the first run would need ~43 s for all of them (signalled at
-#: ~33 s), the rest takes the requeued run ~10 s after a ~6 s start.
+#: 0.1 s steps (~10 a second) for the preemption and scancel jobs: enough to be under
+#: way when the test acts.
 STEPS, STEP_TIME = 380, 0.1
+#: The time-limit jobs: the first run cannot finish them before the signal (~93 s at
+#: 10 steps/s at most); the requeued run does the rest (~10-20 s after its start).
+LIMIT_STEPS = 1000
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
@@ -154,7 +160,7 @@ def check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, reason: str, st
     at one step and exited 42, the job went back to the queue (same id,
     Restarts >= 1), the next run resumed at that step, and the last run finished."""
     job = slurm.wait_job(
-        jid, lambda j: j.get("JobState") in TERMINAL and j.get("Restarts", "0") != "0", 240
+        jid, lambda j: j.get("JobState") in TERMINAL and j.get("Restarts", "0") != "0", LIMIT + 300
     )
     events, records = parse_events(out), read_records(ckpt)
     starts, exits, done = by(events, "start"), by(events, "exit"), by(events, "done")
@@ -193,9 +199,11 @@ def test_time_limit_one_task_saves_requeues_resumes_and_finishes(slurm, tmp_path
         "one_node.sbatch",
         tmp_path,
         [f"--time={LIMIT // 60}", f"--signal=B:USR1@{LEAD}"],
-        f"--steps {STEPS} --step-time {STEP_TIME}",
+        f"--steps {LIMIT_STEPS} --step-time {STEP_TIME}",
     )
-    row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "time limit")
+    row = check_saved_requeued_resumed_finished(
+        slurm, jid, ckpt, out, "time limit", steps=LIMIT_STEPS
+    )
     assert row["source"] == "signal SIGUSR1"
     # SLURM 22.05 has no SLURM_JOB_END_TIME: the deadline is scontrol's EndTime.
     assert row["deadline_left_s"] is not None and 0 < row["deadline_left_s"] <= LEAD + 31
@@ -209,9 +217,9 @@ def test_time_limit_one_task_tf_handler_baseline(slurm, tmp_path):
         "one_node.sbatch",
         tmp_path,
         [f"--time={LIMIT // 60}", f"--signal=B:USR1@{LEAD}"],
-        f"--steps {STEPS} --step-time {STEP_TIME} --impl tf",
+        f"--steps {LIMIT_STEPS} --step-time {STEP_TIME} --impl tf",
     )
-    job = slurm.wait_job(jid, lambda j: j.get("JobState") in TERMINAL, 120)
+    job = slurm.wait_job(jid, lambda j: j.get("JobState") in TERMINAL, LIMIT + 120)
     events = parse_events(out)
     assert job["ExitCode"] == "0:10", job  # killed by signal 10 (SIGUSR1)
     assert job["Restarts"] == "0" and job["JobState"] == "FAILED"
@@ -313,10 +321,8 @@ def test_preemption_two_tasks_srun_saves_requeues_resumes_and_finishes(slurm, tm
 
 
 # 2-task jobs: ``multi_node.sbatch`` execs ``srun``, which starts one TensorFlow worker
-# per task. Steps: the first run cannot finish before the signal (~33 s at 10 steps/s
-# at most), and the requeued one usually finishes before its own earliest signal; if
-# it does not, it saves and requeues again, which the checks allow.
-STEPS_2 = 340
+# per task. If a requeued run were signalled again, it would save and requeue again,
+# which the checks allow.
 
 
 def test_time_limit_two_tasks_srun_saves_requeues_resumes_and_finishes(slurm, tmp_path):
@@ -326,10 +332,12 @@ def test_time_limit_two_tasks_srun_saves_requeues_resumes_and_finishes(slurm, tm
         slurm,
         tmp_path,
         [f"--time={LIMIT // 60}", f"--signal=USR1@{LEAD}"],
-        f"--steps {STEPS_2} --step-time {STEP_TIME}",
+        f"--steps {LIMIT_STEPS} --step-time {STEP_TIME}",
         aligned=True,
     )
-    row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "time limit", steps=STEPS_2)
+    row = check_saved_requeued_resumed_finished(
+        slurm, jid, ckpt, out, "time limit", steps=LIMIT_STEPS
+    )
     events, records = parse_events(out), read_records(ckpt)
     check_one_agreed_step_per_run(events, records)
     assert row["source"] == "signal SIGUSR1"
