@@ -22,14 +22,20 @@ calls, which is what a busy machine disturbs least.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import _report
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHES = ROOT / "benches"
+#: The benches this runs against each wheel print their tables but do not write them
+#: (their figures are of one wheel, not the docs' tables).
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != _report.FIGURES_ENV}
 BUILDS = {"version-specific": "python", "abi3": "abi3"}
 RUNS = [
     ["bench_run.py", "--rounds", "5"],
@@ -102,7 +108,12 @@ def micro(python: str, wheels: dict[str, Path], rounds: int) -> str:
         for build, wheel in wheels.items():
             install(python, wheel)
             out = subprocess.run(
-                [python, "-c", MICRO], cwd="/", capture_output=True, text=True, check=True
+                [python, "-c", MICRO],
+                cwd="/",
+                capture_output=True,
+                text=True,
+                check=True,
+                env=CHILD_ENV,
             )
             got[build].append(out.stdout.split())
     lines = ["| | " + " | ".join(f"{b} ({rounds} rounds)" for b in wheels) + " |"]
@@ -184,7 +195,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     wheels = build_wheels(args.python, out / "wheels")
     if args.micro:
-        print(micro(args.python, wheels, args.rounds))
+        table = micro(args.python, wheels, args.rounds)
+        print(table)
+        _report.write_figure("One abi3 wheel, bare loops", table)
         return 0
     for r in range(1, args.rounds + 1):
         for build, wheel in wheels.items():
@@ -212,10 +225,13 @@ def main() -> int:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         check=True,
+                        env=CHILD_ENV,
                     )
             print(f"round {r}: {build} done ({out / f'{build}-{r}.log'})", flush=True)
+    table = summarize(out, args.rounds)
     print("\nREADME, One abi3 wheel:\n")
-    print(summarize(out, args.rounds))
+    print(table)
+    _report.write_figure("One abi3 wheel", table)
     return 0
 
 

@@ -40,6 +40,9 @@ COMMANDS = (
         [],
         ["--sim-trials", "200", "--debug-trials", "20", "--process-seeds", "1"],
     ),
+    # Last but one: they leave the abi3 wheel installed (make figures rebuilds after).
+    ("benches/compare_builds.py", ["--rounds", "3"], ["--rounds", "1"]),
+    ("benches/compare_builds.py", ["--micro", "--rounds", "5"], ["--micro", "--rounds", "1"]),
     # The SLURM scenarios: a real one-node SLURM (tests/slurm/conftest.py), ~10 min.
     ("-m", ["pytest", "tests/slurm", "-q", "-p", "no:cacheprovider"], ["pytest", "tests/slurm"]),
 )
