@@ -1,11 +1,11 @@
 """``PreemptionCheckpointHandler`` and ``TerminationConfig``.
 
 The step-resolution protocol (who saves at which step, the two grace rounds)
-lives in the Rust core (``src/step_resolution.rs`` explains it); ``_driver.py``
-performs what the core decides against TensorFlow (coordination-service keys,
-checkpoint saves, error reports, the exit) and owns the handler's threads. This
-module is the API: the constructor, TF's public methods and the private hooks
-other libraries call.
+lives in the Rust core (``src/step_resolution.rs`` explains it); the classes of
+``_protocol/`` perform what the core decides against TensorFlow (coordination-service
+keys, checkpoint saves, error reports, the exit) and own the handler's threads, one
+concern each (``_protocol/__init__.py`` lists them). This module is the API: the
+constructor, TF's public methods and the private hooks other libraries call.
 
 Ownership of a notice: while a handler is open it owns its worker's termination
 notices. Signal handlers installed before it are not called (as with TF, whose
@@ -26,28 +26,45 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from . import _checkpoint, _errors, _native, _ps_control, records
+from . import _errors, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
-from ._driver import (  # noqa: F401 - re-exported: the protocol's keys and bounds
+from ._native import HandlerCore
+from ._platforms import platform as _platform
+from ._platforms import slurm as _slurm
+from ._platforms import sources as _sources
+from ._protocol.agreement import Agreement
+from ._protocol.checkpoints import Checkpoints
+from ._protocol.driver import ProtocolDriver
+from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys and bounds
     LAST_RUN_TO_CHECKPOINT,
     PEER_TIMEOUT_ENV,
     PEER_WATCH_SLICE,
     PREEMPTION_NOTICE_KEY,
-    RETRY_FIRST_PAUSE,
-    RETRY_MAX_PAUSE,
     RUN_TO_CHECKPOINT,
     SHUTDOWN_WRITE_TIMEOUT,
     STOP_WATCHER,
     TERMINATED_WORKER,
     THREAD_JOIN_TIMEOUT,
-    ProtocolDriver,
 )
-from ._platforms import platform as _platform
-from ._platforms import slurm as _slurm
-from ._platforms import sources as _sources
+from ._protocol.notices import NoticeResponse
+from ._protocol.ownership import NoticeOwnership
+from ._protocol.ps_steps import PsSteps
+from ._protocol.records_hooks import RecordsHooks
+from ._protocol.reporting import ErrorReporting
+from ._protocol.retries import (  # noqa: F401 - re-exported: the protocol's retry pauses
+    RETRY_FIRST_PAUSE,
+    RETRY_MAX_PAUSE,
+    Retries,
+)
+from ._protocol.save import SaveAndExit
+from ._protocol.step_check import StepCheck
+from ._protocol.step_keys import StepKeyWatch
+
+if TYPE_CHECKING:
+    from ._ps_control import ClusterPoller
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -170,7 +187,25 @@ def _peer_timeout(config: TerminationConfig) -> float:
     return DEFAULT_PEER_TIMEOUT
 
 
-class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
+class PreemptionCheckpointHandler(
+    # The training thread: the check before a step, the leader's round, the save.
+    StepCheck,
+    Agreement,
+    SaveAndExit,
+    # The driver and reader threads: the inbox, a notice, the step keys.
+    ProtocolDriver,
+    NoticeResponse,
+    StepKeyWatch,
+    # What they share: retries, errors, which handler of a worker acts.
+    Retries,
+    ErrorReporting,
+    NoticeOwnership,
+    # A parameter-server coordinator's steps; the records of every stage.
+    PsSteps,
+    RecordsHooks,
+    # The resolver (src/step_resolution.rs) and the native run().
+    HandlerCore,
+):
     """Saves a checkpoint at one agreed step when any worker gets a termination notice.
 
     Replaces ``tf.distribute.experimental.PreemptionCheckpointHandler`` with the
@@ -211,7 +246,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         #: durations. Simulations substitute a virtual one; waits for peers stay real.
         self._clock: Callable[[], float] = time.monotonic
         self._closed = False
-        #: The protocol driver's thread (``_driver.ProtocolDriver._drive``).
+        #: The protocol driver's thread (``_protocol.driver.ProtocolDriver._drive``).
         self._driver_thread: Optional[threading.Thread] = None
         self._peer_thread: Optional[threading.Thread] = None
         self._sources: Optional[_sources.NoticeSources] = None
@@ -226,7 +261,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         #: The deadline (handler clock) of the notice being acted on, if it had one.
         self._notice_deadline: Optional[float] = None
         #: ParameterServerStrategy: the watch over the PS and worker tasks.
-        self._ps_poller: Optional[_ps_control.ClusterPoller] = None
+        self._ps_poller: Optional[ClusterPoller] = None
         #: PS tasks whose notice this coordinator acts on (released after the save).
         self._ps_with_notice: set = set()
         #: (job, task) -> the record id of a PS or worker task's preemption.
@@ -261,7 +296,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._signals = defaults.signals
         _slurm.attach(self, config.slurm_requeue)  # SLURM requeue option (issue 23)
 
-        self._checkpoints = _checkpoint.Checkpoints(
+        self._checkpoints = Checkpoints(
             checkpoint_or_checkpoint_manager,
             checkpoint_dir,
             self._is_chief,
@@ -306,13 +341,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._start_watchers()
         self._take_over_notices()
         if self._membership.ps_coordinator:
-            self._ps_poller = _ps_control.ClusterPoller(
-                _membership._as_dict(cluster_resolver.cluster_spec()),
-                self._on_cluster_notice,
-                on_released=self._on_cluster_release,
-            )
-            self._ps_poller.start()
-            _ps_control.register_handler(self)
+            self._start_ps_watch(cluster_resolver)
         log.info(
             "PreemptionCheckpointHandler initialized or restored: worker %s, %d run(s) restored, "
             "platform %s (cloud %s, scheduler %s), grace period %gs, signals %s.",
@@ -376,137 +405,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
         self._give_up_ownership()
         self._stop_watchers()
         self._records.close()
-        if self._ps_poller is not None:
-            _ps_control.unregister_handler(self)
-            self._ps_poller.stop()
-
-    # --------------------------------------------------- preemption records
-
-    def _record_resume(self) -> None:
-        """A ``resumed`` line when this task exited after a preemption and has not
-        resumed since (a second handler of the same run writes nothing)."""
-        rec = self._records
-        try:
-            last = records.last_exit(rec.folder, rec.job, rec.task)
-            if last is None:
-                return
-            earlier = records.load(rec.path).resumes if rec.path else []
-        except (OSError, ValueError):
-            return
-        if any(r.time >= last.exit_time for r in earlier):
-            return
-        lost = None if last.agreed_step is None else last.agreed_step - self._run_counter
-        rec.write(
-            "resumed",
-            preemption=last.id,
-            step=self._run_counter,
-            lost=lost,
-            downtime=time.time() - last.exit_time,
-            **_slurm.resume_fields(),
-        )
-
-    def _saved_path(self) -> Optional[str]:
-        manager = self._write_checkpoint_manager
-        path = getattr(manager, "latest_checkpoint", None)
-        return path if isinstance(path, str) else getattr(manager, "directory", None)
-
-    # --------------------------------------------- ParameterServerStrategy
-
-    def _check_in_join(self) -> None:
-        """What ``run()`` checks before a step, made by ``ClusterCoordinator.join()``
-        while it waits (the only place a notice can be seen once everything is
-        scheduled)."""
-        if self._attention or self._thread_error is not None:
-            self._check_preemption_and_maybe_checkpoint()
-
-    def _on_cluster_notice(
-        self, job: str, task: int, source: str, deadline: Optional[float]
-    ) -> None:
-        """A PS or worker task's notice (the poller's thread)."""
-        # The coordinator writes the PS and worker tasks' records: it is the
-        # process that knows the records folder (beside its checkpoints).
-        preemption = f"{job}-{task}-{int(time.time() * 1000)}"
-        self._remote_preemptions[(job, task)] = preemption
-        self._records.write(
-            "notice",
-            preemption=preemption,
-            as_job=job,
-            as_task=task,
-            source=source,
-            deadline=deadline,
-            observer=self._records_label,
-        )
-        if job == "ps":
-            log.info("Termination notice of ps %d (%s): saving at the next run().", task, source)
-            self._ps_with_notice.add(task)
-            if self._sources is not None:
-                self._sources.trigger(f"ps {task}: {source}", deadline)
-        elif job == "worker" and self._ps_poller is not None:
-            drain = _ps_control.WorkerDrain(self._ps_poller, task, deadline)
-            threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
-
-    def _on_cluster_release(self, job: str, task: int, reason: str) -> None:
-        """The coordinator released a PS or worker task (it exits with the restart code)."""
-        self._records.write(
-            "exit",
-            preemption=self._remote_preemptions.get((job, task)),
-            as_job=job,
-            as_task=task,
-            code=_platform.DEFAULT_EXIT_CODE,
-            released=reason,
-            observer=self._records_label,
-        )
-
-    def _ps_before_save(self) -> None:
-        """Lets the scheduled closures finish (bounded by the notice's deadline) so that
-        the saved run count is the number of closures whose effect is in the variables."""
-        coordinator = _ps_control.find_coordinator()
-        if coordinator is None:
-            log.warning("No ClusterCoordinator found: saving without waiting for closures.")
-            return
-        # The closures may take until the save must start: the notice's deadline
-        # (or the grace period's end) less the longest save seen; with neither,
-        # peer_timeout bounds the wait.
-        state = self._core_state()
-        deadline = (
-            state.get("deadline")
-            if (self._notice_deadline is not None or self._grace_period > 0)
-            else None
-        )
-        if deadline is None:
-            bound = self._peer_timeout
-        else:
-            longest = state.get("longest_save") or 0.0
-            bound = max(0.0, deadline - self._clock() - longest)
-        start = self._clock()
-        queued, in_flight = _ps_control.join_within(coordinator, bound)
-        if queued or in_flight:
-            abandoned = queued + in_flight
-            self._run_counter = max(0, self._run_counter - abandoned)
-            log.warning(
-                "%d scheduled closure(s) did not finish within %.1fs (%d queued, %d in flight): "
-                "saving without them at run %d.",
-                abandoned,
-                bound,
-                queued,
-                in_flight,
-                self._run_counter,
-            )
-        else:
-            log.info(
-                "All scheduled closures finished in %.3fs; saving at run %d.",
-                self._clock() - start,
-                self._run_counter,
-            )
-
-    def _ps_after_save(self) -> None:
-        """Releases the PS tasks whose notice this save answered; stops the watch."""
-        poller = self._ps_poller
-        if poller is None:
-            return
-        poller.stop()
-        for task in sorted(self._ps_with_notice):
-            poller.release(f"/job:ps/replica:0/task:{task}", "checkpoint saved")
+        self._end_ps_watch()
 
     def __del__(self) -> None:
         # Never joins, writes to the cluster or starts a thread: __del__ may run
@@ -519,8 +418,7 @@ class PreemptionCheckpointHandler(ProtocolDriver, _native.HandlerCore):
                 if self._sources is not None:
                     self._sources.close(join=False)
                 self._records.close()
-                if self._ps_poller is not None:
-                    _ps_control.unregister_handler(self)
+                self._end_ps_watch(stop_poller=False)
 
     # ------------------------------------------- hooks other libraries call
 

@@ -2,7 +2,8 @@
 
 ``_native.Inbox`` (``src/inbox.rs``) carries the notices of every source, the step keys
 the reader posts, a reader's failure and the stop of ``close()``; one driver loop
-(``_driver.ProtocolDriver._drive``) takes them. The outcomes that count as success:
+(``ProtocolDriver._drive``, ``_protocol/driver.py``) takes them. The outcomes that count
+as success:
 
 * the binding keeps the inbox's contract (order, stop, drain, timeouts, a failure's
   exception object intact);
@@ -24,11 +25,11 @@ import pytest
 from tf_failure_handling import (
     PreemptionWatcher,
     TerminationConfig,
-    _driver,
     _errors,
     _native,
     testing,
 )
+from tf_failure_handling._protocol import keys, retries
 
 from .conftest import HANG, wait_until
 
@@ -149,7 +150,7 @@ def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_h
     # from it. Both notices are accounted for; the second was not claimed.
     assert service.value("TERMINATED_WORKER") == "0"
     assert h._notices_handled == 2
-    announced = service.value(_driver.PREEMPTION_NOTICE_KEY)
+    announced = service.value(keys.PREEMPTION_NOTICE_KEY)
     assert announced is not None and announced.startswith("worker 0: termination notice"), announced
     assert h._thread_error is None
 
@@ -159,7 +160,7 @@ def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(
     make_handler, tmp_path, monkeypatch
 ):
     # The claim fails until the test lets it through; the bound must not end it first.
-    monkeypatch.setattr(_driver, "TRANSIENT_FAILURE_WINDOW", HANG * 10)
+    monkeypatch.setattr(retries, "TRANSIENT_FAILURE_WINDOW", HANG * 10)
     service = GatedService("TERMINATED_WORKER", "fail")
     h = _worker_0(make_handler, tmp_path, service)
 
@@ -188,7 +189,7 @@ def test_this_processs_watchers_learn_of_a_notice_only_once_the_cluster_has_it(
     could read the notice: the key is written first, then this process's watchers get it.
     Found under load: worker 0 exited after its in-process message, and worker 1's
     watcher never saw the key."""
-    service = GatedService(_driver.PREEMPTION_NOTICE_KEY, "hold")
+    service = GatedService(keys.PREEMPTION_NOTICE_KEY, "hold")
     h = _worker_0(make_handler, tmp_path, service)
     with testing.use_coordination_service(service):
         watcher = PreemptionWatcher()
@@ -200,7 +201,7 @@ def test_this_processs_watchers_learn_of_a_notice_only_once_the_cluster_has_it(
         service.released.set()
         message = watcher.wait(HANG)
         assert message is not None and message.startswith("worker 0: termination notice")
-        assert service.value(_driver.PREEMPTION_NOTICE_KEY) == message
+        assert service.value(keys.PREEMPTION_NOTICE_KEY) == message
     finally:
         service.released.set()
         watcher.close()

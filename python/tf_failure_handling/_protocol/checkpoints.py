@@ -19,7 +19,7 @@ import os
 import shutil
 from typing import Any, Optional
 
-from . import _errors
+from .. import _errors
 
 COUNTER_NAME = "checkpointed_runs"
 

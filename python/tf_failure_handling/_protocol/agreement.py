@@ -1,0 +1,119 @@
+"""The leader's side of a round: publish the step every worker saves at, and wait until
+every worker has acknowledged it.
+
+Runs on the training thread, in the check before a step (``step_check``): the leader
+writes ``RUN_TO_CHECKPOINT`` (or ``LAST_RUN_TO_CHECKPOINT``) = its run count + 1 before
+it starts that step, so every worker has the step before it can finish it (the step's
+collectives keep the workers within one step of each other). The wait for the
+acknowledgements is bounded by the peer timeout; a worker that did not answer is named
+in a ``DeadlineExceededError``. The time the round took goes to the grace planner
+(``_core_agreement``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+from .. import _errors
+from .keys import LAST_RUN_TO_CHECKPOINT, PEER_TIMEOUT_ENV
+from .retries import RETRY_FIRST_PAUSE
+
+log = logging.getLogger("tf_failure_handling")
+
+
+class Agreement:
+    """Publishes the agreed step and awaits the acknowledgements (the leader).
+
+    Reads ``_local_mode``, ``_coordination``, ``_peer_timeout``, ``_clock``, ``_closing``
+    and ``_id_in_cluster``; retries through ``_retrying`` (``retries``).
+    """
+
+    def _publish(self, round_key: str, step: int, ack_keys: list) -> None:
+        log.info(
+            "Worker %s leads the %s round: every worker saves after run %d.",
+            self._id_in_cluster,
+            "final" if round_key == LAST_RUN_TO_CHECKPOINT else "first",
+            step,
+        )
+        self._record_agreement(round_key, step)
+        if self._local_mode:
+            return
+        start = self._clock()
+        published = self._retrying(
+            f"publishing {round_key}={step}",
+            lambda: self._coordination.set(round_key, str(step)),
+        )
+        if not published:
+            log.warning(
+                "%s was already set (a peer shut down?); not waiting for acknowledgements.",
+                round_key,
+            )
+            return
+        self._await_acknowledgements(round_key, step, ack_keys)
+        self._core_agreement(self._clock() - start)
+
+    def _await_acknowledgements(self, round_key: str, step: int, ack_keys: list) -> None:
+        """Waits, bounded by the peer timeout, until every worker acknowledged."""
+        deadline = time.monotonic() + self._peer_timeout
+        pending = list(ack_keys)
+        last_error: Optional[BaseException] = None
+        failing_since: Optional[float] = None
+        failures = 0
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                got = self._coordination.get(pending[0], min(remaining, 1.0))
+            except _errors.module().OpError as e:
+                # A failed read is retried like a slow peer, but a failure that lasts
+                # longer than the bound is the service's (a peer reported an error).
+                now = time.monotonic()
+                failures += 1
+                if failing_since is None:
+                    failing_since = now
+                    log.warning("Reading %s failed (%s); retrying.", pending[0], e)
+                elif now - failing_since > self._retry_bound():
+                    raise self._named(
+                        e, f"reading {pending[0]}", failures, now - failing_since
+                    ) from e
+                last_error = e
+                self._closing.wait(min(RETRY_FIRST_PAUSE, max(0.0, remaining)))
+                continue
+            failing_since, failures = None, 0
+            if got is not None:
+                log.info("Acknowledgement %s received.", pending[0])
+                pending.pop(0)
+        if not pending:
+            return
+        if failing_since is not None and last_error is not None:
+            # The wait ended while reads were failing: the service's error, not a
+            # silent peer, is what to report.
+            raise self._named(
+                last_error,
+                f"reading {pending[0]}",
+                failures,
+                time.monotonic() - failing_since,
+            ) from last_error
+        # Name every worker still missing, not only the first one waited on.
+        missing = []
+        for key in pending:
+            try:
+                if self._coordination.get(key, 0.001) is None:
+                    missing.append(key)
+            except _errors.module().OpError as e:
+                last_error = e
+                missing.append(key)
+        if not missing:
+            return
+        cause = "" if last_error is None else f" The last read failed: {last_error}."
+        workers = ", ".join(k.rsplit("_", 1)[1] for k in missing)
+        raise _errors.make(
+            "DeadlineExceededError",
+            f"Worker {self._id_in_cluster} published {round_key}={step} but worker(s) "
+            f"{workers} did not acknowledge within {self._peer_timeout:g}s "
+            f"(missing keys: {', '.join(missing)}).{cause} Set "
+            f"TerminationConfig(peer_timeout=...) or {PEER_TIMEOUT_ENV} to wait longer.",
+        )

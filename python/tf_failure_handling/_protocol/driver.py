@@ -1,0 +1,205 @@
+"""The protocol driver: one thread takes every input of the handler and performs the writes.
+
+The Rust core (``HandlerCore``, ``src/step_resolution.rs``) decides; the driver thread
+(named as TF's notice thread, ``WorkerTerminationSignalWatcher-<id>``) feeds it. Every
+input arrives in one inbox (``_native.Inbox``, ``src/inbox.rs``, behind
+``NoticeSources``): notices from every termination source (the Rust signal dispatcher and
+metadata pollers post them directly; the watcher-fn poller and ``testing`` from Python),
+the step keys a leader publishes (posted by the reader thread of ``step_keys``), a
+reader's failure, and the stop of ``close()``. One loop (:meth:`ProtocolDriver._drive`)
+takes them one at a time and makes at most one attempt at one write a turn, the most
+urgent that is due (``retries``: it never sleeps). What an input starts is decided
+elsewhere: a notice in ``notices``, a step key's acknowledgement in ``step_keys``.
+
+This module owns the handler's threads: it starts the driver and the reader
+(:meth:`ProtocolDriver._start_watchers`) and stops both at ``close()``
+(:meth:`ProtocolDriver._stop_watchers`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Optional
+
+from .._native import Input
+from .._platforms import sources as _sources
+from .keys import THREAD_JOIN_TIMEOUT
+from .retries import Write, first_due, time_to_next
+
+log = logging.getLogger("tf_failure_handling")
+
+
+class ProtocolDriver:
+    """The driver thread's loop over the inbox, and the handler's threads.
+
+    Owns ``_sources``, ``_driver_thread``, ``_peer_thread`` and ``_notices_handled``;
+    reads ``_closing``, ``_environment``, ``_signals``, ``_termination_watcher_fn``,
+    ``_local_mode``, ``_id_in_cluster`` and ``_clock``. The inputs go to
+    ``_start_notice`` (``notices``) and ``_on_step_key`` (``step_keys``), the writes to
+    ``_attempt`` (``retries``), an error to ``_fail_in_background`` (``reporting``).
+    """
+
+    def _start_watchers(self) -> None:
+        self._sources = _sources.NoticeSources(
+            self._environment, self._signals, self._termination_watcher_fn, owner=True
+        )
+        # Named as TF's notice thread (tools and tests look for it by name).
+        self._driver_thread = threading.Thread(
+            target=self._drive,
+            name=f"WorkerTerminationSignalWatcher-{self._id_in_cluster}",
+            daemon=True,
+        )
+        self._driver_thread.start()
+        if not self._local_mode:
+            self._peer_thread = threading.Thread(
+                target=self._watch_step_keys,
+                name=f"PeerTerminationWatcher-{self._id_in_cluster}",
+                daemon=True,
+            )
+            self._peer_thread.start()
+
+    def _notify_termination(self, deadline: Optional[float] = None) -> None:
+        """Delivers a notice as a termination source would (used by ``testing``).
+
+        ``deadline`` is on the handler's clock (``time.monotonic()``). A notice after the
+        handler exited or was closed is ignored, as a signal would be.
+        """
+        sources = self._sources
+        unix_deadline = None if deadline is None else time.time() + (deadline - self._clock())
+        if (
+            sources is None
+            or self._closing.is_set()
+            or not sources.trigger("a termination source", unix_deadline)
+        ):
+            log.info("Termination notice after shutdown ignored.")
+
+    def _stop_watchers(self) -> None:
+        """``close()``: stops the inbox (the driver takes ``Stop``) and joins the threads."""
+        self._closing.set()
+        if self._sources is not None:
+            self._sources.close()
+        if (
+            self._driver_thread is not None
+            and self._driver_thread is not threading.current_thread()
+        ):
+            self._driver_thread.join(THREAD_JOIN_TIMEOUT)
+        self._driver_thread = None
+        self._stop_peer_watcher()
+
+    def _drive(self) -> None:
+        """The protocol driver: takes every input from the inbox and performs the effects.
+
+        Each turn takes at most one input (``NoticeSources.receive``: stop first, then
+        step keys and key-read failures, then notices) and makes at most one attempt
+        at one write, the most urgent that is due:
+
+        * a **step key** goes to the resolver (``_core_step_key``) and, unless it is
+          ``STOP_WATCHER`` or a newer handler owns the notices, queues its
+          acknowledgement;
+        * a **key-read failure** (the reader gave up) reaches the next ``run()``;
+        * a **notice** waits until the one before it is done, then goes to the
+          resolver (``_core_notice``): claim ``TERMINATED_WORKER`` (then announce it
+          when won), lead (local mode), absorb it, or hand it to a newer handler;
+        * a **write** (acknowledge, claim, announce) that fails is retried within the
+          bound (:meth:`_retry_bound`), but never by sleeping: the pause before its
+          next attempt is the deadline of the next receive, so whatever arrives
+          meanwhile is taken at once. **Acknowledgements go first**: a leader waits
+          for them, bounded by its peer timeout, so one is never queued behind a
+          claim's retries, only behind the one call already in flight;
+        * **stop** (``close()``) ends the loop after one last look (:meth:`_finish`).
+
+        No exception ends this thread unnoticed: whatever a turn raises reaches the
+        next ``run()`` (:meth:`_fail_in_background`).
+        """
+        acks: deque = deque()  # acknowledgement writes, oldest first
+        notices: deque = deque()  # notices waiting for the current one
+        current: Optional[Write] = None  # the write of the notice being handled
+        while True:
+            try:
+                item = self._sources.receive(time_to_next(acks, current))
+            except BaseException as e:  # noqa: BLE001 - handed to the next run()
+                self._fail_in_background("the protocol driver's receive", e)
+                return
+            if self._closing.is_set() or isinstance(item, Input.Stop):
+                self._finish(item, acks, notices, current)
+                return
+            self._take(item, acks, notices)
+            while current is None and notices:
+                current = self._start_notice(notices.popleft())
+            write = first_due(acks, current)
+            if write is None:
+                continue
+            try:
+                finished, after = self._attempt(write)
+            except BaseException as e:  # noqa: BLE001 - handed to the next run()
+                self._fail_in_background(write.what, e)
+                finished, after = True, None
+            if not finished:
+                continue
+            if write is current:
+                current = after
+                if current is None:
+                    self._notices_handled += 1
+            else:
+                acks.remove(write)
+
+    def _finish(self, item: Any, acks: deque, notices: deque, current: Optional[Write]) -> None:
+        """The stop of ``close()``: what arrived with it is dealt with, nothing waits.
+
+        * a step key is acknowledged, and every acknowledgement still pending gets
+          one last attempt: a leader may be waiting for it, and without it would
+          wait out its peer timeout and fail;
+        * an announce in progress (the claim was won) gets one last attempt too: the
+          peers' watchers learn of the notice only from it;
+        * a notice, or the claim of one in progress, is dropped (logged): a claim now
+          would make the other workers stand down for a leader that is closing and
+          will never publish a step.
+        """
+        try:
+            if item is not None and not isinstance(item, Input.Stop):
+                self._take(item, acks, notices)
+            for later in self._sources.drain():
+                self._take(later, acks, notices)
+        except BaseException as e:  # noqa: BLE001 - closing: logged there
+            self._fail_in_background("the protocol driver's last look", e)
+        for write in acks:
+            write.bound = 0.0  # one attempt: a failure is not retried while closing
+            try:
+                self._attempt(write)
+            except BaseException as e:  # noqa: BLE001 - closing: logged there
+                self._fail_in_background(write.what, e)
+        if current is not None and current.finish_on_close:
+            current.bound = 0.0  # one attempt, as for the acknowledgements
+            try:
+                self._attempt(current)
+            except BaseException as e:  # noqa: BLE001 - closing: logged there
+                self._fail_in_background(current.what, e)
+            self._notices_handled += 1
+            current = None
+        dropped = list(notices) + ([] if current is None else [current])
+        for what in dropped:
+            log.info(
+                "Closing: %s dropped (a notice is not acted on while the handler closes).",
+                what.what if isinstance(what, Write) else f"the notice from {what.source}",
+            )
+            self._notices_handled += 1
+
+    def _take(self, item: Any, acks: deque, notices: deque) -> None:
+        """Files one input: a notice waits its turn, a step key may queue an
+        acknowledgement, a key-read failure reaches the next ``run()``."""
+        if item is None:  # the deadline of a retry: nothing arrived
+            return
+        try:
+            if isinstance(item, _sources.Notice):
+                notices.append(item)
+            elif isinstance(item, Input.StepKey):
+                ack = self._on_step_key(item.round_key, item.value)
+                if ack is not None:
+                    acks.append(ack)
+            elif isinstance(item, Input.KeyReadFailed):
+                self._fail_in_background("watching the peers' step keys", item.error)
+        except BaseException as e:  # noqa: BLE001 - handed to the next run()
+            self._fail_in_background("watching the peers' step keys", e)

@@ -1,0 +1,37 @@
+"""The protocol's coordination-service keys (TensorFlow's names) and the bounds on its waits.
+
+The retry pauses and the transient-failure window are in ``retries``.
+"""
+
+from __future__ import annotations
+
+from .._native import (
+    LAST_RUN_TO_CHECKPOINT,
+    PREEMPTION_NOTICE_KEY,
+    RUN_TO_CHECKPOINT,
+    STOP_WATCHER,
+    TERMINATED_WORKER,
+)
+
+__all__ = [
+    "LAST_RUN_TO_CHECKPOINT",
+    "PEER_TIMEOUT_ENV",
+    "PEER_WATCH_SLICE",
+    "PREEMPTION_NOTICE_KEY",
+    "RUN_TO_CHECKPOINT",
+    "SHUTDOWN_WRITE_TIMEOUT",
+    "STOP_WATCHER",
+    "TERMINATED_WORKER",
+    "THREAD_JOIN_TIMEOUT",
+]
+
+PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
+#: Longest single blocking get of the step-key reader; it re-checks for shutdown
+#: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
+PEER_WATCH_SLICE = 5.0
+#: Bound on joining a watcher thread at shutdown.
+THREAD_JOIN_TIMEOUT = 10.0
+#: Bound on one coordination-service write that nothing waits for (releasing
+#: blocked readers at shutdown, reporting an error, announcing a notice). The
+#: protocol's own writes are bounded by the peer timeout (60 s at most).
+SHUTDOWN_WRITE_TIMEOUT = 10.0

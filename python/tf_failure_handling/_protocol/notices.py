@@ -1,0 +1,151 @@
+"""What a termination notice of this worker starts, once the driver takes it.
+
+The resolver (``_core_notice``) answers each notice: **claim** ``TERMINATED_WORKER``
+(the first worker to write it leads the round; the others stand down), **lead** at once
+(local mode: there is nobody to claim against), or **absorb** it (this handler already
+acts on an earlier one). A won claim, and a lead, **announce** the notice to the
+``PreemptionWatcher`` objects: through the coordination service's
+``TF_DEFAULT_PREEMPTION_NOTICE_KEY``, then in this process (``_platforms.in_process``).
+A notice that a newer handler of the same worker owns is **handed on** to it
+(``ownership``).
+
+The claim and the announce are writes of the driver (``retries.Write``): a failed one is
+retried within the bound between the driver's other inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional
+
+from .._native import NoticeAction
+from .._platforms import in_process
+from .._platforms.sources import Notice
+from .keys import PREEMPTION_NOTICE_KEY, SHUTDOWN_WRITE_TIMEOUT
+from .retries import Write
+
+log = logging.getLogger("tf_failure_handling")
+
+
+class NoticeResponse:
+    """Claim, lead, absorb or hand on a notice of this worker; announce the one it leads.
+
+    Owns ``_notice_deadline``; reads ``_clock``, ``_local_mode``, ``_coordination``,
+    ``_peer_timeout`` and ``_id_in_cluster``. Counts each notice it is done with in
+    ``_notices_handled`` (the driver's count).
+    """
+
+    def _start_notice(self, notice: Notice) -> Optional[Write]:
+        """Acts on ``notice``: the write it starts, or None when it is done with
+        (absorbed, handed to a newer handler, or led in local mode)."""
+        try:
+            owner = self._current_owner()
+            if owner is not None:
+                log.info(
+                    "Termination notice from %s handed to the newer handler of worker %s.",
+                    notice.source,
+                    self._id_in_cluster,
+                )
+                if owner._sources is not None:
+                    owner._sources.trigger(notice.source, notice.deadline)
+                write = None
+            else:
+                write = self._on_own_notice(notice)
+        except BaseException as e:  # noqa: BLE001 - handed to the next run()
+            self._fail_in_background(f"handling the notice from {notice.source}", e)
+            write = None
+        if write is None:
+            self._notices_handled += 1
+        return write
+
+    def _on_own_notice(self, notice: Notice) -> Optional[Write]:
+        source, deadline = notice.source, None
+        self._record_notice(source, notice.deadline)
+        if notice.deadline is not None:
+            # Platforms announce wall-clock times; the resolver runs on the monotonic clock.
+            deadline = self._clock() + (notice.deadline - time.time())
+            log.info(
+                "The notice from %s gives %.1fs until the machine goes away.",
+                source,
+                notice.deadline - time.time(),
+            )
+        action = self._core_notice(self._clock(), deadline)
+        if deadline is not None and self._notice_deadline is None:
+            self._notice_deadline = deadline
+        if isinstance(action, NoticeAction.Lead):
+            log.info("Received termination notice from %s.", source)
+            return self._announce(source)
+        if isinstance(action, NoticeAction.Claim):
+            return self._claim(action.key, action.value, source)
+        log.info(
+            "Termination notice from %s absorbed: this handler already acts on an earlier one.",
+            source,
+        )
+        return None
+
+    def _claim(self, key: str, value: str, source: str) -> Write:
+        """Writes ``TERMINATED_WORKER``; the resolver learns whether this worker got it first.
+
+        A failure of the coordination service is retried within the bound (TF drops
+        the notice at the first failure); after it, the ``UnavailableError`` reaches
+        the next ``run()``.
+        """
+
+        def claimed(won: bool) -> Optional[Write]:
+            self._core_claim(won)
+            if won:
+                log.info("Member %s has received termination notice (%s).", value, source)
+                return self._announce(source)
+            log.info(
+                "Member %s has received termination notice (%s), but another worker "
+                "received one first; it decides when to checkpoint.",
+                value,
+                source,
+            )
+            return None
+
+        def failed(error: BaseException) -> None:
+            self._core_claim(False)
+            self._fail_in_background(f"handling the notice from {source}", error)
+
+        return self._write(
+            f"claiming {key} after the notice from {source}",
+            lambda: self._coordination.set(key, value),
+            claimed,
+            failed,
+            notice=True,
+        )
+
+    def _announce(self, source: str) -> Optional[Write]:
+        """Tells PreemptionWatchers: in this process, and through the coordination service
+        (the write it starts; the protocol does not wait on it beyond the bound)."""
+        message = in_process.notice_message(self._id_in_cluster, source)
+        if self._local_mode:
+            in_process.publish_local(message)
+            return None
+
+        # No longer than the protocol's writes: an acknowledgement may be waiting
+        # behind this call (see "Why the driver acknowledges" in step_resolution.rs).
+        timeout = max(1.0, min(SHUTDOWN_WRITE_TIMEOUT, self._peer_timeout))
+
+        # This process's watchers get the message once the cluster has it (or the
+        # write gave up): a script that closes and exits when its own watcher reports
+        # must not take the coordination service down before peers could read it.
+        def published(_: Any) -> None:
+            in_process.publish_local(message)
+
+        def failed(error: BaseException) -> None:
+            # For PreemptionWatchers only; the protocol goes on.
+            log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
+            in_process.publish_local(message)
+
+        write = self._write(
+            f"publishing {PREEMPTION_NOTICE_KEY}",
+            lambda: self._coordination.set(PREEMPTION_NOTICE_KEY, message, timeout),
+            published,
+            failed,
+            notice=True,
+        )
+        write.finish_on_close = True
+        return write

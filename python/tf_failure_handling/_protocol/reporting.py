@@ -1,0 +1,99 @@
+"""Errors reach whoever must know: a step's error the cluster, a thread's error ``run()``.
+
+* A step's ``OpError`` (raised in ``run()``, or inside ``watch_preemption_scope``) is
+  reported to every worker through the coordination service, as TensorFlow does, so
+  that no peer waits for a worker that failed. When it looks like a lost peer, the peers
+  that do not answer a health probe are named in the error raised in its place (same
+  type). The report is skipped when the service's leader is among them: TF's report
+  would block, holding the GIL, until the leader answers.
+* An error a background thread of the handler cannot handle (the driver's, the
+  reader's) is kept and raised by the next ``run()``, as TF's ``UnavailableError`` naming
+  what failed: no thread of the handler ends without the handler learning of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from .. import _errors
+from .._cluster import membership as _membership
+from .keys import SHUTDOWN_WRITE_TIMEOUT
+
+log = logging.getLogger("tf_failure_handling")
+
+
+class ErrorReporting:
+    """Reports a step's error to the cluster; keeps a background thread's for ``run()``.
+
+    Owns ``_thread_error``; reads ``_local_mode``, ``_coordination``,
+    ``_cluster_resolver``, ``_membership``, ``_closing`` and ``_id_in_cluster``.
+    """
+
+    def _reported(self, error: BaseException) -> Optional[BaseException]:
+        """Reports ``error`` to the cluster (outside local mode); the error to raise in
+        its place, or None to raise ``error`` itself."""
+        if self._local_mode:
+            return None
+        try:
+            return self._propagate_error(error)
+        except Exception as e:  # noqa: BLE001 - the step's own error wins
+            log.error("Reporting %r to the cluster failed: %r", error, e)
+            return None
+
+    def _propagate_error(self, error: BaseException) -> Optional[BaseException]:
+        """Reports a step's ``OpError`` to every worker; never raises.
+
+        Returns the error ``run()`` raises instead, or None for ``error`` itself:
+        when the error looks like a lost peer (a collective aborted, a deadline
+        or an unavailable task), the peers that do not answer a health probe
+        are named in its message (same type; TF's message often names nobody).
+        """
+        if self._local_mode or not isinstance(error, _errors.module().OpError):
+            return None
+        replacement, unreachable = None, None
+        try:
+            unreachable = _membership.unreachable_peers(
+                error, self._coordination.service, self._cluster_resolver, self._membership
+            )
+            replacement = _membership.with_unreachable_named(error, unreachable, self._membership)
+        except Exception as e:  # noqa: BLE001 - only a better message is at stake
+            log.info("Could not probe the peers after %r: %s", error, e)
+        leader = _membership.coordination_leader(self._cluster_resolver)
+        if unreachable and any(task == leader for _, task, _, _ in unreachable):
+            # TF's report_error_to_cluster blocks, holding the GIL, until the
+            # service's leader answers: with the leader cut off, never.
+            log.warning(
+                "Not reporting %r to the cluster: the coordination service's leader (%s) "
+                "does not answer.",
+                error,
+                leader,
+            )
+            return replacement
+        log.info("Propagating error to cluster: %r: %s", error, error)
+        try:
+            self._coordination.report_error(error.error_code, error.message, SHUTDOWN_WRITE_TIMEOUT)
+        except Exception as e:  # noqa: BLE001 - the step's own error matters more
+            log.warning("Could not report the error to the cluster: %r: %s", e, e)
+        return replacement
+
+    def _fail_in_background(self, what: str, error: BaseException) -> None:
+        """A background thread met an error it cannot handle: the next ``run()`` raises it.
+
+        The error is TF's ``UnavailableError`` naming what failed and why (the
+        original is its ``__cause__``), so no thread ends without the handler
+        learning of it.
+        """
+        log.error("PreemptionCheckpointHandler: %s failed: %r", what, error)
+        if self._closing.is_set():
+            return
+        if isinstance(error, _errors.module().OpError):
+            raised = error
+        else:
+            raised = _errors.make(
+                "UnavailableError", f"worker {self._id_in_cluster}: {what} failed: {error!r}"
+            )
+            raised.__cause__ = error
+        if self._thread_error is None:
+            self._thread_error = raised
+        self._core_set_pending(True)

@@ -1,0 +1,73 @@
+"""The save at the agreed step, and the exit after the last one.
+
+Runs on the training thread, in the check before the agreed step (``step_check``). A
+parameter-server coordinator first lets the scheduled closures finish (``ps_steps``);
+then the checkpoint is saved (``_save_checkpoint``, TF's private method of that name) and
+the resolver says what follows (``_core_saved``): **exit**, after the last round, or
+**countdown**, training on through the grace period until the final round. The exit
+stops the step-key reader, removes a non-chief's temporary checkpoint folder, releases
+the parameter servers, writes the ``exit`` record, puts a SLURM job back in the queue,
+and calls ``exit_fn``. Each stage is recorded through the records hooks
+(``records_hooks``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .._native import SaveAction
+from .._platforms import slurm as _slurm
+
+log = logging.getLogger("tf_failure_handling")
+
+
+class SaveAndExit:
+    """Saves at the agreed step; after the last round, exits.
+
+    Reads ``_clock``, ``_checkpoints``, ``_is_chief`` and ``_exit_fn``; saves through
+    ``_save_checkpoint`` (the handler's, TF's name).
+    """
+
+    def _save_checkpoint_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
+        self._ps_before_save()
+        log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
+        self._record_save_start(round_key)
+        start = self._clock()
+        try:
+            self._save_checkpoint(*args, **kwargs)
+        except BaseException as e:
+            self._core_save_failed()
+            self._record_save_failed(e)
+            raise
+        self._record_save_end()
+        after = self._core_saved(round_key, self._clock() - start)
+        if after == SaveAction.Exit:
+            # The signal watch stays: until close(), a further notice is absorbed,
+            # not handed back to whatever was installed before (which could kill
+            # a worker that exit_fn chose to keep running).
+            self._stop_peer_watcher()
+            self._checkpoints.remove_worker_temp(self._is_chief)
+            self._ps_after_save()
+            log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
+            # Written before exit_fn: one that calls os._exit leaves no later moment.
+            self._record_exit()
+            # SLURM: the job back in the queue now that the checkpoint is saved (issue 23).
+            _slurm.requeue_after_save(self)
+            self._exit_fn()
+            # TF carries on silently here; say what state the worker is in.
+            log.warning(
+                "exit_fn returned instead of ending the process: training continues, the "
+                "checkpoint of run %d is complete, and this handler absorbs further notices "
+                "until close().",
+                step,
+            )
+        else:
+            state = self._core_state()
+            if state.get("leading"):
+                log.info(
+                    "Continue training for the grace period; the final round starts %.2fs "
+                    "before the deadline (save, steps and acknowledgements as measured).",
+                    state["margin"],
+                )
+            else:
+                log.info("Continue training for the grace period.")

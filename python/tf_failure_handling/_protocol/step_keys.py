@@ -1,0 +1,151 @@
+"""A follower's side of a round: read the step keys a leader publishes, acknowledge each.
+
+A leader publishes ``RUN_TO_CHECKPOINT`` (and, with a grace period,
+``LAST_RUN_TO_CHECKPOINT``) = the step every worker saves at. On every worker a reader
+thread (``PeerTerminationWatcher-<id>``) blocks on those keys, in slices of
+:data:`~.keys.PEER_WATCH_SLICE`, and posts each value it reads into the driver's inbox;
+it writes nothing. The driver hands the value to the resolver (``_core_step_key``) and
+writes the acknowledgement, ``RECEIVED_SIGNAL_<round>_<id>``, which the leader waits for
+("Why the driver acknowledges" in ``src/step_resolution.rs``). At shutdown, every
+worker writes ``STOP_WATCHER`` to both step keys, which releases the readers still
+blocked on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Optional
+
+from .. import _errors
+from .._native import ACK_VALUE, KeyAction
+from .keys import (
+    LAST_RUN_TO_CHECKPOINT,
+    PEER_WATCH_SLICE,
+    RUN_TO_CHECKPOINT,
+    SHUTDOWN_WRITE_TIMEOUT,
+    STOP_WATCHER,
+    THREAD_JOIN_TIMEOUT,
+)
+from .retries import RETRY_FIRST_PAUSE, RETRY_MAX_PAUSE, Write
+
+log = logging.getLogger("tf_failure_handling")
+
+
+class StepKeyWatch:
+    """The reader thread's loop over the step keys, and the acknowledgement of each.
+
+    Owns ``_reading_key``; reads ``_peer_thread`` (started by the driver), ``_sources``,
+    ``_coordination``, ``_closing`` and ``_grace_period``.
+    """
+
+    def _on_step_key(self, round_key: str, value: str) -> Optional[Write]:
+        """A step key the reader posted: the acknowledgement to write, if any."""
+        action = self._core_step_key(round_key, value)
+        if isinstance(action, KeyAction.Stop):
+            return None
+        if not self._core_state().get("leading"):
+            self._record_peer_agreement(round_key, value)
+        if self._current_owner() is not None:
+            # A newer handler of this worker acknowledges now.
+            return None
+        ack_key = action.ack_key
+
+        def acknowledged(_: Any) -> None:
+            log.info("%s=%s received; acknowledged with %s.", round_key, value, ack_key)
+
+        def failed(error: BaseException) -> None:
+            self._fail_in_background("watching the peers' step keys", error)
+
+        return self._write(
+            f"acknowledging {round_key}={value} with {ack_key}",
+            lambda: self._coordination.set(ack_key, ACK_VALUE),
+            acknowledged,
+            failed,
+        )
+
+    def _watch_step_keys(self) -> None:
+        """The step-key reader: reads the keys a leader publishes (one round, or two with
+        a grace period) and posts each value into the inbox, until ``STOP_WATCHER``,
+        shutdown, or a newer handler takes over. It writes nothing: the driver
+        acknowledges.
+
+        A failed read is retried until reads have failed without a break for longer
+        than the bound; then, or on anything unexpected, the error is posted and the
+        driver hands it to the next ``run()``.
+        """
+        self._reading_key = RUN_TO_CHECKPOINT
+        try:
+            self._watch_step_keys_until_done()
+        except BaseException as e:  # noqa: BLE001 - handed to the driver
+            if not self._sources.inbox.post_key_read_failed(self._reading_key, e):
+                # The inbox is stopped: closing (ignored there), or the driver is gone.
+                self._fail_in_background("watching the peers' step keys", e)
+
+    def _watch_step_keys_until_done(self) -> None:
+        rounds = [RUN_TO_CHECKPOINT]
+        if self._grace_period > 0:
+            rounds.append(LAST_RUN_TO_CHECKPOINT)
+        for round_key in rounds:
+            self._reading_key = round_key
+            value = self._read_step_key(round_key)
+            if value is None or not self._sources.inbox.post_step_key(round_key, value):
+                return  # closing
+            if value == STOP_WATCHER or self._current_owner() is not None:
+                return
+
+    def _read_step_key(self, round_key: str) -> Optional[str]:
+        """The value of ``round_key`` once a leader set it; None once closing."""
+        errors = _errors.module()
+        failing_since: Optional[float] = None
+        failures = 0
+        pause = RETRY_FIRST_PAUSE
+        while not self._closing.is_set():
+            try:
+                value = self._coordination.get(round_key, PEER_WATCH_SLICE)
+            except errors.OpError as e:
+                if self._closing.is_set():
+                    return None
+                failures += 1
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    log.warning("Reading %s failed (%s); retrying.", round_key, e)
+                elif now - failing_since > self._retry_bound():
+                    raise self._named(
+                        e, f"reading {round_key}", failures, now - failing_since
+                    ) from e
+                self._closing.wait(pause)
+                pause = min(pause * 2, RETRY_MAX_PAUSE)
+                continue
+            failing_since, failures, pause = None, 0, RETRY_FIRST_PAUSE
+            if value is not None:
+                return value
+        return None
+
+    def _stop_peer_watcher(self) -> None:
+        """Releases the peer watcher, the step-key reader (``STOP_WATCHER`` on the step
+        keys), and joins it.
+
+        A handler that a newer one took over from writes nothing: the keys belong
+        to the newer one's protocol, and its own peer watcher stops by itself.
+        """
+        thread = self._peer_thread
+        if thread is None:
+            return
+        self._peer_thread = None
+        if self._current_owner() is None:
+            for key in self._core_shutdown_keys():
+                try:
+                    self._coordination.set(key, STOP_WATCHER, SHUTDOWN_WRITE_TIMEOUT)
+                except Exception as e:  # noqa: BLE001 - peers may have exited already
+                    log.info("Ignoring error while releasing %s: %s", key, e)
+        if thread is threading.current_thread():
+            return
+        thread.join(THREAD_JOIN_TIMEOUT)
+        if thread.is_alive():
+            log.warning(
+                "The peer watcher did not stop within %gs; leaving it (daemon thread).",
+                THREAD_JOIN_TIMEOUT,
+            )
