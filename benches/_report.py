@@ -96,8 +96,10 @@ FIGURES_ENV = "TFH_FIGURES_DIR"
 
 
 def slug(title: str) -> str:
-    """``run() overhead, per call`` -> ``run-overhead-per-call``."""
-    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+    """``run() overhead, per call (9 rounds)`` -> ``run-overhead-per-call``: the file
+    name leaves out what is in parentheses (counts of the run), so a page's include
+    holds whatever the run's options."""
+    return re.sub(r"[^a-z0-9]+", "-", title.split(" (")[0].lower()).strip("-")
 
 
 def _git(*args: str) -> str:
