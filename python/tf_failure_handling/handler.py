@@ -32,9 +32,9 @@ from . import _errors, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
 from ._native import HandlerCore
+from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from ._platforms import slurm as _slurm
-from ._platforms import sources as _sources
 from ._protocol.agreement import Agreement
 from ._protocol.checkpoints import Checkpoints
 from ._protocol.driver import ProtocolDriver

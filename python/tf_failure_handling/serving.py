@@ -25,8 +25,8 @@ import time
 from typing import Any, Optional
 
 from . import _ps_control
+from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
-from ._platforms import sources as _sources
 from .handler import TerminationConfig, _peer_timeout
 
 log = logging.getLogger("tf_failure_handling")

@@ -34,8 +34,8 @@ from typing import Any, Iterable, Optional, Sequence
 from . import _errors
 from ._cluster import coordination as _coordination
 from ._native import PREEMPTION_NOTICE_KEY
+from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
-from ._platforms import sources as _sources
 from ._platforms.in_process import notice_message, subscribe, unsubscribe
 
 log = logging.getLogger("tf_failure_handling")

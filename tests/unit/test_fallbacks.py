@@ -54,7 +54,7 @@ def test_a_blocking_watcher_fn_does_not_hide_other_notices(make_handler, tmp_pat
 
 
 def test_a_slow_watcher_fn_is_reported_once(make_handler, tmp_path, caplog, monkeypatch):
-    from tf_failure_handling._platforms import sources as _sources
+    from tf_failure_handling._platforms import notice_sources as _sources
 
     monkeypatch.setattr(_sources, "SLOW_WATCHER_FN", 0.05)
     monkeypatch.setattr(_sources, "WATCHER_FN_INTERVAL", 0.01)

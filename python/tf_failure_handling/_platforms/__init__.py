@@ -4,12 +4,12 @@
   device, detected once per process, and the defaults each gets (signals, exit code,
   grace period, the deadline a signal carries);
 * ``slurm``: the job's deadlines, and the job back in the queue after the save;
-* ``sources``: every termination source of a process (signals, metadata services, a
-  ``termination_watcher_fn``) behind one inbox, and the :class:`~.sources.Notice` they
-  deliver;
+* ``notice_sources``: every termination source of a process (signals, metadata
+  services, a ``termination_watcher_fn``) behind one inbox, and the
+  :class:`~.notice_sources.Notice` they deliver;
 * ``in_process``: the notices a handler hands to the open ``PreemptionWatcher`` objects
   of its process.
 
 Floors, bottom up: ``slurm`` and ``in_process``; ``platform`` (it asks ``slurm`` under
-SLURM); ``sources``. Nothing here imports the handler, the watcher or the protocol.
+SLURM); ``notice_sources``. Nothing here imports the handler, the watcher or the protocol.
 """

@@ -53,6 +53,6 @@ module             class                 concern                                
 
 Floors: ``keys``, ``retries`` and ``checkpoints`` at the bottom; every other module
 imports only those, the packages below (``_platforms``, ``_cluster``, the parameter-server
-control) and the ground floor (``_native``, ``_errors``, ``records``), never another
-class of this package and never the handler.
+control) and the ground floor (``_native``, ``_errors``, ``records``): never another of
+the classes above, which meet only on the handler, and never the handler.
 """

@@ -25,7 +25,7 @@ from collections import deque
 from typing import Any, Optional
 
 from .._native import Input
-from .._platforms import sources as _sources
+from .._platforms import notice_sources as _sources
 from .keys import THREAD_JOIN_TIMEOUT
 from .retries import Write, first_due, time_to_next
 

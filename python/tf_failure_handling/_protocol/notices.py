@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from .._native import NoticeAction
 from .._platforms import in_process
-from .._platforms.sources import Notice
+from .._platforms.notice_sources import Notice
 from .keys import PREEMPTION_NOTICE_KEY, SHUTDOWN_WRITE_TIMEOUT
 from .retries import Write
 

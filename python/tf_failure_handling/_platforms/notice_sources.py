@@ -16,7 +16,7 @@ posts its first notice, the watcher-fn poller and :meth:`NoticeSources.trigger`
 post from Python. :meth:`NoticeSources.receive` takes whatever is most urgent out
 of it, never after a poll interval. A handler's inbox also carries the step keys
 its reader posts and the stop of ``close()``: the protocol driver
-(``_driver.py``) reads everything from this one place. Deadlines are Unix times
+(``_protocol/driver.py``) reads everything from this one place. Deadlines are Unix times
 here (the platforms announce wall-clock times); the handler converts them to its
 monotonic clock.
 
