@@ -111,13 +111,15 @@ class _Uncacheable(Exception):
 class _KeyBuilder:
     """One walk over a ``schedule()`` call's arguments (see the module docstring)."""
 
-    __slots__ = ("keep", "nested_per_worker")
+    __slots__ = ("keep", "nested_per_worker", "slots")
 
     def __init__(self) -> None:
         self.keep: list = []  # spec objects whose id is in the key
+        self.slots: list = []  # top-level positions and names of PerWorkerValues
         self.nested_per_worker = False
 
-    def leaf(self, x: Any, top: bool) -> Any:
+    def leaf(self, x: Any, slot: Any = None) -> Any:
+        """The key of ``x``; ``slot``: its top-level position or name, None when nested."""
         t = type(x)
         if t is _EagerTensor:
             dtype = x._datatype_enum()
@@ -131,16 +133,23 @@ class _KeyBuilder:
             if spec is None:
                 raise _Uncacheable  # TF raises its ValueError
             self.keep.append(spec)
-            if not top:
+            if slot is None:
                 self.nested_per_worker = True
+            else:
+                self.slots.append(slot)
             return (t, id(spec))
+        leaf = self.leaf
         if t is tuple or t is list:
-            return (t, tuple([self.leaf(v, False) for v in x]))
+            return (t, tuple([leaf(v) for v in x]))
         if t is dict:
-            return (t, tuple([(k, self.leaf(v, False)) for k, v in x.items()]))
+            return (t, tuple([(k, leaf(v)) for k, v in x.items()]))
         if isinstance(x, tuple) and hasattr(t, "_fields"):  # a namedtuple
-            return (t, tuple([self.leaf(v, False) for v in x]))
+            return (t, tuple([leaf(v) for v in x]))
         raise _Uncacheable
+
+
+#: ``kwargs=None``, read only.
+_NO_KWARGS: dict = {}
 
 
 def argument_key(args: Any, kwargs: Any) -> Optional[tuple]:
@@ -154,23 +163,17 @@ def argument_key(args: Any, kwargs: Any) -> Optional[tuple]:
     if args is None:
         args = ()
     if kwargs is None:
-        kwargs = {}
+        kwargs = _NO_KWARGS
     if type(args) not in (tuple, list) or type(kwargs) is not dict:
         return None
     builder = _KeyBuilder()
+    leaf = builder.leaf
     try:
-        arg_keys = tuple([builder.leaf(a, True) for a in args])
-        kw_keys = tuple([(k, builder.leaf(v, True)) for k, v in kwargs.items()])
+        arg_keys = tuple([leaf(a, i) for i, a in enumerate(args)])
+        kw_keys = tuple([(k, leaf(v, k)) for k, v in kwargs.items()])
     except _Uncacheable:
         return None
-    if builder.nested_per_worker:
-        per_worker = None
-    elif builder.keep:
-        per_worker = tuple(i for i, a in enumerate(args) if type(a) in _PER_WORKER) + tuple(
-            k for k, v in kwargs.items() if type(v) in _PER_WORKER
-        )
-    else:
-        per_worker = ()
+    per_worker = None if builder.nested_per_worker else tuple(builder.slots)
     return (type(args), arg_keys, kw_keys), builder.keep, per_worker
 
 
