@@ -14,8 +14,8 @@ BatchNormalization statistics, random-seed state), ``model.optimizer.variables``
 handler's ``checkpointed_runs``. It does not hold the input pipeline's position:
 after a restart ``fit`` reads its input from the beginning (see :func:`saved_position`).
 
-The Keras internals this needs are all in ``_keras_internals.py``, checked when ``fit``
-starts. Requires the TensorFlow backend.
+The Keras internals this needs are all in ``_integrations/keras_internals.py``, checked
+when ``fit`` starts. Requires the TensorFlow backend.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from typing import Any, NamedTuple, Optional, Union
 import keras
 import tensorflow as tf
 
-from . import _errors, _keras_internals
-from ._keras_internals import MissingKerasInternal
+from . import _errors
+from ._integrations import keras_internals as _keras_internals
+from ._integrations.keras_internals import MissingKerasInternal
 from .handler import PreemptionCheckpointHandler, TerminationConfig
 
 __all__ = [

@@ -9,8 +9,8 @@ batch, ends with ``optimizer.iterations == epochs * steps`` and with weights equ
 (bit for bit) to those of one uninterrupted plain ``fit``. MirroredStrategy and
 MultiWorkerMirroredStrategy runs are in ``tests/integration/test_keras3.py``.
 
-The Keras internals of ``_keras_internals.py`` are tested here too: each one, and
-the error that names it when a Keras version lacks it.
+The Keras internals of ``_integrations/keras_internals.py`` are tested here too: each
+one, and the error that names it when a Keras version lacks it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
-from tf_failure_handling import _keras_internals  # noqa: E402
+from tf_failure_handling._integrations import keras_internals as _keras_internals  # noqa: E402
 from tf_failure_handling.keras import (  # noqa: E402
     FitPosition,
     MissingKerasInternal,

@@ -1,0 +1,10 @@
+"""Integrations: what this package relies on inside Keras and TensorFlow, pinned by release.
+
+* ``keras_internals``: every Keras 3 internal that ``tf_failure_handling.keras`` relies
+  on, each checked when ``fit`` starts, with the Keras file it comes from.
+
+``patch()`` (``_patch.py``) is an integration too, but it stands above the API, whose
+classes it puts into TensorFlow by name; TensorFlow's error types (``_errors.py``) stand
+on the ground floor, where the native module imports them by name. Nothing here imports
+another module of this package.
+"""
