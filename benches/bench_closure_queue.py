@@ -206,7 +206,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
-    from tf_failure_handling._closure_queue import ClosureQueue
+    from tf_failure_handling._coordinator.closure_queue import ClosureQueue
 
     impls = {"tf": cc._CoordinatedClosureQueue, "ours": ClosureQueue}
     closures = [Closure() for _ in range(args.closures)]

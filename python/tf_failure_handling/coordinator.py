@@ -54,8 +54,11 @@ from tensorflow.python.eager import context as _eager_context
 from tensorflow.python.framework import errors as _tf_errors
 from tensorflow.python.framework import versions as _tf_versions_module
 
-from . import _closures, _failure, _ps_control, _tf_versions
-from ._closure_queue import ClosureQueue
+from . import _failure
+from ._coordinator import closures as _closures
+from ._coordinator import ps_control as _ps_control
+from ._coordinator.closure_queue import ClosureQueue
+from ._integrations import tf_versions as _tf_versions
 
 log = logging.getLogger("tf_failure_handling")
 

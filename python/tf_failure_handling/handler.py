@@ -64,7 +64,7 @@ from ._protocol.step_check import StepCheck
 from ._protocol.step_keys import StepKeyWatch
 
 if TYPE_CHECKING:
-    from ._ps_control import ClusterPoller
+    from ._coordinator.ps_control import ClusterPoller
 
 log = logging.getLogger("tf_failure_handling")
 

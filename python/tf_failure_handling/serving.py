@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from . import _ps_control
+from ._coordinator import ps_control as _ps_control
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from .handler import TerminationConfig, _peer_timeout

@@ -70,9 +70,9 @@ REAL_TF_TESTS = [
     "tests/compat",
 ]
 
-#: Keras 3 as the Makefile pins it (``_keras_internals.TESTED_KERAS``). Keras 3.13 and
-#: later need Python 3.11: Python 3.10 gets 3.12, the newest it can install (one of
-#: ``_keras_internals.TESTED_KERAS_RELEASES``).
+#: Keras 3 as the Makefile pins it (``TESTED_KERAS`` of ``_integrations/keras_internals.py``).
+#: Keras 3.13 and later need Python 3.11: Python 3.10 gets 3.12, the newest it can install
+#: (one of its ``TESTED_KERAS_RELEASES``).
 KERAS = "keras==3.15.*"
 KERAS_ON_310 = "keras==3.12.*"
 KERAS_MIN_PYTHON = (3, 11)

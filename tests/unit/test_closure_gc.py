@@ -7,7 +7,7 @@ collection. The objects a ``schedule()`` leaves alive until its closure runs dec
 how often that happens inside a loop of ``schedule()`` calls (issue 24, item 5).
 
 Here, without a cluster: the closure and ``RemoteValue`` our ``schedule()`` makes
-(``_closures``, ``src/python/closure.rs``) against TF's own ``Closure`` and
+(``_coordinator/closures.py``, ``src/python/closure.rs``) against TF's own ``Closure`` and
 ``RemoteValueImpl``, counted the way the collector sees them; the ``RemoteValue``'s
 waits on the native completion count against ``threading.Event``'s contract; and
 the native closure's references, which the collector must still see so that cycles
@@ -31,8 +31,9 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_c
 from tensorflow.python.distribute.coordinator import remote_value as tf_remote_value  # noqa: E402
 from tensorflow.python.distribute.coordinator import values as tf_values  # noqa: E402
 from tensorflow.python.eager import cancellation  # noqa: E402
-from tf_failure_handling import _closures, _native  # noqa: E402
-from tf_failure_handling._closure_queue import ClosureQueue  # noqa: E402
+from tf_failure_handling import _native  # noqa: E402
+from tf_failure_handling._coordinator import closures as _closures  # noqa: E402
+from tf_failure_handling._coordinator.closure_queue import ClosureQueue  # noqa: E402
 
 #: Bound on any wait in these tests: only turns a hang into a failure.
 HANG = 30.0

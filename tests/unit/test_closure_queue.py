@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from tf_failure_handling._closure_queue import MAX_SIZE, ClosureQueue
+from tf_failure_handling._coordinator.closure_queue import MAX_SIZE, ClosureQueue
 
 from .conftest import BLOCK_TENSORFLOW, wait_until
 
@@ -631,7 +631,7 @@ CTRL_C_SCRIPT = (
 import signal
 import time
 
-from tf_failure_handling._closure_queue import ClosureQueue
+from tf_failure_handling._coordinator.closure_queue import ClosureQueue
 
 # A parent that ignores SIGINT (a shell's background job) passes that on, and
 # Python then installs no KeyboardInterrupt handler: install it.

@@ -1,4 +1,5 @@
-"""The coordinator's concrete-function cache and closure (``_closures``), without a cluster.
+"""The coordinator's concrete-function cache and closure (``_coordinator/closures.py``),
+without a cluster.
 
 The key must separate every two ``schedule()`` calls that TF would trace
 differently, and the cached closure must run as TF's ``Closure`` does. On a
@@ -17,7 +18,7 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_c
 from tensorflow.python.distribute.coordinator import values as tf_values  # noqa: E402
 from tensorflow.python.eager import cancellation  # noqa: E402
 from tensorflow.python.eager import executor as tf_executor  # noqa: E402
-from tf_failure_handling import _closures  # noqa: E402
+from tf_failure_handling._coordinator import closures as _closures  # noqa: E402
 
 LOCAL_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 

@@ -1,4 +1,4 @@
-"""The table of TensorFlow releases and the internals relied on (``_tf_versions.py``).
+"""The table of TensorFlow releases and the internals relied on (``_integrations/tf_versions.py``).
 
 Against the installed TensorFlow: every internal the package relies on has the
 fingerprint recorded for its release. The compatibility matrix runs this on every
@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-from tf_failure_handling import _tf_versions as tv
+from tf_failure_handling._integrations import tf_versions as tv
 
-COORDINATOR = Path(tv.__file__).resolve().parent / "coordinator.py"
-CLOSURES = Path(tv.__file__).resolve().parent / "_closures.py"
+PACKAGE = Path(tv.__file__).resolve().parents[1]
+COORDINATOR = PACKAGE / "coordinator.py"
+CLOSURES = PACKAGE / "_coordinator" / "closures.py"
 
 
 def test_every_release_entry_covers_every_internal():
@@ -53,7 +54,8 @@ def test_expected_is_the_nearest_recorded_release_at_or_before(monkeypatch):
 
 
 def test_coordinator_uses_only_recorded_internals():
-    """Every ``_tf_cc.<name>`` that coordinator.py or _closures.py touches is in RELIED_ON."""
+    """Every ``_tf_cc.<name>`` that coordinator.py or _coordinator/closures.py touches is in
+    RELIED_ON."""
     used = set(re.findall(r"_tf_cc\.(\w+)", COORDINATOR.read_text() + CLOSURES.read_text()))
     recorded = {
         key.partition(":")[2].split(".")[0]

@@ -1,7 +1,9 @@
 """Integrations: what this package relies on inside Keras and TensorFlow, pinned by release.
 
 * ``keras_internals``: every Keras 3 internal that ``tf_failure_handling.keras`` relies
-  on, each checked when ``fit`` starts, with the Keras file it comes from.
+  on, each checked when ``fit`` starts, with the Keras file it comes from;
+* ``tf_versions``: the TensorFlow releases this package is tested with, and the
+  fingerprint of each TensorFlow internal it mirrors or subclasses.
 
 ``patch()`` (``_patch.py``) is an integration too, but it stands above the API, whose
 classes it puts into TensorFlow by name; TensorFlow's error types (``_errors.py``) stand

@@ -23,8 +23,8 @@ import logging
 import threading
 from typing import Any, Optional
 
-from .. import _ps_control
 from .._cluster import membership as _membership
+from .._coordinator import ps_control as _ps_control
 
 log = logging.getLogger("tf_failure_handling")
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
-from . import _native
+from .._native import CLOSURE_QUEUE_MAX_SIZE
+from .._native import ClosureQueue as _NativeClosureQueue
 
 log = logging.getLogger("tf_failure_handling")
 
 #: TensorFlow's ``_CLOSURE_QUEUE_MAX_SIZE``.
-MAX_SIZE: int = _native.CLOSURE_QUEUE_MAX_SIZE
+MAX_SIZE: int = CLOSURE_QUEUE_MAX_SIZE
 
 _manager_factory: Optional[Callable[[], Any]] = None
 
@@ -50,7 +51,7 @@ def _new_cancellation_manager() -> Any:
     return _manager_factory()
 
 
-class ClosureQueue(_native.ClosureQueue):
+class ClosureQueue(_NativeClosureQueue):
     """Replaces ``cluster_coordinator._CoordinatedClosureQueue``, with the same interface.
 
     ``put(closure, tag=None)``, ``get(timeout=None, tag=None)``, ``mark_finished()``,

@@ -26,7 +26,7 @@ coordination-service methods of ``eager/context.py`` differ between the two only
 in comments, docstrings and formatting; the one move in between (``eager/context.py``
 imports ``coordination_config_pb2`` from ``tensorflow.tsl.protobuf`` in 2.16 and
 from ``tensorflow.compiler.xla.tsl.protobuf`` in 2.21) concerns nothing this
-package imports. The internals ``_closures.py`` relies on (the coordinator's
+package imports. The internals ``_coordinator/closures.py`` relies on (the coordinator's
 ``values``, ``coordinator_context`` and ``metric_utils``, ``CancellationManager``,
 ``function_context.make_function_context``) were fingerprinted from both
 releases' sources and are the same too; the C methods of ``EagerTensor`` it
@@ -252,7 +252,7 @@ def warn_if_untested(version: str) -> None:
         _warned.append(version)
         log.warning(
             "TensorFlow %s is outside the releases tf_failure_handling is tested with "
-            "(%s to %s); its coordinator internals may differ (see _tf_versions.py).",
+            "(%s to %s); its coordinator internals may differ (see _integrations/tf_versions.py).",
             version,
             *TESTED,
         )

@@ -86,7 +86,8 @@ from tensorflow.python.platform import tf_logging as _tf_logging
 from tensorflow.python.saved_model import save_context as _save_context
 from tensorflow.python.util import nest as _nest
 
-from . import _native
+from .._native import Closure as _NativeClosure
+from .._native import Completions
 
 #: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
 MAX_ENTRIES_PER_FUNCTION = 64
@@ -298,7 +299,7 @@ def _metric_cell(name: str) -> Any:
 
 
 #: What every :class:`ClosureRemoteValue`'s waiters wait on (``src/python/closure.rs``).
-_COMPLETIONS = _native.Completions()
+_COMPLETIONS = Completions()
 #: Guards the making of a :class:`ClosureRemoteValue`'s fetch lock (on first need).
 _MAKING_FETCH_LOCK = threading.Lock()
 
@@ -450,7 +451,7 @@ class _StatusEvent:
 #: ``_function``, ``_concrete_function``, ``_output_type_spec``, ``tag``) and methods
 #: (``build_output_remote_value``, ``execute_on``, ``mark_cancelled``,
 #: ``maybe_call_with_output_remote_value``). Native: see ``src/python/closure.rs``.
-Closure = _native.Closure
+Closure = _NativeClosure
 
 
 def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
