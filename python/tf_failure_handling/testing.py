@@ -50,8 +50,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from . import _errors, _native
+from . import _errors
 from ._cluster import coordination as _coordination
+from ._native import KeyValueStore
 
 __all__ = [
     "FakeCheckpoint",
@@ -80,7 +81,7 @@ class InMemoryCoordinationService:
 
     def __init__(self) -> None:
         _errors.module()  # resolve TF's error classes in this thread, once
-        self._store = _native.KeyValueStore()
+        self._store = KeyValueStore()
         self._error_listeners: list = []
         self._faults_lock = threading.Lock()
         self._set_faults: dict = {}

@@ -10,6 +10,7 @@
 
 The failure classifier (``_failure.py``) is the coordinator's too, but stands on the
 ground floor: the native module imports it by name. Nothing here imports the
-coordinator, the handler or the protocol above; ``ps_control`` imports nothing of this
-package, and the handler's protocol (``_protocol/ps_steps.py``) and ``serving`` import it.
+coordinator, the handler or the protocol above. ``ps_control`` imports nothing of this
+package; the coordinator, the handler's protocol (``_protocol/ps_steps.py``) and
+``serving`` import it.
 """
