@@ -179,7 +179,8 @@ class ClosureQueue:
     def _cancel_done(self) -> None: ...
 
 class Closure:
-    """A scheduled call: TF's ``Closure`` as data, run by its cache entry (``_closures._Entry``).
+    """A scheduled call: TF's ``Closure`` as data, run by its cache entry
+    (``_coordinator.closures._Entry``).
 
     Tracked by the garbage collector (it holds the user's arguments); holds its output
     ``RemoteValue`` strongly until finished and treats one nobody else refers to as

@@ -10,7 +10,7 @@ with the Rust core (``src/closure_queue.rs``, ``src/failure.rs``; both verdicts
 of a failed closure come from one native call). Of the third it keeps
 TensorFlow's classes -- ``RemoteValue``, per-worker resources, the failure
 handler's retry and recovery, the worker threads -- and makes each closure
-cheaper (``_closures``): ``schedule()`` reuses the concrete function TF
+cheaper (``_coordinator.closures``): ``schedule()`` reuses the concrete function TF
 derived for an argument structure seen before and leaves two objects for the
 garbage collector to track instead of TF's ~20 (a native closure, and TF's
 ``RemoteValueImpl`` without an event or lock of its own), and the worker thread runs a
@@ -266,10 +266,11 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
     methods and errors. One coordinator exists per strategy, as in TF. The
     closure queue and the failure classifier are native; per-worker resources
     are TensorFlow's own; ``schedule()`` returns TF's ``RemoteValueImpl`` (a
-    subclass that waits on one native completion count) and queues a native closure with
-    TF's ``Closure`` attributes, built from a cache of concrete functions when
-    the arguments' structure was seen before (``_closures``). Extra keyword-only
-    argument: ``worker_recovery_timeout`` (seconds, default 3600 as TF).
+    subclass that waits on one native completion count) and queues a native
+    closure with TF's ``Closure`` attributes, built from a cache of concrete
+    functions when the arguments' structure was seen before
+    (``_coordinator.closures``). Extra keyword-only argument:
+    ``worker_recovery_timeout`` (seconds, default 3600 as TF).
     """
 
     def __new__(cls, strategy: Any, **_kwargs: Any) -> ClusterCoordinator:
@@ -328,7 +329,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
 
         A call whose arguments have a structure this ``fn`` was scheduled with
         before reuses the concrete function TF derived then (see
-        ``_closures``); any other call derives it as TF does, under
+        ``_coordinator.closures``); any other call derives it as TF does, under
         ``strategy.scope()``. Unlike TF, a rejected call (say, a
         ``RemoteValue`` among the inputs) does not leave the strategy marked
         as "being scheduled".
