@@ -220,11 +220,11 @@ def test_input_started_at_the_saved_position_reproduces_varying_batches(checkpoi
 
 
 @pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")  # fit's default
-def test_the_readme_recipe_runs_as_written(checkpoints, tmp_path):
-    """The README's input-position snippet, executed as written after a preemption."""
-    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-    text = readme.read_text()
-    after = text[text.index("**The input pipeline's position is not saved**") :]
+def test_the_documented_recipe_runs_as_written(checkpoints, tmp_path):
+    """The Keras 3 page's input-position snippet, executed as written after a preemption."""
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "getting-started" / "keras3.md"
+    text = page.read_text()
+    after = text[text.index("## The input pipeline's position is not saved") :]
     start = after.index("```python\n") + len("```python\n")
     code = after[start : after.index("```", start)]
     assert "saved_position(ckpt_dir)" in code and ".skip(skip)" in code
@@ -240,7 +240,7 @@ def test_the_readme_recipe_runs_as_written(checkpoints, tmp_path):
         "E": EPOCHS,
         "S": STEPS,
     }
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, str(page), "exec"), namespace)
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * STEPS
     assert_same_weights(model, reference)
 
