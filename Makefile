@@ -16,7 +16,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 # Keras 3 is pinned to the release tf_failure_handling.keras reads its internals from
-# (_keras_internals.TESTED_KERAS); TF 2.21 alone would take the newest.
+# (_integrations.keras_internals.TESTED_KERAS); TF 2.21 alone would take the newest.
 # What TensorFlow's own fault-tolerance tests import (tests/tf_suite: TF's
 # multi_process_runner and multi_worker_test_base), not in TF's wheel's requirements.
 TF_TEST_DEPS := "portpicker==1.6.*" "dill==0.4.*" "tblib==3.2.*"

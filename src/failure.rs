@@ -55,10 +55,10 @@
 //! The strings are TF 2.21's and could change between TF versions; they live in
 //! the [`needle`] module next to the name TF gives them, and nowhere else. TF
 //! 2.16's `_is_worker_failure`, `_is_ps_failure` and the strings they search are
-//! the same as 2.21's (`python/tf_failure_handling/_tf_versions.py` fingerprints
+//! the same as 2.21's (`python/tf_failure_handling/_integrations/tf_versions.py` fingerprints
 //! them per release; `make test-compat` checks them and the errors each release
 //! raises). A release that changes them gets its own table here, chosen by the
-//! release `_tf_versions` reports, not `if`s in the rows.
+//! release `_integrations.tf_versions` reports, not `if`s in the rows.
 //!
 //! # Laziness
 //!

@@ -2,7 +2,7 @@
 //!
 //! A `PreemptionCheckpointHandler` reacts to four kinds of input, which come
 //! from different threads at moments nobody chooses. They all end in one
-//! [`Inbox`], and one loop (the driver, `python/tf_failure_handling/_driver.py`)
+//! [`Inbox`], and one loop (the driver, `python/tf_failure_handling/_protocol/driver.py`)
 //! takes them out, asks the sans-IO resolver ([`crate::step_resolution`]) what
 //! to do, and does it. The inbox decides nothing: it is plumbing, built on
 //! `crossbeam-channel`.

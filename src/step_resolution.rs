@@ -56,7 +56,7 @@
 //!
 //! # Failures
 //!
-//! The caller performs every effect (the Python driver, `_driver.py`); each
+//! The caller performs every effect (the Python driver, `_protocol/`); each
 //! has one rule for when the coordination service fails. "The bound" is the
 //! transient-failure window (10 s), or the peer timeout or the time left
 //! before the leading notice's deadline (at least 1 s) when shorter: a
