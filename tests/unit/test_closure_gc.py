@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import gc
 import statistics
+import sys
 import threading
 import weakref
 
@@ -114,13 +115,19 @@ def test_a_schedule_leaves_two_tracked_objects_where_tfs_leaves_many():
 
     ours_per_call, ours_types = tracked_per_call(ours)
     tf_per_call, tf_types = tracked_per_call(theirs)
-    # The native closure and the RemoteValue, nothing else.
-    assert ours_per_call == 2, ours_types
+    # The native closure and the RemoteValue, nothing else. Python 3.10 keeps an
+    # instance's attributes in a dict object of its own (3.11 and later keep them in
+    # the instance), so there the RemoteValue (TF's class, which has no __slots__)
+    # brings its attribute dict.
+    own_dict = 1 if sys.version_info < (3, 11) else 0
+    assert ours_per_call == 2 + own_dict, ours_types
     assert {k: v // CALLS for k, v in ours_types.items()} == {
         "Closure": 1,
         "ClosureRemoteValue": 1,
+        **({"dict": 1} if own_dict else {}),
     }
-    assert allocated_per_call(ours) == 2  # no untracked object either (no event, no lock)
+    # No untracked object either (no event, no lock).
+    assert allocated_per_call(ours) == 2 + own_dict
     # TF's: its Closure, cancellable wrapper (function, cells, tuple), the
     # RemoteValueImpl's Event/Condition/locks/deque/bound methods, a weakref.
     assert tf_per_call >= 10, tf_types
