@@ -642,24 +642,33 @@ class Worker(_tf_cc.Worker):
                 closure._release_output_remote_value()
                 queue.mark_finished()
             except Exception:
-                with self.failure_handler.wait_on_failure(
-                    on_failure_fn=lambda e: self._on_closure_failure(closure, e),
-                    on_transient_failure_fn=lambda: queue.put_back(closure),
-                    on_recovery_fn=self._on_worker_recovery,
-                    worker_device_name=self.device_name,
-                ):
+                with self._failure_handling(closure, queue):
                     raise
         except Exception as e:  # noqa: BLE001 - TF's contract: the closure's error is stored
-            if not isinstance(e, _tf_errors.CancelledError):
-                _tf_logging.error(
-                    " /job:worker/task:%d encountered the following error when "
-                    "processing closure: %r:%s",
-                    self.worker_index,
-                    e,
-                    e,
-                )
+            self._log_closure_error(e)
             closure._set_output_error(e)
             queue.mark_failed(e)
+
+    def _failure_handling(self, closure: Any, queue: Any) -> Any:
+        """TF's failure handler around a closure that raised: a worker failure waits
+        for the worker's recovery and puts the closure back; others are the closure's."""
+        return self.failure_handler.wait_on_failure(
+            on_failure_fn=lambda e: self._on_closure_failure(closure, e),
+            on_transient_failure_fn=lambda: queue.put_back(closure),
+            on_recovery_fn=self._on_worker_recovery,
+            worker_device_name=self.device_name,
+        )
+
+    def _log_closure_error(self, e: BaseException) -> None:
+        """TF's error line for a closure's error (not for a cancellation)."""
+        if not isinstance(e, _tf_errors.CancelledError):
+            _tf_logging.error(
+                " /job:worker/task:%d encountered the following error when "
+                "processing closure: %r:%s",
+                self.worker_index,
+                e,
+                e,
+            )
 
     def _process_tf_closure(self, closure: Any) -> None:
         """A closure of TF's own class (none of this coordinator's ``schedule()`` makes one)."""
@@ -670,22 +679,10 @@ class Worker(_tf_cc.Worker):
                 closure.maybe_call_with_output_remote_value(copy_to_local)
                 queue.mark_finished()
             except Exception:
-                with self.failure_handler.wait_on_failure(
-                    on_failure_fn=lambda e: self._on_closure_failure(closure, e),
-                    on_transient_failure_fn=lambda: queue.put_back(closure),
-                    on_recovery_fn=self._on_worker_recovery,
-                    worker_device_name=self.device_name,
-                ):
+                with self._failure_handling(closure, queue):
                     raise
         except Exception as e:  # noqa: BLE001 - TF's contract: the closure's error is stored
-            if not isinstance(e, _tf_errors.CancelledError):
-                _tf_logging.error(
-                    " /job:worker/task:%d encountered the following error when "
-                    "processing closure: %r:%s",
-                    self.worker_index,
-                    e,
-                    e,
-                )
+            self._log_closure_error(e)
             error = e
             closure.maybe_call_with_output_remote_value(lambda r: r._set_error(error))
             queue.mark_failed(e)
