@@ -22,6 +22,8 @@ MICRO = "\u00b5"
 
 def duration(seconds: float) -> str:
     """``42 ns``, ``1.52 us``, ``11.8 us``, ``654 us``, ``1.36 ms``, ``0.110 s`` (micro sign)."""
+    if seconds < 0:
+        return "-" + duration(-seconds)
     ns = seconds * 1e9
     if ns < 1_000:
         return f"{ns:.0f} ns"

@@ -83,7 +83,7 @@ def main() -> None:
         rows.append((what, _report.duration(off), _report.duration(on), _report.duration(on - off)))
     _report.print_readme_table(
         f"preemption records on and off ({args.repeats} preemptions each, medians)",
-        ("path", "records off", "records on", "added"),
+        ("path", "records off", "records on", "added (difference of the medians)"),
         rows,
     )
 

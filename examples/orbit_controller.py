@@ -78,21 +78,31 @@ def build_trainer(dataset=None):
     return Trainer()
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def checkpointing(trainer, model_dir: str, **action_options):
+    """The trainer's ``CheckpointManager`` and orbit's ``SaveCheckpointIfPreempted``
+    action over it (numbered by ``global_step``); ``action_options`` go to the action."""
     import orbit
     import tensorflow as tf
 
-    trainer = build_trainer()
     checkpoint = tf.train.Checkpoint(
         kernel=trainer.kernel, bias=trainer.bias, global_step=trainer.global_step
     )
-    manager = tf.train.CheckpointManager(checkpoint, args.model_dir, max_to_keep=1)
+    manager = tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=1)
     save_if_preempted = orbit.actions.SaveCheckpointIfPreempted(
         tf.distribute.get_strategy().cluster_resolver,
         manager,
         checkpoint_number=trainer.global_step,
+        **action_options,
     )
+    return manager, save_if_preempted
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import orbit
+
+    trainer = build_trainer()
+    manager, save_if_preempted = checkpointing(trainer, args.model_dir)
 
     def step() -> int:
         return int(trainer.global_step.numpy())

@@ -489,6 +489,25 @@ impl<T, E, K: Eq + Hash> ClosureQueue<T, E, K> {
         Ok(())
     }
 
+    /// Makes `error` the pending error (the first one is kept) with no closure
+    /// in flight to report: what a worker thread that stopped outside a
+    /// closure leaves, so that the next put, wait or done raises it. Wakes
+    /// every wait; an error that is not kept is dropped after the lock is
+    /// released.
+    pub fn fail(&self, error: E) {
+        let mut s = self.state.lock();
+        let unused = if s.error.is_none() {
+            s.error = Some(error);
+            None
+        } else {
+            Some(error)
+        };
+        drop(s);
+        self.stop_waiting.notify_all();
+        self.admitted.notify_all();
+        drop(unused);
+    }
+
     /// Registers a wait: closes the gate to untagged puts until the
     /// [`Waiter`] is dropped.
     pub fn waiter(&self) -> Waiter<'_, T, E, K> {
@@ -935,6 +954,20 @@ mod tests {
             panic!("a full queue with an error pending still takes the put")
         };
         assert_eq!(finish(&mut c), ("boom", vec![2, 3]));
+    }
+
+    #[test]
+    fn fail_without_a_closure_in_flight_is_raised_by_the_next_wait() {
+        let q = Q::new(DEFAULT_CAPACITY);
+        put(&q, 1);
+        q.fail("worker thread stopped");
+        q.fail("later");
+        let Done::Failed(mut c) = q.done() else {
+            panic!("done() should report the error")
+        };
+        assert_eq!(finish(&mut c), ("worker thread stopped", vec![1]), "the first error wins");
+        drop(c);
+        assert!(!q.has_error(), "the error is raised once");
     }
 
     #[test]

@@ -205,6 +205,13 @@ impl PyClosureQueue {
         self.core.mark_failed(e).map_err(|e| assertion(&e))
     }
 
+    /// Makes `e` the pending error (the first is kept) without an in-flight
+    /// closure: a worker thread that stopped outside a closure reports it so
+    /// that the next put, `wait()` or `done()` raises it.
+    fn _fail(&self, e: Py<PyAny>) {
+        self.core.fail(e);
+    }
+
     /// Blocks until nothing is queued or in flight (True), or `timeout`
     /// seconds pass (False), or raises the pending error after cancelling
     /// what is queued. Untagged puts wait meanwhile.

@@ -77,18 +77,10 @@ def main(argv=None) -> int:
     # weights exactly.
     x = tf.random.stateless_normal((16, 4), seed=(3, 4))
     y = tf.reduce_sum(x, axis=1, keepdims=True) * 0.5 + 1.0
-    trainer = example("orbit_controller").build_trainer(
-        tf.data.Dataset.from_tensors((x, y)).repeat()
-    )
-    checkpoint = tf.train.Checkpoint(
-        kernel=trainer.kernel, bias=trainer.bias, global_step=trainer.global_step
-    )
-    manager = tf.train.CheckpointManager(checkpoint, args.model_dir, max_to_keep=1)
-    save_if_preempted = orbit.actions.SaveCheckpointIfPreempted(
-        tf.distribute.get_strategy().cluster_resolver,
-        manager,
-        checkpoint_number=trainer.global_step,
-        keep_running_after_save=args.keep_running_after_save,
+    recipe = example("orbit_controller")
+    trainer = recipe.build_trainer(tf.data.Dataset.from_tensors((x, y)).repeat())
+    manager, save_if_preempted = recipe.checkpointing(
+        trainer, args.model_dir, keep_running_after_save=args.keep_running_after_save
     )
     handler = save_if_preempted._preemption_handler
     holds = [int(s) for s in args.hold_at.split(",") if s]

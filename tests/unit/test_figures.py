@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,16 @@ def test_documented_native_defaults_hold_in_the_code(figure):
 def test_documented_bench_settings_hold_in_the_bench(figure):
     path, line = PARAMETERS[figure]
     assert line in (ROOT / path).read_text(), f"{path} no longer has {line!r} ({figure})"
+
+
+def test_the_readme_speed_table_is_the_one_make_figures_builds():
+    """The README's speed table, row by row, is what ``benches/headline.py`` builds from
+    the tables in ``docs/figures`` (``make figures`` rewrites it after every run)."""
+    sys.path.insert(0, str(ROOT / "benches"))
+    try:
+        import headline
+    finally:
+        sys.path.remove(str(ROOT / "benches"))
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(headline.BEGIN) + len(headline.BEGIN)
+    assert readme[start : readme.index(headline.END)].strip() == headline.table(FIGURES)

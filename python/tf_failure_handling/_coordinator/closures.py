@@ -593,8 +593,47 @@ class Worker(_tf_cc.Worker):
         """TF's loop, plus the hold of a worker that got a termination notice.
 
         The get waits in slices so that a hold is seen between closures; a closure
-        taken is always processed (nothing is taken and then left).
+        taken is always processed (nothing is taken and then left). A closure's
+        error is the closure's; anything else that stops the thread (TF's own loop
+        would die silently) is logged and becomes the queue's pending error, so the
+        next ``schedule()`` or ``join()`` raises it instead of waiting for a thread
+        that is gone.
         """
+        try:
+            self._take_closures()
+        except BaseException as e:  # noqa: BLE001 - reported to the queue, then the thread ends
+            self._report_stopped(e)
+
+    def _report_stopped(self, e: BaseException) -> None:
+        message = (
+            f"The ClusterCoordinator thread of /job:worker/task:{self.worker_index} "
+            f"stopped on an unexpected error: {e!r}"
+        )
+        _tf_logging.error(message, exc_info=e)
+        error = _tf_errors.InternalError(None, None, message)
+        error.__cause__ = e
+        queue = self._cluster.closure_queue
+        closure = self.__dict__.pop("_tfh_taken", None)
+        if closure is not None:
+            # Taken and not reported: it fails with the thread, so that the queue's
+            # count of closures in flight (which join() waits for) goes down.
+            try:
+                if type(closure) is Closure:
+                    closure._set_output_error(error)
+                else:
+                    closure.maybe_call_with_output_remote_value(lambda r: r._set_error(error))
+            except Exception as also:  # noqa: BLE001 - the queue is told below either way
+                _tf_logging.error("Could not fail the closure of the stopped thread: %r", also)
+            try:
+                queue.mark_failed(error)
+                return
+            except AssertionError:  # it was reported before the error: nothing in flight
+                pass
+        fail = getattr(queue, "_fail", None)
+        if fail is not None:
+            fail(error)
+
+    def _take_closures(self) -> None:
         self._maybe_delay()
         hold = self._holding()
         idle = self.__dict__["_tfh_idle"]
@@ -613,12 +652,13 @@ class Worker(_tf_cc.Worker):
             if not self._should_worker_thread_run:
                 closure.mark_cancelled()
                 return
+            self.__dict__["_tfh_taken"] = closure
             if isinstance(closure, _tf_cc.ResourceClosure):
                 self._process_resource_closure(closure)
             else:
                 self._process_closure(closure)
             # As TF: no reference to the processed closure survives the loop turn.
-            del closure
+            del self.__dict__["_tfh_taken"], closure
 
     def _process_closure(self, closure: Any) -> None:
         if type(closure) is not Closure:
