@@ -60,12 +60,6 @@ PARAMETERS: dict = {
     "1 ms": ("benches/bench_records.py", "time.sleep(0.001)"),
 }
 
-#: Pages whose copied tables and figures (issue 27) are not yet replaced by the
-#: tables ``make figures`` writes. The test below requires each still to state a
-#: figure that is not generated: once a page is converted, it must leave this set
-#: (so the set only shrinks), and a page outside it may state none.
-NOT_YET_GENERATED = {"docs/performance.md", "docs/differences.md"}
-
 
 def _pages() -> list:
     pages = [ROOT / "README.md"]
@@ -126,10 +120,6 @@ def test_every_figure_on_the_page_comes_from_make_figures(page):
     generated = _normal(_generated())
     typed = [f for f in figures_in(page.read_text()) if f not in CONSTANTS and f not in PARAMETERS]
     missing = sorted({f for f in typed if f not in generated})
-    name = str(page.relative_to(ROOT))
-    if name in NOT_YET_GENERATED:
-        assert missing, f"{name} states no hand-typed figure now: remove it from NOT_YET_GENERATED"
-        return
     assert not missing, (
         f"{page.relative_to(ROOT)} states figures that no table of `make figures` "
         f"contains (typed by hand, or stale): {missing}. Include the generated table "
