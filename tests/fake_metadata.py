@@ -369,6 +369,13 @@ class FakeMetadata:
         with self._cond:
             return list(self._tokens)
 
+    def wait_for_aws_tokens(self, timeout: float = 10.0) -> list:
+        """The live IMDSv2 tokens once there is one (a PUT is recorded when it arrives,
+        before its token is made), or [] after ``timeout`` seconds."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._tokens, timeout)
+            return list(self._tokens)
+
     @property
     def azure_incarnation(self) -> int:
         with self._cond:
@@ -591,6 +598,7 @@ class FakeMetadata:
                     return _text(400, "Bad Request", server)
                 token = secrets.token_urlsafe(36)
                 self._tokens[token] = time.monotonic() + int(ttl)
+                self._cond.notify_all()
             return _text(200, token, server, (_AWS_TTL_HEADER, ttl))
         if method not in ("GET", "HEAD"):
             return _text(405, "Method Not Allowed", server)

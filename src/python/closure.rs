@@ -33,8 +33,6 @@
 //! No Python object is dropped and no Python code runs while a Rust lock is
 //! held: references are cloned or taken out under the lock and used after.
 
-use std::time::{Duration, Instant};
-
 use parking_lot::{Condvar, Mutex};
 use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
@@ -42,25 +40,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple, PyWeakrefReference};
 use pyo3::{ffi, intern, PyTraverseError};
 
-use super::wait_sliced;
-
-/// Timeouts beyond this many seconds (about 31 years) mean "no limit".
-const FOREVER_SECONDS: f64 = 1e9;
-
-/// A deadline from a `threading`-style timeout: `None` waits
-/// forever, a timeout ≤ 0 (or NaN) does not wait.
-fn deadline(timeout: Option<f64>) -> Option<Instant> {
-    let t = timeout?;
-    if t >= FOREVER_SECONDS {
-        return None;
-    }
-    let now = Instant::now();
-    if t > 0.0 {
-        Some(now + Duration::from_secs_f64(t))
-    } else {
-        Some(now)
-    }
-}
+use super::{threading_deadline, wait_sliced};
 
 // ----------------------------------------------------------------------------- Closure
 
@@ -394,7 +374,7 @@ impl PyCompletions {
         if *self.count.lock() != seen {
             return Ok(true);
         }
-        let moved = wait_sliced(py, deadline(timeout), |slice| {
+        let moved = wait_sliced(py, threading_deadline(timeout), |slice| {
             let mut count = self.count.lock();
             if *count == seen {
                 self.advanced.wait_for(&mut count, slice);

@@ -16,36 +16,18 @@
 //! No Python object is dropped and no Python code runs under the core's lock:
 //! the core hands back every closure or error it lets go of.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pyo3::exceptions::PyAssertionError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::{intern, PyTraverseError};
 
-use super::SLICE;
+use super::{threading_deadline, SLICE};
 use crate::closure_queue::{Cancellation, ClosureQueue, Done, GetError, Put, PutBack, Settled, DEFAULT_CAPACITY};
 
 type Core = ClosureQueue<Py<PyAny>, Py<PyAny>, i64>;
 type CoreCancellation<'q> = Cancellation<'q, Py<PyAny>, Py<PyAny>, i64>;
-
-/// Timeouts beyond this many seconds (about 31 years) mean "no limit".
-const FOREVER_SECONDS: f64 = 1e9;
-
-/// A deadline from a TensorFlow-style timeout: `None` waits forever, a
-/// timeout ≤ 0 (or NaN) does not wait (`threading.Condition.wait`'s rule).
-fn deadline(timeout: Option<f64>) -> Option<Instant> {
-    let t = timeout?;
-    if t >= FOREVER_SECONDS {
-        return None;
-    }
-    let now = Instant::now();
-    if t > 0.0 {
-        Some(now + Duration::from_secs_f64(t))
-    } else {
-        Some(now)
-    }
-}
 
 /// The end of the next slice to detach for, or None once `deadline` passed.
 fn slice_end(deadline: Option<Instant>) -> Option<Instant> {
@@ -165,7 +147,7 @@ impl PyClosureQueue {
             Err(GetError::Stopped) => return Ok(None),
             Err(GetError::Timeout) => {}
         }
-        let deadline = deadline(timeout);
+        let deadline = threading_deadline(timeout);
         loop {
             let Some(end) = slice_end(deadline) else { return Ok(None) };
             match super::detach(py, || self.core.get(tag, Some(end))) {
@@ -218,7 +200,7 @@ impl PyClosureQueue {
     #[pyo3(signature = (timeout=None))]
     fn wait(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<bool> {
         let py = slf.py();
-        let deadline = deadline(timeout);
+        let deadline = threading_deadline(timeout);
         let mut waiter = slf.get().core.waiter();
         let mut settled = waiter.try_wait();
         loop {

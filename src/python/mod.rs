@@ -89,6 +89,26 @@ pub(crate) fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> 
     }
 }
 
+/// Timeouts beyond this many seconds (about 31 years) mean "no limit".
+const FOREVER_SECONDS: f64 = 1e9;
+
+/// A deadline from a `threading`-style timeout, as TensorFlow's closure queue and
+/// `RemoteValue` take them: `None` waits forever, a timeout ≤ 0 (or NaN) does not
+/// wait (`threading.Condition.wait`'s rule), and one beyond [`FOREVER_SECONDS`]
+/// has no limit.
+pub(crate) fn threading_deadline(timeout: Option<f64>) -> Option<Instant> {
+    let t = timeout?;
+    if t >= FOREVER_SECONDS {
+        return None;
+    }
+    let now = Instant::now();
+    if t > 0.0 {
+        Some(now + Duration::from_secs_f64(t))
+    } else {
+        Some(now)
+    }
+}
+
 /// Runs `f` with the GIL released, like `py.detach`, but never re-attaches
 /// while the interpreter is finalizing.
 ///

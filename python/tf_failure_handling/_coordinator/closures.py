@@ -618,10 +618,7 @@ class Worker(_tf_cc.Worker):
             # Taken and not reported: it fails with the thread, so that the queue's
             # count of closures in flight (which join() waits for) goes down.
             try:
-                if type(closure) is Closure:
-                    closure._set_output_error(error)
-                else:
-                    closure.maybe_call_with_output_remote_value(lambda r: r._set_error(error))
+                _fail_closure(closure, error)
             except Exception as also:  # noqa: BLE001 - the queue is told below either way
                 _tf_logging.error("Could not fail the closure of the stopped thread: %r", also)
             try:
@@ -661,33 +658,40 @@ class Worker(_tf_cc.Worker):
             del self.__dict__["_tfh_taken"], closure
 
     def _process_closure(self, closure: Any) -> None:
-        if type(closure) is not Closure:
-            self._process_tf_closure(closure)
-            return
+        """Runs ``closure`` and reports it to the queue; its error goes through TF's
+        failure handling, then to its ``RemoteValue`` and the queue."""
         queue = self._cluster.closure_queue
         try:
             try:
-                output_values = run_on(closure, closure._per_worker, self)
-                remote_value = closure._output_remote_value()
-                if remote_value is not None:
-                    cell = _metric_cell("remote_value_fetch")
-                    start = time.time()
-                    complete(remote_value, output_values)
-                    if cell is not None:
-                        cell.add(time.time() - start)
-                    del remote_value
-                del output_values
-                # Only now: a copy that failed with the worker is retried with
-                # the same RemoteValue.
-                closure._release_output_remote_value()
+                if type(closure) is Closure:
+                    self._execute(closure)
+                else:  # TF's own class (none of this coordinator's schedule() makes one)
+                    closure.execute_on(self)
+                    closure.maybe_call_with_output_remote_value(copy_to_local)
                 queue.mark_finished()
             except Exception:
                 with self._failure_handling(closure, queue):
                     raise
         except Exception as e:  # noqa: BLE001 - TF's contract: the closure's error is stored
             self._log_closure_error(e)
-            closure._set_output_error(e)
+            _fail_closure(closure, e)
             queue.mark_failed(e)
+
+    def _execute(self, closure: Closure) -> None:
+        """A native closure: TF's ``execute_on`` and the copy of its outputs."""
+        output_values = run_on(closure, closure._per_worker, self)
+        remote_value = closure._output_remote_value()
+        if remote_value is not None:
+            cell = _metric_cell("remote_value_fetch")
+            start = time.time()
+            complete(remote_value, output_values)
+            if cell is not None:
+                cell.add(time.time() - start)
+            del remote_value
+        del output_values
+        # Only now: a copy that failed with the worker is retried with the same
+        # RemoteValue.
+        closure._release_output_remote_value()
 
     def _failure_handling(self, closure: Any, queue: Any) -> Any:
         """TF's failure handler around a closure that raised: a worker failure waits
@@ -710,22 +714,13 @@ class Worker(_tf_cc.Worker):
                 e,
             )
 
-    def _process_tf_closure(self, closure: Any) -> None:
-        """A closure of TF's own class (none of this coordinator's ``schedule()`` makes one)."""
-        queue = self._cluster.closure_queue
-        try:
-            try:
-                closure.execute_on(self)
-                closure.maybe_call_with_output_remote_value(copy_to_local)
-                queue.mark_finished()
-            except Exception:
-                with self._failure_handling(closure, queue):
-                    raise
-        except Exception as e:  # noqa: BLE001 - TF's contract: the closure's error is stored
-            self._log_closure_error(e)
-            error = e
-            closure.maybe_call_with_output_remote_value(lambda r: r._set_error(error))
-            queue.mark_failed(e)
+
+def _fail_closure(closure: Any, error: BaseException) -> None:
+    """Gives ``closure``'s ``RemoteValue`` (if it has one) ``error``."""
+    if type(closure) is Closure:
+        closure._set_output_error(error)
+    else:
+        closure.maybe_call_with_output_remote_value(lambda r: r._set_error(error))
 
 
 def is_schedulable(fn: Any) -> bool:
