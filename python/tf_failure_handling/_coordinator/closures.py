@@ -9,9 +9,9 @@ module does instead:
   asks the ``tf.function`` for its concrete function
   (``get_concrete_function``: TF's own argument binding and tracing-cache
   lookup, under a metric timer), then derives the output type spec from the
-  function's outputs. That is most of what a ``schedule()`` costs (about
-  0.4-0.5 ms of the calling thread's CPU on the bench's machine, 20-30 times
-  what a cached ``schedule()`` costs; ``benches/bench_coordinator.py``).
+  function's outputs. That is most of what a ``schedule()`` costs (the row
+  "``schedule()`` per call, CPU of the calling thread" of
+  ``benches/bench_coordinator.py``'s tables, in ``docs/figures/``).
   Here, :class:`ConcreteFunctionCache` keeps, per ``tf.function``, the concrete
   function and output spec that TF derived for an argument *structure*; a
   ``schedule()`` whose arguments have a structure seen before reuses them
@@ -20,8 +20,8 @@ module does instead:
 * What a ``schedule()`` leaves alive until its closure runs and its result is
   dropped is what CPython's cyclic garbage collector pays for: each object it
   tracks that survives two young collections counts towards the next full
-  collection (all ~275k objects of a process that imported TensorFlow,
-  ~120 ms on the bench's machine). TF's ``schedule()`` leaves about 20 per
+  collection (of every object of a process that imported TensorFlow: a few
+  hundred thousand, a long pause of the calling thread). TF's ``schedule()`` leaves about 20 per
   call: the ``Closure``, a cancellable wrapper function with its cells and
   tuple, the ``RemoteValueImpl`` with its ``threading.Event`` (``Event``,
   ``Condition``, ``Lock``, deque, two bound methods) and fetch ``Lock``, a weak
