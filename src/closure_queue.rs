@@ -474,12 +474,7 @@ impl<T, E, K: Eq + Hash> ClosureQueue<T, E, K> {
             drop(s);
             return Err(CompletionError::NothingInFlight(Completion::MarkFailed));
         }
-        let unused = if s.error.is_none() {
-            s.error = Some(error);
-            None
-        } else {
-            Some(error)
-        };
+        let unused = Self::keep_first(&mut s, error);
         self.release(&mut s);
         drop(s);
         self.stop_waiting.notify_all();
@@ -496,12 +491,7 @@ impl<T, E, K: Eq + Hash> ClosureQueue<T, E, K> {
     /// released.
     pub fn fail(&self, error: E) {
         let mut s = self.state.lock();
-        let unused = if s.error.is_none() {
-            s.error = Some(error);
-            None
-        } else {
-            Some(error)
-        };
+        let unused = Self::keep_first(&mut s, error);
         drop(s);
         self.stop_waiting.notify_all();
         self.admitted.notify_all();
@@ -806,6 +796,17 @@ impl<T, E, K> Drop for Cancellation<'_, T, E, K> {
 
 impl<T, E, K> ClosureQueue<T, E, K> {
     /// One closure left flight.
+    /// Makes `error` the pending error unless one is pending already; returns
+    /// the one not kept, for the caller to drop after releasing the lock.
+    fn keep_first(s: &mut State<T, E, K>, error: E) -> Option<E> {
+        if s.error.is_none() {
+            s.error = Some(error);
+            None
+        } else {
+            Some(error)
+        }
+    }
+
     fn release(&self, s: &mut State<T, E, K>) {
         s.inflight -= 1;
         if s.inflight == 0 {
