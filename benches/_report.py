@@ -79,6 +79,11 @@ def markdown(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join([line(header), line(["---"] * len(header)), *map(line, rows)])
 
 
+def cells(row: str) -> list:
+    """The cells of a table row as :func:`markdown` writes it: ``| a | b |`` -> a, b."""
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
 def print_readme_table(title: str, header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     """Prints ``title`` and the table, set off from the bench's own output; under
     ``make figures`` (:data:`FIGURES_ENV` set) also writes it there

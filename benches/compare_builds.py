@@ -136,7 +136,7 @@ def install(python: str, wheel: Path) -> None:
 def cell(log: str, pattern: str, column: int) -> str:
     for line in log.splitlines():
         if re.match(pattern, line):
-            value = [c.strip() for c in line.strip().strip("|").split("|")][column]
+            value = _report.cells(line)[column]
             # "3.6M closures/s (280 ns)" -> "3.6M closures/s"
             return re.sub(r"\s*\(.*\)$", "", value) or "?"
     return "?"

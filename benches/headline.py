@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import _report  # benches/: on sys.path as the running script's folder, or put there
+
 BEGIN = "<!-- speed table: written by make figures (benches/headline.py) -->"
 END = "<!-- speed table end -->"
 
@@ -83,19 +85,19 @@ ROWS = (
 
 def parse(text: str) -> tuple[list, list]:
     """The header and rows of the first Markdown table in ``text``."""
-    lines = [line for line in text.splitlines() if line.startswith("|")]
-    cells = [[c.strip() for c in line.strip().strip("|").split(" |")] for line in lines]
-    return cells[0], cells[2:]
+    rows = [_report.cells(line) for line in text.splitlines() if line.startswith("|")]
+    return rows[0], rows[2:]
 
 
-def cell(folder: Path, table: str, ref: tuple) -> str:
+def cell(table: tuple, name: str, ref: tuple) -> str:
+    """In ``table`` (header, rows) of file ``name``: the cell of ``ref`` (row, column)."""
     label, column = ref
-    header, rows = parse((folder / f"{table}.md").read_text())
+    header, rows = table
     index = header.index(column)
     for row in rows:
         if row[0].startswith(label):
             return row[index]
-    raise LookupError(f"{table}.md has no row starting with {label!r}")
+    raise LookupError(f"{name}.md has no row starting with {label!r}")
 
 
 def table(folder: Path) -> str:
@@ -103,8 +105,9 @@ def table(folder: Path) -> str:
         "| | TensorFlow | tf-failure-handling | ours better by |",
         "| --- | --- | --- | --- |",
     ]
+    parsed = {name: parse((folder / f"{name}.md").read_text()) for name in {r[1] for r in ROWS}}
     for what, name, tf_ref, ours_ref, ratio_ref in ROWS:
-        cells = [cell(folder, name, ref) for ref in (tf_ref, ours_ref, ratio_ref)]
+        cells = [cell(parsed[name], name, ref) for ref in (tf_ref, ours_ref, ratio_ref)]
         cells[2] = re.sub(r"\*\*|\s*less\b", "", cells[2])
         lines.append(f"| {what} | {' | '.join(cells)} |")
     return "\n".join(lines)
