@@ -333,7 +333,9 @@ def test_aws_uses_an_imdsv2_token_and_renews_it_on_401(fake, watches):
     assert gets and all(h.get("x-aws-ec2-metadata-token") == token for h in gets)
     fake.revoke_aws_tokens()
     assert fake.wait_for_requests(AWS_TOKEN, 2, method="PUT")
-    (renewed,) = fake.wait_for_aws_tokens()
+    renewed_tokens = fake.wait_for_aws_tokens()
+    assert renewed_tokens, "no IMDSv2 token was made again after the 401 (waited 10 s)"
+    (renewed,) = renewed_tokens
     assert renewed != token
     _, _, published = _publish(fake, "aws")
     assert w.wait(SEEN_WITHIN) is not None
