@@ -5,7 +5,8 @@ processes on 127.0.0.1 runs TensorFlow's own ``ClusterCoordinator`` with its
 module functions ``_is_worker_failure`` / ``_is_ps_failure`` wrapped to record
 every error the coordinator asks them about. It runs closures, kills worker 0
 and runs more (worker 1 takes them; worker 0's errors are classified), then
-kills the PS and runs one more (its error ends ``join()``). For every recorded
+kills the PS and runs more (its error is raised by ``schedule()`` or
+``join()``, whichever comes first). For every recorded
 error it prints one ``EVENT`` line: the phase, the type, the message, and
 TensorFlow's and our verdicts for both questions.
 
@@ -73,12 +74,22 @@ def main() -> int:
 
     def run_phase(name: str) -> None:
         phase[0] = name
-        for _ in range(CLOSURES):
-            coordinator.schedule(step)
+        # A closure's error is raised by the next schedule() or join(), whichever
+        # comes first: which one it is depends on timing, so both are caught.
+        call = "schedule"
         try:
+            for _ in range(CLOSURES):
+                coordinator.schedule(step)
+            call = "join"
             coordinator.join()
         except Exception as error:  # noqa: BLE001 - reported, the test decides
-            emit("join_raised", phase=name, type=type(error).__name__, message=str(error)[:500])
+            emit(
+                "raised",
+                phase=name,
+                call=call,
+                type=type(error).__name__,
+                message=str(error)[:500],
+            )
         else:
             emit("joined", phase=name)
 

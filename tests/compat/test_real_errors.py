@@ -93,3 +93,7 @@ def test_classifier_on_errors_tensorflow_raises(tmp_path):
     assert worker and all(e["tf"] == [True, False] for e in worker), show(worker) or where
     ps = [e for e in errors if e["phase"] == "ps killed"]
     assert any(e["tf"][1] for e in ps), show(ps) or where
+    # ...and it reached the user: schedule() or join() raised it, typed as TF raises it.
+    raised = [e for e in events if e["event"] == "raised" and e["phase"] == "ps killed"]
+    ps_types = {e["type"] for e in ps if e["tf"][1]}
+    assert raised and raised[0]["type"] in ps_types, where
