@@ -131,8 +131,10 @@ tf-suite:
 tf-suite-all:
 	TFH_TF_SUITE_CLASSES=all $(PY) -m pytest tests/tf_suite -q
 
+# The two ends of the compatibility matrix from the wheel, side by side (one after the
+# other they were make test's last job by ten minutes, with one core idle).
 compat-ends:
-	$(PY) tests/compat/run_matrix.py --ends
+	$(PY) tests/compat/run_matrix.py --ends --jobs 2
 
 # Every table the README and the docs show, regenerated: each bench (release build),
 # the reliability trials and the SLURM scenarios, written to docs/figures/ with the

@@ -25,8 +25,10 @@ For each combination (TensorFlow ``X.Y`` on Python ``A.B``) this script
     python tests/compat/run_matrix.py --ends          # oldest TF on oldest Python, newest on newest
     python tests/compat/run_matrix.py --only 2.16/3.11 --only 2.21/3.13
 
-Combinations run one at a time (the machine's cores are shared). The exit code is
-1 if any combination failed, 0 otherwise.
+Combinations run one at a time (the machine's cores are shared), or ``--jobs N``
+side by side (``make test`` runs its two ends so: one after the other they were the
+run's last job by ten minutes, with one core idle). The exit code is 1 if any
+combination failed, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -307,22 +311,41 @@ def main() -> int:
         "--only", action="append", type=parse_combination, default=[], metavar="TF/PY"
     )
     parser.add_argument("--dist", type=Path, default=ROOT / "dist", help="where the wheels are")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="combinations run side by side (default 1: one at a time)",
+    )
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     combos = args.only or (ENDS if args.ends else COMBINATIONS)
-    results = []
-    for tf, py in combos:
-        print(f"TF {tf} on Python {py} ...", flush=True)
+    printing = threading.Lock()
+
+    def one(tf: str, py: str) -> Result:
+        with printing:
+            print(f"TF {tf} on Python {py} ...", flush=True)
         result = run_combination(Result(tf=tf, python=py), args.dist)
-        print(
-            f"  {result.verdict}: {result.passed} passed, {result.failed} failed, "
-            f"{result.skipped} skipped in {result.seconds:.0f} s {result.note}",
-            flush=True,
-        )
+        lines = [
+            f"TF {tf} on Python {py}: {result.verdict}: {result.passed} passed, "
+            f"{result.failed} failed, {result.skipped} skipped in {result.seconds:.0f} s "
+            f"{result.note}"
+        ]
         if result.verdict != "pass":
             log_path = VENVS / f"tf{tf}-py{py}.log"
             tail = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-            print(f"  last {len(tail)} lines of {log_path}:", *tail, sep="\n    ", flush=True)
-        results.append(result)
+            lines.append(f"  last {len(tail)} lines of {log_path}:")
+            lines += [f"    {line}" for line in tail]
+        with printing:
+            print("\n".join(lines), flush=True)
+        return result
+
+    # Each combination has its own virtualenv, log and report; the tests pick free
+    # ports and their own temporary directories, so side by side they share nothing.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(lambda combo: one(*combo), combos))
     matrix = table(results)
     print("\nREADME, compatibility matrix:\n")
     print(matrix)
