@@ -795,7 +795,6 @@ impl<T, E, K> Drop for Cancellation<'_, T, E, K> {
 }
 
 impl<T, E, K> ClosureQueue<T, E, K> {
-    /// One closure left flight.
     /// Makes `error` the pending error unless one is pending already; returns
     /// the one not kept, for the caller to drop after releasing the lock.
     fn keep_first(s: &mut State<T, E, K>, error: E) -> Option<E> {
@@ -807,6 +806,7 @@ impl<T, E, K> ClosureQueue<T, E, K> {
         }
     }
 
+    /// One closure left flight.
     fn release(&self, s: &mut State<T, E, K>) {
         s.inflight -= 1;
         if s.inflight == 0 {
