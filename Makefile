@@ -132,7 +132,7 @@ tf-suite-all:
 	TFH_TF_SUITE_CLASSES=all $(PY) -m pytest tests/tf_suite -q
 
 # The two ends of the compatibility matrix from the wheel, side by side (one after the
-# other they were make test's last job by ten minutes, with one core idle).
+# other they were make test's last job by about eight minutes, with one core idle).
 compat-ends:
 	$(PY) tests/compat/run_matrix.py --ends --jobs 2
 

@@ -27,7 +27,7 @@ For each combination (TensorFlow ``X.Y`` on Python ``A.B``) this script
 
 Combinations run one at a time (the machine's cores are shared), or ``--jobs N``
 side by side (``make test`` runs its two ends so: one after the other they were the
-run's last job by ten minutes, with one core idle). The exit code is 1 if any
+run's last job by about eight minutes, with one core idle). The exit code is 1 if any
 combination failed, 0 otherwise.
 """
 
