@@ -21,9 +21,10 @@ Verdict:
   outputs' tails in the reason); otherwise it fails, with both tails.
 
 The bound per process only turns a hang into a failure; the tests take 20-60 s
-each, most of it starting and restarting the cluster's processes. Tests run one
-after the other: they kill and restart processes on timers (``time.sleep(2)``
-then ``check_alive``), which two at a time on two cores would make flaky.
+each, most of it starting and restarting the cluster's processes. Within one
+pytest run the tests run one after the other: they kill and restart processes on
+timers (``time.sleep(2)`` then ``check_alive``). ``make test`` runs the two test
+classes as two jobs (``TFH_TF_SUITE_CLASSES``), beside its other jobs.
 """
 
 from __future__ import annotations
