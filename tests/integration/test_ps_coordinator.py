@@ -60,7 +60,7 @@ def run_to_done(make, name: str, scenario: str, *args, timeout: float) -> PsClus
     TF's own coordinator, the reference these expectations are checked against, can
     die by a signal on its own: on CI its ``error`` scenario once ended with
     ``SystemError: TFE_Py_FastPathExecute returned NULL without setting an exception``
-    in two worker threads (the outputs' ``identity`` copy) and then SIGSEGV in the
+    twice in worker 0's thread (the outputs' ``identity`` copy), then SIGSEGV in the
     main thread's ``schedule()`` (TF's metric gauge), with nothing of
     tf_failure_handling imported. A run that crashed says nothing about what TF
     returns or raises, so for ``impl=tf`` only, a coordinator killed by a signal runs
@@ -80,6 +80,8 @@ def run_to_done(make, name: str, scenario: str, *args, timeout: float) -> PsClus
                 if attempt > 1:
                     raise AssertionError(f"run {attempt} of {attempts}: {e}") from None
                 raise
+            # Shown with -rA (and with a later failure): the crash that was run again.
+            print(f"TF's coordinator died by signal {-code} in run {attempt}:\n{e}")
             cluster.kill()
     raise AssertionError("unreachable: the loop returns or raises")
 
