@@ -8,6 +8,7 @@ and the coordinator (``ps_coordinator_script.py``), each in its own process; see
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -48,7 +49,6 @@ def ps_cluster(tmp_path, impl):
         clusters.append(cluster)
         return cluster
 
-    make.impl = impl
     yield make
     for cluster in clusters:
         cluster.kill()
@@ -68,22 +68,21 @@ def run_to_done(make, name: str, scenario: str, *args, timeout: float) -> PsClus
     all; if every run crashes, the test fails. Ours is run once: any crash of ours
     fails the test.
     """
-    attempts = TF_REFERENCE_ATTEMPTS if make.impl == "tf" else 1
-    for attempt in range(1, attempts + 1):
+    for attempt in itertools.count(1):
         cluster = make(name if attempt == 1 else f"{name}.{attempt}").start(scenario, *args)
         try:
             cluster.wait_done(timeout)
             return cluster
         except AssertionError as e:
             code = cluster.coordinator.popen.poll()
-            if code is None or code >= 0 or attempt == attempts:
+            tf_crashed = cluster.impl == "tf" and code is not None and code < 0
+            if not tf_crashed or attempt == TF_REFERENCE_ATTEMPTS:
                 if attempt > 1:
-                    raise AssertionError(f"run {attempt} of {attempts}: {e}") from None
+                    raise AssertionError(f"run {attempt} of {TF_REFERENCE_ATTEMPTS}: {e}") from None
                 raise
             # Shown with -rA (and with a later failure): the crash that was run again.
             print(f"TF's coordinator died by signal {-code} in run {attempt}:\n{e}")
             cluster.kill()
-    raise AssertionError("unreachable: the loop returns or raises")
 
 
 def check_no_errors(cluster: PsCluster, summary: dict) -> None:
