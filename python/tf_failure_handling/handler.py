@@ -266,6 +266,10 @@ class PreemptionCheckpointHandler(
         self._ps_with_notice: set = set()
         #: (job, task) -> the record id of a PS or worker task's preemption.
         self._remote_preemptions: dict = {}
+        #: ParameterServerStrategy: the strategy of the checkpoint's variables (where
+        #: TensorFlow keeps its coordinator), and what the last save left unfinished.
+        self._ps_strategy: Any = None
+        self._ps_unfinished: Any = None
 
         _errors.module()
         config = TerminationConfig._from_any(termination_config)
@@ -341,7 +345,7 @@ class PreemptionCheckpointHandler(
         self._start_watchers()
         self._take_over_notices()
         if self._membership.ps_coordinator:
-            self._start_ps_watch(cluster_resolver)
+            self._start_ps_watch(cluster_resolver, checkpoint_or_checkpoint_manager)
         log.info(
             "PreemptionCheckpointHandler initialized or restored: worker %s, %d run(s) restored, "
             "platform %s (cloud %s, scheduler %s), grace period %gs, signals %s.",

@@ -343,7 +343,15 @@ def last_exit(folder: Optional[str], job: str, task: Any) -> Optional[Preemption
     if not path.exists():
         return None
     try:
-        found = [p for p in load(path).preemptions if p.exit_time is not None]
+        found = [
+            p for p in load(path).preemptions if p.exit_time is not None and _own(p, job, task)
+        ]
     except OSError:
         return None
     return found[-1] if found else None
+
+
+def _own(preemption: Preemption, job: str, task: Any) -> bool:
+    """Whether ``preemption`` is ``job``/``task``'s own: a coordinator's file also holds
+    the lines it wrote for its PS and worker tasks (their job and task, ``observer``)."""
+    return preemption.job == job and str(preemption.task) == str(task)

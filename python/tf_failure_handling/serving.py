@@ -66,12 +66,15 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
     job, task = _job_and_task(server)
     config = TerminationConfig._from_any(termination_config)
     peer_timeout = _peer_timeout(config)
+    # The control answers the coordinator from now on, before the platform probe (a
+    # metadata server may take seconds to answer or time out): a coordinator that
+    # asks meanwhile learns this incarnation, with no notice yet.
+    control = _ps_control.TaskControl(job, task)
+    control.install()
     env = _platform.environment()
     defaults = _platform.complete(
         env, config.termination_watcher_fn, config.exit_fn, config.grace_period, config.signals
     )
-    control = _ps_control.TaskControl(job, task)
-    control.install()
     sources = _sources.NoticeSources(env, defaults.signals, defaults.watcher_fn, owner=True)
     log.info(
         "Serving %s %d (incarnation %s); watching %s for termination notices.",

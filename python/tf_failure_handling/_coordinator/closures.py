@@ -88,6 +88,7 @@ from tensorflow.python.util import nest as _nest
 
 from .._native import Closure as _NativeClosure
 from .._native import Completions
+from .closure_queue import MAX_SIZE as MAX_QUEUE_SIZE
 
 #: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
 MAX_ENTRIES_PER_FUNCTION = 64
@@ -552,6 +553,66 @@ def complete(remote_value: ClosureRemoteValue, values: Any) -> None:
     remote_value.get()
 
 
+class _Holds:
+    """The holds on one worker thread: while any is set, it takes no new closure.
+
+    Each hold has a reason (a drain of this worker, the coordinator's save), so
+    that lifting one leaves the others. ``idle`` is set by the thread itself while
+    it waits on a hold with no closure in flight, and cleared, under the same lock
+    that adds a hold, when it goes on to take one: a :meth:`Worker.wait_idle` that
+    sees it set knows the thread took nothing after the hold.
+    """
+
+    #: Seconds between two looks at the queue while only non-strict holds are set.
+    SOFT_SLICE = 0.05
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reasons: dict = {}  # reason -> strict
+        self.go = threading.Event()
+        self.go.set()
+        self.idle = threading.Event()
+
+    def add(self, reason: str, strict: bool) -> None:
+        with self._lock:
+            self._reasons[reason] = strict or self._reasons.get(reason, False)
+            self.go.clear()
+
+    def remove(self, reason: str) -> None:
+        with self._lock:
+            self._reasons.pop(reason, None)
+            if not self._reasons:
+                self.go.set()
+
+    def held(self) -> bool:
+        with self._lock:
+            return bool(self._reasons)
+
+    def strict(self) -> bool:
+        with self._lock:
+            return any(self._reasons.values())
+
+    def wait_turn(self, queue: Any, slice_: float) -> bool:
+        """True: the thread may take a closure now. False after waiting (without
+        spinning) up to ``slice_`` seconds for the holds to be lifted."""
+        with self._lock:
+            strict = any(self._reasons.values())
+            if not self._reasons or (not strict and _queue_full(queue)):
+                self.idle.clear()
+                return True
+            self.idle.set()
+        self.go.wait(slice_ if strict else min(slice_, self.SOFT_SLICE))
+        return False
+
+
+def _queue_full(queue: Any) -> bool:
+    """Whether a ``schedule()`` could be waiting for room in ``queue``."""
+    try:
+        return queue.qsize() >= MAX_QUEUE_SIZE
+    except Exception:  # noqa: BLE001 - a queue without a size: never full
+        return False
+
+
 class Worker(_tf_cc.Worker):
     """TF's ``Worker`` whose closure loop enters the failure handling only on a failure.
 
@@ -562,32 +623,44 @@ class Worker(_tf_cc.Worker):
     error reporting are TF's.
     """
 
-    #: Seconds a worker thread waits for a closure before it looks at its hold flag.
+    #: Seconds a worker thread waits for a closure before it looks at its holds again.
     GET_SLICE = 0.5
 
-    def _holding(self) -> threading.Event:
+    def _holds(self) -> _Holds:
         # Created on first use: TF's ``Worker.__init__`` starts the thread before
         # a subclass's ``__init__`` could set anything after it.
-        hold = self.__dict__.get("_tfh_hold")
-        if hold is None:
-            hold = self.__dict__.setdefault("_tfh_hold", threading.Event())
-            self.__dict__.setdefault("_tfh_idle", threading.Event())
-        return hold
+        holds = self.__dict__.get("_tfh_holds")
+        if holds is None:
+            holds = self.__dict__.setdefault("_tfh_holds", _Holds())
+        return holds
 
-    def hold(self) -> None:
-        """Stops giving this worker new closures (a termination notice of the worker):
-        its thread finishes the closure it has, then waits for :meth:`resume`."""
-        self._holding().set()
+    def hold(self, reason: str = "drain", strict: bool = True) -> None:
+        """Stops giving this worker new closures: its thread finishes the closure it
+        has, then waits until every hold is lifted (:meth:`resume`).
 
-    def resume(self) -> None:
-        """Lets the thread take closures again (the worker is gone or back)."""
-        self._holding().clear()
-        self.__dict__["_tfh_idle"].clear()
+        A non-``strict`` hold (the coordinator's notice, before its save) still lets
+        the thread take a closure while the queue is full, so that a ``schedule()``
+        waiting for room returns and reaches the check that saves.
+        """
+        self._holds().add(reason, strict)
+
+    def resume(self, reason: str = "drain") -> None:
+        """Lifts the hold named ``reason``; the thread takes closures again once no
+        hold is left."""
+        self._holds().remove(reason)
 
     def wait_idle(self, timeout: float) -> bool:
-        """After :meth:`hold`: True once the thread has no closure in flight."""
-        self._holding()
-        return self.__dict__["_tfh_idle"].wait(timeout)
+        """After :meth:`hold`: True once the thread has no closure in flight (it waits
+        on the hold), False when ``timeout`` seconds pass first."""
+        return self._holds().idle.wait(timeout)
+
+    def in_flight(self) -> Optional[str]:
+        """The name of the function of the closure this thread runs, or None."""
+        closure = self.__dict__.get("_tfh_taken")
+        if closure is None:
+            return None
+        function = getattr(closure, "_function", None) or getattr(closure, "function", None)
+        return getattr(function, "__name__", None) or getattr(function, "name", None) or "?"
 
     def _process_queue(self) -> None:
         """TF's loop, plus the hold of a worker that got a termination notice.
@@ -632,15 +705,11 @@ class Worker(_tf_cc.Worker):
 
     def _take_closures(self) -> None:
         self._maybe_delay()
-        hold = self._holding()
-        idle = self.__dict__["_tfh_idle"]
+        holds = self._holds()
         queue = self._cluster.closure_queue
         while self._should_worker_thread_run:
-            if hold.is_set():
-                idle.set()
-                hold.wait(self.GET_SLICE)
-                if hold.is_set():
-                    continue
+            if not holds.wait_turn(queue, self.GET_SLICE):
+                continue
             closure = queue.get(timeout=self.GET_SLICE, tag=self.worker_index)
             if closure is None:
                 if queue.stopped or not self._should_worker_thread_run:
@@ -649,6 +718,12 @@ class Worker(_tf_cc.Worker):
             if not self._should_worker_thread_run:
                 closure.mark_cancelled()
                 return
+            if holds.strict() and not isinstance(closure, _tf_cc.ResourceClosure):
+                # A strict hold came while this thread waited in get(): the closure
+                # goes back to the queue untouched (it never ran here).
+                queue.put_back(closure)
+                del closure
+                continue
             self.__dict__["_tfh_taken"] = closure
             if isinstance(closure, _tf_cc.ResourceClosure):
                 self._process_resource_closure(closure)

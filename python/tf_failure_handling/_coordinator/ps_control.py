@@ -15,15 +15,27 @@ The conversation is two JSON requests:
 * ``{"op": "poll"}`` -> ``{"incarnation", "job", "task", "notice"}``: the task's
   termination notice, if it has one (``{"source", "at", "deadline"}``, Unix
   seconds);
-* ``{"op": "release", "reason"}`` -> ``{"released": true}``: the coordinator is
-  done with this task (it saved the checkpoint the PS's variables were part of,
-  or the worker's last closure finished); the task exits with the restart code.
+* ``{"op": "release", "reason", "incarnation", "notice_at"}`` ->
+  ``{"released": true}``: the coordinator is done with this task (it saved the
+  checkpoint the PS's variables were part of, or the worker's last closure
+  finished); the task exits with the restart code. A release is refused
+  (``{"released": false, "why"}``) unless it names this incarnation and the notice
+  the task has now: it cannot be sent ahead of a notice, nor carried over to a
+  restarted task. TensorFlow's gRPC is unauthenticated: any process that reaches a
+  task's port can ask these too (docs: "Trust").
+
+Every call has a deadline (:data:`CALL_TIMEOUT`): the eager op runs on a thread of
+its own and the caller stops waiting at the bound, so one task that does not
+answer (stopped, partitioned) never holds up the poll of the others, a save or the
+coordinator's exit. At most one call per task is outstanding; a task whose last
+call has not returned is "unanswered" until it does.
 
 :class:`ClusterPoller` is the coordinator's side: one daemon thread polls every
-PS and worker task every :data:`POLL_INTERVAL` seconds and hands each first
-notice to the handler. A task that does not run ``serve()`` answers with an
-error, is logged once and no longer polled; a task that does not answer (down,
-restarting) is polled again next round -- that is TF's ordinary failure path.
+PS and worker task every :data:`POLL_INTERVAL` seconds and hands each incarnation's
+first notice to the handler. A task that does not run ``serve()`` (yet: a restarted
+task registers its control before anything else) answers with an error; it is
+logged once and asked again every round, so a new incarnation that serves is
+always watched.
 """
 
 from __future__ import annotations
@@ -47,6 +59,9 @@ DEFAULT_DRAIN_BOUND = 300.0
 #: Seconds the coordinator waits for a released worker process to be gone before
 #: it gives the worker thread new closures again.
 EXIT_WAIT = 30.0
+#: Seconds one call to a task may take (a poll, a release): past it the caller goes on
+#: and the task counts as unanswered. A call on 127.0.0.1 takes milliseconds.
+CALL_TIMEOUT = 5.0
 
 #: The control of this process (strongly referenced: TF's registry holds weak ones).
 _installed: Optional[TaskControl] = None
@@ -119,17 +134,45 @@ class TaskControl:
 
     def __call__(self, request: Any) -> bytes:
         """The body of the ``PyFunc`` op the coordinator runs on this task."""
-        message = json.loads(bytes(request).decode())
+        try:
+            message = json.loads(bytes(request).decode())
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            return json.dumps({"error": "not a JSON object"}).encode()
         op = message.get("op")
         if op == "release":
-            self.release_reason = str(message.get("reason", "released"))
-            self.released.set()
-            return json.dumps({"released": True}).encode()
+            return json.dumps(self._release(message)).encode()
+        if op != "poll":
+            return json.dumps({"error": f"unknown op {op!r}"}).encode()
         with self._lock:
             notice = self._notice
         return json.dumps(
             {"incarnation": self.incarnation, "job": self.job, "task": self.task, "notice": notice}
         ).encode()
+
+    def _release(self, message: dict) -> dict:
+        """A release counts only for this incarnation's notice, once it has one."""
+        with self._lock:
+            notice = self._notice
+        if message.get("incarnation") != self.incarnation:
+            why = "not this incarnation"
+        elif notice is None:
+            why = "no notice to release"
+        elif message.get("notice_at") != notice["at"]:
+            why = "not this notice"
+        else:
+            self.release_reason = str(message.get("reason", "released"))
+            self.released.set()
+            return {"released": True}
+        log.warning(
+            "%s %d: a release was refused (%s): only the coordinator that saw this "
+            "task's notice releases it.",
+            self.job,
+            self.task,
+            why,
+        )
+        return {"released": False, "why": why}
 
     def install(self) -> None:
         """Registers this control in TF's ``py_func`` registry of this process."""
@@ -140,8 +183,14 @@ class TaskControl:
         script_ops._py_funcs._funcs[TOKEN] = self
 
 
-def call(task: str, request: dict) -> dict:
-    """Runs ``request`` against :class:`TaskControl` of ``task`` (``/job:ps/replica:0/task:0``).
+class CallTimeout(Exception):
+    """A call to a task did not return within its bound (the task is stopped,
+    partitioned or too busy to answer)."""
+
+
+def remote_call(task: str, request: dict) -> dict:
+    """Runs ``request`` against :class:`TaskControl` of ``task`` (``/job:ps/replica:0/task:0``),
+    with no bound: :func:`call` bounds it.
 
     Raises what TF raises: ``UnavailableError`` and kin when the task is down,
     ``InvalidArgumentError``/``UnknownError`` naming :data:`TOKEN` when the task
@@ -155,6 +204,46 @@ def call(task: str, request: dict) -> dict:
             input=[constant_op.constant(json.dumps(request))], token=TOKEN, Tout=[dtypes.string]
         )
     return json.loads(out[0].numpy().decode())
+
+
+class _Caller:
+    """Bounded calls to the tasks: each runs on a daemon thread of its own, and the
+    caller waits at most its timeout. A call that outlives its bound stays the
+    task's outstanding call; until it returns, a new call to that task fails at once
+    with :class:`CallTimeout` (no thread piles up behind a stopped task)."""
+
+    def __init__(self, transport: Callable[[str, dict], dict] = remote_call) -> None:
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._outstanding: dict = {}  # task -> the thread of its unreturned call
+
+    def __call__(self, task: str, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
+        with self._lock:
+            previous = self._outstanding.get(task)
+            if previous is not None and previous.is_alive():
+                raise CallTimeout(f"{task}: an earlier call has not returned yet")
+            box: dict = {}
+            thread = threading.Thread(
+                target=self._run, args=(task, request, box), name=f"TaskCall {task}", daemon=True
+            )
+            self._outstanding[task] = thread
+        thread.start()
+        thread.join(max(0.0, timeout))
+        if thread.is_alive():
+            raise CallTimeout(f"{task} did not answer {request.get('op')!r} within {timeout:.1f}s")
+        if "error" in box:
+            raise box["error"]
+        return box["answer"]
+
+    def _run(self, task: str, request: dict, box: dict) -> None:
+        try:
+            box["answer"] = self._transport(task, request)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+
+#: The process's bounded calls to the tasks.
+call = _Caller()
 
 
 def _gone(error: BaseException) -> bool:
@@ -171,7 +260,8 @@ class ClusterPoller:
     """The coordinator's watch over the PS and worker tasks' notices.
 
     ``on_notice(job, task, source, deadline)`` is called once per task incarnation
-    with a notice, from the poller's thread.
+    with a notice, from the poller's thread. Every task is asked every round,
+    whatever it answered before: down, stopped, not (yet) serving.
     """
 
     def __init__(
@@ -180,6 +270,8 @@ class ClusterPoller:
         on_notice: Callable[[str, int, str, Optional[float]], None],
         interval: float = POLL_INTERVAL,
         on_released: Optional[Callable[[str, int, str], None]] = None,
+        caller: Optional[Callable[..., dict]] = None,
+        call_timeout: float = CALL_TIMEOUT,
     ) -> None:
         self._on_released = on_released
         self.tasks = [
@@ -189,14 +281,20 @@ class ClusterPoller:
         ]
         self._on_notice = on_notice
         self._interval = interval
+        self._call = call if caller is None else caller
+        self._call_timeout = call_timeout
         self._stop = threading.Event()
         self._lock = threading.Lock()
         #: task -> incarnation of its last answer.
         self.incarnations: dict = {}
+        #: task -> the notice of its last answer (``at`` names it in a release).
+        self.notices: dict = {}
         #: task -> incarnation whose notice was handed on.
         self._noticed: dict = {}
+        #: Tasks whose last answer said they do not run ``serve()`` (logged once a streak).
         self._not_served: set = set()
-        self._unanswered: dict = {}
+        #: task -> the error type of its last unanswered call.
+        self.unanswered: dict = {}
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
@@ -206,15 +304,16 @@ class ClusterPoller:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ends the watch; waits (bounded) for a round in progress."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(self._interval + 10.0)
+            thread.join(self._interval + self._call_timeout + 1.0)
 
     def poll(self, task: str) -> Optional[dict]:
-        """One poll of ``task``: its answer, or None (down, or not served)."""
+        """One poll of ``task``: its answer, or None (down, stopped, or not served)."""
         try:
-            answer = call(task, {"op": "poll"})
+            answer = self._call(task, {"op": "poll"}, self._call_timeout)
         except Exception as e:  # noqa: BLE001 - a task that is down is TF's failure path
             if _not_served(e):
                 with self._lock:
@@ -222,48 +321,74 @@ class ClusterPoller:
                     self._not_served.add(task)
                 if first:
                     log.info(
-                        "%s does not run tf_failure_handling.serve(server): its termination "
-                        "notices are not watched (it is handled as a failure when it goes).",
+                        "%s does not run tf_failure_handling.serve(server) (yet): its "
+                        "termination notices are watched once it does; until then it is "
+                        "handled as a failure when it goes.",
                         task,
                     )
             else:
-                self._unanswered[task] = type(e).__name__
+                first = task not in self.unanswered
+                self.unanswered[task] = type(e).__name__
+                if first:
+                    log.info("%s does not answer (%s): asked again next round.", task, e)
             return None
-        self._unanswered.pop(task, None)
+        if not isinstance(answer, dict) or "incarnation" not in answer:
+            self.unanswered[task] = "bad answer"
+            return None
+        self.unanswered.pop(task, None)
         with self._lock:
+            self._not_served.discard(task)
             self.incarnations[task] = answer.get("incarnation")
+            self.notices[task] = answer.get("notice")
         return answer
+
+    def poll_once(self) -> None:
+        """One round: every task asked, each incarnation's first notice handed on."""
+        for task in self.tasks:
+            if self._stop.is_set():
+                return
+            answer = self.poll(task)
+            notice = None if answer is None else answer.get("notice")
+            if not isinstance(notice, dict):
+                continue
+            incarnation = answer.get("incarnation")
+            if self._noticed.get(task) == incarnation:
+                continue
+            self._noticed[task] = incarnation
+            job, index = _job_task(task)
+            try:
+                self._on_notice(job, index, str(notice.get("source")), notice.get("deadline"))
+            except Exception as e:  # noqa: BLE001 - the watch goes on
+                log.warning("Handling the notice of %s failed: %r", task, e)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            for task in self.tasks:
-                if self._stop.is_set():
-                    return
-                with self._lock:
-                    if task in self._not_served:
-                        continue
-                answer = self.poll(task)
-                notice = None if answer is None else answer.get("notice")
-                if notice is None:
-                    continue
-                incarnation = answer.get("incarnation")
-                if self._noticed.get(task) == incarnation:
-                    continue
-                self._noticed[task] = incarnation
-                job, index = _job_task(task)
-                try:
-                    self._on_notice(job, index, notice["source"], notice.get("deadline"))
-                except Exception as e:  # noqa: BLE001 - the watch goes on
-                    log.warning("Handling the notice of %s failed: %r", task, e)
+            try:
+                self.poll_once()
+            except BaseException as e:  # noqa: BLE001 - the watch must not die silently
+                log.error("The watch over the cluster's notices failed a round: %r", e)
             self._stop.wait(self._interval)
 
     def release(self, task: str, reason: str) -> bool:
         """Tells ``task`` that the coordinator is done with it (it exits); False if it
-        could not be told (already gone)."""
+        could not be told (gone, not answering within the bound, or it refused)."""
+        with self._lock:
+            incarnation = self.incarnations.get(task)
+            notice = self.notices.get(task) or {}
+        request = {
+            "op": "release",
+            "reason": reason,
+            "incarnation": incarnation,
+            "notice_at": notice.get("at"),
+        }
         try:
-            call(task, {"op": "release", "reason": reason})
+            answer = self._call(task, request, self._call_timeout)
         except Exception as e:  # noqa: BLE001 - a task that is gone needs no release
-            log.info("Could not release %s (%s): it is gone already.", task, type(e).__name__)
+            log.info("Could not release %s (%s): it is gone or does not answer.", task, e)
+            return False
+        if not isinstance(answer, dict) or not answer.get("released"):
+            why = answer.get("why") if isinstance(answer, dict) else answer
+            log.warning("%s refused its release (%s).", task, why)
             return False
         log.info("Released %s (%s).", task, reason)
         if self._on_released is not None:
@@ -278,46 +403,152 @@ class ClusterPoller:
         """Polls ``task`` until it no longer answers as ``incarnation`` (True), or
         ``bound`` seconds pass (False)."""
         end = time.monotonic() + bound
-        while time.monotonic() < end and not self._stop.is_set():
+        while not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
             try:
-                answer = call(task, {"op": "poll"})
+                answer = self._call(task, {"op": "poll"}, min(self._call_timeout, left))
+            except CallTimeout:
+                # Not gone (a process that exits closes its port): stopped, or busy.
+                self._stop.wait(min(0.1, max(0.0, end - time.monotonic())))
+                continue
             except Exception as e:  # noqa: BLE001 - gone is what we wait for
                 if _gone(e):
                     return True
                 # Not gone yet: a task whose Python is finalizing still runs
                 # TF ops (a closure sent now would run and then be lost).
-                time.sleep(0.1)
+                self._stop.wait(min(0.1, max(0.0, end - time.monotonic())))
                 continue
-            if answer.get("incarnation") != incarnation:
+            if isinstance(answer, dict) and answer.get("incarnation") != incarnation:
                 return True
-            time.sleep(0.1)
+            self._stop.wait(min(0.1, max(0.0, end - time.monotonic())))
         return False
 
 
-def find_coordinator() -> Any:
-    """The live ``ClusterCoordinator`` of this process (ours or TensorFlow's), or None."""
+def find_coordinator(strategy: Any = None) -> Any:
+    """The live ``ClusterCoordinator`` of this process (ours or TensorFlow's), or None.
+
+    Ours registers itself; TensorFlow's is found on its strategy (TF keeps the one
+    coordinator of a strategy in ``strategy._cluster_coordinator``). No search of the
+    heap: the handler calls this when it is built and before each step, never inside
+    a notice's window with more than attribute reads.
+    """
     for found in list(_coordinators):
         return found
-    # TensorFlow's own class keeps no registry; one search of the heap at save time.
-    import gc
+    candidates = [strategy]
+    try:
+        from tensorflow.python.distribute import distribute_lib
 
-    from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_cc
-
-    for obj in gc.get_objects():
-        if isinstance(obj, tf_cc.ClusterCoordinator) and hasattr(obj, "_cluster"):
-            return obj
+        if distribute_lib.has_strategy():
+            candidates.append(distribute_lib.get_strategy())
+    except Exception:  # noqa: BLE001 - no TF, or no strategy: nothing found here
+        pass
+    for candidate in candidates:
+        found = getattr(candidate, "_cluster_coordinator", None)
+        if found is not None and hasattr(found, "_cluster"):
+            return found
     return None
 
 
-def join_within(coordinator: Any, bound: float) -> tuple:
-    """Waits up to ``bound`` s for every scheduled closure: ``(queued, in_flight)`` left
-    (both 0 when all finished). Raises a closure's error as ``join()`` would."""
+def strategy_of(checkpoint: Any) -> Any:
+    """The ``tf.distribute`` strategy of the first variable ``checkpoint`` tracks, or None
+    (read once, when the handler is built)."""
+    seen = 0
+    stack = [checkpoint]
+    while stack and seen < 10_000:
+        obj = stack.pop()
+        seen += 1
+        strategy = getattr(obj, "_distribute_strategy", None)
+        if strategy is not None:
+            return strategy
+        children = getattr(obj, "_trackable_children", None)
+        if callable(children):
+            try:
+                stack.extend(children().values())
+            except Exception:  # noqa: BLE001 - an object that cannot list them
+                continue
+    return None
+
+
+def workers_of(coordinator: Any) -> list:
+    return list(getattr(getattr(coordinator, "_cluster", None), "workers", None) or [])
+
+
+SAVE_HOLD = "save"
+
+
+def hold_all(coordinator: Any, strict: bool) -> bool:
+    """Holds every worker thread of ``coordinator`` for the coordinator's save (False:
+    TensorFlow's own coordinator, whose threads cannot be held)."""
+    workers = workers_of(coordinator)
+    if not workers or not all(callable(getattr(w, "hold", None)) for w in workers):
+        return False
+    for worker in workers:
+        worker.hold(SAVE_HOLD, strict=strict)
+    return True
+
+
+def resume_all(coordinator: Any) -> None:
+    for worker in workers_of(coordinator):
+        resume = getattr(worker, "resume", None)
+        if callable(resume):
+            resume(SAVE_HOLD)
+
+
+class Unfinished:
+    """What :func:`wait_for_closures` left: the closures still queued (never dispatched
+    to a worker: they run after the restart, once) and those in flight at the bound
+    (``in_flight``: worker index -> the closure's function; their effect may be in the
+    checkpoint and they run again after the restart: TensorFlow's at-least-once)."""
+
+    def __init__(self, queued: int, in_flight: dict, held: bool) -> None:
+        self.queued = queued
+        self.in_flight = in_flight
+        self.held = held
+
+    @property
+    def count(self) -> int:
+        return self.queued + len(self.in_flight)
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+
+def wait_for_closures(
+    coordinator: Any, bound: float, clock: Callable[[], float] = time.monotonic
+) -> Unfinished:
+    """The coordinator's save is next: every worker is held (none takes a new closure,
+    strictly), and the closures in flight get until ``bound`` seconds to finish.
+
+    With TensorFlow's own coordinator nothing can be held: this waits for every
+    scheduled closure, and whatever is left at the bound keeps running (counted as in
+    flight). Raises a closure's error as ``join()`` would.
+    """
     queue = coordinator._cluster.closure_queue
-    done = queue.wait(timeout=max(0.0, bound))
-    if done:
-        return 0, 0
-    queued = queue.qsize() if callable(getattr(queue, "qsize", None)) else queue._queue.qsize()
-    return queued, queue.inflight_closure_count
+    held = hold_all(coordinator, strict=True)
+    end = clock() + max(0.0, bound)
+    if not held:
+        if queue.wait(timeout=max(0.0, bound)):
+            return Unfinished(0, {}, held)
+        queued = _qsize(queue)
+        count = int(getattr(queue, "inflight_closure_count", 0))
+        return Unfinished(queued, {i: "?" for i in range(count)}, held)
+    in_flight = {}
+    for worker in workers_of(coordinator):
+        if not worker.wait_idle(max(0.0, end - clock())):
+            in_flight[worker.worker_index] = worker.in_flight() or "?"
+    error = getattr(queue, "_error", None)
+    if error is not None and not in_flight and _qsize(queue) == 0:
+        queue.wait(timeout=0.0)  # raises the closure's error, as join() would
+    return Unfinished(_qsize(queue), in_flight, held)
+
+
+def _qsize(queue: Any) -> int:
+    size = getattr(queue, "qsize", None)
+    if callable(size):
+        return int(size())
+    return int(queue._queue.qsize())
 
 
 class WorkerDrain:
@@ -328,37 +559,51 @@ class WorkerDrain:
     with the restart code), wait until it is gone, then let the thread take
     closures again -- the first one meets the restarted (or absent) worker and
     goes through TF's failure path, with no closure in flight on it.
+
+    If the closure in flight does not finish by the bound, the worker is released
+    anyway: the closure fails with the worker and TensorFlow runs it again on
+    another one; if its effect reached the variables before, it is applied twice
+    (TF's at-least-once), and the drain says so in the log.
     """
 
-    def __init__(self, poller: ClusterPoller, index: int, deadline: Optional[float]) -> None:
+    def __init__(
+        self,
+        poller: ClusterPoller,
+        index: int,
+        deadline: Optional[float],
+        coordinator: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.poller = poller
         self.index = index
         self.deadline = deadline
         self.task = f"/job:worker/replica:0/task:{index}"
+        self._coordinator = coordinator
+        self._clock = clock
+        #: What happened, for tests and the log: "released", "not released", "no hold".
+        self.outcome: Optional[str] = None
+
+    def bound(self) -> float:
+        if self.deadline is None:
+            return DEFAULT_DRAIN_BOUND
+        return max(0.0, self.deadline - self._clock() - 1.0)
 
     def run(self) -> None:
-        coordinator = find_coordinator()
-        worker = None
-        if coordinator is not None:
-            workers = getattr(coordinator._cluster, "workers", [])
-            if self.index < len(workers):
-                worker = workers[self.index]
-        hold = getattr(worker, "hold", None)
-        if hold is None:
+        coordinator = self._coordinator if self._coordinator is not None else find_coordinator()
+        workers = workers_of(coordinator)
+        worker = workers[self.index] if self.index < len(workers) else None
+        if not callable(getattr(worker, "hold", None)):
             log.warning(
                 "Worker %d got a termination notice, but the coordinator is not "
                 "tf_failure_handling's (use tfh.ClusterCoordinator or tfh.patch()): it cannot "
                 "stop giving that worker closures; releasing it now (its closure in flight, "
-                "if any, is retried as after a crash).",
+                "if any, is retried as after a crash: at least once).",
                 self.index,
             )
-            self.poller.release(self.task, "notice; coordinator cannot drain")
+            released = self.poller.release(self.task, "notice; coordinator cannot drain")
+            self.outcome = "no hold" if released else "not released"
             return
-        bound = (
-            DEFAULT_DRAIN_BOUND
-            if self.deadline is None
-            else max(0.0, self.deadline - time.time() - 1.0)
-        )
+        bound = self.bound()
         log.info(
             "Worker %d got a termination notice: it gets no new closures; waiting up to "
             "%.1fs for its closure in flight.",
@@ -366,20 +611,24 @@ class WorkerDrain:
             bound,
         )
         incarnation = self.poller.incarnations.get(self.task)
-        hold()
+        reason = f"drain {incarnation}"
+        worker.hold(reason)
         try:
             if not worker.wait_idle(bound):
                 log.warning(
-                    "Worker %d's closure did not finish within %.1fs; releasing it anyway "
-                    "(the closure is retried after the worker is gone).",
+                    "Worker %d's closure %s did not finish within %.1fs; releasing the worker "
+                    "anyway: the closure fails with it and runs again on another worker (if "
+                    "its effect reached the variables already, it is applied twice).",
                     self.index,
+                    worker.in_flight() or "?",
                     bound,
                 )
-            self.poller.release(self.task, "drained")
-            if not self.poller.wait_gone(self.task, incarnation, EXIT_WAIT):
+            released = self.poller.release(self.task, "drained")
+            self.outcome = "released" if released else "not released"
+            if released and not self.poller.wait_gone(self.task, incarnation, EXIT_WAIT):
                 log.warning(
                     "Worker %d still answers %.0fs after its release.", self.index, EXIT_WAIT
                 )
         finally:
-            worker.resume()
+            worker.resume(reason)
         log.info("Worker %d left; its thread takes closures again when it is back.", self.index)

@@ -75,6 +75,7 @@ class NoticeResponse:
             self._notice_deadline = deadline
         if isinstance(action, NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
+            self._ps_on_notice()
             return self._announce(source)
         if isinstance(action, NoticeAction.Claim):
             return self._claim(action.key, action.value, source)

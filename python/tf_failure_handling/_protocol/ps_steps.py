@@ -32,14 +32,19 @@ log = logging.getLogger("tf_failure_handling")
 class PsSteps:
     """A parameter-server coordinator's watch over its tasks, and its steps around a save.
 
-    Owns ``_ps_poller`` and ``_ps_with_notice``; reads ``_sources``, ``_notice_deadline``,
-    ``_grace_period``, ``_peer_timeout``, ``_clock`` and ``_run_counter`` (which it lowers
-    by the closures abandoned before a save).
+    Owns ``_ps_poller``, ``_ps_with_notice``, ``_ps_strategy`` and ``_ps_unfinished``;
+    reads ``_sources``, ``_notice_deadline``, ``_grace_period``, ``_peer_timeout``,
+    ``_clock`` and ``_run_counter`` (which it lowers by the closures left unfinished
+    before a save).
     """
 
-    def _start_ps_watch(self, cluster_resolver: Any) -> None:
+    def _start_ps_watch(self, cluster_resolver: Any, checkpoint: Any = None) -> None:
         """Starts polling the PS and worker tasks for notices, and makes this handler the
-        one ``ClusterCoordinator.join()`` checks."""
+        one ``ClusterCoordinator.join()`` checks. The strategy of the checkpoint's
+        variables is kept: TensorFlow's own coordinator is found on it at save time."""
+        self._ps_strategy = _ps_control.strategy_of(
+            getattr(checkpoint, "checkpoint", None) or checkpoint
+        )
         self._ps_poller = _ps_control.ClusterPoller(
             _membership._as_dict(cluster_resolver.cluster_spec()),
             self._on_cluster_notice,
@@ -52,8 +57,14 @@ class PsSteps:
         """``close()``; ``__del__`` passes ``stop_poller=False``: it joins no thread."""
         if self._ps_poller is not None:
             _ps_control.unregister_handler(self)
+            coordinator = self._ps_coordinator()
+            if coordinator is not None:
+                _ps_control.resume_all(coordinator)
             if stop_poller:
                 self._ps_poller.stop()
+
+    def _ps_coordinator(self) -> Any:
+        return _ps_control.find_coordinator(self._ps_strategy)
 
     def _saves_where_it_publishes(self) -> bool:
         """Whether the check that publishes the agreed step also saves at it: the
@@ -68,6 +79,17 @@ class PsSteps:
         if self._attention or self._thread_error is not None:
             self._check_preemption_and_maybe_checkpoint()
 
+    def _ps_on_notice(self) -> None:
+        """A notice this coordinator acts on (its own or a PS's; the driver's thread):
+        with no grace period the save comes next, so from now on no worker takes a new
+        closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
+        hold), which must return to reach the check that saves."""
+        if self._ps_poller is None or self._grace_period > 0:
+            return
+        coordinator = self._ps_coordinator()
+        if coordinator is not None and _ps_control.hold_all(coordinator, strict=False):
+            log.info("Termination notice: the workers take no new closures until the save.")
+
     def _on_cluster_notice(
         self, job: str, task: int, source: str, deadline: Optional[float]
     ) -> None:
@@ -79,7 +101,9 @@ class PsSteps:
             if self._sources is not None:
                 self._sources.trigger(f"ps {task}: {source}", deadline)
         elif job == "worker" and self._ps_poller is not None:
-            drain = _ps_control.WorkerDrain(self._ps_poller, task, deadline)
+            drain = _ps_control.WorkerDrain(
+                self._ps_poller, task, deadline, coordinator=self._ps_coordinator()
+            )
             threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
 
     def _on_cluster_release(self, job: str, task: int, reason: str) -> None:
@@ -87,13 +111,25 @@ class PsSteps:
         self._record_task_release(job, task, reason)
 
     def _ps_before_save(self) -> None:
-        """Lets the scheduled closures finish (bounded by the notice's deadline) so that
-        the saved run count is the number of closures whose effect is in the variables."""
+        """Holds every worker and lets the closures in flight finish (bounded by the
+        notice's deadline), so that the saved run count is the number of closures whose
+        effect is in the variables.
+
+        Closures still queued at the bound never ran: they are not counted and run after
+        the restart. A closure still in flight at the bound keeps running during the
+        save: it is not counted, so it runs again after the restart, and its effect may
+        be in the checkpoint too (TensorFlow's at-least-once). The log and the
+        ``save_start`` record name them.
+        """
+        self._ps_unfinished = None
         if self._ps_poller is None:
             return
-        coordinator = _ps_control.find_coordinator()
+        coordinator = self._ps_coordinator()
         if coordinator is None:
-            log.warning("No ClusterCoordinator found: saving without waiting for closures.")
+            log.warning(
+                "No ClusterCoordinator found (neither tf_failure_handling's nor one on the "
+                "checkpoint's strategy): saving without waiting for closures."
+            )
             return
         # The closures may take until the save must start: the notice's deadline
         # (or the grace period's end) less the longest save seen; with neither,
@@ -110,25 +146,49 @@ class PsSteps:
             longest = state.get("longest_save") or 0.0
             bound = max(0.0, deadline - self._clock() - longest)
         start = self._clock()
-        queued, in_flight = _ps_control.join_within(coordinator, bound)
-        if queued or in_flight:
-            abandoned = queued + in_flight
-            self._run_counter = max(0, self._run_counter - abandoned)
-            log.warning(
-                "%d scheduled closure(s) did not finish within %.1fs (%d queued, %d in flight): "
-                "saving without them at run %d.",
-                abandoned,
-                bound,
-                queued,
-                in_flight,
-                self._run_counter,
-            )
-        else:
+        unfinished = _ps_control.wait_for_closures(coordinator, bound, self._clock)
+        self._ps_unfinished = unfinished
+        if not unfinished:
             log.info(
                 "All scheduled closures finished in %.3fs; saving at run %d.",
                 self._clock() - start,
                 self._run_counter,
             )
+            return
+        self._run_counter = max(0, self._run_counter - unfinished.count)
+        if unfinished.queued:
+            log.warning(
+                "%d queued closure(s) were not given to a worker before the save: not "
+                "counted at run %d, they run after the restart.",
+                unfinished.queued,
+                self._run_counter,
+            )
+        if unfinished.in_flight:
+            running = ", ".join(f"{fn} on worker {i}" for i, fn in unfinished.in_flight.items())
+            log.warning(
+                "%d closure(s) did not finish within %.1fs (%s)%s: saving without counting "
+                "them at run %d. Each may be in the checkpoint and will run again after the "
+                "restart (at least once, as in TensorFlow).",
+                len(unfinished.in_flight),
+                bound,
+                running,
+                "" if unfinished.held else " and TensorFlow's coordinator cannot hold the rest",
+                self._run_counter,
+            )
+
+    def _ps_save_fields(self) -> dict:
+        """The ``save_start`` record's account of the closures left unfinished."""
+        unfinished = self._ps_unfinished
+        if unfinished is None:
+            return {}
+        fields = {
+            "queued_at_bound": unfinished.queued,
+            "in_flight_at_bound": len(unfinished.in_flight),
+        }
+        if unfinished.in_flight:
+            fields["in_flight"] = {str(i): fn for i, fn in unfinished.in_flight.items()}
+            fields["in_flight_effect"] = "may be in the checkpoint and will run again"
+        return fields
 
     def _ps_after_save(self) -> None:
         """Releases the PS tasks whose notice this save answered; stops the watch."""
@@ -138,3 +198,14 @@ class PsSteps:
         poller.stop()
         for task in sorted(self._ps_with_notice):
             poller.release(f"/job:ps/replica:0/task:{task}", "checkpoint saved")
+
+    def _ps_training_goes_on(self) -> None:
+        """Training goes on in this process after the save (a grace period's countdown,
+        a save that raised, an ``exit_fn`` that returned): the closures left unfinished
+        count again and the workers take closures again."""
+        unfinished, self._ps_unfinished = self._ps_unfinished, None
+        if unfinished:
+            self._run_counter += unfinished.count
+        coordinator = self._ps_coordinator() if self._ps_poller is not None else None
+        if coordinator is not None:
+            _ps_control.resume_all(coordinator)

@@ -96,7 +96,9 @@ class RecordsHooks:
     def _record_save_start(self, round_key: str) -> None:
         if self._records.current is None:
             self._records.new_preemption()
-        self._records.write("save_start", step=self._run_counter, round=round_key)
+        self._records.write(
+            "save_start", step=self._run_counter, round=round_key, **self._ps_save_fields()
+        )
 
     def _record_save_failed(self, error: BaseException) -> None:
         self._records.write("error", error=f"save failed: {error!r}")

@@ -36,6 +36,7 @@ class SaveAndExit:
         try:
             self._save_checkpoint(*args, **kwargs)
         except BaseException as e:
+            self._ps_training_goes_on()
             self._core_save_failed()
             self._record_save_failed(e)
             raise
@@ -54,6 +55,7 @@ class SaveAndExit:
             # SLURM: the job back in the queue now that the checkpoint is saved (issue 23).
             _slurm.requeue_after_save(self)
             self._exit_fn()
+            self._ps_training_goes_on()
             # TF carries on silently here; say what state the worker is in.
             log.warning(
                 "exit_fn returned instead of ending the process: training continues, the "
@@ -62,6 +64,7 @@ class SaveAndExit:
                 step,
             )
         else:
+            self._ps_training_goes_on()
             state = self._core_state()
             if state.get("leading"):
                 log.info(

@@ -1,0 +1,697 @@
+"""The parameter-server control with fakes (issue 32): ``TaskControl``, the bounded
+calls, ``ClusterPoller``, ``WorkerDrain``, the coordinator's hold before a save, and the
+worker thread's holds.
+
+No TensorFlow cluster: the transport to the tasks is a function of the test, the
+coordinator and its workers are small fakes with the interface ``ps_control`` reads.
+Every wait is bounded; no verdict depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from tf_failure_handling._coordinator import ps_control
+from tf_failure_handling._coordinator.closures import Worker, _Holds
+
+BOUND = 10.0  # turns a hang into a failure
+
+
+class NotFound(Exception):
+    """What TF raises for a task that does not run serve()."""
+
+    def __init__(self) -> None:
+        super().__init__(f"Could not find callback with key={ps_control.TOKEN}")
+
+
+class UnavailableError(Exception):
+    """Named as TF's: the task's server is gone."""
+
+
+# ----------------------------------------------------------------------- TaskControl
+
+
+def ask(control: ps_control.TaskControl, request) -> dict:
+    raw = request if isinstance(request, bytes) else json.dumps(request).encode()
+    return json.loads(control(raw))
+
+
+def test_task_control_poll_answers_incarnation_and_notice():
+    control = ps_control.TaskControl("ps", 0)
+    answer = ask(control, {"op": "poll"})
+    assert answer == {
+        "incarnation": control.incarnation,
+        "job": "ps",
+        "task": 0,
+        "notice": None,
+    }
+    control.set_notice("signal SIGTERM", 123.0)
+    control.set_notice("later", None)  # the first notice stays
+    notice = ask(control, {"op": "poll"})["notice"]
+    assert notice["source"] == "signal SIGTERM" and notice["deadline"] == 123.0
+
+
+def test_task_control_refuses_a_release_before_its_notice():
+    """Item 5: a release sent ahead of the notice (pre-arming) does not count."""
+    control = ps_control.TaskControl("ps", 0)
+    answer = ask(
+        control, {"op": "release", "reason": "x", "incarnation": control.incarnation}
+    )
+    assert answer == {"released": False, "why": "no notice to release"}
+    control.set_notice("signal SIGTERM", None)
+    assert not control.released.is_set()
+
+
+def test_task_control_refuses_a_release_of_another_incarnation_or_notice():
+    control = ps_control.TaskControl("worker", 1)
+    control.set_notice("signal SIGTERM", None)
+    at = ask(control, {"op": "poll"})["notice"]["at"]
+    for request, why in (
+        ({"op": "release", "notice_at": at}, "not this incarnation"),
+        ({"op": "release", "incarnation": "1-2", "notice_at": at}, "not this incarnation"),
+        (
+            {"op": "release", "incarnation": control.incarnation, "notice_at": at - 1},
+            "not this notice",
+        ),
+    ):
+        assert ask(control, request) == {"released": False, "why": why}
+    assert not control.released.is_set()
+
+
+def test_task_control_release_of_this_notice_counts():
+    control = ps_control.TaskControl("worker", 1)
+    control.set_notice("signal SIGTERM", None)
+    at = ask(control, {"op": "poll"})["notice"]["at"]
+    answer = ask(
+        control,
+        {"op": "release", "reason": "drained", "incarnation": control.incarnation, "notice_at": at},
+    )
+    assert answer == {"released": True}
+    assert control.released.is_set() and control.release_reason == "drained"
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[1, 2]", b'"poll"'])
+def test_task_control_answers_bad_requests_with_an_error(raw):
+    assert "error" in ask(ps_control.TaskControl("ps", 0), raw)
+
+
+def test_task_control_answers_an_unknown_op_with_an_error():
+    assert ask(ps_control.TaskControl("ps", 0), {"op": "exit"}) == {"error": "unknown op 'exit'"}
+
+
+# ------------------------------------------------------------------- bounded calls
+
+
+def test_call_returns_the_answer_and_raises_the_error():
+    def transport(task, request):
+        if task == "bad":
+            raise UnavailableError("gone")
+        return {"task": task, "op": request["op"]}
+
+    caller = ps_control._Caller(transport)
+    assert caller("t", {"op": "poll"}, BOUND) == {"task": "t", "op": "poll"}
+    with pytest.raises(UnavailableError):
+        caller("bad", {"op": "poll"}, BOUND)
+
+
+def test_call_to_a_task_that_does_not_answer_gives_up_at_its_bound():
+    """Item 4: a call to a stopped task returns at its bound, and a second call to that
+    task fails at once (no thread piles up) until the first returns."""
+    stopped = threading.Event()
+
+    def transport(task, request):
+        if task == "stopped":
+            stopped.wait(BOUND)
+        return {"task": task}
+
+    caller = ps_control._Caller(transport)
+    with pytest.raises(ps_control.CallTimeout, match="did not answer 'poll' within 0.2s"):
+        caller("stopped", {"op": "poll"}, 0.2)
+    threads = threading.active_count()
+    with pytest.raises(ps_control.CallTimeout, match="earlier call has not returned"):
+        caller("stopped", {"op": "poll"}, BOUND)
+    assert threading.active_count() == threads
+    assert caller("other", {"op": "poll"}, BOUND) == {"task": "other"}
+    stopped.set()  # SIGCONT: the first call returns, the task is asked again
+    deadline = time.monotonic() + BOUND
+    while True:
+        try:
+            assert caller("stopped", {"op": "poll"}, BOUND) == {"task": "stopped"}
+            break
+        except ps_control.CallTimeout:
+            assert time.monotonic() < deadline, "the stopped task's call never returned"
+            time.sleep(0.01)
+
+
+# ------------------------------------------------------------------- ClusterPoller
+
+SPEC = {"chief": ["c"], "ps": ["p"], "worker": ["w0", "w1"]}
+PS = "/job:ps/replica:0/task:0"
+W0 = "/job:worker/replica:0/task:0"
+W1 = "/job:worker/replica:0/task:1"
+
+
+class FakeCluster:
+    """The tasks' answers, set by the test: a TaskControl per task, or an error."""
+
+    def __init__(self) -> None:
+        self.controls: dict = {}
+        self.errors: dict = {}
+        self.calls: list = []
+
+    def serve(self, task: str, job: str, index: int) -> ps_control.TaskControl:
+        control = self.controls[task] = ps_control.TaskControl(job, index)
+        self.errors.pop(task, None)
+        return control
+
+    def __call__(self, task, request, timeout=None):
+        self.calls.append((task, request["op"]))
+        if task in self.errors:
+            raise self.errors[task]
+        return json.loads(self.controls[task](json.dumps(request).encode()))
+
+
+def make_poller(cluster: FakeCluster, notices: list, released=None):
+    return ps_control.ClusterPoller(
+        SPEC,
+        lambda *n: notices.append(n),
+        interval=0.01,
+        on_released=(lambda *r: released.append(r)) if released is not None else None,
+        caller=cluster,
+    )
+
+
+def test_poller_asks_every_ps_and_worker_task():
+    cluster, notices = FakeCluster(), []
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i)
+    poller = make_poller(cluster, notices)
+    assert poller.tasks == [PS, W0, W1]
+    poller.poll_once()
+    assert [t for t, _ in cluster.calls] == [PS, W0, W1]
+    assert notices == []
+    assert poller.incarnations[W1] == cluster.controls[W1].incarnation
+
+
+def test_poller_hands_on_each_incarnations_first_notice_once():
+    cluster, notices = FakeCluster(), []
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i)
+    poller = make_poller(cluster, notices)
+    cluster.controls[W1].set_notice("signal SIGTERM", 50.0)
+    poller.poll_once()
+    poller.poll_once()
+    assert notices == [("worker", 1, "signal SIGTERM", 50.0)]
+    # The restarted worker (a new incarnation) is preempted again: handed on again.
+    cluster.serve(W1, "worker", 1).set_notice("signal SIGTERM", None)
+    poller.poll_once()
+    assert notices[1:] == [("worker", 1, "signal SIGTERM", None)]
+
+
+def test_a_task_that_did_not_serve_yet_is_asked_again_and_watched():
+    """Item 2: a task whose control is not registered yet ("Could not find callback":
+    a restarted task whose serve() has not installed it) was never asked again. Now
+    every round asks it, and its notice is handed on once it serves."""
+    cluster, notices = FakeCluster(), []
+    cluster.serve(PS, "ps", 0)
+    cluster.serve(W0, "worker", 0)
+    cluster.errors[W1] = NotFound()
+    poller = make_poller(cluster, notices)
+    poller.poll_once()
+    poller.poll_once()
+    assert cluster.calls.count((W1, "poll")) == 2
+    cluster.serve(W1, "worker", 1).set_notice("signal SIGTERM", None)
+    poller.poll_once()
+    assert notices == [("worker", 1, "signal SIGTERM", None)]
+
+
+def test_a_task_that_does_not_answer_is_asked_again():
+    cluster, notices = FakeCluster(), []
+    cluster.serve(PS, "ps", 0)
+    cluster.serve(W0, "worker", 0)
+    cluster.errors[W1] = UnavailableError("connection refused")
+    poller = make_poller(cluster, notices)
+    poller.poll_once()
+    assert poller.unanswered == {W1: "UnavailableError"}
+    cluster.serve(W1, "worker", 1).set_notice("kubernetes", 9.0)
+    poller.poll_once()
+    assert poller.unanswered == {}
+    assert notices == [("worker", 1, "kubernetes", 9.0)]
+
+
+def test_a_stopped_task_does_not_hold_up_the_others():
+    """Item 4 with the real bounded caller: worker 0 never answers; the PS's notice is
+    still handed on in the same round, within a bound of one call timeout."""
+    cluster = FakeCluster()
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i)
+    stopped = threading.Event()
+
+    def transport(task, request):
+        if task == W0:
+            stopped.wait(BOUND)
+        return cluster(task, request)
+
+    notices: list = []
+    poller = ps_control.ClusterPoller(
+        SPEC,
+        lambda *n: notices.append(n),
+        interval=0.01,
+        caller=ps_control._Caller(transport),
+        call_timeout=0.2,
+    )
+    cluster.controls[PS].set_notice("signal SIGTERM", None)
+    cluster.controls[W1].set_notice("signal SIGTERM", None)
+    poller.poll_once()
+    assert notices == [("ps", 0, "signal SIGTERM", None), ("worker", 1, "signal SIGTERM", None)]
+    assert poller.unanswered == {W0: "CallTimeout"}
+    stopped.set()
+
+
+def test_a_notice_handler_that_raises_does_not_end_the_watch():
+    cluster = FakeCluster()
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i).set_notice("signal SIGTERM", None)
+    seen = []
+
+    def on_notice(*n):
+        seen.append(n)
+        raise RuntimeError("boom")
+
+    poller = ps_control.ClusterPoller(SPEC, on_notice, interval=0.01, caller=cluster)
+    poller.poll_once()
+    assert len(seen) == 3
+
+
+def test_the_poller_thread_runs_until_stopped():
+    cluster, notices = FakeCluster(), []
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i)
+    poller = make_poller(cluster, notices)
+    poller.start()
+    cluster.controls[PS].set_notice("signal SIGTERM", None)
+    end = time.monotonic() + BOUND
+    while not notices:
+        assert time.monotonic() < end, "the poller thread handed on no notice"
+        time.sleep(0.01)
+    poller.stop()
+    assert not poller._thread.is_alive()
+    count = len(cluster.calls)
+    time.sleep(0.05)
+    assert len(cluster.calls) == count, "the poller went on after stop()"
+
+
+def test_release_names_the_incarnation_and_notice_it_saw():
+    cluster, notices, released = FakeCluster(), [], []
+    control = cluster.serve(PS, "ps", 0)
+    cluster.serve(W0, "worker", 0)
+    cluster.serve(W1, "worker", 1)
+    poller = make_poller(cluster, notices, released)
+    control.set_notice("signal SIGTERM", None)
+    poller.poll_once()
+    assert poller.release(PS, "checkpoint saved")
+    assert control.released.is_set() and released == [("ps", 0, "checkpoint saved")]
+
+
+def test_release_of_a_task_that_restarted_is_refused():
+    """The coordinator's release for the old incarnation does not stop the new one."""
+    cluster, notices, released = FakeCluster(), [], []
+    cluster.serve(PS, "ps", 0).set_notice("signal SIGTERM", None)
+    cluster.serve(W0, "worker", 0)
+    cluster.serve(W1, "worker", 1)
+    poller = make_poller(cluster, notices, released)
+    poller.poll_once()
+    restarted = cluster.serve(PS, "ps", 0)
+    restarted.set_notice("signal SIGTERM", None)
+    assert not poller.release(PS, "checkpoint saved")
+    assert not restarted.released.is_set() and released == []
+
+
+def test_release_of_a_task_that_is_gone_returns_false():
+    cluster, released = FakeCluster(), []
+    cluster.errors[PS] = UnavailableError("gone")
+    poller = make_poller(cluster, [], released)
+    assert not poller.release(PS, "checkpoint saved")
+    assert released == []
+
+
+def test_a_failing_release_record_does_not_stop_the_release():
+    cluster = FakeCluster()
+    control = cluster.serve(PS, "ps", 0)
+    control.set_notice("signal SIGTERM", None)
+
+    def on_released(*r):
+        raise OSError("disk full")
+
+    poller = ps_control.ClusterPoller(
+        SPEC, lambda *n: None, interval=0.01, on_released=on_released, caller=cluster
+    )
+    poller.poll(PS)
+    assert poller.release(PS, "checkpoint saved") and control.released.is_set()
+
+
+def test_wait_gone_sees_a_new_incarnation_or_a_gone_task():
+    cluster = FakeCluster()
+    old = cluster.serve(W1, "worker", 1)
+    poller = make_poller(cluster, [])
+    assert not poller.wait_gone(W1, old.incarnation, 0.1)
+    cluster.serve(W1, "worker", 1)
+    assert poller.wait_gone(W1, old.incarnation, BOUND)
+    cluster.errors[W1] = UnavailableError("gone")
+    assert poller.wait_gone(W1, "whatever", BOUND)
+
+
+def test_wait_gone_keeps_waiting_while_the_task_is_stopped():
+    stopped = threading.Event()
+    cluster = FakeCluster()
+    old = cluster.serve(W1, "worker", 1)
+
+    def transport(task, request):
+        stopped.wait(BOUND)
+        raise UnavailableError("gone")
+
+    poller = ps_control.ClusterPoller(
+        SPEC, lambda *n: None, caller=ps_control._Caller(transport), call_timeout=0.05
+    )
+    assert not poller.wait_gone(W1, old.incarnation, 0.3)
+    stopped.set()
+    assert poller.wait_gone(W1, old.incarnation, BOUND)
+
+
+# ------------------------------------------------------- the coordinator's workers
+
+
+class FakeWorker:
+    """What ``ps_control`` reads of a worker of ours: holds, idleness, its closure."""
+
+    def __init__(self, index: int) -> None:
+        self.worker_index = index
+        self.holds = _Holds()
+        self.running = None  # the function name of the closure in flight
+        self.finished = threading.Event()
+
+    def hold(self, reason="drain", strict=True):
+        self.holds.add(reason, strict)
+        if self.running is None:
+            self.holds.idle.set()
+
+    def resume(self, reason="drain"):
+        self.holds.remove(reason)
+
+    def wait_idle(self, timeout):
+        return self.holds.idle.wait(timeout)
+
+    def in_flight(self):
+        return self.running
+
+    def finish(self):
+        self.running = None
+        if self.holds.held():
+            self.holds.idle.set()
+
+
+class FakeQueue:
+    def __init__(self, queued=0, inflight=0, done=True) -> None:
+        self.queued = queued
+        self.inflight_closure_count = inflight
+        self._done = done
+        self._error = None
+
+    def qsize(self):
+        return self.queued
+
+    def wait(self, timeout=None):
+        return self._done
+
+
+class FakeCoordinator:
+    def __init__(self, workers, queue) -> None:
+        self._cluster = type("Cluster", (), {"workers": workers, "closure_queue": queue})()
+
+
+def test_wait_for_closures_holds_every_worker_and_waits_for_the_ones_in_flight():
+    workers = [FakeWorker(0), FakeWorker(1)]
+    workers[1].running = "train_step"
+    coordinator = FakeCoordinator(workers, FakeQueue(queued=7))
+    threading.Timer(0.05, workers[1].finish).start()
+    unfinished = ps_control.wait_for_closures(coordinator, BOUND)
+    assert all(w.holds.strict() for w in workers)
+    assert (unfinished.queued, unfinished.in_flight, unfinished.held) == (7, {}, True)
+    assert unfinished.count == 7 and unfinished
+
+
+def test_wait_for_closures_names_the_closure_in_flight_at_the_bound():
+    """Item 1: the bound expires with worker 1's closure running: it is named."""
+    workers = [FakeWorker(0), FakeWorker(1)]
+    workers[1].running = "train_step"
+    coordinator = FakeCoordinator(workers, FakeQueue(queued=3))
+    unfinished = ps_control.wait_for_closures(coordinator, 0.1)
+    assert unfinished.in_flight == {1: "train_step"} and unfinished.queued == 3
+    assert unfinished.count == 4
+    ps_control.resume_all(coordinator)
+    assert not any(w.holds.held() for w in workers)
+
+
+def test_wait_for_closures_with_tensorflows_coordinator_cannot_hold():
+    class TfWorker:
+        worker_index = 0
+
+    finished = FakeCoordinator([TfWorker()], FakeQueue(done=True))
+    assert not ps_control.wait_for_closures(finished, 0.1)
+    stuck = FakeCoordinator([TfWorker()], FakeQueue(queued=2, inflight=1, done=False))
+    unfinished = ps_control.wait_for_closures(stuck, 0.1)
+    assert (unfinished.queued, len(unfinished.in_flight), unfinished.held) == (2, 1, False)
+
+
+def test_a_save_hold_and_a_drain_hold_are_lifted_separately():
+    worker = FakeWorker(0)
+    coordinator = FakeCoordinator([worker], FakeQueue())
+    worker.hold("drain x")
+    assert ps_control.hold_all(coordinator, strict=True)
+    worker.resume("drain x")
+    assert worker.holds.held(), "the drain's resume lifted the save's hold"
+    ps_control.resume_all(coordinator)
+    assert not worker.holds.held()
+
+
+class FakePoller:
+    def __init__(self, released=True, gone=True) -> None:
+        self.incarnations = {W1: "inc-1"}
+        self.calls: list = []
+        self._released = released
+        self._gone = gone
+
+    def release(self, task, reason):
+        self.calls.append(("release", task, reason))
+        return self._released
+
+    def wait_gone(self, task, incarnation, bound):
+        self.calls.append(("wait_gone", task, incarnation))
+        return self._gone
+
+
+def test_drain_holds_waits_releases_waits_for_the_exit_then_resumes():
+    worker = FakeWorker(1)
+    worker.running = "train_step"
+    poller = FakePoller()
+    drain = ps_control.WorkerDrain(
+        poller, 1, None, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
+    )
+    released = []
+    original = poller.release
+
+    def release(task, reason):
+        released.append(worker.holds.held() and worker.running is None)
+        return original(task, reason)
+
+    poller.release = release
+    threading.Timer(0.05, worker.finish).start()
+    drain.run()
+    assert released == [True], "released before its closure finished"
+    assert poller.calls == [
+        ("release", W1, "drained"),
+        ("wait_gone", W1, "inc-1"),
+    ]
+    assert drain.outcome == "released" and not worker.holds.held()
+
+
+def test_drain_releases_at_its_bound_with_the_closure_still_running(caplog):
+    worker = FakeWorker(1)
+    worker.running = "train_step"
+    poller = FakePoller()
+    drain = ps_control.WorkerDrain(
+        poller,
+        1,
+        deadline=100.0,
+        coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue()),
+        clock=lambda: 98.9,  # 1.1 s to the deadline, less the 1 s margin
+    )
+    assert drain.bound() == pytest.approx(0.1)
+    with caplog.at_level("WARNING", logger="tf_failure_handling"):
+        drain.run()
+    assert "train_step did not finish within 0.1s" in caplog.text
+    assert "applied twice" in caplog.text
+    assert poller.calls[0] == ("release", W1, "drained")
+    assert not worker.holds.held()
+
+
+def test_drain_that_cannot_release_does_not_wait_for_an_exit():
+    worker = FakeWorker(1)
+    poller = FakePoller(released=False)
+    drain = ps_control.WorkerDrain(
+        poller, 1, None, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
+    )
+    drain.run()
+    assert poller.calls == [("release", W1, "drained")]
+    assert drain.outcome == "not released" and not worker.holds.held()
+
+
+def test_drain_with_a_coordinator_that_cannot_hold_releases_at_once(caplog):
+    class TfWorker:
+        worker_index = 1
+
+    poller = FakePoller()
+    drain = ps_control.WorkerDrain(
+        poller, 1, None, coordinator=FakeCoordinator([TfWorker(), TfWorker()], FakeQueue())
+    )
+    with caplog.at_level("WARNING", logger="tf_failure_handling"):
+        drain.run()
+    assert "cannot stop giving that worker closures" in caplog.text
+    assert poller.calls == [("release", W1, "notice; coordinator cannot drain")]
+    assert drain.outcome == "no hold"
+
+
+def test_drain_bound_without_a_deadline_is_the_default():
+    drain = ps_control.WorkerDrain(FakePoller(), 1, None, coordinator=None)
+    assert drain.bound() == ps_control.DEFAULT_DRAIN_BOUND
+    assert ps_control.WorkerDrain(FakePoller(), 1, 5.0, clock=lambda: 10.0).bound() == 0.0
+
+
+# ------------------------------------------------------------- the worker's thread
+
+
+class CountingQueue:
+    """A closure queue that is never given a closure; counts the thread's looks."""
+
+    stopped = False
+
+    def __init__(self, size=0) -> None:
+        self.gets = 0
+        self.size = size
+        self.put_back_calls = 0
+
+    def qsize(self):
+        return self.size
+
+    def get(self, timeout=None, tag=None):
+        self.gets += 1
+        time.sleep(min(timeout or 0.0, 0.01))
+        return None
+
+
+def held_worker(queue) -> Worker:
+    """A ``Worker`` whose loop runs on ``queue``, built without TF's cluster."""
+    worker = Worker.__new__(Worker)
+    worker.worker_index = 0
+    worker._should_worker_thread_run = True
+    worker._cluster = type("Cluster", (), {"closure_queue": queue})()
+    worker._maybe_delay = lambda: None
+    return worker
+
+
+def test_a_held_worker_thread_waits_without_spinning():
+    """Item 3: the thread of a held worker waited on the hold event it had just seen
+    set (``hold.wait`` returns at once while set), looping on the GIL for the whole
+    drain. Now it waits on its holds being lifted: a few looks per second, and no CPU."""
+    queue = CountingQueue()
+    worker = held_worker(queue)
+    worker.hold("drain")
+    looks = []
+    original = worker._holds().wait_turn
+
+    def counting_wait_turn(q, slice_):
+        looks.append(1)
+        return original(q, slice_)
+
+    worker._holds().wait_turn = counting_wait_turn
+    thread = threading.Thread(target=worker._take_closures, daemon=True)
+    cpu = time.process_time()
+    thread.start()
+    assert worker.wait_idle(BOUND), "the held thread never reported idle"
+    time.sleep(1.0)
+    used = time.process_time() - cpu
+    worker._should_worker_thread_run = False
+    worker.resume("drain")
+    thread.join(BOUND)
+    assert not thread.is_alive()
+    # One look per GET_SLICE (0.5 s) while held, and a last one after the resume.
+    print(f"held 1.0 s: {len(looks)} looks, {used * 1000:.1f} ms of process CPU")
+    assert len(looks) <= 5, f"{len(looks)} looks in 1 s: the held thread spins"
+    assert queue.gets == 0, "a held thread asked the queue for a closure"
+
+
+def test_a_non_strict_hold_lets_a_full_queue_drain():
+    """The coordinator's notice holds the workers loosely: with the queue full (a
+    schedule() waiting for room) the thread still takes closures."""
+    queue = CountingQueue(size=ps_control_max_size())
+    worker = held_worker(queue)
+    worker.hold("save", strict=False)
+    thread = threading.Thread(target=worker._take_closures, daemon=True)
+    thread.start()
+    end = time.monotonic() + BOUND
+    while queue.gets < 2:
+        assert time.monotonic() < end, "a loosely held thread did not take from a full queue"
+        time.sleep(0.01)
+    worker.hold("save", strict=True)  # the save begins: strictly held now
+    assert worker.wait_idle(BOUND)
+    gets = queue.gets
+    time.sleep(0.2)
+    assert queue.gets == gets, "a strictly held thread asked the queue for a closure"
+    worker._should_worker_thread_run = False
+    worker.resume("save")
+    thread.join(BOUND)
+
+
+def ps_control_max_size() -> int:
+    from tf_failure_handling._coordinator.closure_queue import MAX_SIZE
+
+    return MAX_SIZE
+
+
+def test_a_closure_taken_after_a_strict_hold_goes_back_untouched():
+    class OneClosureQueue(CountingQueue):
+        def __init__(self, worker_ref) -> None:
+            super().__init__()
+            self.worker_ref = worker_ref
+            self.given = object()
+            self.back = []
+
+        def get(self, timeout=None, tag=None):
+            self.gets += 1
+            if self.gets == 1:
+                # The hold arrives while this thread waits in get().
+                self.worker_ref[0].hold("save", strict=True)
+                return self.given
+            time.sleep(0.01)
+            return None
+
+        def put_back(self, closure):
+            self.back.append(closure)
+
+    ref: list = []
+    queue = OneClosureQueue(ref)
+    worker = held_worker(queue)
+    ref.append(worker)
+    processed = []
+    worker._process_closure = processed.append
+    thread = threading.Thread(target=worker._take_closures, daemon=True)
+    thread.start()
+    assert worker.wait_idle(BOUND)
+    worker._should_worker_thread_run = False
+    worker.resume("save")
+    thread.join(BOUND)
+    assert queue.back == [queue.given] and processed == []
