@@ -695,3 +695,34 @@ def test_a_closure_taken_after_a_strict_hold_goes_back_untouched():
     worker.resume("save")
     thread.join(BOUND)
     assert queue.back == [queue.given] and processed == []
+
+
+# ------------------------------------------------------- finding TF's coordinator
+
+
+def test_tensorflows_coordinator_is_found_on_the_checkpoints_strategy(monkeypatch):
+    """Item 7: no heap walk. TF keeps a strategy's coordinator in
+    ``strategy._cluster_coordinator``; the handler reads the strategy off the
+    checkpoint's variables when it is built (a manager's checkpoint too)."""
+    import tensorflow as tf
+
+    monkeypatch.setattr(ps_control, "_coordinators", __import__("weakref").WeakSet())
+
+    class Strategy:
+        _cluster_coordinator = None
+
+    strategy = Strategy()
+    variable = tf.Variable(1.0)
+    variable._distribute_strategy = strategy
+    checkpoint = tf.train.Checkpoint(model=tf.Module(), step=variable)
+    assert ps_control.strategy_of(checkpoint) is strategy
+    manager = tf.train.CheckpointManager(checkpoint, "/nonexistent-tfh-test", 1)
+    assert ps_control.strategy_of(manager) is strategy
+    assert ps_control.strategy_of(tf.train.Checkpoint()) is None
+    assert ps_control.find_coordinator(strategy) is None
+    coordinator = FakeCoordinator([], FakeQueue())
+    strategy._cluster_coordinator = coordinator
+    assert ps_control.find_coordinator(strategy) is coordinator
+    ours = FakeCoordinator([], FakeQueue())
+    ps_control.register_coordinator(ours)
+    assert ps_control.find_coordinator(strategy) is ours

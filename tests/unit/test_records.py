@@ -223,3 +223,24 @@ def test_report_without_matplotlib_says_how_to_install_it(make_handler, tmp_path
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     code = report.main([str(tmp_path / "ckpt" / "preemption_records"), "--plot", "x.png"])
     assert code == 3
+
+
+def test_last_exit_reads_only_the_tasks_own_preemptions(tmp_path):
+    """Issue 32, item 8: a coordinator's file holds the lines it wrote for its tasks. A
+    coordinator restarted after a worker's drain must not take the worker's exit for
+    its own (its ``resumed`` line had the worker's preemption and downtime)."""
+    folder = tmp_path / "preemption_records"
+    rec = records.Recorder(str(folder), "chief", 0)
+    rec.new_preemption()
+    rec.write("notice", source="signal SIGTERM")
+    rec.write("exit", code=42, time=100.0)
+    rec.write("notice", preemption="worker-1-x", as_job="worker", as_task=1, source="w")
+    rec.write("exit", preemption="worker-1-x", as_job="worker", as_task=1, code=42, time=200.0)
+    rec.close()
+    own = records.last_exit(str(folder), "chief", 0)
+    assert own is not None and own.exit_time == 100.0 and own.job == "chief", own
+    # Nothing of the chief's own: None, not the worker's.
+    rec = records.Recorder(str(tmp_path / "other"), "chief", 0)
+    rec.write("exit", preemption="worker-1-y", as_job="worker", as_task=1, code=42)
+    rec.close()
+    assert records.last_exit(str(tmp_path / "other"), "chief", 0) is None

@@ -430,9 +430,10 @@ def find_coordinator(strategy: Any = None) -> Any:
     """The live ``ClusterCoordinator`` of this process (ours or TensorFlow's), or None.
 
     Ours registers itself; TensorFlow's is found on its strategy (TF keeps the one
-    coordinator of a strategy in ``strategy._cluster_coordinator``). No search of the
-    heap: the handler calls this when it is built and before each step, never inside
-    a notice's window with more than attribute reads.
+    coordinator of a strategy in ``strategy._cluster_coordinator``): ``strategy``, the
+    handler's (read off the checkpoint's variables when it was built), else the
+    current one. No search of the heap: the handler calls this at a notice and at the
+    save, where it costs a few attribute reads.
     """
     for found in list(_coordinators):
         return found
@@ -454,6 +455,8 @@ def find_coordinator(strategy: Any = None) -> Any:
 def strategy_of(checkpoint: Any) -> Any:
     """The ``tf.distribute`` strategy of the first variable ``checkpoint`` tracks, or None
     (read once, when the handler is built)."""
+    if callable(getattr(checkpoint, "_sweep", None)) and hasattr(checkpoint, "checkpoint"):
+        checkpoint = checkpoint.checkpoint  # a CheckpointManager: its checkpoint
     seen = 0
     stack = [checkpoint]
     while stack and seen < 10_000:

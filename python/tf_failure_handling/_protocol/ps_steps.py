@@ -42,9 +42,7 @@ class PsSteps:
         """Starts polling the PS and worker tasks for notices, and makes this handler the
         one ``ClusterCoordinator.join()`` checks. The strategy of the checkpoint's
         variables is kept: TensorFlow's own coordinator is found on it at save time."""
-        self._ps_strategy = _ps_control.strategy_of(
-            getattr(checkpoint, "checkpoint", None) or checkpoint
-        )
+        self._ps_strategy = _ps_control.strategy_of(checkpoint)
         self._ps_poller = _ps_control.ClusterPoller(
             _membership._as_dict(cluster_resolver.cluster_spec()),
             self._on_cluster_notice,
