@@ -58,6 +58,7 @@ from . import _failure
 from ._coordinator import closures as _closures
 from ._coordinator import ps_control as _ps_control
 from ._coordinator.closure_queue import ClosureQueue
+from ._integrations import tf_exit as _tf_exit
 from ._integrations import tf_versions as _tf_versions
 
 log = logging.getLogger("tf_failure_handling")
@@ -297,6 +298,8 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         self._strategy = strategy
         self.strategy.extended._used_with_coordinator = True
         self._cluster = _Cluster(strategy, timeout)
+        # TF's coordination-service poller would keep the process from exiting.
+        _tf_exit.install(self)
         self._functions = _closures.ConcreteFunctionCache()
         self._has_initialized = True
         _ps_control.register_coordinator(self)

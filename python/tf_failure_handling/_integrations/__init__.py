@@ -3,7 +3,9 @@
 * ``keras_internals``: every Keras 3 internal that ``tf_failure_handling.keras`` relies
   on, each checked when ``fit`` starts, with the Keras file it comes from;
 * ``tf_versions``: the TensorFlow releases this package is tested with, and the
-  fingerprint of each TensorFlow internal it mirrors or subclasses.
+  fingerprint of each TensorFlow internal it mirrors or subclasses;
+* ``tf_exit``: stops TensorFlow's coordination-service poller (a chain of non-daemon
+  timer threads) at interpreter shutdown, so that a coordinator process can exit.
 
 ``patch()`` (``_patch.py``) is an integration too, but it stands above the API, whose
 classes it puts into TensorFlow by name; TensorFlow's error types (``_errors.py``) stand

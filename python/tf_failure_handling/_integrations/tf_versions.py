@@ -58,6 +58,7 @@ _CTX = "tensorflow.python.eager.context"
 _VALUES = "tensorflow.python.distribute.coordinator.values"
 _DISPATCH = "tensorflow.python.distribute.coordinator.coordinator_context"
 _METRICS = "tensorflow.python.distribute.coordinator.metric_utils"
+_UTILS = "tensorflow.python.distribute.coordinator.utils"
 _CANCEL = "tensorflow.python.eager.cancellation"
 _FCTX = "tensorflow.python.eager.polymorphic_function.function_context"
 
@@ -86,6 +87,7 @@ RELIED_ON = {
     f"{_CC}:ResourceClosure": "told apart by _closures.Worker._process_queue",
     f"{_CC}:_CLOSURE_QUEUE_MAX_SIZE": "read by coordinator._Cluster (TF's tests set it)",
     f"{_CC}:CoordinationServicePreemptionHandler": "used as is (coordination-service mode)",
+    f"{_UTILS}:RepeatedTimer": "its poller thread is stopped at shutdown by tf_exit",
     f"{_CC}:ClosureInputError": "unwrapped by the classifier",
     f"{_CC}:ClosureAbortedError": "unwrapped by the classifier",
     f"{_CC}:PSUnavailableError": "a PS failure for the classifier",
@@ -128,6 +130,8 @@ _TF_2_16 = {
     f"{_CC}:ResourceClosure": "41747f043316",
     f"{_CC}:_CLOSURE_QUEUE_MAX_SIZE": "dcddbed51736",
     f"{_CC}:CoordinationServicePreemptionHandler": "6d414a6a46b2",
+    # Read from 2.21.0: distribute/coordinator/ is the same in 2.16.2 (module docstring).
+    f"{_UTILS}:RepeatedTimer": "9e796c4ab095",
     f"{_CC}:ClosureInputError": "f9f4db757755",
     f"{_CC}:ClosureAbortedError": "efb346ca8c69",
     f"{_CC}:PSUnavailableError": "b12367400e12",

@@ -1,0 +1,161 @@
+"""Lets a coordinator process end while TensorFlow's coordination-service poller runs.
+
+With ``TF_PSS_ENABLE_COORDINATION_SERVICE`` set, the ``Cluster`` of a
+``ClusterCoordinator`` (TF's and ours) has a ``CoordinationServicePreemptionHandler``
+as its ``failure_handler``. Its ``__init__`` starts ``_task_state_poller_thread``, a
+``RepeatedTimer`` (``distribute/coordinator/utils.py``) that asks the coordination
+service for the task states every ``_POLL_FREQ_IN_SEC`` (5 s). A ``RepeatedTimer`` is a
+chain of ``threading.Timer`` threads, none of them a daemon, each of which arms the next
+one before it polls. Only ``RepeatedTimer.stop()`` ends the chain; TF calls it from the
+handler's ``stop()``, that is from ``Cluster.stop()``, from ``ClusterCoordinator.__del__``
+-- which does not run before the interpreter shuts down, since the strategy and its
+coordinator refer to each other. ``threading._shutdown`` joins every non-daemon thread
+and there is always one Timer left: a return from ``main`` and the handler's
+``sys.exit(42)`` after a save both wait forever (TensorFlow 2.16 to 2.21, TF's
+coordinator as ours).
+
+:func:`install` registers, once, :func:`stop_now` with ``threading._register_atexit``
+(CPython 3.9 and later; 3.10 to 3.13 call it in ``threading._shutdown`` before joining
+the non-daemon threads -- a plain ``atexit`` function runs after that join, too late).
+:func:`stop_now` calls ``RepeatedTimer.stop()`` on each coordination-service poller: the
+ones of the coordinators given to :func:`install`, and those found among the live
+threads (a ``threading.Timer`` whose function is a ``RepeatedTimer``'s, polling for a
+``CoordinationServicePreemptionHandler``), so TF's own coordinator is covered with
+``install(None)``. A poll in flight finishes (the shutdown joins its thread) and arms
+nothing more. The exit code stays the one the process chose.
+
+Not the handler's own ``stop()``: it takes the handler's ``_cluster_update_lock``, which
+the recovery thread holds across ``update_server_def`` while a worker comes back, and
+the shutdown must not wait for a recovery. The recovery thread is a daemon thread.
+
+Everything of TensorFlow's is looked up by name and may be missing (logged at debug);
+TensorFlow is never imported here: without its coordinator module loaded there is no
+poller to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Optional
+
+log = logging.getLogger("tf_failure_handling")
+
+_CC = "tensorflow.python.distribute.coordinator.cluster_coordinator"
+_UTILS = "tensorflow.python.distribute.coordinator.utils"
+
+_lock = threading.Lock()
+_registered = False
+#: The pollers of the coordinators given to install(), weakly.
+_pollers: list[weakref.ReferenceType] = []
+
+
+def install(coordinator: Optional[Any] = None) -> None:
+    """Arranges for TF's coordination-service poller to stop at interpreter shutdown.
+
+    ``coordinator``: a ``ClusterCoordinator`` (TF's or ours) whose poller to stop, or
+    None to stop whatever poller the live threads show at shutdown. A coordinator
+    without a poller (coordination service not enabled) registers nothing. Idempotent;
+    call it any time before the shutdown starts.
+    """
+    poller = None
+    if coordinator is not None:
+        poller = _poller_of(coordinator)
+        if poller is None:
+            return
+    global _registered
+    with _lock:
+        if poller is not None and not any(ref() is poller for ref in _pollers):
+            _pollers.append(weakref.ref(poller))
+        if _registered:
+            return
+        register: Optional[Callable[..., Any]] = getattr(threading, "_register_atexit", None)
+        if register is None:
+            log.debug("threading._register_atexit is missing: TF's poller is not stopped")
+            return
+        try:
+            register(stop_now)
+        except RuntimeError as e:  # the shutdown has started
+            log.debug("Cannot stop TF's poller at shutdown: %s", e)
+            return
+        _registered = True
+
+
+def stop_now() -> None:
+    """Stops every coordination-service poller now; it does not start again.
+
+    Called at interpreter shutdown once :func:`install` ran. Before that, only when the
+    process is about to end: the coordinator no longer sees a worker's failure after it.
+    Never raises (it runs inside ``threading._shutdown``).
+    """
+    try:
+        with _lock:
+            pollers = [ref() for ref in _pollers]
+        pollers += _pollers_of_live_threads()
+        stopped: list[Any] = []
+        for poller in pollers:
+            if poller is not None and not any(poller is s for s in stopped):
+                _stop(poller)
+                stopped.append(poller)
+        if stopped:
+            log.info(
+                "Stopped TensorFlow's coordination-service task-state poller (%d) so the "
+                "process can exit.",
+                len(stopped),
+            )
+    except Exception:  # the shutdown goes on whatever happens here
+        log.debug("Stopping TF's coordination-service poller failed", exc_info=True)
+
+
+def _poller_of(coordinator: Any) -> Optional[Any]:
+    cluster = getattr(coordinator, "_cluster", None)
+    handler = getattr(cluster, "failure_handler", None)
+    poller = getattr(handler, "_task_state_poller_thread", None)
+    if poller is None:
+        log.debug(
+            "%s has no coordination-service poller (failure handler %s)",
+            type(coordinator).__name__,
+            type(handler).__name__,
+        )
+    return poller
+
+
+def _pollers_of_live_threads() -> list[Any]:
+    """The ``RepeatedTimer`` of each live Timer thread that polls for TF's
+    ``CoordinationServicePreemptionHandler``."""
+    cc = sys.modules.get(_CC)
+    utils = sys.modules.get(_UTILS)
+    handler_type = getattr(cc, "CoordinationServicePreemptionHandler", None)
+    timer_type = getattr(utils, "RepeatedTimer", None)
+    if handler_type is None or timer_type is None:
+        if cc is not None:
+            log.debug("TF's CoordinationServicePreemptionHandler or RepeatedTimer is missing")
+        return []
+    found = []
+    for thread in threading.enumerate():
+        # threading.Timer(interval, function): the RepeatedTimer's bound _run.
+        poller = getattr(getattr(thread, "function", None), "__self__", None)
+        if isinstance(poller, timer_type) and isinstance(
+            getattr(getattr(poller, "function", None), "__self__", None), handler_type
+        ):
+            found.append(poller)
+    return found
+
+
+def _no_start() -> None:
+    """Stands in for a stopped poller's ``start``."""
+
+
+def _stop(poller: Any) -> None:
+    stop = getattr(poller, "stop", None)
+    if not callable(stop):
+        log.debug("%s has no stop(): not stopped", type(poller).__name__)
+        return
+    # RepeatedTimer._run clears is_running, calls start() (arms the next Timer) and
+    # then polls. A stop() between the first two would cancel the Timer that already
+    # fired and leave the next one armed; with start() a no-op on this instance, a run
+    # in flight arms nothing.
+    poller.start = _no_start
+    stop()
