@@ -11,7 +11,9 @@ Coordinator mode (the chief: the handler around ``coordinator.schedule``)::
 Every closure adds one to ``counter`` (a variable on the PS). The coordinator prints
 ``EVENT`` lines: ``restored`` (the run count and the counter restored from the
 checkpoint: equal when nothing was lost or applied twice), ``progress`` every 5 runs,
-and ``done`` (both at the end). Every address is 127.0.0.1.
+and ``done`` (both at the end). A served task prints ``exiting`` as it leaves after a
+notice: whether the coordinator released it and the checkpoint written by then (the
+order "released after the save", seen from the task's side). Every address is 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import argparse
 import json
 import os
 import sys
+import time
+
+#: The restart code, as the handler's default exit_fn.
+RESTART_CODE = 42
 
 try:
     from .mwms_worker import emit, require_loopback
@@ -41,7 +47,23 @@ def serve(args) -> int:
         start=True,
     )
     emit("serving", job=args.job, task=args.task, pid=os.getpid())
-    tfh.serve(server)
+
+    def exit_fn():
+        # What this task saw when it left: released by the coordinator (or its wait
+        # ran out), and the checkpoint the coordinator had written by then.
+        from tf_failure_handling._coordinator import ps_control
+
+        control = ps_control._installed
+        emit(
+            "exiting",
+            released=control.released.is_set(),
+            reason=control.release_reason,
+            checkpoint=tf.train.latest_checkpoint(args.ckpt) if args.ckpt else None,
+        )
+        sys.exit(RESTART_CODE)
+
+    config = tfh.TerminationConfig(exit_fn=exit_fn, peer_timeout=args.peer_timeout)
+    tfh.serve(server, config)
     emit("serve-returned")
     return 0
 
@@ -61,21 +83,31 @@ def coordinator(args) -> int:
         counter = tf.Variable(0, dtype=tf.int64, name="counter")
         weights = tf.Variable(tf.eye(64) * 0.5, name="weights")
     checkpoint = tf.train.Checkpoint(counter=counter, weights=weights)
-    handler = tfh.PreemptionCheckpointHandler(resolver, checkpoint, args.ckpt)
+    handler = tfh.PreemptionCheckpointHandler(
+        resolver, checkpoint, args.ckpt, tfh.TerminationConfig(peer_timeout=args.peer_timeout)
+    )
     runs = handler.total_run_calls
     emit("restored", runs=runs, counter=int(counter.numpy()))
 
     @tf.function
-    def train_step():
-        # Some work, so that closures are in flight when a notice comes.
-        x = weights
-        for _ in tf.range(args.work):
-            x = tf.matmul(x, weights) * 0.5 + tf.eye(64)
+    def train_step(work):
+        # Some work, so that closures are in flight when a notice comes: one read of
+        # the PS, work on the worker alone, one write to the PS at the end.
+        x = tf.identity(weights)
+        w = x
+        for _ in tf.range(work):
+            x = tf.matmul(x, w) * 0.5 + tf.eye(64)
         counter.assign_add(1)
         return tf.reduce_sum(x)
 
     while handler.total_run_calls < args.steps:
-        handler.run(coord.schedule, train_step)
+        if args.pause_at and handler.total_run_calls == args.pause_at:
+            # Nothing scheduled or running: a test stops a task and sends a notice now.
+            coord.join()
+            emit("paused", runs=handler.total_run_calls, counter=int(counter.numpy()))
+            time.sleep(args.pause)
+        long = args.long_from and handler.total_run_calls >= args.long_from
+        handler.run(coord.schedule, train_step, (args.long_work if long else args.work,))
         runs = handler.total_run_calls
         if runs % 5 == 0:
             emit("progress", runs=runs)
@@ -88,6 +120,20 @@ def coordinator(args) -> int:
     return 0
 
 
+def _diagnostics() -> None:
+    """The package's INFO lines on stderr (a test reads "watching" there before it
+    sends a signal; a failure's tail shows them), and every thread's stack on SIGUSR2
+    (a test's bound ran out: what the process was waiting for)."""
+    import faulthandler
+    import logging
+    import signal
+
+    package_log = logging.getLogger("tf_failure_handling")
+    package_log.setLevel(logging.INFO)
+    package_log.addHandler(logging.StreamHandler())
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="mode", required=True)
@@ -95,13 +141,23 @@ def main(argv=None) -> int:
     s.add_argument("--cluster", required=True)
     s.add_argument("--job", required=True, choices=("ps", "worker"))
     s.add_argument("--task", type=int, required=True)
+    s.add_argument("--ckpt", default=None, help="the coordinator's checkpoint folder")
+    s.add_argument("--peer-timeout", type=float, default=None)
     c = sub.add_parser("coordinator")
     c.add_argument("--cluster", required=True)
     c.add_argument("--ckpt", required=True)
     c.add_argument("--steps", type=int, default=120)
     c.add_argument("--work", type=int, default=200)
     c.add_argument("--epoch", type=int, default=20)
+    c.add_argument("--peer-timeout", type=float, default=None)
+    c.add_argument("--pause-at", type=int, default=0, help="join, then pause, at this run")
+    c.add_argument("--pause", type=float, default=0.0, help="seconds of that pause")
+    c.add_argument(
+        "--long-from", type=int, default=0, help="from this run on, closures of --long-work"
+    )
+    c.add_argument("--long-work", type=int, default=0)
     args = p.parse_args(argv)
+    _diagnostics()
     return serve(args) if args.mode == "serve" else coordinator(args)
 
 

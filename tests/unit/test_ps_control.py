@@ -14,7 +14,6 @@ import threading
 import time
 
 import pytest
-
 from tf_failure_handling._coordinator import ps_control
 from tf_failure_handling._coordinator.closures import Worker, _Holds
 
@@ -58,9 +57,7 @@ def test_task_control_poll_answers_incarnation_and_notice():
 def test_task_control_refuses_a_release_before_its_notice():
     """Item 5: a release sent ahead of the notice (pre-arming) does not count."""
     control = ps_control.TaskControl("ps", 0)
-    answer = ask(
-        control, {"op": "release", "reason": "x", "incarnation": control.incarnation}
-    )
+    answer = ask(control, {"op": "release", "reason": "x", "incarnation": control.incarnation})
     assert answer == {"released": False, "why": "no notice to release"}
     control.set_notice("signal SIGTERM", None)
     assert not control.released.is_set()
@@ -129,7 +126,7 @@ def test_call_to_a_task_that_does_not_answer_gives_up_at_its_bound():
         return {"task": task}
 
     caller = ps_control._Caller(transport)
-    with pytest.raises(ps_control.CallTimeout, match="did not answer 'poll' within 0.2s"):
+    with pytest.raises(ps_control.CallTimeout, match=r"did not answer 'poll' within 0\.2s"):
         caller("stopped", {"op": "poll"}, 0.2)
     threads = threading.active_count()
     with pytest.raises(ps_control.CallTimeout, match="earlier call has not returned"):

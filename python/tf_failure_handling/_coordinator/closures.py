@@ -659,8 +659,11 @@ class Worker(_tf_cc.Worker):
         closure = self.__dict__.get("_tfh_taken")
         if closure is None:
             return None
-        function = getattr(closure, "_function", None) or getattr(closure, "function", None)
-        return getattr(function, "__name__", None) or getattr(function, "name", None) or "?"
+        # The concrete function's name (``__inference_train_step_97``) names the user's.
+        entry = getattr(closure, "_entry", None)
+        function = getattr(entry, "concrete_function", None) or getattr(closure, "_function", None)
+        name = getattr(function, "name", None) or getattr(function, "__name__", None)
+        return name.decode() if isinstance(name, bytes) else (name or "a closure")
 
     def _process_queue(self) -> None:
         """TF's loop, plus the hold of a worker that got a termination notice.

@@ -196,14 +196,23 @@ def remote_call(task: str, request: dict) -> dict:
     ``InvalidArgumentError``/``UnknownError`` naming :data:`TOKEN` when the task
     does not run ``serve()``.
     """
+    from tensorflow.python.eager import context
     from tensorflow.python.framework import constant_op, dtypes, ops
-    from tensorflow.python.ops import gen_script_ops
+    from tensorflow.python.ops import array_ops, gen_script_ops
 
+    # The request is made, and the answer read, on this process's CPU; only the
+    # PyFunc op runs on the task. A tensor created under the task's device scope is
+    # copied there while its constructor holds the GIL: a task that does not answer
+    # (SIGSTOP) would freeze every Python thread of the coordinator. The op's
+    # execution, and the copies of its input and output, release the GIL.
+    local = f"{context.context().host_address_space()}/device:CPU:0"
+    with ops.device(local):
+        message = constant_op.constant(json.dumps(request))
     with ops.device(f"{task}/device:CPU:0"):
-        out = gen_script_ops.py_func(
-            input=[constant_op.constant(json.dumps(request))], token=TOKEN, Tout=[dtypes.string]
-        )
-    return json.loads(out[0].numpy().decode())
+        out = gen_script_ops.py_func(input=[message], token=TOKEN, Tout=[dtypes.string])
+    with ops.device(local):
+        answer = array_ops.identity(out[0])
+    return json.loads(answer.numpy().decode())
 
 
 class _Caller:

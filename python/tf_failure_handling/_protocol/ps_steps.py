@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from .._cluster import membership as _membership
 from .._coordinator import ps_control as _ps_control
+from .._integrations import tf_exit as _tf_exit
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -50,6 +51,9 @@ class PsSteps:
         )
         self._ps_poller.start()
         _ps_control.register_handler(self)
+        # TF_PSS_ENABLE_COORDINATION_SERVICE: TensorFlow's own coordinator's poller
+        # would keep the process from exiting (ours installs this itself).
+        _tf_exit.install(self._ps_coordinator())
 
     def _end_ps_watch(self, stop_poller: bool = True) -> None:
         """``close()``; ``__del__`` passes ``stop_poller=False``: it joins no thread."""
