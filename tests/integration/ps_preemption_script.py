@@ -68,6 +68,23 @@ def serve(args) -> int:
     return 0
 
 
+def _read(variable) -> int:
+    """The variable's value for an event line. TensorFlow can fail a coordinator's read
+    of a PS variable with the UnavailableError of a worker whose process is exiting
+    (seen while a drained worker left: "recvmsg:Connection reset by peer" from
+    /job:worker/task:1 on a ReadVariableOp); the read is then made again, at most 5
+    times, 1 s apart."""
+    import tensorflow as tf
+
+    for attempt in range(5):
+        try:
+            return int(variable.numpy())
+        except tf.errors.UnavailableError as e:
+            emit("read-retried", attempt=attempt, error=str(e).splitlines()[0])
+            time.sleep(1.0)
+    return int(variable.numpy())
+
+
 def coordinator(args) -> int:
     import tensorflow as tf
     import tf_failure_handling as tfh
@@ -87,7 +104,7 @@ def coordinator(args) -> int:
         resolver, checkpoint, args.ckpt, tfh.TerminationConfig(peer_timeout=args.peer_timeout)
     )
     runs = handler.total_run_calls
-    emit("restored", runs=runs, counter=int(counter.numpy()))
+    emit("restored", runs=runs, counter=_read(counter))
 
     @tf.function
     def train_step(work):
@@ -104,7 +121,7 @@ def coordinator(args) -> int:
         if args.pause_at and handler.total_run_calls == args.pause_at:
             # Nothing scheduled or running: a test stops a task and sends a notice now.
             coord.join()
-            emit("paused", runs=handler.total_run_calls, counter=int(counter.numpy()))
+            emit("paused", runs=handler.total_run_calls, counter=_read(counter))
             time.sleep(args.pause)
         long = args.long_from and handler.total_run_calls >= args.long_from
         handler.run(coord.schedule, train_step, (args.long_work if long else args.work,))
@@ -113,9 +130,9 @@ def coordinator(args) -> int:
             emit("progress", runs=runs)
         if runs % args.epoch == 0:
             coord.join()  # an "epoch": most of the training happens in join()
-            emit("epoch", runs=runs, counter=int(counter.numpy()))
+            emit("epoch", runs=runs, counter=_read(counter))
     coord.join()
-    emit("done", runs=handler.total_run_calls, counter=int(counter.numpy()))
+    emit("done", runs=handler.total_run_calls, counter=_read(counter))
     handler.close()
     return 0
 

@@ -265,8 +265,14 @@ def test_uninterrupted_run_writes_only_stop_watcher_keys(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("chief", [False, True], ids=["no-chief", "chief"])
 def test_grace_period_rounds(tmp_path, chief):
+    """The first save at the notice, training through the grace period, the last save.
+
+    No verdict depends on the machine's speed: the grace period (3 s) is 1,000 steps of
+    3 ms, so that "training continued" (more than 10 steps) holds on a machine 50 times
+    slower than idle (at 0.6 s it failed once on the 2-core machine under make test's
+    six jobs), and the upper bound on the exit only turns a hang into a failure."""
     n = 3
-    grace = 0.6
+    grace = 3.0
     cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT, chief=chief)
     record = {}
     noticed_at = {}
@@ -300,7 +306,7 @@ def test_grace_period_rounds(tmp_path, chief):
         assert service.value(f"RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_{i}") == "1"
     assert service.value("TERMINATED_WORKER") == "1"
     assert ended - noticed_at["t"] > grace / 2
-    assert ended - noticed_at["t"] < grace + 1.0
+    assert ended - noticed_at["t"] < grace + 30.0
     assert_layout_after_exit(cluster, record)
     # Restart from the final save.
     results2 = cluster.run(make_worker({}, steps=last + 5))
