@@ -166,8 +166,9 @@ bench: build-release
 	$(PY) benches/bench_records.py --repeats 100
 
 # The long mode of the fault-injection trials (tests/reliability): 10,000 simulated
-# trials, 1,000 more with DEBUG logging through a file handler, and 6 real-process
-# trials of each of 4 kinds, then the table the README's Reliability section shows.
+# trials, 1,000 more with DEBUG logging through a file handler, 6 real-process trials
+# of each of 4 kinds and 40 of ps_preemption, then the table the README's Reliability
+# section shows.
 reliability: build
 	$(PY) tests/reliability/run.py
 

@@ -56,6 +56,48 @@ Kinds:
     update ``contrib[i] += i + 1`` is on the PS at least once), duplicates
     (at-least-once, as TF documents) are counted, not lost; the separately updated
     PS ``total`` holds at least one contribution of every closure.
+``ps_preemption``
+    A ParameterServerStrategy cluster of ``tests/integration/ps_preemption_script.py``
+    processes on 127.0.0.1: the coordinator (``PreemptionCheckpointHandler`` around
+    ``coord.schedule``, a ``join()`` every epoch; every closure adds 1 to ``counter``
+    on the PS), one PS and two workers (``tfh.serve(server)``), under a launcher that
+    restarts whatever exits, a bounded number of times (``processes/ps_preemption.py``).
+    One or two faults -- SIGTERM; SIGKILL; SIGSTOP, then SIGCONT 1 to 5 s later -- on
+    a random role, sometimes two roles, sometimes the same task again after its
+    restart, landing inside a ``schedule()`` call, inside ``join()``, during a
+    worker's drain (after that worker's notice) or during the coordinator's save
+    (after its own notice or its PS's); gates in the coordinator hold each moment
+    open until the fault is sent (``trial_worker.py``), and where it landed is
+    counted (``at_join``, ...). While a task that a fault took down restarts, or a
+    worker with a notice drains, the trial holds the coordinator at its next
+    ``schedule()`` (it is only slower): the next fault and that worker's exit come
+    before training ends. In half the plans the coordinator's bound on its
+    closures before a save is 0 or 0.5 s (a deadline that leaves them no time), so
+    closures are queued and in flight at the bound. Invariants:
+
+    * every process ends: a task that got a SIGTERM exits 42 within its bound
+      (``SERVER_EXIT_BOUND`` for the PS and the workers, ``COORDINATOR_EXIT_BOUND``
+      for the coordinator), released by the coordinator whenever one was up to do it
+      (the task's ``exiting`` event, else the coordinator's records) -- a task
+      preempted again after its restart is watched like the first time; the
+      coordinator never falls silent for ``STALL_BOUND``; training ends within
+      ``TRIAL_BOUND``; at the end no process of the trial is left. A bound that runs
+      out dumps the stacks (a hang);
+    * every coordinator life restores the last complete checkpoint (``lost steps``
+      otherwise), and its ``counter`` is at least its run count;
+    * the PS counter's excess over the run count (``ps_checks.py``) never shrinks
+      (``lost closures``); it grows only at a save after a notice, by at most K, the
+      closures the coordinator's ``save_start`` record names as in flight at the
+      save's bound (``in_flight_at_bound``, 0 when absent), or after a server was
+      SIGKILLed or paused, where TensorFlow's at-least-once re-executes closures
+      (``duplicate closures``: counted, not a violation); a worker's notice and
+      drain, a coordinator's crash, applies nothing twice;
+    * a server exits only by its notice (42) or a SIGKILL; the coordinator exits 0
+      after ``done``, 42 after a notice (its own or its PS's), or fails only when a
+      server it depended on went -- SIGKILLed or paused, the PS gone, any server gone
+      while it connected -- (the launcher restarts it; noted); a worker that leaves
+      after its drain is no such cause: the coordinator let it go;
+    * the last life prints ``done`` with runs == steps.
 
 Every trial returns a :class:`TrialResult` with the counters of the reliability
 table: faults injected by kind, lost steps, hangs, mismatched saves, lost (and

@@ -1,11 +1,16 @@
 """The long mode of the fault-injection trials: many seeds, one table.
 
     python tests/reliability/run.py [--sim-trials N] [--debug-trials D]
-                                    [--process-seeds M] [--seed S]
+                                    [--process-seeds M] [--ps-preemption-seeds P]
+                                    [--seed S]
 
 (``make reliability`` runs it with the defaults.) Simulated trials run on the
 in-memory cluster (``simulation.py``); process trials run real TensorFlow
-workers and ParameterServerStrategy clusters on 127.0.0.1 (``process_trials.py``).
+workers and ParameterServerStrategy clusters on 127.0.0.1 (``process_trials.py``):
+M seeds of each kind (6 by default), and of the ``ps_preemption`` kind
+:data:`PS_PREEMPTION_SEEDS` when ``--process-seeds`` is not given (else M, unless
+``--ps-preemption-seeds`` says otherwise). Their own table (``processes/report.py``:
+faults, hangs, violations and duplicated closures by kind) is printed after them.
 
 The DEBUG-logging variant (``--debug-trials``, the row "sim, DEBUG logging")
 runs further simulated seeds in a child process whose "tf_failure_handling" and
@@ -44,6 +49,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, so that `reliability` imports
 
+#: ``ps_preemption`` trials of the long mode (issue 32: at least 40).
+PS_PREEMPTION_SEEDS = 40
+#: Real-process trials of every other kind in the long mode.
+PROCESS_SEEDS = 6
 ZERO_COLUMNS = ("lost steps", "hangs", "mismatched saves", "lost closures", "wrong outcomes")
 #: The table row of the DEBUG-logging variant (every kind of simulated trial).
 DEBUG_ROW = "sim, DEBUG logging: all kinds"
@@ -360,12 +369,15 @@ def run_debug_logging(
     return totals
 
 
-def run_processes(tally: Tally, start: int, seeds_per_kind: int) -> None:
+def run_processes(tally: Tally, start: int, seeds_per_kind: int, ps_preemption_seeds: int) -> None:
     from reliability import process_trials
 
+    results = []
     for kind in process_trials.KINDS:
-        for seed in range(start, start + seeds_per_kind):
+        count = ps_preemption_seeds if kind == "ps_preemption" else seeds_per_kind
+        for seed in range(start, start + count):
             r = process_trials.run_trial(process_trials.make_plan(kind, seed))
+            results.append(r)
             tally.add(
                 f"process: {kind}",
                 {
@@ -382,6 +394,8 @@ def run_processes(tally: Tally, start: int, seeds_per_kind: int) -> None:
             )
             state = "skipped: " + r.skipped if r.skipped else "ok" if r.ok else "VIOLATION"
             print(f"  process trial {kind} seed {seed}: {state} ({r.seconds:.0f}s)", flush=True)
+    if results:
+        print("\nReal-process trials by kind:\n" + process_trials.format_table(results), flush=True)
 
 
 def main(argv=None) -> int:
@@ -394,7 +408,17 @@ def main(argv=None) -> int:
         help="simulated trials under DEBUG logging, seeds after the --sim-trials ones",
     )
     p.add_argument(
-        "--process-seeds", type=int, default=6, help="real-process trials per kind (4 kinds)"
+        "--process-seeds",
+        type=int,
+        default=None,
+        help=f"real-process trials per kind (5 kinds; default {PROCESS_SEEDS})",
+    )
+    p.add_argument(
+        "--ps-preemption-seeds",
+        type=int,
+        default=None,
+        help=f"ps_preemption trials (default {PS_PREEMPTION_SEEDS}, or --process-seeds when "
+        "that is given)",
     )
     p.add_argument("--seed", type=int, default=0, help="first seed")
     p.add_argument("--debug-child", action="store_true", help=argparse.SUPPRESS)
@@ -425,13 +449,27 @@ def main(argv=None) -> int:
         logged = run_debug_logging(
             tally, debug_start, args.debug_trials, max(1, args.debug_trials // 5)
         )
-    if args.process_seeds:
-        print(f"Running {args.process_seeds} real-process trials of each kind...", flush=True)
-        run_processes(tally, args.seed, args.process_seeds)
+    ps_seeds = args.ps_preemption_seeds
+    if ps_seeds is None:
+        ps_seeds = PS_PREEMPTION_SEEDS if args.process_seeds is None else args.process_seeds
+    if args.process_seeds is None:
+        args.process_seeds = PROCESS_SEEDS
+    if args.process_seeds or ps_seeds:
+        print(
+            f"Running {args.process_seeds} real-process trials of each kind "
+            f"({ps_seeds} of ps_preemption)...",
+            flush=True,
+        )
+        run_processes(tally, args.seed, args.process_seeds, ps_seeds)
     seeds = (
         f"simulated {args.seed}..{args.seed + args.sim_trials - 1}, "
         f"DEBUG logging {debug_start}..{debug_start + args.debug_trials - 1}, "
         f"real-process {args.seed}..{args.seed + args.process_seeds - 1} of each kind"
+        + (
+            f" (ps_preemption {args.seed}..{args.seed + ps_seeds - 1})"
+            if ps_seeds != args.process_seeds
+            else ""
+        )
     )
     print()
     print(tally.table(seeds))

@@ -12,12 +12,15 @@ workers, the second one during the acknowledgement round, with a grace period,
 delayed acknowledgements and slow saves; the crash trial kills the chief after
 its data files were written, with an earlier complete checkpoint to fall back to;
 the partition trial cuts off the non-leader while the leader waits for its
-acknowledgement; the PS trial kills both workers at once, then one.
+acknowledgement; the PS trial kills both workers at once, then one. The
+``ps_preemption`` seeds: a PS's notice, a second one during the save it started,
+then the restarted PS's notice again (see :data:`PS_PREEMPTION_SEEDS`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import types
 
 import pytest
 from ci import is_ci
@@ -34,7 +37,8 @@ from .process_trials import (
     reference_weights,
     run_trial,
 )
-from .processes import trials
+from .processes import ps_checks, trials
+from .processes.plans import PS_MOMENTS, PS_ROLES, PS_SHAPES, PS_SIGNALS
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None,
@@ -51,6 +55,12 @@ LEADER_PARTITION_SEED = 8
 #: error, which names no worker (a violation until run() named the unreachable peers).
 HEARTBEAT_PARTITION_SEED = 1
 PS_SEED = 6
+#: ps_preemption seeds for make test (each about a minute on 2 loaded cores):
+#: 1 -- the PS's notice inside a schedule() call, and a second one while the
+#: coordinator saves for the first, with no time for the closures (a bound of 0 s);
+#: 57 -- the PS's notice inside join(), then, after the PS and the coordinator
+#: restarted, the new PS's notice (still watched), with a bound of 0.5 s.
+PS_PREEMPTION_SEEDS = (1, 57)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +112,84 @@ def test_plans_cover_the_fault_space():
     assert all(p["closures"] >= 5000 for p in ps)
     kills = [k for p in ps for k in p["kills"]]
     assert {tuple(k["workers"]) for k in kills} == {(0,), (1,), (0, 1)}
+
+
+def test_ps_preemption_plans_cover_roles_faults_and_moments():
+    plans = [make_plan("ps_preemption", s).params for s in range(200)]
+    faults = [f for p in plans for f in p["faults"]]
+    assert {p["shape"] for p in plans} == set(PS_SHAPES)
+    assert {f["moment"] for f in faults} == set(PS_MOMENTS)
+    assert {(f["role"], f["signal"]) for f in faults} == {
+        (r, s) for r in PS_ROLES for s in PS_SIGNALS
+    }
+    for p in plans:
+        first, *rest = p["faults"]
+        assert first["moment"] in ("scheduling", "join") and first["at_runs"] < p["steps"]
+        for f in rest:
+            if f["moment"] == "drain":  # inside the drain the first notice began
+                assert first["signal"] == "SIGTERM" and first["role"].startswith("worker")
+            elif f["moment"] == "save":  # inside the save the first notice began
+                assert first["signal"] == "SIGTERM" and first["role"] in ("coordinator", "ps0")
+            else:
+                assert first["at_runs"] < f["at_runs"] < p["steps"]
+    assert {p["closure_bound"] for p in plans} == {None, 0.0, 0.5}
+    again = {p["faults"][0]["role"] for p in plans if p["shape"] == "again"}
+    assert again == set(PS_ROLES), "every role's task is preempted again after its restart"
+
+
+def _life(name: str, pid: int, events: list):
+    """A coordinator incarnation as ps_checks reads it: its EVENT lines and its pid."""
+    return types.SimpleNamespace(
+        name=name,
+        pid=pid,
+        events=lambda kind=None: [e for e in events if kind in (None, e["event"])],
+        first=lambda kind: next((e for e in events if e["event"] == kind), None),
+    )
+
+
+def _excess_verdict(k, kill_at=None):
+    """A life that saves at run 30 (k named in flight), restored with counter 32."""
+    from tf_failure_handling.records import Preemption
+
+    plan = make_plan("ps_preemption", 0)
+    result = TrialResult("ps_preemption", 0, plan)
+    ev = [
+        {"event": "restored", "t": 10.0, "runs": 0, "counter": 0},
+        {"event": "epoch", "t": 20.0, "runs": 20, "counter": 20},
+    ]
+    lives = [
+        _life("coordinator#0", 100, ev),
+        _life("coordinator#1", 101, [{"event": "restored", "t": 40.0, "runs": 30, "counter": 32}]),
+    ]
+    save = Preemption("chief", 0, pid=100, agreed_step=30, save_start=25.0, save_end=26.0)
+    if k is not None:
+        save.extra["in_flight_at_bound"] = k
+    faults = []
+    if kill_at is not None:
+        faults.append(
+            types.SimpleNamespace(
+                role="worker0", signal="SIGKILL", fired_at=kill_at, continued_at=None
+            )
+        )
+    launcher = types.SimpleNamespace(history={r: [] for r in PS_ROLES})
+    driver = types.SimpleNamespace(faults=faults)
+    ps_checks._check_excess(launcher, driver, lives, [save], result)
+    return result
+
+
+def test_ps_checks_name_what_a_save_applied_beyond_its_records():
+    # Two closures' effects beyond the saved run count, the records name one.
+    result = _excess_verdict(k=1)
+    [violation] = result.violations
+    assert "2 closure(s) applied beyond" in violation and "name 1 in flight" in violation
+    # The record without the field: K = 0, and the report says it was absent.
+    assert "(in_flight_at_bound absent)" in _excess_verdict(k=None).violations[0]
+    assert _excess_verdict(k=2).ok
+    # A worker SIGKILLed before the save's bound: TensorFlow's at-least-once, counted.
+    result = _excess_verdict(k=0, kill_at=22.0)
+    assert result.ok and result.duplicate_closures == 2, result.violations
+    # ... but not after the bound (every worker held): the save is held to K.
+    assert not _excess_verdict(k=0, kill_at=25.5).ok
 
 
 def test_a_failing_trial_names_its_seed_and_plan():
@@ -167,3 +255,17 @@ def test_ps_worker_kills_lose_no_closure(trial_root):
     check(result)
     assert result.faults["worker_sigkill"] >= 3, result.report()
     assert result.notes["ps"]["scheduled"] >= 5000, result.report()
+
+
+@pytest.mark.timeout(480)  # beyond the trial's own bound (TRIAL_BOUND)
+@pytest.mark.parametrize("seed", PS_PREEMPTION_SEEDS)
+def test_ps_preemption_loses_nothing_and_leaves_nothing(tmp_path, seed):
+    # (No MWMS reference run: trial_root's is of no use here.)
+    result = run_trial(make_plan("ps_preemption", seed), tmp_path)
+    check(result)
+    assert not result.notes.get("missed_faults"), result.report()
+    assert result.faults["ps_sigterm"] == 2, result.report()
+    # Each PS that got a notice exited 42, released by the coordinator after its save.
+    exits = result.notes["server_exits"]
+    assert exits and all(e["code"] == 42 and e["released"] for e in exits), result.report()
+    assert len(exits) == (2 if seed == 57 else 1), result.report()

@@ -1,9 +1,10 @@
 """The processes of the real-process fault trials (``process_trials.py``).
 
-Two modes, one per cluster kind::
+Three modes::
 
     python trial_worker.py mwms [trial options] [mwms_worker.py options]
     python trial_worker.py ps-coordinator --cluster JSON --impl ours --closures 5000 ...
+    python trial_worker.py ps-preemption serve|coordinator [--control-dir DIR] ...
 
 ``mwms`` runs ``tests/integration/mwms_worker.py`` (one MultiWorkerMirroredStrategy
 worker; its ``EVENT`` lines and options are unchanged) with what the trials add:
@@ -38,6 +39,36 @@ on the PS) and returns ``(worker index, i, x)``. At the end it prints ``summary`
 with what every RemoteValue gave and what the PS variables hold, so the trial can
 tell lost closures (unresolved, wrong result, or ``contrib[i] == 0``) from
 duplicates (``contrib[i] > i + 1``: at-least-once execution, as TF documents).
+
+``ps-preemption`` runs ``tests/integration/ps_preemption_script.py`` (its ``serve``
+and ``coordinator`` modes, options and ``EVENT`` lines unchanged) for the
+``ps_preemption`` trials. Its servers get only what every mode here gets (the stack
+dump on :data:`STACKS_SIGNAL`, the package's log on stderr); its coordinator also
+takes ``--control-dir DIR`` and prints what the trial aims its faults at:
+
+* ``join_begin`` / ``join_end`` (or ``join_raised``) around each
+  ``ClusterCoordinator.join()``;
+* ``bound_begin`` / ``bound_end`` around the handler's wait for the scheduled
+  closures before its save (``_ps_control.wait_for_closures``; ``bound_end`` has what
+  it returned: queued and in flight at the bound), ``save_begin`` / ``save_end`` around
+  ``CheckpointManager.save``;
+* ``drain_begin`` / ``drain_end`` around a worker's drain (``WorkerDrain.run``),
+  ``release_begin`` / ``release_end`` around each release of a task.
+
+Four of those places are gates: a ``schedule()`` call, a ``join()``, the checkpoint
+save (before any file is written) and a worker's release at the end of its drain. A
+gate is armed when the trial writes ``DIR/arm-schedule`` (``-join``, ``-save``,
+``-drain``) holding an id; the next call that passes it removes the file, prints
+``gate`` (point, id, runs) and waits until ``DIR/open-<id>`` exists (at most
+:data:`ACK_GATE_TIMEOUT`), so a fault lands inside that moment however slow (or
+fast) the machine. The join gate cannot hold the coordinator's own thread (a notice
+in ``join()`` is seen by that thread, waiting on the closures): the ``schedule()``
+call that takes its arm holds the coordinator's worker threads instead (each waits
+before running its next closure, ``closures.Worker._process_closure``), the next
+``join()`` prints ``gate``, and opening it lets them go -- closures are in flight and
+queued while the fault lands. Unarmed, a gate costs one ``stat``. A hook whose
+target the package no longer has is reported (``hook_missing``) and left out: the
+trial then sees that moment never come.
 """
 
 from __future__ import annotations
@@ -339,7 +370,202 @@ def _short_error(e: BaseException) -> dict:
     return {"type": type(e).__name__, "message": str(e)[:300]}
 
 
-MODES = {"mwms": run_mwms, "ps-coordinator": run_ps_coordinator}
+# ----------------------------------------------------------------------------- ps-preemption
+#: The coordinator's handler, once built (its run count goes into the gate events).
+_PS_HANDLER: list = []
+
+
+def _runs():
+    handler = _PS_HANDLER[-1] if _PS_HANDLER else None
+    return getattr(handler, "_run_counter", None)
+
+
+#: Cleared while the join gate holds the coordinator's worker threads (module docstring).
+_DISPATCH = threading.Event()
+_DISPATCH.set()
+#: The id of an armed join gate, from the schedule() call that took it to the join().
+_JOIN_GATE: list = []
+
+
+def _take_arm(control: Path, point: str):
+    """The id the trial armed gate ``point`` with (the arm is removed), or None."""
+    arm = control / f"arm-{point}"
+    if not arm.exists():
+        return None
+    try:
+        gate_id = arm.read_text().strip()
+        arm.unlink()
+    except FileNotFoundError:  # another thread took it
+        return None
+    return gate_id
+
+
+def _wait_open(control: Path, point: str, gate_id: str) -> None:
+    opened = mwms_worker.poll_until(
+        lambda: (control / f"open-{gate_id}").exists(), ACK_GATE_TIMEOUT, 0.005
+    )
+    emit("gate_open" if opened else "gate_timeout", point=point, id=gate_id)
+
+
+def ps_gate(control: Path, point: str) -> None:
+    """Waits at gate ``point`` if the trial armed it (see the module docstring)."""
+    gate_id = _take_arm(control, point)
+    if gate_id is not None:
+        emit("gate", point=point, id=gate_id, runs=_runs())
+        _wait_open(control, point, gate_id)
+
+
+def _open_dispatch_when_told(control: Path, gate_id: str) -> None:
+    try:
+        _wait_open(control, "join", gate_id)
+    finally:
+        _DISPATCH.set()
+
+
+def _jsonable(value):
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return repr(value)[:300]
+
+
+def _wrap(owner, name: str, make) -> None:
+    """Replaces ``owner.name`` by ``make(original)``; reports a target that is gone."""
+    original = getattr(owner, name, None)
+    if original is None:
+        emit("hook_missing", target=f"{getattr(owner, '__name__', owner)}.{name}")
+        return
+    setattr(owner, name, make(original))
+
+
+def instrument_ps_coordinator(control: Path) -> None:
+    """The events and gates of the ``ps-preemption`` coordinator (module docstring)."""
+    import tensorflow as tf
+    import tf_failure_handling as tfh
+    from tf_failure_handling._coordinator import closures, ps_control
+
+    def handler_init(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            _PS_HANDLER.append(self)
+
+        return __init__
+
+    def schedule(original):
+        def gated(self, *args, **kwargs):
+            ps_gate(control, "schedule")
+            if not _JOIN_GATE:
+                gate_id = _take_arm(control, "join")
+                if gate_id is not None:  # hold closures until the join is under way
+                    _DISPATCH.clear()
+                    _JOIN_GATE.append(gate_id)
+            return original(self, *args, **kwargs)
+
+        return gated
+
+    def process_closure(original):
+        def gated(self, *args, **kwargs):
+            if not _DISPATCH.is_set():
+                _DISPATCH.wait(ACK_GATE_TIMEOUT)
+            return original(self, *args, **kwargs)
+
+        return gated
+
+    def join(original):
+        def observed(self, *args, **kwargs):
+            emit("join_begin", runs=_runs())
+            if _JOIN_GATE:
+                gate_id = _JOIN_GATE.pop()
+                emit("gate", point="join", id=gate_id, runs=_runs())
+                threading.Thread(
+                    target=_open_dispatch_when_told,
+                    args=(control, gate_id),
+                    name="trial-join-gate",
+                    daemon=True,
+                ).start()
+            try:
+                result = original(self, *args, **kwargs)
+            except BaseException as e:
+                emit("join_raised", type=type(e).__name__, runs=_runs())
+                raise
+            emit("join_end", runs=_runs())
+            return result
+
+        return observed
+
+    def bound(original):
+        def observed(*args, **kwargs):
+            emit("bound_begin", runs=_runs())
+            result = original(*args, **kwargs)
+            if hasattr(result, "queued"):  # wait_for_closures' Unfinished
+                seen = {"queued": result.queued, "in_flight": _jsonable(result.in_flight)}
+            else:  # join_within's (queued, in flight)
+                seen = _jsonable(result)
+            emit("bound_end", result=seen, runs=_runs())
+            return result
+
+        return observed
+
+    def save(original):
+        def gated(self, *args, **kwargs):
+            emit("save_begin", runs=_runs())
+            ps_gate(control, "save")
+            path = original(self, *args, **kwargs)
+            emit("save_end", runs=_runs(), path=_jsonable(path))
+            return path
+
+        return gated
+
+    def drain_run(original):
+        def observed(self, *args, **kwargs):
+            index = getattr(self, "index", None)
+            emit("drain_begin", index=index)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                emit("drain_end", index=index)
+
+        return observed
+
+    def release(original):
+        def gated(self, task, *args, **kwargs):
+            emit("release_begin", task=str(task))
+            if "/job:worker/" in str(task):
+                ps_gate(control, "drain")
+            ok = original(self, task, *args, **kwargs)
+            emit("release_end", task=str(task), ok=_jsonable(ok))
+            return ok
+
+        return gated
+
+    _wrap(tfh.PreemptionCheckpointHandler, "__init__", handler_init)
+    _wrap(tfh.ClusterCoordinator, "schedule", schedule)
+    _wrap(tfh.ClusterCoordinator, "join", join)
+    _wrap(closures.Worker, "_process_closure", process_closure)
+    # The wait for the closures before the save (named join_within before issue 32).
+    name = "wait_for_closures" if hasattr(ps_control, "wait_for_closures") else "join_within"
+    _wrap(ps_control, name, bound)
+    _wrap(tf.train.CheckpointManager, "save", save)
+    _wrap(ps_control.WorkerDrain, "run", drain_run)
+    _wrap(ps_control.ClusterPoller, "release", release)
+
+
+def run_ps_preemption(argv) -> int:
+    """``ps_preemption_script.py serve|coordinator ...`` with the trial's hooks."""
+    import ps_preemption_script  # sibling of mwms_worker, found through INTEGRATION
+
+    if argv[:1] == ["coordinator"]:
+        p = argparse.ArgumentParser(description="the ps_preemption trial's coordinator")
+        p.add_argument("--control-dir", required=True, help="where the trial arms the gates")
+        trial, rest = p.parse_known_args(argv[1:])
+        instrument_ps_coordinator(Path(trial.control_dir))
+        argv = ["coordinator", *rest]
+    emit("process_start", pid=os.getpid(), mode=argv[:1])
+    return ps_preemption_script.main(argv)
+
+
+MODES = {"mwms": run_mwms, "ps-coordinator": run_ps_coordinator, "ps-preemption": run_ps_preemption}
 #: A trial that finds a process hung sends it this signal first: every thread's
 #: Python stack goes to stderr (the handler watches SIGTERM, and SIGUSR1 under SLURM).
 STACKS_SIGNAL = signal.SIGUSR2

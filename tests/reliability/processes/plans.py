@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-KINDS = ("preemption", "crash_during_save", "partition", "ps_worker_kills")
+KINDS = ("preemption", "crash_during_save", "partition", "ps_worker_kills", "ps_preemption")
 #: Moments at which a second notice can land (the vocabulary of ``simulation.py``).
 MOMENTS = (
     "during_step",
@@ -26,6 +26,19 @@ SECOND_NOTICE_MOMENTS = ("during_step", "during_ack", "during_save", "during_cou
 
 NUM_WORKERS = 2
 PS_CLOSURES = 5000
+
+#: The processes of a ``ps_preemption`` trial (``ps_preemption_script.py``), by role.
+PS_ROLES = ("coordinator", "ps0", "worker0", "worker1")
+#: The faults of a ``ps_preemption`` trial: a notice, a crash, a pause (SIGSTOP, SIGCONT).
+PS_SIGNALS = ("SIGTERM", "SIGKILL", "SIGSTOP")
+#: Where a ``ps_preemption`` fault lands, from the coordinator's side: inside a
+#: ``schedule()`` call, inside ``join()``, during a worker's drain (after a worker's
+#: notice), during the coordinator's save (after its own notice or its PS's).
+PS_MOMENTS = ("scheduling", "join", "drain", "save")
+#: The shapes of a ``ps_preemption`` plan: one fault; two faults on two roles; the same
+#: task twice (the second time after its restart); a second fault inside the drain or
+#: the save that a first notice started.
+PS_SHAPES = ("one", "two", "again", "inside")
 
 
 @dataclasses.dataclass
@@ -137,9 +150,78 @@ def _plan_ps_worker_kills(rng: random.Random) -> dict:
     }
 
 
+def _plan_ps_preemption(rng: random.Random) -> dict:
+    shape = rng.choices(PS_SHAPES, weights=(2, 3, 2, 3))[0]
+    steps = rng.choice((80, 100, 120))
+    first_at = rng.randint(10, steps // 3)
+    second_at = first_at + rng.randint(10, steps // 4)
+
+    def signal() -> str:
+        return rng.choices(PS_SIGNALS, weights=(2, 1, 1))[0]
+
+    def fault(role: str, sig: str, moment: str, at_runs) -> dict:
+        return {
+            "role": role,
+            "signal": sig,
+            "moment": moment,
+            # scheduling / join: once the coordinator's run count reached this (and the
+            # cluster is whole again after the faults before); drain / save: None.
+            "at_runs": at_runs,
+            # Seconds from the coordinator's arrival at the moment's gate to the signal
+            # (the gate is held until 0.2 s after it).
+            "delay": rng.uniform(0.0, 0.05),
+            "stop_s": round(rng.uniform(1.0, 5.0), 3) if sig == "SIGSTOP" else 0.0,
+        }
+
+    def early() -> str:
+        return rng.choice(("scheduling", "join"))
+
+    if shape == "one":
+        faults = [fault(rng.choice(PS_ROLES), signal(), early(), first_at)]
+    elif shape == "two":
+        first, second = rng.sample(PS_ROLES, 2)
+        faults = [
+            fault(first, signal(), early(), first_at),
+            fault(second, signal(), early(), second_at),
+        ]
+    elif shape == "again":
+        role = rng.choice(PS_ROLES)
+        sig = rng.choices(("SIGTERM", "SIGKILL"), weights=(3, 1))[0]
+        faults = [
+            fault(role, sig, early(), first_at),
+            fault(role, rng.choices(PS_SIGNALS, weights=(4, 1, 1))[0], early(), second_at),
+        ]
+    else:  # inside: the second fault lands in the drain or the save the notice began
+        role = rng.choice(PS_ROLES)
+        faults = [
+            fault(role, "SIGTERM", early(), first_at),
+            fault(
+                rng.choice(PS_ROLES),
+                signal(),
+                "drain" if role.startswith("worker") else "save",
+                None,
+            ),
+        ]
+    work = rng.choice((100, 200))  # matmuls per closure (closures in flight)
+    epoch = rng.choice((10, 20))  # join() every this many runs
+    return {
+        "shape": shape,
+        "steps": steps,
+        "work": work,
+        "epoch": epoch,
+        "faults": faults,
+        # The coordinator's bound on the closures before a save (its peer_timeout; the
+        # notices carry no deadline): None for ps_preemption.PEER_TIMEOUT, which they
+        # always meet; 0 or 0.5 s, as a deadline that leaves them no time, so closures
+        # are still queued and in flight at the bound.
+        "closure_bound": rng.choice((None, None, 0.0, 0.5)),
+    }
+
+
 _PLANNERS = {
     "preemption": _plan_preemption,
     "crash_during_save": _plan_crash_during_save,
     "partition": _plan_partition,
     "ps_worker_kills": _plan_ps_worker_kills,
+    "ps_preemption": _plan_ps_preemption,
 }

@@ -23,7 +23,9 @@ class TrialResult:
     hangs: int = 0
     mismatched_saves: int = 0
     lost_closures: int = 0
-    #: At-least-once re-executions (not a loss).
+    #: At-least-once re-executions (not a loss): ``ps_worker_kills`` counts them per
+    #: closure index; ``ps_preemption`` as the PS counter's growth beyond the run count
+    #: after a server was SIGKILLed or paused.
     duplicate_closures: int = 0
     seconds: float = 0.0
     #: Why the trial could not run (only ``partition``, without network namespaces).
@@ -85,6 +87,7 @@ COLUMNS = (
     "mismatched saves",
     "lost closures",
     "duplicate closures",
+    "violations",
     "median s",
 )
 
@@ -111,6 +114,7 @@ def aggregate(results) -> list:
                 "mismatched saves": sum(r.mismatched_saves for r in rs),
                 "lost closures": sum(r.lost_closures for r in rs),
                 "duplicate closures": sum(r.duplicate_closures for r in rs),
+                "violations": sum(len(r.violations) for r in rs),
                 "median s": round(seconds[len(seconds) // 2], 1) if seconds else 0,
             }
         )

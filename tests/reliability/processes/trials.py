@@ -18,6 +18,7 @@ from typing import Optional
 from ci import is_ci
 from integration.mwms_worker import poll_until, tail
 
+from . import ps_checks, ps_preemption
 from .harness import (
     EXIT_CODE,
     EXIT_TIMEOUT,
@@ -508,6 +509,21 @@ def _trial_ps_worker_kills(plan: Plan, result: TrialResult, workdir: Path, impl:
     return []
 
 
+def _trial_ps_preemption(plan: Plan, result: TrialResult, workdir: Path) -> list:
+    """A PS cluster under its launcher; the plan's faults; the checks (``ps_checks``)."""
+    p = plan.params
+    launcher = ps_preemption.Launcher(workdir, p, result)
+    driver = ps_preemption.FaultDriver(launcher, p["faults"], result)
+    try:
+        ps_preemption.run(launcher, driver, result)
+    finally:
+        launcher.stop()
+    ps_checks.check(launcher, driver, result, p["steps"])
+    if result.violations:
+        result.logs = launcher.describe()
+    return []
+
+
 def run_trial(
     plan: Plan, root: Optional[Path] = None, *, impl: str = "ours", keep: bool = False
 ) -> TrialResult:
@@ -525,6 +541,8 @@ def run_trial(
     try:
         if plan.kind == "ps_worker_kills":
             lives = _trial_ps_worker_kills(plan, result, workdir, impl)
+        elif plan.kind == "ps_preemption":
+            lives = _trial_ps_preemption(plan, result, workdir)
         elif plan.kind == "preemption":
             lives = _trial_preemption(plan, result, workdir)
         elif plan.kind == "crash_during_save":
