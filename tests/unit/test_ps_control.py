@@ -351,32 +351,52 @@ def test_a_failing_release_record_does_not_stop_the_release():
     assert poller.release(PS, "checkpoint saved") and control.released.is_set()
 
 
-def test_wait_gone_sees_a_new_incarnation_or_a_gone_task():
-    cluster = FakeCluster()
-    old = cluster.serve(W1, "worker", 1)
-    poller = make_poller(cluster, [])
-    assert not poller.wait_gone(W1, old.incarnation, 0.1)
-    cluster.serve(W1, "worker", 1)
-    assert poller.wait_gone(W1, old.incarnation, BOUND)
-    cluster.errors[W1] = UnavailableError("gone")
-    assert poller.wait_gone(W1, "whatever", BOUND)
-
-
-def test_wait_gone_keeps_waiting_while_the_task_is_stopped():
-    stopped = threading.Event()
-    cluster = FakeCluster()
-    old = cluster.serve(W1, "worker", 1)
-
-    def transport(task, request):
-        stopped.wait(BOUND)
-        raise UnavailableError("gone")
-
+def test_a_released_task_is_not_asked_until_it_is_gone():
+    """After its release a task's process exits; an op sent to it meanwhile fails, and
+    TensorFlow handed such an error to the coordinator's next op on another thread
+    (the trials' seed 7). So it is not polled until its port refuses connections;
+    then it is asked again, and its restarted incarnation is watched."""
+    cluster, notices = FakeCluster(), []
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i)
+    listening = {W1: True}
     poller = ps_control.ClusterPoller(
-        SPEC, lambda *n: None, caller=ps_control._Caller(transport), call_timeout=0.05
+        SPEC,
+        lambda *n: notices.append(n),
+        interval=0.01,
+        caller=cluster,
+        listening=lambda task: listening.get(task, True),
     )
-    assert not poller.wait_gone(W1, old.incarnation, 0.3)
-    stopped.set()
-    assert poller.wait_gone(W1, old.incarnation, BOUND)
+    cluster.controls[W1].set_notice("signal SIGTERM", None)
+    poller.poll_once()
+    assert poller.release(W1, "drained") and poller.leaving == {W1}
+    cluster.calls.clear()
+    poller.poll_once()
+    assert (W1, "poll") not in cluster.calls, "a leaving task was polled"
+    assert not poller.wait_gone(W1, 0.05), "gone while its port still listens"
+    assert poller.leaving == set(), "asked again after the bound"
+    poller.leaving.add(W1)
+    listening[W1] = False
+    assert poller.wait_gone(W1, BOUND)
+    assert poller.leaving == set()
+    cluster.serve(W1, "worker", 1).set_notice("signal SIGTERM", None)
+    poller.poll_once()
+    assert notices[-1] == ("worker", 1, "signal SIGTERM", None) and len(notices) == 2
+
+
+def test_the_port_probe_tells_a_listening_task_from_a_gone_one():
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    poller = ps_control.ClusterPoller(
+        {"worker": [f"127.0.0.1:{port}"]}, lambda *n: None, caller=FakeCluster()
+    )
+    assert poller._port_open("/job:worker/replica:0/task:0")
+    server.close()
+    assert not poller._port_open("/job:worker/replica:0/task:0")
 
 
 # ------------------------------------------------------- the coordinator's workers
@@ -486,8 +506,8 @@ class FakePoller:
         self.calls.append(("release", task, reason))
         return self._released
 
-    def wait_gone(self, task, incarnation, bound):
-        self.calls.append(("wait_gone", task, incarnation))
+    def wait_gone(self, task, bound):
+        self.calls.append(("wait_gone", task))
         return self._gone
 
 
@@ -511,7 +531,7 @@ def test_drain_holds_waits_releases_waits_for_the_exit_then_resumes():
     assert released == [True], "released before its closure finished"
     assert poller.calls == [
         ("release", W1, "drained"),
-        ("wait_gone", W1, "inc-1"),
+        ("wait_gone", W1),
     ]
     assert drain.outcome == "released" and not worker.holds.held()
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
@@ -281,13 +282,22 @@ class ClusterPoller:
         on_released: Optional[Callable[[str, int, str], None]] = None,
         caller: Optional[Callable[..., dict]] = None,
         call_timeout: float = CALL_TIMEOUT,
+        listening: Optional[Callable[[str], bool]] = None,
     ) -> None:
         self._on_released = on_released
-        self.tasks = [
-            f"/job:{job}/replica:0/task:{i}"
-            for job in ("ps", "worker")
-            for i in range(len(cluster_spec.get(job) or ()))
-        ]
+        self.tasks = []
+        #: task -> its "host:port" in the cluster spec.
+        self.addresses: dict = {}
+        for job in ("ps", "worker"):
+            for i, address in enumerate(cluster_spec.get(job) or ()):
+                task = f"/job:{job}/replica:0/task:{i}"
+                self.tasks.append(task)
+                self.addresses[task] = str(address)
+        self._listening = self._port_open if listening is None else listening
+        #: Tasks released and not yet seen gone: not asked anything meanwhile (an op
+        #: sent to a process that is exiting fails, and TensorFlow can hand that error
+        #: to another thread's next op in this process).
+        self.leaving: set = set()
         self._on_notice = on_notice
         self._interval = interval
         self._call = call if caller is None else caller
@@ -352,10 +362,14 @@ class ClusterPoller:
         return answer
 
     def poll_once(self) -> None:
-        """One round: every task asked, each incarnation's first notice handed on."""
+        """One round: every task asked (but those leaving after their release), each
+        incarnation's first notice handed on."""
         for task in self.tasks:
             if self._stop.is_set():
                 return
+            with self._lock:
+                if task in self.leaving:
+                    continue
             answer = self.poll(task)
             notice = None if answer is None else answer.get("notice")
             if not isinstance(notice, dict):
@@ -399,6 +413,8 @@ class ClusterPoller:
             why = answer.get("why") if isinstance(answer, dict) else answer
             log.warning("%s refused its release (%s).", task, why)
             return False
+        with self._lock:
+            self.leaving.add(task)
         log.info("Released %s (%s).", task, reason)
         if self._on_released is not None:
             job, index = _job_task(task)
@@ -408,31 +424,36 @@ class ClusterPoller:
                 log.warning("Recording the release of %s failed: %r", task, e)
         return True
 
-    def wait_gone(self, task: str, incarnation: Optional[str], bound: float) -> bool:
-        """Polls ``task`` until it no longer answers as ``incarnation`` (True), or
-        ``bound`` seconds pass (False)."""
+    def wait_gone(self, task: str, bound: float) -> bool:
+        """After its release: until ``task``'s process is gone -- its port refuses a
+        connection -- (True), or ``bound`` seconds pass (False). No op is sent to the
+        task meanwhile (see :attr:`leaving`); either way it is asked again afterwards
+        (a restarted task is watched like the first)."""
         end = time.monotonic() + bound
-        while not self._stop.is_set():
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                answer = self._call(task, {"op": "poll"}, min(self._call_timeout, left))
-            except CallTimeout:
-                # Not gone (a process that exits closes its port): stopped, or busy.
-                self._stop.wait(min(0.1, max(0.0, end - time.monotonic())))
-                continue
-            except Exception as e:  # noqa: BLE001 - gone is what we wait for
-                if _gone(e):
+        try:
+            while not self._stop.is_set():
+                if not self._listening(task):
                     return True
-                # Not gone yet: a task whose Python is finalizing still runs
-                # TF ops (a closure sent now would run and then be lost).
-                self._stop.wait(min(0.1, max(0.0, end - time.monotonic())))
-                continue
-            if isinstance(answer, dict) and answer.get("incarnation") != incarnation:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._stop.wait(min(0.1, left))
+            return False
+        finally:
+            with self._lock:
+                self.leaving.discard(task)
+
+    def _port_open(self, task: str) -> bool:
+        """Whether ``task``'s gRPC port accepts a TCP connection (its server runs)."""
+        host, _, port = self.addresses[task].rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
                 return True
-            self._stop.wait(min(0.1, max(0.0, end - time.monotonic())))
-        return False
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            # Not refused (a timeout, no route): the process may still be there.
+            return True
 
 
 def find_coordinator(strategy: Any = None) -> Any:
@@ -637,7 +658,7 @@ class WorkerDrain:
                 )
             released = self.poller.release(self.task, "drained")
             self.outcome = "released" if released else "not released"
-            if released and not self.poller.wait_gone(self.task, incarnation, EXIT_WAIT):
+            if released and not self.poller.wait_gone(self.task, EXIT_WAIT):
                 log.warning(
                     "Worker %d still answers %.0fs after its release.", self.index, EXIT_WAIT
                 )
