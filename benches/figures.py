@@ -38,11 +38,21 @@ COMMANDS = (
     ("benches/bench_patch.py", [], ["--repeats", "3"]),
     ("benches/bench_ps_notice.py", ["--repeats", "3"], ["--repeats", "1"]),
     ("benches/bench_records.py", ["--repeats", "300"], ["--repeats", "20"]),
-    # A mid-sized run of the trials (~15 min on 2 cores); ``make reliability`` is the
+    # A mid-sized run of the trials (~30 min on 2 cores: 40 of ps_preemption, the
+    # issue-32 kind, 2 of each other real-process kind); ``make reliability`` is the
     # long mode (10,000 simulated trials, 6 real-process trials of each kind, about an hour).
     (
         "tests/reliability/run.py",
-        ["--sim-trials", "2000", "--debug-trials", "200", "--process-seeds", "2"],
+        [
+            "--sim-trials",
+            "2000",
+            "--debug-trials",
+            "200",
+            "--process-seeds",
+            "2",
+            "--ps-preemption-seeds",
+            "40",
+        ],
         ["--sim-trials", "200", "--debug-trials", "20", "--process-seeds", "1"],
     ),
     # Last but one: they leave the abi3 wheel installed (make figures rebuilds after).
