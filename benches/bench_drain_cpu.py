@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from integration.test_ps_preemption import START_BOUND, Cluster
+from integration.test_ps_preemption import Cluster
 
 DRAIN_BOUND = 600.0  # turns a hang into an error
 
@@ -45,10 +45,7 @@ def main(argv=None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tfh-drain-"))
     c = Cluster(workdir)
     try:
-        for job, task in (("ps", 0), ("worker", 0), ("worker", 1)):
-            c.serve(job, task)
-        for name in ("ps0", "worker0", "worker1"):
-            c.wait_event(name, "serving", START_BOUND)
+        c.start_servers()
         c.start(
             "coordinator",
             "coordinator",

@@ -34,10 +34,7 @@ def cluster(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, "1")
     c = Cluster(tmp_path)
     try:
-        for job, task in (("ps", 0), ("worker", 0), ("worker", 1)):
-            c.serve(job, task)
-        for name in ("ps0", "worker0", "worker1"):
-            c.wait_event(name, "serving", START_BOUND)
+        c.start_servers()
         c.coordinator()
         restored = c.wait_event("coordinator", "restored", START_BOUND)
         assert restored["runs"] == restored["counter"] == 0, restored

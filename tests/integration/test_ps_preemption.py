@@ -93,6 +93,13 @@ class Cluster:
             *extra,
         )
 
+    def start_servers(self) -> None:
+        """The PS and both workers, each serving (``tfh.serve``) before this returns."""
+        for job, task in (("ps", 0), ("worker", 0), ("worker", 1)):
+            self.serve(job, task)
+        for name in ("ps0", "worker0", "worker1"):
+            self.wait_event(name, "serving", START_BOUND)
+
     def describe(self) -> str:
         return "\n".join(p.describe() for p in self.procs.values())
 
@@ -146,10 +153,7 @@ class Cluster:
 @pytest.fixture
 def cluster(tmp_path):
     c = Cluster(tmp_path)
-    for job, task in (("ps", 0), ("worker", 0), ("worker", 1)):
-        c.serve(job, task)
-    for name in ("ps0", "worker0", "worker1"):
-        c.wait_event(name, "serving", START_BOUND)
+    c.start_servers()
     c.coordinator()
     restored = c.wait_event("coordinator", "restored", START_BOUND)
     assert restored["runs"] == restored["counter"] == 0, restored
@@ -284,10 +288,7 @@ def test_a_restarted_worker_is_watched_again(tmp_path):
     worker restarts); the coordinator is preempted at the end, and its checkpoint
     counts exactly the closures in it."""
     c = Cluster(tmp_path)
-    for job, task in (("ps", 0), ("worker", 0), ("worker", 1)):
-        c.serve(job, task)
-    for name in ("ps0", "worker0", "worker1"):
-        c.wait_event(name, "serving", START_BOUND)
+    c.start_servers()
     c.start("coordinator", "coordinator", "--ckpt", str(tmp_path / "ckpt"), "--steps", "1000000")
     try:
         for incarnation in (0, 1):
