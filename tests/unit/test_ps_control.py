@@ -481,7 +481,8 @@ def test_wait_for_closures_with_tensorflows_coordinator_cannot_hold():
     assert not ps_control.wait_for_closures(finished, 0.1)
     stuck = FakeCoordinator([TfWorker()], FakeQueue(queued=2, inflight=1, done=False))
     unfinished = ps_control.wait_for_closures(stuck, 0.1)
-    assert (unfinished.queued, len(unfinished.in_flight), unfinished.held) == (2, 1, False)
+    assert (unfinished.queued, unfinished.in_flight, unfinished.held) == (2, {}, False)
+    assert unfinished.unnamed == unfinished.in_flight_count == 1 and unfinished.count == 3
 
 
 def test_a_save_hold_and_a_drain_hold_are_lifted_separately():

@@ -26,9 +26,10 @@ The conversation is two JSON requests:
 
 Every call has a deadline (:data:`CALL_TIMEOUT`): the eager op runs on a thread of
 its own and the caller stops waiting at the bound, so one task that does not
-answer (stopped, partitioned) never holds up the poll of the others, a save or the
-coordinator's exit. At most one call per task is outstanding; a task whose last
-call has not returned is "unanswered" until it does.
+answer (stopped, partitioned) never holds up the poll of the others, nor a release.
+(TensorFlow's own ops in this process can still block while a task is stopped: the
+save's, for one; docs, "ParameterServerStrategy".) At most one call per task is
+outstanding; a task whose last call has not returned is "unanswered" until it does.
 
 :class:`ClusterPoller` is the coordinator's side: one daemon thread polls every
 PS and worker task every :data:`POLL_INTERVAL` seconds and hands each incarnation's
@@ -254,12 +255,6 @@ class _Caller:
 
 #: The process's bounded calls to the tasks.
 call = _Caller()
-
-
-def _gone(error: BaseException) -> bool:
-    """Whether ``error`` of a call to a task says the task's server is gone (or was
-    restarted and no longer knows this coordinator's context)."""
-    return type(error).__name__ == "UnavailableError" or "context_id" in str(error)
 
 
 def _not_served(error: BaseException) -> bool:
@@ -532,17 +527,24 @@ def resume_all(coordinator: Any) -> None:
 class Unfinished:
     """What :func:`wait_for_closures` left: the closures still queued (never dispatched
     to a worker: they run after the restart, once) and those in flight at the bound
-    (``in_flight``: worker index -> the closure's function; their effect may be in the
-    checkpoint and they run again after the restart: TensorFlow's at-least-once)."""
+    (their effect may be in the checkpoint and they run again after the restart:
+    TensorFlow's at-least-once): ``in_flight``, worker index -> the closure's function,
+    for our coordinator; ``unnamed``, their number, for TensorFlow's, which does not
+    say which worker runs what."""
 
-    def __init__(self, queued: int, in_flight: dict, held: bool) -> None:
+    def __init__(self, queued: int, in_flight: dict, held: bool, unnamed: int = 0) -> None:
         self.queued = queued
         self.in_flight = in_flight
         self.held = held
+        self.unnamed = unnamed
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self.in_flight) + self.unnamed
 
     @property
     def count(self) -> int:
-        return self.queued + len(self.in_flight)
+        return self.queued + self.in_flight_count
 
     def __bool__(self) -> bool:
         return self.count > 0
@@ -564,9 +566,8 @@ def wait_for_closures(
     if not held:
         if queue.wait(timeout=max(0.0, bound)):
             return Unfinished(0, {}, held)
-        queued = _qsize(queue)
-        count = int(getattr(queue, "inflight_closure_count", 0))
-        return Unfinished(queued, {i: "?" for i in range(count)}, held)
+        unnamed = int(getattr(queue, "inflight_closure_count", 0))
+        return Unfinished(_qsize(queue), {}, held, unnamed)
     in_flight = {}
     for worker in workers_of(coordinator):
         if not worker.wait_idle(max(0.0, end - clock())):

@@ -165,16 +165,20 @@ class PsSteps:
                 unfinished.queued,
                 self._run_counter,
             )
-        if unfinished.in_flight:
-            running = ", ".join(f"{fn} on worker {i}" for i, fn in unfinished.in_flight.items())
+        if unfinished.in_flight_count:
+            running = [f"{fn} on worker {i}" for i, fn in unfinished.in_flight.items()]
+            if unfinished.unnamed:
+                running.append(
+                    f"{unfinished.unnamed} on TensorFlow's coordinator, which cannot hold "
+                    "its workers"
+                )
             log.warning(
-                "%d closure(s) did not finish within %.1fs (%s)%s: saving without counting "
+                "%d closure(s) did not finish within %.1fs (%s): saving without counting "
                 "them at run %d. Each may be in the checkpoint and will run again after the "
                 "restart (at least once, as in TensorFlow).",
-                len(unfinished.in_flight),
+                unfinished.in_flight_count,
                 bound,
-                running,
-                "" if unfinished.held else " and TensorFlow's coordinator cannot hold the rest",
+                ", ".join(running),
                 self._run_counter,
             )
 
@@ -185,10 +189,11 @@ class PsSteps:
             return {}
         fields = {
             "queued_at_bound": unfinished.queued,
-            "in_flight_at_bound": len(unfinished.in_flight),
+            "in_flight_at_bound": unfinished.in_flight_count,
         }
         if unfinished.in_flight:
             fields["in_flight"] = {str(i): fn for i, fn in unfinished.in_flight.items()}
+        if unfinished.in_flight_count:
             fields["in_flight_effect"] = "may be in the checkpoint and will run again"
         return fields
 
