@@ -421,7 +421,7 @@ class PreemptionCheckpointHandler(
                 self._closing.set()
                 if self._sources is not None:
                     self._sources.close(join=False)
-                self._records.close()
+                self._records.close(wait=False)
                 self._end_ps_watch(stop_poller=False)
 
     # ------------------------------------------- hooks other libraries call

@@ -1,17 +1,36 @@
 """A record of every preemption, written by each process that handles a notice.
 
-Every stage of a preemption is one JSON line in the task's own file
-(``<folder>/<job>-<task>.jsonl``, one writer per file): ``notice``, ``agreement``,
-``save_start``, ``save_end``, ``exit``, ``error``, and, after the restart,
-``resumed``. Each line is written with one ``write`` on a file opened for
-appending, after or beside the work it describes (never before the save starts,
-and a save never waits for it), so a kill at any moment leaves whole lines and at
-most one cut-off last line, which :func:`load` skips. A folder that cannot be
-written is warned about once and training goes on.
+Every stage of a preemption is one JSON line: ``notice``, ``agreement``,
+``save_start``, ``save_end``, ``exit``, ``error``, after the restart ``resumed``,
+and under SLURM ``requeue``. Each task has its own lines (one writer each); where
+they go depends on the folder's kind:
 
-:func:`load` folds the lines of one folder (or file) into :class:`Preemption`
-objects, one per task and preemption, with :class:`Resume` objects for the
-restarts; ``python -m tf_failure_handling report PATH`` prints them.
+* **A local folder** (a plain path or ``file://``): one file per task,
+  ``<folder>/<job>-<task>.jsonl``. Each line is one ``write`` on a file opened for
+  appending, then ``fsync``: when :meth:`Recorder.write` returns, the line is on
+  the disk. Each process's first line starts on a line of its own (a newline is
+  added when the file does not end with one), so a short write by a killed process
+  never joins the next process's first line.
+* **Any other scheme TensorFlow can write** (``gs://``, ``s3://``, ``hdfs://``,
+  ``ram://`` ...), through ``tf.io.gfile``: object stores cannot append, so each
+  line is one small object, ``<folder>/<job>-<task>/<microseconds>-<pid>-<n>-<stage>.json``
+  (names sort in write order). A background thread writes them in order, so no
+  stage waits for the store; :meth:`Recorder.close` (called before ``exit_fn``)
+  waits, within :data:`FLUSH_BOUND`, until every line is a complete object.
+
+The cost before the save: on a local folder the first line creates the folder and
+opens the file, and every line is written and fsynced on the thread that reports
+the stage (the training thread); ``benches/bench_records.py`` measures it. On an
+object store the training thread only queues the line.
+
+A folder that cannot be written is warned about once and training goes on.
+
+:func:`load` reads one folder (either layout, or both), one file, or a checkpoint
+folder with a ``preemption_records`` folder inside, and folds the lines into
+:class:`Preemption` objects, one per task and preemption, with :class:`Resume`
+objects for the restarts; ``python -m tf_failure_handling report PATH`` prints them.
+Every line is checked against one schema (:data:`FIELDS`); a line that is cut off,
+not JSON or of the wrong shape is skipped and counted in :attr:`Records.skipped`.
 
 Fields of a line (``schema`` 1): ``schema``, ``stage``, ``time`` (Unix seconds),
 ``job``, ``task``, ``host``, ``pid``, ``preemption`` (the id shared by a task's
@@ -19,21 +38,23 @@ lines of one preemption), and per stage: ``platform``, ``source`` (``SIGTERM``,
 ``SIGUSR1``, ``gce``, ``aws``, ``azure``, ``kubernetes``, ``watcher fn``,
 ``peer``, ``ps 0: SIGTERM`` ...), ``deadline``, ``grace_period`` (notice);
 ``step``, ``proposer`` (agreement); ``path`` (save_end); ``code`` (exit);
-``error`` (error); ``step``, ``lost``, ``downtime`` (resumed). A newer schema's
-extra fields are kept in ``extra``.
+``error`` (error); ``step``, ``lost``, ``downtime`` (resumed). Other fields (a
+newer schema's, ``requeue``'s) are kept in ``extra``.
 """
 
 from __future__ import annotations
 
+import collections
+import errno
 import json
 import logging
+import math
 import os
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -43,7 +64,25 @@ SCHEMA_VERSION = 1
 #: notice; none by default when a ``save_fn`` replaces the save). ``off`` disables.
 RECORDS_DIR_ENV = "TF_FAILURE_HANDLING_RECORDS_DIR"
 DEFAULT_SUBDIR = "preemption_records"
-STAGES = ("notice", "agreement", "save_start", "save_end", "exit", "error", "resumed")
+STAGES = ("notice", "agreement", "save_start", "save_end", "exit", "error", "resumed", "requeue")
+#: Seconds :meth:`Recorder.close` waits for an object store to take the lines still
+#: queued (the ``exit`` line among them) before the process exits without them.
+FLUSH_BOUND = 10.0
+
+
+def is_local(path: str) -> bool:
+    """Whether ``path`` is on this machine's file system: no scheme, or ``file://``."""
+    return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+def _join(folder: str, *names: str) -> str:
+    if is_local(folder):
+        return os.path.join(folder, *names)
+    return "/".join([folder.rstrip("/"), *names])
 
 
 def folder_for(checkpoint_dir: Optional[str], configured: Any = None) -> Optional[str]:
@@ -57,8 +96,172 @@ def folder_for(checkpoint_dir: Optional[str], configured: Any = None) -> Optiona
     if env is not None:
         return None if env.strip().lower() in ("", "off", "0", "false", "none") else env
     if checkpoint_dir:
-        return os.path.join(os.fspath(checkpoint_dir), DEFAULT_SUBDIR)
+        return _join(os.fspath(checkpoint_dir), DEFAULT_SUBDIR)
     return None
+
+
+def _gfile() -> Any:
+    """TensorFlow's file system layer, for every path that is not local."""
+    try:
+        import tensorflow as tf
+    except ImportError as e:
+        raise OSError(f"a path with a scheme needs TensorFlow's file systems: {e}") from e
+    return tf.io.gfile
+
+
+# --------------------------------------------------------------------- writing
+
+
+class _File:
+    """One task's ``.jsonl`` file on a local disk: each line appended, then fsynced."""
+
+    def __init__(self, folder: str, name: str) -> None:
+        self.folder = _local(folder)
+        self.path = os.path.join(self.folder, f"{name}.jsonl")
+        self._fd: Optional[int] = None
+        self._lead = b""
+        self._fsync = True
+
+    def _open(self) -> None:
+        os.makedirs(self.folder, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size:
+                # A process killed in a write leaves a line without its newline:
+                # this process's first line must not be joined to it.
+                with open(self.path, "rb") as fh:
+                    fh.seek(size - 1)
+                    self._lead = b"" if fh.read(1) == b"\n" else b"\n"
+            else:
+                # The file's name is part of its folder: make it durable too.
+                folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(folder)
+                finally:
+                    os.close(folder)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def append(self, line: bytes, stage: str) -> None:
+        """Raises ``OSError`` when the line could not be written whole."""
+        if self._fd is None:
+            self._open()
+        data = memoryview(self._lead + line)
+        self._lead = b""
+        while data:
+            written = os.write(self._fd, data)
+            if written <= 0:
+                raise OSError(f"write returned {written}")
+            data = data[written:]
+        if self._fsync:
+            try:
+                os.fsync(self._fd)
+            except OSError as e:
+                # A file system without fsync (some FUSE mounts): the line is
+                # written, only not forced to the disk.
+                if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+                    raise
+                self._fsync = False
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _Objects:
+    """One task's lines as objects in ``<folder>/<job>-<task>/``, one per line,
+    through ``tf.io.gfile``: an object store has no append, and an object is
+    complete or absent."""
+
+    def __init__(self, folder: str, name: str, pid: int) -> None:
+        self.path = _join(folder, name)
+        self._pid = pid
+        self._count = 0
+        self._made = False
+
+    def append(self, line: bytes, stage: str) -> None:
+        gfile = _gfile()
+        if not self._made:
+            gfile.makedirs(self.path)
+            self._made = True
+        self._count += 1
+        name = f"{time.time_ns() // 1000:017d}-{self._pid:07d}-{self._count:05d}-{stage}.json"
+        with gfile.GFile(_join(self.path, name), "wb") as f:
+            f.write(line)
+
+    def close(self) -> None:
+        pass
+
+
+class _Queue:
+    """Runs jobs in order on one daemon thread (an object store's writes: no stage
+    waits for them). A job that raises stops the queue and is reported once."""
+
+    def __init__(self, on_error: Callable[[BaseException], None]) -> None:
+        self._on_error = on_error
+        self._jobs: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._busy = False
+        self._stopped = False
+        self._thread: Optional[threading.Thread] = None
+
+    def put(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            if self._stopped:
+                return
+            self._jobs.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="tf_failure_handling records", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    if self._stopped:
+                        return
+                    self._cond.wait()
+                job = self._jobs.popleft()
+                self._busy = True
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - reported, then the queue stops
+                with self._cond:
+                    self._stopped = True
+                    self._jobs.clear()
+                self._on_error(e)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._jobs) + self._busy
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Whether every job ran within ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while self._jobs or self._busy:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def stop(self) -> None:
+        """The thread ends once the jobs queued before are done."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
 
 
 class Recorder:
@@ -67,47 +270,41 @@ class Recorder:
     def __init__(
         self, folder: Optional[str], job: str, task: Any, platform: Optional[str] = None
     ) -> None:
-        self.folder = folder
+        self.folder = None if folder is None else os.fspath(folder)
         self.job = job
         self.task = task
         self.platform = platform
         self.host = socket.gethostname()
         self.pid = os.getpid()
+        #: Whether the lines go to an object store (written by a background thread).
+        self.remote = self.folder is not None and not is_local(self.folder)
         self._lock = threading.Lock()
-        self._fd: Optional[int] = None
-        self._failed = folder is None
+        self._failed = self.folder is None
         self._count = 0
         self.current: Optional[str] = None
-        # Opened at the first line (a notice, on the driver thread): nothing is
-        # created beside the checkpoints unless a preemption happens.
+        # Nothing is created beside the checkpoints until the first line (a
+        # notice): the folder, the file or the writer thread.
+        self._sink: Any = None
+        self._queue: Optional[_Queue] = None
 
-    def _open_locked(self) -> bool:
-        if self._failed:
-            return False
-        if self._fd is None:
-            try:
-                os.makedirs(self.folder, exist_ok=True)
-                self._fd = os.open(
-                    self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
-                )
-            except OSError as e:
-                self._give_up(e)
-                return False
-        return True
+    @property
+    def path(self) -> Optional[str]:
+        """This task's file (local) or folder of objects (any other scheme)."""
+        if self.folder is None:
+            return None
+        name = f"{self.job}-{self.task}"
+        return _join(self.folder, name) if self.remote else _join(self.folder, f"{name}.jsonl")
 
-    def _give_up(self, error: OSError) -> None:
-        self._failed = True
+    def _give_up(self, error: BaseException) -> None:
+        with self._lock:
+            if self._failed:
+                return
+            self._failed = True
         log.warning(
             "Cannot write preemption records to %s (%s); training goes on without them.",
             self.folder,
             error,
         )
-
-    @property
-    def path(self) -> Optional[str]:
-        if self.folder is None:
-            return None
-        return os.path.join(self.folder, f"{self.job}-{self.task}.jsonl")
 
     def new_preemption(self) -> str:
         with self._lock:
@@ -116,7 +313,8 @@ class Recorder:
             return self.current
 
     def write(self, stage: str, preemption: Optional[str] = None, **fields: Any) -> None:
-        """Appends one line (and logs it at INFO, with the same fields)."""
+        """Writes one line (and logs it at INFO, with the same fields): on a local
+        folder it is on the disk when this returns; on an object store it is queued."""
         # The coordinator of a PS cluster writes its PS and worker tasks' lines
         # (as_job / as_task) into its own file.
         job = fields.pop("as_job", None) or self.job
@@ -136,22 +334,77 @@ class Recorder:
             record.setdefault("platform", self.platform)
         line = json.dumps(record, sort_keys=True, default=str)
         log.info("Preemption %s: %s", stage, line)
+        data = (line + "\n").encode()
+        if self.remote:
+            self._later(lambda: self._sink_for_writing().append(data, stage))
+            return
         with self._lock:
-            if not self._open_locked():
+            if self._failed:
                 return
             try:
-                data = (line + "\n").encode()
-                written = os.write(self._fd, data)
-                if written != len(data):
-                    raise OSError(f"short write ({written} of {len(data)} bytes)")
+                self._sink_for_writing().append(data, stage)
+                return
             except OSError as e:
-                self._give_up(e)
+                error = e
+        self._give_up(error)
 
-    def close(self) -> None:
+    def _sink_for_writing(self) -> Any:
+        if self._sink is None:
+            name = f"{self.job}-{self.task}"
+            self._sink = (
+                _Objects(self.folder, name, self.pid) if self.remote else _File(self.folder, name)
+            )
+        return self._sink
+
+    def _later(self, job: Callable[[], None]) -> None:
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            if self._failed:
+                return
+            if self._queue is None:
+                self._queue = _Queue(self._give_up)
+            queue = self._queue
+        queue.put(job)
+
+    def defer(self, job: Callable[[], None]) -> None:
+        """Runs ``job`` on the writer thread of an object store (after the lines
+        queued before it), or now on a local folder. A job that raises is warned
+        about, like a line that cannot be written."""
+        if self.remote:
+            self._later(job)
+            return
+        try:
+            job()
+        except Exception as e:  # noqa: BLE001 - records never stop training
+            log.warning("Preemption records: %s failed: %r", getattr(job, "__name__", job), e)
+
+    def flush(self, timeout: float = FLUSH_BOUND) -> bool:
+        """Waits until every line written so far is complete (object stores; on a
+        local folder they are already). False when ``timeout`` passed first."""
+        queue = self._queue
+        return queue is None or queue.wait_empty(timeout)
+
+    def close(self, wait: bool = True) -> None:
+        """Ends the writing (a later line opens again). With ``wait``, first lets an
+        object store take the queued lines, within :data:`FLUSH_BOUND`."""
+        with self._lock:
+            queue, self._queue = self._queue, None
+        if queue is not None:
+            if wait and not queue.wait_empty(FLUSH_BOUND):
+                log.warning(
+                    "Preemption records: %d line(s) not written to %s within %.0f s "
+                    "(the store did not answer); going on without them.",
+                    queue.pending(),
+                    self.folder,
+                    FLUSH_BOUND,
+                )
+            queue.stop()
+        with self._lock:
+            if self._sink is not None and not self.remote:
+                try:
+                    self._sink.close()
+                except OSError:
+                    pass
+                self._sink = None
 
 
 # --------------------------------------------------------------------- reading
@@ -218,79 +471,164 @@ class Resume:
 class Records:
     preemptions: list
     resumes: list
-    #: Lines that could not be read (a cut-off last line, garbage), per file.
+    #: Lines that were skipped, per file (or object): cut off, not JSON, or not of
+    #: the schema's shape. Line 0: the file itself could not be read.
     skipped: dict
 
 
-_KNOWN = {
-    "schema",
-    "stage",
-    "time",
-    "job",
-    "task",
-    "host",
-    "pid",
-    "preemption",
-    "platform",
-    "source",
-    "deadline",
-    "grace_period",
-    "step",
-    "proposer",
-    "path",
-    "code",
-    "error",
-    "lost",
-    "downtime",
+#: The latest time a line may carry (the end of year 9999, the last one a date can show).
+_LATEST = 253402300799.0
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_time(v: Any) -> bool:
+    return _is_number(v) and 0 <= v <= _LATEST
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+#: The schema: each known field and what its value must be (``null`` is the same
+#: as absent). A line must have ``stage``, ``time``, ``job`` and ``task``; any other
+#: field is kept in ``extra`` whatever its value.
+FIELDS: dict = {
+    "schema": _is_int,
+    "stage": _is_str,
+    "time": _is_time,
+    "job": _is_str,
+    "task": lambda v: _is_int(v) or _is_str(v),
+    "host": _is_str,
+    "pid": _is_int,
+    "preemption": _is_str,
+    "platform": _is_str,
+    "source": _is_str,
+    "deadline": _is_time,
+    "grace_period": lambda v: _is_number(v) and v >= 0,
+    "step": _is_int,
+    "proposer": _is_str,
+    "path": _is_str,
+    "code": lambda v: _is_int(v) or _is_str(v),
+    "error": _is_str,
+    "lost": _is_int,
+    "downtime": _is_number,
 }
+REQUIRED = ("stage", "time", "job", "task")
 
 
-def _files(path: Union[str, Path]) -> list:
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"no such file or folder: {p}")
-    if p.is_dir():
-        return sorted(p.glob("*.jsonl"))
-    return [p]
+def valid(obj: Any) -> bool:
+    """Whether ``obj`` (a parsed line) is of the schema's shape."""
+    if not isinstance(obj, dict):
+        return False
+    if any(obj.get(name) is None for name in REQUIRED):
+        return False
+    return all(obj.get(name) is None or ok(obj[name]) for name, ok in FIELDS.items())
 
 
-def _lines(files: Iterable[Path], skipped: dict) -> Iterable[dict]:
-    for f in files:
-        with open(f, "rb") as fh:
-            for number, raw in enumerate(fh, 1):
-                try:
-                    if not raw.endswith(b"\n"):
-                        raise ValueError("cut off")
-                    obj = json.loads(raw)
-                    if not isinstance(obj, dict) or "stage" not in obj or "job" not in obj:
-                        raise ValueError("not a record")
-                except ValueError:
-                    skipped.setdefault(str(f), []).append(number)
-                    continue
-                yield obj
+def _parse(raw: bytes) -> Optional[dict]:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return obj if valid(obj) else None
 
 
-def load(path: Union[str, Path]) -> Records:
-    """Reads a records folder (every ``*.jsonl`` in it) or one file.
+class _Reader:
+    """The read side of both layouts: local paths through ``os``, any other scheme
+    through ``tf.io.gfile`` (its errors become ``OSError``)."""
 
-    Tolerates a cut-off last line and lines it cannot parse (counted in
-    ``skipped``); fields of newer schemas go to ``extra``.
+    def __init__(self, path: str) -> None:
+        self.local = is_local(path)
 
-    Raises:
-      FileNotFoundError: ``path`` does not exist.
-    """
-    skipped: dict = {}
+    def _gfile(self, what: str, path: str) -> Any:
+        gfile = _gfile()
+        try:
+            if what == "read":
+                with gfile.GFile(path, "rb") as f:
+                    return f.read()
+            return getattr(gfile, what)(path)
+        except Exception as e:
+            if type(e).__name__ == "NotFoundError":
+                raise FileNotFoundError(str(e)) from e
+            raise OSError(f"{path}: {e}") from e
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(_local(path)) if self.local else self._gfile("exists", path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(_local(path)) if self.local else self._gfile("isdir", path)
+
+    def names(self, folder: str, suffix: str) -> list:
+        """The paths in ``folder`` whose names end with ``suffix``, sorted."""
+        found = os.listdir(_local(folder)) if self.local else self._gfile("listdir", folder)
+        return sorted(_join(folder, n) for n in found if n.endswith(suffix))
+
+    def folders(self, folder: str) -> list:
+        found = os.listdir(_local(folder)) if self.local else self._gfile("listdir", folder)
+        paths = (_join(folder, n.rstrip("/")) for n in found if not n.endswith((".jsonl", ".json")))
+        return sorted(p for p in paths if self.isdir(p))
+
+    def read(self, path: str) -> bytes:
+        if self.local:
+            with open(_local(path), "rb") as f:
+                return f.read()
+        return self._gfile("read", path)
+
+
+def _lines(reader: _Reader, sources: list, skipped: dict) -> Iterator[dict]:
+    """The valid lines of each file or object; the others are counted in ``skipped``."""
+    for source in sources:
+        try:
+            data = reader.read(source)
+        except OSError:
+            skipped.setdefault(str(source), []).append(0)
+            continue
+        parts = data.split(b"\n")
+        for number, raw in enumerate(parts, 1):
+            if number == len(parts):
+                if raw:  # no newline at the end: cut off
+                    skipped.setdefault(str(source), []).append(number)
+                break
+            obj = _parse(raw)
+            if obj is None:
+                skipped.setdefault(str(source), []).append(number)
+                continue
+            yield obj
+
+
+def _sources(reader: _Reader, path: str) -> list:
+    """The files and objects of a records folder, one file, or a checkpoint folder
+    with a records folder inside."""
+    if not reader.exists(path):
+        raise FileNotFoundError(f"no such file or folder: {path}")
+    if not reader.isdir(path):
+        return [path]
+    inner = _join(path, DEFAULT_SUBDIR)
+    if reader.isdir(inner):
+        path = inner
+    objects = [o for f in reader.folders(path) for o in reader.names(f, ".json")]
+    return reader.names(path, ".jsonl") + objects
+
+
+def _fold(lines: Iterator[dict], skipped: dict) -> Records:
     preemptions: dict = {}
     resumes = []
-    for obj in _lines(_files(path), skipped):
-        extra = {k: v for k, v in obj.items() if k not in _KNOWN}
+    for obj in lines:
+        extra = {k: v for k, v in obj.items() if k not in FIELDS}
         stage = obj["stage"]
         if stage == "resumed":
             resumes.append(
                 Resume(
                     obj["job"],
-                    obj.get("task"),
-                    obj.get("time", 0.0),
+                    obj["task"],
+                    obj["time"],
                     obj.get("step"),
                     obj.get("lost"),
                     obj.get("downtime"),
@@ -299,14 +637,14 @@ def load(path: Union[str, Path]) -> Records:
                 )
             )
             continue
-        key = (obj["job"], obj.get("task"), obj.get("preemption"))
+        key = (obj["job"], str(obj["task"]), obj.get("preemption"))
         p = preemptions.get(key)
         if p is None:
             p = preemptions[key] = Preemption(
-                obj["job"], obj.get("task"), obj.get("host"), obj.get("pid"), obj.get("preemption")
+                obj["job"], obj["task"], obj.get("host"), obj.get("pid"), obj.get("preemption")
             )
         p.extra.update(extra)
-        t = obj.get("time")
+        t = obj["time"]
         if stage == "notice":
             if p.notice_time is None:
                 p.notice_time = t
@@ -335,23 +673,77 @@ def load(path: Union[str, Path]) -> Records:
     return Records(ordered, resumes, skipped)
 
 
+def load(path: Union[str, os.PathLike]) -> Records:
+    """Reads a records folder (every ``*.jsonl`` file and ``*/*.json`` object in it),
+    one file, or a checkpoint folder with a ``preemption_records`` folder inside; a
+    path with a scheme through ``tf.io.gfile``.
+
+    Skips, and counts in ``skipped``, every line that is cut off, not JSON or not of
+    the schema's shape (:func:`valid`); fields the schema does not name go to ``extra``.
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist.
+      OSError: ``path`` could not be listed.
+    """
+    path = os.fspath(path)
+    reader = _Reader(path)
+    skipped: dict = {}
+    return _fold(_lines(reader, _sources(reader, path), skipped), skipped)
+
+
+def _task_sources(reader: _Reader, folder: str, job: str, task: Any) -> list:
+    name = f"{job}-{task}"
+    found = []
+    file = _join(folder, f"{name}.jsonl")
+    if reader.exists(file):
+        found.append(file)
+    inner = _join(folder, name)
+    objects = reader.names(inner, ".json") if reader.isdir(inner) else []
+    # Only the objects after the task's last `resumed` one can hold an exit that
+    # has not been resumed from: the others are not read.
+    last = max((i for i, o in enumerate(objects) if o.endswith("-resumed.json")), default=-1)
+    return found + objects[max(last, 0) :]
+
+
 def last_exit(folder: Optional[str], job: str, task: Any) -> Optional[Preemption]:
-    """The latest preemption of ``job``/``task`` in ``folder`` that reached its exit."""
+    """The latest preemption of ``job``/``task`` in ``folder`` that reached its exit
+    and has no ``resumed`` line after it; None when there is none or the folder cannot
+    be read (a record file never stops a handler)."""
     if folder is None:
         return None
-    path = Path(folder) / f"{job}-{task}.jsonl"
-    if not path.exists():
-        return None
     try:
-        found = [
-            p for p in load(path).preemptions if p.exit_time is not None and _own(p, job, task)
-        ]
+        reader = _Reader(folder)
+        if not reader.isdir(folder):
+            return None
+        found = _fold(_lines(reader, _task_sources(reader, folder, job, task), {}), {})
     except OSError:
         return None
-    return found[-1] if found else None
+    own = [p for p in found.preemptions if p.exit_time is not None and _own(p, job, task)]
+    if not own:
+        return None
+    last = max(own, key=lambda p: p.exit_time)
+    if any(_own(r, job, task) and r.time >= last.exit_time for r in found.resumes):
+        return None
+    return last
 
 
-def _own(preemption: Preemption, job: str, task: Any) -> bool:
-    """Whether ``preemption`` is ``job``/``task``'s own: a coordinator's file also holds
-    the lines it wrote for its PS and worker tasks (their job and task, ``observer``)."""
-    return preemption.job == job and str(preemption.task) == str(task)
+def _own(line: Any, job: str, task: Any) -> bool:
+    """Whether a preemption (or resume) is ``job``/``task``'s own: a coordinator's
+    file also holds the lines it wrote for its PS and worker tasks."""
+    return line.job == job and str(line.task) == str(task)
+
+
+_claimed: set = set()
+_claimed_lock = threading.Lock()
+
+
+def claim_resume(folder: str, job: str, task: Any, preemption: Optional[str]) -> bool:
+    """True the first time this process asks for a ``(folder, job, task,
+    preemption)``: a second handler of the same run (tf_keras makes several) must not
+    write a second ``resumed`` line, even before the first one reached the store."""
+    key = (folder, job, str(task), preemption)
+    with _claimed_lock:
+        if key in _claimed:
+            return False
+        _claimed.add(key)
+        return True

@@ -1,10 +1,16 @@
 """``python -m tf_failure_handling report PATH [--json] [--plot timeline.png]``.
 
 One row per preemption across all tasks of the records in ``PATH`` (a records
-folder, or one file): when, source, agreed step, save duration, margin left to the
-deadline, downtime, steps lost; then totals. ``--json`` prints the same as JSON;
-``--plot`` draws one lane per task (training, notice, agreement, save, exit,
-restart, the deadline) with matplotlib (``pip install tf-failure-handling[plot]``).
+folder, one file, or a checkpoint folder with its ``preemption_records`` inside; a
+``gs://`` or other path TensorFlow can read too): when, source, agreed step, save
+duration, margin left to the deadline, downtime, steps lost; then totals. ``--json``
+prints the same as JSON; ``--plot`` draws one lane per task (training, notice,
+agreement, save, exit, restart, the deadline) with matplotlib
+(``pip install tf-failure-handling[plot]``).
+
+Lines that cannot be read (cut off by a kill, not JSON, not of the records' schema)
+are skipped; how many is said in one line on stderr after the table. Exit codes:
+:data:`EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -22,6 +28,14 @@ from . import records
 #: ones when its notice comes before they all exited (or within this many seconds
 #: of the first notice, when none exited).
 GROUP_WINDOW = 600.0
+
+#: What ``report``'s exit code means; anything but 0 comes with one line on stderr.
+EXIT_CODES = {
+    0: "the table (or JSON) was printed",
+    1: "PATH holds no readable preemption record",
+    2: "PATH does not exist or cannot be read",
+    3: "--plot could not draw the picture",
+}
 
 
 @dataclass
@@ -224,8 +238,13 @@ def main(argv: Optional[list] = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tf_failure_handling report",
         description="One row per preemption found in a records folder (or file).",
+        epilog="exit codes: " + "; ".join(f"{k}: {v}" for k, v in EXIT_CODES.items()),
     )
-    p.add_argument("path", help="a records folder (<checkpoint_dir>/preemption_records) or file")
+    p.add_argument(
+        "path",
+        help="a checkpoint folder, its records folder (<checkpoint_dir>/preemption_records) "
+        "or one records file; gs:// and other TensorFlow file systems too",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", metavar="FILE", help="also draw the timeline (.png or .svg)")
     args = p.parse_args(argv)
@@ -243,14 +262,21 @@ def main(argv: Optional[list] = None) -> int:
         print(f"report: no preemption records in {args.path}{why}", file=sys.stderr)
         return 1
     summaries = [row.summary(found.resumes) for row in group(found)]
+    bad = sum(len(v) for v in found.skipped.values())
     if args.json:
-        print(json.dumps({"preemptions": summaries, "totals": totals(summaries)}, indent=2))
+        result = {"preemptions": summaries, "totals": totals(summaries), "skipped": found.skipped}
+        print(json.dumps(result, indent=2))
     else:
         print(table(summaries))
         t = totals(summaries)
         print(
             f"\n{t['preemptions']} preemption(s); {t['downtime_seconds']:.2f} s down; "
             f"{t['steps_lost']} step(s) lost; {t['errors']} error(s)."
+        )
+    if bad:
+        print(
+            f"report: skipped {bad} unreadable line(s) in {len(found.skipped)} file(s)",
+            file=sys.stderr,
         )
     if args.plot:
         try:

@@ -44,26 +44,29 @@ class RecordsHooks:
 
     def _record_resume(self) -> None:
         """A ``resumed`` line when this task exited after a preemption and has not
-        resumed since (a second handler of the same run writes nothing)."""
+        resumed since (a second handler of the same run writes nothing). The records
+        are read on the writer thread of an object store (construction never waits
+        for a bucket), at once on a local folder; a record file that cannot be read
+        or makes no sense writes nothing and never stops the handler."""
         rec = self._records
-        try:
+        step = self._run_counter
+        built = time.time()
+
+        def resume() -> None:
             last = records.last_exit(rec.folder, rec.job, rec.task)
-            if last is None:
+            if last is None or not records.claim_resume(rec.folder, rec.job, rec.task, last.id):
                 return
-            earlier = records.load(rec.path).resumes if rec.path else []
-        except (OSError, ValueError):
-            return
-        if any(r.time >= last.exit_time for r in earlier):
-            return
-        lost = None if last.agreed_step is None else last.agreed_step - self._run_counter
-        rec.write(
-            "resumed",
-            preemption=last.id,
-            step=self._run_counter,
-            lost=lost,
-            downtime=time.time() - last.exit_time,
-            **_slurm.resume_fields(),
-        )
+            rec.write(
+                "resumed",
+                preemption=last.id,
+                step=step,
+                lost=None if last.agreed_step is None else last.agreed_step - step,
+                downtime=built - last.exit_time,
+                time=built,
+                **_slurm.resume_fields(),
+            )
+
+        rec.defer(resume)
 
     def _record_notice(self, source: str, deadline: Optional[float]) -> None:
         """This worker's own notice (``deadline``: Unix time, or None); it opens a
