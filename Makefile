@@ -20,12 +20,15 @@ STAMP := $(VENV)/.deps-installed
 # What TensorFlow's own fault-tolerance tests import (tests/tf_suite: TF's
 # multi_process_runner and multi_worker_test_base), not in TF's wheel's requirements.
 TF_TEST_DEPS := "portpicker==1.6.*" "dill==0.4.*" "tblib==3.2.*"
+# The GCS emulator that TensorFlow's own gs:// filesystem talks to in the tests
+# (tests/integration/gcs_emulator.py patches around its HTTP quirks, so pinned exactly).
+GCS_TEST_DEPS := "gcp-storage-emulator==2026.7.19"
 # The docs site (make docs): MkDocs, Material, mkdocstrings. Pinned, because --strict turns
 # any new warning of a new release into a failed build (docs/development.md).
 DOCS_DEPS := "mkdocs==1.6.1" "mkdocs-material==9.8.2" "mkdocstrings==1.0.8" \
 	"mkdocstrings-python==2.0.11" "griffelib==2.4.1" "pymdown-extensions==13.1.2"
 DEPS := "tensorflow-cpu==2.21.*" "keras==3.15.*" "tf-keras==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff "matplotlib>=3.5" \
-	$(TF_TEST_DEPS) $(DOCS_DEPS)
+	$(TF_TEST_DEPS) $(GCS_TEST_DEPS) $(DOCS_DEPS)
 # orbit (tests/integration/test_orbit.py) ships only inside tf-models-official, whose
 # dependencies pin tensorflow~=2.20 and would replace TF 2.21: installed without them
 # (orbit itself needs only tensorflow, tf-keras, absl and numpy, all above).
@@ -82,6 +85,15 @@ system-deps:
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2; \
 		else \
 			echo "iproute2 (ip) is missing and cannot be installed (needs root and apt-get): the partition trials will skip"; \
+		fi; \
+	fi
+	@if ! command -v openssl >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing openssl (the GCS emulator's test certificates)"; \
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl; \
+		else \
+			echo "openssl is missing and cannot be installed (needs root and apt-get): the GCS emulator tests will skip"; \
 		fi; \
 	fi
 
