@@ -71,3 +71,89 @@ def test_records_of_a_ram_checkpoint_are_objects_beside_it(tmp_path, monkeypatch
     assert report.main([directory]) == 0
     out = capsys.readouterr().out
     assert "1 preemption(s)" in out and "0 step(s) lost" in out
+
+
+# ------------------------------------------------------------ gs:// (emulator)
+
+GS_RUN = """
+import json, sys, time
+import tensorflow as tf
+from tf_failure_handling import PreemptionCheckpointHandler, records
+
+directory, notice_at, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+step = tf.Variable(0, dtype=tf.int64)
+h = PreemptionCheckpointHandler(None, tf.train.Checkpoint(step=step), directory)
+print(json.dumps({"restored": h.total_run_calls}), flush=True)
+while int(step.numpy()) < steps:
+    if int(step.numpy()) == notice_at:
+        h._notify_termination()  # exits 42 (TF's default exit_fn) after the save
+    h.run(lambda: step.assign_add(1))
+flushed = h._records.flush(60)
+h.close()
+print(json.dumps({"finished": int(step.numpy()), "flushed": flushed}), flush=True)
+"""
+
+QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    from .gcs_emulator import require_gcs_emulator
+
+    with require_gcs_emulator() as emu:
+        yield emu
+
+
+def test_records_of_a_gs_checkpoint_are_in_the_bucket_and_survive_the_machine(gcs, tmp_path):
+    """Through TensorFlow's own GCS file system against a local emulator: the first run
+    is preempted at step 5 and exits 42 with its lines in the bucket (the exit line
+    included: the process waits for it); the restart resumes with nothing lost; the
+    report reads the bucket."""
+    import json
+    import sys
+
+    directory = f"gs://{gcs.bucket}/run/ckpt"
+    first = gcs.run(
+        [sys.executable, "-c", GS_RUN, directory, "5", "10"],
+        env=QUIET_TF,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert first.returncode == 42, first.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == [], "nothing written to the local disk"
+    # Without the folder markers that makedirs writes (names ending in "/").
+    objects = [o for o in gcs.list_objects("run/ckpt/preemption_records/") if o.endswith(".json")]
+    stages = [o.rsplit("-", 1)[1] for o in objects]
+    assert stages == [
+        "notice.json",
+        "agreement.json",
+        "save_start.json",
+        "save_end.json",
+        "exit.json",
+    ], objects
+    last = json.loads(gcs.read_object(objects[-1]))
+    assert last["stage"] == "exit" and last["code"] == 42
+
+    second = gcs.run(
+        [sys.executable, "-c", GS_RUN, directory, "-1", "10"],
+        env=QUIET_TF,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    lines = [json.loads(x) for x in second.stdout.splitlines() if x.startswith("{")]
+    restored = lines[0]["restored"]
+    assert lines[-1] == {"finished": 10, "flushed": True}
+    resumed = [o for o in gcs.list_objects("run/ckpt/preemption_records/") if "resumed" in o]
+    assert len(resumed) == 1, "one resumed line, in the bucket"
+
+    done = gcs.run(
+        [sys.executable, "-m", "tf_failure_handling", "report", directory, "--json"],
+        env=QUIET_TF,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [row] = json.loads(done.stdout)["preemptions"]
+    assert row["agreed_step"] == restored and row["steps_lost"] == 0
+    assert row["exit_codes"] == ["42"]
