@@ -6,7 +6,9 @@ table written to ``docs/figures/`` with its command, commit, date and machine.
 The README and the docs print no figure by hand: the docs include these files, the
 README's speed table is rewritten from them (``benches/headline.py``), and
 ``tests/unit/test_figures.py`` fails when a figure the README or a page states is in
-none of them. Every table is written to a temporary folder first and the figures
+none of them. How long ``make test`` or ``make demo`` takes from a fresh clone is not
+measured here (most of an hour): ``benches/time_make.py TARGET`` adds a row to its own
+table there. Every table is written to a temporary folder first and the figures
 folder is replaced only when every command succeeded, so a failed run leaves the
 last complete set. ``--quick`` runs each bench with few repeats, to check the
 pipeline, not to publish (its tables say so in their command line).
@@ -38,6 +40,9 @@ COMMANDS = (
     ("benches/bench_patch.py", [], ["--repeats", "3"]),
     ("benches/bench_ps_notice.py", ["--repeats", "3"], ["--repeats", "1"]),
     ("benches/bench_records.py", ["--repeats", "300"], ["--repeats", "20"]),
+    # The demo (make demo, about a minute): its preemption report, as docs/records.md
+    # shows it, and how long it took (demo/README.md).
+    ("demo/run_demo.py", [], []),
     # A mid-sized run of the trials (~30 min on 2 cores: 40 of ps_preemption, the
     # issue-32 kind, 2 of each other real-process kind); ``make reliability`` is the
     # long mode (10,000 simulated trials, 6 real-process trials of each kind, about an hour).

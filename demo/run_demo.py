@@ -37,6 +37,12 @@ sys.path.insert(0, str(EXAMPLES))
 
 import launch_local  # noqa: E402 - examples/launch_local.py, found through the path above
 
+sys.path.insert(0, str(ROOT / "benches"))
+import _report  # noqa: E402 - benches/_report.py: under make figures, the report is a figure
+
+#: The figure file ``make figures`` writes the report into (docs/records.md includes it).
+REPORT_TITLE = "demo preemption report"
+
 SAVED = re.compile(r"^preempted: checkpoint saved at step (\d+), exiting with code (\d+)$")
 STARTED = re.compile(r"^starting at step (\d+)$")
 FINISHED = re.compile(r"^finished at step (\d+); weights (.*)$")
@@ -108,9 +114,10 @@ def max_difference(a: dict, b: dict) -> float:
     return max(float(np.max(np.abs(np.asarray(a[k]) - np.asarray(b[k])))) for k in b)
 
 
-def show_records(records_dir: Path, output: Path) -> bool:
+def show_records(records_dir: Path, output: Path) -> str | None:
     """Copies the run's preemption records to ``output``, prints the report and draws
-    the timeline (``python -m tf_failure_handling report``); False if that fails."""
+    the timeline (``python -m tf_failure_handling report``); the report, or None if that
+    fails."""
     kept = output / "preemption_records"
     if kept.exists():
         shutil.rmtree(kept)
@@ -123,9 +130,9 @@ def show_records(records_dir: Path, output: Path) -> bool:
     say(done.stdout.rstrip())
     if done.returncode != 0:
         say(f"  report failed ({done.returncode}): {done.stderr.strip()}")
-        return False
+        return None
     say(f"Timeline picture: {picture}")
-    return True
+    return done.stdout.rstrip()
 
 
 def main(argv=None) -> int:
@@ -191,8 +198,19 @@ def main(argv=None) -> int:
     got = [final_weights(demo, w) for w in workers]
     diff = max(max_difference(g, expected) for g in got)
     same = len(steps) == 1 and steps == starts and diff <= 1e-6
-    recorded = show_records(ckpt_dir / "preemption_records", Path(args.output))
-    say(f"\nDone in {time.monotonic() - started:.1f}s.")
+    report = show_records(ckpt_dir / "preemption_records", Path(args.output))
+    recorded = report is not None
+    took = time.monotonic() - started
+    say(f"\nDone in {took:.1f}s.")
+    if same and recorded:
+        # Under make figures (benches/figures.py): docs/figures/demo-preemption-report.md,
+        # the report as this run printed it and how long the run took, with the
+        # command, commit, date and machine (docs/records.md and demo/README.md).
+        _report.write_figure(
+            REPORT_TITLE,
+            f"```text\n{report}\n```\n\nThe whole demo (reference run, demo run, report) "
+            f"took {took:.0f} s.",
+        )
     if same and recorded and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
