@@ -122,7 +122,11 @@ def coordinator(args) -> int:
             # Nothing scheduled or running: a test stops a task and sends a notice now.
             coord.join()
             emit("paused", runs=handler.total_run_calls, counter=_read(counter))
-            time.sleep(args.pause)
+            end = time.monotonic() + args.pause
+            while time.monotonic() < end:
+                if args.resume_file and os.path.exists(args.resume_file):
+                    break  # the test has sent its notice and seen it received
+                time.sleep(0.1)
         long = args.long_from and handler.total_run_calls >= args.long_from
         handler.run(coord.schedule, train_step, (args.long_work if long else args.work,))
         runs = handler.total_run_calls
@@ -169,6 +173,7 @@ def main(argv=None) -> int:
     c.add_argument("--peer-timeout", type=float, default=None)
     c.add_argument("--pause-at", type=int, default=0, help="join, then pause, at this run")
     c.add_argument("--pause", type=float, default=0.0, help="seconds of that pause")
+    c.add_argument("--resume-file", default=None, help="the pause ends once this file exists")
     c.add_argument(
         "--long-from", type=int, default=0, help="from this run on, closures of --long-work"
     )

@@ -27,9 +27,24 @@ The conversation is two JSON requests:
 Every call has a deadline (:data:`CALL_TIMEOUT`): the eager op runs on a thread of
 its own and the caller stops waiting at the bound, so one task that does not
 answer (stopped, partitioned) never holds up the poll of the others, nor a release.
-(TensorFlow's own ops in this process can still block while a task is stopped: the
-save's, for one; docs, "ParameterServerStrategy".) At most one call per task is
-outstanding; a task whose last call has not returned is "unanswered" until it does.
+At most one call per task is outstanding; a task whose last call has not returned is
+"unanswered" until it does.
+
+TensorFlow's own ops in the coordinator are another matter: the first time the
+coordinator runs an op or function it has not run before (the save's
+``save_counter.assign_add``, its save functions), ``EagerContext::AddFunctionDef``
+registers it on *every* task of the cluster, and ParameterServerStrategy turns
+streaming enqueue off (``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE=False``), so each
+registration is a unary ``EagerService/Enqueue`` with no deadline that the calling
+thread waits for (``GrpcEagerClient::StreamingEnqueueAsync``, then
+``Notification::WaitForNotification``; the GIL is released meanwhile). A stopped
+(SIGSTOP) task keeps its TCP connection open -- its kernel still acknowledges -- so,
+without HTTP/2 keepalive, gRPC waits for it forever and the save never ends. So this
+module, when imported, adds :data:`GRPC_KEEPALIVE` to ``TF_GRPC_DEFAULT_OPTIONS``
+(:func:`add_grpc_keepalive`; only keys the user has not set; TF reads the variable
+when it creates its first channel, so it must be imported before the strategy or the
+server is made): a call to a peer that does not answer a ping fails within about
+15 s and TF's registration goes on without it (it only logs the failure).
 
 :class:`ClusterPoller` is the coordinator's side: one daemon thread polls every
 PS and worker task every :data:`POLL_INTERVAL` seconds and hands each incarnation's
@@ -64,6 +79,61 @@ EXIT_WAIT = 30.0
 #: Seconds one call to a task may take (a poll, a release): past it the caller goes on
 #: and the task counts as unanswered. A call on 127.0.0.1 takes milliseconds.
 CALL_TIMEOUT = 5.0
+
+#: gRPC channel options this package adds to ``TF_GRPC_DEFAULT_OPTIONS`` (the options of
+#: every channel TensorFlow creates in this process) unless the user set them there:
+#: a ping every 5 s while a call is outstanding (gRPC's default of at most 2 pings
+#: without data keeps servers, whose TF build lets no one change their ping policy,
+#: from answering "too_many_pings"); a ping unanswered for 5 s closes the connection,
+#: failing its calls (``grpc.http2.ping_timeout_ms`` is the one this gRPC applies to
+#: keepalive pings; ``grpc.keepalive_timeout_ms`` is the documented one); a
+#: reconnection attempt that gets no HTTP/2 SETTINGS in 5 s fails (20 s by default),
+#: so new calls to the stopped task fail fast instead of waiting on it.
+GRPC_KEEPALIVE = (
+    ("grpc.keepalive_time_ms", 5000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.http2.ping_timeout_ms", 5000),
+    ("grpc.min_reconnect_backoff_ms", 5000),
+)
+#: Set to ``0`` to keep this package from adding :data:`GRPC_KEEPALIVE`.
+GRPC_KEEPALIVE_ENV = "TF_FAILURE_HANDLING_GRPC_KEEPALIVE"
+GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"
+
+
+def add_grpc_keepalive(environ: Any = None) -> Optional[str]:
+    """Adds the options of :data:`GRPC_KEEPALIVE` that ``TF_GRPC_DEFAULT_OPTIONS`` does not
+    name (TF's format: ``name=value`` pairs separated by commas); returns the new value,
+    or None when nothing was added (all set already, or ``GRPC_KEEPALIVE_ENV=0``)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(GRPC_KEEPALIVE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    current = environ.get(GRPC_OPTIONS_ENV, "")
+    named = {item.split("=", 1)[0].strip() for item in current.split(",") if item.strip()}
+    added = [f"{name}={value}" for name, value in GRPC_KEEPALIVE if name not in named]
+    if not added:
+        return None
+    kept = [current.strip().strip(",")] if current.strip() else []
+    value = ",".join(kept + added)
+    environ[GRPC_OPTIONS_ENV] = value
+    return value
+
+
+def grpc_keepalive_time(environ: Any = None) -> Optional[float]:
+    """The keepalive period (seconds) ``TF_GRPC_DEFAULT_OPTIONS`` sets, or None (then a
+    stopped task stalls this coordinator's new ops until it runs again)."""
+    environ = os.environ if environ is None else environ
+    for item in environ.get(GRPC_OPTIONS_ENV, "").split(","):
+        name, _, value = item.partition("=")
+        if name.strip() == "grpc.keepalive_time_ms":
+            try:
+                return int(value) / 1000.0
+            except ValueError:
+                return None
+    return None
+
+
+#: What :func:`add_grpc_keepalive` did when this module was imported (None: nothing).
+GRPC_OPTIONS_ADDED = add_grpc_keepalive()
 
 #: The control of this process (strongly referenced: TF's registry holds weak ones).
 _installed: Optional[TaskControl] = None

@@ -54,6 +54,13 @@ class PsSteps:
         # TF_PSS_ENABLE_COORDINATION_SERVICE: TensorFlow's own coordinator's poller
         # would keep the process from exiting (ours installs this itself).
         _tf_exit.install(self._ps_coordinator())
+        if _ps_control.grpc_keepalive_time() is None:
+            log.warning(
+                "TF_GRPC_DEFAULT_OPTIONS sets no grpc.keepalive_time_ms (%s=0, or set without "
+                "it): a PS or worker task that is stopped but not gone (SIGSTOP, a hung host) "
+                "stalls this coordinator's save until it runs again.",
+                _ps_control.GRPC_KEEPALIVE_ENV,
+            )
 
     def _end_ps_watch(self, stop_poller: bool = True) -> None:
         """``close()``; ``__del__`` passes ``stop_poller=False``: it joins no thread."""
