@@ -1,4 +1,4 @@
-# The two commands the README starts with:
+# The two commands the README starts with, and the everyday loop:
 #   make demo   real TF workers on 127.0.0.1 get preempted, save at one agreed step, restart,
 #               finish (examples/mwms_custom_loop.py run by examples/launch_local.py)
 #   make test   every test: Rust (unit + property), lints, the docs site (--strict), Python unit
@@ -6,6 +6,10 @@
 #               start, every example in examples/, the docs' runnable blocks), TensorFlow's own
 #               fault-tolerance tests against ours, and the compatibility ends from the wheel
 #               (TF 2.16 on Python 3.10, TF 2.21 on 3.13)
+#   make check  the everyday loop, a few minutes: Rust tests, lints, the Python unit tests
+#               and one fast real-TensorFlow test per public class (CHECK_TESTS)
+# Each first checks the machine (dev/prereqs.py): one line per missing prerequisite, with
+# the command that installs it, and nothing starts until they are there.
 # Each creates what it needs: .venv (TensorFlow CPU, maturin, pytest, the docs tools), the
 # native build, iproute2 for the partition trials (system-deps below) and SLURM's daemons
 # (Debian's slurm-wlm and munge, installed with apt-get when missing, started and stopped by
@@ -15,6 +19,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
+DEMO_STAMP := $(VENV)/.demo-deps-installed
 # Keras 3 is pinned to the release tf_failure_handling.keras reads its internals from
 # (_integrations.keras_internals.TESTED_KERAS); TF 2.21 alone would take the newest.
 # What TensorFlow's own fault-tolerance tests import (tests/tf_suite: TF's
@@ -27,7 +32,11 @@ GCS_TEST_DEPS := "gcp-storage-emulator==2026.7.19"
 # any new warning of a new release into a failed build (docs/development.md).
 DOCS_DEPS := "mkdocs==1.6.1" "mkdocs-material==9.8.2" "mkdocstrings==1.0.8" \
 	"mkdocstrings-python==2.0.11" "griffelib==2.4.1" "pymdown-extensions==13.1.2"
-DEPS := "tensorflow-cpu==2.21.*" "keras==3.15.*" "tf-keras==2.21.*" "maturin>=1.9.4,<2" pytest pytest-timeout hypothesis ruff "matplotlib>=3.5" \
+# What `make demo` needs: TensorFlow, the build, and matplotlib for the report's picture.
+DEMO_DEPS := "tensorflow-cpu==2.21.*" "keras==3.15.*" "maturin>=1.9.4,<2" "matplotlib>=3.5"
+# pytest-xdist: `make check` runs the unit tests four at a time (they mostly wait on
+# threads and subprocesses: 3.5 min one at a time, 1.5 min so).
+DEPS := "tf-keras==2.21.*" pytest pytest-timeout "pytest-xdist==3.*" hypothesis ruff \
 	$(TF_TEST_DEPS) $(GCS_TEST_DEPS) $(DOCS_DEPS)
 # orbit (tests/integration/test_orbit.py) ships only inside tf-models-official, whose
 # dependencies pin tensorflow~=2.20 and would replace TF 2.21: installed without them
@@ -37,12 +46,16 @@ NO_DEPS := "tf-models-official==2.20.*"
 # TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
 ZIG := "ziglang==0.13.*"
 
-.PHONY: demo test system-deps docs test-rust test-python pytest-suite pytest-integration pytest-rest slurm-suite tf-suite tf-suite-multi tf-suite-single figures tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
+.PHONY: demo test check check-python prereqs-demo prereqs-check prereqs-test system-deps docs test-rust test-python pytest-suite pytest-integration pytest-rest slurm-suite tf-suite tf-suite-multi tf-suite-single figures tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
 
-$(STAMP): Makefile
+$(DEMO_STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(DEPS)
+	$(PY) -m pip install --quiet $(DEMO_DEPS)
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
+	$(PY) -m pip install --quiet $(DEMO_DEPS) $(DEPS)
 	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	$(PY) -m pip install --quiet $(ZIG)
 	touch $(STAMP)
@@ -50,7 +63,7 @@ $(STAMP): Makefile
 # The editable build puts _native.abi3.so into python/tf_failure_handling/; a
 # version-specific _native.cpython-*.so left there by an older build would be
 # imported before it, so every build removes the old ones first.
-build: $(STAMP)
+build: $(DEMO_STAMP)
 	rm -f python/tf_failure_handling/_native.*.so
 	$(VENV)/bin/maturin develop --quiet
 
@@ -58,8 +71,32 @@ build-release: $(STAMP)
 	rm -f python/tf_failure_handling/_native.*.so
 	$(VENV)/bin/maturin develop --quiet --release
 
-demo: build
+prereqs-demo prereqs-check prereqs-test:
+	@$(PYTHON) dev/prereqs.py $(@:prereqs-%=%)
+
+demo: prereqs-demo
+	$(MAKE) --no-print-directory build
 	$(PY) demo/run_demo.py
+
+# The everyday loop (at most 5 minutes idle on the 2-core machine: docs/development.md).
+# One fast real-TensorFlow test per public class and stack: the MWMS handler, the
+# watcher, our ClusterCoordinator and a PS preemption, Keras 3 and tf_keras fit, records
+# on a file system with a scheme.
+CHECK_TESTS := \
+	"tests/integration/test_mwms_handler.py::test_sigterm_saves_at_agreed_step_and_resumes[ours-non_chief]" \
+	tests/integration/test_preemption_watcher.py::test_local_mode_sigterm_sets_the_message_and_the_process_lives \
+	"tests/integration/test_ps_coordinator.py::test_basic_schedule_join_fetch[ours]" \
+	tests/integration/test_ps_preemption.py::test_coordinator_notice_saves_at_one_step_and_resumes \
+	tests/integration/test_keras3.py::test_mirrored_strategy_in_one_process_sigterm_and_resume \
+	"tests/integration/test_tf_keras.py::test_sigterm_mid_fit_saves_at_one_batch_and_the_restart_ends_as_uninterrupted[non_chief]" \
+	tests/integration/test_records_object_store.py::test_records_of_a_ram_checkpoint_are_objects_beside_it
+check: prereqs-check
+	$(MAKE) --no-print-directory $(STAMP) build
+	$(MAKE) --no-print-directory -j2 test-rust lint check-python
+
+check-python:
+	$(PY) -m pytest tests/unit -q -n 4
+	$(PY) -m pytest $(CHECK_TESTS) -q
 
 # The Python suite, the SLURM jobs, TensorFlow's fault-tolerance suite and the
 # compatibility ends (TF 2.16 on Python 3.10, TF 2.21 on 3.13, each from the wheel in its
@@ -69,9 +106,13 @@ demo: build
 # would not. The measured wall time (`time make test` from a fresh clone, idle and
 # loaded) is in docs/development.md, "How long make test takes". The ends print a line
 # per combination and, on a failure, the tail of its log.
-test: system-deps test-rust lint docs build wheel
+# Parts this machine cannot run (no root, no pyenv; outside CI only) are listed in
+# build/not-run.txt by prereqs-test, skipped, and named again in the last lines.
+test: prereqs-test
+	$(MAKE) --no-print-directory system-deps test-rust lint docs build wheel
 	$(MAKE) --no-print-directory -j6 pytest-integration pytest-rest slurm-suite compat-ends \
-		tf-suite-multi tf-suite-single
+		tf-suite-multi tf-suite-single NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
+	@$(PYTHON) dev/prereqs.py summary test
 
 # What the tests need from Debian beyond SLURM (which tests/slurm installs itself):
 # iproute2, whose `ip netns` the partition trials use (tests/reliability/processes/
@@ -104,15 +145,15 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 test-rust:
-	cargo test --quiet
+	MAKEFLAGS= cargo test --quiet
 
 lint: $(STAMP)
 	cargo fmt --check
-	cargo clippy --quiet --all-targets -- -D warnings
-	cargo clippy --quiet --all-targets --features python -- -D warnings
-	cargo clippy --quiet --all-targets --features abi3 -- -D warnings
-	$(VENV)/bin/ruff check python tests benches demo examples
-	$(VENV)/bin/ruff format --check python tests benches demo examples
+	MAKEFLAGS= cargo clippy --quiet --all-targets -- -D warnings
+	MAKEFLAGS= cargo clippy --quiet --all-targets --features python -- -D warnings
+	MAKEFLAGS= cargo clippy --quiet --all-targets --features abi3 -- -D warnings
+	$(VENV)/bin/ruff check python tests benches demo examples dev
+	$(VENV)/bin/ruff format --check python tests benches demo examples dev
 
 test-python: build pytest-suite slurm-suite
 
@@ -132,7 +173,7 @@ pytest-rest:
 
 # A real one-node SLURM (tests/slurm/conftest.py installs and starts it) and jobs on it.
 slurm-suite:
-	$(PY) -m pytest tests/slurm -q
+	$(if $(filter slurm-suite,$(NOT_RUN)),@echo "slurm-suite: not run (build/not-run.txt says why)",$(PY) -m pytest tests/slurm -q)
 
 # TensorFlow's own fault-tolerance tests against our ClusterCoordinator
 # (tests/tf_suite: one process per test, as TF's BUILD shards them). Mostly
@@ -155,7 +196,7 @@ tf-suite-all:
 # The two ends of the compatibility matrix from the wheel, side by side (one after the
 # other they were make test's last job by about eight minutes, with one core idle).
 compat-ends:
-	$(PY) tests/compat/run_matrix.py --ends --jobs 2
+	$(if $(filter compat-ends,$(NOT_RUN)),@echo "compat-ends: not run (build/not-run.txt says why)",$(PY) tests/compat/run_matrix.py --ends --jobs 2)
 
 # Every table the README and the docs show, regenerated: each bench (release build),
 # the reliability trials and the SLURM scenarios, written to docs/figures/ with the

@@ -40,6 +40,12 @@ def _fake():
 NOT_CALLABLE = [1, "exit", True, [], object()]
 
 
+def _id(value) -> str:
+    """A test id that is the same in every process (``repr(object())`` holds an address,
+    and pytest-xdist's workers must collect the same ids)."""
+    return "object()" if type(value) is object else repr(value)
+
+
 @pytest.mark.parametrize("name", ["termination_watcher_fn", "exit_fn", "save_fn"])
 @pytest.mark.parametrize("value", NOT_CALLABLE, ids=lambda v: type(v).__name__)
 def test_non_callable_functions_are_type_errors(name, value):
@@ -82,7 +88,7 @@ def test_nan_seconds_are_value_errors(name):
 
 
 @pytest.mark.parametrize("name", ["grace_period", "peer_timeout"])
-@pytest.mark.parametrize("value", ["10", b"1", True, False, [1], {}, 1j, object()], ids=repr)
+@pytest.mark.parametrize("value", ["10", b"1", True, False, [1], {}, 1j, object()], ids=_id)
 def test_non_numbers_are_type_errors(name, value):
     with pytest.raises(TypeError, match=name):
         TerminationConfig(**{name: value})
@@ -126,7 +132,7 @@ def test_infinite_grace_period_is_rejected_by_the_handler(make_handler, tmp_path
 # ------------------------------------------------------- termination_config
 
 
-@pytest.mark.parametrize("config", ["config", 5, {}, {"exit_fn": None}, object()], ids=repr)
+@pytest.mark.parametrize("config", ["config", 5, {}, {"exit_fn": None}, object()], ids=_id)
 def test_termination_config_of_the_wrong_type_is_a_type_error(
     make_handler, tmp_path, no_leak, config
 ):
@@ -182,7 +188,7 @@ def test_duck_typed_config_is_accepted(make_handler, tmp_path):
 @pytest.mark.parametrize(
     "resolver",
     ["localhost:2222", 42, {"worker": ["a:1"]}, ["worker"], object()],
-    ids=repr,
+    ids=_id,
 )
 def test_cluster_resolver_of_the_wrong_type_is_a_type_error(
     make_handler, tmp_path, no_leak, resolver
