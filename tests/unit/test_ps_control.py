@@ -744,3 +744,46 @@ def test_tensorflows_coordinator_is_found_on_the_checkpoints_strategy(monkeypatc
     ours = FakeCoordinator([], FakeQueue())
     ps_control.register_coordinator(ours)
     assert ps_control.find_coordinator(strategy) is ours
+
+
+# --------------------------------------------------------------- gRPC keepalive (item 4)
+def test_keepalive_is_added_to_an_empty_environment():
+    env: dict = {}
+    value = ps_control.add_grpc_keepalive(env)
+    assert value == env["TF_GRPC_DEFAULT_OPTIONS"]
+    assert value.split(",") == [f"{k}={v}" for k, v in ps_control.GRPC_KEEPALIVE]
+    assert ps_control.grpc_keepalive_time(env) == ps_control.GRPC_PING_EVERY
+
+
+def test_keepalive_keeps_the_users_options_and_values():
+    env = {"TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=60000,grpc.foo=1,"}
+    value = ps_control.add_grpc_keepalive(env)
+    items = value.split(",")
+    assert items[:2] == ["grpc.keepalive_time_ms=60000", "grpc.foo=1"]
+    names = [item.split("=")[0] for item in items]
+    assert names.count("grpc.keepalive_time_ms") == 1
+    assert {"grpc.http2.ping_timeout_ms", "grpc.min_reconnect_backoff_ms"} <= set(names)
+    assert all(item.count("=") == 1 for item in items), items  # TF's format
+    assert ps_control.grpc_keepalive_time(env) == 60.0
+
+
+def test_keepalive_adds_nothing_when_every_option_is_set_or_it_is_turned_off():
+    full = ",".join(f"{k}={v}" for k, v in ps_control.GRPC_KEEPALIVE)
+    env = {"TF_GRPC_DEFAULT_OPTIONS": full}
+    assert ps_control.add_grpc_keepalive(env) is None and env["TF_GRPC_DEFAULT_OPTIONS"] == full
+    off = {"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "0"}
+    assert ps_control.add_grpc_keepalive(off) is None
+    assert "TF_GRPC_DEFAULT_OPTIONS" not in off
+    assert ps_control.grpc_keepalive_time(off) is None
+    assert ps_control.grpc_keepalive_time({"TF_GRPC_DEFAULT_OPTIONS": "grpc.x=1"}) is None
+    bad = {"TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=soon"}
+    assert ps_control.grpc_keepalive_time(bad) is None
+
+
+def test_the_import_added_keepalive_unless_told_not_to():
+    import os
+
+    if os.environ.get(ps_control.GRPC_KEEPALIVE_ENV) == "0":
+        assert ps_control.GRPC_OPTIONS_ADDED is None
+    else:
+        assert ps_control.grpc_keepalive_time() is not None

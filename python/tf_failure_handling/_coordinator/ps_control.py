@@ -43,8 +43,10 @@ without HTTP/2 keepalive, gRPC waits for it forever and the save never ends. So 
 module, when imported, adds :data:`GRPC_KEEPALIVE` to ``TF_GRPC_DEFAULT_OPTIONS``
 (:func:`add_grpc_keepalive`; only keys the user has not set; TF reads the variable
 when it creates its first channel, so it must be imported before the strategy or the
-server is made): a call to a peer that does not answer a ping fails within about
-15 s and TF's registration goes on without it (it only logs the failure).
+server is made): a call to a task that does not answer a ping fails within
+:data:`GRPC_PING_EVERY` + :data:`GRPC_PING_TIMEOUT` seconds, a new one within
+:data:`GRPC_CONNECT_TIMEOUT`, and TF's registration goes on without that task (it only
+logs the failure).
 
 :class:`ClusterPoller` is the coordinator's side: one daemon thread polls every
 PS and worker task every :data:`POLL_INTERVAL` seconds and hands each incarnation's
@@ -80,20 +82,25 @@ EXIT_WAIT = 30.0
 #: and the task counts as unanswered. A call on 127.0.0.1 takes milliseconds.
 CALL_TIMEOUT = 5.0
 
+#: Seconds between two keepalive pings on a connection with a call outstanding
+#: (gRPC's default of at most 2 pings without data keeps the servers, whose ping policy
+#: TensorFlow lets no one change, from answering "too_many_pings").
+GRPC_PING_EVERY = 5.0
+#: Seconds a ping may go unanswered before gRPC closes the connection, failing its calls
+#: (``grpc.http2.ping_timeout_ms`` is the one this gRPC applies to keepalive pings; its
+#: default is a minute. ``grpc.keepalive_timeout_ms`` is the documented one).
+GRPC_PING_TIMEOUT = 5.0
+#: Seconds a reconnection may wait for the peer's HTTP/2 SETTINGS (gRPC's default 20 s):
+#: a stopped task accepts the TCP connection and never answers, and new calls to it
+#: wait for the attempt.
+GRPC_CONNECT_TIMEOUT = 5.0
 #: gRPC channel options this package adds to ``TF_GRPC_DEFAULT_OPTIONS`` (the options of
-#: every channel TensorFlow creates in this process) unless the user set them there:
-#: a ping every 5 s while a call is outstanding (gRPC's default of at most 2 pings
-#: without data keeps servers, whose TF build lets no one change their ping policy,
-#: from answering "too_many_pings"); a ping unanswered for 5 s closes the connection,
-#: failing its calls (``grpc.http2.ping_timeout_ms`` is the one this gRPC applies to
-#: keepalive pings; ``grpc.keepalive_timeout_ms`` is the documented one); a
-#: reconnection attempt that gets no HTTP/2 SETTINGS in 5 s fails (20 s by default),
-#: so new calls to the stopped task fail fast instead of waiting on it.
+#: every channel TensorFlow creates in this process) unless the user set them there.
 GRPC_KEEPALIVE = (
-    ("grpc.keepalive_time_ms", 5000),
-    ("grpc.keepalive_timeout_ms", 5000),
-    ("grpc.http2.ping_timeout_ms", 5000),
-    ("grpc.min_reconnect_backoff_ms", 5000),
+    ("grpc.keepalive_time_ms", int(GRPC_PING_EVERY * 1000)),
+    ("grpc.keepalive_timeout_ms", int(GRPC_PING_TIMEOUT * 1000)),
+    ("grpc.http2.ping_timeout_ms", int(GRPC_PING_TIMEOUT * 1000)),
+    ("grpc.min_reconnect_backoff_ms", int(GRPC_CONNECT_TIMEOUT * 1000)),
 )
 #: Set to ``0`` to keep this package from adding :data:`GRPC_KEEPALIVE`.
 GRPC_KEEPALIVE_ENV = "TF_FAILURE_HANDLING_GRPC_KEEPALIVE"

@@ -56,9 +56,9 @@ class PsSteps:
         _tf_exit.install(self._ps_coordinator())
         if _ps_control.grpc_keepalive_time() is None:
             log.warning(
-                "TF_GRPC_DEFAULT_OPTIONS sets no grpc.keepalive_time_ms (%s=0, or set without "
-                "it): a PS or worker task that is stopped but not gone (SIGSTOP, a hung host) "
-                "stalls this coordinator's save until it runs again.",
+                "TF_GRPC_DEFAULT_OPTIONS sets no grpc.keepalive_time_ms (%s=0): a PS or "
+                "worker task that is stopped but not gone (SIGSTOP, a hung host) stalls this "
+                "coordinator's save until it runs again.",
                 _ps_control.GRPC_KEEPALIVE_ENV,
             )
 
