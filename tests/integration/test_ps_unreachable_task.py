@@ -29,10 +29,12 @@ ends only when the task runs again or its socket closes):
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
 import pytest
+from tf_failure_handling._coordinator import ps_control
 
 from .test_ps_preemption import (
     EXIT_BOUND,
@@ -55,8 +57,12 @@ SEEN_BOUND = 30.0
 
 
 @pytest.fixture
-def paused(tmp_path):
-    """The cluster, its coordinator paused at run 40 with nothing in flight."""
+def paused(tmp_path, monkeypatch):
+    """The cluster, its coordinator paused at run 40 with nothing in flight. Its
+    processes build the cluster with ``SimpleClusterResolver`` (no ``TF_CONFIG``), so
+    they are told to add gRPC keepalive, as a user of such a cluster does."""
+    if os.environ.get(ps_control.GRPC_KEEPALIVE_ENV) is None:
+        monkeypatch.setenv(ps_control.GRPC_KEEPALIVE_ENV, "1")
     c = Cluster(tmp_path)
     stopped: list = []
     c.resume_file = tmp_path / "resume"

@@ -747,8 +747,25 @@ def test_tensorflows_coordinator_is_found_on_the_checkpoints_strategy(monkeypatc
 
 
 # --------------------------------------------------------------- gRPC keepalive (item 4)
+PS_TF_CONFIG = '{"cluster": {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3"]}}'
+
+
+def test_keepalive_is_added_in_a_ps_cluster_only():
+    """A MultiWorkerMirroredStrategy process (or one with no TF_CONFIG) keeps TensorFlow's
+    channels as they are; TF_CONFIG naming a ps job, or the variable at 1, adds it."""
+    mwms = {"TF_CONFIG": '{"cluster": {"worker": ["h:1", "h:2"]}}'}
+    for env in ({}, mwms, {"TF_CONFIG": "not json"}, {"TF_CONFIG": "[1]"}):
+        assert ps_control.add_grpc_keepalive(env) is None, env
+        assert "TF_GRPC_DEFAULT_OPTIONS" not in env
+    assert ps_control.add_grpc_keepalive({"TF_CONFIG": PS_TF_CONFIG}) is not None
+    forced = dict(mwms, TF_FAILURE_HANDLING_GRPC_KEEPALIVE="1")
+    assert ps_control.add_grpc_keepalive(forced) is not None
+    off = {"TF_CONFIG": PS_TF_CONFIG, "TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "0"}
+    assert ps_control.add_grpc_keepalive(off) is None
+
+
 def test_keepalive_is_added_to_an_empty_environment():
-    env: dict = {}
+    env = {"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "1"}
     value = ps_control.add_grpc_keepalive(env)
     assert value == env["TF_GRPC_DEFAULT_OPTIONS"]
     assert value.split(",") == [f"{k}={v}" for k, v in ps_control.GRPC_KEEPALIVE]
@@ -756,7 +773,10 @@ def test_keepalive_is_added_to_an_empty_environment():
 
 
 def test_keepalive_keeps_the_users_options_and_values():
-    env = {"TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=60000,grpc.foo=1,"}
+    env = {
+        "TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=60000,grpc.foo=1,",
+        "TF_CONFIG": PS_TF_CONFIG,
+    }
     value = ps_control.add_grpc_keepalive(env)
     items = value.split(",")
     assert items[:2] == ["grpc.keepalive_time_ms=60000", "grpc.foo=1"]
@@ -769,7 +789,7 @@ def test_keepalive_keeps_the_users_options_and_values():
 
 def test_keepalive_adds_nothing_when_every_option_is_set_or_it_is_turned_off():
     full = ",".join(f"{k}={v}" for k, v in ps_control.GRPC_KEEPALIVE)
-    env = {"TF_GRPC_DEFAULT_OPTIONS": full}
+    env = {"TF_GRPC_DEFAULT_OPTIONS": full, "TF_CONFIG": PS_TF_CONFIG}
     assert ps_control.add_grpc_keepalive(env) is None and env["TF_GRPC_DEFAULT_OPTIONS"] == full
     off = {"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "0"}
     assert ps_control.add_grpc_keepalive(off) is None
@@ -780,10 +800,10 @@ def test_keepalive_adds_nothing_when_every_option_is_set_or_it_is_turned_off():
     assert ps_control.grpc_keepalive_time(bad) is None
 
 
-def test_the_import_added_keepalive_unless_told_not_to():
+def test_the_import_added_keepalive_as_keepalive_wanted_says():
     import os
 
-    if os.environ.get(ps_control.GRPC_KEEPALIVE_ENV) == "0":
-        assert ps_control.GRPC_OPTIONS_ADDED is None
-    else:
+    if ps_control.keepalive_wanted():
         assert ps_control.grpc_keepalive_time() is not None
+    elif not os.environ.get(ps_control.GRPC_OPTIONS_ENV):
+        assert ps_control.GRPC_OPTIONS_ADDED is None

@@ -40,7 +40,9 @@ thread waits for (``GrpcEagerClient::StreamingEnqueueAsync``, then
 ``Notification::WaitForNotification``; the GIL is released meanwhile). A stopped
 (SIGSTOP) task keeps its TCP connection open -- its kernel still acknowledges -- so,
 without HTTP/2 keepalive, gRPC waits for it forever and the save never ends. So this
-module, when imported, adds :data:`GRPC_KEEPALIVE` to ``TF_GRPC_DEFAULT_OPTIONS``
+module, when imported in a ParameterServerStrategy process (``TF_CONFIG`` names a
+``ps`` job, or :data:`GRPC_KEEPALIVE_ENV` is ``1``: :func:`keepalive_wanted`), adds
+:data:`GRPC_KEEPALIVE` to ``TF_GRPC_DEFAULT_OPTIONS``
 (:func:`add_grpc_keepalive`; only keys the user has not set; TF reads the variable
 when it creates its first channel, so it must be imported before the strategy or the
 server is made): a call to a task that does not answer a ping fails within
@@ -102,17 +104,34 @@ GRPC_KEEPALIVE = (
     ("grpc.http2.ping_timeout_ms", int(GRPC_PING_TIMEOUT * 1000)),
     ("grpc.min_reconnect_backoff_ms", int(GRPC_CONNECT_TIMEOUT * 1000)),
 )
-#: Set to ``0`` to keep this package from adding :data:`GRPC_KEEPALIVE`.
+#: ``1``: add :data:`GRPC_KEEPALIVE` in any process; ``0``: never. Unset: only in a
+#: process whose ``TF_CONFIG`` names a ``ps`` job (a ParameterServerStrategy cluster: a
+#: MultiWorkerMirroredStrategy process keeps TensorFlow's channels as they are).
 GRPC_KEEPALIVE_ENV = "TF_FAILURE_HANDLING_GRPC_KEEPALIVE"
 GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"
 
 
+def keepalive_wanted(environ: Any = None) -> bool:
+    """Whether this process should get :data:`GRPC_KEEPALIVE` (:data:`GRPC_KEEPALIVE_ENV`)."""
+    environ = os.environ if environ is None else environ
+    flag = environ.get(GRPC_KEEPALIVE_ENV, "").strip().lower()
+    if flag in ("0", "false", "no", "off"):
+        return False
+    if flag in ("1", "true", "yes", "on"):
+        return True
+    try:
+        cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+    except (ValueError, AttributeError):
+        return False  # TensorFlow's resolver says what is wrong with it
+    return isinstance(cluster, dict) and bool(cluster.get("ps"))
+
+
 def add_grpc_keepalive(environ: Any = None) -> Optional[str]:
     """Adds the options of :data:`GRPC_KEEPALIVE` that ``TF_GRPC_DEFAULT_OPTIONS`` does not
-    name (TF's format: ``name=value`` pairs separated by commas); returns the new value,
-    or None when nothing was added (all set already, or ``GRPC_KEEPALIVE_ENV=0``)."""
+    name (TF's format: ``name=value`` pairs separated by commas), when
+    :func:`keepalive_wanted`; returns the new value, or None when nothing was added."""
     environ = os.environ if environ is None else environ
-    if environ.get(GRPC_KEEPALIVE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not keepalive_wanted(environ):
         return None
     current = environ.get(GRPC_OPTIONS_ENV, "")
     named = {item.split("=", 1)[0].strip() for item in current.split(",") if item.strip()}
