@@ -51,6 +51,7 @@ import logging
 import math
 import os
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -577,9 +578,19 @@ class _Reader:
 
     def read(self, path: str) -> bytes:
         if self.local:
-            with open(_local(path), "rb") as f:
+            # Not a FIFO, a device or a folder that happens to be named *.jsonl: reading
+            # one would block, never end, or fail.
+            with open(_local(path), "rb", opener=_open_regular) as f:
                 return f.read()
         return self._gfile("read", path)
+
+
+def _open_regular(path: str, flags: int) -> int:
+    fd = os.open(path, flags | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path}: not a regular file")
+    return fd
 
 
 def _lines(reader: _Reader, sources: list, skipped: dict) -> Iterator[dict]:

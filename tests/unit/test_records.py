@@ -551,3 +551,27 @@ def test_report_reads_the_records_inside_a_checkpoint_folder(make_handler, tmp_p
     done = _report(tmp_path / "ckpt")
     assert done.returncode == 0, done.stderr
     assert "1 preemption(s)" in done.stdout
+
+
+def test_report_reads_past_whatever_else_is_in_the_records_folder(make_handler, tmp_path):
+    """Item 3: a folder named like a file, a FIFO (reading it would block), a device, a
+    binary object: each is one unreadable entry, and the real records are reported."""
+    _preempt(make_handler, tmp_path, notice_at=5)
+    folder = tmp_path / "ckpt" / "preemption_records"
+    (folder / "worker-0.jsonl").mkdir()
+    os.mkfifo(folder / "worker-1.jsonl")
+    os.symlink("/dev/zero", folder / "worker-2.jsonl")
+    (folder / "worker-3").mkdir()
+    (folder / "worker-3" / "1-1-1-notice.json").write_bytes(bytes(range(128, 192)) + b"\n")
+    (folder / "worker-3" / "2-1-1-exit.json").mkdir()
+    found = records.load(folder)
+    assert len(found.preemptions) == 1
+    assert {k: v for k, v in found.skipped.items() if v == [0]}.keys() == {
+        str(folder / "worker-0.jsonl"),
+        str(folder / "worker-1.jsonl"),
+        str(folder / "worker-2.jsonl"),
+        str(folder / "worker-3" / "2-1-1-exit.json"),
+    }
+    done = _report(folder)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == ["report: skipped 5 unreadable line(s) in 5 file(s)"]
