@@ -121,22 +121,18 @@ test: prereqs-test
 # netns.py). Installed with apt-get when `ip` is missing and this runs as root; otherwise
 # one line says so, and those trials skip (fail under CI=true).
 system-deps:
-	@if ! command -v ip >/dev/null 2>&1; then \
+	@$(call apt_need,ip,iproute2,the partition trials (ip netns))
+	@$(call apt_need,openssl,openssl,the GCS emulator tests (their certificates))
+
+# $(call apt_need,COMMAND,PACKAGE,WHAT NEEDS IT): installs Debian's PACKAGE with apt-get
+# when COMMAND is missing and this runs as root; otherwise one line says what will skip.
+apt_need = if ! command -v $(1) >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing iproute2 (ip netns, for the partition trials)"; \
+			echo "installing $(2) for $(3)"; \
 			DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); \
 		else \
-			echo "iproute2 (ip) is missing and cannot be installed (needs root and apt-get): the partition trials will skip"; \
-		fi; \
-	fi
-	@if ! command -v openssl >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing openssl (the GCS emulator's test certificates)"; \
-			DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl; \
-		else \
-			echo "openssl is missing and cannot be installed (needs root and apt-get): the GCS emulator tests will skip"; \
+			echo "$(2) is missing and cannot be installed (needs root and apt-get): $(3) will skip"; \
 		fi; \
 	fi
 
