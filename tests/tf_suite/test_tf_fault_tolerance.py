@@ -6,19 +6,27 @@ test classes of ``tf_fault_tolerance.py``, runs as TF's BUILD shards it: its own
 ``python tests/tf_suite/tf_fault_tolerance.py Class.testName`` process, which
 starts its own cluster of worker and parameter-server processes.
 
-Verdict:
+Verdict (``verdict.py``, which says how a failure's signature is read):
 
 * passes with ours (``TFH_TF_SUITE_IMPL=ours``): passed. A test TF's own code
   skips (``skipTest``, e.g. "Worker number is less than 2." with one worker)
   counts as passed and says so: a pytest skip would fail under ``CI=true``
   (``tests/conftest.py``), and there is nothing of ours to run;
 * fails with ours -- a failed or errored test, no exit within :data:`CHILD_TIMEOUT`
-  ("hang"), or a process still running :data:`EXIT_GRACE` s after unittest printed
+  ("hang"), a process still running :data:`EXIT_GRACE` s after unittest printed
   its result ("hang at exit": TF's coordination-service handler leaves a
-  non-daemon timer thread running while a coordinator is alive) -- the same test
-  runs with TF's own classes (``TFH_TF_SUITE_IMPL=tf``). If TF's classes fail it
-  too, the test is an ``xfail`` ("fails with TensorFlow's own classes too", both
-  outputs' tails in the reason); otherwise it fails, with both tails.
+  non-daemon timer thread running while a coordinator is alive), a crash -- the
+  same test runs with TF's own classes (``TFH_TF_SUITE_IMPL=tf``). Each failure has
+  a signature: its kind, the exception type, and the failing step of the test (the
+  innermost frame in TF's test source). The test is an ``xfail`` only when TF's
+  classes fail it with the same signature; otherwise it fails, with both signatures
+  and both outputs' tails. Under ``CI=true`` the xfail must also be on the written
+  list, ``expected_failures.py``, with that signature, or the test fails.
+
+A hung process gets SIGTERM first (absltest has faulthandler dump every thread's
+stack on it, which gives a hang's step), then its process group SIGKILL.
+``conftest.py`` prints, per TF class, how many tests passed, were xfails (listed or
+not), skipped and failed.
 
 The bound per process only turns a hang into a failure; the tests take 20-60 s
 each, most of it starting and restarting the cluster's processes. Within one
@@ -41,6 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ci import is_ci
+
+from tf_suite.expected_failures import EXPECTED_FAILURES
+from tf_suite.verdict import Signature, decide, signature
 
 HERE = Path(__file__).resolve().parent
 MODULE = HERE / "tf_fault_tolerance.py"
@@ -49,6 +61,8 @@ IMPL_ENV = "TFH_TF_SUITE_IMPL"
 CHILD_TIMEOUT = 300.0
 #: Seconds a test process may keep running after unittest printed its summary.
 EXIT_GRACE = 30.0
+#: Seconds a hung process has, after SIGTERM, to dump its threads' stacks and exit.
+DUMP_GRACE = 10.0
 #: Lines of a process's output shown in a failure or xfail message.
 TAIL_LINES = 60
 _BASE_CLASS = "BaseFaultToleranceTest"
@@ -131,13 +145,20 @@ class ChildResult:
     def ok(self) -> bool:
         return self.outcome in ("passed", "skipped")
 
+    @property
+    def signature(self) -> Signature | None:
+        """How it failed (None if it did not): see ``verdict.py``."""
+        return signature(self.outcome, self.returncode, self.output)
+
     def tail(self, lines: int = TAIL_LINES) -> str:
         return "\n".join(self.output.splitlines()[-lines:])
 
     def describe(self) -> str:
         code = "killed" if self.returncode is None else f"exit code {self.returncode}"
         extra = f"; {self.detail}" if self.detail else ""
-        return f"{self.impl}: {self.outcome} ({code}, {self.seconds:.0f} s{extra})"
+        sig = self.signature
+        said = f"\n   signature: {sig}" if sig is not None else ""
+        return f"{self.impl}: {self.outcome} ({code}, {self.seconds:.0f} s{extra}){said}"
 
 
 def _kill_group(pgid: int) -> None:
@@ -184,6 +205,21 @@ def _wait_unreaped(pid: int, log_path: Path, timeout: float, exit_grace: float) 
         time.sleep(0.2)
 
 
+def _dump_and_end(pid: int, grace: float = DUMP_GRACE) -> None:
+    """Sends SIGTERM to the (unreaped) child alone, on which absltest's faulthandler
+    dumps every thread's stack before the default action ends it; waits up to ``grace``
+    s for it to exit."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return
+        time.sleep(0.2)
+
+
 def _unittest_verdict(output: str) -> tuple[str, str]:
     """``(outcome, note)`` from the child's unittest output: passed, skipped or failed."""
     ran = _RAN.search(output)
@@ -221,6 +257,8 @@ def run_child(
         )
         try:
             how = _wait_unreaped(proc.pid, log_path, timeout, exit_grace)
+            if how != "exited":
+                _dump_and_end(proc.pid)
         finally:
             # The cluster's processes and the forkserver are in the child's group;
             # the child is not reaped yet, so its id still names that group.
@@ -255,16 +293,24 @@ def _report(results: list[ChildResult]) -> str:
     return "\n\n".join(parts)
 
 
-@pytest.mark.timeout(2 * CHILD_TIMEOUT + 120)
+@pytest.mark.timeout(2 * (CHILD_TIMEOUT + DUMP_GRACE) + 120)
 @pytest.mark.parametrize("case", _cases())
-def test_tf_fault_tolerance(case: str, tmp_path: Path) -> None:
+def test_tf_fault_tolerance(case: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    props = request.node.user_properties
     ours = run_child(case, "ours", tmp_path)
     if ours.ok:
+        decision = decide(case, None, None, EXPECTED_FAILURES, is_ci())
+        own = "skipped by TF" if ours.outcome == "skipped" else "passed"
+        props.append(("tf_suite", "listed, passed" if decision.message else own))
         # Visible with -s or -rA: a skip inside TF's test counts as a pass here.
         print(ours.describe())
+        if decision.message:
+            print(f"{case}: {decision.message}")
         return
     theirs = run_child(case, "tf", tmp_path)
+    decision = decide(case, ours.signature, theirs.signature, EXPECTED_FAILURES, is_ci())
     report = _report([ours, theirs])
-    if not theirs.ok:
-        pytest.xfail(f"fails with TensorFlow's own classes too\n\n{report}")
-    pytest.fail(f"{case} fails with ours, passes with TensorFlow's classes\n\n{report}", False)
+    if decision.verdict == "xfail":
+        props.append(("tf_suite", "xfail listed" if decision.listed else "xfail not listed"))
+        pytest.xfail(f"{decision.message}\n\n{report}")
+    pytest.fail(f"{case}: {decision.message}\n\n{report}", False)

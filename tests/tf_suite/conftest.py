@@ -1,0 +1,21 @@
+"""The TF suite's lines in pytest's summary (``verdict.summary_lines``): per TF test
+class, how many tests passed (and how many of those TF's own code skipped), were xfails
+(listed in ``expected_failures.py`` or not), were skipped by pytest, and failed; then
+the listed tests that passed, and the classes this run left out."""
+
+from __future__ import annotations
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    from tf_suite.test_tf_fault_tolerance import selected_classes, suite_class_names
+    from tf_suite.verdict import summary_lines
+
+    try:
+        selected = selected_classes()
+    except ValueError:
+        return
+    lines = summary_lines(terminalreporter.stats, selected, suite_class_names())
+    if lines:
+        terminalreporter.section("TensorFlow's fault-tolerance suite")
+        for line in lines:
+            terminalreporter.write_line(line)
