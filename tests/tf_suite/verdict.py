@@ -229,9 +229,11 @@ def decide(
 _CASE = re.compile(r"test_tf_fault_tolerance\[(\w+)\.(\w+)\]")
 
 
-def _class_counts(stats: dict) -> tuple[dict[str, Counter], list[str]]:
-    """Outcome counts per TF class, and the listed tests that passed, from the reports."""
+def _class_counts(stats: dict) -> tuple[dict[str, Counter], list[str], list[str]]:
+    """Outcome counts per TF class, the listed tests that passed, and a line per xfail
+    (its reason's first line, which has the signature), from the reports."""
     seen: dict[str, tuple[str, str]] = {}
+    xfails = []
     for category, reports in stats.items():
         for report in reports:
             m = _CASE.search(getattr(report, "nodeid", "") or "")
@@ -240,6 +242,8 @@ def _class_counts(stats: dict) -> tuple[dict[str, Counter], list[str]]:
             props = dict(getattr(report, "user_properties", ()))
             if category == "xfailed":
                 what = props.get("tf_suite", "xfail not listed")
+                why = (getattr(report, "wasxfail", "") or "").strip().splitlines()
+                xfails.append(f"{m.group(1)}.{m.group(2)}: {what}; {why[0] if why else ''}")
             elif category in ("failed", "error"):
                 what = "failed"
             elif category == "skipped":
@@ -257,11 +261,11 @@ def _class_counts(stats: dict) -> tuple[dict[str, Counter], list[str]]:
         counts[cls][what] += 1
         if what == "listed, passed":
             stale.append(key)
-    return counts, stale
+    return counts, stale, sorted(xfails)
 
 
 def summary_lines(stats: dict, selected: list[str], available: list[str]) -> list[str]:
-    counts, stale = _class_counts(stats)
+    counts, stale, xfails = _class_counts(stats)
     lines = []
     for cls in selected:
         c = counts.get(cls, Counter())
@@ -273,6 +277,7 @@ def summary_lines(stats: dict, selected: list[str], available: list[str]) -> lis
             f"({c['xfail listed']} listed, {c['xfail not listed']} not listed), "
             f"{c['skipped']} skipped, {c['failed']} failed"
         )
+    lines.extend(f"TF suite: {x}" for x in xfails)
     for key in stale:
         lines.append(
             f"TF suite: {key} passed with ours but is listed in expected_failures.py "

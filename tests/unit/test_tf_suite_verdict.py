@@ -184,11 +184,12 @@ def test_the_written_list_names_real_tests_and_reasons():
         assert entry.signature.kind and entry.signature.step, case
 
 
-def _report(nodeid_case: str, when: str, props: list | None = None):
+def _report(nodeid_case: str, when: str, props: list | None = None, why: str = ""):
     return SimpleNamespace(
         nodeid=f"tests/tf_suite/test_tf_fault_tolerance.py::test_tf_fault_tolerance[{nodeid_case}]",
         when=when,
         user_properties=props or [],
+        wasxfail=why,
     )
 
 
@@ -203,7 +204,7 @@ def test_summary_counts_per_class():
             _report(f"{s}.testA", "call", [("tf_suite", "skipped by TF")]),
         ],
         "xfailed": [
-            _report(f"{m}.testC", "call", [("tf_suite", "xfail listed")]),
+            _report(f"{m}.testC", "call", [("tf_suite", "xfail listed")], "same (sig): why\n\n"),
             _report(f"{s}.testC", "call", [("tf_suite", "xfail not listed")]),
         ],
         "failed": [_report(f"{s}.testD", "call")],
@@ -217,5 +218,7 @@ def test_summary_counts_per_class():
         f"TF suite ({s}): 1 passed (1 skipped in TF's own code), 1 xfail "
         "(0 listed, 1 not listed), 0 skipped, 1 failed"
     )
-    assert f"{m}.testB passed with ours but is listed" in lines[2]
-    assert "not run here: MultiWorkerCoordinationServiceTest" in lines[3]
+    assert lines[2] == f"TF suite: {m}.testC: xfail listed; same (sig): why"
+    assert lines[3] == f"TF suite: {s}.testC: xfail not listed; "
+    assert f"{m}.testB passed with ours but is listed" in lines[4]
+    assert "not run here: MultiWorkerCoordinationServiceTest" in lines[5]
