@@ -268,13 +268,15 @@ def run_child(
     output = log_path.read_text(errors="replace")
     coordinator = _COORDINATOR_LINE.search(output)
     used = f"ClusterCoordinator: {coordinator.group(1)}" if coordinator else ""
+    if how == "hang" and _RAN.search(output) is not None:
+        how = "hang-at-exit"  # the bound ran out after unittest's result, before the grace
     if how == "hang":
         return ChildResult(impl, "hang", None, seconds, output, f"no exit within {timeout:.0f} s")
     if how == "hang-at-exit":
         said, _ = _unittest_verdict(output)
         note = (
-            f"unittest reported the test {said}, then the process did not exit within "
-            f"{exit_grace:.0f} s (a non-daemon thread still running at interpreter exit)"
+            f"unittest reported the test {said}, then the process did not exit (stopped "
+            f"at {seconds:.0f} s: a non-daemon thread or a finalizer still running at exit)"
         )
         return ChildResult(impl, "hang at exit", None, seconds, output, f"{note}; {used}")
     if coordinator is None:

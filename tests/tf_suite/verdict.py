@@ -20,8 +20,9 @@ A signature is three fields:
   (``fault_tolerance_test_base.py``, or ``tf_fault_tolerance.py`` for the tests it
   defines): ``file:line function``. For a hang it is read from the stacks faulthandler
   dumps when the process gets SIGTERM (absltest registers that): the innermost
-  test-source frame of the thread running a ``test*`` method. ``-`` when the test
-  finished (a hang at exit after a passing test), ``?`` when no frame was found.
+  test-source frame of the main thread (``setUp``, the test method, a function it
+  calls). ``-`` when the test finished (a hang at exit after a passing test; a hang
+  after unittest printed its result is one), ``?`` when no frame was found.
 
 Line numbers are those of the TensorFlow wheel in ``.venv`` (TF 2.21); a new TF
 release moves them, and the list's entries with them.
@@ -121,10 +122,20 @@ def _stacks(text: str) -> list[list[tuple[str, str, str]]]:
     return stacks
 
 
+def _is_main(frames: list[tuple[str, str, str]]) -> bool:
+    """Whether a stack is the main thread's: it runs ``tf_fault_tolerance.py`` itself."""
+    return any(p.rsplit("/", 1)[-1] == TEST_SOURCES[1] and f == "<module>" for p, _, f in frames)
+
+
 def hang_step(text: str) -> str:
-    """The step a hung test was at: in the last stack faulthandler dumped that runs a
-    ``test*`` function of the test's sources, the innermost frame of those sources."""
-    for frames in reversed(_stacks(text)):
+    """The step a hung test was at: the innermost test-source frame of the main thread in
+    the last dump faulthandler printed (``setUp``, a ``test*`` method, a function it
+    calls), else of the last stack running a ``test*`` function of those sources."""
+    stacks = _stacks(text)
+    for frames in reversed(stacks):
+        if _is_main(frames):
+            return _step(frames)
+    for frames in reversed(stacks):
         if any(p.rsplit("/", 1)[-1] in TEST_SOURCES and f.startswith("test") for p, _, f in frames):
             return _step(frames)
     return "?"
@@ -155,9 +166,12 @@ def signature(outcome: str, returncode: int | None, output: str) -> Signature | 
     output; None when it did not fail."""
     if outcome in ("passed", "skipped"):
         return None
+    failure = _unittest_failure(output)
+    if outcome == "hang" and _RAN.search(output) is not None:
+        # The bound ran out after unittest's result, before the exit grace did.
+        outcome = "hang at exit"
     if outcome == "hang":
         return Signature("hang", "-", hang_step(output))
-    failure = _unittest_failure(output)
     if outcome == "hang at exit":
         if failure is None:
             return Signature("hang at exit")

@@ -107,8 +107,24 @@ def test_hang_step_from_faulthandler_dump_of_the_test_thread():
     assert signature("hang", None, LOG) == Signature("hang", "-", "?")
 
 
+SETUP_DUMP = f'''Current thread 0x00007f0000000001 (most recent call first):
+  File "/x/multi_process_runner.py", line 300 in start
+  File "{BASE}", line 140 in setUp
+  File "/repo/tests/tf_suite/tf_fault_tolerance.py", line 88 in setUp
+  File "/usr/lib/python3.11/unittest/case.py", line 576 in _callSetUp
+  File "/repo/tests/tf_suite/tf_fault_tolerance.py", line 138 in <module>
+'''
+
+
+def test_hang_in_setup():
+    sig = signature("hang", None, LOG + SETUP_DUMP)
+    assert sig == Signature("hang", "-", "fault_tolerance_test_base.py:140 setUp")
+
+
 def test_hang_at_exit_keeps_what_unittest_said():
     assert signature("hang at exit", None, OK_SUMMARY) == Signature("hang at exit")
+    # The bound ran out after unittest's result: a hang at exit, whatever the dump says.
+    assert signature("hang", None, OK_SUMMARY + HANG_DUMP) == Signature("hang at exit")
     sig = signature("hang at exit", None, unittest_block("FAIL", ASSERTION))
     assert sig.kind == "hang at exit"
     assert sig.exception == "AssertionError"
