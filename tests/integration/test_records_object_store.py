@@ -11,6 +11,7 @@ created on the local disk, ``load`` and ``report`` read them back through
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -23,6 +24,19 @@ from tf_failure_handling import (  # noqa: E402
     report,
 )
 
+# The notice is taken by the handler's driver thread; a loaded machine can run many
+# steps before it does. The tests wait for it (bounded) instead of racing the steps.
+NOTICE_TAKEN_BOUND = 120.0
+
+
+def _wait_for_the_notice(h: PreemptionCheckpointHandler) -> None:
+    deadline = time.monotonic() + NOTICE_TAKEN_BOUND
+    while not h._attention:
+        assert time.monotonic() < deadline, (
+            f"the handler did not take the notice within {NOTICE_TAKEN_BOUND:g} s"
+        )
+        time.sleep(0.001)
+
 
 def _run(directory: str, notice_at: int, calls: list) -> PreemptionCheckpointHandler:
     step = tf.Variable(0, dtype=tf.int64)
@@ -30,11 +44,13 @@ def _run(directory: str, notice_at: int, calls: list) -> PreemptionCheckpointHan
     h = PreemptionCheckpointHandler(
         None, ckpt, directory, TerminationConfig(exit_fn=lambda: calls.append(int(step.numpy())))
     )
-    for _ in range(100):
+    for _ in range(notice_at):
+        h.run(lambda: step.assign_add(1))
+    h._notify_termination()
+    _wait_for_the_notice(h)
+    for _ in range(3):  # the agreed step is the next run: it saves, then exit_fn
         if calls:
             break
-        if int(step.numpy()) == notice_at and not h._records.current:
-            h._notify_termination()
         h.run(lambda: step.assign_add(1))
     return h
 
@@ -81,12 +97,19 @@ import tensorflow as tf
 from tf_failure_handling import PreemptionCheckpointHandler, records
 
 directory, notice_at, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+notice_bound = float(sys.argv[4])
 step = tf.Variable(0, dtype=tf.int64)
 h = PreemptionCheckpointHandler(None, tf.train.Checkpoint(step=step), directory)
 print(json.dumps({"restored": h.total_run_calls}), flush=True)
 while int(step.numpy()) < steps:
     if int(step.numpy()) == notice_at:
         h._notify_termination()  # exits 42 (TF's default exit_fn) after the save
+        # Taken by the handler's thread: wait for it rather than race the steps.
+        bound = time.monotonic() + notice_bound
+        while not h._attention:
+            if time.monotonic() > bound:
+                sys.exit(f"the handler did not take the notice within {notice_bound:g} s")
+            time.sleep(0.001)
     h.run(lambda: step.assign_add(1))
 flushed = h._records.flush(60)
 h.close()
@@ -114,12 +137,12 @@ def test_records_of_a_gs_checkpoint_are_in_the_bucket_and_survive_the_machine(gc
 
     directory = f"gs://{gcs.bucket}/run/ckpt"
     first = gcs.run(
-        [sys.executable, "-c", GS_RUN, directory, "5", "10"],
+        [sys.executable, "-c", GS_RUN, directory, "5", "10", str(NOTICE_TAKEN_BOUND)],
         env=QUIET_TF,
         cwd=tmp_path,
         timeout=300,
     )
-    assert first.returncode == 42, first.stderr[-3000:]
+    assert first.returncode == 42, first.stdout[-1000:] + first.stderr[-3000:]
     assert list(tmp_path.iterdir()) == [], "nothing written to the local disk"
     # Without the folder markers that makedirs writes (names ending in "/").
     objects = [o for o in gcs.list_objects("run/ckpt/preemption_records/") if o.endswith(".json")]
@@ -135,12 +158,12 @@ def test_records_of_a_gs_checkpoint_are_in_the_bucket_and_survive_the_machine(gc
     assert last["stage"] == "exit" and last["code"] == 42
 
     second = gcs.run(
-        [sys.executable, "-c", GS_RUN, directory, "-1", "10"],
+        [sys.executable, "-c", GS_RUN, directory, "-1", "10", str(NOTICE_TAKEN_BOUND)],
         env=QUIET_TF,
         cwd=tmp_path,
         timeout=300,
     )
-    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.returncode == 0, second.stdout[-1000:] + second.stderr[-3000:]
     lines = [json.loads(x) for x in second.stdout.splitlines() if x.startswith("{")]
     restored = lines[0]["restored"]
     assert lines[-1] == {"finished": 10, "flushed": True}
