@@ -110,10 +110,14 @@ check-python:
 # per combination and, on a failure, the tail of its log.
 # Parts this machine cannot run (no root, no pyenv; outside CI only) are listed in
 # build/not-run.txt by prereqs-test, skipped, and named again in the last lines.
+# The Rust tests, lint and the docs run in that phase too (not before it): about 3 min
+# of a fresh clone's run that kept the other jobs waiting; `make check` is the quick
+# verdict on them.
 test: prereqs-test
-	$(MAKE) --no-print-directory system-deps test-rust lint docs build wheel
-	$(MAKE) --no-print-directory -j6 pytest-integration pytest-rest-and-unit slurm-suite \
-		compat-ends tf-suite-multi tf-suite-single NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
+	$(MAKE) --no-print-directory system-deps build wheel
+	$(MAKE) --no-print-directory -j9 pytest-integration pytest-rest-and-unit slurm-suite \
+		compat-ends tf-suite-multi tf-suite-single test-rust lint docs \
+		NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
 	@$(PYTHON) dev/prereqs.py summary test
 
 # What the tests need from Debian beyond SLURM (which tests/slurm installs itself):
@@ -163,14 +167,19 @@ pytest-suite: pytest-integration pytest-rest-and-unit
 # was the last job running by a quarter of an hour (37 of the 41 minutes of an idle
 # fresh-clone run, one core busy). The real-TensorFlow integration tests, and the rest
 # (unit tests, the examples, the compatibility subset, the fault-injection trials).
-# Four jobs instead of two (pytest-integration-a/-b, pytest-unit, pytest-rest) were
-# tried at cf7312b: with another engineer's TensorFlow suite beside it (load 13-20),
-# eight MWMS tests ran out of their 60 s bound for the workers' first steps.
+# Each half runs its tests SUITE_WORKERS at a time (pytest-xdist): they mostly wait on
+# TF processes, and one at a time each half was a critical path of 34 min. Four jobs
+# (pytest-integration-a/-b, pytest-unit, pytest-rest) were tried at cf7312b: with another
+# engineer's TensorFlow suite beside it (load 13-20), eight MWMS tests ran out of their
+# 60 s bound for the workers' first steps; those bounds only turn a hang into a failure
+# and are 180 s now (tests/integration/conftest.py, STARTUP_BOUND).
+SUITE_WORKERS ?= 2
 pytest-integration:
-	$(PY) -m pytest tests/integration -q
+	$(PY) -m pytest tests/integration -q -n $(SUITE_WORKERS) --durations=15
 
 pytest-rest-and-unit:
-	$(PY) -m pytest tests -q --ignore=tests/tf_suite --ignore=tests/slurm --ignore=tests/integration
+	$(PY) -m pytest tests -q -n $(SUITE_WORKERS) --durations=15 \
+		--ignore=tests/tf_suite --ignore=tests/slurm --ignore=tests/integration
 
 # The same in smaller parts, to run what a change touched.
 INTEGRATION_A := $(wildcard tests/integration/test_ps_*.py) tests/integration/test_keras3.py \
