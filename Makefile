@@ -115,7 +115,7 @@ check-python:
 # verdict on them.
 test: prereqs-test
 	$(MAKE) --no-print-directory system-deps build wheel
-	$(MAKE) --no-print-directory -j9 pytest-integration pytest-rest-and-unit slurm-suite \
+	$(MAKE) --no-print-directory -j11 $(PY_PARTS) slurm-suite \
 		compat-ends tf-suite-multi tf-suite-single test-rust lint docs \
 		NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
 	@$(PYTHON) dev/prereqs.py summary test
@@ -159,42 +159,42 @@ lint: $(STAMP)
 
 test-python: build pytest-suite slurm-suite
 
-# Without a build: `test` builds the extension and the wheel first, one after the
-# other (both write the checkout's python/ and target/), then runs these two.
-pytest-suite: pytest-integration pytest-rest-and-unit
+# The Python suite, which `make test` runs in four parts side by side (PY_PARTS): in two
+# halves, each was a critical path of 34 min on a loaded run, waiting on TF processes
+# with a core idle. The four parts were first tried at cf7312b, where eight MWMS tests
+# ran out of a 60 s bound for the workers' first steps with another engineer's
+# TensorFlow suite beside it (load 13-20); that bound only turns a hang into a failure
+# and is 180 s now (tests/integration/conftest.py, STARTUP_BOUND). Running each half's
+# tests two at a time instead (pytest-xdist, at ebe3988) made the run CPU-bound (load
+# 12-16 for 30 min, 3405 s of CPU against 2666 s) and no shorter: 38 min 37 s.
+# Each part prints its slowest tests (--durations).
+PY_PARTS := pytest-integration-a pytest-integration-b pytest-unit pytest-rest
+DURATIONS := --durations=10
 
-# The Python suite in two halves that `make test` runs side by side: alone, the suite
-# was the last job running by a quarter of an hour (37 of the 41 minutes of an idle
-# fresh-clone run, one core busy). The real-TensorFlow integration tests, and the rest
-# (unit tests, the examples, the compatibility subset, the fault-injection trials).
-# Each half runs its tests SUITE_WORKERS at a time (pytest-xdist): they mostly wait on
-# TF processes, and one at a time each half was a critical path of 34 min. Four jobs
-# (pytest-integration-a/-b, pytest-unit, pytest-rest) were tried at cf7312b: with another
-# engineer's TensorFlow suite beside it (load 13-20), eight MWMS tests ran out of their
-# 60 s bound for the workers' first steps; those bounds only turn a hang into a failure
-# and are 180 s now (tests/integration/conftest.py, STARTUP_BOUND).
-SUITE_WORKERS ?= 2
+# Without a build: `test` builds the extension and the wheel first, one after the
+# other (both write the checkout's python/ and target/), then runs these parts.
+pytest-suite: $(PY_PARTS)
+
 pytest-integration:
-	$(PY) -m pytest tests/integration -q -n $(SUITE_WORKERS) --durations=15
+	$(PY) -m pytest tests/integration -q
 
 pytest-rest-and-unit:
-	$(PY) -m pytest tests -q -n $(SUITE_WORKERS) --durations=15 \
-		--ignore=tests/tf_suite --ignore=tests/slurm --ignore=tests/integration
+	$(PY) -m pytest tests -q --ignore=tests/tf_suite --ignore=tests/slurm --ignore=tests/integration
 
 # The same in smaller parts, to run what a change touched.
 INTEGRATION_A := $(wildcard tests/integration/test_ps_*.py) tests/integration/test_keras3.py \
 	tests/integration/test_tf_keras.py tests/integration/test_orbit.py
 pytest-integration-a:
-	$(PY) -m pytest $(INTEGRATION_A) -q
+	$(PY) -m pytest $(INTEGRATION_A) -q $(DURATIONS)
 
 pytest-integration-b:
-	$(PY) -m pytest tests/integration -q $(addprefix --ignore=,$(INTEGRATION_A))
+	$(PY) -m pytest tests/integration -q $(DURATIONS) $(addprefix --ignore=,$(INTEGRATION_A))
 
 pytest-unit:
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q $(DURATIONS)
 
 pytest-rest:
-	$(PY) -m pytest tests -q --ignore=tests/tf_suite --ignore=tests/slurm --ignore=tests/integration \
+	$(PY) -m pytest tests -q $(DURATIONS) --ignore=tests/tf_suite --ignore=tests/slurm --ignore=tests/integration \
 		--ignore=tests/unit
 
 # A real one-node SLURM (tests/slurm/conftest.py installs and starts it) and jobs on it.
