@@ -113,12 +113,20 @@ check-python:
 # The Rust tests, lint and the docs run in that phase too (not before it): about 3 min
 # of a fresh clone's run that kept the other jobs waiting; `make check` is the quick
 # verdict on them.
+# Each job runs under dev/timed.py, which records its wall and CPU time in
+# build/job-times.tsv; the summary prints them, the longest first.
+TEST_JOBS = $(PY_PARTS) slurm-suite compat-ends tf-suite-multi tf-suite-single test-rust lint docs
 test: prereqs-test
 	$(MAKE) --no-print-directory system-deps build wheel
-	$(MAKE) --no-print-directory -j11 $(PY_PARTS) slurm-suite \
-		compat-ends tf-suite-multi tf-suite-single test-rust lint docs \
+	rm -f build/job-times.tsv
+	$(MAKE) --no-print-directory -j11 $(addprefix timed-,$(TEST_JOBS)) \
 		NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
 	@$(PYTHON) dev/prereqs.py summary test
+
+# The job's own make gets no jobserver (it runs one recipe line at a time) but keeps -n.
+timed-%:
+	@$(PYTHON) dev/timed.py $* env MAKEFLAGS= $(MAKE) --no-print-directory \
+		$(if $(findstring n,$(firstword -$(MAKEFLAGS))),-n) $* NOT_RUN="$(NOT_RUN)"
 
 # What the tests need from Debian beyond SLURM (which tests/slurm installs itself):
 # iproute2, whose `ip netns` the partition trials use (tests/reliability/processes/

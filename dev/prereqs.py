@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The parts of ``make test`` that will not run on this machine, one ``part<TAB>why``
 #: per line (written by the check, read by the Makefile and by ``summary``).
 NOT_RUN = ROOT / "build" / "not-run.txt"
+#: Each job's wall and CPU seconds, written by dev/timed.py during `make test`.
+JOB_TIMES = ROOT / "build" / "job-times.tsv"
 RUSTUP = "curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y"
 #: The pyenv interpreters the compatibility ends need (tests/compat/run_matrix.py --ends).
 PYENV_VERSIONS = ("3.10", "3.13")
@@ -150,7 +152,26 @@ def check(target: str) -> int:
     return 0
 
 
+def job_times() -> list:
+    """Lines of a table of ``build/job-times.tsv`` (``dev/timed.py``), longest job first."""
+    if not JOB_TIMES.exists():
+        return []
+    rows = []
+    for line in JOB_TIMES.read_text().splitlines():
+        cells = line.split("\t")
+        if len(cells) == 4 and all(c.lstrip("-").isdigit() for c in cells[1:]):
+            rows.append((cells[0], int(cells[1]), int(cells[2]), int(cells[3])))
+    rows.sort(key=lambda r: -r[1])
+    out = [f"{'job':<22} {'wall':>12}  {'CPU (user + system)':>19}  exit"]
+    for name, wall, cpu, code in rows:
+        out.append(f"{name:<22} {wall // 60:>2} min {wall % 60:>2} s  {cpu:>17} s  {code:>4}")
+    out.append(f"{'all jobs':<22} {'':>12}  {sum(r[2] for r in rows):>17} s")
+    return out
+
+
 def summary(target: str) -> int:
+    for line in job_times():
+        print(line)
     lines = NOT_RUN.read_text().splitlines() if NOT_RUN.exists() else []
     if not lines:
         print(f"make {target}: passed; every part ran.")

@@ -1,0 +1,60 @@
+"""``dev/timed.py`` (each ``make test`` job's wall and CPU time) and the table that
+``dev/prereqs.py summary`` prints from it."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, times: Path):
+    spec = importlib.util.spec_from_file_location(f"dev_{name}", ROOT / "dev" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if name == "timed":
+        module.TIMES = times
+    else:
+        module.JOB_TIMES = times
+    return module
+
+
+def test_a_job_is_recorded_with_its_childrens_cpu_and_its_exit_status(tmp_path):
+    times = tmp_path / "job-times.tsv"
+    timed = _load("timed", times)
+    # The job burns CPU in a grandchild it waits for, then fails with 3.
+    burn = (
+        "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+        + repr(
+            "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+        )
+        + "]); sys.exit(3)"
+    )
+    assert timed.main(["timed.py", "slow-job", sys.executable, "-c", burn]) == 3
+    [line] = times.read_text().splitlines()
+    name, wall, cpu, code = line.split("\t")
+    assert name == "slow-job" and code == "3"
+    assert int(cpu) >= 1 and int(wall) >= int(cpu) - 1  # the grandchild's 0.6 s counted
+
+
+def test_the_summary_lists_the_longest_job_first(tmp_path, capsys):
+    times = tmp_path / "job-times.tsv"
+    times.write_text("docs\t13\t12\t0\npytest-rest\t2100\t900\t0\nbroken line\nlint\t200\t180\t2\n")
+    prereqs = _load("prereqs", times)
+    prereqs.NOT_RUN = tmp_path / "not-run.txt"
+    assert prereqs.summary("test") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[1:4]] == ["pytest-rest", "lint", "docs"]
+    assert "35 min  0 s" in out[1] and out[1].split()[-2:] == ["s", "0"]
+    assert out[4].startswith("all jobs") and "1092 s" in out[4]
+    assert out[-1] == "make test: passed; every part ran."
+
+
+def test_timed_without_a_command_prints_its_usage():
+    done = subprocess.run(
+        [sys.executable, ROOT / "dev" / "timed.py", "only-a-name"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "timed.py NAME COMMAND" in done.stderr
