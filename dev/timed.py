@@ -5,7 +5,9 @@
 Runs COMMAND, waits for it, and appends one line to ``build/job-times.tsv``: the job's
 name, its wall seconds, and the CPU seconds (user + system) of the command and every
 process it waited for (``wait4``: a pytest run and the TensorFlow processes its tests
-started and waited for). Exits with the command's exit status. ``make test`` empties the
+started and waited for; a process the job does not wait for is not counted: SLURM's
+daemons and the jobs they run, or a cluster process a test kills and never reaps).
+Exits with the command's exit status. ``make test`` empties the
 file before its jobs start, and ``dev/prereqs.py summary test`` prints it as a table, the
 longest job first: where the run's time went.
 """
