@@ -168,8 +168,9 @@ lint: $(STAMP)
 test-python: build pytest-suite slurm-suite
 
 # The Python suite, which `make test` runs in four parts side by side (PY_PARTS): in two
-# halves, each was a critical path of 34 min on a loaded run, waiting on TF processes
-# with a core idle. The four parts were first tried at cf7312b, where eight MWMS tests
+# halves, the halves were the last jobs (34 min each at 63cf6f6). The whole run is
+# CPU-bound (docs/development.md, "Where the time goes"), so the split mostly balances
+# the jobs' ends. The four parts were first tried at cf7312b, where eight MWMS tests
 # ran out of a 60 s bound for the workers' first steps with another engineer's
 # TensorFlow suite beside it (load 13-20); that bound only turns a hang into a failure
 # and is 180 s now (tests/integration/conftest.py, STARTUP_BOUND). Running each half's
