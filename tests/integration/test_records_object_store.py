@@ -11,7 +11,6 @@ created on the local disk, ``load`` and ``report`` read them back through
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -24,18 +23,17 @@ from tf_failure_handling import (  # noqa: E402
     report,
 )
 
+from .mwms_worker import poll_until  # noqa: E402
+
 # The notice is taken by the handler's driver thread; a loaded machine can run many
 # steps before it does. The tests wait for it (bounded) instead of racing the steps.
 NOTICE_TAKEN_BOUND = 120.0
 
 
 def _wait_for_the_notice(h: PreemptionCheckpointHandler) -> None:
-    deadline = time.monotonic() + NOTICE_TAKEN_BOUND
-    while not h._attention:
-        assert time.monotonic() < deadline, (
-            f"the handler did not take the notice within {NOTICE_TAKEN_BOUND:g} s"
-        )
-        time.sleep(0.001)
+    assert poll_until(lambda: h._attention, NOTICE_TAKEN_BOUND, 0.001), (
+        f"the handler did not take the notice within {NOTICE_TAKEN_BOUND:g} s"
+    )
 
 
 def _run(directory: str, notice_at: int, calls: list) -> PreemptionCheckpointHandler:
