@@ -46,7 +46,7 @@ NO_DEPS := "tf-models-official==2.20.*"
 # TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
 ZIG := "ziglang==0.13.*"
 
-.PHONY: demo test check check-python prereqs-demo prereqs-check prereqs-test system-deps docs test-rust test-python pytest-suite pytest-integration pytest-integration-a pytest-integration-b pytest-unit pytest-rest pytest-rest-and-unit slurm-suite tf-suite tf-suite-multi tf-suite-single figures tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
+.PHONY: demo test check check-python prereqs-demo prereqs-check prereqs-test system-deps docs test-rust test-python pytest-suite pytest-integration pytest-integration-a pytest-integration-b pytest-unit pytest-rest pytest-rest-and-unit test-build compat-venvs slurm-suite tf-suite tf-suite-multi tf-suite-single figures tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
 
 $(DEMO_STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -115,13 +115,19 @@ check-python:
 # verdict on them.
 # Each job runs under dev/timed.py, which records its wall and CPU time in
 # build/job-times.tsv; the summary prints them, the longest first.
+# Before them, the build and the compatibility ends' virtualenvs run side by side: the
+# build leaves a core idle much of the time (pip, one crate at a time), and the
+# virtualenvs (pip, mostly unpacking TensorFlow) need nothing from it.
 TEST_JOBS = $(PY_PARTS) slurm-suite compat-ends tf-suite-multi tf-suite-single test-rust lint docs
+TEST_NOT_RUN = NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
 test: prereqs-test
-	$(MAKE) --no-print-directory system-deps build wheel
 	rm -f build/job-times.tsv
-	$(MAKE) --no-print-directory -j11 $(addprefix timed-,$(TEST_JOBS)) \
-		NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
+	$(MAKE) --no-print-directory -j2 timed-test-build timed-compat-venvs $(TEST_NOT_RUN)
+	$(MAKE) --no-print-directory -j11 $(addprefix timed-,$(TEST_JOBS)) $(TEST_NOT_RUN)
 	@$(PYTHON) dev/prereqs.py summary test
+
+test-build:
+	$(MAKE) --no-print-directory system-deps build wheel
 
 # The job's own make gets no jobserver (it runs one recipe line at a time) but keeps -n.
 timed-%:
@@ -232,6 +238,10 @@ tf-suite-all:
 # other they were make test's last job by about eight minutes, with one core idle).
 compat-ends:
 	$(if $(filter compat-ends,$(NOT_RUN)),@echo "compat-ends: not run (build/not-run.txt says why)",$(PY) tests/compat/run_matrix.py --ends --jobs 2)
+
+# Their virtualenvs alone (standard library only: it runs before .venv exists).
+compat-venvs:
+	$(if $(filter compat-ends,$(NOT_RUN)),@echo "compat-venvs: not run (build/not-run.txt says why)",$(PYTHON) tests/compat/run_matrix.py --ends --venvs-only --jobs 2)
 
 # Every table the README and the docs show, regenerated: each bench (release build),
 # the reliability trials and the SLURM scenarios, written to docs/figures/ with the

@@ -24,6 +24,7 @@ For each combination (TensorFlow ``X.Y`` on Python ``A.B``) this script
     python tests/compat/run_matrix.py                 # every combination
     python tests/compat/run_matrix.py --ends          # oldest TF on oldest Python, newest on newest
     python tests/compat/run_matrix.py --only 2.16/3.11 --only 2.21/3.13
+    python tests/compat/run_matrix.py --ends --venvs-only  # step 1 alone (make test)
 
 Combinations run one at a time (the machine's cores are shared), or ``--jobs N``
 side by side (``make test`` runs its two ends so: one after the other they were the
@@ -165,9 +166,11 @@ def run(cmd: list[str], timeout: float, log, **kwargs) -> subprocess.CompletedPr
     )
 
 
-def prepare(result: Result, dist: Path, log) -> Path | None:
-    """Creates or updates the virtualenv and installs the wheel; None (with ``result.verdict``
-    and ``note`` set) when that fails."""
+def prepare_venv(result: Result, log) -> Path | None:
+    """Creates the virtualenv with TensorFlow and the test dependencies, or keeps it when
+    its ``.deps`` stamp names the same ones; its Python, or None (with ``result.verdict``
+    and ``note`` set) when that fails. Needs no wheel: ``make test`` runs it
+    (``--venvs-only``) while the wheel is being built."""
     venv = VENVS / f"tf{result.tf}-py{result.python}"
     py = venv / "bin" / "python"
     stamp = venv / ".deps"
@@ -187,6 +190,16 @@ def prepare(result: Result, dist: Path, log) -> Path | None:
             result.verdict, result.note = "error", "pip could not install " + " ".join(deps)
             return None
         stamp.write_text(json.dumps(deps))
+    return py
+
+
+def prepare(result: Result, dist: Path, log) -> Path | None:
+    """:func:`prepare_venv`, then the wheel installed and checked; None (with
+    ``result.verdict`` and ``note`` set) when either fails."""
+    py = prepare_venv(result, log)
+    if py is None:
+        return None
+    venv = py.parent.parent
     wheel = wheel_for(result.python, dist)
     result.wheel = wheel.name
     install = [
@@ -302,6 +315,33 @@ def parse_combination(text: str) -> tuple[str, str]:
     return tf, py
 
 
+def venvs_only(combos: list[tuple[str, str]], jobs: int) -> int:
+    """Creates the combinations' virtualenvs side by side, a line each; 1 if one failed
+    (the tail of its log printed), else 0."""
+    VENVS.mkdir(exist_ok=True)
+
+    def one(tf: str, py: str) -> str | None:
+        result, start = Result(tf=tf, python=py), time.monotonic()
+        log_path = VENVS / f"tf{tf}-py{py}.venv.log"
+        with log_path.open("w") as log:
+            ok = prepare_venv(result, log) is not None
+        took = time.monotonic() - start
+        if ok:
+            print(f"TF {tf} on Python {py}: virtualenv ready in {took:.0f} s", flush=True)
+            return None
+        tail = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        return "\n".join(
+            [f"TF {tf} on Python {py}: {result.note}; last lines of {log_path}:"]
+            + [f"    {line}" for line in tail]
+        )
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        failures = [f for f in pool.map(lambda combo: one(*combo), combos) if f]
+    for failure in failures:
+        print(failure, flush=True)
+    return 1 if failures else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -318,10 +358,17 @@ def main() -> int:
         metavar="N",
         help="combinations run side by side (default 1: one at a time)",
     )
+    parser.add_argument(
+        "--venvs-only",
+        action="store_true",
+        help="only create the virtualenvs with TensorFlow (no wheel, no tests)",
+    )
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     combos = args.only or (ENDS if args.ends else COMBINATIONS)
+    if args.venvs_only:
+        return venvs_only(combos, args.jobs)
     printing = threading.Lock()
 
     def one(tf: str, py: str) -> Result:
