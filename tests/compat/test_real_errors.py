@@ -27,8 +27,13 @@ from integration.ps_cluster import PsCluster  # noqa: E402
 SCRIPT = Path(__file__).resolve().parent / "real_errors_script.py"
 #: Bounds the whole client (TF import, four remote ops, two kills); a hang fails.
 CLIENT_TIMEOUT_S = 600
+#: Bounds each server's start (they are waited for in turn).
+SERVING_TIMEOUT_S = 300
 
 
+# Backstop above its own bounds in sequence: three servers, the client, the kills (10 s
+# each) (+ 60 s).
+@pytest.mark.timeout(3 * SERVING_TIMEOUT_S + CLIENT_TIMEOUT_S + 3 * 10 + 60)
 def test_classifier_on_errors_tensorflow_raises(tmp_path):
     cluster = PsCluster(tmp_path, impl="ours", name="real-errors")
     worker = cluster.start_server("worker", 0)
@@ -36,7 +41,7 @@ def test_classifier_on_errors_tensorflow_raises(tmp_path):
     ps = cluster.start_server("ps", 0)
     try:
         for job, task in (("worker", 0), ("worker", 1), ("ps", 0)):
-            cluster.wait_serving(job, task, timeout=300)
+            cluster.wait_serving(job, task, timeout=SERVING_TIMEOUT_S)
         cmd = [
             sys.executable,
             str(SCRIPT),

@@ -77,7 +77,8 @@ def check_preempted_and_resumed(result, trainers, *, code: int = 42) -> int:
     return saved.pop()
 
 
-@pytest.mark.timeout(2 * RUN_BOUND)
+# Backstop above its own bound, the demo's 2 * RUN_BOUND (+ 60 s).
+@pytest.mark.timeout(2 * RUN_BOUND + 60)
 def test_make_demo_runs_the_custom_loop_example(tmp_path):
     """``make demo``: examples/mwms_custom_loop.py on 2 workers, SIGTERM to one, the
     restart; the resumed run's weights equal an uninterrupted run's."""
@@ -181,7 +182,8 @@ def boot(env: dict, server: FakeMetadata, cloud: str, notice_at: int | None):
                 proc.kill()
 
 
-@pytest.mark.timeout(2 * RUN_BOUND)
+# Backstop above its own bounds in sequence: two boots of RUN_BOUND each (+ 60 s).
+@pytest.mark.timeout(2 * RUN_BOUND + 60)
 @pytest.mark.parametrize("cloud", ["gce", "aws", "azure"])
 def test_cloud_startup_script(cloud, tmp_path):
     """examples/clouds/startup.sh on a fake VM of each cloud: the cloud's notice, the

@@ -33,7 +33,8 @@ WORKER_SCRIPT = Path(__file__).resolve().parent / "mwms_worker.py"
 #: Bounds on a cluster's waits. They only turn a hang into a failure: an idle machine
 #: starts three TF workers and runs their first steps in about 10 s, but `make test` runs
 #: eleven jobs on two cores, and at a load of 13-20 eight MWMS tests once ran out of the
-#: 60 s these used to be (cf7312b). pytest-timeout (300 s a test) stays the outer bound.
+#: 60 s these used to be (cf7312b). pytest-timeout stays the outer bound: each test's
+#: mark is at least the sum of the bounds it goes through in sequence, plus a margin.
 STARTUP_BOUND = 180.0
 EXIT_BOUND = 150.0
 

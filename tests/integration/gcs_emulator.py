@@ -45,6 +45,13 @@ PORT = 443
 READY_LINE = "GCS-EMULATOR-READY"
 _IDS = itertools.count()
 _SETUP_TIMEOUT = 30.0
+#: Bound on one emulator client call (``list_objects``, ``read_object``).
+CLIENT_BOUND = 60.0
+#: The bounded steps of one :func:`gcs_emulator` life, for a test's pytest-timeout: the
+#: set-up (listing stale namespaces, 3 openssl runs, 2 ip runs of 30 s each, the ready
+#: wait) and the teardown (the emulator's stop, 2 x 10 s; 2 ip runs of 30 s). Stale
+#: namespaces of killed runs, 2 ip runs each, are not counted.
+LIFETIME_BOUND = 30.0 + 3 * 30.0 + 2 * 30.0 + _SETUP_TIMEOUT + 2 * 10.0 + 2 * 30.0
 
 # TensorFlow's GCS defaults retry 10 times from 1 s up to 32 s and wait up to 120 s to
 # connect: against a local emulator a failure should show in seconds, not minutes.
@@ -167,7 +174,7 @@ class GcsEmulator:
         """Starts ``argv`` in the namespace with :attr:`env` (+ ``env``); the caller waits."""
         return subprocess.Popen(self.command(argv), env=self._env(env), **kwargs)
 
-    def _client(self, op: str, *args: str, timeout: float = 60.0) -> str:
+    def _client(self, op: str, *args: str, timeout: float = CLIENT_BOUND) -> str:
         argv = [sys.executable, str(Path(__file__).resolve()), "client", op, self.bucket, *args]
         try:
             proc = self.run(argv, timeout=timeout)

@@ -50,6 +50,10 @@ HERE = Path(__file__).resolve().parent
 COORDINATOR_SCRIPT = HERE / "ps_coordinator_script.py"
 NUM_WORKERS = 2
 NUM_PS = 1
+#: Bound on the "ours" probe (``ours_status``, once a process: a fixture's setup).
+OURS_PROBE_BOUND = 120.0
+#: Bound on the coordinator's exit after its ``done`` event (``wait_done``).
+DONE_EXIT_BOUND = 30.0
 # What tf_failure_handling must export for the "ours" runs.
 OURS_REQUIRED = (
     "ClusterCoordinator",
@@ -123,7 +127,7 @@ def ours_status() -> tuple[str, str]:
             capture_output=True,
             text=True,
             env=child_environment(),
-            timeout=120,
+            timeout=OURS_PROBE_BOUND,
         )
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
@@ -322,7 +326,7 @@ class PsCluster:
         """Wait (bounded) for the coordinator to print ``done`` and exit 0."""
         self.wait_event(lambda e: e["event"] == "done", timeout, "the coordinator's done event")
         try:
-            code = self.coordinator.popen.wait(timeout=30)
+            code = self.coordinator.popen.wait(timeout=DONE_EXIT_BOUND)
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 f"coordinator did not exit after done\n{self.describe()}"

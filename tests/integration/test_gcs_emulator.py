@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from .gcs_emulator import (
+    CLIENT_BOUND,
+    LIFETIME_BOUND,
     GcsEmulatorError,
     gcs_emulator,
     require_gcs_emulator,
@@ -26,6 +28,7 @@ from .gcs_emulator import (
 )
 
 TF_TIMEOUT = 180.0
+NETNS_LIST_BOUND = 30.0  # _namespaces()
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -87,6 +90,9 @@ print(json.dumps(out))
 """
 
 
+# Backstop above its own bounds in sequence: the module's emulator, one TF run, two
+# client calls (+ 60 s).
+@pytest.mark.timeout(LIFETIME_BOUND + TF_TIMEOUT + 2 * CLIENT_BOUND + 60)
 def test_gfile_operations(gcs):
     root = f"gs://{gcs.bucket}/gfile"
     out = run_tf(gcs, GFILE_SCRIPT, root)
@@ -152,6 +158,9 @@ print(json.dumps(out))
 """
 
 
+# Backstop above its own bounds in sequence: the module's emulator, two TF runs, two
+# client calls (+ 60 s).
+@pytest.mark.timeout(LIFETIME_BOUND + 2 * TF_TIMEOUT + 2 * CLIENT_BOUND + 60)
 def test_checkpoint_round_trip(gcs):
     root = f"gs://{gcs.bucket}/ckpt"
     saved = run_tf(gcs, SAVE_SCRIPT, root)
@@ -183,10 +192,13 @@ def test_checkpoint_round_trip(gcs):
 
 def _namespaces() -> str:
     return subprocess.run(
-        ["ip", "netns", "list"], capture_output=True, text=True, timeout=30
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=NETNS_LIST_BOUND
     ).stdout
 
 
+# Backstop above its own bounds in sequence: an emulator's life, 2 namespace listings,
+# a client call, a 30 s run, the 10 s wait (+ 60 s).
+@pytest.mark.timeout(LIFETIME_BOUND + 2 * NETNS_LIST_BOUND + CLIENT_BOUND + 30 + 10 + 60)
 def test_teardown_removes_everything_even_on_failure():
     reason = unavailable_reason()
     if reason is not None:
@@ -214,6 +226,9 @@ def test_teardown_removes_everything_even_on_failure():
     assert Path("/etc/hosts").read_bytes() == hosts_before
 
 
+# Backstop above its own bounds in sequence: an emulator's life, 2 namespace listings
+# (+ 60 s).
+@pytest.mark.timeout(LIFETIME_BOUND + 2 * NETNS_LIST_BOUND + 60)
 def test_emulator_that_does_not_start_is_an_error(monkeypatch):
     """A failed start is reported with what was waited for, and cleaned up (never a skip)."""
     reason = unavailable_reason()

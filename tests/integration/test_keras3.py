@@ -177,7 +177,9 @@ def restart_and_check(cluster: KerasCluster, saved: dict, reference: list) -> fl
 # ------------------------------------------------------------------ MWMS
 
 
-@pytest.mark.timeout(400)
+# Backstop above its own bounds in sequence: the module's reference run, the wait for
+# the pause, the exit, the restart (+ 60 s for the kills).
+@pytest.mark.timeout(4 * BOUND + 60)
 @pytest.mark.parametrize("target", [0, 1], ids=["chief", "non_chief"])
 def test_mwms_sigterm_saves_at_one_batch_and_fit_resumes_there(target, tmp_path, mwms_reference):
     require_impl("ours")
@@ -202,7 +204,8 @@ def test_mwms_sigterm_saves_at_one_batch_and_fit_resumes_there(target, tmp_path,
     print(f"MWMS SIGTERM to worker {target}: exit 42 x2, saved {saved}, weight diff {difference}")
 
 
-@pytest.mark.timeout(300)
+# Backstop above its own bounds in sequence: two error events, the exit (+ 60 s).
+@pytest.mark.timeout(3 * BOUND + 60)
 @pytest.mark.parametrize("kind", ["step", "callback"])
 def test_mwms_error_in_one_workers_fit_stops_the_other_while_it_is_alive(kind, tmp_path):
     require_impl("ours")
@@ -249,7 +252,9 @@ def test_mwms_error_in_one_workers_fit_stops_the_other_while_it_is_alive(kind, t
 # ------------------------------------------------------------------ one process
 
 
-@pytest.mark.timeout(400)
+# Backstop above its own bounds in sequence: the reference run, the wait for the
+# pause, the exit, the restart (+ 60 s for the kills).
+@pytest.mark.timeout(4 * BOUND + 60)
 def test_mirrored_strategy_in_one_process_sigterm_and_resume(tmp_path):
     require_impl("ours")
     (reference,) = run_reference(tmp_path / "reference", "mirrored", 1)

@@ -12,17 +12,19 @@ import time
 import numpy as np
 import pytest
 
-from .conftest import Cluster, require_impl
+from .conftest import STARTUP_BOUND, Cluster, require_impl
 
 NUM_WORKERS = 2
 STEPS = 70  # total run calls of the preemption tests
 STEP_SLEEP = 0.03  # python-side sleep in each step: ~40 ms steps
 SIGNAL_AFTER = 10  # send the notice once every worker reported this step
 EXIT_TIMEOUT = 120.0  # bound for "saved and exited" after a notice (a hang bound)
+RUN_BOUND = 120.0  # bound for an uninterrupted run (the reference) or a restart to finish
 #: A test's whole bound (pytest-timeout), setup included: the module's reference run, a
 #: cluster's start, a notice, a restart. It only turns a hang into a failure; at a load of
-#: 12-16 (make test with its halves two tests at a time) one test took 240 s.
-HANG_BOUND = 480
+#: 12-16 (make test with its halves two tests at a time) one test took 240 s. The backstop
+#: above the tests' own bounds in sequence (+ 60 s for the kills at teardown).
+HANG_BOUND = RUN_BOUND + STARTUP_BOUND + EXIT_TIMEOUT + RUN_BOUND + 60
 DEFAULT_EXIT_CODE = 42  # TF's default exit_fn on non-GCE platforms
 
 
@@ -43,7 +45,7 @@ def reference_weights(tmp_path_factory):
         name="reference",
     )
     try:
-        done = cluster.run_to_completion(timeout=120)
+        done = cluster.run_to_completion(timeout=RUN_BOUND)
     finally:
         cluster.kill()
     for event in done[1:]:
@@ -113,7 +115,7 @@ def restart_and_check(
     """Restart both workers on ``ckpt_dir``: they resume at ``saved_step`` and
     end with the uninterrupted run's weights."""
     cluster = cluster_factory(name=name, impl=impl, ckpt_dir=ckpt_dir, steps=STEPS, step_sleep=0.0)
-    done = cluster.run_to_completion(timeout=120)
+    done = cluster.run_to_completion(timeout=RUN_BOUND)
     for i in range(cluster.num_workers):
         starts = cluster.events(i, "start")
         assert len(starts) == 1, starts

@@ -91,7 +91,9 @@ def reference(tmp_path_factory):
     return done
 
 
-@pytest.mark.timeout(240)
+# Backstop above its own bounds in sequence: the module's reference run, the start
+# event, the step, the exit, the restart (+ 60 s for the kills).
+@pytest.mark.timeout(5 * HANG + 60)
 def test_sigterm_saves_at_the_global_step_exits_42_and_the_restart_restores(
     orbit_process, reference
 ):
@@ -111,7 +113,9 @@ def test_sigterm_saves_at_the_global_step_exits_42_and_the_restart_restores(
     assert max_abs_difference(done["weights"], reference["weights"]) == 0.0
 
 
-@pytest.mark.timeout(240)
+# Backstop above its own bounds in sequence: the module's reference run, two steps, the
+# run to completion (+ 60 s for the kills).
+@pytest.mark.timeout(4 * HANG + 60)
 def test_keep_running_after_save_saves_once_and_absorbs_a_second_sigterm(orbit_process, reference):
     process = orbit_process("keep-running", "--keep-running-after-save", "--hold-at", "4,8")
     process.start()

@@ -138,7 +138,8 @@ def test_handler_notice_on_worker_0_reaches_worker_1s_watcher(start, tmp_path):
     assert all(0 <= s < NOTICE_LATENCY for s in latencies), latencies
 
 
-@pytest.mark.timeout(90)
+# Backstop above its own bounds in sequence: ready, then the exit (+ 30 s for the kill).
+@pytest.mark.timeout(READY_TIMEOUT + EXIT_TIMEOUT + 30)
 def test_local_mode_sigterm_sets_the_message_and_the_process_lives(start):
     require_impl("ours")
     cluster = start(name="local", impl="ours", local=True)

@@ -17,8 +17,12 @@ from __future__ import annotations
 import pytest
 
 from .test_ps_preemption import (
+    CLUSTER_BOUND,
     EXIT_BOUND,
+    FINISH_BOUND,
+    MARGIN,
     RESTART_CODE,
+    RESUME_BOUND,
     START_BOUND,
     Cluster,
     _notice_after_runs,
@@ -43,6 +47,8 @@ def cluster(tmp_path, monkeypatch):
         c.stop()
 
 
+# Backstop above its own bounds in sequence, the fixture's setup included.
+@pytest.mark.timeout(CLUSTER_BOUND + FINISH_BOUND + EXIT_BOUND + RESUME_BOUND + MARGIN)
 def test_coordinator_exits_after_a_notice_and_at_the_end(cluster):
     c = cluster
     _notice_after_runs(c, "coordinator")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .ps_cluster import NUM_WORKERS, PsCluster, ours_status
+from .ps_cluster import DONE_EXIT_BOUND, NUM_WORKERS, OURS_PROBE_BOUND, PsCluster, ours_status
 
 CONNECT_TIMEOUT = 90.0  # process start + TF import (4 processes on 2 cores) + connect
 
@@ -27,6 +27,19 @@ FAIL_AT = 100
 AFTER_ERROR = 20
 # Runs of TF's own coordinator (the reference) per test, when it dies by a signal.
 TF_REFERENCE_ATTEMPTS = 3
+RUN_BOUND = CONNECT_TIMEOUT + 60  # run_to_done's bound on a scenario's done event
+BAD_INPUT_BOUND = CONNECT_TIMEOUT + 30
+PROGRESS_BOUND = CONNECT_TIMEOUT + 30  # the kill test: closures done before the kill
+SERVING_BOUND = 60.0  # the kill test: the restarted worker serves
+KILLED_DONE_BOUND = 150.0  # the kill test: the done event after the restart
+
+
+def backstop(bound: float) -> float:
+    """pytest-timeout of a run_to_done test: above TF_REFERENCE_ATTEMPTS runs of its own
+    bounds in sequence (the done event, then the exit), and above ours' single run after
+    its probe; + 60 s for the kills between the runs."""
+    once = bound + DONE_EXIT_BOUND
+    return max(TF_REFERENCE_ATTEMPTS * once, OURS_PROBE_BOUND + once) + 60
 
 
 @pytest.fixture(params=["tf", "ours"])
@@ -96,10 +109,10 @@ def check_no_errors(cluster: PsCluster, summary: dict) -> None:
 
 
 # --------------------------------------------------------------------------- 1
-@pytest.mark.timeout(150 * TF_REFERENCE_ATTEMPTS)
+@pytest.mark.timeout(backstop(RUN_BOUND))
 def test_basic_schedule_join_fetch(ps_cluster):
     cluster = run_to_done(
-        ps_cluster, "basic", "basic", "--closures", BASIC_CLOSURES, timeout=CONNECT_TIMEOUT + 60
+        ps_cluster, "basic", "basic", "--closures", BASIC_CLOSURES, timeout=RUN_BOUND
     )
     s = cluster.summary("all")
 
@@ -126,7 +139,18 @@ def test_basic_schedule_join_fetch(ps_cluster):
 
 
 # --------------------------------------------------------------------------- 2
-@pytest.mark.timeout(200)
+# Backstop above its own bounds in sequence: the probe (setup), the progress, the kill
+# (10 s), the downtime, the serving, the done event and the exit (+ 60 s).
+@pytest.mark.timeout(
+    OURS_PROBE_BOUND
+    + PROGRESS_BOUND
+    + 10
+    + DOWNTIME
+    + SERVING_BOUND
+    + KILLED_DONE_BOUND
+    + DONE_EXIT_BOUND
+    + 60
+)
 def test_worker_killed_and_restarted(ps_cluster):
     cluster = ps_cluster("kill").start(
         "kill",
@@ -139,18 +163,18 @@ def test_worker_killed_and_restarted(ps_cluster):
     )
     cluster.wait_event(
         lambda e: e["event"] == "progress" and e["done"] >= KILL_AFTER,
-        CONNECT_TIMEOUT + 30,
+        PROGRESS_BOUND,
         f"the coordinator to finish {KILL_AFTER} closures",
     )
     killed_at = time.time()
     cluster.kill_server("worker", 1)
     time.sleep(DOWNTIME)
     cluster.start_server("worker", 1)
-    cluster.wait_serving("worker", 1, 60)
+    cluster.wait_serving("worker", 1, SERVING_BOUND)
     restarted_at = time.time()
     (cluster.workdir / "restarted").touch()
 
-    events = cluster.wait_done(150)
+    events = cluster.wait_done(KILLED_DONE_BOUND)
     gave_up = [e for e in events if e["event"] == "gave_up"]
     after = cluster.summary("after_restart")
     assert not gave_up, (
@@ -194,7 +218,7 @@ def test_worker_killed_and_restarted(ps_cluster):
 
 
 # --------------------------------------------------------------------------- 3
-@pytest.mark.timeout(150 * TF_REFERENCE_ATTEMPTS)
+@pytest.mark.timeout(backstop(RUN_BOUND))
 def test_error_cancels_queued_closures(ps_cluster):
     cluster = run_to_done(
         ps_cluster,
@@ -206,7 +230,7 @@ def test_error_cancels_queued_closures(ps_cluster):
         FAIL_AT,
         "--after-error",
         AFTER_ERROR,
-        timeout=CONNECT_TIMEOUT + 60,
+        timeout=RUN_BOUND,
     )
     s = cluster.summary("error")
     details = (
@@ -273,9 +297,9 @@ BAD_INPUT_RESULTS = {
 }
 
 
-@pytest.mark.timeout(120 * TF_REFERENCE_ATTEMPTS)
+@pytest.mark.timeout(backstop(BAD_INPUT_BOUND))
 def test_bad_input(ps_cluster):
-    cluster = run_to_done(ps_cluster, "bad_input", "bad_input", timeout=CONNECT_TIMEOUT + 30)
+    cluster = run_to_done(ps_cluster, "bad_input", "bad_input", timeout=BAD_INPUT_BOUND)
     checks = {e["name"]: e for e in cluster.events("check")}
     assert sorted(checks) == sorted([*BAD_INPUT_RAISES, *BAD_INPUT_RESULTS]), (
         f"checks run: {sorted(checks)}\n{cluster.describe()}"
@@ -318,14 +342,14 @@ CACHE_REFUSALS = [
 ]
 
 
-@pytest.mark.timeout(150 * TF_REFERENCE_ATTEMPTS)
+@pytest.mark.timeout(backstop(RUN_BOUND))
 def test_schedule_cache_retraces_and_honours_input_signature(ps_cluster, impl):
     """Reused concrete functions never answer for a different argument structure.
 
     Each structure is scheduled in two rounds, interleaved with the others, so a
     closure run with another structure's concrete function shows in its result.
     """
-    cluster = run_to_done(ps_cluster, "cache", "cache", timeout=CONNECT_TIMEOUT + 60)
+    cluster = run_to_done(ps_cluster, "cache", "cache", timeout=RUN_BOUND)
     checks = [e for e in cluster.events("check")]
     problems = [
         f"{c['name']}: got {c['result']}, want {c['want']}"

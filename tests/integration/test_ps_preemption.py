@@ -37,6 +37,13 @@ RESTART_CODE = 42
 START_BOUND = 120.0
 EXIT_BOUND = 120.0
 FINISH_BOUND = 300.0
+#: Sums of those bounds that a test goes through in sequence, for its pytest-timeout
+#: (which covers the fixture's setup too): start_servers waits for each server in turn.
+SERVERS_BOUND = 3 * START_BOUND
+CLUSTER_BOUND = SERVERS_BOUND + START_BOUND  # the `cluster` fixture: servers, restored
+RESUME_BOUND = START_BOUND + FINISH_BOUND + EXIT_BOUND  # _resume_and_finish
+#: Room above them: the kills at teardown (10 s a process), stack dumps, polling.
+MARGIN = 60.0
 #: How long a served task waits for its release after its notice: longer than any
 #: coordinator's save here, so that every exit below is a release.
 TASK_PEER_TIMEOUT = 120.0
@@ -221,6 +228,8 @@ def _check_coordinator_record(c: Cluster, restored: dict, source: str) -> None:
     assert resume.step == restored["runs"] and resume.lost == 0, resume
 
 
+# Backstop above its own bounds in sequence.
+@pytest.mark.timeout(CLUSTER_BOUND + FINISH_BOUND + EXIT_BOUND + RESUME_BOUND + MARGIN)
 def test_coordinator_notice_saves_at_one_step_and_resumes(cluster):
     c = cluster
     _notice_after_runs(c, "coordinator")
@@ -231,6 +240,10 @@ def test_coordinator_notice_saves_at_one_step_and_resumes(cluster):
     _check_coordinator_record(c, restored, "SIGTERM")
 
 
+# Backstop above its own bounds in sequence.
+@pytest.mark.timeout(
+    CLUSTER_BOUND + FINISH_BOUND + 2 * EXIT_BOUND + START_BOUND + RESUME_BOUND + MARGIN
+)
 def test_ps_notice_serves_until_the_save_then_both_exit(cluster):
     c = cluster
     _notice_after_runs(c, "ps0")
@@ -264,6 +277,10 @@ def _check_released_after_the_save(c: Cluster, name: str, incarnation: int = 0) 
     )
 
 
+# Backstop above its own bounds in sequence.
+@pytest.mark.timeout(
+    CLUSTER_BOUND + FINISH_BOUND + EXIT_BOUND + START_BOUND + FINISH_BOUND + EXIT_BOUND + MARGIN
+)
 def test_worker_notice_drains_that_worker_and_training_goes_on(cluster):
     c = cluster
     _notice_after_runs(c, "worker1")
@@ -281,6 +298,16 @@ def test_worker_notice_drains_that_worker_and_training_goes_on(cluster):
     assert worker.notice_time <= worker.exit_time, worker
 
 
+# Backstop above its own bounds in sequence: the servers, two rounds of (progress, exit,
+# serving, log line), the coordinator's exit, the restart's restored event and exit.
+@pytest.mark.timeout(
+    SERVERS_BOUND
+    + 2 * (FINISH_BOUND + EXIT_BOUND + 2 * START_BOUND)
+    + EXIT_BOUND
+    + START_BOUND
+    + EXIT_BOUND
+    + MARGIN
+)
 def test_a_restarted_worker_is_watched_again(tmp_path):
     """Item 2 of issue 32: a worker preempted, restarted, and preempted again is drained
     and released both times (a task that is not watched waits out its own 120 s and
@@ -315,6 +342,8 @@ def test_a_restarted_worker_is_watched_again(tmp_path):
         c.stop()
 
 
+# Backstop above its own bounds in sequence (the kill of the first coordinator: 10 s).
+@pytest.mark.timeout(CLUSTER_BOUND + 10 + FINISH_BOUND + EXIT_BOUND + RESUME_BOUND + MARGIN)
 def test_closures_in_flight_at_the_bound_are_named_and_nothing_else_runs(cluster):
     """Item 1 of issue 32. From run 30 every closure runs for seconds on its worker
     (one read of the PS, then work alone, then one write); the coordinator's bound is

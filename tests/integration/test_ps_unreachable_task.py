@@ -38,7 +38,10 @@ from tf_failure_handling._coordinator import ps_control
 
 from .test_ps_preemption import (
     EXIT_BOUND,
+    MARGIN,
     RESTART_CODE,
+    RESUME_BOUND,
+    SERVERS_BOUND,
     START_BOUND,
     STEPS,
     Cluster,
@@ -54,6 +57,8 @@ PAUSE = 300.0
 SAVE_EXIT_BOUND = 60.0
 #: The coordinator's poll gives a stopped task up after ``CALL_TIMEOUT`` (5 s).
 SEEN_BOUND = 30.0
+#: The `paused` fixture's bounds in sequence: the servers, then its wait for the pause.
+PAUSED_BOUND = SERVERS_BOUND + START_BOUND + 120.0
 
 
 @pytest.fixture
@@ -132,6 +137,16 @@ def _exits_in_bound(c: Cluster, resumed: float) -> float:
     return took
 
 
+# Backstop above its own bounds in sequence, the fixture's setup included.
+@pytest.mark.timeout(
+    PAUSED_BOUND
+    + 2 * SEEN_BOUND
+    + SAVE_EXIT_BOUND
+    + EXIT_BOUND
+    + START_BOUND
+    + RESUME_BOUND
+    + MARGIN
+)
 def test_ps_notice_with_a_worker_stopped_saves_and_exits(paused):
     c = paused
     _stop(c, "worker1", "/job:worker/replica:0/task:1")
@@ -149,6 +164,8 @@ def test_ps_notice_with_a_worker_stopped_saves_and_exits(paused):
     assert restored["runs"] == restored["counter"] == PAUSE_AT, restored
 
 
+# Backstop above its own bounds in sequence, the fixture's setup included.
+@pytest.mark.timeout(PAUSED_BOUND + 2 * SEEN_BOUND + SAVE_EXIT_BOUND + RESUME_BOUND + MARGIN)
 def test_coordinator_notice_with_a_worker_stopped_saves_and_exits(paused):
     c = paused
     _stop(c, "worker0", "/job:worker/replica:0/task:0")
@@ -162,6 +179,8 @@ def test_coordinator_notice_with_a_worker_stopped_saves_and_exits(paused):
     assert restored["runs"] == restored["counter"] == PAUSE_AT, restored
 
 
+# Backstop above its own bounds in sequence, the fixture's setup included.
+@pytest.mark.timeout(PAUSED_BOUND + SEEN_BOUND + EXIT_BOUND + MARGIN)
 def test_worker_notice_with_the_other_worker_stopped_is_drained(paused):
     c = paused
     _stop(c, "worker1", "/job:worker/replica:0/task:1")
@@ -172,6 +191,8 @@ def test_worker_notice_with_the_other_worker_stopped_is_drained(paused):
     assert c.alive("coordinator") and c.alive("ps0"), c.describe()
 
 
+# Backstop above its own bounds in sequence, the fixture's setup included.
+@pytest.mark.timeout(PAUSED_BOUND + SEEN_BOUND + EXIT_BOUND + MARGIN)
 def test_worker_notice_with_the_ps_stopped_is_drained(paused):
     c = paused
     _stop(c, "ps0", "/job:ps/replica:0/task:0")

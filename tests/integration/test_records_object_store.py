@@ -23,11 +23,14 @@ from tf_failure_handling import (  # noqa: E402
     report,
 )
 
+from .gcs_emulator import CLIENT_BOUND, LIFETIME_BOUND  # noqa: E402
 from .mwms_worker import poll_until  # noqa: E402
 
 # The notice is taken by the handler's driver thread; a loaded machine can run many
 # steps before it does. The tests wait for it (bounded) instead of racing the steps.
 NOTICE_TAKEN_BOUND = 120.0
+#: Bound on each TensorFlow process of the gs:// test.
+GS_RUN_BOUND = 300.0
 
 
 def _wait_for_the_notice(h: PreemptionCheckpointHandler) -> None:
@@ -125,6 +128,9 @@ def gcs():
         yield emu
 
 
+# Backstop above its own bounds in sequence: the module's emulator, three processes,
+# three client calls (+ 60 s).
+@pytest.mark.timeout(LIFETIME_BOUND + 3 * GS_RUN_BOUND + 3 * CLIENT_BOUND + 60)
 def test_records_of_a_gs_checkpoint_are_in_the_bucket_and_survive_the_machine(gcs, tmp_path):
     """Through TensorFlow's own GCS file system against a local emulator: the first run
     is preempted at step 5 and exits 42 with its lines in the bucket (the exit line
@@ -138,7 +144,7 @@ def test_records_of_a_gs_checkpoint_are_in_the_bucket_and_survive_the_machine(gc
         [sys.executable, "-c", GS_RUN, directory, "5", "10", str(NOTICE_TAKEN_BOUND)],
         env=QUIET_TF,
         cwd=tmp_path,
-        timeout=300,
+        timeout=GS_RUN_BOUND,
     )
     assert first.returncode == 42, first.stdout[-1000:] + first.stderr[-3000:]
     assert list(tmp_path.iterdir()) == [], "nothing written to the local disk"
@@ -159,7 +165,7 @@ def test_records_of_a_gs_checkpoint_are_in_the_bucket_and_survive_the_machine(gc
         [sys.executable, "-c", GS_RUN, directory, "-1", "10", str(NOTICE_TAKEN_BOUND)],
         env=QUIET_TF,
         cwd=tmp_path,
-        timeout=300,
+        timeout=GS_RUN_BOUND,
     )
     assert second.returncode == 0, second.stdout[-1000:] + second.stderr[-3000:]
     lines = [json.loads(x) for x in second.stdout.splitlines() if x.startswith("{")]
@@ -172,7 +178,7 @@ def test_records_of_a_gs_checkpoint_are_in_the_bucket_and_survive_the_machine(gc
         [sys.executable, "-m", "tf_failure_handling", "report", directory, "--json"],
         env=QUIET_TF,
         cwd=tmp_path,
-        timeout=300,
+        timeout=GS_RUN_BOUND,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     [row] = json.loads(done.stdout)["preemptions"]

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import require_impl
+from .conftest import STARTUP_BOUND, require_impl
 from .test_mwms_handler import (
     DEFAULT_EXIT_CODE,
+    EXIT_TIMEOUT,
     STEP_SLEEP,
     STEPS,
     check_preemption_exit,
     notify_after_progress,
 )
 
+#: Backstop above each test's own bounds in sequence: progress, then the exit (+ 60 s).
+BACKSTOP = STARTUP_BOUND + EXIT_TIMEOUT + 60
 
-@pytest.mark.timeout(240)
+
+@pytest.mark.timeout(BACKSTOP)
 @pytest.mark.parametrize("impl", ["tf", "ours"])
 @pytest.mark.parametrize("previous", ["faulthandler-chain", "python-exit-3"])
 def test_a_handler_installed_before_does_not_prevent_the_save(cluster_factory, impl, previous):
@@ -37,7 +41,7 @@ def test_a_handler_installed_before_does_not_prevent_the_save(cluster_factory, i
     check_preemption_exit(cluster, DEFAULT_EXIT_CODE)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(BACKSTOP)
 @pytest.mark.parametrize("run", range(5))
 def test_two_open_handlers_per_worker_save_once_and_exit(cluster_factory, run):
     """5 runs out of 5 (the race this replaced was decided by thread timing)."""

@@ -14,8 +14,10 @@ import time
 
 import pytest
 
+from .conftest import STARTUP_BOUND
 from .test_mwms_handler import (
     DEFAULT_EXIT_CODE,
+    EXIT_TIMEOUT,
     NUM_WORKERS,
     SIGNAL_AFTER,
     STEP_SLEEP,
@@ -28,7 +30,9 @@ from .test_mwms_handler import (
 HANG = 60.0
 
 
-@pytest.mark.timeout(240)
+# Backstop above its own bounds in sequence: progress, three waits of HANG (TF's path),
+# the 1 s sleep, the exit (+ 60 s).
+@pytest.mark.timeout(STARTUP_BOUND + 3 * HANG + 1 + EXIT_TIMEOUT + 60)
 def test_watcher_fn_notice_on_one_worker_the_other_exits_at_once(impl, cluster_factory, tmp_path):
     """The worker that was not notified does not wait for its watcher fn's poll to exit.
 
@@ -70,7 +74,8 @@ def test_watcher_fn_notice_on_one_worker_the_other_exits_at_once(impl, cluster_f
 AWS_LEAD = 7.0  # seconds between the fake notice and its announced termination
 
 
-@pytest.mark.timeout(180)
+# Backstop above its own bounds in sequence: progress, then the exit (+ 60 s).
+@pytest.mark.timeout(STARTUP_BOUND + EXIT_TIMEOUT + 60)
 def test_aws_spot_notice_deadline_caps_the_grace_period(cluster_factory):
     from fake_metadata import FakeMetadata, aws_action
 

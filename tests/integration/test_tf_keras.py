@@ -150,7 +150,9 @@ def notice_at_hold(cluster: KerasCluster, held, notify) -> list:
 
 
 # --------------------------------------------------------------------------- SIGTERM
-@pytest.mark.timeout(300)
+# Backstop above its own bounds in sequence: the module's reference run, the wait for
+# the hold, the exit, the restart (+ 60 s for the kills).
+@pytest.mark.timeout(4 * HANG + 60)
 @pytest.mark.parametrize("target", [0, 1], ids=["chief", "non_chief"])
 def test_sigterm_mid_fit_saves_at_one_batch_and_the_restart_ends_as_uninterrupted(
     target, keras_cluster, reference
@@ -183,7 +185,9 @@ def gce_environment(server) -> dict:
     return {**server.env("gce"), "TF_FAILURE_HANDLING_CLOUD": ""}
 
 
-@pytest.mark.timeout(240)
+# Backstop above its own bounds in sequence: both workers' holds, one after the other,
+# and the exit (+ 60 s).
+@pytest.mark.timeout(3 * HANG + 60)
 def test_gce_cpu_vm_preemption_notice_saves_and_exits_143(keras_cluster):
     from fake_metadata import FakeMetadata
 
@@ -223,7 +227,8 @@ def test_gce_cpu_vm_tf_handler_crashes_tf_keras_at_the_first_batch(keras_cluster
 
 
 # --------------------------------------------------------------------------- two fits
-@pytest.mark.timeout(240)
+# Backstop above its own bounds in sequence: the hold and the exit (+ 60 s).
+@pytest.mark.timeout(2 * HANG + 60)
 def test_second_fit_in_one_process_saves_once_at_one_batch(keras_cluster):
     """tf_keras leaves the first fit's handler open; the second fit's handler acts alone."""
     cluster = keras_cluster(

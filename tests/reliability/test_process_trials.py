@@ -24,6 +24,7 @@ import types
 
 import pytest
 from ci import is_ci
+from integration.ps_cluster import DONE_EXIT_BOUND
 
 from .process_trials import (
     KINDS,
@@ -37,7 +38,7 @@ from .process_trials import (
     reference_weights,
     run_trial,
 )
-from .processes import ps_checks, trials
+from .processes import harness, netns, ps_checks, trials
 from .processes.plans import PS_MOMENTS, PS_ROLES, PS_SHAPES, PS_SIGNALS
 
 pytestmark = pytest.mark.skipif(
@@ -61,6 +62,22 @@ PS_SEED = 6
 #: 57 -- the PS's notice inside join(), then, after the PS and the coordinator
 #: restarted, the new PS's notice (still watched), with a bound of 0.5 s.
 PS_PREEMPTION_SEEDS = (1, 57)
+
+#: The trials' bounds that a test goes through in sequence, for its pytest-timeout (the
+#: backstop above them): ``trial_root``'s reference run (a fixture's setup), ...
+REFERENCE_BOUND = harness.RUN_TIMEOUT
+#: ... a partition trial's ``ip`` commands (the probe's too, made by the first one), ...
+PARTITION_IP_BOUND = netns.PROBE_BOUND + netns.PARTITION_LIFE_BOUND
+#: ... and room for the kills (10 s a process), stack dumps, the plans' sleeps.
+MARGIN = 60.0
+
+
+def ps_worker_kills_bound(seed: int) -> float:
+    """The ps_worker_kills trial: waits share PS_TIMEOUT, but the restarts of the last
+    kill that began in time each add a kill (10 s) and a PS_RESTART_TIMEOUT, then the
+    done event (at least 30 s) and the exit; every restart is counted."""
+    restarts = sum(len(k["workers"]) for k in make_plan("ps_worker_kills", seed).params["kills"])
+    return trials.PS_TIMEOUT + restarts * (10 + trials.PS_RESTART_TIMEOUT) + 30 + DONE_EXIT_BOUND
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +222,16 @@ def test_a_failing_trial_names_its_seed_and_plan():
 
 
 # ------------------------------------------------------------------ real processes
-@pytest.mark.timeout(240)
+# Backstop above its own bounds in sequence: reference, progress, the second notice's
+# moment, the exit, the restart.
+@pytest.mark.timeout(
+    REFERENCE_BOUND
+    + harness.START_TIMEOUT
+    + harness.MOMENT_TIMEOUT
+    + harness.EXIT_TIMEOUT
+    + harness.RUN_TIMEOUT
+    + MARGIN
+)
 def test_preemption_with_a_second_notice(trial_root):
     result = run_trial(make_plan("preemption", PREEMPTION_SEED), trial_root)
     check(result)
@@ -214,7 +240,18 @@ def test_preemption_with_a_second_notice(trial_root):
     assert result.notes["second_notice"] == "during_ack", result.report()
 
 
-@pytest.mark.timeout(300)
+# Backstop above its own bounds in sequence: reference; the prior life's progress and
+# exit; the crash life's progress, save_begin, save_written, the kill (10 s), the
+# survivor; the restart.
+@pytest.mark.timeout(
+    REFERENCE_BOUND
+    + 2 * harness.START_TIMEOUT
+    + 3 * harness.EXIT_TIMEOUT
+    + 10
+    + trials.SURVIVOR_BOUND
+    + harness.RUN_TIMEOUT
+    + MARGIN
+)
 def test_sigkill_during_a_save_restores_the_last_complete_checkpoint(trial_root):
     result = run_trial(make_plan("crash_during_save", CRASH_SEED), trial_root)
     check(result)
@@ -224,7 +261,11 @@ def test_sigkill_during_a_save_restores_the_last_complete_checkpoint(trial_root)
     assert result.notes["restart_restored"] == [result.notes["complete"]] * 2
 
 
-@pytest.mark.timeout(240)
+# Backstop above its own bounds in sequence: reference, the ip commands, progress, the
+# survivor's stop.
+@pytest.mark.timeout(
+    REFERENCE_BOUND + PARTITION_IP_BOUND + harness.START_TIMEOUT + trials.PARTITION_BOUND + MARGIN
+)
 def test_partition_stops_the_other_worker_with_an_error_naming_the_cut_off_one(trial_root):
     require_netns()
     result = run_trial(make_plan("partition", PARTITION_SEED), trial_root)
@@ -232,7 +273,10 @@ def test_partition_stops_the_other_worker_with_an_error_naming_the_cut_off_one(t
     assert result.faults == {"sigterm": 1, "partition": 1}, result.report()
 
 
-@pytest.mark.timeout(240)
+# Backstop as above (its PARTITION_BOUND is lowered to 30 s).
+@pytest.mark.timeout(
+    REFERENCE_BOUND + PARTITION_IP_BOUND + harness.START_TIMEOUT + trials.PARTITION_BOUND + MARGIN
+)
 def test_partition_of_the_coordination_leader(trial_root, monkeypatch):
     require_netns()
     # Once hung here: the other worker's error report to the cut-off leader never
@@ -242,14 +286,18 @@ def test_partition_of_the_coordination_leader(trial_root, monkeypatch):
     check(result)
 
 
-@pytest.mark.timeout(240)
+# Backstop as above.
+@pytest.mark.timeout(
+    REFERENCE_BOUND + PARTITION_IP_BOUND + harness.START_TIMEOUT + trials.PARTITION_BOUND + MARGIN
+)
 def test_partition_before_the_notice_names_the_cut_off_worker(trial_root):
     require_netns()
     result = run_trial(make_plan("partition", HEARTBEAT_PARTITION_SEED), trial_root)
     check(result)
 
 
-@pytest.mark.timeout(480)
+# Backstop above its own bounds in sequence: reference, the trial's.
+@pytest.mark.timeout(REFERENCE_BOUND + ps_worker_kills_bound(PS_SEED) + MARGIN)
 def test_ps_worker_kills_lose_no_closure(trial_root):
     result = run_trial(make_plan("ps_worker_kills", PS_SEED), trial_root)
     check(result)

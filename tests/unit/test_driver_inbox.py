@@ -121,7 +121,8 @@ def _worker_0(make_handler, tmp_path, service):
         )
 
 
-@pytest.mark.timeout(120)
+# Backstop above its own bounds in sequence: three waits of HANG (+ 30 s).
+@pytest.mark.timeout(3 * HANG + 30)
 def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_handler, tmp_path):
     service = GatedService("TERMINATED_WORKER", "hold")
     h = _worker_0(make_handler, tmp_path, service)
@@ -155,7 +156,8 @@ def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_h
     assert h._thread_error is None
 
 
-@pytest.mark.timeout(120)
+# Backstop above its own bounds in sequence: three waits of HANG (+ 30 s).
+@pytest.mark.timeout(3 * HANG + 30)
 def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(
     make_handler, tmp_path, monkeypatch
 ):
@@ -180,7 +182,8 @@ def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(
     assert h._core_state()["agreed_step"] == 5
 
 
-@pytest.mark.timeout(120)
+# Backstop above its own bounds in sequence: two waits of HANG (+ 30 s).
+@pytest.mark.timeout(2 * HANG + 30)
 def test_this_processs_watchers_learn_of_a_notice_only_once_the_cluster_has_it(
     make_handler, tmp_path
 ):

@@ -262,7 +262,8 @@ def test_uninterrupted_run_writes_only_stop_watcher_keys(tmp_path):
     assert all(c.saved_runs == [] for c, _ in record.values())
 
 
-@pytest.mark.timeout(60)
+# Backstop above its own bounds in sequence: two cluster runs (+ 30 s).
+@pytest.mark.timeout(2 * CLUSTER_TIMEOUT + 30)
 @pytest.mark.parametrize("chief", [False, True], ids=["no-chief", "chief"])
 def test_grace_period_rounds(tmp_path, chief):
     """The first save at the notice, training through the grace period, the last save.
@@ -410,7 +411,8 @@ def test_non_op_error_is_not_reported_but_releases_the_peers(tmp_path):
 # ------------------------------------------------------------ missing peers
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bound: one cluster run (+ 30 s).
+@pytest.mark.timeout(CLUSTER_TIMEOUT + 30)
 def test_peer_that_never_acknowledges_makes_the_leader_raise_deadline_exceeded(tmp_path):
     n = 3
     errors = _errors.module()
@@ -429,7 +431,8 @@ def test_peer_that_never_acknowledges_makes_the_leader_raise_deadline_exceeded(t
     assert cluster.service.value("RUN_TO_CHECKPOINT") == "3"
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bound: one cluster run (+ 30 s).
+@pytest.mark.timeout(CLUSTER_TIMEOUT + 30)
 def test_peer_timeout_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_FAILURE_HANDLING_PEER_TIMEOUT", "0.3")
     cluster = testing.SimulatedCluster(2, root=tmp_path, timeout=CLUSTER_TIMEOUT)
@@ -455,7 +458,8 @@ def worker_2_never_acknowledges(monkeypatch):
     monkeypatch.setattr(PreemptionCheckpointHandler, "_watch_step_keys_until_done", watch)
 
 
-@pytest.mark.timeout(60)
+# Backstop above its own bound: one cluster run (+ 30 s).
+@pytest.mark.timeout(CLUSTER_TIMEOUT + 30)
 def test_lost_acknowledgement_names_only_the_missing_worker_and_nobody_hangs(
     tmp_path, worker_2_never_acknowledges
 ):
@@ -474,7 +478,8 @@ def test_lost_acknowledgement_names_only_the_missing_worker_and_nobody_hangs(
 
 
 # Regression test for a bug these unit tests found (fixed; formerly a strict xfail).
-@pytest.mark.timeout(60)
+# Backstop above its own bound: one cluster run (+ 30 s).
+@pytest.mark.timeout(CLUSTER_TIMEOUT + 30)
 def test_leaders_deadline_error_is_reported_to_the_cluster(tmp_path, worker_2_never_acknowledges):
     n = 3
     errors = _errors.module()

@@ -16,6 +16,12 @@ from typing import Optional
 
 _NETNS_PROBE: Optional[tuple] = None
 _PARTITION_IDS = itertools.count()
+#: Bound on one ``ip`` command (it takes milliseconds; only turns a hang into a failure).
+IP_BOUND = 30.0
+#: The ``ip`` commands of one :class:`Partition`, in sequence, for a test's pytest-timeout:
+#: 8 to set it up, 2 to cut it, 2 to remove it; the probe (once a process): 8 + 2.
+PARTITION_LIFE_BOUND = 12 * IP_BOUND
+PROBE_BOUND = 10 * IP_BOUND
 
 
 def netns_unavailable() -> Optional[str]:
@@ -69,7 +75,7 @@ class Partition:
         cmd = ["ip", *args]
         if namespace is not None:
             cmd = ["ip", "netns", "exec", namespace, *cmd]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=IP_BOUND)
         if proc.returncode != 0:
             raise PartitionError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
 
@@ -100,9 +106,13 @@ class Partition:
 
     def remove(self) -> None:
         if "veth" in self.created:
-            subprocess.run(["ip", "link", "del", self.host_link], capture_output=True, timeout=30)
+            subprocess.run(
+                ["ip", "link", "del", self.host_link], capture_output=True, timeout=IP_BOUND
+            )
         if "netns" in self.created:
-            subprocess.run(["ip", "netns", "del", self.namespace], capture_output=True, timeout=30)
+            subprocess.run(
+                ["ip", "netns", "del", self.namespace], capture_output=True, timeout=IP_BOUND
+            )
         self.created.clear()
 
     def __exit__(self, *exc) -> None:
