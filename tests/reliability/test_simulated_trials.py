@@ -134,7 +134,9 @@ def test_regression_seeds():
     assert not failures, f"{len(failures)} regression seed(s) failed:\n" + "\n".join(failures)
 
 
-@pytest.mark.timeout(120)
+# Backstop above its own bounds in sequence: a trial's two lives, CLUSTER_TIMEOUT each
+# (+ 30 s).
+@pytest.mark.timeout(2 * simulation.CLUSTER_TIMEOUT + 30)
 @pytest.mark.parametrize("num_workers", [2, 5])
 @pytest.mark.parametrize("call", list(TARGETED_CALLS))
 def test_one_failed_call_does_not_lose_the_preemption(call, num_workers):
@@ -145,7 +147,9 @@ def test_one_failed_call_does_not_lose_the_preemption(call, num_workers):
     assert result.outcomes == ["exit 42"] * num_workers
 
 
-@pytest.mark.timeout(120)
+# Backstop above its own bounds in sequence: a trial's two lives, CLUSTER_TIMEOUT each
+# (+ 30 s).
+@pytest.mark.timeout(2 * simulation.CLUSTER_TIMEOUT + 30)
 def test_a_step_error_ends_the_leaders_wait_for_acknowledgements():
     """Worker 1 leads and waits for worker 0's acknowledgement, which never comes;
     worker 0's step fails and the error is reported to the cluster: every worker, the
@@ -281,7 +285,9 @@ def outage_plan(role: str, final: bool = False, worker: int = 0) -> Plan:
     return plan
 
 
-@pytest.mark.timeout(120)
+# Backstop above its own bounds in sequence: a trial's two lives, CLUSTER_TIMEOUT each
+# (+ 30 s).
+@pytest.mark.timeout(2 * simulation.CLUSTER_TIMEOUT + 30)
 @pytest.mark.parametrize("role", OUTAGE_ROLES)
 def test_an_outage_ends_in_the_named_error(role):
     """A call the preemption needs fails for good: every worker ends with an error of
@@ -328,7 +334,17 @@ def test_the_harness_catches_a_call_given_up_at_the_first_failure(monkeypatch):
     assert any("before the retry bound" in v for v in result.violations), result.violations
 
 
-@pytest.mark.timeout(180)
+#: The stall bound of the harness's test with a child that stops.
+SILENT_CHILD_STALL_BOUND = 20.0
+#: One trial's own bounds in a child: two lives of CLUSTER_TIMEOUT.
+TRIAL_BOUND = 2 * simulation.CLUSTER_TIMEOUT
+#: A child's end: its exit, then its reader's join.
+CHILD_END_BOUND = 2 * long_mode.CHILD_EXIT_BOUND
+
+
+# Backstop above its own bounds in sequence: the stopped child's stall and end, the
+# second child's trial and end (+ 30 s).
+@pytest.mark.timeout(SILENT_CHILD_STALL_BOUND + TRIAL_BOUND + 2 * CHILD_END_BOUND + 30)
 def test_the_harness_catches_a_child_that_falls_silent(monkeypatch):
     """A DEBUG-logging child that stops (as a deadlocked one does: no thread runs) is
     counted as a hang for its seed, with its thread dump, and the next seed runs in a
@@ -337,7 +353,7 @@ def test_the_harness_catches_a_child_that_falls_silent(monkeypatch):
     # decides how long the test takes; it stays far above any pause of the live second
     # child (a heartbeat every 0.5 s), even on a loaded machine. The exit bound is the
     # harness's own: the stopped child is woken up to dump its threads and abort.
-    monkeypatch.setattr(long_mode, "STALL_BOUND", 20.0)
+    monkeypatch.setattr(long_mode, "STALL_BOUND", SILENT_CHILD_STALL_BOUND)
     start = DEBUG_SEEDS.start
     monkeypatch.setenv(long_mode.FREEZE_ENV, str(start))
     tally = long_mode.Tally()
@@ -349,7 +365,8 @@ def test_the_harness_catches_a_child_that_falls_silent(monkeypatch):
     assert "Fatal Python error: Aborted" in violations[0], violations[0]
 
 
-@pytest.mark.timeout(180)
+# Backstop above its own bounds in sequence: one child's two trials and its end (+ 30 s).
+@pytest.mark.timeout(2 * TRIAL_BOUND + CHILD_END_BOUND + 30)
 def test_the_harness_reports_a_child_that_dies_after_its_last_trial(monkeypatch):
     """A child that reported every trial and then ends badly is a violation of its
     own, not a trial of a seed it was never given."""

@@ -474,6 +474,9 @@ class CountingCondition:
         return getattr(self._condition, name)
 
 
+# Backstop above its own bounds in sequence: TF's path, five waits of HANG (+ 60 s: the
+# TensorFlow import).
+@pytest.mark.timeout(5 * HANG + 60)
 def test_get_timeout_is_a_deadline_while_other_tags_are_fed(make_queue):
     """TF restarts get()'s timeout at every wake-up, and a put for any tag wakes it.
 

@@ -17,6 +17,7 @@ the docs' excerpts are ``examples/``, run by ``tests/examples``.)
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shlex
@@ -150,7 +151,12 @@ def docstring_example(doc: str) -> str:
     return textwrap.dedent("\n".join(lines))
 
 
-@pytest.mark.timeout(60)
+#: The SimulatedCluster timeout the docstring example runs with: the default.
+EXAMPLE_CLUSTER_TIMEOUT = inspect.signature(testing.SimulatedCluster).parameters["timeout"].default
+
+
+# Backstop above its own bounds in sequence: the example's two cluster runs (+ 30 s).
+@pytest.mark.timeout(2 * EXAMPLE_CLUSTER_TIMEOUT + 30)
 def test_testing_module_docstring_example(tmp_path):
     code = docstring_example(testing.__doc__)
     assert "assert {r.value for r in second} == {300.0}" in code

@@ -476,7 +476,8 @@ def test_local_mode_never_reports_errors(make_handler, tmp_path):
 # --------------------------------------------------------------- grace period
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
+@pytest.mark.timeout(HANG + 30)
 def test_grace_period_in_local_mode_saves_twice_before_the_deadline(make_handler, tmp_path):
     grace = 0.6
     w = testing.FakeVariable(0)
@@ -535,7 +536,8 @@ def _grace_run(make_handler, tmp_path, grace, step_seconds, save_seconds=0.0, re
     return time.monotonic() - noticed, saved, h
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
+@pytest.mark.timeout(HANG + 30)
 def test_grace_final_save_accounts_for_a_slow_save(make_handler, tmp_path):
     """The final round is planned early enough for a save that takes many steps.
 
@@ -553,7 +555,8 @@ def test_grace_final_save_accounts_for_a_slow_save(make_handler, tmp_path):
     assert plan["final_round_at"] == pytest.approx(plan["deadline"] - plan["margin"])
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
+@pytest.mark.timeout(HANG + 30)
 def test_grace_planning_is_not_diluted_by_restored_runs(make_handler, tmp_path):
     """After a restore of 10**6 runs the step estimate still reflects real steps.
 
@@ -566,7 +569,8 @@ def test_grace_planning_is_not_diluted_by_restored_runs(make_handler, tmp_path):
     assert h._core_state()["step_estimate"] >= 0.02
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
+@pytest.mark.timeout(HANG + 30)
 def test_watcher_fn_that_raises_is_polled_again(make_handler, tmp_path):
     calls = []
 
@@ -587,7 +591,8 @@ def test_watcher_fn_that_raises_is_polled_again(make_handler, tmp_path):
     assert ckpt.saved_runs == [1]
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
+@pytest.mark.timeout(HANG + 30)
 def test_grace_period_deadline_from_the_notice(make_handler, tmp_path):
     """A notice with a platform deadline plans the final round against that deadline."""
     w = testing.FakeVariable(0)

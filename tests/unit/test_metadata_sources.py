@@ -47,6 +47,10 @@ SEEN_WITHIN = 20.0
 FAULT_TIMING = {"interval": 0.2, "request_timeout": 0.5}
 #: How long a quiet server is watched for a notice that must not come.
 QUIET = 0.6
+#: FakeMetadata's bounds on a test's waits for requests and for an IMDSv2 token (their
+#: defaults), passed by name so that the pytest-timeout marks can add them up.
+REQUESTS_WITHIN = 30.0
+TOKENS_WITHIN = 10.0
 
 
 @pytest.fixture
@@ -270,7 +274,8 @@ NOTICE_CASES = [
 ]
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bounds in sequence: the first poll, the notice (+ 30 s).
+@pytest.mark.timeout(2 * SEEN_WITHIN + 30)
 @pytest.mark.parametrize(("cloud", "kind"), NOTICE_CASES)
 def test_notice_is_seen_with_its_deadline(fake, watches, cloud, kind):
     w = watches(cloud, fake)
@@ -321,10 +326,12 @@ def test_gce_long_polls_with_the_etag(fake, watches):
     assert len(fake.requests) <= 6, fake.requests
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bounds in sequence: two request waits, the token, the notice
+# (+ 30 s).
+@pytest.mark.timeout(2 * REQUESTS_WITHIN + TOKENS_WITHIN + SEEN_WITHIN + 30)
 def test_aws_uses_an_imdsv2_token_and_renews_it_on_401(fake, watches):
     w = watches("aws", fake)
-    assert fake.wait_for_requests(AWS_INSTANCE_ACTION, 2)
+    assert fake.wait_for_requests(AWS_INSTANCE_ACTION, 2, REQUESTS_WITHIN)
     requests = fake.requests
     assert requests[0][:2] == ("PUT", AWS_TOKEN)
     assert requests[0][2]["x-aws-ec2-metadata-token-ttl-seconds"].isdigit()
@@ -332,9 +339,11 @@ def test_aws_uses_an_imdsv2_token_and_renews_it_on_401(fake, watches):
     gets = [h for m, p, h in requests if m == "GET"]
     assert gets and all(h.get("x-aws-ec2-metadata-token") == token for h in gets)
     fake.revoke_aws_tokens()
-    assert fake.wait_for_requests(AWS_TOKEN, 2, method="PUT")
-    renewed_tokens = fake.wait_for_aws_tokens()
-    assert renewed_tokens, "no IMDSv2 token was made again after the 401 (waited 10 s)"
+    assert fake.wait_for_requests(AWS_TOKEN, 2, REQUESTS_WITHIN, method="PUT")
+    renewed_tokens = fake.wait_for_aws_tokens(TOKENS_WITHIN)
+    assert renewed_tokens, (
+        f"no IMDSv2 token was made again after the 401 (waited {TOKENS_WITHIN:g} s)"
+    )
     (renewed,) = renewed_tokens
     assert renewed != token
     _, _, published = _publish(fake, "aws")
@@ -344,7 +353,8 @@ def test_aws_uses_an_imdsv2_token_and_renews_it_on_401(fake, watches):
     assert last["x-aws-ec2-metadata-token"] == renewed
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bounds in sequence: the first request, the notice (+ 30 s).
+@pytest.mark.timeout(2 * SEEN_WITHIN + 30)
 def test_aws_falls_back_to_imdsv1(fake, watches):
     fake.aws_imdsv1 = True
     w = watches("aws", fake)
@@ -371,7 +381,8 @@ def test_aws_rebalance_is_not_a_notice(fake, watches):
     assert w.notice is None
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bounds in sequence: the request wait, a 0.1 s wait (+ 30 s).
+@pytest.mark.timeout(REQUESTS_WITHIN + 0.1 + 30)
 @pytest.mark.parametrize(
     "events",
     [
@@ -387,7 +398,7 @@ def test_aws_rebalance_is_not_a_notice(fake, watches):
 def test_azure_events_that_do_not_terminate_this_vm(fake, watches, events):
     fake.azure_events = events
     w = watches("azure", fake, interval=0.1)
-    assert fake.wait_for_requests(AZURE_EVENTS, 4)
+    assert fake.wait_for_requests(AZURE_EVENTS, 4, REQUESTS_WITHIN)
     assert w.wait(0.1) is None
     assert w.notice is None
     assert _stats(w)["failures"] == _stats(w)["malformed"] == 0
@@ -446,7 +457,9 @@ def test_bad_arguments_are_value_errors(args, kwargs):
 # ------------------------------------------------------------ hostile servers
 
 
-@pytest.mark.timeout(30)
+# Backstop above its own bounds in sequence: the polls, the notice, two close() of 2 s
+# each (+ 30 s).
+@pytest.mark.timeout(2 * SEEN_WITHIN + 2 * 2 + 30)
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_hostile_server(fake, watches, cloud, fault):

@@ -21,7 +21,7 @@ from fake_metadata import FakeMetadata, aws_action
 from tf_failure_handling import TerminationConfig, _native, testing
 from tf_failure_handling._platforms import platform as _platform
 
-from .conftest import NO_METADATA_SERVER, wait_for_attention
+from .conftest import HANG, NO_METADATA_SERVER, wait_for_attention
 
 PD = _platform.PlatformDevice
 HOSTNAME = "/computeMetadata/v1/instance/hostname"
@@ -729,7 +729,8 @@ def test_detect_on_gce(metadata):
     assert _platform.detect().value == "GCE_CPU"
 
 
-@pytest.mark.timeout(60)
+# Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
+@pytest.mark.timeout(HANG + 30)
 def test_handler_on_gce_exits_with_gces_code_on_a_maintenance_event(
     fake, monkeypatch, make_handler, tmp_path
 ):
@@ -755,7 +756,8 @@ def test_handler_on_gce_exits_with_gces_code_on_a_maintenance_event(
     assert fake.count(MAINTENANCE) > 0
 
 
-@pytest.mark.timeout(60)
+# Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
+@pytest.mark.timeout(HANG + 30)
 def test_handler_on_aws_gets_the_spot_defaults(fake, monkeypatch, make_handler, tmp_path):
     monkeypatch.setenv(_platform.AWS_METADATA_ENV, fake.base)
     h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")

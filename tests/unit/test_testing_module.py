@@ -577,7 +577,8 @@ def test_handlers_are_closed_when_a_worker_ends(tmp_path):
 
 
 # Regression test for a bug these unit tests found (fixed; formerly a strict xfail).
-@pytest.mark.timeout(30)
+# Backstop above its own bound: one cluster run of HANG (+ 30 s).
+@pytest.mark.timeout(HANG + 30)
 def test_preempting_a_worker_that_already_finished_is_harmless(tmp_path):
     cluster = testing.SimulatedCluster(2, root=tmp_path, timeout=HANG)
     handlers = {}
