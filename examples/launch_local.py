@@ -38,6 +38,8 @@ from pathlib import Path
 
 #: Exit codes that mean "checkpoint saved, start me again": TF's default and GCE's.
 RESTART_CODES = (42, 143)
+#: Seconds a killed task may take to end (a process in uninterruptible I/O can linger).
+KILL_BOUND = 30.0
 STEP_LINE = re.compile(r"^step (\d+)\b")
 
 
@@ -128,7 +130,13 @@ class _Task:
         if self.running():
             self.proc.kill()
         if self.proc is not None:
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=KILL_BOUND)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(
+                    f"{self.name} (pid {self.proc.pid}) did not end within {KILL_BOUND:g} s "
+                    "of SIGKILL"
+                ) from None
             self.reader.join(timeout=10)  # it closes the pipe at the end of the output
 
 
@@ -182,11 +190,17 @@ def launch(
         task.start()
     try:
         while True:
+            # Checked before each event, not only when none comes: a task that keeps
+            # printing must not keep the launcher past its bound.
+            left = deadline - time.monotonic()
             try:
-                left = max(0.0, deadline - time.monotonic())
+                if left <= 0:
+                    raise queue.Empty
                 kind, name, attempt, value = events.get(timeout=left)
             except queue.Empty:
-                echo(f"launch_local: nothing finished within {timeout:.0f} s; killing every task")
+                echo(
+                    f"launch_local: the run did not end within {timeout:.0f} s; killing every task"
+                )
                 return result
             if kind == "line":
                 result.lines.append((name, attempt, value))

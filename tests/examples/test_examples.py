@@ -326,3 +326,19 @@ def test_kubernetes_pods_are_preempted_and_started_again(tmp_path):
     )
     result.transcript = "\n".join(lines)
     assert check_preempted_and_resumed(result, ["worker:0", "worker:1"]) >= 30
+
+
+# Backstop above its own bound (the launcher's 2 s, its kills: 10 s a task).
+@pytest.mark.timeout(60)
+def test_launcher_gives_up_at_its_bound_while_a_task_keeps_printing(tmp_path):
+    """``launch(timeout=...)`` is a bound on the whole run: a task that prints without
+    end (a loop stuck after its first steps, logging) is killed when it passes, not only
+    when no line comes for that long."""
+    chatty = tmp_path / "chatty.py"
+    chatty.write_text("while True:\n    print('step 0')\n")  # faster than they are read
+    lines: list = []
+    result = launch_local.launch(
+        [str(chatty)], timeout=2.0, logs=tmp_path / "logs", echo=lines.append
+    )
+    assert not result.finished and result.output("worker:0"), lines[-3:]
+    assert "launch_local: the run did not end within 2 s; killing every task" in lines
