@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,9 @@ def boot(env: dict, server: FakeMetadata, cloud: str, notice_at: int | None):
         stderr=subprocess.DEVNULL,
         text=True,
     ) as proc:
+        # The boot's bound: past it the process is killed, which ends the reading below.
+        timer = threading.Timer(RUN_BOUND, proc.kill)
+        timer.start()
         try:
             for line in proc.stdout:
                 lines.append(line.rstrip("\n"))
@@ -176,8 +180,14 @@ def boot(env: dict, server: FakeMetadata, cloud: str, notice_at: int | None):
                 if notice_at is not None and steps and steps[0] >= notice_at:
                     announce(server, cloud)
                     notice_at = None
-            return proc.wait(timeout=RUN_BOUND), lines
+            code = proc.wait(timeout=RUN_BOUND)
+            assert timer.is_alive(), (
+                f"the boot did not end within {RUN_BOUND:g} s; its last lines:\n"
+                + "\n".join(lines[-20:])
+            )
+            return code, lines
         finally:
+            timer.cancel()
             if proc.poll() is None:
                 proc.kill()
 
