@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import queue
+import random
 import re
 import signal
 import socket
@@ -43,18 +44,71 @@ KILL_BOUND = 30.0
 STEP_LINE = re.compile(r"^step (\d+)\b")
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports that are free on 127.0.0.1 now."""
-    socks = []
+#: Where a port handed out by :func:`free_ports` is reserved (one empty file per port)
+#: for :data:`RESERVED_FOR` seconds, for every launcher and test on the machine: a
+#: task binds its port seconds after it was chosen, and in between no other caller of
+#: :func:`free_ports` may be handed the same one.
+RESERVED = Path(tempfile.gettempdir()) / "launch_local-ports"
+RESERVED_FOR = 1800.0
+#: Below: portpicker's range (15000-24999), which TensorFlow's own tests pick from.
+LOWEST_PORT = 25000
+
+
+def _ephemeral_low() -> int:
+    """The low end of the kernel's range for outgoing connections' local ports."""
     try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _reserve(port: int) -> bool:
+    path = RESERVED / str(port)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < RESERVED_FOR:
+                return False
+            path.unlink()  # a reservation of a run long over
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except OSError:
+            return False
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))  # every address: a task may listen on 0.0.0.0
+            return True
+        except OSError:
+            return False
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` consecutive TCP ports that are free now and that no other caller gets for
+    :data:`RESERVED_FOR` seconds. They lie below the kernel's ephemeral range: a port
+    of that range (what binding port 0 gives) can be taken, before the task binds it,
+    as the local port of any outgoing connection, which, with many TensorFlow
+    processes connected to each other, happened (the task then fails to start its
+    gRPC server)."""
+    top = _ephemeral_low() - n
+    if top <= LOWEST_PORT:
+        raise RuntimeError(
+            f"no room for ports between {LOWEST_PORT} and the ephemeral range "
+            f"(net.ipv4.ip_local_port_range starts at {top + n})"
+        )
+    RESERVED.mkdir(parents=True, exist_ok=True)
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        start = rng.randrange(LOWEST_PORT, top)
+        ports = list(range(start, start + n))
+        if all(_reserve(p) for p in ports) and all(_bindable(p) for p in ports):
+            return ports
+        # Reservations of a failed try stay: a port that was not bindable is in use.
+    raise RuntimeError(f"no {n} consecutive free ports found in 1000 tries")
 
 
 def cluster_spec(workers: int, ps: int = 0, chief: bool = False) -> dict[str, list[str]]:

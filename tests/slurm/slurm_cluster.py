@@ -126,15 +126,14 @@ def versions() -> dict:
 
 
 def _free_ports(n: int) -> list:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
+    """``n`` consecutive free ports, reserved (``examples/launch_local.py``'s allocator,
+    which every test shares: below the ephemeral range, never handed out twice)."""
+    examples = str(Path(__file__).resolve().parents[2] / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import launch_local
+
+    return launch_local.free_ports(n)
 
 
 def parse_job(text: str) -> dict:

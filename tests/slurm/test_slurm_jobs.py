@@ -162,7 +162,8 @@ def submit_two_tasks(slurm, tmp_path: Path, sbatch_args, train_args: str, aligne
         "multi_node.sbatch",
         tmp_path,
         ["--ntasks=2", *sbatch_args],
-        f"{train_args} --port-base {_free_ports(1)[0]}",
+        # SlurmClusterResolver gives task i the port base + i.
+        f"{train_args} --port-base {_free_ports(2)[0]}",
     )
 
 

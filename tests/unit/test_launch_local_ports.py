@@ -1,0 +1,76 @@
+"""The port allocator of ``examples/launch_local.py``, which every multi-process test
+uses: ports below the kernel's ephemeral range, consecutive, never handed out twice
+while reserved, and never one that is in use."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+
+import launch_local  # examples/launch_local.py, through the path above
+
+
+@pytest.fixture
+def reserved(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch_local, "RESERVED", tmp_path / "ports")
+    return tmp_path / "ports"
+
+
+class Picks:
+    """Stands in for ``random.SystemRandom``: the starts the allocator tries, in order."""
+
+    def __init__(self, starts):
+        self.starts = list(starts)
+
+    def randrange(self, lo, hi):
+        start = self.starts.pop(0)
+        assert lo <= start < hi, (lo, start, hi)
+        return start
+
+
+def test_ports_are_consecutive_below_the_ephemeral_range_and_free(reserved):
+    low = launch_local._ephemeral_low()
+    ports = launch_local.free_ports(4)
+    assert ports == list(range(ports[0], ports[0] + 4))
+    assert launch_local.LOWEST_PORT <= ports[0] and ports[-1] < low
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("", port))
+        assert (reserved / str(port)).exists()
+
+
+def test_no_port_is_handed_out_twice_while_reserved(reserved):
+    seen = [p for _ in range(300) for p in launch_local.free_ports(2)]
+    assert len(seen) == len(set(seen))
+
+
+def test_a_reserved_or_bound_port_is_skipped(reserved, monkeypatch):
+    start = launch_local.LOWEST_PORT + 100
+    reserved.mkdir()
+    (reserved / str(start)).touch()  # another caller's, a moment ago
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", start + 10))  # in use
+        busy.listen()
+        monkeypatch.setattr(
+            launch_local.random, "SystemRandom", lambda: Picks([start, start + 9, start + 20])
+        )
+        assert launch_local.free_ports(2) == [start + 20, start + 21]
+
+
+def test_a_stale_reservation_is_taken_again(reserved, monkeypatch):
+    start = launch_local.LOWEST_PORT + 200
+    reserved.mkdir()
+    old = reserved / str(start)
+    old.touch()
+    stale = time.time() - launch_local.RESERVED_FOR - 1
+    os.utime(old, (stale, stale))
+    monkeypatch.setattr(launch_local.random, "SystemRandom", lambda: Picks([start]))
+    assert launch_local.free_ports(1) == [start]
+    assert old.stat().st_mtime > stale
