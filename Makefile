@@ -123,8 +123,8 @@ TEST_NOT_RUN = NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
 test: prereqs-test
 	rm -f build/job-times.tsv
 	$(MAKE) --no-print-directory -j2 timed-test-build timed-compat-venvs $(TEST_NOT_RUN)
-	$(MAKE) --no-print-directory -j11 $(addprefix timed-,$(TEST_JOBS)) $(TEST_NOT_RUN)
-	@$(PYTHON) dev/prereqs.py summary test
+	$(MAKE) --no-print-directory -j11 $(addprefix timed-,$(TEST_JOBS)) $(TEST_NOT_RUN); \
+		$(PYTHON) dev/prereqs.py summary test $$?
 
 test-build:
 	$(MAKE) --no-print-directory system-deps build wheel

@@ -1,7 +1,7 @@
 """What the machine needs before ``make demo``, ``make check`` or ``make test`` start.
 
-    python3 dev/prereqs.py demo|check|test     checks; one line per missing thing
-    python3 dev/prereqs.py summary test        the final summary of ``make test``
+    python3 dev/prereqs.py demo|check|test         checks; one line per missing thing
+    python3 dev/prereqs.py summary test [STATUS]  the final summary of ``make test``
 
 Runs on the system's ``python3`` with nothing but the standard library: it is the
 first thing a fresh machine runs. Each missing prerequisite is one line with the
@@ -152,8 +152,8 @@ def check(target: str) -> int:
     return 0
 
 
-def job_times() -> list:
-    """Lines of a table of ``build/job-times.tsv`` (``dev/timed.py``), longest job first."""
+def _rows() -> list:
+    """(job, wall s, CPU s, exit status) of ``build/job-times.tsv`` (``dev/timed.py``)."""
     if not JOB_TIMES.exists():
         return []
     rows = []
@@ -161,7 +161,14 @@ def job_times() -> list:
         cells = line.split("\t")
         if len(cells) == 4 and all(c.lstrip("-").isdigit() for c in cells[1:]):
             rows.append((cells[0], int(cells[1]), int(cells[2]), int(cells[3])))
-    rows.sort(key=lambda r: -r[1])
+    return rows
+
+
+def job_times() -> list:
+    """Lines of a table of ``build/job-times.tsv`` (``dev/timed.py``), longest job first."""
+    rows = sorted(_rows(), key=lambda r: -r[1])
+    if not rows:
+        return []
     out = [f"{'job':<22} {'wall':>12}  {'CPU (user + system)':>19}  exit"]
     for name, wall, cpu, code in rows:
         out.append(f"{name:<22} {wall // 60:>2} min {wall % 60:>2} s  {cpu:>17} s  {code:>4}")
@@ -169,25 +176,35 @@ def job_times() -> list:
     return out
 
 
-def summary(target: str) -> int:
+def summary(target: str, status: int = 0) -> int:
+    """Prints the job table and what did not run; returns ``status``, the exit status
+    of the jobs' make (the summary is printed after a failure too: where the time
+    went and which jobs failed matter most then)."""
     for line in job_times():
         print(line)
     lines = NOT_RUN.read_text().splitlines() if NOT_RUN.exists() else []
-    if not lines:
+    if status:
+        failed = [cells[0] for cells in _rows() if cells[3] != 0]
+        print(
+            f"make {target}: FAILED (exit {status}); failed jobs: "
+            + (", ".join(failed) if failed else "none recorded (see the output above)")
+        )
+    elif not lines:
         print(f"make {target}: passed; every part ran.")
         return 0
-    print(f"make {target}: passed, but {len(lines)} part(s) did NOT run:")
+    else:
+        print(f"make {target}: passed, but {len(lines)} part(s) did NOT run:")
     for line in lines:
         part, _, why = line.partition("\t")
         print(f"  NOT RUN  {part}: {why}")
-    return 0
+    return status
 
 
 def main(argv: list) -> int:
     if len(argv) == 2 and argv[1] in ("demo", "check", "test"):
         return check(argv[1])
-    if len(argv) == 3 and argv[1] == "summary":
-        return summary(argv[2])
+    if len(argv) in (3, 4) and argv[1] == "summary":
+        return summary(argv[2], int(argv[3]) if len(argv) == 4 else 0)
     print(__doc__.strip().splitlines()[2], file=sys.stderr)
     return 2
 

@@ -53,6 +53,19 @@ def test_the_summary_lists_the_longest_job_first(tmp_path, capsys):
     assert out[-1] == "make test: passed; every part ran."
 
 
+def test_the_summary_after_a_failure_names_the_failed_jobs_and_keeps_the_status(tmp_path, capsys):
+    times = tmp_path / "job-times.tsv"
+    times.write_text("docs\t13\t12\t0\npytest-rest\t2100\t900\t1\nlint\t200\t180\t2\n")
+    prereqs = _load("prereqs", times)
+    prereqs.NOT_RUN = tmp_path / "not-run.txt"
+    prereqs.NOT_RUN.write_text("slurm-suite\tneeds root (run as root)\n")
+    assert prereqs.main(["prereqs.py", "summary", "test", "2"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("job") and out[1].startswith("pytest-rest")
+    assert out[-2] == "make test: FAILED (exit 2); failed jobs: pytest-rest, lint"
+    assert out[-1] == "  NOT RUN  slurm-suite: needs root (run as root)"
+
+
 def test_timed_without_a_command_prints_its_usage():
     done = subprocess.run(
         [sys.executable, ROOT / "dev" / "timed.py", "only-a-name"], capture_output=True, text=True
