@@ -74,3 +74,10 @@ def test_a_stale_reservation_is_taken_again(reserved, monkeypatch):
     monkeypatch.setattr(launch_local.random, "SystemRandom", lambda: Picks([start]))
     assert launch_local.free_ports(1) == [start]
     assert old.stat().st_mtime > stale
+
+
+def test_with_no_room_below_the_ephemeral_range_ports_come_from_above(reserved, monkeypatch):
+    monkeypatch.setattr(launch_local, "_ephemeral_low", lambda: 1024)
+    ports = launch_local.free_ports(3)
+    assert launch_local.LOWEST_PORT <= ports[0] and ports[-1] < 65536
+    assert ports == list(range(ports[0], ports[0] + 3))
