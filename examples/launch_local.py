@@ -90,10 +90,11 @@ def _bindable(port: int) -> bool:
 def free_ports(n: int) -> list[int]:
     """``n`` consecutive TCP ports that are free now and that no other caller gets for
     :data:`RESERVED_FOR` seconds, from :data:`LOWEST_PORT` up to the kernel's ephemeral
-    range (above it only when a custom range leaves no room below). A port of that
-    range (what binding port 0 gives) can be taken, before the task binds it, as the
-    local port of any outgoing connection, which, with many TensorFlow processes
-    connected to each other, happened (the task then fails to start its gRPC server)."""
+    range (anywhere above :data:`LOWEST_PORT` only when a custom range leaves no room
+    below it). A port of the ephemeral range (what binding port 0 gives) can be taken,
+    before the task binds it, as the local port of any outgoing connection, which,
+    with many TensorFlow processes connected to each other, happened (the task then
+    fails to start its gRPC server)."""
     top = _ephemeral_low() - n
     if top <= LOWEST_PORT:  # a custom ip_local_port_range with no room below it
         top = 65536 - n
