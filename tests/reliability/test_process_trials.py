@@ -38,7 +38,7 @@ from .process_trials import (
     reference_weights,
     run_trial,
 )
-from .processes import harness, netns, ps_checks, trials
+from .processes import harness, netns, ps_checks, ps_preemption, trials
 from .processes.plans import PS_MOMENTS, PS_ROLES, PS_SHAPES, PS_SIGNALS
 
 pytestmark = pytest.mark.skipif(
@@ -305,7 +305,9 @@ def test_ps_worker_kills_lose_no_closure(trial_root):
     assert result.notes["ps"]["scheduled"] >= 5000, result.report()
 
 
-@pytest.mark.timeout(480)  # beyond the trial's own bound (TRIAL_BOUND)
+# Backstop above its own bounds in sequence: the trial's (checked between the loop's
+# turns, one of which may wait on a process's start), its stack dumps and kills (+ 60 s).
+@pytest.mark.timeout(ps_preemption.TRIAL_BOUND + ps_preemption.START_BOUND + 60)
 @pytest.mark.parametrize("seed", PS_PREEMPTION_SEEDS)
 def test_ps_preemption_loses_nothing_and_leaves_nothing(tmp_path, seed):
     # (No MWMS reference run: trial_root's is of no use here.)
