@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from integration.mwms_worker import free_ports
+
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 #: Seconds a preempted low job keeps running (the partition's GraceTime).
@@ -125,17 +127,6 @@ def versions() -> dict:
     return found
 
 
-def _free_ports(n: int) -> list:
-    """``n`` consecutive free ports, reserved (``examples/launch_local.py``'s allocator,
-    which every test shares: below the ephemeral range, never handed out twice)."""
-    examples = str(Path(__file__).resolve().parents[2] / "examples")
-    if examples not in sys.path:
-        sys.path.insert(0, examples)
-    import launch_local
-
-    return launch_local.free_ports(n)
-
-
 def parse_job(text: str) -> dict:
     """``scontrol show job -o`` output (one line) as a dict of its ``Key=Value`` fields."""
     fields = {}
@@ -180,7 +171,7 @@ class SlurmCluster:
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(128))
         os.chmod(key, 0o400)
-        ctld_port, slurmd_port = _free_ports(2)
+        ctld_port, slurmd_port = free_ports(2)
         r = self.root
         on = f"Nodes={self.host} MaxTime=INFINITE State=UP"
         partitions = (

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from integration.mwms_worker import free_ports
 
 from .conftest import EXAMPLES, SCENARIOS, TRAIN, parse_events, read_records
 from .slurm_cluster import CRED_EXPIRE, GRACE_TIME, INSTALL_TIMEOUT, KILL_WAIT, START_TIMEOUT
@@ -154,8 +155,6 @@ def preempt(slurm, tmp_path: Path) -> tuple:
 def submit_two_tasks(slurm, tmp_path: Path, sbatch_args, train_args: str, aligned=False):
     """``multi_node.sbatch`` with 2 tasks (``srun``, MultiWorkerMirroredStrategy
     through TF's SlurmClusterResolver)."""
-    from .slurm_cluster import _free_ports
-
     how = submit_aligned if aligned else submit
     return how(
         slurm,
@@ -163,7 +162,7 @@ def submit_two_tasks(slurm, tmp_path: Path, sbatch_args, train_args: str, aligne
         tmp_path,
         ["--ntasks=2", *sbatch_args],
         # SlurmClusterResolver gives task i the port base + i.
-        f"{train_args} --port-base {_free_ports(2)[0]}",
+        f"{train_args} --port-base {free_ports(2)[0]}",
     )
 
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from integration.mwms_worker import example
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-
-import launch_local  # examples/launch_local.py, through the path above
+launch_local = example("launch_local")
 
 
 @pytest.fixture
