@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from ci import is_ci
 
+from .forkserver import popen
 from .mwms_worker import LIVE_PROCESSES as _LIVE_PROCESSES
 from .mwms_worker import (
     child_environment,
@@ -159,7 +160,7 @@ class Cluster:
         env = {**child_environment(), **self.env}
         for i in range(self.num_workers):
             with open(self.stdout_paths[i], "wb") as out, open(self.stderr_paths[i], "wb") as err:
-                proc = subprocess.Popen(
+                proc = popen(
                     self.command(i),
                     stdout=out,
                     stderr=err,

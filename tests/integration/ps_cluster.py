@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 try:  # imported by the tests
+    from .forkserver import popen
     from .mwms_worker import LIVE_PROCESSES as _LIVE
     from .mwms_worker import (
         child_environment,
@@ -35,6 +36,7 @@ try:  # imported by the tests
         tail,
     )
 except ImportError:  # run as a script (server mode): only the stdlib and TF are needed
+    from forkserver import popen
     from mwms_worker import LIVE_PROCESSES as _LIVE
     from mwms_worker import (
         child_environment,
@@ -153,7 +155,7 @@ class Proc:
         self.stdout_path = workdir / f"{name}{suffix}.stdout"
         self.stderr_path = workdir / f"{name}{suffix}.stderr"
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.popen = subprocess.Popen(
+            self.popen = popen(
                 cmd,
                 stdout=out,
                 stderr=err,

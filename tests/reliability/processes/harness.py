@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from integration import ps_cluster
+from integration.forkserver import popen as start_process
 from integration.mwms_worker import (
     LIVE_PROCESSES,
     child_environment,
@@ -117,7 +118,7 @@ class Workers:
         env = {**child_environment(), **self.env}
         for i in range(NUM_WORKERS):
             with open(self.stdout[i], "wb") as out, open(self.stderr[i], "wb") as err:
-                popen = subprocess.Popen(
+                popen = start_process(
                     self.command(i, ports),
                     stdout=out,
                     stderr=err,

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from integration.forkserver import popen
 from integration.mwms_worker import (
     LIVE_PROCESSES,
     child_environment,
@@ -97,7 +98,7 @@ class Incarnation:
         self.stderr = workdir / f"{role}{suffix}.stderr"
         self.started = time.time()
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
-            self.popen = subprocess.Popen(
+            self.popen = popen(
                 cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=str(workdir)
             )
         LIVE_PROCESSES.add(self.popen)
