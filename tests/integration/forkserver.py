@@ -30,6 +30,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -229,6 +230,7 @@ class _Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _servers: dict[tuple, _Server] = {}
@@ -246,7 +248,8 @@ def _server(python: str, env: dict) -> _Server:
             server.close()
         if len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
-        server = _servers[key] = _Server(python, env)
+        server_env = {k: v for k, v in env.items() if k not in PER_PROCESS}
+        server = _servers[key] = _Server(python, server_env)
         return server
 
 
