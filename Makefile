@@ -46,7 +46,7 @@ NO_DEPS := "tf-models-official==2.20.*"
 # TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
 ZIG := "ziglang==0.13.*"
 
-.PHONY: demo test check check-python prereqs-demo prereqs-check prereqs-test system-deps docs test-rust test-python pytest-suite pytest-integration pytest-integration-a pytest-integration-b pytest-unit pytest-rest pytest-rest-and-unit test-build compat-venvs slurm-suite tf-suite tf-suite-multi tf-suite-single figures tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
+.PHONY: demo test check check-python prereqs-demo prereqs-check prereqs-test system-deps docs test-rust test-python pytest-suite pytest-integration pytest-integration-a pytest-integration-b pytest-unit pytest-examples pytest-rest pytest-rest-and-unit test-build compat-venvs slurm-suite tf-suite tf-suite-multi tf-suite-single figures tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
 
 $(DEMO_STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -123,7 +123,7 @@ TEST_NOT_RUN = NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
 test: prereqs-test
 	rm -f build/job-times.tsv
 	$(MAKE) --no-print-directory -j2 timed-test-build timed-compat-venvs $(TEST_NOT_RUN)
-	$(MAKE) --no-print-directory -j11 $(addprefix timed-,$(TEST_JOBS)) $(TEST_NOT_RUN); \
+	$(MAKE) --no-print-directory -j12 $(addprefix timed-,$(TEST_JOBS)) $(TEST_NOT_RUN); \
 		$(PYTHON) dev/prereqs.py summary test $$?
 
 test-build:
@@ -173,17 +173,20 @@ lint: $(STAMP)
 
 test-python: build pytest-suite slurm-suite
 
-# The Python suite, which `make test` runs in four parts side by side (PY_PARTS): in two
+# The Python suite, which `make test` runs in five parts side by side (PY_PARTS): in two
 # halves, the halves were the last jobs (34 min each at 63cf6f6). The whole run is
 # CPU-bound (docs/development.md, "Where the time goes"), so the split mostly balances
-# the jobs' ends. The four parts were first tried at cf7312b, where eight MWMS tests
+# the jobs' ends: the examples are a part of their own since the test clusters' workers
+# fork from a server (tests/integration/forkserver.py) and the examples, started as a
+# user starts them, were the last job (24 of 27.6 min at b419e76). The parts were
+# first tried at cf7312b, where eight MWMS tests
 # ran out of a 60 s bound for the workers' first steps with another engineer's
 # TensorFlow suite beside it (load 13-20); that bound only turns a hang into a failure
 # and is 180 s now (tests/integration/conftest.py, STARTUP_BOUND). Running each half's
 # tests two at a time instead (pytest-xdist, at ebe3988) made the run CPU-bound (load
 # 12-16 for 30 min, 3405 s of CPU against 2666 s) and no shorter: 38 min 37 s.
 # Each part prints its slowest tests (--durations).
-PY_PARTS := pytest-integration-a pytest-integration-b pytest-unit pytest-rest
+PY_PARTS := pytest-integration-a pytest-integration-b pytest-unit pytest-examples pytest-rest
 DURATIONS := --durations=10
 
 # Without a build: `test` builds the extension and the wheel first, one after the
@@ -208,9 +211,12 @@ pytest-integration-b:
 pytest-unit:
 	$(PY) -m pytest tests/unit -q $(DURATIONS)
 
+pytest-examples:
+	$(PY) -m pytest tests/examples -q $(DURATIONS)
+
 pytest-rest:
 	$(PY) -m pytest tests -q $(DURATIONS) --ignore=tests/tf_suite --ignore=tests/slurm --ignore=tests/integration \
-		--ignore=tests/unit
+		--ignore=tests/unit --ignore=tests/examples
 
 # A real one-node SLURM (tests/slurm/conftest.py installs and starts it) and jobs on it.
 slurm-suite:

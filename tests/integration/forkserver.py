@@ -44,7 +44,7 @@ from pathlib import Path
 #: Set to 0 to start every process with ``subprocess.Popen``.
 SWITCH_ENV = "TFH_TEST_FORKSERVER"
 #: How long a server may take to import TensorFlow and listen (a bound, not a
-#: expectation: 4 s idle, tens of seconds with eleven jobs on two cores).
+#: expectation: 4 s idle, tens of seconds with twelve jobs on two cores).
 START_BOUND = 180.0
 #: How long the server may take to fork one child and say its pid.
 FORK_BOUND = 60.0
