@@ -39,7 +39,12 @@ FAULTS = {
     "second-acknowledge": ("set", f"RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_{PEER}", True),
     "second-await": ("get", f"RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_{PEER}", True),
 }
-GRACE = 1.5
+#: The grace period of the faults that need one. A retry of the second round's keys is
+#: bounded by the time left before the deadline, not by the peer timeout; at 1.5 s, three
+#: failed publishes under `make test`'s load (1.4 s for the three, at 3eba057's run) used
+#: all of it, and the load, not the protocol, decided the verdict. 6 s leaves the burst
+#: four times that.
+GRACE = 6.0
 
 
 def _run(tmp_path, n, fault, failures, peer_timeout):
