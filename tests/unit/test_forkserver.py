@@ -4,12 +4,14 @@ the test process."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from integration import forkserver
@@ -75,8 +77,6 @@ def run(script, *args, tmp_path, env=None, cwd=None):
 
 
 def first_json(lines):
-    import json
-
     return json.loads(lines[0])
 
 
@@ -172,7 +172,7 @@ def test_nothing_outlives_the_test_process(tmp_path, script):
         textwrap.dedent(
             f"""
             import subprocess, sys, time
-            sys.path.insert(0, {str(forkserver.Path(forkserver.__file__).parents[1])!r})
+            sys.path.insert(0, {str(Path(forkserver.__file__).parents[1])!r})
             from integration import forkserver
             proc = forkserver.popen([sys.executable, {str(script)!r}, "sleep"],
                                     stdout=subprocess.PIPE, text=True)
