@@ -153,14 +153,19 @@ def check(target: str) -> int:
 
 
 def _rows() -> list:
-    """(job, wall s, CPU s, exit status) of ``build/job-times.tsv`` (``dev/timed.py``)."""
+    """(job, wall s, CPU s of what it waited for, exit status, CPU s of every process
+    it started or None) of ``build/job-times.tsv`` (``dev/timed.py``)."""
     if not JOB_TIMES.exists():
         return []
     rows = []
     for line in JOB_TIMES.read_text().splitlines():
         cells = line.split("\t")
-        if len(cells) == 4 and all(c.lstrip("-").isdigit() for c in cells[1:]):
-            rows.append((cells[0], int(cells[1]), int(cells[2]), int(cells[3])))
+        if len(cells) == 4:
+            cells.append("-")
+        numbers = cells[1:4] + ([] if cells[4:] == ["-"] else cells[4:])
+        if len(cells) == 5 and all(c.lstrip("-").isdigit() for c in numbers):
+            every = None if cells[4] == "-" else int(cells[4])
+            rows.append((cells[0], int(cells[1]), int(cells[2]), int(cells[3]), every))
     return rows
 
 
@@ -169,10 +174,17 @@ def job_times() -> list:
     rows = sorted(_rows(), key=lambda r: -r[1])
     if not rows:
         return []
-    out = [f"{'job':<22} {'wall':>12}  {'CPU (user + system)':>19}  exit"]
-    for name, wall, cpu, code in rows:
-        out.append(f"{name:<22} {wall // 60:>2} min {wall % 60:>2} s  {cpu:>17} s  {code:>4}")
-    out.append(f"{'all jobs':<22} {'':>12}  {sum(r[2] for r in rows):>17} s")
+    out = [
+        f"{'job':<22} {'wall':>12}  {'CPU (user + system)':>19}  exit  {'CPU, every process':>18}"
+    ]
+    for name, wall, cpu, code, every in rows:
+        shown = "-" if every is None else f"{every} s"
+        out.append(
+            f"{name:<22} {wall // 60:>2} min {wall % 60:>2} s  {cpu:>17} s  {code:>4}  {shown:>18}"
+        )
+    counted = [r[4] for r in rows if r[4] is not None]
+    total = f"{sum(counted)} s" if len(counted) == len(rows) else "-"
+    out.append(f"{'all jobs':<22} {'':>12}  {sum(r[2] for r in rows):>17} s  {'':>4}  {total:>18}")
     return out
 
 

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,9 +38,35 @@ def test_a_job_is_recorded_with_its_childrens_cpu_and_its_exit_status(tmp_path):
     )
     assert timed.main(["timed.py", "slow-job", sys.executable, "-c", burn]) == 3
     [line] = times.read_text().splitlines()
-    name, wall, cpu, code = line.split("\t")
+    name, wall, cpu, code, every = line.split("\t")
     assert name == "slow-job" and code == "3"
     assert int(cpu) >= 1 and int(wall) >= int(cpu) - 1  # the grandchild's 0.6 s counted
+    # As root, the cgroup counts it too; elsewhere the column says it could not.
+    assert every == "-" or int(every) >= 1, line
+
+
+def test_a_process_the_job_does_not_wait_for_is_counted_by_the_cgroup(tmp_path):
+    timed = _load("timed", tmp_path / "job-times.tsv")
+    burn = "import time\nend = time.process_time() + 1.2\nwhile time.process_time() < end: pass"
+    # The burner is started in a session of its own and never waited for by the job.
+    job = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+        + repr(burn)
+        + "], start_new_session=True); time.sleep(0.1); "
+        + "import os; os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT); os._exit(0)"
+    )
+    assert timed.main(["timed.py", "unwaited", sys.executable, "-c", job]) == 0
+    _, _, cpu, _, every = (tmp_path / "job-times.tsv").read_text().strip().split("\t")
+    writable = [
+        r
+        for r in timed.CGROUP_ROOTS
+        if ((r / "cpuacct.usage").exists() or (r / "cgroup.controllers").exists())
+        and os.access(r, os.W_OK)
+        and os.geteuid() == 0
+    ]
+    if every == "-" and not writable:
+        pytest.skip("no cgroup can be made here (needs root and a writable cgroup file system)")
+    assert int(every) >= 1 and int(cpu) == 0, (cpu, every)
 
 
 def test_the_summary_lists_the_longest_job_first(tmp_path, capsys):
@@ -48,9 +77,21 @@ def test_the_summary_lists_the_longest_job_first(tmp_path, capsys):
     assert prereqs.summary("test") == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in out[1:4]] == ["pytest-rest", "lint", "docs"]
-    assert "35 min  0 s" in out[1] and out[1].split()[-2:] == ["s", "0"]
-    assert out[4].startswith("all jobs") and "1092 s" in out[4]
+    assert "35 min  0 s" in out[1] and out[1].split()[-3:] == ["s", "0", "-"]
+    assert out[4].startswith("all jobs") and "1092 s" in out[4] and out[4].split()[-1] == "-"
     assert out[-1] == "make test: passed; every part ran."
+
+
+def test_the_summary_adds_the_cpu_of_every_process_where_a_cgroup_counted_it(tmp_path, capsys):
+    times = tmp_path / "job-times.tsv"
+    times.write_text("docs\t13\t12\t0\t14\npytest-rest\t2100\t900\t0\t1500\n")
+    prereqs = _load("prereqs", times)
+    prereqs.NOT_RUN = tmp_path / "not-run.txt"
+    assert prereqs.summary("test") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "CPU, every process" in out[0]
+    assert out[1].split()[-3:] == ["0", "1500", "s"] and out[2].split()[-3:] == ["0", "14", "s"]
+    assert out[3].startswith("all jobs") and out[3].split()[-2:] == ["1514", "s"]
 
 
 def test_the_summary_after_a_failure_names_the_failed_jobs_and_keeps_the_status(tmp_path, capsys):
