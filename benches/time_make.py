@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def main(argv=None) -> int:
         result,
     ]
     print(f"== make {args.target}: {result} in {minutes(wall)}", flush=True)
+    jobs = job_rows(where / "build" / "job-times.tsv")
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
     path = args.out / f"how-long-make-{args.target}-takes.md"
@@ -99,7 +101,45 @@ def main(argv=None) -> int:
     os.environ[_report.FIGURES_ENV] = str(args.out)
     _report.write_figure(f"how long make {args.target} takes", table)
     print(f"{path}: row added")
+    if jobs:
+        title = f"where make {args.target} spends its time"
+        _report.write_figure(title, f"Run of {when} UTC ({result}):\n\n" + jobs)
+        print(f"{args.out / _report.slug(title)}.md: the run's jobs")
     return rc
+
+
+#: The job table's columns (``dev/timed.py`` writes ``build/job-times.tsv``).
+JOB_HEADER = ("job", "wall", "CPU, processes waited for", "CPU, every process", "exit")
+
+
+def job_rows(path: Path) -> str:
+    """The jobs of the run (``build/job-times.tsv``) as a table, the longest first,
+    with the CPU totals; empty if the run wrote none."""
+    if not path.exists():
+        return ""
+    rows = []
+    for line in path.read_text().splitlines():
+        cells = line.split("\t")
+        if len(cells) in (4, 5) and all(re.fullmatch(r"-?\d+|-", c) for c in cells[1:]):
+            rows.append([*cells, "-"][:5])
+    if not rows:
+        return ""
+    rows.sort(key=lambda c: -int(c[1]))
+    every = [int(c[4]) for c in rows if c[4] != "-"]
+    body = [
+        [name, minutes(int(wall)), f"{cpu} s", "-" if all_ == "-" else f"{all_} s", code]
+        for name, wall, cpu, code, all_ in rows
+    ]
+    body.append(
+        [
+            "all jobs",
+            "",
+            f"{sum(int(c[2]) for c in rows)} s",
+            f"{sum(every)} s" if len(every) == len(rows) else "-",
+            "",
+        ]
+    )
+    return _report.markdown(JOB_HEADER, body)
 
 
 if __name__ == "__main__":

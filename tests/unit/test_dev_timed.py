@@ -112,3 +112,31 @@ def test_timed_without_a_command_prints_its_usage():
         [sys.executable, ROOT / "dev" / "timed.py", "only-a-name"], capture_output=True, text=True
     )
     assert done.returncode == 2 and "timed.py NAME COMMAND" in done.stderr
+
+
+def test_time_make_writes_the_runs_jobs_longest_first_with_both_cpu_totals(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benches"))
+    spec = importlib.util.spec_from_file_location("time_make", ROOT / "benches" / "time_make.py")
+    time_make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(time_make)
+    times = tmp_path / "job-times.tsv"
+    times.write_text(
+        "docs\t54\t4\t0\t4\ncompat-ends\t1357\t421\t2\t427\nbroken\tx\nlint\t600\t50\t0\n"
+    )
+    lines = time_make.job_rows(times).splitlines()
+    assert [line.split("|")[1].strip() for line in lines[2:]] == [
+        "compat-ends",
+        "lint",
+        "docs",
+        "all jobs",
+    ]
+    assert [c.strip() for c in lines[2].split("|")[1:-1]] == [
+        "compat-ends",
+        "22 min 37 s",
+        "421 s",
+        "427 s",
+        "2",
+    ]
+    # lint's line has no cgroup column (an older timed.py, or no cgroup): no total then.
+    assert [c.strip() for c in lines[-1].split("|")[1:-1]] == ["all jobs", "", "475 s", "-", ""]
+    assert time_make.job_rows(tmp_path / "missing.tsv") == ""
