@@ -19,9 +19,10 @@ chosen by them (:func:`import_key`): a request with other values gets its own se
 The package itself (``tf_failure_handling``) is never imported by the server, so each
 child imports it, and calls ``patch()``, as a fresh process would.
 
-Anything else (another program, ``python -c``, extra ``Popen`` options) goes to
-``subprocess.Popen``; so does everything when ``TFH_TEST_FORKSERVER=0``, the switch to
-compare against (docs/development.md, "Writing a test").
+Anything else (another program, ``python -c``, a pipe to the child's stdin or from its
+stderr, other ``Popen`` options) goes to ``subprocess.Popen``; so does everything when
+``TFH_TEST_FORKSERVER=0``, the switch to compare against (docs/development.md, "Writing
+a test").
 """
 
 from __future__ import annotations
@@ -194,8 +195,12 @@ class _Server:
                 + "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
             )
 
-    def fork(self, args, env: dict, cwd: str, fds: list[int]) -> tuple[socket.socket, int]:
-        request = json.dumps({"argv": list(args), "env": env, "cwd": cwd}).encode()
+    def fork(
+        self, args, env: dict, cwd: str, fds: list[int], session: bool = False
+    ) -> tuple[socket.socket, int]:
+        request = json.dumps(
+            {"argv": list(args), "env": env, "cwd": cwd, "session": session}
+        ).encode()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(FORK_BOUND)
         try:
@@ -275,9 +280,21 @@ def _fd_for(spec, std: int, opened: list[int], kept: list) -> int:
     return spec if isinstance(spec, int) else spec.fileno()
 
 
-def popen(args, *, stdin=None, stdout=None, stderr=None, env=None, cwd=None, text=False, **kw):
+def popen(
+    args,
+    *,
+    stdin=None,
+    stdout=None,
+    stderr=None,
+    env=None,
+    cwd=None,
+    text=False,
+    start_new_session=False,
+    **kw,
+):
     """``subprocess.Popen(args, ...)``, through a fork server when ``args`` runs a Python
-    script with this interpreter (module docstring); the options are Popen's."""
+    script with this interpreter (module docstring); the options are Popen's
+    (``stderr=subprocess.STDOUT`` and ``start_new_session`` included)."""
     args = [str(a) for a in args]
     if (
         kw
@@ -286,21 +303,29 @@ def popen(args, *, stdin=None, stdout=None, stderr=None, env=None, cwd=None, tex
         or args[0] != sys.executable
         or args[1].startswith("-")
         or stdin == subprocess.PIPE
-        or stderr in (subprocess.PIPE, subprocess.STDOUT)
+        or stderr == subprocess.PIPE
+        or (stderr == subprocess.STDOUT and stdout == subprocess.PIPE)
     ):
         return subprocess.Popen(
-            args, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, text=text, **kw
+            args,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+            text=text,
+            start_new_session=start_new_session,
+            **kw,
         )
     env = dict(os.environ if env is None else env)
     opened: list[int] = []
     kept: list[int] = []
     try:
-        fds = [
-            _fd_for(stdin, 0, opened, []),
-            _fd_for(stdout, 1, opened, kept),
-            _fd_for(stderr, 2, opened, []),
-        ]
-        conn, pid = _server(args[0], env).fork(args, env, str(cwd or os.getcwd()), fds)
+        fds = [_fd_for(stdin, 0, opened, []), _fd_for(stdout, 1, opened, kept)]
+        fds.append(fds[1] if stderr == subprocess.STDOUT else _fd_for(stderr, 2, opened, []))
+        conn, pid = _server(args[0], env).fork(
+            args, env, str(cwd or os.getcwd()), fds, start_new_session
+        )
     except BaseException:
         for fd in kept:
             os.close(fd)
@@ -417,9 +442,11 @@ def _become(request: dict, fds: list[int]) -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != server:
         os._exit(1)
+    if request.get("session"):
+        os.setsid()  # Popen's start_new_session
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
-    for fd in fds:
+    for fd in set(fds):
         if fd > 2:
             os.close(fd)
     os.chdir(request["cwd"])

@@ -4,7 +4,10 @@ Every test method of TF's ``BaseFaultToleranceTest`` (read from the wheel's
 ``fault_tolerance_test_base.py`` with ``ast``, nothing imported), crossed with the
 test classes of ``tf_fault_tolerance.py``, runs as TF's BUILD shards it: its own
 ``python tests/tf_suite/tf_fault_tolerance.py Class.testName`` process, which
-starts its own cluster of worker and parameter-server processes.
+starts its own cluster of worker and parameter-server processes. That process is
+forked from the test clusters' fork server (``integration/forkserver.py``), which
+imported TensorFlow once: the script runs as ``python`` would run it, and the
+``import tensorflow`` it would pay is saved (``TFH_TEST_FORKSERVER=0``: Popen).
 
 Verdict (``verdict.py``, which says how a failure's signature is read):
 
@@ -50,6 +53,7 @@ from pathlib import Path
 
 import pytest
 from ci import is_ci
+from integration.forkserver import popen
 
 from tf_suite.expected_failures import EXPECTED_FAILURES
 from tf_suite.verdict import Signature, decide, signature
@@ -183,15 +187,14 @@ def _summary_printed(log_path: Path) -> bool:
         return _RAN.search(f.read().decode(errors="replace")) is not None
 
 
-def _wait_unreaped(pid: int, log_path: Path, timeout: float, exit_grace: float) -> str:
-    """Waits for child ``pid`` to exit, leaving it unreaped: "exited", "hang" (no exit
-    within ``timeout`` s) or "hang-at-exit" (still running ``exit_grace`` s after
-    unittest printed its summary)."""
+def _wait_exit(proc, log_path: Path, timeout: float, exit_grace: float) -> str:
+    """Waits for the child to exit: "exited", "hang" (no exit within ``timeout`` s) or
+    "hang-at-exit" (still running ``exit_grace`` s after unittest printed its summary)."""
     start = time.monotonic()
     summary_at = None
     checked = 0.0
     while True:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+        if proc.poll() is not None:
             return "exited"
         now = time.monotonic()
         if summary_at is None and now - checked >= 1.0:
@@ -205,18 +208,13 @@ def _wait_unreaped(pid: int, log_path: Path, timeout: float, exit_grace: float) 
         time.sleep(0.2)
 
 
-def _dump_and_end(pid: int, grace: float = DUMP_GRACE) -> None:
-    """Sends SIGTERM to the (unreaped) child alone, on which absltest's faulthandler
-    dumps every thread's stack before the default action ends it; waits up to ``grace``
-    s for it to exit."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+def _dump_and_end(proc, grace: float = DUMP_GRACE) -> None:
+    """Sends SIGTERM to the child alone, on which absltest's faulthandler dumps every
+    thread's stack before the default action ends it; waits up to ``grace`` s for it
+    to exit."""
+    proc.send_signal(signal.SIGTERM)
     end = time.monotonic() + grace
-    while time.monotonic() < end:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            return
+    while time.monotonic() < end and proc.poll() is None:
         time.sleep(0.2)
 
 
@@ -241,12 +239,15 @@ def run_child(
     timeout: float = CHILD_TIMEOUT,
     exit_grace: float = EXIT_GRACE,
 ) -> ChildResult:
-    """Runs ``case`` (``Class.testName``) with ``impl``'s classes in a new process group."""
+    """Runs ``case`` (``Class.testName``) with ``impl``'s classes in a new session (and
+    process group): ``python tests/tf_suite/tf_fault_tolerance.py CASE``, forked from
+    the test clusters' fork server (``integration/forkserver.py``, which imported
+    TensorFlow once; ``TFH_TEST_FORKSERVER=0`` starts it with ``subprocess.Popen``)."""
     log_path = log_dir / f"{case}.{impl}.log"
     env = dict(os.environ, **{IMPL_ENV: impl})
     start = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
+        proc = popen(
             [sys.executable, str(MODULE), case],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -256,12 +257,13 @@ def run_child(
             start_new_session=True,
         )
         try:
-            how = _wait_unreaped(proc.pid, log_path, timeout, exit_grace)
+            how = _wait_exit(proc, log_path, timeout, exit_grace)
             if how != "exited":
-                _dump_and_end(proc.pid)
+                _dump_and_end(proc)
         finally:
-            # The cluster's processes and the forkserver are in the child's group;
-            # the child is not reaped yet, so its id still names that group.
+            # The cluster's processes and multiprocessing's forkserver are in the
+            # child's group, which keeps the group's id (the child's pid) while any of
+            # them runs.
             _kill_group(proc.pid)
             code = proc.wait()
     seconds = time.monotonic() - start

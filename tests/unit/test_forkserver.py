@@ -28,7 +28,7 @@ print(json.dumps({
     "argv": sys.argv, "name": __name__, "cwd": os.getcwd(), "path0": sys.path[0],
     "env": os.environ.get("FORK_TEST"), "ppid": os.getppid(), "pid": os.getpid(),
     "tf_imported": "tensorflow" in sys.modules,
-    "ours_imported": "tf_failure_handling" in sys.modules,
+    "ours_imported": "tf_failure_handling" in sys.modules, "sid": os.getsid(0),
 }), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if mode == "exit":
@@ -95,6 +95,26 @@ def test_a_child_is_the_script_run_as_main_with_its_argv_env_cwd_and_exit_code(s
     # fresh process (it calls patch() before or after, as the script says).
     assert seen["tf_imported"] and not seen["ours_imported"]
     assert "to stderr" in err
+    assert seen["sid"] != seen["pid"]  # in the session it was started from, as Popen's
+
+
+def test_start_new_session_and_stderr_to_stdout_as_popen(script, tmp_path):
+    out = tmp_path / "out"
+    with open(out, "wb") as o:
+        proc = forkserver.popen(
+            [sys.executable, script, "exit", "0"],
+            stdout=o,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env(),
+            start_new_session=True,
+        )
+    assert isinstance(proc, forkserver.ForkedProcess)
+    assert proc.wait(timeout=RUN_BOUND) == 0
+    lines = out.read_text().splitlines()
+    seen = first_json(lines)
+    assert seen["sid"] == seen["pid"] == proc.pid  # leads a session (and its group)
+    assert lines[1:] == ["to stderr"]
 
 
 def test_an_uncaught_exception_exits_1_with_its_traceback(script, tmp_path):
@@ -148,6 +168,15 @@ def test_other_programs_and_the_switch_go_to_popen(script, monkeypatch):
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=RUN_BOUND) == 0
     proc = forkserver.popen([sys.executable, "-c", "pass"])
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=RUN_BOUND) == 0
+    # stderr into a pipe that stdout also goes to: Popen's job.
+    proc = forkserver.popen(
+        [sys.executable, script, "exit", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=child_env(),
+    )
+    assert isinstance(proc, subprocess.Popen)
+    assert "to stderr" in proc.communicate(timeout=RUN_BOUND)[0].decode()
     monkeypatch.setenv(forkserver.SWITCH_ENV, "0")
     proc = forkserver.popen([sys.executable, script, "exit", "3"], stdout=subprocess.DEVNULL)
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=RUN_BOUND) == 3
