@@ -13,17 +13,19 @@ start of a two-minute job with ``@1``. Two minutes, not one: a SIGUSR1 that come
 before the handler is built kills the process (SIGUSR1's default action), and on a
 loaded 2-core machine TensorFlow and a 2-worker MultiWorkerMirroredStrategy took more
 than the 33 s a one-minute job leaves. The requeued run starts at an unknown phase of
-the checks, as early as 89 s before its own signal; under ``make test``'s load its
-two workers once took longer than that to build the handler, SIGUSR1 killed one and
-the job ended FAILED. So once the first run has requeued the job, the test gives the
-job :data:`RERUN_LIMIT` (:func:`extend_requeued`): the requeued run is not signalled,
-and what the test checks (one save, the requeue, the resume at the saved step, the
-end) no longer depends on how fast the machine is.
+the checks, so its own signal can come 89 s after its start; under ``make test``'s load a requeued
+two-task job once ended FAILED, most likely so: its two workers took longer than that
+to build the handler and SIGUSR1 killed one (the job's output was not kept). So once
+the first run has requeued the job, the test gives the job :data:`RERUN_LIMIT`
+(:func:`extend_requeued`): the requeued run is not signalled, and what the test checks
+(one save, the requeue, the resume at the saved step, the end) no longer depends on
+how fast the machine is.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -230,10 +232,11 @@ def explain(slurm, job: dict, out: Path) -> str:
     ]
     ctld = slurm.logs["slurmctld"]
     jid = job.get("JobId", "?")
+    mentions = re.compile(rf"\b(JobId=|job ){re.escape(str(jid))}\b", re.IGNORECASE)
     about = [
         line
         for line in (ctld.read_text(errors="replace").splitlines() if ctld.exists() else [])
-        if f"JobId={jid} " in line or f"JobId={jid}." in line or f"job {jid}" in line.lower()
+        if mentions.search(line)
     ]
     return (
         f"job {jid}: {shown}\n--- {out} (no progress lines) ---\n"
