@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,9 @@ from pathlib import Path
 import _report  # benches/: the script's directory is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "dev"))
+import timed  # noqa: E402  (dev/timed.py writes and reads build/job-times.tsv)
+
 HEADER = ("run", "commit", "date (UTC)", "load before", "wall", "CPU (user + system)", "make")
 
 
@@ -80,6 +82,8 @@ def main(argv=None) -> int:
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(where)], check=True)
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     print(f"== make {args.target} in {where} (commit {commit}, load {load:.1f})", flush=True)
+    times = where / "build" / "job-times.tsv"
+    times.unlink(missing_ok=True)  # the job table below is this run's, or none
     rc, wall, user, system = run(["make", args.target], where, env)
     result = "passed" if rc == 0 else f"failed (exit {rc})"
     label = args.label or ("fresh clone" if folder else "this checkout")
@@ -93,7 +97,7 @@ def main(argv=None) -> int:
         result,
     ]
     print(f"== make {args.target}: {result} in {minutes(wall)}", flush=True)
-    jobs = job_rows(where / "build" / "job-times.tsv")
+    jobs = job_rows(times)
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
     path = args.out / f"how-long-make-{args.target}-takes.md"
@@ -113,32 +117,18 @@ JOB_HEADER = ("job", "wall", "CPU, processes waited for", "CPU, every process", 
 
 
 def job_rows(path: Path) -> str:
-    """The jobs of the run (``build/job-times.tsv``) as a table, the longest first,
-    with the CPU totals; empty if the run wrote none."""
-    if not path.exists():
-        return ""
-    rows = []
-    for line in path.read_text().splitlines():
-        cells = line.split("\t")
-        if len(cells) in (4, 5) and all(re.fullmatch(r"-?\d+|-", c) for c in cells[1:]):
-            rows.append([*cells, "-"][:5])
+    """The jobs of the run (``build/job-times.tsv``, read by ``dev/timed.py``) as a
+    table, the longest first, with the CPU totals; empty if the run wrote none."""
+    rows = sorted(timed.read(path), key=lambda r: -r[1])
     if not rows:
         return ""
-    rows.sort(key=lambda c: -int(c[1]))
-    every = [int(c[4]) for c in rows if c[4] != "-"]
+    every = [r[4] for r in rows if r[4] is not None]
     body = [
-        [name, minutes(int(wall)), f"{cpu} s", "-" if all_ == "-" else f"{all_} s", code]
+        [name, minutes(wall), f"{cpu} s", "-" if all_ is None else f"{all_} s", str(code)]
         for name, wall, cpu, code, all_ in rows
     ]
-    body.append(
-        [
-            "all jobs",
-            "",
-            f"{sum(int(c[2]) for c in rows)} s",
-            f"{sum(every)} s" if len(every) == len(rows) else "-",
-            "",
-        ]
-    )
+    total = f"{sum(every)} s" if len(every) == len(rows) else "-"
+    body.append(["all jobs", "", f"{sum(r[2] for r in rows)} s", total, ""])
     return _report.markdown(JOB_HEADER, body)
 
 

@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import timed  # dev/timed.py, this script's neighbour: it writes job-times.tsv
+
 ROOT = Path(__file__).resolve().parent.parent
 #: The parts of ``make test`` that will not run on this machine, one ``part<TAB>why``
 #: per line (written by the check, read by the Makefile and by ``summary``).
@@ -153,20 +155,8 @@ def check(target: str) -> int:
 
 
 def _rows() -> list:
-    """(job, wall s, CPU s of what it waited for, exit status, CPU s of every process
-    it started or None) of ``build/job-times.tsv`` (``dev/timed.py``)."""
-    if not JOB_TIMES.exists():
-        return []
-    rows = []
-    for line in JOB_TIMES.read_text().splitlines():
-        cells = line.split("\t")
-        if len(cells) == 4:
-            cells.append("-")
-        numbers = cells[1:4] + ([] if cells[4:] == ["-"] else cells[4:])
-        if len(cells) == 5 and all(c.lstrip("-").isdigit() for c in numbers):
-            every = None if cells[4] == "-" else int(cells[4])
-            rows.append((cells[0], int(cells[1]), int(cells[2]), int(cells[3]), every))
-    return rows
+    """The jobs of ``build/job-times.tsv``, as :func:`timed.read` gives them."""
+    return timed.read(JOB_TIMES)
 
 
 def job_times() -> list:

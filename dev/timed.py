@@ -34,13 +34,20 @@ CGROUP_ROOTS = (
 )
 
 
+def cgroup_roots() -> list:
+    """(root, is cgroup v1) of the :data:`CGROUP_ROOTS` that are cgroup hierarchies."""
+    found = []
+    for root in CGROUP_ROOTS:
+        v1 = (root / "cpuacct.usage").exists()
+        if v1 or (root / "cgroup.controllers").exists():
+            found.append((root, v1))
+    return found
+
+
 def enter_cgroup(name: str) -> Optional[tuple]:
     """Moves this process into a new cgroup for the job (its children inherit it):
     (the new cgroup, the one it left), or None where none can be made or entered."""
-    for root in CGROUP_ROOTS:
-        v1 = (root / "cpuacct.usage").exists()
-        if not v1 and not (root / "cgroup.controllers").exists():
-            continue
+    for root, v1 in cgroup_roots():
         left = current_cgroup(root, v1)
         group = root / "tfh-make-test" / f"{name}-{os.getpid()}"
         try:
@@ -92,6 +99,25 @@ def leave_cgroup(entered: tuple) -> None:
         group.rmdir()
     except OSError:
         pass
+
+
+def read(path: Path) -> list:
+    """The lines :func:`main` appended to ``path``: (job, wall s, CPU s of what it
+    waited for, exit status, CPU s of every process or None), in the file's order;
+    a line of another shape is left out. Lines of four cells (before the cgroup
+    column) have None for the last."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        name, *cells = line.split("\t")
+        if len(cells) == 3:
+            cells.append("-")
+        numbers = cells[:3] if cells[3:] == ["-"] else cells
+        if len(cells) == 4 and all(c.lstrip("-").isdigit() for c in numbers):
+            every = None if cells[3] == "-" else int(cells[3])
+            rows.append((name, int(cells[0]), int(cells[1]), int(cells[2]), every))
+    return rows
 
 
 def main(argv: list) -> int:
