@@ -147,6 +147,19 @@ impl GracePlanner {
         Self::deadline(notice, grace_period) - self.margin()
     }
 
+    /// How long the coordinator of a ParameterServerStrategy cluster may let
+    /// the closures in flight finish before its save: until the deadline, less
+    /// the longest save measured (never below 0). None when the notice set no
+    /// deadline (the platform named none and there is no grace period): the
+    /// caller's peer timeout bounds the wait then.
+    #[must_use]
+    pub fn drain_bound(&self, notice: Notice, grace_period: f64, now: f64) -> Option<f64> {
+        if notice.deadline.is_none() && grace_period <= 0.0 {
+            return None;
+        }
+        Some((Self::deadline(notice, grace_period) - now - self.longest_save.unwrap_or(0.0)).max(0.0))
+    }
+
     /// Whether the leader must publish the final round before this step.
     #[must_use]
     pub fn final_round_due(&self, notice: Notice, grace_period: f64, now: f64) -> bool {
@@ -226,6 +239,50 @@ mod tests {
         };
         assert_eq!(GracePlanner::deadline(n, 3600.0), 30.0);
         assert_eq!(GracePlanner::deadline(n, 10.0), 10.0);
+    }
+
+    #[test]
+    fn drain_bound_is_unset_without_a_deadline_or_a_grace_period() {
+        assert_eq!(GracePlanner::new().drain_bound(notice(5.0), 0.0, 6.0), None);
+    }
+
+    #[test]
+    fn drain_bound_leaves_the_longest_save_before_the_deadline() {
+        let mut p = GracePlanner::new();
+        let n = Notice {
+            at: 0.0,
+            deadline: Some(30.0),
+        };
+        assert_eq!(p.drain_bound(n, 60.0, 10.0), Some(20.0));
+        p.record_save(4.0);
+        assert_eq!(p.drain_bound(n, 60.0, 10.0), Some(16.0));
+        // A grace period shorter than the platform's deadline is the deadline.
+        assert_eq!(p.drain_bound(n, 12.0, 2.0), Some(6.0));
+        // Without a platform deadline, the grace period's end.
+        assert_eq!(p.drain_bound(notice(0.0), 12.0, 2.0), Some(6.0));
+    }
+
+    #[test]
+    fn drain_bound_without_a_grace_period_is_the_notice_itself() {
+        // No grace period: the save is due at the notice, whatever the
+        // platform's own deadline (`deadline`), so no closure is waited for.
+        let n = Notice {
+            at: 0.0,
+            deadline: Some(30.0),
+        };
+        assert_eq!(GracePlanner::new().drain_bound(n, 0.0, 1.0), Some(0.0));
+    }
+
+    #[test]
+    fn drain_bound_is_never_negative() {
+        let mut p = GracePlanner::new();
+        p.record_save(50.0);
+        let n = Notice {
+            at: 0.0,
+            deadline: Some(30.0),
+        };
+        assert_eq!(p.drain_bound(n, 60.0, 10.0), Some(0.0));
+        assert_eq!(p.drain_bound(n, 60.0, 40.0), Some(0.0));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //!
 //! | input | posted by | thread |
 //! | --- | --- | --- |
-//! | [`Input::Notice`] (a signal) | the signal dispatcher ([`crate::termination`]) | `tfh-signal-dispatch`, right after the self-pipe wakes it |
+//! | [`Input::Notice`] (a signal) | the signal dispatcher ([`crate::sources::signals`]) | `tfh-signal-dispatch`, right after the self-pipe wakes it |
 //! | [`Input::Notice`] (a cloud's announcement) | the metadata pollers ([`crate::sources`]) | `tfh-gce-*`, `tfh-aws-imds`, `tfh-azure-events`, on their first notice |
 //! | [`Input::Notice`] (a user's `termination_watcher_fn`, a test) | the watcher-fn poller and `testing` | Python threads, through the binding |
 //! | [`Input::StepKey`] | the step-key reader: it blocks on the coordination service for `RUN_TO_CHECKPOINT` (then `LAST_RUN_TO_CHECKPOINT`) and posts each value it reads | `PeerTerminationWatcher-<id>` |

@@ -11,12 +11,11 @@
 //! | [`step_resolution`] | who saves at which step; claims, acknowledgements, the two grace rounds |
 //! | [`grace`] | when the final round of a grace period must start |
 //! | [`notice`] | a termination notice (when seen, when the machine goes away), below both of the above |
-//! | [`termination`] | signal plumbing that turns a delivery into one wake-up, from any thread |
+//! | [`retry`] | the one retry rule of the protocol's coordination-service calls: pauses, bound, when to give up |
 //! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
 //! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
-//! | [`sources`] | metadata-service termination sources (GCE, AWS, Azure): sans-IO pollers and the threads that run them |
+//! | [`sources`] | the termination sources: signals ([`sources::signals`]: one wake-up per delivery, from any thread) and the metadata services of GCE, AWS and Azure (sans-IO pollers, the threads that run them, their bounded HTTP client [`sources::http`]) |
 //! | [`inbox`] | the driver's inputs (notices, step keys, stop) in one `crossbeam-channel` inbox |
-//! | [`http`] | a minimal, strictly bounded HTTP/1.1 client for metadata servers |
 //!
 //! The PyO3 binding (`python` feature, on when built by maturin) is the only
 //! module that knows about Python; `cargo test` needs no Python.
@@ -24,12 +23,11 @@
 pub mod closure_queue;
 pub mod failure;
 pub mod grace;
-pub mod http;
 pub mod inbox;
 pub mod notice;
+pub mod retry;
 pub mod sources;
 pub mod step_resolution;
-pub mod termination;
 
 #[cfg(feature = "python")]
 mod python;

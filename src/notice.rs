@@ -22,3 +22,41 @@ pub struct Notice {
     /// When the platform takes the machine away, if it said so.
     pub deadline: Option<f64>,
 }
+
+impl Notice {
+    /// A notice seen at `at` (monotonic) whose source announced the machine's
+    /// end as a Unix time, `unix_deadline`, read when the wall clock said
+    /// `unix_now`. Platforms speak wall-clock time and the protocol plans on
+    /// the monotonic clock: this is the one place a deadline crosses over.
+    #[must_use]
+    pub fn from_unix(at: f64, unix_now: f64, unix_deadline: Option<f64>) -> Self {
+        Notice {
+            at,
+            deadline: unix_deadline.map(|d| at + (d - unix_now)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Notice;
+
+    #[test]
+    fn a_unix_deadline_keeps_its_distance_from_now_on_the_monotonic_clock() {
+        let n = Notice::from_unix(50.0, 1_700_000_000.0, Some(1_700_000_030.0));
+        assert_eq!(
+            n,
+            Notice {
+                at: 50.0,
+                deadline: Some(80.0)
+            }
+        );
+        assert_eq!(Notice::from_unix(50.0, 1_700_000_000.0, None).deadline, None);
+    }
+
+    #[test]
+    fn a_deadline_already_past_stays_in_the_past() {
+        let n = Notice::from_unix(50.0, 1_700_000_000.0, Some(1_699_999_990.0));
+        assert_eq!(n.deadline, Some(40.0));
+    }
+}

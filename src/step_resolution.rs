@@ -57,14 +57,15 @@
 //! # Failures
 //!
 //! The caller performs every effect (the Python driver, `_protocol/`); each
-//! has one rule for when the coordination service fails. "The bound" is the
-//! transient-failure window (10 s), or the peer timeout or the time left
-//! before the leading notice's deadline (at least 1 s) when shorter: a
-//! service that fails for longer is in an error state (a peer reported an
-//! error), and that error must reach the worker promptly, with its own type.
-//! Retries pause 50 ms, doubling to 1 s. "Raises" below means: the last
-//! error again, of its own TF type, its message naming the worker, the key,
-//! how often and how long it failed.
+//! has one rule for when the coordination service fails, decided in
+//! [`crate::retry`]: "the bound" is [`crate::retry::bound`] (the
+//! transient-failure window, or the peer timeout or the time left before the
+//! leading notice's deadline when shorter), and the pauses between attempts
+//! are a [`crate::retry::Retry`]'s. A service that fails for longer is in an
+//! error state (a peer reported an error), and that error must reach the
+//! worker promptly, with its own type. "Raises" below means: the last error
+//! again, of its own TF type, its message naming the worker, the key, how
+//! often and how long it failed.
 //!
 //! | effect | key | on failure |
 //! | --- | --- | --- |
@@ -192,7 +193,7 @@ impl Membership {
 
 /// What the caller does with a notice.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NoticeOutcome {
+pub enum NoticeAction {
     /// Local mode: this worker leads; nothing to write.
     Lead,
     /// Write `TERMINATED_WORKER = value`, then report the outcome with
@@ -203,21 +204,21 @@ pub enum NoticeOutcome {
         /// This worker's id.
         value: String,
     },
-    /// Ignored: a claim is already in progress, a round is under way, the
+    /// Absorbed: a claim is already in progress, a round is under way, the
     /// countdown runs, or the worker is done.
-    Ignored,
+    Absorb,
 }
 
 /// What the caller does with a step key's value.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KeyOutcome {
-    /// Write `key = "1"`; then, if `watch_next` is set, block on that round's
-    /// key next, else the peer watcher is done.
-    Ack {
+pub enum KeyAction {
+    /// Write `ack_key = "1"`; then, if `next_round` is set, block on that
+    /// round's key next, else the peer watcher is done.
+    Acknowledge {
         /// The acknowledgement key for this worker and round.
-        key: String,
+        ack_key: String,
         /// The round to watch after acknowledging, if any.
-        watch_next: Option<Round>,
+        next_round: Option<Round>,
     },
     /// The value was `STOP_WATCHER`: the peer watcher ends.
     Stop,
@@ -225,7 +226,7 @@ pub enum KeyOutcome {
 
 /// What the training thread does before a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum StepAction {
     /// Run the step.
     Proceed,
     /// This worker leads: publish `step` for `round`. In multi-worker mode,
@@ -250,7 +251,7 @@ pub enum Decision {
 
 /// What follows a save.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AfterSave {
+pub enum SaveAction {
     /// Stop the watchers, clean up and call the exit function.
     Exit,
     /// Keep training through the grace period; a final round follows.
@@ -273,7 +274,7 @@ pub enum StepKeyError {
 /// Errors of [`Resolver::on_saved`].
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SaveError {
-    /// `on_saved` without a preceding [`Decision::Save`] for that round.
+    /// `on_saved` without a preceding [`StepAction::Save`] for that round.
     #[error("a save for the {0:?} round was reported, but none was asked for")]
     Unexpected(Round),
 }
@@ -335,7 +336,7 @@ impl Resolver {
 
     /// Local mode only: the leader's agreed step is the run count at the check
     /// that publishes it, so the same check saves ([`Resolver::before_step`]
-    /// asked again returns [`Decision::Save`]). For the coordinator of a
+    /// asked again returns [`StepAction::Save`]). For the coordinator of a
     /// ParameterServerStrategy cluster, whose runs only schedule closures.
     pub fn save_at_current_run(&mut self) {
         if self.membership == Membership::Local {
@@ -379,7 +380,7 @@ impl Resolver {
         self.agreed[self.round.index()]
     }
 
-    /// True once [`AfterSave::Exit`] was returned.
+    /// True once [`SaveAction::Exit`] was returned.
     #[must_use]
     pub fn exited(&self) -> bool {
         self.exited
@@ -404,19 +405,19 @@ impl Resolver {
     }
 
     /// A termination source reported a notice for this worker.
-    pub fn on_notice(&mut self, notice: Notice) -> NoticeOutcome {
+    pub fn on_notice(&mut self, notice: Notice) -> NoticeAction {
         if self.exited || self.claim != Claim::Idle || self.round == Round::Final || self.agreed[Round::Initial.index()].is_some() {
-            return NoticeOutcome::Ignored;
+            return NoticeAction::Absorb;
         }
         self.notice = Some(notice);
         match self.membership {
             Membership::Local => {
                 self.claim = Claim::Won;
-                NoticeOutcome::Lead
+                NoticeAction::Lead
             }
             Membership::Worker { .. } => {
                 self.claim = Claim::Pending;
-                NoticeOutcome::Claim {
+                NoticeAction::Claim {
                     key: TERMINATED_WORKER,
                     value: self.id.clone(),
                 }
@@ -440,9 +441,9 @@ impl Resolver {
     ///
     /// [`StepKeyError::Malformed`] when the value is neither a run count nor
     /// `STOP_WATCHER`; the state is unchanged.
-    pub fn on_step_key(&mut self, round: Round, value: &str) -> Result<KeyOutcome, StepKeyError> {
+    pub fn on_step_key(&mut self, round: Round, value: &str) -> Result<KeyAction, StepKeyError> {
         if value == STOP_WATCHER {
-            return Ok(KeyOutcome::Stop);
+            return Ok(KeyAction::Stop);
         }
         let step: u64 = value.trim().parse().map_err(|_| StepKeyError::Malformed {
             key: round.key(),
@@ -452,34 +453,34 @@ impl Resolver {
         if slot.is_none() {
             *slot = Some(step);
         }
-        let watch_next = (round == Round::Initial && self.grace_period > 0.0).then_some(Round::Final);
-        Ok(KeyOutcome::Ack {
-            key: round.ack_key(&self.id),
-            watch_next,
+        let next_round = (round == Round::Initial && self.grace_period > 0.0).then_some(Round::Final);
+        Ok(KeyAction::Acknowledge {
+            ack_key: round.ack_key(&self.id),
+            next_round,
         })
     }
 
     /// Called before every step with the number of completed runs. In the
     /// countdown, the leader asks `planner` whether the final round is due.
-    pub fn before_step(&mut self, run_count: u64, now: f64, planner: &GracePlanner) -> Decision {
+    pub fn before_step(&mut self, run_count: u64, now: f64, planner: &GracePlanner) -> StepAction {
         if self.exited || self.saving.is_some() {
-            return Decision::Proceed;
+            return StepAction::Proceed;
         }
         let round = self.round;
         let r = round.index();
         if let Some(step) = self.agreed[r] {
             if run_count == step && !self.saved[r] {
                 self.saving = Some(round);
-                return Decision::Save { round, step };
+                return StepAction::Save { round, step };
             }
-            return Decision::Proceed;
+            return StepAction::Proceed;
         }
         if self.claim != Claim::Won || self.published[r] {
-            return Decision::Proceed;
+            return StepAction::Proceed;
         }
         let notice = self.notice.expect("a won claim always has its notice");
         if round == Round::Final && !planner.final_round_due(notice, self.grace_period, now) {
-            return Decision::Proceed;
+            return StepAction::Proceed;
         }
         let step = if self.save_at_current_run { run_count } else { run_count + 1 };
         self.published[r] = true;
@@ -491,15 +492,15 @@ impl Resolver {
             Membership::Local => Vec::new(),
             Membership::Worker { num_workers, .. } => (0..num_workers).map(|i| round.ack_key(&i.to_string())).collect(),
         };
-        Decision::Publish { round, step, ack_keys }
+        StepAction::Publish { round, step, ack_keys }
     }
 
-    /// The save asked for by [`Decision::Save`] finished.
+    /// The save asked for by [`StepAction::Save`] finished.
     ///
     /// # Errors
     ///
     /// [`SaveError::Unexpected`] when no save for `round` was asked for.
-    pub fn on_saved(&mut self, round: Round) -> Result<AfterSave, SaveError> {
+    pub fn on_saved(&mut self, round: Round) -> Result<SaveAction, SaveError> {
         if self.saving != Some(round) {
             return Err(SaveError::Unexpected(round));
         }
@@ -507,14 +508,14 @@ impl Resolver {
         self.saved[round.index()] = true;
         if self.grace_period <= 0.0 || round == Round::Final {
             self.exited = true;
-            Ok(AfterSave::Exit)
+            Ok(SaveAction::Exit)
         } else {
             self.round = Round::Final;
-            Ok(AfterSave::Countdown)
+            Ok(SaveAction::Countdown)
         }
     }
 
-    /// The save asked for by [`Decision::Save`] failed; the next
+    /// The save asked for by [`StepAction::Save`] failed; the next
     /// `before_step` at the same run count asks again.
     pub fn on_save_failed(&mut self) {
         self.saving = None;

@@ -34,7 +34,6 @@ from ._cluster import membership as _membership
 from ._native import HandlerCore
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
-from ._platforms import slurm as _slurm
 from ._protocol.agreement import Agreement
 from ._protocol.checkpoints import Checkpoints
 from ._protocol.driver import ProtocolDriver
@@ -258,8 +257,6 @@ class PreemptionCheckpointHandler(
         self._thread_error: Optional[BaseException] = None
         #: Notices the driver has finished with (acted on, absorbed, handed on or dropped at close).
         self._notices_handled = 0
-        #: The deadline (handler clock) of the notice being acted on, if it had one.
-        self._notice_deadline: Optional[float] = None
         #: ParameterServerStrategy: the watch over the PS and worker tasks.
         self._ps_poller: Optional[ClusterPoller] = None
         #: PS tasks whose notice this coordinator acts on (released after the save).
@@ -298,7 +295,7 @@ class PreemptionCheckpointHandler(
         self._save_fn = config.save_fn
         self._peer_timeout = _peer_timeout(config)
         self._signals = defaults.signals
-        _slurm.attach(self, config.slurm_requeue)  # SLURM requeue option (issue 23)
+        _platform.attach(self, config)  # each scheduler's options (SLURM's requeue)
 
         self._checkpoints = Checkpoints(
             checkpoint_or_checkpoint_manager,

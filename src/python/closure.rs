@@ -1,18 +1,10 @@
 //! `Closure` and `Completions`: what the coordinator allocates per
 //! `schedule()`, at the least cost to the cyclic garbage collector.
 //!
-//! Why. CPython's collector runs a full collection of every tracked object
-//! (about 275k with TensorFlow imported, about 120 ms on the bench's machine)
-//! each time the objects that survived two younger collections grow by a
-//! quarter of that number, and starts a young collection every 700 net
-//! allocations of objects of collector-managed types. TensorFlow's
-//! `schedule()` leaves about 20 tracked objects per call alive until its
-//! closure has run (its `Closure`, the cancellable wrapper function with its
-//! cells, the `RemoteValueImpl` with the `threading.Event`, `Condition`, two
-//! `Lock`s, deque and bound methods inside it, a weak reference, the type
-//! specs), so a loop of a few thousand `schedule()` calls pays for a full
-//! collection. Here a `schedule()` leaves two: this module's `Closure` and the
-//! `RemoteValue` (TensorFlow's class, `_coordinator.closures.ClosureRemoteValue`), which
+//! Why two objects per `schedule()` rather than TensorFlow's twenty is told in
+//! `docs/how-it-works.md` ("Two objects per `schedule()`"). Here a
+//! `schedule()` leaves this module's `Closure` and the `RemoteValue`
+//! (TensorFlow's class, `_coordinator.closures.ClosureRemoteValue`), which
 //! needs no event or lock of its own: its waiters wait on the one
 //! [`PyCompletions`] counter of the process.
 //!
@@ -34,13 +26,13 @@
 //! held: references are cloned or taken out under the lock and used after.
 
 use parking_lot::{Condvar, Mutex};
-use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple, PyWeakrefReference};
 use pyo3::{ffi, intern, PyTraverseError};
 
-use super::{threading_deadline, wait_sliced};
+use super::blocking::{threading_deadline, wait_sliced};
+use super::errors;
 
 // ----------------------------------------------------------------------------- Closure
 
@@ -162,7 +154,7 @@ impl PyClosure {
             let refs = self.refs.lock();
             match refs.as_ref() {
                 Some(r) if matches!(r.output, Output::NotBuilt) => r.entry.clone_ref(py),
-                _ => return Err(PyValueError::new_err("The output of the Closure cannot be built more than once.")),
+                _ => return Err(built_twice()),
             }
         };
         let rv = entry.call_method0(py, intern!(py, "new_remote_value"))?;
@@ -174,7 +166,7 @@ impl PyClosure {
             }
             _ => {
                 drop(refs);
-                Err(PyValueError::new_err("The output of the Closure cannot be built more than once."))
+                Err(built_twice())
             }
         }
     }
@@ -389,4 +381,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyClosure>()?;
     m.add_class::<PyCompletions>()?;
     Ok(())
+}
+
+/// `ValueError`, as TensorFlow's `Closure.build_output_remote_value` raises it.
+fn built_twice() -> PyErr {
+    errors::bad_value("The output of the Closure cannot be built more than once.")
 }

@@ -18,12 +18,12 @@
 
 use std::time::Instant;
 
-use pyo3::exceptions::PyAssertionError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::{intern, PyTraverseError};
 
-use super::{threading_deadline, SLICE};
+use super::blocking::{self, threading_deadline, SLICE};
+use super::errors;
 use crate::closure_queue::{Cancellation, ClosureQueue, Done, GetError, Put, PutBack, Settled, DEFAULT_CAPACITY};
 
 type Core = ClosureQueue<Py<PyAny>, Py<PyAny>, i64>;
@@ -38,10 +38,6 @@ fn slice_end(deadline: Option<Instant>) -> Option<Instant> {
         Some(d) if d > now => Some(d.min(end)),
         Some(_) => None,
     }
-}
-
-fn assertion(e: &impl ToString) -> PyErr {
-    PyAssertionError::new_err(e.to_string())
 }
 
 /// The coordinator's closure queue: TensorFlow's `_CoordinatedClosureQueue`
@@ -65,7 +61,7 @@ impl PyClosureQueue {
         // Phase 3: wait for in-flight closures, in slices.
         let cancelled = loop {
             let end = Instant::now() + SLICE;
-            match super::detach(py, || cancellation.finish_until(Some(end))) {
+            match blocking::detach(py, || cancellation.finish_until(Some(end))) {
                 Ok(c) => break c,
                 Err(_) => {
                     if let Err(e) = py.check_signals() {
@@ -122,7 +118,7 @@ impl PyClosureQueue {
                 let mut item = full.into_inner();
                 loop {
                     let end = Instant::now() + SLICE;
-                    match super::detach(py, || core.put(item, Some(end))) {
+                    match blocking::detach(py, || core.put(item, Some(end))) {
                         Ok(outcome) => break outcome,
                         Err(full) => item = full.into_inner(),
                     }
@@ -150,7 +146,7 @@ impl PyClosureQueue {
         let deadline = threading_deadline(timeout);
         loop {
             let Some(end) = slice_end(deadline) else { return Ok(None) };
-            match super::detach(py, || self.core.get(tag, Some(end))) {
+            match blocking::detach(py, || self.core.get(tag, Some(end))) {
                 Ok(item) => return Ok(Some(item)),
                 Err(GetError::Stopped) => return Ok(None),
                 Err(GetError::Timeout) => py.check_signals()?,
@@ -160,7 +156,7 @@ impl PyClosureQueue {
 
     /// Reports an in-flight closure as finished; AssertionError when none is.
     fn mark_finished(&self) -> PyResult<()> {
-        self.core.mark_finished().map_err(|e| assertion(&e))
+        Ok(self.core.mark_finished()?)
     }
 
     /// Returns an in-flight closure to the tail of the main queue, or marks
@@ -169,9 +165,9 @@ impl PyClosureQueue {
     fn put_back(&self, closure: Bound<'_, PyAny>) -> PyResult<()> {
         let py = closure.py();
         if !closure.getattr(intern!(py, "tag"))?.is_none() {
-            return Err(PyAssertionError::new_err(()));
+            return Err(errors::assertion());
         }
-        match self.core.put_back(closure.unbind()).map_err(|e| assertion(&e))? {
+        match self.core.put_back(closure.unbind())? {
             PutBack::Queued => Ok(()),
             PutBack::Cancel { item, slot } => {
                 let marked = item.call_method0(py, intern!(py, "mark_cancelled"));
@@ -184,7 +180,7 @@ impl PyClosureQueue {
     /// Reports an in-flight closure as failed with `e` (the first error is
     /// kept) and wakes `wait()`. AssertionError when nothing is in flight.
     fn mark_failed(&self, e: Py<PyAny>) -> PyResult<()> {
-        self.core.mark_failed(e).map_err(|e| assertion(&e))
+        Ok(self.core.mark_failed(e)?)
     }
 
     /// Makes `e` the pending error (the first is kept) without an in-flight
@@ -211,7 +207,7 @@ impl PyClosureQueue {
                 };
             }
             let Some(end) = slice_end(deadline) else { return Ok(false) };
-            settled = super::detach(py, || waiter.wait_until(Some(end)));
+            settled = blocking::detach(py, || waiter.wait_until(Some(end)));
             if settled.is_err() {
                 py.check_signals()?;
             }

@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::termination::SignalWatch;
+use crate::sources::signals::SignalWatch;
 
 /// Where a wait looks for displaced handlers: a signal watch's core and its
 /// "warned once" flag, shared by every wait on that watch; nothing once the

@@ -40,14 +40,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyInt, PySet, PyString, PyTuple, PyType};
 
-use super::layout;
+use super::{errors, layout};
 use crate::failure::{self as core, ErrorKind, Gate, Kinds, Stage, Verdict};
 
 /// The classes of [`ErrorKind::ALL`], resolved once by
@@ -72,7 +71,7 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             .call_method0(intern!(py, "_error_classes"))?;
         let found = found.cast_into::<PyTuple>()?;
         if found.len() != ErrorKind::ALL.len() {
-            return Err(PyTypeError::new_err(format!(
+            return Err(errors::bad_type(format!(
                 "_error_classes() returned {} classes, the classifier knows {}",
                 found.len(),
                 ErrorKind::ALL.len()
@@ -597,10 +596,7 @@ impl TransientFailures {
             .iter()
             .map(|t| t.extract::<u64>().unwrap_or(u64::MAX))
             .collect();
-        self.state
-            .lock()
-            .record_ps_failure(&tasks)
-            .map_err(|err| PyIndexError::new_err(err.to_string()))
+        self.state.lock().record_ps_failure(&tasks).map_err(PyErr::from)
     }
 
     /// `Cluster._record_and_ignore_transient_timeouts(e)`: whether to ignore

@@ -24,13 +24,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
+use super::errors;
 use crate::grace::GracePlanner;
-use crate::step_resolution::{AfterSave, Decision, KeyOutcome, Membership, Notice, NoticeOutcome, Resolver, Round};
+use crate::step_resolution::{self as core, Membership, Notice, Resolver, Round};
 
 /// What to do about a termination notice (`HandlerCore._core_notice`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
@@ -84,7 +84,7 @@ pub(crate) fn round_from_key(key: &str) -> PyResult<Round> {
     match key {
         k if k == Round::Initial.key() => Ok(Round::Initial),
         k if k == Round::Final.key() => Ok(Round::Final),
-        other => Err(PyValueError::new_err(format!("{other:?} is not a step key"))),
+        other => Err(errors::bad_value(format!("{other:?} is not a step key"))),
     }
 }
 
@@ -132,12 +132,25 @@ impl HandlerCore {
         }
     }
 
+    /// The resolver's answer to `notice`, in the binding's words.
+    fn notice(&self, notice: Notice) -> PyResult<NoticeAction> {
+        let outcome = self.with_resolver(|r, _| Ok(r.on_notice(notice)))?;
+        Ok(match outcome {
+            core::NoticeAction::Lead => NoticeAction::Lead {},
+            core::NoticeAction::Claim { key, value } => NoticeAction::Claim {
+                key: key.to_string(),
+                value,
+            },
+            core::NoticeAction::Absorb => NoticeAction::Absorb {},
+        })
+    }
+
     fn with_resolver<T>(&self, f: impl FnOnce(&mut Resolver, &mut GracePlanner) -> PyResult<T>) -> PyResult<T> {
         let mut guard = self.state.lock();
         let CoreState { resolver, planner, .. } = &mut *guard;
         let resolver = resolver
             .as_mut()
-            .ok_or_else(|| PyRuntimeError::new_err("the handler core is not configured (call _core_configure first)"))?;
+            .ok_or_else(|| errors::misuse("the handler core is not configured (call _core_configure first)"))?;
         let out = f(resolver, planner);
         self.attention.store(resolver.needs_attention(), Ordering::Release);
         out
@@ -430,7 +443,7 @@ impl HandlerCore {
         // exception set, which from_owned_ptr_or_err turns into PyErr.
         let index = unsafe { Bound::from_owned_ptr_or_err(value.py(), pyo3::ffi::PyNumber_Index(value.as_ptr()))? };
         let n: i128 = index.extract()?;
-        let n = u64::try_from(n).map_err(|_| PyValueError::new_err(format!("_run_counter must be a non-negative integer, got {n}")))?;
+        let n = u64::try_from(n).map_err(|_| errors::bad_value(format!("_run_counter must be a non-negative integer, got {n}")))?;
         self.run_counter.store(n, Ordering::Relaxed);
         Ok(())
     }
@@ -446,7 +459,7 @@ impl HandlerCore {
     #[pyo3(signature = (worker_id, num_workers, grace_period, save_at_current_run=false))]
     fn _core_configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
         if !grace_period.is_finite() || grace_period < 0.0 {
-            return Err(PyValueError::new_err(format!(
+            return Err(errors::bad_value(format!(
                 "grace_period must be a non-negative number of seconds, got {grace_period}"
             )));
         }
@@ -454,7 +467,7 @@ impl HandlerCore {
             None => Membership::Local,
             Some(id) if id < num_workers => Membership::Worker { id, num_workers },
             Some(id) => {
-                return Err(PyValueError::new_err(format!(
+                return Err(errors::bad_value(format!(
                     "worker id {id} is not below the worker count {num_workers}"
                 )))
             }
@@ -470,18 +483,17 @@ impl HandlerCore {
     }
 
     /// A termination notice at `now` (with the platform's `deadline`, if it
-    /// announced one): what to do about it.
+    /// announced one, on the same clock as `now`): what to do about it.
     #[pyo3(signature = (now, deadline=None))]
     fn _core_notice(&self, now: f64, deadline: Option<f64>) -> PyResult<NoticeAction> {
-        let outcome = self.with_resolver(|r, _| Ok(r.on_notice(Notice { at: now, deadline })))?;
-        Ok(match outcome {
-            NoticeOutcome::Lead => NoticeAction::Lead {},
-            NoticeOutcome::Claim { key, value } => NoticeAction::Claim {
-                key: key.to_string(),
-                value,
-            },
-            NoticeOutcome::Ignored => NoticeAction::Absorb {},
-        })
+        self.notice(Notice { at: now, deadline })
+    }
+
+    /// A notice from a source, whose deadline is a Unix time read when the
+    /// wall clock said `unix_now` (`Notice::from_unix`: the one conversion).
+    #[pyo3(signature = (now, unix_now, unix_deadline=None))]
+    fn _core_source_notice(&self, now: f64, unix_now: f64, unix_deadline: Option<f64>) -> PyResult<NoticeAction> {
+        self.notice(Notice::from_unix(now, unix_now, unix_deadline))
     }
 
     fn _core_claim(&self, won: bool) -> PyResult<()> {
@@ -498,13 +510,13 @@ impl HandlerCore {
     /// `ValueError` for a malformed value or an unknown key.
     fn _core_step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
         let round = round_from_key(round_key)?;
-        let outcome = self.with_resolver(|r, _| r.on_step_key(round, value).map_err(|e| PyValueError::new_err(e.to_string())))?;
+        let outcome = self.with_resolver(|r, _| Ok(r.on_step_key(round, value)?))?;
         Ok(match outcome {
-            KeyOutcome::Ack { key, watch_next } => KeyAction::Acknowledge {
-                ack_key: key,
-                next_round_key: watch_next.map(|r| r.key().to_string()),
+            core::KeyAction::Acknowledge { ack_key, next_round } => KeyAction::Acknowledge {
+                ack_key,
+                next_round_key: next_round.map(|r| r.key().to_string()),
             },
-            KeyOutcome::Stop => KeyAction::Stop {},
+            core::KeyAction::Stop => KeyAction::Stop {},
         })
     }
 
@@ -513,13 +525,13 @@ impl HandlerCore {
         let runs = self.run_counter.load(Ordering::Relaxed);
         let decision = self.with_resolver(|r, planner| Ok(r.before_step(runs, now, planner)))?;
         Ok(match decision {
-            Decision::Proceed => StepAction::Proceed {},
-            Decision::Publish { round, step, ack_keys } => StepAction::Publish {
+            core::StepAction::Proceed => StepAction::Proceed {},
+            core::StepAction::Publish { round, step, ack_keys } => StepAction::Publish {
                 round_key: round.key().to_string(),
                 step,
                 ack_keys,
             },
-            Decision::Save { round, step } => StepAction::Save {
+            core::StepAction::Save { round, step } => StepAction::Save {
                 round_key: round.key().to_string(),
                 step,
             },
@@ -530,11 +542,11 @@ impl HandlerCore {
     fn _core_saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
         let round = round_from_key(round_key)?;
         self.with_resolver(|r, planner| {
-            let after = r.on_saved(round).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            let after = r.on_saved(round)?;
             planner.record_save(duration);
             Ok(match after {
-                AfterSave::Exit => SaveAction::Exit,
-                AfterSave::Countdown => SaveAction::Countdown,
+                core::SaveAction::Exit => SaveAction::Exit,
+                core::SaveAction::Countdown => SaveAction::Countdown,
             })
         })
     }
@@ -552,6 +564,37 @@ impl HandlerCore {
             planner.record_agreement(duration);
             Ok(())
         })
+    }
+
+    /// How long a failing coordination-service call is retried from `now`
+    /// (`crate::retry::bound`): the leading notice's deadline, if any, may
+    /// shorten it.
+    fn _core_retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+        let state = self.state.lock();
+        let deadline = state
+            .resolver
+            .as_ref()
+            .and_then(|r| r.leading_notice().map(|n| GracePlanner::deadline(n, r.grace_period())));
+        crate::retry::bound(peer_timeout, deadline, now)
+    }
+
+    /// How long the coordinator of a parameter-server cluster lets the
+    /// closures in flight finish before its save, from `now`
+    /// (`GracePlanner::drain_bound`); `peer_timeout` when the notice set no
+    /// deadline or this worker does not lead.
+    fn _core_drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+        let state = self.state.lock();
+        state
+            .resolver
+            .as_ref()
+            .and_then(|r| r.leading_notice().and_then(|n| state.planner.drain_bound(n, r.grace_period(), now)))
+            .unwrap_or(peer_timeout)
+    }
+
+    /// True once this worker won the claim (or leads in local mode).
+    #[getter(_core_leading)]
+    fn core_leading(&self) -> bool {
+        self.state.lock().resolver.as_ref().is_some_and(|r| r.leading_notice().is_some())
     }
 
     fn _core_shutdown_keys(&self) -> PyResult<Vec<&'static str>> {

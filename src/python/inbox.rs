@@ -17,9 +17,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 
+use super::blocking::{deadline_after, wait_sliced};
 use super::displacement::{warn_displaced, Displacement};
 use super::handler::round_from_key;
-use super::{deadline_after, wait_sliced};
 use crate::inbox::{Inbox, Input, Origin, Poster, RecvError};
 
 /// What the binding's inbox carries for a failed read: the exception.

@@ -4,14 +4,14 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::blocking::{deadline_after, wait_sliced};
 use super::displacement::{warn_displaced, Displacement};
+use super::errors;
 use super::inbox::{unix_now, PyInbox};
-use super::{deadline_after, wait_sliced};
 use crate::inbox::Origin;
-use crate::termination::{Role, SignalWatch, Sink, Wake};
+use crate::sources::signals::{Role, SignalWatch, Sink, Wake};
 
 /// Watches signals for one handler; `wait` releases the GIL.
 #[pyclass(frozen, name = "SignalWatch", module = "tf_failure_handling._native")]
@@ -33,7 +33,7 @@ impl PySignalWatch {
         self.inner
             .lock()
             .clone()
-            .ok_or_else(|| PyRuntimeError::new_err("the signal watch is closed"))
+            .ok_or_else(|| errors::misuse("the signal watch is closed"))
     }
 
     /// The core watch, for sources that trigger it from Rust
@@ -88,8 +88,7 @@ impl PySignalWatch {
                 });
                 SignalWatch::with_sink(&signals, role, sink)
             }
-        }
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        }?;
         Ok(PySignalWatch {
             inner: Mutex::new(Some(Arc::new(watch))),
             displaced_warned: Arc::new(AtomicBool::new(false)),
@@ -170,7 +169,7 @@ fn wake_code(wake: Wake) -> i32 {
 /// Number of times `signal` was delivered to this process.
 #[pyfunction]
 fn signal_deliveries(signal: i32) -> u64 {
-    crate::termination::delivered(signal)
+    crate::sources::signals::delivered(signal)
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

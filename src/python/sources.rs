@@ -4,7 +4,7 @@
 //! reach Python only through `log` (pyo3-log attaches to emit a record) and
 //! through the `wake` callback, which runs without the GIL: it posts the
 //! notice into an `Inbox` (a handler's or watcher's sources), or triggers
-//! the core [`crate::termination::SignalWatch`] behind a `SignalWatch`. The
+//! the core [`crate::sources::signals::SignalWatch`] behind a `SignalWatch`. The
 //! latter is held weakly: closing the `SignalWatch` still uninstalls its
 //! handlers, and a notice arriving afterwards wakes nobody. A stopped inbox
 //! refuses the post.
@@ -16,7 +16,7 @@
 //! record that passes the level). So no wait here on one of those threads,
 //! or on anything they must do first, ever holds the GIL or a Rust lock:
 //! `wait`, `close`, `probe_metadata` and the `atexit` hook all wait with
-//! [`detach`] for at most a [`SLICE`](super::SLICE) at a time
+//! [`detach`] for at most a [`SLICE`](super::blocking::SLICE) at a time
 //! ([`wait_in_slices`]), re-attach, run pending signal handlers (Ctrl-C
 //! raises `KeyboardInterrupt` within a slice), and go on. Joining a thread the
 //! moment it is known to have ended is the only other wait.
@@ -33,32 +33,25 @@ use std::sync::{mpsc, Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::blocking::{deadline_after, detach, next_slice};
+use super::errors;
 use super::inbox::{unix_now, PyInbox};
 use super::signals::PySignalWatch;
-use super::{deadline_after, detach, next_slice};
-use crate::http::BaseUrl;
 use crate::inbox::Origin;
-use crate::sources::{probe, Cloud, MetadataWatch, Notice, Wake, WatchConfig, WatchError, CLOSE_WAIT};
+use crate::sources::http::BaseUrl;
+use crate::sources::{probe, Cloud, MetadataWatch, Notice, Wake, WatchConfig, CLOSE_WAIT};
 
 /// Every watch created and not yet dropped, for the `atexit` hook.
 static LIVE: Mutex<Vec<Weak<MetadataWatch>>> = Mutex::new(Vec::new());
-
-fn to_py(e: WatchError) -> PyErr {
-    match e {
-        WatchError::Spawn(_) => PyRuntimeError::new_err(e.to_string()),
-        _ => PyValueError::new_err(e.to_string()),
-    }
-}
 
 fn pair(notice: Notice) -> (String, Option<f64>) {
     (notice.description, notice.deadline)
 }
 
 /// Calls `step(slice)` with the GIL released, for at most a
-/// [`SLICE`](super::SLICE) (less near `deadline`) at a time, until it
+/// [`SLICE`](super::blocking::SLICE) (less near `deadline`) at a time, until it
 /// returns `Some`; between slices, with the GIL held and no Rust lock, runs
 /// pending signal handlers.
 /// `Ok(None)` once `deadline` has passed.
@@ -122,7 +115,7 @@ impl PyMetadataWatch {
     #[new]
     #[pyo3(signature = (cloud, base_url, wake=None, *, interval=0.5, request_timeout=1.0))]
     fn new(cloud: &str, base_url: &str, wake: Option<&Bound<'_, PyAny>>, interval: f64, request_timeout: f64) -> PyResult<Self> {
-        let config = WatchConfig::new(cloud, base_url, interval, request_timeout).map_err(to_py)?;
+        let config = WatchConfig::new(cloud, base_url, interval, request_timeout)?;
         let wake = match wake {
             None => None,
             Some(w) => {
@@ -140,14 +133,14 @@ impl PyMetadataWatch {
                         }
                     }) as Wake)
                 } else {
-                    return Err(PyTypeError::new_err(format!(
+                    return Err(errors::bad_type(format!(
                         "wake must be an Inbox, a SignalWatch or None, got {}",
                         w.get_type().name()?
                     )));
                 }
             }
         };
-        let core = Arc::new(MetadataWatch::start(&config, wake).map_err(to_py)?);
+        let core = Arc::new(MetadataWatch::start(&config, wake)?);
         let mut live = LIVE.lock();
         live.retain(|w| w.strong_count() > 0);
         live.push(Arc::downgrade(&core));
@@ -215,7 +208,7 @@ impl PyMetadataWatch {
 
 /// How long an interrupted `probe_metadata` waits for its probe thread to
 /// end: the probe notices its stop flag within
-/// [`http::SLICE`](crate::http::SLICE).
+/// [`http::SLICE`](crate::sources::http::SLICE).
 const PROBE_STOP_WAIT: Duration = Duration::from_secs(1);
 
 /// Whether `cloud`'s metadata server answers at `base_url`: one detection
@@ -225,17 +218,15 @@ const PROBE_STOP_WAIT: Duration = Duration::from_secs(1);
 /// The probe runs on its own thread; this one waits in slices with the GIL
 /// released and runs signal handlers between them. When one raises
 /// (Ctrl-C), the probe is stopped, given up to [`PROBE_STOP_WAIT`]
-/// (detached; it takes about one [`http::SLICE`](crate::http::SLICE)) to
+/// (detached; it takes about one [`http::SLICE`](crate::sources::http::SLICE)) to
 /// end, and the exception propagates.
 #[pyfunction]
 #[pyo3(signature = (cloud, base_url, timeout=1.0))]
 fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: f64) -> PyResult<bool> {
-    let cloud: Cloud = cloud.parse().map_err(to_py)?;
-    let base = BaseUrl::parse(base_url).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let cloud: Cloud = cloud.parse()?;
+    let base = BaseUrl::parse(base_url)?;
     if !(timeout.is_finite() && timeout >= 0.0) {
-        return Err(PyValueError::new_err(format!(
-            "timeout must be a non-negative number of seconds, got {timeout}"
-        )));
+        return Err(errors::bad_timeout(timeout));
     }
     let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX);
     let stop = Arc::new(AtomicBool::new(false));
@@ -246,7 +237,7 @@ fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: f64) -> 
         .spawn(move || {
             let _ = tx.send(probe(cloud, &base, timeout, Some(&thread_stop)));
         })
-        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the probe thread: {e}")))?;
+        .map_err(|e| errors::misuse(format!("cannot start the probe thread: {e}")))?;
     // `Some(None)`: the thread ended without an answer (it panicked).
     let mut receive = move |slice: Duration| match rx.recv_timeout(slice) {
         Ok(found) => Some(Some(found)),

@@ -9,7 +9,7 @@ use parking_lot::{Condvar, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::{deadline_after, wait_sliced};
+use super::blocking::{deadline_after, wait_sliced};
 
 /// What a get found.
 enum Found {

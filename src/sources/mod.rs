@@ -1,4 +1,4 @@
-//! Metadata-service termination sources: GCE, AWS and Azure, polled.
+//! Termination sources: signals, and the metadata services of GCE, AWS and Azure, polled.
 //!
 //! TensorFlow watches one platform's metadata server (GCE's
 //! `maintenance-event`, one Python thread, no timeout on its request). Here
@@ -59,7 +59,7 @@
 //! Only status 200 with a body that parses completely as the expected
 //! announcement is a notice: JSON is parsed by `serde_json` (with its
 //! recursion limit) from bodies the HTTP client already capped at
-//! [`http::MAX_BODY`](crate::http::MAX_BODY); strings that end up in a log line or a request (an
+//! [`http::MAX_BODY`](crate::sources::http::MAX_BODY); strings that end up in a log line or a request (an
 //! AWS token, a GCE `ETag`, an Azure VM name) are validated or
 //! percent-encoded first. Anything else is an [`Event::Trouble`], counted
 //! and logged, and polling goes on at the interval.
@@ -68,14 +68,14 @@
 //!
 //! [`MetadataWatch`] runs one thread per poller (two for GCE, so each
 //! endpoint sees a change within one long poll or one interval), executes
-//! the actions with [`http::Client`](crate::http::Client), and keeps the first notice, sticky.
+//! the actions with [`http::Client`](crate::sources::http::Client), and keeps the first notice, sticky.
 //! The first notice also calls the `wake` callback with it (the Python
 //! binding posts it into the handler's [`crate::inbox::Inbox`], or triggers
-//! a [`crate::termination::SignalWatch`]) and ends polling:
+//! a [`crate::sources::signals::SignalWatch`]) and ends polling:
 //! nothing a later answer says can change what the handler does. Every
 //! request is bounded by its timeout and, through the stop flag, by
 //! [`MetadataWatch::close`], which returns within about
-//! [`http::SLICE`](crate::http::SLICE) plus one slice even while a request
+//! [`http::SLICE`](crate::sources::http::SLICE) plus one slice even while a request
 //! is blocked.
 //!
 //! Logging (target `tf_failure_handling`, forwarded to Python's logger of
@@ -99,6 +99,8 @@
 //! | `aws.rs` | [`AwsPoller`], [`parse_spot_action`], [`parse_rebalance`] and AWS's detection requests |
 //! | `azure.rs` | [`AzurePoller`], [`parse_scheduled_events`] and Azure's detection request |
 //! | `watch.rs` | the I/O shell: [`MetadataWatch`] and [`probe`] |
+//! | `http.rs` | the minimal, strictly bounded HTTP/1.1 client `watch.rs` polls with |
+//! | `signals.rs` | signals: `sigaction` from any thread, who owns a notice, one wake-up per delivery (not a poller: the process-wide plumbing) |
 //! | `tests.rs`, `tests/` | table tests per platform, dates, hostile input, the shell against fake servers |
 //!
 //! Files import downward: the platforms use `shared.rs` and `dates.rs` and
@@ -111,7 +113,9 @@ mod aws;
 mod azure;
 mod dates;
 mod gce;
+pub mod http;
 mod shared;
+pub mod signals;
 mod watch;
 
 pub use aws::{parse_rebalance, parse_spot_action, AwsPoller, AWS_REBALANCE_MAX_INTERVAL, AWS_TOKEN_RETRY, AWS_TOKEN_TTL, NOTE_IMDSV1};

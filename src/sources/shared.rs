@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use crate::http::{self, UrlError};
+use super::http::{self, UrlError};
 
 /// The `log` target of this module (Python's logger of the same name).
 pub(super) const LOG_TARGET: &str = "tf_failure_handling";

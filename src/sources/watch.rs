@@ -1,5 +1,5 @@
 //! The I/O shell: [`MetadataWatch`] runs each poller of a cloud on its own
-//! thread with [`http::Client`](crate::http::Client); [`probe`] makes one cloud's detection
+//! thread with [`http::Client`](crate::sources::http::Client); [`probe`] makes one cloud's detection
 //! requests.
 
 use std::collections::HashSet;
@@ -10,9 +10,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::http::{BaseUrl, Client, HttpError};
 use super::shared::{Action, Cloud, Event, Notice, Poller, Response, Timing, WatchError, LOG_TARGET};
 use super::{aws, azure, gce, pollers};
-use crate::http::{BaseUrl, Client, HttpError};
 
 /// What to watch, validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -255,7 +255,7 @@ pub struct MetadataWatch {
 
 /// How long [`MetadataWatch::close`] waits for its threads (the Python
 /// binding waits as long, in slices). They notice the stop flag within
-/// [`http::SLICE`](crate::http::SLICE); a thread still running after this
+/// [`http::SLICE`](crate::sources::http::SLICE); a thread still running after this
 /// is left to end on its own.
 pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -398,7 +398,7 @@ impl MetadataWatch {
     }
 
     /// Stops polling and joins the threads: returns within about
-    /// [`http::SLICE`](crate::http::SLICE) even while a request is blocked
+    /// [`http::SLICE`](crate::sources::http::SLICE) even while a request is blocked
     /// (at most [`CLOSE_WAIT`]; threads still running then are left to end
     /// on their own). Idempotent. Blocks without looking at signals: the
     /// Python binding stops and [`MetadataWatch::join`]s in slices instead.
@@ -439,7 +439,7 @@ impl Drop for MetadataWatch {
 ///   `Metadata: true` answers 200.
 ///
 /// Anything else, including any failure, is false. `stop` abandons it
-/// within [`http::SLICE`](crate::http::SLICE); once it is set, nothing more
+/// within [`http::SLICE`](crate::sources::http::SLICE); once it is set, nothing more
 /// is logged.
 #[must_use]
 pub fn probe(cloud: Cloud, base: &BaseUrl, timeout: Duration, stop: Option<&AtomicBool>) -> bool {

@@ -34,12 +34,12 @@ enum Ev {
 /// What the call returned.
 #[derive(Debug, PartialEq)]
 enum Out {
-    Notice(NoticeOutcome),
+    Notice(NoticeAction),
     /// `on_claim` and `on_save_failed` return nothing.
     Done,
-    Key(Result<KeyOutcome, StepKeyError>),
-    Step(Decision),
-    Saved(Result<AfterSave, SaveError>),
+    Key(Result<KeyAction, StepKeyError>),
+    Step(StepAction),
+    Saved(Result<SaveAction, SaveError>),
 }
 
 /// 20 steps of 1 s and one save of 2 s: margin = 2 × 1 + 0 + 1.5 × 2 + 0.1 = 5.1 s,
@@ -99,10 +99,10 @@ fn w(id: u32, num_workers: u32) -> Membership {
     Membership::Worker { id, num_workers }
 }
 
-fn ack(key: &str, watch_next: Option<Round>) -> Out {
-    Out::Key(Ok(KeyOutcome::Ack {
-        key: key.to_owned(),
-        watch_next,
+fn ack(key: &str, next_round: Option<Round>) -> Out {
+    Out::Key(Ok(KeyAction::Acknowledge {
+        ack_key: key.to_owned(),
+        next_round,
     }))
 }
 
@@ -114,7 +114,7 @@ fn malformed(key: &'static str, value: &str) -> Out {
 }
 
 fn publish(round: Round, step: u64, ack_keys: &[&str]) -> Out {
-    Out::Step(Decision::Publish {
+    Out::Step(StepAction::Publish {
         round,
         step,
         ack_keys: ack_keys.iter().map(|k| (*k).to_owned()).collect(),
@@ -122,14 +122,14 @@ fn publish(round: Round, step: u64, ack_keys: &[&str]) -> Out {
 }
 
 fn save(round: Round, step: u64) -> Out {
-    Out::Step(Decision::Save { round, step })
+    Out::Step(StepAction::Save { round, step })
 }
 
-const PROCEED: Out = Out::Step(Decision::Proceed);
-const IGNORED: Out = Out::Notice(NoticeOutcome::Ignored);
+const PROCEED: Out = Out::Step(StepAction::Proceed);
+const IGNORED: Out = Out::Notice(NoticeAction::Absorb);
 
 fn claim(id: &str) -> Out {
-    Out::Notice(NoticeOutcome::Claim {
+    Out::Notice(NoticeAction::Claim {
         key: "TERMINATED_WORKER",
         value: id.to_owned(),
     })
@@ -178,15 +178,15 @@ fn transition_table() -> Vec<Row> {
     vec![
         // --- Local, grace 0 -------------------------------------------------
         Row { name: "local, no notice: proceed, hot path", who: l(), grace: 0.0, setup: vec![], event: Before(5, 1.0), expect: PROCEED, attention: false, round: I, agreed: None, same: true },
-        Row { name: "local notice: lead", who: l(), grace: 0.0, setup: vec![], event: Notice(0.0), expect: Out::Notice(NoticeOutcome::Lead), attention: true, round: I, agreed: None, same: false },
+        Row { name: "local notice: lead", who: l(), grace: 0.0, setup: vec![], event: Notice(0.0), expect: Out::Notice(NoticeAction::Lead), attention: true, round: I, agreed: None, same: false },
         Row { name: "local leader publishes runs + 1, no ack keys", who: l(), grace: 0.0, setup: local_lead.to_vec(), event: Before(5, 1.0), expect: publish(I, 6, &[]), attention: true, round: I, agreed: Some(6), same: false },
         Row { name: "local: second notice while leading is ignored", who: l(), grace: 0.0, setup: local_lead.to_vec(), event: Notice(0.5), expect: IGNORED, attention: true, round: I, agreed: None, same: true },
         Row { name: "local: second notice after publishing is ignored", who: l(), grace: 0.0, setup: local_published.to_vec(), event: Notice(1.5), expect: IGNORED, attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "local: run count below the agreed step proceeds, publishes once", who: l(), grace: 0.0, setup: local_published.to_vec(), event: Before(5, 1.5), expect: PROCEED, attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "local: save at the agreed step", who: l(), grace: 0.0, setup: local_published.to_vec(), event: Before(6, 2.0), expect: save(I, 6), attention: true, round: I, agreed: Some(6), same: false },
         Row { name: "local: while the save runs, before_step proceeds", who: l(), grace: 0.0, setup: local_saving.to_vec(), event: Before(6, 2.1), expect: PROCEED, attention: true, round: I, agreed: Some(6), same: true },
-        Row { name: "local grace 0: saved -> exit", who: l(), grace: 0.0, setup: local_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(AfterSave::Exit)), attention: false, round: I, agreed: Some(6), same: false },
-        Row { name: "negative grace behaves as 0: saved -> exit", who: l(), grace: -1.0, setup: local_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(AfterSave::Exit)), attention: false, round: I, agreed: Some(6), same: false },
+        Row { name: "local grace 0: saved -> exit", who: l(), grace: 0.0, setup: local_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(SaveAction::Exit)), attention: false, round: I, agreed: Some(6), same: false },
+        Row { name: "negative grace behaves as 0: saved -> exit", who: l(), grace: -1.0, setup: local_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(SaveAction::Exit)), attention: false, round: I, agreed: Some(6), same: false },
         Row { name: "after exit: proceed, no attention", who: l(), grace: 0.0, setup: local_done.clone(), event: Before(7, 3.0), expect: PROCEED, attention: false, round: I, agreed: Some(6), same: true },
         Row { name: "after exit: notice ignored", who: l(), grace: 0.0, setup: local_done.clone(), event: Notice(3.0), expect: IGNORED, attention: false, round: I, agreed: Some(6), same: true },
         Row { name: "after exit: a second on_saved is unexpected", who: l(), grace: 0.0, setup: local_done.clone(), event: Saved(I), expect: Out::Saved(Err(SaveError::Unexpected(I))), attention: false, round: I, agreed: Some(6), same: true },
@@ -197,14 +197,14 @@ fn transition_table() -> Vec<Row> {
         Row { name: "after a failed save on_saved is unexpected", who: l(), grace: 0.0, setup: cat(&local_saving, &[SaveFailed]), event: Saved(I), expect: Out::Saved(Err(SaveError::Unexpected(I))), attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "local ack key uses single_worker", who: l(), grace: 10.0, setup: vec![], event: Key(I, "3"), expect: ack("RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_single_worker", Some(F)), attention: true, round: I, agreed: Some(3), same: false },
         // --- Local, grace 10 ------------------------------------------------
-        Row { name: "grace: first save -> countdown, leader keeps attention", who: l(), grace: 10.0, setup: local_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(AfterSave::Countdown)), attention: true, round: F, agreed: None, same: false },
+        Row { name: "grace: first save -> countdown, leader keeps attention", who: l(), grace: 10.0, setup: local_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(SaveAction::Countdown)), attention: true, round: F, agreed: None, same: false },
         Row { name: "countdown: final round not due", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Before(7, 4.8), expect: PROCEED, attention: true, round: F, agreed: None, same: true },
         Row { name: "countdown: final round due -> publish runs + 1", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Before(7, 5.0), expect: publish(F, 8, &[]), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "countdown: notice ignored", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Notice(4.0), expect: IGNORED, attention: true, round: F, agreed: None, same: true },
         Row { name: "platform deadline earlier than the grace period brings the final round forward", who: l(), grace: 10.0, setup: vec![NoticeBy(0.0, 6.0), Before(5, 0.2), Before(6, 0.4), Saved(I)], event: Before(7, 1.0), expect: publish(F, 8, &[]), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "final round published once", who: l(), grace: 10.0, setup: local_final_published.clone(), event: Before(7, 5.5), expect: PROCEED, attention: true, round: F, agreed: Some(8), same: true },
         Row { name: "final save at the final step", who: l(), grace: 10.0, setup: local_final_published.clone(), event: Before(8, 6.0), expect: save(F, 8), attention: true, round: F, agreed: Some(8), same: false },
-        Row { name: "final save done -> exit", who: l(), grace: 10.0, setup: local_final_saving.clone(), event: Saved(F), expect: Out::Saved(Ok(AfterSave::Exit)), attention: false, round: F, agreed: Some(8), same: false },
+        Row { name: "final save done -> exit", who: l(), grace: 10.0, setup: local_final_saving.clone(), event: Saved(F), expect: Out::Saved(Ok(SaveAction::Exit)), attention: false, round: F, agreed: Some(8), same: false },
         Row { name: "after the final exit: proceed", who: l(), grace: 10.0, setup: local_final_done.clone(), event: Before(9, 7.0), expect: PROCEED, attention: false, round: F, agreed: Some(8), same: true },
         // --- Worker 0 of 3, grace 0: claims ---------------------------------
         Row { name: "worker notice claims TERMINATED_WORKER with its id", who: w(0, 3), grace: 0.0, setup: vec![], event: Notice(0.0), expect: claim("0"), attention: false, round: I, agreed: None, same: false },
@@ -226,26 +226,26 @@ fn transition_table() -> Vec<Row> {
         Row { name: "follower: below the agreed step proceed", who: w(1, 3), grace: 0.0, setup: agreed.to_vec(), event: Before(5, 1.0), expect: PROCEED, attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "follower: save at the agreed step", who: w(1, 3), grace: 0.0, setup: agreed.to_vec(), event: Before(6, 1.0), expect: save(I, 6), attention: true, round: I, agreed: Some(6), same: false },
         Row { name: "follower: notice after the agreed key is ignored", who: w(1, 3), grace: 0.0, setup: agreed.to_vec(), event: Notice(1.0), expect: IGNORED, attention: true, round: I, agreed: Some(6), same: true },
-        Row { name: "follower: saved -> exit", who: w(1, 3), grace: 0.0, setup: follower_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(AfterSave::Exit)), attention: false, round: I, agreed: Some(6), same: false },
+        Row { name: "follower: saved -> exit", who: w(1, 3), grace: 0.0, setup: follower_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(SaveAction::Exit)), attention: false, round: I, agreed: Some(6), same: false },
         Row { name: "follower: a later value does not move the agreed step", who: w(1, 3), grace: 0.0, setup: agreed.to_vec(), event: Key(I, "9"), expect: ack(ack_i1, None), attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "follower: surrounding whitespace is tolerated", who: w(1, 3), grace: 0.0, setup: vec![], event: Key(I, " 6\n"), expect: ack(ack_i1, None), attention: true, round: I, agreed: Some(6), same: false },
-        Row { name: "STOP_WATCHER -> stop", who: w(1, 3), grace: 0.0, setup: vec![], event: Key(I, "STOP_WATCHER"), expect: Out::Key(Ok(KeyOutcome::Stop)), attention: false, round: I, agreed: None, same: true },
+        Row { name: "STOP_WATCHER -> stop", who: w(1, 3), grace: 0.0, setup: vec![], event: Key(I, "STOP_WATCHER"), expect: Out::Key(Ok(KeyAction::Stop)), attention: false, round: I, agreed: None, same: true },
         Row { name: "malformed value: error, state unchanged", who: w(1, 3), grace: 0.0, setup: vec![], event: Key(I, "six"), expect: malformed("RUN_TO_CHECKPOINT", "six"), attention: false, round: I, agreed: None, same: true },
         Row { name: "empty value is malformed", who: w(1, 3), grace: 0.0, setup: vec![], event: Key(I, ""), expect: malformed("RUN_TO_CHECKPOINT", ""), attention: false, round: I, agreed: None, same: true },
         Row { name: "negative value after agreement is malformed, agreement kept", who: w(1, 3), grace: 0.0, setup: agreed.to_vec(), event: Key(I, "-1"), expect: malformed("RUN_TO_CHECKPOINT", "-1"), attention: true, round: I, agreed: Some(6), same: true },
         // --- Worker 3 of 4, grace 10: following both rounds -----------------
         Row { name: "grace: ack and watch the final key next", who: w(3, 4), grace: 10.0, setup: vec![], event: Key(I, "6"), expect: ack(ack_i3, Some(F)), attention: true, round: I, agreed: Some(6), same: false },
-        Row { name: "follower: first save -> countdown, no attention", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), Before(6, 2.0)], event: Saved(I), expect: Out::Saved(Ok(AfterSave::Countdown)), attention: false, round: F, agreed: None, same: false },
+        Row { name: "follower: first save -> countdown, no attention", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), Before(6, 2.0)], event: Saved(I), expect: Out::Saved(Ok(SaveAction::Countdown)), attention: false, round: F, agreed: None, same: false },
         Row { name: "follower countdown: steps proceed on the hot path", who: w(3, 4), grace: 10.0, setup: f_countdown.to_vec(), event: Before(7, 9.99), expect: PROCEED, attention: false, round: F, agreed: None, same: true },
         Row { name: "follower countdown: notice ignored", who: w(3, 4), grace: 10.0, setup: f_countdown.to_vec(), event: Notice(2.5), expect: IGNORED, attention: false, round: F, agreed: None, same: true },
         Row { name: "final key: ack, nothing more to watch", who: w(3, 4), grace: 10.0, setup: f_countdown.to_vec(), event: Key(F, "9"), expect: ack(ack_f3, None), attention: true, round: F, agreed: Some(9), same: false },
-        Row { name: "final key STOP_WATCHER -> stop", who: w(3, 4), grace: 10.0, setup: f_countdown.to_vec(), event: Key(F, "STOP_WATCHER"), expect: Out::Key(Ok(KeyOutcome::Stop)), attention: false, round: F, agreed: None, same: true },
+        Row { name: "final key STOP_WATCHER -> stop", who: w(3, 4), grace: 10.0, setup: f_countdown.to_vec(), event: Key(F, "STOP_WATCHER"), expect: Out::Key(Ok(KeyAction::Stop)), attention: false, round: F, agreed: None, same: true },
         Row { name: "malformed final value names LAST_RUN_TO_CHECKPOINT", who: w(3, 4), grace: 10.0, setup: f_countdown.to_vec(), event: Key(F, "7.5"), expect: malformed("LAST_RUN_TO_CHECKPOINT", "7.5"), attention: false, round: F, agreed: None, same: true },
         Row { name: "follower: below the final step proceed", who: w(3, 4), grace: 10.0, setup: f_final_agreed.clone(), event: Before(8, 2.9), expect: PROCEED, attention: true, round: F, agreed: Some(9), same: true },
         Row { name: "follower: final save at the final step", who: w(3, 4), grace: 10.0, setup: f_final_agreed.clone(), event: Before(9, 3.0), expect: save(F, 9), attention: true, round: F, agreed: Some(9), same: false },
-        Row { name: "follower: final save -> exit", who: w(3, 4), grace: 10.0, setup: f_final_saving.clone(), event: Saved(F), expect: Out::Saved(Ok(AfterSave::Exit)), attention: false, round: F, agreed: Some(9), same: false },
+        Row { name: "follower: final save -> exit", who: w(3, 4), grace: 10.0, setup: f_final_saving.clone(), event: Saved(F), expect: Out::Saved(Ok(SaveAction::Exit)), attention: false, round: F, agreed: Some(9), same: false },
         Row { name: "final key before the first save is kept for later", who: w(3, 4), grace: 10.0, setup: agreed.to_vec(), event: Key(F, "8"), expect: ack(ack_f3, None), attention: true, round: I, agreed: Some(6), same: false },
-        Row { name: "first save with the final key known -> countdown with attention", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), Key(F, "7"), Before(6, 2.0)], event: Saved(I), expect: Out::Saved(Ok(AfterSave::Countdown)), attention: true, round: F, agreed: Some(7), same: false },
+        Row { name: "first save with the final key known -> countdown with attention", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), Key(F, "7"), Before(6, 2.0)], event: Saved(I), expect: Out::Saved(Ok(SaveAction::Countdown)), attention: true, round: F, agreed: Some(7), same: false },
         // --- Worker 0 of 2, grace 10: leading both rounds -------------------
         Row { name: "worker leader's own watcher watches the final key", who: w(0, 2), grace: 10.0, setup: led.to_vec(), event: Key(I, "6"), expect: ack(ack_i0, Some(F)), attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "worker leader: countdown, not due", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: Before(7, 4.8), expect: PROCEED, attention: true, round: F, agreed: None, same: true },
@@ -283,16 +283,16 @@ fn every_transition() {
             "{name}: state changed?\n before {before}\n after  {after}"
         );
         // Errors and ignored notices never change anything.
-        if matches!(out, Out::Key(Err(_)) | Out::Saved(Err(_)) | Out::Notice(NoticeOutcome::Ignored)) {
+        if matches!(out, Out::Key(Err(_)) | Out::Saved(Err(_)) | Out::Notice(NoticeAction::Absorb)) {
             assert_eq!(before, after, "{name}: a rejected event changed the state");
         }
         // The hot-path contract, checked on every row that calls before_step.
         if let (Ev::Before(..), Out::Step(d)) = (&row.event, &out) {
             if !attention_before {
-                assert_eq!(*d, Decision::Proceed, "{name}: no attention, yet not Proceed");
+                assert_eq!(*d, StepAction::Proceed, "{name}: no attention, yet not Proceed");
                 assert_eq!(before, after, "{name}: no attention, yet the state changed");
             }
-            if matches!(d, Decision::Publish { .. } | Decision::Save { .. }) {
+            if matches!(d, StepAction::Publish { .. } | StepAction::Save { .. }) {
                 assert!(attention_before, "{name}: {d:?} without needs_attention");
             }
         }
@@ -342,22 +342,22 @@ fn accessors_follow_the_leader_through_both_rounds() {
         deadline: Some(50.0),
     };
     assert_eq!(r.leading_notice(), None);
-    assert!(matches!(r.on_notice(notice), NoticeOutcome::Claim { .. }));
+    assert!(matches!(r.on_notice(notice), NoticeAction::Claim { .. }));
     assert_eq!(r.leading_notice(), None, "not before the claim is won");
     r.on_claim(true);
     assert_eq!(r.leading_notice(), Some(notice));
     assert!(!r.counting_down());
-    assert!(matches!(r.before_step(0, 0.1, &planner), Decision::Publish { step: 1, .. }));
-    assert_eq!(r.before_step(1, 0.2, &planner), Decision::Save { round: I, step: 1 });
-    assert_eq!(r.on_saved(I), Ok(AfterSave::Countdown));
+    assert!(matches!(r.before_step(0, 0.1, &planner), StepAction::Publish { step: 1, .. }));
+    assert_eq!(r.before_step(1, 0.2, &planner), StepAction::Save { round: I, step: 1 });
+    assert_eq!(r.on_saved(I), Ok(SaveAction::Countdown));
     assert!(r.counting_down());
     assert!(!r.exited());
     assert!(matches!(
         r.before_step(1, 5.0, &planner),
-        Decision::Publish { round: F, step: 2, .. }
+        StepAction::Publish { round: F, step: 2, .. }
     ));
-    assert_eq!(r.before_step(2, 5.1, &planner), Decision::Save { round: F, step: 2 });
-    assert_eq!(r.on_saved(F), Ok(AfterSave::Exit));
+    assert_eq!(r.before_step(2, 5.1, &planner), StepAction::Save { round: F, step: 2 });
+    assert_eq!(r.on_saved(F), Ok(SaveAction::Exit));
     assert!(r.exited());
     assert!(!r.needs_attention());
 }
@@ -373,7 +373,7 @@ fn no_notice_means_the_hot_path_forever() {
                 assert!(!r.needs_attention());
                 #[allow(clippy::cast_precision_loss)]
                 let now = runs as f64 * 0.01;
-                assert_eq!(r.before_step(runs, now, &planner), Decision::Proceed);
+                assert_eq!(r.before_step(runs, now, &planner), StepAction::Proceed);
             }
             assert_eq!(format!("{r:?}"), before);
         }
@@ -386,15 +386,15 @@ fn no_notice_means_the_hot_path_forever() {
 #[test]
 fn nan_grace_period_is_treated_consistently() {
     let mut r = Resolver::new(w(1, 2), f64::NAN);
-    let KeyOutcome::Ack { watch_next, .. } = r.on_step_key(I, "6").unwrap() else {
+    let KeyAction::Acknowledge { next_round, .. } = r.on_step_key(I, "6").unwrap() else {
         panic!("a run count is acknowledged");
     };
-    assert_eq!(r.before_step(6, 1.0, &GracePlanner::new()), Decision::Save { round: I, step: 6 });
+    assert_eq!(r.before_step(6, 1.0, &GracePlanner::new()), StepAction::Save { round: I, step: 6 });
     let after = r.on_saved(I).unwrap();
     // Either no grace period (exit now) or a final round the watcher waits for.
     assert!(
-        after == AfterSave::Exit || watch_next == Some(F),
-        "on_saved -> {after:?} but the watcher was told watch_next = {watch_next:?}"
+        after == SaveAction::Exit || next_round == Some(F),
+        "on_saved -> {after:?} but the watcher was told next_round = {next_round:?}"
     );
 }
 
@@ -752,19 +752,19 @@ impl<'a> Sim<'a> {
         let d = wk.res.before_step(wk.runs, now, &wk.planner);
         // The hot-path contract.
         if !attention {
-            ensure!(d == Decision::Proceed, "worker {w}: {d:?} without needs_attention");
+            ensure!(d == StepAction::Proceed, "worker {w}: {d:?} without needs_attention");
             ensure!(
                 format!("{:?}", wk.res) == before,
                 "worker {w}: state changed without needs_attention"
             );
         }
         ensure!(
-            attention || !matches!(d, Decision::Publish { .. } | Decision::Save { .. }),
+            attention || !matches!(d, StepAction::Publish { .. } | StepAction::Save { .. }),
             "worker {w}: {d:?} without needs_attention"
         );
         if first_final_check {
             if self.out.first_final_check_due.is_none() {
-                self.out.first_final_check_due = Some(matches!(d, Decision::Publish { .. }));
+                self.out.first_final_check_due = Some(matches!(d, StepAction::Publish { .. }));
             }
             if self.cfg.grace > 0.0 && self.cfg.save_failure_rate == 0.0 {
                 // The simulator's own premise: the planner's step input is accurate.
@@ -776,9 +776,9 @@ impl<'a> Sim<'a> {
             }
         }
         match d {
-            Decision::Proceed => self.start_step(w),
-            Decision::Publish { round, step, ack_keys } => self.publish(w, round, step, ack_keys),
-            Decision::Save { round, step } => {
+            StepAction::Proceed => self.start_step(w),
+            StepAction::Publish { round, step, ack_keys } => self.publish(w, round, step, ack_keys),
+            StepAction::Save { round, step } => {
                 let wk = &mut self.workers[w];
                 ensure!(step == wk.runs, "worker {w}: save of step {step} at run {}", wk.runs);
                 ensure!(round == wk.res.round(), "worker {w}: save for {round:?} in {:?}", wk.res.round());
@@ -900,7 +900,7 @@ impl<'a> Sim<'a> {
             end: now,
         });
         match wk.res.on_saved(round) {
-            Ok(AfterSave::Exit) => {
+            Ok(SaveAction::Exit) => {
                 wk.main = Main::Exited;
                 wk.watch = Watch::Off;
                 for key in wk.res.shutdown_keys() {
@@ -909,7 +909,7 @@ impl<'a> Sim<'a> {
                 }
                 Ok(())
             }
-            Ok(AfterSave::Countdown) => {
+            Ok(SaveAction::Countdown) => {
                 ensure!(self.cfg.grace > 0.0, "countdown with grace {}", self.cfg.grace);
                 if !self.countdown_seen {
                     self.countdown_seen = true;
@@ -951,13 +951,13 @@ impl<'a> Sim<'a> {
         }
         self.out.last_notice_at = Some(at);
         match self.workers[w].res.on_notice(Notice { at, deadline }) {
-            NoticeOutcome::Lead => {
+            NoticeAction::Lead => {
                 ensure!(self.cfg.local, "Lead outside local mode");
                 ensure!(self.out.leader.is_none(), "two local leaders");
                 self.out.leader = Some(w);
                 self.out.leader_notice = self.workers[w].res.leading_notice();
             }
-            NoticeOutcome::Claim { key, value } => {
+            NoticeAction::Claim { key, value } => {
                 ensure!(!self.cfg.local, "a claim in local mode");
                 ensure!(
                     key == TERMINATED_WORKER && value == Self::id(w),
@@ -966,7 +966,7 @@ impl<'a> Sim<'a> {
                 let t = at + self.rng.range(0.0, self.cfg.claim_max);
                 self.schedule(t, Ev2::ClaimWrite(w));
             }
-            NoticeOutcome::Ignored => {}
+            NoticeAction::Absorb => {}
         }
         Ok(())
     }
@@ -981,14 +981,14 @@ impl<'a> Sim<'a> {
         }
         let result = self.workers[w].res.on_step_key(round, &value);
         match result {
-            Ok(KeyOutcome::Ack { key, watch_next }) => {
+            Ok(KeyAction::Acknowledge { ack_key: key, next_round }) => {
                 ensure!(value != STOP_WATCHER, "STOP_WATCHER acknowledged");
                 ensure!(key == round.ack_key(&Self::id(w)), "worker {w} acks with {key}");
                 self.workers[w].watch = Watch::Off;
-                if let Some(next) = watch_next {
+                if let Some(next) = next_round {
                     ensure!(
                         round == Round::Initial && self.cfg.grace > 0.0,
-                        "watch_next {next:?} after {round:?}"
+                        "next_round {next:?} after {round:?}"
                     );
                     self.watch(w, next);
                 } else {
@@ -1000,7 +1000,7 @@ impl<'a> Sim<'a> {
                 ensure!(self.write(&key, ACK_VALUE)?, "{key} written twice");
                 Ok(())
             }
-            Ok(KeyOutcome::Stop) => {
+            Ok(KeyAction::Stop) => {
                 ensure!(value == STOP_WATCHER, "Stop for {value}");
                 self.workers[w].watch = Watch::Off;
                 Ok(())
@@ -1355,18 +1355,18 @@ fn a_ps_coordinator_saves_at_the_run_count_of_the_check_that_publishes() {
     let planner = GracePlanner::new();
     let mut r = Resolver::new(Membership::Local, 0.0);
     r.save_at_current_run();
-    assert_eq!(r.on_notice(Notice { at: 1.0, deadline: None }), NoticeOutcome::Lead);
+    assert_eq!(r.on_notice(Notice { at: 1.0, deadline: None }), NoticeAction::Lead);
     assert_eq!(
         r.before_step(40, 1.0, &planner),
-        Decision::Publish {
+        StepAction::Publish {
             round: I,
             step: 40,
             ack_keys: vec![]
         }
     );
     // Asked again at the same run count (the same check): save now, at 40.
-    assert_eq!(r.before_step(40, 1.0, &planner), Decision::Save { round: I, step: 40 });
-    assert_eq!(r.on_saved(I), Ok(AfterSave::Exit));
+    assert_eq!(r.before_step(40, 1.0, &planner), StepAction::Save { round: I, step: 40 });
+    assert_eq!(r.on_saved(I), Ok(SaveAction::Exit));
 }
 
 #[test]
@@ -1376,10 +1376,10 @@ fn save_at_current_run_is_for_local_mode_only() {
     r.save_at_current_run();
     assert!(matches!(
         r.on_notice(Notice { at: 1.0, deadline: None }),
-        NoticeOutcome::Claim { .. }
+        NoticeAction::Claim { .. }
     ));
     r.on_claim(true);
-    let Decision::Publish { step, .. } = r.before_step(40, 1.0, &planner) else {
+    let StepAction::Publish { step, .. } = r.before_step(40, 1.0, &planner) else {
         panic!("the leader publishes");
     };
     assert_eq!(step, 41, "workers of MultiWorkerMirroredStrategy keep the next run");

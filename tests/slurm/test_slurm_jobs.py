@@ -132,6 +132,28 @@ def wait_events(out: Path, pred, timeout: float) -> list:
     raise TimeoutError(f"no such event within {timeout:g} s in {out}:\n{tail}")
 
 
+#: Bound on the handler's read of the job's limits (three ``scontrol`` calls), from the
+#: training's progress on.
+JOB_READ_BOUND = 60
+#: What the handler logs once its daemon thread has read the job's limits (``slurm.JobInfo``).
+JOB_READ = re.compile(r"SLURM job \d+ read: ")
+
+
+def wait_job_read(out: Path, tasks: int = 1) -> None:
+    """Waits until every task's handler has read the job's limits (``KillWait``,
+    ``GraceTime``): until then a SIGTERM carries no deadline (docs/getting-started/
+    slurm.md), so a test that checks the deadline signals only after this."""
+    end = time.monotonic() + JOB_READ_BOUND
+    while time.monotonic() < end:
+        text = out.read_text(errors="replace") if out.exists() else ""
+        if len(JOB_READ.findall(text)) >= tasks:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(
+        f"the job's limits were not read by {tasks} task(s) within {JOB_READ_BOUND:g} s"
+    )
+
+
 def by(events, name):
     return [e for e in events if e["event"] == name]
 
@@ -329,7 +351,7 @@ def test_time_limit_one_task_tf_handler_baseline(slurm, tmp_path):
     )
 
 
-@backstop(PROGRESS_BOUND, KILL_WAIT + 60, REQUEUE_SHOWS)
+@backstop(PROGRESS_BOUND, JOB_READ_BOUND, KILL_WAIT + 60, REQUEUE_SHOWS)
 @pytest.mark.parametrize("how", ["scancel --full --signal=TERM", "scancel"])
 def test_scancel_saves_exits_42_and_is_not_requeued(slurm, tmp_path, how):
     jid, ckpt, out = submit(
@@ -340,6 +362,7 @@ def test_scancel_saves_exits_42_and_is_not_requeued(slurm, tmp_path, how):
         f"--steps 100000 --step-time {STEP_TIME}",
     )
     wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, PROGRESS_BOUND)
+    wait_job_read(out)
     sent = time.time()
     # --full: the batch step is the training (exec); without it only srun steps get it.
     slurm.run(*how.split(), jid)
@@ -368,7 +391,7 @@ def test_scancel_saves_exits_42_and_is_not_requeued(slurm, tmp_path, how):
     )
 
 
-@backstop(PROGRESS_BOUND, RUNS_BOUND)
+@backstop(PROGRESS_BOUND, JOB_READ_BOUND, RUNS_BOUND)
 def test_preemption_one_task_saves_requeues_resumes_and_finishes(slurm, tmp_path):
     # A batch step gets SIGTERM only when GraceTime ends; SLURM requeues a job that
     # is still running then, but ours saves and exits at once: it requeues itself.
@@ -380,6 +403,7 @@ def test_preemption_one_task_saves_requeues_resumes_and_finishes(slurm, tmp_path
         f"--steps {STEPS} --step-time {STEP_TIME}",
     )
     wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, PROGRESS_BOUND)
+    wait_job_read(out)
     high, submitted = preempt(slurm, tmp_path)
     row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "preemption")
     assert row["source"] == "signal SIGTERM"
@@ -392,7 +416,7 @@ def test_preemption_one_task_saves_requeues_resumes_and_finishes(slurm, tmp_path
     report("preemption (batch step), 1 task, ours", **row)
 
 
-@backstop(PROGRESS_BOUND_2, RUNS_BOUND)
+@backstop(PROGRESS_BOUND_2, JOB_READ_BOUND, RUNS_BOUND)
 def test_preemption_two_tasks_srun_saves_requeues_resumes_and_finishes(slurm, tmp_path):
     # srun tasks get SIGTERM as soon as the grace time starts: both workers agree on
     # a step, save and exit 42 well within GraceTime; SLURM alone would then mark the
@@ -401,6 +425,7 @@ def test_preemption_two_tasks_srun_saves_requeues_resumes_and_finishes(slurm, tm
         slurm, tmp_path, ["--time=5"], f"--steps {STEPS} --step-time {STEP_TIME}"
     )
     wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, PROGRESS_BOUND_2)
+    wait_job_read(out, tasks=2)
     high, submitted = preempt(slurm, tmp_path)
     row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "preemption")
     events, records = parse_events(out), read_records(ckpt)
@@ -447,12 +472,13 @@ def test_time_limit_two_tasks_srun_saves_requeues_resumes_and_finishes(slurm, tm
     report("time limit (srun), 2 tasks MWMS, ours", **row)
 
 
-@backstop(PROGRESS_BOUND_2, KILL_WAIT + 60, REQUEUE_SHOWS)
+@backstop(PROGRESS_BOUND_2, JOB_READ_BOUND, KILL_WAIT + 60, REQUEUE_SHOWS)
 def test_scancel_two_tasks_saves_exits_42_and_is_not_requeued(slurm, tmp_path):
     jid, ckpt, out = submit_two_tasks(
         slurm, tmp_path, ["--time=5"], f"--steps 100000 --step-time {STEP_TIME}"
     )
     wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, PROGRESS_BOUND_2)
+    wait_job_read(out, tasks=2)
     slurm.run("scancel", jid)
     job = slurm.wait_job(jid, lambda j: j.get("JobState") in TERMINAL, KILL_WAIT + 60)
     time.sleep(REQUEUE_SHOWS)  # a requeue would show by then

@@ -162,7 +162,7 @@ def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(
     make_handler, tmp_path, monkeypatch
 ):
     # The claim fails until the test lets it through; the bound must not end it first.
-    monkeypatch.setattr(retries, "TRANSIENT_FAILURE_WINDOW", HANG * 10)
+    monkeypatch.setattr(retries.Retries, "_retry_bound", lambda self: HANG * 10)
     service = GatedService("TERMINATED_WORKER", "fail")
     h = _worker_0(make_handler, tmp_path, service)
 

@@ -650,7 +650,9 @@ def test_probe_gets_the_cloud_base_and_timeout(monkeypatch, dmi):
     monkeypatch.setenv(_platform.AZURE_METADATA_ENV, "127.0.0.1:9")
     env = _platform.environment()
     assert (env.cloud, env.metadata_base) == ("azure", "http://127.0.0.1:9")
+    # GCE first, through the same native probe (one detection per platform).
     assert calls == [
+        ("gce", _platform._gce_base(), _platform.METADATA_TIMEOUT),
         ("aws", _platform.AWS_DEFAULT_METADATA_BASE, _platform.METADATA_TIMEOUT),
         ("azure", "http://127.0.0.1:9", _platform.METADATA_TIMEOUT),
     ]

@@ -17,22 +17,12 @@ module does instead:
   ``schedule()`` whose arguments have a structure seen before reuses them
   (:func:`argument_key` builds the key in one walk over the arguments), and
   any other one goes through TF's ``Closure`` as before and fills the cache.
-* What a ``schedule()`` leaves alive until its closure runs and its result is
-  dropped is what CPython's cyclic garbage collector pays for: each object it
-  tracks that survives two young collections counts towards the next full
-  collection (of every object of a process that imported TensorFlow: a few
-  hundred thousand, a long pause of the calling thread). TF's ``schedule()`` leaves about 20 per
-  call: the ``Closure``, a cancellable wrapper function with its cells and
-  tuple, the ``RemoteValueImpl`` with its ``threading.Event`` (``Event``,
-  ``Condition``, ``Lock``, deque, two bound methods) and fetch ``Lock``, a weak
-  reference, the type specs of the arguments. Here the closure is native
-  (:data:`Closure`, ``src/python/closure.rs``: one tracked object that holds
-  the arguments and, until it is finished, the ``RemoteValue``); the cancellable
-  wrapper is made once per entry and cancellation manager
-  (:meth:`_Entry.cancelable_function`); the ``RemoteValue`` is TF's class
-  without an event or lock of its own (:class:`ClosureRemoteValue`: its waiters
-  wait on one native completion count). Two objects per ``schedule()``, the
-  closure and the ``RemoteValue`` (``tests/unit/test_closure_gc.py``).
+* What a ``schedule()`` leaves alive until its closure ran is what CPython's cyclic
+  garbage collector pays for (why: docs/how-it-works.md, "Two objects per
+  ``schedule()``"). Here that is two objects where TF leaves about 20: the native
+  :data:`Closure` and a :class:`ClosureRemoteValue`; the cancellable wrapper is made
+  once per entry and cancellation manager (:meth:`_Entry.cancelable_function`)
+  (``tests/unit/test_closure_gc.py``).
 * Each worker thread runs ``Closure.execute_on`` (three ``nest`` walks over the
   arguments, four context managers, one of them a metric timer) and then
   copies the outputs to the coordinator one ``identity`` op per tensor, under
@@ -309,9 +299,8 @@ class ClosureRemoteValue(_values.RemoteValueImpl):
     """TF's ``RemoteValueImpl`` (same fields, methods and errors) without an event or a
     lock of its own.
 
-    TF's ``__init__`` makes a ``threading.Event`` (an ``Event``, a ``Condition``,
-    a ``Lock``, a deque and two bound methods, all tracked by the garbage
-    collector) and another ``Lock`` per ``RemoteValue``. Here a waiter reads the
+    TF's ``__init__`` makes a ``threading.Event`` and a ``Lock`` per ``RemoteValue``,
+    six more objects for the garbage collector. Here a waiter reads the
     process's completion count, checks ``_status`` and waits for the count to
     move (:meth:`_wait`; the wait releases the GIL and answers Ctrl-C); every
     ``_set_*`` sets the fields, then the status, then advances the count. The

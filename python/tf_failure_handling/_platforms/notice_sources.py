@@ -3,9 +3,9 @@
 A worker learns that its machine is going away from
 
 * a signal (SIGTERM by default; SLURM's ``--signal`` adds SIGUSR1), caught with
-  ``sigaction`` from any thread by the Rust core (``src/termination.rs``);
+  ``sigaction`` from any thread by the Rust core (``src/sources/signals.rs``);
 * its cloud's metadata service (GCE, AWS, Azure), probed by Rust threads
-  (``src/sources.rs``) with short timeouts;
+  (``src/sources/``) with short timeouts;
 * a user's ``termination_watcher_fn``, polled once a second (it is Python, so it
   is called here);
 * :meth:`NoticeSources.trigger` (tests, ``tf_failure_handling.testing``).
@@ -22,7 +22,7 @@ monotonic clock.
 
 A handler's sources *own* their signals (``owner=True``): while they are open,
 a handler installed before them is not called, so nothing can end the process
-before the checkpoint is written (``src/termination.rs``, "Who owns a notice").
+before the checkpoint is written (``src/sources/signals.rs``, "Who owns a notice").
 A watcher's sources only observe.
 
 At interpreter exit (``atexit``, before finalization starts), every open

@@ -8,7 +8,7 @@
   - ``TF_FAILURE_HANDLING_CLOUD`` = ``gce`` | ``aws`` | ``azure`` | ``none`` forces
     the answer without any probe (anything else is a ValueError).
   - GCE as TensorFlow detects it: the metadata server answers
-    ``instance/hostname`` (:func:`on_gce`) at ``http://$GCE_METADATA_IP``, else
+    ``instance/hostname`` (:func:`on_gce`, the native probe) at ``http://$GCE_METADATA_IP``, else
     ``http://metadata.google.internal``. Always probed, as TF does; off GCE the name
     does not resolve, which usually fails in milliseconds (bounded by
     :data:`METADATA_TIMEOUT` even when name resolution hangs).
@@ -74,13 +74,14 @@ import ipaddress
 import logging
 import math
 import os
-import signal
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from typing import Any, Callable, Optional, Sequence
+
+from . import registry
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -209,7 +210,7 @@ def _env(name: str) -> Optional[str]:
 def _base_url_problem(url: str) -> Optional[str]:
     """Why ``url`` is not ``http://host[:port]`` (one trailing slash allowed), or None.
 
-    The same rules as the native client's ``BaseUrl::parse`` (``src/http.rs``), which
+    The same rules as the native client's ``BaseUrl::parse`` (``src/sources/http.rs``), which
     checks again when the metadata watch starts; here the error can name the variable.
     """
     if url[:7].lower() != "http://":
@@ -301,12 +302,7 @@ def settings() -> Settings:
         forced = forced.lower()
         if forced not in (*CLOUDS, "none"):
             raise _bad(CLOUD_ENV, os.environ[CLOUD_ENV], "one of gce, aws, azure, none")
-    if _env("SLURM_JOB_ID") is not None:
-        scheduler: Optional[str] = "slurm"
-    elif _env("KUBERNETES_SERVICE_HOST") is not None:
-        scheduler = "kubernetes"
-    else:
-        scheduler = None
+    scheduler = registry.detect()
     grace = _seconds(KUBERNETES_GRACE_ENV, minimum=0.0)
     return Settings(
         forced_cloud=forced,
@@ -371,13 +367,18 @@ def request_gce_metadata(
 
 
 def on_gce(base: Optional[str] = None) -> bool:
-    """True when the GCE metadata server (at ``base``) answers 200 (any failure means no)."""
+    """True when the GCE metadata server (at ``base``, else ``$GCE_METADATA_IP`` or GCE's
+    own) answers ``instance/hostname`` with the metadata header, as TF detects GCE.
+
+    The native probe asks (``_native.probe_metadata("gce", …)``, ``src/sources/gce.rs``),
+    as for AWS and Azure: one detection per platform. Any failure means no.
+    """
     try:
-        request_gce_metadata("instance/hostname", base=base)
-    except Exception as e:  # noqa: BLE001 - off GCE anything can come back
+        base = base or _gce_base()
+    except ValueError as e:  # a bad GCE_METADATA_IP: settings() names it
         log.debug("not on GCE: %s", e)
         return False
-    return True
+    return _probe("gce", base)
 
 
 def gce_termination_watcher() -> bool:
@@ -512,11 +513,7 @@ def environment() -> Environment:
         slurm_end_time=s.slurm_end_time,
         kubernetes_grace_period=s.kubernetes_grace_period,
     )
-    if env.scheduler == "slurm":
-        # SLURM deadline (issue 23): the job's EndTime, read once off this thread.
-        from . import slurm as _slurm
-
-        _slurm.start_reading_job()
+    registry.start(env)  # SLURM: the job's limits, read once off this thread
     log.debug("environment %s (detected in %.3f s)", env, time.monotonic() - start)
     return env
 
@@ -559,12 +556,7 @@ def complete(
         exit_fn = gce_exit_fn if env.cloud == "gce" else default_exit_fn
     if grace_period is None:
         grace_period = _default_grace_period(env)
-    if signals is None:
-        chosen: Sequence[int] = (
-            (signal.SIGTERM, signal.SIGUSR1) if env.scheduler == "slurm" else (signal.SIGTERM,)
-        )
-    else:
-        chosen = signals
+    chosen: Sequence[int] = registry.notice_signals(env) if signals is None else signals
     return Defaults(
         watcher_fn=watcher_fn,
         exit_fn=exit_fn,
@@ -587,12 +579,22 @@ def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
 
     Called in the driver thread when a signal arrives, never raises; apart from
     the one bounded SLURM read above it reads only ``env``, whose values
-    :func:`environment` checked.
+    :func:`environment` checked. The scheduler answers (``registry``).
     """
-    if env.scheduler == "slurm":
-        from . import slurm as _slurm
+    return registry.signal_deadline(env, unix_now)
 
-        return _slurm.notice_deadline(env.slurm_end_time, unix_now)
-    if env.scheduler == "kubernetes":
-        return unix_now + env.kubernetes_grace_period
-    return None
+
+def attach(handler: Any, config: Any) -> None:
+    """Handler construction: every scheduler checks its options (``registry``)."""
+    registry.attach(handler, config)
+
+
+def after_save(handler: Any) -> None:
+    """After the final checkpoint, before ``exit_fn``: the scheduler's step (SLURM:
+    the job back in the queue)."""
+    registry.after_save(handler)
+
+
+def resume_fields(env: Environment) -> dict:
+    """What a ``resumed`` preemption record says about the scheduler's job."""
+    return registry.resume_fields(env)

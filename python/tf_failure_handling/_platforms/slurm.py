@@ -1,76 +1,21 @@
 """SLURM: the job's deadlines, and the job back in the queue after the save.
 
 Under SLURM (``SLURM_JOB_ID`` set) the handler watches SIGTERM and SIGUSR1
-(``_platform.complete``). What SLURM sends, and when (SLURM 22.05, checked on a real
-one-node SLURM by ``tests/slurm``):
+(``_platform.complete``). What SLURM sends and when, the deadline each notice carries
+and when the job is requeued are told once, in docs/getting-started/slurm.md ("What
+SLURM sends, and the deadline each notice carries", "The requeue"), and checked on a
+real SLURM by ``tests/slurm``. Here:
 
-=====================================  ==================================================
-event                                  what the training processes get
-=====================================  ==================================================
-time limit, ``--signal=USR1@N``        SIGUSR1 to tasks started by ``srun`` only, when
-                                       at most N s are left (slurmctld checks every
-                                       30 s, so between N and N-30 s before the
-                                       limit); SIGTERM at the limit, SIGKILL
-                                       ``KillWait`` s later
-time limit, ``--signal=B:USR1@N``      SIGUSR1 to the batch shell only: a training it
-                                       started without ``exec`` (and without ``srun``)
-                                       gets nothing before the limit
-partition preemption                   ``srun`` tasks: SIGCONT+SIGTERM at once, SIGTERM
-(``PreemptMode=REQUEUE``)              again when ``GraceTime`` ends, SIGKILL
-                                       ``KillWait`` s later; the batch step: SIGTERM only
-                                       when ``GraceTime`` ends, SIGKILL ``KillWait`` s
-                                       later. ``scontrol show job`` shows ``PreemptTime``
-                                       from the start of the grace time.
-``scancel`` (``--signal=TERM`` or      SIGTERM, then (plain ``scancel``) SIGKILL
-plain)                                 ``KillWait`` s later; ``PreemptTime=None``
-=====================================  ==================================================
-
-**Deadlines** (:func:`notice_deadline`, through ``_platform.signal_deadline``):
-
-=====================  ==============================  ================================
-notice                 ``srun`` task                   batch step (``exec``)
-=====================  ==============================  ================================
-SIGUSR1 (time limit)   the job's end                   the job's end
-SIGTERM, preemption    ``PreemptTime`` + ``GraceTime``  now + ``KillWait``
-SIGTERM, ``scancel``   now + ``KillWait``              now + ``KillWait``
-=====================  ==============================  ================================
-
-The job's end is ``SLURM_JOB_END_TIME`` (SLURM >= 23.02), else ``EndTime`` from
-``scontrol show job``; ``GraceTime`` (the partition's) and ``KillWait`` (``scontrol
-show config``) are read with it, once, by a daemon thread started when the platform
-is detected (:func:`start_reading_job`; bounded by :data:`READ_TIMEOUT`, never on
-the training thread). Every deadline is capped by the job's end. Until the reader has
-answered, a SIGTERM has no deadline and a SIGUSR1 only ``SLURM_JOB_END_TIME``. An
-``srun`` task cannot tell a preemption from ``scancel`` by the signal: it reads the
-job's ``PreemptTime`` when the SIGTERM comes (one ``scontrol show job`` on the
-driver's thread, bounded by :data:`NOTICE_READ_TIMEOUT`; unreadable means
-``KillWait``). A batch step is signalled only when ``GraceTime`` is over, so
-``KillWait`` is what it has either way.
-
-**Requeue** (:func:`requeue_after_save`, called by the driver after the checkpoint
-is saved and before ``exit_fn``): SLURM requeues a preempted job only if it is
-still running when ``GraceTime`` ends, and never a job that reached its time limit;
-a training that saves and exits early leaves the queue for good. So, unless turned
-off (``TerminationConfig(slurm_requeue=False)`` or
-``TF_FAILURE_HANDLING_SLURM_REQUEUE=0``), the task with ``SLURM_PROCID`` 0 (one per
-job) runs ``scontrol requeue $SLURM_JOB_ID`` (bounded by :data:`REQUEUE_TIMEOUT`)
-when
-
-* the notice was SLURM's time-limit signal: this process received SIGUSR1 (a
-  user's ``scancel --signal=USR1`` looks the same and is requeued too), or a
-  preemption: ``scontrol show job`` shows a ``PreemptTime``;
-* the job is requeueable (``Requeue=1``: ``sbatch --requeue`` or ``JobRequeue=1``).
-
-A batch step that is preempted gets its SIGTERM only when ``GraceTime`` ends, after
-SLURM has requeued the job itself (``Restarts`` already counts it): then nothing is
-run, and the record says so.
-
-A user's ``scancel`` (SIGTERM, no ``PreemptTime``) is not requeued. A failed
-requeue is logged with scontrol's message, and the process exits with the restart
-code all the same. The outcome is a ``requeue`` line of the preemption records
-(``requeued``, ``reason``, ``message``). The requeued job keeps its id; SLURM
-starts it again after ``cred_expire`` (120 s by default) with
-``SLURM_RESTART_COUNT`` set, which the handler logs (:func:`attach`).
+* :func:`notice_deadline` (through ``_platform.signal_deadline``): a notice's deadline
+  from ``SLURM_JOB_END_TIME``, or from what a daemon thread started with the platform
+  read once (:func:`start_reading_job`: ``EndTime``, ``GraceTime``, ``KillWait``;
+  bounded by :data:`READ_TIMEOUT`, never on the training thread); an ``srun`` task's
+  SIGTERM reads the job's ``PreemptTime`` (bounded by :data:`NOTICE_READ_TIMEOUT`).
+* :func:`requeue_after_save` (the driver, after the checkpoint is saved and before
+  ``exit_fn``): ``scontrol requeue`` by the task with ``SLURM_PROCID`` 0 after a
+  time-limit signal or a preemption of a requeueable job, unless turned off
+  (``TerminationConfig(slurm_requeue=False)`` or :data:`REQUEUE_ENV`); bounded by
+  :data:`REQUEUE_TIMEOUT`; its outcome is a ``requeue`` line of the records.
 """
 
 from __future__ import annotations
@@ -87,6 +32,9 @@ from datetime import datetime
 from typing import Any, Optional
 
 log = logging.getLogger("tf_failure_handling")
+
+#: ``Environment.scheduler`` under SLURM (the scheduler interface: ``registry``).
+NAME = "slurm"
 
 #: ``0``, ``false``, ``off`` or ``no`` turns the requeue off (scripts left unchanged).
 REQUEUE_ENV = "TF_FAILURE_HANDLING_SLURM_REQUEUE"
@@ -105,6 +53,26 @@ _OFF = ("0", "false", "off", "no")
 def job_id() -> Optional[str]:
     value = os.environ.get("SLURM_JOB_ID", "").strip()
     return value or None
+
+
+def detected() -> bool:
+    """Under SLURM: ``SLURM_JOB_ID`` is set."""
+    return job_id() is not None
+
+
+def extra_signals() -> tuple:
+    """SIGUSR1, what ``--signal`` usually sends before the time limit."""
+    return (signal.SIGUSR1,)
+
+
+def start(env: Any) -> None:
+    """The job's limits, read once off the training thread (:func:`start_reading_job`)."""
+    start_reading_job()
+
+
+def signal_deadline(env: Any, unix_now: float) -> Optional[float]:
+    """:func:`notice_deadline` with ``SLURM_JOB_END_TIME`` as parsed into ``env``."""
+    return notice_deadline(env.slurm_end_time, unix_now)
 
 
 def restart_count() -> int:
@@ -217,8 +185,9 @@ class JobInfo:
         finally:
             self.took = time.monotonic() - started
             self.done.set()
-        log.debug(
-            "SLURM job %s: EndTime %s, partition %s (GraceTime %s), KillWait %s, read in %.3f s.",
+        # Info: the limits every later deadline comes from (tests/slurm waits for it).
+        log.info(
+            "SLURM job %s read: EndTime %s, partition %s (GraceTime %s), KillWait %s, in %.3f s.",
             self.job_id,
             self.end_time,
             self.partition,
@@ -360,11 +329,12 @@ def requeue_enabled(option: Optional[bool]) -> bool:
     return True if from_env is None else from_env
 
 
-def attach(handler: Any, option: Optional[bool]) -> None:
-    """Handler construction under SLURM: the requeue option, and the log line of a
-    requeued run."""
-    requeue_from_env()  # a bad value is an error at construction, under SLURM or not
-    handler._slurm_requeue = option
+def attach(handler: Any, config: Any) -> None:
+    """Handler construction: the requeue option (``config.slurm_requeue``; a bad
+    :data:`REQUEUE_ENV` is an error now, under SLURM or not), and under SLURM the log
+    line of a requeued run."""
+    requeue_from_env()
+    handler._slurm_requeue = config.slurm_requeue
     if job_id() is None:
         return
     start_reading_job()
@@ -400,6 +370,11 @@ def _reason(job: dict) -> Optional[str]:
     if parse_time(job.get("PreemptTime")) is not None:
         return "preemption"
     return None
+
+
+def after_save(handler: Any) -> None:
+    """After the final checkpoint: :func:`requeue_after_save`."""
+    requeue_after_save(handler)
 
 
 def requeue_after_save(handler: Any) -> Optional[bool]:

@@ -18,7 +18,7 @@ from typing import Optional
 
 from .. import _errors
 from .keys import LAST_RUN_TO_CHECKPOINT, PEER_TIMEOUT_ENV
-from .retries import RETRY_FIRST_PAUSE
+from .retries import Retry
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -55,12 +55,13 @@ class Agreement:
         self._core_agreement(self._clock() - start)
 
     def _await_acknowledgements(self, round_key: str, step: int, ack_keys: list) -> None:
-        """Waits, bounded by the peer timeout, until every worker acknowledged."""
+        """Waits, bounded by the peer timeout, until every worker acknowledged. A failed
+        read counts as "not yet" until reads have failed, without a read that answered,
+        for longer than the core's retry bound (then the named error)."""
         deadline = time.monotonic() + self._peer_timeout
         pending = list(ack_keys)
         last_error: Optional[BaseException] = None
-        failing_since: Optional[float] = None
-        failures = 0
+        retry: Optional[Retry] = None
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -70,32 +71,27 @@ class Agreement:
             except _errors.module().OpError as e:
                 # A failed read is retried like a slow peer, but a failure that lasts
                 # longer than the bound is the service's (a peer reported an error).
-                now = time.monotonic()
-                failures += 1
-                if failing_since is None:
-                    failing_since = now
-                    log.warning("Reading %s failed (%s); retrying.", pending[0], e)
-                elif now - failing_since > self._retry_bound():
-                    raise self._named(
-                        e, f"reading {pending[0]}", failures, now - failing_since
-                    ) from e
+                retry = retry or self._retry()
+                pause = self._pause_after(retry, f"reading {pending[0]}", e)
+                if isinstance(pause, BaseException):
+                    raise pause from e
                 last_error = e
-                self._closing.wait(min(RETRY_FIRST_PAUSE, max(0.0, remaining)))
+                self._closing.wait(min(pause, max(0.0, remaining)))
                 continue
-            failing_since, failures = None, 0
+            retry = None
             if got is not None:
                 log.info("Acknowledgement %s received.", pending[0])
                 pending.pop(0)
         if not pending:
             return
-        if failing_since is not None and last_error is not None:
+        if retry is not None and last_error is not None:
             # The wait ended while reads were failing: the service's error, not a
             # silent peer, is what to report.
             raise self._named(
                 last_error,
                 f"reading {pending[0]}",
-                failures,
-                time.monotonic() - failing_since,
+                retry.attempts,
+                time.monotonic() - retry.since,
             ) from last_error
         # Name every worker still missing, not only the first one waited on.
         missing = []

@@ -104,7 +104,7 @@ class ProtocolDriver:
           resolver (``_core_notice``): claim ``TERMINATED_WORKER`` (then announce it
           when won), lead (local mode), absorb it, or hand it to a newer handler;
         * a **write** (acknowledge, claim, announce) that fails is retried within the
-          bound (:meth:`_retry_bound`), but never by sleeping: the pause before its
+          core's rule (``retries``), but never by sleeping: the pause before its
           next attempt is the deadline of the next receive, so whatever arrives
           meanwhile is taken at once. **Acknowledgements go first**: a leader waits
           for them, bounded by its peer timeout, so one is never queued behind a
@@ -166,13 +166,13 @@ class ProtocolDriver:
         except BaseException as e:  # noqa: BLE001 - closing: logged there
             self._fail_in_background("the protocol driver's last look", e)
         for write in acks:
-            write.bound = 0.0  # one attempt: a failure is not retried while closing
+            write.retry.last_attempt()  # a failure is not retried while closing
             try:
                 self._attempt(write)
             except BaseException as e:  # noqa: BLE001 - closing: logged there
                 self._fail_in_background(write.what, e)
         if current is not None and current.finish_on_close:
-            current.bound = 0.0  # one attempt, as for the acknowledgements
+            current.retry.last_attempt()  # as for the acknowledgements
             try:
                 self._attempt(current)
             except BaseException as e:  # noqa: BLE001 - closing: logged there

@@ -31,7 +31,7 @@ log = logging.getLogger("tf_failure_handling")
 class NoticeResponse:
     """Claim, lead, absorb or hand on a notice of this worker; announce the one it leads.
 
-    Owns ``_notice_deadline``; reads ``_clock``, ``_local_mode``, ``_coordination``,
+    Reads ``_clock``, ``_local_mode``, ``_coordination``,
     ``_peer_timeout`` and ``_id_in_cluster``. Counts each notice it is done with in
     ``_notices_handled`` (the driver's count).
     """
@@ -60,19 +60,17 @@ class NoticeResponse:
         return write
 
     def _on_own_notice(self, notice: Notice) -> Optional[Write]:
-        source, deadline = notice.source, None
+        source = notice.source
         self._record_notice(source, notice.deadline)
+        unix_now = time.time()
         if notice.deadline is not None:
-            # Platforms announce wall-clock times; the resolver runs on the monotonic clock.
-            deadline = self._clock() + (notice.deadline - time.time())
             log.info(
                 "The notice from %s gives %.1fs until the machine goes away.",
                 source,
-                notice.deadline - time.time(),
+                notice.deadline - unix_now,
             )
-        action = self._core_notice(self._clock(), deadline)
-        if deadline is not None and self._notice_deadline is None:
-            self._notice_deadline = deadline
+        # Platforms announce wall-clock times; the core plans on the handler's clock.
+        action = self._core_source_notice(self._clock(), unix_now, notice.deadline)
         if isinstance(action, NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
             self._ps_on_notice()

@@ -34,9 +34,9 @@ class PsSteps:
     """A parameter-server coordinator's watch over its tasks, and its steps around a save.
 
     Owns ``_ps_poller``, ``_ps_with_notice``, ``_ps_strategy`` and ``_ps_unfinished``;
-    reads ``_sources``, ``_notice_deadline``, ``_grace_period``, ``_peer_timeout``,
-    ``_clock`` and ``_run_counter`` (which it lowers by the closures left unfinished
-    before a save).
+    reads ``_sources``, ``_grace_period``, ``_peer_timeout``, ``_clock`` and
+    ``_run_counter`` (which it lowers by the closures left unfinished before a save).
+    The bound of that wait is the core's (``_core_drain_bound``).
     """
 
     def _start_ps_watch(self, cluster_resolver: Any, checkpoint: Any = None) -> None:
@@ -140,20 +140,9 @@ class PsSteps:
                 "checkpoint's strategy): saving without waiting for closures."
             )
             return
-        # The closures may take until the save must start: the notice's deadline
-        # (or the grace period's end) less the longest save seen; with neither,
-        # peer_timeout bounds the wait.
-        state = self._core_state()
-        deadline = (
-            state.get("deadline")
-            if (self._notice_deadline is not None or self._grace_period > 0)
-            else None
-        )
-        if deadline is None:
-            bound = self._peer_timeout
-        else:
-            longest = state.get("longest_save") or 0.0
-            bound = max(0.0, deadline - self._clock() - longest)
+        # The closures may take until the save must start: the deadline less the
+        # longest save seen; without one, peer_timeout bounds the wait.
+        bound = self._core_drain_bound(self._clock(), self._peer_timeout)
         start = self._clock()
         unfinished = _ps_control.wait_for_closures(coordinator, bound, self._clock)
         self._ps_unfinished = unfinished

@@ -31,7 +31,6 @@ from typing import Optional
 
 from .. import records
 from .._platforms import platform as _platform
-from .._platforms import slurm as _slurm
 
 
 class RecordsHooks:
@@ -63,7 +62,7 @@ class RecordsHooks:
                 lost=None if last.agreed_step is None else last.agreed_step - step,
                 downtime=built - last.exit_time,
                 time=built,
-                **_slurm.resume_fields(),
+                **_platform.resume_fields(self._environment),
             )
 
         rec.defer(resume)

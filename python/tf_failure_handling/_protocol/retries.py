@@ -1,20 +1,22 @@
 """How a failing coordination-service call of the protocol is retried, and named when it
 gives up.
 
-Every call the protocol makes to the coordination service follows one rule when it fails
-(the "Failures" table of ``src/step_resolution.rs``): a coordination-service error (any
-``OpError``: a transient failure can look like Unavailable, Internal or Aborted) is
-retried after a pause that grows from :data:`RETRY_FIRST_PAUSE` to
-:data:`RETRY_MAX_PAUSE`, within a bound (:meth:`Retries._retry_bound`); after it the last
-error is raised again, of its own type, naming what failed, how often and for how long
-(:meth:`Retries._named`). Anything else is a bug and is not retried.
+The rule is the core's (``src/retry.rs``, the "Failures" table of
+``src/step_resolution.rs``): a coordination-service error (any ``OpError``: a transient
+failure can look like Unavailable, Internal or Aborted) is retried after a pause that
+doubles from ``RETRY_FIRST_PAUSE`` to ``RETRY_MAX_PAUSE``, until the failures have lasted
+the bound (``HandlerCore._core_retry_bound``); then the last error is raised again, of its
+own type, naming what failed, how often and for how long (:meth:`Retries._named`).
+Anything else is a bug and is not retried. A :class:`~._native.Retry` is one run of
+failures of one call; this module waits and logs, the core decides.
 
 Two threads retry, each its own way:
 
 * the driver never sleeps: each write is a :class:`Write` whose ``due`` is when its next
   attempt may start, and until then the driver takes its inputs (:func:`first_due`,
   :func:`time_to_next`, :meth:`Retries._attempt`);
-* the training thread blocks in :meth:`Retries._retrying` (publishing a step key).
+* the training thread and the readers block between attempts (:meth:`Retries._retrying`,
+  :meth:`Retries._pause_after`).
 """
 
 from __future__ import annotations
@@ -22,27 +24,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from .. import _errors
+from .._native import (  # noqa: F401 - re-exported: the rule's constants
+    RETRY_FIRST_PAUSE,
+    RETRY_MAX_PAUSE,
+    TRANSIENT_FAILURE_WINDOW,
+    Retry,
+    RetryVerdict,
+)
 
 log = logging.getLogger("tf_failure_handling")
 
-#: A failed coordination-service call of the protocol is retried after this pause,
-#: doubled after each failure up to :data:`RETRY_MAX_PAUSE`, until the protocol's bound
-#: has passed: :data:`TRANSIENT_FAILURE_WINDOW`, or less when the peer timeout or the
-#: time left before the notice's deadline is shorter.
-RETRY_FIRST_PAUSE = 0.05
-RETRY_MAX_PAUSE = 1.0
-#: Seconds of failing calls after which a failure is not transient. A cluster whose
-#: service is in an error state (a peer reported an error) fails every call for good:
-#: that error must reach the worker promptly, with its own type, not after the peer
-#: timeout (300 s by default).
-TRANSIENT_FAILURE_WINDOW = 10.0
-
 
 class Write:
-    """One coordination-service write of the driver, retried within ``bound`` seconds.
+    """One coordination-service write of the driver, retried by the rule of ``retry``.
 
     The driver never sleeps between attempts: ``due`` is when the next attempt may
     start, and until then the driver takes its inputs (``ProtocolDriver._drive``).
@@ -54,14 +51,14 @@ class Write:
         self,
         what: str,
         call: Callable[[], Any],
-        bound: float,
+        retry: Retry,
         on_done: Callable[[Any], Optional[Write]],
         on_failed: Callable[[BaseException], Optional[Write]],
         notice: bool,
     ) -> None:
         self.what = what
         self.call = call
-        self.bound = bound
+        self.retry = retry
         self.on_done = on_done
         self.on_failed = on_failed
         #: Part of handling a notice (claim, announce), not an acknowledgement.
@@ -69,10 +66,7 @@ class Write:
         #: Gets one last attempt at ``close()`` instead of being dropped (the announce:
         #: the claim was won, and peers' watchers learn of the notice only from it).
         self.finish_on_close = False
-        self.start = time.monotonic()
-        self.due = self.start
-        self.pause = RETRY_FIRST_PAUSE
-        self.attempts = 0
+        self.due = time.monotonic()
 
 
 def first_due(acks: deque, current: Optional[Write]) -> Optional[Write]:
@@ -97,22 +91,22 @@ def time_to_next(acks: deque, current: Optional[Write]) -> Optional[float]:
 
 
 class Retries:
-    """The retry rule of the protocol's calls: its bound, its attempts, and the error it
-    raises when it gives up.
+    """The protocol's calls under the core's retry rule: the bound, the pauses, and the
+    error raised when the rule gives up.
 
     Reads ``_peer_timeout``, ``_clock``, ``_closing`` and ``_id_in_cluster`` of the
-    handler, and the core's state (``deadline``).
+    handler; the bound is the core's (``_core_retry_bound``).
     """
 
     def _retry_bound(self) -> float:
-        """Seconds a failing protocol call is retried: :data:`TRANSIENT_FAILURE_WINDOW`, or
-        the peer timeout or the time left before the leading notice's deadline (at least
-        1 s) when shorter (a machine that is gone cannot be waited for)."""
-        bound = min(self._peer_timeout, TRANSIENT_FAILURE_WINDOW)
-        deadline = self._core_state().get("deadline")
-        if deadline is not None:
-            bound = min(bound, max(1.0, deadline - self._clock()))
-        return bound
+        """Seconds a failing protocol call is retried from now (the core's rule: the
+        transient-failure window, or the peer timeout or the time left before the leading
+        notice's deadline, at least 1 s, when shorter)."""
+        return self._core_retry_bound(self._clock(), self._peer_timeout)
+
+    def _retry(self) -> Retry:
+        """A run of failures of one call, starting now."""
+        return Retry(self._retry_bound(), time.monotonic())
 
     def _named(self, error: BaseException, what: str, attempts: int, seconds: float) -> Any:
         """``error``'s type (TF's), its message prefixed with what failed, how often and
@@ -130,65 +124,56 @@ class Retries:
         named.__cause__ = error
         return named
 
-    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
-        """``call()``, retrying a failed coordination-service call within the bound.
+    def _pause_after(
+        self, retry: Retry, what: str, error: BaseException
+    ) -> Union[float, BaseException]:
+        """An attempt of ``what`` failed with ``error``: the seconds to wait before the
+        next one (logged: a warning the first time), or, when the rule gives up, the named
+        error to raise (:meth:`_named`)."""
+        now = time.monotonic()
+        verdict = retry.failed(now, self._closing.is_set())
+        if isinstance(verdict, RetryVerdict.GiveUp):
+            return self._named(error, what, verdict.attempts, verdict.seconds)
+        pause = max(0.0, verdict.at - now)
+        (log.warning if retry.attempts == 1 else log.info)(
+            "%s failed (%s: %s); retrying in %gs (%.1fs left).",
+            what,
+            type(error).__name__,
+            error,
+            pause,
+            verdict.left,
+        )
+        return pause
 
-        Coordination-service errors (any ``OpError``: a transient failure can look like
-        Unavailable, Internal or Aborted) are retried after growing pauses; once the
-        bound has passed, the last error is raised again, of its own type, naming what
-        failed (:meth:`_named`). Anything else is a bug and is raised at once.
-        """
+    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``, retried by the rule when it fails with a coordination-service
+        error (any ``OpError``); the named error once the rule gives up. Anything else is
+        a bug and is raised at once."""
         errors = _errors.module()
-        bound = self._retry_bound()
-        start = time.monotonic()
-        pause = RETRY_FIRST_PAUSE
-        attempts = 0
+        retry = self._retry()
         while True:
-            attempts += 1
             try:
                 return call()
             except errors.OpError as e:
-                left = start + bound - time.monotonic()
-                if left <= 0 or self._closing.is_set():
-                    raise self._named(e, what, attempts, time.monotonic() - start) from e
-                (log.warning if attempts == 1 else log.info)(
-                    "%s failed (%s: %s); retrying in %gs (%.1fs left).",
-                    what,
-                    type(e).__name__,
-                    e,
-                    min(pause, left),
-                    left,
-                )
-                self._closing.wait(min(pause, left))
-                pause = min(pause * 2, RETRY_MAX_PAUSE)
+                pause = self._pause_after(retry, what, e)
+                if isinstance(pause, BaseException):
+                    raise pause from e
+                self._closing.wait(pause)
 
     def _attempt(self, write: Write) -> tuple:
         """One attempt of ``write``: ``(finished, next write)``.
 
-        A coordination-service error (any ``OpError``) schedules the next attempt after
-        a growing pause while the bound lasts; after it, ``write.on_failed`` gets the
-        last error, of its own type, naming what failed (:meth:`_named`). Anything else
-        is a bug and goes to ``on_failed`` at once.
+        A coordination-service error (any ``OpError``) schedules the next attempt when the
+        rule says; once it gives up, ``write.on_failed`` gets the named error. Anything
+        else is a bug and goes to ``on_failed`` at once.
         """
-        write.attempts += 1
         try:
             result = write.call()
         except _errors.module().OpError as e:
-            now = time.monotonic()
-            left = write.start + write.bound - now
-            if left <= 0 or self._closing.is_set():
-                named = self._named(e, write.what, write.attempts, now - write.start)
-                return True, write.on_failed(named)
-            (log.warning if write.attempts == 1 else log.info)(
-                "%s failed (%s: %s); retrying in %gs (%.1fs left).",
-                write.what,
-                type(e).__name__,
-                e,
-                min(write.pause, left),
-                left,
-            )
-            write.due = now + min(write.pause, left)
-            write.pause = min(write.pause * 2, RETRY_MAX_PAUSE)
+            pause = self._pause_after(write.retry, write.what, e)
+            if isinstance(pause, BaseException):
+                return True, write.on_failed(pause)
+            write.due = time.monotonic() + pause
             return False, None
         except Exception as e:  # noqa: BLE001 - a bug: handed on at once
             return True, write.on_failed(e)
@@ -202,5 +187,5 @@ class Retries:
         on_failed: Callable[[BaseException], Optional[Write]],
         notice: bool = False,
     ) -> Write:
-        """A write for the driver to attempt, bounded by the retry bound as it is now."""
-        return Write(what, call, self._retry_bound(), on_done, on_failed, notice)
+        """A write for the driver to attempt, retried from now."""
+        return Write(what, call, self._retry(), on_done, on_failed, notice)

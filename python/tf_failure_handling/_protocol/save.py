@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from .._native import SaveAction
-from .._platforms import slurm as _slurm
+from .._platforms import platform as _platform
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -52,8 +52,8 @@ class SaveAndExit:
             log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
             # Written before exit_fn: one that calls os._exit leaves no later moment.
             self._record_exit()
-            # SLURM: the job back in the queue now that the checkpoint is saved (issue 23).
-            _slurm.requeue_after_save(self)
+            # The scheduler's step (SLURM: the job back in the queue).
+            _platform.after_save(self)
             self._exit_fn()
             self._ps_training_goes_on()
             # TF carries on silently here; say what state the worker is in.
@@ -65,12 +65,11 @@ class SaveAndExit:
             )
         else:
             self._ps_training_goes_on()
-            state = self._core_state()
-            if state.get("leading"):
+            if self._core_leading:
                 log.info(
                     "Continue training for the grace period; the final round starts %.2fs "
                     "before the deadline (save, steps and acknowledgements as measured).",
-                    state["margin"],
+                    self._core_state()["margin"],
                 )
             else:
                 log.info("Continue training for the grace period.")

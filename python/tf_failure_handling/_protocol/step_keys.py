@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Optional
 
 from .. import _errors
@@ -28,7 +27,7 @@ from .keys import (
     STOP_WATCHER,
     THREAD_JOIN_TIMEOUT,
 )
-from .retries import RETRY_FIRST_PAUSE, RETRY_MAX_PAUSE, Write
+from .retries import Retry, Write
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -45,7 +44,7 @@ class StepKeyWatch:
         action = self._core_step_key(round_key, value)
         if isinstance(action, KeyAction.Stop):
             return None
-        if not self._core_state().get("leading"):
+        if not self._core_leading:
             self._record_peer_agreement(round_key, value)
         if self._current_owner() is not None:
             # A newer handler of this worker acknowledges now.
@@ -96,30 +95,24 @@ class StepKeyWatch:
                 return
 
     def _read_step_key(self, round_key: str) -> Optional[str]:
-        """The value of ``round_key`` once a leader set it; None once closing."""
+        """The value of ``round_key`` once a leader set it; None once closing. Failed
+        reads are retried by the core's rule, counted from the first failure since the
+        last read that answered."""
         errors = _errors.module()
-        failing_since: Optional[float] = None
-        failures = 0
-        pause = RETRY_FIRST_PAUSE
+        retry: Optional[Retry] = None
         while not self._closing.is_set():
             try:
                 value = self._coordination.get(round_key, PEER_WATCH_SLICE)
             except errors.OpError as e:
                 if self._closing.is_set():
                     return None
-                failures += 1
-                now = time.monotonic()
-                if failing_since is None:
-                    failing_since = now
-                    log.warning("Reading %s failed (%s); retrying.", round_key, e)
-                elif now - failing_since > self._retry_bound():
-                    raise self._named(
-                        e, f"reading {round_key}", failures, now - failing_since
-                    ) from e
+                retry = retry or self._retry()
+                pause = self._pause_after(retry, f"reading {round_key}", e)
+                if isinstance(pause, BaseException):
+                    raise pause from e
                 self._closing.wait(pause)
-                pause = min(pause * 2, RETRY_MAX_PAUSE)
                 continue
-            failing_since, failures, pause = None, 0, RETRY_FIRST_PAUSE
+            retry = None
             if value is not None:
                 return value
         return None

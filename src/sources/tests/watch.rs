@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use crate::http::BaseUrl;
+use crate::sources::http::BaseUrl;
 
 /// Far above anything these tests wait for: it only turns a wait that never
 /// ends into a failure that says what it was waiting for. How fast a watch

@@ -1,12 +1,13 @@
-//! Termination sources: turning "the machine is going away" into one event.
+//! Signals as a termination source: one event per delivery, from any thread.
 //!
 //! A worker learns of its end from a signal (SIGTERM everywhere; SIGUSR1 or
 //! another signal configured on SLURM), from a user's
-//! `termination_watcher_fn`, or from a platform (later: metadata servers).
-//! Whatever the source, the result is one [`crate::step_resolution::Notice`]
-//! handed to the resolver. This module holds the part that cannot be
-//! sans-IO: the process-wide signal plumbing. Everything it decides is
-//! trivial (a counter went up); the decisions live in the resolver.
+//! `termination_watcher_fn`, or from a platform's metadata service (the
+//! pollers beside this file). Whatever the source, the result is one
+//! [`crate::step_resolution::Notice`] handed to the resolver. This module
+//! holds the part that cannot be sans-IO: the process-wide signal plumbing.
+//! Everything it decides is trivial (a counter went up); the decisions live
+//! in the resolver.
 //!
 //! # Signals
 //!

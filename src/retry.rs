@@ -1,0 +1,265 @@
+//! The one retry rule of the protocol's coordination-service calls.
+//!
+//! Every call the protocol makes to the coordination service (claim,
+//! announce, publish, acknowledge, the reads of the step keys and of the
+//! acknowledgements) follows this rule when it fails: it is tried again after
+//! a pause that starts at [`FIRST_PAUSE`] and doubles up to [`MAX_PAUSE`],
+//! until a run of failures has lasted [`bound`] seconds; then the caller
+//! raises the last error, naming how often and how long the call failed.
+//!
+//! A [`Retry`] is one run of failures of one call. A write starts it before
+//! its first attempt ([`Retry::started`]); a read starts one at its first
+//! failure and drops it when a read answers, so only failures without a
+//! break count. Like the resolver, it never reads a clock and never sleeps:
+//! [`Retry::failed`] takes `now` and answers when the next attempt may start.
+
+/// The pause before the first retry, in seconds.
+pub const FIRST_PAUSE: f64 = 0.05;
+/// The longest pause between two attempts, in seconds.
+pub const MAX_PAUSE: f64 = 1.0;
+/// Seconds of failing calls after which a failure is not transient. A
+/// cluster whose service is in an error state (a peer reported an error)
+/// fails every call for good: that error must reach the worker promptly,
+/// with its own type, not after the peer timeout (300 s by default).
+pub const TRANSIENT_FAILURE_WINDOW: f64 = 10.0;
+/// The bound is never shortened below this by a deadline: a call that
+/// fails once just before the machine goes away still gets a second try.
+pub const MIN_BOUND_BEFORE_DEADLINE: f64 = 1.0;
+
+/// How long a run of failures is retried: [`TRANSIENT_FAILURE_WINDOW`], or
+/// `peer_timeout`, or the time left before `deadline` (at least
+/// [`MIN_BOUND_BEFORE_DEADLINE`]) when shorter: a machine that is gone
+/// cannot be waited for.
+#[must_use]
+pub fn bound(peer_timeout: f64, deadline: Option<f64>, now: f64) -> f64 {
+    let bound = peer_timeout.min(TRANSIENT_FAILURE_WINDOW);
+    match deadline {
+        Some(d) => bound.min((d - now).max(MIN_BOUND_BEFORE_DEADLINE)),
+        None => bound,
+    }
+}
+
+/// What follows a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Verdict {
+    /// Try again at `at` (seconds, the caller's clock); `left` seconds of the
+    /// bound remained when the attempt failed.
+    Again {
+        /// When the next attempt may start.
+        at: f64,
+        /// What was left of the bound.
+        left: f64,
+    },
+    /// Give up: raise the last error, after `attempts` failed attempts over
+    /// `seconds`.
+    GiveUp {
+        /// Failed attempts in this run of failures.
+        attempts: u32,
+        /// Seconds from the run's start to the last failure.
+        seconds: f64,
+    },
+}
+
+/// One run of failures of one call; see the module documentation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Retry {
+    bound: f64,
+    since: Option<f64>,
+    pause: f64,
+    attempts: u32,
+}
+
+impl Retry {
+    /// A run of failures retried for `bound` seconds from its start.
+    #[must_use]
+    pub fn new(bound: f64) -> Self {
+        Retry {
+            bound,
+            since: None,
+            pause: FIRST_PAUSE,
+            attempts: 0,
+        }
+    }
+
+    /// The run starts at `now` (a write: before its first attempt), rather
+    /// than at its first failure.
+    #[must_use]
+    pub fn started(mut self, now: f64) -> Self {
+        self.since = Some(now);
+        self
+    }
+
+    /// The bound, in seconds.
+    #[must_use]
+    pub fn bound(&self) -> f64 {
+        self.bound
+    }
+
+    /// Failed attempts so far.
+    #[must_use]
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// When the run started (None for a read that has not failed yet).
+    #[must_use]
+    pub fn since(&self) -> Option<f64> {
+        self.since
+    }
+
+    /// No more retries: the next failure gives up (the handler is closing;
+    /// a last attempt is made, not a series).
+    pub fn last_attempt(&mut self) {
+        self.bound = 0.0;
+    }
+
+    /// An attempt failed at `now`; `closing` when the handler is closing
+    /// (nothing is retried then).
+    pub fn failed(&mut self, now: f64, closing: bool) -> Verdict {
+        self.attempts += 1;
+        let since = *self.since.get_or_insert(now);
+        let left = since + self.bound - now;
+        // A bound that is not positive (or NaN) gives up at the first failure.
+        if closing || left.is_nan() || left <= 0.0 {
+            return Verdict::GiveUp {
+                attempts: self.attempts,
+                seconds: now - since,
+            };
+        }
+        let at = now + self.pause.min(left);
+        self.pause = (self.pause * 2.0).min(MAX_PAUSE);
+        Verdict::Again { at, left }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn again(v: Verdict) -> (f64, f64) {
+        match v {
+            Verdict::Again { at, left } => (at, left),
+            Verdict::GiveUp { .. } => panic!("gave up: {v:?}"),
+        }
+    }
+
+    // The bound, row by row.
+    #[test]
+    fn bound_is_the_window_without_a_deadline() {
+        assert_eq!(bound(300.0, None, 0.0), TRANSIENT_FAILURE_WINDOW);
+    }
+
+    #[test]
+    fn bound_is_the_peer_timeout_when_shorter() {
+        assert_eq!(bound(3.0, None, 0.0), 3.0);
+    }
+
+    #[test]
+    fn bound_is_the_time_left_before_the_deadline_when_shorter() {
+        assert_eq!(bound(300.0, Some(104.0), 100.0), 4.0);
+    }
+
+    #[test]
+    fn bound_is_at_least_a_second_before_a_deadline() {
+        assert_eq!(bound(300.0, Some(100.2), 100.0), MIN_BOUND_BEFORE_DEADLINE);
+        assert_eq!(bound(300.0, Some(90.0), 100.0), MIN_BOUND_BEFORE_DEADLINE);
+    }
+
+    #[test]
+    fn a_deadline_never_lengthens_the_bound() {
+        assert_eq!(bound(2.0, Some(1000.0), 0.0), 2.0);
+        assert_eq!(bound(0.5, Some(90.0), 100.0), 0.5);
+    }
+
+    // Pauses.
+    #[test]
+    fn pauses_double_from_the_first_to_the_longest() {
+        let mut r = Retry::new(100.0).started(0.0);
+        let mut now = 0.0;
+        let mut pauses = Vec::new();
+        for _ in 0..8 {
+            let (at, _) = again(r.failed(now, false));
+            pauses.push(at - now);
+            now = at;
+        }
+        let expected = [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0];
+        for (pause, want) in pauses.iter().zip(expected) {
+            assert!((pause - want).abs() < 1e-9, "{pauses:?}");
+        }
+    }
+
+    #[test]
+    fn a_pause_never_runs_past_the_bound() {
+        let mut r = Retry::new(1.0).started(0.0);
+        let (at, left) = again(r.failed(0.97, false));
+        assert!((left - 0.03).abs() < 1e-12);
+        assert!((at - 1.0).abs() < 1e-12);
+    }
+
+    // A write: the run starts before the first attempt.
+    #[test]
+    fn a_write_gives_up_once_the_bound_has_passed_since_its_start() {
+        let mut r = Retry::new(10.0).started(5.0);
+        again(r.failed(6.0, false));
+        again(r.failed(14.9, false));
+        assert_eq!(
+            r.failed(15.0, false),
+            Verdict::GiveUp {
+                attempts: 3,
+                seconds: 10.0
+            }
+        );
+    }
+
+    #[test]
+    fn a_write_whose_first_attempt_outlasted_the_bound_gives_up_at_once() {
+        let mut r = Retry::new(10.0).started(0.0);
+        assert_eq!(
+            r.failed(12.0, false),
+            Verdict::GiveUp {
+                attempts: 1,
+                seconds: 12.0
+            }
+        );
+    }
+
+    // A read: the run starts at its first failure.
+    #[test]
+    fn a_read_counts_from_its_first_failure() {
+        let mut r = Retry::new(10.0);
+        let (_, left) = again(r.failed(50.0, false));
+        assert_eq!(left, 10.0);
+        again(r.failed(59.0, false));
+        assert_eq!(
+            r.failed(60.0, false),
+            Verdict::GiveUp {
+                attempts: 3,
+                seconds: 10.0
+            }
+        );
+    }
+
+    // Closing, and bounds that are not positive.
+    #[test]
+    fn nothing_is_retried_while_closing() {
+        let mut r = Retry::new(10.0).started(0.0);
+        assert_eq!(r.failed(0.1, true), Verdict::GiveUp { attempts: 1, seconds: 0.1 });
+    }
+
+    #[test]
+    fn a_last_attempt_is_not_retried() {
+        let mut r = Retry::new(10.0).started(0.0);
+        again(r.failed(0.1, false));
+        r.last_attempt();
+        assert!(matches!(r.failed(0.2, false), Verdict::GiveUp { attempts: 2, .. }));
+    }
+
+    #[test]
+    fn a_zero_or_nan_bound_gives_up_at_the_first_failure() {
+        assert!(matches!(Retry::new(0.0).failed(1.0, false), Verdict::GiveUp { attempts: 1, .. }));
+        assert!(matches!(
+            Retry::new(f64::NAN).failed(1.0, false),
+            Verdict::GiveUp { attempts: 1, .. }
+        ));
+    }
+}

@@ -1,0 +1,139 @@
+"""Decisions the Rust core makes for the Python threads: the retry rule (``src/retry.rs``)
+and the bounds that depend on the leading notice (``_core_retry_bound``,
+``_core_drain_bound``), and the schedulers reached only through their registry."""
+
+from __future__ import annotations
+
+import ast
+import signal
+from pathlib import Path
+
+import pytest
+from tf_failure_handling import _native
+from tf_failure_handling._platforms import kubernetes, platform, registry, slurm
+
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
+
+
+def _core(grace: float = 0.0) -> _native.HandlerCore:
+    core = _native.HandlerCore()
+    core._core_configure(None, 1, grace)
+    return core
+
+
+# ------------------------------------------------------------------ the retry rule
+
+
+def test_a_run_of_failures_pauses_doubling_and_gives_up_at_its_bound():
+    retry = _native.Retry(2.0, 100.0)
+    now, pauses = 100.0, []
+    while True:
+        verdict = retry.failed(now, False)
+        if isinstance(verdict, _native.RetryVerdict.GiveUp):
+            break
+        pauses.append(round(verdict.at - now, 6))
+        now = verdict.at
+    assert pauses[:5] == [0.05, 0.1, 0.2, 0.4, 0.8]
+    assert now == pytest.approx(102.0)
+    assert verdict.attempts == len(pauses) + 1
+    assert verdict.seconds == pytest.approx(2.0)
+
+
+def test_nothing_is_retried_while_closing_or_after_last_attempt():
+    assert isinstance(_native.Retry(10.0, 0.0).failed(0.1, True), _native.RetryVerdict.GiveUp)
+    retry = _native.Retry(10.0, 0.0)
+    retry.last_attempt()
+    assert isinstance(retry.failed(0.1, False), _native.RetryVerdict.GiveUp)
+
+
+def test_the_retry_bound_is_the_window_until_a_notice_leads():
+    core = _core(grace=30.0)
+    assert core._core_retry_bound(0.0, 300.0) == _native.TRANSIENT_FAILURE_WINDOW
+    assert core._core_retry_bound(0.0, 3.0) == 3.0
+    core._core_notice(100.0, 104.0)  # local mode: this worker leads at once
+    assert core._core_leading
+    assert core._core_retry_bound(100.0, 300.0) == pytest.approx(4.0)
+    assert core._core_retry_bound(103.9, 300.0) == 1.0  # at least a second
+
+
+def test_a_sources_unix_deadline_is_converted_once_by_the_core():
+    core = _core(grace=60.0)
+    core._core_source_notice(100.0, 1_700_000_000.0, 1_700_000_004.0)
+    assert core._core_retry_bound(100.0, 300.0) == pytest.approx(4.0)
+    assert core._core_state()["deadline"] == pytest.approx(104.0)
+
+
+# ------------------------------------------------------------------ the PS drain bound
+
+
+def test_the_drain_bound_is_the_peer_timeout_without_a_leading_deadline():
+    core = _core()
+    assert core._core_drain_bound(0.0, 77.0) == 77.0
+    core._core_notice(10.0, None)  # no grace period, no platform deadline
+    assert core._core_drain_bound(10.0, 77.0) == 77.0
+
+
+def test_the_drain_bound_leaves_the_longest_save_before_the_deadline():
+    core = _core(grace=60.0)
+    core._core_notice(0.0, 30.0)
+    assert core._core_drain_bound(10.0, 77.0) == pytest.approx(20.0)
+    assert core._core_drain_bound(40.0, 77.0) == 0.0
+
+
+# ------------------------------------------------------------------ schedulers
+
+
+@pytest.mark.parametrize("module", registry.SCHEDULERS, ids=lambda m: m.NAME)
+def test_every_scheduler_has_the_whole_interface(module):
+    wanted = {
+        n for n, v in vars(registry.Scheduler).items() if callable(v) and not n.startswith("_")
+    }
+    missing = {n for n in wanted | {"NAME"} if not hasattr(module, n)}
+    assert not missing, f"{module.__name__} lacks {sorted(missing)}"
+
+
+def test_the_first_scheduler_detected_wins(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert registry.detect() is None
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert registry.detect() == kubernetes.NAME
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    assert registry.detect() == slurm.NAME
+
+
+def test_a_schedulers_signals_and_deadline_come_through_the_registry():
+    env = platform.Environment(
+        device=platform.PlatformDevice.INTERNAL_CPU,
+        cloud=None,
+        metadata_base=None,
+        scheduler="kubernetes",
+        kubernetes_grace_period=45.0,
+    )
+    assert registry.notice_signals(env) == (signal.SIGTERM,)
+    assert platform.signal_deadline(env, 1000.0) == 1045.0
+    slurm_env = platform.Environment(
+        device=env.device, cloud=None, metadata_base=None, scheduler="slurm"
+    )
+    assert registry.notice_signals(slurm_env) == (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _imports(path: Path) -> set:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names.update(f"{node.module or ''}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize(
+    "path",
+    [PACKAGE / "handler.py", *sorted((PACKAGE / "_protocol").glob("*.py"))],
+    ids=lambda p: p.name,
+)
+def test_the_handler_knows_no_scheduler_by_name(path):
+    schedulers = {m.__name__.rsplit(".", 1)[1] for m in registry.SCHEDULERS}
+    named = {i for i in _imports(path) if i.rsplit(".", 1)[-1] in schedulers}
+    assert not named, f"{path.name} imports {sorted(named)}: go through _platforms.platform"
