@@ -48,13 +48,27 @@ def test_no_port_is_handed_out_twice_while_reserved(reserved):
     assert len(seen) == len(set(seen))
 
 
+def _a_bound_port() -> tuple:
+    """A listening socket on a port of the allocator's range, and that port. Not a fixed
+    port: the other jobs of ``make test`` take ports of this range all the time."""
+    for port in range(launch_local.LOWEST_PORT + 110, launch_local.LOWEST_PORT + 3000, 37):
+        busy = socket.socket()
+        try:
+            busy.bind(("127.0.0.1", port))
+        except OSError:
+            busy.close()
+            continue
+        busy.listen()
+        return busy, port
+    raise AssertionError("no port of the allocator's range could be bound")
+
+
 def test_a_reserved_or_bound_port_is_skipped(reserved, monkeypatch):
-    start = launch_local.LOWEST_PORT + 100
+    busy, port = _a_bound_port()
+    start = port - 10
     reserved.mkdir()
     (reserved / str(start)).touch()  # another caller's, a moment ago
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", start + 10))  # in use
-        busy.listen()
+    with busy:  # port = start + 10 is in use
         # After the reserved start and the busy one, starts 20 apart: another job of the
         # suite may hold one of them too, and the allocator skips it as well.
         later = list(range(start + 20, start + 400, 20))
@@ -66,7 +80,8 @@ def test_a_reserved_or_bound_port_is_skipped(reserved, monkeypatch):
 
 
 def test_a_stale_reservation_is_taken_again(reserved, monkeypatch):
-    start = launch_local.LOWEST_PORT + 200
+    busy, start = _a_bound_port()  # a port nobody else holds: released just before use
+    busy.close()
     reserved.mkdir()
     old = reserved / str(start)
     old.touch()
