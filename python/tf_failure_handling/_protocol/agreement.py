@@ -72,11 +72,8 @@ class Agreement:
                 # A failed read is retried like a slow peer, but a failure that lasts
                 # longer than the bound is the service's (a peer reported an error).
                 retry = retry or self._retry()
-                pause = self._pause_after(retry, f"reading {pending[0]}", e)
-                if isinstance(pause, BaseException):
-                    raise pause from e
+                self._wait_to_retry(retry, f"reading {pending[0]}", e, max(0.0, remaining))
                 last_error = e
-                self._closing.wait(min(pause, max(0.0, remaining)))
                 continue
             retry = None
             if got is not None:

@@ -16,7 +16,7 @@ Two threads retry, each its own way:
   attempt may start, and until then the driver takes its inputs (:func:`first_due`,
   :func:`time_to_next`, :meth:`Retries._attempt`);
 * the training thread and the readers block between attempts (:meth:`Retries._retrying`,
-  :meth:`Retries._pause_after`).
+  :meth:`Retries._wait_to_retry`).
 """
 
 from __future__ import annotations
@@ -145,6 +145,17 @@ class Retries:
         )
         return pause
 
+    def _wait_to_retry(
+        self, retry: Retry, what: str, error: BaseException, longest: Optional[float] = None
+    ) -> None:
+        """A blocking caller's failed attempt: waits the rule's pause (at most
+        ``longest`` seconds, and not once closing), or raises the named error from
+        ``error`` when the rule gives up."""
+        pause = self._pause_after(retry, what, error)
+        if isinstance(pause, BaseException):
+            raise pause from error
+        self._closing.wait(pause if longest is None else min(pause, longest))
+
     def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
         """``call()``, retried by the rule when it fails with a coordination-service
         error (any ``OpError``); the named error once the rule gives up. Anything else is
@@ -155,10 +166,7 @@ class Retries:
             try:
                 return call()
             except errors.OpError as e:
-                pause = self._pause_after(retry, what, e)
-                if isinstance(pause, BaseException):
-                    raise pause from e
-                self._closing.wait(pause)
+                self._wait_to_retry(retry, what, e)
 
     def _attempt(self, write: Write) -> tuple:
         """One attempt of ``write``: ``(finished, next write)``.

@@ -107,10 +107,7 @@ class StepKeyWatch:
                 if self._closing.is_set():
                     return None
                 retry = retry or self._retry()
-                pause = self._pause_after(retry, f"reading {round_key}", e)
-                if isinstance(pause, BaseException):
-                    raise pause from e
-                self._closing.wait(pause)
+                self._wait_to_retry(retry, f"reading {round_key}", e)
                 continue
             retry = None
             if value is not None:
