@@ -287,8 +287,8 @@ def test_grace_period_rounds(tmp_path, chief):
     No verdict depends on the machine's speed: every handler reads one virtual clock
     that worker 1 (the one noticed, so the leader that plans) advances by ``TICK``
     before each of its steps, and the steps are all-reduced, so the grace period is
-    ``grace / TICK`` (300) steps whatever the load. Saves and agreements take no
-    virtual time, so the planner publishes ``2 × step + SLACK`` (12 ticks) before
+    ``grace / tick`` (300) steps whatever the load. Saves and agreements take no
+    virtual time, so the planner publishes ``2 * step + SLACK`` (12 ticks) before
     the deadline. (With real time, a save and a round that took the whole 3 s under
     ``make test``'s load left 2 steps: a verdict decided by load.)"""
     n = 3

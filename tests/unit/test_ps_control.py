@@ -329,11 +329,49 @@ def test_release_of_a_task_that_restarted_is_refused():
 
 
 def test_release_of_a_task_that_is_gone_returns_false():
+    """Its port refuses connections: the failed release is not sent again."""
     cluster, released = FakeCluster(), []
     cluster.errors[PS] = UnavailableError("gone")
-    poller = make_poller(cluster, [], released)
+    poller = ps_control.ClusterPoller(
+        SPEC,
+        lambda *n: None,
+        on_released=lambda *r: released.append(r),
+        caller=cluster,
+        listening=lambda task: False,
+    )
     assert not poller.release(PS, "checkpoint saved")
-    assert released == []
+    assert cluster.calls == [(PS, "release")] and released == []
+
+
+def test_a_release_that_fails_while_the_task_listens_is_sent_again():
+    """TensorFlow can hand a stopped PS's error to the next op of another thread: the
+    release of a worker that still listens is sent again (the core's retry rule) and
+    counts; the test ``test_worker_notice_with_the_ps_stopped_is_drained`` met it."""
+    cluster, notices, released = FakeCluster(), [], []
+    cluster.serve(PS, "ps", 0)
+    cluster.serve(W0, "worker", 0)
+    control = cluster.serve(W1, "worker", 1)
+    control.set_notice("signal SIGTERM", None)
+    failures = [UnavailableError("/job:ps/replica:0/task:0 is unavailable")]
+
+    def caller(task, request, timeout=None):
+        if request["op"] == "release" and failures:
+            cluster.calls.append((task, "release"))
+            raise failures.pop()
+        return cluster(task, request, timeout)
+
+    poller = ps_control.ClusterPoller(
+        SPEC,
+        lambda *n: notices.append(n),
+        interval=0.01,
+        on_released=lambda *r: released.append(r),
+        caller=caller,
+        listening=lambda task: True,
+    )
+    poller.poll_once()
+    assert poller.release(W1, "drained")
+    assert [c for c in cluster.calls if c == (W1, "release")] == [(W1, "release")] * 2
+    assert control.released.is_set() and released == [("worker", 1, "drained")]
 
 
 def test_a_failing_release_record_does_not_stop_the_release():

@@ -69,6 +69,8 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from .._native import Retry, RetryVerdict
+
 log = logging.getLogger("tf_failure_handling")
 
 #: The key of :class:`TaskControl` in TF's ``py_func`` registry of a served process.
@@ -495,11 +497,25 @@ class ClusterPoller:
             "incarnation": incarnation,
             "notice_at": notice.get("at"),
         }
-        try:
-            answer = self._call(task, request, self._call_timeout)
-        except Exception as e:  # noqa: BLE001 - a task that is gone needs no release
-            log.info("Could not release %s (%s): it is gone or does not answer.", task, e)
-            return False
+        retry = Retry(self._call_timeout, time.monotonic())
+        while True:
+            try:
+                answer = self._call(task, request, self._call_timeout)
+                break
+            except CallTimeout as e:
+                log.info("Could not release %s (%s): it does not answer.", task, e)
+                return False
+            except Exception as e:  # noqa: BLE001 - a task that is gone needs no release
+                # TensorFlow can hand one task's error (a stopped PS's) to another
+                # thread's next op in this process: while the task still listens, the
+                # release is sent again by the core's retry rule (a release is
+                # idempotent for the task).
+                verdict = retry.failed(time.monotonic(), self._stop.is_set())
+                if isinstance(verdict, RetryVerdict.GiveUp) or not self._listening(task):
+                    log.info("Could not release %s (%s): it is gone or does not answer.", task, e)
+                    return False
+                log.info("Releasing %s failed (%s); sending it again.", task, e)
+                self._stop.wait(max(0.0, verdict.at - time.monotonic()))
         if not isinstance(answer, dict) or not answer.get("released"):
             why = answer.get("why") if isinstance(answer, dict) else answer
             log.warning("%s refused its release (%s).", task, why)
