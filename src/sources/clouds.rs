@@ -36,3 +36,22 @@ pub(super) fn parts(cloud: Cloud) -> Parts {
 pub fn pollers(cloud: Cloud, timing: Timing) -> Vec<NamedPoller> {
     (parts(cloud).pollers)(timing)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{parts, pollers};
+    use crate::sources::shared::{Cloud, Timing};
+
+    #[test]
+    fn every_cloud_has_its_pollers_named_after_it_and_a_probe() {
+        for cloud in [Cloud::Gce, Cloud::Aws, Cloud::Azure] {
+            let watching = pollers(cloud, Timing::new(5.0, 1.0).unwrap());
+            assert!(!watching.is_empty(), "{cloud:?}");
+            for (name, _) in &watching {
+                assert!(name.starts_with(&format!("tfh-{}-", cloud.name())), "{name}");
+            }
+            // No answer at all: every cloud's probe says no.
+            assert!(!(parts(cloud).probe)(&mut |_, _, _| None), "{cloud:?}");
+        }
+    }
+}

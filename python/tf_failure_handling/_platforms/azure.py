@@ -34,9 +34,9 @@ def dmi_says_azure() -> bool:
     """True when the DMI tables describe an Azure VM."""
     if shared.dmi("chassis_asset_tag") == ASSET_TAG:
         return True
-    return shared.dmi("sys_vendor") == "Microsoft Corporation" and shared.dmi(
-        "product_name"
-    ) == ("Virtual Machine")
+    return shared.dmi("sys_vendor") == "Microsoft Corporation" and shared.dmi("product_name") == (
+        "Virtual Machine"
+    )
 
 
 def detected(configured: Optional[str]) -> bool:
