@@ -95,6 +95,9 @@
 //!   tasks visited before it were counted.
 
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
+
+use memchr::memmem;
 
 use thiserror::Error;
 
@@ -380,7 +383,7 @@ impl Needle {
         if self.ignores_case() {
             contains_lowered(message, self.text())
         } else {
-            contains(message.as_bytes(), self.text().as_bytes())
+            contains(message.as_bytes(), self)
         }
     }
 }
@@ -389,106 +392,32 @@ impl Needle {
 /// lower-case ASCII `needle`, without allocating for an ASCII haystack.
 fn contains_lowered(haystack: &str, needle: &str) -> bool {
     if haystack.is_ascii() {
-        search(haystack.as_bytes(), needle.as_bytes(), true)
+        contains_ascii_ignoring_case(haystack.as_bytes(), needle.as_bytes())
     } else {
         // Full Unicode lowering, as Python's (KELVIN SIGN → `k`, İ → `i̇`).
-        contains(haystack.to_lowercase().as_bytes(), needle.as_bytes())
+        memmem::find(haystack.to_lowercase().as_bytes(), needle.as_bytes()).is_some()
     }
 }
 
-/// `needle in haystack`, for the short haystacks of error messages.
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    search(haystack, needle, false)
+/// `needle in haystack`, for the short haystacks of error messages, with the
+/// needle's searcher built once (building one per call would cost more than
+/// the search of a typical message).
+fn contains(haystack: &[u8], needle: Needle) -> bool {
+    // Pure Rust, never Python: a std `OnceLock` is safe here.
+    static FINDERS: OnceLock<[memmem::Finder<'static>; Needle::ALL.len()]> = OnceLock::new();
+    let finders = FINDERS.get_or_init(|| Needle::ALL.map(|n| memmem::Finder::new(n.text())));
+    finders[needle as usize].find(haystack).is_some()
 }
 
-/// Positions examined per block of [`search`].
-const BLOCK: usize = 16;
-
-/// Bit `j` set when `heads[j] | fold.0 == first` and
-/// `ends[j] | fold.1 == last`, for `j` in `0..BLOCK`: SSE2, part of the
-/// `x86_64` baseline.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn candidates(heads: &[u8; BLOCK], ends: &[u8; BLOCK], first: u8, last: u8, fold: (u8, u8)) -> u32 {
-    use std::arch::x86_64::{__m128i, _mm_and_si128, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8};
-    // Bytes reinterpreted as `i8` lanes and a 16-bit mask as `u32`: bit casts.
-    #[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
-    // `_mm_loadu_si128` needs no alignment.
-    #[allow(clippy::cast_ptr_alignment)]
-    // SAFETY: SSE2 is always available on x86_64; each load reads exactly the
-    // BLOCK bytes of one of the two arrays.
-    unsafe {
-        let h = _mm_or_si128(_mm_loadu_si128(heads.as_ptr().cast::<__m128i>()), _mm_set1_epi8(fold.0 as i8));
-        let e = _mm_or_si128(_mm_loadu_si128(ends.as_ptr().cast::<__m128i>()), _mm_set1_epi8(fold.1 as i8));
-        let hits = _mm_and_si128(
-            _mm_cmpeq_epi8(h, _mm_set1_epi8(first as i8)),
-            _mm_cmpeq_epi8(e, _mm_set1_epi8(last as i8)),
-        );
-        _mm_movemask_epi8(hits) as u32
-    }
-}
-
-/// [`candidates`] without SIMD (other architectures, and the tests' reference).
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
-#[inline]
-fn candidates_scalar(heads: &[u8; BLOCK], ends: &[u8; BLOCK], first: u8, last: u8, fold: (u8, u8)) -> u32 {
-    let mut bits = 0;
-    for j in 0..BLOCK {
-        // `&`, not `&&`: no branch, so the loop vectorises.
-        #[allow(clippy::needless_bitwise_bool)]
-        let hit = ((heads[j] | fold.0) == first) & ((ends[j] | fold.1) == last);
-        bits |= u32::from(hit) << j;
-    }
-    bits
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-use candidates_scalar as candidates;
-
-/// Whether `needle` occurs in `haystack`; with `fold`, ASCII letters of
-/// `haystack` match the lower-case letters of `needle` in either case.
-///
-/// The "generic SIMD" substring search (W. Muła): for a block of [`BLOCK`]
-/// positions at once, find those whose byte equals the needle's first byte
-/// and whose byte `len - 1` further equals its last byte (SSE2 on `x86_64`, a
-/// loop elsewhere), then compare only those in full. `str::contains` does the
-/// same for needles of up to 32 bytes but sets up a Two-Way searcher for
-/// longer ones (TF's gRPC-from-PS string is 49), which costs more than the
-/// whole search of a typical message.
-fn search(haystack: &[u8], needle: &[u8], fold: bool) -> bool {
-    let (Some(&first), Some(&last)) = (needle.first(), needle.last()) else {
+/// Whether the lower-case ASCII `needle` occurs in `haystack`, ASCII letters of
+/// `haystack` matching in either case: `memchr2` finds each place the first
+/// byte occurs in either case, and only those are compared in full.
+fn contains_ascii_ignoring_case(haystack: &[u8], needle: &[u8]) -> bool {
+    let Some(&first) = needle.first() else {
         return true;
     };
-    let Some(last_start) = haystack.len().checked_sub(needle.len()) else {
-        return false;
-    };
-    // With `fold`, ORing 0x20 lower-cases an ASCII letter; onto a lower-case
-    // needle letter only its two cases map.
-    let fold_of = |b: u8| if fold && b.is_ascii_lowercase() { 0x20 } else { 0 };
-    let folds = (fold_of(first), fold_of(last));
-    let verify = |at: usize| {
-        let window = &haystack[at..at + needle.len()];
-        if fold {
-            window.eq_ignore_ascii_case(needle)
-        } else {
-            window == needle
-        }
-    };
-    let tail = needle.len() - 1;
-    let mut at = 0;
-    while at + BLOCK <= last_start + 1 {
-        let heads = haystack[at..at + BLOCK].try_into().expect("BLOCK bytes");
-        let ends = haystack[at + tail..at + tail + BLOCK].try_into().expect("BLOCK bytes");
-        let mut bits = candidates(heads, ends, first, last, folds);
-        while bits != 0 {
-            if verify(at + bits.trailing_zeros() as usize) {
-                return true;
-            }
-            bits &= bits - 1;
-        }
-        at += BLOCK;
-    }
-    (at..=last_start).any(|i| (haystack[i] | folds.0) == first && (haystack[i + tail] | folds.1) == last && verify(i))
+    memchr::memchr2_iter(first, first.to_ascii_uppercase(), haystack)
+        .any(|at| haystack.get(at..at + needle.len()).is_some_and(|w| w.eq_ignore_ascii_case(needle)))
 }
 
 /// One `return True` of TF's `_is_ps_failure` or `_is_worker_failure`.
@@ -1228,7 +1157,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The block search agrees with `str::contains` (and with lowering first),
+        /// The search agrees with `str::contains` (and with lowering first),
         /// on messages built from needles, their case variants and near misses.
         #[test]
         fn failure_search_agrees_with_std(
@@ -1259,24 +1188,6 @@ mod tests {
                 };
                 proptest::prop_assert_eq!(n.is_in(&message), want, "{:?} in {:?}", n, message);
             }
-        }
-    }
-
-    proptest::proptest! {
-        /// The SSE2 candidate mask equals the scalar one.
-        #[test]
-        fn failure_search_candidates_simd_equals_scalar(
-            heads in proptest::array::uniform16(proptest::prelude::any::<u8>()),
-            ends in proptest::array::uniform16(proptest::prelude::any::<u8>()),
-            pick in 0..BLOCK,
-            fold in proptest::prelude::any::<bool>(),
-        ) {
-            let (first, last) = (heads[pick] | 0x20, ends[pick] | 0x20);
-            let folds = if fold { (0x20, 0x20) } else { (0, 0) };
-            proptest::prop_assert_eq!(
-                candidates(&heads, &ends, first, last, folds),
-                candidates_scalar(&heads, &ends, first, last, folds)
-            );
         }
     }
 

@@ -119,6 +119,34 @@ class Input:
 
     class Stop(Input): ...
 
+RETRY_FIRST_PAUSE: float
+RETRY_MAX_PAUSE: float
+TRANSIENT_FAILURE_WINDOW: float
+
+class RetryVerdict:
+    """What follows a failed attempt (``Retry.failed``; ``src/retry.rs``)."""
+
+    class Again(RetryVerdict):
+        at: float
+        left: float
+
+    class GiveUp(RetryVerdict):
+        attempts: int
+        seconds: float
+
+class Retry:
+    """One run of failures of one call, retried for ``bound`` seconds from ``now``."""
+
+    def __init__(self, bound: float, now: float) -> None: ...
+    def failed(self, now: float, closing: bool) -> RetryVerdict: ...
+    def last_attempt(self) -> None: ...
+    @property
+    def bound(self) -> float: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def since(self) -> Optional[float]: ...
+
 class Inbox:
     """The protocol driver's inputs in one place (``src/inbox.rs``); ``recv`` releases the GIL."""
 

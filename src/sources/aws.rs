@@ -278,6 +278,11 @@ impl Poller for AwsPoller {
 
 /// AWS's detection requests: `PUT /latest/api/token` answers 200, or answers
 /// 403/404/405 and then `GET /latest/meta-data/` answers 200 (IMDSv1).
+/// The poller watching AWS, with its thread's name.
+pub(super) fn pollers(timing: Timing) -> Vec<super::shared::NamedPoller> {
+    vec![("tfh-aws-imds", Box::new(AwsPoller::new(timing)))]
+}
+
 pub(super) fn probe(status: &mut super::shared::ProbeStatus<'_>) -> bool {
     match status("PUT", AWS_TOKEN_PATH, &[(AWS_TOKEN_TTL_HEADER, "21600")]) {
         Some(200) => true,

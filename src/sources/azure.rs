@@ -218,6 +218,11 @@ impl Poller for AzurePoller {
 
 /// Azure's detection request: `GET /metadata/instance` with `Metadata: true`
 /// answers 200.
+/// The poller watching Azure, with its thread's name.
+pub(super) fn pollers(timing: Timing) -> Vec<super::shared::NamedPoller> {
+    vec![("tfh-azure-events", Box::new(AzurePoller::new(timing)))]
+}
+
 pub(super) fn probe(status: &mut super::shared::ProbeStatus<'_>) -> bool {
     status("GET", AZURE_PROBE_PATH, &[AZURE_METADATA]) == Some(200)
 }

@@ -241,6 +241,17 @@ impl Poller for GcePoller {
 
 /// GCE's detection request: `GET instance/hostname` with the metadata header
 /// answers 200.
+/// The pollers watching GCE, each with its thread's name.
+pub(super) fn pollers(timing: Timing) -> Vec<super::shared::NamedPoller> {
+    vec![
+        (
+            "tfh-gce-maintenance",
+            Box::new(GcePoller::new(GceEndpoint::MaintenanceEvent, timing)) as Box<dyn Poller + Send>,
+        ),
+        ("tfh-gce-preempted", Box::new(GcePoller::new(GceEndpoint::Preempted, timing))),
+    ]
+}
+
 pub(super) fn probe(status: &mut super::shared::ProbeStatus<'_>) -> bool {
     status("GET", GCE_PROBE_PATH, &[GCE_FLAVOR]) == Some(200)
 }

@@ -98,19 +98,20 @@
 //! | `gce.rs` | [`GcePoller`] and GCE's detection request |
 //! | `aws.rs` | [`AwsPoller`], [`parse_spot_action`], [`parse_rebalance`] and AWS's detection requests |
 //! | `azure.rs` | [`AzurePoller`], [`parse_scheduled_events`] and Azure's detection request |
+//! | `clouds.rs` | each cloud's parts in one dispatch: its [`pollers`] and its detection request |
 //! | `watch.rs` | the I/O shell: [`MetadataWatch`] and [`probe`] |
 //! | `http.rs` | the minimal, strictly bounded HTTP/1.1 client `watch.rs` polls with |
 //! | `signals.rs` | signals: `sigaction` from any thread, who owns a notice, one wake-up per delivery (not a poller: the process-wide plumbing) |
 //! | `tests.rs`, `tests/` | table tests per platform, dates, hostile input, the shell against fake servers |
 //!
 //! Files import downward: the platforms use `shared.rs` and `dates.rs` and
-//! never each other; `watch.rs` reaches the platforms only through
-//! [`pollers`] (below) and their `probe` functions. A new platform is a new
-//! file with its poller and its `probe`, a [`Cloud`] variant, and one arm
-//! each in [`pollers`] and [`probe`].
+//! never each other; `watch.rs` reaches them only through `clouds.rs`, the
+//! one dispatch. A new platform is a new file with its poller, `pollers` and
+//! `probe`, a [`Cloud`] variant, and one row in `clouds.rs`.
 
 mod aws;
 mod azure;
+mod clouds;
 mod dates;
 mod gce;
 pub mod http;
@@ -120,26 +121,11 @@ mod watch;
 
 pub use aws::{parse_rebalance, parse_spot_action, AwsPoller, AWS_REBALANCE_MAX_INTERVAL, AWS_TOKEN_RETRY, AWS_TOKEN_TTL, NOTE_IMDSV1};
 pub use azure::{parse_scheduled_events, AzurePoller, AZURE_METADATA};
+pub use clouds::pollers;
 pub use dates::{parse_rfc1123, parse_rfc3339};
 pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
 pub use shared::{Action, Cloud, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, MIN_INTERVAL};
 pub use watch::{probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
-
-/// The pollers watching `cloud`, each with a thread name.
-#[must_use]
-pub fn pollers(cloud: Cloud, timing: Timing) -> Vec<(&'static str, Box<dyn Poller + Send>)> {
-    match cloud {
-        Cloud::Gce => vec![
-            (
-                "tfh-gce-maintenance",
-                Box::new(GcePoller::new(GceEndpoint::MaintenanceEvent, timing)) as Box<dyn Poller + Send>,
-            ),
-            ("tfh-gce-preempted", Box::new(GcePoller::new(GceEndpoint::Preempted, timing))),
-        ],
-        Cloud::Aws => vec![("tfh-aws-imds", Box::new(AwsPoller::new(timing)))],
-        Cloud::Azure => vec![("tfh-azure-events", Box::new(AzurePoller::new(timing)))],
-    }
-}
 
 #[cfg(test)]
 mod tests;

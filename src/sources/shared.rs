@@ -155,6 +155,9 @@ pub trait Poller {
 /// headers)` to the status code of the answer, None for no answer.
 pub(super) type ProbeStatus<'a> = dyn FnMut(&str, &str, &[(&str, &str)]) -> Option<u16> + 'a;
 
+/// A poller and the name of the thread that runs it.
+pub type NamedPoller = (&'static str, Box<dyn Poller + Send>);
+
 /// Poll pacing, in seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Timing {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::clouds::{parts, pollers};
 use super::http::{BaseUrl, Client, HttpError};
 use super::shared::{Action, Cloud, Event, Notice, Poller, Response, Timing, WatchError, LOG_TARGET};
-use super::{aws, azure, gce, pollers};
 
 /// What to watch, validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -459,9 +459,5 @@ pub fn probe(cloud: Cloud, base: &BaseUrl, timeout: Duration, stop: Option<&Atom
             }
         }
     };
-    match cloud {
-        Cloud::Gce => gce::probe(&mut status),
-        Cloud::Aws => aws::probe(&mut status),
-        Cloud::Azure => azure::probe(&mut status),
-    }
+    (parts(cloud).probe)(&mut status)
 }

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from tf_failure_handling import _native
-from tf_failure_handling._platforms import kubernetes, platform, registry, slurm
+from tf_failure_handling._platforms import aws, azure, gce, kubernetes, platform, registry, slurm
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
 
@@ -118,6 +118,59 @@ def test_a_schedulers_signals_and_deadline_come_through_the_registry():
     assert registry.notice_signals(slurm_env) == (signal.SIGTERM, signal.SIGUSR1)
 
 
+# ------------------------------------------------------------------ clouds
+
+
+@pytest.mark.parametrize("module", registry.CLOUDS, ids=lambda m: m.NAME)
+def test_every_cloud_has_the_whole_interface(module):
+    wanted = {n for n, v in vars(registry.Cloud).items() if callable(v) and not n.startswith("_")}
+    missing = {n for n in wanted | {"NAME", "DEFAULT_BASE", "EXIT_CODE"} if not hasattr(module, n)}
+    assert not missing, f"{module.__name__} lacks {sorted(missing)}"
+    assert registry.cloud(module.NAME) is module
+    assert platform.exit_code(module.exit_fn) == module.EXIT_CODE
+
+
+def test_clouds_are_detected_in_tfs_order_and_each_answers_for_itself(monkeypatch):
+    """GCE first (TF detects it unconditionally), then AWS and Azure; each cloud's
+    ``detected`` is asked with its own configured base, and the first yes wins."""
+    assert [c.NAME for c in registry.CLOUDS] == ["gce", "aws", "azure"]
+    asked = []
+    for module in registry.CLOUDS:
+        monkeypatch.setattr(
+            module,
+            "detected",
+            lambda configured, name=module.NAME: asked.append((name, configured)) or name == "aws",
+        )
+    settings = platform.Settings(
+        forced_cloud=None,
+        cloud_bases={"gce": None, "aws": "http://127.0.0.1:9", "azure": None},
+        scheduler=None,
+        slurm_end_time=None,
+        kubernetes_grace_period=30.0,
+    )
+    assert platform._cloud(settings) == ("aws", "http://127.0.0.1:9")
+    assert asked == [("gce", None), ("aws", "http://127.0.0.1:9")]
+
+
+def test_a_clouds_defaults_come_from_its_module():
+    for module, gpu_grace in ((gce, 3600), (aws, 120), (azure, 30)):
+        for device, grace in (
+            (platform.PlatformDevice.GCE_GPU, gpu_grace),
+            (platform.PlatformDevice.GCE_CPU, module.grace_period(False)),
+        ):
+            env = platform.Environment(
+                device=device, cloud=module.NAME, metadata_base=None, scheduler=None
+            )
+            defaults = platform.complete(env, None, None, None, None)
+            assert defaults.exit_fn is module.exit_fn
+            assert defaults.grace_period == grace
+    off = platform.Environment(
+        device=platform.PlatformDevice.INTERNAL_GPU, cloud=None, metadata_base=None, scheduler=None
+    )
+    assert platform.complete(off, None, None, None, None).grace_period == 0
+    assert platform.exit_code(platform.complete(off, None, None, None, None).exit_fn) == 42
+
+
 def _imports(path: Path) -> set:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -133,7 +186,7 @@ def _imports(path: Path) -> set:
     [PACKAGE / "handler.py", *sorted((PACKAGE / "_protocol").glob("*.py"))],
     ids=lambda p: p.name,
 )
-def test_the_handler_knows_no_scheduler_by_name(path):
-    schedulers = {m.__name__.rsplit(".", 1)[1] for m in registry.SCHEDULERS}
+def test_the_handler_knows_no_platform_by_name(path):
+    schedulers = {m.__name__.rsplit(".", 1)[1] for m in (*registry.SCHEDULERS, *registry.CLOUDS)}
     named = {i for i in _imports(path) if i.rsplit(".", 1)[-1] in schedulers}
     assert not named, f"{path.name} imports {sorted(named)}: go through _platforms.platform"

@@ -15,6 +15,7 @@ import threading
 
 import pytest
 from tf_failure_handling import PreemptionCheckpointHandler, PreemptionWatcher, _native, testing
+from tf_failure_handling._platforms import aws, azure, gce, shared
 from tf_failure_handling._platforms import platform as _platform
 
 GRACE = _platform.KUBERNETES_GRACE_ENV
@@ -42,7 +43,7 @@ def names_variable_and_value(name: str, value: str) -> str:
 BAD = [
     (_platform.CLOUD_ENV, ["gcp", "yes", "aws,azure", "ec2"]),
     (
-        _platform.GCE_METADATA_ENV,
+        gce.METADATA_ENV,
         [
             "http://169.254.169.254",
             "127.0.0.1:99999",
@@ -57,11 +58,11 @@ BAD = [
         ],
     ),
     (
-        _platform.AWS_METADATA_ENV,
+        aws.METADATA_ENV,
         ["https://169.254.169.254", "ftp://x", "http://x/latest", "http://", "127.0.0.1:0", "a b"],
     ),
     (
-        _platform.AZURE_METADATA_ENV,
+        azure.METADATA_ENV,
         ["https://169.254.169.254", "http://x?api-version=1", "http://[::1", "http://x:65536"],
     ),
     (GRACE, ["30s", "abc", "-1", "-0.5", "nan", "inf", "-inf", "1e400", "30,5"]),
@@ -88,9 +89,9 @@ def test_settings_raise_the_same_error(monkeypatch, name, value):
 def test_every_variable_is_checked_before_any_probe(monkeypatch):
     asked = []
     monkeypatch.delenv(_platform.CLOUD_ENV)
-    monkeypatch.setattr(_platform, "on_gce", lambda *a, **k: asked.append("gce") or False)
-    monkeypatch.setattr(_platform, "_probe", lambda *a, **k: asked.append(a) or False)
-    monkeypatch.setenv(_platform.AWS_METADATA_ENV, "http://127.0.0.1:1")
+    monkeypatch.setattr(gce, "on_gce", lambda *a, **k: asked.append("gce") or False)
+    monkeypatch.setattr(shared, "probe", lambda *a, **k: asked.append(a) or False)
+    monkeypatch.setenv(aws.METADATA_ENV, "http://127.0.0.1:1")
     monkeypatch.setenv(GRACE, "30s")
     with pytest.raises(ValueError, match=GRACE):
         _platform.environment()
@@ -172,18 +173,18 @@ def test_no_signal_deadline_without_a_scheduler(monkeypatch):
 @pytest.mark.parametrize(
     ("cloud", "name", "value", "base"),
     [
-        ("aws", _platform.AWS_METADATA_ENV, "127.0.0.1:8080", "http://127.0.0.1:8080"),
-        ("aws", _platform.AWS_METADATA_ENV, " http://127.0.0.1:8080/ ", "http://127.0.0.1:8080"),
-        ("azure", _platform.AZURE_METADATA_ENV, "HTTP://[::1]:80/", "HTTP://[::1]:80"),
-        ("azure", _platform.AZURE_METADATA_ENV, "", _platform.AZURE_DEFAULT_METADATA_BASE),
-        ("gce", _platform.GCE_METADATA_ENV, "127.0.0.1:9", "http://127.0.0.1:9"),
+        ("aws", aws.METADATA_ENV, "127.0.0.1:8080", "http://127.0.0.1:8080"),
+        ("aws", aws.METADATA_ENV, " http://127.0.0.1:8080/ ", "http://127.0.0.1:8080"),
+        ("azure", azure.METADATA_ENV, "HTTP://[::1]:80/", "HTTP://[::1]:80"),
+        ("azure", azure.METADATA_ENV, "", azure.DEFAULT_BASE),
+        ("gce", gce.METADATA_ENV, "127.0.0.1:9", "http://127.0.0.1:9"),
         (
             "gce",
-            _platform.GCE_METADATA_ENV,
+            gce.METADATA_ENV,
             "metadata.google.internal/",
             "http://metadata.google.internal",
         ),
-        ("gce", _platform.GCE_METADATA_ENV, "", "http://metadata.google.internal"),
+        ("gce", gce.METADATA_ENV, "", "http://metadata.google.internal"),
     ],
 )
 def test_metadata_urls_are_normalised(monkeypatch, cloud, name, value, base):

@@ -19,6 +19,7 @@ import warnings
 import pytest
 from fake_metadata import FakeMetadata, aws_action
 from tf_failure_handling import TerminationConfig, _native, testing
+from tf_failure_handling._platforms import aws, azure, gce, shared
 from tf_failure_handling._platforms import platform as _platform
 
 from .conftest import HANG, NO_METADATA_SERVER, wait_for_attention
@@ -29,8 +30,8 @@ MAINTENANCE = "/computeMetadata/v1/instance/maintenance-event"
 #: The variables these tests set; a developer's own values must not leak in.
 ENV_VARS = (
     _platform.CLOUD_ENV,
-    _platform.AWS_METADATA_ENV,
-    _platform.AZURE_METADATA_ENV,
+    aws.METADATA_ENV,
+    azure.METADATA_ENV,
     _platform.KUBERNETES_GRACE_ENV,
     _platform.SLURM_END_TIME_ENV,
     "SLURM_JOB_ID",
@@ -165,11 +166,11 @@ def _isolated_environment(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     dmi = tmp_path / "dmi"
     dmi.mkdir()
-    monkeypatch.setattr(_platform, "DMI_DIR", str(dmi))
-    monkeypatch.setattr(_platform, "HYPERVISOR_UUID", str(tmp_path / "no-hypervisor-uuid"))
+    monkeypatch.setattr(shared, "DMI_DIR", str(dmi))
+    monkeypatch.setattr(aws, "HYPERVISOR_UUID", str(tmp_path / "no-hypervisor-uuid"))
     closed = "http://" + NO_METADATA_SERVER
-    monkeypatch.setattr(_platform, "AWS_DEFAULT_METADATA_BASE", closed)
-    monkeypatch.setattr(_platform, "AZURE_DEFAULT_METADATA_BASE", closed)
+    monkeypatch.setattr(aws, "DEFAULT_BASE", closed)
+    monkeypatch.setattr(azure, "DEFAULT_BASE", closed)
     _platform.environment.cache_clear()
     _platform.detect.cache_clear()
     yield dmi
@@ -248,7 +249,7 @@ def test_defaults_table(cloud, device, code, grace):
     assert isinstance(d, _platform.Defaults)
     assert d.watcher_fn is None, "metadata services are watched natively, not by a watcher fn"
     assert _exit_code(d.exit_fn) == code
-    assert d.exit_fn is (_platform.gce_exit_fn if cloud == "gce" else _platform.default_exit_fn)
+    assert d.exit_fn is (gce.exit_fn if cloud == "gce" else shared.default_exit_fn)
     assert d.grace_period == grace
     assert d.signals == (signal.SIGTERM,)
 
@@ -315,13 +316,13 @@ def test_defaults_are_frozen():
 
 def test_default_metadata_host(monkeypatch):
     monkeypatch.delenv("GCE_METADATA_IP", raising=False)
-    assert _platform._gce_base() == "http://metadata.google.internal"
+    assert gce.base() == "http://metadata.google.internal"
     monkeypatch.setenv("GCE_METADATA_IP", "10.1.2.3:8080")
-    assert _platform._gce_base() == "http://10.1.2.3:8080"
+    assert gce.base() == "http://10.1.2.3:8080"
 
 
 def test_on_gce_when_hostname_answers_with_the_header(metadata):
-    assert _platform.on_gce() is True
+    assert gce.on_gce() is True
     path, headers = metadata.requests[-1]
     assert path == HOSTNAME
     assert headers.get("Metadata-Flavor") == "Google"
@@ -330,14 +331,14 @@ def test_on_gce_when_hostname_answers_with_the_header(metadata):
 @pytest.mark.parametrize("status", [403, 404, 500, 503])
 def test_not_on_gce_when_hostname_fails(metadata, status):
     metadata.routes[HOSTNAME] = (status, b"no")
-    assert _platform.on_gce() is False
+    assert gce.on_gce() is False
     assert metadata.requests, "the server was not asked"
 
 
 def test_not_on_gce_without_a_server(monkeypatch):
     monkeypatch.setenv("GCE_METADATA_IP", NO_METADATA_SERVER)
     start = time.monotonic()
-    assert _platform.on_gce() is False
+    assert gce.on_gce() is False
     assert time.monotonic() - start < PROBE_BOUND
 
 
@@ -345,7 +346,7 @@ def test_not_on_gce_without_a_server(monkeypatch):
 def test_on_gce_is_bounded_when_the_server_never_answers(metadata):
     metadata.hang = True
     start = time.monotonic()
-    assert _platform.on_gce() is False
+    assert gce.on_gce() is False
     assert time.monotonic() - start < PROBE_BOUND
     assert metadata.requests
 
@@ -363,7 +364,7 @@ def test_on_gce_is_bounded_when_the_server_never_answers(metadata):
 )
 def test_termination_watcher_reads_maintenance_event(metadata, body, expected):
     metadata.routes[MAINTENANCE] = (200, body)
-    assert _platform.gce_termination_watcher() is expected
+    assert gce.termination_watcher() is expected
     path, headers = metadata.requests[-1]
     assert path == MAINTENANCE
     assert headers.get("Metadata-Flavor") == "Google"
@@ -372,17 +373,17 @@ def test_termination_watcher_reads_maintenance_event(metadata, body, expected):
 @pytest.mark.parametrize("status", [404, 500, 503])
 def test_termination_watcher_is_false_on_http_errors(metadata, status):
     metadata.routes[MAINTENANCE] = (status, b"TERMINATE_ON_HOST_MAINTENANCE")
-    assert _platform.gce_termination_watcher() is False
+    assert gce.termination_watcher() is False
 
 
 # Regression test for a bug these unit tests found (fixed; formerly a strict xfail).
-@pytest.mark.parametrize("fn", ["on_gce", "gce_termination_watcher"])
+@pytest.mark.parametrize("fn", ["on_gce", "termination_watcher"])
 def test_http_error_responses_are_closed(metadata, fn):
     metadata.routes[HOSTNAME] = metadata.routes[MAINTENANCE] = (503, b"busy")
     gc.collect()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
-        assert getattr(_platform, fn)() is False
+        assert getattr(gce, fn)() is False
         gc.collect()
     assert metadata.requests
     leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
@@ -393,25 +394,25 @@ def test_http_error_responses_are_closed(metadata, fn):
 def test_termination_watcher_is_bounded_when_the_server_never_answers(metadata):
     metadata.hang = True
     start = time.monotonic()
-    assert _platform.gce_termination_watcher() is False
+    assert gce.termination_watcher() is False
     assert time.monotonic() - start < PROBE_BOUND
 
 
 def test_termination_watcher_without_a_server(monkeypatch):
     monkeypatch.setenv("GCE_METADATA_IP", NO_METADATA_SERVER)
-    assert _platform.gce_termination_watcher() is False
+    assert gce.termination_watcher() is False
 
 
 # Regression tests: an endpoint that does not speak HTTP once made these raise
 # http.client.BadStatusLine instead of returning False.
 @pytest.mark.timeout(20)
 def test_on_gce_is_false_when_the_endpoint_is_not_http(garbage_server):
-    assert _platform.on_gce() is False
+    assert gce.on_gce() is False
 
 
 @pytest.mark.timeout(20)
 def test_termination_watcher_is_false_when_the_endpoint_is_not_http(garbage_server):
-    assert _platform.gce_termination_watcher() is False
+    assert gce.termination_watcher() is False
 
 
 # ------------------------------------------------------------ environment()
@@ -453,8 +454,8 @@ def test_off_cloud_without_any_probe_takes_milliseconds(fake, monkeypatch):
     to the fake server (the default bases point there) and an unreachable one costs
     up to METADATA_TIMEOUT.
     """
-    monkeypatch.setattr(_platform, "AWS_DEFAULT_METADATA_BASE", fake.base)
-    monkeypatch.setattr(_platform, "AZURE_DEFAULT_METADATA_BASE", fake.base)
+    monkeypatch.setattr(aws, "DEFAULT_BASE", fake.base)
+    monkeypatch.setattr(azure, "DEFAULT_BASE", fake.base)
     _platform.environment()  # warm up imports and the probe thread's first start
     _platform.environment.cache_clear()
     env = _platform.environment()
@@ -477,12 +478,12 @@ def test_forced_cloud_is_not_probed(fake, monkeypatch, cloud):
 
 def test_forced_cloud_without_variables_uses_the_default_bases(monkeypatch):
     monkeypatch.setenv(_platform.CLOUD_ENV, "aws")
-    assert _platform.environment().metadata_base == _platform.AWS_DEFAULT_METADATA_BASE
+    assert _platform.environment().metadata_base == aws.DEFAULT_BASE
     _platform.environment.cache_clear()
     monkeypatch.setenv(_platform.CLOUD_ENV, "azure")
-    assert _platform.environment().metadata_base == _platform.AZURE_DEFAULT_METADATA_BASE
+    assert _platform.environment().metadata_base == azure.DEFAULT_BASE
     _platform.environment.cache_clear()
-    monkeypatch.delenv(_platform.GCE_METADATA_ENV)
+    monkeypatch.delenv(gce.METADATA_ENV)
     monkeypatch.setenv(_platform.CLOUD_ENV, "gce")
     assert _platform.environment().metadata_base == "http://metadata.google.internal"
 
@@ -505,7 +506,7 @@ def test_gce_detected_by_its_metadata_server(fake, monkeypatch):
 
 
 def test_aws_detected_through_the_variable(fake, monkeypatch):
-    monkeypatch.setenv(_platform.AWS_METADATA_ENV, fake.base + "/")
+    monkeypatch.setenv(aws.METADATA_ENV, fake.base + "/")
     env = _platform.environment()
     assert (env.cloud, env.metadata_base) == ("aws", fake.base)
     assert env.device.value == "internal_CPU"
@@ -513,7 +514,7 @@ def test_aws_detected_through_the_variable(fake, monkeypatch):
 
 
 def test_azure_detected_through_the_variable(fake, monkeypatch):
-    monkeypatch.setenv(_platform.AZURE_METADATA_ENV, fake.base)
+    monkeypatch.setenv(azure.METADATA_ENV, fake.base)
     env = _platform.environment()
     assert (env.cloud, env.metadata_base) == ("azure", fake.base)
     assert any(path.startswith("/metadata/") for _, path, _ in fake.requests)
@@ -532,7 +533,7 @@ def test_a_variable_pointing_at_another_service_is_not_that_cloud(monkeypatch, c
     """The probe checks the answer: a GCE-only server (404 elsewhere) is not AWS or Azure."""
     server = FakeMetadataServer()
     try:
-        name = _platform.AWS_METADATA_ENV if cloud == "aws" else _platform.AZURE_METADATA_ENV
+        name = aws.METADATA_ENV if cloud == "aws" else azure.METADATA_ENV
         monkeypatch.setenv(name, "http://" + server.address)
         assert _platform.environment().cloud is None
     finally:
@@ -541,7 +542,7 @@ def test_a_variable_pointing_at_another_service_is_not_that_cloud(monkeypatch, c
 
 @pytest.mark.parametrize("cloud", ["aws", "azure"])
 def test_unreachable_variable_base_is_not_that_cloud_and_bounded(monkeypatch, cloud):
-    name = _platform.AWS_METADATA_ENV if cloud == "aws" else _platform.AZURE_METADATA_ENV
+    name = aws.METADATA_ENV if cloud == "aws" else azure.METADATA_ENV
     monkeypatch.setenv(name, "http://" + NO_METADATA_SERVER)
     start = time.monotonic()
     assert _platform.environment().cloud is None
@@ -581,8 +582,8 @@ OTHER_DMI = [
 @pytest.mark.parametrize("entries", AWS_DMI + AZURE_DMI + OTHER_DMI)
 def test_dmi_classification(dmi, entries):
     dmi(**entries)
-    assert _platform.dmi_says_aws() is (entries in AWS_DMI)
-    assert _platform.dmi_says_azure() is (entries in AZURE_DMI)
+    assert aws.dmi_says_aws() is (entries in AWS_DMI)
+    assert azure.dmi_says_azure() is (entries in AZURE_DMI)
 
 
 @pytest.mark.parametrize(
@@ -592,16 +593,16 @@ def test_dmi_classification(dmi, entries):
 def test_xen_hypervisor_uuid(monkeypatch, tmp_path, uuid, aws):
     path = tmp_path / "uuid"
     path.write_text(uuid + "\n")
-    monkeypatch.setattr(_platform, "HYPERVISOR_UUID", str(path))
-    assert _platform.dmi_says_aws() is aws
+    monkeypatch.setattr(aws, "HYPERVISOR_UUID", str(path))
+    assert aws.dmi_says_aws() is aws
 
 
 def test_unreadable_dmi_is_no_cloud(monkeypatch, tmp_path):
-    monkeypatch.setattr(_platform, "DMI_DIR", str(tmp_path / "missing"))
+    monkeypatch.setattr(shared, "DMI_DIR", str(tmp_path / "missing"))
     (tmp_path / "uuid").mkdir()  # a directory: reading it fails
-    monkeypatch.setattr(_platform, "HYPERVISOR_UUID", str(tmp_path / "uuid"))
-    assert _platform.dmi_says_aws() is False
-    assert _platform.dmi_says_azure() is False
+    monkeypatch.setattr(aws, "HYPERVISOR_UUID", str(tmp_path / "uuid"))
+    assert aws.dmi_says_aws() is False
+    assert azure.dmi_says_azure() is False
 
 
 @pytest.mark.parametrize(
@@ -625,8 +626,8 @@ def test_dmi_hit_with_an_unreachable_base_is_not_that_cloud_and_bounded(dmi, ent
 @pytest.mark.parametrize("entries", OTHER_DMI)
 def test_no_probe_without_dmi_or_variable(fake, monkeypatch, dmi, entries):
     dmi(**entries)
-    monkeypatch.setattr(_platform, "AWS_DEFAULT_METADATA_BASE", fake.base)
-    monkeypatch.setattr(_platform, "AZURE_DEFAULT_METADATA_BASE", fake.base)
+    monkeypatch.setattr(aws, "DEFAULT_BASE", fake.base)
+    monkeypatch.setattr(azure, "DEFAULT_BASE", fake.base)
     assert _platform.environment().cloud is None
     assert fake.requests == []
 
@@ -637,7 +638,7 @@ def test_a_probe_that_raises_is_not_that_cloud(monkeypatch, dmi):
 
     monkeypatch.setattr(_native, "probe_metadata", broken, raising=False)
     dmi(sys_vendor="Amazon EC2")
-    monkeypatch.setenv(_platform.AZURE_METADATA_ENV, "http://" + NO_METADATA_SERVER)
+    monkeypatch.setenv(azure.METADATA_ENV, "http://" + NO_METADATA_SERVER)
     assert _platform.environment().cloud is None
 
 
@@ -647,14 +648,14 @@ def test_probe_gets_the_cloud_base_and_timeout(monkeypatch, dmi):
         _native, "probe_metadata", lambda *a: calls.append(a) or a[0] == "azure", raising=False
     )
     dmi(sys_vendor="Amazon EC2")
-    monkeypatch.setenv(_platform.AZURE_METADATA_ENV, "127.0.0.1:9")
+    monkeypatch.setenv(azure.METADATA_ENV, "127.0.0.1:9")
     env = _platform.environment()
     assert (env.cloud, env.metadata_base) == ("azure", "http://127.0.0.1:9")
     # GCE first, through the same native probe (one detection per platform).
     assert calls == [
-        ("gce", _platform._gce_base(), _platform.METADATA_TIMEOUT),
-        ("aws", _platform.AWS_DEFAULT_METADATA_BASE, _platform.METADATA_TIMEOUT),
-        ("azure", "http://127.0.0.1:9", _platform.METADATA_TIMEOUT),
+        ("gce", gce.base(), shared.METADATA_TIMEOUT),
+        ("aws", aws.DEFAULT_BASE, shared.METADATA_TIMEOUT),
+        ("azure", "http://127.0.0.1:9", shared.METADATA_TIMEOUT),
     ]
 
 
@@ -744,7 +745,7 @@ def test_handler_on_gce_exits_with_gces_code_on_a_maintenance_event(
     assert h._environment.cloud == "gce"
     assert h._platform_device.value == "GCE_CPU"
     assert h._termination_watcher_fn is None
-    assert h._exit_fn is _platform.gce_exit_fn
+    assert h._exit_fn is gce.exit_fn
     for _ in range(3):
         h.run(lambda: w.assign_add(1))
     assert h._attention is False
@@ -761,11 +762,11 @@ def test_handler_on_gce_exits_with_gces_code_on_a_maintenance_event(
 # Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
 @pytest.mark.timeout(HANG + 30)
 def test_handler_on_aws_gets_the_spot_defaults(fake, monkeypatch, make_handler, tmp_path):
-    monkeypatch.setenv(_platform.AWS_METADATA_ENV, fake.base)
+    monkeypatch.setenv(aws.METADATA_ENV, fake.base)
     h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
     assert h._environment.cloud == "aws"
-    assert h._exit_fn is _platform.default_exit_fn
-    assert h._grace_period == _platform.AWS_GRACE_PERIOD
+    assert h._exit_fn is shared.default_exit_fn
+    assert h._grace_period == aws.GRACE_PERIOD
     fake.aws_instance_action = aws_action("terminate", in_seconds=120)
     wait_for_attention(h)
 
@@ -793,6 +794,6 @@ def test_handler_off_cloud_has_borg_defaults(make_handler, tmp_path):
     assert h._platform_device.value == "internal_CPU"
     assert h._environment.cloud is None
     assert h._termination_watcher_fn is None
-    assert h._exit_fn is _platform.default_exit_fn
+    assert h._exit_fn is shared.default_exit_fn
     assert h._grace_period == 0
     assert tuple(h._signals) == (signal.SIGTERM,)

@@ -3,9 +3,12 @@
 * ``platform``: the cloud (GCE, AWS, Azure), the scheduler (SLURM, Kubernetes) and the
   device, detected once per process, and the defaults each gets (signals, exit code,
   grace period, the deadline a signal carries);
-* ``registry``: the schedulers behind one interface (detect, signals, the deadline a
-  signal carries, attach, after the save, resume fields); the handler reaches them only
-  through it (by way of ``platform``);
+* ``registry``: the clouds behind one interface (detect, the metadata service, the
+  default exit and grace period) and the schedulers behind another (detect, signals,
+  the deadline a signal carries, attach, after the save, resume fields); the handler
+  reaches them only through it (by way of ``platform``);
+* ``gce``, ``aws``, ``azure``: one module per cloud, over ``shared`` (variables, the
+  native probe, the default exit);
 * ``slurm``, ``kubernetes``: one module per scheduler (SLURM: the job's deadlines, and
   the job back in the queue after the save);
 * ``notice_sources``: every termination source of a process (signals, metadata
@@ -14,6 +17,7 @@
 * ``in_process``: the notices a handler hands to the open ``PreemptionWatcher`` objects
   of its process.
 
-Floors, bottom up: ``slurm``, ``kubernetes`` and ``in_process``; ``registry``;
+Floors, bottom up: ``shared``; ``gce``, ``aws``, ``azure``, ``slurm``, ``kubernetes`` and
+``in_process``; ``registry``;
 ``platform``; ``notice_sources``. Nothing here imports the handler, the watcher or the protocol.
 """

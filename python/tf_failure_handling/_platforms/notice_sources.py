@@ -17,8 +17,8 @@ post from Python. :meth:`NoticeSources.receive` takes whatever is most urgent ou
 of it, never after a poll interval. A handler's inbox also carries the step keys
 its reader posts and the stop of ``close()``: the protocol driver
 (``_protocol/driver.py``) reads everything from this one place. Deadlines are Unix times
-here (the platforms announce wall-clock times); the handler converts them to its
-monotonic clock.
+here (the platforms announce wall-clock times); the core converts them to the
+handler's clock in one place (``Notice::from_unix``, ``src/notice.rs``).
 
 A handler's sources *own* their signals (``owner=True``): while they are open,
 a handler installed before them is not called, so nothing can end the process

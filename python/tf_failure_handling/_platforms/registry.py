@@ -1,13 +1,11 @@
-"""The schedulers a job can run under, behind one interface.
+"""The clouds and the schedulers a job can run under, each kind behind one interface.
 
-Each scheduler is a module of this package with the same names (:class:`Scheduler`
-lists them); :data:`SCHEDULERS` holds them in detection order, and the functions
-below are the only way the rest of the package reaches them: the handler, the save
-and the records know no scheduler by name. A new scheduler is a new module with these
-names and one entry in :data:`SCHEDULERS`.
-
-The clouds (GCE, AWS, Azure) are detected and given their defaults by ``platform``;
-their notices come from the native metadata watch (``src/sources/``).
+Each cloud and each scheduler is a module of this package with the same names as the
+others of its kind (:class:`Cloud`, :class:`Scheduler` list them); :data:`CLOUDS` and
+:data:`SCHEDULERS` hold them in detection order, and this module is the only way the
+rest of the package reaches them: the handler, the save and the records know no
+platform by name. A new platform is a new module with these names and one entry here
+(a cloud's notices also need its Rust poller: ``src/sources/clouds.rs``).
 """
 
 from __future__ import annotations
@@ -15,7 +13,43 @@ from __future__ import annotations
 import signal
 from typing import Any, Optional, Protocol
 
-from . import kubernetes, slurm
+from . import aws, azure, gce, kubernetes, slurm
+
+
+class Cloud(Protocol):
+    """What each cloud module defines."""
+
+    #: ``Environment.cloud`` when this cloud is detected (and ``_native``'s name).
+    NAME: str
+    #: Its metadata service when its variable is unset.
+    DEFAULT_BASE: str
+    #: The code its default ``exit_fn`` exits with.
+    EXIT_CODE: int
+
+    def configured_base(self) -> Optional[str]:
+        """Its metadata service as its variable says, or None (unset). Raises
+        ValueError naming the variable when it cannot mean a base URL."""
+
+    def detected(self, configured: Optional[str]) -> bool:
+        """Whether this process runs on it (bounded probes; any failure is no)."""
+
+    def grace_period(self, gpu: bool) -> float:
+        """Its default grace period in seconds."""
+
+    def exit_fn(self) -> None:
+        """Its default ``exit_fn``."""
+
+
+#: Every cloud, in detection order (the first detected wins).
+CLOUDS: tuple = (gce, aws, azure)
+
+
+def cloud(name: Optional[str]) -> Optional[Cloud]:
+    """The cloud module named ``name``, or None."""
+    for c in CLOUDS:
+        if c.NAME == name:
+            return c
+    return None
 
 
 class Scheduler(Protocol):

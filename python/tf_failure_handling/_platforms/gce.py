@@ -1,0 +1,139 @@
+"""Google Compute Engine (and Cloud TPU VMs): detection and defaults, as TensorFlow
+(its notices: ``src/sources/gce.rs``).
+
+Detected as TF does: the metadata server answers ``instance/hostname`` with the
+metadata header (the native probe) at ``http://$GCE_METADATA_IP``, else
+``http://metadata.google.internal``. Always probed, as TF does; off GCE the name does
+not resolve, which usually fails in milliseconds (bounded by ``METADATA_TIMEOUT``
+even when name resolution hangs). Unlike TF, every request here has a timeout, and
+CPU and TPU VMs are supported rather than rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import urllib.error
+import urllib.request
+from typing import Optional
+
+from . import shared
+
+log = logging.getLogger("tf_failure_handling")
+
+NAME = "gce"
+#: ``host[:port]`` of the metadata server (TF's variable).
+METADATA_ENV = "GCE_METADATA_IP"
+DEFAULT_BASE = "http://metadata.google.internal"
+HEADER = {"Metadata-Flavor": "Google"}
+#: Exit code GCE's restart tooling recognises (TF's ``gce_exit_fn``).
+EXIT_CODE = 143
+#: TF's default grace period on GCE GPU VMs, in seconds.
+GPU_GRACE_PERIOD = 3600
+
+
+def exit_fn() -> None:
+    sys.exit(EXIT_CODE)
+
+
+def configured_base() -> Optional[str]:
+    """``http://`` + ``GCE_METADATA_IP`` (``host[:port]``), or None when unset.
+
+    Raises:
+      ValueError: ``GCE_METADATA_IP`` is not ``host[:port]``.
+    """
+    raw = shared.env(METADATA_ENV)
+    if raw is None:
+        return None
+    problem = shared.base_url_problem("http://" + raw)
+    if problem:
+        raise shared.bad(METADATA_ENV, os.environ[METADATA_ENV], f"host[:port] ({problem})")
+    return "http://" + raw.rstrip("/")
+
+
+def base() -> str:
+    """The metadata server asked now: ``$GCE_METADATA_IP``, else GCE's own."""
+    return configured_base() or DEFAULT_BASE
+
+
+def on_gce(at: Optional[str] = None) -> bool:
+    """True when the metadata server (at ``at``, else :func:`base`) answers
+    ``instance/hostname`` with the metadata header. Any failure means no."""
+    try:
+        at = at or base()
+    except ValueError as e:  # a bad GCE_METADATA_IP: settings() names it
+        log.debug("not on GCE: %s", e)
+        return False
+    return shared.probe(NAME, at)
+
+
+def detected(configured: Optional[str]) -> bool:
+    return on_gce(configured or DEFAULT_BASE)
+
+
+def grace_period(gpu: bool) -> float:
+    return GPU_GRACE_PERIOD if gpu else 0
+
+
+def _bounded(fn, timeout: float, what: str):
+    """Runs ``fn`` in a daemon thread and gives up after ``timeout`` seconds.
+
+    ``urllib``'s timeout does not cover name resolution; this does.
+    """
+    box: list = []
+
+    def target() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box.append((False, e))
+
+    t = threading.Thread(target=target, name=f"tfh-{what}", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not box:
+        raise TimeoutError(f"{what} did not answer within {timeout:g} s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def request_metadata(
+    path: str, timeout: float = shared.METADATA_TIMEOUT, at: Optional[str] = None
+) -> str:
+    """GET ``computeMetadata/v1/<path>`` with the metadata header, bounded by ``timeout``.
+
+    ``at`` defaults to :func:`base` (``GCE_METADATA_IP`` read now).
+    """
+    url = f"{at or base()}/computeMetadata/v1/{path}"
+
+    def fetch() -> str:
+        req = urllib.request.Request(url, headers=HEADER)
+        try:
+            resp = urllib.request.urlopen(req, timeout=timeout)
+        except urllib.error.HTTPError as e:
+            e.close()  # an HTTPError holds the connection open until closed
+            raise
+        with resp:
+            if resp.status != 200:
+                raise ValueError(f"{url} answered HTTP {resp.status}")
+            return resp.read(1 << 16).decode("utf-8", "replace")
+
+    return _bounded(fetch, timeout, "GCE metadata request")
+
+
+def termination_watcher() -> bool:
+    """True when GCE announces host maintenance that terminates this VM (TF's watcher).
+
+    A failed or malformed answer is "no notice", never an exception. Not a default
+    (``_native.MetadataWatch`` long-polls GCE); kept for users who pass it. Like TF's,
+    reads ``GCE_METADATA_IP`` on every poll.
+    """
+    try:
+        return request_metadata("instance/maintenance-event") == "TERMINATE_ON_HOST_MAINTENANCE"
+    except Exception as e:  # noqa: BLE001 - a flaky metadata server must not kill training
+        log.debug("GCE maintenance-event poll failed: %s", e)
+        return False
