@@ -227,7 +227,7 @@ def test_metadata_urls_are_normalised(monkeypatch, cloud, name, value, base):
     ],
 )
 def test_the_url_check_agrees_with_the_native_client(url):
-    problem = _platform._base_url_problem(url)
+    problem = shared.base_url_problem(url)
     try:
         # Timeout 0: the URL is parsed, then the probe gives up at once.
         _native.probe_metadata("aws", url, 0.0)

@@ -587,14 +587,14 @@ def test_dmi_classification(dmi, entries):
 
 
 @pytest.mark.parametrize(
-    ("uuid", "aws"),
+    ("uuid", "on_aws"),
     [("ec2e1916-9099-7caf-fd21-012345abcdef", True), ("EC2E1916-9099", True), ("4c4c4544", False)],
 )
-def test_xen_hypervisor_uuid(monkeypatch, tmp_path, uuid, aws):
+def test_xen_hypervisor_uuid(monkeypatch, tmp_path, uuid, on_aws):
     path = tmp_path / "uuid"
     path.write_text(uuid + "\n")
     monkeypatch.setattr(aws, "HYPERVISOR_UUID", str(path))
-    assert aws.dmi_says_aws() is aws
+    assert aws.dmi_says_aws() is on_aws
 
 
 def test_unreadable_dmi_is_no_cloud(monkeypatch, tmp_path):
@@ -610,7 +610,7 @@ def test_unreadable_dmi_is_no_cloud(monkeypatch, tmp_path):
 )
 def test_dmi_makes_the_default_base_probed(fake, monkeypatch, dmi, cloud, entries):
     dmi(**entries)
-    monkeypatch.setattr(_platform, f"{cloud.upper()}_DEFAULT_METADATA_BASE", fake.base)
+    monkeypatch.setattr({"aws": aws, "azure": azure}[cloud], "DEFAULT_BASE", fake.base)
     env = _platform.environment()
     assert (env.cloud, env.metadata_base) == (cloud, fake.base)
 
