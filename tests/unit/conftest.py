@@ -19,7 +19,10 @@ from typing import Any, Callable, Optional
 
 import pytest
 from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, testing
-from tf_failure_handling._platforms import aws, azure, gce, shared
+from tf_failure_handling._platforms import cloud_aws as aws
+from tf_failure_handling._platforms import cloud_azure as azure
+from tf_failure_handling._platforms import cloud_gce as gce
+from tf_failure_handling._platforms import common as shared
 from tf_failure_handling._platforms import platform as _platform
 
 

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 from tf_failure_handling import _native
-from tf_failure_handling._platforms import aws, azure, gce, kubernetes, platform, registry, slurm
+from tf_failure_handling._platforms import cloud_aws as aws
+from tf_failure_handling._platforms import cloud_azure as azure
+from tf_failure_handling._platforms import cloud_gce as gce
+from tf_failure_handling._platforms import kubernetes, platform, registry, slurm
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
 

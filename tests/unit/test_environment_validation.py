@@ -15,7 +15,10 @@ import threading
 
 import pytest
 from tf_failure_handling import PreemptionCheckpointHandler, PreemptionWatcher, _native, testing
-from tf_failure_handling._platforms import aws, azure, gce, shared
+from tf_failure_handling._platforms import cloud_aws as aws
+from tf_failure_handling._platforms import cloud_azure as azure
+from tf_failure_handling._platforms import cloud_gce as gce
+from tf_failure_handling._platforms import common as shared
 from tf_failure_handling._platforms import platform as _platform
 
 GRACE = _platform.KUBERNETES_GRACE_ENV

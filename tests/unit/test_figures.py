@@ -475,7 +475,7 @@ def test_a_duration_constant_may_be_stated_in_seconds_in_the_code():
     assert check_constant("30 ms", "STEP_SLEEP = 0.03", "benches/bench_notice.py") is None
     assert (
         check_constant(
-            "2 min", "GRACE_PERIOD = 120", "python/tf_failure_handling/_platforms/aws.py"
+            "2 min", "GRACE_PERIOD = 120", "python/tf_failure_handling/_platforms/cloud_aws.py"
         )
         is None
     )

@@ -19,7 +19,10 @@ import warnings
 import pytest
 from fake_metadata import FakeMetadata, aws_action
 from tf_failure_handling import TerminationConfig, _native, testing
-from tf_failure_handling._platforms import aws, azure, gce, shared
+from tf_failure_handling._platforms import cloud_aws as aws
+from tf_failure_handling._platforms import cloud_azure as azure
+from tf_failure_handling._platforms import cloud_gce as gce
+from tf_failure_handling._platforms import common as shared
 from tf_failure_handling._platforms import platform as _platform
 
 from .conftest import HANG, NO_METADATA_SERVER, wait_for_attention

@@ -7,8 +7,8 @@
   default exit and grace period) and the schedulers behind another (detect, signals,
   the deadline a signal carries, attach, after the save, resume fields); the handler
   reaches them only through it (by way of ``platform``);
-* ``gce``, ``aws``, ``azure``: one module per cloud, over ``shared`` (variables, the
-  native probe, the default exit);
+* ``cloud_gce``, ``cloud_aws``, ``cloud_azure``: one module per cloud, over ``common``
+  (variables, the native probe, the default exit);
 * ``slurm``, ``kubernetes``: one module per scheduler (SLURM: the job's deadlines, and
   the job back in the queue after the save);
 * ``notice_sources``: every termination source of a process (signals, metadata
@@ -17,7 +17,8 @@
 * ``in_process``: the notices a handler hands to the open ``PreemptionWatcher`` objects
   of its process.
 
-Floors, bottom up: ``shared``; ``gce``, ``aws``, ``azure``, ``slurm``, ``kubernetes`` and
+Floors, bottom up: ``common``; ``cloud_gce``, ``cloud_aws``, ``cloud_azure``, ``slurm``,
+``kubernetes`` and
 ``in_process``; ``registry``;
 ``platform``; ``notice_sources``. Nothing here imports the handler, the watcher or the protocol.
 """

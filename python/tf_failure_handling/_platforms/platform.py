@@ -7,7 +7,7 @@
   else is a ValueError); otherwise each cloud of ``registry.CLOUDS`` is asked in turn
   whether it is detected (one module each: ``gce``, ``aws``, ``azure`` say how), first
   hit wins. A probe that fails in any way means "not that cloud"; every probe is
-  bounded by ``shared.METADATA_TIMEOUT``, and off-cloud, with no variables set,
+  bounded by ``common.METADATA_TIMEOUT``, and off-cloud, with no variables set,
   detection reads a few small sysfs files and costs milliseconds (the GCE name lookup
   aside).
 * **metadata_base** — the ``http://host[:port]`` of that cloud's metadata service,
@@ -56,7 +56,7 @@ import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import registry, shared
+from . import common, registry
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -69,7 +69,7 @@ KUBERNETES_DEFAULT_GRACE_PERIOD = 30.0
 #: Set by SLURM >= 23.02: the job's end time, in Unix seconds.
 SLURM_END_TIME_ENV = "SLURM_JOB_END_TIME"
 #: The code a released PS or worker task exits with (TF's restart code).
-DEFAULT_EXIT_CODE = shared.DEFAULT_EXIT_CODE
+DEFAULT_EXIT_CODE = common.DEFAULT_EXIT_CODE
 #: Every cloud's name, in detection order.
 CLOUDS = tuple(cloud.NAME for cloud in registry.CLOUDS)
 
@@ -145,18 +145,18 @@ def settings() -> Settings:
       ValueError: a variable holds something it cannot mean; the message names the
         variable and its value (see the module docstring for what each accepts).
     """
-    forced = shared.env(CLOUD_ENV)
+    forced = common.env(CLOUD_ENV)
     if forced is not None:
         forced = forced.lower()
         if forced not in (*CLOUDS, "none"):
-            raise shared.bad(CLOUD_ENV, os.environ[CLOUD_ENV], "one of gce, aws, azure, none")
+            raise common.bad(CLOUD_ENV, os.environ[CLOUD_ENV], "one of gce, aws, azure, none")
     scheduler = registry.detect()
-    grace = shared.seconds(KUBERNETES_GRACE_ENV, minimum=0.0)
+    grace = common.seconds(KUBERNETES_GRACE_ENV, minimum=0.0)
     return Settings(
         forced_cloud=forced,
         cloud_bases={cloud.NAME: cloud.configured_base() for cloud in registry.CLOUDS},
         scheduler=scheduler,
-        slurm_end_time=shared.seconds(SLURM_END_TIME_ENV),
+        slurm_end_time=common.seconds(SLURM_END_TIME_ENV),
         kubernetes_grace_period=KUBERNETES_DEFAULT_GRACE_PERIOD if grace is None else grace,
     )
 
@@ -166,7 +166,7 @@ def exit_code(exit_fn: Any) -> Optional[int]:
     for cloud in registry.CLOUDS:
         if exit_fn is cloud.exit_fn:
             return cloud.EXIT_CODE
-    return shared.DEFAULT_EXIT_CODE if exit_fn is shared.default_exit_fn else None
+    return common.DEFAULT_EXIT_CODE if exit_fn is common.default_exit_fn else None
 
 
 # ------------------------------------------------------------------ detection
@@ -251,7 +251,7 @@ def complete(
     """
     cloud = registry.cloud(env.cloud)
     if exit_fn is None:
-        exit_fn = shared.default_exit_fn if cloud is None else cloud.exit_fn
+        exit_fn = common.default_exit_fn if cloud is None else cloud.exit_fn
     if grace_period is None:
         gpu = env.device in (PlatformDevice.GCE_GPU, PlatformDevice.INTERNAL_GPU)
         grace_period = 0 if cloud is None else cloud.grace_period(gpu)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 from typing import Any, Optional, Protocol
 
-from . import aws, azure, gce, kubernetes, slurm
+from . import cloud_aws, cloud_azure, cloud_gce, kubernetes, slurm
 
 
 class Cloud(Protocol):
@@ -41,7 +41,7 @@ class Cloud(Protocol):
 
 
 #: Every cloud, in detection order (the first detected wins).
-CLOUDS: tuple = (gce, aws, azure)
+CLOUDS: tuple = (cloud_gce, cloud_aws, cloud_azure)
 
 
 def cloud(name: Optional[str]) -> Optional[Cloud]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import shared
+from . import common
 
 NAME = "aws"
 #: Base URL of the AWS instance metadata service (tests, proxies).
@@ -22,25 +22,25 @@ HYPERVISOR_UUID = "/sys/hypervisor/uuid"
 #: Seconds: AWS Spot gives two minutes' notice (the notice's own deadline caps it).
 GRACE_PERIOD = 120
 
-exit_fn = shared.default_exit_fn
-EXIT_CODE = shared.DEFAULT_EXIT_CODE
+exit_fn = common.default_exit_fn
+EXIT_CODE = common.DEFAULT_EXIT_CODE
 
 
 def configured_base() -> Optional[str]:
     """``TF_FAILURE_HANDLING_AWS_METADATA_URL`` as ``http://host[:port]``, or None."""
-    return shared.metadata_url(METADATA_ENV)
+    return common.metadata_url(METADATA_ENV)
 
 
 def dmi_says_aws() -> bool:
     """True when the DMI tables (or Xen's hypervisor uuid) name Amazon EC2."""
     for name in ("sys_vendor", "bios_vendor", "board_vendor", "product_name", "bios_version"):
-        if "amazon" in shared.dmi(name).lower():
+        if "amazon" in common.dmi(name).lower():
             return True
-    return (shared.read_line(HYPERVISOR_UUID) or "").lower().startswith("ec2")
+    return (common.read_line(HYPERVISOR_UUID) or "").lower().startswith("ec2")
 
 
 def detected(configured: Optional[str]) -> bool:
-    return (configured is not None or dmi_says_aws()) and shared.probe(
+    return (configured is not None or dmi_says_aws()) and common.probe(
         NAME, configured or DEFAULT_BASE
     )
 

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
-from . import shared
+from . import common
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -44,12 +44,12 @@ def configured_base() -> Optional[str]:
     Raises:
       ValueError: ``GCE_METADATA_IP`` is not ``host[:port]``.
     """
-    raw = shared.env(METADATA_ENV)
+    raw = common.env(METADATA_ENV)
     if raw is None:
         return None
-    problem = shared.base_url_problem("http://" + raw)
+    problem = common.base_url_problem("http://" + raw)
     if problem:
-        raise shared.bad(METADATA_ENV, os.environ[METADATA_ENV], f"host[:port] ({problem})")
+        raise common.bad(METADATA_ENV, os.environ[METADATA_ENV], f"host[:port] ({problem})")
     return "http://" + raw.rstrip("/")
 
 
@@ -66,7 +66,7 @@ def on_gce(at: Optional[str] = None) -> bool:
     except ValueError as e:  # a bad GCE_METADATA_IP: settings() names it
         log.debug("not on GCE: %s", e)
         return False
-    return shared.probe(NAME, at)
+    return common.probe(NAME, at)
 
 
 def detected(configured: Optional[str]) -> bool:
@@ -102,7 +102,7 @@ def _bounded(fn, timeout: float, what: str):
 
 
 def request_metadata(
-    path: str, timeout: float = shared.METADATA_TIMEOUT, at: Optional[str] = None
+    path: str, timeout: float = common.METADATA_TIMEOUT, at: Optional[str] = None
 ) -> str:
     """GET ``computeMetadata/v1/<path>`` with the metadata header, bounded by ``timeout``.
 

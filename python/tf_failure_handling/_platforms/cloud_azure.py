@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import shared
+from . import common
 
 NAME = "azure"
 #: Base URL of the Azure instance metadata service (tests, proxies).
@@ -21,26 +21,26 @@ ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 #: Seconds: Azure Spot's Preempt event comes 30 s ahead.
 GRACE_PERIOD = 30
 
-exit_fn = shared.default_exit_fn
-EXIT_CODE = shared.DEFAULT_EXIT_CODE
+exit_fn = common.default_exit_fn
+EXIT_CODE = common.DEFAULT_EXIT_CODE
 
 
 def configured_base() -> Optional[str]:
     """``TF_FAILURE_HANDLING_AZURE_METADATA_URL`` as ``http://host[:port]``, or None."""
-    return shared.metadata_url(METADATA_ENV)
+    return common.metadata_url(METADATA_ENV)
 
 
 def dmi_says_azure() -> bool:
     """True when the DMI tables describe an Azure VM."""
-    if shared.dmi("chassis_asset_tag") == ASSET_TAG:
+    if common.dmi("chassis_asset_tag") == ASSET_TAG:
         return True
-    return shared.dmi("sys_vendor") == "Microsoft Corporation" and shared.dmi("product_name") == (
+    return common.dmi("sys_vendor") == "Microsoft Corporation" and common.dmi("product_name") == (
         "Virtual Machine"
     )
 
 
 def detected(configured: Optional[str]) -> bool:
-    return (configured is not None or dmi_says_azure()) and shared.probe(
+    return (configured is not None or dmi_says_azure()) and common.probe(
         NAME, configured or DEFAULT_BASE
     )
 
