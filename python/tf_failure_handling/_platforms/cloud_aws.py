@@ -40,9 +40,7 @@ def dmi_says_aws() -> bool:
 
 
 def detected(configured: Optional[str]) -> bool:
-    return (configured is not None or dmi_says_aws()) and common.probe(
-        NAME, configured or DEFAULT_BASE
-    )
+    return common.probed_if_named(NAME, configured, DEFAULT_BASE, dmi_says_aws)
 
 
 def grace_period(gpu: bool) -> float:

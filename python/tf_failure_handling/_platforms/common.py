@@ -132,3 +132,11 @@ def probe(cloud: str, base: str) -> bool:
     except Exception as e:  # noqa: BLE001 - off that cloud anything can come back
         log.debug("not on %s (%s): %s", cloud, base, e)
         return False
+
+
+def probed_if_named(
+    cloud: str, configured: Optional[str], default_base: str, dmi_says: Callable[[], bool]
+) -> bool:
+    """A link-local cloud's detection: its variable is set or the DMI tables name it,
+    and then its metadata service answers (at the configured base, else the default)."""
+    return (configured is not None or dmi_says()) and probe(cloud, configured or default_base)
