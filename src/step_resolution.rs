@@ -61,7 +61,9 @@
 //! [`crate::retry`]: "the bound" is [`crate::retry::bound`] (the
 //! transient-failure window, or the peer timeout or the time left before the
 //! leading notice's deadline when shorter), and the pauses between attempts
-//! are a [`crate::retry::Retry`]'s. A service that fails for longer is in an
+//! are a [`crate::retry::Retry`]'s; a run of failures gives up only after
+//! [`crate::retry::MIN_ATTEMPTS`] attempts, however slow the machine. A
+//! service that fails for longer is in an
 //! error state (a peer reported an error), and that error must reach the
 //! worker promptly, with its own type. "Raises" below means: the last error
 //! again, of its own TF type, its message naming the worker, the key, how

@@ -121,6 +121,7 @@ class Input:
 
 RETRY_FIRST_PAUSE: float
 RETRY_MAX_PAUSE: float
+RETRY_MIN_ATTEMPTS: int
 TRANSIENT_FAILURE_WINDOW: float
 
 class RetryVerdict:

@@ -151,9 +151,11 @@ SILENT_PEER_TIMEOUT = 0.15
 #: At most this many consecutive failures of one call in a ``coordination_burst``.
 #: The handler retries a call after 50 ms, then 100 ms: two failures cost 0.15 s
 #: of pauses against a retry bound of at least 1 s (the bound is 1 s on a leader
-#: whose notice's deadline has come, 10 s elsewhere), so the burst ends well
+#: whose notice's deadline has come, 10 s elsewhere), and the rule makes at least
+#: ``RETRY_MIN_ATTEMPTS`` (4) attempts however slow the machine, so the burst ends
 #: within the bound on any machine.
 BURST_MAX_CONSECUTIVE = 2
+assert BURST_MAX_CONSECUTIVE < _native.RETRY_MIN_ATTEMPTS
 #: Real seconds after which a worker still running counts as a hang. A bound that
 #: turns a hang into a failure, nothing more: trials take well under a second.
 CLUSTER_TIMEOUT = 120.0

@@ -42,6 +42,19 @@ def test_a_run_of_failures_pauses_doubling_and_gives_up_at_its_bound():
     assert verdict.seconds == pytest.approx(2.0)
 
 
+def test_a_run_past_its_bound_still_makes_its_minimum_of_attempts():
+    # Attempts slower than the bound (a loaded machine): 0.7 s each against 1 s.
+    retry = _native.Retry(1.0, 0.0)
+    now = 0.0
+    for _ in range(_native.RETRY_MIN_ATTEMPTS - 1):
+        verdict = retry.failed(now, False)
+        assert isinstance(verdict, _native.RetryVerdict.Again), verdict
+        now += 0.7
+    verdict = retry.failed(now, False)
+    assert isinstance(verdict, _native.RetryVerdict.GiveUp)
+    assert verdict.attempts == _native.RETRY_MIN_ATTEMPTS
+
+
 def test_nothing_is_retried_while_closing_or_after_last_attempt():
     assert isinstance(_native.Retry(10.0, 0.0).failed(0.1, True), _native.RetryVerdict.GiveUp)
     retry = _native.Retry(10.0, 0.0)

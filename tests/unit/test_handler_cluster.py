@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tf_failure_handling import TerminationConfig, _errors, testing
 from tf_failure_handling.handler import PreemptionCheckpointHandler
 
-from .conftest import RecordingCheckpoint, wait_until
+from .conftest import RecordingCheckpoint, VirtualClock, wait_until
 
 STEPS = 40
 #: A bound that only turns a hang into a failure.
@@ -262,22 +262,6 @@ def test_uninterrupted_run_writes_only_stop_watcher_keys(tmp_path):
     assert all(c.saved_runs == [] for c, _ in record.values())
 
 
-class _VirtualClock:
-    """A clock that moves only when a test advances it (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._now = 1000.0
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
-
-
 # Backstop above its own bounds in sequence: two cluster runs (+ 30 s).
 @pytest.mark.timeout(2 * CLUSTER_TIMEOUT + 30)
 @pytest.mark.parametrize("chief", [False, True], ids=["no-chief", "chief"])
@@ -294,7 +278,7 @@ def test_grace_period_rounds(tmp_path, chief):
     n = 3
     grace = 3.0
     tick = 0.01
-    clock = _VirtualClock()
+    clock = VirtualClock()
     cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT, chief=chief)
     record = {}
     noticed_at = {}

@@ -5,7 +5,8 @@ The rule is the core's (``src/retry.rs``, the "Failures" table of
 ``src/step_resolution.rs``): a coordination-service error (any ``OpError``: a transient
 failure can look like Unavailable, Internal or Aborted) is retried after a pause that
 doubles from ``RETRY_FIRST_PAUSE`` to ``RETRY_MAX_PAUSE``, until the failures have lasted
-the bound (``HandlerCore._core_retry_bound``); then the last error is raised again, of its
+the bound (``HandlerCore._core_retry_bound``) and number at least ``RETRY_MIN_ATTEMPTS``
+(so a short burst survives a loaded machine); then the last error is raised again, of its
 own type, naming what failed, how often and for how long (:meth:`Retries._named`).
 Anything else is a bug and is not retried. A :class:`~._native.Retry` is one run of
 failures of one call; this module waits and logs, the core decides.
@@ -30,6 +31,7 @@ from .. import _errors
 from .._native import (  # noqa: F401 - re-exported: the rule's constants
     RETRY_FIRST_PAUSE,
     RETRY_MAX_PAUSE,
+    RETRY_MIN_ATTEMPTS,
     TRANSIENT_FAILURE_WINDOW,
     Retry,
     RetryVerdict,
