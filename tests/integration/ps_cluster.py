@@ -179,8 +179,24 @@ class Proc:
         return (
             f"{self.name} (pid={self.popen.pid}, returncode={self.popen.poll()})\n"
             f"  last events: {last}\n"
+            f"  the package's last log lines:\n{self.package_log()}\n"
             f"  stderr tail ({self.stderr_path}):\n{tail(self.stderr_path)}"
         )
+
+    def package_log(self, lines: int = 40) -> str:
+        """The last ``lines`` lines tf_failure_handling logged (and TensorFlow's
+        coordinator's recovery lines): what the process saw, which TensorFlow's exit
+        noise at the end of the stderr tail can hide."""
+        try:
+            text = self.stderr_path.read_text(errors="replace")
+        except OSError as e:
+            return f"<cannot read {self.stderr_path}: {e}>"
+        ours = [
+            line
+            for line in text.splitlines()
+            if ":tf_failure_handling:" in line or "recovered" in line or "server def" in line
+        ]
+        return "\n".join(ours[-lines:]) or "<none>"
 
     def kill(self) -> None:
         if self.popen.poll() is None:
