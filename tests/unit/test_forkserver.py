@@ -72,8 +72,31 @@ def run(script, *args, tmp_path, env=None, cwd=None):
             cwd=cwd or tmp_path,
         )
     assert isinstance(proc, forkserver.ForkedProcess)
-    code = proc.wait(timeout=RUN_BOUND)
+    try:
+        code = proc.wait(timeout=RUN_BOUND)
+    except subprocess.TimeoutExpired:
+        # Say where the child was, and end it: its status socket is then read and
+        # closed here, not left for the garbage collector to report in a later test.
+        where = _where(proc.pid)
+        proc.kill()
+        proc.wait(timeout=RUN_BOUND)
+        pytest.fail(
+            f"child {proc.pid} ({' '.join(args)}) did not exit within {RUN_BOUND:g}s: "
+            f"{where}\nits stdout: {out.read_text()!r}\nits stderr: {err.read_text()!r}"
+        )
     return code, out.read_text().splitlines(), err.read_text()
+
+
+def _where(pid: int) -> str:
+    """A process's state and the kernel function it waits in, from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            state = next((line.strip() for line in f if line.startswith("State:")), "?")
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read().strip() or "-"
+    except OSError as e:
+        return f"<{e}>"
+    return f"{state}, waiting in {wchan}"
 
 
 def first_json(lines):

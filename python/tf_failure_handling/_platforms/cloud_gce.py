@@ -101,14 +101,15 @@ def _bounded(fn, timeout: float, what: str):
     return value
 
 
-def request_metadata(
-    path: str, timeout: float = common.METADATA_TIMEOUT, at: Optional[str] = None
-) -> str:
-    """GET ``computeMetadata/v1/<path>`` with the metadata header, bounded by ``timeout``.
+def request_metadata(path: str, timeout: Optional[float] = None, at: Optional[str] = None) -> str:
+    """GET ``computeMetadata/v1/<path>`` with the metadata header, bounded by ``timeout``
+    (default ``common.METADATA_TIMEOUT``, read now).
 
     ``at`` defaults to :func:`base` (``GCE_METADATA_IP`` read now).
     """
     url = f"{at or base()}/computeMetadata/v1/{path}"
+    if timeout is None:
+        timeout = common.METADATA_TIMEOUT
 
     def fetch() -> str:
         req = urllib.request.Request(url, headers=HEADER)
