@@ -120,24 +120,6 @@ def wait_for_attention(handler: Any, timeout: float = HANG) -> None:
     wait_until(lambda: handler._attention, timeout, "the notice to be processed")
 
 
-class VirtualClock:
-    """A clock that moves only when a test advances it (thread-safe). A test installs it
-    as a handler's ``_clock``, the clock the protocol plans, measures and times its
-    retries on, so that no verdict depends on how fast the machine is."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._now = 1000.0
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
-
-
 class RecordingManager(testing.FakeCheckpointManager):
     """A FakeCheckpointManager that records the run count each save wrote."""
 

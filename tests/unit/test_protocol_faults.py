@@ -24,10 +24,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from reliability.simulation import VirtualClock
 from tf_failure_handling import TerminationConfig, _errors, testing
 from tf_failure_handling._native import RETRY_MIN_ATTEMPTS
 
-from .conftest import VirtualClock, wait_until
+from .conftest import wait_until
 from .test_handler_cluster import make_worker
 
 CLUSTER_TIMEOUT = 120.0
@@ -64,7 +65,7 @@ def _run(tmp_path, n, fault, failures, peer_timeout, clock=None):
 
     def before_step(ctx, handler, step):
         if clock is not None:
-            handler._clock = clock
+            handler._clock = clock.now
             if ctx.index == NOTICED:
                 clock.advance(TICK)
         if ctx.index == PEER and step == 0:
