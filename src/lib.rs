@@ -12,6 +12,7 @@
 //! | [`grace`] | when the final round of a grace period must start |
 //! | [`notice`] | a termination notice (when seen, when the machine goes away), below both of the above |
 //! | [`retry`] | the one retry rule of the protocol's coordination-service calls: pauses, bound, when to give up |
+//! | [`writes`] | the driver's writes (acknowledge, claim, announce): which to attempt now, when to wake, what a failure or `close()` leaves (`poll_action` / `poll_timeout`) |
 //! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
 //! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
 //! | [`sources`] | the termination sources: signals ([`sources::signals`]: one wake-up per delivery, from any thread) and the metadata services of GCE, AWS and Azure (sans-IO pollers, the threads that run them, their bounded HTTP client [`sources::http`]) |
@@ -28,6 +29,7 @@ pub mod notice;
 pub mod retry;
 pub mod sources;
 pub mod step_resolution;
+pub mod writes;
 
 #[cfg(feature = "python")]
 mod python;

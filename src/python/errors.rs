@@ -8,6 +8,7 @@
 //! | [`CompletionError`] (nothing in flight to report) | `AssertionError` | TensorFlow's `_CoordinatedClosureQueue` asserts the same |
 //! | [`TransientError`] (a PS task the cluster does not have) | `IndexError` | TensorFlow's `Cluster` raises `IndexError` here |
 //! | [`InstallError`] (a signal that cannot be watched) | `ValueError` | an argument |
+//! | [`Busy`] (a notice's write queued while another is pending) | `RuntimeError` | a misuse of the driver's writes by the caller |
 //! | [`UrlError`], [`WatchError`] (a bad cloud, URL or duration) | `ValueError`; a thread that cannot start: `RuntimeError` | an argument; the system |
 //! | [`bad_value`], [`bad_type`], [`misuse`], [`bad_timeout`] | `ValueError`, `TypeError`, `RuntimeError` | an argument or a call out of order |
 //!
@@ -23,6 +24,7 @@ use crate::sources::http::UrlError;
 use crate::sources::signals::InstallError;
 use crate::sources::WatchError;
 use crate::step_resolution::{SaveError, StepKeyError};
+use crate::writes::Busy;
 
 impl From<StepKeyError> for PyErr {
     fn from(e: StepKeyError) -> Self {
@@ -32,6 +34,12 @@ impl From<StepKeyError> for PyErr {
 
 impl From<SaveError> for PyErr {
     fn from(e: SaveError) -> Self {
+        PyRuntimeError::new_err(e.to_string())
+    }
+}
+
+impl From<Busy> for PyErr {
+    fn from(e: Busy) -> Self {
         PyRuntimeError::new_err(e.to_string())
     }
 }

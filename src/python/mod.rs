@@ -12,7 +12,7 @@
 //! | `closure.rs` | `Closure`, `Event`, `Lock`: what a `schedule()` allocates, at (almost) no cost to the garbage collector |
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier |
-//! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call |
+//! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `Writes` and `WriteKind`: the driver's writes (`crate::writes`) |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!

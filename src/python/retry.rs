@@ -6,10 +6,14 @@
 //! to give up) is decided here, and Python only waits and logs. The bound
 //! itself comes from `HandlerCore._core_retry_bound`, which knows the
 //! leading notice's deadline.
+//!
+//! `Writes` is the driver's side: which of its writes to attempt now and
+//! when to wake for the next ([`crate::writes`]); the driver performs them.
 
 use pyo3::prelude::*;
 
 use crate::retry::{self, Verdict};
+use crate::writes::{self, WriteId};
 
 /// What follows a failed attempt (`Retry.failed`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
@@ -36,10 +40,7 @@ impl Retry {
 
     /// An attempt failed at `now`; nothing is retried when `closing`.
     fn failed(&mut self, now: f64, closing: bool) -> RetryVerdict {
-        match self.0.failed(now, closing) {
-            Verdict::Again { at, left } => RetryVerdict::Again { at, left },
-            Verdict::GiveUp { attempts, seconds } => RetryVerdict::GiveUp { attempts, seconds },
-        }
+        self.0.failed(now, closing).into()
     }
 
     /// The next failure gives up (the handler is closing: one last attempt).
@@ -66,9 +67,104 @@ impl Retry {
     }
 }
 
+impl From<Verdict> for RetryVerdict {
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::Again { at, left } => RetryVerdict::Again { at, left },
+            Verdict::GiveUp { attempts, seconds } => RetryVerdict::GiveUp { attempts, seconds },
+        }
+    }
+}
+
+/// What a write of the driver is (`Writes.push`).
+#[pyclass(eq, eq_int, frozen, from_py_object, module = "tf_failure_handling._native")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum WriteKind {
+    /// The acknowledgement of a step key: goes first.
+    Acknowledge,
+    /// A notice's claim: dropped at `close`.
+    Claim,
+    /// A notice's announce: one last attempt at `close`.
+    Announce,
+}
+
+impl From<WriteKind> for writes::Kind {
+    fn from(k: WriteKind) -> Self {
+        match k {
+            WriteKind::Acknowledge => writes::Kind::Acknowledge,
+            WriteKind::Claim => writes::Kind::Claim,
+            WriteKind::Announce => writes::Kind::Announce,
+        }
+    }
+}
+
+/// The driver's pending writes ([`crate::writes`]): the driver asks which to
+/// attempt (`poll_action`) and when to wake (`poll_timeout`), performs it,
+/// and reports the outcome (`done`, `failed`). Used by the driver thread only.
+#[pyclass(module = "tf_failure_handling._native")]
+pub struct Writes(writes::Writes);
+
+#[pymethods]
+impl Writes {
+    #[new]
+    fn new() -> Self {
+        Writes(writes::Writes::new())
+    }
+
+    /// Queues a write retried for `bound` seconds from `now`, due at once;
+    /// its handle. `RuntimeError` for a claim or announce while `busy`.
+    fn push(&mut self, kind: WriteKind, bound: f64, now: f64) -> PyResult<WriteId> {
+        Ok(self.0.push(kind.into(), bound, now)?)
+    }
+
+    /// A notice's write is pending: the next notice waits.
+    #[getter]
+    fn busy(&self) -> bool {
+        self.0.busy()
+    }
+
+    fn __len__(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The write to attempt at `now`, or None when none is due.
+    fn poll_action(&self, now: f64) -> Option<WriteId> {
+        self.0.poll_action(now)
+    }
+
+    /// When the next write is due, or None with none pending.
+    fn poll_timeout(&self) -> Option<f64> {
+        self.0.poll_timeout()
+    }
+
+    /// The attempt succeeded: the write is forgotten. False for a stale handle.
+    fn done(&mut self, id: WriteId) -> bool {
+        self.0.done(id).is_some()
+    }
+
+    /// The attempt failed at `now`: when to try again, or give up (the write
+    /// is then forgotten). None for a stale handle.
+    fn failed(&mut self, id: WriteId, now: f64, closing: bool) -> Option<RetryVerdict> {
+        self.0.failed(id, now, closing).map(RetryVerdict::from)
+    }
+
+    /// Failed attempts of `id` so far.
+    fn attempts(&self, id: WriteId) -> u32 {
+        self.0.attempts(id)
+    }
+
+    /// The handler closes: `(last attempts, dropped claim or None)`.
+    fn close(&mut self, now: f64) -> (Vec<WriteId>, Option<WriteId>) {
+        let closing = self.0.close(now);
+        (closing.last_attempts, closing.dropped)
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Retry>()?;
     m.add_class::<RetryVerdict>()?;
+    m.add_class::<Writes>()?;
+    m.add_class::<WriteKind>()?;
     m.add("RETRY_FIRST_PAUSE", retry::FIRST_PAUSE)?;
     m.add("RETRY_MAX_PAUSE", retry::MAX_PAUSE)?;
     m.add("RETRY_MIN_ATTEMPTS", retry::MIN_ATTEMPTS)?;

@@ -7,9 +7,10 @@ input arrives in one inbox (``_native.Inbox``, ``src/inbox.rs``, behind
 metadata pollers post them directly; the watcher-fn poller and ``testing`` from Python),
 the step keys a leader publishes (posted by the reader thread of ``step_keys``), a
 reader's failure, and the stop of ``close()``. One loop (:meth:`ProtocolDriver._drive`)
-takes them one at a time and makes at most one attempt at one write a turn, the most
-urgent that is due (``retries``: it never sleeps). What an input starts is decided
-elsewhere: a notice in ``notices``, a step key's acknowledgement in ``step_keys``.
+takes them one at a time and makes at most one attempt at one write a turn: the one the
+core's ``Writes`` (``src/writes.rs``) polls as due, which also says when to wake for the
+next (it never sleeps). What an input starts is decided elsewhere: a notice in
+``notices``, a step key's acknowledgement in ``step_keys``.
 
 This module owns the handler's threads: it starts the driver and the reader
 (:meth:`ProtocolDriver._start_watchers`) and stops both at ``close()``
@@ -24,10 +25,10 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-from .._native import Input
+from .._native import Input, WriteKind, Writes
 from .._platforms import notice_sources as _sources
 from .keys import THREAD_JOIN_TIMEOUT
-from .retries import Write, first_due, time_to_next
+from .retries import Write
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -35,7 +36,8 @@ log = logging.getLogger("tf_failure_handling")
 class ProtocolDriver:
     """The driver thread's loop over the inbox, and the handler's threads.
 
-    Owns ``_sources``, ``_driver_thread``, ``_peer_thread`` and ``_notices_handled``;
+    Owns ``_sources``, ``_driver_thread``, ``_peer_thread``, ``_notices_handled`` and the
+    writes (``_writes``, the core's schedule; ``_pending_writes``, each one's call);
     reads ``_closing``, ``_environment``, ``_signals``, ``_termination_watcher_fn``,
     ``_local_mode``, ``_id_in_cluster`` and ``_clock``. The inputs go to
     ``_start_notice`` (``notices``) and ``_on_step_key`` (``step_keys``), the writes to
@@ -43,6 +45,8 @@ class ProtocolDriver:
     """
 
     def _start_watchers(self) -> None:
+        self._writes = Writes()
+        self._pending_writes: dict = {}
         self._sources = _sources.NoticeSources(
             self._environment, self._signals, self._termination_watcher_fn, owner=True
         )
@@ -114,39 +118,44 @@ class ProtocolDriver:
         No exception ends this thread unnoticed: whatever a turn raises reaches the
         next ``run()`` (:meth:`_fail_in_background`).
         """
-        acks: deque = deque()  # acknowledgement writes, oldest first
         notices: deque = deque()  # notices waiting for the current one
-        current: Optional[Write] = None  # the write of the notice being handled
+        writes = self._writes
         while True:
+            due = writes.poll_timeout()
             try:
-                item = self._sources.receive(time_to_next(acks, current))
+                item = self._sources.receive(
+                    None if due is None else max(0.0, due - time.monotonic())
+                )
             except BaseException as e:  # noqa: BLE001 - handed to the next run()
                 self._fail_in_background("the protocol driver's receive", e)
                 return
             if self._closing.is_set() or isinstance(item, Input.Stop):
-                self._finish(item, acks, notices, current)
+                self._finish(item, notices)
                 return
-            self._take(item, acks, notices)
-            while current is None and notices:
-                current = self._start_notice(notices.popleft())
-            write = first_due(acks, current)
-            if write is None:
-                continue
-            try:
-                finished, after = self._attempt(write)
-            except BaseException as e:  # noqa: BLE001 - handed to the next run()
-                self._fail_in_background(write.what, e)
-                finished, after = True, None
-            if not finished:
-                continue
-            if write is current:
-                current = after
-                if current is None:
-                    self._notices_handled += 1
-            else:
-                acks.remove(write)
+            self._take(item, notices)
+            while not writes.busy and notices:
+                self._start_notice(notices.popleft())
+            handle = writes.poll_action(time.monotonic())
+            if handle is not None:
+                self._attempt_and_follow(self._pending_writes[handle])
 
-    def _finish(self, item: Any, acks: deque, notices: deque, current: Optional[Write]) -> None:
+    def _attempt_and_follow(self, write: Write) -> None:
+        """One attempt of ``write``; once it is finished, the write that follows it (the
+        announce after a won claim) is queued by ``on_done``, and a notice whose last write
+        finished is counted as handled."""
+        try:
+            finished, after = self._attempt(write)
+        except BaseException as e:  # noqa: BLE001 - handed to the next run()
+            self._writes.done(write.id)
+            self._fail_in_background(write.what, e)
+            finished, after = True, None
+        if not finished:
+            return
+        self._pending_writes.pop(write.id, None)
+        if write.kind != WriteKind.Acknowledge and after is None:
+            self._notices_handled += 1
+
+    def _finish(self, item: Any, notices: deque) -> None:
         """The stop of ``close()``: what arrived with it is dealt with, nothing waits.
 
         * a step key is acknowledged, and every acknowledgement still pending gets
@@ -157,37 +166,36 @@ class ProtocolDriver:
         * a notice, or the claim of one in progress, is dropped (logged): a claim now
           would make the other workers stand down for a leader that is closing and
           will never publish a step.
+
+        Which writes get the last attempt and which are dropped is the core's
+        (``Writes.close``).
         """
         try:
             if item is not None and not isinstance(item, Input.Stop):
-                self._take(item, acks, notices)
+                self._take(item, notices)
             for later in self._sources.drain():
-                self._take(later, acks, notices)
+                self._take(later, notices)
         except BaseException as e:  # noqa: BLE001 - closing: logged there
             self._fail_in_background("the protocol driver's last look", e)
-        for write in acks:
-            write.retry.last_attempt()  # a failure is not retried while closing
+        last_attempts, dropped_claim = self._writes.close(time.monotonic())
+        for handle in last_attempts:
+            write = self._pending_writes.pop(handle)
             try:
                 self._attempt(write)
             except BaseException as e:  # noqa: BLE001 - closing: logged there
                 self._fail_in_background(write.what, e)
-        if current is not None and current.finish_on_close:
-            current.retry.last_attempt()  # as for the acknowledgements
-            try:
-                self._attempt(current)
-            except BaseException as e:  # noqa: BLE001 - closing: logged there
-                self._fail_in_background(current.what, e)
-            self._notices_handled += 1
-            current = None
-        dropped = list(notices) + ([] if current is None else [current])
+            if write.kind != WriteKind.Acknowledge:
+                self._notices_handled += 1
+        dropped = [f"the notice from {n.source}" for n in notices]
+        if dropped_claim is not None:
+            dropped.append(self._pending_writes.pop(dropped_claim).what)
         for what in dropped:
             log.info(
-                "Closing: %s dropped (a notice is not acted on while the handler closes).",
-                what.what if isinstance(what, Write) else f"the notice from {what.source}",
+                "Closing: %s dropped (a notice is not acted on while the handler closes).", what
             )
             self._notices_handled += 1
 
-    def _take(self, item: Any, acks: deque, notices: deque) -> None:
+    def _take(self, item: Any, notices: deque) -> None:
         """Files one input: a notice waits its turn, a step key may queue an
         acknowledgement, a key-read failure reaches the next ``run()``."""
         if item is None:  # the deadline of a retry: nothing arrived
@@ -196,9 +204,7 @@ class ProtocolDriver:
             if isinstance(item, _sources.Notice):
                 notices.append(item)
             elif isinstance(item, Input.StepKey):
-                ack = self._on_step_key(item.round_key, item.value)
-                if ack is not None:
-                    acks.append(ack)
+                self._on_step_key(item.round_key, item.value)  # queues the acknowledgement
             elif isinstance(item, Input.KeyReadFailed):
                 self._fail_in_background("watching the peers' step keys", item.error)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()

@@ -9,8 +9,9 @@ acts on an earlier one). A won claim, and a lead, **announce** the notice to the
 A notice that a newer handler of the same worker owns is **handed on** to it
 (``ownership``).
 
-The claim and the announce are writes of the driver (``retries.Write``): a failed one is
-retried within the bound between the driver's other inputs.
+The claim and the announce are writes of the driver (``retries.Write``, queued in the
+core's ``Writes``): a failed one is retried within the bound between the driver's other
+inputs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from .._native import NoticeAction
+from .._native import NoticeAction, WriteKind
 from .._platforms import in_process
 from .._platforms.notice_sources import Notice
 from .keys import PREEMPTION_NOTICE_KEY, SHUTDOWN_WRITE_TIMEOUT
@@ -113,7 +114,7 @@ class NoticeResponse:
             lambda: self._coordination.set(key, value),
             claimed,
             failed,
-            notice=True,
+            WriteKind.Claim,
         )
 
     def _announce(self, source: str) -> Optional[Write]:
@@ -139,12 +140,10 @@ class NoticeResponse:
             log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
             in_process.publish_local(message)
 
-        write = self._write(
+        return self._write(
             f"publishing {PREEMPTION_NOTICE_KEY}",
             lambda: self._coordination.set(PREEMPTION_NOTICE_KEY, message, timeout),
             published,
             failed,
-            notice=True,
+            WriteKind.Announce,  # finished at close: peers learn of the notice only from it
         )
-        write.finish_on_close = True
-        return write

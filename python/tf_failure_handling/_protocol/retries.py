@@ -13,9 +13,10 @@ failures of one call; this module waits and logs, the core decides.
 
 Two threads retry, each its own way:
 
-* the driver never sleeps: each write is a :class:`Write` whose ``due`` is when its next
-  attempt may start, and until then the driver takes its inputs (:func:`first_due`,
-  :func:`time_to_next`, :meth:`Retries._attempt`);
+* the driver never sleeps: its writes are queued in the core's ``Writes``
+  (``src/writes.rs``), which says which one to attempt now (acknowledgements first) and
+  when the next is due, and until then the driver takes its inputs
+  (:meth:`Retries._attempt`);
 * the training thread and the readers block between attempts (:meth:`Retries._retrying`,
   :meth:`Retries._wait_to_retry`).
 """
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from typing import Any, Callable, Optional, Union
 
 from .. import _errors
@@ -35,61 +35,34 @@ from .._native import (  # noqa: F401 - re-exported: the rule's constants
     TRANSIENT_FAILURE_WINDOW,
     Retry,
     RetryVerdict,
+    WriteKind,
 )
 
 log = logging.getLogger("tf_failure_handling")
 
 
 class Write:
-    """One coordination-service write of the driver, retried by the rule of ``retry``.
+    """One coordination-service write of the driver: what it is and how to perform it.
 
-    The driver never sleeps between attempts: ``due`` is when the next attempt may
-    start, and until then the driver takes its inputs (``ProtocolDriver._drive``).
-    ``on_done(result)`` and ``on_failed(error)`` return the write that follows (the
-    announce after a won claim), or None.
+    When and how often it is attempted is the core's (``Writes``, ``src/writes.rs``):
+    ``id`` is its handle there. ``on_done(result)`` and ``on_failed(error)`` return the
+    write that follows (the announce after a won claim), or None.
     """
 
     def __init__(
         self,
         what: str,
         call: Callable[[], Any],
-        retry: Retry,
+        kind: WriteKind,
         on_done: Callable[[Any], Optional[Write]],
         on_failed: Callable[[BaseException], Optional[Write]],
-        notice: bool,
     ) -> None:
         self.what = what
         self.call = call
-        self.retry = retry
+        self.kind = kind
         self.on_done = on_done
         self.on_failed = on_failed
-        #: Part of handling a notice (claim, announce), not an acknowledgement.
-        self.notice = notice
-        #: Gets one last attempt at ``close()`` instead of being dropped (the announce:
-        #: the claim was won, and peers' watchers learn of the notice only from it).
-        self.finish_on_close = False
-        self.due = time.monotonic()
-
-
-def first_due(acks: deque, current: Optional[Write]) -> Optional[Write]:
-    """The write to attempt now: the oldest due acknowledgement, else the notice's."""
-    now = time.monotonic()
-    for write in acks:
-        if write.due <= now:
-            return write
-    if current is not None and current.due <= now:
-        return current
-    return None
-
-
-def time_to_next(acks: deque, current: Optional[Write]) -> Optional[float]:
-    """Seconds until the next write is due (0: one is due now), None with none pending."""
-    dues = [w.due for w in acks]
-    if current is not None:
-        dues.append(current.due)
-    if not dues:
-        return None
-    return max(0.0, min(dues) - time.monotonic())
+        self.id: int = -1
 
 
 class Retries:
@@ -134,10 +107,17 @@ class Retries:
         error to raise (:meth:`_named`)."""
         now = time.monotonic()
         verdict = retry.failed(now, self._closing.is_set())
+        return self._after(verdict, retry.attempts, now, what, error)
+
+    def _after(
+        self, verdict: RetryVerdict, attempts: int, now: float, what: str, error: BaseException
+    ) -> Union[float, BaseException]:
+        """The rule's ``verdict`` on a failed attempt of ``what`` at ``now``: the pause
+        before the next attempt (logged), or the named error to raise."""
         if isinstance(verdict, RetryVerdict.GiveUp):
             return self._named(error, what, verdict.attempts, verdict.seconds)
         pause = max(0.0, verdict.at - now)
-        (log.warning if retry.attempts == 1 else log.info)(
+        (log.warning if attempts == 1 else log.info)(
             "%s failed (%s: %s); retrying in %gs (%.1fs left).",
             what,
             type(error).__name__,
@@ -173,20 +153,27 @@ class Retries:
     def _attempt(self, write: Write) -> tuple:
         """One attempt of ``write``: ``(finished, next write)``.
 
-        A coordination-service error (any ``OpError``) schedules the next attempt when the
-        rule says; once it gives up, ``write.on_failed`` gets the named error. Anything
-        else is a bug and goes to ``on_failed`` at once.
+        A coordination-service error (any ``OpError``) goes to the core's ``Writes``,
+        which makes the write due again when the rule says; once it gives up,
+        ``write.on_failed`` gets the named error. Anything else is a bug and goes to
+        ``on_failed`` at once.
         """
+        writes = self._writes
         try:
             result = write.call()
         except _errors.module().OpError as e:
-            pause = self._pause_after(write.retry, write.what, e)
+            now = time.monotonic()
+            verdict = writes.failed(write.id, now, self._closing.is_set())
+            if verdict is None:  # not pending (a stale handle): nothing to retry
+                return True, None
+            pause = self._after(verdict, writes.attempts(write.id), now, write.what, e)
             if isinstance(pause, BaseException):
                 return True, write.on_failed(pause)
-            write.due = time.monotonic() + pause
             return False, None
         except Exception as e:  # noqa: BLE001 - a bug: handed on at once
+            writes.done(write.id)
             return True, write.on_failed(e)
+        writes.done(write.id)
         return True, write.on_done(result)
 
     def _write(
@@ -195,7 +182,10 @@ class Retries:
         call: Callable[[], Any],
         on_done: Callable[[Any], Optional[Write]],
         on_failed: Callable[[BaseException], Optional[Write]],
-        notice: bool = False,
+        kind: WriteKind = WriteKind.Acknowledge,
     ) -> Write:
-        """A write for the driver to attempt, retried from now."""
-        return Write(what, call, self._retry(), on_done, on_failed, notice)
+        """A write queued in the driver's ``Writes``, retried from now and due at once."""
+        write = Write(what, call, kind, on_done, on_failed)
+        write.id = self._writes.push(kind, self._retry_bound(), time.monotonic())
+        self._pending_writes[write.id] = write
+        return write

@@ -40,7 +40,7 @@ class StepKeyWatch:
     """
 
     def _on_step_key(self, round_key: str, value: str) -> Optional[Write]:
-        """A step key the reader posted: the acknowledgement to write, if any."""
+        """A step key the reader posted: the acknowledgement it queues for the driver, if any."""
         action = self._core_step_key(round_key, value)
         if isinstance(action, KeyAction.Stop):
             return None
