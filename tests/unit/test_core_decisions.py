@@ -96,6 +96,31 @@ def test_the_drain_bound_leaves_the_longest_save_before_the_deadline():
     assert core._core_drain_bound(40.0, 77.0) == 0.0
 
 
+# ------------------------------------------------------------------ the driver's writes
+
+
+def test_the_drivers_writes_through_the_binding():
+    """``_native.Writes`` as the driver uses it (``src/writes.rs`` has the rows):
+    acknowledgements before the notice's write, a failure due again by the rule, and
+    close's last attempts and dropped claim."""
+    Kind = _native.WriteKind
+    writes = _native.Writes()
+    assert writes.poll_action(0.0) is None and writes.poll_timeout() is None
+    claim = writes.push(Kind.Claim, 10.0, 0.0)
+    assert writes.busy
+    with pytest.raises(RuntimeError, match="already pending"):
+        writes.push(Kind.Announce, 10.0, 0.0)
+    verdict = writes.failed(claim, 0.0, False)
+    assert isinstance(verdict, _native.RetryVerdict.Again) and writes.attempts(claim) == 1
+    assert writes.poll_action(0.0) is None and writes.poll_timeout() == verdict.at
+    ack = writes.push(Kind.Acknowledge, 10.0, 0.01)
+    assert writes.poll_action(0.01) == ack and len(writes) == 2
+    assert writes.close(0.02) == ([ack], claim)
+    assert not writes.busy and writes.poll_action(0.02) == ack
+    assert isinstance(writes.failed(ack, 0.03, True), _native.RetryVerdict.GiveUp)
+    assert len(writes) == 0 and writes.done(ack) is False and writes.failed(ack, 1.0, False) is None
+
+
 # ------------------------------------------------------------------ schedulers
 
 
