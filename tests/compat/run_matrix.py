@@ -251,6 +251,17 @@ def junit_counts(path: Path) -> tuple[int, int, int]:
     return total - failed - skipped, failed, skipped
 
 
+def junit_failures(path: Path) -> list[str]:
+    """``module::test`` of each failed or erroring test case in a JUnit XML report."""
+    if not path.exists():
+        return []
+    found = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            found.append(f"{case.get('classname', '?')}::{case.get('name', '?')}")
+    return found
+
+
 def run_combination(result: Result, dist: Path) -> Result:
     VENVS.mkdir(exist_ok=True)
     name = f"tf{result.tf}-py{result.python}"
@@ -381,6 +392,10 @@ def main() -> int:
             f"{result.note}"
         ]
         if result.verdict != "pass":
+            # One line per failed test first, as pytest's summary writes them: the tail
+            # of the log below may be cut where CI shows it.
+            report = VENVS / f"tf{tf}-py{py}.xml"
+            lines += [f"FAILED {case} (TF {tf} on Python {py})" for case in junit_failures(report)]
             log_path = VENVS / f"tf{tf}-py{py}.log"
             tail = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
             lines.append(f"  last {len(tail)} lines of {log_path}:")

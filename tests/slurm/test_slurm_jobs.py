@@ -505,8 +505,9 @@ def test_scancel_two_tasks_saves_exits_42_and_is_not_requeued(slurm, tmp_path):
 
 @backstop(PROGRESS_BOUND_2, GRACE_TIME + 90, REQUEUE_SHOWS, 60)
 def test_preemption_two_tasks_tf_handler_baseline(slurm, tmp_path):
-    # TensorFlow's handler saves at one step and exits 42 on the first SIGTERM, long
-    # before GraceTime ends: SLURM marks the job FAILED and never requeues it.
+    # TensorFlow's handler saves at one step and exits 42 on the first SIGTERM, before
+    # GraceTime ends: SLURM marks the job FAILED and never requeues it. (Were it still
+    # running when GraceTime ends, SLURM would requeue it and the wait below fails.)
     jid, ckpt, out = submit_two_tasks(
         slurm, tmp_path, ["--time=5"], f"--steps {STEPS} --step-time {STEP_TIME} --impl tf"
     )

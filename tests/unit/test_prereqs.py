@@ -2,8 +2,8 @@
 anything starts, and what ``make test`` says at its end about the parts that did not run.
 
 The machine is described to the script through its own lookups (``shutil.which``,
-``os.geteuid``, ``pyenv_has``), so each case is a machine the test describes, whatever
-this one has."""
+``os.geteuid``, ``pyenv_has``, the ``rustc --version`` it runs), so each case is a
+machine the test describes, whatever this one has."""
 
 from __future__ import annotations
 
@@ -32,14 +32,15 @@ def prereqs(tmp_path, monkeypatch):
 
 
 def machine(monkeypatch, prereqs, *, without=(), root=True, pyenv=("3.10", "3.13")):
-    """This machine, but ``without`` those programs on PATH, (not) root, and with only
-    the ``pyenv`` CPythons."""
-    import shutil
-
-    real_which = shutil.which
+    """A machine with every program the script looks for but ``without`` those, (not)
+    root, and with only the ``pyenv`` CPythons; nothing of this machine shows through
+    (the compatibility ends run these tests with no Rust on the PATH)."""
     monkeypatch.setattr(
-        prereqs.shutil, "which", lambda name: None if name in without else real_which(name)
+        prereqs.shutil, "which", lambda name: None if name in without else f"/usr/bin/{name}"
     )
+    rustc = ".".join(map(str, prereqs.rust_version_needed() or (1, 0)))
+    answers = {("rustc", "--version"): f"rustc {rustc} (described by the test)\n"}
+    monkeypatch.setattr(prereqs, "_run", lambda *argv: answers.get(argv, ""))
     monkeypatch.setattr(prereqs.os, "geteuid", lambda: 0 if root else 1000)
     monkeypatch.setattr(prereqs, "pyenv_has", lambda version: version in pyenv)
 
@@ -52,6 +53,16 @@ def test_a_missing_rust_is_one_line_with_rustup_and_nothing_starts(prereqs, monk
         f"make demo: missing Rust (cargo, rustc). Install: {prereqs.RUSTUP}",
         "make demo: 1 prerequisite(s) missing; nothing started.",
     ]
+
+
+def test_a_rust_older_than_the_crate_needs_names_rustup_update(prereqs, monkeypatch, capsys):
+    machine(monkeypatch, prereqs)
+    monkeypatch.setattr(prereqs, "_run", lambda *argv: "rustc 1.63.0 (Debian's)\n")
+    assert prereqs.check("check") == 1
+    needed = ".".join(map(str, prereqs.rust_version_needed()))
+    out = capsys.readouterr().out
+    assert f"missing Rust >= {needed} (found rustc 1.63.0 (Debian's)). " in out, out
+    assert "Install: rustup update stable" in out, out
 
 
 def test_a_missing_c_toolchain_names_build_essential(prereqs, monkeypatch, capsys):
