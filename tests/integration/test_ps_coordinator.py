@@ -15,7 +15,7 @@ import pytest
 
 from .ps_cluster import DONE_EXIT_BOUND, NUM_WORKERS, OURS_PROBE_BOUND, PsCluster, ours_status
 
-CONNECT_TIMEOUT = 90.0  # process start + TF import (4 processes on 2 cores) + connect
+CONNECT_TIMEOUT = 180.0  # process start + TF import (4 processes on 2 cores) + connect
 
 BASIC_CLOSURES = 1000
 KILL_CLOSURES = 1500
@@ -31,7 +31,7 @@ TF_REFERENCE_ATTEMPTS = 3
 RUN_BOUND = CONNECT_TIMEOUT + 60  # run_to_done's bound on a scenario's done event
 BAD_INPUT_BOUND = CONNECT_TIMEOUT + 30
 PROGRESS_BOUND = CONNECT_TIMEOUT + 30  # the kill test: closures done before the kill
-SERVING_BOUND = 60.0  # the kill test: the restarted worker serves
+SERVING_BOUND = 180.0  # the kill test: the restarted worker serves (its TF import)
 KILLED_DONE_BOUND = 150.0  # the kill test: the done event after the restart
 
 

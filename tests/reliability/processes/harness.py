@@ -43,7 +43,7 @@ TRIAL_WORKER = Path(__file__).resolve().parent.parent / "trial_worker.py"
 EXIT_CODE = 42  # the handler's default exit code off GCE
 STEPS = 150  # run calls of every MWMS life (outlasts notice + grace period)
 STEP_SLEEP = 0.02  # python-side sleep inside each step
-START_TIMEOUT = 120.0  # process start + TF import + cluster set-up, 2 busy cores
+START_TIMEOUT = 240.0  # process start + TF import + cluster set-up, 2 busy cores
 EXIT_TIMEOUT = 60.0  # notice -> every worker saved and exited
 RUN_TIMEOUT = 150.0  # a whole uninterrupted life
 #: Peer bound of the handlers in the MWMS trials without a partition (acks are
