@@ -51,6 +51,9 @@ START_DELAY = 1.3
 #: 0.1 s steps (~10 a second) for the preemption and scancel jobs: enough to be under
 #: way when the test acts.
 STEPS, STEP_TIME = 380, 0.1
+#: The preempted batch-step job gets its SIGTERM only when GraceTime ends: it must still
+#: be running then (at most 10 steps a second, ~20 steps done when the test preempts it).
+BATCH_PREEMPT_STEPS = STEPS + int(GRACE_TIME / STEP_TIME)
 #: The time-limit jobs: the first run cannot finish them before the signal (~93 s at
 #: 10 steps/s at most); the requeued run does the rest (~10-20 s after its start).
 LIMIT_STEPS = 1000
@@ -400,12 +403,14 @@ def test_preemption_one_task_saves_requeues_resumes_and_finishes(slurm, tmp_path
         "one_node.sbatch",
         tmp_path,
         ["--time=5"],
-        f"--steps {STEPS} --step-time {STEP_TIME}",
+        f"--steps {BATCH_PREEMPT_STEPS} --step-time {STEP_TIME}",
     )
     wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, PROGRESS_BOUND)
     wait_job_read(out)
     high, submitted = preempt(slurm, tmp_path)
-    row = check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, "preemption")
+    row = check_saved_requeued_resumed_finished(
+        slurm, jid, ckpt, out, "preemption", steps=BATCH_PREEMPT_STEPS
+    )
     assert row["source"] == "signal SIGTERM"
     assert slurm.job(high).get("JobState") == "COMPLETED"
     notice = stage(read_records(ckpt), "notice")[0]
