@@ -279,21 +279,27 @@ def _check_released_after_the_save(c: Cluster, name: str, incarnation: int = 0) 
 
 
 # Backstop above its own bounds in sequence.
-@pytest.mark.timeout(
-    CLUSTER_BOUND + FINISH_BOUND + EXIT_BOUND + START_BOUND + FINISH_BOUND + EXIT_BOUND + MARGIN
-)
+@pytest.mark.timeout(CLUSTER_BOUND + FINISH_BOUND + EXIT_BOUND + FINISH_BOUND + EXIT_BOUND + MARGIN)
 def test_worker_notice_drains_that_worker_and_training_goes_on(cluster):
+    """A worker's notice drains that worker (released, exit 42) and stops nothing else:
+    the same coordinator runs every closure to the end, none lost or applied twice, and
+    the PS and the other worker keep serving. Whether the coordinator is still running
+    when the drained worker's process is gone depends on load (under `make test` it
+    once took that process 30 s to exit, and worker 0 had run the 90 closures left), so
+    it is not checked; a restarted worker serving again is
+    test_a_restarted_worker_is_watched_again's."""
     c = cluster
     _notice_after_runs(c, "worker1")
     assert c.wait_exit("worker1", EXIT_BOUND) == RESTART_CODE, c.describe()
-    assert c.alive("coordinator") and c.alive("ps0") and c.alive("worker0"), c.describe()
-    c.serve("worker", 1)
-    c.wait_event("worker1", "serving", START_BOUND)
+    [exiting] = c.history[("worker1", 0)].events("exiting")
+    assert exiting["released"] and exiting["reason"] == "drained", f"{exiting}\n{c.describe()}"
     done = c.wait_event("coordinator", "done", FINISH_BOUND)
     assert done["runs"] == done["counter"] == STEPS, (
         f"a closure was lost or applied twice: {done}\n{c.describe()}"
     )
     assert c.wait_exit("coordinator", EXIT_BOUND) == 0, c.describe()
+    assert c.incarnations["coordinator"] == 0, "the coordinator was restarted"
+    assert c.alive("ps0") and c.alive("worker0"), c.describe()
     worker = _records(c)[0]["worker 1"]
     assert "SIGTERM" in worker.source and worker.extra.get("released") == "drained", worker
     assert worker.notice_time <= worker.exit_time, worker
