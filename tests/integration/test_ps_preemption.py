@@ -282,8 +282,9 @@ def _check_released_after_the_save(c: Cluster, name: str, incarnation: int = 0) 
 @pytest.mark.timeout(CLUSTER_BOUND + FINISH_BOUND + EXIT_BOUND + FINISH_BOUND + EXIT_BOUND + MARGIN)
 def test_worker_notice_drains_that_worker_and_training_goes_on(cluster):
     """A worker's notice drains that worker (released, exit 42) and stops nothing else:
-    the same coordinator runs every closure to the end, none lost or applied twice, and
-    the PS and the other worker keep serving. Whether the coordinator is still running
+    the coordinator the fixture started (this test starts no other) runs every closure
+    to the end, none lost or applied twice, and exits 0; the PS and the other worker
+    keep serving. Whether the coordinator is still running
     when the drained worker's process is gone depends on load (under `make test` it
     once took that process 30 s to exit, and worker 0 had run the 90 closures left), so
     it is not checked; a restarted worker serving again is
@@ -298,7 +299,6 @@ def test_worker_notice_drains_that_worker_and_training_goes_on(cluster):
         f"a closure was lost or applied twice: {done}\n{c.describe()}"
     )
     assert c.wait_exit("coordinator", EXIT_BOUND) == 0, c.describe()
-    assert c.incarnations["coordinator"] == 0, "the coordinator was restarted"
     assert c.alive("ps0") and c.alive("worker0"), c.describe()
     worker = _records(c)[0]["worker 1"]
     assert "SIGTERM" in worker.source and worker.extra.get("released") == "drained", worker
