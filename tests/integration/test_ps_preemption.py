@@ -141,6 +141,9 @@ class Cluster:
             return self.procs[name].popen.wait(timeout=bound)
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
             self.dump_stacks(name)
+            if name != "coordinator" and "coordinator" in self.procs:
+                # A task that waits for its release waits on the coordinator's watch.
+                self.dump_stacks("coordinator")
             pytest.fail(f"{name} did not exit within {bound:.0f}s\n{self.describe()}")
 
     def dump_stacks(self, name: str) -> None:

@@ -10,6 +10,7 @@ Every wait is bounded; no verdict depends on how fast the machine is.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -144,6 +145,64 @@ def test_call_to_a_task_that_does_not_answer_gives_up_at_its_bound():
             time.sleep(0.01)
 
 
+def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog):
+    """A call that never returns (one caught in TF's cluster update after a restart)
+    holds up its task's calls for ``abandon_after`` seconds, not for good: then the
+    task is asked again, and its answer counts."""
+    now = [0.0]
+    stuck = threading.Event()
+    calls = []
+
+    def transport(task, request):
+        calls.append(task)
+        if len(calls) == 1:
+            stuck.wait(BOUND)  # the first call does not return in this test
+        return {"task": task, "n": len(calls)}
+
+    caller = ps_control._Caller(transport, abandon_after=30.0, clock=lambda: now[0])
+    try:
+        with pytest.raises(ps_control.CallTimeout, match="did not answer"):
+            caller("w", {"op": "poll"}, 0.05)
+        now[0] = 29.0
+        with pytest.raises(ps_control.CallTimeout, match=r"has not returned yet \(29s\)"):
+            caller("w", {"op": "poll"}, BOUND)
+        assert calls == ["w"]
+        now[0] = 30.0
+        with caplog.at_level(logging.WARNING, logger="tf_failure_handling"):
+            assert caller("w", {"op": "poll"}, BOUND) == {"task": "w", "n": 2}
+        assert "has not returned for 30s; it is abandoned (1 of at most 4)" in caplog.text
+        assert caller("w", {"op": "poll"}, BOUND) == {"task": "w", "n": 3}
+    finally:
+        stuck.set()
+
+
+def test_abandoned_calls_are_bounded_per_task():
+    """A task whose every call hangs (a stopped process) holds ``max_abandoned`` + 1
+    threads at most, however long it stays stopped."""
+    now = [0.0]
+    stopped = threading.Event()
+
+    def transport(task, request):
+        stopped.wait(BOUND)
+        return {"task": task}
+
+    caller = ps_control._Caller(transport, abandon_after=1.0, max_abandoned=2, clock=lambda: now[0])
+    try:
+        for _ in range(3):  # the first call, then two abandoned ones replaced
+            with pytest.raises(ps_control.CallTimeout, match="did not answer"):
+                caller("stopped", {"op": "poll"}, 0.05)
+            now[0] += 1.0
+        threads = threading.active_count()
+        with pytest.raises(ps_control.CallTimeout, match="2 abandoned call"):
+            caller("stopped", {"op": "poll"}, BOUND)
+        now[0] += 100.0
+        with pytest.raises(ps_control.CallTimeout, match="2 abandoned call"):
+            caller("stopped", {"op": "poll"}, BOUND)
+        assert threading.active_count() == threads
+    finally:
+        stopped.set()
+
+
 # ------------------------------------------------------------------- ClusterPoller
 
 SPEC = {"chief": ["c"], "ps": ["p"], "worker": ["w0", "w1"]}
@@ -238,6 +297,30 @@ def test_a_task_that_does_not_answer_is_asked_again():
     poller.poll_once()
     assert poller.unanswered == {}
     assert notices == [("worker", 1, "kubernetes", 9.0)]
+
+
+def test_the_log_tells_why_a_task_is_unanswered_and_when_it_is_back(caplog):
+    """One line per streak and reason (not one per round), one when the task answers
+    again, and one naming a new incarnation: the coordinator's log shows whether a
+    restarted worker is watched."""
+    cluster, notices = FakeCluster(), []
+    first = cluster.serve(W1, "worker", 1)
+    poller = make_poller(cluster, notices)
+    with caplog.at_level(logging.INFO, logger="tf_failure_handling"):
+        poller.poll_once()
+        cluster.errors[W1] = UnavailableError("connection refused")
+        poller.poll_once()
+        poller.poll_once()
+        cluster.errors[W1] = ps_control.CallTimeout("an earlier call has not returned yet")
+        poller.poll_once()
+        cluster.serve(W1, "worker", 1)
+        poller.poll_once()
+    lines = [r.getMessage() for r in caplog.records if W1 in r.getMessage()]
+    assert len([m for m in lines if "connection refused" in m]) == 1, lines
+    assert len([m for m in lines if "has not returned yet" in m]) == 1, lines
+    new = cluster.controls[W1].incarnation
+    assert lines[-1].endswith(f"answers as a new incarnation ({new}): watched like the first.")
+    assert cluster.controls[W1].incarnation != first.incarnation
 
 
 def test_a_stopped_task_does_not_hold_up_the_others():

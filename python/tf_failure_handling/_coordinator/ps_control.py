@@ -85,6 +85,14 @@ EXIT_WAIT = 30.0
 #: Seconds one call to a task may take (a poll, a release): past it the caller goes on
 #: and the task counts as unanswered. A call on 127.0.0.1 takes milliseconds.
 CALL_TIMEOUT = 5.0
+#: Seconds an unreturned call may hold up the next calls to its task. Past it the call
+#: is abandoned (its thread ends on its own, or with the process) and the task is
+#: asked again: a call caught in TensorFlow's update of the cluster after a worker's
+#: restart was seen to never return, and it silenced that worker's notices for good.
+ABANDON_AFTER = 30.0
+#: Abandoned calls per task that may be outstanding at once; past them, the task
+#: stays unanswered until one returns (no thread piles up behind a stopped task).
+MAX_ABANDONED = 4
 
 #: Seconds between two keepalive pings on a connection with a call outstanding
 #: (gRPC's default of at most 2 pings without data keeps the servers, whose ping policy
@@ -319,23 +327,36 @@ class _Caller:
     """Bounded calls to the tasks: each runs on a daemon thread of its own, and the
     caller waits at most its timeout. A call that outlives its bound stays the
     task's outstanding call; until it returns, a new call to that task fails at once
-    with :class:`CallTimeout` (no thread piles up behind a stopped task)."""
+    with :class:`CallTimeout`, for at most ``abandon_after`` seconds: then it is
+    abandoned and the task is asked again, with at most ``max_abandoned`` such calls
+    outstanding per task (a stopped task holds that many threads, not one per round).
+    """
 
-    def __init__(self, transport: Callable[[str, dict], dict] = remote_call) -> None:
+    def __init__(
+        self,
+        transport: Callable[[str, dict], dict] = remote_call,
+        abandon_after: float = ABANDON_AFTER,
+        max_abandoned: int = MAX_ABANDONED,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._transport = transport
+        self._abandon_after = abandon_after
+        self._max_abandoned = max_abandoned
+        self._clock = clock
         self._lock = threading.Lock()
-        self._outstanding: dict = {}  # task -> the thread of its unreturned call
+        #: task -> (the thread of its unreturned call, when it started)
+        self._outstanding: dict = {}
+        #: task -> threads of its abandoned calls
+        self._abandoned: dict = {}
 
     def __call__(self, task: str, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
         with self._lock:
-            previous = self._outstanding.get(task)
-            if previous is not None and previous.is_alive():
-                raise CallTimeout(f"{task}: an earlier call has not returned yet")
+            self._check_outstanding(task)
             box: dict = {}
             thread = threading.Thread(
                 target=self._run, args=(task, request, box), name=f"TaskCall {task}", daemon=True
             )
-            self._outstanding[task] = thread
+            self._outstanding[task] = (thread, self._clock())
         thread.start()
         thread.join(max(0.0, timeout))
         if thread.is_alive():
@@ -343,6 +364,32 @@ class _Caller:
         if "error" in box:
             raise box["error"]
         return box["answer"]
+
+    def _check_outstanding(self, task: str) -> None:
+        """Raises :class:`CallTimeout` while ``task``'s earlier call holds up the next
+        ones; abandons that call once it is ``abandon_after`` seconds old."""
+        previous = self._outstanding.get(task)
+        if previous is None or not previous[0].is_alive():
+            return
+        age = self._clock() - previous[1]
+        abandoned = [t for t in self._abandoned.get(task, ()) if t.is_alive()]
+        self._abandoned[task] = abandoned
+        if age < self._abandon_after:
+            raise CallTimeout(f"{task}: an earlier call has not returned yet ({age:.0f}s)")
+        if len(abandoned) >= self._max_abandoned:
+            raise CallTimeout(
+                f"{task}: an earlier call has not returned for {age:.0f}s, and "
+                f"{len(abandoned)} abandoned call(s) have not either"
+            )
+        abandoned.append(previous[0])
+        log.warning(
+            "%s: a call has not returned for %.0fs; it is abandoned (%d of at most %d) "
+            "and the task is asked again.",
+            task,
+            age,
+            len(abandoned),
+            self._max_abandoned,
+        )
 
     def _run(self, task: str, request: dict, box: dict) -> None:
         try:
@@ -439,7 +486,9 @@ class ClusterPoller:
                         task,
                     )
             else:
-                first = task not in self.unanswered
+                # Logged once a streak, and again when the reason changes (a task that
+                # went from "unknown device" to "does not return" is worth a line).
+                first = self.unanswered.get(task) != type(e).__name__
                 self.unanswered[task] = type(e).__name__
                 if first:
                     log.info("%s does not answer (%s): asked again next round.", task, e)
@@ -447,11 +496,19 @@ class ClusterPoller:
         if not isinstance(answer, dict) or "incarnation" not in answer:
             self.unanswered[task] = "bad answer"
             return None
-        self.unanswered.pop(task, None)
+        was_unanswered = self.unanswered.pop(task, None)
+        incarnation = answer.get("incarnation")
         with self._lock:
             self._not_served.discard(task)
-            self.incarnations[task] = answer.get("incarnation")
+            previous = self.incarnations.get(task)
+            self.incarnations[task] = incarnation
             self.notices[task] = answer.get("notice")
+        if previous is not None and previous != incarnation:
+            log.info(
+                "%s answers as a new incarnation (%s): watched like the first.", task, incarnation
+            )
+        elif was_unanswered is not None:
+            log.info("%s answers again.", task)
         return answer
 
     def poll_once(self) -> None:
