@@ -107,7 +107,9 @@ def main(argv=None) -> int:
     print(f"{path}: row added")
     if jobs:
         title = f"where make {args.target} spends its time"
-        _report.write_figure(title, f"Run of {when} UTC ({result}):\n\n" + jobs)
+        _report.write_figure(
+            title, f"Run of {when} UTC, a clone of {commit} ({result}):\n\n" + jobs
+        )
         print(f"{args.out / _report.slug(title)}.md: the run's jobs")
     return rc
 
