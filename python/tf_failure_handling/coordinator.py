@@ -293,7 +293,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         if getattr(self, "_has_initialized", False):
             return
         timeout = _recovery_timeout(worker_recovery_timeout)
-        # This class re-creates and subclasses TF internals (_tf_versions.RELIED_ON).
+        # This class re-creates and subclasses TF internals (tests/unit/tf_internals.py).
         _tf_versions.warn_if_untested(_tf_versions_module.__version__)
         self._strategy = strategy
         self.strategy.extended._used_with_coordinator = True

@@ -1,4 +1,5 @@
-"""The table of TensorFlow releases and the internals relied on (``_integrations/tf_versions.py``).
+"""The TensorFlow releases tested (``_integrations/tf_versions.py``) and the internals relied
+on (``tf_internals.py``).
 
 Against the installed TensorFlow: every internal the package relies on has the
 fingerprint recorded for its release. The compatibility matrix runs this on every
@@ -12,9 +13,11 @@ import re
 from pathlib import Path
 
 import pytest
-from tf_failure_handling._integrations import tf_versions as tv
+from tf_failure_handling._integrations import tf_versions
 
-PACKAGE = Path(tv.__file__).resolve().parents[1]
+from . import tf_internals as tv
+
+PACKAGE = Path(tf_versions.__file__).resolve().parents[1]
 COORDINATOR = PACKAGE / "coordinator.py"
 CLOSURES = PACKAGE / "_coordinator" / "closures.py"
 
@@ -23,7 +26,7 @@ def test_every_release_entry_covers_every_internal():
     for release, fingerprints in tv.RELEASES.items():
         assert set(fingerprints) == set(tv.RELIED_ON), release
         assert all(re.fullmatch(r"[0-9a-f]{12}", f) for f in fingerprints.values()), release
-    assert tv.TESTED[0] in tv.RELEASES, "the oldest tested release must have its own entry"
+    assert tf_versions.TESTED[0] in tv.RELEASES, "the oldest tested release must have its own entry"
 
 
 @pytest.mark.parametrize(
@@ -39,7 +42,7 @@ def test_every_release_entry_covers_every_internal():
     ],
 )
 def test_is_tested(version, tested):
-    assert tv.is_tested(version) is tested
+    assert tf_versions.is_tested(version) is tested
 
 
 def test_expected_is_the_nearest_recorded_release_at_or_before(monkeypatch):
@@ -62,7 +65,7 @@ def test_coordinator_uses_only_recorded_internals():
         for key in tv.RELIED_ON
         if key.startswith("tensorflow.python.distribute.coordinator.cluster_coordinator:")
     }
-    assert used and used <= recorded, f"not in _tf_versions.RELIED_ON: {sorted(used - recorded)}"
+    assert used and used <= recorded, f"not in tf_internals.RELIED_ON: {sorted(used - recorded)}"
 
 
 def test_fingerprint_ignores_docstrings_and_comments(monkeypatch, tmp_path):
@@ -82,12 +85,12 @@ def test_fingerprint_ignores_docstrings_and_comments(monkeypatch, tmp_path):
 
 
 def test_warns_once_outside_the_tested_range(monkeypatch, caplog):
-    monkeypatch.setattr(tv, "_warned", [])
+    monkeypatch.setattr(tf_versions, "_warned", [])
     with caplog.at_level(logging.WARNING, logger="tf_failure_handling"):
-        tv.warn_if_untested("2.21.0")
+        tf_versions.warn_if_untested("2.21.0")
         assert not caplog.records
-        tv.warn_if_untested("2.22.0")
-        tv.warn_if_untested("2.23.0")
+        tf_versions.warn_if_untested("2.22.0")
+        tf_versions.warn_if_untested("2.23.0")
     assert len(caplog.records) == 1
     assert "2.22.0 is outside" in caplog.records[0].getMessage()
 
@@ -95,13 +98,13 @@ def test_warns_once_outside_the_tested_range(monkeypatch, caplog):
 def test_installed_tensorflow_matches_its_release():
     tf = pytest.importorskip("tensorflow", reason="fingerprints the installed TensorFlow")
     version = tf.__version__
-    assert tv.is_tested(version), f"TensorFlow {version} is outside {tv.TESTED}"
+    assert tf_versions.is_tested(version), f"TensorFlow {version} is outside {tf_versions.TESTED}"
     found = tv.installed()
     wanted = tv.expected(version)
     changed = {k: (wanted[k], found[k]) for k in wanted if found[k] != wanted[k]}
     assert not changed, (
         f"TensorFlow {version} differs from the recorded release in what tf_failure_handling "
-        "relies on (internal: recorded, found); record the release in _tf_versions.RELEASES "
+        "relies on (internal: recorded, found); record the release in tf_internals.RELEASES "
         "and adapt what depends on it:\n"
         + "\n".join(f"  {k}: {v[0]} -> {v[1]}" for k, v in changed.items())
     )

@@ -2,8 +2,8 @@
 
 * ``keras_internals``: every Keras 3 internal that ``tf_failure_handling.keras`` relies
   on, each checked when ``fit`` starts, with the Keras file it comes from;
-* ``tf_versions``: the TensorFlow releases this package is tested with, and the
-  fingerprint of each TensorFlow internal it mirrors or subclasses;
+* ``tf_versions``: the TensorFlow releases this package is tested with (the
+  internals it mirrors or subclasses are pinned by tests/unit/tf_internals.py);
 * ``tf_exit``: stops TensorFlow's coordination-service poller (a chain of non-daemon
   timer threads) at interpreter shutdown, so that a coordinator process can exit.
 
