@@ -24,7 +24,6 @@ import math
 import numbers
 import os
 import threading
-import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
@@ -59,6 +58,7 @@ from ._protocol.retries import (  # noqa: F401 - re-exported: the protocol's ret
     Retries,
 )
 from ._protocol.save import SaveAndExit
+from ._protocol.state import HandlerState
 from ._protocol.step_check import StepCheck
 from ._protocol.step_keys import StepKeyWatch
 
@@ -186,6 +186,19 @@ def _peer_timeout(config: TerminationConfig) -> float:
     return DEFAULT_PEER_TIMEOUT
 
 
+def _state_view(name: str) -> property:
+    """The handler's attribute ``_<name>`` as a view of ``_state.<name>`` (TensorFlow's
+    names, and those tests and other libraries read or set)."""
+
+    def get(self: Any) -> Any:
+        return getattr(self._state, name)
+
+    def set_(self: Any, value: Any) -> None:
+        setattr(self._state, name, value)
+
+    return property(get, set_, doc=f"``_state.{name}`` (``_protocol/state.py``).")
+
+
 class PreemptionCheckpointHandler(
     # The training thread: the check before a step, the leader's round, the save.
     StepCheck,
@@ -233,6 +246,16 @@ class PreemptionCheckpointHandler(
     * GCE CPU and TPU VMs are supported.
     """
 
+    _membership = _state_view("membership")
+    _environment = _state_view("environment")
+    _coordination = _state_view("coordination")
+    _cluster_resolver = _state_view("cluster_resolver")
+    _peer_timeout = _state_view("peer_timeout")
+    _grace_period = _state_view("grace_period")
+    _clock = _state_view("clock")
+    _closing = _state_view("closing")
+    _closed = _state_view("closed")
+
     def __init__(
         self,
         cluster_resolver: Any,
@@ -240,16 +263,14 @@ class PreemptionCheckpointHandler(
         checkpoint_dir: Optional[str] = None,
         termination_config: Optional[TerminationConfig] = None,
     ) -> None:
+        #: What the parts share (``_protocol/state.py``); first, so that ``__del__`` of a
+        #: handler whose constructor raised finds it.
+        self._state = HandlerState()
         super().__init__()
-        #: The clock the protocol reads: notice times, deadlines, save and agreement
-        #: durations. Simulations substitute a virtual one; waits for peers stay real.
-        self._clock: Callable[[], float] = time.monotonic
-        self._closed = False
         #: The protocol driver's thread (``_protocol.driver.ProtocolDriver._drive``).
         self._driver_thread: Optional[threading.Thread] = None
         self._peer_thread: Optional[threading.Thread] = None
         self._sources: Optional[_sources.NoticeSources] = None
-        self._closing = threading.Event()
         self._total_run_calls_warned = False
         #: The newer handler of the same worker that owns the notices now, if any.
         self._successor: Optional[weakref.ref] = None
@@ -270,20 +291,20 @@ class PreemptionCheckpointHandler(
 
         _errors.module()
         config = TerminationConfig._from_any(termination_config)
-        self._cluster_resolver = cluster_resolver
+        self._state.cluster_resolver = cluster_resolver
         self._termination_config = termination_config
         self._checkpoint_or_checkpoint_manager = checkpoint_or_checkpoint_manager
         self._checkpoint_dir = checkpoint_dir
 
-        self._membership = _membership.membership(cluster_resolver)
-        self._local_mode = self._membership.local
-        self._id_in_cluster = self._membership.id_in_cluster
-        self._is_chief = self._membership.is_chief
+        self._state.membership = _membership.membership(cluster_resolver)
+        self._local_mode = self._state.membership.local
+        self._id_in_cluster = self._state.membership.id_in_cluster
+        self._is_chief = self._state.membership.is_chief
 
-        self._environment = _platform.environment()
-        self._platform_device = self._environment.device
+        self._state.environment = _platform.environment()
+        self._platform_device = self._state.environment.device
         defaults = _platform.complete(
-            self._environment,
+            self._state.environment,
             config.termination_watcher_fn,
             config.exit_fn,
             config.grace_period,
@@ -291,9 +312,9 @@ class PreemptionCheckpointHandler(
         )
         self._termination_watcher_fn = defaults.watcher_fn
         self._exit_fn = defaults.exit_fn
-        self._grace_period = defaults.grace_period
+        self._state.grace_period = defaults.grace_period
         self._save_fn = config.save_fn
-        self._peer_timeout = _peer_timeout(config)
+        self._state.peer_timeout = _peer_timeout(config)
         self._signals = defaults.signals
         _platform.attach(self, config)  # each scheduler's options (SLURM's requeue)
 
@@ -301,21 +322,21 @@ class PreemptionCheckpointHandler(
             checkpoint_or_checkpoint_manager,
             checkpoint_dir,
             self._is_chief,
-            self._membership.task_id,
+            self._state.membership.task_id,
         )
         self._api_made_checkpoint_manager = self._checkpoints.api_made
         self._checkpointed_runs = self._checkpoints.counter
 
-        self._coordination = (
+        self._state.coordination = (
             None
             if self._local_mode
             else _coordination.Client(
-                _coordination.current(), max(1.0, min(self._peer_timeout, 60.0))
+                _coordination.current(), max(1.0, min(self._state.peer_timeout, 60.0))
             )
         )
 
         self._run_counter = self._checkpoints.restore()
-        member = self._membership
+        member = self._state.membership
         self._records_label = (
             f"{member.task_type} {member.task_id}" if member.task_type else "local 0"
         )
@@ -330,18 +351,18 @@ class PreemptionCheckpointHandler(
             ),
             member.task_type or "local",
             member.task_id or 0,
-            platform=self._environment.cloud or self._environment.scheduler or "local",
+            platform=self._state.environment.cloud or self._state.environment.scheduler or "local",
         )
         self._record_resume()
         self._core_configure(
-            self._membership.worker_id,
-            self._membership.num_workers,
-            float(self._grace_period),
-            self._membership.ps_coordinator,
+            self._state.membership.worker_id,
+            self._state.membership.num_workers,
+            float(self._state.grace_period),
+            self._state.membership.ps_coordinator,
         )
         self._start_watchers()
         self._take_over_notices()
-        if self._membership.ps_coordinator:
+        if self._state.membership.ps_coordinator:
             self._start_ps_watch(cluster_resolver, checkpoint_or_checkpoint_manager)
         log.info(
             "PreemptionCheckpointHandler initialized or restored: worker %s, %d run(s) restored, "
@@ -349,9 +370,9 @@ class PreemptionCheckpointHandler(
             self._id_in_cluster,
             self._run_counter,
             self._platform_device.name,
-            self._environment.cloud or "none",
-            self._environment.scheduler or "none",
-            self._grace_period,
+            self._state.environment.cloud or "none",
+            self._state.environment.scheduler or "none",
+            self._state.grace_period,
             ", ".join(_sources.signal_name(s) for s in self._signals),
         )
 
@@ -400,9 +421,9 @@ class PreemptionCheckpointHandler(
 
         TensorFlow relies on ``__del__`` for this; ``__del__`` calls it too.
         """
-        if self._closed:
+        if self._state.closed:
             return
-        self._closed = True
+        self._state.closed = True
         self._give_up_ownership()
         self._stop_watchers()
         self._records.close()
@@ -412,10 +433,10 @@ class PreemptionCheckpointHandler(
         # Never joins, writes to the cluster or starts a thread: __del__ may run
         # at interpreter exit, where a new thread blocks forever.
         with contextlib.suppress(Exception):
-            if not self._closed:
-                self._closed = True
+            if not self._state.closed:
+                self._state.closed = True
                 self._give_up_ownership()
-                self._closing.set()
+                self._state.closing.set()
                 if self._sources is not None:
                     self._sources.close(join=False)
                 self._records.close(wait=False)
@@ -460,9 +481,9 @@ class PreemptionCheckpointHandler(
 
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Saves now, recording the run count (TF's private method of this name)."""
-        start = self._clock()
+        start = self._state.clock()
         self._checkpoints.save(self._run_counter, self._save_fn, args, kwargs)
-        self._checkpoint_time = self._clock() - start
+        self._checkpoint_time = self._state.clock() - start
         log.info(
             "Checkpoint finished at path %s in %.3fs.",
             self._write_checkpoint_manager.directory,

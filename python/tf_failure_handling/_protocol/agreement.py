@@ -26,8 +26,8 @@ log = logging.getLogger("tf_failure_handling")
 class Agreement:
     """Publishes the agreed step and awaits the acknowledgements (the leader).
 
-    Reads ``_local_mode``, ``_coordination``, ``_peer_timeout``, ``_clock``, ``_closing``
-    and ``_id_in_cluster``; retries through ``_retrying`` (``retries``).
+    Reads ``_local_mode``, ``_id_in_cluster`` and, of ``_state``, the coordination
+    service, the peer timeout and the clock; retries through ``_retrying`` (``retries``).
     """
 
     def _publish(self, round_key: str, step: int, ack_keys: list) -> None:
@@ -40,10 +40,10 @@ class Agreement:
         self._record_agreement(round_key, step)
         if self._local_mode:
             return
-        start = self._clock()
+        start = self._state.clock()
         published = self._retrying(
             f"publishing {round_key}={step}",
-            lambda: self._coordination.set(round_key, str(step)),
+            lambda: self._state.coordination.set(round_key, str(step)),
         )
         if not published:
             log.warning(
@@ -52,13 +52,13 @@ class Agreement:
             )
             return
         self._await_acknowledgements(round_key, step, ack_keys)
-        self._core_agreement(self._clock() - start)
+        self._core_agreement(self._state.clock() - start)
 
     def _await_acknowledgements(self, round_key: str, step: int, ack_keys: list) -> None:
         """Waits, bounded by the peer timeout, until every worker acknowledged. A failed
         read counts as "not yet" until reads have failed, without a read that answered,
         for longer than the core's retry bound (then the named error)."""
-        deadline = time.monotonic() + self._peer_timeout
+        deadline = time.monotonic() + self._state.peer_timeout
         pending = list(ack_keys)
         last_error: Optional[BaseException] = None
         retry: Optional[Retry] = None
@@ -67,7 +67,7 @@ class Agreement:
             if remaining <= 0:
                 break
             try:
-                got = self._coordination.get(pending[0], min(remaining, 1.0))
+                got = self._state.coordination.get(pending[0], min(remaining, 1.0))
             except _errors.module().OpError as e:
                 # A failed read is retried like a slow peer, but a failure that lasts
                 # longer than the bound is the service's (a peer reported an error).
@@ -94,7 +94,7 @@ class Agreement:
         missing = []
         for key in pending:
             try:
-                if self._coordination.get(key, 0.001) is None:
+                if self._state.coordination.get(key, 0.001) is None:
                     missing.append(key)
             except _errors.module().OpError as e:
                 last_error = e
@@ -106,7 +106,7 @@ class Agreement:
         raise _errors.make(
             "DeadlineExceededError",
             f"Worker {self._id_in_cluster} published {round_key}={step} but worker(s) "
-            f"{workers} did not acknowledge within {self._peer_timeout:g}s "
+            f"{workers} did not acknowledge within {self._state.peer_timeout:g}s "
             f"(missing keys: {', '.join(missing)}).{cause} Set "
             f"TerminationConfig(peer_timeout=...) or {PEER_TIMEOUT_ENV} to wait longer.",
         )

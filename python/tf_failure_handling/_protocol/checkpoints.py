@@ -15,6 +15,7 @@ with ``make_manager(directory, max_to_keep)`` and ``make_counter()``, a manager 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from typing import Any, Optional
@@ -227,18 +228,10 @@ class Checkpoints:
             delete_recursively(os.path.dirname(self.write.directory))
 
 
-class _NullContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
 def _preemption_save_context():
     """TF's ``checkpoint_context.preemption_save_context()`` when TF is present."""
     try:
         from tensorflow.python.checkpoint import checkpoint_context
     except ImportError:
-        return _NullContext()
+        return contextlib.nullcontext()
     return checkpoint_context.preemption_save_context()

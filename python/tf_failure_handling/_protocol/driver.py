@@ -38,8 +38,8 @@ class ProtocolDriver:
 
     Owns ``_sources``, ``_driver_thread``, ``_peer_thread``, ``_notices_handled`` and the
     writes (``_writes``, the core's schedule; ``_pending_writes``, each one's call);
-    reads ``_closing``, ``_environment``, ``_signals``, ``_termination_watcher_fn``,
-    ``_local_mode``, ``_id_in_cluster`` and ``_clock``. The inputs go to
+    reads ``_state.closing``, ``_state.environment``, ``_signals``, ``_termination_watcher_fn``,
+    ``_local_mode``, ``_id_in_cluster`` and ``_state.clock``. The inputs go to
     ``_start_notice`` (``notices``) and ``_on_step_key`` (``step_keys``), the writes to
     ``_attempt`` (``retries``), an error to ``_fail_in_background`` (``reporting``).
     """
@@ -48,7 +48,7 @@ class ProtocolDriver:
         self._writes = Writes()
         self._pending_writes: dict = {}
         self._sources = _sources.NoticeSources(
-            self._environment, self._signals, self._termination_watcher_fn, owner=True
+            self._state.environment, self._signals, self._termination_watcher_fn, owner=True
         )
         # Named as TF's notice thread (tools and tests look for it by name).
         self._driver_thread = threading.Thread(
@@ -72,17 +72,17 @@ class ProtocolDriver:
         handler exited or was closed is ignored, as a signal would be.
         """
         sources = self._sources
-        unix_deadline = None if deadline is None else time.time() + (deadline - self._clock())
+        unix_deadline = None if deadline is None else time.time() + (deadline - self._state.clock())
         if (
             sources is None
-            or self._closing.is_set()
+            or self._state.closing.is_set()
             or not sources.trigger("a termination source", unix_deadline)
         ):
             log.info("Termination notice after shutdown ignored.")
 
     def _stop_watchers(self) -> None:
         """``close()``: stops the inbox (the driver takes ``Stop``) and joins the threads."""
-        self._closing.set()
+        self._state.closing.set()
         if self._sources is not None:
             self._sources.close()
         if (
@@ -129,7 +129,7 @@ class ProtocolDriver:
             except BaseException as e:  # noqa: BLE001 - handed to the next run()
                 self._fail_in_background("the protocol driver's receive", e)
                 return
-            if self._closing.is_set() or isinstance(item, Input.Stop):
+            if self._state.closing.is_set() or isinstance(item, Input.Stop):
                 self._finish(item, notices)
                 return
             self._take(item, notices)

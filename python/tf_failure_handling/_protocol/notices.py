@@ -32,8 +32,8 @@ log = logging.getLogger("tf_failure_handling")
 class NoticeResponse:
     """Claim, lead, absorb or hand on a notice of this worker; announce the one it leads.
 
-    Reads ``_clock``, ``_local_mode``, ``_coordination``,
-    ``_peer_timeout`` and ``_id_in_cluster``. Counts each notice it is done with in
+    Reads ``_state.clock``, ``_local_mode``, ``_state.coordination``,
+    ``_state.peer_timeout`` and ``_id_in_cluster``. Counts each notice it is done with in
     ``_notices_handled`` (the driver's count).
     """
 
@@ -71,7 +71,7 @@ class NoticeResponse:
                 notice.deadline - unix_now,
             )
         # Platforms announce wall-clock times; the core plans on the handler's clock.
-        action = self._core_source_notice(self._clock(), unix_now, notice.deadline)
+        action = self._core_source_notice(self._state.clock(), unix_now, notice.deadline)
         if isinstance(action, NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
             self._ps_on_notice()
@@ -111,7 +111,7 @@ class NoticeResponse:
 
         return self._write(
             f"claiming {key} after the notice from {source}",
-            lambda: self._coordination.set(key, value),
+            lambda: self._state.coordination.set(key, value),
             claimed,
             failed,
             WriteKind.Claim,
@@ -127,7 +127,7 @@ class NoticeResponse:
 
         # No longer than the protocol's writes: an acknowledgement may be waiting
         # behind this call (see "Why the driver acknowledges" in step_resolution.rs).
-        timeout = max(1.0, min(SHUTDOWN_WRITE_TIMEOUT, self._peer_timeout))
+        timeout = max(1.0, min(SHUTDOWN_WRITE_TIMEOUT, self._state.peer_timeout))
 
         # This process's watchers get the message once the cluster has it (or the
         # write gave up): a script that closes and exits when its own watcher reports
@@ -142,7 +142,7 @@ class NoticeResponse:
 
         return self._write(
             f"publishing {PREEMPTION_NOTICE_KEY}",
-            lambda: self._coordination.set(PREEMPTION_NOTICE_KEY, message, timeout),
+            lambda: self._state.coordination.set(PREEMPTION_NOTICE_KEY, message, timeout),
             published,
             failed,
             WriteKind.Announce,  # finished at close: peers learn of the notice only from it

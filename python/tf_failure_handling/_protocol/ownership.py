@@ -27,11 +27,11 @@ class NoticeOwnership:
     """Which handler of a worker owns its notices.
 
     Owns ``_successor`` (the newer handler that took over, if any); reads
-    ``_coordination``, ``_id_in_cluster`` and ``_closed``.
+    ``_state.coordination``, ``_id_in_cluster`` and ``_state.closed``.
     """
 
     def _owner_key(self) -> tuple:
-        service = None if self._coordination is None else id(self._coordination.service)
+        service = None if self._state.coordination is None else id(self._state.coordination.service)
         return (service, self._id_in_cluster)
 
     def _take_over_notices(self) -> None:

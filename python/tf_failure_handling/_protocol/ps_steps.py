@@ -34,7 +34,7 @@ class PsSteps:
     """A parameter-server coordinator's watch over its tasks, and its steps around a save.
 
     Owns ``_ps_poller``, ``_ps_with_notice``, ``_ps_strategy`` and ``_ps_unfinished``;
-    reads ``_sources``, ``_grace_period``, ``_peer_timeout``, ``_clock`` and
+    reads ``_sources``, ``_state.grace_period``, ``_state.peer_timeout``, ``_state.clock`` and
     ``_run_counter`` (which it lowers by the closures left unfinished before a save).
     The bound of that wait is the core's (``_core_drain_bound``).
     """
@@ -93,7 +93,7 @@ class PsSteps:
         with no grace period the save comes next, so from now on no worker takes a new
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
         hold), which must return to reach the check that saves."""
-        if self._ps_poller is None or self._grace_period > 0:
+        if self._ps_poller is None or self._state.grace_period > 0:
             return
         coordinator = self._ps_coordinator()
         if coordinator is not None and _ps_control.hold_all(coordinator, strict=False):
@@ -142,14 +142,14 @@ class PsSteps:
             return
         # The closures may take until the save must start: the deadline less the
         # longest save seen; without one, peer_timeout bounds the wait.
-        bound = self._core_drain_bound(self._clock(), self._peer_timeout)
-        start = self._clock()
-        unfinished = _ps_control.wait_for_closures(coordinator, bound, self._clock)
+        bound = self._core_drain_bound(self._state.clock(), self._state.peer_timeout)
+        start = self._state.clock()
+        unfinished = _ps_control.wait_for_closures(coordinator, bound, self._state.clock)
         self._ps_unfinished = unfinished
         if not unfinished:
             log.info(
                 "All scheduled closures finished in %.3fs; saving at run %d.",
-                self._clock() - start,
+                self._state.clock() - start,
                 self._run_counter,
             )
             return

@@ -37,7 +37,7 @@ class RecordsHooks:
     """Writes the preemption records of each stage of the protocol.
 
     Owns ``_records`` (a ``records.Recorder``, built with the handler) and
-    ``_remote_preemptions``; reads ``_records_label``, ``_grace_period``,
+    ``_remote_preemptions``; reads ``_records_label``, ``_state.grace_period``,
     ``_run_counter``, ``_exit_fn`` and ``_write_checkpoint_manager``.
     """
 
@@ -62,7 +62,7 @@ class RecordsHooks:
                 lost=None if last.agreed_step is None else last.agreed_step - step,
                 downtime=built - last.exit_time,
                 time=built,
-                **_platform.resume_fields(self._environment),
+                **_platform.resume_fields(self._state.environment),
             )
 
         rec.defer(resume)
@@ -76,7 +76,7 @@ class RecordsHooks:
                 "notice",
                 source=source,
                 deadline=deadline,
-                grace_period=self._grace_period,
+                grace_period=self._state.grace_period,
             )
 
     def _record_agreement(self, round_key: str, step: int) -> None:
@@ -88,7 +88,7 @@ class RecordsHooks:
         open, a ``notice`` from the peer opens one."""
         if self._records.current is None:
             self._records.new_preemption()
-            self._records.write("notice", source="peer", grace_period=self._grace_period)
+            self._records.write("notice", source="peer", grace_period=self._state.grace_period)
         try:
             step = int(value)
         except ValueError:

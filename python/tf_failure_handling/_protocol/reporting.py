@@ -26,8 +26,8 @@ log = logging.getLogger("tf_failure_handling")
 class ErrorReporting:
     """Reports a step's error to the cluster; keeps a background thread's for ``run()``.
 
-    Owns ``_thread_error``; reads ``_local_mode``, ``_coordination``,
-    ``_cluster_resolver``, ``_membership``, ``_closing`` and ``_id_in_cluster``.
+    Owns ``_thread_error``; reads ``_local_mode``, ``_state.coordination``,
+    ``_state.cluster_resolver``, ``_state.membership``, ``_state.closing`` and ``_id_in_cluster``.
     """
 
     def _reported(self, error: BaseException) -> Optional[BaseException]:
@@ -54,12 +54,17 @@ class ErrorReporting:
         replacement, unreachable = None, None
         try:
             unreachable = _membership.unreachable_peers(
-                error, self._coordination.service, self._cluster_resolver, self._membership
+                error,
+                self._state.coordination.service,
+                self._state.cluster_resolver,
+                self._state.membership,
             )
-            replacement = _membership.with_unreachable_named(error, unreachable, self._membership)
+            replacement = _membership.with_unreachable_named(
+                error, unreachable, self._state.membership
+            )
         except Exception as e:  # noqa: BLE001 - only a better message is at stake
             log.info("Could not probe the peers after %r: %s", error, e)
-        leader = _membership.coordination_leader(self._cluster_resolver)
+        leader = _membership.coordination_leader(self._state.cluster_resolver)
         if unreachable and any(task == leader for _, task, _, _ in unreachable):
             # TF's report_error_to_cluster blocks, holding the GIL, until the
             # service's leader answers: with the leader cut off, never.
@@ -72,7 +77,9 @@ class ErrorReporting:
             return replacement
         log.info("Propagating error to cluster: %r: %s", error, error)
         try:
-            self._coordination.report_error(error.error_code, error.message, SHUTDOWN_WRITE_TIMEOUT)
+            self._state.coordination.report_error(
+                error.error_code, error.message, SHUTDOWN_WRITE_TIMEOUT
+            )
         except Exception as e:  # noqa: BLE001 - the step's own error matters more
             log.warning("Could not report the error to the cluster: %r: %s", e, e)
         return replacement
@@ -85,7 +92,7 @@ class ErrorReporting:
         learning of it.
         """
         log.error("PreemptionCheckpointHandler: %s failed: %r", what, error)
-        if self._closing.is_set():
+        if self._state.closing.is_set():
             return
         if isinstance(error, _errors.module().OpError):
             raised = error

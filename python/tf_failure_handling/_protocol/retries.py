@@ -69,15 +69,15 @@ class Retries:
     """The protocol's calls under the core's retry rule: the bound, the pauses, and the
     error raised when the rule gives up.
 
-    Reads ``_peer_timeout``, ``_clock``, ``_closing`` and ``_id_in_cluster`` of the
-    handler; the bound is the core's (``_core_retry_bound``).
+    Reads ``_id_in_cluster`` and, of ``_state``, the peer timeout, the clock and the
+    closing flag; the bound is the core's (``_core_retry_bound``).
     """
 
     def _retry_bound(self) -> float:
         """Seconds a failing protocol call is retried from now (the core's rule: the
         transient-failure window, or the peer timeout or the time left before the leading
         notice's deadline, at least 1 s, when shorter)."""
-        return self._core_retry_bound(self._clock(), self._peer_timeout)
+        return self._core_retry_bound(self._state.clock(), self._state.peer_timeout)
 
     def _retry(self) -> Retry:
         """A run of failures of one call, starting now."""
@@ -106,7 +106,7 @@ class Retries:
         next one (logged: a warning the first time), or, when the rule gives up, the named
         error to raise (:meth:`_named`)."""
         now = time.monotonic()
-        verdict = retry.failed(now, self._closing.is_set())
+        verdict = retry.failed(now, self._state.closing.is_set())
         return self._after(verdict, retry.attempts, now, what, error)
 
     def _after(
@@ -136,7 +136,7 @@ class Retries:
         pause = self._pause_after(retry, what, error)
         if isinstance(pause, BaseException):
             raise pause from error
-        self._closing.wait(pause if longest is None else min(pause, longest))
+        self._state.closing.wait(pause if longest is None else min(pause, longest))
 
     def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
         """``call()``, retried by the rule when it fails with a coordination-service
@@ -163,7 +163,7 @@ class Retries:
             result = write.call()
         except _errors.module().OpError as e:
             now = time.monotonic()
-            verdict = writes.failed(write.id, now, self._closing.is_set())
+            verdict = writes.failed(write.id, now, self._state.closing.is_set())
             if verdict is None:  # not pending (a stale handle): nothing to retry
                 return True, None
             pause = self._after(verdict, writes.attempts(write.id), now, write.what, e)

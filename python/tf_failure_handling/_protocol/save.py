@@ -24,7 +24,7 @@ log = logging.getLogger("tf_failure_handling")
 class SaveAndExit:
     """Saves at the agreed step; after the last round, exits.
 
-    Reads ``_clock``, ``_checkpoints``, ``_is_chief`` and ``_exit_fn``; saves through
+    Reads ``_state.clock``, ``_checkpoints``, ``_is_chief`` and ``_exit_fn``; saves through
     ``_save_checkpoint`` (the handler's, TF's name).
     """
 
@@ -32,7 +32,7 @@ class SaveAndExit:
         self._ps_before_save()
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
         self._record_save_start(round_key)
-        start = self._clock()
+        start = self._state.clock()
         try:
             self._save_checkpoint(*args, **kwargs)
         except BaseException as e:
@@ -41,7 +41,7 @@ class SaveAndExit:
             self._record_save_failed(e)
             raise
         self._record_save_end()
-        after = self._core_saved(round_key, self._clock() - start)
+        after = self._core_saved(round_key, self._state.clock() - start)
         if after == SaveAction.Exit:
             # The signal watch stays: until close(), a further notice is absorbed,
             # not handed back to whatever was installed before (which could kill

@@ -21,7 +21,7 @@ from .._native import StepAction
 class StepCheck:
     """The check before a step, and the step's failure, for ``run()`` and its kin.
 
-    Reads ``_thread_error`` (and clears it once raised) and ``_clock``; publishes
+    Reads ``_thread_error`` (and clears it once raised) and ``_state.clock``; publishes
     through ``_publish`` (``agreement``), saves through ``_save_checkpoint_at``
     (``save``), reports through ``_reported`` (``reporting``).
     """
@@ -33,11 +33,11 @@ class StepCheck:
             self._thread_error = None
             self._core_set_pending(False)
             raise error
-        action = self._core_before_step(self._clock())
+        action = self._core_before_step(self._state.clock())
         if isinstance(action, StepAction.Publish):
             self._publish(action.round_key, action.step, action.ack_keys)
             if self._saves_where_it_publishes():
-                action = self._core_before_step(self._clock())
+                action = self._core_before_step(self._state.clock())
         if isinstance(action, StepAction.Save):
             self._save_checkpoint_at(action.round_key, action.step, args, kwargs)
 

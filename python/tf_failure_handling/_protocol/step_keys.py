@@ -36,7 +36,7 @@ class StepKeyWatch:
     """The reader thread's loop over the step keys, and the acknowledgement of each.
 
     Owns ``_reading_key``; reads ``_peer_thread`` (started by the driver), ``_sources``,
-    ``_coordination``, ``_closing`` and ``_grace_period``.
+    ``_state.coordination``, ``_state.closing`` and ``_state.grace_period``.
     """
 
     def _on_step_key(self, round_key: str, value: str) -> Optional[Write]:
@@ -59,7 +59,7 @@ class StepKeyWatch:
 
         return self._write(
             f"acknowledging {round_key}={value} with {ack_key}",
-            lambda: self._coordination.set(ack_key, ACK_VALUE),
+            lambda: self._state.coordination.set(ack_key, ACK_VALUE),
             acknowledged,
             failed,
         )
@@ -84,7 +84,7 @@ class StepKeyWatch:
 
     def _watch_step_keys_until_done(self) -> None:
         rounds = [RUN_TO_CHECKPOINT]
-        if self._grace_period > 0:
+        if self._state.grace_period > 0:
             rounds.append(LAST_RUN_TO_CHECKPOINT)
         for round_key in rounds:
             self._reading_key = round_key
@@ -100,11 +100,11 @@ class StepKeyWatch:
         last read that answered."""
         errors = _errors.module()
         retry: Optional[Retry] = None
-        while not self._closing.is_set():
+        while not self._state.closing.is_set():
             try:
-                value = self._coordination.get(round_key, PEER_WATCH_SLICE)
+                value = self._state.coordination.get(round_key, PEER_WATCH_SLICE)
             except errors.OpError as e:
-                if self._closing.is_set():
+                if self._state.closing.is_set():
                     return None
                 retry = retry or self._retry()
                 self._wait_to_retry(retry, f"reading {round_key}", e)
@@ -128,7 +128,7 @@ class StepKeyWatch:
         if self._current_owner() is None:
             for key in self._core_shutdown_keys():
                 try:
-                    self._coordination.set(key, STOP_WATCHER, SHUTDOWN_WRITE_TIMEOUT)
+                    self._state.coordination.set(key, STOP_WATCHER, SHUTDOWN_WRITE_TIMEOUT)
                 except Exception as e:  # noqa: BLE001 - peers may have exited already
                     log.info("Ignoring error while releasing %s: %s", key, e)
         if thread is threading.current_thread():
