@@ -50,7 +50,7 @@ from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys a
 from ._protocol.notices import NoticeResponse
 from ._protocol.ownership import NoticeOwnership
 from ._protocol.ps_steps import PsSteps
-from ._protocol.records_hooks import RecordsHooks
+from ._protocol.records_hooks import StageRecords
 from ._protocol.reporting import ErrorReporting
 from ._protocol.retries import (  # noqa: F401 - re-exported: the protocol's retry pauses
     RETRY_FIRST_PAUSE,
@@ -212,9 +212,8 @@ class PreemptionCheckpointHandler(
     Retries,
     ErrorReporting,
     NoticeOwnership,
-    # A parameter-server coordinator's steps; the records of every stage.
+    # A parameter-server coordinator's steps.
     PsSteps,
-    RecordsHooks,
     # The resolver (src/step_resolution.rs) and the native run().
     HandlerCore,
 ):
@@ -267,6 +266,8 @@ class PreemptionCheckpointHandler(
         #: handler whose constructor raised finds it.
         self._state = HandlerState()
         super().__init__()
+        #: The decisions (the Rust resolver ``run()`` reads too), for the parts.
+        self._core = self._protocol_core()
         #: The protocol driver's thread (``_protocol.driver.ProtocolDriver._drive``).
         self._driver_thread: Optional[threading.Thread] = None
         self._peer_thread: Optional[threading.Thread] = None
@@ -282,8 +283,6 @@ class PreemptionCheckpointHandler(
         self._ps_poller: Optional[ClusterPoller] = None
         #: PS tasks whose notice this coordinator acts on (released after the save).
         self._ps_with_notice: set = set()
-        #: (job, task) -> the record id of a PS or worker task's preemption.
-        self._remote_preemptions: dict = {}
         #: ParameterServerStrategy: the strategy of the checkpoint's variables (where
         #: TensorFlow keeps its coordinator), and what the last save left unfinished.
         self._ps_strategy: Any = None
@@ -337,9 +336,6 @@ class PreemptionCheckpointHandler(
 
         self._run_counter = self._checkpoints.restore()
         member = self._state.membership
-        self._records_label = (
-            f"{member.task_type} {member.task_id}" if member.task_type else "local 0"
-        )
         self._records = records.Recorder(
             records.folder_for(
                 # With a save_fn the user saves elsewhere: nothing is written beside
@@ -353,8 +349,14 @@ class PreemptionCheckpointHandler(
             member.task_id or 0,
             platform=self._state.environment.cloud or self._state.environment.scheduler or "local",
         )
-        self._record_resume()
-        self._core_configure(
+        #: Each stage of a preemption as a line of the records (``_records`` writes them).
+        self._stage_records = StageRecords(
+            self._records,
+            self._state,
+            f"{member.task_type} {member.task_id}" if member.task_type else "local 0",
+        )
+        self._stage_records.resumed(self._run_counter)
+        self._core.configure(
             self._state.membership.worker_id,
             self._state.membership.num_workers,
             float(self._state.grace_period),
@@ -384,9 +386,9 @@ class PreemptionCheckpointHandler(
         For loops that do not wrap their step in :meth:`run`; the arguments go to
         the checkpoint manager's ``save`` (orbit passes ``checkpoint_number``).
         """
-        if self._core_begin_step():
+        if self._core.begin_step():
             self._check_before_step(args, kwargs)
-        self._core_step_done()
+        self._core.step_done()
 
     @property
     def total_run_calls(self) -> int:
@@ -454,11 +456,11 @@ class PreemptionCheckpointHandler(
         the time between two calls (less any save or agreement) is a step time for the
         grace period's plan.
         """
-        self._core_begin_step()
+        self._core.begin_step()
         try:
             self._act_before_step(args, kwargs)
         finally:
-            self._core_after_check()
+            self._core.after_check()
 
     @property
     def _read_checkpoint_manager(self) -> Any:

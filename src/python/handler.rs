@@ -21,6 +21,7 @@
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -98,9 +99,9 @@ struct CoreState {
     warmed_up: bool,
 }
 
-/// Native base of `PreemptionCheckpointHandler`.
-#[pyclass(frozen, subclass, module = "tf_failure_handling._native")]
-pub struct HandlerCore {
+/// What `HandlerCore` (the hot path) and its [`ProtocolCore`] (the decisions the
+/// handler's parts ask for) share: the flags `run()` reads and the resolver.
+struct Shared {
     /// Mirrors [`Resolver::needs_attention`]; the only thing `run()` reads
     /// when nothing is going on.
     attention: AtomicBool,
@@ -113,7 +114,20 @@ pub struct HandlerCore {
     state: Mutex<CoreState>,
 }
 
-impl HandlerCore {
+/// Native base of `PreemptionCheckpointHandler`.
+#[pyclass(frozen, subclass, module = "tf_failure_handling._native")]
+pub struct HandlerCore {
+    shared: Arc<Shared>,
+}
+
+/// The handler's decisions, for the parts of the handler that perform them: the
+/// same resolver as its `HandlerCore`, without the handler (`_protocol_core()`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub struct ProtocolCore {
+    shared: Arc<Shared>,
+}
+
+impl Shared {
     /// A step starts now. One clock read per call: the planner's step time is
     /// the interval between the starts of consecutive steps, which is exactly
     /// the time between two checks before a step. The first interval of the
@@ -191,6 +205,7 @@ unsafe extern "C-unwind" fn run_fastcall(
     // SAFETY: `slf` is a live object for the duration of the call; the
     // method descriptor already checked that it is a HandlerCore.
     let core = unsafe { Borrowed::from_ptr(py, slf).cast_unchecked::<HandlerCore>() }.get();
+    let core = &*core.shared;
     core.step_started();
     if core.attention.load(Ordering::Acquire) || core.pending.load(Ordering::Acquire) {
         let name = intern!(py, "_run_check").as_ptr();
@@ -380,12 +395,9 @@ pub(crate) fn add_run(py: Python<'_>) -> PyResult<()> {
     ty.setattr("run", descr)
 }
 
-#[pymethods]
-impl HandlerCore {
-    #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
-    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
-        HandlerCore {
+impl Shared {
+    fn new() -> Self {
+        Shared {
             attention: AtomicBool::new(false),
             pending: AtomicBool::new(false),
             run_counter: AtomicU64::new(0),
@@ -398,43 +410,27 @@ impl HandlerCore {
         }
     }
 
-    /// A step (a `run()` or `save_checkpoint_if_preempted` call) starts now:
-    /// records the step-time sample and returns whether a notice or an
-    /// agreed step needs the check before the step.
-    fn _core_begin_step(&self) -> bool {
+    fn begin_step(&self) -> bool {
         self.step_started();
         self.attention.load(Ordering::Acquire) || self.pending.load(Ordering::Acquire)
     }
 
-    /// Whether the next step must take the slow path for something other
-    /// than the resolver (a background thread's error).
-    fn _core_set_pending(&self, pending: bool) {
+    fn set_pending(&self, pending: bool) {
         self.pending.store(pending, Ordering::Release);
     }
 
-    /// The check before a step ended (a publish or a save is not step time:
-    /// the interval restarts now).
-    fn _core_after_check(&self) {
+    fn after_check(&self) {
         self.state.lock().last_start = Some(Instant::now());
     }
 
-    /// The step failed: it is not counted, and not a step duration.
-    fn _core_step_failed(&self) {
+    fn step_failed(&self) {
         self.state.lock().last_start = None;
     }
 
-    /// The step completed: one more run.
-    fn _core_step_done(&self) {
+    fn step_done(&self) {
         self.run_counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Completed `run()` calls (TensorFlow's `_run_counter`).
-    #[getter(_run_counter)]
-    fn get_run_counter(&self) -> u64 {
-        self.run_counter.load(Ordering::Relaxed)
-    }
-
-    #[setter(_run_counter)]
     fn set_run_counter(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         // Accepts ints and anything with __index__ (numpy integers, which
         // TensorFlow's own counter is); anything else is a TypeError, as
@@ -448,16 +444,7 @@ impl HandlerCore {
         Ok(())
     }
 
-    /// Whether a step key, a leading notice or the countdown needs the
-    /// training thread's attention before the next step.
-    #[getter(_attention)]
-    fn attention(&self) -> bool {
-        self.attention.load(Ordering::Acquire)
-    }
-
-    /// Sets up the resolver: `worker_id` None for local mode.
-    #[pyo3(signature = (worker_id, num_workers, grace_period, save_at_current_run=false))]
-    fn _core_configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
+    fn configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
         if !grace_period.is_finite() || grace_period < 0.0 {
             return Err(errors::bad_value(format!(
                 "grace_period must be a non-negative number of seconds, got {grace_period}"
@@ -482,33 +469,14 @@ impl HandlerCore {
         Ok(())
     }
 
-    /// A termination notice at `now` (with the platform's `deadline`, if it
-    /// announced one, on the same clock as `now`): what to do about it.
-    #[pyo3(signature = (now, deadline=None))]
-    fn _core_notice(&self, now: f64, deadline: Option<f64>) -> PyResult<NoticeAction> {
-        self.notice(Notice { at: now, deadline })
-    }
-
-    /// A notice from a source, whose deadline is a Unix time read when the
-    /// wall clock said `unix_now` (`Notice::from_unix`: the one conversion).
-    #[pyo3(signature = (now, unix_now, unix_deadline=None))]
-    fn _core_source_notice(&self, now: f64, unix_now: f64, unix_deadline: Option<f64>) -> PyResult<NoticeAction> {
-        self.notice(Notice::from_unix(now, unix_now, unix_deadline))
-    }
-
-    fn _core_claim(&self, won: bool) -> PyResult<()> {
+    fn claim(&self, won: bool) -> PyResult<()> {
         self.with_resolver(|r, _| {
             r.on_claim(won);
             Ok(())
         })
     }
 
-    /// A step key's value, as the peer watcher read it: what to do.
-    ///
-    /// # Errors
-    ///
-    /// `ValueError` for a malformed value or an unknown key.
-    fn _core_step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
+    fn step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
         let round = round_from_key(round_key)?;
         let outcome = self.with_resolver(|r, _| Ok(r.on_step_key(round, value)?))?;
         Ok(match outcome {
@@ -520,8 +488,7 @@ impl HandlerCore {
         })
     }
 
-    /// The decision before a step at `now`.
-    fn _core_before_step(&self, now: f64) -> PyResult<StepAction> {
+    fn before_step(&self, now: f64) -> PyResult<StepAction> {
         let runs = self.run_counter.load(Ordering::Relaxed);
         let decision = self.with_resolver(|r, planner| Ok(r.before_step(runs, now, planner)))?;
         Ok(match decision {
@@ -538,8 +505,7 @@ impl HandlerCore {
         })
     }
 
-    /// The save of `round_key` finished after `duration` seconds: what next.
-    fn _core_saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
+    fn saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
         let round = round_from_key(round_key)?;
         self.with_resolver(|r, planner| {
             let after = r.on_saved(round)?;
@@ -551,25 +517,21 @@ impl HandlerCore {
         })
     }
 
-    fn _core_save_failed(&self) -> PyResult<()> {
+    fn save_failed(&self) -> PyResult<()> {
         self.with_resolver(|r, _| {
             r.on_save_failed();
             Ok(())
         })
     }
 
-    /// A publish waited `duration` seconds for every acknowledgement.
-    fn _core_agreement(&self, duration: f64) -> PyResult<()> {
+    fn agreement(&self, duration: f64) -> PyResult<()> {
         self.with_resolver(|_, planner| {
             planner.record_agreement(duration);
             Ok(())
         })
     }
 
-    /// How long a failing coordination-service call is retried from `now`
-    /// (`crate::retry::bound`): the leading notice's deadline, if any, may
-    /// shorten it.
-    fn _core_retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+    fn retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
         let state = self.state.lock();
         let deadline = state
             .resolver
@@ -578,11 +540,7 @@ impl HandlerCore {
         crate::retry::bound(peer_timeout, deadline, now)
     }
 
-    /// How long the coordinator of a parameter-server cluster lets the
-    /// closures in flight finish before its save, from `now`
-    /// (`GracePlanner::drain_bound`); `peer_timeout` when the notice set no
-    /// deadline or this worker does not lead.
-    fn _core_drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+    fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
         let state = self.state.lock();
         state
             .resolver
@@ -591,19 +549,17 @@ impl HandlerCore {
             .unwrap_or(peer_timeout)
     }
 
-    /// True once this worker won the claim (or leads in local mode).
-    #[getter(_core_leading)]
-    fn core_leading(&self) -> bool {
+    fn leading(&self) -> bool {
         self.state.lock().resolver.as_ref().is_some_and(|r| r.leading_notice().is_some())
     }
 
-    fn _core_shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
+    fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
         self.with_resolver(|r, _| Ok(r.shutdown_keys().to_vec()))
     }
 
     /// A snapshot for logs and tests. The values are read under the lock and
     /// turned into Python objects after it is released.
-    fn _core_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let mut items: Vec<(&'static str, Option<f64>)> = Vec::new();
         let mut texts: Vec<(&'static str, String)> = Vec::new();
         let mut flags: Vec<(&'static str, bool)> = Vec::new();
@@ -643,5 +599,256 @@ impl HandlerCore {
             d.set_item(k, v)?;
         }
         Ok(d)
+    }
+}
+
+#[pymethods]
+impl HandlerCore {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        HandlerCore { shared: Arc::new(Shared::new()) }
+    }
+
+    /// The decisions of this handler, for its parts (the same resolver; holding it
+    /// does not keep the handler alive).
+    fn _protocol_core(&self) -> ProtocolCore {
+        ProtocolCore { shared: Arc::clone(&self.shared) }
+    }
+
+    /// Completed `run()` calls (TensorFlow's `_run_counter`).
+    #[getter(_run_counter)]
+    fn get_run_counter(&self) -> u64 {
+        self.shared.run_counter.load(Ordering::Relaxed)
+    }
+
+    #[setter(_run_counter)]
+    fn set_run_counter(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.shared.set_run_counter(value)
+    }
+
+    /// Whether a step key, a leading notice or the countdown needs the
+    /// training thread's attention before the next step.
+    #[getter(_attention)]
+    fn attention(&self) -> bool {
+        self.shared.attention.load(Ordering::Acquire)
+    }
+
+    /// A snapshot for logs and tests.
+    fn _core_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.shared.snapshot(py)
+    }
+
+    // The decisions under their former names, until every part holds a
+    // `ProtocolCore` (issue 35): each forwards to `Shared`.
+
+    fn _core_begin_step(&self) -> bool {
+        self.shared.begin_step()
+    }
+
+    fn _core_set_pending(&self, pending: bool) {
+        self.shared.set_pending(pending)
+    }
+
+    fn _core_after_check(&self) {
+        self.shared.after_check()
+    }
+
+    fn _core_step_failed(&self) {
+        self.shared.step_failed()
+    }
+
+    fn _core_step_done(&self) {
+        self.shared.step_done()
+    }
+
+    #[pyo3(signature = (worker_id, num_workers, grace_period, save_at_current_run=false))]
+    fn _core_configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
+        self.shared.configure(worker_id, num_workers, grace_period, save_at_current_run)
+    }
+
+    #[pyo3(signature = (now, deadline=None))]
+    fn _core_notice(&self, now: f64, deadline: Option<f64>) -> PyResult<NoticeAction> {
+        self.shared.notice(Notice { at: now, deadline })
+    }
+
+    #[pyo3(signature = (now, unix_now, unix_deadline=None))]
+    fn _core_source_notice(&self, now: f64, unix_now: f64, unix_deadline: Option<f64>) -> PyResult<NoticeAction> {
+        self.shared.notice(Notice::from_unix(now, unix_now, unix_deadline))
+    }
+
+    fn _core_claim(&self, won: bool) -> PyResult<()> {
+        self.shared.claim(won)
+    }
+
+    fn _core_step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
+        self.shared.step_key(round_key, value)
+    }
+
+    fn _core_before_step(&self, now: f64) -> PyResult<StepAction> {
+        self.shared.before_step(now)
+    }
+
+    fn _core_saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
+        self.shared.saved(round_key, duration)
+    }
+
+    fn _core_save_failed(&self) -> PyResult<()> {
+        self.shared.save_failed()
+    }
+
+    fn _core_agreement(&self, duration: f64) -> PyResult<()> {
+        self.shared.agreement(duration)
+    }
+
+    fn _core_retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+        self.shared.retry_bound(now, peer_timeout)
+    }
+
+    fn _core_drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+        self.shared.drain_bound(now, peer_timeout)
+    }
+
+    #[getter(_core_leading)]
+    fn core_leading(&self) -> bool {
+        self.shared.leading()
+    }
+
+    fn _core_shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
+        self.shared.shutdown_keys()
+    }
+}
+
+#[pymethods]
+impl ProtocolCore {
+    /// A step (a `run()` or `save_checkpoint_if_preempted` call) starts now:
+    /// records the step-time sample and returns whether a notice or an
+    /// agreed step needs the check before the step.
+    fn begin_step(&self) -> bool {
+        self.shared.begin_step()
+    }
+
+    /// Whether the next step must take the slow path for something other
+    /// than the resolver (a background thread's error).
+    fn set_pending(&self, pending: bool) {
+        self.shared.set_pending(pending)
+    }
+
+    /// The check before a step ended (a publish or a save is not step time:
+    /// the interval restarts now).
+    fn after_check(&self) {
+        self.shared.after_check()
+    }
+
+    /// The step failed: it is not counted, and not a step duration.
+    fn step_failed(&self) {
+        self.shared.step_failed()
+    }
+
+    /// The step completed: one more run.
+    fn step_done(&self) {
+        self.shared.step_done()
+    }
+
+    /// Completed `run()` calls (TensorFlow's `_run_counter`).
+    #[getter]
+    fn run_counter(&self) -> u64 {
+        self.shared.run_counter.load(Ordering::Relaxed)
+    }
+
+    #[setter]
+    fn set_run_counter(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.shared.set_run_counter(value)
+    }
+
+    /// Whether a step key, a leading notice or the countdown needs the
+    /// training thread's attention before the next step.
+    #[getter]
+    fn attention(&self) -> bool {
+        self.shared.attention.load(Ordering::Acquire)
+    }
+
+    /// Sets up the resolver: `worker_id` None for local mode.
+    #[pyo3(signature = (worker_id, num_workers, grace_period, save_at_current_run=false))]
+    fn configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
+        self.shared.configure(worker_id, num_workers, grace_period, save_at_current_run)
+    }
+
+    /// A termination notice at `now` (with the platform's `deadline`, if it
+    /// announced one, on the same clock as `now`): what to do about it.
+    #[pyo3(signature = (now, deadline=None))]
+    fn notice(&self, now: f64, deadline: Option<f64>) -> PyResult<NoticeAction> {
+        self.shared.notice(Notice { at: now, deadline })
+    }
+
+    /// A notice from a source, whose deadline is a Unix time read when the
+    /// wall clock said `unix_now` (`Notice::from_unix`: the one conversion).
+    #[pyo3(signature = (now, unix_now, unix_deadline=None))]
+    fn source_notice(&self, now: f64, unix_now: f64, unix_deadline: Option<f64>) -> PyResult<NoticeAction> {
+        self.shared.notice(Notice::from_unix(now, unix_now, unix_deadline))
+    }
+
+    /// Whether this worker won the claim of its notice.
+    fn claim(&self, won: bool) -> PyResult<()> {
+        self.shared.claim(won)
+    }
+
+    /// A step key's value, as the peer watcher read it: what to do.
+    ///
+    /// # Errors
+    ///
+    /// `ValueError` for a malformed value or an unknown key.
+    fn step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
+        self.shared.step_key(round_key, value)
+    }
+
+    /// The decision before a step at `now`.
+    fn before_step(&self, now: f64) -> PyResult<StepAction> {
+        self.shared.before_step(now)
+    }
+
+    /// The save of `round_key` finished after `duration` seconds: what next.
+    fn saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
+        self.shared.saved(round_key, duration)
+    }
+
+    fn save_failed(&self) -> PyResult<()> {
+        self.shared.save_failed()
+    }
+
+    /// A publish waited `duration` seconds for every acknowledgement.
+    fn agreement(&self, duration: f64) -> PyResult<()> {
+        self.shared.agreement(duration)
+    }
+
+    /// How long a failing coordination-service call is retried from `now`
+    /// (`crate::retry::bound`): the leading notice's deadline, if any, may
+    /// shorten it.
+    fn retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+        self.shared.retry_bound(now, peer_timeout)
+    }
+
+    /// How long the coordinator of a parameter-server cluster lets the
+    /// closures in flight finish before its save, from `now`
+    /// (`GracePlanner::drain_bound`); `peer_timeout` when the notice set no
+    /// deadline or this worker does not lead.
+    fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+        self.shared.drain_bound(now, peer_timeout)
+    }
+
+    /// True once this worker won the claim (or leads in local mode).
+    #[getter]
+    fn leading(&self) -> bool {
+        self.shared.leading()
+    }
+
+    /// The step keys every worker writes `STOP_WATCHER` to at shutdown.
+    fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
+        self.shared.shutdown_keys()
+    }
+
+    /// A snapshot for logs and tests.
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.shared.snapshot(py)
     }
 }

@@ -55,6 +55,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
     m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
     m.add_class::<handler::HandlerCore>()?;
+    m.add_class::<handler::ProtocolCore>()?;
     m.add_class::<handler::NoticeAction>()?;
     m.add_class::<handler::StepAction>()?;
     m.add_class::<handler::KeyAction>()?;

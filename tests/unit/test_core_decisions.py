@@ -24,6 +24,34 @@ def _core(grace: float = 0.0) -> _native.HandlerCore:
     return core
 
 
+# ------------------------------------------------------------------ one core, two views
+
+
+def test_the_protocol_core_and_the_handler_core_are_one_resolver():
+    """``_protocol_core()`` hands the handler's parts the same decisions the native
+    ``run()`` reads: a notice taken through one is the attention of the other, and the
+    run counter is one counter. Holding it does not hold the handler."""
+    import gc
+    import weakref
+
+    core = _native.HandlerCore()
+    protocol = core._protocol_core()
+    protocol.configure(None, 1, 0.0)
+    assert not core._attention and not protocol.attention
+    assert isinstance(protocol.notice(1.0), _native.NoticeAction.Lead)
+    assert core._attention and protocol.attention and core._core_leading and protocol.leading
+    protocol.run_counter = 7
+    core._core_step_done()
+    assert core._run_counter == protocol.run_counter == 8
+    action = protocol.before_step(2.0)
+    assert isinstance(action, _native.StepAction.Save) and action.step == 8
+    assert core._core_state()["agreed_step"] == protocol.state()["agreed_step"] == 8
+    ref = weakref.ref(core)
+    del core
+    gc.collect()
+    assert ref() is None and protocol.attention
+
+
 # ------------------------------------------------------------------ the retry rule
 
 

@@ -45,14 +45,19 @@ module             class                 concern                                
 ``ownership``      ``NoticeOwnership``   one handler per worker acts            driver, reader
 ``ps_steps``       ``PsSteps``           a parameter-server coordinator's       poller,
                                          watch and steps around a save          training
-``records_hooks``  ``RecordsHooks``      each stage as a preemption record      all
+``records_hooks``  ``StageRecords``      each stage as a preemption record      all
 ``checkpoints``    ``Checkpoints``       the checkpoint managers, the run       training
                                          counter, the worker temp dirs
 ``keys``           —                     the keys and the bounds                —
 =================  ====================  =====================================  ==============
 
-Floors: ``keys``, ``retries`` and ``checkpoints`` at the bottom; every other module
-imports only those, the packages below (``_platforms``, ``_cluster``, the parameter-server
-control) and the ground floor (``_native``, ``_errors``, ``records``): never another of
-the classes above, which meet only on the handler, and never the handler.
+``state`` (``HandlerState``) is what the parts share. The parts being turned into
+objects the handler holds (``StageRecords`` as ``_stage_records``) take the state and
+what they need at construction; the others are still bases of the handler.
+
+Floors: ``keys``, ``state``, ``retries``, ``checkpoints`` and ``records_hooks`` at the
+bottom; every other module imports only those, the packages below (``_platforms``,
+``_cluster``, the parameter-server control) and the ground floor (``_native``,
+``_errors``, ``records``): never another of the classes above, which meet only on the
+handler, and never the handler.
 """

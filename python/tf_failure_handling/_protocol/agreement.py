@@ -7,7 +7,7 @@ it starts that step, so every worker has the step before it can finish it (the s
 collectives keep the workers within one step of each other). The wait for the
 acknowledgements is bounded by the peer timeout; a worker that did not answer is named
 in a ``DeadlineExceededError``. The time the round took goes to the grace planner
-(``_core_agreement``).
+(``_core.agreement``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Agreement:
             "final" if round_key == LAST_RUN_TO_CHECKPOINT else "first",
             step,
         )
-        self._record_agreement(round_key, step)
+        self._stage_records.agreement(round_key, step)
         if self._local_mode:
             return
         start = self._state.clock()
@@ -52,7 +52,7 @@ class Agreement:
             )
             return
         self._await_acknowledgements(round_key, step, ack_keys)
-        self._core_agreement(self._state.clock() - start)
+        self._core.agreement(self._state.clock() - start)
 
     def _await_acknowledgements(self, round_key: str, step: int, ack_keys: list) -> None:
         """Waits, bounded by the peer timeout, until every worker acknowledged. A failed

@@ -100,12 +100,12 @@ class ProtocolDriver:
         step keys and key-read failures, then notices) and makes at most one attempt
         at one write, the most urgent that is due:
 
-        * a **step key** goes to the resolver (``_core_step_key``) and, unless it is
+        * a **step key** goes to the resolver (``_core.step_key``) and, unless it is
           ``STOP_WATCHER`` or a newer handler owns the notices, queues its
           acknowledgement;
         * a **key-read failure** (the reader gave up) reaches the next ``run()``;
         * a **notice** waits until the one before it is done, then goes to the
-          resolver (``_core_notice``): claim ``TERMINATED_WORKER`` (then announce it
+          resolver (``_core.notice``): claim ``TERMINATED_WORKER`` (then announce it
           when won), lead (local mode), absorb it, or hand it to a newer handler;
         * a **write** (acknowledge, claim, announce) that fails is retried within the
           core's rule (``retries``), but never by sleeping: the pause before its

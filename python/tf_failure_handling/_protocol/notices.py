@@ -1,6 +1,6 @@
 """What a termination notice of this worker starts, once the driver takes it.
 
-The resolver (``_core_notice``) answers each notice: **claim** ``TERMINATED_WORKER``
+The resolver (``_core.notice``) answers each notice: **claim** ``TERMINATED_WORKER``
 (the first worker to write it leads the round; the others stand down), **lead** at once
 (local mode: there is nobody to claim against), or **absorb** it (this handler already
 acts on an earlier one). A won claim, and a lead, **announce** the notice to the
@@ -62,7 +62,7 @@ class NoticeResponse:
 
     def _on_own_notice(self, notice: Notice) -> Optional[Write]:
         source = notice.source
-        self._record_notice(source, notice.deadline)
+        self._stage_records.notice(source, notice.deadline)
         unix_now = time.time()
         if notice.deadline is not None:
             log.info(
@@ -71,7 +71,7 @@ class NoticeResponse:
                 notice.deadline - unix_now,
             )
         # Platforms announce wall-clock times; the core plans on the handler's clock.
-        action = self._core_source_notice(self._state.clock(), unix_now, notice.deadline)
+        action = self._core.source_notice(self._state.clock(), unix_now, notice.deadline)
         if isinstance(action, NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
             self._ps_on_notice()
@@ -93,7 +93,7 @@ class NoticeResponse:
         """
 
         def claimed(won: bool) -> Optional[Write]:
-            self._core_claim(won)
+            self._core.claim(won)
             if won:
                 log.info("Member %s has received termination notice (%s).", value, source)
                 return self._announce(source)
@@ -106,7 +106,7 @@ class NoticeResponse:
             return None
 
         def failed(error: BaseException) -> None:
-            self._core_claim(False)
+            self._core.claim(False)
             self._fail_in_background(f"handling the notice from {source}", error)
 
         return self._write(

@@ -14,7 +14,7 @@ own RPCs) and:
 * a **worker task's notice** drains that worker (``_ps_control.WorkerDrain``): its closure
   in flight finishes, it gets no new one, and it is released.
 
-Every stage is recorded through the records hooks (``records_hooks``).
+Every stage is recorded through ``StageRecords`` (``records_hooks``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class PsSteps:
     Owns ``_ps_poller``, ``_ps_with_notice``, ``_ps_strategy`` and ``_ps_unfinished``;
     reads ``_sources``, ``_state.grace_period``, ``_state.peer_timeout``, ``_state.clock`` and
     ``_run_counter`` (which it lowers by the closures left unfinished before a save).
-    The bound of that wait is the core's (``_core_drain_bound``).
+    The bound of that wait is the core's (``_core.drain_bound``).
     """
 
     def _start_ps_watch(self, cluster_resolver: Any, checkpoint: Any = None) -> None:
@@ -85,7 +85,7 @@ class PsSteps:
         """What ``run()`` checks before a step, made by ``ClusterCoordinator.join()``
         while it waits (the only place a notice can be seen once everything is
         scheduled)."""
-        if self._attention or self._thread_error is not None:
+        if self._core.attention or self._thread_error is not None:
             self._check_preemption_and_maybe_checkpoint()
 
     def _ps_on_notice(self) -> None:
@@ -103,7 +103,7 @@ class PsSteps:
         self, job: str, task: int, source: str, deadline: Optional[float]
     ) -> None:
         """A PS or worker task's notice (the poller's thread)."""
-        self._record_task_notice(job, task, source, deadline)
+        self._stage_records.task_notice(job, task, source, deadline)
         if job == "ps":
             log.info("Termination notice of ps %d (%s): saving at the next run().", task, source)
             self._ps_with_notice.add(task)
@@ -117,7 +117,7 @@ class PsSteps:
 
     def _on_cluster_release(self, job: str, task: int, reason: str) -> None:
         """The coordinator released a PS or worker task (it exits with the restart code)."""
-        self._record_task_release(job, task, reason)
+        self._stage_records.task_release(job, task, reason)
 
     def _ps_before_save(self) -> None:
         """Holds every worker and lets the closures in flight finish (bounded by the
@@ -142,7 +142,7 @@ class PsSteps:
             return
         # The closures may take until the save must start: the deadline less the
         # longest save seen; without one, peer_timeout bounds the wait.
-        bound = self._core_drain_bound(self._state.clock(), self._state.peer_timeout)
+        bound = self._core.drain_bound(self._state.clock(), self._state.peer_timeout)
         start = self._state.clock()
         unfinished = _ps_control.wait_for_closures(coordinator, bound, self._state.clock)
         self._ps_unfinished = unfinished

@@ -103,4 +103,4 @@ class ErrorReporting:
             raised.__cause__ = error
         if self._thread_error is None:
             self._thread_error = raised
-        self._core_set_pending(True)
+        self._core.set_pending(True)

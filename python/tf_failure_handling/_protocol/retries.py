@@ -5,7 +5,7 @@ The rule is the core's (``src/retry.rs``, the "Failures" table of
 ``src/step_resolution.rs``): a coordination-service error (any ``OpError``: a transient
 failure can look like Unavailable, Internal or Aborted) is retried after a pause that
 doubles from ``RETRY_FIRST_PAUSE`` to ``RETRY_MAX_PAUSE``, until the failures have lasted
-the bound (``HandlerCore._core_retry_bound``) and number at least ``RETRY_MIN_ATTEMPTS``
+the bound (``ProtocolCore.retry_bound``) and number at least ``RETRY_MIN_ATTEMPTS``
 (so a short burst survives a loaded machine); then the last error is raised again, of its
 own type, naming what failed, how often and for how long (:meth:`Retries._named`).
 Anything else is a bug and is not retried. A :class:`~._native.Retry` is one run of
@@ -70,14 +70,14 @@ class Retries:
     error raised when the rule gives up.
 
     Reads ``_id_in_cluster`` and, of ``_state``, the peer timeout, the clock and the
-    closing flag; the bound is the core's (``_core_retry_bound``).
+    closing flag; the bound is the core's (``_core.retry_bound``).
     """
 
     def _retry_bound(self) -> float:
         """Seconds a failing protocol call is retried from now (the core's rule: the
         transient-failure window, or the peer timeout or the time left before the leading
         notice's deadline, at least 1 s, when shorter)."""
-        return self._core_retry_bound(self._state.clock(), self._state.peer_timeout)
+        return self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
 
     def _retry(self) -> Retry:
         """A run of failures of one call, starting now."""

@@ -3,11 +3,11 @@
 Runs on the training thread, in the check before the agreed step (``step_check``). A
 parameter-server coordinator first lets the scheduled closures finish (``ps_steps``);
 then the checkpoint is saved (``_save_checkpoint``, TF's private method of that name) and
-the resolver says what follows (``_core_saved``): **exit**, after the last round, or
+the resolver says what follows (``_core.saved``): **exit**, after the last round, or
 **countdown**, training on through the grace period until the final round. The exit
 stops the step-key reader, removes a non-chief's temporary checkpoint folder, releases
 the parameter servers, writes the ``exit`` record, puts a SLURM job back in the queue,
-and calls ``exit_fn``. Each stage is recorded through the records hooks
+and calls ``exit_fn``. Each stage is recorded through ``StageRecords``
 (``records_hooks``).
 """
 
@@ -31,17 +31,17 @@ class SaveAndExit:
     def _save_checkpoint_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
         self._ps_before_save()
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
-        self._record_save_start(round_key)
+        self._stage_records.save_start(round_key, self._run_counter, **self._ps_save_fields())
         start = self._state.clock()
         try:
             self._save_checkpoint(*args, **kwargs)
         except BaseException as e:
             self._ps_training_goes_on()
-            self._core_save_failed()
-            self._record_save_failed(e)
+            self._core.save_failed()
+            self._stage_records.save_failed(e)
             raise
-        self._record_save_end()
-        after = self._core_saved(round_key, self._state.clock() - start)
+        self._stage_records.save_end(self._write_checkpoint_manager)
+        after = self._core.saved(round_key, self._state.clock() - start)
         if after == SaveAction.Exit:
             # The signal watch stays: until close(), a further notice is absorbed,
             # not handed back to whatever was installed before (which could kill
@@ -51,7 +51,7 @@ class SaveAndExit:
             self._ps_after_save()
             log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
             # Written before exit_fn: one that calls os._exit leaves no later moment.
-            self._record_exit()
+            self._stage_records.exit(_platform.exit_code(self._exit_fn))
             # The scheduler's step (SLURM: the job back in the queue).
             _platform.after_save(self)
             self._exit_fn()
@@ -65,11 +65,11 @@ class SaveAndExit:
             )
         else:
             self._ps_training_goes_on()
-            if self._core_leading:
+            if self._core.leading:
                 log.info(
                     "Continue training for the grace period; the final round starts %.2fs "
                     "before the deadline (save, steps and acknowledgements as measured).",
-                    self._core_state()["margin"],
+                    self._core.state()["margin"],
                 )
             else:
                 log.info("Continue training for the grace period.")

@@ -4,7 +4,7 @@
 with nothing pending it only times the step and calls ``fn``. When a notice needs
 attention, a round was agreed, a background thread failed, or the step raised, it calls
 back here. The check raises a background thread's error, then asks the resolver
-(``_core_before_step``) what this step does: proceed, **publish** the agreed step (the
+(``_core.before_step``) what this step does: proceed, **publish** the agreed step (the
 leader, ``agreement``), or **save** at it (``save``). ``save_checkpoint_if_preempted``
 and the hook tf_keras calls (``_check_preemption_and_maybe_checkpoint``) make the same
 check. As in TensorFlow, the check and the step are inside the error-reporting scope
@@ -31,13 +31,13 @@ class StepCheck:
         error = self._thread_error
         if error is not None:
             self._thread_error = None
-            self._core_set_pending(False)
+            self._core.set_pending(False)
             raise error
-        action = self._core_before_step(self._state.clock())
+        action = self._core.before_step(self._state.clock())
         if isinstance(action, StepAction.Publish):
             self._publish(action.round_key, action.step, action.ack_keys)
             if self._saves_where_it_publishes():
-                action = self._core_before_step(self._state.clock())
+                action = self._core.before_step(self._state.clock())
         if isinstance(action, StepAction.Save):
             self._save_checkpoint_at(action.round_key, action.step, args, kwargs)
 
@@ -47,7 +47,7 @@ class StepCheck:
         try:
             self._act_before_step(args, kwargs or {})
         finally:
-            self._core_after_check()
+            self._core.after_check()
 
     # ``run(fn, *args, **kwargs)`` is native (HandlerCore.run, src/python/handler.rs):
     # it calls these two only when a notice needs attention or the step failed.
@@ -71,7 +71,7 @@ class StepCheck:
 
     def _run_failed(self, error: BaseException) -> BaseException:
         """``run()``'s step raised ``error``: not counted, reported; returns what to raise."""
-        self._core_step_failed()
+        self._core.step_failed()
         replacement = self._reported(error)
         if replacement is None:
             return error

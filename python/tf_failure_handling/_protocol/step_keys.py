@@ -4,7 +4,7 @@ A leader publishes ``RUN_TO_CHECKPOINT`` (and, with a grace period,
 ``LAST_RUN_TO_CHECKPOINT``) = the step every worker saves at. On every worker a reader
 thread (``PeerTerminationWatcher-<id>``) blocks on those keys, in slices of
 :data:`~.keys.PEER_WATCH_SLICE`, and posts each value it reads into the driver's inbox;
-it writes nothing. The driver hands the value to the resolver (``_core_step_key``) and
+it writes nothing. The driver hands the value to the resolver (``_core.step_key``) and
 writes the acknowledgement, ``RECEIVED_SIGNAL_<round>_<id>``, which the leader waits for
 ("Why the driver acknowledges" in ``src/step_resolution.rs``). At shutdown, every
 worker writes ``STOP_WATCHER`` to both step keys, which releases the readers still
@@ -41,11 +41,11 @@ class StepKeyWatch:
 
     def _on_step_key(self, round_key: str, value: str) -> Optional[Write]:
         """A step key the reader posted: the acknowledgement it queues for the driver, if any."""
-        action = self._core_step_key(round_key, value)
+        action = self._core.step_key(round_key, value)
         if isinstance(action, KeyAction.Stop):
             return None
-        if not self._core_leading:
-            self._record_peer_agreement(round_key, value)
+        if not self._core.leading:
+            self._stage_records.peer_agreement(round_key, value)
         if self._current_owner() is not None:
             # A newer handler of this worker acknowledges now.
             return None
@@ -126,7 +126,7 @@ class StepKeyWatch:
             return
         self._peer_thread = None
         if self._current_owner() is None:
-            for key in self._core_shutdown_keys():
+            for key in self._core.shutdown_keys():
                 try:
                     self._state.coordination.set(key, STOP_WATCHER, SHUTDOWN_WRITE_TIMEOUT)
                 except Exception as e:  # noqa: BLE001 - peers may have exited already
