@@ -607,13 +607,17 @@ impl HandlerCore {
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
     fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
-        HandlerCore { shared: Arc::new(Shared::new()) }
+        HandlerCore {
+            shared: Arc::new(Shared::new()),
+        }
     }
 
     /// The decisions of this handler, for its parts (the same resolver; holding it
     /// does not keep the handler alive).
     fn _protocol_core(&self) -> ProtocolCore {
-        ProtocolCore { shared: Arc::clone(&self.shared) }
+        ProtocolCore {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// Completed `run()` calls (TensorFlow's `_run_counter`).
