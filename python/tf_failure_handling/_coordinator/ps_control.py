@@ -87,8 +87,8 @@ EXIT_WAIT = 30.0
 CALL_TIMEOUT = 5.0
 #: Seconds an unreturned call may hold up the next calls to its task. Past it the call
 #: is abandoned (its thread ends on its own, or with the process) and the task is
-#: asked again: a call caught in TensorFlow's update of the cluster after a worker's
-#: restart was seen to never return, and it silenced that worker's notices for good.
+#: asked again, so that one call that never returns cannot hide the task's notices for
+#: good (the likeliest reading of a restarted worker whose notice was never seen).
 ABANDON_AFTER = 30.0
 #: Abandoned calls per task that may be outstanding at once; past them, the task
 #: stays unanswered until one returns (no thread piles up behind a stopped task).
