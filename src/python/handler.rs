@@ -6,7 +6,7 @@
 //! background thread left an error), calls the user's function and counts
 //! the run. Anything else goes to Python methods of the shim
 //! (`_run_check`, `_run_failed`), which ask the [`Resolver`] through the
-//! `_core_*` methods what to do and perform it against TensorFlow.
+//! handler's [`ProtocolCore`] what to do and perform it against TensorFlow.
 //!
 //! `run()` is not a PyO3 method but a raw `METH_FASTCALL` function
 //! ([`run_fastcall`]), for one reason: a daemon thread that CPython ends
