@@ -51,13 +51,13 @@ def one(root: Path, mode: str, index: int) -> tuple:
         records_dir={"off": False, "local": None, "ram": f"ram://bench/{index}/records"}[mode],
     )
     handler = PreemptionCheckpointHandler(None, ckpt, str(root / f"ckpt-{index}"), config)
-    original = handler._save_checkpoint
+    original = handler._checkpoints.save
 
     def timed_save(*args, **kwargs):
         marks.setdefault("save", time.perf_counter())
         return original(*args, **kwargs)
 
-    handler._save_checkpoint = timed_save
+    handler._checkpoints.save = timed_save
 
     def step() -> None:
         time.sleep(0.001)

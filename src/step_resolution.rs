@@ -87,7 +87,7 @@
 //! one ends in a named error on every worker (its own, or the one reported to
 //! the cluster by a peer), never in a silent continuation or a hang. Errors
 //! the driver's threads meet are handed to the next `run()`
-//! (`HandlerCore._core_set_pending` makes it take the slow path).
+//! (`ProtocolCore.set_pending` makes it take the slow path).
 //!
 //! ## Why the driver acknowledges, and how a claim cannot starve it
 //!

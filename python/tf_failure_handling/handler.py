@@ -23,9 +23,7 @@ import logging
 import math
 import numbers
 import os
-import threading
-import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from . import _errors, records
 from ._cluster import coordination as _coordination
@@ -35,7 +33,7 @@ from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from ._protocol.agreement import Agreement
 from ._protocol.checkpoints import Checkpoints
-from ._protocol.driver import ProtocolDriver
+from ._protocol.driver import Driver
 from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys and bounds
     LAST_RUN_TO_CHECKPOINT,
     PEER_TIMEOUT_ENV,
@@ -48,22 +46,20 @@ from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys a
     THREAD_JOIN_TIMEOUT,
 )
 from ._protocol.notices import NoticeResponse
-from ._protocol.ownership import NoticeOwnership
+from ._protocol.ownership import Ownership
 from ._protocol.ps_steps import PsSteps
 from ._protocol.records_hooks import StageRecords
-from ._protocol.reporting import ErrorReporting
+from ._protocol.reporting import ErrorReports
 from ._protocol.retries import (  # noqa: F401 - re-exported: the protocol's retry pauses
     RETRY_FIRST_PAUSE,
     RETRY_MAX_PAUSE,
-    Retries,
+    Retrier,
+    WriteQueue,
 )
 from ._protocol.save import SaveAndExit
 from ._protocol.state import HandlerState
 from ._protocol.step_check import StepCheck
-from ._protocol.step_keys import StepKeyWatch
-
-if TYPE_CHECKING:
-    from ._coordinator.ps_control import ClusterPoller
+from ._protocol.step_keys import StepKeys
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -186,37 +182,26 @@ def _peer_timeout(config: TerminationConfig) -> float:
     return DEFAULT_PEER_TIMEOUT
 
 
-def _state_view(name: str) -> property:
-    """The handler's attribute ``_<name>`` as a view of ``_state.<name>`` (TensorFlow's
-    names, and those tests and other libraries read or set)."""
+#: Open handlers: a handler stays alive until ``close()`` even when the script drops it
+#: (its threads hold only its parts), so that its notices are still acted on.
+_open: set = set()
+
+
+def _view(path: str, writable: bool = False) -> property:
+    """The handler's attribute as a view of ``path`` (``"_state.clock"``): TensorFlow's
+    names, and those tests and other libraries read (or set)."""
+    owner, name = path.split(".")
 
     def get(self: Any) -> Any:
-        return getattr(self._state, name)
+        return getattr(getattr(self, owner), name)
 
     def set_(self: Any, value: Any) -> None:
-        setattr(self._state, name, value)
+        setattr(getattr(self, owner), name, value)
 
-    return property(get, set_, doc=f"``_state.{name}`` (``_protocol/state.py``).")
+    return property(get, set_ if writable else None, doc=f"``{path}``.")
 
 
-class PreemptionCheckpointHandler(
-    # The training thread: the check before a step, the leader's round, the save.
-    StepCheck,
-    Agreement,
-    SaveAndExit,
-    # The driver and reader threads: the inbox, a notice, the step keys.
-    ProtocolDriver,
-    NoticeResponse,
-    StepKeyWatch,
-    # What they share: retries, errors, which handler of a worker acts.
-    Retries,
-    ErrorReporting,
-    NoticeOwnership,
-    # A parameter-server coordinator's steps.
-    PsSteps,
-    # The resolver (src/step_resolution.rs) and the native run().
-    HandlerCore,
-):
+class PreemptionCheckpointHandler(HandlerCore):
     """Saves a checkpoint at one agreed step when any worker gets a termination notice.
 
     Replaces ``tf.distribute.experimental.PreemptionCheckpointHandler`` with the
@@ -245,15 +230,19 @@ class PreemptionCheckpointHandler(
     * GCE CPU and TPU VMs are supported.
     """
 
-    _membership = _state_view("membership")
-    _environment = _state_view("environment")
-    _coordination = _state_view("coordination")
-    _cluster_resolver = _state_view("cluster_resolver")
-    _peer_timeout = _state_view("peer_timeout")
-    _grace_period = _state_view("grace_period")
-    _clock = _state_view("clock")
-    _closing = _state_view("closing")
-    _closed = _state_view("closed")
+    _membership = _view("_state.membership")
+    _environment = _view("_state.environment")
+    _coordination = _view("_state.coordination")
+    _cluster_resolver = _view("_state.cluster_resolver")
+    _peer_timeout = _view("_state.peer_timeout")
+    _grace_period = _view("_state.grace_period")
+    _clock = _view("_state.clock", writable=True)
+    _closed = _view("_state.closed")
+    _thread_error = _view("_errors.pending")
+    _notices_handled = _view("_driver.notices_handled")
+    _checkpoint_time = _view("_checkpoints.last_save_seconds")
+    _read_checkpoint_manager = _view("_checkpoints.read", writable=True)
+    _write_checkpoint_manager = _view("_checkpoints.write", writable=True)
 
     def __init__(
         self,
@@ -262,48 +251,30 @@ class PreemptionCheckpointHandler(
         checkpoint_dir: Optional[str] = None,
         termination_config: Optional[TerminationConfig] = None,
     ) -> None:
-        #: What the parts share (``_protocol/state.py``); first, so that ``__del__`` of a
-        #: handler whose constructor raised finds it.
-        self._state = HandlerState()
+        #: What the parts share; first, so that ``__del__`` of a handler whose
+        #: constructor raised finds it.
+        self._state = state = HandlerState()
         super().__init__()
         #: The decisions (the Rust resolver ``run()`` reads too), for the parts.
-        self._core = self._protocol_core()
-        #: The protocol driver's thread (``_protocol.driver.ProtocolDriver._drive``).
-        self._driver_thread: Optional[threading.Thread] = None
-        self._peer_thread: Optional[threading.Thread] = None
-        self._sources: Optional[_sources.NoticeSources] = None
+        self._core = core = self._protocol_core()
         self._total_run_calls_warned = False
-        #: The newer handler of the same worker that owns the notices now, if any.
-        self._successor: Optional[weakref.ref] = None
-        #: An error a background thread of this handler met; raised by the next run().
-        self._thread_error: Optional[BaseException] = None
-        #: Notices the driver has finished with (acted on, absorbed, handed on or dropped at close).
-        self._notices_handled = 0
-        #: ParameterServerStrategy: the watch over the PS and worker tasks.
-        self._ps_poller: Optional[ClusterPoller] = None
-        #: PS tasks whose notice this coordinator acts on (released after the save).
-        self._ps_with_notice: set = set()
-        #: ParameterServerStrategy: the strategy of the checkpoint's variables (where
-        #: TensorFlow keeps its coordinator), and what the last save left unfinished.
-        self._ps_strategy: Any = None
-        self._ps_unfinished: Any = None
 
         _errors.module()
         config = TerminationConfig._from_any(termination_config)
-        self._state.cluster_resolver = cluster_resolver
+        state.cluster_resolver = cluster_resolver
         self._termination_config = termination_config
         self._checkpoint_or_checkpoint_manager = checkpoint_or_checkpoint_manager
         self._checkpoint_dir = checkpoint_dir
 
-        self._state.membership = _membership.membership(cluster_resolver)
-        self._local_mode = self._state.membership.local
-        self._id_in_cluster = self._state.membership.id_in_cluster
-        self._is_chief = self._state.membership.is_chief
+        state.membership = member = _membership.membership(cluster_resolver)
+        self._local_mode = member.local
+        self._id_in_cluster = member.id_in_cluster
+        self._is_chief = member.is_chief
 
-        self._state.environment = _platform.environment()
-        self._platform_device = self._state.environment.device
+        state.environment = _platform.environment()
+        self._platform_device = state.environment.device
         defaults = _platform.complete(
-            self._state.environment,
+            state.environment,
             config.termination_watcher_fn,
             config.exit_fn,
             config.grace_period,
@@ -311,31 +282,30 @@ class PreemptionCheckpointHandler(
         )
         self._termination_watcher_fn = defaults.watcher_fn
         self._exit_fn = defaults.exit_fn
-        self._state.grace_period = defaults.grace_period
+        state.grace_period = defaults.grace_period
         self._save_fn = config.save_fn
-        self._state.peer_timeout = _peer_timeout(config)
-        self._signals = defaults.signals
+        state.peer_timeout = _peer_timeout(config)
         _platform.attach(self, config)  # each scheduler's options (SLURM's requeue)
 
         self._checkpoints = Checkpoints(
             checkpoint_or_checkpoint_manager,
             checkpoint_dir,
-            self._is_chief,
-            self._state.membership.task_id,
+            member.is_chief,
+            member.task_id,
+            config.save_fn,
         )
         self._api_made_checkpoint_manager = self._checkpoints.api_made
         self._checkpointed_runs = self._checkpoints.counter
 
-        self._state.coordination = (
+        state.coordination = (
             None
-            if self._local_mode
+            if member.local
             else _coordination.Client(
-                _coordination.current(), max(1.0, min(self._state.peer_timeout, 60.0))
+                _coordination.current(), max(1.0, min(state.peer_timeout, 60.0))
             )
         )
 
         self._run_counter = self._checkpoints.restore()
-        member = self._state.membership
         self._records = records.Recorder(
             records.folder_for(
                 # With a save_fn the user saves elsewhere: nothing is written beside
@@ -347,35 +317,62 @@ class PreemptionCheckpointHandler(
             ),
             member.task_type or "local",
             member.task_id or 0,
-            platform=self._state.environment.cloud or self._state.environment.scheduler or "local",
+            platform=state.environment.cloud or state.environment.scheduler or "local",
         )
-        #: Each stage of a preemption as a line of the records (``_records`` writes them).
-        self._stage_records = StageRecords(
+        #: Each stage of a preemption as a line of the records.
+        self._stage_records = stage = StageRecords(
             self._records,
-            self._state,
+            state,
             f"{member.task_type} {member.task_id}" if member.task_type else "local 0",
         )
-        self._stage_records.resumed(self._run_counter)
-        self._core.configure(
-            self._state.membership.worker_id,
-            self._state.membership.num_workers,
-            float(self._state.grace_period),
-            self._state.membership.ps_coordinator,
+        stage.resumed(self._run_counter)
+        core.configure(
+            member.worker_id, member.num_workers, float(state.grace_period), member.ps_coordinator
         )
-        self._start_watchers()
-        self._take_over_notices()
-        if self._state.membership.ps_coordinator:
-            self._start_ps_watch(cluster_resolver, checkpoint_or_checkpoint_manager)
+
+        # The parts, each given what it uses (docs/how-it-works.md, "Who does what").
+        sources = _sources.NoticeSources(
+            state.environment, defaults.signals, defaults.watcher_fn, owner=True
+        )
+        retrier = Retrier(state, core)
+        writes = WriteQueue(retrier, state)
+        self._errors = errors = ErrorReports(state, core)
+        self._ownership = ownership = Ownership(state)
+        ownership.sources = sources
+        self._step_keys = step_keys = StepKeys(
+            state, core, sources, writes, retrier, errors, ownership, stage
+        )
+        self._ps = ps = PsSteps(state, core, stage, sources)
+        self._agreement = agreement = Agreement(state, core, retrier, stage)
+        notices = NoticeResponse(state, core, writes, errors, ownership, stage, ps)
+        saver = SaveAndExit(
+            state,
+            core,
+            self._checkpoints,
+            ps,
+            stage,
+            step_keys,
+            defaults.exit_fn,
+            lambda: _platform.after_save(self),
+        )
+        self._driver = Driver(state, sources, writes, notices, step_keys, errors)
+        self._steps = StepCheck(state, core, agreement, saver, ps, errors)
+
+        self._driver.start()
+        _open.add(self)
+        ownership.take_over()
+        if member.ps_coordinator:
+            ps.start_watch(cluster_resolver, checkpoint_or_checkpoint_manager, self._steps)
         log.info(
             "PreemptionCheckpointHandler initialized or restored: worker %s, %d run(s) restored, "
             "platform %s (cloud %s, scheduler %s), grace period %gs, signals %s.",
             self._id_in_cluster,
             self._run_counter,
             self._platform_device.name,
-            self._state.environment.cloud or "none",
-            self._state.environment.scheduler or "none",
-            self._state.grace_period,
-            ", ".join(_sources.signal_name(s) for s in self._signals),
+            state.environment.cloud or "none",
+            state.environment.scheduler or "none",
+            state.grace_period,
+            ", ".join(_sources.signal_name(s) for s in defaults.signals),
         )
 
     # ------------------------------------------------------------------ API
@@ -387,7 +384,7 @@ class PreemptionCheckpointHandler(
         the checkpoint manager's ``save`` (orbit passes ``checkpoint_number``).
         """
         if self._core.begin_step():
-            self._check_before_step(args, kwargs)
+            self._steps.check(args, kwargs)
         self._core.step_done()
 
     @property
@@ -415,7 +412,7 @@ class PreemptionCheckpointHandler(
         try:
             yield
         except _errors.module().OpError as e:
-            self._propagate_error(e)
+            self._errors.propagate(e)
             raise
 
     def close(self) -> None:
@@ -426,23 +423,27 @@ class PreemptionCheckpointHandler(
         if self._state.closed:
             return
         self._state.closed = True
-        self._give_up_ownership()
-        self._stop_watchers()
+        _open.discard(self)
+        self._ownership.give_up()
+        self._driver.stop()
         self._records.close()
-        self._end_ps_watch()
+        self._ps.end_watch()
 
     def __del__(self) -> None:
         # Never joins, writes to the cluster or starts a thread: __del__ may run
-        # at interpreter exit, where a new thread blocks forever.
-        with contextlib.suppress(Exception):
-            if not self._state.closed:
-                self._state.closed = True
-                self._give_up_ownership()
-                self._state.closing.set()
-                if self._sources is not None:
-                    self._sources.close(join=False)
-                self._records.close(wait=False)
-                self._end_ps_watch(stop_poller=False)
+        # at interpreter exit, where a new thread blocks forever. A handler whose
+        # constructor raised lacks some parts: each step is skipped then.
+        if getattr(self, "_state", None) is None or self._state.closed:
+            return
+        self._state.closed = True
+        for stop in (
+            lambda: self._ownership.give_up(),
+            lambda: self._driver.stop(join=False),
+            lambda: self._records.close(wait=False),
+            lambda: self._ps.end_watch(stop_poller=False),
+        ):
+            with contextlib.suppress(Exception):
+                stop()
 
     # ------------------------------------------- hooks other libraries call
 
@@ -456,38 +457,31 @@ class PreemptionCheckpointHandler(
         the time between two calls (less any save or agreement) is a step time for the
         grace period's plan.
         """
-        self._core.begin_step()
-        try:
-            self._act_before_step(args, kwargs)
-        finally:
-            self._core.after_check()
-
-    @property
-    def _read_checkpoint_manager(self) -> Any:
-        """The manager restored from at construction (TF's attribute; tf_keras assigns
-        its own after construction, as TF's handler allows)."""
-        return self._checkpoints.read
-
-    @_read_checkpoint_manager.setter
-    def _read_checkpoint_manager(self, manager: Any) -> None:
-        self._checkpoints.read = manager
-
-    @property
-    def _write_checkpoint_manager(self) -> Any:
-        """The manager a preemption save goes through (TF's attribute; assignable)."""
-        return self._checkpoints.write
-
-    @_write_checkpoint_manager.setter
-    def _write_checkpoint_manager(self, manager: Any) -> None:
-        self._checkpoints.write = manager
+        self._steps.check_now(args, kwargs)
 
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Saves now, recording the run count (TF's private method of this name)."""
-        start = self._state.clock()
-        self._checkpoints.save(self._run_counter, self._save_fn, args, kwargs)
-        self._checkpoint_time = self._state.clock() - start
-        log.info(
-            "Checkpoint finished at path %s in %.3fs.",
-            self._write_checkpoint_manager.directory,
-            self._checkpoint_time,
-        )
+        self._checkpoints.save(self._run_counter, args, kwargs, self._state.clock)
+
+    def _propagate_error(self, error: BaseException) -> Optional[BaseException]:
+        """Reports a step's ``OpError`` to every worker (keras.py calls it)."""
+        return self._errors.propagate(error)
+
+    def _notify_termination(self, deadline: Optional[float] = None) -> None:
+        """Delivers a notice as a termination source would (used by ``testing``);
+        ``deadline`` is on the handler's clock."""
+        self._driver.notify(deadline)
+
+    # The native run() calls these three on the slow path.
+
+    def _run_with_keywords(
+        self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """``run(distributed_train_function=f, ...)``: TF's signature, by keyword."""
+        return self.run(distributed_train_function, *args, **kwargs)
+
+    def _run_check(self) -> None:
+        self._steps.run_check()
+
+    def _run_failed(self, error: BaseException) -> BaseException:
+        return self._steps.run_failed(error)

@@ -33,20 +33,20 @@ use super::errors;
 use crate::grace::GracePlanner;
 use crate::step_resolution::{self as core, Membership, Notice, Resolver, Round};
 
-/// What to do about a termination notice (`HandlerCore._core_notice`).
+/// What to do about a termination notice (`ProtocolCore.notice`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 pub enum NoticeAction {
     /// Local mode, or a worker that already won the claim: lead the response.
     Lead {},
     /// Claim `key` (TERMINATED_WORKER) with `value` (this worker's id); the
-    /// outcome goes back through `_core_claim`.
+    /// outcome goes back through `ProtocolCore.claim`.
     Claim { key: String, value: String },
     /// A notice is already being handled (or was, and the handler exited):
     /// absorbed.
     Absorb {},
 }
 
-/// What to do before the next step (`HandlerCore._core_before_step`).
+/// What to do before the next step (`ProtocolCore.before_step`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 pub enum StepAction {
     /// Nothing to do: run the step.
@@ -62,7 +62,7 @@ pub enum StepAction {
     Save { round_key: String, step: u64 },
 }
 
-/// What to do with a step key a leader published (`HandlerCore._core_step_key`).
+/// What to do with a step key a leader published (`ProtocolCore.step_key`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 pub enum KeyAction {
     /// Write `ack_key`; then watch `next_round_key` (the final round), if any.
@@ -71,7 +71,7 @@ pub enum KeyAction {
     Stop {},
 }
 
-/// What follows a save (`HandlerCore._core_saved`).
+/// What follows a save (`ProtocolCore.saved`).
 #[pyclass(frozen, eq, eq_int, module = "tf_failure_handling._native")]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum SaveAction {
@@ -164,7 +164,7 @@ impl Shared {
         let CoreState { resolver, planner, .. } = &mut *guard;
         let resolver = resolver
             .as_mut()
-            .ok_or_else(|| errors::misuse("the handler core is not configured (call _core_configure first)"))?;
+            .ok_or_else(|| errors::misuse("the handler core is not configured (call configure first)"))?;
         let out = f(resolver, planner);
         self.attention.store(resolver.needs_attention(), Ordering::Release);
         out
@@ -642,85 +642,6 @@ impl HandlerCore {
     fn _core_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.shared.snapshot(py)
     }
-
-    // The decisions under their former names, until every part holds a
-    // `ProtocolCore` (issue 35): each forwards to `Shared`.
-
-    fn _core_begin_step(&self) -> bool {
-        self.shared.begin_step()
-    }
-
-    fn _core_set_pending(&self, pending: bool) {
-        self.shared.set_pending(pending)
-    }
-
-    fn _core_after_check(&self) {
-        self.shared.after_check()
-    }
-
-    fn _core_step_failed(&self) {
-        self.shared.step_failed()
-    }
-
-    fn _core_step_done(&self) {
-        self.shared.step_done()
-    }
-
-    #[pyo3(signature = (worker_id, num_workers, grace_period, save_at_current_run=false))]
-    fn _core_configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
-        self.shared.configure(worker_id, num_workers, grace_period, save_at_current_run)
-    }
-
-    #[pyo3(signature = (now, deadline=None))]
-    fn _core_notice(&self, now: f64, deadline: Option<f64>) -> PyResult<NoticeAction> {
-        self.shared.notice(Notice { at: now, deadline })
-    }
-
-    #[pyo3(signature = (now, unix_now, unix_deadline=None))]
-    fn _core_source_notice(&self, now: f64, unix_now: f64, unix_deadline: Option<f64>) -> PyResult<NoticeAction> {
-        self.shared.notice(Notice::from_unix(now, unix_now, unix_deadline))
-    }
-
-    fn _core_claim(&self, won: bool) -> PyResult<()> {
-        self.shared.claim(won)
-    }
-
-    fn _core_step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
-        self.shared.step_key(round_key, value)
-    }
-
-    fn _core_before_step(&self, now: f64) -> PyResult<StepAction> {
-        self.shared.before_step(now)
-    }
-
-    fn _core_saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
-        self.shared.saved(round_key, duration)
-    }
-
-    fn _core_save_failed(&self) -> PyResult<()> {
-        self.shared.save_failed()
-    }
-
-    fn _core_agreement(&self, duration: f64) -> PyResult<()> {
-        self.shared.agreement(duration)
-    }
-
-    fn _core_retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
-        self.shared.retry_bound(now, peer_timeout)
-    }
-
-    fn _core_drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
-        self.shared.drain_bound(now, peer_timeout)
-    }
-
-    #[getter(_core_leading)]
-    fn core_leading(&self) -> bool {
-        self.shared.leading()
-    }
-
-    fn _core_shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
-        self.shared.shutdown_keys()
-    }
 }
 
 #[pymethods]
@@ -841,6 +762,13 @@ impl ProtocolCore {
     }
 
     /// True once this worker won the claim (or leads in local mode).
+    /// Seconds before the deadline the final round starts (save, steps and
+    /// acknowledgements as measured): for the log of a countdown.
+    #[getter]
+    fn margin(&self) -> f64 {
+        self.shared.state.lock().planner.margin()
+    }
+
     #[getter]
     fn leading(&self) -> bool {
         self.shared.leading()

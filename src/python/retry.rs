@@ -4,7 +4,7 @@
 //! The driver, the reader of the step keys and the training thread each hold
 //! a `Retry` for the call they are repeating; the rule (pauses, bound, when
 //! to give up) is decided here, and Python only waits and logs. The bound
-//! itself comes from `HandlerCore._core_retry_bound`, which knows the
+//! itself comes from `ProtocolCore.retry_bound`, which knows the
 //! leading notice's deadline.
 //!
 //! `Writes` is the driver's side: which of its writes to attempt now and

@@ -32,7 +32,7 @@ import logging
 
 import pytest
 from tf_failure_handling import _errors
-from tf_failure_handling._protocol.retries import Retries
+from tf_failure_handling._protocol.retries import Retrier
 
 from . import run as long_mode
 from . import simulation
@@ -317,7 +317,7 @@ def test_the_harness_catches_an_error_that_does_not_name_the_fault(monkeypatch):
     def anonymous(self, error, what, attempts, seconds):
         return _errors.make("UnavailableError", "something failed")
 
-    monkeypatch.setattr(Retries, "_named", anonymous)
+    monkeypatch.setattr(Retrier, "named", anonymous)
     result = run_trial(outage_plan("publish"))
     assert result.struck and result.wrong_outcome == 1, result.violations
     assert any("does not name the failure of publish" in v for v in result.violations), (
@@ -328,7 +328,7 @@ def test_the_harness_catches_an_error_that_does_not_name_the_fault(monkeypatch):
 def test_the_harness_catches_a_call_given_up_at_the_first_failure(monkeypatch):
     """A driver that does not retry (a retry bound of 0): one failed claim loses the
     preemption, and the trial says the driver gave up before its bound."""
-    monkeypatch.setattr(Retries, "_retry_bound", lambda self: 0.0)
+    monkeypatch.setattr(Retrier, "bound", lambda self: 0.0)
     result = run_trial(targeted_plan("claim", 2))
     assert result.struck and not result.ok
     assert any("before the retry bound" in v for v in result.violations), result.violations

@@ -161,12 +161,15 @@ class PublishRecorder(PreemptionCheckpointHandler):
         self.publish_times: list = []
         self.publish_plans: list = []
         super().__init__(*args, **kwargs)
+        publish = self._agreement.publish
 
-    def _publish(self, round_key: str, step: int, ack_keys: list) -> None:
-        self.publishes.append((self._run_counter, step, round_key))
-        self.publish_times.append(self._clock())
-        self.publish_plans.append(self._core_state())
-        super()._publish(round_key, step, ack_keys)
+        def recorded(round_key: str, step: int, ack_keys: list) -> None:
+            self.publishes.append((self._run_counter, step, round_key))
+            self.publish_times.append(self._clock())
+            self.publish_plans.append(self._core_state())
+            publish(round_key, step, ack_keys)
+
+        self._agreement.publish = recorded
 
 
 @pytest.fixture

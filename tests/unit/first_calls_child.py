@@ -109,11 +109,12 @@ def closure_queue() -> None:
 
 def handler_core() -> None:
     core = _native.HandlerCore()
-    core._core_configure(0, 2, 0.0)
+    protocol = core._protocol_core()
+    protocol.configure(0, 2, 0.0)
     assert core.run(lambda x: x + 1, 1) == 2
-    core._core_begin_step()
+    protocol.begin_step()
     core._core_state()
-    core._core_notice(0.0, None)
+    protocol.notice(0.0, None)
 
 
 def inbox() -> None:

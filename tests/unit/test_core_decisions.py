@@ -1,6 +1,6 @@
 """Decisions the Rust core makes for the Python threads: the retry rule (``src/retry.rs``)
-and the bounds that depend on the leading notice (``_core_retry_bound``,
-``_core_drain_bound``), and the schedulers reached only through their registry."""
+and the bounds that depend on the leading notice (``ProtocolCore.retry_bound``,
+``ProtocolCore.drain_bound``), and the schedulers reached only through their registry."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from tf_failure_handling._platforms import kubernetes, platform, registry, slurm
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
 
 
-def _core(grace: float = 0.0) -> _native.HandlerCore:
-    core = _native.HandlerCore()
-    core._core_configure(None, 1, grace)
+def _core(grace: float = 0.0) -> _native.ProtocolCore:
+    core = _native.HandlerCore()._protocol_core()
+    core.configure(None, 1, grace)
     return core
 
 
@@ -42,9 +42,9 @@ def test_the_protocol_core_and_the_handler_core_are_one_resolver():
     protocol.configure(None, 1, 0.0)
     assert not core._attention and not protocol.attention
     assert isinstance(protocol.notice(1.0), _native.NoticeAction.Lead)
-    assert core._attention and protocol.attention and core._core_leading and protocol.leading
+    assert core._attention and protocol.attention and protocol.leading
     protocol.run_counter = 7
-    core._core_step_done()
+    protocol.step_done()
     assert core._run_counter == protocol.run_counter == 8
     action = protocol.before_step(2.0)
     # The agreed step is the next one (TF: the largest run count + 1).
@@ -96,19 +96,19 @@ def test_nothing_is_retried_while_closing_or_after_last_attempt():
 
 def test_the_retry_bound_is_the_window_until_a_notice_leads():
     core = _core(grace=30.0)
-    assert core._core_retry_bound(0.0, 300.0) == _native.TRANSIENT_FAILURE_WINDOW
-    assert core._core_retry_bound(0.0, 3.0) == 3.0
-    core._core_notice(100.0, 104.0)  # local mode: this worker leads at once
-    assert core._core_leading
-    assert core._core_retry_bound(100.0, 300.0) == pytest.approx(4.0)
-    assert core._core_retry_bound(103.9, 300.0) == 1.0  # at least a second
+    assert core.retry_bound(0.0, 300.0) == _native.TRANSIENT_FAILURE_WINDOW
+    assert core.retry_bound(0.0, 3.0) == 3.0
+    core.notice(100.0, 104.0)  # local mode: this worker leads at once
+    assert core.leading
+    assert core.retry_bound(100.0, 300.0) == pytest.approx(4.0)
+    assert core.retry_bound(103.9, 300.0) == 1.0  # at least a second
 
 
 def test_a_sources_unix_deadline_is_converted_once_by_the_core():
     core = _core(grace=60.0)
-    core._core_source_notice(100.0, 1_700_000_000.0, 1_700_000_004.0)
-    assert core._core_retry_bound(100.0, 300.0) == pytest.approx(4.0)
-    assert core._core_state()["deadline"] == pytest.approx(104.0)
+    core.source_notice(100.0, 1_700_000_000.0, 1_700_000_004.0)
+    assert core.retry_bound(100.0, 300.0) == pytest.approx(4.0)
+    assert core.state()["deadline"] == pytest.approx(104.0)
 
 
 # ------------------------------------------------------------------ the PS drain bound
@@ -116,16 +116,16 @@ def test_a_sources_unix_deadline_is_converted_once_by_the_core():
 
 def test_the_drain_bound_is_the_peer_timeout_without_a_leading_deadline():
     core = _core()
-    assert core._core_drain_bound(0.0, 77.0) == 77.0
-    core._core_notice(10.0, None)  # no grace period, no platform deadline
-    assert core._core_drain_bound(10.0, 77.0) == 77.0
+    assert core.drain_bound(0.0, 77.0) == 77.0
+    core.notice(10.0, None)  # no grace period, no platform deadline
+    assert core.drain_bound(10.0, 77.0) == 77.0
 
 
 def test_the_drain_bound_leaves_the_longest_save_before_the_deadline():
     core = _core(grace=60.0)
-    core._core_notice(0.0, 30.0)
-    assert core._core_drain_bound(10.0, 77.0) == pytest.approx(20.0)
-    assert core._core_drain_bound(40.0, 77.0) == 0.0
+    core.notice(0.0, 30.0)
+    assert core.drain_bound(10.0, 77.0) == pytest.approx(20.0)
+    assert core.drain_bound(40.0, 77.0) == 0.0
 
 
 # ------------------------------------------------------------------ the driver's writes

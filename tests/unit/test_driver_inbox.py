@@ -2,7 +2,7 @@
 
 ``_native.Inbox`` (``src/inbox.rs``) carries the notices of every source, the step keys
 the reader posts, a reader's failure and the stop of ``close()``; one driver loop
-(``ProtocolDriver._drive``, ``_protocol/driver.py``) takes them. The outcomes that count
+(``Driver._drive``, ``_protocol/driver.py``) takes them. The outcomes that count
 as success:
 
 * the binding keeps the inbox's contract (order, stop, drain, timeouts, a failure's
@@ -126,7 +126,7 @@ def _worker_0(make_handler, tmp_path, service):
 def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_handler, tmp_path):
     service = GatedService("TERMINATED_WORKER", "hold")
     h = _worker_0(make_handler, tmp_path, service)
-    driver = h._driver_thread
+    driver = h._driver.thread
 
     # The driver takes a first notice and is held inside its claim...
     h._notify_termination()
@@ -134,10 +134,10 @@ def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_h
     # ...while a second notice, a step key (as the reader posts it) and the stop of
     # close() arrive together.
     h._notify_termination()
-    assert h._sources.inbox.post_step_key("RUN_TO_CHECKPOINT", "7")
+    assert h._driver.sources.inbox.post_step_key("RUN_TO_CHECKPOINT", "7")
     closer = threading.Thread(target=h.close)
     closer.start()
-    wait_until(lambda: h._sources.inbox.stopped, what="close() to stop the inbox")
+    wait_until(lambda: h._driver.sources.inbox.stopped, what="close() to stop the inbox")
     service.released.set()
     closer.join(HANG)
     assert not closer.is_alive() and not driver.is_alive(), "the driver did not end"
@@ -162,14 +162,14 @@ def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(
     make_handler, tmp_path, monkeypatch
 ):
     # The claim fails until the test lets it through; the bound must not end it first.
-    monkeypatch.setattr(retries.Retries, "_retry_bound", lambda self: HANG * 10)
+    monkeypatch.setattr(retries.Retrier, "bound", lambda self: HANG * 10)
     service = GatedService("TERMINATED_WORKER", "fail")
     h = _worker_0(make_handler, tmp_path, service)
 
     h._notify_termination()
     assert service.entered.wait(HANG), "the claim never started"
     # A leader (worker 1) published while this worker's claim is being retried.
-    assert h._sources.inbox.post_step_key("RUN_TO_CHECKPOINT", "5")
+    assert h._driver.sources.inbox.post_step_key("RUN_TO_CHECKPOINT", "5")
     wait_until(lambda: service.value(ACK_0) == "1", what="the acknowledgement")
     assert "TERMINATED_WORKER" not in service.writes, "the claim was let through early"
     assert service.failures >= 1

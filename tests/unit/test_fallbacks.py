@@ -48,7 +48,7 @@ def test_a_blocking_watcher_fn_does_not_hide_other_notices(make_handler, tmp_pat
     finally:
         release.set()
         # Let the released call finish here, not in (and log into) the next test.
-        poller = h._sources._poller
+        poller = h._driver.sources._poller
         poller.join(30.0)
         assert not poller.is_alive()
 

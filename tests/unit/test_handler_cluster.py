@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability.simulation import VirtualClock
 from tf_failure_handling import TerminationConfig, _errors, testing
-from tf_failure_handling.handler import PreemptionCheckpointHandler
+from tf_failure_handling._protocol.step_keys import StepKeys
 
 from .conftest import RecordingCheckpoint, wait_until
 
@@ -259,7 +259,7 @@ def test_uninterrupted_run_writes_only_stop_watcher_keys(tmp_path):
     # Nobody was noticed; closing the handlers released the blocked peer watchers.
     assert cluster.service.keys() == ["LAST_RUN_TO_CHECKPOINT", "RUN_TO_CHECKPOINT"]
     assert cluster.service.value("RUN_TO_CHECKPOINT") == "STOP_WATCHER"
-    assert all(not h._peer_thread for _, h in record.values())
+    assert all(not h._step_keys.thread for _, h in record.values())
     assert all(c.saved_runs == [] for c, _ in record.values())
 
 
@@ -458,13 +458,13 @@ def worker_2_never_acknowledges(monkeypatch):
 
     (A failed acknowledgement is retried; test_protocol_faults.py covers those.)
     """
-    original = PreemptionCheckpointHandler._watch_step_keys_until_done
+    original = StepKeys._watch_until_done
 
     def watch(self):
-        if self._id_in_cluster != "2":
+        if self._state.membership.id_in_cluster != "2":
             original(self)
 
-    monkeypatch.setattr(PreemptionCheckpointHandler, "_watch_step_keys_until_done", watch)
+    monkeypatch.setattr(StepKeys, "_watch_until_done", watch)
 
 
 # Backstop above its own bound: one cluster run (+ 30 s).

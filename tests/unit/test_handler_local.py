@@ -679,7 +679,7 @@ def test_pathlike_checkpoint_dir_is_accepted(make_handler, tmp_path):
 
 def test_close_is_idempotent_and_stops_the_watcher(make_handler, tmp_path):
     h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
-    thread = h._driver_thread
+    thread = h._driver.thread
     assert thread is not None and thread.is_alive()
     h.close()
     h.close()

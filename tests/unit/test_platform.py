@@ -812,4 +812,4 @@ def test_handler_off_cloud_has_borg_defaults(make_handler, tmp_path):
     assert h._termination_watcher_fn is None
     assert h._exit_fn is shared.default_exit_fn
     assert h._grace_period == 0
-    assert tuple(h._signals) == (signal.SIGTERM,)
+    assert tuple(h._driver.sources.signals) == (signal.SIGTERM,)

@@ -177,8 +177,9 @@ _installed: Optional[TaskControl] = None
 _coordinators: weakref.WeakSet = weakref.WeakSet()
 
 
-#: Open handlers of a ParameterServerStrategy coordinator in this process.
-_handlers: weakref.WeakSet = weakref.WeakSet()
+#: The step checks of the open handlers of a ParameterServerStrategy coordinator in
+#: this process (each has ``closed`` and ``check_in_join()``).
+_join_checks: weakref.WeakSet = weakref.WeakSet()
 #: Seconds ``ClusterCoordinator.join()`` waits between two looks at the handler.
 JOIN_SLICE = 0.2
 
@@ -188,13 +189,13 @@ def register_coordinator(coordinator: Any) -> None:
     _coordinators.add(coordinator)
 
 
-def register_handler(handler: Any) -> None:
-    """Called by a coordinator's ``PreemptionCheckpointHandler``; see :func:`join`."""
-    _handlers.add(handler)
+def register_join(check: Any) -> None:
+    """Called by a coordinator's handler with its step check; see :func:`join`."""
+    _join_checks.add(check)
 
 
-def unregister_handler(handler: Any) -> None:
-    _handlers.discard(handler)
+def unregister_join(check: Any) -> None:
+    _join_checks.discard(check)
 
 
 def join(queue: Any) -> None:
@@ -207,14 +208,14 @@ def join(queue: Any) -> None:
     come. Without an open handler this is ``queue.wait()``, as TensorFlow.
     """
     while True:
-        handlers = [h for h in list(_handlers) if not h._closed]
-        if not handlers:
+        checks = [c for c in list(_join_checks) if not c.closed]
+        if not checks:
             queue.wait()
             return
         if queue.wait(timeout=JOIN_SLICE):
             return
-        for handler in handlers:
-            handler._check_in_join()
+        for check in checks:
+            check.check_in_join()
 
 
 def _job_task(device: str) -> tuple:

@@ -17,31 +17,38 @@ import time
 from typing import Optional
 
 from .. import _errors
+from .._native import ProtocolCore
 from .keys import LAST_RUN_TO_CHECKPOINT, PEER_TIMEOUT_ENV
-from .retries import Retry
+from .records_hooks import StageRecords
+from .retries import Retrier, Retry
+from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
 
 class Agreement:
-    """Publishes the agreed step and awaits the acknowledgements (the leader).
+    """Publishes the agreed step and awaits the acknowledgements (the leader)."""
 
-    Reads ``_local_mode``, ``_id_in_cluster`` and, of ``_state``, the coordination
-    service, the peer timeout and the clock; retries through ``_retrying`` (``retries``).
-    """
+    def __init__(
+        self, state: HandlerState, core: ProtocolCore, retrier: Retrier, records: StageRecords
+    ) -> None:
+        self._state = state
+        self._core = core
+        self._retrier = retrier
+        self._records = records
 
-    def _publish(self, round_key: str, step: int, ack_keys: list) -> None:
+    def publish(self, round_key: str, step: int, ack_keys: list) -> None:
         log.info(
             "Worker %s leads the %s round: every worker saves after run %d.",
-            self._id_in_cluster,
+            self._state.membership.id_in_cluster,
             "final" if round_key == LAST_RUN_TO_CHECKPOINT else "first",
             step,
         )
-        self._stage_records.agreement(round_key, step)
-        if self._local_mode:
+        self._records.agreement(round_key, step)
+        if self._state.membership.local:
             return
         start = self._state.clock()
-        published = self._retrying(
+        published = self._retrier.call(
             f"publishing {round_key}={step}",
             lambda: self._state.coordination.set(round_key, str(step)),
         )
@@ -51,10 +58,10 @@ class Agreement:
                 round_key,
             )
             return
-        self._await_acknowledgements(round_key, step, ack_keys)
+        self._await(round_key, step, ack_keys)
         self._core.agreement(self._state.clock() - start)
 
-    def _await_acknowledgements(self, round_key: str, step: int, ack_keys: list) -> None:
+    def _await(self, round_key: str, step: int, ack_keys: list) -> None:
         """Waits, bounded by the peer timeout, until every worker acknowledged. A failed
         read counts as "not yet" until reads have failed, without a read that answered,
         for longer than the core's retry bound (then the named error)."""
@@ -71,8 +78,8 @@ class Agreement:
             except _errors.module().OpError as e:
                 # A failed read is retried like a slow peer, but a failure that lasts
                 # longer than the bound is the service's (a peer reported an error).
-                retry = retry or self._retry()
-                self._wait_to_retry(retry, f"reading {pending[0]}", e, max(0.0, remaining))
+                retry = retry or self._retrier.retry()
+                self._retrier.wait(retry, f"reading {pending[0]}", e, max(0.0, remaining))
                 last_error = e
                 continue
             retry = None
@@ -84,7 +91,7 @@ class Agreement:
         if retry is not None and last_error is not None:
             # The wait ended while reads were failing: the service's error, not a
             # silent peer, is what to report.
-            raise self._named(
+            raise self._retrier.named(
                 last_error,
                 f"reading {pending[0]}",
                 retry.attempts,
@@ -105,7 +112,8 @@ class Agreement:
         workers = ", ".join(k.rsplit("_", 1)[1] for k in missing)
         raise _errors.make(
             "DeadlineExceededError",
-            f"Worker {self._id_in_cluster} published {round_key}={step} but worker(s) "
+            f"Worker {self._state.membership.id_in_cluster} published {round_key}={step} but "
+            f"worker(s) "
             f"{workers} did not acknowledge within {self._state.peer_timeout:g}s "
             f"(missing keys: {', '.join(missing)}).{cause} Set "
             f"TerminationConfig(peer_timeout=...) or {PEER_TIMEOUT_ENV} to wait longer.",

@@ -16,11 +16,14 @@ with ``make_manager(directory, max_to_keep)`` and ``make_counter()``, a manager 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 from typing import Any, Optional
 
 from .. import _errors
+
+log = logging.getLogger("tf_failure_handling")
 
 COUNTER_NAME = "checkpointed_runs"
 
@@ -121,7 +124,11 @@ class Checkpoints:
         checkpoint_dir: Optional[str],
         is_chief: bool,
         task_id: Optional[int],
+        save_fn: Any = None,
     ) -> None:
+        self.save_fn = save_fn
+        #: Seconds the last save took (TF's ``_checkpoint_time``).
+        self.last_save_seconds: Optional[float] = None
         if checkpoint_dir is not None:
             if not isinstance(checkpoint_dir, (str, os.PathLike)):
                 raise TypeError(
@@ -213,14 +220,22 @@ class Checkpoints:
             raise clearer from e
         return int(self.counter.numpy())
 
-    def save(self, run_count: int, save_fn: Any, args: tuple, kwargs: dict) -> None:
-        """Records ``run_count`` in the counter and saves through ``save_fn`` or the manager."""
+    def save(self, run_count: int, args: tuple, kwargs: dict, clock: Any) -> None:
+        """Records ``run_count`` in the counter and saves through ``save_fn`` or the
+        write manager; the time it took (on ``clock``) is ``last_save_seconds``."""
+        start = clock()
         self.counter.assign(run_count)
         with _preemption_save_context():
-            if save_fn is not None:
-                save_fn(*args, **kwargs)
+            if self.save_fn is not None:
+                self.save_fn(*args, **kwargs)
             else:
                 self.write.save(*args, **kwargs)
+        self.last_save_seconds = clock() - start
+        log.info(
+            "Checkpoint finished at path %s in %.3fs.",
+            self.write.directory,
+            self.last_save_seconds,
+        )
 
     def remove_worker_temp(self, is_chief: bool) -> None:
         """Deletes ``workertemp_<task_id>`` of a non-chief whose manager the handler made."""

@@ -6,15 +6,14 @@ input arrives in one inbox (``_native.Inbox``, ``src/inbox.rs``, behind
 ``NoticeSources``): notices from every termination source (the Rust signal dispatcher and
 metadata pollers post them directly; the watcher-fn poller and ``testing`` from Python),
 the step keys a leader publishes (posted by the reader thread of ``step_keys``), a
-reader's failure, and the stop of ``close()``. One loop (:meth:`ProtocolDriver._drive`)
+reader's failure, and the stop of ``close()``. One loop (:meth:`Driver._drive`)
 takes them one at a time and makes at most one attempt at one write a turn: the one the
 core's ``Writes`` (``src/writes.rs``) polls as due, which also says when to wake for the
 next (it never sleeps). What an input starts is decided elsewhere: a notice in
 ``notices``, a step key's acknowledgement in ``step_keys``.
 
 This module owns the handler's threads: it starts the driver and the reader
-(:meth:`ProtocolDriver._start_watchers`) and stops both at ``close()``
-(:meth:`ProtocolDriver._stop_watchers`).
+(:meth:`Driver.start`) and stops both at ``close()`` (:meth:`Driver.stop`).
 """
 
 from __future__ import annotations
@@ -25,73 +24,75 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-from .._native import Input, WriteKind, Writes
+from .._native import Input, WriteKind
 from .._platforms import notice_sources as _sources
 from .keys import THREAD_JOIN_TIMEOUT
-from .retries import Write
+from .notices import NoticeResponse
+from .reporting import ErrorReports
+from .retries import Write, WriteQueue
+from .state import HandlerState
+from .step_keys import StepKeys
 
 log = logging.getLogger("tf_failure_handling")
 
 
-class ProtocolDriver:
-    """The driver thread's loop over the inbox, and the handler's threads.
+class Driver:
+    """The driver thread's loop over the inbox (``sources``), and the handler's threads."""
 
-    Owns ``_sources``, ``_driver_thread``, ``_peer_thread``, ``_notices_handled`` and the
-    writes (``_writes``, the core's schedule; ``_pending_writes``, each one's call);
-    reads ``_state.closing``, ``_state.environment``, ``_signals``, ``_termination_watcher_fn``,
-    ``_local_mode``, ``_id_in_cluster`` and ``_state.clock``. The inputs go to
-    ``_start_notice`` (``notices``) and ``_on_step_key`` (``step_keys``), the writes to
-    ``_attempt`` (``retries``), an error to ``_fail_in_background`` (``reporting``).
-    """
+    def __init__(
+        self,
+        state: HandlerState,
+        sources: _sources.NoticeSources,
+        writes: WriteQueue,
+        notices: NoticeResponse,
+        step_keys: StepKeys,
+        errors: ErrorReports,
+    ) -> None:
+        self._state = state
+        self.sources = sources
+        self._writes = writes
+        self._notices = notices
+        self._step_keys = step_keys
+        self._errors = errors
+        self.thread: Optional[threading.Thread] = None
+        #: Notices finished with (acted on, absorbed, handed on or dropped at close).
+        self.notices_handled = 0
 
-    def _start_watchers(self) -> None:
-        self._writes = Writes()
-        self._pending_writes: dict = {}
-        self._sources = _sources.NoticeSources(
-            self._state.environment, self._signals, self._termination_watcher_fn, owner=True
-        )
+    def start(self) -> None:
+        """Starts the driver thread and, outside local mode, the step-key reader."""
         # Named as TF's notice thread (tools and tests look for it by name).
-        self._driver_thread = threading.Thread(
+        self.thread = threading.Thread(
             target=self._drive,
-            name=f"WorkerTerminationSignalWatcher-{self._id_in_cluster}",
+            name=f"WorkerTerminationSignalWatcher-{self._state.membership.id_in_cluster}",
             daemon=True,
         )
-        self._driver_thread.start()
-        if not self._local_mode:
-            self._peer_thread = threading.Thread(
-                target=self._watch_step_keys,
-                name=f"PeerTerminationWatcher-{self._id_in_cluster}",
-                daemon=True,
-            )
-            self._peer_thread.start()
+        self.thread.start()
+        if not self._state.membership.local:
+            self._step_keys.start_reader()
 
-    def _notify_termination(self, deadline: Optional[float] = None) -> None:
+    def notify(self, deadline: Optional[float] = None) -> None:
         """Delivers a notice as a termination source would (used by ``testing``).
 
         ``deadline`` is on the handler's clock (``time.monotonic()``). A notice after the
         handler exited or was closed is ignored, as a signal would be.
         """
-        sources = self._sources
         unix_deadline = None if deadline is None else time.time() + (deadline - self._state.clock())
-        if (
-            sources is None
-            or self._state.closing.is_set()
-            or not sources.trigger("a termination source", unix_deadline)
+        if self._state.closing.is_set() or not self.sources.trigger(
+            "a termination source", unix_deadline
         ):
             log.info("Termination notice after shutdown ignored.")
 
-    def _stop_watchers(self) -> None:
-        """``close()``: stops the inbox (the driver takes ``Stop``) and joins the threads."""
+    def stop(self, join: bool = True) -> None:
+        """``close()``: stops the inbox (the driver takes ``Stop``) and joins the threads;
+        ``__del__`` passes ``join=False`` and nothing is joined or written."""
         self._state.closing.set()
-        if self._sources is not None:
-            self._sources.close()
-        if (
-            self._driver_thread is not None
-            and self._driver_thread is not threading.current_thread()
-        ):
-            self._driver_thread.join(THREAD_JOIN_TIMEOUT)
-        self._driver_thread = None
-        self._stop_peer_watcher()
+        self.sources.close(join=join)
+        if not join:
+            return
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(THREAD_JOIN_TIMEOUT)
+        self.thread = None
+        self._step_keys.stop_reader()
 
     def _drive(self) -> None:
         """The protocol driver: takes every input from the inbox and performs the effects.
@@ -100,12 +101,12 @@ class ProtocolDriver:
         step keys and key-read failures, then notices) and makes at most one attempt
         at one write, the most urgent that is due:
 
-        * a **step key** goes to the resolver (``_core.step_key``) and, unless it is
+        * a **step key** goes to the resolver (``core.step_key``) and, unless it is
           ``STOP_WATCHER`` or a newer handler owns the notices, queues its
           acknowledgement;
         * a **key-read failure** (the reader gave up) reaches the next ``run()``;
         * a **notice** waits until the one before it is done, then goes to the
-          resolver (``_core.notice``): claim ``TERMINATED_WORKER`` (then announce it
+          resolver (``core.notice``): claim ``TERMINATED_WORKER`` (then announce it
           when won), lead (local mode), absorb it, or hand it to a newer handler;
         * a **write** (acknowledge, claim, announce) that fails is retried within the
           core's rule (``retries``), but never by sleeping: the pause before its
@@ -116,44 +117,45 @@ class ProtocolDriver:
         * **stop** (``close()``) ends the loop after one last look (:meth:`_finish`).
 
         No exception ends this thread unnoticed: whatever a turn raises reaches the
-        next ``run()`` (:meth:`_fail_in_background`).
+        next ``run()`` (``ErrorReports.fail_in_background``).
         """
         notices: deque = deque()  # notices waiting for the current one
-        writes = self._writes
+        writes = self._writes.schedule
         while True:
             due = writes.poll_timeout()
             try:
-                item = self._sources.receive(
+                item = self.sources.receive(
                     None if due is None else max(0.0, due - time.monotonic())
                 )
             except BaseException as e:  # noqa: BLE001 - handed to the next run()
-                self._fail_in_background("the protocol driver's receive", e)
+                self._errors.fail_in_background("the protocol driver's receive", e)
                 return
             if self._state.closing.is_set() or isinstance(item, Input.Stop):
                 self._finish(item, notices)
                 return
             self._take(item, notices)
             while not writes.busy and notices:
-                self._start_notice(notices.popleft())
-            handle = writes.poll_action(time.monotonic())
-            if handle is not None:
-                self._attempt_and_follow(self._pending_writes[handle])
+                if self._notices.start(notices.popleft()) is None:
+                    self.notices_handled += 1
+            write = self._writes.due()
+            if write is not None:
+                self._attempt_and_follow(write)
 
     def _attempt_and_follow(self, write: Write) -> None:
         """One attempt of ``write``; once it is finished, the write that follows it (the
         announce after a won claim) is queued by ``on_done``, and a notice whose last write
         finished is counted as handled."""
         try:
-            finished, after = self._attempt(write)
+            finished, after = self._writes.attempt(write)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()
-            self._writes.done(write.id)
-            self._fail_in_background(write.what, e)
+            self._writes.schedule.done(write.id)
+            self._errors.fail_in_background(write.what, e)
             finished, after = True, None
         if not finished:
             return
-        self._pending_writes.pop(write.id, None)
+        self._writes.discard(write)
         if write.kind != WriteKind.Acknowledge and after is None:
-            self._notices_handled += 1
+            self.notices_handled += 1
 
     def _finish(self, item: Any, notices: deque) -> None:
         """The stop of ``close()``: what arrived with it is dealt with, nothing waits.
@@ -173,27 +175,27 @@ class ProtocolDriver:
         try:
             if item is not None and not isinstance(item, Input.Stop):
                 self._take(item, notices)
-            for later in self._sources.drain():
+            for later in self.sources.drain():
                 self._take(later, notices)
         except BaseException as e:  # noqa: BLE001 - closing: logged there
-            self._fail_in_background("the protocol driver's last look", e)
-        last_attempts, dropped_claim = self._writes.close(time.monotonic())
+            self._errors.fail_in_background("the protocol driver's last look", e)
+        last_attempts, dropped_claim = self._writes.schedule.close(time.monotonic())
         for handle in last_attempts:
-            write = self._pending_writes.pop(handle)
+            write = self._writes.pop(handle)
             try:
-                self._attempt(write)
+                self._writes.attempt(write)
             except BaseException as e:  # noqa: BLE001 - closing: logged there
-                self._fail_in_background(write.what, e)
+                self._errors.fail_in_background(write.what, e)
             if write.kind != WriteKind.Acknowledge:
-                self._notices_handled += 1
+                self.notices_handled += 1
         dropped = [f"the notice from {n.source}" for n in notices]
         if dropped_claim is not None:
-            dropped.append(self._pending_writes.pop(dropped_claim).what)
+            dropped.append(self._writes.pop(dropped_claim).what)
         for what in dropped:
             log.info(
                 "Closing: %s dropped (a notice is not acted on while the handler closes).", what
             )
-            self._notices_handled += 1
+            self.notices_handled += 1
 
     def _take(self, item: Any, notices: deque) -> None:
         """Files one input: a notice waits its turn, a step key may queue an
@@ -204,8 +206,8 @@ class ProtocolDriver:
             if isinstance(item, _sources.Notice):
                 notices.append(item)
             elif isinstance(item, Input.StepKey):
-                self._on_step_key(item.round_key, item.value)  # queues the acknowledgement
+                self._step_keys.acknowledge(item.round_key, item.value)  # queues it
             elif isinstance(item, Input.KeyReadFailed):
-                self._fail_in_background("watching the peers' step keys", item.error)
+                self._errors.fail_in_background("watching the peers' step keys", item.error)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()
-            self._fail_in_background("watching the peers' step keys", e)
+            self._errors.fail_in_background("watching the peers' step keys", e)

@@ -20,49 +20,61 @@ import logging
 import time
 from typing import Any, Optional
 
-from .._native import NoticeAction, WriteKind
+from .._native import NoticeAction, ProtocolCore, WriteKind
 from .._platforms import in_process
 from .._platforms.notice_sources import Notice
 from .keys import PREEMPTION_NOTICE_KEY, SHUTDOWN_WRITE_TIMEOUT
-from .retries import Write
+from .ownership import Ownership
+from .ps_steps import PsSteps
+from .records_hooks import StageRecords
+from .reporting import ErrorReports
+from .retries import Write, WriteQueue
+from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
 
 class NoticeResponse:
-    """Claim, lead, absorb or hand on a notice of this worker; announce the one it leads.
+    """Claim, lead, absorb or hand on a notice of this worker; announce the one it leads."""
 
-    Reads ``_state.clock``, ``_local_mode``, ``_state.coordination``,
-    ``_state.peer_timeout`` and ``_id_in_cluster``. Counts each notice it is done with in
-    ``_notices_handled`` (the driver's count).
-    """
+    def __init__(
+        self,
+        state: HandlerState,
+        core: ProtocolCore,
+        writes: WriteQueue,
+        errors: ErrorReports,
+        ownership: Ownership,
+        records: StageRecords,
+        ps: PsSteps,
+    ) -> None:
+        self._state = state
+        self._core = core
+        self._writes = writes
+        self._errors = errors
+        self._ownership = ownership
+        self._records = records
+        self._ps = ps
 
-    def _start_notice(self, notice: Notice) -> Optional[Write]:
+    def start(self, notice: Notice) -> Optional[Write]:
         """Acts on ``notice``: the write it starts, or None when it is done with
         (absorbed, handed to a newer handler, or led in local mode)."""
         try:
-            owner = self._current_owner()
-            if owner is not None:
-                log.info(
-                    "Termination notice from %s handed to the newer handler of worker %s.",
-                    notice.source,
-                    self._id_in_cluster,
-                )
-                if owner._sources is not None:
-                    owner._sources.trigger(notice.source, notice.deadline)
-                write = None
-            else:
-                write = self._on_own_notice(notice)
+            owner = self._ownership.current_owner()
+            if owner is None:
+                return self._on_own_notice(notice)
+            log.info(
+                "Termination notice from %s handed to the newer handler of worker %s.",
+                notice.source,
+                self._state.membership.id_in_cluster,
+            )
+            owner.hand_on(notice.source, notice.deadline)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()
-            self._fail_in_background(f"handling the notice from {notice.source}", e)
-            write = None
-        if write is None:
-            self._notices_handled += 1
-        return write
+            self._errors.fail_in_background(f"handling the notice from {notice.source}", e)
+        return None
 
     def _on_own_notice(self, notice: Notice) -> Optional[Write]:
         source = notice.source
-        self._stage_records.notice(source, notice.deadline)
+        self._records.notice(source, notice.deadline)
         unix_now = time.time()
         if notice.deadline is not None:
             log.info(
@@ -74,7 +86,7 @@ class NoticeResponse:
         action = self._core.source_notice(self._state.clock(), unix_now, notice.deadline)
         if isinstance(action, NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
-            self._ps_on_notice()
+            self._ps.on_notice()
             return self._announce(source)
         if isinstance(action, NoticeAction.Claim):
             return self._claim(action.key, action.value, source)
@@ -107,9 +119,9 @@ class NoticeResponse:
 
         def failed(error: BaseException) -> None:
             self._core.claim(False)
-            self._fail_in_background(f"handling the notice from {source}", error)
+            self._errors.fail_in_background(f"handling the notice from {source}", error)
 
-        return self._write(
+        return self._writes.push(
             f"claiming {key} after the notice from {source}",
             lambda: self._state.coordination.set(key, value),
             claimed,
@@ -120,8 +132,8 @@ class NoticeResponse:
     def _announce(self, source: str) -> Optional[Write]:
         """Tells PreemptionWatchers: in this process, and through the coordination service
         (the write it starts; the protocol does not wait on it beyond the bound)."""
-        message = in_process.notice_message(self._id_in_cluster, source)
-        if self._local_mode:
+        message = in_process.notice_message(self._state.membership.id_in_cluster, source)
+        if self._state.membership.local:
             in_process.publish_local(message)
             return None
 
@@ -140,7 +152,7 @@ class NoticeResponse:
             log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
             in_process.publish_local(message)
 
-        return self._write(
+        return self._writes.push(
             f"publishing {PREEMPTION_NOTICE_KEY}",
             lambda: self._state.coordination.set(PREEMPTION_NOTICE_KEY, message, timeout),
             published,

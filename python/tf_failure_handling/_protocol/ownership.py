@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Optional
+from typing import Any, Optional
+
+from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -23,18 +25,21 @@ _owners_lock = threading.RLock()  # RLock: __del__ (GC, any moment) takes it too
 _owners: dict = {}
 
 
-class NoticeOwnership:
-    """Which handler of a worker owns its notices.
+class Ownership:
+    """Which handler of a worker owns its notices: this one, or a newer one it hands
+    them to (``successor``). ``sources`` is this handler's inbox, set once built."""
 
-    Owns ``_successor`` (the newer handler that took over, if any); reads
-    ``_state.coordination``, ``_id_in_cluster`` and ``_state.closed``.
-    """
+    def __init__(self, state: HandlerState) -> None:
+        self._state = state
+        self.successor: Optional[weakref.ref] = None
+        self.sources: Any = None
 
-    def _owner_key(self) -> tuple:
-        service = None if self._state.coordination is None else id(self._state.coordination.service)
-        return (service, self._id_in_cluster)
+    def _key(self) -> tuple:
+        coordination = self._state.coordination
+        service = None if coordination is None else id(coordination.service)
+        return (service, self._state.membership.id_in_cluster)
 
-    def _take_over_notices(self) -> None:
+    def take_over(self) -> None:
         """Makes this handler the one that acts on its worker's notices.
 
         An older handler of the same worker that is still open (tf_keras leaves
@@ -42,32 +47,38 @@ class NoticeOwnership:
         watching the step keys; any notice it still sees is handed to this one,
         whose resolver ignores one it already has.
         """
-        key = self._owner_key()
+        key = self._key()
         with _owners_lock:
             ref = _owners.get(key)
             _owners[key] = weakref.ref(self)
         older = None if ref is None else ref()
-        if older is not None and older is not self and not older._closed:
-            older._successor = weakref.ref(self)
+        if older is not None and older is not self and not older._state.closed:
+            older.successor = weakref.ref(self)
             log.info(
                 "A new PreemptionCheckpointHandler of worker %s takes over termination "
                 "notices from an earlier one that is still open (close() it when done).",
-                self._id_in_cluster,
+                self._state.membership.id_in_cluster,
             )
 
-    def _give_up_ownership(self) -> None:
-        key = self._owner_key()
+    def give_up(self) -> None:
+        key = self._key()
         with _owners_lock:
             ref = _owners.get(key)
             if ref is not None and ref() in (self, None):
                 del _owners[key]
 
-    def _current_owner(self) -> Optional[NoticeOwnership]:
-        """The newer handler that owns the notices now, or None when this one does."""
-        successor = None if self._successor is None else self._successor()
-        while successor is not None and successor._successor is not None:
-            later = successor._successor()
+    def current_owner(self) -> Optional[Ownership]:
+        """The newer handler's ownership that owns the notices now, or None when this
+        handler does."""
+        successor = None if self.successor is None else self.successor()
+        while successor is not None and successor.successor is not None:
+            later = successor.successor()
             if later is None:
                 break
             successor = later
         return successor
+
+    def hand_on(self, source: str, deadline: Optional[float]) -> None:
+        """A notice this (older) handler saw goes to the owner's inbox."""
+        if self.sources is not None:
+            self.sources.trigger(source, deadline)

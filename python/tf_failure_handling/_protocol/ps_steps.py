@@ -6,11 +6,11 @@ watches every PS and worker task for notices (``_ps_control.ClusterPoller``, ove
 own RPCs) and:
 
 * a **PS task's notice** counts as its own: the handler saves at its next ``run()``
-  (or in ``ClusterCoordinator.join()``, :meth:`PsSteps._check_in_join`), in the same check
-  that publishes the run count (:meth:`PsSteps._saves_where_it_publishes`), after the
+  (or in ``ClusterCoordinator.join()``), in the same check
+  that publishes the run count (:attr:`PsSteps.active`), after the
   scheduled closures finished within the notice's deadline
-  (:meth:`PsSteps._ps_before_save`), and releases that PS once the checkpoint is written
-  (:meth:`PsSteps._ps_after_save`);
+  (:meth:`PsSteps.before_save`), and releases that PS once the checkpoint is written
+  (:meth:`PsSteps.after_save`);
 * a **worker task's notice** drains that worker (``_ps_control.WorkerDrain``): its closure
   in flight finishes, it gets no new one, and it is released.
 
@@ -26,34 +26,57 @@ from typing import Any, Optional
 from .._cluster import membership as _membership
 from .._coordinator import ps_control as _ps_control
 from .._integrations import tf_exit as _tf_exit
+from .._native import ProtocolCore
+from .records_hooks import StageRecords
+from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
 
 class PsSteps:
-    """A parameter-server coordinator's watch over its tasks, and its steps around a save.
+    """A parameter-server coordinator's watch over its tasks (``poller``), and its steps
+    around a save. ``active`` is False on every other handler, whose calls do nothing.
+    The bound of the wait for closures is the core's (``core.drain_bound``)."""
 
-    Owns ``_ps_poller``, ``_ps_with_notice``, ``_ps_strategy`` and ``_ps_unfinished``;
-    reads ``_sources``, ``_state.grace_period``, ``_state.peer_timeout``, ``_state.clock`` and
-    ``_run_counter`` (which it lowers by the closures left unfinished before a save).
-    The bound of that wait is the core's (``_core.drain_bound``).
-    """
+    def __init__(
+        self, state: HandlerState, core: ProtocolCore, records: StageRecords, sources: Any
+    ) -> None:
+        self._state = state
+        self._core = core
+        self._records = records
+        self._sources = sources
+        self.poller: Optional[_ps_control.ClusterPoller] = None
+        #: PS tasks whose notice this coordinator acts on (released after the save).
+        self._with_notice: set = set()
+        #: The strategy of the checkpoint's variables (where TensorFlow keeps its
+        #: coordinator), and what the last save left unfinished.
+        self._strategy: Any = None
+        self._unfinished: Any = None
+        self._join_check: Any = None
 
-    def _start_ps_watch(self, cluster_resolver: Any, checkpoint: Any = None) -> None:
-        """Starts polling the PS and worker tasks for notices, and makes this handler the
-        one ``ClusterCoordinator.join()`` checks. The strategy of the checkpoint's
-        variables is kept: TensorFlow's own coordinator is found on it at save time."""
-        self._ps_strategy = _ps_control.strategy_of(checkpoint)
-        self._ps_poller = _ps_control.ClusterPoller(
+    @property
+    def active(self) -> bool:
+        """Whether this handler is a PS coordinator's, watching its tasks: then the check
+        that publishes the agreed step also saves at it, before scheduling anything more."""
+        return self.poller is not None
+
+    def start_watch(self, cluster_resolver: Any, checkpoint: Any, join_check: Any) -> None:
+        """Starts polling the PS and worker tasks for notices, and makes ``join_check``
+        (the handler's step check) the one ``ClusterCoordinator.join()`` makes. The
+        strategy of the checkpoint's variables is kept: TensorFlow's own coordinator is
+        found on it at save time."""
+        self._strategy = _ps_control.strategy_of(checkpoint)
+        self.poller = _ps_control.ClusterPoller(
             _membership._as_dict(cluster_resolver.cluster_spec()),
             self._on_cluster_notice,
-            on_released=self._on_cluster_release,
+            on_released=self._records.task_release,
         )
-        self._ps_poller.start()
-        _ps_control.register_handler(self)
+        self.poller.start()
+        self._join_check = join_check
+        _ps_control.register_join(join_check)
         # TF_PSS_ENABLE_COORDINATION_SERVICE: TensorFlow's own coordinator's poller
         # would keep the process from exiting (ours installs this itself).
-        _tf_exit.install(self._ps_coordinator())
+        _tf_exit.install(self._coordinator())
         if _ps_control.grpc_keepalive_time() is None:
             log.warning(
                 "TF_GRPC_DEFAULT_OPTIONS sets no grpc.keepalive_time_ms (%s=0): a PS or "
@@ -62,40 +85,27 @@ class PsSteps:
                 _ps_control.GRPC_KEEPALIVE_ENV,
             )
 
-    def _end_ps_watch(self, stop_poller: bool = True) -> None:
+    def end_watch(self, stop_poller: bool = True) -> None:
         """``close()``; ``__del__`` passes ``stop_poller=False``: it joins no thread."""
-        if self._ps_poller is not None:
-            _ps_control.unregister_handler(self)
-            coordinator = self._ps_coordinator()
+        if self.poller is not None:
+            _ps_control.unregister_join(self._join_check)
+            coordinator = self._coordinator()
             if coordinator is not None:
                 _ps_control.resume_all(coordinator)
             if stop_poller:
-                self._ps_poller.stop()
+                self.poller.stop()
 
-    def _ps_coordinator(self) -> Any:
-        return _ps_control.find_coordinator(self._ps_strategy)
+    def _coordinator(self) -> Any:
+        return _ps_control.find_coordinator(self._strategy)
 
-    def _saves_where_it_publishes(self) -> bool:
-        """Whether the check that publishes the agreed step also saves at it: the
-        coordinator of a PS cluster saves at the run count it published, in that same
-        check, before scheduling anything more."""
-        return self._ps_poller is not None
-
-    def _check_in_join(self) -> None:
-        """What ``run()`` checks before a step, made by ``ClusterCoordinator.join()``
-        while it waits (the only place a notice can be seen once everything is
-        scheduled)."""
-        if self._core.attention or self._thread_error is not None:
-            self._check_preemption_and_maybe_checkpoint()
-
-    def _ps_on_notice(self) -> None:
+    def on_notice(self) -> None:
         """A notice this coordinator acts on (its own or a PS's; the driver's thread):
         with no grace period the save comes next, so from now on no worker takes a new
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
         hold), which must return to reach the check that saves."""
-        if self._ps_poller is None or self._state.grace_period > 0:
+        if self.poller is None or self._state.grace_period > 0:
             return
-        coordinator = self._ps_coordinator()
+        coordinator = self._coordinator()
         if coordinator is not None and _ps_control.hold_all(coordinator, strict=False):
             log.info("Termination notice: the workers take no new closures until the save.")
 
@@ -103,23 +113,19 @@ class PsSteps:
         self, job: str, task: int, source: str, deadline: Optional[float]
     ) -> None:
         """A PS or worker task's notice (the poller's thread)."""
-        self._stage_records.task_notice(job, task, source, deadline)
+        self._records.task_notice(job, task, source, deadline)
         if job == "ps":
             log.info("Termination notice of ps %d (%s): saving at the next run().", task, source)
-            self._ps_with_notice.add(task)
+            self._with_notice.add(task)
             if self._sources is not None:
                 self._sources.trigger(f"ps {task}: {source}", deadline)
-        elif job == "worker" and self._ps_poller is not None:
+        elif job == "worker" and self.poller is not None:
             drain = _ps_control.WorkerDrain(
-                self._ps_poller, task, deadline, coordinator=self._ps_coordinator()
+                self.poller, task, deadline, coordinator=self._coordinator()
             )
             threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
 
-    def _on_cluster_release(self, job: str, task: int, reason: str) -> None:
-        """The coordinator released a PS or worker task (it exits with the restart code)."""
-        self._stage_records.task_release(job, task, reason)
-
-    def _ps_before_save(self) -> None:
+    def before_save(self) -> None:
         """Holds every worker and lets the closures in flight finish (bounded by the
         notice's deadline), so that the saved run count is the number of closures whose
         effect is in the variables.
@@ -130,10 +136,10 @@ class PsSteps:
         be in the checkpoint too (TensorFlow's at-least-once). The log and the
         ``save_start`` record name them.
         """
-        self._ps_unfinished = None
-        if self._ps_poller is None:
+        self._unfinished = None
+        if self.poller is None:
             return
-        coordinator = self._ps_coordinator()
+        coordinator = self._coordinator()
         if coordinator is None:
             log.warning(
                 "No ClusterCoordinator found (neither tf_failure_handling's nor one on the "
@@ -145,21 +151,21 @@ class PsSteps:
         bound = self._core.drain_bound(self._state.clock(), self._state.peer_timeout)
         start = self._state.clock()
         unfinished = _ps_control.wait_for_closures(coordinator, bound, self._state.clock)
-        self._ps_unfinished = unfinished
+        self._unfinished = unfinished
         if not unfinished:
             log.info(
                 "All scheduled closures finished in %.3fs; saving at run %d.",
                 self._state.clock() - start,
-                self._run_counter,
+                self._core.run_counter,
             )
             return
-        self._run_counter = max(0, self._run_counter - unfinished.count)
+        self._core.run_counter = max(0, self._core.run_counter - unfinished.count)
         if unfinished.queued:
             log.warning(
                 "%d queued closure(s) were not given to a worker before the save: not "
                 "counted at run %d, they run after the restart.",
                 unfinished.queued,
-                self._run_counter,
+                self._core.run_counter,
             )
         if unfinished.in_flight_count:
             running = [f"{fn} on worker {i}" for i, fn in unfinished.in_flight.items()]
@@ -175,12 +181,12 @@ class PsSteps:
                 unfinished.in_flight_count,
                 bound,
                 ", ".join(running),
-                self._run_counter,
+                self._core.run_counter,
             )
 
-    def _ps_save_fields(self) -> dict:
+    def save_fields(self) -> dict:
         """The ``save_start`` record's account of the closures left unfinished."""
-        unfinished = self._ps_unfinished
+        unfinished = self._unfinished
         if unfinished is None:
             return {}
         fields = {
@@ -193,22 +199,22 @@ class PsSteps:
             fields["in_flight_effect"] = "may be in the checkpoint and will run again"
         return fields
 
-    def _ps_after_save(self) -> None:
+    def after_save(self) -> None:
         """Releases the PS tasks whose notice this save answered; stops the watch."""
-        poller = self._ps_poller
+        poller = self.poller
         if poller is None:
             return
         poller.stop()
-        for task in sorted(self._ps_with_notice):
+        for task in sorted(self._with_notice):
             poller.release(f"/job:ps/replica:0/task:{task}", "checkpoint saved")
 
-    def _ps_training_goes_on(self) -> None:
+    def training_goes_on(self) -> None:
         """Training goes on in this process after the save (a grace period's countdown,
         a save that raised, an ``exit_fn`` that returned): the closures left unfinished
         count again and the workers take closures again."""
-        unfinished, self._ps_unfinished = self._ps_unfinished, None
+        unfinished, self._unfinished = self._unfinished, None
         if unfinished:
-            self._run_counter += unfinished.count
-        coordinator = self._ps_coordinator() if self._ps_poller is not None else None
+            self._core.run_counter += unfinished.count
+        coordinator = self._coordinator() if self.poller is not None else None
         if coordinator is not None:
             _ps_control.resume_all(coordinator)

@@ -18,30 +18,43 @@ from typing import Optional
 
 from .. import _errors
 from .._cluster import membership as _membership
+from .._native import ProtocolCore
 from .keys import SHUTDOWN_WRITE_TIMEOUT
+from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
 
-class ErrorReporting:
-    """Reports a step's error to the cluster; keeps a background thread's for ``run()``.
+class ErrorReports:
+    """Reports a step's error to the cluster; keeps a background thread's for ``run()``
+    (``pending``, which the check before a step raises)."""
 
-    Owns ``_thread_error``; reads ``_local_mode``, ``_state.coordination``,
-    ``_state.cluster_resolver``, ``_state.membership``, ``_state.closing`` and ``_id_in_cluster``.
-    """
+    def __init__(self, state: HandlerState, core: ProtocolCore) -> None:
+        self._state = state
+        self._core = core
+        #: An error a background thread met; raised by the next run().
+        self.pending: Optional[BaseException] = None
 
-    def _reported(self, error: BaseException) -> Optional[BaseException]:
+    def raise_pending(self) -> None:
+        """Raises (once) the error a background thread met, if any."""
+        error = self.pending
+        if error is not None:
+            self.pending = None
+            self._core.set_pending(False)
+            raise error
+
+    def reported(self, error: BaseException) -> Optional[BaseException]:
         """Reports ``error`` to the cluster (outside local mode); the error to raise in
         its place, or None to raise ``error`` itself."""
-        if self._local_mode:
+        if self._state.membership.local:
             return None
         try:
-            return self._propagate_error(error)
+            return self.propagate(error)
         except Exception as e:  # noqa: BLE001 - the step's own error wins
             log.error("Reporting %r to the cluster failed: %r", error, e)
             return None
 
-    def _propagate_error(self, error: BaseException) -> Optional[BaseException]:
+    def propagate(self, error: BaseException) -> Optional[BaseException]:
         """Reports a step's ``OpError`` to every worker; never raises.
 
         Returns the error ``run()`` raises instead, or None for ``error`` itself:
@@ -49,7 +62,7 @@ class ErrorReporting:
         or an unavailable task), the peers that do not answer a health probe
         are named in its message (same type; TF's message often names nobody).
         """
-        if self._local_mode or not isinstance(error, _errors.module().OpError):
+        if self._state.membership.local or not isinstance(error, _errors.module().OpError):
             return None
         replacement, unreachable = None, None
         try:
@@ -84,7 +97,7 @@ class ErrorReporting:
             log.warning("Could not report the error to the cluster: %r: %s", e, e)
         return replacement
 
-    def _fail_in_background(self, what: str, error: BaseException) -> None:
+    def fail_in_background(self, what: str, error: BaseException) -> None:
         """A background thread met an error it cannot handle: the next ``run()`` raises it.
 
         The error is TF's ``UnavailableError`` naming what failed and why (the
@@ -98,9 +111,10 @@ class ErrorReporting:
             raised = error
         else:
             raised = _errors.make(
-                "UnavailableError", f"worker {self._id_in_cluster}: {what} failed: {error!r}"
+                "UnavailableError",
+                f"worker {self._state.membership.id_in_cluster}: {what} failed: {error!r}",
             )
             raised.__cause__ = error
-        if self._thread_error is None:
-            self._thread_error = raised
+        if self.pending is None:
+            self.pending = raised
         self._core.set_pending(True)

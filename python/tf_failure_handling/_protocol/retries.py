@@ -7,7 +7,7 @@ failure can look like Unavailable, Internal or Aborted) is retried after a pause
 doubles from ``RETRY_FIRST_PAUSE`` to ``RETRY_MAX_PAUSE``, until the failures have lasted
 the bound (``ProtocolCore.retry_bound``) and number at least ``RETRY_MIN_ATTEMPTS``
 (so a short burst survives a loaded machine); then the last error is raised again, of its
-own type, naming what failed, how often and for how long (:meth:`Retries._named`).
+own type, naming what failed, how often and for how long (:meth:`Retrier.named`).
 Anything else is a bug and is not retried. A :class:`~._native.Retry` is one run of
 failures of one call; this module waits and logs, the core decides.
 
@@ -16,9 +16,9 @@ Two threads retry, each its own way:
 * the driver never sleeps: its writes are queued in the core's ``Writes``
   (``src/writes.rs``), which says which one to attempt now (acknowledgements first) and
   when the next is due, and until then the driver takes its inputs
-  (:meth:`Retries._attempt`);
-* the training thread and the readers block between attempts (:meth:`Retries._retrying`,
-  :meth:`Retries._wait_to_retry`).
+  (:meth:`WriteQueue.attempt`);
+* the training thread and the readers block between attempts (:meth:`Retrier.call`,
+  :meth:`Retrier.wait`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ from .._native import (  # noqa: F401 - re-exported: the rule's constants
     RETRY_MAX_PAUSE,
     RETRY_MIN_ATTEMPTS,
     TRANSIENT_FAILURE_WINDOW,
+    ProtocolCore,
     Retry,
     RetryVerdict,
     WriteKind,
+    Writes,
 )
+from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -65,25 +68,25 @@ class Write:
         self.id: int = -1
 
 
-class Retries:
+class Retrier:
     """The protocol's calls under the core's retry rule: the bound, the pauses, and the
-    error raised when the rule gives up.
+    error raised when the rule gives up. The bound is the core's (``core.retry_bound``)."""
 
-    Reads ``_id_in_cluster`` and, of ``_state``, the peer timeout, the clock and the
-    closing flag; the bound is the core's (``_core.retry_bound``).
-    """
+    def __init__(self, state: HandlerState, core: ProtocolCore) -> None:
+        self._state = state
+        self._core = core
 
-    def _retry_bound(self) -> float:
+    def bound(self) -> float:
         """Seconds a failing protocol call is retried from now (the core's rule: the
         transient-failure window, or the peer timeout or the time left before the leading
         notice's deadline, at least 1 s, when shorter)."""
         return self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
 
-    def _retry(self) -> Retry:
+    def retry(self) -> Retry:
         """A run of failures of one call, starting now."""
-        return Retry(self._retry_bound(), time.monotonic())
+        return Retry(self.bound(), time.monotonic())
 
-    def _named(self, error: BaseException, what: str, attempts: int, seconds: float) -> Any:
+    def named(self, error: BaseException, what: str, attempts: int, seconds: float) -> Any:
         """``error``'s type (TF's), its message prefixed with what failed, how often and
         for how long; ``error`` is its cause."""
         errors = _errors.module()
@@ -91,31 +94,21 @@ class Retries:
         try:
             named = _errors.make(
                 name,
-                f"Worker {self._id_in_cluster}: {what} failed {attempts} time(s) over "
-                f"{seconds:.1f}s: {getattr(error, 'message', error)}",
+                f"Worker {self._state.membership.id_in_cluster}: {what} failed {attempts} "
+                f"time(s) over {seconds:.1f}s: {getattr(error, 'message', error)}",
             )
         except (AttributeError, TypeError):  # not one of TF's public error classes
             named = _errors.make("UnavailableError", f"{what} failed: {error!r}")
         named.__cause__ = error
         return named
 
-    def _pause_after(
-        self, retry: Retry, what: str, error: BaseException
-    ) -> Union[float, BaseException]:
-        """An attempt of ``what`` failed with ``error``: the seconds to wait before the
-        next one (logged: a warning the first time), or, when the rule gives up, the named
-        error to raise (:meth:`_named`)."""
-        now = time.monotonic()
-        verdict = retry.failed(now, self._state.closing.is_set())
-        return self._after(verdict, retry.attempts, now, what, error)
-
-    def _after(
+    def after(
         self, verdict: RetryVerdict, attempts: int, now: float, what: str, error: BaseException
     ) -> Union[float, BaseException]:
         """The rule's ``verdict`` on a failed attempt of ``what`` at ``now``: the pause
-        before the next attempt (logged), or the named error to raise."""
+        before the next attempt (logged: a warning the first time), or the named error."""
         if isinstance(verdict, RetryVerdict.GiveUp):
-            return self._named(error, what, verdict.attempts, verdict.seconds)
+            return self.named(error, what, verdict.attempts, verdict.seconds)
         pause = max(0.0, verdict.at - now)
         (log.warning if attempts == 1 else log.info)(
             "%s failed (%s: %s); retrying in %gs (%.1fs left).",
@@ -127,38 +120,76 @@ class Retries:
         )
         return pause
 
-    def _wait_to_retry(
+    def wait(
         self, retry: Retry, what: str, error: BaseException, longest: Optional[float] = None
     ) -> None:
         """A blocking caller's failed attempt: waits the rule's pause (at most
         ``longest`` seconds, and not once closing), or raises the named error from
         ``error`` when the rule gives up."""
-        pause = self._pause_after(retry, what, error)
+        now = time.monotonic()
+        verdict = retry.failed(now, self._state.closing.is_set())
+        pause = self.after(verdict, retry.attempts, now, what, error)
         if isinstance(pause, BaseException):
             raise pause from error
         self._state.closing.wait(pause if longest is None else min(pause, longest))
 
-    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
+    def call(self, what: str, call: Callable[[], Any]) -> Any:
         """``call()``, retried by the rule when it fails with a coordination-service
         error (any ``OpError``); the named error once the rule gives up. Anything else is
         a bug and is raised at once."""
         errors = _errors.module()
-        retry = self._retry()
+        retry = self.retry()
         while True:
             try:
                 return call()
             except errors.OpError as e:
-                self._wait_to_retry(retry, what, e)
+                self.wait(retry, what, e)
 
-    def _attempt(self, write: Write) -> tuple:
+
+class WriteQueue:
+    """The driver's writes: the core's ``Writes`` (``src/writes.rs``) says which is due
+    and when the next one is; this holds each one's call and makes its attempts."""
+
+    def __init__(self, retrier: Retrier, state: HandlerState) -> None:
+        self._retrier = retrier
+        self._state = state
+        self.schedule = Writes()
+        self._pending: dict = {}
+
+    def push(
+        self,
+        what: str,
+        call: Callable[[], Any],
+        on_done: Callable[[Any], Optional[Write]],
+        on_failed: Callable[[BaseException], Optional[Write]],
+        kind: WriteKind = WriteKind.Acknowledge,
+    ) -> Write:
+        """A write queued in the core's schedule, retried from now and due at once."""
+        write = Write(what, call, kind, on_done, on_failed)
+        write.id = self.schedule.push(kind, self._retrier.bound(), time.monotonic())
+        self._pending[write.id] = write
+        return write
+
+    def due(self) -> Optional[Write]:
+        """The write to attempt now (acknowledgements first), if any is due."""
+        handle = self.schedule.poll_action(time.monotonic())
+        return None if handle is None else self._pending[handle]
+
+    def pop(self, handle: int) -> Write:
+        return self._pending.pop(handle)
+
+    def discard(self, write: Write) -> None:
+        self._pending.pop(write.id, None)
+
+    def attempt(self, write: Write) -> tuple:
         """One attempt of ``write``: ``(finished, next write)``.
 
-        A coordination-service error (any ``OpError``) goes to the core's ``Writes``,
+        A coordination-service error (any ``OpError``) goes to the core's schedule,
         which makes the write due again when the rule says; once it gives up,
         ``write.on_failed`` gets the named error. Anything else is a bug and goes to
         ``on_failed`` at once.
         """
-        writes = self._writes
+        writes = self.schedule
         try:
             result = write.call()
         except _errors.module().OpError as e:
@@ -166,7 +197,7 @@ class Retries:
             verdict = writes.failed(write.id, now, self._state.closing.is_set())
             if verdict is None:  # not pending (a stale handle): nothing to retry
                 return True, None
-            pause = self._after(verdict, writes.attempts(write.id), now, write.what, e)
+            pause = self._retrier.after(verdict, writes.attempts(write.id), now, write.what, e)
             if isinstance(pause, BaseException):
                 return True, write.on_failed(pause)
             return False, None
@@ -175,17 +206,3 @@ class Retries:
             return True, write.on_failed(e)
         writes.done(write.id)
         return True, write.on_done(result)
-
-    def _write(
-        self,
-        what: str,
-        call: Callable[[], Any],
-        on_done: Callable[[Any], Optional[Write]],
-        on_failed: Callable[[BaseException], Optional[Write]],
-        kind: WriteKind = WriteKind.Acknowledge,
-    ) -> Write:
-        """A write queued in the driver's ``Writes``, retried from now and due at once."""
-        write = Write(what, call, kind, on_done, on_failed)
-        write.id = self._writes.push(kind, self._retry_bound(), time.monotonic())
-        self._pending_writes[write.id] = write
-        return write

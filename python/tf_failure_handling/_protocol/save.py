@@ -2,7 +2,7 @@
 
 Runs on the training thread, in the check before the agreed step (``step_check``). A
 parameter-server coordinator first lets the scheduled closures finish (``ps_steps``);
-then the checkpoint is saved (``_save_checkpoint``, TF's private method of that name) and
+then the checkpoint is saved (``Checkpoints.save``) and
 the resolver says what follows (``_core.saved``): **exit**, after the last round, or
 **countdown**, training on through the grace period until the final round. The exit
 stops the step-key reader, removes a non-chief's temporary checkpoint folder, releases
@@ -14,48 +14,70 @@ and calls ``exit_fn``. Each stage is recorded through ``StageRecords``
 from __future__ import annotations
 
 import logging
+from typing import Any, Callable
 
-from .._native import SaveAction
+from .._native import ProtocolCore, SaveAction
 from .._platforms import platform as _platform
+from .checkpoints import Checkpoints
+from .ps_steps import PsSteps
+from .records_hooks import StageRecords
+from .state import HandlerState
+from .step_keys import StepKeys
 
 log = logging.getLogger("tf_failure_handling")
 
 
 class SaveAndExit:
-    """Saves at the agreed step; after the last round, exits.
+    """Saves at the agreed step; after the last round, exits."""
 
-    Reads ``_state.clock``, ``_checkpoints``, ``_is_chief`` and ``_exit_fn``; saves through
-    ``_save_checkpoint`` (the handler's, TF's name).
-    """
+    def __init__(
+        self,
+        state: HandlerState,
+        core: ProtocolCore,
+        checkpoints: Checkpoints,
+        ps: PsSteps,
+        records: StageRecords,
+        step_keys: StepKeys,
+        exit_fn: Callable[[], Any],
+        scheduler_step: Callable[[], Any],
+    ) -> None:
+        self._state = state
+        self._core = core
+        self._checkpoints = checkpoints
+        self._ps = ps
+        self._records = records
+        self._step_keys = step_keys
+        self._exit_fn = exit_fn
+        self._scheduler_step = scheduler_step
 
-    def _save_checkpoint_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
-        self._ps_before_save()
+    def save_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
+        self._ps.before_save()
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
-        self._stage_records.save_start(round_key, self._run_counter, **self._ps_save_fields())
+        self._records.save_start(round_key, self._core.run_counter, **self._ps.save_fields())
         start = self._state.clock()
         try:
-            self._save_checkpoint(*args, **kwargs)
+            self._checkpoints.save(self._core.run_counter, args, kwargs, self._state.clock)
         except BaseException as e:
-            self._ps_training_goes_on()
+            self._ps.training_goes_on()
             self._core.save_failed()
-            self._stage_records.save_failed(e)
+            self._records.save_failed(e)
             raise
-        self._stage_records.save_end(self._write_checkpoint_manager)
+        self._records.save_end(self._checkpoints.write)
         after = self._core.saved(round_key, self._state.clock() - start)
         if after == SaveAction.Exit:
             # The signal watch stays: until close(), a further notice is absorbed,
             # not handed back to whatever was installed before (which could kill
             # a worker that exit_fn chose to keep running).
-            self._stop_peer_watcher()
-            self._checkpoints.remove_worker_temp(self._is_chief)
-            self._ps_after_save()
+            self._step_keys.stop_reader()
+            self._checkpoints.remove_worker_temp(self._state.membership.is_chief)
+            self._ps.after_save()
             log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
             # Written before exit_fn: one that calls os._exit leaves no later moment.
-            self._stage_records.exit(_platform.exit_code(self._exit_fn))
+            self._records.exit(_platform.exit_code(self._exit_fn))
             # The scheduler's step (SLURM: the job back in the queue).
-            _platform.after_save(self)
+            self._scheduler_step()
             self._exit_fn()
-            self._ps_training_goes_on()
+            self._ps.training_goes_on()
             # TF carries on silently here; say what state the worker is in.
             log.warning(
                 "exit_fn returned instead of ending the process: training continues, the "
@@ -64,12 +86,12 @@ class SaveAndExit:
                 step,
             )
         else:
-            self._ps_training_goes_on()
+            self._ps.training_goes_on()
             if self._core.leading:
                 log.info(
                     "Continue training for the grace period; the final round starts %.2fs "
                     "before the deadline (save, steps and acknowledgements as measured).",
-                    self._core.state()["margin"],
+                    self._core.margin,
                 )
             else:
                 log.info("Continue training for the grace period.")

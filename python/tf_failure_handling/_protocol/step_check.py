@@ -13,66 +13,86 @@ check. As in TensorFlow, the check and the step are inside the error-reporting s
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Optional
 
-from .._native import StepAction
+from .._native import ProtocolCore, StepAction
+from .agreement import Agreement
+from .ps_steps import PsSteps
+from .reporting import ErrorReports
+from .save import SaveAndExit
+from .state import HandlerState
 
 
 class StepCheck:
-    """The check before a step, and the step's failure, for ``run()`` and its kin.
+    """The check before a step, and the step's failure, for ``run()`` and its kin."""
 
-    Reads ``_thread_error`` (and clears it once raised) and ``_state.clock``; publishes
-    through ``_publish`` (``agreement``), saves through ``_save_checkpoint_at``
-    (``save``), reports through ``_reported`` (``reporting``).
-    """
+    def __init__(
+        self,
+        state: HandlerState,
+        core: ProtocolCore,
+        agreement: Agreement,
+        saver: SaveAndExit,
+        ps: PsSteps,
+        errors: ErrorReports,
+    ) -> None:
+        self._state = state
+        self._core = core
+        self._agreement = agreement
+        self._saver = saver
+        self._ps = ps
+        self._errors = errors
 
-    def _act_before_step(self, args: tuple, kwargs: dict) -> None:
+    @property
+    def closed(self) -> bool:
+        return self._state.closed
+
+    def _act(self, args: tuple, kwargs: dict) -> None:
         """The check before a step: raise a background thread's error, publish, or save."""
-        error = self._thread_error
-        if error is not None:
-            self._thread_error = None
-            self._core.set_pending(False)
-            raise error
+        self._errors.raise_pending()
         action = self._core.before_step(self._state.clock())
         if isinstance(action, StepAction.Publish):
-            self._publish(action.round_key, action.step, action.ack_keys)
-            if self._saves_where_it_publishes():
+            self._agreement.publish(action.round_key, action.step, action.ack_keys)
+            if self._ps.active:  # a PS coordinator saves at the step it published
                 action = self._core.before_step(self._state.clock())
         if isinstance(action, StepAction.Save):
-            self._save_checkpoint_at(action.round_key, action.step, args, kwargs)
+            self._saver.save_at(action.round_key, action.step, args, kwargs)
 
-    def _check_before_step(self, args: tuple, kwargs: Optional[dict]) -> None:
+    def check(self, args: tuple, kwargs: Optional[dict]) -> None:
         """The check before a step of ``run()`` or ``save_checkpoint_if_preempted``, which
         recorded the step's start themselves."""
         try:
-            self._act_before_step(args, kwargs or {})
+            self._act(args, kwargs or {})
         finally:
             self._core.after_check()
 
-    # ``run(fn, *args, **kwargs)`` is native (HandlerCore.run, src/python/handler.rs):
-    # it calls these two only when a notice needs attention or the step failed.
+    def check_now(self, args: tuple = (), kwargs: Optional[dict] = None) -> None:
+        """The check of a library that counts its own steps (tf_keras), or of
+        ``ClusterCoordinator.join()``: the time since the last check is a step time."""
+        self._core.begin_step()
+        self.check(args, kwargs)
 
-    def _run_with_keywords(
-        self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Any:
-        """``run(distributed_train_function=f, ...)``: TF's signature, by keyword."""
-        return self.run(distributed_train_function, *args, **kwargs)
+    def check_in_join(self) -> None:
+        """What ``run()`` checks before a step, made by ``ClusterCoordinator.join()``
+        while it waits (the only place a notice can be seen once everything is
+        scheduled)."""
+        if self._core.attention or self._errors.pending is not None:
+            self.check_now()
 
-    def _run_check(self) -> None:
+    def run_check(self) -> None:
         """The check before ``run()``'s step. As in TF it is inside the reporting scope:
         a peer that did not acknowledge, or a failed save, reaches every worker."""
         try:
-            self._check_before_step((), None)
+            self.check((), None)
         except BaseException as error:
-            replacement = self._reported(error)
+            replacement = self._errors.reported(error)
             if replacement is None:
                 raise
             raise replacement from error
 
-    def _run_failed(self, error: BaseException) -> BaseException:
+    def run_failed(self, error: BaseException) -> BaseException:
         """``run()``'s step raised ``error``: not counted, reported; returns what to raise."""
         self._core.step_failed()
-        replacement = self._reported(error)
+        replacement = self._errors.reported(error)
         if replacement is None:
             return error
         replacement.__cause__ = error

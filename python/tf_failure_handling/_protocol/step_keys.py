@@ -18,7 +18,7 @@ import threading
 from typing import Any, Optional
 
 from .. import _errors
-from .._native import ACK_VALUE, KeyAction
+from .._native import ACK_VALUE, KeyAction, ProtocolCore
 from .keys import (
     LAST_RUN_TO_CHECKPOINT,
     PEER_WATCH_SLICE,
@@ -27,26 +27,57 @@ from .keys import (
     STOP_WATCHER,
     THREAD_JOIN_TIMEOUT,
 )
-from .retries import Retry, Write
+from .ownership import Ownership
+from .records_hooks import StageRecords
+from .reporting import ErrorReports
+from .retries import Retrier, Retry, Write, WriteQueue
+from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
 
-class StepKeyWatch:
-    """The reader thread's loop over the step keys, and the acknowledgement of each.
+class StepKeys:
+    """The reader thread over the step keys (``thread``), and the acknowledgement of each
+    value it reads (queued for the driver)."""
 
-    Owns ``_reading_key``; reads ``_peer_thread`` (started by the driver), ``_sources``,
-    ``_state.coordination``, ``_state.closing`` and ``_state.grace_period``.
-    """
+    def __init__(
+        self,
+        state: HandlerState,
+        core: ProtocolCore,
+        sources: Any,
+        writes: WriteQueue,
+        retrier: Retrier,
+        errors: ErrorReports,
+        ownership: Ownership,
+        records: StageRecords,
+    ) -> None:
+        self._state = state
+        self._core = core
+        self._sources = sources
+        self._writes = writes
+        self._retrier = retrier
+        self._errors = errors
+        self._ownership = ownership
+        self._records = records
+        self._reading_key = RUN_TO_CHECKPOINT
+        self.thread: Optional[threading.Thread] = None
 
-    def _on_step_key(self, round_key: str, value: str) -> Optional[Write]:
+    def start_reader(self) -> None:
+        self.thread = threading.Thread(
+            target=self._watch,
+            name=f"PeerTerminationWatcher-{self._state.membership.id_in_cluster}",
+            daemon=True,
+        )
+        self.thread.start()
+
+    def acknowledge(self, round_key: str, value: str) -> Optional[Write]:
         """A step key the reader posted: the acknowledgement it queues for the driver, if any."""
         action = self._core.step_key(round_key, value)
         if isinstance(action, KeyAction.Stop):
             return None
         if not self._core.leading:
-            self._stage_records.peer_agreement(round_key, value)
-        if self._current_owner() is not None:
+            self._records.peer_agreement(round_key, value)
+        if self._ownership.current_owner() is not None:
             # A newer handler of this worker acknowledges now.
             return None
         ack_key = action.ack_key
@@ -55,16 +86,16 @@ class StepKeyWatch:
             log.info("%s=%s received; acknowledged with %s.", round_key, value, ack_key)
 
         def failed(error: BaseException) -> None:
-            self._fail_in_background("watching the peers' step keys", error)
+            self._errors.fail_in_background("watching the peers' step keys", error)
 
-        return self._write(
+        return self._writes.push(
             f"acknowledging {round_key}={value} with {ack_key}",
             lambda: self._state.coordination.set(ack_key, ACK_VALUE),
             acknowledged,
             failed,
         )
 
-    def _watch_step_keys(self) -> None:
+    def _watch(self) -> None:
         """The step-key reader: reads the keys a leader publishes (one round, or two with
         a grace period) and posts each value into the inbox, until ``STOP_WATCHER``,
         shutdown, or a newer handler takes over. It writes nothing: the driver
@@ -74,27 +105,26 @@ class StepKeyWatch:
         than the bound; then, or on anything unexpected, the error is posted and the
         driver hands it to the next ``run()``.
         """
-        self._reading_key = RUN_TO_CHECKPOINT
         try:
-            self._watch_step_keys_until_done()
+            self._watch_until_done()
         except BaseException as e:  # noqa: BLE001 - handed to the driver
             if not self._sources.inbox.post_key_read_failed(self._reading_key, e):
                 # The inbox is stopped: closing (ignored there), or the driver is gone.
-                self._fail_in_background("watching the peers' step keys", e)
+                self._errors.fail_in_background("watching the peers' step keys", e)
 
-    def _watch_step_keys_until_done(self) -> None:
+    def _watch_until_done(self) -> None:
         rounds = [RUN_TO_CHECKPOINT]
         if self._state.grace_period > 0:
             rounds.append(LAST_RUN_TO_CHECKPOINT)
         for round_key in rounds:
             self._reading_key = round_key
-            value = self._read_step_key(round_key)
+            value = self._read(round_key)
             if value is None or not self._sources.inbox.post_step_key(round_key, value):
                 return  # closing
-            if value == STOP_WATCHER or self._current_owner() is not None:
+            if value == STOP_WATCHER or self._ownership.current_owner() is not None:
                 return
 
-    def _read_step_key(self, round_key: str) -> Optional[str]:
+    def _read(self, round_key: str) -> Optional[str]:
         """The value of ``round_key`` once a leader set it; None once closing. Failed
         reads are retried by the core's rule, counted from the first failure since the
         last read that answered."""
@@ -106,26 +136,26 @@ class StepKeyWatch:
             except errors.OpError as e:
                 if self._state.closing.is_set():
                     return None
-                retry = retry or self._retry()
-                self._wait_to_retry(retry, f"reading {round_key}", e)
+                retry = retry or self._retrier.retry()
+                self._retrier.wait(retry, f"reading {round_key}", e)
                 continue
             retry = None
             if value is not None:
                 return value
         return None
 
-    def _stop_peer_watcher(self) -> None:
+    def stop_reader(self) -> None:
         """Releases the peer watcher, the step-key reader (``STOP_WATCHER`` on the step
         keys), and joins it.
 
         A handler that a newer one took over from writes nothing: the keys belong
         to the newer one's protocol, and its own peer watcher stops by itself.
         """
-        thread = self._peer_thread
+        thread = self.thread
         if thread is None:
             return
-        self._peer_thread = None
-        if self._current_owner() is None:
+        self.thread = None
+        if self._ownership.current_owner() is None:
             for key in self._core.shutdown_keys():
                 try:
                     self._state.coordination.set(key, STOP_WATCHER, SHUTDOWN_WRITE_TIMEOUT)
