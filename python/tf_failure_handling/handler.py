@@ -1,19 +1,8 @@
-"""``PreemptionCheckpointHandler`` and ``TerminationConfig``.
+"""``PreemptionCheckpointHandler`` and ``TerminationConfig``: the API, as TensorFlow's.
 
-The step-resolution protocol (who saves at which step, the two grace rounds)
-lives in the Rust core (``src/step_resolution.rs`` explains it); the classes of
-``_protocol/`` perform what the core decides against TensorFlow (coordination-service
-keys, checkpoint saves, error reports, the exit) and own the handler's threads, one
-concern each (``_protocol/__init__.py`` lists them). This module is the API: the
-constructor, TF's public methods and the private hooks other libraries call.
-
-Ownership of a notice: while a handler is open it owns its worker's termination
-notices. Signal handlers installed before it are not called (as with TF, whose
-``signal.signal`` replaces them) until :meth:`PreemptionCheckpointHandler.close`
-restores them; a newer handler of the same worker in the same process (a second
-``model.fit``) takes the notices over from an older one that is still open; after
-a save whose ``exit_fn`` returns, further notices are absorbed (logged) until
-``close()``.
+The protocol (who saves at which step, the two grace rounds) is decided by the Rust core
+(``src/step_resolution.rs``) and performed by the parts in ``_protocol/``, which the
+handler builds and wires together; docs/how-it-works.md describes both.
 """
 
 from __future__ import annotations
@@ -204,30 +193,11 @@ def _view(path: str, writable: bool = False) -> property:
 class PreemptionCheckpointHandler(HandlerCore):
     """Saves a checkpoint at one agreed step when any worker gets a termination notice.
 
-    Replaces ``tf.distribute.experimental.PreemptionCheckpointHandler`` with the
-    same constructor, methods, coordination-service keys, checkpoint layout and
-    exit codes. ``run(fn, *args, **kwargs)`` is native: with no notice pending it
-    adds a clock read (the step time) and two atomic loads to calling ``fn``.
-    Differences from TensorFlow:
-
-    * every wait for peers is bounded (``TerminationConfig(peer_timeout=...)``),
-      and a timeout raises ``tf.errors.DeadlineExceededError`` naming the workers
-      that did not answer;
-    * it can be built off the main thread; SIGTERM is caught through
-      ``sigaction``. As with TF, a handler installed before it is not called
-      while it is open (it could end the process before the save); unlike TF,
-      :meth:`close` restores it, and one installed later is warned about;
-    * a second handler of the same worker takes the notices over from an open
-      older one (TF: both react); after an ``exit_fn`` that returns, further
-      notices are absorbed until :meth:`close`;
-    * SIGTERM is watched even when a ``termination_watcher_fn`` is given;
-    * a notice from any source wakes the watcher at once (TF polls once a second);
-    * the final save of a grace period is planned from measured save and step
-      times (see ``src/grace.rs``);
-    * ``_run_counter`` is a plain ``int``;
-    * a ``tf.train.Checkpoint`` without ``checkpoint_dir`` raises
-      ``InvalidArgumentError`` (TF raises a ``TypeError`` while trying to);
-    * GCE CPU and TPU VMs are supported.
+    Replaces ``tf.distribute.experimental.PreemptionCheckpointHandler`` with the same
+    constructor, methods, coordination-service keys, checkpoint layout and exit codes.
+    ``run(fn, *args, **kwargs)`` is native: with no notice pending it adds a clock read
+    (the step time) and two atomic loads to calling ``fn``. It differs where TensorFlow
+    hangs, loses a notice or does not support a platform: docs/differences.md.
     """
 
     _membership = _view("_state.membership")
