@@ -176,9 +176,9 @@ def _peer_timeout(config: TerminationConfig) -> float:
 _open: set = set()
 
 
-def _view(path: str, writable: bool = False) -> property:
+def _view(path: str) -> property:
     """The handler's attribute as a view of ``path`` (``"_state.clock"``): TensorFlow's
-    names, and those tests and other libraries read (or set)."""
+    names, and those tests and other libraries read or set, as on TensorFlow's handler."""
     owner, name = path.split(".")
 
     def get(self: Any) -> Any:
@@ -187,7 +187,7 @@ def _view(path: str, writable: bool = False) -> property:
     def set_(self: Any, value: Any) -> None:
         setattr(getattr(self, owner), name, value)
 
-    return property(get, set_ if writable else None, doc=f"``{path}``.")
+    return property(get, set_, doc=f"``{path}``.")
 
 
 class PreemptionCheckpointHandler(HandlerCore):
@@ -206,13 +206,13 @@ class PreemptionCheckpointHandler(HandlerCore):
     _cluster_resolver = _view("_state.cluster_resolver")
     _peer_timeout = _view("_state.peer_timeout")
     _grace_period = _view("_state.grace_period")
-    _clock = _view("_state.clock", writable=True)
+    _clock = _view("_state.clock")
     _closed = _view("_state.closed")
     _thread_error = _view("_errors.pending")
     _notices_handled = _view("_driver.notices_handled")
     _checkpoint_time = _view("_checkpoints.last_save_seconds")
-    _read_checkpoint_manager = _view("_checkpoints.read", writable=True)
-    _write_checkpoint_manager = _view("_checkpoints.write", writable=True)
+    _read_checkpoint_manager = _view("_checkpoints.read")
+    _write_checkpoint_manager = _view("_checkpoints.write")
 
     def __init__(
         self,
