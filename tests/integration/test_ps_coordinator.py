@@ -236,7 +236,7 @@ def test_worker_killed_and_restarted(ps_cluster):
 
 # --------------------------------------------------------------------------- 3
 @pytest.mark.timeout(backstop(RUN_BOUND))
-def test_error_cancels_queued_closures(ps_cluster):
+def test_error_cancels_queued_closures(ps_cluster, impl):
     cluster = run_to_done(
         ps_cluster,
         "error",
@@ -270,8 +270,18 @@ def test_error_cancels_queued_closures(ps_cluster):
     assert counts.pop("InvalidArgumentError", 0) == 1, details
     resolved = counts.pop("resolved", 0)
     cancelled = counts.pop("CancelledError", 0)
+    raced = 0
+    if impl == "tf":
+        # TF's cancellation race (docs/differences.md): a closure queued behind the
+        # failing one can still run, and then fails in its own way (an exhausted
+        # iterator: OutOfRangeError). Ours cancels exactly those closures.
+        behind = [e for e in s["other_errors"] if e["index"] > FAIL_AT]
+        for e in behind:
+            counts[e["type"]] -= 1
+        counts = {k: n for k, n in counts.items() if n}
+        raced = len(behind)
     assert not counts, f"unexpected RemoteValue errors {counts}\n{details}"
-    assert resolved + cancelled + 1 == s["scheduled"]
+    assert resolved + cancelled + raced + 1 == s["scheduled"]
     assert cancelled >= 1, f"no closure queued behind the failure was cancelled\n{details}"
     # FIFO: of the closures before the failing one only those still in flight on the
     # other worker(s) may have been cancelled.
