@@ -69,6 +69,15 @@
 //! again, of its own TF type, its message naming the worker, the key, how
 //! often and how long it failed.
 //!
+//! Each row of this table is a test: a row of `ROWS` in
+//! `src/step_resolution/failures.rs`, named after it, runs a small cluster of
+//! the core's parts (the resolver, the grace planner, the driver's
+//! [`crate::writes::Writes`], the retry rule) on a simulated clock against a
+//! coordination service that fails as the row scripts, and asserts what the
+//! row says. Rows that Python performs (publish's raise, the save's error,
+//! the shutdown writes, the error report) are tested there as far as the
+//! core's part goes; so are the two sentences after the table.
+//!
 //! | effect | key | on failure |
 //! | --- | --- | --- |
 //! | claim (driver) | `TERMINATED_WORKER` | retried within the bound; then `on_claim(false)` and the next `run()` raises |
@@ -535,3 +544,6 @@ impl Resolver {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod failures;
