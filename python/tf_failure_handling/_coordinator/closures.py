@@ -1,57 +1,8 @@
 """The coordinator's closures: the concrete-function cache, the closure, the worker's loop.
 
-What TensorFlow 2.21's ``ClusterCoordinator`` does per closure, and what this
-module does instead:
-
-* ``schedule()`` builds a ``Closure``, whose ``__init__`` checks the arguments
-  for ``RemoteValue``s, selects worker 0's slice of every ``PerWorkerValues``,
-  maps every argument to its type spec (``nest.map_structure`` twice each) and
-  asks the ``tf.function`` for its concrete function
-  (``get_concrete_function``: TF's own argument binding and tracing-cache
-  lookup, under a metric timer), then derives the output type spec from the
-  function's outputs. That is most of what a ``schedule()`` costs (the row
-  "``schedule()`` per call, CPU of the calling thread" of
-  ``benches/bench_coordinator.py``'s tables, in ``docs/figures/``).
-  Here, :class:`ConcreteFunctionCache` keeps, per ``tf.function``, the concrete
-  function and output spec that TF derived for an argument *structure*; a
-  ``schedule()`` whose arguments have a structure seen before reuses them
-  (:func:`argument_key` builds the key in one walk over the arguments), and
-  any other one goes through TF's ``Closure`` as before and fills the cache.
-* What a ``schedule()`` leaves alive until its closure ran is what CPython's cyclic
-  garbage collector pays for (why: docs/how-it-works.md, "Two objects per
-  ``schedule()``"). Here that is two objects where TF leaves about 20: the native
-  :data:`Closure` and a :class:`ClosureRemoteValue`; the cancellable wrapper is made
-  once per entry and cancellation manager (:meth:`_Entry.cancelable_function`)
-  (``tests/unit/test_closure_gc.py``).
-* Each worker thread runs ``Closure.execute_on`` (three ``nest`` walks over the
-  arguments, four context managers, one of them a metric timer) and then
-  copies the outputs to the coordinator one ``identity`` op per tensor, under
-  another timer. :func:`run_on` substitutes the per-worker values of
-  top-level arguments directly and copies all output tensors with one
-  ``identity_n`` op; :class:`Worker` runs the failure handling only when a
-  closure raised. TF's metrics (``closure_execution``,
-  ``remote_value_fetch``) are still recorded.
-
-The key. Two ``schedule()`` calls share a cache entry only when TF's
-``get_concrete_function`` would answer both with the same concrete function:
-the key holds, for each argument leaf, what TF's tracing looks at -- dtype
-and shape of an eager tensor, type and value of a Python scalar, the type spec
-object of a ``PerWorkerValues`` (compared by identity: a new ``iter()`` of a
-per-worker dataset makes a new spec and, once, a new entry) -- the containers'
-types, lengths and dict keys, and the tracing context (the eager device
-scope). Anything else (variables, NumPy arrays, composite tensors, a
-``RemoteValue``, graph mode, a SavedModel save) makes the call uncacheable:
-it takes TF's path every time, so TF raises what it raises. A miss costs a
-key more than TF's path; a key that differs where TF's would not only costs a
-miss. Entries keep their spec objects alive, so an ``id`` in a key is never
-reused while the entry exists; each function keeps at most
-:data:`MAX_ENTRIES_PER_FUNCTION`, oldest dropped first, and the cache holds
-functions weakly.
-
-After a worker's recovery TF rebuilds its per-worker resources in place (the
-same ``RemoteValue`` objects, the same specs): cached entries stay valid. The
-cancellation manager is read at every ``schedule()``, as TF does, so closures
-scheduled after an error run under the new manager.
+What each part spares TensorFlow's ``schedule()`` and worker thread, and when two calls
+share a cache entry: docs/how-it-works.md, "The coordinator" (the cache's key) and "Two
+objects per ``schedule()``" (the garbage collector).
 """
 
 from __future__ import annotations

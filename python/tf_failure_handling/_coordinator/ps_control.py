@@ -1,61 +1,10 @@
 """Preemption notices of a ParameterServerStrategy cluster, over TensorFlow's own RPCs.
 
-The processes of a parameter-server cluster run no training code of their own:
-the PS and worker processes only serve (``server.join()``), and the coordinator
-(the chief) drives everything through TensorFlow's eager remote execution. So
-the coordinator asks: :func:`tf_failure_handling.serve` registers a Python
-function in its process (:class:`TaskControl`, under :data:`TOKEN` in TF's
-``py_func`` registry), and the coordinator runs a ``PyFunc`` op on that task's
-CPU (:func:`call`) -- TF executes such an op in the process that owns the device,
-calling the function registered there. Nothing travels outside TensorFlow's
-cluster: no new port, no coordination-service configuration.
-
-The conversation is two JSON requests:
-
-* ``{"op": "poll"}`` -> ``{"incarnation", "job", "task", "notice"}``: the task's
-  termination notice, if it has one (``{"source", "at", "deadline"}``, Unix
-  seconds);
-* ``{"op": "release", "reason", "incarnation", "notice_at"}`` ->
-  ``{"released": true}``: the coordinator is done with this task (it saved the
-  checkpoint the PS's variables were part of, or the worker's last closure
-  finished); the task exits with the restart code. A release is refused
-  (``{"released": false, "why"}``) unless it names this incarnation and the notice
-  the task has now: it cannot be sent ahead of a notice, nor carried over to a
-  restarted task. TensorFlow's gRPC is unauthenticated: any process that reaches a
-  task's port can ask these too (docs: "Trust").
-
-Every call has a deadline (:data:`CALL_TIMEOUT`): the eager op runs on a thread of
-its own and the caller stops waiting at the bound, so one task that does not
-answer (stopped, partitioned) never holds up the poll of the others, nor a release.
-At most one call per task is outstanding; a task whose last call has not returned is
-"unanswered" until it does.
-
-TensorFlow's own ops in the coordinator are another matter: the first time the
-coordinator runs an op or function it has not run before (the save's
-``save_counter.assign_add``, its save functions), ``EagerContext::AddFunctionDef``
-registers it on *every* task of the cluster, and ParameterServerStrategy turns
-streaming enqueue off (``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE=False``), so each
-registration is a unary ``EagerService/Enqueue`` with no deadline that the calling
-thread waits for (``GrpcEagerClient::StreamingEnqueueAsync``, then
-``Notification::WaitForNotification``; the GIL is released meanwhile). A stopped
-(SIGSTOP) task keeps its TCP connection open -- its kernel still acknowledges -- so,
-without HTTP/2 keepalive, gRPC waits for it forever and the save never ends. So this
-module, when imported in a ParameterServerStrategy process (``TF_CONFIG`` names a
-``ps`` job, or :data:`GRPC_KEEPALIVE_ENV` is ``1``: :func:`keepalive_wanted`), adds
-:data:`GRPC_KEEPALIVE` to ``TF_GRPC_DEFAULT_OPTIONS``
-(:func:`add_grpc_keepalive`; only keys the user has not set; TF reads the variable
-when it creates its first channel, so it must be imported before the strategy or the
-server is made): a call to a task that does not answer a ping fails within
-:data:`GRPC_PING_EVERY` + :data:`GRPC_PING_TIMEOUT` seconds, a new one within
-:data:`GRPC_CONNECT_TIMEOUT`, and TF's registration goes on without that task (it only
-logs the failure).
-
-:class:`ClusterPoller` is the coordinator's side: one daemon thread polls every
-PS and worker task every :data:`POLL_INTERVAL` seconds and hands each incarnation's
-first notice to the handler. A task that does not run ``serve()`` (yet: a restarted
-task registers its control before anything else) answers with an error; it is
-logged once and asked again every round, so a new incarnation that serves is
-always watched.
+:class:`TaskControl` is what ``serve()`` registers in TF's ``py_func`` registry; the
+coordinator runs a ``PyFunc`` op on each task's CPU (:func:`call`, bounded) to poll it
+(:class:`ClusterPoller`) and release it; :class:`WorkerDrain` takes a worker out of the
+rotation. The requests, the bounds and the gRPC keepalive this module adds at import:
+docs/getting-started/parameter-server.md, "Preemption under ParameterServerStrategy".
 """
 
 from __future__ import annotations
