@@ -69,11 +69,8 @@ def require_tensorflow_backend() -> None:
 
 
 def _fit_code() -> Any:
-    """The code object of ``TensorFlowTrainer.fit`` (under its traceback filter).
-
-    Relies on (Keras 3.15, ``keras/src/backend/tensorflow/trainer.py``):
-    ``TensorFlowTrainer.fit`` is the TensorFlow backend's fit loop.
-    """
+    """The code object of ``TensorFlowTrainer.fit`` (under its traceback filter): the
+    TensorFlow backend's fit loop (``keras/src/backend/tensorflow/trainer.py``)."""
     try:
         from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
     except ImportError as e:
