@@ -1,31 +1,9 @@
 """Preemption handling for ``tf.distribute`` on a Rust core.
 
-A drop-in replacement for TensorFlow's failure-handling module: change the
-import, or call :func:`patch` to put these classes into ``tf.distribute`` so that
-unchanged scripts (and libraries such as tf_keras' ``BackupAndRestore`` or orbit)
-use them. Checkpoints, coordination-service keys and exit codes are TensorFlow's.
-
-The package, floor by floor; a module imports only from the floors below its own:
-
-6. **the face**: this module (the public names) and ``__main__`` (``python -m
-   tf_failure_handling report``);
-5. **built on the API**: ``keras`` (Keras 3's callback, over the handler), ``serving``
-   (``serve()``, what a PS or worker task runs), ``testing`` (the fakes; it builds
-   handlers), ``report`` (the records' report), ``_patch`` (``patch()``: it puts the
-   API's classes into TensorFlow, finding them by module name);
-4. **the API**, TensorFlow's classes: ``handler`` (``PreemptionCheckpointHandler``,
-   ``TerminationConfig``), ``watcher`` (``PreemptionWatcher``), ``coordinator``
-   (``ClusterCoordinator``), none of which imports another;
-3. ``_protocol/``: the handler's protocol driver, one concern a class (its docstring
-   lists them);
-2. ``_coordinator/``: the coordinator's closures, its closure queue and the
-   parameter-server control; ``_platforms/``: platform detection and the notice sources,
-   SLURM among them; ``_cluster/``: membership and the coordination service;
-   ``_integrations/``: the Keras internals and the TensorFlow releases relied on. None
-   imports another;
-1. **the ground**: ``_native`` (the Rust core), ``_errors`` (TensorFlow's error types)
-   and ``_failure`` (the failure classifier), which the native module imports by these
-   names, so they stay here; ``records`` (the preemption records' format).
+A drop-in replacement for TensorFlow's failure-handling module: change the import, or
+call :func:`patch` so that unchanged scripts (and tf_keras, orbit) use these classes.
+Checkpoints, coordination-service keys and exit codes are TensorFlow's. How the package
+is layered: docs/development.md, "The package, floor by floor".
 """
 
 from __future__ import annotations

@@ -1,41 +1,9 @@
 """Worker and parameter-server failure classification, on the Rust classifier.
 
-Replaces the private helpers of TensorFlow 2.21's
-``tensorflow/python/distribute/coordinator/cluster_coordinator.py`` that the
-coordinator's worker threads call on every failed closure:
-
-* :func:`is_worker_failure` replaces ``_is_worker_failure(error)``;
-* :func:`is_ps_failure` replaces ``_is_ps_failure(error)``;
-* :func:`classify_failure` answers both in one call, ``(is_ps_failure(e),
-  is_worker_failure(e))``: what the coordinator asks of a failed closure;
-* :func:`extract_failed_ps_instances` replaces ``_extract_failed_ps_instances(err_msg)``;
-* :class:`TransientFailures` replaces ``Cluster``'s transient-failure counters:
-  its ``record_and_ignore_transient_ps_failure(e)`` and
-  ``record_and_ignore_transient_timeouts(e)`` are TF's
-  ``Cluster._record_and_ignore_transient_ps_failure`` and
-  ``Cluster._record_and_ignore_transient_timeouts``, with the thresholds read
-  from ``TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`` (default 3) and
-  ``TF_COORDINATOR_IGNORE_TRANSIENT_TIMEOUTS`` (default ``num_workers // 10``)
-  at construction, as ``Cluster.__init__`` reads them (keyword arguments
-  ``ps_threshold``/``timeouts_threshold`` override them). Thread-safe.
-
-The verdicts are TF's, row for row (the rules are one table in ``src/failure.rs``,
-checked against TF's own functions by ``tests/unit/test_failure_classification.py``).
-The functions are the native ones, re-exported without a Python wrapper, because
-the point is speed: TF's ``_is_worker_failure`` reads and parses
-``TF_PS_HANDLE_UNKNOWN_ERROR`` and calls ``str(error)`` up to six times per call.
-
-One difference: TF reads ``TF_PS_HANDLE_UNKNOWN_ERROR`` on every
-``_is_worker_failure`` call, so a value ``int()`` rejects raises ``ValueError``
-for every error. Here it is read (also per call, never cached) only for an
-``UnknownError`` whose message says ``Graph execution error`` -- the only error
-whose verdict it can change -- and raises the same ``ValueError`` there.
-
-The error classes are TensorFlow's (``tensorflow.python.framework.errors`` and the
-coordinator's ``PSUnavailableError``, ``ClosureInputError``, ``ClosureAbortedError``),
-looked up once, at the first classification, never at import. Without TensorFlow,
-the stand-ins of :mod:`tf_failure_handling._errors` and the ones below take their
-place.
+Re-exports the native replacements of TensorFlow 2.21's ``_is_worker_failure``,
+``_is_ps_failure``, ``_extract_failed_ps_instances`` and ``Cluster``'s transient-failure
+counters (``TransientFailures``); ``classify_failure(e)`` answers ``(is_ps_failure(e),
+is_worker_failure(e))`` in one call. docs/how-it-works.md, "The coordinator", tells why.
 """
 
 from __future__ import annotations

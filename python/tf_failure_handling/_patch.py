@@ -1,33 +1,9 @@
 """``patch()`` / ``unpatch()``: put this package's classes wherever TensorFlow exports its own.
 
-**What is replaced.** TensorFlow exports each of its four classes
-(``PreemptionCheckpointHandler``, ``TerminationConfig``, ``PreemptionWatcher``,
-``ClusterCoordinator``) under several names: ``tf.distribute.experimental``,
-``tf.compat.v2.distribute.experimental`` (a different module object, the one tf_keras
-reads through ``import tensorflow.compat.v2 as tf``), the ``coordinator`` namespaces,
-and the modules that define them (``failure_handling.WorkerPreemptionHandler`` is an
-alias). The targets are therefore found, not listed: every attribute of TF's
-generated API modules (``tensorflow._api.*``, which ``tf``, ``tf.compat.v2`` and
-``tf.compat.v1`` are made of) and of TF's ``tensorflow.python.distribute`` modules
-whose value *is* one of TF's four classes is replaced by ours. The four classes are
-found in their defining modules; a name is a target by identity, whatever it is called.
-
-**Modules imported later.** An API module imported after :func:`patch` copies the
-class from its defining module, which already holds ours; :func:`unpatch` looks again
-and gives such modules TF's class back.
-
-**tf_keras.** ``BackupAndRestore(save_before_preemption=True)`` builds a handler only
-where ``worker_training_state.support_on_demand_checkpoint_callback(strategy)`` says
-so: with MultiWorkerMirroredStrategy when a GCE metadata server answers. Our handler
-works on every platform, so :func:`patch` replaces that function with one that also
-says yes to MultiWorkerMirroredStrategy off GCP. tf_keras calls it only when the user
-passed ``save_before_preemption=True``, so nothing changes for anyone else. If tf_keras
-is not imported yet, an import hook applies this when it is (importing tf_keras here
-would cost half a second to scripts that never use it).
-
-**Cost.** One pass over ~400 modules' dictionaries (about 17,000 entries) with an
-identity lookup each: a few milliseconds once TensorFlow is imported (see the README).
-``patch()`` imports TensorFlow if the script has not.
+The targets are found, not listed: every attribute of TensorFlow's generated API
+modules and of its ``tensorflow.python.distribute`` modules whose value *is* one of TF's
+four classes. What it changes, for tf_keras too, and what it costs:
+docs/getting-started/index.md and docs/getting-started/tf-keras.md.
 """
 
 from __future__ import annotations

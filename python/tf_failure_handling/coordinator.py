@@ -1,40 +1,8 @@
 """``ClusterCoordinator`` on the native closure queue and failure classifier.
 
-TensorFlow's coordinator has three parts that matter here: the closure queue
-(every ``schedule``, every worker thread's ``get``, every ``join``), the
-classification of errors into "a worker failed" / "a parameter server failed"
-(every failed closure), and the machinery that runs closures on workers
-(``Closure``, ``RemoteValue``, ``Worker``, per-worker resources, function
-tracing, cancellation and executor scopes). This module replaces the first two
-with the Rust core (``src/closure_queue.rs``, ``src/failure.rs``; both verdicts
-of a failed closure come from one native call). Of the third it keeps
-TensorFlow's classes -- ``RemoteValue``, per-worker resources, the failure
-handler's retry and recovery, the worker threads -- and makes each closure
-cheaper (``_coordinator.closures``): ``schedule()`` reuses the concrete function TF
-derived for an argument structure seen before and leaves two objects for the
-garbage collector to track instead of TF's ~20 (a native closure, and TF's
-``RemoteValueImpl`` without an event or lock of its own), and the worker thread runs a
-closure without TF's per-closure ``nest`` walks and context managers, enters
-the failure handling only when the closure raised, and copies the outputs to
-the coordinator with one op. Same threads, same at-least-once retry after a
-worker failure, same ``RemoteValue`` API (a ``RemoteValueImpl`` subclass),
-same metrics.
-
-Differences from TensorFlow:
-
-* the queue's ``wait(timeout)`` honours its deadline (TF restarts the timeout at
-  every wake-up), and every blocked queue call releases the GIL and answers
-  Ctrl-C;
-* a rejected ``schedule`` call does not leave the strategy flagged as
-  "being scheduled" (TF has no ``finally`` there);
-* a strategy that is not a ParameterServerStrategy gets the ``ValueError`` TF
-  means to raise (TF fails first with an ``AttributeError``; ours is both);
-* the wait for a failed worker to come back is bounded by
-  ``worker_recovery_timeout`` (TF's 3600 s by default, settable here or with
-  ``TF_FAILURE_HANDLING_WORKER_RECOVERY_TIMEOUT``); when it runs out the
-  coordinator logs which worker did not return, then retries as TF does.
-
-Importing this module imports TensorFlow.
+TensorFlow's ``Closure`` attributes, ``RemoteValue``, per-worker resources, retry and
+recovery are kept; what is native and what each closure is spared: docs/how-it-works.md,
+"The coordinator". Importing this module imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -264,14 +232,10 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
 
     Replaces ``tf.distribute.experimental.coordinator.ClusterCoordinator`` (and
     ``tf.distribute.coordinator.ClusterCoordinator``) with the same constructor,
-    methods and errors. One coordinator exists per strategy, as in TF. The
-    closure queue and the failure classifier are native; per-worker resources
-    are TensorFlow's own; ``schedule()`` returns TF's ``RemoteValueImpl`` (a
-    subclass that waits on one native completion count) and queues a native
-    closure with TF's ``Closure`` attributes, built from a cache of concrete
-    functions when the arguments' structure was seen before
-    (``_coordinator.closures``). Extra keyword-only argument:
-    ``worker_recovery_timeout`` (seconds, default 3600 as TF).
+    methods and errors, one per strategy as in TF. Differs in: a native closure queue
+    with real deadlines, a cache of concrete functions, and a bounded wait for a failed
+    worker, ``worker_recovery_timeout`` (keyword-only, seconds, default 3600 as TF);
+    the rest is in "Differences from TensorFlow".
     """
 
     def __new__(cls, strategy: Any, **_kwargs: Any) -> ClusterCoordinator:
@@ -331,11 +295,8 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         """Schedules ``fn`` on some worker; returns a ``RemoteValue`` (TF's contract).
 
         A call whose arguments have a structure this ``fn`` was scheduled with
-        before reuses the concrete function TF derived then (see
-        ``_coordinator.closures``); any other call derives it as TF does, under
-        ``strategy.scope()``. Unlike TF, a rejected call (say, a
-        ``RemoteValue`` among the inputs) does not leave the strategy marked
-        as "being scheduled".
+        before reuses the concrete function TF derived then; any other call derives
+        it as TF does, under ``strategy.scope()``.
         """
         if not _closures.is_schedulable(fn):
             self.strategy.extended._being_scheduled = False

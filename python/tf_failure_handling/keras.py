@@ -1,21 +1,11 @@
 """Preemption checkpointing for Keras 3 ``model.fit``: :class:`PreemptionCheckpoint`.
 
-Keras 3 has no counterpart of tf_keras' ``BackupAndRestore(save_before_preemption=True)``:
-its ``BackupAndRestore`` saves every ``save_freq`` and resumes at an epoch boundary.
-:class:`PreemptionCheckpoint` runs every training step of ``fit`` inside a
-:class:`~tf_failure_handling.PreemptionCheckpointHandler`, so a termination notice to
-any worker makes every worker save at one agreed step and exit with the platform's
-code (42, or 143 on GCE), and the next ``fit`` with the same callback resumes at the
-saved epoch and batch.
-
-The checkpoint holds ``model.variables`` (weights, non-trainable state such as
-BatchNormalization statistics, random-seed state), ``model.optimizer.variables``
-(``iterations``, slots), the position in ``fit`` (:class:`FitPosition`) and the
-handler's ``checkpointed_runs``. It does not hold the input pipeline's position:
-after a restart ``fit`` reads its input from the beginning (see :func:`saved_position`).
-
-The Keras internals this needs are all in ``_integrations/keras_internals.py``, checked
-when ``fit`` starts. Requires the TensorFlow backend.
+Keras 3's ``BackupAndRestore`` has no ``save_before_preemption``. This callback runs every
+training step of ``fit`` inside a :class:`~tf_failure_handling.PreemptionCheckpointHandler`:
+on a notice to any worker every worker saves at one agreed step and exits, and the next
+``fit`` with the same callback resumes at the saved epoch and batch (the input pipeline's
+position is not saved: :func:`saved_position`). Requires the TensorFlow backend; the
+Keras internals it needs are checked when ``fit`` starts.
 """
 
 from __future__ import annotations

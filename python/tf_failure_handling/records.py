@@ -1,45 +1,13 @@
 """A record of every preemption, written by each process that handles a notice.
 
-Every stage of a preemption is one JSON line: ``notice``, ``agreement``,
-``save_start``, ``save_end``, ``exit``, ``error``, after the restart ``resumed``,
-and under SLURM ``requeue``. Each task has its own lines (one writer each); where
-they go depends on the folder's kind:
-
-* **A local folder** (a plain path or ``file://``): one file per task,
-  ``<folder>/<job>-<task>.jsonl``. Each line is one ``write`` on a file opened for
-  appending, then ``fsync``: when :meth:`Recorder.write` returns, the line is on
-  the disk. Each process's first line starts on a line of its own (a newline is
-  added when the file does not end with one), so a short write by a killed process
-  never joins the next process's first line.
-* **Any other scheme TensorFlow can write** (``gs://``, ``s3://``, ``hdfs://``,
-  ``ram://`` ...), through ``tf.io.gfile``: object stores cannot append, so each
-  line is one small object, ``<folder>/<job>-<task>/<microseconds>-<pid>-<n>-<stage>.json``
-  (names sort in write order). A background thread writes them in order, so no
-  stage waits for the store; :meth:`Recorder.close` (called before ``exit_fn``)
-  waits, within :data:`FLUSH_BOUND`, until every line is a complete object.
-
-The cost before the save: on a local folder the first line creates the folder and
-opens the file, and every line is written and fsynced on the thread that reports
-the stage (the training thread); ``benches/bench_records.py`` measures it. On an
-object store the training thread only queues the line.
-
-A folder that cannot be written is warned about once and training goes on.
-
-:func:`load` reads one folder (either layout, or both), one file, or a checkpoint
-folder with a ``preemption_records`` folder inside, and folds the lines into
-:class:`Preemption` objects, one per task and preemption, with :class:`Resume`
-objects for the restarts; ``python -m tf_failure_handling report PATH`` prints them.
-Every line is checked against one schema (:data:`FIELDS`); a line that is cut off,
-not JSON or of the wrong shape is skipped and counted in :attr:`Records.skipped`.
-
-Fields of a line (``schema`` 1): ``schema``, ``stage``, ``time`` (Unix seconds),
-``job``, ``task``, ``host``, ``pid``, ``preemption`` (the id shared by a task's
-lines of one preemption), and per stage: ``platform``, ``source`` (``SIGTERM``,
-``SIGUSR1``, ``gce``, ``aws``, ``azure``, ``kubernetes``, ``watcher fn``,
-``peer``, ``ps 0: SIGTERM`` ...), ``deadline``, ``grace_period`` (notice);
-``step``, ``proposer`` (agreement); ``path`` (save_end); ``code`` (exit);
-``error`` (error); ``step``, ``lost``, ``downtime`` (resumed). Other fields (a
-newer schema's, ``requeue``'s) are kept in ``extra``.
+Every stage of a preemption is one JSON line (``notice``, ``agreement``, ``save_start``,
+``save_end``, ``exit``, ``error``, after the restart ``resumed``, under SLURM
+``requeue``), each task its own writer (:class:`Recorder`): one ``.jsonl`` file per task
+in a local folder, one object per line on any other scheme TensorFlow writes.
+:func:`load` folds them into :class:`Preemption` and :class:`Resume` objects, checking
+each line against :data:`FIELDS`; ``python -m tf_failure_handling report PATH`` prints
+them. The layouts, what a kill leaves, what they cost and each stage's fields:
+docs/records.md.
 """
 
 from __future__ import annotations

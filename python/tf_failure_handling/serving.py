@@ -1,21 +1,8 @@
 """``serve(server)``: what a PS or worker process of ParameterServerStrategy runs.
 
-Replaces ``server.join()``. The process serves exactly as before (the
-``tf.distribute.Server`` it was given does all the work; this thread only
-waits) and also watches its own termination notices -- SIGTERM, SLURM,
-Kubernetes, the clouds' metadata services, a ``termination_watcher_fn``: the
-sources of ``PreemptionCheckpointHandler``. The coordinator learns of a notice by
-asking (``_ps_control``: a ``PyFunc`` op TensorFlow runs in this process), and
-tells the task when it is done with it:
-
-* a **PS** keeps serving (its variables are what the coordinator saves) until the
-  coordinator has saved the checkpoint, then exits with the restart code;
-* a **worker** keeps serving until the coordinator has let its closure in flight
-  finish and given it no new one, then exits with the restart code.
-
-If the coordinator does not answer by the notice's deadline (the platform's, else
-``grace_period`` when set, else ``TerminationConfig(peer_timeout=...)``, 300 s by
-default), the task exits with the restart code anyway.
+Replaces ``server.join()``: the process serves as before, watches its own termination
+notices and exits with the restart code once the coordinator releases it (or at its
+deadline). docs/getting-started/parameter-server.md tells the whole exchange.
 """
 
 from __future__ import annotations

@@ -4,21 +4,14 @@ This module is public and documented: it gives you the pieces our own unit
 tests use, so you can check how *your* loop behaves when a worker is preempted,
 fails, or restarts, in milliseconds and in one process.
 
-* :class:`InMemoryCoordinationService` behaves like TensorFlow's coordination
-  service as the handler uses it (``context.context()``): setting an existing key
-  raises ``AlreadyExistsError``, a get blocks until the key is set (or its
-  timeout passes: ``DeadlineExceededError``), and ``report_error_to_cluster``
-  fails every blocked get with the reported error. It needs no TensorFlow; when
-  TF is installed its errors are TF's own classes.
-* :class:`SimulatedCluster` runs N workers as threads on one such service, with
-  a lock-step :meth:`WorkerContext.all_reduce` standing in for
-  MultiWorkerMirroredStrategy's collectives (a step finishes only when every
-  worker joined it; an error reported to the cluster aborts it everywhere).
-  :meth:`SimulatedCluster.preempt` delivers a termination notice to a worker, as
-  SIGTERM or a metadata server would.
-* :class:`FakeCheckpoint` / :class:`FakeVariable` are a checkpoint that needs no
-  TensorFlow: JSON files written atomically, with ``CheckpointManager``'s
-  ``max_to_keep`` and ``restore_or_initialize``.
+* :class:`InMemoryCoordinationService` behaves like TensorFlow's coordination service
+  as the handler uses it; it needs no TensorFlow, and uses TF's error classes when
+  TF is installed.
+* :class:`SimulatedCluster` runs N workers as threads on one such service, with a
+  lock-step :meth:`WorkerContext.all_reduce` standing in for MultiWorkerMirroredStrategy's
+  collectives; :meth:`SimulatedCluster.preempt` delivers a termination notice.
+* :class:`FakeCheckpoint` / :class:`FakeVariable` are a checkpoint without TensorFlow
+  (JSON files written atomically, with ``CheckpointManager``'s contract).
 
 Example::
 
@@ -75,6 +68,9 @@ class InMemoryCoordinationService:
 
     Methods have the names and arguments of ``tf``'s ``context.context()``, so
     the same object also stands in for TF's context in tests of TF's own handler.
+    Setting an existing key raises ``AlreadyExistsError``; a get blocks until the key is
+    set or its timeout passes (``DeadlineExceededError``); ``report_error_to_cluster``
+    fails every blocked get with the reported error.
     ``fail_next_set`` / ``fail_next_get`` inject one failure (a
     ``tf.errors.UnavailableError``) into the next matching call.
     """

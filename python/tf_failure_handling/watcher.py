@@ -1,22 +1,8 @@
 """``PreemptionWatcher``: learn that a preemption is coming, on any platform.
 
-TensorFlow's watcher works on Borg TPUs only: a daemon thread blocks, without a
-bound, on the coordination-service key ``TF_DEFAULT_PREEMPTION_NOTICE_KEY``,
-which TPU runtime code writes. Here the same key is watched wherever a
-coordination service runs (MultiWorkerMirroredStrategy, TPU), and it is written
-by
-
-* every ``PreemptionCheckpointHandler`` of this package, when its worker leads
-  the response to a notice;
-* every ``PreemptionWatcher`` that sees a notice from its own process's sources.
-
-In local mode (no coordination service) the watcher watches this process's
-termination sources itself: the signals (SIGTERM by default; SIGUSR1 too under
-SLURM), the cloud's metadata service, and the notices of any handler in this
-process. Watching a signal means catching it: while a watcher is open, SIGTERM
-is recorded instead of killing the process (a previously installed handler still
-runs, unless a ``PreemptionCheckpointHandler`` is open: the handler owns the
-notice); :meth:`PreemptionWatcher.close` restores it.
+It watches TF's ``TF_DEFAULT_PREEMPTION_NOTICE_KEY`` wherever a coordination service
+runs, and this process's own notice sources in local mode: docs/how-it-works.md,
+"``PreemptionWatcher``".
 """
 
 from __future__ import annotations
@@ -97,16 +83,10 @@ class PreemptionWatcher:
     """Watches for a preemption notice and keeps its message.
 
     Replaces ``tf.distribute.experimental.PreemptionWatcher`` with the same
-    constructor, ``preemption_message``, ``platform`` and
-    ``block_until_worker_exit()``. Differences from TensorFlow:
-
-    * it works wherever a coordination service runs and in local mode, not only
-      on Borg TPUs (see the module docstring for the sources it watches);
-    * the background wait is sliced and stops at :meth:`close` (TF's thread
-      blocks until the process ends);
-    * keyword-only extras: ``signals`` (the signals that count as a notice;
-      ``()`` to leave signals alone), :meth:`wait`, :meth:`close`, and use as a
-      context manager.
+    constructor, ``preemption_message``, ``platform`` and ``block_until_worker_exit()``.
+    Differs in: it works beyond Borg TPUs, in local mode too, and stops at :meth:`close`;
+    extras: ``signals`` (keyword-only: the signals that count as a notice, ``()`` for
+    none), :meth:`wait`, :meth:`close` and use as a context manager.
     """
 
     def __init__(self, *, signals: Optional[Sequence[int]] = None) -> None:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
 from .. import _errors
+from .._bounded_call import BoundedCall
 
 _local = threading.local()
 
@@ -45,38 +46,18 @@ DEFAULT_WRITE_TIMEOUT = 60.0
 def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
     """``fn()``, or ``DeadlineExceededError`` if it has not returned after ``timeout`` s.
 
-    TF's ``set_config_key_value`` and ``report_error_to_cluster`` take no timeout,
-    and when the service's leader is cut off from the network (not dead: a dead
-    one refuses the connection at once) they never return. The call runs in a
-    daemon thread; when it is given up, that thread is left to TF.
-
-    The bound holds only if TF releases the GIL while the call waits: this thread's
-    ``Event.wait`` cannot time out while another thread holds the GIL. TF's
-    ``report_error_to_cluster`` does not release it, so for that call the bound is
-    not enforced (the handler avoids the one case seen to block it: a report while
-    the coordination leader fails its health probe).
+    TF's ``set_config_key_value`` and ``report_error_to_cluster`` take no timeout and
+    never return while the service's leader is cut off; the second holds the GIL, so
+    its bound is not enforced (docs/how-it-works.md, "What is bounded").
     """
-    box: list = []
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            box.append((True, fn()))
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box.append((False, e))
-        done.set()
-
-    threading.Thread(target=target, name=f"tfh-coordination-{what}", daemon=True).start()
-    if not done.wait(timeout):
+    call = BoundedCall(fn, f"tfh-coordination-{what}")
+    if not call.wait(timeout):
         raise _errors.make(
             "DeadlineExceededError",
             f"The coordination service did not answer {what} within {timeout:g}s "
             "(its leader, worker 0, may be cut off from this worker).",
         )
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
+    return call.result()
 
 
 class Client:

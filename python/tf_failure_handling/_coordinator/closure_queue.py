@@ -58,22 +58,10 @@ class ClosureQueue(_NativeClosureQueue):
     ``put_back(closure)``, ``mark_failed(e)``, ``wait(timeout=None)``, ``done()``,
     ``stop()``, ``clear_tag_unlocked(tag)``, ``inflight_closure_count`` (and its setter),
     ``_inflight_closure_count``, ``_error`` (the pending error) and ``_cancellation_mgr``
-    behave as TensorFlow's, and a cancellation logs TensorFlow's ``Start cancelling
-    closures due to error ...`` at ERROR. Blocking calls release the GIL and
-    answer Ctrl-C. Differences from TensorFlow:
-
-    * timeouts are deadlines: TF restarts ``wait``'s and ``get``'s timeout whenever the
-      queue changes, so ``wait(timeout)`` can block forever under steady progress;
-    * ``put_back`` never waits for room (the closure was admitted once); TF's can
-      deadlock when every worker puts back into a full queue;
-    * with an error pending, ``put`` does not wait for room: the closure is cancelled
-      right away with the rest;
-    * while an error cancels the queue, no queued closure is handed to a worker (TF
-      starts them against the cancelled manager); ``done()`` answers False meanwhile
-      instead of cancelling a second time;
-    * a ``wait(timeout)`` next to another ``wait`` keeps its own deadline (TF's second
-      waiter blocks on a lock with no timeout);
-    * tags are ints (TF's worker indices).
+    behave as TensorFlow's (tags are worker indices), and a cancellation logs TF's
+    ``Start cancelling closures due to error ...`` at ERROR. Blocking calls release the
+    GIL and answer Ctrl-C; where the timeouts, ``put_back``, ``put`` and ``done()``
+    differ from TF's: docs/differences.md.
     """
 
     def __init__(self, max_size: int = MAX_SIZE) -> None:

@@ -1,57 +1,8 @@
 """The coordinator's closures: the concrete-function cache, the closure, the worker's loop.
 
-What TensorFlow 2.21's ``ClusterCoordinator`` does per closure, and what this
-module does instead:
-
-* ``schedule()`` builds a ``Closure``, whose ``__init__`` checks the arguments
-  for ``RemoteValue``s, selects worker 0's slice of every ``PerWorkerValues``,
-  maps every argument to its type spec (``nest.map_structure`` twice each) and
-  asks the ``tf.function`` for its concrete function
-  (``get_concrete_function``: TF's own argument binding and tracing-cache
-  lookup, under a metric timer), then derives the output type spec from the
-  function's outputs. That is most of what a ``schedule()`` costs (the row
-  "``schedule()`` per call, CPU of the calling thread" of
-  ``benches/bench_coordinator.py``'s tables, in ``docs/figures/``).
-  Here, :class:`ConcreteFunctionCache` keeps, per ``tf.function``, the concrete
-  function and output spec that TF derived for an argument *structure*; a
-  ``schedule()`` whose arguments have a structure seen before reuses them
-  (:func:`argument_key` builds the key in one walk over the arguments), and
-  any other one goes through TF's ``Closure`` as before and fills the cache.
-* What a ``schedule()`` leaves alive until its closure ran is what CPython's cyclic
-  garbage collector pays for (why: docs/how-it-works.md, "Two objects per
-  ``schedule()``"). Here that is two objects where TF leaves about 20: the native
-  :data:`Closure` and a :class:`ClosureRemoteValue`; the cancellable wrapper is made
-  once per entry and cancellation manager (:meth:`_Entry.cancelable_function`)
-  (``tests/unit/test_closure_gc.py``).
-* Each worker thread runs ``Closure.execute_on`` (three ``nest`` walks over the
-  arguments, four context managers, one of them a metric timer) and then
-  copies the outputs to the coordinator one ``identity`` op per tensor, under
-  another timer. :func:`run_on` substitutes the per-worker values of
-  top-level arguments directly and copies all output tensors with one
-  ``identity_n`` op; :class:`Worker` runs the failure handling only when a
-  closure raised. TF's metrics (``closure_execution``,
-  ``remote_value_fetch``) are still recorded.
-
-The key. Two ``schedule()`` calls share a cache entry only when TF's
-``get_concrete_function`` would answer both with the same concrete function:
-the key holds, for each argument leaf, what TF's tracing looks at -- dtype
-and shape of an eager tensor, type and value of a Python scalar, the type spec
-object of a ``PerWorkerValues`` (compared by identity: a new ``iter()`` of a
-per-worker dataset makes a new spec and, once, a new entry) -- the containers'
-types, lengths and dict keys, and the tracing context (the eager device
-scope). Anything else (variables, NumPy arrays, composite tensors, a
-``RemoteValue``, graph mode, a SavedModel save) makes the call uncacheable:
-it takes TF's path every time, so TF raises what it raises. A miss costs a
-key more than TF's path; a key that differs where TF's would not only costs a
-miss. Entries keep their spec objects alive, so an ``id`` in a key is never
-reused while the entry exists; each function keeps at most
-:data:`MAX_ENTRIES_PER_FUNCTION`, oldest dropped first, and the cache holds
-functions weakly.
-
-After a worker's recovery TF rebuilds its per-worker resources in place (the
-same ``RemoteValue`` objects, the same specs): cached entries stay valid. The
-cancellation manager is read at every ``schedule()``, as TF does, so closures
-scheduled after an error run under the new manager.
+What each part spares TensorFlow's ``schedule()`` and worker thread, and when two calls
+share a cache entry: docs/how-it-works.md, "The coordinator" (the cache's key) and "Two
+objects per ``schedule()``" (the garbage collector).
 """
 
 from __future__ import annotations
@@ -101,7 +52,7 @@ class _Uncacheable(Exception):
 
 
 class _KeyBuilder:
-    """One walk over a ``schedule()`` call's arguments (see the module docstring)."""
+    """One walk over a ``schedule()`` call's arguments (the key: docs/how-it-works.md)."""
 
     __slots__ = ("keep", "nested_per_worker", "slots")
 
@@ -170,12 +121,9 @@ def argument_key(args: Any, kwargs: Any) -> Optional[tuple]:
 
 
 def context_key(strategy: Any) -> Optional[tuple]:
-    """What of TF's tracing context can differ between two ``schedule()`` calls.
-
-    ``schedule()`` traces under ``strategy.scope()`` in eager mode; the only
-    part of TF's function context left to vary is the eager device scope. In
-    graph mode, inside another strategy's scope or a SavedModel save, None.
-    """
+    """The part of TF's tracing context that can differ between two ``schedule()``
+    calls (the eager device scope); None in graph mode, another strategy's scope or a
+    SavedModel save."""
     if not _eager_context.executing_eagerly() or _save_context.in_save_context():
         return None
     stack = _ops.get_default_graph()._distribution_strategy_stack
@@ -185,14 +133,8 @@ def context_key(strategy: Any) -> Optional[tuple]:
 
 
 class _Entry:
-    """What TF's ``Closure.__init__`` derives for one argument structure, and how its
-    closures run.
-
-    The closures themselves are native (:class:`Closure`): they hold the
-    arguments, the function to call and the output ``RemoteValue``, and call
-    back here to make the ``RemoteValue`` (:meth:`new_remote_value`) and to
-    run (:meth:`execute_on`).
-    """
+    """What TF's ``Closure.__init__`` derives for one argument structure; the native
+    :class:`Closure` calls back here to make its ``RemoteValue`` and to run."""
 
     __slots__ = ("_cancelable", "concrete_function", "keep", "output_type_spec", "per_worker")
 
@@ -205,12 +147,8 @@ class _Entry:
         self._cancelable: Optional[tuple] = None
 
     def cancelable_function(self, manager: Any) -> Any:
-        """``manager.get_cancelable_function(concrete_function)``, made once per manager.
-
-        TF makes a new wrapper (a function and two cells) per closure; every
-        closure of this entry scheduled under the same manager shares one. The
-        queue's manager changes only after an error cancelled the closures.
-        """
+        """``manager.get_cancelable_function(concrete_function)``, made once per manager
+        (TF makes one per closure; the manager changes only after an error)."""
         pair = self._cancelable
         if pair is None or pair[0] is not manager:
             pair = (manager, manager.get_cancelable_function(self.concrete_function))
@@ -297,18 +235,11 @@ _MAKING_FETCH_LOCK = threading.Lock()
 
 class ClosureRemoteValue(_values.RemoteValueImpl):
     """TF's ``RemoteValueImpl`` (same fields, methods and errors) without an event or a
-    lock of its own.
+    lock of its own (why: docs/how-it-works.md, "Two objects per ``schedule()``").
 
-    TF's ``__init__`` makes a ``threading.Event`` and a ``Lock`` per ``RemoteValue``,
-    six more objects for the garbage collector. Here a waiter reads the
-    process's completion count, checks ``_status`` and waits for the count to
-    move (:meth:`_wait`; the wait releases the GIL and answers Ctrl-C); every
-    ``_set_*`` sets the fields, then the status, then advances the count. The
-    worker thread sets the values together with their copy on the coordinator
-    (:func:`complete`), so a ``get()`` finds them fetched and needs no lock; the
-    fetch lock is made only if a ``get()`` has to copy
-    (``_has_fetched_to_local_lock``). ``_status_available_event`` is a view of
-    the status with ``threading.Event``'s methods.
+    A waiter waits for the process's completion count to move (:meth:`_wait`); every
+    ``_set_*`` sets the fields, then the status, then advances the count. The fetch
+    lock is made only if a ``get()`` has to copy (:func:`complete` copies first).
     """
 
     #: The fetch lock, once a ``get()`` needed one.
@@ -445,12 +376,8 @@ Closure = _NativeClosure
 
 
 def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
-    """Calls ``closure._function`` on ``worker``'s slice of the arguments; returns its outputs.
-
-    ``per_worker`` (the entry's): ``()`` no ``PerWorkerValues``, a tuple of
-    top-level positions and keyword names, or None (TF's own slice selection
-    over nested structures).
-    """
+    """Calls ``closure._function`` on ``worker``'s slice of the arguments; returns its
+    outputs. ``per_worker``: as :func:`argument_key` gives it."""
     args, kwargs = closure._args, closure._kwargs
     index = worker.worker_index
     if per_worker is None:
@@ -461,9 +388,7 @@ def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
             kwargs
         )
         if e:
-            if not isinstance(e, _tf_cc.ClosureInputError):
-                e = _tf_cc.ClosureInputError(e)
-            raise e
+            raise e if isinstance(e, _tf_cc.ClosureInputError) else _tf_cc.ClosureInputError(e)
         args = _nest.map_structure(_context.maybe_get_remote_value, args)
         kwargs = _nest.map_structure(_context.maybe_get_remote_value, kwargs)
     elif per_worker:
@@ -477,9 +402,7 @@ def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
         for _, value in slots:
             e = value._get_error()
             if e:
-                if not isinstance(e, _tf_cc.ClosureInputError):
-                    e = _tf_cc.ClosureInputError(e)
-                raise e
+                raise e if isinstance(e, _tf_cc.ClosureInputError) else _tf_cc.ClosureInputError(e)
         for slot, value in slots:
             (args if type(slot) is int else kwargs)[slot] = _context.maybe_get_remote_value(value)
     function = closure._function
@@ -494,63 +417,63 @@ def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
     return output_values
 
 
-def copy_to_local(remote_value: Any) -> None:
-    """``remote_value.get()`` as the worker thread calls it, with one op for all tensors.
+def _plain_tensors(values: Any) -> Optional[list]:
+    """``values`` flattened when every one is a plain eager tensor, else None."""
+    flat = _nest.flatten(values)
+    if flat and all(
+        type(t) is _EagerTensor and t._datatype_enum() not in (_DT_RESOURCE, _DT_VARIANT)
+        for t in flat
+    ):
+        return flat
+    return None
 
-    TF copies each output tensor to the coordinator with its own ``identity``
-    op; when every output is a plain eager tensor this copies them all with
-    one ``identity_n`` (same values, same device). Anything else (composite
-    tensors, iterators, resources) takes TF's ``get()``.
-    """
+
+def _copied_to_coordinator(values: Any, flat: list) -> Any:
+    """``values`` copied to the coordinator with one ``identity_n`` (TF: one
+    ``identity`` per tensor); same values, same device."""
+    with _ops.device(f"/job:{_eager_context.get_server_def().job_name}"):
+        copied = _array_ops.identity_n(flat)
+    return _nest.pack_sequence_as(values, copied)
+
+
+def copy_to_local(remote_value: Any) -> None:
+    """``remote_value.get()`` as the worker thread calls it, with one op for all tensors
+    when they are plain eager tensors; anything else takes TF's ``get()``."""
     values = remote_value._values
     if remote_value._status is not _READY or remote_value._error is not None or values is None:
         remote_value.get()
         return
-    flat = _nest.flatten(values)
-    if not flat or not all(
-        type(t) is _EagerTensor and t._datatype_enum() not in (_DT_RESOURCE, _DT_VARIANT)
-        for t in flat
-    ):
+    flat = _plain_tensors(values)
+    if flat is None:
         remote_value.get()
         return
     with remote_value._has_fetched_to_local_lock:
         if remote_value._has_fetched_to_local:
             return
-        with _ops.device(f"/job:{_eager_context.get_server_def().job_name}"):
-            copied = _array_ops.identity_n(flat)
-        remote_value._fetched_tensors = _nest.pack_sequence_as(values, copied)
+        remote_value._fetched_tensors = _copied_to_coordinator(values, flat)
         remote_value._has_fetched_to_local = True
 
 
 def complete(remote_value: ClosureRemoteValue, values: Any) -> None:
     """Sets ``remote_value``'s values as the worker thread does: with their copy on the
-    coordinator, made by one ``identity_n`` when every output is a plain eager
-    tensor, and only then ready (a ``get()`` never waits for the copy's lock). Any
-    other outputs: TF's order, the values set, then ``get()``.
+    coordinator when every output is a plain eager tensor, and only then ready (a
+    ``get()`` never waits for the copy's lock). Other outputs: TF's order, the values
+    set, then ``get()``.
     """
     if values is not None:
-        flat = _nest.flatten(values)
-        if flat and all(
-            type(t) is _EagerTensor and t._datatype_enum() not in (_DT_RESOURCE, _DT_VARIANT)
-            for t in flat
-        ):
-            with _ops.device(f"/job:{_eager_context.get_server_def().job_name}"):
-                copied = _array_ops.identity_n(flat)
-            remote_value._set_fetched_values(values, _nest.pack_sequence_as(values, copied))
+        flat = _plain_tensors(values)
+        if flat is not None:
+            remote_value._set_fetched_values(values, _copied_to_coordinator(values, flat))
             return
     remote_value._set_values(values)
     remote_value.get()
 
 
 class _Holds:
-    """The holds on one worker thread: while any is set, it takes no new closure.
-
-    Each hold has a reason (a drain of this worker, the coordinator's save), so
-    that lifting one leaves the others. ``idle`` is set by the thread itself while
-    it waits on a hold with no closure in flight, and cleared, under the same lock
-    that adds a hold, when it goes on to take one: a :meth:`Worker.wait_idle` that
-    sees it set knows the thread took nothing after the hold.
-    """
+    """The holds on one worker thread, by reason (a drain, the coordinator's save):
+    while any is set, it takes no new closure. ``idle`` is set by the thread while it
+    waits on a hold with no closure in flight, and cleared under the lock that adds a
+    hold: a :meth:`Worker.wait_idle` that sees it knows nothing was taken since."""
 
     #: Seconds between two looks at the queue while only non-strict holds are set.
     SOFT_SLICE = 0.05
@@ -603,14 +526,9 @@ def _queue_full(queue: Any) -> bool:
 
 
 class Worker(_tf_cc.Worker):
-    """TF's ``Worker`` whose closure loop enters the failure handling only on a failure.
-
-    TF wraps every closure in ``failure_handler.wait_on_failure(...)`` (a
-    generator context manager and three lambdas) and two metric timers. Here
-    the closure runs bare; if it raises, the error is re-raised inside the
-    same ``wait_on_failure`` with the same callbacks, so retry, recovery and
-    error reporting are TF's.
-    """
+    """TF's ``Worker`` whose closure loop enters TF's ``wait_on_failure`` (same
+    callbacks: TF's retry, recovery and reporting) only when a closure raised, and
+    that can be held (:meth:`hold`)."""
 
     #: Seconds a worker thread waits for a closure before it looks at its holds again.
     GET_SLICE = 0.5
@@ -624,18 +542,13 @@ class Worker(_tf_cc.Worker):
         return holds
 
     def hold(self, reason: str = "drain", strict: bool = True) -> None:
-        """Stops giving this worker new closures: its thread finishes the closure it
-        has, then waits until every hold is lifted (:meth:`resume`).
-
-        A non-``strict`` hold (the coordinator's notice, before its save) still lets
-        the thread take a closure while the queue is full, so that a ``schedule()``
-        waiting for room returns and reaches the check that saves.
-        """
+        """Stops giving this worker new closures until :meth:`resume`. A non-``strict``
+        hold (the coordinator's notice, before its save) still lets the thread take one
+        while the queue is full, so that a ``schedule()`` waiting for room returns."""
         self._holds().add(reason, strict)
 
     def resume(self, reason: str = "drain") -> None:
-        """Lifts the hold named ``reason``; the thread takes closures again once no
-        hold is left."""
+        """Lifts the hold named ``reason``."""
         self._holds().remove(reason)
 
     def wait_idle(self, timeout: float) -> bool:
@@ -655,15 +568,9 @@ class Worker(_tf_cc.Worker):
         return name.decode() if isinstance(name, bytes) else (name or "a closure")
 
     def _process_queue(self) -> None:
-        """TF's loop, plus the hold of a worker that got a termination notice.
-
-        The get waits in slices so that a hold is seen between closures; a closure
-        taken is always processed (nothing is taken and then left). A closure's
-        error is the closure's; anything else that stops the thread (TF's own loop
-        would die silently) is logged and becomes the queue's pending error, so the
-        next ``schedule()`` or ``join()`` raises it instead of waiting for a thread
-        that is gone.
-        """
+        """TF's loop, plus the holds; anything but a closure's error that stops the
+        thread (TF's would die silently) is logged and becomes the queue's pending
+        error, which the next ``schedule()`` or ``join()`` raises."""
         try:
             self._take_closures()
         except BaseException as e:  # noqa: BLE001 - reported to the queue, then the thread ends

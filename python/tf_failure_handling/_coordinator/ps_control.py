@@ -1,61 +1,10 @@
 """Preemption notices of a ParameterServerStrategy cluster, over TensorFlow's own RPCs.
 
-The processes of a parameter-server cluster run no training code of their own:
-the PS and worker processes only serve (``server.join()``), and the coordinator
-(the chief) drives everything through TensorFlow's eager remote execution. So
-the coordinator asks: :func:`tf_failure_handling.serve` registers a Python
-function in its process (:class:`TaskControl`, under :data:`TOKEN` in TF's
-``py_func`` registry), and the coordinator runs a ``PyFunc`` op on that task's
-CPU (:func:`call`) -- TF executes such an op in the process that owns the device,
-calling the function registered there. Nothing travels outside TensorFlow's
-cluster: no new port, no coordination-service configuration.
-
-The conversation is two JSON requests:
-
-* ``{"op": "poll"}`` -> ``{"incarnation", "job", "task", "notice"}``: the task's
-  termination notice, if it has one (``{"source", "at", "deadline"}``, Unix
-  seconds);
-* ``{"op": "release", "reason", "incarnation", "notice_at"}`` ->
-  ``{"released": true}``: the coordinator is done with this task (it saved the
-  checkpoint the PS's variables were part of, or the worker's last closure
-  finished); the task exits with the restart code. A release is refused
-  (``{"released": false, "why"}``) unless it names this incarnation and the notice
-  the task has now: it cannot be sent ahead of a notice, nor carried over to a
-  restarted task. TensorFlow's gRPC is unauthenticated: any process that reaches a
-  task's port can ask these too (docs: "Trust").
-
-Every call has a deadline (:data:`CALL_TIMEOUT`): the eager op runs on a thread of
-its own and the caller stops waiting at the bound, so one task that does not
-answer (stopped, partitioned) never holds up the poll of the others, nor a release.
-At most one call per task is outstanding; a task whose last call has not returned is
-"unanswered" until it does.
-
-TensorFlow's own ops in the coordinator are another matter: the first time the
-coordinator runs an op or function it has not run before (the save's
-``save_counter.assign_add``, its save functions), ``EagerContext::AddFunctionDef``
-registers it on *every* task of the cluster, and ParameterServerStrategy turns
-streaming enqueue off (``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE=False``), so each
-registration is a unary ``EagerService/Enqueue`` with no deadline that the calling
-thread waits for (``GrpcEagerClient::StreamingEnqueueAsync``, then
-``Notification::WaitForNotification``; the GIL is released meanwhile). A stopped
-(SIGSTOP) task keeps its TCP connection open -- its kernel still acknowledges -- so,
-without HTTP/2 keepalive, gRPC waits for it forever and the save never ends. So this
-module, when imported in a ParameterServerStrategy process (``TF_CONFIG`` names a
-``ps`` job, or :data:`GRPC_KEEPALIVE_ENV` is ``1``: :func:`keepalive_wanted`), adds
-:data:`GRPC_KEEPALIVE` to ``TF_GRPC_DEFAULT_OPTIONS``
-(:func:`add_grpc_keepalive`; only keys the user has not set; TF reads the variable
-when it creates its first channel, so it must be imported before the strategy or the
-server is made): a call to a task that does not answer a ping fails within
-:data:`GRPC_PING_EVERY` + :data:`GRPC_PING_TIMEOUT` seconds, a new one within
-:data:`GRPC_CONNECT_TIMEOUT`, and TF's registration goes on without that task (it only
-logs the failure).
-
-:class:`ClusterPoller` is the coordinator's side: one daemon thread polls every
-PS and worker task every :data:`POLL_INTERVAL` seconds and hands each incarnation's
-first notice to the handler. A task that does not run ``serve()`` (yet: a restarted
-task registers its control before anything else) answers with an error; it is
-logged once and asked again every round, so a new incarnation that serves is
-always watched.
+:class:`TaskControl` is what ``serve()`` registers in TF's ``py_func`` registry; the
+coordinator runs a ``PyFunc`` op on each task's CPU (:func:`call`, bounded) to poll it
+(:class:`ClusterPoller`) and release it; :class:`WorkerDrain` takes a worker out of the
+rotation. The requests, the bounds and the gRPC keepalive this module adds at import:
+docs/getting-started/parameter-server.md, "Preemption under ParameterServerStrategy".
 """
 
 from __future__ import annotations
@@ -69,6 +18,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from .._bounded_call import BoundedCall
 from .._native import Retry, RetryVerdict
 
 log = logging.getLogger("tf_failure_handling")
@@ -199,14 +149,8 @@ def unregister_join(check: Any) -> None:
 
 
 def join(queue: Any) -> None:
-    """``ClusterCoordinator.join()``: ``queue.wait()``, and meanwhile the checks a
-    ``run()`` would make.
-
-    With ParameterServerStrategy ``schedule()`` returns at once, so most of the
-    training happens inside ``join()``; a notice that arrives then is acted on
-    there (wait for the closures, save, exit), not at a ``run()`` that may never
-    come. Without an open handler this is ``queue.wait()``, as TensorFlow.
-    """
+    """``ClusterCoordinator.join()``: ``queue.wait()``, and meanwhile, with an open
+    handler, the checks a ``run()`` would make (most training happens inside ``join()``)."""
     while True:
         checks = [c for c in list(_join_checks) if not c.closed]
         if not checks:
@@ -299,12 +243,8 @@ class CallTimeout(Exception):
 
 def remote_call(task: str, request: dict) -> dict:
     """Runs ``request`` against :class:`TaskControl` of ``task`` (``/job:ps/replica:0/task:0``),
-    with no bound: :func:`call` bounds it.
-
-    Raises what TF raises: ``UnavailableError`` and kin when the task is down,
-    ``InvalidArgumentError``/``UnknownError`` naming :data:`TOKEN` when the task
-    does not run ``serve()``.
-    """
+    unbounded (:func:`call` bounds it); raises what TF raises (naming :data:`TOKEN` when the
+    task does not run ``serve()``)."""
     from tensorflow.python.eager import context
     from tensorflow.python.framework import constant_op, dtypes, ops
     from tensorflow.python.ops import array_ops, gen_script_ops
@@ -325,13 +265,10 @@ def remote_call(task: str, request: dict) -> dict:
 
 
 class _Caller:
-    """Bounded calls to the tasks: each runs on a daemon thread of its own, and the
-    caller waits at most its timeout. A call that outlives its bound stays the
-    task's outstanding call; until it returns, a new call to that task fails at once
-    with :class:`CallTimeout`, for at most ``abandon_after`` seconds: then it is
-    abandoned and the task is asked again, with at most ``max_abandoned`` such calls
-    outstanding per task (a stopped task holds that many threads, not one per round).
-    """
+    """Bounded calls to the tasks. A call that outlives its bound holds up the next calls
+    to its task (:class:`CallTimeout` at once) for ``abandon_after`` seconds, then is
+    abandoned, at most ``max_abandoned`` per task (so a stopped task holds that many
+    threads, not one per round)."""
 
     def __init__(
         self,
@@ -353,18 +290,11 @@ class _Caller:
     def __call__(self, task: str, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
         with self._lock:
             self._check_outstanding(task)
-            box: dict = {}
-            thread = threading.Thread(
-                target=self._run, args=(task, request, box), name=f"TaskCall {task}", daemon=True
-            )
-            self._outstanding[task] = (thread, self._clock())
-        thread.start()
-        thread.join(max(0.0, timeout))
-        if thread.is_alive():
+            bounded = BoundedCall(lambda: self._transport(task, request), f"TaskCall {task}")
+            self._outstanding[task] = (bounded.thread, self._clock())
+        if not bounded.wait(timeout):
             raise CallTimeout(f"{task} did not answer {request.get('op')!r} within {timeout:.1f}s")
-        if "error" in box:
-            raise box["error"]
-        return box["answer"]
+        return bounded.result()
 
     def _check_outstanding(self, task: str) -> None:
         """Raises :class:`CallTimeout` while ``task``'s earlier call holds up the next
@@ -391,12 +321,6 @@ class _Caller:
             len(abandoned),
             self._max_abandoned,
         )
-
-    def _run(self, task: str, request: dict, box: dict) -> None:
-        try:
-            box["answer"] = self._transport(task, request)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["error"] = e
 
 
 #: The process's bounded calls to the tasks.
@@ -622,14 +546,9 @@ class ClusterPoller:
 
 
 def find_coordinator(strategy: Any = None) -> Any:
-    """The live ``ClusterCoordinator`` of this process (ours or TensorFlow's), or None.
-
-    Ours registers itself; TensorFlow's is found on its strategy (TF keeps the one
-    coordinator of a strategy in ``strategy._cluster_coordinator``): ``strategy``, the
-    handler's (read off the checkpoint's variables when it was built), else the
-    current one. No search of the heap: the handler calls this at a notice and at the
-    save, where it costs a few attribute reads.
-    """
+    """The live ``ClusterCoordinator`` of this process: ours (registered), else TF's,
+    found in ``strategy._cluster_coordinator`` of ``strategy`` or the current strategy
+    (a few attribute reads, no search of the heap)."""
     for found in list(_coordinators):
         return found
     candidates = [strategy]
@@ -695,12 +614,9 @@ def resume_all(coordinator: Any) -> None:
 
 
 class Unfinished:
-    """What :func:`wait_for_closures` left: the closures still queued (never dispatched
-    to a worker: they run after the restart, once) and those in flight at the bound
-    (their effect may be in the checkpoint and they run again after the restart:
-    TensorFlow's at-least-once): ``in_flight``, worker index -> the closure's function,
-    for our coordinator; ``unnamed``, their number, for TensorFlow's, which does not
-    say which worker runs what."""
+    """What :func:`wait_for_closures` left: ``queued`` closures (they run once after the
+    restart) and those in flight at the bound (they may run twice): ``in_flight``, worker
+    index -> function, for ours; ``unnamed``, their number, for TensorFlow's."""
 
     def __init__(self, queued: int, in_flight: dict, held: bool, unnamed: int = 0) -> None:
         self.queued = queued
@@ -723,13 +639,9 @@ class Unfinished:
 def wait_for_closures(
     coordinator: Any, bound: float, clock: Callable[[], float] = time.monotonic
 ) -> Unfinished:
-    """The coordinator's save is next: every worker is held (none takes a new closure,
-    strictly), and the closures in flight get until ``bound`` seconds to finish.
-
-    With TensorFlow's own coordinator nothing can be held: this waits for every
-    scheduled closure, and whatever is left at the bound keeps running (counted as in
-    flight). Raises a closure's error as ``join()`` would.
-    """
+    """Before the coordinator's save: holds every worker strictly and gives the closures
+    in flight ``bound`` seconds (TF's coordinator cannot be held: then every scheduled
+    closure is waited for). Raises a closure's error as ``join()`` would."""
     queue = coordinator._cluster.closure_queue
     held = hold_all(coordinator, strict=True)
     end = clock() + max(0.0, bound)
@@ -756,19 +668,9 @@ def _qsize(queue: Any) -> int:
 
 
 class WorkerDrain:
-    """Takes worker ``index`` out of the coordinator's rotation and lets it go.
-
-    Runs in its own thread: hold the worker's closure thread (it finishes the
-    closure it has, then takes no new one), release the worker process (it exits
-    with the restart code), wait until it is gone, then let the thread take
-    closures again -- the first one meets the restarted (or absent) worker and
-    goes through TF's failure path, with no closure in flight on it.
-
-    If the closure in flight does not finish by the bound, the worker is released
-    anyway: the closure fails with the worker and TensorFlow runs it again on
-    another one; if its effect reached the variables before, it is applied twice
-    (TF's at-least-once), and the drain says so in the log.
-    """
+    """Takes worker ``index`` out of the coordinator's rotation and lets it go, in its own
+    thread: hold the worker's closure thread, release the worker process, wait until it
+    is gone, resume the thread (docs/getting-started/parameter-server.md)."""
 
     def __init__(
         self,

@@ -1,32 +1,10 @@
 """Every Keras internal that :mod:`tf_failure_handling.keras` relies on, and nothing else.
 
-Keras 3 gives a callback no public way to run each training step inside the
-handler's ``run()``, to start ``fit`` at an epoch, or to start an epoch at a batch.
-The few internals used for that live here, each with the Keras file and behaviour
-it relies on (as of Keras 3.15, TensorFlow backend, the version this is tested
-with: :data:`TESTED_KERAS`). :func:`attach` checks all of them when ``fit`` starts,
-before anything is changed, and raises :class:`MissingKerasInternal` naming the one
-that is missing, so an incompatible Keras fails at once rather than at the first
-preemption. Nothing here patches a Keras class: every change is made to one
-model or to objects of one ``fit`` call, and undone by :func:`detach`.
-
-What is relied on (paths under ``keras/src/``):
-
-* ``backend/tensorflow/trainer.py``, ``TensorFlowTrainer.fit``: it builds the epoch
-  iterator (local ``epoch_iterator``) and the ``CallbackList`` (local ``callbacks``),
-  calls ``self.make_train_function()``, then ``callbacks.on_train_begin()``, then
-  reads ``self._initial_epoch``; per epoch it calls ``callbacks.on_epoch_begin``,
-  runs the batch loop inside ``epoch_iterator.catch_stop_iteration()`` calling
-  ``self.train_function(iterator)`` per step, validates through ``self.evaluate``,
-  and calls ``callbacks.on_epoch_end``.
-* ``trainers/trainer.py``, ``Trainer.__init__``: ``self._initial_epoch = None``; fit
-  starts at ``self._initial_epoch or initial_epoch`` (``keras.callbacks.BackupAndRestore``
-  sets it the same way).
-* ``trainers/epoch_iterator.py``, ``EpochIterator.__iter__``: the epoch's steps come
-  from the generator ``self._enumerate_iterator()``, one ``(begin_step, end_step,
-  iterator)`` per execution; with the TensorFlow backend the generator does not read
-  the input (``train_function`` does), so skipping its first items skips step
-  numbers, not data.
+Each function names the Keras file and behaviour it relies on ("Relies on", Keras 3.15,
+paths under ``keras/src/``); :func:`attach` checks them all when ``fit`` starts and
+raises :class:`MissingKerasInternal` naming a missing one. No Keras class is patched:
+changes are made to one model or one ``fit`` call's objects and undone by :func:`detach`.
+Why they are needed: docs/getting-started/keras3.md, "Keras versions".
 """
 
 from __future__ import annotations
@@ -91,11 +69,8 @@ def require_tensorflow_backend() -> None:
 
 
 def _fit_code() -> Any:
-    """The code object of ``TensorFlowTrainer.fit`` (under its traceback filter).
-
-    Relies on (Keras 3.15, ``keras/src/backend/tensorflow/trainer.py``):
-    ``TensorFlowTrainer.fit`` is the TensorFlow backend's fit loop.
-    """
+    """The code object of ``TensorFlowTrainer.fit`` (under its traceback filter): the
+    TensorFlow backend's fit loop (``keras/src/backend/tensorflow/trainer.py``)."""
     try:
         from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
     except ImportError as e:

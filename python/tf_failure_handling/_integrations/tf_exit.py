@@ -1,36 +1,9 @@
 """Lets a coordinator process end while TensorFlow's coordination-service poller runs.
 
-With ``TF_PSS_ENABLE_COORDINATION_SERVICE`` set, the ``Cluster`` of a
-``ClusterCoordinator`` (TF's and ours) has a ``CoordinationServicePreemptionHandler``
-as its ``failure_handler``. Its ``__init__`` starts ``_task_state_poller_thread``, a
-``RepeatedTimer`` (``distribute/coordinator/utils.py``) that asks the coordination
-service for the task states every ``_POLL_FREQ_IN_SEC`` (5 s). A ``RepeatedTimer`` is a
-chain of ``threading.Timer`` threads, none of them a daemon, each of which arms the next
-one before it polls. Only ``RepeatedTimer.stop()`` ends the chain; TF calls it from the
-handler's ``stop()``, that is from ``Cluster.stop()``, from ``ClusterCoordinator.__del__``
--- which does not run before the interpreter shuts down, since the strategy and its
-coordinator refer to each other. ``threading._shutdown`` joins every non-daemon thread
-and there is always one Timer left: a return from ``main`` and the handler's
-``sys.exit(42)`` after a save both wait forever (TensorFlow 2.16 to 2.21, TF's
-coordinator as ours).
-
-:func:`install` registers, once, :func:`stop_now` with ``threading._register_atexit``
-(CPython 3.9 and later; 3.10 to 3.13 call it in ``threading._shutdown`` before joining
-the non-daemon threads -- a plain ``atexit`` function runs after that join, too late).
-:func:`stop_now` calls ``RepeatedTimer.stop()`` on each coordination-service poller: the
-ones of the coordinators given to :func:`install`, and those found among the live
-threads (a ``threading.Timer`` whose function is a ``RepeatedTimer``'s, polling for a
-``CoordinationServicePreemptionHandler``), so TF's own coordinator is covered with
-``install(None)``. A poll in flight finishes (the shutdown joins its thread) and arms
-nothing more. The exit code stays the one the process chose.
-
-Not the handler's own ``stop()``: it takes the handler's ``_cluster_update_lock``, which
-the recovery thread holds across ``update_server_def`` while a worker comes back, and
-the shutdown must not wait for a recovery. The recovery thread is a daemon thread.
-
+:func:`install` registers :func:`stop_now` with ``threading._register_atexit``; why, and
+why not the failure handler's own ``stop()``: docs/how-it-works.md, "The coordinator".
 Everything of TensorFlow's is looked up by name and may be missing (logged at debug);
-TensorFlow is never imported here: without its coordinator module loaded there is no
-poller to stop.
+TensorFlow is never imported here.
 """
 
 from __future__ import annotations
