@@ -53,10 +53,19 @@ class Agreement:
             lambda: self._state.coordination.set(round_key, str(step)),
         )
         if not published:
-            log.warning(
-                "%s was already set (a peer shut down?); not waiting for acknowledgements.",
-                round_key,
+            # Another worker published this round first (a tighter notice of its
+            # own), or a peer shut down (STOP_WATCHER): the key's value is the step.
+            value = self._retrier.call(
+                f"reading {round_key}", lambda: self._state.coordination.get(round_key, 1.0)
             )
+            log.warning(
+                "%s was already set to %s by another worker; not waiting for "
+                "acknowledgements.",
+                round_key,
+                value,
+            )
+            if value is not None:
+                self._core.publish_lost(round_key, value)
             return
         self._await(round_key, step, ack_keys)
         self._core.agreement(self._state.clock() - start)
