@@ -39,13 +39,13 @@ class Agreement:
 
     def publish(self, round_key: str, step: int, ack_keys: list) -> None:
         log.info(
-            "Worker %s leads the %s round: every worker saves after run %d.",
+            "Worker %s publishes the %s round: every worker saves after run %d.",
             self._state.membership.id_in_cluster,
             "final" if round_key == LAST_RUN_TO_CHECKPOINT else "first",
             step,
         )
-        self._records.agreement(round_key, step)
         if self._state.membership.local:
+            self._records.agreement(round_key, step)
             return
         start = self._state.clock()
         published = self._retrier.call(
@@ -66,7 +66,10 @@ class Agreement:
             )
             if value is not None:
                 self._core.publish_lost(round_key, value)
+                if self._core.leading:  # a follower's reader records the key it reads
+                    self._records.peer_agreement(round_key, value)
             return
+        self._records.agreement(round_key, step)
         self._await(round_key, step, ack_keys)
         self._core.agreement(self._state.clock() - start)
 
