@@ -59,8 +59,7 @@ class Agreement:
                 f"reading {round_key}", lambda: self._state.coordination.get(round_key, 1.0)
             )
             log.warning(
-                "%s was already set to %s by another worker; not waiting for "
-                "acknowledgements.",
+                "%s was already set to %s by another worker; not waiting for acknowledgements.",
                 round_key,
                 value,
             )
