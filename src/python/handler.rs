@@ -587,6 +587,10 @@ impl Shared {
                 flags.push(("leading", r.leading_notice().is_some()));
                 flags.push(("counting_down", r.counting_down()));
                 flags.push(("exited", r.exited()));
+                if let Some(n) = r.planned_notice() {
+                    // This worker's own earliest deadline, leading or not.
+                    items.push(("planned_deadline", Some(GracePlanner::deadline(n, r.grace_period()))));
+                }
                 if let Some(n) = r.leading_notice() {
                     items.push(("deadline", Some(GracePlanner::deadline(n, r.grace_period()))));
                     items.push(("final_round_at", Some(state.planner.latest_publish(n, r.grace_period()))));
