@@ -160,6 +160,16 @@ impl GracePlanner {
         Some((Self::deadline(notice, grace_period) - now - self.longest_save.unwrap_or(0.0)).max(0.0))
     }
 
+    /// Seconds the first round still takes from a check `steps` steps before
+    /// its save: those steps and the save. A final round that would be due
+    /// that much later is due now, at the first round's step (one save).
+    #[must_use]
+    pub fn first_round_cost(&self, steps: u64) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let steps = steps as f64;
+        steps * self.step_estimate() + SAVE_SAFETY * self.longest_save.unwrap_or(0.0)
+    }
+
     /// Whether the leader must publish the final round before this step.
     #[must_use]
     pub fn final_round_due(&self, notice: Notice, grace_period: f64, now: f64) -> bool {

@@ -12,7 +12,7 @@
 //! | input | posted by | thread |
 //! | --- | --- | --- |
 //! | [`Input::Notice`] (a signal) | the signal dispatcher ([`crate::sources::signals`]) | `tfh-signal-dispatch`, right after the self-pipe wakes it |
-//! | [`Input::Notice`] (a cloud's announcement) | the metadata pollers ([`crate::sources`]) | `tfh-gce-*`, `tfh-aws-imds`, `tfh-azure-events`, on their first notice |
+//! | [`Input::Notice`] (a cloud's announcement) | the metadata pollers ([`crate::sources`]) | `tfh-gce-*`, `tfh-aws-imds`, `tfh-azure-events`, on their first notice and on each that ends earlier |
 //! | [`Input::Notice`] (a user's `termination_watcher_fn`, a test) | the watcher-fn poller and `testing` | Python threads, through the binding |
 //! | [`Input::StepKey`] | the step-key reader: it blocks on the coordination service for `RUN_TO_CHECKPOINT` (then `LAST_RUN_TO_CHECKPOINT`) and posts each value it reads | `PeerTerminationWatcher-<id>` |
 //! | [`Input::KeyReadFailed`] | the same reader, when reads of a step key failed for longer than the bound | `PeerTerminationWatcher-<id>` |
@@ -39,8 +39,9 @@
 //! value per round and a failure that ends the reader), so their queue is
 //! unbounded. Notices are bounded by [`NOTICE_CAPACITY`]: a storm of signals
 //! while the driver is inside one call fills it, and a notice beyond it is
-//! dropped and counted ([`Inbox::dropped_notices`]): the resolver acts on the
-//! first notice and absorbs the rest, so a dropped one changes nothing. The
+//! dropped and counted ([`Inbox::dropped_notices`]): a storm is of one
+//! signal, whose notices end together, and the resolver absorbs all but the
+//! first and any that ends earlier, so a dropped one changes nothing. The
 //! signal dispatcher coalesces too: one wake-up posts at most one notice per
 //! signal per inbox, however many deliveries it saw.
 //!

@@ -38,9 +38,10 @@
 //!     │                    └─lost─▶ (stands down, follows the leader)
 //!     └──step key k──▶ Agreed(k) ──before_step with runs == k──▶ Save
 //!  Save ──grace 0 or final round──▶ Exit
-//!  Save ──grace > 0, first round──▶ Countdown: the leader publishes the final
-//!        step when the grace planner says the last save would otherwise end
-//!        after the deadline; everyone saves once more and exits.
+//!  Save ──grace > 0, first round──▶ Countdown: the leader (or a worker with a
+//!        tighter notice of its own) publishes the final step when the grace
+//!        planner says the last save would otherwise end after the deadline;
+//!        everyone saves once more and exits.
 //! ```
 //!
 //! Workers of a synchronous cluster are at most one step apart: a step's
@@ -50,9 +51,25 @@
 //! the agreed step before it can finish step `runs + 1`, and each saves exactly
 //! once, at the same step, in each round.
 //!
-//! A notice that arrives while a round is in progress, or during the
-//! countdown, changes nothing: the cluster is already going down at the
-//! leader's pace (TensorFlow behaves the same way).
+//! # Several notices: the earliest deadline wins
+//!
+//! Without a grace period every notice saves at once, and a second one
+//! changes nothing. With one, a worker keeps its own notice with the earliest
+//! deadline ([`NoticeAction::Replan`] when a tighter one arrives while a claim,
+//! a round or the countdown is under way; TensorFlow ignores it), and **any
+//! worker with a notice of its own may publish the final round** when its
+//! planner says that deadline leaves no later chance: the leader in the
+//! countdown as before, a follower whose notice is tighter than the leader's
+//! earlier. So one worker's tighter notice is the cluster's, through the key
+//! every worker already reads. Two publishers of the same round race on the
+//! coordination service's set: the first writer wins, and the other takes the
+//! key's value ([`Resolver::on_publish_lost`]) and waits for nobody. Before the
+//! first save, a final round that would be due by the time that save ends is
+//! published at the first round's step: the first save is then the last (one
+//! save, not two). Why every worker still saves at one step is in
+//! [`Resolver::before_step`]; the property test on the simulated cluster
+//! (`tests.rs`, "(f)") checks that the last save ends before the earliest
+//! deadline whenever the measured save time allows it.
 //!
 //! # Failures
 //!
@@ -215,8 +232,14 @@ pub enum NoticeAction {
         /// This worker's id.
         value: String,
     },
-    /// Absorbed: a claim is already in progress, a round is under way, the
-    /// countdown runs, or the worker is done.
+    /// With a grace period, a notice whose deadline is earlier than any this
+    /// worker knew, while a claim, a round or the countdown is under way: the
+    /// final round is planned for it from now on (and this worker may publish
+    /// it, [`Resolver::before_step`]). Nothing to write.
+    Replan,
+    /// Absorbed: no grace period and a claim, a round or the countdown is
+    /// already under way; a notice no earlier than one this worker knows; or
+    /// the worker is done.
     Absorb,
 }
 
@@ -306,6 +329,8 @@ pub struct Resolver {
     grace_period: f64,
     round: Round,
     claim: Claim,
+    /// This worker's own notice with the earliest deadline (its first, until a
+    /// tighter one arrives): what it claims with and plans the final round for.
     notice: Option<Notice>,
     /// Agreed step per round, as received from the leader (or set by it).
     agreed: [Option<u64>; 2],
@@ -379,10 +404,37 @@ impl Resolver {
         self.round
     }
 
-    /// The notice this worker leads with, once its claim was won.
+    /// The notice this worker leads with, once its claim was won (its earliest
+    /// deadline, when a tighter notice followed the first).
     #[must_use]
     pub fn leading_notice(&self) -> Option<Notice> {
         (self.claim == Claim::Won).then_some(self.notice).flatten()
+    }
+
+    /// This worker's own notice with the earliest deadline, leading or not.
+    #[must_use]
+    pub fn planned_notice(&self) -> Option<Notice> {
+        self.notice
+    }
+
+    /// Whether `notice` ends earlier than every notice this worker knows.
+    fn tighter(&self, notice: Notice) -> bool {
+        self.notice.map_or(true, |known| {
+            GracePlanner::deadline(notice, self.grace_period) < GracePlanner::deadline(known, self.grace_period)
+        })
+    }
+
+    /// Whether this worker may still publish the final round for its own
+    /// notice: a grace period, the first round agreed, the final one not, and
+    /// (before the countdown) the first save not yet made.
+    fn may_publish_final(&self) -> bool {
+        let (i, f) = (Round::Initial.index(), Round::Final.index());
+        self.grace_period > 0.0
+            && self.notice.is_some()
+            && self.agreed[i].is_some()
+            && self.agreed[f].is_none()
+            && !self.published[f]
+            && (self.round == Round::Final || !self.saved[i])
     }
 
     /// The agreed step of the round in progress, if known.
@@ -412,12 +464,21 @@ impl Resolver {
             return false;
         }
         let r = self.round.index();
-        (self.agreed[r].is_some() && !self.saved[r]) || (self.claim == Claim::Won && !self.published[r])
+        (self.agreed[r].is_some() && !self.saved[r]) || (self.claim == Claim::Won && !self.published[r]) || self.may_publish_final()
     }
 
     /// A termination source reported a notice for this worker.
     pub fn on_notice(&mut self, notice: Notice) -> NoticeAction {
-        if self.exited || self.claim != Claim::Idle || self.round == Round::Final || self.agreed[Round::Initial.index()].is_some() {
+        if self.exited {
+            return NoticeAction::Absorb;
+        }
+        if self.claim != Claim::Idle || self.round == Round::Final || self.agreed[Round::Initial.index()].is_some() {
+            // Under way: only an earlier deadline changes anything, and only
+            // the final round can still move.
+            if self.grace_period > 0.0 && self.tighter(notice) {
+                self.notice = Some(notice);
+                return NoticeAction::Replan;
+            }
             return NoticeAction::Absorb;
         }
         self.notice = Some(notice);
@@ -471,8 +532,20 @@ impl Resolver {
         })
     }
 
-    /// Called before every step with the number of completed runs. In the
-    /// countdown, the leader asks `planner` whether the final round is due.
+    /// Called before every step with the number of completed runs. The
+    /// leader publishes the first round; any worker with a notice of its own
+    /// publishes the final round when `planner` says its deadline leaves no
+    /// later chance (the leader in the countdown, as before; a worker whose
+    /// notice is tighter than the leader's, earlier). Before the first save,
+    /// a final round that is due already is published at the first round's
+    /// step: the first save is then the last (one save, not two).
+    ///
+    /// Why one step still holds: a publisher publishes before it starts its
+    /// next step and waits for every acknowledgement; no worker can finish
+    /// that step before the publisher joins it, so every worker learns the
+    /// step before it can pass it. The first round's step is reused only
+    /// while `run_count` is below it: at it, a peer may have saved the first
+    /// round already and be inside the next step.
     pub fn before_step(&mut self, run_count: u64, now: f64, planner: &GracePlanner) -> StepAction {
         if self.exited || self.saving.is_some() {
             return StepAction::Proceed;
@@ -484,18 +557,33 @@ impl Resolver {
                 self.saving = Some(round);
                 return StepAction::Save { round, step };
             }
+            // Would the final round be due by the time the first save ends?
+            // Then the first save is the last (the first round's steps and save
+            // cost time too).
+            if round == Round::Initial && run_count < step && self.final_due(planner, now + planner.first_round_cost(step - run_count)) {
+                return self.publish(Round::Final, step);
+            }
             return StepAction::Proceed;
         }
-        if self.claim != Claim::Won || self.published[r] {
-            return StepAction::Proceed;
-        }
-        let notice = self.notice.expect("a won claim always has its notice");
-        if round == Round::Final && !planner.final_round_due(notice, self.grace_period, now) {
+        if round == Round::Initial {
+            if self.claim != Claim::Won || self.published[r] {
+                return StepAction::Proceed;
+            }
+        } else if !self.final_due(planner, now) {
             return StepAction::Proceed;
         }
         let step = if self.save_at_current_run { run_count } else { run_count + 1 };
+        self.publish(round, step)
+    }
+
+    fn final_due(&self, planner: &GracePlanner, now: f64) -> bool {
+        self.may_publish_final() && self.notice.is_some_and(|n| planner.final_round_due(n, self.grace_period, now))
+    }
+
+    fn publish(&mut self, round: Round, step: u64) -> StepAction {
+        let r = round.index();
         self.published[r] = true;
-        // The leader knows the value it publishes; recording it here rather
+        // The publisher knows the value it publishes; recording it here rather
         // than waiting for its own peer watcher removes a race and keeps
         // local mode identical.
         self.agreed[r] = Some(step);
@@ -504,6 +592,29 @@ impl Resolver {
             Membership::Worker { num_workers, .. } => (0..num_workers).map(|i| round.ack_key(&i.to_string())).collect(),
         };
         StepAction::Publish { round, step, ack_keys }
+    }
+
+    /// This worker's publish of `round` found the key set by another worker
+    /// (the first writer wins): `value` is what the key holds. A run count
+    /// becomes the agreed step in place of this worker's own (which nobody
+    /// read); `STOP_WATCHER` (a peer shut down) leaves the state as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`StepKeyError::Malformed`] when the value is neither; the state is
+    /// unchanged.
+    pub fn on_publish_lost(&mut self, round: Round, value: &str) -> Result<(), StepKeyError> {
+        if value == STOP_WATCHER {
+            return Ok(());
+        }
+        let step: u64 = value.trim().parse().map_err(|_| StepKeyError::Malformed {
+            key: round.key(),
+            value: value.to_owned(),
+        })?;
+        if self.published[round.index()] && !self.saved[round.index()] && self.saving != Some(round) {
+            self.agreed[round.index()] = Some(step);
+        }
+        Ok(())
     }
 
     /// The save asked for by [`StepAction::Save`] finished.
@@ -517,6 +628,14 @@ impl Resolver {
         }
         self.saving = None;
         self.saved[round.index()] = true;
+        let (i, f) = (Round::Initial.index(), Round::Final.index());
+        if round == Round::Initial && self.agreed[f].is_some() && self.agreed[f] == self.agreed[i] {
+            // The final round was agreed at the same step: this save was both.
+            self.saved[f] = true;
+            self.round = Round::Final;
+            self.exited = true;
+            return Ok(SaveAction::Exit);
+        }
         if self.grace_period <= 0.0 || round == Round::Final {
             self.exited = true;
             Ok(SaveAction::Exit)

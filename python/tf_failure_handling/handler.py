@@ -326,7 +326,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             lambda: _platform.after_save(self),
         )
         self._driver = Driver(state, sources, writes, notices, step_keys, errors)
-        self._steps = StepCheck(state, core, agreement, saver, ps, errors)
+        self._steps = StepCheck(state, core, agreement, saver, errors)
 
         self._driver.start()
         _open.add(self)

@@ -41,8 +41,11 @@ pub enum NoticeAction {
     /// Claim `key` (TERMINATED_WORKER) with `value` (this worker's id); the
     /// outcome goes back through `ProtocolCore.claim`.
     Claim { key: String, value: String },
-    /// A notice is already being handled (or was, and the handler exited):
-    /// absorbed.
+    /// A tighter deadline while a notice is being handled: the final round is
+    /// planned for it from now on; nothing to write.
+    Replan {},
+    /// A notice is already being handled (or was, and the handler exited),
+    /// and this one ends no earlier: absorbed.
     Absorb {},
 }
 
@@ -155,6 +158,7 @@ impl Shared {
                 key: key.to_string(),
                 value,
             },
+            core::NoticeAction::Replan => NoticeAction::Replan {},
             core::NoticeAction::Absorb => NoticeAction::Absorb {},
         })
     }
@@ -488,6 +492,11 @@ impl Shared {
         })
     }
 
+    fn publish_lost(&self, round_key: &str, value: &str) -> PyResult<()> {
+        let round = round_from_key(round_key)?;
+        self.with_resolver(|r, _| Ok(r.on_publish_lost(round, value)?))
+    }
+
     fn before_step(&self, now: f64) -> PyResult<StepAction> {
         let runs = self.run_counter.load(Ordering::Relaxed);
         let decision = self.with_resolver(|r, planner| Ok(r.before_step(runs, now, planner)))?;
@@ -578,6 +587,10 @@ impl Shared {
                 flags.push(("leading", r.leading_notice().is_some()));
                 flags.push(("counting_down", r.counting_down()));
                 flags.push(("exited", r.exited()));
+                if let Some(n) = r.planned_notice() {
+                    // This worker's own earliest deadline, leading or not.
+                    items.push(("planned_deadline", Some(GracePlanner::deadline(n, r.grace_period()))));
+                }
                 if let Some(n) = r.leading_notice() {
                     items.push(("deadline", Some(GracePlanner::deadline(n, r.grace_period()))));
                     items.push(("final_round_at", Some(state.planner.latest_publish(n, r.grace_period()))));
@@ -730,6 +743,16 @@ impl ProtocolCore {
     /// The decision before a step at `now`.
     fn before_step(&self, now: f64) -> PyResult<StepAction> {
         self.shared.before_step(now)
+    }
+
+    /// This worker's publish of `round_key` found it set by another worker
+    /// (`value`, read back): that value is the agreed step.
+    ///
+    /// # Errors
+    ///
+    /// `ValueError` for a malformed value or an unknown key.
+    fn publish_lost(&self, round_key: &str, value: &str) -> PyResult<()> {
+        self.shared.publish_lost(round_key, value)
     }
 
     /// The save of `round_key` finished after `duration` seconds: what next.

@@ -5,7 +5,7 @@
 //! `check_signals` between them, on any other thread detached for the whole
 //! wait). Rust sources post without the GIL: a `SignalWatch` built with
 //! `inbox=` has the signal dispatcher post each delivery, a `MetadataWatch`
-//! built with an inbox as its `wake` posts its first notice. Python threads
+//! built with an inbox as its `wake` posts its first notice and each that ends earlier. Python threads
 //! (the step-key reader, the watcher-fn poller, `testing`, `close()`) post
 //! through the methods below, which never block.
 //!

@@ -68,11 +68,12 @@
 //!
 //! [`MetadataWatch`] runs one thread per poller (two for GCE, so each
 //! endpoint sees a change within one long poll or one interval), executes
-//! the actions with [`http::Client`](crate::sources::http::Client), and keeps the first notice, sticky.
-//! The first notice also calls the `wake` callback with it (the Python
+//! the actions with [`http::Client`](crate::sources::http::Client), and keeps the notice with
+//! the earliest deadline, sticky. The first notice, and each later one that ends earlier (a GCE
+//! maintenance event, then `preempted`), calls the `wake` callback with it (the Python
 //! binding posts it into the handler's [`crate::inbox::Inbox`], or triggers
-//! a [`crate::sources::signals::SignalWatch`]) and ends polling:
-//! nothing a later answer says can change what the handler does. Every
+//! a [`crate::sources::signals::SignalWatch`]); polling goes on until `close`,
+//! because a later answer can bring the deadline forward. Every
 //! request is bounded by its timeout and, through the stop flag, by
 //! [`MetadataWatch::close`], which returns within about
 //! [`http::SLICE`](crate::sources::http::SLICE) plus one slice even while a request

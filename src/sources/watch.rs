@@ -51,7 +51,7 @@ pub struct Stats {
     pub failures: u64,
     /// 200 answers whose body was not what the endpoint returns.
     pub malformed: u64,
-    /// Notices reported by pollers (the first one is kept).
+    /// Notices reported by pollers (the earliest-ending one is kept).
     pub notices: u64,
 }
 
@@ -61,15 +61,15 @@ struct Found {
     rebalance: Option<f64>,
 }
 
-/// A callback run once, on the polling thread, with the first notice (the
-/// binding posts it into the handler's [`crate::inbox::Inbox`]). It must
-/// not block.
+/// A callback run on the polling thread with the first notice and with each
+/// later one whose deadline is earlier (the binding posts it into the
+/// handler's [`crate::inbox::Inbox`]). It must not block.
 pub type Wake = Box<dyn Fn(&Notice) + Send + Sync>;
 
 struct Shared {
     cloud: Cloud,
-    /// Set by the first notice or by `close`: polling threads end, blocked
-    /// requests are abandoned within a slice.
+    /// Set by `close`: polling threads end, blocked requests are abandoned
+    /// within a slice.
     stop: AtomicBool,
     /// Set by `close`: `wait` returns at once.
     closed: AtomicBool,
@@ -80,7 +80,7 @@ struct Shared {
     /// polls.
     stopping: Condvar,
     found: Mutex<Found>,
-    /// Signalled when the first notice is stored and on close; `wait`
+    /// Signalled when a notice is stored and on close; `wait`
     /// blocks on it.
     noticed: Condvar,
     requests: AtomicU64,
@@ -127,16 +127,20 @@ impl Shared {
         match event {
             Event::Notice(notice) => {
                 self.notices.fetch_add(1, Ordering::SeqCst);
-                let first = {
+                // The first notice, and each later one that ends earlier (a GCE
+                // maintenance event, then `preempted`): the handler plans for
+                // the earliest deadline. Polling goes on until `close`.
+                let news = {
                     let mut found = self.found.lock();
-                    if found.notice.is_some() {
-                        false
-                    } else {
+                    let earlier = found.notice.as_ref().map_or(true, |known| {
+                        notice.deadline.is_some_and(|d| known.deadline.map_or(true, |k| d < k))
+                    });
+                    if earlier {
                         found.notice = Some(notice.clone());
-                        true
                     }
+                    earlier
                 };
-                if first {
+                if news {
                     // The wake-up first: whoever `wait` returns to may look at
                     // the `SignalWatch` next. Logging last: it may wait for
                     // the GIL.
@@ -144,7 +148,6 @@ impl Shared {
                         wake(&notice);
                     }
                     self.noticed.notify_all();
-                    self.halt();
                     log::info!(target: LOG_TARGET, "Termination notice from the {cloud} metadata service: {}.", notice.description);
                 }
             }
@@ -260,8 +263,8 @@ pub struct MetadataWatch {
 pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 impl MetadataWatch {
-    /// Starts polling at once. `wake` runs once, on a polling thread, when
-    /// the first notice arrives.
+    /// Starts polling at once. `wake` runs on a polling thread when the first
+    /// notice arrives, and again for each later one that ends earlier.
     ///
     /// # Errors
     ///
@@ -308,7 +311,7 @@ impl MetadataWatch {
         })
     }
 
-    /// The first notice seen, if any (sticky).
+    /// The notice with the earliest deadline seen, if any (sticky).
     #[must_use]
     pub fn notice(&self) -> Option<Notice> {
         self.shared.found.lock().notice.clone()

@@ -494,7 +494,7 @@ impl<'a> Sim<'a> {
             let Some(n) = self.ws[w].waiting.pop_front() else { break };
             match self.ws[w].r.on_notice(n) {
                 NoticeAction::Claim { .. } => self.push(w, Op::Claim, t),
-                NoticeAction::Lead | NoticeAction::Absorb => {}
+                NoticeAction::Lead | NoticeAction::Replan | NoticeAction::Absorb => {}
             }
         }
         if let Some(id) = self.ws[w].writes.poll_action(t) {

@@ -307,7 +307,14 @@ def handler_classes(impl: str):
 #: The handler of this worker, once built (for ``handler_plan``).
 HANDLER: list = []
 #: What ``handler_plan`` reports of tf_failure_handling's ``_core_state()``.
-PLAN_KEYS = ("deadline", "final_round_at", "margin", "longest_save", "step_estimate")
+PLAN_KEYS = (
+    "deadline",
+    "planned_deadline",
+    "final_round_at",
+    "margin",
+    "longest_save",
+    "step_estimate",
+)
 
 
 def handler_plan():

@@ -120,3 +120,91 @@ def test_aws_spot_notice_deadline_caps_the_grace_period(cluster_factory):
         if plan and "deadline" in plan:
             left_planned = plan["deadline"] - plan["clock"]
             assert left_planned == pytest.approx(deadline - save["t_start"], abs=0.5), timeline
+
+
+# --------------------------------------------------------------------------- several
+#: A grace period far beyond the exit bound: a run that planned only for it would not
+#: exit within EXIT_TIMEOUT, so the bound tells "re-planned" from "ignored".
+LONG_GRACE = 600.0
+#: The tighter deadline of the second notice, in seconds after it.
+TIGHT = 12.0
+
+
+def _first_round_saved(cluster) -> bool:
+    return all(cluster.events(i, "save") for i in range(NUM_WORKERS))
+
+
+def _check_planned_for(final_saves: list, deadline: float, timeline: str) -> None:
+    """The worker that published the final round planned it for ``deadline`` (Unix):
+    its own earliest deadline, seen from its clock at the save, is ``deadline``."""
+    planned = [
+        s["plan"]["planned_deadline"] - s["plan"]["clock"] - (deadline - s["t_start"])
+        for s in final_saves
+        if s["plan"] and s["plan"].get("planned_deadline") is not None
+    ]
+    assert any(abs(d) < 1.0 for d in planned), f"nobody planned for it: {planned}\n{timeline}"
+
+
+# Backstop above its own bounds in sequence: progress, the first round, the exit (+ 60 s).
+@pytest.mark.timeout(STARTUP_BOUND + HANG + EXIT_TIMEOUT + 60)
+def test_a_tighter_notice_of_the_other_worker_brings_the_final_save_forward(cluster_factory):
+    """Two workers with different deadlines. Worker 0's SIGTERM starts the preemption with
+    a grace period of 600 s: both save once and train on. Worker 1's own SIGTERM comes
+    with a grace period of 12 s: its deadline is the cluster's. Success: both save the
+    final round at one step and exit 42 within the exit bound, long before 600 s
+    (TensorFlow, and this handler before, ignored the second notice)."""
+    cluster = cluster_factory(
+        name="two-deadlines",
+        impl="ours",
+        steps=100_000,  # far more than fits before either deadline
+        step_sleep=STEP_SLEEP,
+        worker_args={0: ["--grace", str(LONG_GRACE)], 1: ["--grace", str(TIGHT)]},
+    )
+    cluster.start()
+    cluster.wait_for_progress(SIGNAL_AFTER)
+    cluster.send_signal(0)
+    cluster.wait_until(lambda: _first_round_saved(cluster), HANG, "the first round's saves")
+    sent = cluster.send_signal(1)
+    first_step, final_step = check_preemption_exit(cluster, DEFAULT_EXIT_CODE, rounds=2)
+    assert first_step < final_step
+    final = [cluster.events(i, "save")[1] for i in range(NUM_WORKERS)]
+    timeline = f"second notice at 0, final saves {[round(s['t_start'] - sent, 3) for s in final]}"
+    _check_planned_for(final, sent + TIGHT, timeline)
+
+
+# Backstop above its own bounds in sequence: progress, the first round, the exit (+ 60 s).
+@pytest.mark.timeout(STARTUP_BOUND + HANG + EXIT_TIMEOUT + 60)
+def test_a_sigterm_then_an_earlier_metadata_preemption_moves_the_final_save(cluster_factory):
+    """A SIGTERM with a grace period of 600 s, then (during the countdown) a spot
+    interruption from a fake AWS metadata server ending in 12 s. Success: the final
+    round is planned for the metadata server's deadline; both workers save it at one
+    step and exit 42 within the exit bound."""
+    from fake_metadata import FakeMetadata, aws_action
+
+    with FakeMetadata() as server:
+        cluster = cluster_factory(
+            name="sigterm-then-spot",
+            impl="ours",
+            steps=100_000,
+            step_sleep=STEP_SLEEP,
+            extra_args=["--grace", str(LONG_GRACE)],
+            # Detection probes the fake server (the harness forces "no cloud" otherwise).
+            env={**server.env("aws"), "TF_FAILURE_HANDLING_CLOUD": ""},
+        )
+        cluster.start()
+        cluster.wait_for_progress(SIGNAL_AFTER)
+        cluster.send_signal(0)
+        cluster.wait_until(lambda: _first_round_saved(cluster), HANG, "the first round's saves")
+        action = aws_action("terminate", in_seconds=TIGHT)
+        deadline = calendar.timegm(time.strptime(action["time"], "%Y-%m-%dT%H:%M:%SZ"))
+        server.aws_instance_action = action
+        noticed = time.time()
+        first_step, final_step = check_preemption_exit(cluster, DEFAULT_EXIT_CODE, rounds=2)
+
+    assert first_step < final_step
+    final = [cluster.events(i, "save")[1] for i in range(NUM_WORKERS)]
+    timeline = (
+        f"spot notice at 0, final saves {[round(s['t_start'] - noticed, 3) for s in final]}, "
+        f"deadline {deadline - noticed:+.3f}"
+    )
+    _check_planned_for(final, deadline, timeline)

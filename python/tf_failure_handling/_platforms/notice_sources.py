@@ -12,10 +12,10 @@ A worker learns that its machine is going away from
 
 All of them post into one :class:`_native.Inbox` (``src/inbox.rs``): the Rust signal
 dispatcher posts a delivery the moment the self-pipe wakes it, a metadata poller
-posts its first notice, the watcher-fn poller and :meth:`NoticeSources.trigger`
-post from Python. :meth:`NoticeSources.receive` takes whatever is most urgent out
-of it, never after a poll interval. A handler's inbox also carries the step keys
-its reader posts and the stop of ``close()``: the protocol driver
+posts its first notice and each that ends earlier, the watcher-fn poller and
+:meth:`NoticeSources.trigger` post from Python. :meth:`NoticeSources.receive` takes
+whatever is most urgent out of it, never after a poll interval. A handler's inbox also
+carries the step keys its reader posts and the stop of ``close()``: the protocol driver
 (``_protocol/driver.py``) reads everything from this one place. Deadlines are Unix times
 here (the platforms announce wall-clock times); the core converts them to the
 handler's clock in one place (``Notice::from_unix``, ``src/notice.rs``).

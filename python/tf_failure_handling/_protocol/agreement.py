@@ -39,13 +39,13 @@ class Agreement:
 
     def publish(self, round_key: str, step: int, ack_keys: list) -> None:
         log.info(
-            "Worker %s leads the %s round: every worker saves after run %d.",
+            "Worker %s publishes the %s round: every worker saves after run %d.",
             self._state.membership.id_in_cluster,
             "final" if round_key == LAST_RUN_TO_CHECKPOINT else "first",
             step,
         )
-        self._records.agreement(round_key, step)
         if self._state.membership.local:
+            self._records.agreement(round_key, step)
             return
         start = self._state.clock()
         published = self._retrier.call(
@@ -53,11 +53,22 @@ class Agreement:
             lambda: self._state.coordination.set(round_key, str(step)),
         )
         if not published:
-            log.warning(
-                "%s was already set (a peer shut down?); not waiting for acknowledgements.",
-                round_key,
+            # Another worker published this round first (a tighter notice of its
+            # own), or a peer shut down (STOP_WATCHER): the key's value is the step.
+            value = self._retrier.call(
+                f"reading {round_key}", lambda: self._state.coordination.get(round_key, 1.0)
             )
+            log.warning(
+                "%s was already set to %s by another worker; not waiting for acknowledgements.",
+                round_key,
+                value,
+            )
+            if value is not None:
+                self._core.publish_lost(round_key, value)
+                if self._core.leading:  # a follower's reader records the key it reads
+                    self._records.peer_agreement(round_key, value)
             return
+        self._records.agreement(round_key, step)
         self._await(round_key, step, ack_keys)
         self._core.agreement(self._state.clock() - start)
 

@@ -90,6 +90,15 @@ class NoticeResponse:
             return self._announce(source)
         if isinstance(action, NoticeAction.Claim):
             return self._claim(action.key, action.value, source)
+        if isinstance(action, NoticeAction.Replan):
+            self._records.tighter_notice(source, notice.deadline)
+            log.warning(
+                "Termination notice from %s ends earlier than the one this worker planned "
+                "for: the final save is planned for it now (this worker publishes the final "
+                "round itself if the leader would be too late).",
+                source,
+            )
+            return None
         log.info(
             "Termination notice from %s absorbed: this handler already acts on an earlier one.",
             source,

@@ -63,6 +63,19 @@ class StageRecords:
                 "notice", source=source, deadline=deadline, grace_period=self._state.grace_period
             )
 
+    def tighter_notice(self, source: str, deadline: Optional[float]) -> None:
+        """A notice of this worker that ends earlier than the one planned for, while a
+        preemption is under way: a ``notice`` line with ``replan`` set."""
+        if self.recorder.current is None:
+            self.recorder.new_preemption()
+        self.recorder.write(
+            "notice",
+            source=source,
+            deadline=deadline,
+            grace_period=self._state.grace_period,
+            replan=True,
+        )
+
     def agreement(self, round_key: str, step: int) -> None:
         """This worker leads the round: it publishes ``step``."""
         self.recorder.write("agreement", step=step, proposer=self.label, round=round_key)

@@ -17,7 +17,6 @@ from typing import Optional
 
 from .._native import ProtocolCore, StepAction
 from .agreement import Agreement
-from .ps_steps import PsSteps
 from .reporting import ErrorReports
 from .save import SaveAndExit
 from .state import HandlerState
@@ -32,14 +31,12 @@ class StepCheck:
         core: ProtocolCore,
         agreement: Agreement,
         saver: SaveAndExit,
-        ps: PsSteps,
         errors: ErrorReports,
     ) -> None:
         self._state = state
         self._core = core
         self._agreement = agreement
         self._saver = saver
-        self._ps = ps
         self._errors = errors
 
     @property
@@ -50,10 +47,13 @@ class StepCheck:
         """The check before a step: raise a background thread's error, publish, or save."""
         self._errors.raise_pending()
         action = self._core.before_step(self._state.clock())
-        if isinstance(action, StepAction.Publish):
+        # After a publish the core is asked again: a PS coordinator saves at the step
+        # it published, and a final round may be due already (both rounds at once).
+        for _ in range(2):
+            if not isinstance(action, StepAction.Publish):
+                break
             self._agreement.publish(action.round_key, action.step, action.ack_keys)
-            if self._ps.active:  # a PS coordinator saves at the step it published
-                action = self._core.before_step(self._state.clock())
+            action = self._core.before_step(self._state.clock())
         if isinstance(action, StepAction.Save):
             self._saver.save_at(action.round_key, action.step, args, kwargs)
 

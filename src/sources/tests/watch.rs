@@ -6,6 +6,8 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::sources::http::BaseUrl;
@@ -112,7 +114,7 @@ fn start(cloud: &str, base: &str, wake: Option<Wake>) -> MetadataWatch {
 }
 
 #[test]
-fn aws_watch_sees_a_notice_wakes_once_and_stops_polling() {
+fn aws_watch_sees_a_notice_wakes_once_and_polls_on() {
     let polls = Arc::new(AtomicUsize::new(0));
     let p = Arc::clone(&polls);
     let (base, _) = fake_server(move |method, path, head| match (method, path) {
@@ -140,17 +142,56 @@ fn aws_watch_sees_a_notice_wakes_once_and_stops_polling() {
     assert_eq!(n.deadline, Some(1_795_374_000.0));
     assert_eq!(watch.notice(), Some(n));
     assert_eq!(woken.load(Ordering::SeqCst), 1);
-    // The notice stops the polling thread by itself (no close yet): once it
-    // has ended, its counts are final.
-    assert!(watch.join(HANG_BOUND), "the polling thread did not end after the notice");
+    // Polling goes on after the notice (a later one may end earlier); the same
+    // notice again wakes nobody.
+    until("two more polls after the notice", || polls.load(Ordering::SeqCst) >= 6);
+    assert_eq!(woken.load(Ordering::SeqCst), 1);
     let stats = watch.stats();
     assert_eq!((stats.notices, stats.failures, stats.malformed), (1, 0, 0), "{stats:?}");
-    assert_eq!(polls.load(Ordering::SeqCst), 4, "polling stops after the notice");
     assert_eq!(watch.rebalance(), Some(1_795_370_400.0));
     assert!(!watch.closed());
     watch.close();
     assert!(watch.closed());
+    assert!(watch.join(HANG_BOUND), "the polling thread did not end at close");
     assert!(watch.wait(Duration::ZERO).is_some(), "the notice is sticky");
+}
+
+#[test]
+fn gce_maintenance_then_preempted_wakes_twice_and_the_earlier_deadline_is_kept() {
+    // maintenance-event TERMINATE at once (no deadline: the grace period's);
+    // preempted turns TRUE a few polls later (GCE's 30 s): a second wake-up.
+    let polls = Arc::new(AtomicUsize::new(0));
+    let p = Arc::clone(&polls);
+    let (base, _) = fake_server(move |_, path, head| {
+        if !head.contains("Metadata-Flavor: Google\r\n") {
+            return ok(403, "");
+        }
+        if path.starts_with("/computeMetadata/v1/instance/preempted") {
+            let n = p.fetch_add(1, Ordering::SeqCst);
+            return ok(200, if n >= 3 { "TRUE" } else { "FALSE" });
+        }
+        ok(200, "TERMINATE_ON_HOST_MAINTENANCE")
+    });
+    let woken: Arc<Mutex<Vec<Notice>>> = Arc::new(Mutex::new(Vec::new()));
+    let w = Arc::clone(&woken);
+    let watch = start(
+        "gce",
+        &base,
+        Some(Box::new(move |n: &Notice| {
+            w.lock().push(n.clone());
+        })),
+    );
+    until("both notices woke the handler", || woken.lock().len() >= 2);
+    let seen = woken.lock().clone();
+    assert_eq!(seen[0].description, "GCE maintenance-event TERMINATE_ON_HOST_MAINTENANCE");
+    assert_eq!(seen[0].deadline, None);
+    assert_eq!(seen[1].description, "GCE preempted");
+    assert!(seen[1].deadline.is_some());
+    assert_eq!(watch.notice(), Some(seen[1].clone()), "the earliest deadline is kept");
+    until("more polls after the second notice", || polls.load(Ordering::SeqCst) >= 6);
+    assert_eq!(woken.lock().len(), 2, "a notice no earlier than the kept one wakes nobody");
+    watch.close();
+    assert!(watch.join(HANG_BOUND));
 }
 
 #[test]
