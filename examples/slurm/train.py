@@ -49,6 +49,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="MultiWorkerMirroredStrategy with SlurmClusterResolver (one task per worker)",
     )
     p.add_argument("--port-base", type=int, default=8888, help="SlurmClusterResolver's ports")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        help="TerminationConfig(grace_period=...): train on after the first save",
+    )
     p.add_argument("--progress-every", type=int, default=10)
     return p.parse_args(argv)
 
@@ -63,9 +69,10 @@ def main(argv=None) -> int:
     if args.impl == "ours":
         import tf_failure_handling as tfh
 
-        Handler = tfh.PreemptionCheckpointHandler
+        Handler, Config = tfh.PreemptionCheckpointHandler, tfh.TerminationConfig
     else:
         Handler = tf.distribute.experimental.PreemptionCheckpointHandler
+        Config = tf.distribute.experimental.TerminationConfig
 
     if args.multi_worker:
         # TF's SlurmClusterResolver hands out one GPU range per task and lists no
@@ -89,7 +96,7 @@ def main(argv=None) -> int:
         step = tf.Variable(0, dtype=tf.int64, name="step")
         weight = tf.Variable(tf.ones((4, 4)), name="weight")
     checkpoint = tf.train.Checkpoint(step=step, weight=weight)
-    handler = Handler(resolver, checkpoint, args.ckpt_dir)
+    handler = Handler(resolver, checkpoint, args.ckpt_dir, Config(grace_period=args.grace))
     emit("start", step=int(step.numpy()), impl=args.impl)
 
     x = tf.random.stateless_normal((8, 4), seed=(1, 2))

@@ -143,6 +143,7 @@ class Input:
 
     class Stop(Input): ...
 
+GRACE_SLACK: float
 RETRY_FIRST_PAUSE: float
 RETRY_MAX_PAUSE: float
 RETRY_MIN_ATTEMPTS: int

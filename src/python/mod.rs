@@ -60,6 +60,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::StepAction>()?;
     m.add_class::<handler::KeyAction>()?;
     m.add_class::<handler::SaveAction>()?;
+    m.add("GRACE_SLACK", crate::grace::SLACK)?;
     handler::add_run(m.py())?;
     signals::register(m)?;
     inbox::register(m)?;

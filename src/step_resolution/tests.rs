@@ -44,8 +44,8 @@ enum Out {
     Saved(Result<SaveAction, SaveError>),
 }
 
-/// 20 steps of 1 s and one save of 2 s: margin = 2 × 1 + 0 + 1.5 × 2 + 0.1 = 5.1 s,
-/// so with a notice at 0 and a grace period of 10 s the final round is due from 4.9 s.
+/// 20 steps of 1 s and one save of 2 s: margin = 2 × 1 + 0 + 1.5 × 2 + 1 = 6 s,
+/// so with a notice at 0 and a grace period of 10 s the final round is due from 4 s.
 fn table_planner() -> GracePlanner {
     let mut p = GracePlanner::new();
     for _ in 0..20 {
@@ -156,7 +156,7 @@ fn transition_table() -> Vec<Row> {
     let local_published = [Notice(0.0), Before(5, 1.0)];
     let local_saving = [Notice(0.0), Before(5, 1.0), Before(6, 2.0)];
     let local_done = cat(&local_saving, &[Saved(I)]);
-    // With grace 10: final round not due before 4.9 s.
+    // With grace 10: final round not due before 4 s.
     let local_countdown = cat(&local_saving, &[Saved(I)]);
     let local_final_published = cat(&local_countdown, &[Before(7, 5.0)]);
     let local_final_saving = cat(&local_final_published, &[Before(8, 6.0)]);
@@ -206,7 +206,7 @@ fn transition_table() -> Vec<Row> {
         Row { name: "local ack key uses single_worker", who: l(), grace: 10.0, setup: vec![], event: Key(I, "3"), expect: ack("RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_single_worker", Some(F)), attention: true, round: I, agreed: Some(3), same: false },
         // --- Local, grace 10 ------------------------------------------------
         Row { name: "grace: first save -> countdown, leader keeps attention", who: l(), grace: 10.0, setup: local_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(SaveAction::Countdown)), attention: true, round: F, agreed: None, same: false },
-        Row { name: "countdown: final round not due", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Before(7, 4.8), expect: PROCEED, attention: true, round: F, agreed: None, same: true },
+        Row { name: "countdown: final round not due", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Before(7, 3.8), expect: PROCEED, attention: true, round: F, agreed: None, same: true },
         Row { name: "countdown: final round due -> publish runs + 1", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Before(7, 5.0), expect: publish(F, 8, &[]), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "countdown: notice ignored", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Notice(4.0), expect: IGNORED, attention: true, round: F, agreed: None, same: true },
         Row { name: "platform deadline earlier than the grace period brings the final round forward", who: l(), grace: 10.0, setup: vec![NoticeBy(0.0, 6.0), Before(5, 0.2), Before(6, 0.4), Saved(I)], event: Before(7, 1.0), expect: publish(F, 8, &[]), attention: true, round: F, agreed: Some(8), same: false },
@@ -256,7 +256,7 @@ fn transition_table() -> Vec<Row> {
         Row { name: "first save with the final key known -> countdown with attention", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), Key(F, "7"), Before(6, 2.0)], event: Saved(I), expect: Out::Saved(Ok(SaveAction::Countdown)), attention: true, round: F, agreed: Some(7), same: false },
         // --- Worker 0 of 2, grace 10: leading both rounds -------------------
         Row { name: "worker leader's own watcher watches the final key", who: w(0, 2), grace: 10.0, setup: led.to_vec(), event: Key(I, "6"), expect: ack(ack_i0, Some(F)), attention: true, round: I, agreed: Some(6), same: true },
-        Row { name: "worker leader: countdown, not due", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: Before(7, 4.8), expect: PROCEED, attention: true, round: F, agreed: None, same: true },
+        Row { name: "worker leader: countdown, not due", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: Before(7, 3.8), expect: PROCEED, attention: true, round: F, agreed: None, same: true },
         Row { name: "worker leader: final round with the final ack keys", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: Before(7, 5.0), expect: publish(F, 8, &["RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0", "RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_1"]), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "worker leader: notice in countdown ignored", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: Notice(3.0), expect: IGNORED, attention: true, round: F, agreed: None, same: true },
         // --- Several notices, grace 10: the earliest deadline wins ----------
@@ -274,7 +274,7 @@ fn transition_table() -> Vec<Row> {
         Row { name: "a lost publish holding no run count is malformed, state kept", who: w(3, 4), grace: 10.0, setup: cat(&f_countdown, &[NoticeBy(2.5, 6.0), Before(7, 2.6)]), event: Lost(F, "x"), expect: malformed("LAST_RUN_TO_CHECKPOINT", "x"), attention: true, round: F, agreed: Some(8), same: true },
         Row { name: "then the final save is at the key's step", who: w(3, 4), grace: 10.0, setup: cat(&f_countdown, &[NoticeBy(2.5, 6.0), Before(7, 2.6), Lost(F, "9")]), event: Before(9, 3.0), expect: save(F, 9), attention: true, round: F, agreed: Some(9), same: false },
         Row { name: "before the first save: a final round due by then is published at the first round's step", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), NoticeBy(1.0, 4.0)], event: Before(5, 1.5), expect: publish(F, 6, &ack_f), attention: true, round: I, agreed: Some(6), same: false },
-        Row { name: "before the first save with room for both rounds: proceed", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), NoticeBy(1.0, 30.0)], event: Before(5, 1.5), expect: PROCEED, attention: true, round: I, agreed: Some(6), same: true },
+        Row { name: "before the first save with room for both rounds: proceed", who: w(3, 4), grace: 30.0, setup: vec![Key(I, "6"), NoticeBy(1.0, 30.0)], event: Before(5, 1.5), expect: PROCEED, attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "at the first round's step the first save comes first", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), NoticeBy(1.0, 4.0)], event: Before(6, 1.5), expect: save(I, 6), attention: true, round: I, agreed: Some(6), same: false },
         Row { name: "one save: the first save with the final round at its step exits", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), Key(F, "6"), Before(6, 2.0)], event: Saved(I), expect: Out::Saved(Ok(SaveAction::Exit)), attention: false, round: F, agreed: Some(6), same: false },
         Row { name: "one save: the leader publishes both rounds before the step", who: w(0, 2), grace: 10.0, setup: vec![NoticeBy(0.0, 4.0), Claim(true), Before(5, 1.0)], event: Before(5, 1.0), expect: publish(F, 6, &["RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0", "RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_1"]), attention: true, round: I, agreed: Some(6), same: false },
@@ -513,7 +513,7 @@ impl Config {
     /// An upper bound on the time from the leader's notice to its first check
     /// in the countdown, plus the planner's margin, for these durations.
     fn grace_needed(&self) -> f64 {
-        self.claim_max + 5.0 * self.step_hi + 2.0 * self.ack_max + 2.5 * self.save_max + 25.0 * self.jitter + 0.15
+        self.claim_max + 5.0 * self.step_hi + 2.0 * self.ack_max + 2.5 * self.save_max + 25.0 * self.jitter + crate::grace::SLACK + 0.05
     }
 }
 

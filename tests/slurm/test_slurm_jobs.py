@@ -394,6 +394,58 @@ def test_scancel_saves_exits_42_and_is_not_requeued(slurm, tmp_path, how):
     )
 
 
+#: The grace period of the USR1-then-TERM job: far longer than SLURM's kill wait after
+#: the TERM, so a handler that ignored the TERM would be killed before its final save.
+USR1_GRACE = 300
+
+
+@backstop(PROGRESS_BOUND, JOB_READ_BOUND, PROGRESS_BOUND, KILL_WAIT + 60)
+def test_usr1_then_term_the_final_save_moves_before_the_kill(slurm, tmp_path):
+    """``--signal``'s SIGUSR1 (sent by hand) with a grace period of 300 s: the job saves
+    once and trains on. Then ``scancel``'s SIGTERM: SLURM kills the job KillWait seconds
+    later. Success: the SIGTERM is a tighter notice (recorded as a re-plan with a deadline
+    within KillWait), the final round is saved and the training exits 42 before the kill,
+    two saves in all. TensorFlow, and this handler before, planned for the first notice
+    only and were killed. ``--no-requeue``: this test is about the deadlines."""
+    jid, ckpt, out = submit(
+        slurm,
+        "one_node.sbatch",
+        tmp_path,
+        ["--time=10", "--no-requeue"],
+        f"--steps 100000 --step-time {STEP_TIME} --grace {USR1_GRACE}",
+    )
+    wait_events(out, lambda e: e["event"] == "progress" and e["step"] >= 20, PROGRESS_BOUND)
+    wait_job_read(out)
+    slurm.run("scancel", "--full", "--signal=USR1", jid)
+    end = time.monotonic() + PROGRESS_BOUND
+    while not stage(read_records(ckpt), "save_end") and time.monotonic() < end:
+        time.sleep(0.5)
+    assert stage(read_records(ckpt), "save_end"), "no first save after SIGUSR1"
+    sent = time.time()
+    slurm.run("scancel", jid)
+    job = slurm.wait_job(jid, lambda j: j.get("JobState") in TERMINAL, KILL_WAIT + 60)
+    events, records = parse_events(out), read_records(ckpt)
+    exits = by(events, "exit")
+    assert exits and exits[0]["code"] == 42, (job, events[-5:])
+    notices = stage(records, "notice")
+    assert notices[0]["source"] == "signal SIGUSR1", notices
+    replans = [n for n in notices if n.get("replan")]
+    assert replans and replans[0]["source"] == "signal SIGTERM", notices
+    term_deadline = replans[0]["deadline"]
+    assert 0 < term_deadline - sent <= KILL_WAIT + 1, (sent, replans)
+    saves = stage(records, "save_end")
+    assert len(saves) == 2, records
+    assert saves[1]["time"] < term_deadline, (saves, term_deadline)
+    report(
+        "SIGUSR1 (grace 300 s) then scancel, 1 task, ours",
+        exit_codes=[42],
+        saved_step=exits[0]["step"],
+        requeued=False,
+        signal_to_checkpoint_s=round(saves[1]["time"] - replans[0]["time"], 3),
+        deadline_left_s=round(term_deadline - replans[0]["time"]),
+    )
+
+
 @backstop(PROGRESS_BOUND, JOB_READ_BOUND, RUNS_BOUND)
 def test_preemption_one_task_saves_requeues_resumes_and_finishes(slurm, tmp_path):
     # A batch step gets SIGTERM only when GraceTime ends; SLURM requeues a job that

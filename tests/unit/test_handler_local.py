@@ -479,7 +479,7 @@ def test_local_mode_never_reports_errors(make_handler, tmp_path):
 # Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
 @pytest.mark.timeout(HANG + 30)
 def test_grace_period_in_local_mode_saves_twice_before_the_deadline(make_handler, tmp_path):
-    grace = 0.6
+    grace = 1.6
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
     h = make_handler(
@@ -542,10 +542,10 @@ def test_grace_final_save_accounts_for_a_slow_save(make_handler, tmp_path):
     """The final round is planned early enough for a save that takes many steps.
 
     TF plans only with 6 x mean step time (0.06 s here) and so would start the 0.15 s
-    save at 0.74 s and end after the 0.8 s deadline. Ours keeps 1.5 x the measured
+    save at 1.74 s and end after the 1.8 s deadline. Ours keeps 1.5 x the measured
     save (at least 0.15 s: the save sleeps that long) in its margin.
     """
-    grace = 0.8
+    grace = 1.8
     _, saved, h = _grace_run(make_handler, tmp_path, grace, 0.01, save_seconds=0.15)
     assert len(saved) == 2
     assert saved[1] > saved[0]
@@ -561,7 +561,7 @@ def test_grace_planning_is_not_diluted_by_restored_runs(make_handler, tmp_path):
     """After a restore of 10**6 runs the step estimate still reflects real steps.
 
     TF divides by the total run count, so its estimate is ~0 and it saves at the deadline."""
-    grace = 0.6
+    grace = 1.6
     _, saved, h = _grace_run(make_handler, tmp_path, grace, 0.02, restored=10**6)
     assert len(saved) == 2
     assert saved[0] == 10**6 + 11
@@ -599,14 +599,37 @@ def test_grace_period_deadline_from_the_notice(make_handler, tmp_path):
     ckpt = RecordingCheckpoint(w=w)
     h = make_handler(ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=30))
     start = time.monotonic()
-    h._notify_termination(deadline=start + 0.4)
+    h._notify_termination(deadline=start + 1.6)
     wait_for_attention(h)
     with pytest.raises(SystemExit):
         for _ in range(100_000):
             h.run(lambda: time.sleep(0.002))
     assert len(ckpt.saved_runs) == 2
-    # The 0.4 s deadline, not the 30 s grace period (which would take over 25 s).
+    # The 1.6 s deadline, not the 30 s grace period (which would take over 25 s).
     assert time.monotonic() - start < 15, "the 30 s grace period was used, not the deadline"
+
+
+# Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
+@pytest.mark.timeout(HANG + 30)
+def test_a_deadline_with_no_room_for_two_saves_saves_once(make_handler, tmp_path):
+    """A notice whose deadline leaves no room for the grace period's second save: the
+    first save is the last (one save, at the first round's step, then the exit)."""
+    w = testing.FakeVariable(0)
+    ckpt = RecordingCheckpoint(w=w)
+    h = make_handler(
+        ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=30), cls=PublishRecorder
+    )
+    _train(h, w, 5)
+    h._notify_termination(deadline=time.monotonic() + 0.4)
+    wait_for_attention(h)
+    with pytest.raises(SystemExit):
+        for _ in range(100):
+            h.run(lambda: w.assign_add(1))
+    assert [(p[1], p[2]) for p in h.publishes] == [
+        (6, "RUN_TO_CHECKPOINT"),
+        (6, "LAST_RUN_TO_CHECKPOINT"),
+    ]
+    assert ckpt.saved_runs == [6]
 
 
 # ------------------------------------------------------- managers and layout
