@@ -47,6 +47,18 @@ pub const STEPS_AHEAD: f64 = 2.0;
 /// the `KillWait` it starts had begun, on a loaded machine).
 pub const SLACK: f64 = 1.0;
 
+/// What still fits before a deadline, as measured (see [`GracePlanner::fit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    /// The first save and, with a grace period, a final one.
+    Both,
+    /// One save only: with a grace period, the first save is the last.
+    OneSave,
+    /// Not even one save ends before the deadline: the fastest path (one save,
+    /// at once) is taken all the same, and the worker says so at the notice.
+    Neither,
+}
+
 /// Recent step, save and agreement durations of one worker.
 #[derive(Debug, Clone)]
 pub struct GracePlanner {
@@ -173,6 +185,33 @@ impl GracePlanner {
         steps * self.step_estimate() + SAVE_SAFETY * self.longest_save.unwrap_or(0.0)
     }
 
+    /// What fits before `notice`'s deadline from `now`: one save needs a step and
+    /// the save (the longest measured, times [`SAVE_SAFETY`]; nothing before the
+    /// first save is measured) and the slack; two need a final round's margin more.
+    /// Returns the fit, the seconds left and the seconds the fit it falls short of
+    /// would need.
+    #[must_use]
+    pub fn fit(&self, notice: Notice, grace_period: f64, now: f64) -> (Fit, f64, f64) {
+        // Without a grace period only the platform's deadline bounds the one save.
+        let deadline = if grace_period > 0.0 {
+            Self::deadline(notice, grace_period)
+        } else {
+            notice.deadline.unwrap_or(f64::INFINITY)
+        };
+        let left = deadline - now;
+        let one = self.first_round_cost(1) + SLACK;
+        let both = one + self.margin();
+        if left < one {
+            (Fit::Neither, left, one)
+        } else if grace_period > 0.0 && left < both {
+            (Fit::OneSave, left, both)
+        } else if grace_period > 0.0 {
+            (Fit::Both, left, both)
+        } else {
+            (Fit::OneSave, left, one)
+        }
+    }
+
     /// Whether the leader must publish the final round before this step.
     #[must_use]
     pub fn final_round_due(&self, notice: Notice, grace_period: f64, now: f64) -> bool {
@@ -209,6 +248,28 @@ mod tests {
         assert!((p.margin() - 4.11).abs() < 1e-9);
         assert!(!p.final_round_due(notice(0.0), 10.0, 5.8));
         assert!(p.final_round_due(notice(0.0), 10.0, 5.9));
+    }
+
+    #[test]
+    fn fit_says_what_still_fits_before_the_deadline() {
+        let mut p = GracePlanner::new();
+        for _ in 0..20 {
+            p.record_step(0.1);
+        }
+        p.record_save(2.0);
+        // One save: 0.1 + 1.5 × 2 + 1 = 4.1 s; both: 4.1 + margin (0.2 + 3 + 1) = 8.3 s.
+        let n = |deadline| Notice {
+            at: 0.0,
+            deadline: Some(deadline),
+        };
+        assert_eq!(p.fit(n(100.0), 60.0, 0.0).0, Fit::Both);
+        assert_eq!(p.fit(n(8.0), 60.0, 0.0), (Fit::OneSave, 8.0, 8.3));
+        let (fit, left, needed) = p.fit(n(4.0), 60.0, 0.0);
+        assert_eq!(fit, Fit::Neither);
+        assert!((left - 4.0).abs() < 1e-9 && (needed - 4.1).abs() < 1e-9);
+        // Without a grace period one save is all there is.
+        assert_eq!(p.fit(n(100.0), 0.0, 0.0).0, Fit::OneSave);
+        assert_eq!(p.fit(n(4.0), 0.0, 0.0).0, Fit::Neither);
     }
 
     #[test]

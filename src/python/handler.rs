@@ -30,7 +30,7 @@ use pyo3::types::{PyDict, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
 use super::errors;
-use crate::grace::GracePlanner;
+use crate::grace::{Fit, GracePlanner};
 use crate::step_resolution::{self as core, Membership, Notice, Resolver, Round};
 
 /// What to do about a termination notice (`ProtocolCore.notice`).
@@ -562,6 +562,18 @@ impl Shared {
         self.state.lock().resolver.as_ref().is_some_and(|r| r.leading_notice().is_some())
     }
 
+    fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
+        let state = self.state.lock();
+        let r = state.resolver.as_ref()?;
+        let (fit, left, needed) = state.planner.fit(r.planned_notice()?, r.grace_period(), now);
+        let name = match fit {
+            Fit::Both => "both",
+            Fit::OneSave => "one_save",
+            Fit::Neither => "neither",
+        };
+        Some((name, left, needed))
+    }
+
     fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
         self.with_resolver(|r, _| Ok(r.shutdown_keys().to_vec()))
     }
@@ -743,6 +755,13 @@ impl ProtocolCore {
     /// The decision before a step at `now`.
     fn before_step(&self, now: f64) -> PyResult<StepAction> {
         self.shared.before_step(now)
+    }
+
+    /// What still fits before this worker's earliest deadline at `now`:
+    /// `("both" | "one_save" | "neither", seconds left, seconds needed)` (the
+    /// grace planner's `fit`), or None without a notice.
+    fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
+        self.shared.fit(now)
     }
 
     /// This worker's publish of `round_key` found it set by another worker

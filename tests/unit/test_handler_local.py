@@ -9,7 +9,13 @@ import time
 
 import numpy as np
 import pytest
-from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, _errors, testing
+from tf_failure_handling import (
+    PreemptionCheckpointHandler,
+    TerminationConfig,
+    _errors,
+    records,
+    testing,
+)
 
 from .conftest import (
     HANG,
@@ -611,9 +617,10 @@ def test_grace_period_deadline_from_the_notice(make_handler, tmp_path):
 
 # Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
 @pytest.mark.timeout(HANG + 30)
-def test_a_deadline_with_no_room_for_two_saves_saves_once(make_handler, tmp_path):
+def test_a_deadline_with_no_room_for_two_saves_saves_once(make_handler, tmp_path, caplog):
     """A notice whose deadline leaves no room for the grace period's second save: the
-    first save is the last (one save, at the first round's step, then the exit)."""
+    handler says so at the notice (log and record), and the first save is the last (one
+    save, at the first round's step, then the exit)."""
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
     h = make_handler(
@@ -630,6 +637,10 @@ def test_a_deadline_with_no_room_for_two_saves_saves_once(make_handler, tmp_path
         (6, "LAST_RUN_TO_CHECKPOINT"),
     ]
     assert ckpt.saved_runs == [6]
+    said = [r.getMessage() for r in caplog.records if "a save needs about" in r.getMessage()]
+    assert said and "may not end before the machine goes away" in said[0], said
+    (preemption,) = records.load(tmp_path / "ckpt").preemptions
+    assert preemption.extra.get("fits") == "neither", preemption
 
 
 # ------------------------------------------------------- managers and layout

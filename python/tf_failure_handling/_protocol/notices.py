@@ -74,7 +74,6 @@ class NoticeResponse:
 
     def _on_own_notice(self, notice: Notice) -> Optional[Write]:
         source = notice.source
-        self._records.notice(source, notice.deadline)
         unix_now = time.time()
         if notice.deadline is not None:
             log.info(
@@ -83,7 +82,12 @@ class NoticeResponse:
                 notice.deadline - unix_now,
             )
         # Platforms announce wall-clock times; the core plans on the handler's clock.
-        action = self._core.source_notice(self._state.clock(), unix_now, notice.deadline)
+        now = self._state.clock()
+        action = self._core.source_notice(now, unix_now, notice.deadline)
+        absorbed = isinstance(action, NoticeAction.Absorb)
+        fit = None if absorbed else self._say_what_fits(source, now)
+        if not isinstance(action, NoticeAction.Replan):
+            self._records.notice(source, notice.deadline, fit)
         if isinstance(action, NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
             self._ps.on_notice()
@@ -91,7 +95,7 @@ class NoticeResponse:
         if isinstance(action, NoticeAction.Claim):
             return self._claim(action.key, action.value, source)
         if isinstance(action, NoticeAction.Replan):
-            self._records.tighter_notice(source, notice.deadline)
+            self._records.tighter_notice(source, notice.deadline, fit)
             log.warning(
                 "Termination notice from %s ends earlier than the one this worker planned "
                 "for: the final save is planned for it now (this worker publishes the final "
@@ -104,6 +108,33 @@ class NoticeResponse:
             source,
         )
         return None
+
+    def _say_what_fits(self, source: str, now: float) -> Optional[str]:
+        """At the notice, what the core says still fits before this worker's earliest
+        deadline; a warning at once when the grace period's second save or even one save
+        does not (the fastest path, one save at once, is taken all the same)."""
+        answer = self._core.fit(now)
+        if answer is None:
+            return None
+        fit, left, needed = answer
+        if fit == "neither":
+            log.warning(
+                "The notice from %s leaves %.1fs; a save needs about %.1fs (step, save as "
+                "measured, slack): it may not end before the machine goes away. Saving at "
+                "the next step all the same.",
+                source,
+                left,
+                needed,
+            )
+        elif fit == "one_save" and self._state.grace_period > 0:
+            log.warning(
+                "The notice from %s leaves %.1fs, not the %.1fs two saves need: the first "
+                "save is the last (no training through the grace period).",
+                source,
+                left,
+                needed,
+            )
+        return fit
 
     def _claim(self, key: str, value: str, source: str) -> Write:
         """Writes ``TERMINATED_WORKER``; the resolver learns whether this worker got it first.

@@ -54,16 +54,23 @@ class StageRecords:
 
         rec.defer(resume)
 
-    def notice(self, source: str, deadline: Optional[float]) -> None:
-        """This worker's own notice (``deadline``: Unix time, or None); it opens a
+    def notice(self, source: str, deadline: Optional[float], fits: Optional[str] = None) -> None:
+        """This worker's own notice (``deadline``: Unix time, or None; ``fits``: what
+        the core said still fits, ``both``, ``one_save`` or ``neither``); it opens a
         preemption unless one is open already."""
         if self.recorder.current is None:
             self.recorder.new_preemption()
             self.recorder.write(
-                "notice", source=source, deadline=deadline, grace_period=self._state.grace_period
+                "notice",
+                source=source,
+                deadline=deadline,
+                grace_period=self._state.grace_period,
+                fits=fits,
             )
 
-    def tighter_notice(self, source: str, deadline: Optional[float]) -> None:
+    def tighter_notice(
+        self, source: str, deadline: Optional[float], fits: Optional[str] = None
+    ) -> None:
         """A notice of this worker that ends earlier than the one planned for, while a
         preemption is under way: a ``notice`` line with ``replan`` set."""
         if self.recorder.current is None:
@@ -74,6 +81,7 @@ class StageRecords:
             deadline=deadline,
             grace_period=self._state.grace_period,
             replan=True,
+            fits=fits,
         )
 
     def agreement(self, round_key: str, step: int) -> None:
