@@ -1141,9 +1141,14 @@ fn close_acknowledges_a_waiting_key(o: &Outcome) -> Result<(), String> {
         "last attempts: {:?}",
         o.workers[1].last_attempts
     );
+    acknowledged_at_close(o, closed)
+}
+
+/// Worker 1's acknowledgement was written at its close, and the leader, waiting
+/// for it, saved.
+fn acknowledged_at_close(o: &Outcome, closed: f64) -> Result<(), String> {
     let (_, at) = o.store.get(&Round::Initial.ack_key("1")).ok_or("no acknowledgement")?;
     ensure!(*at == closed, "acknowledged at {at}, closed at {closed}");
-    // The leader, waiting for it, saves.
     ensure!(o.workers[0].raised.is_none(), "the leader raised {:?}", o.workers[0].raised);
     ensure!(o.workers[0].saves.len() == 1, "the leader saved {:?}", o.workers[0].saves);
     Ok(())
@@ -1160,11 +1165,7 @@ fn close_retries_a_failing_acknowledgement_once(o: &Outcome) -> Result<(), Strin
         "last attempts: {:?}",
         o.workers[1].last_attempts
     );
-    let (_, at) = o.store.get(&Round::Initial.ack_key("1")).ok_or("no acknowledgement")?;
-    ensure!(*at == closed, "acknowledged at {at}, closed at {closed}");
-    ensure!(o.workers[0].raised.is_none(), "the leader raised {:?}", o.workers[0].raised);
-    ensure!(o.workers[0].saves.len() == 1, "the leader saved {:?}", o.workers[0].saves);
-    Ok(())
+    acknowledged_at_close(o, closed)
 }
 
 fn close_finishes_an_announce(o: &Outcome) -> Result<(), String> {

@@ -95,7 +95,7 @@ class NoticeResponse:
         if isinstance(action, NoticeAction.Claim):
             return self._claim(action.key, action.value, source)
         if isinstance(action, NoticeAction.Replan):
-            self._records.tighter_notice(source, notice.deadline, fit)
+            self._records.notice(source, notice.deadline, fit, replan=True)
             log.warning(
                 "Termination notice from %s ends earlier than the one this worker planned "
                 "for: the final save is planned for it now (this worker publishes the final "

@@ -54,25 +54,19 @@ class StageRecords:
 
         rec.defer(resume)
 
-    def notice(self, source: str, deadline: Optional[float], fits: Optional[str] = None) -> None:
-        """This worker's own notice (``deadline``: Unix time, or None; ``fits``: what
-        the core said still fits, ``both``, ``one_save`` or ``neither``); it opens a
-        preemption unless one is open already."""
-        if self.recorder.current is None:
-            self.recorder.new_preemption()
-            self.recorder.write(
-                "notice",
-                source=source,
-                deadline=deadline,
-                grace_period=self._state.grace_period,
-                fits=fits,
-            )
-
-    def tighter_notice(
-        self, source: str, deadline: Optional[float], fits: Optional[str] = None
+    def notice(
+        self,
+        source: str,
+        deadline: Optional[float],
+        fits: Optional[str] = None,
+        replan: bool = False,
     ) -> None:
-        """A notice of this worker that ends earlier than the one planned for, while a
-        preemption is under way: a ``notice`` line with ``replan`` set."""
+        """This worker's own notice (``deadline``: Unix time, or None; ``fits``: what
+        the core said still fits, ``both``, ``one_save`` or ``neither``). It opens a
+        preemption unless one is open already, and then writes nothing unless it ends
+        earlier than the one planned for (``replan``: a line with ``replan`` set)."""
+        if self.recorder.current is not None and not replan:
+            return
         if self.recorder.current is None:
             self.recorder.new_preemption()
         self.recorder.write(
@@ -80,7 +74,7 @@ class StageRecords:
             source=source,
             deadline=deadline,
             grace_period=self._state.grace_period,
-            replan=True,
+            replan=replan or None,
             fits=fits,
         )
 
