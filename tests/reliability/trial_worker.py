@@ -192,7 +192,7 @@ def observe_coordination_keys(ack_delay: float, ack_gate: str = "") -> None:
 
     original = _coordination.Client.set
 
-    def set(self, key, value):
+    def set(self, key, value, *args, **kwargs):
         if key.startswith(ACK_PREFIX):
             if ack_delay > 0:
                 time.sleep(ack_delay)
@@ -200,7 +200,7 @@ def observe_coordination_keys(ack_delay: float, ack_gate: str = "") -> None:
                 mwms_worker.poll_until(lambda: os.path.exists(ack_gate), ACK_GATE_TIMEOUT, 0.005)
         t_start = time.time()
         try:
-            ok = original(self, key, value)
+            ok = original(self, key, value, *args, **kwargs)
         except BaseException as e:
             emit("kv_set", key=key, value=value, ok=None, error=repr(e)[:300], t_start=t_start)
             raise
