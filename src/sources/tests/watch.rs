@@ -217,7 +217,9 @@ fn gce_watch_long_polls_against_a_fake_server() {
     let watch = start("gce", &base, None);
     let n = watch.wait(HANG_BOUND).expect("a notice");
     assert_eq!(n.description, "GCE maintenance-event TERMINATE_ON_HOST_MAINTENANCE");
-    assert_eq!(step.load(Ordering::SeqCst), 4);
+    // The notice came with the fourth answer; polling goes on after it (a later
+    // notice may end earlier), so more answers may follow by now.
+    assert!(step.load(Ordering::SeqCst) >= 4);
     assert_eq!(watch.stats().failures, 0);
     watch.close();
 }
