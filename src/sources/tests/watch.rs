@@ -162,17 +162,21 @@ fn gce_maintenance_then_preempted_wakes_twice_and_the_earlier_deadline_is_kept()
     // preempted turns TRUE a few polls later (GCE's 30 s): a second wake-up.
     let polls = Arc::new(AtomicUsize::new(0));
     let p = Arc::clone(&polls);
+    let woken: Arc<Mutex<Vec<Notice>>> = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&woken);
     let (base, _) = fake_server(move |_, path, head| {
         if !head.contains("Metadata-Flavor: Google\r\n") {
             return ok(403, "");
         }
         if path.starts_with("/computeMetadata/v1/instance/preempted") {
             let n = p.fetch_add(1, Ordering::SeqCst);
-            return ok(200, if n >= 3 { "TRUE" } else { "FALSE" });
+            // TRUE only once the maintenance event has woken the handler: the
+            // order of the two notices is the test's, not the threads'.
+            let maintenance_seen = !seen.lock().is_empty();
+            return ok(200, if n >= 3 && maintenance_seen { "TRUE" } else { "FALSE" });
         }
         ok(200, "TERMINATE_ON_HOST_MAINTENANCE")
     });
-    let woken: Arc<Mutex<Vec<Notice>>> = Arc::new(Mutex::new(Vec::new()));
     let w = Arc::clone(&woken);
     let watch = start(
         "gce",
