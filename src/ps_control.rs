@@ -24,11 +24,11 @@
 //!   each incarnation's first notice handed on once, and what is worth a log
 //!   line (a streak of unanswered polls once per reason, "answers again", a
 //!   new incarnation) as typed [`PollLog`] events;
-//! * [`drain_bound`]: how long a worker's closure in flight may run before the
+//! * [`worker_drain_bound`]: how long a worker's closure in flight may run before the
 //!   worker is released anyway.
 //!
 //! Times are seconds on the caller's clock: monotonic for [`Calls`], the Unix
-//! clock for [`drain_bound`] (a notice's deadline is a Unix time, as the task
+//! clock for [`worker_drain_bound`] (a notice's deadline is a Unix time, as the task
 //! reported it; this is the one place it meets `now`).
 
 mod calls;
@@ -97,7 +97,7 @@ pub fn release_refused(
 /// (Unix seconds), never negative, or [`DEFAULT_DRAIN_BOUND`] without one.
 /// `now` is the Unix time.
 #[must_use]
-pub fn drain_bound(deadline: Option<f64>, now: f64) -> f64 {
+pub fn worker_drain_bound(deadline: Option<f64>, now: f64) -> f64 {
     match deadline {
         None => DEFAULT_DRAIN_BOUND,
         Some(d) => (d - now - DRAIN_MARGIN).max(0.0),
@@ -150,7 +150,7 @@ mod tests {
             (Some(100.0), 99.5, 0.0),
         ];
         for &(deadline, now, want) in rows {
-            let got = drain_bound(deadline, now);
+            let got = worker_drain_bound(deadline, now);
             assert!((got - want).abs() < 1e-9, "{deadline:?} {now}: {got}");
         }
     }

@@ -13,7 +13,7 @@
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `Writes` and `WriteKind`: the driver's writes (`crate::writes`) |
-//! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `drain_bound` |
+//! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `worker_drain_bound` |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!

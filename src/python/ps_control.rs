@@ -7,7 +7,7 @@
 //!   it abandons (`CallTimeout` otherwise);
 //! * `TaskWatch` and `PollLog`: what the coordinator's poll makes of each
 //!   answer, and which log line it is worth;
-//! * `drain_bound`: how long a worker's drain may wait for its closure.
+//! * `worker_drain_bound`: how long a worker's drain may wait for its closure.
 //!
 //! `TaskCalls` and `TaskWatch` are shared by the poller, release and call
 //! threads: each holds its core behind a lock that no holder keeps while it
@@ -41,8 +41,8 @@ fn release_refused(
 /// margin before the notice's `deadline` (Unix seconds), or the default bound
 /// without one; `now` is the Unix time.
 #[pyfunction]
-fn drain_bound(deadline: Option<f64>, now: f64) -> f64 {
-    ps_control::drain_bound(deadline, now)
+fn worker_drain_bound(deadline: Option<f64>, now: f64) -> f64 {
+    ps_control::worker_drain_bound(deadline, now)
 }
 
 /// A call abandoned so that a new one could start (`TaskCalls.start`).
@@ -172,7 +172,7 @@ impl TaskWatch {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_refused, m)?)?;
-    m.add_function(wrap_pyfunction!(drain_bound, m)?)?;
+    m.add_function(wrap_pyfunction!(worker_drain_bound, m)?)?;
     m.add_class::<Abandoned>()?;
     m.add_class::<TaskCalls>()?;
     m.add_class::<PollLog>()?;

@@ -79,8 +79,8 @@ from .._native import (
     RetryVerdict,
     TaskCalls,
     TaskWatch,
-    drain_bound,
     release_refused,
+    worker_drain_bound,
 )
 from .._native import PS_TOKEN as TOKEN
 
@@ -745,8 +745,8 @@ class WorkerDrain:
         self.outcome: Optional[str] = None
 
     def bound(self) -> float:
-        """Seconds the closure in flight gets (the core's ``drain_bound``)."""
-        return drain_bound(self.deadline, self._clock())
+        """Seconds the closure in flight gets (the core's ``worker_drain_bound``)."""
+        return worker_drain_bound(self.deadline, self._clock())
 
     def run(self) -> None:
         coordinator = self._coordinator if self._coordinator is not None else find_coordinator()
