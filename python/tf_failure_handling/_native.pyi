@@ -174,6 +174,56 @@ class Retry:
     @property
     def since(self) -> Optional[float]: ...
 
+PS_TOKEN: str
+ABANDON_AFTER: float
+MAX_ABANDONED: int
+DEFAULT_DRAIN_BOUND: float
+
+class CallTimeout(Exception):
+    """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
+
+def release_refused(
+    incarnation: str, notice_at: Optional[float], asked_incarnation: Any, asked_notice_at: Any
+) -> Optional[str]: ...
+def worker_drain_bound(deadline: Optional[float], now: float) -> float: ...
+
+class Abandoned:
+    """A call abandoned so that a new one could start (``TaskCalls.start``)."""
+
+    @property
+    def age(self) -> float: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def max(self) -> int: ...
+
+class TaskCalls:
+    """Which call to a task may start now (``src/ps_control/calls.rs``)."""
+
+    def __init__(self, abandon_after: float, max_abandoned: int) -> None: ...
+    def start(self, task: str, now: float) -> tuple[int, Optional[Abandoned]]: ...
+    def returned(self, task: str, id: int) -> bool: ...
+
+class PollLog:
+    """A line of the poll's log (``src/ps_control/watch.rs``)."""
+
+    NotServed: PollLog
+    DoesNotAnswer: PollLog
+    AnswersAgain: PollLog
+    NewIncarnation: PollLog
+
+class TaskWatch:
+    """The coordinator's poll of each task (``src/ps_control/watch.rs``)."""
+
+    def __init__(self) -> None: ...
+    def failed(self, task: str, error: BaseException) -> Optional[PollLog]: ...
+    def bad_answer(self, task: str) -> None: ...
+    def answered(self, task: str, incarnation: str, notice: Any) -> Optional[PollLog]: ...
+    def hand_on(self, task: str) -> bool: ...
+    def release_names(self, task: str) -> tuple[Optional[str], Optional[float]]: ...
+    def incarnations(self) -> dict[str, str]: ...
+    def unanswered(self) -> dict[str, str]: ...
+
 class WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
 

@@ -9,6 +9,7 @@
 //! | [`TransientError`] (a PS task the cluster does not have) | `IndexError` | TensorFlow's `Cluster` raises `IndexError` here |
 //! | [`InstallError`] (a signal that cannot be watched) | `ValueError` | an argument |
 //! | [`Busy`] (a notice's write queued while another is pending) | `RuntimeError` | a misuse of the driver's writes by the caller |
+//! | [`Refused`] (a call to a task held up by its earlier, unreturned one) | [`CallTimeout`] (an `Exception`, defined here) | the parameter-server control's own: the task counts as unanswered |
 //! | [`UrlError`], [`WatchError`] (a bad cloud, URL or duration) | `ValueError`; a thread that cannot start: `RuntimeError` | an argument; the system |
 //! | [`bad_value`], [`bad_type`], [`misuse`], [`bad_timeout`] | `ValueError`, `TypeError`, `RuntimeError` | an argument or a call out of order |
 //!
@@ -20,11 +21,26 @@ use pyo3::PyErr;
 
 use crate::closure_queue::CompletionError;
 use crate::failure::TransientError;
+use crate::ps_control::Refused;
 use crate::sources::http::UrlError;
 use crate::sources::signals::InstallError;
 use crate::sources::WatchError;
 use crate::step_resolution::{SaveError, StepKeyError};
 use crate::writes::Busy;
+
+pyo3::create_exception!(
+    tf_failure_handling._native,
+    CallTimeout,
+    pyo3::exceptions::PyException,
+    "A call to a task did not return within its bound (the task is stopped, partitioned or \
+     too busy to answer)."
+);
+
+impl From<Refused> for PyErr {
+    fn from(e: Refused) -> Self {
+        CallTimeout::new_err(e.to_string())
+    }
+}
 
 impl From<StepKeyError> for PyErr {
     fn from(e: StepKeyError) -> Self {

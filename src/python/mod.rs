@@ -13,6 +13,7 @@
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `Writes` and `WriteKind`: the driver's writes (`crate::writes`) |
+//! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `worker_drain_bound` |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!
@@ -30,6 +31,7 @@ mod failure;
 mod handler;
 mod inbox;
 mod layout;
+mod ps_control;
 mod retry;
 mod signals;
 mod sources;
@@ -70,6 +72,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     failure::register(m)?;
     layout::register(m)?;
     retry::register(m)?;
+    ps_control::register(m)?;
     sources::register(m)?;
     Ok(())
 }

@@ -163,6 +163,24 @@ def testing_service() -> None:
     service.keys()
 
 
+#: Shared by the threads, as the poller's and the calls' cores are in a coordinator.
+_CALLS = _native.TaskCalls(30.0, 4)
+_WATCH = _native.TaskWatch()
+
+
+def ps_control() -> None:
+    task = threading.current_thread().name
+    call, abandoned = _CALLS.start(task, 0.0)
+    assert abandoned is None and _CALLS.returned(task, call)
+    _WATCH.failed(task, RuntimeError("Could not find callback"))
+    _WATCH.answered(task, "inc", {"at": 1.0})
+    assert _WATCH.hand_on(task) and _WATCH.release_names(task) == ("inc", 1.0)
+    _WATCH.incarnations()
+    _WATCH.unanswered()
+    assert _native.release_refused("inc", 1.0, "inc", 1.0) is None
+    assert _native.worker_drain_bound(None, 0.0) == _native.DEFAULT_DRAIN_BOUND
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -180,6 +198,7 @@ SCENARIOS = {
         metadata_probe,
         metadata_watch,
         testing_service,
+        ps_control,
     )
 }
 

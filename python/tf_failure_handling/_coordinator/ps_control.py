@@ -19,30 +19,33 @@ import weakref
 from typing import Any, Callable, Optional
 
 from .._bounded_call import BoundedCall
-from .._native import Retry, RetryVerdict
+from .._native import (
+    ABANDON_AFTER,
+    DEFAULT_DRAIN_BOUND,  # noqa: F401 - re-exported: tests name it here
+    MAX_ABANDONED,
+    CallTimeout,
+    PollLog,
+    Retry,
+    RetryVerdict,
+    TaskCalls,
+    TaskWatch,
+    release_refused,
+    worker_drain_bound,
+)
+from .._native import PS_TOKEN as TOKEN
 
 log = logging.getLogger("tf_failure_handling")
 
-#: The key of :class:`TaskControl` in TF's ``py_func`` registry of a served process.
-TOKEN = "tf_failure_handling/task_control"
+# TOKEN (the key of TaskControl in TF's py_func registry), ABANDON_AFTER, MAX_ABANDONED
+# and DEFAULT_DRAIN_BOUND are the core's (src/ps_control.rs says what each means).
 #: Seconds between two polls of the cluster by the coordinator.
 POLL_INTERVAL = 0.5
-#: Seconds a worker's drain may take when its notice names no deadline.
-DEFAULT_DRAIN_BOUND = 300.0
 #: Seconds the coordinator waits for a released worker process to be gone before
 #: it gives the worker thread new closures again.
 EXIT_WAIT = 30.0
 #: Seconds one call to a task may take (a poll, a release): past it the caller goes on
 #: and the task counts as unanswered. A call on 127.0.0.1 takes milliseconds.
 CALL_TIMEOUT = 5.0
-#: Seconds an unreturned call may hold up the next calls to its task. Past it the call
-#: is abandoned (its thread ends on its own, or with the process) and the task is
-#: asked again, so that one call that never returns cannot hide the task's notices for
-#: good (the likeliest reading of a restarted worker whose notice was never seen).
-ABANDON_AFTER = 30.0
-#: Abandoned calls per task that may be outstanding at once; past them, the task
-#: stays unanswered until one returns (no thread piles up behind a stopped task).
-MAX_ABANDONED = 4
 
 #: Seconds between two keepalive pings on a connection with a call outstanding
 #: (gRPC's default of at most 2 pings without data keeps the servers, whose ping policy
@@ -205,16 +208,15 @@ class TaskControl:
         ).encode()
 
     def _release(self, message: dict) -> dict:
-        """A release counts only for this incarnation's notice, once it has one."""
+        """A release counts only for this incarnation's notice, once it has one (the
+        core's ``release_refused``)."""
         with self._lock:
             notice = self._notice
-        if message.get("incarnation") != self.incarnation:
-            why = "not this incarnation"
-        elif notice is None:
-            why = "no notice to release"
-        elif message.get("notice_at") != notice["at"]:
-            why = "not this notice"
-        else:
+        at = None if notice is None else notice["at"]
+        why = release_refused(
+            self.incarnation, at, message.get("incarnation"), message.get("notice_at")
+        )
+        if why is None:
             self.release_reason = str(message.get("reason", "released"))
             self.released.set()
             return {"released": True}
@@ -234,11 +236,6 @@ class TaskControl:
 
         _installed = self
         script_ops._py_funcs._funcs[TOKEN] = self
-
-
-class CallTimeout(Exception):
-    """A call to a task did not return within its bound (the task is stopped,
-    partitioned or too busy to answer)."""
 
 
 def remote_call(task: str, request: dict) -> dict:
@@ -265,10 +262,9 @@ def remote_call(task: str, request: dict) -> dict:
 
 
 class _Caller:
-    """Bounded calls to the tasks. A call that outlives its bound holds up the next calls
-    to its task (:class:`CallTimeout` at once) for ``abandon_after`` seconds, then is
-    abandoned, at most ``max_abandoned`` per task (so a stopped task holds that many
-    threads, not one per round)."""
+    """Bounded calls to the tasks (:class:`BoundedCall`). Whether a call may start, and
+    which unreturned one it abandons, is the core's (``TaskCalls``: ``abandon_after``,
+    ``max_abandoned``); a refused call raises :class:`CallTimeout` at once."""
 
     def __init__(
         self,
@@ -278,57 +274,40 @@ class _Caller:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._transport = transport
-        self._abandon_after = abandon_after
-        self._max_abandoned = max_abandoned
         self._clock = clock
-        self._lock = threading.Lock()
-        #: task -> (the thread of its unreturned call, when it started)
-        self._outstanding: dict = {}
-        #: task -> threads of its abandoned calls
-        self._abandoned: dict = {}
+        self._calls = TaskCalls(abandon_after, max_abandoned)
 
     def __call__(self, task: str, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
-        with self._lock:
-            self._check_outstanding(task)
-            bounded = BoundedCall(lambda: self._transport(task, request), f"TaskCall {task}")
-            self._outstanding[task] = (bounded.thread, self._clock())
-        if not bounded.wait(timeout):
+        call, abandoned = self._calls.start(task, self._clock())
+        if abandoned is not None:
+            log.warning(
+                "%s: a call has not returned for %.0fs; it is abandoned (%d of at most %d) "
+                "and the task is asked again.",
+                task,
+                abandoned.age,
+                abandoned.count,
+                abandoned.max,
+            )
+        bounded = BoundedCall(lambda: self._run(task, call, request), f"TaskCall {task}")
+        try:
+            returned = bounded.wait(timeout)
+        except BaseException:
+            if not bounded.thread.is_alive():
+                self._calls.returned(task, call)  # never started: nothing will report it
+            raise
+        if not returned:
             raise CallTimeout(f"{task} did not answer {request.get('op')!r} within {timeout:.1f}s")
         return bounded.result()
 
-    def _check_outstanding(self, task: str) -> None:
-        """Raises :class:`CallTimeout` while ``task``'s earlier call holds up the next
-        ones; abandons that call once it is ``abandon_after`` seconds old."""
-        previous = self._outstanding.get(task)
-        if previous is None or not previous[0].is_alive():
-            return
-        age = self._clock() - previous[1]
-        abandoned = [t for t in self._abandoned.get(task, ()) if t.is_alive()]
-        self._abandoned[task] = abandoned
-        if age < self._abandon_after:
-            raise CallTimeout(f"{task}: an earlier call has not returned yet ({age:.0f}s)")
-        if len(abandoned) >= self._max_abandoned:
-            raise CallTimeout(
-                f"{task}: an earlier call has not returned for {age:.0f}s, and "
-                f"{len(abandoned)} abandoned call(s) have not either"
-            )
-        abandoned.append(previous[0])
-        log.warning(
-            "%s: a call has not returned for %.0fs; it is abandoned (%d of at most %d) "
-            "and the task is asked again.",
-            task,
-            age,
-            len(abandoned),
-            self._max_abandoned,
-        )
+    def _run(self, task: str, call: int, request: dict) -> dict:
+        try:
+            return self._transport(task, request)
+        finally:
+            self._calls.returned(task, call)
 
 
 #: The process's bounded calls to the tasks.
 call = _Caller()
-
-
-def _not_served(error: BaseException) -> bool:
-    return "Could not find callback" in str(error) or TOKEN in str(error)
 
 
 class ClusterPoller:
@@ -369,16 +348,8 @@ class ClusterPoller:
         self._call_timeout = call_timeout
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        #: task -> incarnation of its last answer.
-        self.incarnations: dict = {}
-        #: task -> the notice of its last answer (``at`` names it in a release).
-        self.notices: dict = {}
-        #: task -> incarnation whose notice was handed on.
-        self._noticed: dict = {}
-        #: Tasks whose last answer said they do not run ``serve()`` (logged once a streak).
-        self._not_served: set = set()
-        #: task -> the error type of its last unanswered call.
-        self.unanswered: dict = {}
+        #: The core's view of each task's answers: incarnations, notices handed on, logs.
+        self._watch = TaskWatch()
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
@@ -394,51 +365,50 @@ class ClusterPoller:
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._interval + self._call_timeout + 1.0)
 
+    @property
+    def incarnations(self) -> dict:
+        """Task -> the incarnation of its last answer."""
+        return self._watch.incarnations()
+
+    @property
+    def unanswered(self) -> dict:
+        """Task -> the error type of its last unanswered polls (``"bad answer"``)."""
+        return self._watch.unanswered()
+
     def poll(self, task: str) -> Optional[dict]:
         """One poll of ``task``: its answer, or None (down, stopped, or not served)."""
         try:
             answer = self._call(task, {"op": "poll"}, self._call_timeout)
         except Exception as e:  # noqa: BLE001 - a task that is down is TF's failure path
-            if _not_served(e):
-                with self._lock:
-                    first = task not in self._not_served
-                    self._not_served.add(task)
-                if first:
-                    log.info(
-                        "%s does not run tf_failure_handling.serve(server) (yet): its "
-                        "termination notices are watched once it does; until then it is "
-                        "handled as a failure when it goes.",
-                        task,
-                    )
-            else:
-                # Logged once a streak, and again when the reason changes (a task that
-                # went from "unknown device" to "does not return" is worth a line).
-                first = self.unanswered.get(task) != type(e).__name__
-                self.unanswered[task] = type(e).__name__
-                if first:
-                    log.info("%s does not answer (%s): asked again next round.", task, e)
+            self._log(self._watch.failed(task, e), task, e)
             return None
-        if not isinstance(answer, dict) or "incarnation" not in answer:
-            self.unanswered[task] = "bad answer"
+        incarnation = answer.get("incarnation") if isinstance(answer, dict) else None
+        if not isinstance(incarnation, str):
+            self._watch.bad_answer(task)
             return None
-        was_unanswered = self.unanswered.pop(task, None)
-        incarnation = answer.get("incarnation")
-        with self._lock:
-            self._not_served.discard(task)
-            previous = self.incarnations.get(task)
-            self.incarnations[task] = incarnation
-            self.notices[task] = answer.get("notice")
-        if previous is not None and previous != incarnation:
-            log.info(
-                "%s answers as a new incarnation (%s): watched like the first.", task, incarnation
-            )
-        elif was_unanswered is not None:
-            log.info("%s answers again.", task)
+        self._log(self._watch.answered(task, incarnation, answer.get("notice")), task, incarnation)
         return answer
+
+    @staticmethod
+    def _log(line: Optional[PollLog], task: str, detail: Any) -> None:
+        """The line of the poll's log the core chose (None: nothing to say)."""
+        if line == PollLog.NotServed:
+            log.info(
+                "%s does not run tf_failure_handling.serve(server) (yet): its termination "
+                "notices are watched once it does; until then it is handled as a failure "
+                "when it goes.",
+                task,
+            )
+        elif line == PollLog.DoesNotAnswer:
+            log.info("%s does not answer (%s): asked again next round.", task, detail)
+        elif line == PollLog.NewIncarnation:
+            log.info("%s answers as a new incarnation (%s): watched like the first.", task, detail)
+        elif line == PollLog.AnswersAgain:
+            log.info("%s answers again.", task)
 
     def poll_once(self) -> None:
         """One round: every task asked (but those leaving after their release), each
-        incarnation's first notice handed on."""
+        incarnation's first notice handed on (the core says which)."""
         for task in self.tasks:
             if self._stop.is_set():
                 return
@@ -446,13 +416,9 @@ class ClusterPoller:
                 if task in self.leaving:
                     continue
             answer = self.poll(task)
-            notice = None if answer is None else answer.get("notice")
-            if not isinstance(notice, dict):
+            if answer is None or not self._watch.hand_on(task):
                 continue
-            incarnation = answer.get("incarnation")
-            if self._noticed.get(task) == incarnation:
-                continue
-            self._noticed[task] = incarnation
+            notice = answer["notice"]
             job, index = _job_task(task)
             try:
                 self._on_notice(job, index, str(notice.get("source")), notice.get("deadline"))
@@ -470,14 +436,12 @@ class ClusterPoller:
     def release(self, task: str, reason: str) -> bool:
         """Tells ``task`` that the coordinator is done with it (it exits); False if it
         could not be told (gone, not answering within the bound, or it refused)."""
-        with self._lock:
-            incarnation = self.incarnations.get(task)
-            notice = self.notices.get(task) or {}
+        incarnation, notice_at = self._watch.release_names(task)
         request = {
             "op": "release",
             "reason": reason,
             "incarnation": incarnation,
-            "notice_at": notice.get("at"),
+            "notice_at": notice_at,
         }
         retry = Retry(self._call_timeout, time.monotonic())
         while True:
@@ -690,9 +654,8 @@ class WorkerDrain:
         self.outcome: Optional[str] = None
 
     def bound(self) -> float:
-        if self.deadline is None:
-            return DEFAULT_DRAIN_BOUND
-        return max(0.0, self.deadline - self._clock() - 1.0)
+        """Seconds the closure in flight gets (the core's ``worker_drain_bound``)."""
+        return worker_drain_bound(self.deadline, self._clock())
 
     def run(self) -> None:
         coordinator = self._coordinator if self._coordinator is not None else find_coordinator()
