@@ -14,6 +14,7 @@
 //! | `failure.rs` | the worker/PS failure classifier |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `Writes` and `WriteKind`: the driver's writes (`crate::writes`) |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
+//! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and
@@ -30,6 +31,7 @@ mod failure;
 mod handler;
 mod inbox;
 mod layout;
+mod records;
 mod retry;
 mod signals;
 mod sources;
@@ -68,6 +70,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     closure::register(m)?;
     failure::register(m)?;
     layout::register(m)?;
+    records::register(m)?;
     retry::register(m)?;
     sources::register(m)?;
     Ok(())
