@@ -11,6 +11,7 @@
 //! | [`step_resolution`] | who saves at which step; claims, acknowledgements, the two grace rounds |
 //! | [`grace`] | when the final round of a grace period must start |
 //! | [`notice`] | a termination notice (when seen, when the machine goes away), below both of the above |
+//! | [`records`] | the preemption records read: the schema of a line, the fold of lines into preemptions and restarts, the last exit a restart resumes from |
 //! | [`retry`] | the one retry rule of the protocol's coordination-service calls: pauses, bound, when to give up |
 //! | [`writes`] | the driver's writes (acknowledge, claim, announce): which to attempt now, when to wake, what a failure or `close()` leaves (`poll_action` / `poll_timeout`) |
 //! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
@@ -28,6 +29,7 @@ pub mod grace;
 pub mod inbox;
 pub mod notice;
 pub mod ps_control;
+pub mod records;
 pub mod retry;
 pub mod sources;
 pub mod step_resolution;

@@ -368,6 +368,23 @@ def is_ps_failure(e: object) -> bool: ...
 def classify_failure(e: object) -> tuple[bool, bool]: ...
 def failed_ps_instances(message: str) -> set[int]: ...
 
+# The preemption records read (src/records.rs): bytes in, fields out.
+RECORD_FIELDS: tuple[str, ...]
+RECORD_REQUIRED: tuple[str, ...]
+
+def read_records(
+    sources: list[tuple[str, Optional[bytes]]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, list[int]]]:
+    """``(preemptions, resumes, skipped)``: the fields of each ``records.Preemption``
+    and ``records.Resume`` in the files ``(name, bytes, or None if unreadable)``."""
+
+def last_exit_record(
+    sources: list[tuple[str, Optional[bytes]]], job: str, task: str
+) -> Optional[dict[str, Any]]: ...
+def valid_record(obj: object) -> bool: ...
+def record_field_ok(name: str, value: object) -> bool: ...
+def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) -> bool: ...
+
 class TransientFailures:
     """TF's ``Cluster`` transient-failure tolerances (PS strikes per task, timeouts)."""
 

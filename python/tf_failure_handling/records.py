@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import json
 import logging
-import math
 import os
 import socket
 import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
+
+from . import _native
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -445,68 +447,16 @@ class Records:
     skipped: dict
 
 
-#: The latest time a line may carry (the end of year 9999, the last one a date can show).
-_LATEST = 253402300799.0
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _is_time(v: Any) -> bool:
-    return _is_number(v) and 0 <= v <= _LATEST
-
-
-def _is_str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
-#: The schema: each known field and what its value must be (``null`` is the same
-#: as absent). A line must have ``stage``, ``time``, ``job`` and ``task``; any other
-#: field is kept in ``extra`` whatever its value.
-FIELDS: dict = {
-    "schema": _is_int,
-    "stage": _is_str,
-    "time": _is_time,
-    "job": _is_str,
-    "task": lambda v: _is_int(v) or _is_str(v),
-    "host": _is_str,
-    "pid": _is_int,
-    "preemption": _is_str,
-    "platform": _is_str,
-    "source": _is_str,
-    "deadline": _is_time,
-    "grace_period": lambda v: _is_number(v) and v >= 0,
-    "step": _is_int,
-    "proposer": _is_str,
-    "path": _is_str,
-    "code": lambda v: _is_int(v) or _is_str(v),
-    "error": _is_str,
-    "lost": _is_int,
-    "downtime": _is_number,
-}
-REQUIRED = ("stage", "time", "job", "task")
+#: The schema: each known field, and a check of a value for it (``FIELDS[name](value)``;
+#: ``null`` is the same as absent). A line must have :data:`REQUIRED`; any other field is
+#: kept in ``extra`` whatever its value. The rules (docs/records.md) are in the Rust core.
+FIELDS: dict = {n: functools.partial(_native.record_field_ok, n) for n in _native.RECORD_FIELDS}
+REQUIRED = _native.RECORD_REQUIRED
 
 
 def valid(obj: Any) -> bool:
     """Whether ``obj`` (a parsed line) is of the schema's shape."""
-    if not isinstance(obj, dict):
-        return False
-    if any(obj.get(name) is None for name in REQUIRED):
-        return False
-    return all(obj.get(name) is None or ok(obj[name]) for name, ok in FIELDS.items())
-
-
-def _parse(raw: bytes) -> Optional[dict]:
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    return obj if valid(obj) else None
+    return _native.valid_record(obj)
 
 
 class _Reader:
@@ -561,25 +511,15 @@ def _open_regular(path: str, flags: int) -> int:
     return fd
 
 
-def _lines(reader: _Reader, sources: list, skipped: dict) -> Iterator[dict]:
-    """The valid lines of each file or object; the others are counted in ``skipped``."""
+def _read(reader: _Reader, sources: list) -> list:
+    """``(name, bytes)`` of each file or object; None for one that cannot be read."""
+    found = []
     for source in sources:
         try:
-            data = reader.read(source)
+            found.append((str(source), reader.read(source)))
         except OSError:
-            skipped.setdefault(str(source), []).append(0)
-            continue
-        parts = data.split(b"\n")
-        for number, raw in enumerate(parts, 1):
-            if number == len(parts):
-                if raw:  # no newline at the end: cut off
-                    skipped.setdefault(str(source), []).append(number)
-                break
-            obj = _parse(raw)
-            if obj is None:
-                skipped.setdefault(str(source), []).append(number)
-                continue
-            yield obj
+            found.append((str(source), None))
+    return found
 
 
 def _sources(reader: _Reader, path: str) -> list:
@@ -596,62 +536,6 @@ def _sources(reader: _Reader, path: str) -> list:
     return reader.names(path, ".jsonl") + objects
 
 
-def _fold(lines: Iterator[dict], skipped: dict) -> Records:
-    preemptions: dict = {}
-    resumes = []
-    for obj in lines:
-        extra = {k: v for k, v in obj.items() if k not in FIELDS}
-        stage = obj["stage"]
-        if stage == "resumed":
-            resumes.append(
-                Resume(
-                    obj["job"],
-                    obj["task"],
-                    obj["time"],
-                    obj.get("step"),
-                    obj.get("lost"),
-                    obj.get("downtime"),
-                    obj.get("host"),
-                    extra,
-                )
-            )
-            continue
-        key = (obj["job"], str(obj["task"]), obj.get("preemption"))
-        p = preemptions.get(key)
-        if p is None:
-            p = preemptions[key] = Preemption(
-                obj["job"], obj["task"], obj.get("host"), obj.get("pid"), obj.get("preemption")
-            )
-        p.extra.update(extra)
-        t = obj["time"]
-        if stage == "notice":
-            if p.notice_time is None:
-                p.notice_time = t
-                p.source = obj.get("source")
-                p.platform = obj.get("platform")
-                p.deadline = obj.get("deadline")
-                p.grace_period = obj.get("grace_period")
-        elif stage == "agreement":
-            p.agreed_step = obj.get("step")
-            p.proposer = obj.get("proposer")
-            p.agreement_time = t
-        elif stage == "save_start":
-            p.save_start = t
-            if obj.get("step") is not None:
-                p.agreed_step = obj.get("step")
-        elif stage == "save_end":
-            p.save_end = t
-            p.checkpoint_path = obj.get("path")
-        elif stage == "exit":
-            p.exit_time = t
-            p.exit_code = obj.get("code")
-        elif stage == "error":
-            p.error = obj.get("error")
-    ordered = sorted(preemptions.values(), key=lambda p: (p.notice_time or 0.0, p.label))
-    resumes.sort(key=lambda r: r.time)
-    return Records(ordered, resumes, skipped)
-
-
 def load(path: Union[str, os.PathLike]) -> Records:
     """Reads a records folder (every ``*.jsonl`` file and ``*/*.json`` object in it),
     one file, or a checkpoint folder with a ``preemption_records`` folder inside; a
@@ -666,8 +550,8 @@ def load(path: Union[str, os.PathLike]) -> Records:
     """
     path = os.fspath(path)
     reader = _Reader(path)
-    skipped: dict = {}
-    return _fold(_lines(reader, _sources(reader, path), skipped), skipped)
+    preemptions, resumes, skipped = _native.read_records(_read(reader, _sources(reader, path)))
+    return Records([Preemption(**p) for p in preemptions], [Resume(**r) for r in resumes], skipped)
 
 
 def _task_sources(reader: _Reader, folder: str, job: str, task: Any) -> list:
@@ -694,35 +578,15 @@ def last_exit(folder: Optional[str], job: str, task: Any) -> Optional[Preemption
         reader = _Reader(folder)
         if not reader.isdir(folder):
             return None
-        found = _fold(_lines(reader, _task_sources(reader, folder, job, task), {}), {})
+        sources = _read(reader, _task_sources(reader, folder, job, task))
     except OSError:
         return None
-    own = [p for p in found.preemptions if p.exit_time is not None and _own(p, job, task)]
-    if not own:
-        return None
-    last = max(own, key=lambda p: p.exit_time)
-    if any(_own(r, job, task) and r.time >= last.exit_time for r in found.resumes):
-        return None
-    return last
-
-
-def _own(line: Any, job: str, task: Any) -> bool:
-    """Whether a preemption (or resume) is ``job``/``task``'s own: a coordinator's
-    file also holds the lines it wrote for its PS and worker tasks."""
-    return line.job == job and str(line.task) == str(task)
-
-
-_claimed: set = set()
-_claimed_lock = threading.Lock()
+    found = _native.last_exit_record(sources, job, str(task))
+    return None if found is None else Preemption(**found)
 
 
 def claim_resume(folder: str, job: str, task: Any, preemption: Optional[str]) -> bool:
     """True the first time this process asks for a ``(folder, job, task,
     preemption)``: a second handler of the same run (tf_keras makes several) must not
     write a second ``resumed`` line, even before the first one reached the store."""
-    key = (folder, job, str(task), preemption)
-    with _claimed_lock:
-        if key in _claimed:
-            return False
-        _claimed.add(key)
-        return True
+    return _native.claim_resume(folder, job, str(task), preemption)

@@ -15,6 +15,7 @@
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `Writes` and `WriteKind`: the driver's writes (`crate::writes`) |
 //! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `worker_drain_bound` |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
+//! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and
@@ -32,6 +33,7 @@ mod handler;
 mod inbox;
 mod layout;
 mod ps_control;
+mod records;
 mod retry;
 mod signals;
 mod sources;
@@ -71,6 +73,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     closure::register(m)?;
     failure::register(m)?;
     layout::register(m)?;
+    records::register(m)?;
     retry::register(m)?;
     ps_control::register(m)?;
     sources::register(m)?;
