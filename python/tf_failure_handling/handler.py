@@ -315,7 +315,7 @@ class PreemptionCheckpointHandler(
         self._save_fn = config.save_fn
         self._state.peer_timeout = _peer_timeout(config)
         self._signals = defaults.signals
-        _platform.attach(self, config)  # each scheduler's options (SLURM's requeue)
+        self._platform_options = _platform.attach(self._state.environment, config)
 
         self._checkpoints = Checkpoints(
             checkpoint_or_checkpoint_manager,

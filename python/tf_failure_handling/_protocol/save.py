@@ -53,7 +53,9 @@ class SaveAndExit:
             # Written before exit_fn: one that calls os._exit leaves no later moment.
             self._stage_records.exit(_platform.exit_code(self._exit_fn))
             # The scheduler's step (SLURM: the job back in the queue).
-            _platform.after_save(self)
+            _platform.after_save(
+                self._state.environment, self._platform_options, self._stage_records.recorder
+            )
             self._exit_fn()
             self._ps_training_goes_on()
             # TF carries on silently here; say what state the worker is in.
