@@ -255,7 +255,8 @@ class PreemptionCheckpointHandler(HandlerCore):
         state.grace_period = defaults.grace_period
         self._save_fn = config.save_fn
         state.peer_timeout = _peer_timeout(config)
-        _platform.attach(self, config)  # each scheduler's options (SLURM's requeue)
+        # Each scheduler's options (SLURM's requeue), for its step after the save.
+        platform_options = _platform.attach(state.environment, config)
 
         self._checkpoints = Checkpoints(
             checkpoint_or_checkpoint_manager,
@@ -323,7 +324,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             stage,
             step_keys,
             defaults.exit_fn,
-            lambda: _platform.after_save(self),
+            lambda: _platform.after_save(state.environment, platform_options, stage.recorder),
         )
         self._driver = Driver(state, sources, writes, notices, step_keys, errors)
         self._steps = StepCheck(state, core, agreement, saver, errors)

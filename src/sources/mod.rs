@@ -94,12 +94,12 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `shared.rs` | what every poller says and hears: [`Cloud`], [`Notice`], [`Request`], [`Action`], [`Response`], [`Event`], the [`Poller`] trait, [`Timing`], [`WatchError`] |
+//! | `shared.rs` | what every poller says and hears: [`Notice`], [`Request`], [`Action`], [`Response`], [`Event`], the [`Poller`] trait, [`Timing`], [`WatchError`] |
 //! | `dates.rs` | [`parse_rfc3339`] (AWS) and [`parse_rfc1123`] (Azure), without a date crate |
 //! | `gce.rs` | [`GcePoller`] and GCE's detection request |
 //! | `aws.rs` | [`AwsPoller`], [`parse_spot_action`], [`parse_rebalance`] and AWS's detection requests |
 //! | `azure.rs` | [`AzurePoller`], [`parse_scheduled_events`] and Azure's detection request |
-//! | `clouds.rs` | each cloud's parts in one dispatch: its [`pollers`] and its detection request |
+//! | `clouds.rs` | the one table of the clouds: [`Cloud`], each one's name, [`pollers`] and detection request |
 //! | `watch.rs` | the I/O shell: [`MetadataWatch`] and [`probe`] |
 //! | `http.rs` | the minimal, strictly bounded HTTP/1.1 client `watch.rs` polls with |
 //! | `signals.rs` | signals: `sigaction` from any thread, who owns a notice, one wake-up per delivery (not a poller: the process-wide plumbing) |
@@ -107,8 +107,9 @@
 //!
 //! Files import downward: the platforms use `shared.rs` and `dates.rs` and
 //! never each other; `watch.rs` reaches them only through `clouds.rs`, the
-//! one dispatch. A new platform is a new file with its poller, `pollers` and
-//! `probe`, a [`Cloud`] variant, and one row in `clouds.rs`.
+//! one table. A new cloud is a new file with its poller, `pollers` and
+//! `probe`, its `mod` line here, and a [`Cloud`] variant and its row in
+//! `clouds.rs`.
 
 mod aws;
 mod azure;
@@ -122,10 +123,10 @@ mod watch;
 
 pub use aws::{parse_rebalance, parse_spot_action, AwsPoller, AWS_REBALANCE_MAX_INTERVAL, AWS_TOKEN_RETRY, AWS_TOKEN_TTL, NOTE_IMDSV1};
 pub use azure::{parse_scheduled_events, AzurePoller, AZURE_METADATA};
-pub use clouds::pollers;
+pub use clouds::{pollers, Cloud};
 pub use dates::{parse_rfc1123, parse_rfc3339};
 pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
-pub use shared::{Action, Cloud, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, MIN_INTERVAL};
+pub use shared::{Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, MIN_INTERVAL};
 pub use watch::{probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
 
 #[cfg(test)]

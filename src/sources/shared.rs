@@ -1,8 +1,6 @@
-//! What every platform's poller says and hears: the clouds, notices,
+//! What every platform's poller says and hears: notices,
 //! requests and answers, the [`Poller`] trait, pacing, and the errors of the
 //! family. Below every other file of `sources`; imports nothing from them.
-
-use std::str::FromStr;
 
 use thiserror::Error;
 
@@ -14,42 +12,6 @@ pub(super) const LOG_TARGET: &str = "tf_failure_handling";
 /// Shortest poll interval honoured, in seconds: a smaller one would only
 /// hammer the metadata server.
 pub const MIN_INTERVAL: f64 = 0.01;
-
-/// A cloud whose metadata service announces terminations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Cloud {
-    /// Google Compute Engine (and Cloud TPU VMs).
-    Gce,
-    /// Amazon EC2 (Spot).
-    Aws,
-    /// Azure virtual machines (Spot, scheduled events).
-    Azure,
-}
-
-impl Cloud {
-    /// `"gce"`, `"aws"` or `"azure"`.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Cloud::Gce => "gce",
-            Cloud::Aws => "aws",
-            Cloud::Azure => "azure",
-        }
-    }
-}
-
-impl FromStr for Cloud {
-    type Err = WatchError;
-
-    fn from_str(s: &str) -> Result<Self, WatchError> {
-        match s {
-            "gce" => Ok(Cloud::Gce),
-            "aws" => Ok(Cloud::Aws),
-            "azure" => Ok(Cloud::Azure),
-            _ => Err(WatchError::UnknownCloud(s.chars().take(64).collect())),
-        }
-    }
-}
 
 /// A termination notice from a metadata service.
 #[derive(Clone, Debug, PartialEq)]

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::clouds::{parts, pollers};
+use super::clouds::{pollers, Cloud};
 use super::http::{BaseUrl, Client, HttpError};
-use super::shared::{Action, Cloud, Event, Notice, Poller, Response, Timing, WatchError, LOG_TARGET};
+use super::shared::{Action, Event, Notice, Poller, Response, Timing, WatchError, LOG_TARGET};
 
 /// What to watch, validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -462,5 +462,5 @@ pub fn probe(cloud: Cloud, base: &BaseUrl, timeout: Duration, stop: Option<&Atom
             }
         }
     };
-    (parts(cloud).probe)(&mut status)
+    (cloud.parts().probe)(&mut status)
 }

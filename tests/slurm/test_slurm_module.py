@@ -48,19 +48,13 @@ def test_requeue_switches(monkeypatch):
         TerminationConfig(slurm_requeue="no")
 
 
-class _Handler:
-    def __init__(self, option=None):
-        self._slurm_requeue = option
-        self._records = None
-
-
 def test_no_requeue_without_slurm_when_off_or_on_other_tasks(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert _slurm.requeue_after_save(_Handler()) is None
+    assert _slurm.requeue_after_save(None, None) is None
     monkeypatch.setenv("SLURM_JOB_ID", "99")
-    assert _slurm.requeue_after_save(_Handler(option=False)) is None
+    assert _slurm.requeue_after_save(False, None) is None
     monkeypatch.setenv("SLURM_PROCID", "1")
-    assert _slurm.requeue_after_save(_Handler()) is None
+    assert _slurm.requeue_after_save(None, None) is None
 
 
 def test_notice_deadline_is_the_end_time_when_nothing_was_read():
@@ -156,7 +150,7 @@ def test_sigusr1_deadline_is_the_job_end(sigterms):
 
 def test_resume_fields_name_the_restart(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert _slurm.resume_fields() == {}
+    assert _slurm.PLATFORM.resume_fields(None) == {}
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    assert _slurm.resume_fields() == {"slurm_job_id": "12", "slurm_restart_count": 2}
+    assert _slurm.PLATFORM.resume_fields(None) == {"slurm_job_id": "12", "slurm_restart_count": 2}

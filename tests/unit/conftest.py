@@ -23,6 +23,7 @@ from tf_failure_handling._platforms import cloud_aws as aws
 from tf_failure_handling._platforms import cloud_azure as azure
 from tf_failure_handling._platforms import cloud_gce as gce
 from tf_failure_handling._platforms import common as shared
+from tf_failure_handling._platforms import kubernetes, slurm
 from tf_failure_handling._platforms import platform as _platform
 
 
@@ -61,8 +62,8 @@ _PLATFORM_ENV = (
     _platform.CLOUD_ENV,
     aws.METADATA_ENV,
     azure.METADATA_ENV,
-    _platform.KUBERNETES_GRACE_ENV,
-    _platform.SLURM_END_TIME_ENV,
+    kubernetes.GRACE_ENV,
+    slurm.END_TIME_ENV,
     "SLURM_JOB_ID",
     "KUBERNETES_SERVICE_HOST",
 )

@@ -1,19 +1,20 @@
 """Decisions the Rust core makes for the Python threads: the retry rule (``src/retry.rs``)
 and the bounds that depend on the leading notice (``ProtocolCore.retry_bound``,
-``ProtocolCore.drain_bound``), and the schedulers reached only through their registry."""
+``ProtocolCore.drain_bound``), and the platforms reached only through one dispatch."""
 
 from __future__ import annotations
 
 import ast
 import signal
+import sys
 from pathlib import Path
 
 import pytest
-from tf_failure_handling import _native
+from tf_failure_handling import TerminationConfig, _native
 from tf_failure_handling._platforms import cloud_aws as aws
 from tf_failure_handling._platforms import cloud_azure as azure
 from tf_failure_handling._platforms import cloud_gce as gce
-from tf_failure_handling._platforms import kubernetes, platform, registry, slurm
+from tf_failure_handling._platforms import common, kubernetes, platform, slurm
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
 
@@ -153,89 +154,80 @@ def test_the_drivers_writes_through_the_binding():
     assert len(writes) == 0 and writes.done(ack) is False and writes.failed(ack, 1.0, False) is None
 
 
-# ------------------------------------------------------------------ schedulers
+# ------------------------------------------------------------------ platforms
 
 
-@pytest.mark.parametrize("module", registry.SCHEDULERS, ids=lambda m: m.NAME)
-def test_every_scheduler_has_the_whole_interface(module):
-    wanted = {
-        n for n, v in vars(registry.Scheduler).items() if callable(v) and not n.startswith("_")
-    }
-    missing = {n for n in wanted | {"NAME"} if not hasattr(module, n)}
-    assert not missing, f"{module.__name__} lacks {sorted(missing)}"
+@pytest.mark.parametrize("p", platform.PLATFORMS, ids=lambda p: p.NAME)
+def test_every_platform_is_one_module_behind_one_interface(p):
+    assert isinstance(p, common.Platform) and p.KIND in ("cloud", "scheduler")
+    assert sys.modules[type(p).__module__].PLATFORM is p
+
+
+def _environment(**fields) -> platform.Environment:
+    fields = {"cloud": None, "metadata_base": None, "scheduler": None, **fields}
+    return platform.Environment(device=platform.PlatformDevice.INTERNAL_CPU, **fields)
 
 
 def test_the_first_scheduler_detected_wins(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert registry.detect() is None
+    assert platform._detected("scheduler", platform.settings()) is None
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    assert registry.detect() == kubernetes.NAME
+    assert platform._detected("scheduler", platform.settings()) is kubernetes.PLATFORM
     monkeypatch.setenv("SLURM_JOB_ID", "12")
-    assert registry.detect() == slurm.NAME
+    assert platform._detected("scheduler", platform.settings()) is slurm.PLATFORM
 
 
-def test_a_schedulers_signals_and_deadline_come_through_the_registry():
-    env = platform.Environment(
-        device=platform.PlatformDevice.INTERNAL_CPU,
-        cloud=None,
-        metadata_base=None,
-        scheduler="kubernetes",
-        kubernetes_grace_period=45.0,
-    )
-    assert registry.notice_signals(env) == (signal.SIGTERM,)
+def test_a_schedulers_signals_deadline_and_options_come_through_the_dispatch(monkeypatch):
+    env = _environment(scheduler="kubernetes", settings={"kubernetes": 45.0})
+    assert platform.complete(env, None, None, None, None).signals == (signal.SIGTERM,)
     assert platform.signal_deadline(env, 1000.0) == 1045.0
-    slurm_env = platform.Environment(
-        device=env.device, cloud=None, metadata_base=None, scheduler="slurm"
-    )
-    assert registry.notice_signals(slurm_env) == (signal.SIGTERM, signal.SIGUSR1)
-
-
-# ------------------------------------------------------------------ clouds
-
-
-@pytest.mark.parametrize("module", registry.CLOUDS, ids=lambda m: m.NAME)
-def test_every_cloud_has_the_whole_interface(module):
-    wanted = {n for n, v in vars(registry.Cloud).items() if callable(v) and not n.startswith("_")}
-    missing = {n for n in wanted | {"NAME", "DEFAULT_BASE", "EXIT_CODE"} if not hasattr(module, n)}
-    assert not missing, f"{module.__name__} lacks {sorted(missing)}"
-    assert registry.cloud(module.NAME) is module
-    assert platform.exit_code(module.exit_fn) == module.EXIT_CODE
+    slurm_env = _environment(scheduler="slurm")
+    signals = platform.complete(slurm_env, None, None, None, None).signals
+    assert signals == (signal.SIGTERM, signal.SIGUSR1)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    options = platform.attach(slurm_env, TerminationConfig(slurm_requeue=False))
+    assert options["slurm"] is False
+    asked = []
+    monkeypatch.setattr(slurm.PLATFORM, "after_save", lambda *a: asked.append(a))
+    recorder = object()
+    platform.after_save(env, options, recorder)
+    assert asked == []  # not SLURM's environment
+    platform.after_save(slurm_env, options, recorder)
+    assert asked == [(slurm_env, False, recorder)]
 
 
 def test_clouds_are_detected_in_tfs_order_and_each_answers_for_itself(monkeypatch):
     """GCE first (TF detects it unconditionally), then AWS and Azure; each cloud's
-    ``detected`` is asked with its own configured base, and the first yes wins."""
-    assert [c.NAME for c in registry.CLOUDS] == ["gce", "aws", "azure"]
+    ``detect`` is asked with its own configured base, and the first yes wins."""
+    assert platform.CLOUDS == ("gce", "aws", "azure")
     asked = []
-    for module in registry.CLOUDS:
+    for p in platform.PLATFORMS:
         monkeypatch.setattr(
-            module,
-            "detected",
-            lambda configured, name=module.NAME: asked.append((name, configured)) or name == "aws",
+            p, "detect", lambda checked, name=p.NAME: asked.append((name, checked)) or name == "aws"
         )
-    settings = platform.Settings(
-        forced_cloud=None,
-        cloud_bases={"gce": None, "aws": "http://127.0.0.1:9", "azure": None},
-        scheduler=None,
-        slurm_end_time=None,
-        kubernetes_grace_period=30.0,
-    )
-    assert platform._cloud(settings) == ("aws", "http://127.0.0.1:9")
+    checked = {"gce": None, "aws": "http://127.0.0.1:9", "azure": None}
+    settings = platform.Settings(forced_cloud=None, checked=checked)
+    assert platform._detected("cloud", settings) is aws.PLATFORM
     assert asked == [("gce", None), ("aws", "http://127.0.0.1:9")]
 
 
 def test_a_clouds_defaults_come_from_its_module():
-    for module, gpu_grace in ((gce, 3600), (aws, 120), (azure, 30)):
+    for module, gpu_grace, cpu_grace, code in (
+        (gce, 3600, 0, 143),
+        (aws, 120, 120, 42),
+        (azure, 30, 30, 42),
+    ):
         for device, grace in (
             (platform.PlatformDevice.GCE_GPU, gpu_grace),
-            (platform.PlatformDevice.GCE_CPU, module.grace_period(False)),
+            (platform.PlatformDevice.GCE_CPU, cpu_grace),
         ):
             env = platform.Environment(
-                device=device, cloud=module.NAME, metadata_base=None, scheduler=None
+                device=device, cloud=module.PLATFORM.NAME, metadata_base=None, scheduler=None
             )
             defaults = platform.complete(env, None, None, None, None)
-            assert defaults.exit_fn is module.exit_fn
+            assert defaults.exit_fn is module.PLATFORM.defaults(env)["exit_fn"]
+            assert platform.exit_code(defaults.exit_fn) == code
             assert defaults.grace_period == grace
     off = platform.Environment(
         device=platform.PlatformDevice.INTERNAL_GPU, cloud=None, metadata_base=None, scheduler=None
@@ -260,6 +252,6 @@ def _imports(path: Path) -> set:
     ids=lambda p: p.name,
 )
 def test_the_handler_knows_no_platform_by_name(path):
-    schedulers = {m.__name__.rsplit(".", 1)[1] for m in (*registry.SCHEDULERS, *registry.CLOUDS)}
+    schedulers = {type(p).__module__.rsplit(".", 1)[1] for p in platform.PLATFORMS}
     named = {i for i in _imports(path) if i.rsplit(".", 1)[-1] in schedulers}
     assert not named, f"{path.name} imports {sorted(named)}: go through _platforms.platform"

@@ -19,10 +19,11 @@ from tf_failure_handling._platforms import cloud_aws as aws
 from tf_failure_handling._platforms import cloud_azure as azure
 from tf_failure_handling._platforms import cloud_gce as gce
 from tf_failure_handling._platforms import common as shared
+from tf_failure_handling._platforms import kubernetes, slurm
 from tf_failure_handling._platforms import platform as _platform
 
-GRACE = _platform.KUBERNETES_GRACE_ENV
-END = _platform.SLURM_END_TIME_ENV
+GRACE = kubernetes.GRACE_ENV
+END = slurm.END_TIME_ENV
 NOW = 1_700_000_000.0
 
 
@@ -124,7 +125,7 @@ def test_kubernetes_grace_period_is_parsed_into_the_environment(monkeypatch, val
         monkeypatch.setenv(GRACE, value)
     env = _platform.environment()
     assert env.scheduler == "kubernetes"
-    assert env.kubernetes_grace_period == grace
+    assert env.settings["kubernetes"] == grace
     assert _platform.signal_deadline(env, NOW) == NOW + grace
 
 
@@ -160,7 +161,11 @@ def test_signal_deadline_uses_the_parsed_values_and_never_reads_the_environment(
     monkeypatch.setenv(END, "garbage")
     assert _platform.signal_deadline(env, NOW) == NOW + 45
     slurm = _platform.Environment(
-        device=env.device, cloud=None, metadata_base=None, scheduler="slurm", slurm_end_time=NOW + 9
+        device=env.device,
+        cloud=None,
+        metadata_base=None,
+        scheduler="slurm",
+        settings={"slurm": NOW + 9},
     )
     assert _platform.signal_deadline(slurm, NOW) == NOW + 9
 
@@ -272,7 +277,7 @@ def test_a_handler_with_good_values_is_built(monkeypatch, tmp_path):
     monkeypatch.setenv(GRACE, "45")
     handler = PreemptionCheckpointHandler(None, _fake_checkpoint(), str(tmp_path))
     try:
-        assert handler._environment.kubernetes_grace_period == 45.0
+        assert handler._environment.settings["kubernetes"] == 45.0
     finally:
         handler.close()
 

@@ -23,6 +23,7 @@ from tf_failure_handling._platforms import cloud_aws as aws
 from tf_failure_handling._platforms import cloud_azure as azure
 from tf_failure_handling._platforms import cloud_gce as gce
 from tf_failure_handling._platforms import common as shared
+from tf_failure_handling._platforms import kubernetes, slurm
 from tf_failure_handling._platforms import platform as _platform
 
 from .conftest import HANG, NO_METADATA_SERVER, wait_for_attention
@@ -35,8 +36,8 @@ ENV_VARS = (
     _platform.CLOUD_ENV,
     aws.METADATA_ENV,
     azure.METADATA_ENV,
-    _platform.KUBERNETES_GRACE_ENV,
-    _platform.SLURM_END_TIME_ENV,
+    kubernetes.GRACE_ENV,
+    slurm.END_TIME_ENV,
     "SLURM_JOB_ID",
     "KUBERNETES_SERVICE_HOST",
 )
@@ -475,7 +476,9 @@ def test_off_cloud_without_any_probe_takes_milliseconds(fake, monkeypatch):
     _platform.environment()  # warm up imports and the probe thread's first start
     _platform.environment.cache_clear()
     env = _platform.environment()
-    assert env == _platform.Environment(PD("internal_CPU"), None, None, None)
+    assert (env.device, env.cloud, env.metadata_base, env.scheduler) == (PD("internal_CPU"),) + (
+        None,
+    ) * 3
     assert fake.requests == [], "probed a metadata service without a reason to"
 
 
@@ -720,20 +723,20 @@ NOW = 1_700_000_000.0
 def test_slurm_deadline_is_the_job_end_time_if_in_the_future(end, expected):
     # Parsing SLURM_JOB_END_TIME (and rejecting bad values at construction) is
     # tested in test_environment_validation.py.
-    env = dataclasses.replace(_env(scheduler="slurm"), slurm_end_time=end)
+    env = dataclasses.replace(_env(scheduler="slurm"), settings={"slurm": end})
     assert _platform.signal_deadline(env, NOW) == expected
 
 
 @pytest.mark.parametrize("grace", [30.0, 45.0, 0.0, 2.5])
 def test_kubernetes_deadline_is_now_plus_the_grace_period(grace):
-    env = dataclasses.replace(_env(scheduler="kubernetes"), kubernetes_grace_period=grace)
+    env = dataclasses.replace(_env(scheduler="kubernetes"), settings={"kubernetes": grace})
     assert _platform.signal_deadline(env, NOW) == NOW + grace
 
 
 @pytest.mark.parametrize("cloud", [None, "gce", "aws", "azure"])
 def test_no_signal_deadline_without_a_scheduler(monkeypatch, cloud):
-    monkeypatch.setenv(_platform.SLURM_END_TIME_ENV, str(int(NOW) + 600))
-    monkeypatch.setenv(_platform.KUBERNETES_GRACE_ENV, "45")
+    monkeypatch.setenv(slurm.END_TIME_ENV, str(int(NOW) + 600))
+    monkeypatch.setenv(kubernetes.GRACE_ENV, "45")
     assert _platform.signal_deadline(_env(cloud), NOW) is None
 
 

@@ -1,18 +1,12 @@
-"""Amazon EC2: detection and defaults (its notices: ``src/sources/aws.rs``).
-
-Detected when ``TF_FAILURE_HANDLING_AWS_METADATA_URL`` is set or the DMI tables say
-EC2 (``/sys/class/dmi/id/{sys,bios,board}_vendor`` name Amazon, or ``product_name`` /
-``bios_version`` contain "amazon", or ``/sys/hypervisor/uuid`` starts with "ec2"), and
-IMDS then answers as EC2's does.
-"""
+"""Amazon EC2: detection and defaults (its notices: ``src/sources/aws.rs``; the page:
+docs/getting-started/clouds.md)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from . import common
 
-NAME = "aws"
 #: Base URL of the AWS instance metadata service (tests, proxies).
 METADATA_ENV = "TF_FAILURE_HANDLING_AWS_METADATA_URL"
 #: Where AWS serves instance metadata (link-local, no DNS).
@@ -21,14 +15,6 @@ DEFAULT_BASE = "http://169.254.169.254"
 HYPERVISOR_UUID = "/sys/hypervisor/uuid"
 #: Seconds: AWS Spot gives two minutes' notice (the notice's own deadline caps it).
 GRACE_PERIOD = 120
-
-exit_fn = common.default_exit_fn
-EXIT_CODE = common.DEFAULT_EXIT_CODE
-
-
-def configured_base() -> Optional[str]:
-    """``TF_FAILURE_HANDLING_AWS_METADATA_URL`` as ``http://host[:port]``, or None."""
-    return common.metadata_url(METADATA_ENV)
 
 
 def dmi_says_aws() -> bool:
@@ -39,9 +25,24 @@ def dmi_says_aws() -> bool:
     return (common.read_line(HYPERVISOR_UUID) or "").lower().startswith("ec2")
 
 
-def detected(configured: Optional[str]) -> bool:
-    return common.probed_if_named(NAME, configured, DEFAULT_BASE, dmi_says_aws)
+class Aws(common.Platform):
+    """Detected when its variable is set or the DMI tables say EC2, and IMDS then
+    answers as EC2's does."""
+
+    NAME = "aws"
+    KIND = "cloud"
+
+    def check(self) -> Optional[str]:
+        return common.metadata_url(METADATA_ENV)
+
+    def detect(self, checked: Optional[str]) -> bool:
+        return common.probed_if_named(self.NAME, checked, DEFAULT_BASE, dmi_says_aws)
+
+    def metadata_base(self, checked: Optional[str]) -> str:
+        return checked or DEFAULT_BASE
+
+    def defaults(self, env: Any) -> dict:
+        return {"exit_fn": common.default_exit_fn, "grace_period": GRACE_PERIOD}
 
 
-def grace_period(gpu: bool) -> float:
-    return GRACE_PERIOD
+PLATFORM = Aws()

@@ -1,17 +1,12 @@
-"""Azure: detection and defaults (its notices: ``src/sources/azure.rs``).
-
-Detected when ``TF_FAILURE_HANDLING_AZURE_METADATA_URL`` is set or the DMI tables say
-Azure (``chassis_asset_tag`` is Azure's, or a Microsoft "Virtual Machine"), and IMDS
-then answers as Azure's does.
-"""
+"""Azure: detection and defaults (its notices: ``src/sources/azure.rs``; the page:
+docs/getting-started/clouds.md)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from . import common
 
-NAME = "azure"
 #: Base URL of the Azure instance metadata service (tests, proxies).
 METADATA_ENV = "TF_FAILURE_HANDLING_AZURE_METADATA_URL"
 #: Where Azure serves instance metadata (link-local, no DNS).
@@ -20,14 +15,6 @@ DEFAULT_BASE = "http://169.254.169.254"
 ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 #: Seconds: Azure Spot's Preempt event comes 30 s ahead.
 GRACE_PERIOD = 30
-
-exit_fn = common.default_exit_fn
-EXIT_CODE = common.DEFAULT_EXIT_CODE
-
-
-def configured_base() -> Optional[str]:
-    """``TF_FAILURE_HANDLING_AZURE_METADATA_URL`` as ``http://host[:port]``, or None."""
-    return common.metadata_url(METADATA_ENV)
 
 
 def dmi_says_azure() -> bool:
@@ -39,9 +26,24 @@ def dmi_says_azure() -> bool:
     )
 
 
-def detected(configured: Optional[str]) -> bool:
-    return common.probed_if_named(NAME, configured, DEFAULT_BASE, dmi_says_azure)
+class Azure(common.Platform):
+    """Detected when its variable is set or the DMI tables say Azure, and IMDS then
+    answers as Azure's does."""
+
+    NAME = "azure"
+    KIND = "cloud"
+
+    def check(self) -> Optional[str]:
+        return common.metadata_url(METADATA_ENV)
+
+    def detect(self, checked: Optional[str]) -> bool:
+        return common.probed_if_named(self.NAME, checked, DEFAULT_BASE, dmi_says_azure)
+
+    def metadata_base(self, checked: Optional[str]) -> str:
+        return checked or DEFAULT_BASE
+
+    def defaults(self, env: Any) -> dict:
+        return {"exit_fn": common.default_exit_fn, "grace_period": GRACE_PERIOD}
 
 
-def grace_period(gpu: bool) -> float:
-    return GRACE_PERIOD
+PLATFORM = Azure()

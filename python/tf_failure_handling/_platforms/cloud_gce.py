@@ -1,29 +1,21 @@
 """Google Compute Engine (and Cloud TPU VMs): detection and defaults, as TensorFlow
-(its notices: ``src/sources/gce.rs``).
-
-Detected as TF does: the metadata server answers ``instance/hostname`` with the
-metadata header (the native probe) at ``http://$GCE_METADATA_IP``, else
-``http://metadata.google.internal``. Always probed, as TF does; off GCE the name does
-not resolve, which usually fails in milliseconds (bounded by ``METADATA_TIMEOUT``
-even when name resolution hangs). Unlike TF, every request here has a timeout, and
-CPU and TPU VMs are supported rather than rejected.
+(its notices: ``src/sources/gce.rs``; the page: docs/getting-started/clouds.md), and
+TF's ``termination_watcher`` for users who pass it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import urllib.error
 import urllib.request
-from typing import Optional
+from typing import Any, Optional
 
 from . import common
 
 log = logging.getLogger("tf_failure_handling")
 
-NAME = "gce"
 #: ``host[:port]`` of the metadata server (TF's variable).
 METADATA_ENV = "GCE_METADATA_IP"
 DEFAULT_BASE = "http://metadata.google.internal"
@@ -33,9 +25,7 @@ EXIT_CODE = 143
 #: TF's default grace period on GCE GPU VMs, in seconds.
 GPU_GRACE_PERIOD = 3600
 
-
-def exit_fn() -> None:
-    sys.exit(EXIT_CODE)
+exit_fn = common.exit_with(EXIT_CODE)
 
 
 def configured_base() -> Optional[str]:
@@ -59,22 +49,36 @@ def base() -> str:
 
 
 def on_gce(at: Optional[str] = None) -> bool:
-    """True when the metadata server (at ``at``, else :func:`base`) answers
-    ``instance/hostname`` with the metadata header. Any failure means no."""
+    """GCE's one detection, always made, as TF's: the native probe (``gce::probe``:
+    the metadata server at ``at``, else :func:`base`, answers ``instance/hostname``
+    with the metadata header). Any failure means no."""
     try:
         at = at or base()
     except ValueError as e:  # a bad GCE_METADATA_IP: settings() names it
         log.debug("not on GCE: %s", e)
         return False
-    return common.probe(NAME, at)
+    return common.probe(Gce.NAME, at)
 
 
-def detected(configured: Optional[str]) -> bool:
-    return on_gce(configured or DEFAULT_BASE)
+class Gce(common.Platform):
+    NAME = "gce"
+    KIND = "cloud"
+
+    def check(self) -> Optional[str]:
+        return configured_base()
+
+    def detect(self, checked: Optional[str]) -> bool:
+        return on_gce(checked or DEFAULT_BASE)
+
+    def metadata_base(self, checked: Optional[str]) -> str:
+        return checked or DEFAULT_BASE
+
+    def defaults(self, env: Any) -> dict:
+        gpu = env.device.name.endswith("GPU")
+        return {"exit_fn": exit_fn, "grace_period": GPU_GRACE_PERIOD if gpu else 0}
 
 
-def grace_period(gpu: bool) -> float:
-    return GPU_GRACE_PERIOD if gpu else 0
+PLATFORM = Gce()
 
 
 def _bounded(fn, timeout: float, what: str):

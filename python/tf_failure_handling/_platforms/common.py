@@ -1,5 +1,6 @@
-"""What the clouds' modules share: reading a variable, a metadata URL, a sysfs line,
-the native probe, and the default exit.
+"""What the platforms share: the interface each implements (:class:`Platform`), reading
+a variable (a number, a flag, a metadata URL), a sysfs line, the native probe, and the
+default exits.
 
 The bottom of ``_platforms``: imports nothing of the package but ``_native``.
 """
@@ -26,8 +27,77 @@ DEFAULT_EXIT_CODE = 42
 _HOST_NAME_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._")
 
 
-def default_exit_fn() -> None:
-    sys.exit(DEFAULT_EXIT_CODE)
+class Platform:
+    """One platform, one module of ``_platforms`` (``platform.PLATFORMS`` lists them):
+    what ``platform`` asks of each. A hook here does nothing; a platform overrides its
+    own. No hook receives the handler; the hooks marked "its" are asked only of the
+    platform ``env`` names (``env.cloud`` or ``env.scheduler``)."""
+
+    #: ``Environment.cloud`` or ``Environment.scheduler`` when detected.
+    NAME = ""
+    #: ``"cloud"`` (with a metadata service ``_native.MetadataWatch`` watches) or
+    #: ``"scheduler"``. Of each kind, the first detected in ``PLATFORMS`` wins.
+    KIND = "scheduler"
+
+    def check(self) -> Any:
+        """Its variables, read and checked before any detection; the answer is kept in
+        ``Environment.settings[NAME]``. Raises ValueError naming a variable."""
+        return None
+
+    def detect(self, checked: Any) -> bool:
+        """Whether this process runs on it (bounded probes; any failure is no)."""
+        return False
+
+    def metadata_base(self, checked: Any) -> Optional[str]:
+        """A cloud's metadata service, ``http://host[:port]``."""
+        return None
+
+    def defaults(self, env: Any) -> dict:
+        """Its defaults for what the user left unset: ``exit_fn``, ``grace_period``,
+        ``signals`` (counted besides SIGTERM)."""
+        return {}
+
+    def start(self, env: Any) -> None:
+        """Its start, once per process: what reads its limits off the training thread."""
+
+    def deadline(self, env: Any, unix_now: float) -> Optional[float]:
+        """Its deadline after a signal (Unix time), or None. Never raises."""
+        return None
+
+    def attach(self, env: Any, config: Any) -> Any:
+        """Handler construction, its or not: checks its options (an error now) and
+        returns what :meth:`after_save` gets as ``options``."""
+        return None
+
+    def after_save(self, env: Any, options: Any, recorder: Any) -> None:
+        """Its step after the final checkpoint, before ``exit_fn`` (``recorder``: the
+        ``records.Recorder``, or None). Never raises."""
+
+    def resume_fields(self, env: Any) -> dict:
+        """What a ``resumed`` preemption record says about it."""
+        return {}
+
+
+#: Each default ``exit_fn`` and its code (:func:`exit_code`).
+_EXIT_CODES: list = []
+
+
+def exit_with(code: int) -> Callable[[], None]:
+    """A default ``exit_fn``: ``sys.exit(code)``."""
+
+    def exit_fn() -> None:
+        sys.exit(code)
+
+    _EXIT_CODES.append((exit_fn, code))
+    return exit_fn
+
+
+def exit_code(exit_fn: Any) -> Optional[int]:
+    """The code ``exit_fn`` exits with, when it is a default one; else None."""
+    return next((code for fn, code in _EXIT_CODES if fn is exit_fn), None)
+
+
+default_exit_fn = exit_with(DEFAULT_EXIT_CODE)
 
 
 def bad(name: str, raw: str, expected: str) -> ValueError:
@@ -38,6 +108,25 @@ def env(name: str) -> Optional[str]:
     """The variable's value, stripped; None when unset or blank."""
     value = os.environ.get(name, "").strip()
     return value or None
+
+
+#: What :func:`env_flag` reads as on, and as off (any case).
+ON = ("1", "true", "on", "yes")
+OFF = ("0", "false", "off", "no")
+
+
+def env_flag(name: str, unset: str) -> Optional[bool]:
+    """The variable as on (True) or off (False); None when unset or blank.
+
+    Raises:
+      ValueError: anything else, naming the variable and what ``unset`` means.
+    """
+    value = (env(name) or "").lower()
+    if not value:
+        return None
+    if value in ON + OFF:
+        return value in ON
+    raise bad(name, os.environ[name], f"one of {', '.join(ON + OFF)} (or unset, which is {unset})")
 
 
 def seconds(name: str, minimum: Optional[float] = None) -> Optional[float]:

@@ -1,45 +1,34 @@
-"""Kubernetes: a SIGTERM's deadline is the pod's grace period.
-
-Kubernetes sends SIGTERM and, ``terminationGracePeriodSeconds`` later, SIGKILL; the
-period is not visible from inside the pod, so it is
-``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD`` (parsed and checked by
-``platform.settings``), else Kubernetes' default, 30 s. The other hooks of the
-scheduler interface (``registry``) have nothing to do here.
-"""
+"""Kubernetes: a SIGTERM's deadline is the pod's grace period (the page:
+docs/getting-started/kubernetes.md)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
-NAME = "kubernetes"
+from . import common
+
+#: Seconds Kubernetes leaves between SIGTERM and SIGKILL for this pod (not visible
+#: from inside it).
+GRACE_ENV = "TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD"
+#: Kubernetes' default ``terminationGracePeriodSeconds``.
+KUBERNETES_DEFAULT_GRACE_PERIOD = 30.0
 
 
-def detected() -> bool:
-    """Inside a pod: Kubernetes sets ``KUBERNETES_SERVICE_HOST`` in every container."""
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST", "").strip())
+class Kubernetes(common.Platform):
+    NAME = "kubernetes"
+
+    def check(self) -> float:
+        """:data:`GRACE_ENV`, else Kubernetes' default."""
+        grace = common.seconds(GRACE_ENV, minimum=0.0)
+        return KUBERNETES_DEFAULT_GRACE_PERIOD if grace is None else grace
+
+    def detect(self, checked: Any) -> bool:
+        """Inside a pod: Kubernetes sets ``KUBERNETES_SERVICE_HOST`` in every container."""
+        return common.env("KUBERNETES_SERVICE_HOST") is not None
+
+    def deadline(self, env: Any, unix_now: float) -> Optional[float]:
+        """``unix_now`` plus the pod's grace period."""
+        return unix_now + env.settings.get(self.NAME, KUBERNETES_DEFAULT_GRACE_PERIOD)
 
 
-def extra_signals() -> tuple:
-    return ()
-
-
-def start(env: Any) -> None:
-    pass
-
-
-def signal_deadline(env: Any, unix_now: float) -> Optional[float]:
-    """``unix_now`` plus the pod's grace period (``env.kubernetes_grace_period``)."""
-    return unix_now + env.kubernetes_grace_period
-
-
-def attach(handler: Any, config: Any) -> None:
-    pass
-
-
-def after_save(handler: Any) -> None:
-    pass
-
-
-def resume_fields() -> dict:
-    return {}
+PLATFORM = Kubernetes()

@@ -1,35 +1,19 @@
-"""Every termination source of this process, as one wait.
+"""Every termination source of this process, as one wait (docs/how-it-works.md, "Where
+notices come from").
 
-A worker learns that its machine is going away from
+Signals (Rust, ``src/sources/signals.rs``), the cloud's metadata service (polled by
+Rust threads, GCE's long-polled, every request bounded: ``src/sources/watch.rs``; a
+poller posts its first notice and each that ends earlier), a user's
+``termination_watcher_fn`` (polled here, once a second) and :meth:`NoticeSources.trigger`
+all post into one :class:`_native.Inbox`, which also carries a handler's step keys and
+the stop of ``close()``; the protocol driver reads everything from it. Deadlines are
+Unix times here; the core converts them once (``Notice::from_unix``). A handler's
+sources *own* their signals (``owner=True``): a handler installed before them is not
+called while they are open.
 
-* a signal (SIGTERM by default; SLURM's ``--signal`` adds SIGUSR1), caught with
-  ``sigaction`` from any thread by the Rust core (``src/sources/signals.rs``);
-* its cloud's metadata service (GCE, AWS, Azure), probed by Rust threads
-  (``src/sources/``) with short timeouts;
-* a user's ``termination_watcher_fn``, polled once a second (it is Python, so it
-  is called here);
-* :meth:`NoticeSources.trigger` (tests, ``tf_failure_handling.testing``).
-
-All of them post into one :class:`_native.Inbox` (``src/inbox.rs``): the Rust signal
-dispatcher posts a delivery the moment the self-pipe wakes it, a metadata poller
-posts its first notice and each that ends earlier, the watcher-fn poller and
-:meth:`NoticeSources.trigger` post from Python. :meth:`NoticeSources.receive` takes
-whatever is most urgent out of it, never after a poll interval. A handler's inbox also
-carries the step keys its reader posts and the stop of ``close()``: the protocol driver
-(``_protocol/driver.py``) reads everything from this one place. Deadlines are Unix times
-here (the platforms announce wall-clock times); the core converts them to the
-handler's clock in one place (``Notice::from_unix``, ``src/notice.rs``).
-
-A handler's sources *own* their signals (``owner=True``): while they are open,
-a handler installed before them is not called, so nothing can end the process
-before the checkpoint is written (``src/sources/signals.rs``, "Who owns a notice").
-A watcher's sources only observe.
-
-At interpreter exit (``atexit``, before finalization starts), every open
-``NoticeSources`` is closed and the threads waiting in it are joined: CPython
-ends a daemon thread that re-takes the GIL during finalization with
-``pthread_exit``, and one caught inside the native wait would abort the process
-instead of letting it exit with the code it asked for.
+At interpreter exit every open ``NoticeSources`` is closed and its waiting threads
+joined: a daemon thread caught in the native wait during finalization would abort the
+process instead of letting it exit with the code it asked for.
 """
 
 from __future__ import annotations
@@ -63,7 +47,10 @@ _open_sources_lock = threading.RLock()  # RLock: __del__ (GC, any moment) takes 
 
 
 def _release_all_at_exit() -> None:
-    """Closes every open NoticeSources and joins the threads waiting in them."""
+    """Closes every open NoticeSources and joins the threads waiting in them, before
+    finalization: CPython ends a daemon thread that re-takes the GIL during
+    finalization with ``pthread_exit``, and one caught inside the native wait would
+    abort the process instead of letting it exit with the code it asked for."""
     with _open_sources_lock:
         sources = list(_open_sources)
     waiters = []

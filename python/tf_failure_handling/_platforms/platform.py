@@ -1,48 +1,13 @@
-"""Where this process runs, and the defaults each platform gets.
+"""Where this process runs, and the defaults each platform gets: one dispatch over
+:data:`PLATFORMS`, one module each behind ``common.Platform``.
 
-:func:`environment` answers, once per process (cached):
-
-* **cloud** — ``"gce"``, ``"aws"``, ``"azure"`` or None: ``TF_FAILURE_HANDLING_CLOUD`` =
-  ``gce`` | ``aws`` | ``azure`` | ``none`` forces the answer without any probe (anything
-  else is a ValueError); otherwise each cloud of ``registry.CLOUDS`` is asked in turn
-  whether it is detected (one module each: ``gce``, ``aws``, ``azure`` say how), first
-  hit wins. A probe that fails in any way means "not that cloud"; every probe is
-  bounded by ``common.METADATA_TIMEOUT``, and off-cloud, with no variables set,
-  detection reads a few small sysfs files and costs milliseconds (the GCE name lookup
-  aside).
-* **metadata_base** — the ``http://host[:port]`` of that cloud's metadata service,
-  which ``_native.MetadataWatch`` watches for termination notices.
-* **scheduler** — ``"slurm"`` (``SLURM_JOB_ID`` set), else ``"kubernetes"``
-  (``KUBERNETES_SERVICE_HOST`` set), else None.
-* **device** — TF's ``PlatformDevice``: ``GCE_*`` on GCE, else ``INTERNAL_*``; GPU
-  or TPU from TF's logical devices, asked only if TensorFlow is already imported.
-
-:func:`complete` fills what a user left unset with the platform's defaults
-(exit code and grace period per cloud, SIGUSR1 too under SLURM), and
-:func:`signal_deadline` says when a signalled machine goes away, where the
-scheduler tells (SLURM: ``SLURM_JOB_END_TIME``, else the job's ``EndTime``, and
-``KillWait`` after a SIGTERM, see ``slurm.py``; Kubernetes' grace period,
-``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s).
-
-Every variable this module reads is read and checked by :func:`settings`, which
-:func:`environment` calls first, so at handler or watcher construction:
-
-===============================================  ================================================
-variable                                         accepted (blank or unset: the default)
-===============================================  ================================================
-``TF_FAILURE_HANDLING_CLOUD``                    ``gce``, ``aws``, ``azure``, ``none`` (any case)
-``GCE_METADATA_IP``                              ``host[:port][/]``
-``TF_FAILURE_HANDLING_AWS_METADATA_URL``         ``[http://]host[:port][/]``
-``TF_FAILURE_HANDLING_AZURE_METADATA_URL``       ``[http://]host[:port][/]``
-``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``  seconds, a finite number >= 0
-``SLURM_JOB_END_TIME``                           Unix seconds, a finite number
-``SLURM_JOB_ID``, ``KUBERNETES_SERVICE_HOST``    anything (only whether it is set counts)
-===============================================  ================================================
-
-Anything else is a ``ValueError`` naming the variable and its value. The parsed
-values travel in :class:`Environment`; nothing here reads the environment again
-when a notice arrives (a bad value used to surface only then, in the notice thread,
-which died with it). Unlike TensorFlow, the answer is computed once per process.
+:func:`environment` answers once per process: the cloud and its metadata service, the
+scheduler, and TF's platform device (``GCE_*`` on GCE, else ``INTERNAL_*``; GPU or TPU
+from TF's logical devices, asked only if TensorFlow is already imported). Every
+variable is read and checked first (:func:`settings`): a bad value is a ValueError
+naming the variable and its value, at handler or watcher construction, never in the
+notice thread. The variables, the detection order and the defaults per platform are
+in docs/how-it-works.md ("Where notices come from").
 """
 
 from __future__ import annotations
@@ -52,26 +17,23 @@ import enum
 import functools
 import logging
 import os
+import signal
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from . import common, registry
+from . import cloud_aws, cloud_azure, cloud_gce, common, kubernetes, slurm
 
 log = logging.getLogger("tf_failure_handling")
 
+#: Every platform; of each kind, the first detected wins (GCE first, as TF).
+PLATFORMS: tuple = tuple(m.PLATFORM for m in (cloud_gce, cloud_aws, cloud_azure, slurm, kubernetes))
 #: Forces the cloud: ``gce``, ``aws``, ``azure`` or ``none`` (no probe at all).
 CLOUD_ENV = "TF_FAILURE_HANDLING_CLOUD"
-#: Seconds Kubernetes leaves between SIGTERM and SIGKILL for this pod.
-KUBERNETES_GRACE_ENV = "TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD"
-#: Kubernetes' default ``terminationGracePeriodSeconds``.
-KUBERNETES_DEFAULT_GRACE_PERIOD = 30.0
-#: Set by SLURM >= 23.02: the job's end time, in Unix seconds.
-SLURM_END_TIME_ENV = "SLURM_JOB_END_TIME"
 #: The code a released PS or worker task exits with (TF's restart code).
 DEFAULT_EXIT_CODE = common.DEFAULT_EXIT_CODE
 #: Every cloud's name, in detection order.
-CLOUDS = tuple(cloud.NAME for cloud in registry.CLOUDS)
+CLOUDS = tuple(p.NAME for p in PLATFORMS if p.KIND == "cloud")
 
 
 class PlatformDevice(enum.Enum):
@@ -88,7 +50,7 @@ class PlatformDevice(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Environment:
-    """Where this process runs (see the module docstring for how each field is found)."""
+    """Where this process runs (:func:`environment`)."""
 
     #: TF's platform device: ``GCE_*`` when ``cloud == "gce"``, else ``INTERNAL_*``.
     device: PlatformDevice
@@ -98,29 +60,18 @@ class Environment:
     metadata_base: Optional[str]
     #: ``"slurm"``, ``"kubernetes"`` or None.
     scheduler: Optional[str]
-    #: ``SLURM_JOB_END_TIME`` (Unix seconds), if set.
-    slurm_end_time: Optional[float] = None
-    #: ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD`` in seconds, else Kubernetes' default.
-    kubernetes_grace_period: float = KUBERNETES_DEFAULT_GRACE_PERIOD
+    #: Each platform's name -> its variables as its ``check()`` read them.
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Every environment variable this module reads, parsed and checked (:func:`settings`)."""
 
-    #: ``TF_FAILURE_HANDLING_CLOUD``: ``"gce"``, ``"aws"``, ``"azure"``, ``"none"``, or
-    #: None (unset: detect).
+    #: ``TF_FAILURE_HANDLING_CLOUD``: a cloud's name, ``"none"``, or None (unset: detect).
     forced_cloud: Optional[str]
-    #: Each cloud's name -> its metadata service's base URL as its variable says
-    #: (``http://host[:port]``), or None when the variable is unset.
-    cloud_bases: dict
-    #: ``"slurm"`` (``SLURM_JOB_ID`` set), ``"kubernetes"`` (``KUBERNETES_SERVICE_HOST``
-    #: set), or None.
-    scheduler: Optional[str]
-    #: ``SLURM_JOB_END_TIME``, or None.
-    slurm_end_time: Optional[float]
-    #: ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, else 30 s.
-    kubernetes_grace_period: float
+    #: Each platform's name -> its ``check()``.
+    checked: Mapping[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,41 +86,23 @@ class Defaults:
     signals: tuple[int, ...]
 
 
-# ------------------------------------------------------------------ settings
-
-
 def settings() -> Settings:
-    """Reads and checks every environment variable this module uses (not cached).
+    """Reads and checks every environment variable the platforms use (not cached).
 
     Raises:
       ValueError: a variable holds something it cannot mean; the message names the
-        variable and its value (see the module docstring for what each accepts).
+        variable and its value.
     """
     forced = common.env(CLOUD_ENV)
     if forced is not None:
         forced = forced.lower()
         if forced not in (*CLOUDS, "none"):
-            raise common.bad(CLOUD_ENV, os.environ[CLOUD_ENV], "one of gce, aws, azure, none")
-    scheduler = registry.detect()
-    grace = common.seconds(KUBERNETES_GRACE_ENV, minimum=0.0)
-    return Settings(
-        forced_cloud=forced,
-        cloud_bases={cloud.NAME: cloud.configured_base() for cloud in registry.CLOUDS},
-        scheduler=scheduler,
-        slurm_end_time=common.seconds(SLURM_END_TIME_ENV),
-        kubernetes_grace_period=KUBERNETES_DEFAULT_GRACE_PERIOD if grace is None else grace,
-    )
+            raise common.bad(CLOUD_ENV, os.environ[CLOUD_ENV], f"one of {', '.join(CLOUDS)}, none")
+    return Settings(forced, {p.NAME: p.check() for p in PLATFORMS})
 
 
-def exit_code(exit_fn: Any) -> Optional[int]:
-    """The code ``exit_fn`` exits with, when it is one of the defaults; else None."""
-    for cloud in registry.CLOUDS:
-        if exit_fn is cloud.exit_fn:
-            return cloud.EXIT_CODE
-    return common.DEFAULT_EXIT_CODE if exit_fn is common.default_exit_fn else None
-
-
-# ------------------------------------------------------------------ detection
+#: The code an ``exit_fn`` exits with, when it is one of the defaults; else None.
+exit_code = common.exit_code
 
 
 def _devices(kind: str) -> bool:
@@ -190,37 +123,39 @@ def _device(gce: bool) -> PlatformDevice:
     return PlatformDevice.GCE_CPU if gce else PlatformDevice.INTERNAL_CPU
 
 
-def _cloud(s: Settings) -> tuple[Optional[str], Optional[str]]:
-    """``(cloud, metadata_base)`` by the rules of the module docstring."""
-    for cloud in registry.CLOUDS:
-        configured = s.cloud_bases[cloud.NAME]
-        if s.forced_cloud == cloud.NAME or (s.forced_cloud is None and cloud.detected(configured)):
-            return cloud.NAME, configured or cloud.DEFAULT_BASE
-    return None, None
+def _detected(kind: str, s: Settings) -> Optional[common.Platform]:
+    """The first platform of ``kind`` detected; ``TF_FAILURE_HANDLING_CLOUD`` names the
+    cloud without any probe."""
+    for p in PLATFORMS:
+        if p.KIND != kind:
+            continue
+        if kind == "cloud" and s.forced_cloud is not None:
+            if s.forced_cloud == p.NAME:
+                return p
+        elif p.detect(s.checked[p.NAME]):
+            return p
+    return None
 
 
 @functools.lru_cache(maxsize=1)
 def environment() -> Environment:
     """Where this process runs (computed once; ``environment.cache_clear()`` to redo).
 
-    Every environment variable is read and checked first (:func:`settings`), before
-    any probe.
-
     Raises:
       ValueError: a variable holds something it cannot mean, named with its value.
     """
     start = time.monotonic()
     s = settings()
-    cloud, base = _cloud(s)
+    cloud, scheduler = _detected("cloud", s), _detected("scheduler", s)
     env = Environment(
-        device=_device(cloud == "gce"),
-        cloud=cloud,
-        metadata_base=base,
-        scheduler=s.scheduler,
-        slurm_end_time=s.slurm_end_time,
-        kubernetes_grace_period=s.kubernetes_grace_period,
+        device=_device(cloud is not None and cloud.NAME == "gce"),
+        cloud=None if cloud is None else cloud.NAME,
+        metadata_base=None if cloud is None else cloud.metadata_base(s.checked[cloud.NAME]),
+        scheduler=None if scheduler is None else scheduler.NAME,
+        settings=s.checked,
     )
-    registry.start(env)  # SLURM: the job's limits, read once off this thread
+    for p in _active(env):
+        p.start(env)  # SLURM: the job's limits, read once off this thread
     log.debug("environment %s (detected in %.3f s)", env, time.monotonic() - start)
     return env
 
@@ -231,7 +166,9 @@ def detect() -> PlatformDevice:
     return environment().device
 
 
-# ------------------------------------------------------------------ defaults
+def _active(env: Environment) -> list:
+    """The platforms ``env`` names: its cloud, then its scheduler."""
+    return [p for p in PLATFORMS if p.NAME in (env.cloud, env.scheduler)]
 
 
 def complete(
@@ -241,7 +178,7 @@ def complete(
     grace_period: Optional[float],
     signals: Optional[Sequence[int]],
 ) -> Defaults:
-    """Fills what the user left unset (None) with the platform's defaults.
+    """Fills what the user left unset (None) with the platforms' defaults.
 
     A user's value always wins, a grace period of 0 included. As TF's
     ``_complete_config_for_environment`` for Borg and GCE GPU, except that GCE CPU
@@ -249,51 +186,44 @@ def complete(
     notices' lead times as grace period, and under SLURM SIGUSR1 (what
     ``--signal`` usually sends) counts as a notice besides SIGTERM.
     """
-    cloud = registry.cloud(env.cloud)
-    if exit_fn is None:
-        exit_fn = common.default_exit_fn if cloud is None else cloud.exit_fn
-    if grace_period is None:
-        gpu = env.device in (PlatformDevice.GCE_GPU, PlatformDevice.INTERNAL_GPU)
-        grace_period = 0 if cloud is None else cloud.grace_period(gpu)
-    chosen: Sequence[int] = registry.notice_signals(env) if signals is None else signals
+    found: dict = {"exit_fn": common.default_exit_fn, "grace_period": 0, "signals": ()}
+    for p in _active(env):
+        found.update(p.defaults(env))
+    chosen = (signal.SIGTERM, *found["signals"]) if signals is None else signals
     return Defaults(
         watcher_fn=watcher_fn,
-        exit_fn=exit_fn,
-        grace_period=grace_period,
+        exit_fn=found["exit_fn"] if exit_fn is None else exit_fn,
+        grace_period=found["grace_period"] if grace_period is None else grace_period,
         signals=tuple(dict.fromkeys(int(s) for s in chosen)),
     )
 
 
 def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
-    """When a signalled machine goes away (Unix time), where the scheduler says.
-
-    SLURM (``_slurm.notice_deadline``, which has the table per launch form): a
-    SIGUSR1, the job's end (``env.slurm_end_time``, ``SLURM_JOB_END_TIME``, else
-    ``EndTime`` as ``scontrol show job`` said, read off this thread); a SIGTERM,
-    ``unix_now`` plus ``KillWait``, or for an ``srun`` task being preempted the
-    grace time's end (``PreemptTime`` + ``GraceTime``); each only if after
-    ``unix_now``. Kubernetes: ``unix_now`` plus ``env.kubernetes_grace_period``
-    (``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD``, default 30 s, Kubernetes'
-    default ``terminationGracePeriodSeconds``). Otherwise None.
-
-    Called in the driver thread when a signal arrives, never raises; apart from
-    the one bounded SLURM read above it reads only ``env``, whose values
-    :func:`environment` checked. The scheduler answers (``registry``).
-    """
-    return registry.signal_deadline(env, unix_now)
+    """When a signalled machine goes away (Unix time), where its scheduler says, or
+    None. Called in the driver thread when a signal arrives; never raises."""
+    for p in _active(env):
+        deadline = p.deadline(env, unix_now)
+        if deadline is not None:
+            return deadline
+    return None
 
 
-def attach(handler: Any, config: Any) -> None:
-    """Handler construction: every scheduler checks its options (``registry``)."""
-    registry.attach(handler, config)
+def attach(env: Environment, config: Any) -> dict:
+    """Handler construction: every platform checks its options; what each returns, by
+    name, is the ``options`` of :func:`after_save`."""
+    return {p.NAME: p.attach(env, config) for p in PLATFORMS}
 
 
-def after_save(handler: Any) -> None:
-    """After the final checkpoint, before ``exit_fn``: the scheduler's step (SLURM:
-    the job back in the queue)."""
-    registry.after_save(handler)
+def after_save(env: Environment, options: Mapping[str, Any], recorder: Any) -> None:
+    """After the final checkpoint, before ``exit_fn``: each platform's step (SLURM: the
+    job back in the queue). ``recorder``: the handler's ``records.Recorder``."""
+    for p in _active(env):
+        p.after_save(env, options.get(p.NAME), recorder)
 
 
 def resume_fields(env: Environment) -> dict:
-    """What a ``resumed`` preemption record says about the scheduler's job."""
-    return registry.resume_fields(env)
+    """What a ``resumed`` preemption record says about the platforms."""
+    fields: dict = {}
+    for p in _active(env):
+        fields.update(p.resume_fields(env))
+    return fields

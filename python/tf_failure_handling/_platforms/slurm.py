@@ -1,21 +1,8 @@
 """SLURM: the job's deadlines, and the job back in the queue after the save.
 
-Under SLURM (``SLURM_JOB_ID`` set) the handler watches SIGTERM and SIGUSR1
-(``_platform.complete``). What SLURM sends and when, the deadline each notice carries
-and when the job is requeued are told once, in docs/getting-started/slurm.md ("What
-SLURM sends, and the deadline each notice carries", "The requeue"), and checked on a
-real SLURM by ``tests/slurm``. Here:
-
-* :func:`notice_deadline` (through ``_platform.signal_deadline``): a notice's deadline
-  from ``SLURM_JOB_END_TIME``, or from what a daemon thread started with the platform
-  read once (:func:`start_reading_job`: ``EndTime``, ``GraceTime``, ``KillWait``;
-  bounded by :data:`READ_TIMEOUT`, never on the training thread); an ``srun`` task's
-  SIGTERM reads the job's ``PreemptTime`` (bounded by :data:`NOTICE_READ_TIMEOUT`).
-* :func:`requeue_after_save` (the driver, after the checkpoint is saved and before
-  ``exit_fn``): ``scontrol requeue`` by the task with ``SLURM_PROCID`` 0 after a
-  time-limit signal or a preemption of a requeueable job, unless turned off
-  (``TerminationConfig(slurm_requeue=False)`` or :data:`REQUEUE_ENV`); bounded by
-  :data:`REQUEUE_TIMEOUT`; its outcome is a ``requeue`` line of the records.
+What SLURM sends and when, the deadline each notice carries (:func:`notice_deadline`)
+and when the job is requeued (:func:`requeue_after_save`) are told once, in
+docs/getting-started/slurm.md, and checked on a real SLURM by ``tests/slurm``.
 """
 
 from __future__ import annotations
@@ -31,11 +18,12 @@ import time
 from datetime import datetime
 from typing import Any, Optional
 
+from . import common
+
 log = logging.getLogger("tf_failure_handling")
 
-#: ``Environment.scheduler`` under SLURM (the scheduler interface: ``registry``).
-NAME = "slurm"
-
+#: Set by SLURM >= 23.02: the job's end time, in Unix seconds.
+END_TIME_ENV = "SLURM_JOB_END_TIME"
 #: ``0``, ``false``, ``off`` or ``no`` turns the requeue off (scripts left unchanged).
 REQUEUE_ENV = "TF_FAILURE_HANDLING_SLURM_REQUEUE"
 #: Bound on ``scontrol requeue``.
@@ -46,33 +34,9 @@ READ_TIMEOUT = 10.0
 #: (is it a preemption?): the notice waits for it, so it is short.
 NOTICE_READ_TIMEOUT = 2.0
 
-_ON = ("1", "true", "on", "yes")
-_OFF = ("0", "false", "off", "no")
-
 
 def job_id() -> Optional[str]:
-    value = os.environ.get("SLURM_JOB_ID", "").strip()
-    return value or None
-
-
-def detected() -> bool:
-    """Under SLURM: ``SLURM_JOB_ID`` is set."""
-    return job_id() is not None
-
-
-def extra_signals() -> tuple:
-    """SIGUSR1, what ``--signal`` usually sends before the time limit."""
-    return (signal.SIGUSR1,)
-
-
-def start(env: Any) -> None:
-    """The job's limits, read once off the training thread (:func:`start_reading_job`)."""
-    start_reading_job()
-
-
-def signal_deadline(env: Any, unix_now: float) -> Optional[float]:
-    """:func:`notice_deadline` with ``SLURM_JOB_END_TIME`` as parsed into ``env``."""
-    return notice_deadline(env.slurm_end_time, unix_now)
+    return common.env("SLURM_JOB_ID")
 
 
 def restart_count() -> int:
@@ -253,20 +217,9 @@ def preempt_time(info: JobInfo, timeout: float = NOTICE_READ_TIMEOUT) -> Optiona
 
 
 def notice_deadline(end_time: Optional[float], unix_now: float) -> Optional[float]:
-    """When the job goes away after the signal that just arrived (Unix time), or None.
-
-    ``end_time`` is ``SLURM_JOB_END_TIME`` if set, else the job's ``EndTime`` once
-    read. A SIGUSR1 (time limit): the end. A new SIGTERM, capped by the end:
-
-    * in an ``srun`` task of a partition with a ``GraceTime``: a preemption starts
-      its grace time with this SIGTERM, so the job's ``PreemptTime`` is read (once,
-      bounded by :data:`NOTICE_READ_TIMEOUT`, on the driver's thread, never the
-      training's): ``PreemptTime`` + ``GraceTime`` when it is set, else (a user's
-      ``scancel``, or no answer in time) now + ``KillWait``;
-    * in the batch step: now + ``KillWait`` (a preempted batch step is signalled
-      only when ``GraceTime`` is over).
-
-    Never raises.
+    """When the job goes away after the signal that just arrived (Unix time), or None
+    (docs/getting-started/slurm.md has the rule per launch form). ``end_time`` is
+    ``SLURM_JOB_END_TIME`` if set, else the job's ``EndTime`` once read. Never raises.
     """
     global _seen_term
     try:
@@ -297,24 +250,9 @@ def notice_deadline(end_time: Optional[float], unix_now: float) -> Optional[floa
 
 
 def requeue_from_env() -> Optional[bool]:
-    """:data:`REQUEUE_ENV` as True/False, None when unset or empty.
-
-    Raises:
-      ValueError: for any other value than ``1``/``true``/``on``/``yes`` or
-        ``0``/``false``/``off``/``no`` (any case).
-    """
-    raw = os.environ.get(REQUEUE_ENV, "")
-    value = raw.strip().lower()
-    if not value:
-        return None
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise ValueError(
-        f"{REQUEUE_ENV}={raw!r}: expected one of {', '.join(_ON + _OFF)} (or unset, which is "
-        "on under SLURM)"
-    )
+    """:data:`REQUEUE_ENV` as True/False, None when unset or empty. Raises ValueError
+    for anything else (``common.env_flag``)."""
+    return common.env_flag(REQUEUE_ENV, "on under SLURM")
 
 
 def requeue_enabled(option: Optional[bool]) -> bool:
@@ -327,33 +265,6 @@ def requeue_enabled(option: Optional[bool]) -> bool:
     except ValueError:
         return True  # rejected at the handler's construction already
     return True if from_env is None else from_env
-
-
-def attach(handler: Any, config: Any) -> None:
-    """Handler construction: the requeue option (``config.slurm_requeue``; a bad
-    :data:`REQUEUE_ENV` is an error now, under SLURM or not), and under SLURM the log
-    line of a requeued run."""
-    requeue_from_env()
-    handler._slurm_requeue = config.slurm_requeue
-    if job_id() is None:
-        return
-    start_reading_job()
-    count = restart_count()
-    if count > 0:
-        log.info(
-            "SLURM job %s was requeued: this is restart %d (SLURM_RESTART_COUNT).",
-            job_id(),
-            count,
-        )
-
-
-def resume_fields() -> dict:
-    """What a ``resumed`` preemption record says about SLURM: the job and
-    ``SLURM_RESTART_COUNT`` (empty when not under SLURM)."""
-    jid = job_id()
-    if jid is None:
-        return {}
-    return {"slurm_job_id": jid, "slurm_restart_count": restart_count()}
 
 
 def _int(value: Optional[str]) -> int:
@@ -372,32 +283,28 @@ def _reason(job: dict) -> Optional[str]:
     return None
 
 
-def after_save(handler: Any) -> None:
-    """After the final checkpoint: :func:`requeue_after_save`."""
-    requeue_after_save(handler)
-
-
-def requeue_after_save(handler: Any) -> Optional[bool]:
+def requeue_after_save(option: Optional[bool], recorder: Any) -> Optional[bool]:
     """Puts the job back in the queue when it ends by SLURM's time limit or a
-    preemption (see the module docstring). Returns whether it was requeued (None
-    when not under SLURM, turned off, or not this task's to do). Never raises."""
+    preemption, unless ``option`` (``TerminationConfig.slurm_requeue``) or
+    :data:`REQUEUE_ENV` turns it off; the outcome is a ``requeue`` line of
+    ``recorder``'s records. Returns whether it was requeued (None when not under
+    SLURM, turned off, or not this task's to do). Never raises."""
     try:
-        return _requeue_after_save(handler)
+        return _requeue_after_save(option, recorder)
     except Exception as e:  # noqa: BLE001 - the exit must happen whatever goes wrong here
         log.warning("SLURM requeue: unexpected error %r; exiting without requeue.", e)
         return False
 
 
-def _requeue_after_save(handler: Any) -> Optional[bool]:
+def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
     jid = job_id()
     if jid is None:
         return None
-    if not requeue_enabled(getattr(handler, "_slurm_requeue", None)):
+    if not requeue_enabled(option):
         log.info("SLURM job %s: requeue turned off; not requeued.", jid)
         return None
     if os.environ.get("SLURM_PROCID", "0").strip() not in ("", "0"):
         return None  # one task per job: SLURM_PROCID 0 requeues
-    records = getattr(handler, "_records", None)
     started = time.monotonic()
     message = ""
     try:
@@ -461,3 +368,50 @@ def _requeue_after_save(handler: Any) -> Optional[bool]:
         )
         records.close()
     return requeued
+
+
+class Slurm(common.Platform):
+    NAME = "slurm"
+
+    def check(self) -> Optional[float]:
+        """:data:`END_TIME_ENV`, or None."""
+        return common.seconds(END_TIME_ENV)
+
+    def detect(self, checked: Any) -> bool:
+        """Under SLURM: ``SLURM_JOB_ID`` is set."""
+        return job_id() is not None
+
+    def defaults(self, env: Any) -> dict:
+        """SIGUSR1 too, what ``--signal`` usually sends before the time limit."""
+        return {"signals": (signal.SIGUSR1,)}
+
+    def start(self, env: Any) -> None:
+        start_reading_job()
+
+    def deadline(self, env: Any, unix_now: float) -> Optional[float]:
+        return notice_deadline(env.settings.get(self.NAME), unix_now)
+
+    def attach(self, env: Any, config: Any) -> Optional[bool]:
+        """The requeue option (``config.slurm_requeue``; a bad :data:`REQUEUE_ENV` is an
+        error now, under SLURM or not), and under SLURM the log line of a requeued run."""
+        requeue_from_env()
+        if job_id() is not None:
+            start_reading_job()
+            if restart_count() > 0:
+                log.info(
+                    "SLURM job %s was requeued: this is restart %d (SLURM_RESTART_COUNT).",
+                    job_id(),
+                    restart_count(),
+                )
+        return config.slurm_requeue
+
+    def after_save(self, env: Any, options: Any, recorder: Any) -> None:
+        requeue_after_save(options, recorder)
+
+    def resume_fields(self, env: Any) -> dict:
+        """The job and ``SLURM_RESTART_COUNT`` (empty when not under SLURM)."""
+        jid = job_id()
+        return {} if jid is None else {"slurm_job_id": jid, "slurm_restart_count": restart_count()}
+
+
+PLATFORM = Slurm()
