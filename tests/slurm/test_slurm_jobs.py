@@ -285,7 +285,7 @@ def check_saved_requeued_resumed_finished(slurm, jid, ckpt, out, reason: str, st
     assert exits and exits[0]["code"] == 42 and exits[0]["restart"] == 0, events
     saved = exits[0]["step"]
     requeues = stage(records, "requeue")
-    assert requeues and requeues[0]["requeued"] is True, records
+    assert requeues and requeues[0]["requeued"] is True, (requeues, explain(slurm, job, out))
     assert requeues[0]["reason"].startswith(reason), requeues
     assert requeues[0]["job_id"] == jid
     resumed = [s for s in starts if s["restart"] >= 1]

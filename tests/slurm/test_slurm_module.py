@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
@@ -154,3 +155,57 @@ def test_resume_fields_name_the_restart(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     assert _slurm.PLATFORM.resume_fields(None) == {"slurm_job_id": "12", "slurm_restart_count": 2}
+
+
+class _FakeScontrol:
+    """``scontrol requeue`` answering from a script; ``show_job`` from ``restarts``."""
+
+    def __init__(self, answers, restarts="0"):
+        self.answers = list(answers)
+        self.restarts = restarts
+        self.requeues = 0
+
+    def __call__(self, *args, timeout):
+        assert args[0] == "requeue" and timeout >= 1.0
+        self.requeues += 1
+        code, said = self.answers.pop(0)
+        return subprocess.CompletedProcess(args, code, "", said)
+
+    def show_job(self, jid):
+        return {"JobId": jid, "Restarts": self.restarts}
+
+
+BUSY = "slurm_requeue error: Socket timed out on send/recv operation"
+
+
+@pytest.mark.parametrize(
+    "answers, restarts, expected, calls",
+    [
+        # The controller did not answer in time, then did: requeued by the second call.
+        ([(1, BUSY), (0, "")], "0", True, 2),
+        # It did not answer, but acted on the request: the job shows requeued.
+        ([(1, BUSY)], "1", True, 1),
+        # A refusal is final: not tried again.
+        ([(1, "slurm_requeue error: Invalid job id specified")], "0", False, 1),
+    ],
+)
+def test_requeue_tries_again_while_the_controller_is_busy(
+    monkeypatch, answers, restarts, expected, calls
+):
+    fake = _FakeScontrol(answers, restarts)
+    monkeypatch.setattr(_slurm, "_scontrol", fake)
+    monkeypatch.setattr(_slurm, "show_job", fake.show_job)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    requeued, message = _slurm._requeue("7")
+    assert (requeued, fake.requeues) == (expected, calls), message
+    if restarts == "1":
+        assert "all the same" in message
+
+
+def test_requeue_gives_up_on_a_busy_controller_within_its_bound(monkeypatch):
+    fake = _FakeScontrol([(1, BUSY)] * 1000)
+    monkeypatch.setattr(_slurm, "_scontrol", fake)
+    monkeypatch.setattr(_slurm, "show_job", fake.show_job)
+    monkeypatch.setattr(_slurm, "REQUEUE_TIMEOUT", 0.5)
+    requeued, message = _slurm._requeue("7")
+    assert requeued is False and "Socket timed out" in message and fake.requeues >= 2

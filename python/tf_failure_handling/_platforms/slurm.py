@@ -18,6 +18,7 @@ import time
 from datetime import datetime
 from typing import Any, Optional
 
+from .._native import Retry, RetryVerdict
 from . import common
 
 log = logging.getLogger("tf_failure_handling")
@@ -296,6 +297,48 @@ def requeue_after_save(option: Optional[bool], recorder: Any) -> Optional[bool]:
         return False
 
 
+def _requeue(jid: str) -> tuple:
+    """``scontrol requeue jid``: whether the job went back to the queue, and what
+    scontrol said. A failure is tried again (the core's retry rule, for
+    :data:`REQUEUE_TIMEOUT` in all) while it reads as a controller too busy to answer
+    (scontrol's ``MessageTimeout`` passes while slurmctld still acts on the request);
+    after each failure the job is read again, and one that shows this run's requeue
+    counts as requeued."""
+    started = time.monotonic()
+    retry = Retry(REQUEUE_TIMEOUT, started)
+    while True:
+        left = max(1.0, REQUEUE_TIMEOUT - (time.monotonic() - started))
+        try:
+            out = _scontrol("requeue", jid, timeout=left)
+            said = (out.stderr or out.stdout).strip()
+            if out.returncode == 0:
+                return True, said
+            message = said or f"scontrol requeue exited with {out.returncode}"
+        except subprocess.TimeoutExpired:
+            message = f"scontrol requeue did not finish within {left:g} s"
+        except OSError as e:
+            return False, f"scontrol requeue could not run: {e}"
+        try:
+            if _int(show_job(jid).get("Restarts")) > restart_count():
+                return True, f"{message}; the job shows requeued all the same"
+        except Exception:  # noqa: BLE001 - the failure above is what counts then
+            pass
+        verdict = retry.failed(time.monotonic(), False)
+        if isinstance(verdict, RetryVerdict.GiveUp) or not _BUSY.search(message):
+            return False, message
+        log.info("SLURM job %s: scontrol requeue failed (%s); trying again.", jid, message)
+        time.sleep(max(0.0, verdict.at - time.monotonic()))
+
+
+#: What scontrol says when the controller did not answer in time or could not be
+#: reached: worth another try.
+_BUSY = re.compile(
+    r"timed out|time ?out|Unable to contact|Connection refused|temporarily unavailable|"
+    r"try again",
+    re.IGNORECASE,
+)
+
+
 def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
     jid = job_id()
     if jid is None:
@@ -331,16 +374,7 @@ def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
         message = "the job is not requeueable (Requeue=0): submit it with sbatch --requeue"
         log.warning("SLURM job %s (%s): not requeued: %s.", jid, reason, message)
     else:
-        try:
-            out = _scontrol("requeue", jid, timeout=REQUEUE_TIMEOUT)
-            requeued = out.returncode == 0
-            message = (out.stderr or out.stdout).strip()
-        except subprocess.TimeoutExpired:
-            requeued = False
-            message = f"scontrol requeue did not finish within {REQUEUE_TIMEOUT:g} s"
-        except OSError as e:
-            requeued = False
-            message = f"scontrol requeue could not run: {e}"
+        requeued, message = _requeue(jid)
         if requeued:
             log.info(
                 "SLURM job %s (%s): requeued after the checkpoint (scontrol requeue, %.2f s).",
