@@ -34,6 +34,9 @@ log = logging.getLogger("tf_failure_handling")
 #: TF's bound on waiting for a failed worker to come back, in seconds.
 DEFAULT_WORKER_RECOVERY_TIMEOUT = 3600.0
 WORKER_RECOVERY_TIMEOUT_ENV = "TF_FAILURE_HANDLING_WORKER_RECOVERY_TIMEOUT"
+#: Seconds the coordinator's stop waits for the worker-recovery thread to let go of
+#: the cluster (it holds it while a lost worker is away).
+STOP_LOCK_BOUND = 5.0
 
 RemoteValue = _remote_value.RemoteValue
 PerWorkerValues = _values.PerWorkerValues
@@ -88,6 +91,28 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
     def __init__(self, server_def: Any, cluster: _Cluster, recovery_timeout: float) -> None:
         self._recovery_timeout = recovery_timeout
         super().__init__(server_def, cluster)
+
+    def stop(self) -> None:
+        """Stops the recovery thread (TF's ``stop``), without waiting on it forever.
+
+        TF takes the cluster-update lock to wake that thread, which holds the lock while
+        it rebuilds the cluster; ``update_server_def`` blocks until a lost worker is
+        back. A worker that was preempted and is not back when training ends (or a
+        daemon thread frozen at interpreter exit) held TF's ``stop`` there for good,
+        and the process never exited."""
+        self._should_preemption_thread_run = False
+        if self._cluster_update_lock.acquire(timeout=STOP_LOCK_BOUND):
+            try:
+                self._cluster_due_for_update_or_finish.set()
+            finally:
+                self._cluster_update_lock.release()
+            return
+        log.warning(
+            "ClusterCoordinator: the worker-recovery thread did not let go of the cluster "
+            "within %gs (it waits for a lost worker to come back); stopping without it.",
+            STOP_LOCK_BOUND,
+        )
+        self._cluster_due_for_update_or_finish.set()
 
     def _validate_preemption_failure(
         self, e: BaseException, worker_failure: Optional[bool] = None

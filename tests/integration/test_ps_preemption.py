@@ -89,8 +89,8 @@ class Cluster:
             str(TASK_PEER_TIMEOUT),
         )
 
-    def coordinator(self, peer_timeout: float | None = None) -> Proc:
-        extra = [] if peer_timeout is None else ["--peer-timeout", str(peer_timeout)]
+    def coordinator(self, *args: str, peer_timeout: float | None = None) -> Proc:
+        extra = [*args] + ([] if peer_timeout is None else ["--peer-timeout", str(peer_timeout)])
         return self.start(
             "coordinator",
             "coordinator",
@@ -283,29 +283,42 @@ def _check_released_after_the_save(c: Cluster, name: str, incarnation: int = 0) 
 
 # Backstop above its own bounds in sequence.
 @pytest.mark.timeout(CLUSTER_BOUND + FINISH_BOUND + EXIT_BOUND + FINISH_BOUND + EXIT_BOUND + MARGIN)
-def test_worker_notice_drains_that_worker_and_training_goes_on(cluster):
+def test_worker_notice_drains_that_worker_and_training_goes_on(tmp_path):
     """A worker's notice drains that worker (released, exit 42) and stops nothing else:
-    the coordinator the fixture started (this test starts no other) runs every closure
-    to the end, none lost or applied twice, and exits 0; the PS and the other worker
-    keep serving. Whether the coordinator is still running
-    when the drained worker's process is gone depends on load (under `make test` it
-    once took that process 30 s to exit, and worker 0 had run the 90 closures left), so
-    it is not checked; a restarted worker serving again is
-    test_a_restarted_worker_is_watched_again's."""
-    c = cluster
-    _notice_after_runs(c, "worker1")
-    assert c.wait_exit("worker1", EXIT_BOUND) == RESTART_CODE, c.describe()
-    [exiting] = c.history[("worker1", 0)].events("exiting")
-    assert exiting["released"] and exiting["reason"] == "drained", f"{exiting}\n{c.describe()}"
-    done = c.wait_event("coordinator", "done", FINISH_BOUND)
-    assert done["runs"] == done["counter"] == STEPS, (
-        f"a closure was lost or applied twice: {done}\n{c.describe()}"
-    )
-    assert c.wait_exit("coordinator", EXIT_BOUND) == 0, c.describe()
-    assert c.alive("ps0") and c.alive("worker0"), c.describe()
-    worker = _records(c)[0]["worker 1"]
-    assert "SIGTERM" in worker.source and worker.extra.get("released") == "drained", worker
-    assert worker.notice_time <= worker.exit_time, worker
+    the coordinator runs every closure to the end, none lost or applied twice, and
+    exits 0; the PS and the other worker keep serving.
+
+    The notice comes with closures in flight (after run 30); the coordinator cannot end
+    the training before it has seen the notice: at run 60 it joins and waits for the
+    file this test writes once worker 1 has left (the coordinator's poller releases it
+    meanwhile). Without that wait, 90 closures may end before a poll sees the notice,
+    and worker 1 would wait out its peer timeout unreleased."""
+    c = Cluster(tmp_path)
+    try:
+        c.start_servers()
+        resume = tmp_path / "worker1-left"
+        c.coordinator(
+            "--pause-at", "60", "--pause", str(EXIT_BOUND + MARGIN), "--resume-file", str(resume)
+        )
+        c.wait_event("coordinator", "restored", START_BOUND)
+        _notice_after_runs(c, "worker1")
+        try:
+            assert c.wait_exit("worker1", EXIT_BOUND) == RESTART_CODE, c.describe()
+        finally:
+            resume.write_text("")
+        [exiting] = c.history[("worker1", 0)].events("exiting")
+        assert exiting["released"] and exiting["reason"] == "drained", f"{exiting}\n{c.describe()}"
+        done = c.wait_event("coordinator", "done", FINISH_BOUND)
+        assert done["runs"] == done["counter"] == STEPS, (
+            f"a closure was lost or applied twice: {done}\n{c.describe()}"
+        )
+        assert c.wait_exit("coordinator", EXIT_BOUND) == 0, c.describe()
+        assert c.alive("ps0") and c.alive("worker0"), c.describe()
+        worker = _records(c)[0]["worker 1"]
+        assert "SIGTERM" in worker.source and worker.extra.get("released") == "drained", worker
+        assert worker.notice_time <= worker.exit_time, worker
+    finally:
+        c.stop()
 
 
 # Backstop above its own bounds in sequence: the servers, two rounds of (progress, exit,

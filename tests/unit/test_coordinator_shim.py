@@ -99,3 +99,34 @@ def test_rejected_schedule_does_not_leave_the_strategy_being_scheduled():
     with pytest.raises(TypeError, match=r"tf\.function"):
         coord.schedule(lambda: 1)
     assert coord._strategy.extended._being_scheduled is False
+
+
+def _recovery_handler():
+    """The worker-failure handler's stop-related state only (no cluster)."""
+    import threading
+
+    handler = object.__new__(coordinator._WorkerPreemptionHandler)
+    handler._cluster_update_lock = threading.Lock()
+    handler._cluster_due_for_update_or_finish = threading.Event()
+    handler._should_preemption_thread_run = True
+    return handler
+
+
+def test_stop_wakes_the_recovery_thread():
+    handler = _recovery_handler()
+    handler.stop()
+    assert handler._cluster_due_for_update_or_finish.is_set()
+    assert not handler._should_preemption_thread_run
+    assert handler._cluster_update_lock.acquire(blocking=False)
+
+
+def test_stop_does_not_wait_forever_for_a_recovery_that_holds_the_cluster(monkeypatch, caplog):
+    # The recovery thread holds the lock while update_server_def waits for a lost worker
+    # (or is frozen at interpreter exit): TF's stop waited on it for good.
+    monkeypatch.setattr(coordinator, "STOP_LOCK_BOUND", 0.1)
+    handler = _recovery_handler()
+    assert handler._cluster_update_lock.acquire()
+    handler.stop()
+    assert handler._cluster_due_for_update_or_finish.is_set()
+    assert not handler._should_preemption_thread_run
+    assert "did not let go of the cluster" in caplog.text
