@@ -364,7 +364,7 @@ def instrument_checkpoint_manager_saves() -> None:
             runs=runs,
             t_start=t_start,
             t_end=t_end,
-            directory=os.path.abspath(self.directory),
+            directory=self.directory if "://" in self.directory else os.path.abspath(self.directory),
             path=path,
             plan=plan,
         )

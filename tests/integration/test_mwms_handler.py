@@ -6,6 +6,7 @@ Workers run ``mwms_worker.py`` on 127.0.0.1; see ``conftest.py`` for the harness
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -26,10 +27,18 @@ RUN_BOUND = 120.0  # bound for an uninterrupted run (the reference) or a restart
 #: above the tests' own bounds in sequence (+ 60 s for the kills at teardown).
 HANG_BOUND = RUN_BOUND + STARTUP_BOUND + EXIT_TIMEOUT + RUN_BOUND + 60
 DEFAULT_EXIT_CODE = 42  # TF's default exit_fn on non-GCE platforms
+NON_CHIEF_SAVES_ENV = "TF_FAILURE_HANDLING_NON_CHIEF_SAVES"
 
 
 def _chief_and_non_chief_dirs(ckpt_dir):
     return ckpt_dir, ckpt_dir.parent / "workertemp_1" / ckpt_dir.name
+
+
+def _in_memory(directory: str, ckpt_dir) -> bool:
+    """Ours by default: the non-chief's copy in TF's ram:// file system, one folder per
+    handler (issue 36: the checkpoint's storage gets one copy of the model)."""
+    pattern = rf"ram://tf_failure_handling/\d+-\d+/workertemp_1/{re.escape(ckpt_dir.name)}"
+    return re.fullmatch(pattern, directory) is not None
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +109,10 @@ def check_preemption_exit(cluster: Cluster, exit_code: int, rounds: int = 1) -> 
 
     chief_dir, non_chief_dir = _chief_and_non_chief_dirs(cluster.ckpt_dir)
     assert all(s["directory"] == str(chief_dir) for s in saves[0]), saves[0]
-    assert all(s["directory"] == str(non_chief_dir) for s in saves[1]), saves[1]
+    if cluster.impl == "ours" and cluster.env.get(NON_CHIEF_SAVES_ENV) != "storage":
+        assert all(_in_memory(s["directory"], cluster.ckpt_dir) for s in saves[1]), saves[1]
+    else:
+        assert all(s["directory"] == str(non_chief_dir) for s in saves[1]), saves[1]
     assert not non_chief_dir.parent.exists(), (
         f"{non_chief_dir.parent} should be deleted before the preemption exit"
     )
@@ -306,3 +318,22 @@ def test_checkpoint_cross_compatible(first, second, cluster_factory, reference_w
         reference_weights,
         name=f"restart-{second}",
     )
+
+
+@pytest.mark.timeout(HANG_BOUND)
+def test_non_chief_saves_to_storage_on_request_as_tf(cluster_factory, reference_weights):
+    """TF_FAILURE_HANDLING_NON_CHIEF_SAVES=storage: the non-chief's copy goes to
+    workertemp_1 beside the checkpoint, as TensorFlow's does, and is removed before the
+    exit (check_preemption_exit); the checkpoint resumes as usual."""
+    require_impl("ours")
+    cluster = cluster_factory(
+        name="storage",
+        impl="ours",
+        steps=STEPS,
+        step_sleep=STEP_SLEEP,
+        env={NON_CHIEF_SAVES_ENV: "storage"},
+    )
+    cluster.start()
+    notify_after_progress(cluster, (1,))
+    (saved_step,) = check_preemption_exit(cluster, DEFAULT_EXIT_CODE)
+    restart_and_check(cluster_factory, "ours", cluster.ckpt_dir, saved_step, reference_weights)

@@ -7,6 +7,12 @@ the two: a ``tf.train.Checkpoint`` gets a ``CheckpointManager(max_to_keep=1)`` i
 ``workertemp_<task_id>`` before a preemption exit; the run count is the int64
 variable ``checkpointed_runs`` attached to the user's checkpoint.
 
+One difference: a non-chief's copy goes to TensorFlow's in-memory file system
+(``ram://``) by default, not beside the checkpoint. It still saves (the save's
+collective reads need every worker), but the checkpoint's storage gets one copy of the
+model per save, not one per worker. :data:`NON_CHIEF_SAVES_ENV` ``=storage`` gives
+back TensorFlow's layout. A manager the user passes is used as it is.
+
 Objects that are not TensorFlow's are accepted when they follow the small
 protocol the fakes of :mod:`tf_failure_handling.testing` implement: a checkpoint
 with ``make_manager(directory, max_to_keep)`` and ``make_counter()``, a manager with
@@ -16,16 +22,26 @@ with ``make_manager(directory, max_to_keep)`` and ``make_counter()``, a manager 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import shutil
 from typing import Any, Optional
 
 from .. import _errors
+from .._platforms import common
 
 log = logging.getLogger("tf_failure_handling")
 
 COUNTER_NAME = "checkpointed_runs"
+#: Where a non-chief's copy goes when the handler makes its managers: ``memory``
+#: (TensorFlow's ``ram://`` file system; the default) or ``storage`` (TensorFlow's
+#: ``workertemp_<task_id>`` beside the checkpoint).
+NON_CHIEF_SAVES_ENV = "TF_FAILURE_HANDLING_NON_CHIEF_SAVES"
+MEMORY, STORAGE = "memory", "storage"
+#: The in-memory folders of this process's handlers, one each.
+_MEMORY_ROOT = "ram://tf_failure_handling"
+_memory_ids = itertools.count()
 
 
 def _tf_classes():
@@ -44,6 +60,11 @@ def _is_manager(obj: Any) -> bool:
     return all(
         hasattr(obj, a) for a in ("save", "restore_or_initialize", "directory", "_checkpoint")
     )
+
+
+def _is_tf_checkpoint(obj: Any) -> bool:
+    checkpoint_cls, _ = _tf_classes()
+    return checkpoint_cls is not None and isinstance(obj, checkpoint_cls)
 
 
 def _is_checkpoint(obj: Any) -> bool:
@@ -108,6 +129,29 @@ def writable_dir(path: str) -> None:
         )
 
 
+def non_chief_saves() -> str:
+    """:data:`MEMORY` or :data:`STORAGE`, from :data:`NON_CHIEF_SAVES_ENV`.
+
+    Raises:
+      ValueError: any other value, naming the variable.
+    """
+    raw = common.env(NON_CHIEF_SAVES_ENV)
+    if raw is None:
+        return MEMORY
+    if raw.lower() not in (MEMORY, STORAGE):
+        expected = "memory or storage (or unset: memory)"
+        raise common.bad(NON_CHIEF_SAVES_ENV, os.environ[NON_CHIEF_SAVES_ENV], expected)
+    return raw.lower()
+
+
+def memory_dir(checkpoint_dir: str, task_id: int) -> str:
+    """Where a non-chief's copy goes in memory: ``ram://.../<pid>-<n>/workertemp_<task_id>/<base>``
+    (``<n>`` counts this process's handlers, so two never share a folder)."""
+    root = f"{_MEMORY_ROOT}/{os.getpid()}-{next(_memory_ids)}/workertemp_{task_id}"
+    make_dirs(root)
+    return f"{root}/{os.path.basename(os.path.normpath(checkpoint_dir))}"
+
+
 def non_chief_dir(checkpoint_dir: str, task_id: int) -> str:
     """Where a non-chief worker writes: ``<parent>/workertemp_<task_id>/<base>``."""
     parent = os.path.join(os.path.dirname(checkpoint_dir), f"workertemp_{task_id}")
@@ -127,6 +171,7 @@ class Checkpoints:
         save_fn: Any = None,
     ) -> None:
         self.save_fn = save_fn
+        where = non_chief_saves()  # a bad value is an error on every worker, at once
         #: Seconds the last save took (TF's ``_checkpoint_time``).
         self.last_save_seconds: Optional[float] = None
         if checkpoint_dir is not None:
@@ -151,8 +196,11 @@ class Checkpoints:
             if is_chief:
                 self.write = self.read
             else:
+                # A fake checkpoint (tf_failure_handling.testing) writes with os: storage.
+                in_memory = where == MEMORY and _is_tf_checkpoint(checkpoint_or_manager)
+                make_dir = memory_dir if in_memory else non_chief_dir
                 self.write = _make_manager(
-                    checkpoint_or_manager, non_chief_dir(checkpoint_dir, task_id or 0)
+                    checkpoint_or_manager, make_dir(checkpoint_dir, task_id or 0)
                 )
         else:
             raise TypeError(
@@ -238,9 +286,13 @@ class Checkpoints:
         )
 
     def remove_worker_temp(self, is_chief: bool) -> None:
-        """Deletes ``workertemp_<task_id>`` of a non-chief whose manager the handler made."""
+        """Deletes ``workertemp_<task_id>`` of a non-chief whose manager the handler made
+        (in memory: the handler's whole folder there)."""
         if self.api_made and not is_chief:
-            delete_recursively(os.path.dirname(self.write.directory))
+            temp = os.path.dirname(self.write.directory)
+            if temp.startswith(_MEMORY_ROOT + "/"):
+                temp = os.path.dirname(temp)
+            delete_recursively(temp)
 
 
 def _preemption_save_context():
