@@ -240,6 +240,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "second fit), then the one that trains",
     )
     p.add_argument("--progress-every", type=int, default=10)
+    p.add_argument(
+        "--hold-first-save",
+        default=None,
+        help="the first save prints a save_begun event, then waits (bounded) for this file "
+        "to exist: a test sends a notice while the handler is in its save",
+    )
     return p.parse_args(argv)
 
 
@@ -343,18 +349,38 @@ def held_watcher_fn(notice_file: str, hold_file: str):
     return watcher
 
 
-def instrument_checkpoint_manager_saves() -> None:
-    """Make every ``tf.train.CheckpointManager.save`` print a ``save`` event."""
+def _shown(directory: str) -> str:
+    """A local folder as an absolute path; a ``ram://`` or ``gs://`` one as it is."""
+    return directory if "://" in directory else os.path.abspath(directory)
+
+
+#: Bound on --hold-first-save's wait (a test that never writes the file fails its own
+#: bound first; this only keeps the worker from waiting forever).
+HOLD_BOUND = 300.0
+
+
+def instrument_checkpoint_manager_saves(hold_file: str | None = None) -> None:
+    """Make every ``tf.train.CheckpointManager.save`` print a ``save`` event (the first
+    one held until ``hold_file`` exists, when given)."""
     import tensorflow as tf
 
     cls = tf.train.CheckpointManager
     if getattr(cls.save, "_mwms_worker_instrumented", False):
         return
     original = cls.save
+    held: list = []
 
     def save(self, *args, **kwargs):
         runs_var = getattr(self.checkpoint, "checkpointed_runs", None)
         runs = None if runs_var is None else int(runs_var.numpy())
+        if hold_file and not held:
+            held.append(True)
+            emit("save_begun", runs=runs)
+            end = time.monotonic() + HOLD_BOUND
+            while not os.path.exists(hold_file):
+                if time.monotonic() > end:
+                    raise RuntimeError(f"{hold_file} did not appear within {HOLD_BOUND:g}s")
+                time.sleep(0.05)
         plan = handler_plan()
         t_start = time.time()
         path = original(self, *args, **kwargs)
@@ -364,7 +390,7 @@ def instrument_checkpoint_manager_saves() -> None:
             runs=runs,
             t_start=t_start,
             t_end=t_end,
-            directory=self.directory if "://" in self.directory else os.path.abspath(self.directory),
+            directory=_shown(self.directory),
             path=path,
             plan=plan,
         )
@@ -406,7 +432,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     handler_cls, config_cls = handler_classes(args.impl)
-    instrument_checkpoint_manager_saves()
+    instrument_checkpoint_manager_saves(args.hold_first_save)
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer, distributed_step = build_training(strategy)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import calendar
+import json
 import time
 
 import pytest
@@ -208,3 +209,59 @@ def test_a_sigterm_then_an_earlier_metadata_preemption_moves_the_final_save(clus
         f"deadline {deadline - noticed:+.3f}"
     )
     _check_planned_for(final, deadline, timeline)
+
+
+# Backstop above its own bounds in sequence: progress, the held save, the exit (+ 60 s).
+@pytest.mark.timeout(STARTUP_BOUND + HANG + EXIT_TIMEOUT + 60)
+def test_a_tighter_notice_during_the_first_save_moves_the_final_save(cluster_factory, tmp_path):
+    """A notice that arrives while the handler is in its save. Worker 0's SIGTERM (grace
+    600 s) starts the first round; worker 0 holds its save (it has begun, and is not
+    over) until worker 1's SIGTERM with a 12 s grace period has been sent. Success: the
+    notice is not lost to the save in progress: both workers save the final round at one
+    step, planned for worker 1's deadline, and exit 42 within the exit bound."""
+    release = tmp_path / "release-the-save"
+    cluster = cluster_factory(
+        name="notice-during-save",
+        impl="ours",
+        steps=100_000,
+        step_sleep=STEP_SLEEP,
+        worker_args={
+            0: ["--grace", str(LONG_GRACE), "--hold-first-save", str(release)],
+            1: ["--grace", str(TIGHT)],
+        },
+    )
+    cluster.start()
+    cluster.wait_for_progress(SIGNAL_AFTER)
+    cluster.send_signal(0)
+    cluster.wait_until(lambda: cluster.events(0, "save_begun"), HANG, "worker 0's save to begin")
+    try:
+        sent = cluster.send_signal(1)
+        # The notice is in worker 1's records before the save goes on.
+        cluster.wait_until(lambda: _noticed_by(cluster, 1, "SIGTERM"), HANG, "worker 1's notice")
+        assert not cluster.events(0, "save"), "worker 0's save ended while it was held"
+    finally:
+        release.write_text("")
+    first_step, final_step = check_preemption_exit(cluster, DEFAULT_EXIT_CODE, rounds=2)
+    assert first_step < final_step
+    final = [cluster.events(i, "save")[1] for i in range(NUM_WORKERS)]
+    timeline = f"second notice at 0, final saves {[round(s['t_start'] - sent, 3) for s in final]}"
+    _check_planned_for(final, sent + TIGHT, timeline)
+
+
+def _noticed_by(cluster, index: int, source: str) -> bool:
+    """Worker ``index`` wrote a ``notice`` line from ``source`` (its records file, read
+    as lines: a cut-off last line is not JSON yet)."""
+    folder = cluster.ckpt_dir / "preemption_records"
+    for path in folder.glob("*.jsonl") if folder.is_dir() else ():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if (
+                record.get("stage") == "notice"
+                and record.get("task") == index
+                and source in str(record.get("source"))
+            ):
+                return True
+    return False
