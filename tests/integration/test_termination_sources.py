@@ -265,3 +265,51 @@ def _noticed_by(cluster, index: int, source: str) -> bool:
             ):
                 return True
     return False
+
+
+#: GCE's exit code (TensorFlow's) and the Spot notice's lead: the VM is gone 30 s after
+#: instance/preempted turns TRUE.
+GCE_EXIT_CODE = 143
+GCE_SPOT_LEAD = 30.0
+
+
+# Backstop above its own bounds in sequence: progress, the first round, the exit (+ 60 s).
+@pytest.mark.timeout(STARTUP_BOUND + HANG + EXIT_TIMEOUT + 60)
+def test_a_gce_maintenance_event_then_a_preemption_moves_the_final_save(cluster_factory):
+    """The issue's GCE story on a fake metadata server: a maintenance event with a grace
+    period of 3,600 s (both workers save once and train on), then instance/preempted
+    TRUE (the VM is gone 30 s later). Success: both workers save the final round at one
+    step, planned for the preemption's deadline rather than the hour, and exit 143
+    within the exit bound (TensorFlow, and this handler before, trained on until the VM
+    was gone)."""
+    from fake_metadata import FakeMetadata
+
+    with FakeMetadata() as server:
+        cluster = cluster_factory(
+            name="gce-maintenance-then-spot",
+            impl="ours",
+            steps=100_000,
+            step_sleep=STEP_SLEEP,
+            extra_args=["--grace", "3600"],
+            env={**server.env("gce"), "TF_FAILURE_HANDLING_CLOUD": ""},
+        )
+        cluster.start()
+        cluster.wait_for_progress(SIGNAL_AFTER)
+        server.gce_maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
+        cluster.wait_until(lambda: _first_round_saved(cluster), HANG, "the first round's saves")
+        noticed = time.time()
+        server.gce_preempted = "TRUE"
+        first_step, final_step = check_preemption_exit(cluster, GCE_EXIT_CODE, rounds=2)
+
+    assert first_step < final_step
+    final = [cluster.events(i, "save")[1] for i in range(NUM_WORKERS)]
+    # Each worker's deadline is its own notice time + 30 s; when its poller saw the
+    # change depends on load, so the bound here is the exit bound, not a second.
+    planned = [
+        s["plan"]["planned_deadline"] - s["plan"]["clock"] + s["t_start"] - noticed
+        for s in final
+        if s["plan"] and s["plan"].get("planned_deadline") is not None
+    ]
+    assert planned and all(
+        GCE_SPOT_LEAD - 1.0 <= p <= GCE_SPOT_LEAD + EXIT_TIMEOUT for p in planned
+    ), f"final round planned for {planned} s after the preemption (the hour: 3600)"
