@@ -25,7 +25,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from . import _native
+from ._native import (
+    RECORD_FIELDS,
+    RECORD_REQUIRED,
+    last_exit_record,
+    read_records,
+    record_field_ok,
+    valid_record,
+)
+from ._native import (
+    claim_resume as _claim_resume,
+)
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -450,13 +460,13 @@ class Records:
 #: The schema: each known field, and a check of a value for it (``FIELDS[name](value)``;
 #: ``null`` is the same as absent). A line must have :data:`REQUIRED`; any other field is
 #: kept in ``extra`` whatever its value. The rules (docs/records.md) are in the Rust core.
-FIELDS: dict = {n: functools.partial(_native.record_field_ok, n) for n in _native.RECORD_FIELDS}
-REQUIRED = _native.RECORD_REQUIRED
+FIELDS: dict = {n: functools.partial(record_field_ok, n) for n in RECORD_FIELDS}
+REQUIRED = RECORD_REQUIRED
 
 
 def valid(obj: Any) -> bool:
     """Whether ``obj`` (a parsed line) is of the schema's shape."""
-    return _native.valid_record(obj)
+    return valid_record(obj)
 
 
 class _Reader:
@@ -550,7 +560,7 @@ def load(path: Union[str, os.PathLike]) -> Records:
     """
     path = os.fspath(path)
     reader = _Reader(path)
-    preemptions, resumes, skipped = _native.read_records(_read(reader, _sources(reader, path)))
+    preemptions, resumes, skipped = read_records(_read(reader, _sources(reader, path)))
     return Records([Preemption(**p) for p in preemptions], [Resume(**r) for r in resumes], skipped)
 
 
@@ -581,7 +591,7 @@ def last_exit(folder: Optional[str], job: str, task: Any) -> Optional[Preemption
         sources = _read(reader, _task_sources(reader, folder, job, task))
     except OSError:
         return None
-    found = _native.last_exit_record(sources, job, str(task))
+    found = last_exit_record(sources, job, str(task))
     return None if found is None else Preemption(**found)
 
 
@@ -589,4 +599,4 @@ def claim_resume(folder: str, job: str, task: Any, preemption: Optional[str]) ->
     """True the first time this process asks for a ``(folder, job, task,
     preemption)``: a second handler of the same run (tf_keras makes several) must not
     write a second ``resumed`` line, even before the first one reached the store."""
-    return _native.claim_resume(folder, job, str(task), preemption)
+    return _claim_resume(folder, job, str(task), preemption)
