@@ -19,7 +19,10 @@
 //! with `step` a high percentile (p95) of this process's recent step
 //! durations, `save` the longest save measured (the first round always
 //! measures one) times a safety factor, and `agreement` the longest measured
-//! publish-to-last-acknowledgement time.
+//! publish-to-last-acknowledgement time. Before this process has saved, a
+//! restore of the same checkpoint at start stands in for the save (the same
+//! tensors, read rather than written): a first estimate, so that a notice that
+//! comes before any save is still told whether a save fits.
 //!
 //! TensorFlow instead publishes at `notice + grace − 6 × mean step`: it
 //! ignores the save time, so a save longer than a few steps ends after the
@@ -66,6 +69,7 @@ pub struct GracePlanner {
     len: usize,
     next: usize,
     longest_save: Option<f64>,
+    restore: Option<f64>,
     longest_agreement: f64,
 }
 
@@ -84,6 +88,7 @@ impl GracePlanner {
             len: 0,
             next: 0,
             longest_save: None,
+            restore: None,
             longest_agreement: 0.0,
         }
     }
@@ -104,6 +109,21 @@ impl GracePlanner {
         if secs >= 0.0 {
             self.longest_save = Some(self.longest_save.map_or(secs, |s| s.max(secs)));
         }
+    }
+
+    /// Records how long the restore of the checkpoint at start took: the save
+    /// estimate until a save is measured.
+    pub fn record_restore(&mut self, secs: f64) {
+        if secs >= 0.0 {
+            self.restore = Some(secs);
+        }
+    }
+
+    /// The save time planned for: the longest save measured, else the restore's
+    /// time, else 0.
+    #[must_use]
+    pub fn save_estimate(&self) -> f64 {
+        self.longest_save.or(self.restore).unwrap_or(0.0)
     }
 
     /// Records how long one publish waited for every acknowledgement.
@@ -144,7 +164,7 @@ impl GracePlanner {
     /// final save.
     #[must_use]
     pub fn margin(&self) -> f64 {
-        STEPS_AHEAD * self.step_estimate() + self.longest_agreement + SAVE_SAFETY * self.longest_save.unwrap_or(0.0) + SLACK
+        STEPS_AHEAD * self.step_estimate() + self.longest_agreement + SAVE_SAFETY * self.save_estimate() + SLACK
     }
 
     /// When the machine goes away: the notice's own deadline if it has one
@@ -172,7 +192,7 @@ impl GracePlanner {
         if notice.deadline.is_none() && grace_period <= 0.0 {
             return None;
         }
-        Some((Self::deadline(notice, grace_period) - now - self.longest_save.unwrap_or(0.0)).max(0.0))
+        Some((Self::deadline(notice, grace_period) - now - self.save_estimate()).max(0.0))
     }
 
     /// Seconds the first round still takes from a check `steps` steps before
@@ -182,12 +202,12 @@ impl GracePlanner {
     pub fn first_round_cost(&self, steps: u64) -> f64 {
         #[allow(clippy::cast_precision_loss)]
         let steps = steps as f64;
-        steps * self.step_estimate() + SAVE_SAFETY * self.longest_save.unwrap_or(0.0)
+        steps * self.step_estimate() + SAVE_SAFETY * self.save_estimate()
     }
 
     /// What fits before `notice`'s deadline from `now`: one save needs a step and
-    /// the save (the longest measured, times [`SAVE_SAFETY`]; nothing before the
-    /// first save is measured) and the slack; two need a final round's margin more.
+    /// the save (the [`save_estimate`](Self::save_estimate), times
+    /// [`SAVE_SAFETY`]) and the slack; two need a final round's margin more.
     /// Returns the fit, the seconds left and the seconds the fit it falls short of
     /// would need.
     #[must_use]
@@ -365,5 +385,32 @@ mod tests {
         p.record_save(1.0);
         p.record_save(0.5);
         assert_eq!(p.longest_save(), Some(1.0));
+    }
+
+    #[test]
+    fn the_restore_stands_in_for_the_save_until_one_is_measured() {
+        let mut p = GracePlanner::new();
+        for _ in 0..20 {
+            p.record_step(0.1);
+        }
+        let n = Notice {
+            at: 0.0,
+            deadline: Some(10.0),
+        };
+        // Nothing measured: one save needs a step and the slack only.
+        assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::OneSave);
+        p.record_restore(8.0);
+        assert!((p.save_estimate() - 8.0).abs() < 1e-9);
+        // 0.1 + 1.5 × 8 + 1 = 13.1 s needed, 10 s left: said at the notice.
+        let (fit, left, needed) = p.fit(n, 0.0, 0.0);
+        assert_eq!(fit, Fit::Neither);
+        assert!((left - 10.0).abs() < 1e-9 && (needed - 13.1).abs() < 1e-9);
+        assert!((p.drain_bound(n, 60.0, 0.0).unwrap() - 2.0).abs() < 1e-9);
+        // A measured save replaces it, shorter or longer.
+        p.record_save(2.0);
+        assert!((p.save_estimate() - 2.0).abs() < 1e-9);
+        assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::OneSave);
+        p.record_restore(-1.0);
+        assert!((p.save_estimate() - 2.0).abs() < 1e-9);
     }
 }

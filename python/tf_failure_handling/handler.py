@@ -300,6 +300,11 @@ class PreemptionCheckpointHandler(HandlerCore):
         core.configure(
             member.worker_id, member.num_workers, float(state.grace_period), member.ps_coordinator
         )
+        restore = self._checkpoints.restore_seconds
+        if restore is not None:
+            # Until this process has saved, the restore is its estimate of a save.
+            core.restored(restore)
+            log.info("Checkpoint restored in %.3fs: the save estimate until one is timed.", restore)
 
         # The parts, each given what it uses (docs/how-it-works.md, "Who does what").
         sources = _sources.NoticeSources(

@@ -804,6 +804,12 @@ impl ProtocolCore {
     }
 
     /// True once this worker won the claim (or leads in local mode).
+    /// The checkpoint read at start took `duration` seconds: the save estimate
+    /// until a save is measured (`GracePlanner::record_restore`).
+    fn restored(&self, duration: f64) {
+        self.shared.state.lock().planner.record_restore(duration);
+    }
+
     /// Seconds before the deadline the final round starts (save, steps and
     /// acknowledgements as measured): for the log of a countdown.
     #[getter]

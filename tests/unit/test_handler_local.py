@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -637,6 +638,36 @@ def test_a_deadline_with_no_room_for_two_saves_saves_once(make_handler, tmp_path
         (6, "LAST_RUN_TO_CHECKPOINT"),
     ]
     assert ckpt.saved_runs == [6]
+    said = [r.getMessage() for r in caplog.records if "a save needs about" in r.getMessage()]
+    assert said and "may not end before the machine goes away" in said[0], said
+    (preemption,) = records.load(tmp_path / "ckpt").preemptions
+    assert preemption.extra.get("fits") == "neither", preemption
+
+
+def test_before_any_save_the_restore_is_the_save_estimate(
+    make_handler, tmp_path, caplog, monkeypatch
+):
+    """A notice before this process has saved: the restore of the checkpoint at start
+    stands in for the save time (issue 36, part 3). The restore "takes" 2 s here (the
+    module's clock for it, patched for the construction only); a deadline 2.5 s away leaves
+    room for a step and the slack, not for a save that long: said at the notice."""
+    from tf_failure_handling._protocol import checkpoints
+
+    w = testing.FakeVariable(0)
+    first = testing.FakeCheckpoint(w=w)
+    first.make_manager(os.fspath(tmp_path / "ckpt")).save()
+    caplog.set_level(logging.INFO, logger="tf_failure_handling")
+    ticks = iter([100.0, 102.0])
+    monkeypatch.setattr(checkpoints, "_clock", lambda: next(ticks))
+    h = make_handler(testing.FakeCheckpoint(w=w), tmp_path / "ckpt")
+    monkeypatch.undo()
+    assert h._checkpoints.restore_seconds == 2.0
+    assert any("restored in 2.000s" in r.getMessage() for r in caplog.records)
+    h._notify_termination(deadline=time.monotonic() + 2.5)
+    wait_for_attention(h)
+    with pytest.raises(SystemExit):
+        for _ in range(100):
+            h.run(lambda: w.assign_add(1))
     said = [r.getMessage() for r in caplog.records if "a save needs about" in r.getMessage()]
     assert said and "may not end before the machine goes away" in said[0], said
     (preemption,) = records.load(tmp_path / "ckpt").preemptions

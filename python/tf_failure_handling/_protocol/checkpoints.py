@@ -26,6 +26,7 @@ import itertools
 import logging
 import os
 import shutil
+import time
 from typing import Any, Optional
 
 from .. import _errors
@@ -42,6 +43,8 @@ MEMORY, STORAGE = "memory", "storage"
 #: The in-memory folders of this process's handlers, one each.
 _MEMORY_ROOT = "ram://tf_failure_handling"
 _memory_ids = itertools.count()
+#: The clock a restore is timed on.
+_clock = time.monotonic
 
 
 def _tf_classes():
@@ -174,6 +177,8 @@ class Checkpoints:
         where = non_chief_saves()  # a bad value is an error on every worker, at once
         #: Seconds the last save took (TF's ``_checkpoint_time``).
         self.last_save_seconds: Optional[float] = None
+        #: Seconds the restore of a checkpoint at start took (None: nothing restored).
+        self.restore_seconds: Optional[float] = None
         if checkpoint_dir is not None:
             if not isinstance(checkpoint_dir, (str, os.PathLike)):
                 raise TypeError(
@@ -252,8 +257,9 @@ class Checkpoints:
         path in the message; nothing in the directory is changed or deleted.
         """
         errors = _errors.module()
+        start = _clock()
         try:
-            self.read.restore_or_initialize()
+            restored = self.read.restore_or_initialize()
         except errors.OpError as e:
             path = getattr(self.read, "latest_checkpoint", None) or self.read.directory
             cls = errors.DataLossError if type(e) is errors.OpError else type(e)
@@ -266,6 +272,8 @@ class Checkpoints:
             except TypeError:  # an OpError subclass with another constructor: keep it
                 raise e from None
             raise clearer from e
+        if restored:
+            self.restore_seconds = _clock() - start
         return int(self.counter.numpy())
 
     def save(self, run_count: int, args: tuple, kwargs: dict, clock: Any) -> None:
