@@ -357,6 +357,8 @@ class Result:
     link_bytes: int
     save_s: float
     exit_s: float
+    #: Per worker: its saves' (start, end) and its exit, seconds after the SIGTERM.
+    timeline: list
 
 
 def one_run(impl, n, limit, args, net, store, root, run_id) -> Result:
@@ -390,10 +392,26 @@ def one_run(impl, n, limit, args, net, store, root, run_id) -> Result:
             raise RuntimeError(
                 f"{run_id}: {len(saves)} save and {len(exits)} exit events\n{details}"
             )
-        return Result(store.bodies(sent), rx, max(saves) - sent, max(exits) - sent)
+        timeline = [
+            (
+                [(e["t_start"] - sent, e["t_end"] - sent) for e in cluster.events(i, "save")],
+                cluster.events(i, "exit")[0]["t"] - sent,
+            )
+            for i in range(n)
+        ]
+        return Result(store.bodies(sent), rx, max(saves) - sent, max(exits) - sent, timeline)
     finally:
         cluster.kill()
         store.wipe()
+
+
+def describe_timeline(timeline: list) -> str:
+    """``w0 save 1.20-6.50 exit 6.60; w1 ...`` (seconds after the SIGTERM)."""
+    parts = []
+    for i, (saves, exit_s) in enumerate(timeline):
+        spans = ", ".join(f"{a:.2f}-{b:.2f}" for a, b in saves) or "none"
+        parts.append(f"w{i} save {spans} exit {exit_s:.2f}")
+    return "; ".join(parts)
 
 
 def exit_bound(n: int, args) -> float:
@@ -474,6 +492,7 @@ def main() -> int:
                                 f" exit {r.exit_s:.2f} s",
                                 flush=True,
                             )
+                            print(f"    {describe_timeline(r.timeline)}", flush=True)
     print_tables(results, counts, limits, args)
     return 0
 
