@@ -38,6 +38,10 @@ per run as a cross-check. Time: from the SIGTERM to the last ``save`` event (the
 of the last ``CheckpointManager.save``) and to the last worker's ``exit`` event (after
 the non-chiefs deleted their copies), both ``time.time()`` on this machine.
 
+Both handlers' workers get the bench's environment: for ours,
+``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=storage`` asks for TensorFlow's layout (a copy per
+non-chief on the checkpoint's storage) where the package has that switch.
+
 Needs root, ``ip``, ``tc``, ``openssl`` and gcp-storage-emulator, as the emulator does.
 Prints medians, the ratios ours/TF (below 1: ours writes less, or is faster) and the
 command line.
