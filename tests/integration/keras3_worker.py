@@ -145,9 +145,10 @@ def instrument_saves() -> None:
         runs = getattr(self.checkpoint, "checkpointed_runs", None)
         position = getattr(self.checkpoint, "fit_position", None)
         path = original(self, *args, **kwargs)
+        directory = self.directory  # a ram:// folder (the non-chief's, issue 36) as it is
         emit(
             "save",
-            directory=os.path.abspath(self.directory),
+            directory=directory if "://" in directory else os.path.abspath(directory),
             path=path,
             runs=None if runs is None else int(runs.numpy()),
             position=None if position is None else json.loads(position.serialize()),
