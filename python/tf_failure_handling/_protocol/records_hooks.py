@@ -27,6 +27,16 @@ class StageRecords:
         self.label = label
         #: (job, task) -> the record id of a PS or worker task's preemption.
         self._remote: dict = {}
+        #: Whether the open preemption has its ``notice`` line. The training thread can
+        #: reach the agreement or the save before the notice thread has written that
+        #: line (the core answers first): they open the preemption, the line follows.
+        self._noticed = False
+
+    def _open(self) -> None:
+        """Opens a preemption unless one is open."""
+        if self.recorder.current is None:
+            self.recorder.new_preemption()
+            self._noticed = False
 
     def resumed(self, step: int) -> None:
         """A ``resumed`` line when this task exited after a preemption and has not
@@ -65,10 +75,10 @@ class StageRecords:
         the core said still fits, ``both``, ``one_save`` or ``neither``). It opens a
         preemption unless one is open already, and then writes nothing unless it ends
         earlier than the one planned for (``replan``: a line with ``replan`` set)."""
-        if self.recorder.current is not None and not replan:
+        if self.recorder.current is not None and self._noticed and not replan:
             return
-        if self.recorder.current is None:
-            self.recorder.new_preemption()
+        self._open()
+        self._noticed = True
         self.recorder.write(
             "notice",
             source=source,
@@ -80,13 +90,15 @@ class StageRecords:
 
     def agreement(self, round_key: str, step: int) -> None:
         """This worker leads the round: it publishes ``step``."""
+        self._open()
         self.recorder.write("agreement", step=step, proposer=self.label, round=round_key)
 
     def peer_agreement(self, round_key: str, value: str) -> None:
         """A leader's step key was read (this worker does not lead); with no preemption
         open, a ``notice`` from the peer opens one."""
         if self.recorder.current is None:
-            self.recorder.new_preemption()
+            self._open()
+            self._noticed = True
             self.recorder.write("notice", source="peer", grace_period=self._state.grace_period)
         try:
             step = int(value)
@@ -97,8 +109,7 @@ class StageRecords:
     def save_start(self, round_key: str, step: int, **fields: Any) -> None:
         """The save at the agreed step starts (``fields``: a PS coordinator's account
         of the closures it left unfinished)."""
-        if self.recorder.current is None:
-            self.recorder.new_preemption()
+        self._open()
         self.recorder.write("save_start", step=step, round=round_key, **fields)
 
     def save_failed(self, error: BaseException) -> None:
