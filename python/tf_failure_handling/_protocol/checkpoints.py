@@ -71,10 +71,7 @@ def _is_tf_checkpoint(obj: Any) -> bool:
 
 
 def _is_checkpoint(obj: Any) -> bool:
-    checkpoint_cls, _ = _tf_classes()
-    if checkpoint_cls is not None and isinstance(obj, checkpoint_cls):
-        return True
-    return callable(getattr(obj, "make_manager", None))
+    return _is_tf_checkpoint(obj) or callable(getattr(obj, "make_manager", None))
 
 
 def _make_manager(checkpoint: Any, directory: str) -> Any:
