@@ -14,6 +14,7 @@
 //! | [`records`] | the preemption records read: the schema of a line, the fold of lines into preemptions and restarts, the last exit a restart resumes from |
 //! | [`retry`] | the one retry rule of the protocol's coordination-service calls: pauses, bound, when to give up |
 //! | [`writes`] | the driver's writes (acknowledge, claim, announce): which to attempt now, when to wake, what a failure or `close()` leaves (`poll_action` / `poll_timeout`) |
+//! | [`shares`] | which worker writes which tensor when the workers write one checkpoint together |
 //! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
 //! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
 //! | [`sources`] | the termination sources: signals ([`sources::signals`]: one wake-up per delivery, from any thread) and the metadata services of GCE, AWS and Azure (sans-IO pollers, the threads that run them, their bounded HTTP client [`sources::http`]) |
@@ -31,6 +32,7 @@ pub mod notice;
 pub mod ps_control;
 pub mod records;
 pub mod retry;
+pub mod shares;
 pub mod sources;
 pub mod step_resolution;
 pub mod writes;

@@ -258,16 +258,6 @@ class PreemptionCheckpointHandler(HandlerCore):
         # Each scheduler's options (SLURM's requeue), for its step after the save.
         platform_options = _platform.attach(state.environment, config)
 
-        self._checkpoints = Checkpoints(
-            checkpoint_or_checkpoint_manager,
-            checkpoint_dir,
-            member.is_chief,
-            member.task_id,
-            config.save_fn,
-        )
-        self._api_made_checkpoint_manager = self._checkpoints.api_made
-        self._checkpointed_runs = self._checkpoints.counter
-
         state.coordination = (
             None
             if member.local
@@ -275,6 +265,19 @@ class PreemptionCheckpointHandler(HandlerCore):
                 _coordination.current(), max(1.0, min(state.peer_timeout, 60.0))
             )
         )
+
+        self._checkpoints = Checkpoints(
+            checkpoint_or_checkpoint_manager,
+            checkpoint_dir,
+            member.is_chief,
+            member.task_id,
+            config.save_fn,
+            member.worker_id,
+            member.num_workers if member.task_type in ("chief", "worker") else 1,
+            state.coordination,
+        )
+        self._api_made_checkpoint_manager = self._checkpoints.api_made
+        self._checkpointed_runs = self._checkpoints.counter
 
         self._run_counter = self._checkpoints.restore()
         self._records = records.Recorder(

@@ -10,6 +10,7 @@
 //! | [`InstallError`] (a signal that cannot be watched) | `ValueError` | an argument |
 //! | [`Busy`] (a notice's write queued while another is pending) | `RuntimeError` | a misuse of the driver's writes by the caller |
 //! | [`Refused`] (a call to a task held up by its earlier, unreturned one) | [`CallTimeout`] (an `Exception`, defined here) | the parameter-server control's own: the task counts as unanswered |
+//! | [`SharesError`] (no worker, or sizes and flags of different lengths) | `ValueError` | an argument |
 //! | [`UrlError`], [`WatchError`] (a bad cloud, URL or duration) | `ValueError`; a thread that cannot start: `RuntimeError` | an argument; the system |
 //! | [`bad_value`], [`bad_type`], [`misuse`], [`bad_timeout`] | `ValueError`, `TypeError`, `RuntimeError` | an argument or a call out of order |
 //!
@@ -22,6 +23,7 @@ use pyo3::PyErr;
 use crate::closure_queue::CompletionError;
 use crate::failure::TransientError;
 use crate::ps_control::Refused;
+use crate::shares::SharesError;
 use crate::sources::http::UrlError;
 use crate::sources::signals::InstallError;
 use crate::sources::WatchError;
@@ -39,6 +41,12 @@ pyo3::create_exception!(
 impl From<Refused> for PyErr {
     fn from(e: Refused) -> Self {
         CallTimeout::new_err(e.to_string())
+    }
+}
+
+impl From<SharesError> for PyErr {
+    fn from(e: SharesError) -> Self {
+        PyValueError::new_err(e.to_string())
     }
 }
 

@@ -16,6 +16,7 @@
 //! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `worker_drain_bound` |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
+//! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together (`crate::shares`) |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and
@@ -35,6 +36,7 @@ mod layout;
 mod ps_control;
 mod records;
 mod retry;
+mod shares;
 mod signals;
 mod sources;
 mod store;
@@ -75,6 +77,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layout::register(m)?;
     records::register(m)?;
     retry::register(m)?;
+    shares::register(m)?;
     ps_control::register(m)?;
     sources::register(m)?;
     Ok(())

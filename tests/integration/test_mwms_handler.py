@@ -6,6 +6,7 @@ Workers run ``mwms_worker.py`` on 127.0.0.1; see ``conftest.py`` for the harness
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -337,3 +338,33 @@ def test_non_chief_saves_to_storage_on_request_as_tf(cluster_factory, reference_
     notify_after_progress(cluster, (1,))
     (saved_step,) = check_preemption_exit(cluster, DEFAULT_EXIT_CODE)
     restart_and_check(cluster_factory, "ours", cluster.ckpt_dir, saved_step, reference_weights)
+
+
+@pytest.mark.timeout(HANG_BOUND)
+def test_the_workers_write_one_checkpoint_together_on_request(cluster_factory, reference_weights):
+    """TF_FAILURE_HANDLING_NON_CHIEF_SAVES=shares: each worker writes a share of the one
+    checkpoint (TensorFlow's sharded layout, merged by the chief): two data files, one
+    index, no temporary folder left, no copy in workertemp_1; TensorFlow's own handler
+    resumes from it at the saved step and ends with the uninterrupted run's weights."""
+    require_impl("ours")
+    cluster = cluster_factory(
+        name="shares",
+        impl="ours",
+        steps=STEPS,
+        step_sleep=STEP_SLEEP,
+        env={NON_CHIEF_SAVES_ENV: "shares"},
+    )
+    cluster.start()
+    notify_after_progress(cluster, (1,))
+    (saved_step,) = check_preemption_exit(cluster, DEFAULT_EXIT_CODE)
+    chief_dir = cluster.ckpt_dir
+    (index,) = chief_dir.glob("ckpt-*.index")
+    prefix = str(index)[: -len(".index")]
+    data = sorted(p.name for p in chief_dir.glob("ckpt-*.data-*"))
+    name = os.path.basename(prefix)
+    assert data == [f"{name}.data-00000-of-00002", f"{name}.data-00001-of-00002"], data
+    assert all((chief_dir / d).stat().st_size > 0 for d in data), "a worker wrote no share"
+    assert not list(chief_dir.glob("*_temp")), list(chief_dir.iterdir())
+    restart_and_check(
+        cluster_factory, "tf", chief_dir, saved_step, reference_weights, name="restart-tf"
+    )

@@ -11,7 +11,9 @@ One difference: a non-chief's copy goes to TensorFlow's in-memory file system
 (``ram://``) by default, not beside the checkpoint. It still saves (the save's
 collective reads need every worker), but the checkpoint's storage gets one copy of the
 model per save, not one per worker. :data:`NON_CHIEF_SAVES_ENV` ``=storage`` gives
-back TensorFlow's layout. A manager the user passes is used as it is.
+back TensorFlow's layout; ``=shares`` has every worker write a share of the one
+checkpoint (TensorFlow's sharded layout, ``_integrations/tf_shares.py``), merged by the
+chief. A manager the user passes is used as it is.
 
 Objects that are not TensorFlow's are accepted when they follow the small
 protocol the fakes of :mod:`tf_failure_handling.testing` implement: a checkpoint
@@ -30,20 +32,28 @@ import time
 from typing import Any, Optional
 
 from .. import _errors
+from .._integrations import tf_shares
 from .._platforms import common
 
 log = logging.getLogger("tf_failure_handling")
 
 COUNTER_NAME = "checkpointed_runs"
 #: Where a non-chief's copy goes when the handler makes its managers: ``memory``
-#: (TensorFlow's ``ram://`` file system; the default) or ``storage`` (TensorFlow's
-#: ``workertemp_<task_id>`` beside the checkpoint).
+#: (TensorFlow's ``ram://`` file system; the default), ``storage`` (TensorFlow's
+#: ``workertemp_<task_id>`` beside the checkpoint) or ``shares`` (no copy: each worker
+#: writes a share of the checkpoint itself).
 NON_CHIEF_SAVES_ENV = "TF_FAILURE_HANDLING_NON_CHIEF_SAVES"
-MEMORY, STORAGE = "memory", "storage"
+MEMORY, STORAGE, SHARES = "memory", "storage", "shares"
+#: The coordination-service keys by which a non-chief tells the chief its share is written.
+SHARE_KEY = "tf_failure_handling/share"
+#: The chief's shortest wait for the other workers' shares (seconds); it waits four times
+#: as long as its own share took when that is longer.
+SHARES_MIN_WAIT = 60.0
+
 #: The in-memory folders of this process's handlers, one each.
 _MEMORY_ROOT = "ram://tf_failure_handling"
 _memory_ids = itertools.count()
-#: The clock a restore is timed on.
+#: The clock a restore is timed on, and a chief's wait for the shares.
 _clock = time.monotonic
 
 
@@ -130,7 +140,7 @@ def writable_dir(path: str) -> None:
 
 
 def non_chief_saves() -> str:
-    """:data:`MEMORY` or :data:`STORAGE`, from :data:`NON_CHIEF_SAVES_ENV`.
+    """:data:`MEMORY`, :data:`STORAGE` or :data:`SHARES`, from :data:`NON_CHIEF_SAVES_ENV`.
 
     Raises:
       ValueError: any other value, naming the variable.
@@ -138,8 +148,8 @@ def non_chief_saves() -> str:
     raw = common.env(NON_CHIEF_SAVES_ENV)
     if raw is None:
         return MEMORY
-    if raw.lower() not in (MEMORY, STORAGE):
-        expected = "memory or storage (or unset: memory)"
+    if raw.lower() not in (MEMORY, STORAGE, SHARES):
+        expected = "memory, storage or shares (or unset: memory)"
         raise common.bad(NON_CHIEF_SAVES_ENV, os.environ[NON_CHIEF_SAVES_ENV], expected)
     return raw.lower()
 
@@ -169,9 +179,19 @@ class Checkpoints:
         is_chief: bool,
         task_id: Optional[int],
         save_fn: Any = None,
+        worker: Optional[int] = None,
+        workers: int = 1,
+        coordination: Any = None,
     ) -> None:
+        """``worker`` of ``workers`` (the MWMS workers, chief included) and the
+        coordination ``Client`` are what the workers need to write shares."""
         self.save_fn = save_fn
         where = non_chief_saves()  # a bad value is an error on every worker, at once
+        #: Workers that write each save together (1: each worker saves alone).
+        self.shared_by = 1
+        self._worker, self._coordination = worker, coordination
+        self._saves = itertools.count(1)
+        self._fell_back = False
         #: Seconds the last save took (TF's ``_checkpoint_time``).
         self.last_save_seconds: Optional[float] = None
         #: Seconds the restore of a checkpoint at start took (None: nothing restored).
@@ -199,7 +219,7 @@ class Checkpoints:
                 self.write = self.read
             else:
                 # A fake checkpoint (tf_failure_handling.testing) writes with os: storage.
-                in_memory = where == MEMORY and _is_tf_checkpoint(checkpoint_or_manager)
+                in_memory = where != STORAGE and _is_tf_checkpoint(checkpoint_or_manager)
                 make_dir = memory_dir if in_memory else non_chief_dir
                 self.write = _make_manager(
                     checkpoint_or_manager, make_dir(checkpoint_dir, task_id or 0)
@@ -209,6 +229,18 @@ class Checkpoints:
                 "checkpoint_or_checkpoint_manager must be a tf.train.Checkpoint or a "
                 f"tf.train.CheckpointManager, got {type(checkpoint_or_manager).__name__}"
             )
+        if (
+            where == SHARES
+            and self.api_made
+            and save_fn is None
+            and _is_tf_checkpoint(checkpoint_or_manager)
+            and worker is not None
+            and workers > 1
+            and coordination is not None
+        ):
+            self.shared_by = workers
+            # A non-chief writes its share into the chief's folder.
+            writable_dir(self.read.directory)
         self.counter = self._attach_counter()
         # Find out now, not at the preemption, that the saves cannot be written.
         writable_dir(self.write.directory)
@@ -278,7 +310,7 @@ class Checkpoints:
         write manager; the time it took (on ``clock``) is ``last_save_seconds``."""
         start = clock()
         self.counter.assign(run_count)
-        with _preemption_save_context():
+        with _preemption_save_context(), self._sharing():
             if self.save_fn is not None:
                 self.save_fn(*args, **kwargs)
             else:
@@ -289,6 +321,63 @@ class Checkpoints:
             self.write.directory,
             self.last_save_seconds,
         )
+
+    def _sharing(self) -> Any:
+        """This save's :class:`tf_shares.Plan` in effect, when the workers write together."""
+        if self.shared_by == 1:
+            return contextlib.nullcontext()
+        directory = self.read.directory
+        keys = f"{SHARE_KEY}/{directory}/{next(self._saves)}"
+        client = self._coordination
+
+        def done(name: str, value: str) -> None:
+            client.set(f"{keys}/{name}/{self._worker}", value)
+
+        def wait(name: str, worker: int, digest: str, seconds: float) -> None:
+            value = client.get(f"{keys}/{name}/{worker}", seconds)
+            if value is None:
+                raise _errors.make(
+                    "DeadlineExceededError",
+                    f"Worker {worker} did not write its share of checkpoint {name} in "
+                    f"{directory} within {seconds:.0f}s (a worker with another checkpoint_dir "
+                    f"writes it elsewhere): the checkpoint is not used; the parts written "
+                    f"stay in {name}_temp.",
+                )
+            if value.startswith("error "):
+                raise _errors.make(
+                    "AbortedError",
+                    f"Worker {worker} could not write its share of checkpoint {name} in "
+                    f"{directory}: {value[len('error ') :]} -- the checkpoint is not used.",
+                )
+            if value != f"ok {digest}":
+                raise _errors.make(
+                    "FailedPreconditionError",
+                    f"Worker {worker} saves other tensors than the chief (tensor list "
+                    f"{value[len('ok ') :]}, the chief's {digest}): the workers cannot write "
+                    "one checkpoint together. Every worker must build the same model, or "
+                    f"set {NON_CHIEF_SAVES_ENV}=memory.",
+                )
+
+        plan = tf_shares.Plan(
+            directory,
+            self._worker,
+            self.shared_by,
+            done,
+            wait,
+            self._fallback,
+            _clock,
+            min_wait=SHARES_MIN_WAIT,
+        )
+        return tf_shares.writing_shares(plan)
+
+    def _fallback(self, why: str) -> None:
+        if not self._fell_back:
+            self._fell_back = True
+            log.warning(
+                "The workers cannot write this checkpoint together (%s): each saves it "
+                "whole, the non-chiefs to memory.",
+                why,
+            )
 
     def remove_worker_temp(self, is_chief: bool) -> None:
         """Deletes ``workertemp_<task_id>`` of a non-chief whose manager the handler made

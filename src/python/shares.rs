@@ -1,0 +1,20 @@
+//! Binding of the checkpoint's shares ([`crate::shares`]): which worker writes which
+//! tensor when the workers write one checkpoint together.
+
+use pyo3::prelude::*;
+
+use crate::shares;
+
+/// `(owner, parts)` for tensors of `sizes` bytes over `workers` workers: `owner[t]` is
+/// the worker that writes tensor `t`, `parts` the workers that write a part, in part
+/// order. A `pinned` tensor goes to worker 0.
+#[pyfunction]
+fn assign_shares(sizes: Vec<u64>, pinned: Vec<bool>, workers: usize) -> PyResult<(Vec<usize>, Vec<usize>)> {
+    let plan = shares::assign(&sizes, &pinned, workers)?;
+    Ok((plan.owner, plan.parts))
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(assign_shares, m)?)?;
+    Ok(())
+}
