@@ -183,10 +183,19 @@ def restart_and_check(cluster: KerasCluster, saved: dict, reference: list) -> fl
 # Backstop above its own bounds in sequence: the module's reference run, the wait for
 # the pause, the exit, the restart (+ 60 s for the kills).
 @pytest.mark.timeout(4 * BOUND + 60)
-@pytest.mark.parametrize("target", [0, 1], ids=["chief", "non_chief"])
-def test_mwms_sigterm_saves_at_one_batch_and_fit_resumes_there(target, tmp_path, mwms_reference):
+@pytest.mark.parametrize(
+    "target,saves",
+    [(0, "memory"), (1, "memory"), (1, "shares")],
+    ids=["chief", "non_chief", "non_chief_shares"],
+)
+def test_mwms_sigterm_saves_at_one_batch_and_fit_resumes_there(
+    target, saves, tmp_path, mwms_reference
+):
+    """``saves``: TF_FAILURE_HANDLING_NON_CHIEF_SAVES; with ``shares`` the two workers
+    write the one checkpoint together (two data files) and the restart reads it."""
     require_impl("ours")
     ckpt_dir = tmp_path / "train" / "ckpt"
+    env = {"TF_FAILURE_HANDLING_NON_CHIEF_SAVES": saves}
     preempted = KerasCluster(
         tmp_path,
         mode="mwms",
@@ -194,12 +203,17 @@ def test_mwms_sigterm_saves_at_one_batch_and_fit_resumes_there(target, tmp_path,
         num_workers=2,
         worker_args={target: ["--pause-at", PAUSE_AT]},
         name="preempted",
+        env=env,
     )
     restarted = KerasCluster(
-        tmp_path, mode="mwms", ckpt_dir=ckpt_dir, num_workers=2, name="restarted"
+        tmp_path, mode="mwms", ckpt_dir=ckpt_dir, num_workers=2, name="restarted", env=env
     )
     try:
         saved = preempt(preempted, target)
+        parts = sorted(p.name.split(".data-")[1] for p in ckpt_dir.glob("ckpt-*.data-*"))
+        assert parts == (
+            ["00000-of-00002", "00001-of-00002"] if saves == "shares" else ["00000-of-00001"]
+        ), parts
         difference = restart_and_check(restarted, saved, mwms_reference)
     finally:
         preempted.kill()
