@@ -7,8 +7,12 @@ checkpoint folder, each non-chief (TensorFlow's design) a full copy to
 This bench runs N MWMS worker processes (the integration tests' ``mwms_worker.py``,
 plus ``--model-mb`` of float32 variables created under ``strategy.scope()`` and saved
 with the model), the checkpoint on ``gs://``, sends SIGTERM to worker 1 once every
-worker has trained 10 steps, and waits for every worker to save and exit 42. Alternately
-with TF's handler and ours, ``--repeats`` times for each worker count and each limit.
+worker has trained 10 steps, and waits for every worker to save and exit 42. In turn
+with TF's handler, ours in its default mode (``memory``: a non-chief's copy in
+TensorFlow's ``ram://``) and ours with ``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=shares``
+(every worker writes a share of the one checkpoint, one part of TensorFlow's sharded
+layout in the chief's folder, and the chief merges them), ``--repeats`` times for each
+worker count and each limit.
 
 The storage is the GCS emulator of ``tests/integration/gcs_emulator.py`` (TensorFlow's
 own ``gs://`` file system, HTTPS to ``www.googleapis.com``), here one thread per
@@ -31,20 +35,26 @@ namespaces it owns (removed on exit, also on failure; nothing else is touched):
 Bytes are measured on the storage side: the emulator reads every request body itself
 (de-chunked) and logs its size with the time (``make_server``'s ``on_body``); a run's
 figure is the sum of the bodies received after the SIGTERM, i.e. every upload of that
-save (the chief's checkpoint, each non-chief's copy, the small index and
-``checkpoint`` files). The bytes the storage namespace's veth received in the same
-window (``ip -s link``: headers, TLS and TCP acknowledgments included) are printed
-per run as a cross-check. Time: from the SIGTERM to the last ``save`` event (the end
-of the last ``CheckpointManager.save``) and to the last worker's ``exit`` event (after
-the non-chiefs deleted their copies), both ``time.time()`` on this machine.
+save (the chief's checkpoint, each non-chief's copy or share, the small index and
+``checkpoint`` files; a merge's renames are copies in the server: no body). The bytes
+the storage namespace's veth received in the same window (``ip -s link``: headers, TLS
+and TCP acknowledgments included) are printed per run as a cross-check. Time: from the
+SIGTERM to the last ``save`` event (the end of the last ``CheckpointManager.save``) and
+to the last worker's ``exit`` event (after the non-chiefs deleted their copies), both
+``time.time()`` on this machine.
 
-Both handlers' workers get the bench's environment: for ours,
-``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=storage`` asks for TensorFlow's layout (a copy per
-non-chief on the checkpoint's storage) where the package has that switch.
+After each run the bench lists the bucket and checks that the checkpoint is whole: in
+the chief's folder, the ``checkpoint`` file, the last checkpoint's ``.index`` and its
+data files ``.data-0000i-of-0000k`` for every i < k (k = 1, or N with ``shares``),
+together at least the model's bytes; no ``workertemp_*`` copy and no ``*_temp`` part
+left in the bucket.
+
+The workers get the bench's environment, with ``TF_FAILURE_HANDLING_NON_CHIEF_SAVES``
+set for ours: ``memory`` (the default), or ``shares``.
 
 Needs root, ``ip``, ``tc``, ``openssl`` and gcp-storage-emulator, as the emulator does.
-Prints medians, the ratios ours/TF (below 1: ours writes less, or is faster) and the
-command line.
+Prints medians, the ratios ours/TF and shares/TF (below 1: ours writes less, or is
+faster) and the command line.
 
     python benches/bench_save_copies.py [--workers 2,4] [--model-mb 256]
         [--rate-mbps 200] [--repeats 1] [--limits per-writer,shared] [--quick]
@@ -56,6 +66,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -90,7 +101,10 @@ STARTUP_BOUND = 420.0
 #: Bound on one `ip`/`tc` call and on the emulator's start.
 COMMAND_BOUND = 30.0
 LIMITS = ("per-writer", "shared")
-IMPLS = ("tf", "ours")
+#: The variants, each run in turn: the handler (``mwms_worker.py --impl``) and, for ours,
+#: ``TF_FAILURE_HANDLING_NON_CHIEF_SAVES``.
+NON_CHIEF_SAVES_ENV = "TF_FAILURE_HANDLING_NON_CHIEF_SAVES"
+VARIANTS = {"tf": ("tf", None), "ours": ("ours", "memory"), "shares": ("ours", "shares")}
 QUICK = {"workers": "2", "model_mb": 16, "rate_mbps": 100.0, "repeats": 1}
 DEFAULTS = {"workers": "2,4", "model_mb": 256, "rate_mbps": 200.0, "repeats": 1}
 
@@ -221,6 +235,20 @@ class Storage:
                         total += record["bytes"]
         return total
 
+    def list(self, net: Network, prefix: str) -> dict:
+        """``{name: size}`` of the bucket's objects under ``prefix`` (the JSON API, from
+        the storage namespace)."""
+        env = {**os.environ, **self.env}
+        cmd = ["ip", "netns", "exec", net.storage, sys.executable, __file__, "_list", BUCKET,
+               prefix]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"listing gs://{BUCKET}/{prefix} ran over 120 s") from e
+        if proc.returncode != 0:
+            raise RuntimeError(f"listing gs://{BUCKET}/{prefix}: {proc.stderr.strip()[-2000:]}")
+        return json.loads(proc.stdout)
+
     def wipe(self) -> None:
         """Empties the bucket (the emulator keeps objects in memory)."""
         if self.proc.poll() is None:
@@ -278,6 +306,29 @@ def serve(bucket: str, cert: str, key: str, log_path: str) -> None:
     signal.signal(signal.SIGUSR1, lambda *_: httpd.storage.wipe(keep_buckets=True))
     print(READY_LINE, flush=True)
     httpd.serve_forever()
+
+
+def list_objects(bucket: str, prefix: str) -> None:
+    """Inside the storage namespace: prints ``{name: size}`` of the objects under
+    ``prefix``, asked over HTTPS as TensorFlow would."""
+    import ssl
+    import urllib.parse
+    import urllib.request
+
+    from integration.gcs_emulator import HOSTS
+
+    context = ssl.create_default_context(cafile=os.environ["CURL_CA_BUNDLE"])
+    objects, token = {}, None
+    while True:
+        query = {"prefix": prefix} | ({"pageToken": token} if token else {})
+        url = f"https://{HOSTS[0]}/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"
+        with urllib.request.urlopen(url, context=context, timeout=60) as r:
+            page = json.load(r)
+        objects.update({o["name"]: int(o.get("size", 0)) for o in page.get("items") or []})
+        token = page.get("nextPageToken")
+        if not token:
+            break
+    print(json.dumps(objects))
 
 
 # --- the workers --------------------------------------------------------------------
@@ -363,10 +414,13 @@ class Result:
     exit_s: float
     #: Per worker: its saves' (start, end) and its exit, seconds after the SIGTERM.
     timeline: list
+    #: The sizes of the checkpoint's data files (one per worker with ``shares``).
+    parts: list
 
 
-def one_run(impl, n, limit, args, net, store, root, run_id) -> Result:
+def one_run(variant, n, limit, args, net, store, root, run_id) -> Result:
     workdir = root / run_id
+    impl, saves = VARIANTS[variant]
     cluster = cluster_class()(
         workdir,
         impl=impl,
@@ -374,7 +428,7 @@ def one_run(impl, n, limit, args, net, store, root, run_id) -> Result:
         num_workers=n,
         steps=STEPS,
         step_sleep=STEP_SLEEP,
-        env=store.env,
+        env={**store.env, **({NON_CHIEF_SAVES_ENV: saves} if saves else {})},
         name=run_id,
     )
     cluster.net = net
@@ -403,10 +457,48 @@ def one_run(impl, n, limit, args, net, store, root, run_id) -> Result:
             )
             for i in range(n)
         ]
-        return Result(store.bodies(sent), rx, max(saves) - sent, max(exits) - sent, timeline)
+        nbytes = store.bodies(sent)
+        parts = check_checkpoint(
+            store.list(net, f"{run_id}/"), f"{run_id}/train/ckpt/", n if variant == "shares" else 1,
+            model_bytes(args), f"{run_id}\n{details}",
+        )  # fmt: skip
+        return Result(nbytes, rx, max(saves) - sent, max(exits) - sent, timeline, parts)
     finally:
         cluster.kill()
         store.wipe()
+
+
+def check_checkpoint(objects: dict, folder: str, parts: int, size: int, what: str) -> list:
+    """The sizes of the last checkpoint's data files in ``objects`` (name -> bytes);
+    raises unless it is whole in ``folder``, in ``parts`` data files of ``size`` bytes
+    together, and no copy or part is left."""
+    indexes = sorted(
+        (int(m.group(1)), name)
+        for name in objects
+        if (m := re.fullmatch(re.escape(folder) + r"ckpt-(\d+)\.index", name))
+    )
+    problems = []
+    if folder + "checkpoint" not in objects:
+        problems.append("no `checkpoint` file")
+    if not indexes:
+        problems.append("no ckpt-N.index")
+    else:
+        prefix = indexes[-1][1][: -len(".index")]
+        data = sorted(name for name in objects if name.startswith(prefix + ".data-"))
+        expected = [f"{prefix}.data-{i:05d}-of-{parts:05d}" for i in range(parts)]
+        if data != expected:
+            problems.append(f"data files {data}, expected {expected}")
+        elif sum(objects[name] for name in data) < size:
+            problems.append(f"data files of {sum(objects[d] for d in data)} bytes < {size}")
+    left = [name for name in objects if "workertemp_" in name or "_temp/" in name]
+    if left:
+        problems.append(f"left in the bucket: {left}")
+    if problems:
+        listing = "\n".join(f"  {name} {objects[name]}" for name in sorted(objects))
+        raise RuntimeError(
+            f"the checkpoint is not whole: {'; '.join(problems)}\nbucket:\n{listing}\n{what}"
+        )
+    return [objects[name] for name in data]
 
 
 def describe_timeline(timeline: list) -> str:
@@ -486,66 +578,67 @@ def main() -> int:
                 for limit in limits:
                     set_limit(net, limit, args.rate_mbps)
                     for rep in range(args.repeats):
-                        for impl in IMPLS:
-                            run_id = f"{impl}-{n}w-{limit}-{rep}"
-                            r = one_run(impl, n, limit, args, net, st, root, run_id)
-                            results.setdefault((n, limit, impl), []).append(r)
+                        for variant in VARIANTS:
+                            run_id = f"{variant}-{n}w-{limit}-{rep}"
+                            r = one_run(variant, n, limit, args, net, st, root, run_id)
+                            results.setdefault((n, limit, variant), []).append(r)
                             print(
-                                f"  {n} workers {limit:10} {impl:4} bodies {mib(r.bytes)}"
+                                f"  {n} workers {limit:10} {variant:6} bodies {mib(r.bytes)}"
                                 f" (link {mib(r.link_bytes)}), save done {r.save_s:.2f} s,"
                                 f" exit {r.exit_s:.2f} s",
                                 flush=True,
                             )
                             print(f"    {describe_timeline(r.timeline)}", flush=True)
+                            data = " + ".join(mib(b) for b in r.parts)
+                            print(f"    checkpoint whole, data files: {data}", flush=True)
     print_tables(results, counts, limits, args)
     return 0
 
 
 def print_tables(results: dict, counts: list, limits: list, args) -> None:
     size = model_bytes(args)
+    header = (
+        "", "TensorFlow", "tf-failure-handling", "ours / TF",
+        "tf-failure-handling, shares", "shares / TF",
+    )  # fmt: skip
 
-    def med(n, limit, impl, field):
-        return statistics.median(getattr(r, field) for r in results[(n, limit, impl)])
+    def over_tf(value: float, tf: float) -> str:
+        return _report.ratio(value / tf) if tf > 0 else "n/a"
 
-    def ours_over_tf(ours: float, tf: float) -> str:
-        return _report.ratio(ours / tf) if tf > 0 else "n/a"
+    def cell(b: float) -> str:
+        return f"{mib(b)} ({b / size:.2f}{_report.TIMES} the model)"
+
+    def med(field: str, keys: list) -> float:
+        return statistics.median(getattr(r, field) for key in keys for r in results[key])
 
     rows = []
     for n in counts:
-        tf_b = statistics.median(r.bytes for limit in limits for r in results[(n, limit, "tf")])
-        ours_b = statistics.median(r.bytes for limit in limits for r in results[(n, limit, "ours")])
+        tf_b, ours_b, shares_b = (med("bytes", [(n, lim, v) for lim in limits]) for v in VARIANTS)
         rows.append(
-            (
-                f"{n} workers",
-                f"{mib(tf_b)} ({tf_b / size:.2f}{_report.TIMES} the model)",
-                f"{mib(ours_b)} ({ours_b / size:.2f}{_report.TIMES} the model)",
-                ours_over_tf(ours_b, tf_b),
-            )
-        )
+            (f"{n} workers", cell(tf_b), cell(ours_b), over_tf(ours_b, tf_b),
+             cell(shares_b), over_tf(shares_b, tf_b))
+        )  # fmt: skip
     runs = args.repeats * len(limits)
     _report.print_readme_table(
         f"bytes written to the checkpoint's storage per preemption save ({mib(size)} model, "
         f"medians of {runs})",
-        ("", "TensorFlow", "tf-failure-handling", "ours / TF"),
+        header,
         rows,
     )
     rows = []
     for n in counts:
         for limit in limits:
             for field, what in (("save_s", "last save done"), ("exit_s", "last exit")):
-                tf_s, ours_s = med(n, limit, "tf", field), med(n, limit, "ours", field)
+                tf_s, ours_s, shares_s = (med(field, [(n, limit, v)]) for v in VARIANTS)
                 rows.append(
-                    (
-                        f"{n} workers, {limit} limit: SIGTERM \u2192 {what}",
-                        f"{tf_s:.2f} s",
-                        f"{ours_s:.2f} s",
-                        ours_over_tf(ours_s, tf_s),
-                    )
-                )
+                    (f"{n} workers, {limit} limit: SIGTERM \u2192 {what}", f"{tf_s:.2f} s",
+                     f"{ours_s:.2f} s", over_tf(ours_s, tf_s), f"{shares_s:.2f} s",
+                     over_tf(shares_s, tf_s))
+                )  # fmt: skip
     _report.print_readme_table(
         f"preemption save under a {args.rate_mbps:g} Mbit/s storage limit ({mib(size)} model, "
         f"medians of {args.repeats})",
-        ("", "TensorFlow", "tf-failure-handling", "ours / TF"),
+        header,
         rows,
     )
     print(_report.provenance())
@@ -555,6 +648,8 @@ def print_tables(results: dict, counts: list, limits: list, args) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_serve":
         serve(*sys.argv[2:6])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_list":
+        list_objects(*sys.argv[2:4])
     elif len(sys.argv) > 1 and sys.argv[1] == "_worker":
         sys.exit(worker(sys.argv[2:]))
     else:
