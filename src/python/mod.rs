@@ -14,6 +14,7 @@
 //! | `failure.rs` | the worker/PS failure classifier |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `Writes` and `WriteKind`: the driver's writes (`crate::writes`) |
 //! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `worker_drain_bound` |
+//! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
 //! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together (`crate::shares`) |
@@ -33,6 +34,7 @@ mod failure;
 mod handler;
 mod inbox;
 mod layout;
+mod logs;
 mod ps_control;
 mod records;
 mod retry;
@@ -44,7 +46,8 @@ mod store;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // A second initialisation (a re-import) is harmless.
-    let _ = pyo3_log::try_init();
+    logs::install(m.py())?;
+    logs::init();
     let main: u64 = blocking::py_main_thread_ident(m.py())?;
     let _ = blocking::MAIN_THREAD.set(main);
     // The once-cells filled by `dlsym` are filled here, before any other

@@ -38,6 +38,7 @@ use pyo3::prelude::*;
 use super::blocking::{deadline_after, detach, next_slice};
 use super::errors;
 use super::inbox::{unix_now, PyInbox};
+use super::logs;
 use super::signals::PySignalWatch;
 use crate::inbox::Origin;
 use crate::sources::http::BaseUrl;
@@ -90,12 +91,32 @@ fn stop_and_join(py: Python<'_>, watches: &[Arc<MetadataWatch>]) -> PyResult<()>
     let deadline = Instant::now().checked_add(CLOSE_WAIT);
     for w in watches {
         if wait_in_slices(py, deadline, &mut |slice| w.join(slice).then_some(()))?.is_none() {
+            // A thread left running must not be inside Python when the interpreter
+            // finalizes (`logs.rs`): no more records from such threads, and the ones
+            // inside a handler now end first.
+            if logs::shut() {
+                log::warn!(
+                    target: "tf_failure_handling",
+                    "metadata polling threads are still running: records of the package's own threads are dropped from now on"
+                );
+            }
+            let outside = Instant::now().checked_add(LOG_WAIT);
+            if wait_in_slices(py, outside, &mut |slice| logs::wait_outside(slice).then_some(()))?.is_none() {
+                log::warn!(
+                    target: "tf_failure_handling",
+                    "a metadata polling thread is still inside a logging handler after {LOG_WAIT:?}; if the interpreter exits before the handler returns, CPython may abort the process"
+                );
+            }
             // Logging may attach: not while waiting, and with no lock held.
             w.abandon();
         }
     }
     Ok(())
 }
+
+/// Bound on `close()`'s wait for a thread it leaves running to leave a logging
+/// handler (after [`CLOSE_WAIT`]).
+const LOG_WAIT: Duration = Duration::from_secs(10);
 
 /// Watches a cloud's metadata service for termination notices on
 /// background Rust threads (GCE maintenance-event and preempted, AWS spot

@@ -245,3 +245,46 @@ def test_sigint_interrupts_close_while_a_polling_thread_is_inside_a_slow_log_han
     assert "interrupted" in results, details(proc)
     assert float(results["interrupted"]["after"]) < PROMPT, details(proc)
     assert "joined" in results, details(proc)
+
+
+@pytest.mark.timeout(120)
+def test_a_thread_left_inside_a_slow_log_handler_does_not_abort_the_exit(tmp_path):
+    # At DEBUG each failed request logs a debug line and a warning: the polling thread is
+    # in the 1.5 s handler twice in a row, past close()'s 2 s wait for it to stop. The
+    # process then exits at once. Before the logging gate (src/python/logs.rs) the
+    # thread, left inside the handler, re-attached during finalization and CPython's
+    # pthread_exit aborted the process (rc -6). Now close() keeps the package's threads
+    # out of logging from then on and waits for the record inside to end: exit 0, and
+    # the records after close() are dropped (said once).
+    results, proc = run(
+        tmp_path,
+        """
+        entered = threading.Event()
+        inside = []
+
+        class Slow(logging.Handler):
+            def createLock(self):
+                self.lock = None  # the main thread's records do not wait for the thread's
+
+            def emit(self, record):
+                if threading.current_thread() is not threading.main_thread():
+                    inside.append(record.levelname)
+                    entered.set()
+                    time.sleep(1.5)
+                    inside.pop()
+
+        logging.getLogger("tf_failure_handling").addHandler(Slow())
+        logging.getLogger("tf_failure_handling").setLevel(logging.DEBUG)
+        base = server(hang_up)
+        watch = _native.MetadataWatch("aws", base, interval=0.02, request_timeout=1.0)
+        assert entered.wait(30.0)
+        started = time.monotonic()
+        watch.close()
+        report("closed", took=time.monotonic() - started, inside=len(inside))
+        """,
+        "debug",
+    )
+    assert proc.returncode == 0, details(proc)
+    assert "closed" in results, details(proc)
+    assert results["closed"]["inside"] == "0", "close() returned with a thread in a handler"
+    assert "records of the package's own threads are dropped" in proc.stderr, details(proc)
