@@ -18,6 +18,7 @@
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
 //! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together (`crate::shares`) |
+//! | `slurm.rs` | `slurm_fields`, `slurm_time`, `slurm_seconds`, `slurm_config_value`: SLURM's text (`crate::sources::slurm`) |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and
@@ -40,6 +41,7 @@ mod records;
 mod retry;
 mod shares;
 mod signals;
+mod slurm;
 mod sources;
 mod store;
 
@@ -83,5 +85,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     shares::register(m)?;
     ps_control::register(m)?;
     sources::register(m)?;
+    slurm::register(m)?;
     Ok(())
 }

@@ -102,6 +102,7 @@
 //! | `clouds.rs` | the one table of the clouds: [`Cloud`], each one's name, [`pollers`] and detection request |
 //! | `watch.rs` | the I/O shell: [`MetadataWatch`] and [`probe`] |
 //! | `http.rs` | the minimal, strictly bounded HTTP/1.1 client `watch.rs` polls with |
+//! | `slurm.rs` | SLURM's text as `scontrol` prints it: `Key=Value` fields, timestamps, durations, a config value (`_platforms/slurm.py` runs `scontrol`) |
 //! | `signals.rs` | signals: `sigaction` from any thread, who owns a notice, one wake-up per delivery (not a poller: the process-wide plumbing) |
 //! | `tests.rs`, `tests/` | table tests per platform, dates, hostile input, the shell against fake servers |
 //!
@@ -119,6 +120,7 @@ mod gce;
 pub mod http;
 mod shared;
 pub mod signals;
+pub mod slurm;
 mod watch;
 
 pub use aws::{parse_rebalance, parse_spot_action, AwsPoller, AWS_REBALANCE_MAX_INTERVAL, AWS_TOKEN_RETRY, AWS_TOKEN_TTL, NOTE_IMDSV1};

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
 import threading
 import time
-from datetime import datetime
 from typing import Any, Optional
 
-from .._native import Retry, RetryVerdict
+from .._native import Retry, RetryVerdict, slurm_config_value, slurm_controller_busy
+from .._native import slurm_fields as parse_fields
+from .._native import slurm_seconds as parse_seconds
+from .._native import slurm_time as parse_time
 from . import common
 
 log = logging.getLogger("tf_failure_handling")
@@ -45,43 +46,6 @@ def restart_count() -> int:
         return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     except ValueError:
         return 0
-
-
-def parse_fields(text: str) -> dict:
-    """``Key=Value`` fields of ``scontrol show ... -o`` output (one record per line)."""
-    fields: dict = {}
-    for m in re.finditer(r"(?:^|\s)([A-Za-z:/]+)=(.*?)(?=\s[A-Za-z:/]+=|$)", text.strip()):
-        fields.setdefault(m.group(1), m.group(2))
-    return fields
-
-
-def parse_time(value: Optional[str]) -> Optional[float]:
-    """A SLURM timestamp (``2026-11-25T16:43:17``, local time) as Unix seconds;
-    None for ``None``, ``Unknown``, ``N/A`` or anything else."""
-    if not value:
-        return None
-    try:
-        return datetime.strptime(value.strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
-    except ValueError:
-        return None
-
-
-def parse_seconds(value: Optional[str]) -> Optional[float]:
-    """``30 sec``, ``00:00:20``, ``1-00:00:00`` or ``20`` as seconds; None otherwise."""
-    if not value:
-        return None
-    text = value.strip().split()[0]
-    try:
-        days, _, rest = text.rpartition("-")
-        parts = [int(p) for p in rest.split(":")]
-        seconds = 0
-        for p in parts:
-            seconds = seconds * 60 + p
-        if len(parts) == 1 and not days:
-            return float(seconds)
-        return float(seconds + int(days or 0) * 86400)
-    except ValueError:
-        return None
 
 
 def _scontrol(*args: str, timeout: float = READ_TIMEOUT) -> subprocess.CompletedProcess:
@@ -142,8 +106,7 @@ class JobInfo:
                     self.grace_time = parse_seconds(parse_fields(out.stdout).get("GraceTime"))
             out = _scontrol("show", "config")
             if out.returncode == 0:
-                m = re.search(r"^KillWait\s*=\s*(.+)$", out.stdout, re.MULTILINE)
-                self.kill_wait = parse_seconds(m.group(1)) if m else None
+                self.kill_wait = parse_seconds(slurm_config_value(out.stdout, "KillWait"))
         except Exception as e:  # noqa: BLE001 - a job we cannot read has no deadline
             self.error = f"{type(e).__name__}: {e}"
             log.info("SLURM job %s: cannot read its EndTime (%s).", self.job_id, self.error)
@@ -324,19 +287,10 @@ def _requeue(jid: str) -> tuple:
         except Exception:  # noqa: BLE001 - the failure above is what counts then
             pass
         verdict = retry.failed(time.monotonic(), False)
-        if isinstance(verdict, RetryVerdict.GiveUp) or not _BUSY.search(message):
+        if isinstance(verdict, RetryVerdict.GiveUp) or not slurm_controller_busy(message):
             return False, message
         log.info("SLURM job %s: scontrol requeue failed (%s); trying again.", jid, message)
         time.sleep(max(0.0, verdict.at - time.monotonic()))
-
-
-#: What scontrol says when the controller did not answer in time or could not be
-#: reached: worth another try.
-_BUSY = re.compile(
-    r"timed out|time ?out|Unable to contact|Connection refused|temporarily unavailable|"
-    r"try again",
-    re.IGNORECASE,
-)
 
 
 def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:

@@ -335,28 +335,24 @@ class Checkpoints:
 
         def wait(name: str, worker: int, digest: str, seconds: float) -> None:
             value = client.get(f"{keys}/{name}/{worker}", seconds)
+            what = f"Worker {worker}'s share of checkpoint {name} in {directory}"
             if value is None:
-                raise _errors.make(
-                    "DeadlineExceededError",
-                    f"Worker {worker} did not write its share of checkpoint {name} in "
-                    f"{directory} within {seconds:.0f}s (a worker with another checkpoint_dir "
-                    f"writes it elsewhere): the checkpoint is not used; the parts written "
-                    f"stay in {name}_temp.",
+                kind = "DeadlineExceededError"
+                why = f"was not written within {seconds:.0f}s (is its checkpoint_dir another?)"
+            elif value.startswith("error "):
+                kind, why = "AbortedError", f"could not be written: {value[len('error ') :]}"
+            elif value != f"ok {digest}":
+                kind = "FailedPreconditionError"
+                why = (
+                    f"holds other tensors than the chief's ({value[len('ok ') :]}, not "
+                    f"{digest}): every worker must build the same model, or set "
+                    f"{NON_CHIEF_SAVES_ENV}=memory"
                 )
-            if value.startswith("error "):
-                raise _errors.make(
-                    "AbortedError",
-                    f"Worker {worker} could not write its share of checkpoint {name} in "
-                    f"{directory}: {value[len('error ') :]} -- the checkpoint is not used.",
-                )
-            if value != f"ok {digest}":
-                raise _errors.make(
-                    "FailedPreconditionError",
-                    f"Worker {worker} saves other tensors than the chief (tensor list "
-                    f"{value[len('ok ') :]}, the chief's {digest}): the workers cannot write "
-                    "one checkpoint together. Every worker must build the same model, or "
-                    f"set {NON_CHIEF_SAVES_ENV}=memory.",
-                )
+            else:
+                return
+            raise _errors.make(
+                kind, f"{what} {why} -- the checkpoint is not used (parts: {name}_temp)."
+            )
 
         plan = tf_shares.Plan(
             directory,

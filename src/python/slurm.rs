@@ -1,0 +1,68 @@
+//! Binding of SLURM's text ([`crate::sources::slurm`]) for `_platforms/slurm.py`.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::sources::slurm;
+
+/// The `Key=Value` fields of one `scontrol show ... -o` record, as a dict (a key seen
+/// twice keeps its first value).
+#[pyfunction]
+fn slurm_fields<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (key, value) in slurm::fields(text) {
+        out.set_item(key, value)?;
+    }
+    Ok(out)
+}
+
+/// A SLURM timestamp (`2026-11-25T16:43:17`, local time) as Unix seconds; None for
+/// None, `Unknown`, `N/A` or anything else.
+#[pyfunction]
+#[pyo3(signature = (text))]
+fn slurm_time(text: Option<&str>) -> Option<f64> {
+    let [year, month, day, hour, minute, second] = slurm::timestamp(text?)?;
+    // SAFETY: an all-zero `tm` is valid; mktime reads and normalizes it, nothing else.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    tm.tm_year = i32::try_from(year).ok()? - 1900;
+    tm.tm_mon = i32::try_from(month).ok()? - 1;
+    tm.tm_mday = i32::try_from(day).ok()?;
+    tm.tm_hour = i32::try_from(hour).ok()?;
+    tm.tm_min = i32::try_from(minute).ok()?;
+    tm.tm_sec = i32::try_from(second).ok()?;
+    tm.tm_isdst = -1; // the zone's rule decides, as Python's naive datetime.timestamp()
+                      // SAFETY: `tm` is a valid, initialized struct owned by this frame.
+    let seconds = unsafe { libc::mktime(&mut tm) };
+    #[allow(clippy::cast_precision_loss)] // Unix seconds fit an f64 exactly
+    (seconds != -1).then_some(seconds as f64)
+}
+
+/// A SLURM duration (`30 sec`, `00:00:20`, `1-00:00:10`, `20`) as seconds; None for
+/// None, `UNLIMITED` and anything else.
+#[pyfunction]
+#[pyo3(signature = (text))]
+fn slurm_seconds(text: Option<&str>) -> Option<f64> {
+    slurm::seconds(text?)
+}
+
+/// The value of `key` in `scontrol show config`'s output, or None.
+#[pyfunction]
+fn slurm_config_value(config: &str, key: &str) -> Option<String> {
+    slurm::config_value(config, key).map(str::to_owned)
+}
+
+/// Whether `scontrol`'s error message says the controller was busy or unreachable
+/// (worth another try).
+#[pyfunction]
+fn slurm_controller_busy(message: &str) -> bool {
+    slurm::controller_busy(message)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(slurm_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(slurm_time, m)?)?;
+    m.add_function(wrap_pyfunction!(slurm_seconds, m)?)?;
+    m.add_function(wrap_pyfunction!(slurm_config_value, m)?)?;
+    m.add_function(wrap_pyfunction!(slurm_controller_busy, m)?)?;
+    Ok(())
+}

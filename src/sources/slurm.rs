@@ -1,0 +1,220 @@
+//! SLURM's text as `scontrol` prints it: `Key=Value` fields, local timestamps and
+//! durations, and whether an error is worth another try. The deadlines they lead to are told in docs/getting-started/slurm.md;
+//! `_platforms/slurm.py` runs `scontrol` and asks these.
+
+/// Whether `b` can be part of a field name (`Partition`, `TRES/node`, `OS:Flags`).
+fn is_key_byte(b: u8) -> bool {
+    b.is_ascii_alphabetic() || b == b':' || b == b'/'
+}
+
+/// The field names' starts: a run of name bytes followed by `=`, at the start of the
+/// text or after whitespace. Returns (start of the name, index of its `=`).
+fn key_starts(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut starts = Vec::new();
+    for i in 0..bytes.len() {
+        if i > 0 && !bytes[i - 1].is_ascii_whitespace() {
+            continue;
+        }
+        let mut j = i;
+        while j < bytes.len() && is_key_byte(bytes[j]) {
+            j += 1;
+        }
+        if j > i && bytes.get(j) == Some(&b'=') {
+            starts.push((i, j));
+        }
+    }
+    starts
+}
+
+/// The `Key=Value` fields of one record of `scontrol show ... -o`, in order; a value runs
+/// up to the whitespace before the next `Key=` (so it may hold spaces). A key seen twice
+/// keeps its first value.
+#[must_use]
+pub fn fields(text: &str) -> Vec<(String, String)> {
+    let text = text.trim();
+    let bytes = text.as_bytes();
+    let starts = key_starts(bytes);
+    let mut out: Vec<(String, String)> = Vec::with_capacity(starts.len());
+    for (n, &(key, eq)) in starts.iter().enumerate() {
+        let end = starts.get(n + 1).map_or(bytes.len(), |&(next, _)| next - 1);
+        let name = &text[key..eq];
+        if !out.iter().any(|(k, _)| k == name) {
+            out.push((name.to_owned(), text[eq + 1..end.max(eq + 1)].to_owned()));
+        }
+    }
+    out
+}
+
+/// A SLURM timestamp (`2026-11-25T16:43:17`, the controller's local time) as its parts;
+/// None for `Unknown`, `N/A`, `None` or anything else.
+#[must_use]
+pub fn timestamp(text: &str) -> Option<[u32; 6]> {
+    let b = text.trim().as_bytes();
+    if b.len() != 19 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let number = |at: usize, len: usize| -> Option<u32> {
+        let part = &b[at..at + len];
+        part.iter()
+            .all(u8::is_ascii_digit)
+            .then(|| part.iter().fold(0, |acc, d| acc * 10 + u32::from(d - b'0')))
+    };
+    let parts = [
+        number(0, 4)?,
+        number(5, 2)?,
+        number(8, 2)?,
+        number(11, 2)?,
+        number(14, 2)?,
+        number(17, 2)?,
+    ];
+    let [_, month, day, hour, minute, second] = parts;
+    ((1..=12).contains(&month) && (1..=31).contains(&day) && hour < 24 && minute < 60 && second < 61).then_some(parts)
+}
+
+/// A SLURM duration as seconds: `30 sec`, `20`, `00:00:20`, `05:00` (minutes and
+/// seconds), `1-00:00:10` (days-hours:minutes:seconds); None for `UNLIMITED` and
+/// anything else.
+#[must_use]
+pub fn seconds(text: &str) -> Option<f64> {
+    let first = text.split_whitespace().next()?;
+    let (days, rest) = match first.rsplit_once('-') {
+        Some((d, r)) => (Some(d.parse::<u64>().ok()?), r),
+        None => (None, first),
+    };
+    let mut total: u64 = 0;
+    for part in rest.split(':') {
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        total = total.checked_mul(60)?.checked_add(part.parse::<u64>().ok()?)?;
+    }
+    let total = total.checked_add(days.unwrap_or(0).checked_mul(86_400)?)?;
+    #[allow(clippy::cast_precision_loss)] // durations far below 2^53 s
+    Some(total as f64)
+}
+
+/// The value of `key` in `scontrol show config` (`KillWait                = 30 sec`).
+#[must_use]
+pub fn config_value<'a>(config: &'a str, key: &str) -> Option<&'a str> {
+    config.lines().find_map(|line| {
+        let rest = line.strip_prefix(key)?;
+        let value = rest.trim_start().strip_prefix('=')?;
+        Some(value.trim()).filter(|v| !v.is_empty())
+    })
+}
+
+/// What `scontrol` says when the controller did not answer in time or could not be
+/// reached (its `MessageTimeout`, a controller restarting): worth another try. Any
+/// other message (`Invalid job id`, a refusal) is final.
+const BUSY: &[&str] = &[
+    "timed out",
+    "time out",
+    "timeout",
+    "unable to contact",
+    "connection refused",
+    "temporarily unavailable",
+    "try again",
+];
+
+/// Whether `scontrol`'s error `message` says the controller was busy or unreachable.
+#[must_use]
+pub fn controller_busy(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    BUSY.iter().any(|phrase| message.contains(phrase))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn as_map(text: &str) -> Vec<(&'static str, String)> {
+        fields(text)
+            .into_iter()
+            .map(|(k, v)| (&*Box::leak(k.into_boxed_str()), v))
+            .collect()
+    }
+
+    #[test]
+    fn fields_of_one_record() {
+        let got = as_map("JobId=12 JobName=train run UserId=root(0) TRES/node=cpu=1 EndTime=Unknown Requeue=1");
+        assert_eq!(
+            got,
+            vec![
+                ("JobId", "12".into()),
+                ("JobName", "train run".into()),
+                ("UserId", "root(0)".into()),
+                ("TRES/node", "cpu=1".into()),
+                ("EndTime", "Unknown".into()),
+                ("Requeue", "1".into()),
+            ]
+        );
+        assert_eq!(as_map("A=1 A=2"), vec![("A", "1".into())]);
+        assert_eq!(as_map("  Empty= Next=x\n"), vec![("Empty", String::new()), ("Next", "x".into())]);
+        assert!(fields("no fields here").is_empty());
+        assert!(fields("").is_empty());
+    }
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(timestamp("2026-11-25T16:43:17"), Some([2026, 11, 25, 16, 43, 17]));
+        assert_eq!(timestamp(" 2026-11-25T16:43:17\n"), Some([2026, 11, 25, 16, 43, 17]));
+        for bad in [
+            "Unknown",
+            "N/A",
+            "None",
+            "",
+            "2026-13-25T16:43:17",
+            "2026-11-25 16:43:17",
+            "2026-11-25T16:43:1x",
+        ] {
+            assert_eq!(timestamp(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        let rows: &[(&str, Option<f64>)] = &[
+            ("30 sec", Some(30.0)),
+            ("20", Some(20.0)),
+            ("00:00:20", Some(20.0)),
+            ("05:00", Some(300.0)),
+            ("1-00:00:10", Some(86_410.0)),
+            ("2-01:00:00", Some(176_400.0)),
+            ("UNLIMITED", None),
+            ("", None),
+            ("1-", None),
+            ("-5", None),
+            ("1:x", None),
+        ];
+        for &(text, want) in rows {
+            assert_eq!(seconds(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_busy_controller_is_worth_another_try_and_a_refusal_is_not() {
+        for busy in [
+            "slurm_requeue error: Socket timed out on send/recv operation",
+            "Unable to contact slurm controller (connect failure)",
+            "Connection refused",
+            "Resource temporarily unavailable",
+            "Slurm backup controller in standby mode, try again",
+            "TIMEOUT",
+        ] {
+            assert!(controller_busy(busy), "{busy}");
+        }
+        for refusal in ["Invalid job id specified", "Job is not requeueable", "Access/permission denied", ""] {
+            assert!(!controller_busy(refusal), "{refusal}");
+        }
+    }
+
+    #[test]
+    fn config_values() {
+        let config =
+            "Configuration data as of 2026-11-25T16:43:17\nKillOnBadExit           = 0\nKillWait                = 30 sec\nEmpty =\n";
+        assert_eq!(config_value(config, "KillWait"), Some("30 sec"));
+        assert_eq!(config_value(config, "KillOnBadExit"), Some("0"));
+        assert_eq!(config_value(config, "Empty"), None);
+        assert_eq!(config_value(config, "Missing"), None);
+    }
+}
