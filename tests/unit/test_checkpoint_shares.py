@@ -173,10 +173,14 @@ def test_a_value_near_shares_is_refused_at_construction(monkeypatch, tmp_path, v
 
 def test_the_restored_tensors_are_every_worker_s_save(shares, tmp_path):
     """Same values on both workers (as under MWMS): the merged checkpoint equals a
-    checkpoint one worker would have written."""
+    checkpoint one worker would have written. Worker 1 writes its share before the
+    chief has made the checkpoint folder (SaveV2 makes only the last folder of a path:
+    this failed the full run once)."""
     ckpt_dir = tmp_path / "ckpt"
     chief, other = _worker(ckpt_dir, 0, shares), _worker(ckpt_dir, 1, shares)
     thread, errors = _save_in_thread(other, 3)
+    key = f"{ck.SHARE_KEY}/{ckpt_dir}/1/ckpt-1/1"
+    assert shares.get_config_key_value(key, int(JOIN_BOUND * 1000)).startswith("ok "), errors
     chief.save(3, (), {}, clock=lambda: 0.0)
     thread.join(JOIN_BOUND)
     assert errors == []

@@ -148,6 +148,7 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any) -> Any:
     from tensorflow.python.eager import context
     from tensorflow.python.framework import constant_op
     from tensorflow.python.ops import gen_io_ops
+    from tensorflow.python.lib.io import file_io
 
     options = options or checkpoint_options.CheckpointOptions()
     name = file_prefix.rstrip("/").rsplit("/", 1)[-1]
@@ -167,6 +168,8 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any) -> Any:
     start = plan.clock()
     try:
         if mine is not None:
+            # SaveV2 makes only the last folder: the chief's may not exist yet here.
+            file_io.recursive_create_dir_v2(parts[mine].rsplit("/", 1)[0])
             functional_saver._single_shard_save(
                 constant_op.constant(parts[mine]), shares[plan.worker], task, options
             )
