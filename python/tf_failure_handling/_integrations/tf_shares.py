@@ -147,8 +147,8 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any) -> Any:
     from tensorflow.python.checkpoint import checkpoint_options, functional_saver
     from tensorflow.python.eager import context
     from tensorflow.python.framework import constant_op
-    from tensorflow.python.ops import gen_io_ops
     from tensorflow.python.lib.io import file_io
+    from tensorflow.python.ops import gen_io_ops
 
     options = options or checkpoint_options.CheckpointOptions()
     name = file_prefix.rstrip("/").rsplit("/", 1)[-1]
