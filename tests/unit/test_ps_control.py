@@ -457,6 +457,75 @@ def test_a_release_that_fails_while_the_task_listens_is_sent_again():
     assert control.released.is_set() and released == [("worker", 1, "drained")]
 
 
+def test_a_release_refused_while_a_poll_is_in_flight_is_sent_again():
+    """The task's earlier call (a poll) had not returned, so the release was refused at
+    once (``CallRefused``); it used to count as "does not answer" and the task waited
+    for its release until its own peer timeout (the full run at 1a44010,
+    test_a_restarted_worker_is_watched_again). Now it is sent again when the poll is
+    back, and counts."""
+    cluster, notices, released = FakeCluster(), [], []
+    cluster.serve(PS, "ps", 0)
+    cluster.serve(W0, "worker", 0)
+    control = cluster.serve(W1, "worker", 1)
+    control.set_notice("signal SIGTERM", None)
+    refusals = [ps_control.CallRefused(f"{W1}: an earlier call has not returned yet (0s)")]
+
+    def caller(task, request, timeout=None):
+        if request["op"] == "release" and refusals:
+            cluster.calls.append((task, "release"))
+            raise refusals.pop()
+        return cluster(task, request, timeout)
+
+    poller = ps_control.ClusterPoller(
+        SPEC,
+        lambda *n: notices.append(n),
+        on_released=lambda *r: released.append(r),
+        caller=caller,
+        listening=lambda task: True,
+    )
+    poller.poll_once()
+    assert poller.release(W1, "drained")
+    assert [c for c in cluster.calls if c == (W1, "release")] == [(W1, "release")] * 2
+    assert control.released.is_set() and released == [("worker", 1, "drained")]
+
+
+def test_a_release_whose_call_times_out_is_not_sent_again():
+    """A call that used its whole bound: the task does not answer, one attempt."""
+    cluster = FakeCluster()
+    cluster.serve(W1, "worker", 1).set_notice("signal SIGTERM", None)
+
+    def caller(task, request, timeout=None):
+        if request["op"] == "release":
+            cluster.calls.append((task, "release"))
+            raise ps_control.CallTimeout(f"{task} did not answer 'release' within {timeout}s")
+        return cluster(task, request, timeout)
+
+    poller = ps_control.ClusterPoller(
+        SPEC, lambda *n: None, caller=caller, listening=lambda task: True
+    )
+    poller.poll_once()
+    assert not poller.release(W1, "drained")
+    assert [c for c in cluster.calls if c == (W1, "release")] == [(W1, "release")]
+
+
+def test_the_caller_tells_a_refusal_from_a_timeout():
+    started = threading.Event()
+    stop = threading.Event()
+
+    def transport(task, request):
+        started.set()
+        stop.wait(BOUND)
+        return {}
+
+    caller = ps_control._Caller(transport)
+    with pytest.raises(ps_control.CallTimeout) as timed_out:
+        caller(W1, {"op": "poll"}, 0.05)
+    assert type(timed_out.value) is ps_control.CallTimeout
+    with pytest.raises(ps_control.CallRefused, match="earlier call has not returned"):
+        caller(W1, {"op": "release"}, 0.05)
+    stop.set()
+
+
 def test_a_failing_release_record_does_not_stop_the_release():
     cluster = FakeCluster()
     control = cluster.serve(PS, "ps", 0)

@@ -261,10 +261,15 @@ def remote_call(task: str, request: dict) -> dict:
     return json.loads(answer.numpy().decode())
 
 
+class CallRefused(CallTimeout):
+    """A call not started: the task's earlier call has not returned (the core's
+    ``TaskCalls``). A :class:`CallTimeout`, so callers that do not care see one."""
+
+
 class _Caller:
     """Bounded calls to the tasks (:class:`BoundedCall`). Whether a call may start, and
     which unreturned one it abandons, is the core's (``TaskCalls``: ``abandon_after``,
-    ``max_abandoned``); a refused call raises :class:`CallTimeout` at once."""
+    ``max_abandoned``); a refused call raises :class:`CallRefused` at once."""
 
     def __init__(
         self,
@@ -278,7 +283,10 @@ class _Caller:
         self._calls = TaskCalls(abandon_after, max_abandoned)
 
     def __call__(self, task: str, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
-        call, abandoned = self._calls.start(task, self._clock())
+        try:
+            call, abandoned = self._calls.start(task, self._clock())
+        except CallTimeout as e:
+            raise CallRefused(str(e)) from None
         if abandoned is not None:
             log.warning(
                 "%s: a call has not returned for %.0fs; it is abandoned (%d of at most %d) "
@@ -444,10 +452,19 @@ class ClusterPoller:
             "notice_at": notice_at,
         }
         retry = Retry(self._call_timeout, time.monotonic())
+        refused = Retry(self._call_timeout, time.monotonic())
         while True:
             try:
                 answer = self._call(task, request, self._call_timeout)
                 break
+            except CallRefused as e:
+                # Refused at once: this task's earlier call (a poll) has not returned.
+                # Sent again, by the core's retry rule, once that call is back.
+                verdict = refused.failed(time.monotonic(), self._stop.is_set())
+                if isinstance(verdict, RetryVerdict.GiveUp):
+                    log.info("Could not release %s (%s): it does not answer.", task, e)
+                    return False
+                self._stop.wait(max(0.0, verdict.at - time.monotonic()))
             except CallTimeout as e:
                 log.info("Could not release %s (%s): it does not answer.", task, e)
                 return False
