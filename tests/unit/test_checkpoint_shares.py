@@ -29,14 +29,14 @@ def _checkpoint(offset: float = 0.0) -> tf.train.Checkpoint:
     )
 
 
-def _worker(ckpt_dir, worker: int, service, checkpoint=None) -> ck.Checkpoints:
+def _worker(ckpt_dir, worker: int, service, checkpoint=None, workers=2) -> ck.Checkpoints:
     return ck.Checkpoints(
         checkpoint or _checkpoint(),
         str(ckpt_dir),
         is_chief=worker == 0,
         task_id=worker,
         worker=worker,
-        workers=2,
+        workers=workers,
         coordination=coordination.Client(service, 5.0),
     )
 
@@ -139,25 +139,9 @@ def test_workers_with_other_variables_cannot_write_together(shares, tmp_path):
 
 
 def test_one_worker_or_a_fake_checkpoint_saves_alone(shares, tmp_path):
-    alone = ck.Checkpoints(
-        _checkpoint(),
-        str(tmp_path / "a"),
-        is_chief=True,
-        task_id=0,
-        worker=0,
-        workers=1,
-        coordination=coordination.Client(shares, 5.0),
-    )
+    alone = _worker(tmp_path / "a", 0, shares, workers=1)
     assert alone.shared_by == 1
-    fake = ck.Checkpoints(
-        testing.FakeCheckpoint(w=testing.FakeVariable(0)),
-        str(tmp_path / "b"),
-        is_chief=False,
-        task_id=1,
-        worker=1,
-        workers=2,
-        coordination=coordination.Client(shares, 5.0),
-    )
+    fake = _worker(tmp_path / "b", 1, shares, testing.FakeCheckpoint(w=testing.FakeVariable(0)))
     assert fake.shared_by == 1
     # A non-chief that writes shares keeps its manager's bookkeeping in memory.
     other = _worker(tmp_path / "c", 1, shares)

@@ -426,16 +426,29 @@ def test_release_of_a_task_that_is_gone_returns_false():
     assert cluster.calls == [(PS, "release")] and released == []
 
 
-def test_a_release_that_fails_while_the_task_listens_is_sent_again():
-    """TensorFlow can hand a stopped PS's error to the next op of another thread: the
-    release of a worker that still listens is sent again (the core's retry rule) and
-    counts; the test ``test_worker_notice_with_the_ps_stopped_is_drained`` met it."""
+@pytest.mark.parametrize(
+    "failure",
+    [
+        UnavailableError("/job:ps/replica:0/task:0 is unavailable"),
+        ps_control.CallRefused(f"{W1}: an earlier call has not returned yet (0s)"),
+    ],
+    ids=["another_tasks_error", "refused_while_a_poll_is_in_flight"],
+)
+def test_a_release_that_fails_while_the_task_listens_is_sent_again(failure):
+    """The release is sent again (the core's retry rule) and counts when it fails with:
+
+    * another task's error: TensorFlow can hand a stopped PS's error to the next op of
+      another thread (``test_worker_notice_with_the_ps_stopped_is_drained`` met it);
+    * a refusal (``CallRefused``): the task's earlier call, a poll, had not returned. It
+      used to count as "does not answer", and the task waited for its release until its
+      own peer timeout (the full run at d1ab8cc, test_a_restarted_worker_is_watched_again).
+    """
     cluster, notices, released = FakeCluster(), [], []
     cluster.serve(PS, "ps", 0)
     cluster.serve(W0, "worker", 0)
     control = cluster.serve(W1, "worker", 1)
     control.set_notice("signal SIGTERM", None)
-    failures = [UnavailableError("/job:ps/replica:0/task:0 is unavailable")]
+    failures = [failure]
 
     def caller(task, request, timeout=None):
         if request["op"] == "release" and failures:
@@ -447,38 +460,6 @@ def test_a_release_that_fails_while_the_task_listens_is_sent_again():
         SPEC,
         lambda *n: notices.append(n),
         interval=0.01,
-        on_released=lambda *r: released.append(r),
-        caller=caller,
-        listening=lambda task: True,
-    )
-    poller.poll_once()
-    assert poller.release(W1, "drained")
-    assert [c for c in cluster.calls if c == (W1, "release")] == [(W1, "release")] * 2
-    assert control.released.is_set() and released == [("worker", 1, "drained")]
-
-
-def test_a_release_refused_while_a_poll_is_in_flight_is_sent_again():
-    """The task's earlier call (a poll) had not returned, so the release was refused at
-    once (``CallRefused``); it used to count as "does not answer" and the task waited
-    for its release until its own peer timeout (the full run at 1a44010,
-    test_a_restarted_worker_is_watched_again). Now it is sent again when the poll is
-    back, and counts."""
-    cluster, notices, released = FakeCluster(), [], []
-    cluster.serve(PS, "ps", 0)
-    cluster.serve(W0, "worker", 0)
-    control = cluster.serve(W1, "worker", 1)
-    control.set_notice("signal SIGTERM", None)
-    refusals = [ps_control.CallRefused(f"{W1}: an earlier call has not returned yet (0s)")]
-
-    def caller(task, request, timeout=None):
-        if request["op"] == "release" and refusals:
-            cluster.calls.append((task, "release"))
-            raise refusals.pop()
-        return cluster(task, request, timeout)
-
-    poller = ps_control.ClusterPoller(
-        SPEC,
-        lambda *n: notices.append(n),
         on_released=lambda *r: released.append(r),
         caller=caller,
         listening=lambda task: True,

@@ -452,33 +452,30 @@ class ClusterPoller:
             "notice_at": notice_at,
         }
         retry = Retry(self._call_timeout, time.monotonic())
-        refused = Retry(self._call_timeout, time.monotonic())
         while True:
             try:
                 answer = self._call(task, request, self._call_timeout)
                 break
-            except CallRefused as e:
-                # Refused at once: this task's earlier call (a poll) has not returned.
-                # Sent again, by the core's retry rule, once that call is back.
-                verdict = refused.failed(time.monotonic(), self._stop.is_set())
-                if isinstance(verdict, RetryVerdict.GiveUp):
+            except CallTimeout as e:
+                if not isinstance(e, CallRefused):
                     log.info("Could not release %s (%s): it does not answer.", task, e)
                     return False
-                self._stop.wait(max(0.0, verdict.at - time.monotonic()))
-            except CallTimeout as e:
-                log.info("Could not release %s (%s): it does not answer.", task, e)
-                return False
+                # Refused at once: this task's earlier call (a poll) has not returned.
+                error, ask_listening = e, False
             except Exception as e:  # noqa: BLE001 - a task that is gone needs no release
                 # TensorFlow can hand one task's error (a stopped PS's) to another
                 # thread's next op in this process: while the task still listens, the
-                # release is sent again by the core's retry rule (a release is
-                # idempotent for the task).
-                verdict = retry.failed(time.monotonic(), self._stop.is_set())
-                if isinstance(verdict, RetryVerdict.GiveUp) or not self._listening(task):
-                    log.info("Could not release %s (%s): it is gone or does not answer.", task, e)
-                    return False
-                log.info("Releasing %s failed (%s); sending it again.", task, e)
-                self._stop.wait(max(0.0, verdict.at - time.monotonic()))
+                # release is sent again (a release is idempotent for the task).
+                error, ask_listening = e, True
+            # Either way, sent again by the core's retry rule.
+            verdict = retry.failed(time.monotonic(), self._stop.is_set())
+            if isinstance(verdict, RetryVerdict.GiveUp) or (
+                ask_listening and not self._listening(task)
+            ):
+                log.info("Could not release %s (%s): it is gone or does not answer.", task, error)
+                return False
+            log.info("Releasing %s failed (%s); sending it again.", task, error)
+            self._stop.wait(max(0.0, verdict.at - time.monotonic()))
         if not isinstance(answer, dict) or not answer.get("released"):
             why = answer.get("why") if isinstance(answer, dict) else answer
             log.warning("%s refused its release (%s).", task, why)
