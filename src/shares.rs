@@ -9,6 +9,19 @@
 
 use thiserror::Error;
 
+/// The chief's shortest wait for the other workers' parts, in seconds.
+pub const MIN_WAIT: f64 = 60.0;
+/// The chief waits this many times as long as its own part took, when that is longer.
+pub const WAIT_FACTOR: f64 = 4.0;
+
+/// How long the chief waits for the other parts after its own took `own` seconds:
+/// `WAIT_FACTOR` × `own`, and at least `min_wait` ([`MIN_WAIT`] in production). The
+/// parts are about even and started together, so a part this late is not coming.
+#[must_use]
+pub fn wait_bound(own: f64, min_wait: f64) -> f64 {
+    (WAIT_FACTOR * own.max(0.0)).max(min_wait)
+}
+
 /// A plan that cannot be made.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SharesError {
@@ -103,6 +116,13 @@ mod tests {
             assert_eq!(got.owner, owner, "owners of {sizes:?} over {workers}");
             assert_eq!(got.parts, parts, "parts of {sizes:?} over {workers}");
         }
+    }
+
+    #[test]
+    fn the_chief_waits_four_times_its_own_part_and_at_least_the_minimum() {
+        assert_eq!(wait_bound(1.0, MIN_WAIT), MIN_WAIT);
+        assert_eq!(wait_bound(20.0, MIN_WAIT), 80.0);
+        assert_eq!(wait_bound(-1.0, 0.2), 0.2);
     }
 
     #[test]

@@ -14,7 +14,16 @@ fn assign_shares(sizes: Vec<u64>, pinned: Vec<bool>, workers: usize) -> PyResult
     Ok((plan.owner, plan.parts))
 }
 
+/// Seconds the chief waits for the other parts after its own took `own` seconds (at
+/// least `min_wait`).
+#[pyfunction]
+fn shares_wait_bound(own: f64, min_wait: f64) -> f64 {
+    shares::wait_bound(own, min_wait)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(assign_shares, m)?)?;
+    m.add_function(wrap_pyfunction!(shares_wait_bound, m)?)?;
+    m.add("SHARES_MIN_WAIT", shares::MIN_WAIT)?;
     Ok(())
 }

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from .. import _errors
-from .._native import assign_shares
+from .._native import assign_shares, shares_wait_bound
 
 #: The object graph's key: in the chief's part, so the merged index describes it.
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -47,10 +47,8 @@ class Plan:
     wait: Callable[[str, int, str, float], None]
     fallback: Callable[[str], None]
     clock: Callable[[], float]
-    #: The chief's wait for each other part: this many times its own part's write,
-    #: and at least ``min_wait`` seconds.
-    wait_factor: float = 4.0
-    min_wait: float = 60.0
+    #: The shortest wait of the chief for the other parts (the core's ``wait_bound``).
+    min_wait: float
 
 
 _local = threading.local()
@@ -181,7 +179,7 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any) -> Any:
     if plan.worker != 0:
         plan.done(name, f"ok {split.digest}")
         return None
-    deadline = plan.clock() + max(plan.min_wait, plan.wait_factor * (plan.clock() - start))
+    deadline = plan.clock() + shares_wait_bound(plan.clock() - start, plan.min_wait)
     for worker in range(1, plan.workers):
         plan.wait(name, worker, split.digest, max(0.001, deadline - plan.clock()))
     if not parts:

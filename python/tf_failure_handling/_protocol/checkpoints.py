@@ -33,6 +33,7 @@ from typing import Any, Optional
 
 from .. import _errors
 from .._integrations import tf_shares
+from .._native import SHARES_MIN_WAIT  # the chief's shortest wait for the shares (s)
 from .._platforms import common
 
 log = logging.getLogger("tf_failure_handling")
@@ -46,9 +47,6 @@ NON_CHIEF_SAVES_ENV = "TF_FAILURE_HANDLING_NON_CHIEF_SAVES"
 MEMORY, STORAGE, SHARES = "memory", "storage", "shares"
 #: The coordination-service keys by which a non-chief tells the chief its share is written.
 SHARE_KEY = "tf_failure_handling/share"
-#: The chief's shortest wait for the other workers' shares (seconds); it waits four times
-#: as long as its own share took when that is longer.
-SHARES_MIN_WAIT = 60.0
 
 #: The in-memory folders of this process's handlers, one each.
 _MEMORY_ROOT = "ram://tf_failure_handling"
