@@ -26,9 +26,9 @@
 //! | --- | --- | --- |
 //! | `TERMINATED_WORKER` | the first worker with a notice | its id; later writers get AlreadyExists and stand down |
 //! | `RUN_TO_CHECKPOINT` | that worker, at its next `run()` | its run count + 1 |
-//! | `RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_<id>` | every worker's peer watcher | `"1"` |
+//! | `RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_<id>` | every worker's driver; the publisher's own, by the publisher with the step key | `"1"` |
 //! | `LAST_RUN_TO_CHECKPOINT` | the same worker, when the grace period runs out | its run count + 1 |
-//! | `RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_<id>` | every worker's peer watcher | `"1"` |
+//! | `RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_<id>` | every worker's driver; the publisher's own, by the publisher | `"1"` |
 //! | both step keys | every worker at shutdown | `STOP_WATCHER`, to release blocked readers |
 //!
 //! # States of one worker
@@ -99,7 +99,7 @@
 //! | --- | --- | --- |
 //! | claim (driver) | `TERMINATED_WORKER` | retried within the bound; then `on_claim(false)` and the next `run()` raises |
 //! | announce (driver, for `PreemptionWatcher`s) | `TF_DEFAULT_PREEMPTION_NOTICE_KEY` | retried within the bound; then a warning (the protocol does not depend on it) |
-//! | publish (training thread) | `RUN_TO_CHECKPOINT`, `LAST_RUN_TO_CHECKPOINT` | retried within the bound; then `run()` raises, and reports it to the cluster |
+//! | publish (training thread) | `RUN_TO_CHECKPOINT`, `LAST_RUN_TO_CHECKPOINT`, then the publisher's own acknowledgement | retried within the bound; then `run()` raises, and reports it to the cluster |
 //! | read (reader) | the round's step key | a failed read is retried until reads have failed without a break for longer than the bound; then the reader posts the error and ends, and the driver hands it to the next `run()` |
 //! | acknowledge (driver) | `RECEIVED_SIGNAL_<round>_<id>` | retried within the bound, ahead of any claim or announce; then the next `run()` raises |
 //! | await acknowledgements (leader) | every `RECEIVED_SIGNAL_<round>_<id>` | a failed read counts as "not yet" until reads have failed for longer than the bound (then `run()` raises); reads that answer "not set" until the peer timeout end in `DeadlineExceededError` naming the missing workers and keys; both are reported to the cluster |
@@ -273,6 +273,11 @@ pub enum StepAction {
         step: u64,
         /// Keys to wait for; empty in local mode.
         ack_keys: Vec<String>,
+        /// This worker's own acknowledgement (one of `ack_keys`; `None` in local
+        /// mode): the publisher writes it right after the step key, so its wait
+        /// never depends on its own reader and driver threads. The driver's
+        /// acknowledgement of the same key later finds it set, which is no error.
+        own_ack_key: Option<String>,
     },
     /// Save a checkpoint now, then call [`Resolver::on_saved`].
     Save {
@@ -587,11 +592,19 @@ impl Resolver {
         // than waiting for its own peer watcher removes a race and keeps
         // local mode identical.
         self.agreed[r] = Some(step);
-        let ack_keys = match self.membership {
-            Membership::Local => Vec::new(),
-            Membership::Worker { num_workers, .. } => (0..num_workers).map(|i| round.ack_key(&i.to_string())).collect(),
+        let (ack_keys, own_ack_key) = match self.membership {
+            Membership::Local => (Vec::new(), None),
+            Membership::Worker { num_workers, .. } => (
+                (0..num_workers).map(|i| round.ack_key(&i.to_string())).collect(),
+                Some(round.ack_key(&self.id)),
+            ),
         };
-        StepAction::Publish { round, step, ack_keys }
+        StepAction::Publish {
+            round,
+            step,
+            ack_keys,
+            own_ack_key,
+        }
     }
 
     /// This worker's publish of `round` found the key set by another worker

@@ -88,6 +88,7 @@ class StepAction:
         round_key: str
         step: int
         ack_keys: list[str]
+        own_ack_key: Optional[str]
 
     class Save(StepAction):
         round_key: str

@@ -54,12 +54,13 @@ pub enum NoticeAction {
 pub enum StepAction {
     /// Nothing to do: run the step.
     Proceed {},
-    /// This worker leads: publish `round_key` = `step` and wait for every
-    /// key in `ack_keys`.
+    /// This worker leads: publish `round_key` = `step`, write its own
+    /// `own_ack_key` (None in local mode), and wait for every key in `ack_keys`.
     Publish {
         round_key: String,
         step: u64,
         ack_keys: Vec<String>,
+        own_ack_key: Option<String>,
     },
     /// The agreed `step` of `round_key` is reached: save now.
     Save { round_key: String, step: u64 },
@@ -502,10 +503,16 @@ impl Shared {
         let decision = self.with_resolver(|r, planner| Ok(r.before_step(runs, now, planner)))?;
         Ok(match decision {
             core::StepAction::Proceed => StepAction::Proceed {},
-            core::StepAction::Publish { round, step, ack_keys } => StepAction::Publish {
+            core::StepAction::Publish {
+                round,
+                step,
+                ack_keys,
+                own_ack_key,
+            } => StepAction::Publish {
                 round_key: round.key().to_string(),
                 step,
                 ack_keys,
+                own_ack_key,
             },
             core::StepAction::Save { round, step } => StepAction::Save {
                 round_key: round.key().to_string(),

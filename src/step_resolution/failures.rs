@@ -251,6 +251,7 @@ enum Train {
         round: Round,
         step: u64,
         ack_keys: Vec<String>,
+        own_ack_key: Option<String>,
         retry: Retry,
         next: f64,
     },
@@ -663,10 +664,16 @@ impl<'a> Sim<'a> {
                             ends: t + STEP,
                         }
                     }
-                    StepAction::Publish { round, step, ack_keys } => Train::Publishing {
+                    StepAction::Publish {
                         round,
                         step,
                         ack_keys,
+                        own_ack_key,
+                    } => Train::Publishing {
+                        round,
+                        step,
+                        ack_keys,
+                        own_ack_key,
                         retry: Retry::new(self.bound(w, t)).started(t),
                         next: t,
                     },
@@ -697,6 +704,7 @@ impl<'a> Sim<'a> {
                 round,
                 step,
                 ack_keys,
+                own_ack_key,
                 mut retry,
                 next,
             } if t >= next => {
@@ -706,6 +714,9 @@ impl<'a> Sim<'a> {
                         self.ws[w].out.warnings.push(format!("{} was already set", round.key()));
                         self.ws[w].train = Train::Ready(end);
                         return;
+                    }
+                    if let Some(own) = &own_ack_key {
+                        self.set(own, ACK_VALUE, t);
                     }
                     self.ws[w].train = Train::Awaiting {
                         pending: ack_keys.into(),
@@ -722,6 +733,7 @@ impl<'a> Sim<'a> {
                             round,
                             step,
                             ack_keys,
+                            own_ack_key,
                             retry,
                             next: at.max(end),
                         };

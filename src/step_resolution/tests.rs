@@ -119,11 +119,12 @@ fn malformed(key: &'static str, value: &str) -> Out {
     }))
 }
 
-fn publish(round: Round, step: u64, ack_keys: &[&str]) -> Out {
+fn publish(round: Round, step: u64, ack_keys: &[&str], own_ack_key: Option<&str>) -> Out {
     Out::Step(StepAction::Publish {
         round,
         step,
         ack_keys: ack_keys.iter().map(|k| (*k).to_owned()).collect(),
+        own_ack_key: own_ack_key.map(str::to_owned),
     })
 }
 
@@ -187,7 +188,7 @@ fn transition_table() -> Vec<Row> {
         // --- Local, grace 0 -------------------------------------------------
         Row { name: "local, no notice: proceed, hot path", who: l(), grace: 0.0, setup: vec![], event: Before(5, 1.0), expect: PROCEED, attention: false, round: I, agreed: None, same: true },
         Row { name: "local notice: lead", who: l(), grace: 0.0, setup: vec![], event: Notice(0.0), expect: Out::Notice(NoticeAction::Lead), attention: true, round: I, agreed: None, same: false },
-        Row { name: "local leader publishes runs + 1, no ack keys", who: l(), grace: 0.0, setup: local_lead.to_vec(), event: Before(5, 1.0), expect: publish(I, 6, &[]), attention: true, round: I, agreed: Some(6), same: false },
+        Row { name: "local leader publishes runs + 1, no ack keys", who: l(), grace: 0.0, setup: local_lead.to_vec(), event: Before(5, 1.0), expect: publish(I, 6, &[], None), attention: true, round: I, agreed: Some(6), same: false },
         Row { name: "local: second notice while leading is ignored", who: l(), grace: 0.0, setup: local_lead.to_vec(), event: Notice(0.5), expect: IGNORED, attention: true, round: I, agreed: None, same: true },
         Row { name: "local: second notice after publishing is ignored", who: l(), grace: 0.0, setup: local_published.to_vec(), event: Notice(1.5), expect: IGNORED, attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "local: run count below the agreed step proceeds, publishes once", who: l(), grace: 0.0, setup: local_published.to_vec(), event: Before(5, 1.5), expect: PROCEED, attention: true, round: I, agreed: Some(6), same: true },
@@ -207,9 +208,9 @@ fn transition_table() -> Vec<Row> {
         // --- Local, grace 10 ------------------------------------------------
         Row { name: "grace: first save -> countdown, leader keeps attention", who: l(), grace: 10.0, setup: local_saving.to_vec(), event: Saved(I), expect: Out::Saved(Ok(SaveAction::Countdown)), attention: true, round: F, agreed: None, same: false },
         Row { name: "countdown: final round not due", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Before(7, 3.8), expect: PROCEED, attention: true, round: F, agreed: None, same: true },
-        Row { name: "countdown: final round due -> publish runs + 1", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Before(7, 5.0), expect: publish(F, 8, &[]), attention: true, round: F, agreed: Some(8), same: false },
+        Row { name: "countdown: final round due -> publish runs + 1", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Before(7, 5.0), expect: publish(F, 8, &[], None), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "countdown: notice ignored", who: l(), grace: 10.0, setup: local_countdown.clone(), event: Notice(4.0), expect: IGNORED, attention: true, round: F, agreed: None, same: true },
-        Row { name: "platform deadline earlier than the grace period brings the final round forward", who: l(), grace: 10.0, setup: vec![NoticeBy(0.0, 6.0), Before(5, 0.2), Before(6, 0.4), Saved(I)], event: Before(7, 1.0), expect: publish(F, 8, &[]), attention: true, round: F, agreed: Some(8), same: false },
+        Row { name: "platform deadline earlier than the grace period brings the final round forward", who: l(), grace: 10.0, setup: vec![NoticeBy(0.0, 6.0), Before(5, 0.2), Before(6, 0.4), Saved(I)], event: Before(7, 1.0), expect: publish(F, 8, &[], None), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "final round published once", who: l(), grace: 10.0, setup: local_final_published.clone(), event: Before(7, 5.5), expect: PROCEED, attention: true, round: F, agreed: Some(8), same: true },
         Row { name: "final save at the final step", who: l(), grace: 10.0, setup: local_final_published.clone(), event: Before(8, 6.0), expect: save(F, 8), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "final save done -> exit", who: l(), grace: 10.0, setup: local_final_saving.clone(), event: Saved(F), expect: Out::Saved(Ok(SaveAction::Exit)), attention: false, round: F, agreed: Some(8), same: false },
@@ -226,7 +227,7 @@ fn transition_table() -> Vec<Row> {
         Row { name: "after a lost claim a notice is ignored", who: w(0, 3), grace: 0.0, setup: lost.to_vec(), event: Notice(2.0), expect: IGNORED, attention: false, round: I, agreed: None, same: true },
         Row { name: "after a lost claim the leader's key is followed", who: w(0, 3), grace: 0.0, setup: lost.to_vec(), event: Key(I, "6"), expect: ack(ack_i0, None), attention: true, round: I, agreed: Some(6), same: false },
         Row { name: "claim won: second notice ignored", who: w(0, 3), grace: 0.0, setup: leading.to_vec(), event: Notice(1.0), expect: IGNORED, attention: true, round: I, agreed: None, same: true },
-        Row { name: "worker leader publishes runs + 1 with every ack key", who: w(0, 3), grace: 0.0, setup: leading.to_vec(), event: Before(5, 1.0), expect: publish(I, 6, &[ack_i0, ack_i1, ack_i2]), attention: true, round: I, agreed: Some(6), same: false },
+        Row { name: "worker leader publishes runs + 1 with every ack key", who: w(0, 3), grace: 0.0, setup: leading.to_vec(), event: Before(5, 1.0), expect: publish(I, 6, &[ack_i0, ack_i1, ack_i2], Some("RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0")), attention: true, round: I, agreed: Some(6), same: false },
         Row { name: "leader's own watcher acks its key", who: w(0, 3), grace: 0.0, setup: led.to_vec(), event: Key(I, "6"), expect: ack(ack_i0, None), attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "leader saves at the published step", who: w(0, 3), grace: 0.0, setup: led.to_vec(), event: Before(6, 2.0), expect: save(I, 6), attention: true, round: I, agreed: Some(6), same: false },
         // --- Worker 1 of 3, grace 0: following ------------------------------
@@ -257,7 +258,7 @@ fn transition_table() -> Vec<Row> {
         // --- Worker 0 of 2, grace 10: leading both rounds -------------------
         Row { name: "worker leader's own watcher watches the final key", who: w(0, 2), grace: 10.0, setup: led.to_vec(), event: Key(I, "6"), expect: ack(ack_i0, Some(F)), attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "worker leader: countdown, not due", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: Before(7, 3.8), expect: PROCEED, attention: true, round: F, agreed: None, same: true },
-        Row { name: "worker leader: final round with the final ack keys", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: Before(7, 5.0), expect: publish(F, 8, &["RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0", "RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_1"]), attention: true, round: F, agreed: Some(8), same: false },
+        Row { name: "worker leader: final round with the final ack keys", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: Before(7, 5.0), expect: publish(F, 8, &["RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0", "RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_1"], Some("RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0")), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "worker leader: notice in countdown ignored", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: Notice(3.0), expect: IGNORED, attention: true, round: F, agreed: None, same: true },
         // --- Several notices, grace 10: the earliest deadline wins ----------
         Row { name: "tighter notice while claiming: planned for", who: w(0, 3), grace: 10.0, setup: claiming.to_vec(), event: NoticeBy(0.5, 3.0), expect: REPLAN, attention: false, round: I, agreed: None, same: false },
@@ -266,18 +267,18 @@ fn transition_table() -> Vec<Row> {
         Row { name: "grace 0: a tighter notice is absorbed (the save is at once anyway)", who: w(0, 3), grace: 0.0, setup: leading.to_vec(), event: NoticeBy(0.5, 1.0), expect: IGNORED, attention: true, round: I, agreed: None, same: true },
         Row { name: "after exit a tighter notice is absorbed", who: l(), grace: 10.0, setup: local_final_done.clone(), event: NoticeBy(7.5, 8.0), expect: IGNORED, attention: false, round: F, agreed: Some(8), same: true },
         Row { name: "countdown, leader: a tighter notice is planned for", who: w(0, 2), grace: 10.0, setup: w_countdown.to_vec(), event: NoticeBy(2.5, 6.0), expect: REPLAN, attention: true, round: F, agreed: None, same: false },
-        Row { name: "countdown, leader: the tighter deadline brings the final round forward", who: w(0, 2), grace: 10.0, setup: cat(&w_countdown, &[NoticeBy(2.5, 6.0)]), event: Before(7, 2.6), expect: publish(F, 8, &["RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0", "RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_1"]), attention: true, round: F, agreed: Some(8), same: false },
+        Row { name: "countdown, leader: the tighter deadline brings the final round forward", who: w(0, 2), grace: 10.0, setup: cat(&w_countdown, &[NoticeBy(2.5, 6.0)]), event: Before(7, 2.6), expect: publish(F, 8, &["RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0", "RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_1"], Some("RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0")), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "countdown, follower: its tighter deadline not yet due", who: w(3, 4), grace: 10.0, setup: cat(&f_countdown, &[NoticeBy(2.5, 20.0)]), event: Before(7, 2.6), expect: PROCEED, attention: true, round: F, agreed: None, same: true },
-        Row { name: "countdown, follower: publishes the final round for its tighter deadline", who: w(3, 4), grace: 10.0, setup: cat(&f_countdown, &[NoticeBy(2.5, 6.0)]), event: Before(7, 2.6), expect: publish(F, 8, &ack_f), attention: true, round: F, agreed: Some(8), same: false },
+        Row { name: "countdown, follower: publishes the final round for its tighter deadline", who: w(3, 4), grace: 10.0, setup: cat(&f_countdown, &[NoticeBy(2.5, 6.0)]), event: Before(7, 2.6), expect: publish(F, 8, &ack_f, Some("RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_3")), attention: true, round: F, agreed: Some(8), same: false },
         Row { name: "a lost publish takes the key's value", who: w(3, 4), grace: 10.0, setup: cat(&f_countdown, &[NoticeBy(2.5, 6.0), Before(7, 2.6)]), event: Lost(F, "9"), expect: Out::Done, attention: true, round: F, agreed: Some(9), same: false },
         Row { name: "a lost publish to STOP_WATCHER keeps this worker's step", who: w(3, 4), grace: 10.0, setup: cat(&f_countdown, &[NoticeBy(2.5, 6.0), Before(7, 2.6)]), event: Lost(F, "STOP_WATCHER"), expect: Out::Done, attention: true, round: F, agreed: Some(8), same: true },
         Row { name: "a lost publish holding no run count is malformed, state kept", who: w(3, 4), grace: 10.0, setup: cat(&f_countdown, &[NoticeBy(2.5, 6.0), Before(7, 2.6)]), event: Lost(F, "x"), expect: malformed("LAST_RUN_TO_CHECKPOINT", "x"), attention: true, round: F, agreed: Some(8), same: true },
         Row { name: "then the final save is at the key's step", who: w(3, 4), grace: 10.0, setup: cat(&f_countdown, &[NoticeBy(2.5, 6.0), Before(7, 2.6), Lost(F, "9")]), event: Before(9, 3.0), expect: save(F, 9), attention: true, round: F, agreed: Some(9), same: false },
-        Row { name: "before the first save: a final round due by then is published at the first round's step", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), NoticeBy(1.0, 4.0)], event: Before(5, 1.5), expect: publish(F, 6, &ack_f), attention: true, round: I, agreed: Some(6), same: false },
+        Row { name: "before the first save: a final round due by then is published at the first round's step", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), NoticeBy(1.0, 4.0)], event: Before(5, 1.5), expect: publish(F, 6, &ack_f, Some("RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_3")), attention: true, round: I, agreed: Some(6), same: false },
         Row { name: "before the first save with room for both rounds: proceed", who: w(3, 4), grace: 30.0, setup: vec![Key(I, "6"), NoticeBy(1.0, 30.0)], event: Before(5, 1.5), expect: PROCEED, attention: true, round: I, agreed: Some(6), same: true },
         Row { name: "at the first round's step the first save comes first", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), NoticeBy(1.0, 4.0)], event: Before(6, 1.5), expect: save(I, 6), attention: true, round: I, agreed: Some(6), same: false },
         Row { name: "one save: the first save with the final round at its step exits", who: w(3, 4), grace: 10.0, setup: vec![Key(I, "6"), Key(F, "6"), Before(6, 2.0)], event: Saved(I), expect: Out::Saved(Ok(SaveAction::Exit)), attention: false, round: F, agreed: Some(6), same: false },
-        Row { name: "one save: the leader publishes both rounds before the step", who: w(0, 2), grace: 10.0, setup: vec![NoticeBy(0.0, 4.0), Claim(true), Before(5, 1.0)], event: Before(5, 1.0), expect: publish(F, 6, &["RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0", "RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_1"]), attention: true, round: I, agreed: Some(6), same: false },
+        Row { name: "one save: the leader publishes both rounds before the step", who: w(0, 2), grace: 10.0, setup: vec![NoticeBy(0.0, 4.0), Claim(true), Before(5, 1.0)], event: Before(5, 1.0), expect: publish(F, 6, &["RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0", "RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_1"], Some("RECEIVED_SIGNAL_LAST_RUN_TO_CHECKPOINT_0")), attention: true, round: I, agreed: Some(6), same: false },
     ]
 }
 
@@ -813,7 +814,12 @@ impl<'a> Sim<'a> {
         }
         match d {
             StepAction::Proceed => self.start_step(w),
-            StepAction::Publish { round, step, ack_keys } => self.publish(w, round, step, ack_keys),
+            StepAction::Publish {
+                round,
+                step,
+                ack_keys,
+                own_ack_key,
+            } => self.publish(w, round, step, ack_keys, own_ack_key),
             StepAction::Save { round, step } => {
                 let wk = &mut self.workers[w];
                 ensure!(step == wk.runs, "worker {w}: save of step {step} at run {}", wk.runs);
@@ -835,7 +841,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn publish(&mut self, w: usize, round: Round, step: u64, ack_keys: Vec<String>) -> Result<(), String> {
+    fn publish(&mut self, w: usize, round: Round, step: u64, ack_keys: Vec<String>, own_ack_key: Option<String>) -> Result<(), String> {
         let now = self.now;
         let runs = self.workers[w].runs;
         if round == Round::Initial {
@@ -882,7 +888,10 @@ impl<'a> Sim<'a> {
             }
         }
         if self.cfg.local {
-            ensure!(ack_keys.is_empty(), "local publish with ack keys {ack_keys:?}");
+            ensure!(
+                ack_keys.is_empty() && own_ack_key.is_none(),
+                "local publish with ack keys {ack_keys:?} {own_ack_key:?}"
+            );
             // Asked again before the step, as after a cluster's publish.
             let now = self.now;
             self.schedule(now, Ev2::Check(w));
@@ -890,12 +899,16 @@ impl<'a> Sim<'a> {
         }
         let expected: Vec<String> = (0..self.cfg.n).map(|i| round.ack_key(&Self::id(i))).collect();
         ensure!(ack_keys == expected, "ack keys {ack_keys:?}, expected {expected:?}");
+        let own = round.ack_key(&Self::id(w));
+        ensure!(own_ack_key.as_ref() == Some(&own), "own ack key {own_ack_key:?}, expected {own}");
         self.workers[w].main = Main::AwaitAcks {
             round,
             keys: ack_keys,
             since: now,
         };
         ensure!(self.write(round.key(), &step.to_string())?, "{} already set", round.key());
+        // The publisher's own acknowledgement goes with the step key.
+        self.write(&own, ACK_VALUE)?;
         self.release_leader()
     }
 
@@ -1073,7 +1086,9 @@ impl<'a> Sim<'a> {
                         "no final round to watch with a grace period"
                     );
                 }
-                ensure!(self.write(&key, ACK_VALUE)?, "{key} written twice");
+                let published = self.out.publishes.iter().any(|p| p.worker == w && p.round == round);
+                // A publisher wrote its own acknowledgement with the step key.
+                ensure!(self.write(&key, ACK_VALUE)? || published, "{key} written twice");
                 Ok(())
             }
             Ok(KeyAction::Stop) => {
@@ -1522,7 +1537,8 @@ fn a_ps_coordinator_saves_at_the_run_count_of_the_check_that_publishes() {
         StepAction::Publish {
             round: I,
             step: 40,
-            ack_keys: vec![]
+            ack_keys: vec![],
+            own_ack_key: None
         }
     );
     // Asked again at the same run count (the same check): save now, at 40.

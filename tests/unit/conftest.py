@@ -164,11 +164,11 @@ class PublishRecorder(PreemptionCheckpointHandler):
         super().__init__(*args, **kwargs)
         publish = self._agreement.publish
 
-        def recorded(round_key: str, step: int, ack_keys: list) -> None:
+        def recorded(round_key: str, step: int, *keys: Any) -> None:
             self.publishes.append((self._run_counter, step, round_key))
             self.publish_times.append(self._clock())
             self.publish_plans.append(self._core_state())
-            publish(round_key, step, ack_keys)
+            publish(round_key, step, *keys)
 
         self._agreement.publish = recorded
 

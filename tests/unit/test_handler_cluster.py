@@ -429,9 +429,24 @@ def test_peer_that_never_acknowledges_makes_the_leader_raise_deadline_exceeded(t
     errors = _errors.module()
     cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT)
     config = TerminationConfig(peer_timeout=0.5)
+
+    def slow_driver(ctx, handler, step):
+        # The leader's own driver acknowledges only after the peer timeout: the leader
+        # wrote its acknowledgement with the step key, so it is not named (in CI its
+        # threads were once that slow, and the error named worker 0 itself).
+        if step == 0:
+            acknowledge = handler._step_keys.acknowledge
+
+            def late(*args):
+                time.sleep(1.0)
+                return acknowledge(*args)
+
+            handler._step_keys.acknowledge = late
+
     start = time.monotonic()
     # Only worker 0 runs: workers 1 and 2 never build a handler, so never acknowledge.
-    results = cluster.run(make_worker({0: 2}, config=config), workers=[0])
+    worker = make_worker({0: 2}, config=config, before_step=slow_driver)
+    results = cluster.run(worker, workers=[0])
     elapsed = time.monotonic() - start
     error = results[0].error
     assert type(error) is errors.DeadlineExceededError, results
@@ -477,7 +492,9 @@ def test_lost_acknowledgement_names_only_the_missing_worker_and_nobody_hangs(
     n = 3
     errors = _errors.module()
     cluster = testing.SimulatedCluster(n, root=tmp_path, timeout=CLUSTER_TIMEOUT)
-    config = TerminationConfig(peer_timeout=0.5)
+    # Worker 1 answers (its reader and driver threads) well within 5 s on a loaded
+    # machine; at 0.5 s, a CI run could name it as well.
+    config = TerminationConfig(peer_timeout=5.0)
     results = cluster.run(make_worker({0: 3}, config=config))
     leader_error = results[0].error
     assert type(leader_error) is errors.DeadlineExceededError, results

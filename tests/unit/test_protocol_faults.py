@@ -1,8 +1,8 @@
 """One failed coordination-service call of the protocol never loses a preemption.
 
-Each case injects failures into one get or set of one protocol key, at the moment the
-protocol makes that call, on a ``SimulatedCluster`` of 2 or 5 workers; worker 1 gets the
-notice. The outcome that counts as success:
+Each case injects failures into one get or set of one protocol key, armed before any
+handler is built (a step-key reader makes its first get then), on a ``SimulatedCluster``
+of 2 or 5 workers; worker 1 gets the notice. The outcome that counts as success:
 
 * a single failure, or a burst shorter than the bound: every worker saves at one step
   (each round) and exits 42, and no error reaches the cluster;
@@ -68,14 +68,16 @@ def _run(tmp_path, n, fault, failures, peer_timeout, clock=None):
             handler._clock = clock.now
             if ctx.index == NOTICED:
                 clock.advance(TICK)
-        if ctx.index == PEER and step == 0:
+
+    def config(ctx):
+        # Armed before any handler exists: the step-key reader of every worker, PEER's
+        # included, starts its first get when its handler is built.
+        if ctx.index == PEER:
             inject = getattr(ctx.cluster.service, f"fail_next_{what}")
             for _ in range(failures):
                 inject(key)
             armed.append(key)
-
-    def config(ctx):
-        wait_until(lambda: armed or ctx.index == PEER, 60.0, "the fault to be armed")
+        wait_until(lambda: armed, 60.0, "the fault to be armed")
         return TerminationConfig(grace_period=GRACE if grace else 0, peer_timeout=peer_timeout)
 
     start = time.monotonic()

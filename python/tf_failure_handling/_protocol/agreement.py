@@ -4,9 +4,10 @@ every worker has acknowledged it.
 Runs on the training thread, in the check before a step (``step_check``): the leader
 writes ``RUN_TO_CHECKPOINT`` (or ``LAST_RUN_TO_CHECKPOINT``) = its run count + 1 before
 it starts that step, so every worker has the step before it can finish it (the step's
-collectives keep the workers within one step of each other). The wait for the
-acknowledgements is bounded by the peer timeout; a worker that did not answer is named
-in a ``DeadlineExceededError``. The time the round took goes to the grace planner
+collectives keep the workers within one step of each other), and then its own
+acknowledgement, so that its wait never depends on its own reader and driver threads.
+The wait is bounded by the peer timeout; a worker that did not answer is named in a
+``DeadlineExceededError``. The time the round took goes to the grace planner
 (``_core.agreement``).
 """
 
@@ -17,7 +18,7 @@ import time
 from typing import Optional
 
 from .. import _errors
-from .._native import ProtocolCore
+from .._native import ACK_VALUE, ProtocolCore
 from .keys import LAST_RUN_TO_CHECKPOINT, PEER_TIMEOUT_ENV
 from .records_hooks import StageRecords
 from .retries import Retrier, Retry
@@ -37,7 +38,9 @@ class Agreement:
         self._retrier = retrier
         self._records = records
 
-    def publish(self, round_key: str, step: int, ack_keys: list) -> None:
+    def publish(
+        self, round_key: str, step: int, ack_keys: list, own_ack_key: Optional[str]
+    ) -> None:
         log.info(
             "Worker %s publishes the %s round: every worker saves after run %d.",
             self._state.membership.id_in_cluster,
@@ -68,6 +71,11 @@ class Agreement:
                 if self._core.leading:  # a follower's reader records the key it reads
                     self._records.peer_agreement(round_key, value)
             return
+        if own_ack_key is not None:
+            self._retrier.call(
+                f"acknowledging {round_key}={step} with {own_ack_key}",
+                lambda: self._state.coordination.set(own_ack_key, ACK_VALUE),
+            )
         self._records.agreement(round_key, step)
         self._await(round_key, step, ack_keys)
         self._core.agreement(self._state.clock() - start)
