@@ -207,7 +207,10 @@ impl GracePlanner {
 
     /// What fits before `notice`'s deadline from `now`: one save needs a step and
     /// the save (the [`save_estimate`](Self::save_estimate), times
-    /// [`SAVE_SAFETY`]) and the slack; two need a final round's margin more.
+    /// [`SAVE_SAFETY`]) and the slack; two need the first round's step and save
+    /// and the final round's [`margin`](Self::margin), which holds its own slack.
+    /// That is the resolver's rule: with less left, it agrees both rounds at the
+    /// first round's step (one save).
     /// Returns the fit, the seconds left and the seconds the fit it falls short of
     /// would need.
     #[must_use]
@@ -220,7 +223,7 @@ impl GracePlanner {
         };
         let left = deadline - now;
         let one = self.first_round_cost(1) + SLACK;
-        let both = one + self.margin();
+        let both = self.first_round_cost(1) + self.margin();
         if left < one {
             (Fit::Neither, left, one)
         } else if grace_period > 0.0 && left < both {
@@ -277,13 +280,17 @@ mod tests {
             p.record_step(0.1);
         }
         p.record_save(2.0);
-        // One save: 0.1 + 1.5 × 2 + 1 = 4.1 s; both: 4.1 + margin (0.2 + 3 + 1) = 8.3 s.
+        // One save: 0.1 + 1.5 × 2 + 1 = 4.1 s; both: 0.1 + 1.5 × 2 + margin (0.2 + 3 + 1)
+        // = 7.3 s.
         let n = |deadline| Notice {
             at: 0.0,
             deadline: Some(deadline),
         };
         assert_eq!(p.fit(n(100.0), 60.0, 0.0).0, Fit::Both);
-        assert_eq!(p.fit(n(8.0), 60.0, 0.0), (Fit::OneSave, 8.0, 8.3));
+        assert_eq!(p.fit(n(7.5), 60.0, 0.0).0, Fit::Both);
+        let (fit, left, needed) = p.fit(n(7.0), 60.0, 0.0);
+        assert_eq!(fit, Fit::OneSave);
+        assert!((left - 7.0).abs() < 1e-9 && (needed - 7.3).abs() < 1e-9);
         let (fit, left, needed) = p.fit(n(4.0), 60.0, 0.0);
         assert_eq!(fit, Fit::Neither);
         assert!((left - 4.0).abs() < 1e-9 && (needed - 4.1).abs() < 1e-9);

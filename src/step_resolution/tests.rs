@@ -1561,3 +1561,29 @@ fn save_at_current_run_is_for_local_mode_only() {
     };
     assert_eq!(step, 41, "workers of MultiWorkerMirroredStrategy keep the next run");
 }
+
+#[test]
+fn what_the_notice_says_fits_is_what_the_resolver_does() {
+    // The planner's `fit` at the notice says "one save" exactly when the resolver,
+    // at the first round's publish, agrees the final round at the same step.
+    let mut planner = GracePlanner::new();
+    for _ in 0..20 {
+        planner.record_step(0.1);
+    }
+    planner.record_save(2.0);
+    for tenths in 40..120 {
+        let deadline = f64::from(tenths) / 10.0;
+        let notice = Notice {
+            at: 0.0,
+            deadline: Some(deadline),
+        };
+        let mut r = Resolver::new(Membership::Local, 60.0);
+        assert_eq!(r.on_notice(notice), NoticeAction::Lead);
+        let StepAction::Publish { round: I, step, .. } = r.before_step(5, 0.0, &planner) else {
+            panic!("the first round is published");
+        };
+        let merged = matches!(r.before_step(5, 0.0, &planner), StepAction::Publish { round: F, .. });
+        let (fit, _, _) = planner.fit(notice, 60.0, 0.0);
+        assert_eq!(merged, fit != crate::grace::Fit::Both, "deadline {deadline}: {fit:?}, step {step}");
+    }
+}

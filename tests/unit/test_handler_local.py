@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from reliability.simulation import VirtualClock
 from tf_failure_handling import (
     PreemptionCheckpointHandler,
     TerminationConfig,
@@ -486,16 +487,22 @@ def test_local_mode_never_reports_errors(make_handler, tmp_path):
 # Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
 @pytest.mark.timeout(HANG + 30)
 def test_grace_period_in_local_mode_saves_twice_before_the_deadline(make_handler, tmp_path):
-    grace = 1.6
+    # The handler plans on a virtual clock that each step moves by 10 ms: the grace
+    # period is 600 steps however slow the machine. (On the real clock, a CI machine
+    # under load once took longer from the notice to the first check than 1.6 s left
+    # for training on, and both rounds were rightly agreed at once.)
+    grace = 6.0
+    clock = VirtualClock()
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
     h = make_handler(
         ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=grace), cls=PublishRecorder
     )
+    h._clock = clock.now
 
     def step():
         w.assign_add(1)
-        time.sleep(0.005)
+        clock.advance(0.01)
 
     _train(h, w, 5)
     h._notify_termination()
@@ -520,27 +527,38 @@ def test_grace_period_in_local_mode_saves_twice_before_the_deadline(make_handler
 
 
 def _grace_run(make_handler, tmp_path, grace, step_seconds, save_seconds=0.0, restored=0):
-    """Notice at once; returns (seconds from notice to exit, saved run counts, handler)."""
+    """Notice at once; returns (saved run counts, handler).
+
+    Each step and save sleeps ``step_seconds`` or ``save_seconds`` and moves the
+    handler's virtual clock by as much: the plan does not depend on how slow the machine
+    is between the notice and the first check."""
+    clock = VirtualClock()
     saved = []
     ckpt = RecordingCheckpoint(w=testing.FakeVariable(0))
 
     def save_fn():
         time.sleep(save_seconds)
+        clock.advance(save_seconds)
         saved.append(int(ckpt.checkpointed_runs.numpy()))
 
     h = make_handler(
         ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=grace, save_fn=save_fn)
     )
+    h._clock = clock.now
     h._run_counter = restored
+
+    def step():
+        time.sleep(step_seconds)
+        clock.advance(step_seconds)
+
     for _ in range(10):  # some step times to plan with
-        h.run(time.sleep, step_seconds)
-    noticed = time.monotonic()
+        h.run(step)
     h._notify_termination()
     wait_for_attention(h)
     with pytest.raises(SystemExit):
         for _ in range(100_000):
-            h.run(time.sleep, step_seconds)
-    return time.monotonic() - noticed, saved, h
+            h.run(step)
+    return saved, h
 
 
 # Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
@@ -553,11 +571,11 @@ def test_grace_final_save_accounts_for_a_slow_save(make_handler, tmp_path):
     save (at least 0.15 s: the save sleeps that long) in its margin.
     """
     grace = 1.8
-    _, saved, h = _grace_run(make_handler, tmp_path, grace, 0.01, save_seconds=0.15)
+    saved, h = _grace_run(make_handler, tmp_path, grace, 0.01, save_seconds=0.15)
     assert len(saved) == 2
     assert saved[1] > saved[0]
     plan = h._core_state()
-    assert plan["longest_save"] >= 0.15
+    assert plan["longest_save"] >= 0.15 - 1e-9  # (on the virtual clock)
     assert plan["margin"] >= 1.5 * plan["longest_save"] + 2 * plan["step_estimate"]
     assert plan["final_round_at"] == pytest.approx(plan["deadline"] - plan["margin"])
 
@@ -569,7 +587,7 @@ def test_grace_planning_is_not_diluted_by_restored_runs(make_handler, tmp_path):
 
     TF divides by the total run count, so its estimate is ~0 and it saves at the deadline."""
     grace = 1.6
-    _, saved, h = _grace_run(make_handler, tmp_path, grace, 0.02, restored=10**6)
+    saved, h = _grace_run(make_handler, tmp_path, grace, 0.02, restored=10**6)
     assert len(saved) == 2
     assert saved[0] == 10**6 + 11
     # Steps sleep 0.02 s: an estimate diluted by the restored count would be ~0.
@@ -602,18 +620,20 @@ def test_watcher_fn_that_raises_is_polled_again(make_handler, tmp_path):
 @pytest.mark.timeout(HANG + 30)
 def test_grace_period_deadline_from_the_notice(make_handler, tmp_path):
     """A notice with a platform deadline plans the final round against that deadline."""
+    clock = VirtualClock()  # each step moves it by 10 ms (see the test above)
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
     h = make_handler(ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=30))
-    start = time.monotonic()
+    h._clock = clock.now
+    start = clock.now()
     h._notify_termination(deadline=start + 1.6)
     wait_for_attention(h)
     with pytest.raises(SystemExit):
         for _ in range(100_000):
-            h.run(lambda: time.sleep(0.002))
+            h.run(lambda: (w.assign_add(1), clock.advance(0.01)))
     assert len(ckpt.saved_runs) == 2
-    # The 1.6 s deadline, not the 30 s grace period (which would take over 25 s).
-    assert time.monotonic() - start < 15, "the 30 s grace period was used, not the deadline"
+    # Before the 1.6 s deadline, not at the end of the 30 s grace period.
+    assert clock.now() - start < 1.6, "the 30 s grace period was used, not the deadline"
 
 
 # Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
