@@ -442,6 +442,13 @@ impl Resolver {
             && (self.round == Round::Final || !self.saved[i])
     }
 
+    /// Whether this worker published `round` itself (its write may have lost
+    /// to a peer's at the same time; its own plan was due either way).
+    #[must_use]
+    pub fn published(&self, round: Round) -> bool {
+        self.published[round.index()]
+    }
+
     /// The agreed step of the round in progress, if known.
     #[must_use]
     pub fn agreed_step(&self) -> Option<u64> {

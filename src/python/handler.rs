@@ -606,13 +606,16 @@ impl Shared {
                 flags.push(("leading", r.leading_notice().is_some()));
                 flags.push(("counting_down", r.counting_down()));
                 flags.push(("exited", r.exited()));
+                flags.push(("published_final", r.published(Round::Final)));
                 if let Some(n) = r.planned_notice() {
-                    // This worker's own earliest deadline, leading or not.
+                    // This worker's own earliest deadline and the final round it
+                    // plans for it, leading or not: any worker with a notice of
+                    // its own publishes the final round when its plan is due.
                     items.push(("planned_deadline", Some(GracePlanner::deadline(n, r.grace_period()))));
+                    items.push(("final_round_at", Some(state.planner.latest_publish(n, r.grace_period()))));
                 }
                 if let Some(n) = r.leading_notice() {
                     items.push(("deadline", Some(GracePlanner::deadline(n, r.grace_period()))));
-                    items.push(("final_round_at", Some(state.planner.latest_publish(n, r.grace_period()))));
                 }
             }
         }

@@ -320,6 +320,7 @@ PLAN_KEYS = (
     "margin",
     "longest_save",
     "step_estimate",
+    "published_final",
 )
 
 

@@ -112,6 +112,31 @@ def test_a_sources_unix_deadline_is_converted_once_by_the_core():
     assert core.state()["deadline"] == pytest.approx(104.0)
 
 
+def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
+    """Any worker with a notice of its own publishes the final round when its own plan is
+    due, leader or not: its state shows that plan (``final_round_at``) and whether it
+    published (``published_final``); ``deadline`` stays the leader's."""
+    core = _native.HandlerCore()._protocol_core()
+    core.configure(1, 2, 60.0)
+    assert isinstance(core.notice(100.0, 130.0), _native.NoticeAction.Claim)
+    core.claim(False)  # worker 0 holds TERMINATED_WORKER
+    state = core.state()
+    assert not state["leading"] and "deadline" not in state
+    assert state["planned_deadline"] == pytest.approx(130.0)
+    assert state["final_round_at"] == pytest.approx(130.0 - state["margin"])
+    assert state["published_final"] is False
+    core.step_key("RUN_TO_CHECKPOINT", "5")
+    core.run_counter = 5
+    assert isinstance(core.before_step(101.0), _native.StepAction.Save)
+    assert core.saved("RUN_TO_CHECKPOINT", 0.5) == _native.SaveAction.Countdown
+    assert isinstance(core.before_step(state["final_round_at"] - 1.0), _native.StepAction.Proceed)
+    assert core.state()["published_final"] is False
+    action = core.before_step(state["final_round_at"])
+    assert isinstance(action, _native.StepAction.Publish)
+    assert action.round_key == "LAST_RUN_TO_CHECKPOINT"
+    assert core.state()["published_final"] is True
+
+
 # ------------------------------------------------------------------ the PS drain bound
 
 
