@@ -33,7 +33,11 @@ pub const MIN_BOUND_BEFORE_DEADLINE: f64 = 1.0;
 /// `make test`'s load): a burst of fewer failures is then survived whatever
 /// the load, as on an idle machine, where the bound alone allows five or
 /// more. Each attempt is bounded by its call's own timeout, so the run is
-/// bounded too.
+/// bounded too. That minimum is for quick failures: an attempt that took the
+/// whole bound by itself (its call's own timeout, a service that did not
+/// answer; see [`Retry::attempt`]) ends a run whose bound has passed. More
+/// such attempts would only delay the error: four writes to a coordination
+/// leader that is cut off took four timeouts (16 s against a bound of 4 s).
 pub const MIN_ATTEMPTS: u32 = 4;
 
 /// How long a run of failures is retried: [`TRANSIENT_FAILURE_WINDOW`], or
@@ -77,6 +81,7 @@ pub struct Retry {
     since: Option<f64>,
     pause: f64,
     attempts: u32,
+    attempt_start: Option<f64>,
 }
 
 impl Retry {
@@ -88,7 +93,16 @@ impl Retry {
             since: None,
             pause: FIRST_PAUSE,
             attempts: 0,
+            attempt_start: None,
         }
+    }
+
+    /// An attempt starts at `now`. A caller that knows when each attempt
+    /// starts (a blocking one) says so: a failure of an attempt that lasted
+    /// the whole bound by itself then ends a run whose bound has passed,
+    /// however few its attempts (see [`MIN_ATTEMPTS`]).
+    pub fn attempt(&mut self, now: f64) {
+        self.attempt_start = Some(now);
     }
 
     /// The run starts at `now` (a write: before its first attempt), rather
@@ -134,7 +148,9 @@ impl Retry {
         // has passed and the run has its minimum of attempts.
         let no_bound = self.bound.is_nan() || self.bound <= 0.0;
         let spent = left.is_nan() || left <= 0.0;
-        if closing || no_bound || (spent && self.attempts >= MIN_ATTEMPTS) {
+        // An attempt that took the bound by itself was not a quick failure.
+        let stalled = self.attempt_start.take().is_some_and(|start| now - start >= self.bound);
+        if closing || no_bound || (spent && (self.attempts >= MIN_ATTEMPTS || stalled)) {
             return Verdict::GiveUp {
                 attempts: self.attempts,
                 seconds: now - since,
@@ -251,6 +267,27 @@ mod tests {
                 seconds: now
             }
         );
+    }
+
+    #[test]
+    fn an_attempt_that_took_the_bound_by_itself_ends_the_run() {
+        // A write to a leader that does not answer: the call's own timeout
+        // (4 s) is the bound. One attempt, not four timeouts.
+        let mut r = Retry::new(4.0).started(0.0);
+        r.attempt(0.0);
+        assert_eq!(r.failed(4.0, false), Verdict::GiveUp { attempts: 1, seconds: 4.0 });
+        // Within the bound a slow attempt is tried again, as any failure.
+        let mut r = Retry::new(10.0).started(0.0);
+        r.attempt(0.0);
+        again(r.failed(4.0, false));
+        // Past the bound, a quick attempt still counts toward the minimum...
+        let mut r = Retry::new(1.0).started(0.0);
+        r.attempt(0.0);
+        again(r.failed(0.7, false));
+        r.attempt(0.75);
+        again(r.failed(1.45, false));
+        // ...and so does one whose start was not given, however long ago.
+        again(r.failed(9.0, false));
     }
 
     #[test]

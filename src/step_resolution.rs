@@ -78,8 +78,10 @@
 //! [`crate::retry`]: "the bound" is [`crate::retry::bound`] (the
 //! transient-failure window, or the peer timeout or the time left before the
 //! leading notice's deadline when shorter), and the pauses between attempts
-//! are a [`crate::retry::Retry`]'s; a run of failures gives up only after
-//! [`crate::retry::MIN_ATTEMPTS`] attempts, however slow the machine. A
+//! are a [`crate::retry::Retry`]'s; a run of quick failures gives up only
+//! after [`crate::retry::MIN_ATTEMPTS`] attempts, however slow the machine
+//! (a blocking call that took the whole bound by itself, the service not
+//! answering, ends the run once the bound has passed). A
 //! service that fails for longer is in an
 //! error state (a peer reported an error), and that error must reach the
 //! worker promptly, with its own type. "Raises" below means: the last error
@@ -99,7 +101,7 @@
 //! | --- | --- | --- |
 //! | claim (driver) | `TERMINATED_WORKER` | retried within the bound; then `on_claim(false)` and the next `run()` raises |
 //! | announce (driver, for `PreemptionWatcher`s) | `TF_DEFAULT_PREEMPTION_NOTICE_KEY` | retried within the bound; then a warning (the protocol does not depend on it) |
-//! | publish (training thread) | `RUN_TO_CHECKPOINT`, `LAST_RUN_TO_CHECKPOINT`, then the publisher's own acknowledgement | retried within the bound; then `run()` raises, and reports it to the cluster |
+//! | publish (training thread) | `RUN_TO_CHECKPOINT`, `LAST_RUN_TO_CHECKPOINT`, then the publisher's own acknowledgement | retried within the bound; then `run()` raises, and reports it to the cluster; an attempt the service did not answer for the whole bound (its write timeout) is the last once the bound has passed |
 //! | read (reader) | the round's step key | a failed read is retried until reads have failed without a break for longer than the bound; then the reader posts the error and ends, and the driver hands it to the next `run()` |
 //! | acknowledge (driver) | `RECEIVED_SIGNAL_<round>_<id>` | retried within the bound, ahead of any claim or announce; then the next `run()` raises |
 //! | await acknowledgements (leader) | every `RECEIVED_SIGNAL_<round>_<id>` | a failed read counts as "not yet" until reads have failed for longer than the bound (then `run()` raises); reads that answer "not set" until the peer timeout end in `DeadlineExceededError` naming the missing workers and keys; both are reported to the cluster |

@@ -38,6 +38,12 @@ impl Retry {
         Retry(retry::Retry::new(bound).started(now))
     }
 
+    /// An attempt starts at `now`: one that fails after taking the whole
+    /// bound by itself ends a run past its bound (`src/retry.rs`).
+    fn attempt(&mut self, now: f64) {
+        self.0.attempt(now);
+    }
+
     /// An attempt failed at `now`; nothing is retried when `closing`.
     fn failed(&mut self, now: f64, closing: bool) -> RetryVerdict {
         self.0.failed(now, closing).into()

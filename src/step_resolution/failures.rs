@@ -727,6 +727,8 @@ impl<'a> Sim<'a> {
                     };
                     return;
                 }
+                // The training thread knows when its attempt started (Retrier.call).
+                retry.attempt(t);
                 match retry.failed(end, false) {
                     Verdict::Again { at, .. } => {
                         self.ws[w].train = Train::Publishing {
@@ -1257,6 +1259,16 @@ fn minimum_attempts_on_a_slow_machine(o: &Outcome) -> Result<(), String> {
     burst_one_round(o)
 }
 
+fn a_publish_the_service_does_not_answer(o: &Outcome) -> Result<(), String> {
+    let gave_up: Vec<_> = o.workers[0].gave_up.iter().filter(|g| g.1 == Effect::Publish).collect();
+    ensure!(gave_up.len() == 1, "publish gave up {gave_up:?}");
+    let &(_, _, attempts, seconds, _) = gave_up[0];
+    ensure!(attempts == 1, "publish gave up after {attempts} attempts of {} s", o.call);
+    ensure!(seconds >= o.call && seconds <= o.call + TICK, "publish gave up after {seconds} s");
+    nothing_published(o)?;
+    every_worker_raised(o)
+}
+
 fn permanent_failure(o: &Outcome) -> Result<(), String> {
     nothing_published(o)?;
     every_worker_raised(o)
@@ -1469,6 +1481,15 @@ const ROWS: &[Row] = &[
         ..row(
             "the minimum of attempts: a burst of fewer failures survives calls slower than the bound",
             minimum_attempts_on_a_slow_machine,
+        )
+    },
+    Row {
+        peer_timeout: 4.0,
+        call: 4.0,
+        faults: &[fail(Effect::Publish, &[(0.45, INF)])],
+        ..row(
+            "a publish the service does not answer for the whole bound (its leader cut off) raises after that one attempt, not four",
+            a_publish_the_service_does_not_answer,
         )
     },
     Row {

@@ -6,8 +6,10 @@ The rule is the core's (``src/retry.rs``, the "Failures" table of
 failure can look like Unavailable, Internal or Aborted) is retried after a pause that
 doubles from ``RETRY_FIRST_PAUSE`` to ``RETRY_MAX_PAUSE``, until the failures have lasted
 the bound (``ProtocolCore.retry_bound``) and number at least ``RETRY_MIN_ATTEMPTS``
-(so a short burst survives a loaded machine); then the last error is raised again, of its
-own type, naming what failed, how often and for how long (:meth:`Retrier.named`).
+(so a short burst survives a loaded machine) or, past the bound, one attempt took the
+whole bound by itself (its call's own timeout: the service did not answer); then the
+last error is raised again, of its own type, naming what failed, how often and for how
+long (:meth:`Retrier.named`).
 Anything else is a bug and is not retried. A :class:`~._native.Retry` is one run of
 failures of one call; this module waits and logs, the core decides.
 
@@ -140,6 +142,9 @@ class Retrier:
         errors = _errors.module()
         retry = self.retry()
         while True:
+            # An attempt that fails after the whole bound (the call's own timeout: the
+            # service did not answer) ends the run once the bound has passed.
+            retry.attempt(time.monotonic())
             try:
                 return call()
             except errors.OpError as e:
