@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 
 #: The restart code, as the handler's default exit_fn.
@@ -128,6 +129,10 @@ def coordinator(args) -> int:
                     break  # the test has sent its notice and seen it received
                 time.sleep(0.1)
         long = args.long_from and handler.total_run_calls >= args.long_from
+        if long and handler.total_run_calls == args.long_from:
+            # Only long closures from here: once one is in flight, say so.
+            coord.join()
+            _say_when_in_flight(coord)
         handler.run(coord.schedule, train_step, (args.long_work if long else args.work,))
         runs = handler.total_run_calls
         if runs % 5 == 0:
@@ -139,6 +144,29 @@ def coordinator(args) -> int:
     emit("done", runs=handler.total_run_calls, counter=_read(counter))
     handler.close()
     return 0
+
+
+#: How long the watch of ``_say_when_in_flight`` lasts at most.
+IN_FLIGHT_WATCH = 300.0
+
+
+def _say_when_in_flight(coord) -> None:
+    """Prints a ``long-in-flight`` event once a worker has taken a closure (a thread
+    that polls the closure queue's ``inflight_closure_count``, TensorFlow's name): a test
+    sends its notice then, not when closures are only scheduled (a loaded machine may not
+    have given any to a worker yet)."""
+    queue = coord._cluster.closure_queue
+
+    def watch() -> None:
+        end = time.monotonic() + IN_FLIGHT_WATCH
+        while time.monotonic() < end:
+            count = int(queue.inflight_closure_count)
+            if count >= 1:
+                emit("long-in-flight", in_flight=count)
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, name="in-flight-watch", daemon=True).start()
 
 
 def _diagnostics() -> None:

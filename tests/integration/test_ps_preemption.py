@@ -397,7 +397,10 @@ def test_closures_in_flight_at_the_bound_are_named_and_nothing_else_runs(cluster
         "--long-work",
         str(LONG_WORK),
     )
-    c.wait_event("coordinator", "progress", FINISH_BOUND, lambda e: e["runs"] >= 35)
+    # The notice comes once a worker runs a long closure (after run 30 the script joins,
+    # then schedules only long ones): waiting for runs to be scheduled was not enough on
+    # a loaded machine, where no worker had taken one yet and none was in flight.
+    c.wait_event("coordinator", "long-in-flight", FINISH_BOUND)
     c.procs["coordinator"].popen.send_signal(signal.SIGTERM)
     assert c.wait_exit("coordinator", EXIT_BOUND) == RESTART_CODE, c.describe()
     [save] = [p for p in _all_records(c) if p.job == "chief" and p.save_start is not None]
