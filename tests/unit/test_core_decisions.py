@@ -19,9 +19,9 @@ from tf_failure_handling._platforms import common, kubernetes, platform, slurm
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
 
 
-def _core(grace: float = 0.0) -> _native.ProtocolCore:
+def _core(grace: float = 0.0, worker_id=None, num_workers: int = 1) -> _native.ProtocolCore:
     core = _native.HandlerCore()._protocol_core()
-    core.configure(None, 1, grace)
+    core.configure(worker_id, num_workers, grace)
     return core
 
 
@@ -116,8 +116,7 @@ def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
     """Any worker with a notice of its own publishes the final round when its own plan is
     due, leader or not: its state shows that plan (``final_round_at``) and whether it
     published (``published_final``); ``deadline`` stays the leader's."""
-    core = _native.HandlerCore()._protocol_core()
-    core.configure(1, 2, 60.0)
+    core = _core(grace=60.0, worker_id=1, num_workers=2)
     assert isinstance(core.notice(100.0, 130.0), _native.NoticeAction.Claim)
     core.claim(False)  # worker 0 holds TERMINATED_WORKER
     state = core.state()
