@@ -590,6 +590,13 @@ impl<T, E, K: Eq + Hash> ClosureQueue<T, E, K> {
         self.state.lock().error.is_some()
     }
 
+    /// Calls `item` on every queued closure (main queue, then each tag's),
+    /// under the queue's lock.
+    pub fn visit(&self, mut item: impl FnMut(&T)) {
+        let s = self.state.lock();
+        s.main.iter().chain(s.tagged.values().flatten()).for_each(&mut item);
+    }
+
     /// Calls `item` on every queued closure and `error` on the pending error,
     /// if the lock is free now (for a garbage collector's traversal, which
     /// must not block). Returns false, visiting nothing, when it is not.
@@ -1208,6 +1215,19 @@ mod tests {
         thread::sleep(Duration::from_millis(10));
         q.put_tagged(30, 3);
         assert_eq!(getter.join().unwrap(), Ok(30));
+    }
+
+    #[test]
+    fn visit_sees_every_queued_closure_and_none_in_flight() {
+        let q = Q::new(DEFAULT_CAPACITY);
+        for i in 1..=3 {
+            assert!(matches!(q.try_put(i), Ok(Put::Queued)));
+        }
+        q.put_tagged(40, 4);
+        assert_eq!(q.try_get(None), Ok(1)); // in flight now: not queued
+        let mut seen = Vec::new();
+        q.visit(|&i| seen.push(i));
+        assert_eq!(seen, vec![2, 3, 40]);
     }
 
     #[test]

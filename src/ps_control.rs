@@ -25,7 +25,12 @@
 //!   line (a streak of unanswered polls once per reason, "answers again", a
 //!   new incarnation) as typed [`PollLog`] events;
 //! * [`worker_drain_bound`]: how long a worker's closure in flight may run before the
-//!   worker is released anyway.
+//!   worker is released anyway;
+//! * [`serving`]: how long a served task with a notice waits for its release
+//!   (until the coordinator is done with it, within a bound a coordinator that
+//!   died cannot stretch);
+//! * [`unreleased_hold_bound`]: how long the coordinator keeps a worker whose
+//!   release failed out of the rotation.
 //!
 //! Times are seconds on the caller's clock: monotonic for [`Calls`], the Unix
 //! clock for [`worker_drain_bound`] (a notice's deadline is a Unix time, as the task
@@ -55,6 +60,91 @@ pub const DEFAULT_DRAIN_BOUND: f64 = 300.0;
 /// Seconds of a notice's deadline kept back from a drain: the release and the
 /// worker's exit happen before the machine goes.
 pub const DRAIN_MARGIN: f64 = 1.0;
+
+/// Seconds without a call from the coordinator (a poll or a release) after
+/// which a served task past its own bound takes the coordinator for gone. The
+/// coordinator asks every task every round (every half second; a call that
+/// does not return is bounded by its five-second timeout).
+pub const COORDINATOR_SILENCE: f64 = 15.0;
+/// A served task with a notice and no deadline serves at most this many times
+/// its own bound (grace period or `peer_timeout`) from its notice while the
+/// coordinator still asks it: the coordinator's wait for its closures (up to
+/// its own `peer_timeout`) and its save come after its poll saw the notice.
+pub const SERVE_CAP_FACTOR: f64 = 3.0;
+
+/// Why a served task with a notice leaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leave {
+    /// The coordinator released it.
+    Released,
+    /// The notice's deadline came (the machine goes).
+    Deadline,
+    /// Its own bound passed and the coordinator has not asked it for
+    /// [`COORDINATOR_SILENCE`] seconds (gone, or never there).
+    CoordinatorSilent,
+    /// [`SERVE_CAP_FACTOR`] times its own bound passed.
+    Cap,
+}
+
+/// What a served task with a notice does now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Serving {
+    /// Serve on, and ask again at `until` at the latest (a release or a call
+    /// may come before).
+    Until(f64),
+    /// Leave now.
+    Leave(Leave),
+}
+
+/// What a served task whose notice came at `notice_at` does at `now`: its
+/// notice's `deadline` (if it names one), its `own_bound` (seconds: grace
+/// period or `peer_timeout`), when the coordinator last asked it
+/// (`last_asked`, None: never) and whether it was `released`. All times are
+/// Unix seconds.
+///
+/// With a deadline the task serves until it: the machine goes then. Without
+/// one it serves its own bound, and past it as long as the coordinator keeps
+/// asking (its save may still be under way: the task must not leave before
+/// the checkpoint it waits for), up to [`SERVE_CAP_FACTOR`] times its bound.
+#[must_use]
+pub fn serving(notice_at: f64, deadline: Option<f64>, own_bound: f64, last_asked: Option<f64>, released: bool, now: f64) -> Serving {
+    if released {
+        return Serving::Leave(Leave::Released);
+    }
+    if let Some(d) = deadline {
+        return if now >= d {
+            Serving::Leave(Leave::Deadline)
+        } else {
+            Serving::Until(d)
+        };
+    }
+    let own_end = notice_at + own_bound.max(0.0);
+    if now < own_end {
+        return Serving::Until(own_end);
+    }
+    let cap = notice_at + SERVE_CAP_FACTOR * own_bound.max(0.0);
+    if now >= cap {
+        return Serving::Leave(Leave::Cap);
+    }
+    match last_asked {
+        Some(at) if now - at < COORDINATOR_SILENCE => Serving::Until((at + COORDINATOR_SILENCE).min(cap)),
+        _ => Serving::Leave(Leave::CoordinatorSilent),
+    }
+}
+
+/// Seconds the coordinator keeps a worker whose release failed out of the
+/// rotation, waiting for it to go (or to answer as a new incarnation): the
+/// longest the worker serves after its notice ([`serving`], with the
+/// coordinator's `peer_timeout` for its bound) and `exit_wait` for its exit.
+/// A worker still there after it takes closures again.
+#[must_use]
+pub fn unreleased_hold_bound(deadline: Option<f64>, peer_timeout: f64, exit_wait: f64, now: f64) -> f64 {
+    let serves = match deadline {
+        Some(d) => (d - now).max(0.0),
+        None => SERVE_CAP_FACTOR * peer_timeout.max(0.0),
+    };
+    serves + exit_wait.max(0.0)
+}
 
 /// Why a task refuses a release (the `why` of its answer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -137,6 +227,49 @@ mod tests {
         assert_eq!(Refusal::NotThisIncarnation.to_string(), "not this incarnation");
         assert_eq!(Refusal::NoNotice.to_string(), "no notice to release");
         assert_eq!(Refusal::NotThisNotice.to_string(), "not this notice");
+    }
+
+    #[test]
+    fn a_served_task_waits_for_a_coordinator_that_asks_and_not_for_one_that_is_gone() {
+        use Leave::{Cap, CoordinatorSilent, Deadline, Released};
+        use Serving::Until;
+        let s = COORDINATOR_SILENCE;
+        // (deadline, own bound, last asked, released, now, decision); notice at 100.
+        type Row = (Option<f64>, f64, Option<f64>, bool, f64, Serving);
+        let rows: &[Row] = &[
+            // Released: gone at once, whatever else holds.
+            (None, 30.0, Some(100.0), true, 101.0, Serving::Leave(Released)),
+            (Some(200.0), 30.0, None, true, 101.0, Serving::Leave(Released)),
+            // A deadline: serve until it, asked or not.
+            (Some(200.0), 30.0, None, false, 150.0, Until(200.0)),
+            (Some(200.0), 30.0, Some(199.0), false, 200.0, Serving::Leave(Deadline)),
+            // Within its own bound: serve on, asked or not.
+            (None, 30.0, None, false, 110.0, Until(130.0)),
+            // Past it: on while the coordinator asks (its save may be under way) ...
+            (None, 30.0, Some(129.0), false, 131.0, Until(129.0 + s)),
+            (None, 30.0, Some(185.0), false, 186.0, Until(190.0)),
+            // ... not once it has been silent that long (a coordinator that died) ...
+            (None, 30.0, Some(131.0 - s), false, 131.0, Serving::Leave(CoordinatorSilent)),
+            (None, 30.0, None, false, 131.0, Serving::Leave(CoordinatorSilent)),
+            // ... and never past the cap, however often it asks.
+            (None, 30.0, Some(189.9), false, 190.0, Serving::Leave(Cap)),
+            // No bound: the coordinator's asks alone hold it, up to the cap (itself).
+            (None, 0.0, Some(100.0), false, 100.0, Serving::Leave(Cap)),
+        ];
+        for &(deadline, bound, asked, released, now, want) in rows {
+            assert_eq!(
+                serving(100.0, deadline, bound, asked, released, now),
+                want,
+                "{deadline:?} {bound} {asked:?} {released} {now}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreleased_worker_is_held_as_long_as_it_may_serve() {
+        assert!((unreleased_hold_bound(None, 30.0, 30.0, 0.0) - (SERVE_CAP_FACTOR * 30.0 + 30.0)).abs() < 1e-9);
+        assert!((unreleased_hold_bound(Some(50.0), 30.0, 30.0, 10.0) - 70.0).abs() < 1e-9);
+        assert!((unreleased_hold_bound(Some(5.0), 30.0, 30.0, 10.0) - 30.0).abs() < 1e-9);
     }
 
     #[test]

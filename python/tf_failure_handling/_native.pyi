@@ -32,6 +32,10 @@ class ProtocolCore:
 
     run_counter: int
     @property
+    def running_thread(self) -> int: ...
+    @property
+    def trainer_thread(self) -> int: ...
+    @property
     def attention(self) -> bool: ...
     @property
     def leading(self) -> bool: ...
@@ -181,6 +185,8 @@ PS_TOKEN: str
 ABANDON_AFTER: float
 MAX_ABANDONED: int
 DEFAULT_DRAIN_BOUND: float
+COORDINATOR_SILENCE: float
+SERVE_CAP_FACTOR: float
 
 class CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
@@ -189,6 +195,24 @@ def release_refused(
     incarnation: str, notice_at: Optional[float], asked_incarnation: Any, asked_notice_at: Any
 ) -> Optional[str]: ...
 def worker_drain_bound(deadline: Optional[float], now: float) -> float: ...
+def unreleased_hold_bound(
+    deadline: Optional[float], peer_timeout: float, exit_wait: float, now: float
+) -> float: ...
+
+class ServeDecision:
+    """What a served task with a notice does now (``serving``; ``src/ps_control.rs``)."""
+
+    until: Optional[float]
+    leave: Optional[str]
+
+def serving(
+    notice_at: float,
+    deadline: Optional[float],
+    own_bound: float,
+    last_asked: Optional[float],
+    released: bool,
+    now: float,
+) -> ServeDecision: ...
 
 class Abandoned:
     """A call abandoned so that a new one could start (``TaskCalls.start``)."""
@@ -299,6 +323,7 @@ class ClosureQueue:
     def stop(self) -> None: ...
     def clear_tag(self, tag: int) -> None: ...
     def qsize(self) -> int: ...
+    def queued_closures(self) -> list: ...
     @property
     def stopped(self) -> bool: ...
     @property
@@ -326,6 +351,7 @@ class Closure:
         args: Any = None,
         kwargs: Any = None,
     ) -> None: ...
+    _tfh_counted: bool
     def build_output_remote_value(self) -> Any: ...
     def _output_remote_value(self) -> Any: ...
     def _set_output_error(self, e: BaseException) -> None: ...

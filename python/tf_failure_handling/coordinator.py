@@ -343,6 +343,8 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
                     queue = cluster.closure_queue
                     closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
                     remote_value = closure.build_output_remote_value()
+                    if _ps_control.in_handler_run():
+                        closure._tfh_counted = True
                     queue.put(closure)
                     return remote_value
         queue = self._cluster.closure_queue
@@ -373,5 +375,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         entry._cancelable = (queue._cancellation_mgr, closure._function)
         closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
         remote_value = closure.build_output_remote_value()
+        if _ps_control.in_handler_run():
+            closure._tfh_counted = True  # one of a handler's runs (its run count counts it)
         queue.put(closure)
         return remote_value

@@ -12,6 +12,7 @@ import time
 from typing import Any, Optional
 
 from ._coordinator import ps_control as _ps_control
+from ._native import COORDINATOR_SILENCE, SERVE_CAP_FACTOR, serving
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from .handler import TerminationConfig, _peer_timeout
@@ -20,6 +21,14 @@ log = logging.getLogger("tf_failure_handling")
 
 #: Seconds between two checks of the wait loops (they answer Ctrl-C between).
 _SLICE = 1.0
+#: The log's words for why a task left unreleased (the core's ``serving``).
+_LEAVE_WHY = {
+    "deadline": "the notice's deadline came",
+    "coordinator silent": (
+        f"its own bound passed and the coordinator has not asked it for {COORDINATOR_SILENCE:.0f}s"
+    ),
+    "cap": f"{SERVE_CAP_FACTOR:g} times its own bound passed",
+}
 
 
 def _job_and_task(server: Any) -> tuple:
@@ -77,23 +86,37 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
         control.set_notice(notice.source, notice.deadline)
         now = time.time()
         if notice.deadline is not None:
-            end, why = notice.deadline, "the notice's deadline"
+            own, why = max(0.0, notice.deadline - now), "the notice's deadline"
         elif defaults.grace_period > 0:
-            end, why = now + defaults.grace_period, "the grace period"
+            own, why = defaults.grace_period, "the grace period"
         else:
-            end, why = now + peer_timeout, "peer_timeout"
+            own, why = peer_timeout, "peer_timeout"
         log.info(
             "%s %d: termination notice from %s; serving until the coordinator is done with "
-            "this task (at most %.1fs, %s).",
+            "this task (%.1fs, %s; past it while the coordinator still asks, at most %.0fs "
+            "in all).",
             job,
             task,
             notice.source,
-            end - now,
+            own,
             why,
+            own if notice.deadline is not None else own * SERVE_CAP_FACTOR,
         )
-        while not control.released.is_set() and time.time() < end:
-            control.released.wait(min(_SLICE, max(0.0, end - time.time())))
-        if control.released.is_set():
+        while True:
+            # The core decides: released, the deadline, or this task's own bound and
+            # then the coordinator's asks (its save may still be under way).
+            decision = serving(
+                now,
+                notice.deadline,
+                own,
+                control.last_asked,
+                control.released.is_set(),
+                time.time(),
+            )
+            if decision.leave is not None:
+                break
+            control.released.wait(min(_SLICE, max(0.0, decision.until - time.time())))
+        if decision.leave == "released":
             log.info(
                 "%s %d: released by the coordinator (%s). Exiting.",
                 job,
@@ -102,11 +125,12 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
             )
         else:
             log.warning(
-                "%s %d: the coordinator did not release this task within %.1fs (%s). Exiting.",
+                "%s %d: the coordinator did not release this task (%s, %.1fs after the "
+                "notice). Exiting.",
                 job,
                 task,
-                end - now,
-                why,
+                _LEAVE_WHY[decision.leave],
+                time.time() - now,
             )
     finally:
         sources.close()

@@ -25,6 +25,8 @@
 //! No Python object is dropped and no Python code runs while a Rust lock is
 //! held: references are cloned or taken out under the lock and used after.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::{Condvar, Mutex};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -70,6 +72,10 @@ struct Refs {
 #[pyclass(frozen, name = "Closure", module = "tf_failure_handling._native")]
 pub struct PyClosure {
     refs: Mutex<Option<Refs>>,
+    /// Scheduled by a `PreemptionCheckpointHandler.run()`: counted in its
+    /// run count (`_tfh_counted`; set by the coordinator before it queues
+    /// the closure).
+    counted: AtomicBool,
 }
 
 impl PyClosure {
@@ -144,6 +150,7 @@ impl PyClosure {
                 tag: None,
                 output: Output::NotBuilt,
             })),
+            counted: AtomicBool::new(false),
         })
     }
 
@@ -233,6 +240,18 @@ impl PyClosure {
     }
 
     /// The cache entry the closure was made from.
+    /// Whether a handler's `run()` scheduled this closure (its run count
+    /// counts it).
+    #[getter]
+    fn _tfh_counted(&self) -> bool {
+        self.counted.load(Ordering::Relaxed)
+    }
+
+    #[setter(_tfh_counted)]
+    fn set_counted(&self, counted: bool) {
+        self.counted.store(counted, Ordering::Relaxed);
+    }
+
     #[getter]
     fn _entry(&self, py: Python<'_>) -> Py<PyAny> {
         self.field(py, |r| &r.entry)

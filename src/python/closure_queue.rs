@@ -267,6 +267,14 @@ impl PyClosureQueue {
         self.core.queued()
     }
 
+    /// The closures queued now (the main queue, then each tag's), as a new
+    /// list: references taken under the queue's lock, no Python run there.
+    fn queued_closures(&self, py: Python<'_>) -> Vec<Py<PyAny>> {
+        let mut found = Vec::new();
+        self.core.visit(|item| found.push(item.clone_ref(py)));
+        found
+    }
+
     /// Hook: called before waiting for in-flight closures when cancelling.
     fn _start_cancel(&self) {}
 

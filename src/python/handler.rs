@@ -115,6 +115,13 @@ struct Shared {
     /// TensorFlow's `_run_counter`: completed `run()` calls, restored from
     /// the checkpoint.
     run_counter: AtomicU64,
+    /// The thread (`threading.get_ident()`) whose `run()` is calling its
+    /// function now, 0 when none: a `ClusterCoordinator.schedule()` made from
+    /// it schedules one of the handler's runs, which the run count counts.
+    run_thread: AtomicU64,
+    /// The thread that called `run()` last (0: none yet): the training
+    /// thread, the one whose waits on a result may make the step's checks.
+    trainer_thread: AtomicU64,
     state: Mutex<CoreState>,
 }
 
@@ -224,9 +231,15 @@ unsafe extern "C-unwind" fn run_fastcall(
     }
     #[allow(clippy::cast_sign_loss)]
     let positional = (nargs - 1) as usize;
+    // The function runs on this thread: what it schedules is the handler's
+    // (`threading.get_ident()` is `pthread_self()` on the platforms we build for).
+    let thread = current_thread();
+    core.trainer_thread.store(thread, Ordering::Relaxed);
+    let previous = core.run_thread.swap(thread, Ordering::Relaxed);
     // SAFETY: `args` holds `nargs` positional arguments followed by the
     // keyword values named by `kwnames`; the first is the function.
     let result = unsafe { vectorcall(*args, args.add(1), positional, kwnames) };
+    core.run_thread.store(previous, Ordering::Relaxed);
     if result.is_null() {
         // Only raw pointers live across the Python call below.
         let error = PyErr::fetch(py).into_value(py).into_ptr();
@@ -246,6 +259,13 @@ unsafe extern "C-unwind" fn run_fastcall(
     }
     core.run_counter.fetch_add(1, Ordering::Relaxed);
     result
+}
+
+/// This thread's id as Python's `threading.get_ident()` gives it.
+fn current_thread() -> u64 {
+    // SAFETY: pthread_self has no precondition.
+    #[allow(clippy::useless_conversion)]
+    u64::from(unsafe { libc::pthread_self() })
 }
 
 /// The signature of `PyObject_Vectorcall` and `PyObject_VectorcallDict`.
@@ -406,6 +426,8 @@ impl Shared {
             attention: AtomicBool::new(false),
             pending: AtomicBool::new(false),
             run_counter: AtomicU64::new(0),
+            run_thread: AtomicU64::new(0),
+            trainer_thread: AtomicU64::new(0),
             state: Mutex::new(CoreState {
                 resolver: None,
                 planner: GracePlanner::new(),
@@ -719,6 +741,20 @@ impl ProtocolCore {
     #[setter]
     fn set_run_counter(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         self.shared.set_run_counter(value)
+    }
+
+    /// The thread whose `run()` is calling its function now (as
+    /// `threading.get_ident()`), 0 when none.
+    #[getter]
+    fn running_thread(&self) -> u64 {
+        self.shared.run_thread.load(Ordering::Relaxed)
+    }
+
+    /// The thread that called `run()` last (as `threading.get_ident()`), 0
+    /// before the first `run()`.
+    #[getter]
+    fn trainer_thread(&self) -> u64 {
+        self.shared.trainer_thread.load(Ordering::Relaxed)
     }
 
     /// Whether a step key, a leading notice or the countdown needs the

@@ -7,7 +7,10 @@
 //!   it abandons (`CallTimeout` otherwise);
 //! * `TaskWatch` and `PollLog`: what the coordinator's poll makes of each
 //!   answer, and which log line it is worth;
-//! * `worker_drain_bound`: how long a worker's drain may wait for its closure.
+//! * `worker_drain_bound`: how long a worker's drain may wait for its closure;
+//! * `serving`: what a served task with a notice does now (serve on, leave);
+//! * `unreleased_hold_bound`: how long a worker whose release failed is kept
+//!   out of the rotation.
 //!
 //! `TaskCalls` and `TaskWatch` are shared by the poller, release and call
 //! threads: each holds its core behind a lock that no holder keeps while it
@@ -43,6 +46,48 @@ fn release_refused(
 #[pyfunction]
 fn worker_drain_bound(deadline: Option<f64>, now: f64) -> f64 {
     ps_control::worker_drain_bound(deadline, now)
+}
+
+/// What a served task with a notice does now (`serving`): serve on until
+/// `until` at the latest, or leave (`leave`: why).
+#[pyclass(frozen, get_all, module = "tf_failure_handling._native")]
+pub struct ServeDecision {
+    /// Unix time to ask again by (None: leave now).
+    until: Option<f64>,
+    /// Why the task leaves: "released", "deadline", "coordinator silent",
+    /// "cap" (None: it serves on).
+    leave: Option<&'static str>,
+}
+
+/// What a served task whose notice came at `notice_at` (Unix seconds) does
+/// at `now`, given its notice's `deadline`, its `own_bound`, when the
+/// coordinator last asked it and whether it was released
+/// ([`crate::ps_control::serving`]).
+#[pyfunction]
+fn serving(notice_at: f64, deadline: Option<f64>, own_bound: f64, last_asked: Option<f64>, released: bool, now: f64) -> ServeDecision {
+    use ps_control::{Leave, Serving};
+    match ps_control::serving(notice_at, deadline, own_bound, last_asked, released, now) {
+        Serving::Until(t) => ServeDecision {
+            until: Some(t),
+            leave: None,
+        },
+        Serving::Leave(why) => ServeDecision {
+            until: None,
+            leave: Some(match why {
+                Leave::Released => "released",
+                Leave::Deadline => "deadline",
+                Leave::CoordinatorSilent => "coordinator silent",
+                Leave::Cap => "cap",
+            }),
+        },
+    }
+}
+
+/// Seconds the coordinator keeps a worker whose release failed out of the
+/// rotation ([`crate::ps_control::unreleased_hold_bound`]).
+#[pyfunction]
+fn unreleased_hold_bound(deadline: Option<f64>, peer_timeout: f64, exit_wait: f64, now: f64) -> f64 {
+    ps_control::unreleased_hold_bound(deadline, peer_timeout, exit_wait, now)
 }
 
 /// A call abandoned so that a new one could start (`TaskCalls.start`).
@@ -173,6 +218,9 @@ impl TaskWatch {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_refused, m)?)?;
     m.add_function(wrap_pyfunction!(worker_drain_bound, m)?)?;
+    m.add_function(wrap_pyfunction!(serving, m)?)?;
+    m.add_function(wrap_pyfunction!(unreleased_hold_bound, m)?)?;
+    m.add_class::<ServeDecision>()?;
     m.add_class::<Abandoned>()?;
     m.add_class::<TaskCalls>()?;
     m.add_class::<PollLog>()?;
@@ -182,5 +230,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABANDON_AFTER", ps_control::ABANDON_AFTER)?;
     m.add("MAX_ABANDONED", ps_control::MAX_ABANDONED)?;
     m.add("DEFAULT_DRAIN_BOUND", ps_control::DEFAULT_DRAIN_BOUND)?;
+    m.add("COORDINATOR_SILENCE", ps_control::COORDINATOR_SILENCE)?;
+    m.add("SERVE_CAP_FACTOR", ps_control::SERVE_CAP_FACTOR)?;
     Ok(())
 }

@@ -17,6 +17,8 @@ import time
 import pytest
 from tf_failure_handling._coordinator import ps_control
 from tf_failure_handling._coordinator.closures import Worker, _Holds
+from tf_failure_handling._native import SERVE_CAP_FACTOR
+from tf_failure_handling._native import serving as ps_control_serving
 
 BOUND = 10.0  # turns a hang into a failure
 
@@ -668,9 +670,12 @@ def test_a_save_hold_and_a_drain_hold_are_lifted_separately():
 
 
 class FakePoller:
+    """``gone``: what each ``wait_gone`` answers (a list: one answer per call, in turn)."""
+
     def __init__(self, released=True, gone=True) -> None:
         self.incarnations = {W1: "inc-1"}
         self.calls: list = []
+        self.stopped = False
         self._released = released
         self._gone = gone
 
@@ -680,7 +685,7 @@ class FakePoller:
 
     def wait_gone(self, task, bound):
         self.calls.append(("wait_gone", task))
-        return self._gone
+        return self._gone.pop(0) if isinstance(self._gone, list) else self._gone
 
 
 def test_drain_holds_waits_releases_waits_for_the_exit_then_resumes():
@@ -728,15 +733,51 @@ def test_drain_releases_at_its_bound_with_the_closure_still_running(caplog):
     assert not worker.holds.held()
 
 
-def test_drain_that_cannot_release_does_not_wait_for_an_exit():
+def _unreleased_drain(gone, on_wait=None):
+    """A drain whose release fails; ``on_wait(poller)`` runs at each ``wait_gone``.
+    Returns the drain, its worker and whether the worker was held at each wait."""
     worker = FakeWorker(1)
-    poller = FakePoller(released=False)
+    poller = FakePoller(released=False, gone=gone)
+    held = []
+    wait_gone = poller.wait_gone
+
+    def observed(task, bound):
+        held.append(worker.holds.held())
+        if on_wait is not None:
+            on_wait(poller)
+        return wait_gone(task, bound)
+
+    poller.wait_gone = observed
     drain = ps_control.WorkerDrain(
         poller, 1, None, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
     )
     drain.run()
-    assert poller.calls == [("release", W1, "drained")]
+    return drain, worker, poller, held
+
+
+def test_drain_that_cannot_release_keeps_the_worker_out_until_it_is_gone():
+    """Item 5 of issue 48: a worker whose release failed still serves its notice; put
+    back to work, it would run closures until it leaves on its own bound (each then runs
+    again elsewhere, unnamed). It stays held until its process is gone."""
+    drain, worker, poller, held = _unreleased_drain([False, False, True])
+    assert poller.calls == [("release", W1, "drained")] + [("wait_gone", W1)] * 3
+    assert held == [True, True, True], "the worker took closures before it was gone"
     assert drain.outcome == "not released" and not worker.holds.held()
+
+
+def test_drain_that_cannot_release_resumes_a_new_incarnation():
+    def restarted(poller):
+        poller.incarnations[W1] = "inc-2"
+
+    _, worker, poller, held = _unreleased_drain(False, on_wait=restarted)
+    assert poller.calls == [("release", W1, "drained"), ("wait_gone", W1)]
+    assert held == [True] and not worker.holds.held()
+
+
+def test_an_unreleased_worker_is_held_for_as_long_as_it_may_serve():
+    assert ps_control.unreleased_hold_bound(None, 30.0, 30.0, 0.0) == pytest.approx(
+        SERVE_CAP_FACTOR * 30.0 + 30.0
+    )
 
 
 def test_drain_with_a_coordinator_that_cannot_hold_releases_at_once(caplog):
@@ -978,3 +1019,132 @@ def test_the_import_added_keepalive_as_keepalive_wanted_says():
         assert ps_control.grpc_keepalive_time() is not None
     elif not os.environ.get(ps_control.GRPC_OPTIONS_ENV):
         assert ps_control.GRPC_OPTIONS_ADDED is None
+
+
+# ----------------------------------------------------------------------------- issue 48
+
+
+class Run:
+    """A queued closure; ``_tfh_counted``: a handler's ``run()`` scheduled it."""
+
+    def __init__(self, counted: bool) -> None:
+        self._tfh_counted = counted
+
+
+class ListingQueue(FakeQueue):
+    def __init__(self, closures) -> None:
+        super().__init__(queued=len(closures))
+        self.closures = closures
+
+    def queued_closures(self):
+        return list(self.closures)
+
+
+def test_only_the_handlers_runs_are_taken_off_the_run_count():
+    """Item 2 of issue 48: an evaluation closure scheduled outside ``handler.run`` and
+    unfinished at the save is not one of the runs: taking it off the run count made a
+    finished training step run again after the restart."""
+    workers = [FakeWorker(0), FakeWorker(1)]
+    workers[0].running, workers[1].running = "train_step", "eval_step"
+    workers[0].taken = lambda: Run(True)
+    workers[1].taken = lambda: Run(False)
+    queue = ListingQueue([Run(True), Run(False), Run(False), Run(True), Run(True)])
+    unfinished = ps_control.wait_for_closures(FakeCoordinator(workers, queue), 0.05)
+    assert (unfinished.queued, unfinished.in_flight) == (3, {0: "train_step"})
+    assert (unfinished.outside_queued, unfinished.outside_in_flight) == (2, {1: "eval_step"})
+    assert unfinished.count == 4 and unfinished.outside_count == 3
+
+
+class FailingClosure:
+    pass
+
+
+def test_a_lost_workers_closure_counts_once_and_its_thread_holds_up_no_save():
+    """Item 3 of issue 48: a worker whose process was lost puts its closure back in the
+    queue, then waits in TensorFlow's recovery. It has nothing in flight: a save's wait
+    for it ends at once (it used to wait out its whole bound, the closure counted as
+    queued and in flight)."""
+    queue = CountingQueue()
+    put_back = []
+    queue.put_back = put_back.append
+    worker = held_worker(queue)
+    worker._resource_tracking_lock = threading.Lock()
+    worker._resource_remote_value_refs = []
+    closure = FailingClosure()
+    worker.__dict__["_tfh_taken"] = closure
+    worker.hold("save", strict=True)
+    assert not worker.wait_idle(0.0)
+    worker._on_closure_failure(closure, UnavailableError("worker 0 is gone"))
+    assert put_back == [closure]
+    assert worker.taken() is None and worker.in_flight() is None
+    assert worker.wait_idle(0.0), "the save waits for a worker that lost its closure"
+
+
+class FakeState:
+    peer_timeout = 30.0
+    grace_period = 0.0
+    clock = staticmethod(time.monotonic)
+
+
+class FakeCore:
+    def __init__(self) -> None:
+        self.bounds: list = []
+
+    def retry_bound(self, now, peer_timeout):
+        self.bounds.append(peer_timeout)
+        return 10.0
+
+
+def test_the_ps_release_after_the_save_is_sent_again_before_the_watch_stops():
+    """Item 4 of issue 48: the save's release of a PS stopped the watch first, and the
+    retry rule gives up at the first failure of a stopped watch: the PS stayed up until
+    its own bound. Now the release is sent again (the core's retry bound), then the
+    watch stops."""
+    from tf_failure_handling._protocol.ps_steps import PsSteps
+
+    cluster = FakeCluster()
+    control = cluster.serve(PS, "ps", 0)
+    cluster.serve(W0, "worker", 0)
+    cluster.serve(W1, "worker", 1)
+    control.set_notice("signal SIGTERM", None)
+    failures = [UnavailableError("/job:worker/replica:0/task:1 is unavailable")] * 2
+
+    def caller(task, request, timeout=None):
+        if request["op"] == "release" and failures:
+            raise failures.pop()
+        return cluster(task, request, timeout)
+
+    poller = ps_control.ClusterPoller(
+        SPEC, lambda *n: None, interval=0.01, caller=caller, listening=lambda task: True
+    )
+    poller.poll_once()
+    core = FakeCore()
+    steps = PsSteps(FakeState(), core, None, None)
+    steps.poller = poller
+    steps._with_notice.add(0)
+    steps.after_save()
+    assert control.released.is_set(), "the PS was not released after the save"
+    assert failures == [] and core.bounds == [30.0] and poller.stopped
+
+
+def test_a_served_task_waits_while_the_coordinator_asks():
+    """The core's ``serving``: past its own bound a PS waits for a coordinator that still
+    asks (its save may be under way), not for one that fell silent."""
+    notice, bound = 1000.0, 30.0
+    asked = serving_at = notice + bound + 1.0
+    decision = ps_control_serving(notice, None, bound, asked - 1.0, False, serving_at)
+    assert decision.leave is None and decision.until > serving_at
+    silent = ps_control_serving(notice, None, bound, notice, False, serving_at)
+    assert silent.leave == "coordinator silent"
+    assert ps_control_serving(notice, None, bound, asked, True, asked).leave == "released"
+    assert ps_control_serving(notice, 1010.0, bound, asked, False, 1010.0).leave == "deadline"
+    capped = notice + SERVE_CAP_FACTOR * bound
+    assert ps_control_serving(notice, None, bound, capped - 0.1, False, capped).leave == "cap"
+
+
+def test_task_control_notes_when_the_coordinator_asked():
+    control = ps_control.TaskControl("ps", 0)
+    assert control.last_asked is None
+    before = time.time()
+    ask(control, {"op": "poll"})
+    assert control.last_asked is not None and control.last_asked >= before

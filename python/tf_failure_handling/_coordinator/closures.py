@@ -29,6 +29,7 @@ from tensorflow.python.util import nest as _nest
 
 from .._native import Closure as _NativeClosure
 from .._native import Completions
+from . import ps_control as _ps_control
 from .closure_queue import MAX_SIZE as MAX_QUEUE_SIZE
 
 #: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
@@ -269,7 +270,23 @@ class ClosureRemoteValue(_values.RemoteValueImpl):
         return lock
 
     def _wait(self, timeout: Optional[float] = None) -> bool:
-        """Blocks until the status is set (True) or ``timeout`` seconds pass (False)."""
+        """Blocks until the status is set (True) or ``timeout`` seconds pass (False).
+
+        Without a timeout, on the training thread of an open handler and outside its
+        ``run()`` (a ``fetch()`` or ``get()`` in the training loop), the wait makes the
+        handler's checks, as ``join()`` does: a termination notice that comes
+        meanwhile is acted on here (the closures finish, the checkpoint is saved, the
+        process exits) instead of waiting for a closure the save holds back."""
+        if self._status is not _NOT_READY:
+            return True
+        if timeout is None:
+            checks = _ps_control.checks_of_this_trainer()
+            if checks:
+                _ps_control.wait_checked(self._wait_unchecked, checks)
+                return True
+        return self._wait_unchecked(timeout)
+
+    def _wait_unchecked(self, timeout: Optional[float] = None) -> bool:
         if self._status is not _NOT_READY:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -500,6 +517,13 @@ class _Holds:
         with self._lock:
             return bool(self._reasons)
 
+    def lost(self) -> None:
+        """The thread's closure went back to the queue with its worker's failure: it has
+        none in flight while it waits for the worker's recovery (a hold's wait for it
+        to be idle ends). Its next turn says again whether it may take one."""
+        with self._lock:
+            self.idle.set()
+
     def strict(self) -> bool:
         with self._lock:
             return any(self._reasons.values())
@@ -555,6 +579,10 @@ class Worker(_tf_cc.Worker):
         """After :meth:`hold`: True once the thread has no closure in flight (it waits
         on the hold), False when ``timeout`` seconds pass first."""
         return self._holds().idle.wait(timeout)
+
+    def taken(self) -> Any:
+        """The closure this thread runs, or None."""
+        return self.__dict__.get("_tfh_taken")
 
     def in_flight(self) -> Optional[str]:
         """The name of the function of the closure this thread runs, or None."""
@@ -629,7 +657,8 @@ class Worker(_tf_cc.Worker):
             else:
                 self._process_closure(closure)
             # As TF: no reference to the processed closure survives the loop turn.
-            del self.__dict__["_tfh_taken"], closure
+            self.__dict__.pop("_tfh_taken", None)
+            del closure
 
     def _process_closure(self, closure: Any) -> None:
         """Runs ``closure`` and reports it to the queue; its error goes through TF's
@@ -666,6 +695,14 @@ class Worker(_tf_cc.Worker):
         # Only now: a copy that failed with the worker is retried with the same
         # RemoteValue.
         closure._release_output_remote_value()
+
+    def _on_closure_failure(self, closure: Any, e: BaseException) -> None:
+        """TF's: the closure goes back to the queue and the worker counts as dead. Then
+        this thread has no closure in flight while it waits for the worker's recovery:
+        a save's or a drain's wait for it ends, and the closure counts once (queued)."""
+        super()._on_closure_failure(closure, e)
+        self.__dict__.pop("_tfh_taken", None)
+        self._holds().lost()
 
     def _failure_handling(self, closure: Any, queue: Any) -> Any:
         """TF's failure handler around a closure that raised: a worker failure waits

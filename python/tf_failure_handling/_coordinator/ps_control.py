@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional
 from .._bounded_call import BoundedCall
 from .._native import (
     ABANDON_AFTER,
-    DEFAULT_DRAIN_BOUND,  # noqa: F401 - re-exported: tests name it here
+    COORDINATOR_SILENCE,  # noqa: F401 - the handler's log names it
+    DEFAULT_DRAIN_BOUND,
     MAX_ABANDONED,
     CallTimeout,
     PollLog,
@@ -30,6 +31,7 @@ from .._native import (
     TaskCalls,
     TaskWatch,
     release_refused,
+    unreleased_hold_bound,
     worker_drain_bound,
 )
 from .._native import PS_TOKEN as TOKEN
@@ -154,15 +156,45 @@ def unregister_join(check: Any) -> None:
 def join(queue: Any) -> None:
     """``ClusterCoordinator.join()``: ``queue.wait()``, and meanwhile, with an open
     handler, the checks a ``run()`` would make (most training happens inside ``join()``)."""
+    wait_checked(queue.wait)
+
+
+def wait_checked(wait: Callable[..., bool], checks: Optional[list] = None) -> None:
+    """``wait()`` (no timeout) in slices of :data:`JOIN_SLICE`, with the checks of the
+    open handlers (``checks``: those to make, by default every open one) between the
+    slices: a termination notice is acted on while this thread waits -- the checkpoint
+    is saved and the process exits, as at a ``run()``."""
     while True:
-        checks = [c for c in list(_join_checks) if not c.closed]
-        if not checks:
-            queue.wait()
+        if checks is None:
+            checks_now = [c for c in list(_join_checks) if not c.closed]
+        else:
+            checks_now = [c for c in checks if not c.closed]
+        if not checks_now:
+            wait()
             return
-        if queue.wait(timeout=JOIN_SLICE):
+        if wait(timeout=JOIN_SLICE):
             return
-        for check in checks:
+        for check in checks_now:
             check.check_in_join()
+
+
+def in_handler_run() -> bool:
+    """Whether this thread is inside an open handler's ``run()`` (calling its function):
+    a closure scheduled now is one of the handler's runs, which its run count counts."""
+    if not _join_checks:
+        return False
+    me = threading.get_ident()
+    return any(c.running_thread == me for c in list(_join_checks))
+
+
+def checks_of_this_trainer() -> list:
+    """The open handlers whose training thread this is, and that are not inside their
+    ``run()`` here: a wait on a result made by this thread may make their checks
+    (``ClosureRemoteValue``'s wait; docs/getting-started/parameter-server.md)."""
+    if not _join_checks:
+        return []
+    me = threading.get_ident()
+    return [c for c in list(_join_checks) if c.is_trainer(me) and c.running_thread != me]
 
 
 def _job_task(device: str) -> tuple:
@@ -182,6 +214,8 @@ class TaskControl:
         self._notice: Optional[dict] = None
         self.released = threading.Event()
         self.release_reason: Optional[str] = None
+        #: When (Unix time) the coordinator last asked this task anything (None: never).
+        self.last_asked: Optional[float] = None
 
     def set_notice(self, source: str, deadline: Optional[float]) -> None:
         with self._lock:
@@ -196,6 +230,7 @@ class TaskControl:
             message = None
         if not isinstance(message, dict):
             return json.dumps({"error": "not a JSON object"}).encode()
+        self.last_asked = time.time()
         op = message.get("op")
         if op == "release":
             return json.dumps(self._release(message)).encode()
@@ -366,6 +401,10 @@ class ClusterPoller:
         )
         self._thread.start()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
     def stop(self) -> None:
         """Ends the watch; waits (bounded) for a round in progress."""
         self._stop.set()
@@ -441,9 +480,11 @@ class ClusterPoller:
                 log.error("The watch over the cluster's notices failed a round: %r", e)
             self._stop.wait(self._interval)
 
-    def release(self, task: str, reason: str) -> bool:
+    def release(self, task: str, reason: str, bound: Optional[float] = None) -> bool:
         """Tells ``task`` that the coordinator is done with it (it exits); False if it
-        could not be told (gone, not answering within the bound, or it refused)."""
+        could not be told (gone, not answering within the bound, or it refused). A
+        release that failed is sent again by the core's retry rule for ``bound``
+        seconds (by default one call's timeout), unless the watch is stopped."""
         incarnation, notice_at = self._watch.release_names(task)
         request = {
             "op": "release",
@@ -451,7 +492,7 @@ class ClusterPoller:
             "incarnation": incarnation,
             "notice_at": notice_at,
         }
-        retry = Retry(self._call_timeout, time.monotonic())
+        retry = Retry(self._call_timeout if bound is None else bound, time.monotonic())
         while True:
             try:
                 answer = self._call(task, request, self._call_timeout)
@@ -592,26 +633,54 @@ def resume_all(coordinator: Any) -> None:
 
 
 class Unfinished:
-    """What :func:`wait_for_closures` left: ``queued`` closures (they run once after the
-    restart) and those in flight at the bound (they may run twice): ``in_flight``, worker
-    index -> function, for ours; ``unnamed``, their number, for TensorFlow's."""
+    """What :func:`wait_for_closures` left.
 
-    def __init__(self, queued: int, in_flight: dict, held: bool, unnamed: int = 0) -> None:
+    The handler's runs (closures a ``PreemptionCheckpointHandler.run()`` scheduled):
+    ``queued`` ones never ran and run once after the restart; those in flight at the
+    bound, ``in_flight`` (worker index -> function), may be in the checkpoint and run
+    again after it. ``outside_queued`` and ``outside_in_flight`` are closures scheduled
+    outside ``run()`` (an evaluation, say): not in the run count, not run again after
+    the restart. ``unnamed``: closures in flight on TensorFlow's own coordinator,
+    which tells neither which worker nor who scheduled them (all counted as runs).
+    """
+
+    def __init__(
+        self,
+        queued: int,
+        in_flight: dict,
+        held: bool,
+        unnamed: int = 0,
+        outside_queued: int = 0,
+        outside_in_flight: Optional[dict] = None,
+    ) -> None:
         self.queued = queued
         self.in_flight = in_flight
         self.held = held
         self.unnamed = unnamed
+        self.outside_queued = outside_queued
+        self.outside_in_flight = outside_in_flight or {}
 
     @property
     def in_flight_count(self) -> int:
+        """The handler's runs in flight at the bound."""
         return len(self.in_flight) + self.unnamed
 
     @property
     def count(self) -> int:
+        """The handler's runs not finished: not in the saved run count."""
         return self.queued + self.in_flight_count
 
+    @property
+    def outside_count(self) -> int:
+        return self.outside_queued + len(self.outside_in_flight)
+
     def __bool__(self) -> bool:
-        return self.count > 0
+        return self.count + self.outside_count > 0
+
+
+def _counted(closure: Any) -> bool:
+    """Whether a handler's ``run()`` scheduled ``closure`` (``coordinator.schedule``)."""
+    return bool(getattr(closure, "_tfh_counted", False))
 
 
 def wait_for_closures(
@@ -619,7 +688,9 @@ def wait_for_closures(
 ) -> Unfinished:
     """Before the coordinator's save: holds every worker strictly and gives the closures
     in flight ``bound`` seconds (TF's coordinator cannot be held: then every scheduled
-    closure is waited for). Raises a closure's error as ``join()`` would."""
+    closure is waited for). A worker whose process was lost put its closure back in
+    the queue: it has none in flight (``Worker._on_closure_failure``). Raises a
+    closure's error as ``join()`` would."""
     queue = coordinator._cluster.closure_queue
     held = hold_all(coordinator, strict=True)
     end = clock() + max(0.0, bound)
@@ -628,14 +699,30 @@ def wait_for_closures(
             return Unfinished(0, {}, held)
         unnamed = int(getattr(queue, "inflight_closure_count", 0))
         return Unfinished(_qsize(queue), {}, held, unnamed)
-    in_flight = {}
+    in_flight, outside_in_flight = {}, {}
     for worker in workers_of(coordinator):
         if not worker.wait_idle(max(0.0, end - clock())):
-            in_flight[worker.worker_index] = worker.in_flight() or "?"
+            closure = getattr(worker, "taken", lambda: None)()
+            name = worker.in_flight() or "?"
+            if closure is not None and not _counted(closure):
+                outside_in_flight[worker.worker_index] = name
+            else:
+                in_flight[worker.worker_index] = name
     error = getattr(queue, "_error", None)
-    if error is not None and not in_flight and _qsize(queue) == 0:
+    if error is not None and not in_flight and not outside_in_flight and _qsize(queue) == 0:
         queue.wait(timeout=0.0)  # raises the closure's error, as join() would
-    return Unfinished(_qsize(queue), in_flight, held)
+    # The main queue holds the scheduled closures (per-worker resources wait on the
+    # workers' tag queues, never counted).
+    queued = _qsize(queue)
+    listed = getattr(queue, "queued_closures", None)
+    runs = queued if listed is None else min(queued, sum(1 for c in listed() if _counted(c)))
+    return Unfinished(
+        runs,
+        in_flight,
+        held,
+        outside_queued=queued - runs,
+        outside_in_flight=outside_in_flight,
+    )
 
 
 def _qsize(queue: Any) -> int:
@@ -657,10 +744,15 @@ class WorkerDrain:
         deadline: Optional[float],
         coordinator: Any = None,
         clock: Callable[[], float] = time.time,
+        peer_timeout: Optional[float] = None,
     ) -> None:
         self.poller = poller
         self.index = index
         self.deadline = deadline
+        #: The coordinator's ``peer_timeout`` (the handler's; else the default drain
+        #: bound): a worker's own wait for its release, when its notice names no
+        #: deadline, is taken to be as long (``_hold_until_gone``).
+        self.peer_timeout = DEFAULT_DRAIN_BOUND if peer_timeout is None else peer_timeout
         self.task = f"/job:worker/replica:0/task:{index}"
         self._coordinator = coordinator
         self._clock = clock
@@ -670,6 +762,34 @@ class WorkerDrain:
     def bound(self) -> float:
         """Seconds the closure in flight gets (the core's ``worker_drain_bound``)."""
         return worker_drain_bound(self.deadline, self._clock())
+
+    def _hold_until_gone(self, incarnation: Optional[str]) -> None:
+        """The release failed: the worker still serves its notice and leaves on its own
+        bound. It takes no closure meanwhile (each would run on a machine about to go,
+        and run again elsewhere after it): held until its process is gone or a new
+        incarnation answers, for at most the core's ``unreleased_hold_bound``."""
+        bound = unreleased_hold_bound(self.deadline, self.peer_timeout, EXIT_WAIT, self._clock())
+        log.warning(
+            "Worker %d could not be released: it takes no new closures until it is gone "
+            "(at most %.0fs).",
+            self.index,
+            bound,
+        )
+        end = time.monotonic() + bound
+        while not self.poller.stopped:
+            left = end - time.monotonic()
+            if left <= 0:
+                log.warning(
+                    "Worker %d still serves %.0fs after its release failed; it takes "
+                    "closures again.",
+                    self.index,
+                    bound,
+                )
+                return
+            if self.poller.wait_gone(self.task, min(EXIT_WAIT, left)):
+                return
+            if self.poller.incarnations.get(self.task) != incarnation:
+                return  # a new incarnation answers: watched like the first
 
     def run(self) -> None:
         coordinator = self._coordinator if self._coordinator is not None else find_coordinator()
@@ -708,10 +828,13 @@ class WorkerDrain:
                 )
             released = self.poller.release(self.task, "drained")
             self.outcome = "released" if released else "not released"
-            if released and not self.poller.wait_gone(self.task, EXIT_WAIT):
-                log.warning(
-                    "Worker %d still answers %.0fs after its release.", self.index, EXIT_WAIT
-                )
+            if released:
+                if not self.poller.wait_gone(self.task, EXIT_WAIT):
+                    log.warning(
+                        "Worker %d still answers %.0fs after its release.", self.index, EXIT_WAIT
+                    )
+            else:
+                self._hold_until_gone(incarnation)
         finally:
             worker.resume(reason)
         log.info("Worker %d left; its thread takes closures again when it is back.", self.index)

@@ -121,7 +121,11 @@ class PsSteps:
                 self._sources.trigger(f"ps {task}: {source}", deadline)
         elif job == "worker" and self.poller is not None:
             drain = _ps_control.WorkerDrain(
-                self.poller, task, deadline, coordinator=self._coordinator()
+                self.poller,
+                task,
+                deadline,
+                coordinator=self._coordinator(),
+                peer_timeout=self._state.peer_timeout,
             )
             threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
 
@@ -159,10 +163,12 @@ class PsSteps:
                 self._core.run_counter,
             )
             return
+        # Only the handler's runs are in its run count; a closure scheduled outside
+        # run() (an evaluation, say) is not, and is never run again after the restart.
         self._core.run_counter = max(0, self._core.run_counter - unfinished.count)
         if unfinished.queued:
             log.warning(
-                "%d queued closure(s) were not given to a worker before the save: not "
+                "%d queued run(s) were not given to a worker before the save: not "
                 "counted at run %d, they run after the restart.",
                 unfinished.queued,
                 self._core.run_counter,
@@ -175,13 +181,25 @@ class PsSteps:
                     "its workers"
                 )
             log.warning(
-                "%d closure(s) did not finish within %.1fs (%s): saving without counting "
+                "%d run(s) did not finish within %.1fs (%s): saving without counting "
                 "them at run %d. Each may be in the checkpoint and will run again after the "
                 "restart (at least once, as in TensorFlow).",
                 unfinished.in_flight_count,
                 bound,
                 ", ".join(running),
                 self._core.run_counter,
+            )
+        if unfinished.outside_count:
+            running = [f"{fn} on worker {i}" for i, fn in unfinished.outside_in_flight.items()]
+            log.warning(
+                "%d closure(s) scheduled outside handler.run() were not finished at the "
+                "save (%d queued: they do not run, %d in flight%s: they may be in the "
+                "checkpoint). They are not in the run count and are not run again after the "
+                "restart.",
+                unfinished.outside_count,
+                unfinished.outside_queued,
+                len(unfinished.outside_in_flight),
+                f": {', '.join(running)}" if running else "",
             )
 
     def save_fields(self) -> dict:
@@ -197,16 +215,30 @@ class PsSteps:
             fields["in_flight"] = {str(i): fn for i, fn in unfinished.in_flight.items()}
         if unfinished.in_flight_count:
             fields["in_flight_effect"] = "may be in the checkpoint and will run again"
+        if unfinished.outside_count:
+            fields["outside_run_at_bound"] = {
+                "queued": unfinished.outside_queued,
+                "in_flight": len(unfinished.outside_in_flight),
+            }
         return fields
 
     def after_save(self) -> None:
-        """Releases the PS tasks whose notice this save answered; stops the watch."""
+        """Releases the PS tasks whose notice this save answered (a failed release is
+        sent again by the core's retry rule, for the core's retry bound), then stops the
+        watch: until then the tasks see the coordinator ask, and wait for it."""
         poller = self.poller
         if poller is None:
             return
-        poller.stop()
         for task in sorted(self._with_notice):
-            poller.release(f"/job:ps/replica:0/task:{task}", "checkpoint saved")
+            bound = self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
+            if not poller.release(f"/job:ps/replica:0/task:{task}", "checkpoint saved", bound):
+                log.warning(
+                    "ps %d was not released after the save: it leaves on its own once this "
+                    "coordinator stops asking it (%.0fs later) or at its notice's deadline.",
+                    task,
+                    _ps_control.COORDINATOR_SILENCE,
+                )
+        poller.stop()
 
     def training_goes_on(self) -> None:
         """Training goes on in this process after the save (a grace period's countdown,

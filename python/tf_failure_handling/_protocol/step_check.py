@@ -13,6 +13,7 @@ check. As in TensorFlow, the check and the step are inside the error-reporting s
 
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 from .._native import ProtocolCore, StepAction
@@ -42,6 +43,18 @@ class StepCheck:
     @property
     def closed(self) -> bool:
         return self._state.closed
+
+    @property
+    def running_thread(self) -> int:
+        """The thread inside this handler's ``run()`` now (``threading.get_ident()``), 0
+        when none."""
+        return self._core.running_thread
+
+    def is_trainer(self, thread: int) -> bool:
+        """Whether ``thread`` is this handler's training thread: the one that called
+        ``run()`` last (before the first ``run()``, the main thread)."""
+        trainer = self._core.trainer_thread
+        return thread == (trainer or threading.main_thread().ident)
 
     def _act(self, args: tuple, kwargs: dict) -> None:
         """The check before a step: raise a background thread's error, publish, or save."""
