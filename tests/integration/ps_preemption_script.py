@@ -14,6 +14,29 @@ checkpoint: equal when nothing was lost or applied twice), ``progress`` every 5 
 and ``done`` (both at the end). A served task prints ``exiting`` as it leaves after a
 notice: whether the coordinator released it and the checkpoint written by then (the
 order "released after the save", seen from the task's side). Every address is 127.0.0.1.
+
+Options the reliability trials add (``tests/reliability/processes/ps_preemption.py``;
+none changes a run without them):
+
+* ``--ids``: every closure also carries its own id, the run index
+  (``handler.total_run_calls`` before the call, restored from the checkpoint, so the
+  ids scheduled through ``handler.run`` are exactly ``0..steps-1``), and adds 1 to
+  ``applied[id]``, a per-id counter on the PS saved in the checkpoint. ``run`` (the id,
+  before the call), ``restored`` and ``done`` (``applied``, ``outside``: the per-id
+  counts) say what was scheduled and applied;
+* ``--outside-every K``: every K runs, an "evaluation" closure is scheduled directly
+  (``coord.schedule``, not through ``handler.run``) with the run index as its id; it
+  adds 1 to ``outside[id]`` (``outside`` event when scheduled);
+* ``--fetch-every N``: every Nth run, ``fetch()`` of the RemoteValue that
+  ``handler.run`` returned (``fetch_begin`` / ``fetch_end``);
+* ``--grace-period S``: the TerminationConfig's (coordinator and servers);
+* ``--tf-coordinator``: TensorFlow's own ``ClusterCoordinator``, not ours;
+* ``--fetch-at N --fetch-file F [--fetch-of queued|in-flight]``: a fetch after a notice
+  (``test_ps_preemption.py``). Before run N-2 the coordinator joins, prints
+  ``fetch_ready`` and waits for ``F.stopped`` (the test has stopped the workers); runs
+  N-2 and N-1 then go to the stopped workers and run N stays queued. Once run N is
+  scheduled it prints ``fetch_waiting`` and waits for F (the notice was received), then
+  ``fetch()``es run N's value (queued) or run N-2's (in flight).
 """
 
 from __future__ import annotations
@@ -63,13 +86,15 @@ def serve(args) -> int:
         )
         sys.exit(RESTART_CODE)
 
-    config = tfh.TerminationConfig(exit_fn=exit_fn, peer_timeout=args.peer_timeout)
+    config = tfh.TerminationConfig(
+        exit_fn=exit_fn, peer_timeout=args.peer_timeout, grace_period=args.grace_period
+    )
     tfh.serve(server, config)
     emit("serve-returned")
     return 0
 
 
-def _read(variable) -> int:
+def _read(variable, convert=int):
     """The variable's value for an event line. TensorFlow can fail a coordinator's read
     of a PS variable with the UnavailableError of a worker whose process is exiting
     (seen while a drained worker left: "recvmsg:Connection reset by peer" from
@@ -79,11 +104,16 @@ def _read(variable) -> int:
 
     for attempt in range(5):
         try:
-            return int(variable.numpy())
+            return convert(variable.numpy())
         except tf.errors.UnavailableError as e:
             emit("read-retried", attempt=attempt, error=str(e).splitlines()[0])
             time.sleep(1.0)
-    return int(variable.numpy())
+    return convert(variable.numpy())
+
+
+def _counts(array) -> list:
+    """A per-id counter's value as a list of ints (an event field)."""
+    return [int(v) for v in array]
 
 
 def coordinator(args) -> int:
@@ -96,16 +126,30 @@ def coordinator(args) -> int:
         tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc"
     )
     strategy = tf.distribute.ParameterServerStrategy(resolver)
-    coord = tfh.ClusterCoordinator(strategy)
+    if args.tf_coordinator:
+        coord = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    else:
+        coord = tfh.ClusterCoordinator(strategy)
     with strategy.scope():
         counter = tf.Variable(0, dtype=tf.int64, name="counter")
         weights = tf.Variable(tf.eye(64) * 0.5, name="weights")
-    checkpoint = tf.train.Checkpoint(counter=counter, weights=weights)
-    handler = tfh.PreemptionCheckpointHandler(
-        resolver, checkpoint, args.ckpt, tfh.TerminationConfig(peer_timeout=args.peer_timeout)
-    )
+        if args.ids:
+            applied = tf.Variable(tf.zeros([args.steps], tf.int64), name="applied")
+            outside = tf.Variable(tf.zeros([args.steps], tf.int64), name="outside")
+    parts = {"counter": counter, "weights": weights}
+    if args.ids:
+        parts.update(applied=applied, outside=outside)
+    checkpoint = tf.train.Checkpoint(**parts)
+    config = tfh.TerminationConfig(peer_timeout=args.peer_timeout, grace_period=args.grace_period)
+    handler = tfh.PreemptionCheckpointHandler(resolver, checkpoint, args.ckpt, config)
     runs = handler.total_run_calls
-    emit("restored", runs=runs, counter=_read(counter))
+
+    def counts() -> dict:
+        if not args.ids:
+            return {}
+        return {"applied": _read(applied, _counts), "outside": _read(outside, _counts)}
+
+    emit("restored", runs=runs, counter=_read(counter), **counts())
 
     @tf.function
     def train_step(work):
@@ -118,7 +162,37 @@ def coordinator(args) -> int:
         counter.assign_add(1)
         return tf.reduce_sum(x)
 
+    def _one(index):
+        return tf.IndexedSlices(tf.ones([1], tf.int64), tf.reshape(index, [1]))
+
+    @tf.function
+    def train_step_id(work, run_id):
+        # train_step, and the closure's own id recorded as applied, after the work.
+        x = tf.identity(weights)
+        w = x
+        for _ in tf.range(work):
+            x = tf.matmul(x, w) * 0.5 + tf.eye(64)
+        counter.assign_add(1)
+        applied.scatter_add(_one(run_id))
+        return tf.reduce_sum(x)
+
+    @tf.function
+    def eval_step(work, eval_id):
+        # A closure scheduled outside handler.run: some work, then its id in outside.
+        x = tf.identity(weights)
+        w = x
+        for _ in tf.range(work):
+            x = tf.matmul(x, w) * 0.5 + tf.eye(64)
+        outside.scatter_add(_one(eval_id))
+        return tf.reduce_sum(x)
+
+    two_before = None
     while handler.total_run_calls < args.steps:
+        if args.fetch_at and handler.total_run_calls == args.fetch_at - 2:
+            # Nothing in flight: the test stops the workers, then the next three runs
+            # are scheduled (two taken by the stopped workers, the third queued).
+            coord.join()
+            _wait_for_file(args.fetch_file + ".stopped", "fetch_ready")
         if args.pause_at and handler.total_run_calls == args.pause_at:
             # Nothing scheduled or running: a test stops a task and sends a notice now.
             coord.join()
@@ -133,17 +207,60 @@ def coordinator(args) -> int:
             # Only long closures from here: once one is in flight, say so.
             coord.join()
             _say_when_in_flight(coord)
-        handler.run(coord.schedule, train_step, (args.long_work if long else args.work,))
+        work = args.long_work if long else args.work
+        run_id = handler.total_run_calls
+        if args.ids:
+            emit("run", id=run_id)
+            rv = handler.run(
+                coord.schedule, train_step_id, (work, tf.constant(run_id, dtype=tf.int64))
+            )
+        else:
+            rv = handler.run(coord.schedule, train_step, (work,))
         runs = handler.total_run_calls
+        if args.fetch_at and run_id == args.fetch_at - 2:
+            two_before = rv
+        if args.fetch_at and run_id == args.fetch_at:
+            _fetch_when_told(args, rv if args.fetch_of == "queued" else two_before, run_id)
+        if args.fetch_every and runs % args.fetch_every == 0:
+            emit("fetch_begin", id=run_id)
+            value = rv.fetch()
+            emit("fetch_end", id=run_id, value=float(value))
+        if args.outside_every and args.ids and run_id % args.outside_every == 0:
+            coord.schedule(eval_step, (work // 2, tf.constant(run_id, dtype=tf.int64)))
+            emit("outside", id=run_id)
         if runs % 5 == 0:
             emit("progress", runs=runs)
         if runs % args.epoch == 0:
             coord.join()  # an "epoch": most of the training happens in join()
             emit("epoch", runs=runs, counter=_read(counter))
     coord.join()
-    emit("done", runs=handler.total_run_calls, counter=_read(counter))
+    emit("done", runs=handler.total_run_calls, counter=_read(counter), **counts())
     handler.close()
     return 0
+
+
+#: How long ``--fetch-at`` waits for each of the test's files at most.
+FETCH_FILE_WAIT = 300.0
+
+
+def _wait_for_file(path: str, event: str) -> None:
+    """Prints ``event``, then waits (bounded) until the test has written ``path``."""
+    emit(event, runs=None)
+    end = time.monotonic() + FETCH_FILE_WAIT
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise TimeoutError(f"{path} did not appear within {FETCH_FILE_WAIT}s")
+        time.sleep(0.05)
+
+
+def _fetch_when_told(args, remote_value, run_id: int) -> None:
+    """``--fetch-at``: run ``run_id`` is scheduled: prints ``fetch_waiting``, waits for
+    ``--fetch-file`` (the test has sent its notice and seen it received), then fetches
+    ``remote_value``."""
+    _wait_for_file(args.fetch_file, "fetch_waiting")
+    emit("fetch_begin", id=run_id, of=args.fetch_of)
+    value = remote_value.fetch()
+    emit("fetch_end", id=run_id, value=float(value))
 
 
 #: How long the watch of ``_say_when_in_flight`` lasts at most.
@@ -192,6 +309,7 @@ def main(argv=None) -> int:
     s.add_argument("--task", type=int, required=True)
     s.add_argument("--ckpt", default=None, help="the coordinator's checkpoint folder")
     s.add_argument("--peer-timeout", type=float, default=None)
+    s.add_argument("--grace-period", type=float, default=None)
     c = sub.add_parser("coordinator")
     c.add_argument("--cluster", required=True)
     c.add_argument("--ckpt", required=True)
@@ -206,6 +324,16 @@ def main(argv=None) -> int:
         "--long-from", type=int, default=0, help="from this run on, closures of --long-work"
     )
     c.add_argument("--long-work", type=int, default=0)
+    c.add_argument("--grace-period", type=float, default=None)
+    c.add_argument("--ids", action="store_true", help="closures carry their id (docstring)")
+    c.add_argument("--fetch-every", type=int, default=0, help="fetch() every Nth run's value")
+    c.add_argument(
+        "--outside-every", type=int, default=0, help="with --ids: a closure outside handler.run"
+    )
+    c.add_argument("--fetch-at", type=int, default=0, help="fetch, when told, at this run")
+    c.add_argument("--fetch-file", default=None, help="--fetch-at fetches once this exists")
+    c.add_argument("--fetch-of", choices=("queued", "in-flight"), default="queued")
+    c.add_argument("--tf-coordinator", action="store_true", help="TensorFlow's own coordinator")
     args = p.parse_args(argv)
     _diagnostics()
     return serve(args) if args.mode == "serve" else coordinator(args)
