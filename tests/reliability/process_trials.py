@@ -59,19 +59,25 @@ Kinds:
 ``ps_preemption``
     A ParameterServerStrategy cluster of ``tests/integration/ps_preemption_script.py``
     processes on 127.0.0.1: the coordinator (``PreemptionCheckpointHandler`` around
-    ``coord.schedule``, a ``join()`` every epoch; every closure adds 1 to ``counter``
-    on the PS), one PS and two workers (``tfh.serve(server)``), under a launcher that
-    restarts whatever exits, a bounded number of times (``processes/ps_preemption.py``).
+    ``coord.schedule``, a ``join()`` every epoch), one or two PS and two or three
+    workers (``tfh.serve(server)``), under a launcher that restarts whatever exits, a
+    bounded number of times (``processes/ps_preemption.py``). Every closure scheduled
+    through ``handler.run`` carries its id (the run index, ``0..steps-1``) and adds 1 to
+    ``applied[id]``, a per-id counter on a PS saved in the checkpoint. Per seed the plan
+    also picks: our coordinator or TensorFlow's own (a named variant, its own row); a
+    grace period of 0 or more; a platform deadline on every SIGTERM (Kubernetes' pod
+    grace period) or none; a ``fetch()`` of the run's result every Nth run; evaluation
+    closures scheduled outside ``handler.run`` (their own per-id counter).
     One or two faults -- SIGTERM; SIGKILL; SIGSTOP, then SIGCONT 1 to 5 s later -- on
     a random role, sometimes two roles, sometimes the same task again after its
-    restart, landing inside a ``schedule()`` call, inside ``join()``, during a
-    worker's drain (after that worker's notice) or during the coordinator's save
-    (after its own notice or its PS's); gates in the coordinator hold each moment
-    open until the fault is sent (``trial_worker.py``), and where it landed is
-    counted (``at_join``, ...). While a task that a fault took down restarts, or a
-    worker with a notice drains, the trial holds the coordinator at its next
-    ``schedule()`` (it is only slower): the next fault and that worker's exit come
-    before training ends. In half the plans the coordinator's bound on its
+    restart, landing inside a ``schedule()`` call, inside ``join()`` (or the first
+    ``fetch()`` of a result), during a worker's drain (after that worker's notice) or
+    during the coordinator's save (after its own notice or a PS's); gates in the
+    coordinator hold each moment open until the fault is sent (``trial_worker.py``),
+    and where it landed is counted (``at_join``, ...). While a task that a fault took
+    down restarts, or a worker with a notice drains, the trial holds the coordinator at
+    its next ``schedule()`` (it is only slower): the next fault and that worker's exit
+    come before training ends. In half the plans the coordinator's bound on its
     closures before a save is 0 or 0.5 s (a deadline that leaves them no time), so
     closures are queued and in flight at the bound. Invariants:
 
@@ -80,28 +86,33 @@ Kinds:
       for the coordinator), released by the coordinator whenever one was up to do it
       (the task's ``exiting`` event, else the coordinator's records) -- a task
       preempted again after its restart is watched like the first time; the
-      coordinator never falls silent for ``STALL_BOUND``; training ends within
-      ``TRIAL_BOUND``; at the end no process of the trial is left. A bound that runs
-      out dumps the stacks (a hang);
+      coordinator never falls silent for ``STALL_BOUND`` (a ``fetch()`` that never
+      returns after a notice is such a hang); training ends within ``TRIAL_BOUND``; at
+      the end no process of the trial is left. A bound that runs out dumps the stacks
+      (a hang);
     * every coordinator life restores the last complete checkpoint (``lost steps``
-      otherwise), and its ``counter`` is at least its run count;
-    * the PS counter's excess over the run count (``ps_checks.py``) never shrinks
-      (``lost closures``); it grows only at a save after a notice, by at most K, the
-      closures the coordinator's ``save_start`` record names as in flight at the
-      save's bound (``in_flight_at_bound``, 0 when absent), or after a server was
-      SIGKILLed or paused, where TensorFlow's at-least-once re-executes closures
-      (``duplicate closures``: counted, not a violation); a worker's notice and
-      drain, a coordinator's crash, applies nothing twice;
+      otherwise);
+    * identity, not a sum (``processes/ps_checks.py``): every id below the run count of
+      every checkpoint and of ``done`` was applied (``lost ids``); an id applied more
+      than once is a duplicate, and each duplicate application must be explained by
+      the save it was ahead of (at most ``in_flight_at_bound`` of its ``save_start``
+      record, less the closures outside ``handler.run`` its bound named in flight), or
+      by a PS or worker SIGKILLed, paused or gone on its own while that id was
+      unfinished (at most one per worker per such fault); any other duplicate is a
+      violation, except with TensorFlow's coordinator, where it is measured (it cannot
+      hold its workers). Closures scheduled outside ``handler.run`` are reported, not
+      counted as runs; one the last life scheduled and never applied is a violation;
     * a server exits only by its notice (42) or a SIGKILL; the coordinator exits 0
       after ``done``, 42 after a notice (its own or its PS's), or fails only when a
-      server it depended on went -- SIGKILLed or paused, the PS gone, any server gone
+      server it depended on went -- SIGKILLed or paused, a PS gone, any server gone
       while it connected -- (the launcher restarts it; noted); a worker that leaves
       after its drain is no such cause: the coordinator let it go;
     * the last life prints ``done`` with runs == steps.
 
 Every trial returns a :class:`TrialResult` with the counters of the reliability
 table: faults injected by kind, lost steps, hangs, mismatched saves, lost (and
-duplicated) closures, seconds.
+duplicated) closures, lost ids and duplicates explained or not (``ps_preemption``),
+seconds.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ workers and ParameterServerStrategy clusters on 127.0.0.1 (``process_trials.py``
 M seeds of each kind (6 by default), and of the ``ps_preemption`` kind
 :data:`PS_PREEMPTION_SEEDS` when ``--process-seeds`` is not given (else M, unless
 ``--ps-preemption-seeds`` says otherwise). Their own table (``processes/report.py``:
-faults, hangs, violations and duplicated closures by kind) is printed after them.
+faults, hangs, violations, lost ids and duplicated closures, explained or not, by kind
+and variant) is printed after them and written with the figure.
 
 The DEBUG-logging variant (``--debug-trials``, the row "sim, DEBUG logging")
 runs further simulated seeds in a child process whose "tf_failure_handling" and
@@ -49,8 +50,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, so that `reliability` imports
 
-#: ``ps_preemption`` trials of the long mode (issue 32: at least 40).
-PS_PREEMPTION_SEEDS = 40
+#: ``ps_preemption`` trials of the long mode (issue 48: at least 60; TensorFlow's own
+#: coordinator is one variant among them, its row apart).
+PS_PREEMPTION_SEEDS = 60
 #: Real-process trials of every other kind in the long mode.
 PROCESS_SEEDS = 6
 ZERO_COLUMNS = ("lost steps", "hangs", "mismatched saves", "lost closures", "wrong outcomes")
@@ -369,7 +371,10 @@ def run_debug_logging(
     return totals
 
 
-def run_processes(tally: Tally, start: int, seeds_per_kind: int, ps_preemption_seeds: int) -> None:
+def run_processes(tally: Tally, start: int, seeds_per_kind: int, ps_preemption_seeds: int) -> list:
+    """Runs the real-process trials into ``tally``; their results (for their own table).
+    A ``ps_preemption`` trial of a variant other than ours (TensorFlow's coordinator)
+    has its own row."""
     from reliability import process_trials
 
     results = []
@@ -378,8 +383,11 @@ def run_processes(tally: Tally, start: int, seeds_per_kind: int, ps_preemption_s
         for seed in range(start, start + count):
             r = process_trials.run_trial(process_trials.make_plan(kind, seed))
             results.append(r)
+            label = f"process: {kind}"
+            if r.variant not in ("-", "ours"):
+                label += f" ({r.variant})"
             tally.add(
-                f"process: {kind}",
+                label,
                 {
                     "seconds": r.seconds,
                     "faults": r.faults,
@@ -396,6 +404,7 @@ def run_processes(tally: Tally, start: int, seeds_per_kind: int, ps_preemption_s
             print(f"  process trial {kind} seed {seed}: {state} ({r.seconds:.0f}s)", flush=True)
     if results:
         print("\nReal-process trials by kind:\n" + process_trials.format_table(results), flush=True)
+    return results
 
 
 def main(argv=None) -> int:
@@ -434,6 +443,7 @@ def main(argv=None) -> int:
     logging.getLogger("tf_failure_handling").setLevel(logging.CRITICAL)
 
     tally = Tally()
+    process_results: list = []
     started = time.monotonic()
     debug_start = args.seed + args.sim_trials
     if args.sim_trials:
@@ -460,7 +470,7 @@ def main(argv=None) -> int:
             f"({ps_seeds} of ps_preemption)...",
             flush=True,
         )
-        run_processes(tally, args.seed, args.process_seeds, ps_seeds)
+        process_results = run_processes(tally, args.seed, args.process_seeds, ps_seeds)
     seeds = (
         f"simulated {args.seed}..{args.seed + args.sim_trials - 1}, "
         f"DEBUG logging {debug_start}..{debug_start + args.debug_trials - 1}, "
@@ -476,7 +486,12 @@ def main(argv=None) -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benches"))
     import _report  # benches/_report: under make figures, the table is kept with its provenance
 
-    _report.write_figure("reliability trials", tally.table(seeds))
+    figure = tally.table(seeds)
+    if process_results:
+        from reliability.processes.report import format_table
+
+        figure += "\n\nReal-process trials by kind and variant:\n\n" + format_table(process_results)
+    _report.write_figure("reliability trials", figure)
     if logged is not None:
         print(
             f"\nDEBUG logging: {logged['records']} records written to a file, "

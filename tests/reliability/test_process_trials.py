@@ -20,7 +20,6 @@ then the restarted PS's notice again (see :data:`PS_PREEMPTION_SEEDS`).
 from __future__ import annotations
 
 import importlib.util
-import types
 
 import pytest
 from ci import is_ci
@@ -39,7 +38,16 @@ from .process_trials import (
     run_trial,
 )
 from .processes import harness, netns, ps_checks, ps_preemption, trials
-from .processes.plans import PS_MOMENTS, PS_ROLES, PS_SHAPES, PS_SIGNALS
+from .processes.plans import (
+    PS_COORDINATORS,
+    PS_MOMENTS,
+    PS_ROLES,
+    PS_SHAPES,
+    PS_SIGNALS,
+    ps_features,
+    ps_roles,
+    ps_variant,
+)
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None,
@@ -136,77 +144,180 @@ def test_ps_preemption_plans_cover_roles_faults_and_moments():
     faults = [f for p in plans for f in p["faults"]]
     assert {p["shape"] for p in plans} == set(PS_SHAPES)
     assert {f["moment"] for f in faults} == set(PS_MOMENTS)
-    assert {(f["role"], f["signal"]) for f in faults} == {
-        (r, s) for r in PS_ROLES for s in PS_SIGNALS
+    assert {(f["role"], f["signal"]) for f in faults} >= {
+        (r, s) for r in (*PS_ROLES, "ps1") for s in PS_SIGNALS
     }
+    assert "worker2" in {f["role"] for f in faults}
     for p in plans:
+        assert p["roles"] == list(ps_roles(p["num_ps"], p["num_workers"]))
+        assert {f["role"] for f in p["faults"]} <= set(p["roles"])
         first, *rest = p["faults"]
         assert first["moment"] in ("scheduling", "join") and first["at_runs"] < p["steps"]
         for f in rest:
             if f["moment"] == "drain":  # inside the drain the first notice began
                 assert first["signal"] == "SIGTERM" and first["role"].startswith("worker")
             elif f["moment"] == "save":  # inside the save the first notice began
-                assert first["signal"] == "SIGTERM" and first["role"] in ("coordinator", "ps0")
+                assert first["signal"] == "SIGTERM" and first["role"] in (
+                    "coordinator",
+                    "ps0",
+                    "ps1",
+                )
             else:
                 assert first["at_runs"] < f["at_runs"] < p["steps"]
     assert {p["closure_bound"] for p in plans} == {None, 0.0, 0.5}
     again = {p["faults"][0]["role"] for p in plans if p["shape"] == "again"}
-    assert again == set(PS_ROLES), "every role's task is preempted again after its restart"
+    assert again >= set(PS_ROLES), "every role's task is preempted again after its restart"
+    # What the identity trials vary besides the faults (issue 48), both ways.
+    assert {p["num_ps"] for p in plans} == {1, 2} and {p["num_workers"] for p in plans} == {2, 3}
+    assert {p["coordinator"] for p in plans} == set(PS_COORDINATORS)
+    assert {bool(p["grace"]) for p in plans} == {False, True}
+    assert {p["deadline"] is None for p in plans} == {False, True}
+    assert {bool(p["fetch_every"]) for p in plans} == {False, True}
+    assert {bool(p["outside_every"]) for p in plans} == {False, True}
+    # The default long mode (run.py's 60 seeds from 0) has each variant several times.
+    first = [make_plan("ps_preemption", s).params for s in range(60)]
+    assert sum(ps_variant(p) == "TF's coordinator" for p in first) >= 5
+    for feature in ("grace>0", "deadline", "fetch", "outside closures", "2 PS", "3 workers"):
+        assert sum(feature in ps_features(p) for p in first) >= 10, feature
 
 
-def _life(name: str, pid: int, events: list):
-    """A coordinator incarnation as ps_checks reads it: its EVENT lines and its pid."""
-    return types.SimpleNamespace(
-        name=name,
-        pid=pid,
-        events=lambda kind=None: [e for e in events if kind in (None, e["event"])],
-        first=lambda kind: next((e for e in events if e["event"] == kind), None),
+def _ids_lives(first_applied, second_applied, done_applied, steps=10):
+    """Two coordinator lives as ps_checks reads them: the first restores nothing, runs ids
+    0..5 (each at t = 10 + id), joins at 13 and saves at run 4 (save_start 17); the second
+    restores that checkpoint (``second_applied``), runs ids 4..9 and ends with
+    ``done_applied``."""
+    first = ps_checks.Life(
+        name="coordinator#0",
+        pid=100,
+        started=0.0,
+        ended=20.0,
+        restored={"t": 5.0, "runs": 0, "applied": first_applied, "outside": [0] * steps},
+        runs={i: 10.0 + i for i in range(6)},
+        outside={},
+        join_ends=[13.5],
     )
+    second = ps_checks.Life(
+        name="coordinator#1",
+        pid=101,
+        started=30.0,
+        ended=None,
+        restored={"t": 35.0, "runs": 4, "applied": second_applied, "outside": [0] * steps},
+        runs={i: 36.0 + i for i in range(4, steps)},
+        outside={},
+        join_ends=[50.0],
+        done={"t": 51.0, "runs": steps, "applied": done_applied, "outside": [0] * steps},
+    )
+    return [first, second]
 
 
-def _excess_verdict(k, kill_at=None):
-    """A life that saves at run 30 (k named in flight), restored with counter 32."""
-    from tf_failure_handling.records import Preemption
-
-    plan = make_plan("ps_preemption", 0)
-    result = TrialResult("ps_preemption", 0, plan)
-    ev = [
-        {"event": "restored", "t": 10.0, "runs": 0, "counter": 0},
-        {"event": "epoch", "t": 20.0, "runs": 20, "counter": 20},
-    ]
-    lives = [
-        _life("coordinator#0", 100, ev),
-        _life("coordinator#1", 101, [{"event": "restored", "t": 40.0, "runs": 30, "counter": 32}]),
-    ]
-    save = Preemption("chief", 0, pid=100, agreed_step=30, save_start=25.0, save_end=26.0)
+def _identity(second_applied, done_applied, k=None, faults=(), tf_coordinator=False):
+    save = ps_checks.Save(pid=100, agreed_step=4, save_start=17.0, save_end=18.0)
     if k is not None:
         save.extra["in_flight_at_bound"] = k
-    faults = []
-    if kill_at is not None:
-        faults.append(
-            types.SimpleNamespace(
-                role="worker0", signal="SIGKILL", fired_at=kill_at, continued_at=None
-            )
-        )
-    launcher = types.SimpleNamespace(history={r: [] for r in PS_ROLES})
-    driver = types.SimpleNamespace(faults=faults)
-    ps_checks._check_excess(launcher, driver, lives, [save], result)
-    return result
+    lives = _ids_lives([0] * 10, second_applied, done_applied)
+    return ps_checks.check_identity(lives, [save], list(faults), 10, tf_coordinator)
 
 
-def test_ps_checks_name_what_a_save_applied_beyond_its_records():
-    # Two closures' effects beyond the saved run count, the records name one.
-    result = _excess_verdict(k=1)
-    [violation] = result.violations
-    assert "2 closure(s) applied beyond" in violation and "name 1 in flight" in violation
-    # The record without the field: K = 0, and the report says it was absent.
-    assert "(in_flight_at_bound absent)" in _excess_verdict(k=None).violations[0]
-    assert _excess_verdict(k=2).ok
-    # A worker SIGKILLed before the save's bound: TensorFlow's at-least-once, counted.
-    result = _excess_verdict(k=0, kill_at=22.0)
-    assert result.ok and result.duplicate_closures == 2, result.violations
-    # ... but not after the bound (every worker held): the save is held to K.
-    assert not _excess_verdict(k=0, kill_at=25.5).ok
+#: The checkpoint of run 4 with ids 0..3 applied once; done with every id once.
+CLEAN_SAVE = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+CLEAN_DONE = [1] * 10
+#: Id 4 was applied before the save (in flight at its bound) and again after the restart.
+AHEAD_SAVE = [1, 1, 1, 1, 1, 0, 0, 0, 0, 0]
+AHEAD_DONE = [1, 1, 1, 1, 2, 1, 1, 1, 1, 1]
+
+
+def test_identity_check_passes_exactly_once():
+    verdict = _identity(CLEAN_SAVE, CLEAN_DONE)
+    assert not verdict.violations and not verdict.lost and not verdict.duplicates
+
+
+def test_identity_check_finds_a_lost_id():
+    # Id 2 counted by the checkpoint's run count (4) but never applied: lost, even though
+    # another id (7) was applied twice, which a sum of the counts would not tell apart.
+    verdict = _identity([1, 1, 0, 1, 0, 0, 0, 0, 0, 0], [1, 1, 0, 1, 1, 1, 1, 2, 1, 1])
+    assert verdict.lost == [2]
+    assert any("never applied: [2]" in v for v in verdict.violations), verdict.violations
+    # ... and the duplicate of id 7, with no fault and not at a save, is not explained.
+    [dup] = verdict.duplicates
+    assert (dup.id, dup.kind, dup.explained_by) == (7, ps_checks.REPEAT, None)
+    # A lost id is a violation with TensorFlow's coordinator too.
+    assert _identity([1, 1, 0, 1] + [0] * 6, CLEAN_DONE, tf_coordinator=True).lost == [2]
+
+
+def test_identity_check_finds_an_unexplained_duplicate():
+    # Applied ahead of the checkpoint's run count and again after the restart, with a
+    # record that names no closure in flight at the save's bound: a violation.
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, k=0)
+    [dup] = verdict.duplicates
+    assert (dup.id, dup.kind, dup.life) == (4, ps_checks.AHEAD, "coordinator#0")
+    assert verdict.unexplained == 1
+    assert any("1 duplicate application(s)" in v for v in verdict.violations)
+    # The record without the field counts as 0.
+    assert _identity(AHEAD_SAVE, AHEAD_DONE).violations
+    # Named by the record (in_flight_at_bound 1): explained.
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, k=1)
+    assert not verdict.violations and verdict.explained == 1
+    # Two ahead, one named: one violation.
+    two = [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
+    verdict = _identity(two, [1, 1, 1, 1, 2, 2, 1, 1, 1, 1], k=1)
+    assert (verdict.explained, verdict.unexplained) == (1, 1) and verdict.violations
+    # With TensorFlow's coordinator: measured, not a violation.
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, k=0, tf_coordinator=True)
+    assert not verdict.violations and verdict.unexplained == 1
+
+
+def test_identity_check_attributes_duplicates_to_a_fault_window():
+    kill = ps_checks.FaultWindow("SIGKILL worker0", start=14.0, end=17.0, budget=2)
+    # Id 4 ran from t 14 until the save's start (17, no join in between): the kill at 14
+    # may have made TensorFlow run it again.
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, k=0, faults=[kill])
+    assert not verdict.violations and verdict.duplicates[0].explained_by == "SIGKILL worker0"
+    # A kill before the id was handed to handler.run explains nothing (ids 0..3 were
+    # joined at 13.5; id 4 ran at 14).
+    early = ps_checks.FaultWindow("SIGKILL worker0", start=5.0, end=8.0, budget=2)
+    assert _identity(AHEAD_SAVE, AHEAD_DONE, k=0, faults=[early]).violations
+    # A repeat of id 1 (joined at 13.5) after a kill at 12: explained; at 14: not.
+    repeat = [1, 2, 1, 1, 0, 0, 0, 0, 0, 0]
+    done = [1, 2, 1, 1, 1, 1, 1, 1, 1, 1]
+    at12 = ps_checks.FaultWindow("SIGSTOP worker1", start=12.0, end=12.5, budget=2)
+    assert not _identity(repeat, done, faults=[at12]).violations
+    at14 = ps_checks.FaultWindow("SIGSTOP worker1", start=14.0, end=14.5, budget=2)
+    assert _identity(repeat, done, faults=[at14]).violations
+    # A fault explains at most its budget (the workers that can have a closure in flight).
+    three = [2, 2, 2, 1, 0, 0, 0, 0, 0, 0]
+    one = ps_checks.FaultWindow("SIGKILL worker0", start=10.0, end=14.0, budget=2)
+    verdict = _identity(three, [2, 2, 2, 1, 1, 1, 1, 1, 1, 1], faults=[one])
+    assert (verdict.explained, verdict.unexplained) == (2, 1), verdict.duplicates
+
+
+def test_identity_check_charges_outside_closures_against_the_bound():
+    # The bound named 1 in flight, and that one was an evaluation closure scheduled
+    # outside handler.run: a handler id applied ahead is not explained by it.
+    save = ps_checks.Save(100, 4, 17.0, 18.0, {"in_flight_at_bound": 1})
+    lives = _ids_lives([0] * 10, AHEAD_SAVE, AHEAD_DONE)
+    lives[0].bounds = [(16.5, {"queued": 0, "in_flight_names": ["eval_step"]})]
+    verdict = ps_checks.check_identity(lives, [save], [], 10)
+    assert verdict.unexplained == 1 and verdict.violations
+    lives[0].bounds = [(16.5, {"queued": 0, "in_flight_names": ["train_step_id"]})]
+    assert not ps_checks.check_identity(lives, [save], [], 10).violations
+
+
+def test_outside_closures_are_reported_not_counted_as_runs():
+    lives = _ids_lives([0] * 10, CLEAN_SAVE, CLEAN_DONE)
+    save = ps_checks.Save(100, 4, 17.0, 18.0, {"in_flight_at_bound": 0})
+    lives[0].outside = {0: 10.1, 4: 14.1}
+    lives[0].restored["outside"] = [0] * 10
+    lives[1].restored["outside"] = [1] + [0] * 9  # 4 unfinished at the save: missing
+    lives[1].outside = {4: 40.1, 8: 44.1}
+    lives[1].done["outside"] = [1, 0, 0, 0, 1, 0, 0, 0, 1, 0]
+    violations: list = []
+    report = ps_checks.check_outside(lives, [save], violations)
+    assert not violations
+    assert report == {"scheduled": 4, "applied": 3, "missing_after_restart": 1, "duplicated": 0}
+    # One the last life scheduled and its join() never saw applied: a violation.
+    lives[1].done["outside"] = [1, 0, 0, 0, 1, 0, 0, 0, 0, 0]
+    ps_checks.check_outside(lives, [save], violations)
+    assert violations and "run 8" in violations[0]
 
 
 def test_a_failing_trial_names_its_seed_and_plan():
@@ -217,7 +328,7 @@ def test_a_failing_trial_names_its_seed_and_plan():
     assert "seed 123" in report and plan.describe() in report
     assert "make_plan('preemption', 123)" in report and "worker 1 saved" in report
     table = format_table([result, TrialResult("partition", 1, Plan("partition", 1, {}))])
-    assert "| preemption | 1 | 1 | 0 | sigterm 2 |" in table
+    assert "| preemption | - | 1 | 1 | 0 | sigterm 2 |" in table
     assert set(MOMENTS) >= {"during_ack", "during_save", "during_countdown"}
 
 

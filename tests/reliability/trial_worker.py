@@ -65,10 +65,11 @@ fast) the machine. The join gate cannot hold the coordinator's own thread (a not
 in ``join()`` is seen by that thread, waiting on the closures): the ``schedule()``
 call that takes its arm holds the coordinator's worker threads instead (each waits
 before running its next closure, ``closures.Worker._process_closure``), the next
-``join()`` prints ``gate``, and opening it lets them go -- closures are in flight and
-queued while the fault lands. Unarmed, a gate costs one ``stat``. A hook whose
-target the package no longer has is reported (``hook_missing``) and left out: the
-trial then sees that moment never come.
+``join()`` (or the first ``fetch()``/``get()`` of a result, which would otherwise wait
+for a closure the held threads never run) prints ``gate``, and opening it lets them go
+-- closures are in flight and queued while the fault lands. Unarmed, a gate costs one
+``stat``. A hook whose target the package no longer has is reported (``hook_missing``)
+and left out: the trial then sees that moment never come.
 """
 
 from __future__ import annotations
@@ -439,10 +440,25 @@ def _wrap(owner, name: str, make) -> None:
     setattr(owner, name, make(original))
 
 
-def instrument_ps_coordinator(control: Path) -> None:
-    """The events and gates of the ``ps-preemption`` coordinator (module docstring)."""
+def _function_names(in_flight) -> list:
+    """The names of the functions ``wait_for_closures`` names in flight (worker index ->
+    function): the trial tells the handler's closures from those scheduled outside it."""
+    if not isinstance(in_flight, dict):
+        return []
+    names = []
+    for fn in in_flight.values():
+        name = getattr(fn, "__name__", None) or getattr(fn, "name", None)
+        names.append(str(name) if name else repr(fn)[:80])
+    return names
+
+
+def instrument_ps_coordinator(control: Path, tf_coordinator: bool = False) -> None:
+    """The events and gates of the ``ps-preemption`` coordinator (module docstring).
+    With ``tf_coordinator`` the script runs TensorFlow's own ``ClusterCoordinator``,
+    whose ``schedule``, ``join`` and worker threads get the gates instead of ours."""
     import tensorflow as tf
     import tf_failure_handling as tfh
+    from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_cc
     from tf_failure_handling._coordinator import closures, ps_control
 
     def handler_init(original):
@@ -472,18 +488,26 @@ def instrument_ps_coordinator(control: Path) -> None:
 
         return gated
 
+    def join_moment(via: str) -> None:
+        """The armed join gate's moment came: a join(), or a wait on one result (a
+        fetch()/get() in the loop waits for a closure that the held worker threads
+        would never run otherwise)."""
+        try:
+            gate_id = _JOIN_GATE.pop()
+        except IndexError:
+            return
+        emit("gate", point="join", id=gate_id, runs=_runs(), via=via)
+        threading.Thread(
+            target=_open_dispatch_when_told,
+            args=(control, gate_id),
+            name="trial-join-gate",
+            daemon=True,
+        ).start()
+
     def join(original):
         def observed(self, *args, **kwargs):
             emit("join_begin", runs=_runs())
-            if _JOIN_GATE:
-                gate_id = _JOIN_GATE.pop()
-                emit("gate", point="join", id=gate_id, runs=_runs())
-                threading.Thread(
-                    target=_open_dispatch_when_told,
-                    args=(control, gate_id),
-                    name="trial-join-gate",
-                    daemon=True,
-                ).start()
+            join_moment("join")
             try:
                 result = original(self, *args, **kwargs)
             except BaseException as e:
@@ -494,12 +518,24 @@ def instrument_ps_coordinator(control: Path) -> None:
 
         return observed
 
+    def result_wait(original):
+        def observed(self, *args, **kwargs):
+            join_moment("fetch")
+            return original(self, *args, **kwargs)
+
+        return observed
+
     def bound(original):
         def observed(*args, **kwargs):
             emit("bound_begin", runs=_runs())
             result = original(*args, **kwargs)
             if hasattr(result, "queued"):  # wait_for_closures' Unfinished
-                seen = {"queued": result.queued, "in_flight": _jsonable(result.in_flight)}
+                seen = {
+                    "queued": result.queued,
+                    "in_flight": _jsonable(result.in_flight),
+                    "in_flight_names": _function_names(result.in_flight),
+                    "unnamed": getattr(result, "unnamed", 0),
+                }
             else:  # join_within's (queued, in flight)
                 seen = _jsonable(result)
             emit("bound_end", result=seen, runs=_runs())
@@ -540,9 +576,16 @@ def instrument_ps_coordinator(control: Path) -> None:
         return gated
 
     _wrap(tfh.PreemptionCheckpointHandler, "__init__", handler_init)
-    _wrap(tfh.ClusterCoordinator, "schedule", schedule)
-    _wrap(tfh.ClusterCoordinator, "join", join)
-    _wrap(closures.Worker, "_process_closure", process_closure)
+    coordinator_class = tf_cc.ClusterCoordinator if tf_coordinator else tfh.ClusterCoordinator
+    _wrap(coordinator_class, "schedule", schedule)
+    _wrap(coordinator_class, "join", join)
+    _wrap(tf_cc.Worker if tf_coordinator else closures.Worker, "_process_closure", process_closure)
+    from tensorflow.python.distribute.coordinator import values as tf_values
+
+    for cls in (tf_values.RemoteValueImpl, closures.ClosureRemoteValue):
+        for name in ("fetch", "get"):
+            if name in vars(cls):
+                _wrap(cls, name, result_wait)
     # The wait for the closures before the save (named join_within before issue 32).
     name = "wait_for_closures" if hasattr(ps_control, "wait_for_closures") else "join_within"
     _wrap(ps_control, name, bound)
@@ -559,7 +602,7 @@ def run_ps_preemption(argv) -> int:
         p = argparse.ArgumentParser(description="the ps_preemption trial's coordinator")
         p.add_argument("--control-dir", required=True, help="where the trial arms the gates")
         trial, rest = p.parse_known_args(argv[1:])
-        instrument_ps_coordinator(Path(trial.control_dir))
+        instrument_ps_coordinator(Path(trial.control_dir), "--tf-coordinator" in rest)
         argv = ["coordinator", *rest]
     emit("process_start", pid=os.getpid(), mode=argv[:1])
     return ps_preemption_script.main(argv)

@@ -27,8 +27,25 @@ SECOND_NOTICE_MOMENTS = ("during_step", "during_ack", "during_save", "during_cou
 NUM_WORKERS = 2
 PS_CLOSURES = 5000
 
-#: The processes of a ``ps_preemption`` trial (``ps_preemption_script.py``), by role.
-PS_ROLES = ("coordinator", "ps0", "worker0", "worker1")
+
+def ps_roles(num_ps: int, num_workers: int) -> tuple:
+    """The processes of a ``ps_preemption`` trial (``ps_preemption_script.py``), by role:
+    the coordinator, ``ps0``.., ``worker0``.."""
+    return (
+        "coordinator",
+        *(f"ps{i}" for i in range(num_ps)),
+        *(f"worker{i}" for i in range(num_workers)),
+    )
+
+
+#: The smallest ``ps_preemption`` cluster (1 PS, 2 workers); a plan's ``roles`` may add
+#: a second PS and a third worker.
+PS_ROLES = ps_roles(1, 2)
+#: The coordinators of a ``ps_preemption`` trial: ours (``tfh.ClusterCoordinator``), or
+#: TensorFlow's own (``tf.distribute.coordinator.ClusterCoordinator``), a named variant
+#: reported apart: it cannot hold its workers, so closures in flight at the save may run
+#: twice (measured, not a violation; nothing may be lost).
+PS_COORDINATORS = ("ours", "tf")
 #: The faults of a ``ps_preemption`` trial: a notice, a crash, a pause (SIGSTOP, SIGCONT).
 PS_SIGNALS = ("SIGTERM", "SIGKILL", "SIGSTOP")
 #: Where a ``ps_preemption`` fault lands, from the coordinator's side: inside a
@@ -150,7 +167,34 @@ def _plan_ps_worker_kills(rng: random.Random) -> dict:
     }
 
 
+def ps_variant(params: dict) -> str:
+    """The row of the report a ``ps_preemption`` plan belongs to: its coordinator."""
+    return "TF's coordinator" if params.get("coordinator") == "tf" else "ours"
+
+
+def ps_features(params: dict) -> list:
+    """What a ``ps_preemption`` plan varies beyond its faults, by name (the report counts
+    trials and failures per feature)."""
+    found = []
+    if params.get("grace"):
+        found.append("grace>0")
+    if params.get("deadline") is not None:
+        found.append("deadline")
+    if params.get("fetch_every"):
+        found.append("fetch")
+    if params.get("outside_every"):
+        found.append("outside closures")
+    if params.get("num_ps", 1) > 1:
+        found.append("2 PS")
+    if params.get("num_workers", 2) > 2:
+        found.append("3 workers")
+    return found
+
+
 def _plan_ps_preemption(rng: random.Random) -> dict:
+    num_ps = rng.choice((1, 1, 2))
+    num_workers = rng.choice((2, 2, 3))
+    roles = ps_roles(num_ps, num_workers)
     shape = rng.choices(PS_SHAPES, weights=(2, 3, 2, 3))[0]
     steps = rng.choice((80, 100, 120))
     first_at = rng.randint(10, steps // 3)
@@ -177,26 +221,26 @@ def _plan_ps_preemption(rng: random.Random) -> dict:
         return rng.choice(("scheduling", "join"))
 
     if shape == "one":
-        faults = [fault(rng.choice(PS_ROLES), signal(), early(), first_at)]
+        faults = [fault(rng.choice(roles), signal(), early(), first_at)]
     elif shape == "two":
-        first, second = rng.sample(PS_ROLES, 2)
+        first, second = rng.sample(roles, 2)
         faults = [
             fault(first, signal(), early(), first_at),
             fault(second, signal(), early(), second_at),
         ]
     elif shape == "again":
-        role = rng.choice(PS_ROLES)
+        role = rng.choice(roles)
         sig = rng.choices(("SIGTERM", "SIGKILL"), weights=(3, 1))[0]
         faults = [
             fault(role, sig, early(), first_at),
             fault(role, rng.choices(PS_SIGNALS, weights=(4, 1, 1))[0], early(), second_at),
         ]
     else:  # inside: the second fault lands in the drain or the save the notice began
-        role = rng.choice(PS_ROLES)
+        role = rng.choice(roles)
         faults = [
             fault(role, "SIGTERM", early(), first_at),
             fault(
-                rng.choice(PS_ROLES),
+                rng.choice(roles),
                 signal(),
                 "drain" if role.startswith("worker") else "save",
                 None,
@@ -206,6 +250,20 @@ def _plan_ps_preemption(rng: random.Random) -> dict:
     epoch = rng.choice((10, 20))  # join() every this many runs
     return {
         "shape": shape,
+        "num_ps": num_ps,
+        "num_workers": num_workers,
+        "roles": list(roles),
+        # The coordinator: ours, or TensorFlow's own (a named variant, reported apart).
+        "coordinator": rng.choices(PS_COORDINATORS, weights=(5, 1))[0],
+        # TerminationConfig(grace_period=...) of every process.
+        "grace": rng.choice((0.0, 0.0, 2.0, 5.0)),
+        # A platform deadline on every SIGTERM: Kubernetes' (the pod's grace period,
+        # TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD), or none.
+        "deadline": rng.choice((None, None, 25.0, 60.0)),
+        # fetch() of the RemoteValue handler.run returned, every this many runs (0: never).
+        "fetch_every": rng.choice((0, 0, 3, 7)),
+        # An evaluation closure scheduled outside handler.run every this many runs.
+        "outside_every": rng.choice((0, 0, 4, 9)),
         "steps": steps,
         "work": work,
         "epoch": epoch,

@@ -1,10 +1,14 @@
 """The ``ps_preemption`` trial: a launcher over a real PS cluster, its faults, its checks.
 
-Four processes on 127.0.0.1, each its own TensorFlow process of
+Four to six processes on 127.0.0.1, each its own TensorFlow process of
 ``tests/integration/ps_preemption_script.py`` run through ``trial_worker.py
 ps-preemption``: the coordinator (the handler around ``coord.schedule``, a ``join()``
-every epoch; every closure adds 1 to ``counter`` on the PS), the PS and two workers
-(``tfh.serve(server)``).
+every epoch; every closure carries its id and adds 1 to ``applied[id]`` on a PS, see
+the script's ``--ids``), one or two PS and two or three workers (``tfh.serve(server)``),
+as the plan's ``roles`` say. The plan also picks the coordinator (ours or TensorFlow's),
+the grace period, a platform deadline (Kubernetes': every process gets
+``KUBERNETES_SERVICE_HOST`` and the pod's grace period, so a SIGTERM carries a
+deadline), a ``fetch()`` every Nth run and closures scheduled outside ``handler.run``.
 
 :class:`Launcher` does what a job's launcher does: it restarts whatever exits -- a
 server at once (exit code 42 after its notice, or killed), the coordinator once every
@@ -85,6 +89,19 @@ TAINT_AFTER = 3.0
 POLL = 0.02
 
 WORKER_RECOVERY_TIMEOUT_ENV = "TF_FAILURE_HANDLING_WORKER_RECOVERY_TIMEOUT"
+#: A plan's platform deadline: Kubernetes' detection and the pod's grace period
+#: (``_platforms/kubernetes.py``), the SIGTERM's deadline being its arrival plus that.
+KUBERNETES_HOST_ENV = "KUBERNETES_SERVICE_HOST"
+KUBERNETES_GRACE_ENV = "TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD"
+
+
+def role_kind(role: str) -> str:
+    """``ps`` of ``ps1``, ``worker`` of ``worker2``, ``coordinator``."""
+    return role.rstrip("0123456789")
+
+
+def server_roles(roles) -> list:
+    return [r for r in roles if r != "coordinator"]
 
 
 class Incarnation:
@@ -178,7 +195,7 @@ class Incarnation:
 
 
 class Launcher:
-    """The four roles' processes, restarted as a launcher would (module docstring)."""
+    """The roles' processes, restarted as a launcher would (module docstring)."""
 
     def __init__(self, workdir: Path, params: dict, result: TrialResult):
         self.workdir = Path(workdir)
@@ -187,19 +204,24 @@ class Launcher:
         self.ckpt = self.workdir / "ckpt"
         self.control = self.workdir / "control"
         self.control.mkdir(parents=True, exist_ok=True)
-        chief, ps, w0, w1 = free_ports(4)
-        self.ports = {"coordinator": chief, "ps0": ps, "worker0": w0, "worker1": w1}
+        self.roles = tuple(params.get("roles") or PS_ROLES)
+        self.servers = server_roles(self.roles)
+        self.ports = dict(zip(self.roles, free_ports(len(self.roles))))
+        address = {r: f"127.0.0.1:{port}" for r, port in self.ports.items()}
         self.spec = {
-            "chief": [f"127.0.0.1:{chief}"],
-            "ps": [f"127.0.0.1:{ps}"],
-            "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"],
+            "chief": [address["coordinator"]],
+            "ps": [address[r] for r in self.servers if role_kind(r) == "ps"],
+            "worker": [address[r] for r in self.servers if role_kind(r) == "worker"],
         }
         self.env = {
             **child_environment(),
             PEER_TIMEOUT_ENV: str(PEER_TIMEOUT),
             WORKER_RECOVERY_TIMEOUT_ENV: str(WORKER_RECOVERY_TIMEOUT),
         }
-        self.history: dict = {role: [] for role in PS_ROLES}
+        if params.get("deadline") is not None:
+            self.env[KUBERNETES_HOST_ENV] = "127.0.0.1"
+            self.env[KUBERNETES_GRACE_ENV] = str(params["deadline"])
+        self.history: dict = {role: [] for role in self.roles}
         self.finished = False  # the coordinator printed done and exited 0
         self.aborted: Optional[str] = None
         self._coordinator_exit_seen: Optional[float] = None
@@ -208,8 +230,16 @@ class Launcher:
     # -- processes -------------------------------------------------------------
     def command(self, role: str) -> list:
         cmd = [sys.executable, str(TRIAL_WORKER), "ps-preemption"]
+        p = self.params
+        grace = [] if p.get("grace") is None else ["--grace-period", str(p["grace"])]
         if role == "coordinator":
-            p = self.params
+            variant = ["--ids"]
+            if p.get("fetch_every"):
+                variant += ["--fetch-every", str(p["fetch_every"])]
+            if p.get("outside_every"):
+                variant += ["--outside-every", str(p["outside_every"])]
+            if p.get("coordinator") == "tf":
+                variant.append("--tf-coordinator")
             return [
                 *cmd,
                 "coordinator",
@@ -225,9 +255,21 @@ class Launcher:
                 str(p["work"]),
                 "--epoch",
                 str(p["epoch"]),
+                *grace,
+                *variant,
             ]
-        job, task = role[:-1], role[-1]
-        return [*cmd, "serve", "--cluster", json.dumps(self.spec), "--job", job, "--task", task]
+        job, task = role_kind(role), role[len(role_kind(role)) :]
+        return [
+            *cmd,
+            "serve",
+            "--cluster",
+            json.dumps(self.spec),
+            "--job",
+            job,
+            "--task",
+            task,
+            *grace,
+        ]
 
     def start(self, role: str) -> Incarnation:
         env = self.env
@@ -239,7 +281,7 @@ class Launcher:
         return inc
 
     def start_all(self) -> None:
-        for role in ("ps0", "worker0", "worker1", "coordinator"):
+        for role in (*self.servers, "coordinator"):
             self.start(role)
 
     def current(self, role: str) -> Optional[Incarnation]:
@@ -247,7 +289,7 @@ class Launcher:
         return found[-1] if found else None
 
     def incarnations(self) -> list:
-        return [inc for role in PS_ROLES for inc in self.history[role]]
+        return [inc for role in self.roles for inc in self.history[role]]
 
     def up(self, role: str) -> bool:
         """Whether ``role`` runs and serves (a server: its port answers once) or has
@@ -265,7 +307,7 @@ class Launcher:
         return inc.up_at is not None
 
     def whole(self) -> bool:
-        return all(self.up(role) for role in PS_ROLES)
+        return all(self.up(role) for role in self.roles)
 
     # -- the launcher's turn ---------------------------------------------------
     def step(self) -> None:
@@ -273,7 +315,7 @@ class Launcher:
         if self.finished or self.aborted:
             return
         now = time.time()
-        for role in ("ps0", "worker0", "worker1"):
+        for role in self.servers:
             inc = self.current(role)
             if inc.alive:
                 continue
@@ -295,12 +337,12 @@ class Launcher:
         if coordinator.exit_code == RESTART_CODE:
             leaving = [
                 r
-                for r in ("ps0", "worker0", "worker1")
+                for r in self.servers
                 if self.current(r).alive and self.current(r).signalled("SIGTERM")
             ]
             if leaving and now - self._coordinator_exit_seen < RELEASED_EXIT_WAIT:
                 return
-        if not all(self.up(r) for r in ("ps0", "worker0", "worker1")):
+        if not all(self.up(r) for r in self.servers):
             return
         if len(self.history["coordinator"]) >= MAX_COORDINATOR_LIVES:
             self.aborted = (
@@ -313,7 +355,7 @@ class Launcher:
     def state(self) -> str:
         """What each role's current process is doing (for a message)."""
         parts = []
-        for role in PS_ROLES:
+        for role in self.roles:
             inc = self.current(role)
             what = "up" if self.up(role) else "starting" if inc.alive else f"exit {inc.exit_code}"
             parts.append(f"{inc.name} {what}")
@@ -580,8 +622,7 @@ class FaultDriver:
         fault.state, fault.fired_at, fault.target = "fired", sent, target
         if fault.signal == "SIGSTOP":
             fault.cont_at = sent + fault.stop_s
-        role_kind = fault.role.rstrip("01")
-        self.result.fault(f"{role_kind}_{fault.signal.lower()}")
+        self.result.fault(f"{role_kind(fault.role)}_{fault.signal.lower()}")
 
     def finish(self) -> None:
         """Faults never fired are missed; where each fired one landed is measured."""

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Optional
 
-from .plans import Plan
+from .plans import Plan, ps_features, ps_variant
 
 
 @dataclasses.dataclass
@@ -24,9 +24,14 @@ class TrialResult:
     mismatched_saves: int = 0
     lost_closures: int = 0
     #: At-least-once re-executions (not a loss): ``ps_worker_kills`` counts them per
-    #: closure index; ``ps_preemption`` as the PS counter's growth beyond the run count
-    #: after a server was SIGKILLed or paused.
+    #: closure index; ``ps_preemption`` per id (every application of an id beyond one).
     duplicate_closures: int = 0
+    #: ``ps_preemption``: ids scheduled through ``handler.run`` and never applied, and
+    #: the duplicates a kill, a pause or the save's bound explains, or nothing does
+    #: (``ps_checks.py``).
+    lost_ids: int = 0
+    duplicates_explained: int = 0
+    duplicates_unexplained: int = 0
     seconds: float = 0.0
     #: Why the trial could not run (only ``partition``, without network namespaces).
     skipped: Optional[str] = None
@@ -38,6 +43,11 @@ class TrialResult:
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    @property
+    def variant(self) -> str:
+        """The report's row within the kind (``ps_preemption``: its coordinator)."""
+        return ps_variant(self.plan.params) if self.kind == "ps_preemption" else "-"
 
     def fault(self, kind: str, n: int = 1) -> None:
         self.faults[kind] = self.faults.get(kind, 0) + n
@@ -55,6 +65,10 @@ class TrialResult:
             "mismatched_saves": self.mismatched_saves,
             "lost_closures": self.lost_closures,
             "duplicate_closures": self.duplicate_closures,
+            "lost_ids": self.lost_ids,
+            "duplicates_explained": self.duplicates_explained,
+            "duplicates_unexplained": self.duplicates_unexplained,
+            "variant": self.variant,
             "seconds": round(self.seconds, 2),
             "notes": self.notes,
             "violations": list(self.violations),
@@ -78,6 +92,7 @@ class TrialResult:
 
 COLUMNS = (
     "kind",
+    "variant",
     "trials",
     "failed",
     "skipped",
@@ -87,16 +102,27 @@ COLUMNS = (
     "mismatched saves",
     "lost closures",
     "duplicate closures",
+    "lost ids",
+    "duplicates (explained/unexplained)",
     "violations",
     "median s",
 )
 
 
+#: What holds in each ``ps_preemption`` variant (the table's note under it).
+VARIANT_NOTES = {
+    "ours": "every id applied, no duplicate but those a kill, a pause or the save's "
+    "bound (in_flight_at_bound) names: any other is a violation",
+    "TF's coordinator": "it cannot hold its workers: closures in flight at the save may "
+    "run twice (measured, not violations); a lost id is a violation",
+}
+
+
 def aggregate(results) -> list:
-    """One row per kind: the counters of the reliability table."""
+    """One row per kind and variant: the counters of the reliability table."""
     rows = []
-    for kind in dict.fromkeys(r.kind for r in results):
-        rs = [r for r in results if r.kind == kind]
+    for kind, variant in dict.fromkeys((r.kind, r.variant) for r in results):
+        rs = [r for r in results if r.kind == kind and r.variant == variant]
         faults: dict = {}
         for r in rs:
             for k, v in r.faults.items():
@@ -105,6 +131,7 @@ def aggregate(results) -> list:
         rows.append(
             {
                 "kind": kind,
+                "variant": variant,
                 "trials": len(rs),
                 "failed": sum(not r.ok for r in rs),
                 "skipped": sum(bool(r.skipped) for r in rs),
@@ -114,6 +141,11 @@ def aggregate(results) -> list:
                 "mismatched saves": sum(r.mismatched_saves for r in rs),
                 "lost closures": sum(r.lost_closures for r in rs),
                 "duplicate closures": sum(r.duplicate_closures for r in rs),
+                "lost ids": sum(r.lost_ids for r in rs),
+                "duplicates (explained/unexplained)": (
+                    f"{sum(r.duplicates_explained for r in rs)}/"
+                    f"{sum(r.duplicates_unexplained for r in rs)}"
+                ),
                 "violations": sum(len(r.violations) for r in rs),
                 "median s": round(seconds[len(seconds) // 2], 1) if seconds else 0,
             }
@@ -129,4 +161,27 @@ def format_table(results) -> str:
         "| " + " | ".join("---" for _ in COLUMNS) + " |",
     ]
     lines += ["| " + " | ".join(str(row[c]) for c in COLUMNS) + " |" for row in rows]
+    lines += feature_lines(results)
     return "\n".join(lines)
+
+
+def feature_lines(results) -> list:
+    """Under the table: what each ``ps_preemption`` variant guarantees, and its trials
+    (and failures) by what the plan varied."""
+    ps = [r for r in results if r.kind == "ps_preemption"]
+    if not ps:
+        return []
+    lines = [""]
+    for variant in dict.fromkeys(r.variant for r in ps):
+        lines.append(f"ps_preemption, {variant}: {VARIANT_NOTES.get(variant, '')}.")
+    counts: dict = {}
+    for r in ps:
+        for feature in ps_features(r.plan.params) or ["none of them"]:
+            trials, failed = counts.get(feature, (0, 0))
+            counts[feature] = (trials + 1, failed + (not r.ok))
+    lines.append(
+        "ps_preemption trials (failed) by what they varied: "
+        + ", ".join(f"{k} {t} ({f})" for k, (t, f) in sorted(counts.items()))
+        + "."
+    )
+    return lines
