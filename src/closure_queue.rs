@@ -590,6 +590,25 @@ impl<T, E, K: Eq + Hash> ClosureQueue<T, E, K> {
         self.state.lock().error.is_some()
     }
 
+    /// Moves the main queue's closures that `rank` ranks to its head, by
+    /// rank (ties in queue order); the others keep their order behind them.
+    /// `rank` runs under the queue's lock. Returns how many were moved.
+    pub fn promote(&self, mut rank: impl FnMut(&T) -> Option<usize>) -> usize {
+        let mut s = self.state.lock();
+        let mut picked: Vec<(usize, T)> = Vec::new();
+        let mut rest = VecDeque::with_capacity(s.main.len());
+        for item in s.main.drain(..) {
+            match rank(&item) {
+                Some(r) => picked.push((r, item)),
+                None => rest.push_back(item),
+            }
+        }
+        picked.sort_by_key(|(r, _)| *r);
+        let moved = picked.len();
+        s.main = picked.into_iter().map(|(_, item)| item).chain(rest).collect();
+        moved
+    }
+
     /// Calls `item` on every queued closure (main queue, then each tag's),
     /// under the queue's lock.
     pub fn visit(&self, mut item: impl FnMut(&T)) {
@@ -1228,6 +1247,20 @@ mod tests {
         let mut seen = Vec::new();
         q.visit(|&i| seen.push(i));
         assert_eq!(seen, vec![2, 3, 40]);
+    }
+
+    #[test]
+    fn promote_moves_the_ranked_closures_to_the_head_in_rank_order() {
+        let q = Q::new(DEFAULT_CAPACITY);
+        for i in [36, 37, 38, 30, 39, 31] {
+            assert!(matches!(q.try_put(i), Ok(Put::Queued)));
+        }
+        let moved = q.promote(|&i| (i < 35).then_some(usize::try_from(i).unwrap()));
+        assert_eq!(moved, 2);
+        let mut seen = Vec::new();
+        q.visit(|&i| seen.push(i));
+        assert_eq!(seen, vec![30, 31, 36, 37, 38, 39]);
+        assert_eq!(q.promote(|_| None), 0);
     }
 
     #[test]

@@ -30,7 +30,9 @@
 //!   (until the coordinator is done with it, within a bound a coordinator that
 //!   died cannot stretch);
 //! * [`unreleased_hold_bound`]: how long the coordinator keeps a worker whose
-//!   release failed out of the rotation.
+//!   release failed out of the rotation;
+//! * [`gap_runs`] and [`runs_at_save`]: which of the handler's runs the
+//!   coordinator's save lets finish first, and the run count it saves.
 //!
 //! Times are seconds on the caller's clock: monotonic for [`Calls`], the Unix
 //! clock for [`worker_drain_bound`] (a notice's deadline is a Unix time, as the task
@@ -144,6 +146,55 @@ pub fn unreleased_hold_bound(deadline: Option<f64>, peer_timeout: f64, exit_wait
         None => SERVE_CAP_FACTOR * peer_timeout.max(0.0),
     };
     serves + exit_wait.max(0.0)
+}
+
+/// The queued runs (indices of the handler's `run()` calls) that the
+/// coordinator's save lets a worker run before it saves: those below a run
+/// that finished. A run that a lost worker put back in the queue (at its
+/// tail) is one: without it the finished runs are no prefix of the runs, and
+/// no run count says which ran. `scheduled` is the run count (runs `0..scheduled`
+/// were scheduled); `queued` and `in_flight` the unfinished runs. Sorted.
+#[must_use]
+pub fn gap_runs(scheduled: u64, queued: &[u64], in_flight: &[u64]) -> Vec<u64> {
+    let Some(last_finished) = last_finished(scheduled, queued, in_flight) else {
+        return Vec::new();
+    };
+    let mut gaps: Vec<u64> = queued.iter().copied().filter(|&q| q < last_finished).collect();
+    gaps.sort_unstable();
+    gaps
+}
+
+/// The highest finished run: below `scheduled`, neither queued nor in flight.
+fn last_finished(scheduled: u64, queued: &[u64], in_flight: &[u64]) -> Option<u64> {
+    let unfinished: std::collections::HashSet<u64> = queued.iter().chain(in_flight).copied().collect();
+    (0..scheduled).rev().find(|r| !unfinished.contains(r))
+}
+
+/// The run count a coordinator's save records, and what runs again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SavedRuns {
+    /// Runs `0..runs` are in the checkpoint: the first unfinished run (the
+    /// restart schedules from it).
+    pub runs: u64,
+    /// Runs above it that had finished: they run again after the restart
+    /// (their effect is in the checkpoint too), named in the log and record.
+    pub finished_after: u64,
+}
+
+/// The run count of a save with the runs `queued` and `in_flight` unfinished
+/// of `scheduled`: the longest finished prefix, since a restart schedules the
+/// runs from its count on. Finished runs after the first unfinished one run
+/// again ([`SavedRuns::finished_after`]); [`gap_runs`] makes that rare.
+#[must_use]
+pub fn runs_at_save(scheduled: u64, queued: &[u64], in_flight: &[u64]) -> SavedRuns {
+    let unfinished: std::collections::HashSet<u64> = queued.iter().chain(in_flight).copied().filter(|&r| r < scheduled).collect();
+    let runs = unfinished.iter().copied().min().unwrap_or(scheduled);
+    let after = scheduled - runs;
+    let unfinished_after = u64::try_from(unfinished.len()).unwrap_or(u64::MAX);
+    SavedRuns {
+        runs,
+        finished_after: after.saturating_sub(unfinished_after),
+    }
 }
 
 /// Why a task refuses a release (the `why` of its answer).
@@ -261,6 +312,51 @@ mod tests {
                 serving(100.0, deadline, bound, asked, released, now),
                 want,
                 "{deadline:?} {bound} {asked:?} {released} {now}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_save_lets_the_queued_runs_below_a_finished_one_run_first() {
+        // (scheduled, queued, in flight, gap runs)
+        type Row<'a> = (u64, &'a [u64], &'a [u64], &'a [u64]);
+        let rows: &[Row] = &[
+            (46, &[36, 37, 38, 39, 40, 41, 42, 43, 44, 45], &[], &[]),
+            // A lost worker put run 30 back at the queue's tail; 31..35 finished.
+            (46, &[36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 30], &[], &[30]),
+            (46, &[36, 30, 45, 29], &[40], &[29, 30, 36]),
+            // Nothing finished above them: no gap.
+            (10, &[8, 9], &[7], &[]),
+            (0, &[], &[], &[]),
+            (3, &[0, 1, 2], &[], &[]),
+        ];
+        for &(scheduled, queued, in_flight, want) in rows {
+            assert_eq!(gap_runs(scheduled, queued, in_flight), want, "{scheduled} {queued:?} {in_flight:?}");
+        }
+    }
+
+    #[test]
+    fn the_saved_run_count_is_the_first_unfinished_run() {
+        // (scheduled, queued, in flight, runs, finished after)
+        type Row<'a> = (u64, &'a [u64], &'a [u64], u64, u64);
+        let rows: &[Row] = &[
+            (46, &[], &[], 46, 0),
+            (46, &[42, 43, 44, 45], &[], 42, 0),
+            (46, &[44, 45], &[42, 43], 42, 0),
+            // Run 30 in flight at the bound, 31..35 finished, 36..45 queued.
+            (46, &[36, 37, 38, 39, 40, 41, 42, 43, 44, 45], &[30], 30, 5),
+            (10, &[9], &[3, 7], 3, 4),
+            // Indices past the count (a run that scheduled two closures) are not runs.
+            (5, &[5, 6], &[], 5, 0),
+        ];
+        for &(scheduled, queued, in_flight, runs, after) in rows {
+            assert_eq!(
+                runs_at_save(scheduled, queued, in_flight),
+                SavedRuns {
+                    runs,
+                    finished_after: after
+                },
+                "{scheduled} {queued:?} {in_flight:?}"
             );
         }
     }

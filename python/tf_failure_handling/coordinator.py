@@ -343,8 +343,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
                     queue = cluster.closure_queue
                     closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
                     remote_value = closure.build_output_remote_value()
-                    if _ps_control.in_handler_run():
-                        closure._tfh_counted = True
+                    closure._tfh_run = _ps_control.handler_run_index()
                     queue.put(closure)
                     return remote_value
         queue = self._cluster.closure_queue
@@ -375,7 +374,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         entry._cancelable = (queue._cancellation_mgr, closure._function)
         closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
         remote_value = closure.build_output_remote_value()
-        if _ps_control.in_handler_run():
-            closure._tfh_counted = True  # one of a handler's runs (its run count counts it)
+        # One of a handler's runs (its index), or None: its run count counts it.
+        closure._tfh_run = _ps_control.handler_run_index()
         queue.put(closure)
         return remote_value

@@ -25,7 +25,7 @@
 //! No Python object is dropped and no Python code runs while a Rust lock is
 //! held: references are cloned or taken out under the lock and used after.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 use pyo3::gc::PyVisit;
@@ -72,10 +72,10 @@ struct Refs {
 #[pyclass(frozen, name = "Closure", module = "tf_failure_handling._native")]
 pub struct PyClosure {
     refs: Mutex<Option<Refs>>,
-    /// Scheduled by a `PreemptionCheckpointHandler.run()`: counted in its
-    /// run count (`_tfh_counted`; set by the coordinator before it queues
-    /// the closure).
-    counted: AtomicBool,
+    /// The index of the `PreemptionCheckpointHandler.run()` that scheduled
+    /// it (its run count then), -1 for a closure scheduled outside a run
+    /// (`_tfh_run`; set by the coordinator before it queues the closure).
+    run: AtomicI64,
 }
 
 impl PyClosure {
@@ -150,7 +150,7 @@ impl PyClosure {
                 tag: None,
                 output: Output::NotBuilt,
             })),
-            counted: AtomicBool::new(false),
+            run: AtomicI64::new(-1),
         })
     }
 
@@ -240,16 +240,17 @@ impl PyClosure {
     }
 
     /// The cache entry the closure was made from.
-    /// Whether a handler's `run()` scheduled this closure (its run count
-    /// counts it).
+    /// The index of the handler's `run()` that scheduled this closure, or
+    /// None (scheduled outside a run).
     #[getter]
-    fn _tfh_counted(&self) -> bool {
-        self.counted.load(Ordering::Relaxed)
+    fn _tfh_run(&self) -> Option<i64> {
+        let run = self.run.load(Ordering::Relaxed);
+        (run >= 0).then_some(run)
     }
 
-    #[setter(_tfh_counted)]
-    fn set_counted(&self, counted: bool) {
-        self.counted.store(counted, Ordering::Relaxed);
+    #[setter(_tfh_run)]
+    fn set_run(&self, run: Option<i64>) {
+        self.run.store(run.filter(|r| *r >= 0).unwrap_or(-1), Ordering::Relaxed);
     }
 
     #[getter]

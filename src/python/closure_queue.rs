@@ -267,6 +267,14 @@ impl PyClosureQueue {
         self.core.queued()
     }
 
+    /// Moves `closures` (those of them in the main queue) to its head, in the
+    /// order given; returns how many were moved. Closures are told apart by
+    /// identity, under the queue's lock, with no Python run there.
+    fn promote(&self, closures: Vec<Py<PyAny>>) -> usize {
+        let rank: std::collections::HashMap<usize, usize> = closures.iter().enumerate().map(|(i, c)| (c.as_ptr() as usize, i)).collect();
+        self.core.promote(|item| rank.get(&(item.as_ptr() as usize)).copied())
+    }
+
     /// The closures queued now (the main queue, then each tag's), as a new
     /// list: references taken under the queue's lock, no Python run there.
     fn queued_closures(&self, py: Python<'_>) -> Vec<Py<PyAny>> {

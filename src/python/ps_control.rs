@@ -10,7 +10,9 @@
 //! * `worker_drain_bound`: how long a worker's drain may wait for its closure;
 //! * `serving`: what a served task with a notice does now (serve on, leave);
 //! * `unreleased_hold_bound`: how long a worker whose release failed is kept
-//!   out of the rotation.
+//!   out of the rotation;
+//! * `gap_runs`, `runs_at_save`: which queued runs the save lets run first, and
+//!   the run count it records.
 //!
 //! `TaskCalls` and `TaskWatch` are shared by the poller, release and call
 //! threads: each holds its core behind a lock that no holder keeps while it
@@ -88,6 +90,22 @@ fn serving(notice_at: f64, deadline: Option<f64>, own_bound: f64, last_asked: Op
 #[pyfunction]
 fn unreleased_hold_bound(deadline: Option<f64>, peer_timeout: f64, exit_wait: f64, now: f64) -> f64 {
     ps_control::unreleased_hold_bound(deadline, peer_timeout, exit_wait, now)
+}
+
+/// The queued runs the coordinator's save lets a worker run first: those
+/// below a finished run ([`crate::ps_control::gap_runs`]).
+#[pyfunction]
+fn gap_runs(scheduled: u64, queued: Vec<u64>, in_flight: Vec<u64>) -> Vec<u64> {
+    ps_control::gap_runs(scheduled, &queued, &in_flight)
+}
+
+/// `(runs, finished_after)`: the run count a coordinator's save records and
+/// the finished runs after it that run again
+/// ([`crate::ps_control::runs_at_save`]).
+#[pyfunction]
+fn runs_at_save(scheduled: u64, queued: Vec<u64>, in_flight: Vec<u64>) -> (u64, u64) {
+    let saved = ps_control::runs_at_save(scheduled, &queued, &in_flight);
+    (saved.runs, saved.finished_after)
 }
 
 /// A call abandoned so that a new one could start (`TaskCalls.start`).
@@ -219,6 +237,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_refused, m)?)?;
     m.add_function(wrap_pyfunction!(worker_drain_bound, m)?)?;
     m.add_function(wrap_pyfunction!(serving, m)?)?;
+    m.add_function(wrap_pyfunction!(gap_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(runs_at_save, m)?)?;
     m.add_function(wrap_pyfunction!(unreleased_hold_bound, m)?)?;
     m.add_class::<ServeDecision>()?;
     m.add_class::<Abandoned>()?;

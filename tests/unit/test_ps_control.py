@@ -17,7 +17,7 @@ import time
 import pytest
 from tf_failure_handling._coordinator import ps_control
 from tf_failure_handling._coordinator.closures import Worker, _Holds
-from tf_failure_handling._native import SERVE_CAP_FACTOR
+from tf_failure_handling._native import SERVE_CAP_FACTOR, gap_runs, runs_at_save
 from tf_failure_handling._native import serving as ps_control_serving
 
 BOUND = 10.0  # turns a hang into a failure
@@ -1025,10 +1025,11 @@ def test_the_import_added_keepalive_as_keepalive_wanted_says():
 
 
 class Run:
-    """A queued closure; ``_tfh_counted``: a handler's ``run()`` scheduled it."""
+    """A closure; ``_tfh_run``: the index of the handler's ``run()`` that scheduled it
+    (None: scheduled outside a run)."""
 
-    def __init__(self, counted: bool) -> None:
-        self._tfh_counted = counted
+    def __init__(self, run) -> None:
+        self._tfh_run = run
 
 
 class ListingQueue(FakeQueue):
@@ -1046,11 +1047,12 @@ def test_only_the_handlers_runs_are_taken_off_the_run_count():
     finished training step run again after the restart."""
     workers = [FakeWorker(0), FakeWorker(1)]
     workers[0].running, workers[1].running = "train_step", "eval_step"
-    workers[0].taken = lambda: Run(True)
-    workers[1].taken = lambda: Run(False)
-    queue = ListingQueue([Run(True), Run(False), Run(False), Run(True), Run(True)])
-    unfinished = ps_control.wait_for_closures(FakeCoordinator(workers, queue), 0.05)
+    workers[0].taken = lambda: Run(8)
+    workers[1].taken = lambda: Run(None)
+    queue = ListingQueue([Run(9), Run(None), Run(None), Run(10), Run(11)])
+    unfinished = ps_control.wait_for_closures(FakeCoordinator(workers, queue), 0.05, scheduled=12)
     assert (unfinished.queued, unfinished.in_flight) == (3, {0: "train_step"})
+    assert (unfinished.queued_runs, unfinished.in_flight_runs) == ([9, 10, 11], [8])
     assert (unfinished.outside_queued, unfinished.outside_in_flight) == (2, {1: "eval_step"})
     assert unfinished.count == 4 and unfinished.outside_count == 3
 
@@ -1148,3 +1150,26 @@ def test_task_control_notes_when_the_coordinator_asked():
     before = time.time()
     ask(control, {"op": "poll"})
     assert control.last_asked is not None and control.last_asked >= before
+
+
+def test_a_pass_lets_a_strictly_held_thread_take_one_closure():
+    """The save's gap runs: a strictly held thread takes closures while the shared
+    passes last, then waits on its holds again."""
+    holds = _Holds()
+    holds.add("save", strict=True)
+    queue = CountingQueue()
+    assert holds.wait_turn(queue, 0.0) == _Holds.WAIT and holds.idle.is_set()
+    passes = ps_control.Passes(1)
+    holds.grant(passes)
+    assert holds.wait_turn(queue, 0.0) == _Holds.TAKE_GRANTED and not holds.idle.is_set()
+    assert passes.left == 0
+    assert holds.wait_turn(queue, 0.0) == _Holds.WAIT and not holds.go.is_set()
+
+
+def test_the_save_saves_at_the_first_unfinished_run():
+    """The checkpoint counts runs, and a restart schedules from the count on: it must be
+    the first unfinished run (the core's ``runs_at_save``), with the finished runs after
+    it named (they run again)."""
+    assert runs_at_save(39, [36, 37, 38], [30]) == (30, 5)
+    assert runs_at_save(46, [43, 44, 45], []) == (43, 0)
+    assert gap_runs(38, [36, 37, 30], []) == [30]

@@ -488,19 +488,26 @@ def complete(remote_value: ClosureRemoteValue, values: Any) -> None:
 
 class _Holds:
     """The holds on one worker thread, by reason (a drain, the coordinator's save):
-    while any is set, it takes no new closure. ``idle`` is set by the thread while it
-    waits on a hold with no closure in flight, and cleared under the lock that adds a
-    hold: a :meth:`Worker.wait_idle` that sees it knows nothing was taken since."""
+    while any is set, it takes no new closure, but for the passes it was granted
+    (:meth:`grant`: the save's queued runs below a finished one). ``idle`` is set by
+    the thread while it waits on a hold with no closure in flight, and cleared when it
+    takes one: a :meth:`Worker.wait_idle` that sees it knows nothing was taken since.
+    ``is_lost``: the thread put its closure back on its worker's failure and waits for
+    the worker's recovery."""
 
     #: Seconds between two looks at the queue while only non-strict holds are set.
     SOFT_SLICE = 0.05
+    #: What :meth:`wait_turn` answers.
+    WAIT, TAKE, TAKE_GRANTED = 0, 1, 2
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._reasons: dict = {}  # reason -> strict
+        self._passes: Any = None  # ps_control.Passes, shared by the held workers
         self.go = threading.Event()
         self.go.set()
         self.idle = threading.Event()
+        self.is_lost = False
 
     def add(self, reason: str, strict: bool) -> None:
         with self._lock:
@@ -511,34 +518,51 @@ class _Holds:
         with self._lock:
             self._reasons.pop(reason, None)
             if not self._reasons:
+                self._passes = None
                 self.go.set()
 
     def held(self) -> bool:
         with self._lock:
             return bool(self._reasons)
 
-    def lost(self) -> None:
+    def grant(self, passes: Any) -> None:
+        """Lets the held thread take closures while ``passes`` has any left."""
+        with self._lock:
+            self._passes = passes
+            self.go.set()  # wakes a thread waiting on a strict hold
+
+    def mark_lost(self) -> None:
         """The thread's closure went back to the queue with its worker's failure: it has
         none in flight while it waits for the worker's recovery (a hold's wait for it
         to be idle ends). Its next turn says again whether it may take one."""
         with self._lock:
+            self.is_lost = True
             self.idle.set()
 
     def strict(self) -> bool:
         with self._lock:
             return any(self._reasons.values())
 
-    def wait_turn(self, queue: Any, slice_: float) -> bool:
-        """True: the thread may take a closure now. False after waiting (without
-        spinning) up to ``slice_`` seconds for the holds to be lifted."""
+    def wait_turn(self, queue: Any, slice_: float) -> int:
+        """TAKE (or TAKE_GRANTED, on a pass): the thread may take a closure now. WAIT
+        after waiting (without spinning) up to ``slice_`` seconds for the holds to be
+        lifted or a pass granted."""
         with self._lock:
+            self.is_lost = False
             strict = any(self._reasons.values())
             if not self._reasons or (not strict and _queue_full(queue)):
                 self.idle.clear()
-                return True
+                return self.TAKE
+            passes = self._passes
+            if passes is not None:
+                if passes.take():
+                    self.idle.clear()
+                    return self.TAKE_GRANTED
+                self._passes = None  # used up: wait on the holds again
+                self.go.clear()
             self.idle.set()
         self.go.wait(slice_ if strict else min(slice_, self.SOFT_SLICE))
-        return False
+        return self.WAIT
 
 
 def _queue_full(queue: Any) -> bool:
@@ -574,6 +598,16 @@ class Worker(_tf_cc.Worker):
     def resume(self, reason: str = "drain") -> None:
         """Lifts the hold named ``reason``."""
         self._holds().remove(reason)
+
+    def grant(self, passes: Any) -> None:
+        """While held, lets this thread take closures as long as ``passes`` has any left
+        (``ps_control.Passes``, shared by the workers the save lets run its gap runs)."""
+        self._holds().grant(passes)
+
+    def lost(self) -> bool:
+        """Whether this thread put its closure back on its worker's failure and waits for
+        the worker's recovery (it takes nothing until then)."""
+        return self._holds().is_lost
 
     def wait_idle(self, timeout: float) -> bool:
         """After :meth:`hold`: True once the thread has no closure in flight (it waits
@@ -635,7 +669,8 @@ class Worker(_tf_cc.Worker):
         holds = self._holds()
         queue = self._cluster.closure_queue
         while self._should_worker_thread_run:
-            if not holds.wait_turn(queue, self.GET_SLICE):
+            turn = holds.wait_turn(queue, self.GET_SLICE)
+            if turn == _Holds.WAIT:
                 continue
             closure = queue.get(timeout=self.GET_SLICE, tag=self.worker_index)
             if closure is None:
@@ -645,7 +680,11 @@ class Worker(_tf_cc.Worker):
             if not self._should_worker_thread_run:
                 closure.mark_cancelled()
                 return
-            if holds.strict() and not isinstance(closure, _tf_cc.ResourceClosure):
+            if (
+                turn != _Holds.TAKE_GRANTED
+                and holds.strict()
+                and not isinstance(closure, _tf_cc.ResourceClosure)
+            ):
                 # A strict hold came while this thread waited in get(): the closure
                 # goes back to the queue untouched (it never ran here).
                 queue.put_back(closure)
@@ -702,7 +741,7 @@ class Worker(_tf_cc.Worker):
         a save's or a drain's wait for it ends, and the closure counts once (queued)."""
         super()._on_closure_failure(closure, e)
         self.__dict__.pop("_tfh_taken", None)
-        self._holds().lost()
+        self._holds().mark_lost()
 
     def _failure_handling(self, closure: Any, queue: Any) -> Any:
         """TF's failure handler around a closure that raised: a worker failure waits

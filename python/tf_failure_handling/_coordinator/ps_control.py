@@ -30,6 +30,7 @@ from .._native import (
     RetryVerdict,
     TaskCalls,
     TaskWatch,
+    gap_runs,
     release_refused,
     unreleased_hold_bound,
     worker_drain_bound,
@@ -178,13 +179,17 @@ def wait_checked(wait: Callable[..., bool], checks: Optional[list] = None) -> No
             check.check_in_join()
 
 
-def in_handler_run() -> bool:
-    """Whether this thread is inside an open handler's ``run()`` (calling its function):
-    a closure scheduled now is one of the handler's runs, which its run count counts."""
+def handler_run_index() -> Optional[int]:
+    """The index of the open handler's ``run()`` that this thread is inside (calling its
+    function), or None: a closure scheduled now is that run, which the handler's run
+    count counts (``Closure._tfh_run``)."""
     if not _join_checks:
-        return False
+        return None
     me = threading.get_ident()
-    return any(c.running_thread == me for c in list(_join_checks))
+    for check in list(_join_checks):
+        if check.running_thread == me:
+            return check.run_index
+    return None
 
 
 def checks_of_this_trainer() -> list:
@@ -635,13 +640,15 @@ def resume_all(coordinator: Any) -> None:
 class Unfinished:
     """What :func:`wait_for_closures` left.
 
-    The handler's runs (closures a ``PreemptionCheckpointHandler.run()`` scheduled):
-    ``queued`` ones never ran and run once after the restart; those in flight at the
-    bound, ``in_flight`` (worker index -> function), may be in the checkpoint and run
-    again after it. ``outside_queued`` and ``outside_in_flight`` are closures scheduled
-    outside ``run()`` (an evaluation, say): not in the run count, not run again after
-    the restart. ``unnamed``: closures in flight on TensorFlow's own coordinator,
-    which tells neither which worker nor who scheduled them (all counted as runs).
+    The handler's runs (closures a ``PreemptionCheckpointHandler.run()`` scheduled, by
+    their index): ``queued_runs`` never ran and run once after the restart;
+    ``in_flight`` (worker index -> function) and ``in_flight_runs`` were in flight at
+    the bound: they may be in the checkpoint and run again after it. ``outside_queued``
+    and ``outside_in_flight`` are closures scheduled outside ``run()`` (an evaluation,
+    say): not in the run count, not run again after the restart. ``unnamed``: closures
+    in flight on TensorFlow's own coordinator, which tells neither which worker nor who
+    scheduled them (all counted as runs, as ``queued``, without indices). ``gap_runs``:
+    the queued runs the save let run first (below a finished run).
     """
 
     def __init__(
@@ -652,6 +659,9 @@ class Unfinished:
         unnamed: int = 0,
         outside_queued: int = 0,
         outside_in_flight: Optional[dict] = None,
+        queued_runs: Optional[list] = None,
+        in_flight_runs: Optional[list] = None,
+        gap_runs: Optional[list] = None,
     ) -> None:
         self.queued = queued
         self.in_flight = in_flight
@@ -659,6 +669,9 @@ class Unfinished:
         self.unnamed = unnamed
         self.outside_queued = outside_queued
         self.outside_in_flight = outside_in_flight or {}
+        self.queued_runs = queued_runs
+        self.in_flight_runs = in_flight_runs
+        self.gap_runs = gap_runs or []
 
     @property
     def in_flight_count(self) -> int:
@@ -667,30 +680,62 @@ class Unfinished:
 
     @property
     def count(self) -> int:
-        """The handler's runs not finished: not in the saved run count."""
+        """The handler's runs not finished."""
         return self.queued + self.in_flight_count
 
     @property
     def outside_count(self) -> int:
         return self.outside_queued + len(self.outside_in_flight)
 
+    @property
+    def indexed(self) -> bool:
+        """Whether every unfinished run is known by its index (our coordinator)."""
+        return self.queued_runs is not None and self.in_flight_runs is not None
+
     def __bool__(self) -> bool:
         return self.count + self.outside_count > 0
 
 
-def _counted(closure: Any) -> bool:
-    """Whether a handler's ``run()`` scheduled ``closure`` (``coordinator.schedule``)."""
-    return bool(getattr(closure, "_tfh_counted", False))
+def _run_of(closure: Any) -> Optional[int]:
+    """The index of the handler's ``run()`` that scheduled ``closure``, or None."""
+    return getattr(closure, "_tfh_run", None)
+
+
+class Passes:
+    """Closures that held workers may take, in all (:func:`wait_for_closures` lets
+    them run the queued runs below a finished one, moved to the queue's head)."""
+
+    def __init__(self, count: int) -> None:
+        self._lock = threading.Lock()
+        self._left = count
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._left <= 0:
+                return False
+            self._left -= 1
+            return True
+
+    @property
+    def left(self) -> int:
+        with self._lock:
+            return self._left
 
 
 def wait_for_closures(
-    coordinator: Any, bound: float, clock: Callable[[], float] = time.monotonic
+    coordinator: Any,
+    bound: float,
+    clock: Callable[[], float] = time.monotonic,
+    scheduled: Optional[int] = None,
 ) -> Unfinished:
     """Before the coordinator's save: holds every worker strictly and gives the closures
     in flight ``bound`` seconds (TF's coordinator cannot be held: then every scheduled
     closure is waited for). A worker whose process was lost put its closure back in
-    the queue: it has none in flight (``Worker._on_closure_failure``). Raises a
-    closure's error as ``join()`` would."""
+    the queue: it has none in flight (``Worker._on_closure_failure``). With the run
+    count ``scheduled``, the queued runs below a finished one (the core's
+    ``gap_runs``: one a lost worker put back) are moved to the queue's head and the
+    held workers may take that many, within the same bound: then the finished runs
+    are a prefix of the runs. Raises a closure's error as ``join()`` would."""
     queue = coordinator._cluster.closure_queue
     held = hold_all(coordinator, strict=True)
     end = clock() + max(0.0, bound)
@@ -699,29 +744,63 @@ def wait_for_closures(
             return Unfinished(0, {}, held)
         unnamed = int(getattr(queue, "inflight_closure_count", 0))
         return Unfinished(_qsize(queue), {}, held, unnamed)
-    in_flight, outside_in_flight = {}, {}
-    for worker in workers_of(coordinator):
+    workers = workers_of(coordinator)
+    filled: list = []
+    while True:
+        left = _left_behind(queue, workers, end, clock)
+        if scheduled is None or not left.indexed:
+            break
+        gaps = gap_runs(scheduled, left.queued_runs, left.in_flight_runs)
+        if not gaps or clock() >= end:
+            break
+        by_run = {_run_of(c): c for c in queue.queued_closures() if _run_of(c) in set(gaps)}
+        queue.promote([by_run[r] for r in gaps if r in by_run])
+        takers = [w for w in workers if not getattr(w, "lost", lambda: False)()]
+        if not takers:
+            break  # every worker is lost: no one to run them before the save
+        passes = Passes(len(by_run))
+        for worker in takers:
+            worker.grant(passes)
+        filled.extend(sorted(by_run))
+        # Until the passes are used and every worker is idle again (the next round).
+        while passes.left and clock() < end:
+            time.sleep(0.01)
+    left.gap_runs = filled
+    error = getattr(queue, "_error", None)
+    if error is not None and not left:
+        queue.wait(timeout=0.0)  # raises the closure's error, as join() would
+    return left
+
+
+def _left_behind(queue: Any, workers: list, end: float, clock: Callable[[], float]) -> Unfinished:
+    """Waits (until ``end``) for every held worker to be idle; what is unfinished then."""
+    in_flight, outside_in_flight, in_flight_runs = {}, {}, []
+    for worker in workers:
         if not worker.wait_idle(max(0.0, end - clock())):
             closure = getattr(worker, "taken", lambda: None)()
             name = worker.in_flight() or "?"
-            if closure is not None and not _counted(closure):
+            run = None if closure is None else _run_of(closure)
+            if closure is not None and run is None:
                 outside_in_flight[worker.worker_index] = name
             else:
                 in_flight[worker.worker_index] = name
-    error = getattr(queue, "_error", None)
-    if error is not None and not in_flight and not outside_in_flight and _qsize(queue) == 0:
-        queue.wait(timeout=0.0)  # raises the closure's error, as join() would
+                if run is not None:
+                    in_flight_runs.append(run)
     # The main queue holds the scheduled closures (per-worker resources wait on the
     # workers' tag queues, never counted).
     queued = _qsize(queue)
     listed = getattr(queue, "queued_closures", None)
-    runs = queued if listed is None else min(queued, sum(1 for c in listed() if _counted(c)))
+    if listed is None:  # a queue that cannot list them: every one counts as a run
+        return Unfinished(queued, in_flight, True, outside_in_flight=outside_in_flight)
+    queued_runs = [r for r in (_run_of(c) for c in listed()) if r is not None]
     return Unfinished(
-        runs,
+        len(queued_runs),
         in_flight,
-        held,
-        outside_queued=queued - runs,
+        True,
+        outside_queued=queued - len(queued_runs),
         outside_in_flight=outside_in_flight,
+        queued_runs=queued_runs,
+        in_flight_runs=in_flight_runs if len(in_flight_runs) == len(in_flight) else None,
     )
 
 

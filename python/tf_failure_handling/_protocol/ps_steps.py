@@ -26,7 +26,7 @@ from typing import Any, Optional
 from .._cluster import membership as _membership
 from .._coordinator import ps_control as _ps_control
 from .._integrations import tf_exit as _tf_exit
-from .._native import ProtocolCore
+from .._native import ProtocolCore, runs_at_save
 from .records_hooks import StageRecords
 from .state import HandlerState
 
@@ -52,6 +52,10 @@ class PsSteps:
         #: coordinator), and what the last save left unfinished.
         self._strategy: Any = None
         self._unfinished: Any = None
+        #: The run count before the last save took off its unfinished runs, and how
+        #: many finished runs after its first unfinished one run again.
+        self._scheduled = 0
+        self._finished_after = 0
         self._join_check: Any = None
 
     @property
@@ -141,6 +145,7 @@ class PsSteps:
         ``save_start`` record name them.
         """
         self._unfinished = None
+        self._finished_after = 0
         if self.poller is None:
             return
         coordinator = self._coordinator()
@@ -154,18 +159,44 @@ class PsSteps:
         # longest save seen; without one, peer_timeout bounds the wait.
         bound = self._core.drain_bound(self._state.clock(), self._state.peer_timeout)
         start = self._state.clock()
-        unfinished = _ps_control.wait_for_closures(coordinator, bound, self._state.clock)
+        scheduled = self._core.run_counter
+        unfinished = _ps_control.wait_for_closures(
+            coordinator, bound, self._state.clock, scheduled=scheduled
+        )
         self._unfinished = unfinished
+        self._scheduled = scheduled
+        if unfinished.gap_runs:
+            log.info(
+                "Run(s) %s, put back in the queue after later runs had finished, ran "
+                "before the save.",
+                _ids(unfinished.gap_runs),
+            )
         if not unfinished:
             log.info(
                 "All scheduled closures finished in %.3fs; saving at run %d.",
                 self._state.clock() - start,
-                self._core.run_counter,
+                scheduled,
             )
             return
-        # Only the handler's runs are in its run count; a closure scheduled outside
-        # run() (an evaluation, say) is not, and is never run again after the restart.
-        self._core.run_counter = max(0, self._core.run_counter - unfinished.count)
+        # The checkpoint holds the runs before the first unfinished one (a restart
+        # schedules from its count on); only the handler's runs are in its count: a
+        # closure scheduled outside run() (an evaluation, say) is not, and is never run
+        # again after the restart.
+        if unfinished.indexed:
+            runs, self._finished_after = runs_at_save(
+                scheduled, unfinished.queued_runs, unfinished.in_flight_runs
+            )
+        else:  # TensorFlow's coordinator: the unfinished ones are taken as the last
+            runs, self._finished_after = max(0, scheduled - unfinished.count), 0
+        self._core.run_counter = runs
+        if self._finished_after:
+            log.warning(
+                "%d run(s) after run %d had finished before it: they are in the checkpoint "
+                "and run again after the restart (restarts count runs from the first that "
+                "did not finish).",
+                self._finished_after,
+                runs,
+            )
         if unfinished.queued:
             log.warning(
                 "%d queued run(s) were not given to a worker before the save: not "
@@ -215,6 +246,10 @@ class PsSteps:
             fields["in_flight"] = {str(i): fn for i, fn in unfinished.in_flight.items()}
         if unfinished.in_flight_count:
             fields["in_flight_effect"] = "may be in the checkpoint and will run again"
+        if self._finished_after:
+            fields["finished_after_first_unfinished"] = self._finished_after
+        if unfinished.gap_runs:
+            fields["gap_runs"] = list(unfinished.gap_runs)
         if unfinished.outside_count:
             fields["outside_run_at_bound"] = {
                 "queued": unfinished.outside_queued,
@@ -246,7 +281,13 @@ class PsSteps:
         count again and the workers take closures again."""
         unfinished, self._unfinished = self._unfinished, None
         if unfinished:
-            self._core.run_counter += unfinished.count
+            self._core.run_counter = self._scheduled
         coordinator = self._coordinator() if self.poller is not None else None
         if coordinator is not None:
             _ps_control.resume_all(coordinator)
+
+
+def _ids(runs: list) -> str:
+    """Run indices for a log line (at most 10 named)."""
+    shown = ", ".join(str(r) for r in runs[:10])
+    return shown + (f" and {len(runs) - 10} more" if len(runs) > 10 else "")

@@ -50,6 +50,11 @@ class StepCheck:
         when none."""
         return self._core.running_thread
 
+    @property
+    def run_index(self) -> int:
+        """The index of the ``run()`` in progress (the run count before it completes)."""
+        return self._core.run_counter
+
     def is_trainer(self, thread: int) -> bool:
         """Whether ``thread`` is this handler's training thread: the one that called
         ``run()`` last (before the first ``run()``, the main thread)."""
