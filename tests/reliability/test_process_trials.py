@@ -13,8 +13,8 @@ delayed acknowledgements and slow saves; the crash trial kills the chief after
 its data files were written, with an earlier complete checkpoint to fall back to;
 the partition trial cuts off the non-leader while the leader waits for its
 acknowledgement; the PS trial kills both workers at once, then one. The
-``ps_preemption`` seeds: a PS's notice, a second one during the save it started,
-then the restarted PS's notice again (see :data:`PS_PREEMPTION_SEEDS`).
+``ps_preemption`` seeds check every closure by its id, with a fetch() in the loop and
+closures outside handler.run, grace period 0 and > 0 (see :data:`PS_PREEMPTION_SEEDS`).
 """
 
 from __future__ import annotations
@@ -64,12 +64,15 @@ LEADER_PARTITION_SEED = 8
 #: error, which names no worker (a violation until run() named the unreachable peers).
 HEARTBEAT_PARTITION_SEED = 1
 PS_SEED = 6
-#: ps_preemption seeds for make test (each about a minute on 2 loaded cores):
-#: 1 -- the PS's notice inside a schedule() call, and a second one while the
-#: coordinator saves for the first, with no time for the closures (a bound of 0 s);
-#: 57 -- the PS's notice inside join(), then, after the PS and the coordinator
-#: restarted, the new PS's notice (still watched), with a bound of 0.5 s.
-PS_PREEMPTION_SEEDS = (1, 57)
+#: ps_preemption seeds for make test (each under a minute on 2 loaded cores), all with
+#: a fetch() in the loop and closures scheduled outside handler.run, checked id by id:
+#: 12 -- grace period 0 and a 60 s deadline: the PS's notice inside a schedule() call,
+#: a worker SIGKILLed while the coordinator saves for it;
+#: 39 -- 2 PS, 3 workers, a grace period of 3 s and a 25 s deadline: a worker's
+#: notice, the PS's notice during that worker's drain;
+#: 47 -- 3 workers, a grace period of 1 s and a 25 s deadline: the PS's notice inside
+#: join(), then a worker paused.
+PS_PREEMPTION_SEEDS = (12, 39, 47)
 
 #: The trials' bounds that a test goes through in sequence, for its pytest-timeout (the
 #: backstop above them): ``trial_root``'s reference run (a fixture's setup), ...
@@ -261,6 +264,12 @@ def test_identity_check_finds_an_unexplained_duplicate():
     two = [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
     verdict = _identity(two, [1, 1, 1, 1, 2, 2, 1, 1, 1, 1], k=1)
     assert (verdict.explained, verdict.unexplained) == (1, 1) and verdict.violations
+    # ... unless the record names the second as finished after the first unfinished run.
+    save = ps_checks.Save(100, 4, 17.0, 18.0, {"in_flight_at_bound": 1})
+    save.extra["finished_after_first_unfinished"] = 1
+    lives = _ids_lives([0] * 10, two, [1, 1, 1, 1, 2, 2, 1, 1, 1, 1])
+    verdict = ps_checks.check_identity(lives, [save], [], 10)
+    assert not verdict.violations and verdict.explained == 2
     # With TensorFlow's coordinator: measured, not a violation.
     verdict = _identity(AHEAD_SAVE, AHEAD_DONE, k=0, tf_coordinator=True)
     assert not verdict.violations and verdict.unexplained == 1
@@ -420,13 +429,24 @@ def test_ps_worker_kills_lose_no_closure(trial_root):
 # turns, one of which may wait on a process's start), its stack dumps and kills (+ 60 s).
 @pytest.mark.timeout(ps_preemption.TRIAL_BOUND + ps_preemption.START_BOUND + 60)
 @pytest.mark.parametrize("seed", PS_PREEMPTION_SEEDS)
-def test_ps_preemption_loses_nothing_and_leaves_nothing(tmp_path, seed):
+def test_ps_preemption_applies_every_id_and_leaves_nothing(tmp_path, seed):
     # (No MWMS reference run: trial_root's is of no use here.)
-    result = run_trial(make_plan("ps_preemption", seed), tmp_path)
+    plan = make_plan("ps_preemption", seed)
+    result = run_trial(plan, tmp_path)
     check(result)
     assert not result.notes.get("missed_faults"), result.report()
-    assert result.faults["ps_sigterm"] == 2, result.report()
-    # Each PS that got a notice exited 42, released by the coordinator after its save.
+    # Identity: no id lost, every duplicate named by a save's record or a kill/pause.
+    assert result.lost_ids == 0 and result.duplicates_unexplained == 0, result.report()
+    # Each task that got a notice exited 42, released by the coordinator after its save.
     exits = result.notes["server_exits"]
     assert exits and all(e["code"] == 42 and e["released"] for e in exits), result.report()
-    assert len(exits) == (2 if seed == 57 else 1), result.report()
+    # What the plan varies did run: fetch() in the loop, closures outside handler.run.
+    assert sum(life["fetches"] for life in result.notes["lives"]) > 0, result.report()
+    assert result.notes["outside"]["applied"] > 0, result.report()
+
+
+def test_ps_preemption_seeds_of_make_test_cover_the_variants():
+    features = [set(ps_features(make_plan("ps_preemption", s).params)) for s in PS_PREEMPTION_SEEDS]
+    assert all({"fetch", "outside closures"} <= f for f in features)
+    assert {"grace>0", "deadline", "2 PS", "3 workers"} <= set().union(*features)
+    assert any("grace>0" not in f for f in features), "grace period 0 too"

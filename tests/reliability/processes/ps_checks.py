@@ -29,7 +29,11 @@ explained, else it is a violation:
 * by the **save's bound** (``ahead`` only): the segment ends at a save whose
   ``save_start`` record says ``in_flight_at_bound`` K (0 when absent); at most K ahead
   applications of that segment are explained, fewer by the closures scheduled outside
-  ``handler.run`` that the bound named in flight (``bound_end``'s function names);
+  ``handler.run`` that the bound named in flight (the record's ``in_flight`` function
+  names, else ``bound_end``'s); and at most F more, F being the record's
+  ``finished_after_first_unfinished`` (runs that finished after one still in flight or
+  queued at the bound: the run count is a prefix, so they run again, and the record
+  says how many);
 * by a **fault that can re-execute a closure**: a PS or worker SIGKILLed or SIGSTOPped,
   or gone on its own, whose window -- from its signal to :data:`TAINT_AFTER` seconds
   after it exited or resumed -- meets the id's window in that life: from its ``run``
@@ -175,7 +179,11 @@ def _window_end(life: Life, since: float, save: Optional[Save]) -> float:
 
 
 def _outside_in_flight(life: Life, save: Save) -> int:
-    """Closures scheduled outside handler.run that the save's bound named in flight."""
+    """Closures scheduled outside handler.run that the save's bound named in flight: by
+    the record's ``in_flight`` (worker -> function), else by the ``bound_end`` line."""
+    named = save.extra.get("in_flight")
+    if isinstance(named, dict):
+        return sum(OUTSIDE_FUNCTION in str(fn) for fn in named.values())
     before = [r for t, r in life.bounds if t <= save.save_start + 1.0]
     if not before or not isinstance(before[-1], dict):
         return 0
@@ -246,20 +254,27 @@ def check_identity(
                 since = life.runs.get(i, life.started)
                 until = _window_end(life, since, save)
             out.duplicates.append(Application(i, life.name, kind, (since, until)))
-    # The save's bound explains ahead applications first, up to what its record names.
+    # The save's bound explains ahead applications first, up to what its record names:
+    # the handler's closures in flight at the bound, then the finished runs after the
+    # first unfinished one (they run again, the run count being a prefix).
     by_save: dict = {}
     for life, _, _, save in chain:
         if save is None:
             continue
         k = save.extra.get("in_flight_at_bound")
         outside = _outside_in_flight(life, save)
-        budget = max(0, int(k or 0) - outside)
-        by_save[life.name] = [budget, k, outside]
+        after = int(save.extra.get("finished_after_first_unfinished") or 0)
+        by_save[life.name] = [max(0, int(k or 0) - outside), k, outside, after]
     for d in out.duplicates:
         entry = by_save.get(d.life)
-        if d.kind == AHEAD and entry and entry[0] > 0:
+        if d.kind != AHEAD or not entry:
+            continue
+        if entry[0] > 0:
             entry[0] -= 1
             d.explained_by = f"in flight at the save's bound (in_flight_at_bound {entry[1]})"
+        elif entry[3] > 0:
+            entry[3] -= 1
+            d.explained_by = "finished after the first unfinished run at the save's bound"
     # Then the faults, each up to its budget, in the order they came.
     left = {n: f.budget for n, f in enumerate(faults)}
     for d in out.duplicates:
