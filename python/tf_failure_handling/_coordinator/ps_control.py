@@ -21,7 +21,6 @@ from typing import Any, Callable, Optional
 from .._bounded_call import BoundedCall
 from .._native import (
     ABANDON_AFTER,
-    COORDINATOR_SILENCE,  # noqa: F401 - the handler's log names it
     DEFAULT_DRAIN_BOUND,
     MAX_ABANDONED,
     CallTimeout,
@@ -753,11 +752,12 @@ def wait_for_closures(
         gaps = gap_runs(scheduled, left.queued_runs, left.in_flight_runs)
         if not gaps or clock() >= end:
             break
-        by_run = {_run_of(c): c for c in queue.queued_closures() if _run_of(c) in set(gaps)}
-        queue.promote([by_run[r] for r in gaps if r in by_run])
+        wanted = set(gaps)
+        by_run = {_run_of(c): c for c in queue.queued_closures() if _run_of(c) in wanted}
         takers = [w for w in workers if not getattr(w, "lost", lambda: False)()]
-        if not takers:
-            break  # every worker is lost: no one to run them before the save
+        if not by_run or not takers:
+            break  # gone from the queue meanwhile, or no worker left to run them
+        queue.promote([by_run[r] for r in sorted(by_run)])
         passes = Passes(len(by_run))
         for worker in takers:
             worker.grant(passes)

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from .._cluster import membership as _membership
 from .._coordinator import ps_control as _ps_control
 from .._integrations import tf_exit as _tf_exit
-from .._native import ProtocolCore, runs_at_save
+from .._native import COORDINATOR_SILENCE, ProtocolCore, runs_at_save
 from .records_hooks import StageRecords
 from .state import HandlerState
 
@@ -271,7 +271,7 @@ class PsSteps:
                     "ps %d was not released after the save: it leaves on its own once this "
                     "coordinator stops asking it (%.0fs later) or at its notice's deadline.",
                     task,
-                    _ps_control.COORDINATOR_SILENCE,
+                    COORDINATOR_SILENCE,
                 )
         poller.stop()
 
