@@ -64,15 +64,18 @@ LEADER_PARTITION_SEED = 8
 #: error, which names no worker (a violation until run() named the unreachable peers).
 HEARTBEAT_PARTITION_SEED = 1
 PS_SEED = 6
-#: ps_preemption seeds for make test (each under a minute on 2 loaded cores), all with
-#: a fetch() in the loop and closures scheduled outside handler.run, checked id by id:
-#: 12 -- grace period 0 and a 60 s deadline: the PS's notice inside a schedule() call,
-#: a worker SIGKILLed while the coordinator saves for it;
-#: 39 -- 2 PS, 3 workers, a grace period of 3 s and a 25 s deadline: a worker's
-#: notice, the PS's notice during that worker's drain;
-#: 47 -- 3 workers, a grace period of 1 s and a 25 s deadline: the PS's notice inside
-#: join(), then a worker paused.
-PS_PREEMPTION_SEEDS = (12, 39, 47)
+#: ps_preemption seeds for make test (each under a minute on 2 loaded cores), checked id
+#: by id, each with closures scheduled outside handler.run. Each of the first two failed
+#: on the code before issue 48's fixes (249d32a):
+#: 36 -- a fetch() every 7th run, grace period 0, a 60 s deadline: the PS's notice
+#: while the coordinator waits in a fetch() (hung there before the fix: item 1), then
+#: the coordinator's own notice;
+#: 22 -- grace period 0, a 25 s deadline: the PS's notice inside schedule(), twice
+#: (before the fix an outside closure unfinished at the save made a finished run run
+#: again, which no record named: item 2);
+#: 39 -- 2 PS, 3 workers, a fetch() every 7th run, a grace period of 3 s and a 25 s
+#: deadline: a worker's notice, the PS's notice during that worker's drain.
+PS_PREEMPTION_SEEDS = (36, 22, 39)
 
 #: The trials' bounds that a test goes through in sequence, for its pytest-timeout (the
 #: backstop above them): ``trial_root``'s reference run (a fixture's setup), ...
@@ -441,12 +444,13 @@ def test_ps_preemption_applies_every_id_and_leaves_nothing(tmp_path, seed):
     exits = result.notes["server_exits"]
     assert exits and all(e["code"] == 42 and e["released"] for e in exits), result.report()
     # What the plan varies did run: fetch() in the loop, closures outside handler.run.
-    assert sum(life["fetches"] for life in result.notes["lives"]) > 0, result.report()
+    if plan.params["fetch_every"]:
+        assert sum(life["fetches"] for life in result.notes["lives"]) > 0, result.report()
     assert result.notes["outside"]["applied"] > 0, result.report()
 
 
 def test_ps_preemption_seeds_of_make_test_cover_the_variants():
     features = [set(ps_features(make_plan("ps_preemption", s).params)) for s in PS_PREEMPTION_SEEDS]
-    assert all({"fetch", "outside closures"} <= f for f in features)
-    assert {"grace>0", "deadline", "2 PS", "3 workers"} <= set().union(*features)
+    assert all("outside closures" in f for f in features)
+    assert {"fetch", "grace>0", "deadline", "2 PS", "3 workers"} <= set().union(*features)
     assert any("grace>0" not in f for f in features), "grace period 0 too"
