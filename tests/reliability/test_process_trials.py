@@ -302,6 +302,39 @@ def test_identity_check_attributes_duplicates_to_a_fault_window():
     assert (verdict.explained, verdict.unexplained) == (2, 1), verdict.duplicates
 
 
+def test_identity_check_finds_a_run_count_that_went_back():
+    # Life B restored run 5 and saved run 4 (before issue 48's item 2 was fixed: an
+    # outside closure unfinished at the save was taken off the run count): run 4, in the
+    # checkpoint of run 5, runs again in life C; B's runs 5 and 6 are ahead of its save.
+    def life(name, pid, started, restored, runs, applied, done=None):
+        return ps_checks.Life(
+            name,
+            pid,
+            started,
+            started + 9.0,
+            {"t": started + 1.0, "runs": restored, "applied": applied, "outside": [0] * 10},
+            {i: started + 2.0 + i / 10 for i in runs},
+            {},
+            [started + 5.0],
+            done=done,
+        )
+
+    done = {"t": 29.0, "runs": 10, "applied": [1, 1, 1, 1, 2, 2, 2, 1, 1, 1], "outside": []}
+    lives = [
+        life("coordinator#0", 100, 0.0, 0, range(6), [0] * 10),
+        life("coordinator#1", 101, 10.0, 5, range(5, 7), [1] * 5 + [0] * 5),
+        life("coordinator#2", 102, 20.0, 4, range(4, 10), [1] * 7 + [0] * 3, done),
+    ]
+    saves = [
+        ps_checks.Save(100, 5, 6.0, 7.0, {"in_flight_at_bound": 0}),
+        ps_checks.Save(101, 4, 16.0, 17.0, {"in_flight_at_bound": 0}),
+    ]
+    verdict = ps_checks.check_identity(lives, saves, [], 10)
+    kinds = sorted((d.id, d.kind) for d in verdict.duplicates)
+    assert kinds == [(4, ps_checks.RERUN), (5, ps_checks.AHEAD), (6, ps_checks.AHEAD)]
+    assert verdict.unexplained == 3 and verdict.violations and not verdict.lost
+
+
 def test_identity_check_charges_outside_closures_against_the_bound():
     # The bound named 1 in flight, and that one was an evaluation closure scheduled
     # outside handler.run: a handler id applied ahead is not explained by it.

@@ -20,6 +20,10 @@ run count, ``R1`` the saved one (``steps`` at ``done``) and ``D[i]`` the count's
 * ``i < R0``: ``D[i]`` should be 0; each is ``stale`` (a closure of an earlier life
   applied after this life restored).
 
+An ``own`` application of an id that an earlier segment already applied within its own
+range is a ``rerun``: a later checkpoint's run count went below a run an earlier one
+counted.
+
 **Verdict.** Every id below the run count of every checkpoint (and of ``done``) was
 applied at least once: a count of 0 is a **lost id**. An id applied ``n >= 2`` times
 has ``n - 1`` **duplicates**: every application but one (its ``own``, else its
@@ -74,6 +78,9 @@ from .report import TrialResult
 
 #: The kinds of a duplicate application, by where it happened (module docstring).
 OWN, REPEAT, AHEAD, STALE = "own", "repeat", "ahead", "stale"
+#: An id run again in a later life's own range though an earlier checkpoint counted it
+#: (a saved run count below the restored one).
+RERUN = "rerun"
 #: The evaluation closure's function name in ps_preemption_script.py (``bound_end``).
 OUTSIDE_FUNCTION = "eval_step"
 
@@ -246,6 +253,8 @@ def check_identity(
         for n, (life, kind, save) in enumerate(found):
             if n == keep:
                 continue
+            if kind == OWN:
+                kind = RERUN
             if kind == STALE:
                 earlier = [lf.runs[i] for lf in lives if i in lf.runs and lf.started < life.started]
                 since = max(earlier or [life.started])
