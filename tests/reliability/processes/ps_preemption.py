@@ -492,19 +492,24 @@ class FaultDriver:
             return
         gate_id, since = self.holding
         (self.launcher.control / f"open-{gate_id}").touch()
-        arm = self.launcher.control / "arm-schedule"
-        if arm.exists() and arm.read_text().strip() == gate_id:
-            arm.unlink()
+        self._remove_arm("schedule", gate_id)
         held = self.result.notes.setdefault("held_for_restarts_s", [])
         held.append(round(time.time() - since, 1))
         self.holding = None
 
     def _disarm(self, fault: Fault) -> None:
         if fault.gate_id is not None:
-            point = fault.gate_id.split("-")[0]
-            arm = self.launcher.control / f"arm-{point}"
-            if arm.exists() and arm.read_text().strip() == fault.gate_id:
+            self._remove_arm(fault.gate_id.split("-")[0], fault.gate_id)
+
+    def _remove_arm(self, point: str, gate_id: str) -> None:
+        """Removes gate ``point``'s arm if it still holds ``gate_id``: the coordinator may
+        take it (remove the file) at any moment, which is no error."""
+        arm = self.launcher.control / f"arm-{point}"
+        try:
+            if arm.read_text().strip() == gate_id:
                 arm.unlink()
+        except FileNotFoundError:
+            pass
 
     def _miss(self, fault: Fault, why: str) -> None:
         self._disarm(fault)
