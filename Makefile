@@ -271,8 +271,8 @@ bench: build-release
 
 # The long mode of the fault-injection trials (tests/reliability): 10,000 simulated
 # trials, 1,000 more with DEBUG logging through a file handler, 6 real-process trials
-# of each of 4 kinds and 40 of ps_preemption, then the table the README's Reliability
-# section shows.
+# of each of 4 kinds and 60 of ps_preemption (issue 48: at least 60), then the table the
+# README's Reliability section shows.
 reliability: build
 	$(PY) tests/reliability/run.py
 

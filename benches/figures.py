@@ -45,9 +45,10 @@ COMMANDS = (
     # The demo (make demo, about a minute): its preemption report, as docs/records.md
     # shows it, and how long it took (demo/README.md).
     ("demo/run_demo.py", [], []),
-    # A mid-sized run of the trials (~30 min on 2 cores: 40 of ps_preemption, the
-    # issue-32 kind, 2 of each other real-process kind); ``make reliability`` is the
-    # long mode (10,000 simulated trials, 6 real-process trials of each kind, about an hour).
+    # A mid-sized run of the trials (~30 min on 2 cores: 60 of ps_preemption, the
+    # identity trials of issue 48, 2 of each other real-process kind); ``make
+    # reliability`` is the long mode (10,000 simulated trials, 6 real-process trials of
+    # each kind and 60 of ps_preemption, about two hours).
     (
         "tests/reliability/run.py",
         [
@@ -58,7 +59,7 @@ COMMANDS = (
             "--process-seeds",
             "2",
             "--ps-preemption-seeds",
-            "40",
+            "60",
         ],
         ["--sim-trials", "200", "--debug-trials", "20", "--process-seeds", "1"],
     ),
