@@ -151,16 +151,20 @@ def coordinator(args) -> int:
 
     emit("restored", runs=runs, counter=_read(counter), **counts())
 
-    @tf.function
-    def train_step(work):
+    def _work(work):
         # Some work, so that closures are in flight when a notice comes: one read of
-        # the PS, work on the worker alone, one write to the PS at the end.
+        # the PS, then work on the worker alone (the callers write to the PS after it).
         x = tf.identity(weights)
         w = x
         for _ in tf.range(work):
             x = tf.matmul(x, w) * 0.5 + tf.eye(64)
-        counter.assign_add(1)
         return tf.reduce_sum(x)
+
+    @tf.function
+    def train_step(work):
+        total = _work(work)
+        counter.assign_add(1)
+        return total
 
     def _one(index):
         return tf.IndexedSlices(tf.ones([1], tf.int64), tf.reshape(index, [1]))
@@ -168,23 +172,17 @@ def coordinator(args) -> int:
     @tf.function
     def train_step_id(work, run_id):
         # train_step, and the closure's own id recorded as applied, after the work.
-        x = tf.identity(weights)
-        w = x
-        for _ in tf.range(work):
-            x = tf.matmul(x, w) * 0.5 + tf.eye(64)
+        total = _work(work)
         counter.assign_add(1)
         applied.scatter_add(_one(run_id))
-        return tf.reduce_sum(x)
+        return total
 
     @tf.function
     def eval_step(work, eval_id):
         # A closure scheduled outside handler.run: some work, then its id in outside.
-        x = tf.identity(weights)
-        w = x
-        for _ in tf.range(work):
-            x = tf.matmul(x, w) * 0.5 + tf.eye(64)
+        total = _work(work)
         outside.scatter_add(_one(eval_id))
-        return tf.reduce_sum(x)
+        return total
 
     two_before = None
     while handler.total_run_calls < args.steps:

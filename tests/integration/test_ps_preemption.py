@@ -431,6 +431,8 @@ def test_closures_in_flight_at_the_bound_are_named_and_nothing_else_runs(cluster
 
 #: The run whose value is fetched after the notice (``--fetch-at``).
 FETCH_AT = 45
+#: The coordinator's options of these tests: closures with ids, long from run 30.
+LONG_RUNS_WITH_IDS = ("--ids", "--long-from", "30", "--long-work", str(LONG_WORK))
 #: The coordinator's bound on its closures before a save (peer_timeout): long enough
 #: for a long closure to finish (seconds), so that only a hang reaches it.
 DRAIN_PEER_TIMEOUT = 90.0
@@ -491,11 +493,7 @@ def test_a_fetch_after_a_notice_reaches_the_save(tmp_path, grace, of):
         c.start_servers()
         told = tmp_path / "fetch-now"
         c.coordinator(
-            "--ids",
-            "--long-from",
-            "30",
-            "--long-work",
-            str(LONG_WORK),
+            *LONG_RUNS_WITH_IDS,
             "--fetch-at",
             str(FETCH_AT),
             "--fetch-file",
@@ -555,14 +553,7 @@ def test_a_worker_lost_before_the_save_holds_it_up_no_longer_than_its_closure(tm
     c = Cluster(tmp_path)
     try:
         c.start_servers()
-        c.coordinator(
-            "--ids",
-            "--long-from",
-            "30",
-            "--long-work",
-            str(LONG_WORK),
-            peer_timeout=DRAIN_PEER_TIMEOUT,
-        )
+        c.coordinator(*LONG_RUNS_WITH_IDS, peer_timeout=DRAIN_PEER_TIMEOUT)
         c.wait_event("coordinator", "long-in-flight", FINISH_BOUND)
         c.procs["worker0"].kill()
         c.wait_log("coordinator", "worker/replica:0/task:0 failed with", EXIT_BOUND)
