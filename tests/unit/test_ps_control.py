@@ -1034,11 +1034,21 @@ class Run:
 
 class ListingQueue(FakeQueue):
     def __init__(self, closures) -> None:
-        super().__init__(queued=len(closures))
+        super().__init__()
         self.closures = closures
+        self.promoted: list = []
+
+    def qsize(self):
+        return len(self.closures)
 
     def queued_closures(self):
         return list(self.closures)
+
+    def promote(self, closures):
+        self.promoted.append([c._tfh_run for c in closures])
+        rest = [c for c in self.closures if all(c is not p for p in closures)]
+        self.closures[:] = list(closures) + rest
+        return len(closures)
 
 
 def test_only_the_handlers_runs_are_taken_off_the_run_count():
@@ -1173,3 +1183,27 @@ def test_the_save_saves_at_the_first_unfinished_run():
     assert runs_at_save(39, [36, 37, 38], [30]) == (30, 5)
     assert runs_at_save(46, [43, 44, 45], []) == (43, 0)
     assert gap_runs(38, [36, 37, 30], []) == [30]
+
+
+def test_the_save_lets_a_live_worker_run_a_put_back_run_first():
+    """Run 10 was put back at the queue's tail by a lost worker (0), and run 11 finished:
+    the save moves run 10 to the head and lets the live worker (1) take it, so that the
+    checkpoint's run count, the first unfinished run, is 12 and nothing runs twice."""
+    workers = [FakeWorker(0), FakeWorker(1)]
+    workers[0].lost = lambda: True
+    workers[0].holds.mark_lost()
+    queue = ListingQueue([Run(12), Run(13), Run(10)])
+
+    def grant(passes):
+        def take_the_head():
+            if passes.take():
+                queue.closures.pop(0)  # taken from the head, and finished
+
+        threading.Thread(target=take_the_head).start()
+
+    workers[0].grant = lambda passes: pytest.fail("a lost worker was granted a pass")
+    workers[1].grant = grant
+    unfinished = ps_control.wait_for_closures(FakeCoordinator(workers, queue), BOUND, scheduled=14)
+    assert queue.promoted == [[10]] and unfinished.gap_runs == [10]
+    assert unfinished.queued_runs == [12, 13] and unfinished.in_flight_runs == []
+    assert runs_at_save(14, unfinished.queued_runs, unfinished.in_flight_runs) == (12, 0)

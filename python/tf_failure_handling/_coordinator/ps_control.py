@@ -705,20 +705,27 @@ class Passes:
     them run the queued runs below a finished one, moved to the queue's head)."""
 
     def __init__(self, count: int) -> None:
-        self._lock = threading.Lock()
+        self._used = threading.Condition()
         self._left = count
 
     def take(self) -> bool:
-        with self._lock:
+        with self._used:
             if self._left <= 0:
                 return False
             self._left -= 1
+            if self._left == 0:
+                self._used.notify_all()
             return True
 
     @property
     def left(self) -> int:
-        with self._lock:
+        with self._used:
             return self._left
+
+    def wait_used(self, timeout: float) -> bool:
+        """Until every pass was taken (True) or ``timeout`` seconds pass (False)."""
+        with self._used:
+            return self._used.wait_for(lambda: self._left <= 0, max(0.0, timeout))
 
 
 def wait_for_closures(
@@ -762,9 +769,8 @@ def wait_for_closures(
         for worker in takers:
             worker.grant(passes)
         filled.extend(sorted(by_run))
-        # Until the passes are used and every worker is idle again (the next round).
-        while passes.left and clock() < end:
-            time.sleep(0.01)
+        # Until the passes are used; the next round waits for the workers to be idle.
+        passes.wait_used(end - clock())
     left.gap_runs = filled
     error = getattr(queue, "_error", None)
     if error is not None and not left:
