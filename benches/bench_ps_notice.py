@@ -30,6 +30,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 ROLES = ("coordinator", "ps0", "worker1")
+#: Runs the coordinator is given (its last ``--steps`` wins over the test's 120).
+LONG_TRAINING = 1_000_000
 
 
 def one_trial(role: str, root: Path) -> float:
@@ -41,7 +43,10 @@ def one_trial(role: str, root: Path) -> float:
             c.serve(job, task)
         for name in ("ps0", "worker0", "worker1"):
             c.wait_event(name, "serving", 120)
-        c.coordinator()
+        # Training that cannot end before the notice is acted on: with the test's 120
+        # runs of a few milliseconds, a PS's notice polled after the last run() found
+        # no run() left to save at (the handler closed, no checkpoint).
+        c.coordinator("--steps", str(LONG_TRAINING))
         c.wait_event("coordinator", "progress", 300, lambda e: e["runs"] >= NOTICE_AFTER)
         sent = time.time()
         c.procs[role].popen.send_signal(signal.SIGTERM)
