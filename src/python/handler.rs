@@ -115,13 +115,14 @@ struct Shared {
     /// TensorFlow's `_run_counter`: completed `run()` calls, restored from
     /// the checkpoint.
     run_counter: AtomicU64,
-    /// The thread (`threading.get_ident()`) whose `run()` is calling its
-    /// function now, 0 when none: a `ClusterCoordinator.schedule()` made from
-    /// it schedules one of the handler's runs, which the run count counts.
+    /// The thread (`threading.get_ident()`) that called `run()` last, 0
+    /// before the first: the training thread, whose waits on a result may
+    /// make the step's checks. Its [`IN_RUN`] bit is set while that `run()`
+    /// calls its function: a `ClusterCoordinator.schedule()` made then
+    /// schedules one of the handler's runs, which the run count counts. One
+    /// word, two plain stores per `run()` (no read-modify-write on the hot
+    /// path; two threads in `run()` at once are not supported anyway).
     run_thread: AtomicU64,
-    /// The thread that called `run()` last (0: none yet): the training
-    /// thread, the one whose waits on a result may make the step's checks.
-    trainer_thread: AtomicU64,
     state: Mutex<CoreState>,
 }
 
@@ -234,12 +235,14 @@ unsafe extern "C-unwind" fn run_fastcall(
     // The function runs on this thread: what it schedules is the handler's
     // (`threading.get_ident()` is `pthread_self()` on the platforms we build for).
     let thread = current_thread();
-    core.trainer_thread.store(thread, Ordering::Relaxed);
-    let previous = core.run_thread.swap(thread, Ordering::Relaxed);
+    let previous = core.run_thread.load(Ordering::Relaxed);
+    core.run_thread.store(thread | IN_RUN, Ordering::Relaxed);
     // SAFETY: `args` holds `nargs` positional arguments followed by the
     // keyword values named by `kwnames`; the first is the function.
     let result = unsafe { vectorcall(*args, args.add(1), positional, kwnames) };
-    core.run_thread.store(previous, Ordering::Relaxed);
+    // A run() inside this one's function keeps the outer one in its run.
+    let after = if previous == thread | IN_RUN { previous } else { thread };
+    core.run_thread.store(after, Ordering::Relaxed);
     if result.is_null() {
         // Only raw pointers live across the Python call below.
         let error = PyErr::fetch(py).into_value(py).into_ptr();
@@ -260,6 +263,10 @@ unsafe extern "C-unwind" fn run_fastcall(
     core.run_counter.fetch_add(1, Ordering::Relaxed);
     result
 }
+
+/// The bit of [`Shared::run_thread`] set while `run()` calls its function
+/// (thread ids are `pthread_t` addresses, aligned: their low bit is free).
+const IN_RUN: u64 = 1;
 
 /// This thread's id as Python's `threading.get_ident()` gives it.
 fn current_thread() -> u64 {
@@ -427,7 +434,6 @@ impl Shared {
             pending: AtomicBool::new(false),
             run_counter: AtomicU64::new(0),
             run_thread: AtomicU64::new(0),
-            trainer_thread: AtomicU64::new(0),
             state: Mutex::new(CoreState {
                 resolver: None,
                 planner: GracePlanner::new(),
@@ -747,14 +753,19 @@ impl ProtocolCore {
     /// `threading.get_ident()`), 0 when none.
     #[getter]
     fn running_thread(&self) -> u64 {
-        self.shared.run_thread.load(Ordering::Relaxed)
+        let word = self.shared.run_thread.load(Ordering::Relaxed);
+        if word & IN_RUN == 0 {
+            0
+        } else {
+            word & !IN_RUN
+        }
     }
 
     /// The thread that called `run()` last (as `threading.get_ident()`), 0
     /// before the first `run()`.
     #[getter]
     fn trainer_thread(&self) -> u64 {
-        self.shared.trainer_thread.load(Ordering::Relaxed)
+        self.shared.run_thread.load(Ordering::Relaxed) & !IN_RUN
     }
 
     /// Whether a step key, a leading notice or the countdown needs the
