@@ -598,6 +598,13 @@ class FakeWorker:
     def in_flight(self):
         return self.running
 
+    def taken(self):
+        """The closure in flight: none here (the tests that need one set it)."""
+        return None
+
+    def lost(self):
+        return False
+
     def finish(self):
         self.running = None
         if self.holds.held():

@@ -761,7 +761,7 @@ def wait_for_closures(
             break
         wanted = set(gaps)
         by_run = {_run_of(c): c for c in queue.queued_closures() if _run_of(c) in wanted}
-        takers = [w for w in workers if not getattr(w, "lost", lambda: False)()]
+        takers = [w for w in workers if not w.lost()]
         if not by_run or not takers:
             break  # gone from the queue meanwhile, or no worker left to run them
         queue.promote([by_run[r] for r in sorted(by_run)])
@@ -783,7 +783,7 @@ def _left_behind(queue: Any, workers: list, end: float, clock: Callable[[], floa
     in_flight, outside_in_flight, in_flight_runs = {}, {}, []
     for worker in workers:
         if not worker.wait_idle(max(0.0, end - clock())):
-            closure = getattr(worker, "taken", lambda: None)()
+            closure = worker.taken()
             name = worker.in_flight() or "?"
             run = None if closure is None else _run_of(closure)
             if closure is not None and run is None:
