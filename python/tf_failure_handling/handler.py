@@ -20,6 +20,7 @@ from ._cluster import membership as _membership
 from ._native import HandlerCore
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
+from ._protocol import input_position as _input
 from ._protocol.agreement import Agreement
 from ._protocol.checkpoints import Checkpoints
 from ._protocol.driver import Driver
@@ -381,6 +382,63 @@ class PreemptionCheckpointHandler(HandlerCore):
             )
         return self._run_counter
 
+    def track_input(
+        self,
+        dataset: Any,
+        steps_per_epoch: Optional[int] = None,
+        batches_per_run: int = 1,
+    ) -> Any:
+        """Saves the position of ``dataset`` with every checkpoint and resumes it there.
+
+        ``dataset`` is the loop's input: a ``tf.data.Dataset`` or what
+        ``strategy.experimental_distribute_dataset`` or
+        ``distribute_datasets_from_function`` returned. It is returned, tracked: each
+        ``iter(dataset)`` is counted, and the checkpoint records which iterator was in
+        use and how many batches it had given at the agreed step (each :meth:`run`
+        since the iterator was made draws ``batches_per_run`` of them). After a restart
+        the first ``iter(dataset)`` is the interrupted run's iterator at its next batch:
+        a shuffle reshuffled each epoch gives the same order, so every element is
+        trained as often as in an uninterrupted run. ``steps_per_epoch``: the steps the
+        loop takes from one iterator before it makes the next, when fewer than the
+        input holds (tells a save at an epoch's last step from one mid-epoch).
+
+        One line in TensorFlow's docstring loop, after the handler is made::
+
+            multi_worker_dataset = handler.track_input(multi_worker_dataset)
+
+        Input whose order cannot be replayed (a Python generator, ``deterministic=False``,
+        a shuffle with no seed) gets a warning naming why, and today's behaviour.
+        docs/input-position.md.
+        """
+        for name, value in (
+            ("steps_per_epoch", steps_per_epoch),
+            ("batches_per_run", batches_per_run),
+        ):
+            if value is None and name == "steps_per_epoch":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        state = self._checkpoints.attach_state(_input.STATE_NAME, _input.new_state)
+        if state.tracker is not None:
+            log.warning(
+                "track_input: this handler already tracks an input; its position is no "
+                "longer saved (one input per handler: the one the training steps read)."
+            )
+            state.tracker.close()
+        member = self._state.membership
+        tracker = _input.InputTracker(
+            dataset,
+            max(1, member.num_workers or 1),
+            "the input given to track_input",
+            runs=lambda: self._run_counter,
+            batches_per_run=int(batches_per_run),
+            steps_per_iteration=steps_per_epoch,
+        )
+        state.tracker = tracker
+        tracker.resume(_input.read_saved_or_warn(self._checkpoints.restored_path))
+        self._input_tracker = tracker
+        return dataset
+
     @contextlib.contextmanager
     def watch_preemption_scope(self) -> Iterator[None]:
         """Reports an ``OpError`` raised inside the block to the cluster, then re-raises it.
@@ -407,6 +465,9 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._driver.stop()
         self._records.close()
         self._ps.end_watch()
+        tracker = getattr(self, "_input_tracker", None)
+        if tracker is not None:
+            tracker.close()
 
     def __del__(self) -> None:
         # Never joins, writes to the cluster or starts a thread: __del__ may run

@@ -194,6 +194,8 @@ class Checkpoints:
         self.last_save_seconds: Optional[float] = None
         #: Seconds the restore of a checkpoint at start took (None: nothing restored).
         self.restore_seconds: Optional[float] = None
+        #: The prefix of the checkpoint restored at start (None: nothing restored).
+        self.restored_path: Optional[str] = None
         if checkpoint_dir is not None:
             if not isinstance(checkpoint_dir, (str, os.PathLike)):
                 raise TypeError(
@@ -262,6 +264,17 @@ class Checkpoints:
                 setattr(ckpt, COUNTER_NAME, counter)
         return counter
 
+    def attach_state(self, name: str, make: Any) -> Any:
+        """The object saved as ``name`` in both managers' checkpoints: the one already
+        there, or ``make()`` attached to both (a ``tf.train.Checkpoint`` only)."""
+        checkpoints = [self.read._checkpoint, self.write._checkpoint]
+        found = next((getattr(c, name) for c in checkpoints if getattr(c, name, None)), None)
+        state = found if found is not None else make()
+        for ckpt in checkpoints:
+            if getattr(ckpt, name, None) is None:
+                setattr(ckpt, name, state)
+        return state
+
     @staticmethod
     def _new_counter(checkpoint: Any) -> Any:
         make_counter = getattr(checkpoint, "make_counter", None)
@@ -301,6 +314,7 @@ class Checkpoints:
             raise clearer from e
         if restored:
             self.restore_seconds = _clock() - start
+            self.restored_path = getattr(self.read, "latest_checkpoint", None)
         return int(self.counter.numpy())
 
     def save(self, run_count: int, args: tuple, kwargs: dict, clock: Any) -> None:

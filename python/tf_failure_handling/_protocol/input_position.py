@@ -1,0 +1,320 @@
+"""The input pipeline's position, saved with the agreed step and replayed at the restore.
+
+A position is a few integers: which iterator of the input was in use (the ``n``-th made
+of it, counted across restarts) and how many batches it had given when the checkpoint
+was saved. Every worker computes the same numbers at the agreed step (each makes the
+same iterators and trains the same steps), so whichever worker's copy reaches storage
+holds them. At the restore, :class:`InputTracker` makes the next iterator the
+interrupted run would have used, at its next batch (``_integrations.tf_input``).
+
+Where the position comes from: ``fit`` reports every step's iterator (:meth:`step`);
+a custom loop's ``handler.track_input`` counts the handler's runs since the iterator in
+use was made (:meth:`InputTracker.batches`). Docs: docs/input-position.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable, Optional
+
+from .._integrations import tf_input
+
+log = logging.getLogger("tf_failure_handling")
+
+#: Version of the position's JSON layout.
+FORMAT = 1
+#: The attribute the position is saved under in a ``tf.train.Checkpoint`` (custom loops
+#: and tf_keras; Keras 3's ``PreemptionCheckpoint`` keeps it in its own fit position).
+STATE_NAME = "tf_failure_handling_input"
+#: Its key in the checkpoint file.
+STATE_KEY = f"{STATE_NAME}/.ATTRIBUTES/py_state"
+#: Seconds between the lines logged while a resumed input replays to its position.
+PROGRESS_EVERY = 5.0
+#: The attribute an iterator made by a tracked input carries: (iteration, first batch).
+_TAG = "_tfh_input_position"
+
+
+def parse(value: Any) -> dict:
+    """The position saved as ``value`` (JSON, str or bytes); ``ValueError`` if unreadable."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8")
+    data = json.loads(value) if isinstance(value, str) else dict(value)
+    if data.get("format") != FORMAT:
+        raise ValueError(f"Unknown input position format in the checkpoint: {value!r}")
+    for name in ("iteration", "batches", "workers"):
+        if not isinstance(data.get(name), int):
+            raise ValueError(f"The input position in the checkpoint lacks {name!r}: {value!r}")
+    return data
+
+
+def read_saved(path: Optional[str]) -> Optional[dict]:
+    """The position in the checkpoint at ``path`` (its prefix), or None if it has none."""
+    if not path:
+        return None
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(path)
+    if not reader.has_tensor(STATE_KEY):
+        return None
+    return parse(reader.get_tensor(STATE_KEY))
+
+
+def read_saved_or_warn(path: Optional[str]) -> Optional[dict]:
+    """:func:`read_saved`, with a warning (and None) for a position that cannot be read:
+    the input then starts at its first element, as with no position."""
+    try:
+        return read_saved(path)
+    except (ValueError, KeyError) as e:
+        log.warning(
+            "The input position in %s cannot be read (%s): the input starts at its first element.",
+            path,
+            e,
+        )
+        return None
+
+
+def _state_class() -> Any:
+    import tensorflow as tf
+
+    class InputState(tf.train.experimental.PythonState):
+        """The position in a checkpoint: written by the tracker at save time."""
+
+        def __init__(self) -> None:
+            self.tracker: Optional[InputTracker] = None
+            self.restored: Optional[dict] = None
+
+        def serialize(self) -> str:
+            tracker = self.tracker
+            return json.dumps(tracker.snapshot() if tracker is not None else {"format": FORMAT})
+
+        def deserialize(self, string_value: Any) -> None:
+            try:
+                self.restored = parse(string_value)
+            except ValueError:
+                self.restored = None
+
+    return InputState
+
+
+_STATE_CLASS: list = []
+
+
+def new_state() -> Any:
+    """A ``PythonState`` for a checkpoint's :data:`STATE_NAME` attribute."""
+    if not _STATE_CLASS:
+        _STATE_CLASS.append(_state_class())
+    return _STATE_CLASS[0]()
+
+
+class InputTracker:
+    """The position of one input (a ``tf.data.Dataset`` or a distributed dataset).
+
+    ``runs`` returns the handler's run count (``run()`` calls, or ``fit``'s steps): the
+    iterator made last is the one in use, and each run since it was made drew
+    ``batches_per_run`` batches from it (``fit``: ``steps_per_execution``).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        workers: int,
+        where: str,
+        runs: Callable[[], int],
+        batches_per_run: int = 1,
+        steps_per_iteration: Optional[int] = None,
+    ) -> None:
+        self.dataset = dataset
+        self.workers = workers
+        self._runs = runs
+        self._batches_per_run = batches_per_run
+        self._steps_per_iteration = steps_per_iteration
+        #: Why the input's order cannot be replayed (None: it can).
+        self.why_not = tf_input.why_not_positionable(dataset)
+        #: Elements one iterator yields on this worker (None: unknown or infinite).
+        self.per_iteration = None if self.why_not else tf_input.batches_per_iteration(dataset)
+        if self.why_not:
+            log.warning(
+                "The input position of %s is not saved: %s. After a restart this input "
+                "starts again at its first element, as with TensorFlow's handler (the "
+                "batches of the interrupted epoch trained before the save are trained "
+                "again). docs/input-position.md says which inputs can be positioned.",
+                where,
+                self.why_not,
+            )
+        #: Iterators this process made of the input.
+        self.made = 0
+        #: The iteration number of this process's first iterator (the advance at a resume).
+        self._offset = 0
+        #: (iterator number in this process, batches to skip) of a resume, until used.
+        self._plan: Optional[tuple[int, int]] = None
+        self._advance = 0
+        #: [iteration, first batch, run count when made] of the iterator in use.
+        self._current: Optional[list] = None
+        self._previous = 0
+        #: Called once before the first iterator is made (a resume planned late).
+        self.before_first: Optional[Callable[[], None]] = None
+        self._progress: Optional[_Progress] = None
+        #: The position restored (for logs and tests), and the resume made of it.
+        self.restored: Optional[dict] = None
+        self.resumed_at: Optional[tuple[int, int]] = None
+        tf_input.track(dataset, self._on_iter)
+
+    def close(self) -> None:
+        tf_input.untrack(self.dataset)
+        if self._progress is not None:
+            self._progress.stop()
+
+    # ----------------------------------------------------------------- saving
+
+    def batches(self) -> int:
+        """Batches the iterator in use has given at this moment."""
+        current = self._current
+        if current is None:
+            return 0
+        return current[1] + max(0, self._runs() - current[2]) * self._batches_per_run
+
+    def snapshot(self) -> dict:
+        """The position to save now (the agreed step's)."""
+        if self._current is None:
+            planned = self.resumed_at or (-1, 0)
+            iteration, batches = planned
+        else:
+            iteration, batches = self._current[0], self.batches()
+        return {
+            "format": FORMAT,
+            "iteration": int(iteration),
+            "batches": int(batches),
+            "previous": int(self._previous),
+            "per_iteration": self.per_iteration,
+            "workers": int(self.workers),
+            "positioned": self.why_not is None,
+        }
+
+    # -------------------------------------------------------------- resuming
+
+    def resume(
+        self, saved: Optional[dict], first_used: int = 0, new_iteration: Optional[bool] = None
+    ) -> None:
+        """Plans the restore of ``saved``: this process's iterator number ``first_used``
+        (the first it trains from) is made as the interrupted run's next one.
+
+        ``new_iteration`` says whether the resumed loop starts a new iterator rather
+        than going on with the saved one (None: the input's length, the loop's
+        ``steps_per_iteration`` or the previous iterator's length decides).
+        """
+        self.restored = saved
+        if saved is None or self.why_not is not None:
+            return
+        if not saved.get("positioned", True) or saved["iteration"] < 0:
+            return
+        if saved["workers"] != self.workers:
+            log.warning(
+                "The checkpoint was saved by %d worker(s), this run has %d: each worker's "
+                "input resumes after the same number of batches of its own. With "
+                "AutoShardPolicy.DATA (the default for input without files) and the same "
+                "global batch, that is the interrupted run's next global batch; with files "
+                "sharded per worker, or distribute_datasets_from_function, the elements "
+                "differ from an uninterrupted run's (docs/input-position.md).",
+                saved["workers"],
+                self.workers,
+            )
+        iteration, batches = saved["iteration"], saved["batches"]
+        if new_iteration is None:
+            limits = [self.per_iteration, self._steps_per_iteration, saved.get("previous") or None]
+            new_iteration = batches > 0 and any(
+                limit is not None and limit > 0 and batches >= limit for limit in limits
+            )
+        if new_iteration:
+            iteration, batches = iteration + 1, 0
+        offset = iteration - first_used
+        if offset < 0:
+            log.warning(
+                "The input position (iterator %d, batch %d) cannot be reached: this run "
+                "makes more iterators before training. The input starts at its first element.",
+                iteration,
+                batches,
+            )
+            return
+        self._offset = self._advance = offset
+        self._plan = (first_used, batches)
+        self.resumed_at = (iteration, batches)
+        log.info(
+            "The input resumes at batch %d of its iterator %d (saved: batch %d of iterator %d).",
+            batches,
+            iteration,
+            saved["batches"],
+            saved["iteration"],
+        )
+
+    def _on_iter(self, dataset: Any, make: Callable[[], Any]) -> Any:
+        if self.before_first is not None:
+            before, self.before_first = self.before_first, None
+            before()
+        number = self.made
+        self.made += 1
+        if self._advance:
+            advance, self._advance = self._advance, 0
+            _timed_advance(dataset, advance)
+        skip = 0
+        if self._plan is not None and self._plan[0] == number:
+            skip = self._plan[1]
+            self._plan = None
+        iteration = number + self._offset
+        with tf_input.skipping(dataset, skip) as source:
+            iterator = make() if source is dataset else tf_input.iterate(source)
+        try:
+            setattr(iterator, _TAG, (iteration, skip))
+        except AttributeError:
+            pass
+        if self._current is not None:
+            self._previous = self.batches()
+        self._current = [iteration, skip, self._runs()]
+        if skip:
+            self._progress = _Progress(self, iteration, skip)
+        return iterator
+
+
+class _Progress:
+    """Logs every :data:`PROGRESS_EVERY` seconds while a resumed iterator replays its
+    skipped batches (TensorFlow skips them inside the first step: nothing to count)."""
+
+    def __init__(self, tracker: InputTracker, iteration: int, skip: int) -> None:
+        import threading
+
+        self._tracker, self._runs = tracker, tracker._runs()
+        self._stopped = threading.Event()
+        self._what = f"batch {skip} of iterator {iteration}"
+        thread = threading.Thread(target=self._log, name="tfh-input-replay", daemon=True)
+        thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _log(self) -> None:
+        import time
+
+        start = time.monotonic()
+        while not self._stopped.wait(PROGRESS_EVERY):
+            try:
+                moved = self._tracker._runs() != self._runs
+            except Exception:  # noqa: BLE001 - a closed handler: nothing more to report
+                return
+            if moved:
+                return
+            log.info(
+                "Replaying the input to %s: %.0fs so far (the first resumed step starts "
+                "when it is reached).",
+                self._what,
+                time.monotonic() - start,
+            )
+
+
+def _timed_advance(dataset: Any, count: int) -> None:
+    import time
+
+    start = time.monotonic()
+    tf_input.advance(dataset, count)
+    seconds = time.monotonic() - start
+    if seconds > 1.0:
+        log.info("Made %d earlier iterator(s) of the input in %.1fs.", count, seconds)
