@@ -343,6 +343,10 @@ class PreemptionCheckpointHandler(HandlerCore):
         ownership.take_over()
         if member.ps_coordinator:
             ps.start_watch(cluster_resolver, checkpoint_or_checkpoint_manager, self._steps)
+        #: The input whose position is saved (``track_input``, or tf_keras fit's own).
+        self._input_tracker: Optional[_input.InputTracker] = _input.track_tf_keras_fit(
+            self._checkpoints, max(1, member.num_workers or 1), lambda: self._run_counter
+        )
         log.info(
             "PreemptionCheckpointHandler initialized or restored: worker %s, %d run(s) restored, "
             "platform %s (cloud %s, scheduler %s), grace period %gs, signals %s.",

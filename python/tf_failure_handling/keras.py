@@ -21,6 +21,7 @@ import tensorflow as tf
 from . import _errors
 from ._integrations import keras_internals as _keras_internals
 from ._integrations.keras_internals import MissingKerasInternal
+from ._protocol import input_position as _input
 from .handler import PreemptionCheckpointHandler, TerminationConfig
 
 __all__ = [
@@ -56,6 +57,9 @@ class _Position(tf.train.experimental.PythonState):
         self.steps_per_epoch = steps_per_epoch
         self.restored: Optional[FitPosition] = None
         self.restored_steps_per_epoch: Optional[int] = None
+        #: The input's position (``_protocol.input_position``), saved with the fit's.
+        self.input: Optional[_input.InputTracker] = None
+        self.restored_input: Optional[dict] = None
 
     def serialize(self) -> str:
         return json.dumps(
@@ -64,12 +68,21 @@ class _Position(tf.train.experimental.PythonState):
                 "epoch": self.epoch,
                 "batch": self.batch,
                 "steps_per_epoch": self.steps_per_epoch,
+                "input": self.input.snapshot() if self.input is not None else None,
             }
         )
 
     def deserialize(self, string_value: Any) -> None:
         position, steps = _parse_position(string_value)
         self.restored, self.restored_steps_per_epoch = position, steps
+        data = json.loads(
+            string_value.decode() if isinstance(string_value, bytes) else string_value
+        )
+        try:
+            self.restored_input = _input.parse(data["input"]) if data.get("input") else None
+        except ValueError as e:
+            log.warning("The input position in the checkpoint cannot be read (%s).", e)
+            self.restored_input = None
 
 
 def _parse_position(value: Any) -> tuple[FitPosition, Optional[int]]:
@@ -236,6 +249,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             termination_config=self.termination_config,
         )
         self._restored = position.restored
+        position.input = _input.InputTracker(
+            _keras_internals.fit_input(call),
+            max(1, self._handler._state.membership.num_workers or 1),
+            "model.fit's input",
+            runs=lambda: self._handler._run_counter if self._handler is not None else 0,
+            batches_per_run=_keras_internals.steps_per_execution(model),
+        )
         if position.restored is not None:
             self._plan_resume(call, position, steps)
         _keras_internals.wrap_train_function(call, self._train_step)
@@ -246,6 +266,10 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     ) -> None:
         epoch, batch = position.restored
         per_call = _keras_internals.steps_per_execution(self.model)
+        tracker = position.input
+        positioned = (
+            tracker is not None and tracker.why_not is None and position.restored_input is not None
+        )
         if position.restored_steps_per_epoch != steps:
             log.warning(
                 "The checkpoint in %s was saved by a fit with steps_per_epoch=%s; this fit "
@@ -256,7 +280,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                 epoch,
                 batch,
             )
-        if batch and steps is None:
+        if batch and steps is None and not positioned:
             log.warning(
                 "The input's length is unknown (steps_per_epoch=None): epoch %d starts again "
                 "at its first batch, and its %d batch(es) trained before the save are trained "
@@ -278,6 +302,15 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                 )
         _keras_internals.start_at_epoch(call, epoch)
         self._resume = (epoch, skip * per_call, skip)
+        if positioned:
+            # Without steps_per_epoch fit makes an iterator per epoch; with it, one goes on
+            # until the input ends (its length decides then).
+            fresh_per_epoch = _keras_internals.user_steps_per_epoch(call) is None
+            tracker.resume(
+                position.restored_input,
+                first_used=0,
+                new_iteration=(skip == 0) if fresh_per_epoch else None,
+            )
         log.info(
             "PreemptionCheckpoint: fit resumes at epoch %d, batch %d (checkpoint in %s, "
             "%d step run(s) before it).",
@@ -323,6 +356,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         """Undoes this fit's changes and closes its handler; after a completed fit, deletes
         the checkpoint (chief) or this worker's temp dir (others)."""
         call, handler = self._call, self._handler
+        if self._position is not None and self._position.input is not None:
+            self._position.input.close()
         self._call, self._handler, self._position, self._resume = None, None, None, None
         if call is not None:
             _keras_internals.detach(call)

@@ -15,7 +15,7 @@ import inspect
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -328,6 +328,26 @@ def _restore_attribute(obj: Any, name: str, original: Any) -> None:
         obj.__dict__.pop(name, None)
     else:
         setattr(obj, name, original)
+
+
+def fit_input(call: FitCall) -> Any:
+    """The input fit makes its iterators of.
+
+    Relies on (Keras 3.15, ``keras/src/backend/tensorflow/trainer.py``):
+    ``TFEpochIterator._distributed_dataset``, what ``_get_iterator()`` returns and
+    ``_enumerate_iterator`` calls ``iter`` on (a ``tf.data.Dataset`` with no strategy).
+    """
+    dataset = getattr(call.epoch_iterator, "_distributed_dataset", None)
+    if dataset is None:
+        raise MissingKerasInternal(
+            "TFEpochIterator._distributed_dataset", "the input fit makes its iterators of"
+        )
+    return dataset
+
+
+def user_steps_per_epoch(call: FitCall) -> Optional[int]:
+    """``steps_per_epoch`` as passed to fit (``EpochIterator.steps_per_epoch``)."""
+    return getattr(call.epoch_iterator, "steps_per_epoch", None)
 
 
 def steps_per_execution(model: Any) -> int:

@@ -18,7 +18,7 @@ import json
 import logging
 from typing import Any, Callable, Optional
 
-from .._integrations import tf_input
+from .._integrations import tf_input, tf_keras_fit
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -318,3 +318,37 @@ def _timed_advance(dataset: Any, count: int) -> None:
     seconds = time.monotonic() - start
     if seconds > 1.0:
         log.info("Made %d earlier iterator(s) of the input in %.1fs.", count, seconds)
+
+
+def track_tf_keras_fit(
+    checkpoints: Any, workers: int, runs: Callable[[], int]
+) -> Optional[InputTracker]:
+    """Tracks the input of the tf_keras ``fit`` that is making this handler
+    (``BackupAndRestore(save_before_preemption=True)``), or returns None.
+
+    tf_keras counts one run per execution of ``steps_per_execution`` batches. It makes
+    one iterator before the first epoch and, when each epoch makes its own, trains from
+    the second: a resumed epoch that starts at batch 0 starts a new iterator.
+    """
+    fit = tf_keras_fit.fit_on_stack(checkpoints.read._checkpoint)
+    if fit is None:
+        return None
+    state = checkpoints.attach_state(STATE_NAME, new_state)
+    tracker = InputTracker(
+        fit.dataset,
+        workers,
+        "model.fit's input",
+        runs=runs,
+        batches_per_run=fit.steps_per_execution(),
+    )
+    state.tracker = tracker
+    saved = read_saved_or_warn(checkpoints.restored_path)
+
+    def plan() -> None:  # fit has set the restored epoch and batch by now
+        if fit.recreates_iterator():
+            tracker.resume(saved, first_used=1, new_iteration=fit.initial_step() == 0)
+        else:
+            tracker.resume(saved, first_used=0, new_iteration=False)
+
+    tracker.before_first = plan
+    return tracker

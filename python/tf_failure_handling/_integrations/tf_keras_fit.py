@@ -1,0 +1,71 @@
+"""The tf_keras ``Model.fit`` internals the input position relies on, and nothing else.
+
+tf_keras' ``BackupAndRestore(save_before_preemption=True)`` makes the handler inside
+``fit`` (``on_train_begin``), with a checkpoint of its own (``WorkerTrainingState``).
+Relies on (tf_keras 2.16-2.21, ``tf_keras/src/engine/training.py`` and
+``data_adapter.py``): ``Model.fit``'s local ``data_handler`` (a ``DataHandler``) whose
+``_dataset`` is the input ``enumerate_epochs`` makes its iterators of: one before the
+first epoch, then one per epoch when ``_adapter.should_recreate_iterator()``; fit sets
+``_initial_epoch`` and ``_initial_step`` (the restored batch) after ``on_train_begin``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+#: How far up the stack the handler's constructor may be from ``fit``.
+_MAX_FRAMES = 64
+_TRAINING = "tf_keras.src.engine.training"
+
+
+@dataclass
+class Fit:
+    """The objects of the tf_keras ``fit`` call that is making a handler."""
+
+    model: Any
+    data_handler: Any
+
+    @property
+    def dataset(self) -> Any:
+        return self.data_handler._dataset
+
+    def recreates_iterator(self) -> bool:
+        """Whether each epoch makes a new iterator (else one spans the epochs)."""
+        return bool(self.data_handler._adapter.should_recreate_iterator())
+
+    def initial_step(self) -> int:
+        return int(self.data_handler._initial_step or 0)
+
+    def steps_per_execution(self) -> int:
+        value = getattr(self.data_handler, "_steps_per_execution", None)
+        try:
+            return max(1, int(value.numpy()))
+        except AttributeError:
+            return max(1, int(value or 1))
+
+
+def fit_on_stack(checkpoint: Any) -> Optional[Fit]:
+    """The tf_keras fit whose ``BackupAndRestore`` made ``checkpoint``, when the caller
+    runs inside it (None otherwise: a custom loop, Keras 3, or no tf_keras)."""
+    training = sys.modules.get(_TRAINING)
+    if training is None or not hasattr(checkpoint, "ckpt_saved_epoch"):
+        return None
+    fit = getattr(getattr(training, "Model", None), "fit", None)
+    code = getattr(inspect.unwrap(fit), "__code__", None) if fit is not None else None
+    if code is None:
+        return None
+    frame = sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            found = frame.f_locals
+            data_handler = found.get("data_handler")
+            if data_handler is None or not hasattr(data_handler, "_dataset"):
+                return None
+            return Fit(found.get("self"), data_handler)
+        frame = frame.f_back
+    return None
