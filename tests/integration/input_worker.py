@@ -81,9 +81,22 @@ def dataset(tf, args):
 
 
 def record(tf, counts, trace, ids):
-    """Adds the replica's ids, gathered into the global batch, to the two variables."""
+    """Adds the replica's ids, gathered into the global batch, to the two variables
+    (each replica's copy: they are ``ON_READ`` variables, and every replica adds the
+    same global batch)."""
     ctx = tf.distribute.get_replica_context()
-    everything = ctx.all_gather(ids, axis=0) if ctx.num_replicas_in_sync > 1 else ids
+    everything = ids
+    if ctx.num_replicas_in_sync > 1:
+        # Replica r holds the global batch's r-th slice (AutoShardPolicy.DATA): put its
+        # ids there, add up (an all-gather of ints, as an exact float64 all-reduce).
+        n = tf.shape(ids)[0]
+        start = tf.cast(ctx.replica_id_in_sync_group, tf.int32) * n
+        slots = tf.scatter_nd(
+            tf.expand_dims(tf.range(start, start + n), 1),
+            tf.cast(ids + 1, tf.float64),
+            [n * ctx.num_replicas_in_sync],
+        )
+        everything = tf.cast(ctx.all_reduce(tf.distribute.ReduceOp.SUM, slots), tf.int64) - 1
     counts.assign_add(tf.math.bincount(everything, minlength=IDS, maxlength=IDS, dtype=tf.int64))
     value = tf.foldl(lambda t, i: (t * PRIME + i + 1) % MODULUS, everything, initializer=trace)
     trace.assign(value)
@@ -100,9 +113,7 @@ def hold(handler, what: str) -> None:
 
 def finish(args, counts, trace, steps: int) -> None:
     with open(args.out, "w") as f:
-        json.dump(
-            {"counts": [int(c) for c in counts], "trace": int(trace), "steps": steps}, f
-        )
+        json.dump({"counts": [int(c) for c in counts], "trace": int(trace), "steps": steps}, f)
 
 
 def strategy_for(tf, args):
@@ -121,17 +132,19 @@ def strategy_for(tf, args):
 
 def run_custom(args) -> None:
     import tensorflow as tf
-
     import tf_failure_handling as tfh
 
     strategy, resolver, _ = strategy_for(tf, args)
     with strategy.scope():
         counts = tf.Variable(
             tf.zeros([IDS], tf.int64),
+            synchronization=tf.VariableSynchronization.ON_READ,
             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
         )
         trace = tf.Variable(
-            tf.constant(0, tf.int64), aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+            tf.constant(0, tf.int64),
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
         )
     checkpoint = tf.train.Checkpoint(counts=counts, trace=trace)
     handler = tfh.PreemptionCheckpointHandler(resolver, checkpoint, args.ckpt_dir)
@@ -170,7 +183,6 @@ def run_fit(args) -> None:
         os.environ.setdefault("KERAS_BACKEND", "tensorflow")
         import keras
         import tensorflow as tf
-
         from tf_failure_handling.keras import PreemptionCheckpoint
 
     strategy, _, _ = strategy_for(tf, args)
@@ -183,21 +195,33 @@ def run_fit(args) -> None:
                 self.counts = tf.Variable(
                     tf.zeros([IDS], tf.int64),
                     trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_READ,
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
                 )
                 self.trace = tf.Variable(
                     tf.constant(0, tf.int64),
                     trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_READ,
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
                 )
             else:
-                self.counts = self.add_weight(
-                    shape=(IDS,), dtype="int64", initializer="zeros", trainable=False,
-                    aggregation="only_first_replica", name="counts",
+                self.counts = keras.Variable(
+                    initializer="zeros",
+                    shape=(IDS,),
+                    dtype="int64",
+                    trainable=False,
+                    aggregation="only_first_replica",
+                    synchronization="on_read",
+                    name="counts",
                 )
-                self.trace = self.add_weight(
-                    shape=(), dtype="int64", initializer="zeros", trainable=False,
-                    aggregation="only_first_replica", name="trace",
+                self.trace = keras.Variable(
+                    initializer="zeros",
+                    shape=(),
+                    dtype="int64",
+                    trainable=False,
+                    aggregation="only_first_replica",
+                    synchronization="on_read",
+                    name="trace",
                 )
 
         def call(self, x):
@@ -205,7 +229,7 @@ def run_fit(args) -> None:
 
         def train_step(self, data):
             record(tf, self.counts, self.trace, data)
-            return {"ids": tf.cast(tf.size(data), tf.float32)}
+            return {"ids": tf.reshape(tf.cast(tf.size(data), tf.float32), [1])}
 
     class Probe(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
