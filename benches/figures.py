@@ -40,6 +40,12 @@ COMMANDS = (
     ("benches/bench_patch.py", [], ["--repeats", "3"]),
     ("benches/bench_ps_notice.py", ["--repeats", "3"], ["--repeats", "1"]),
     ("benches/bench_records.py", ["--repeats", "300"], ["--repeats", "20"]),
+    # The input position against TF's iterator checkpoint (~4 min on 2 cores).
+    (
+        "benches/bench_input_position.py",
+        [],
+        ["--repeats", "1", "--positions", "1000", "100000"],
+    ),
     # The test clusters' fork server (tests/integration/forkserver.py), ~10 min.
     ("benches/bench_test_workers.py", [], ["--rounds", "1"]),
     # The demo (make demo, about a minute): its preemption report, as docs/records.md
