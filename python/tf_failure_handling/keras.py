@@ -3,8 +3,8 @@
 Keras 3's ``BackupAndRestore`` has no ``save_before_preemption``. This callback runs every
 training step of ``fit`` inside a :class:`~tf_failure_handling.PreemptionCheckpointHandler`:
 on a notice to any worker every worker saves at one agreed step and exits, and the next
-``fit`` with the same callback resumes at the saved epoch and batch (the input pipeline's
-position is not saved: :func:`saved_position`). Requires the TensorFlow backend; the
+``fit`` with the same callback resumes at the saved epoch and batch, its input at the
+element after the last one trained (docs/input-position.md). Requires the TensorFlow backend; the
 Keras internals it needs are checked when ``fit`` starts.
 """
 
@@ -98,9 +98,9 @@ def saved_position(checkpoint_dir: Union[str, os.PathLike]) -> Optional[FitPosit
     """The position of the latest checkpoint :class:`PreemptionCheckpoint` saved in
     ``checkpoint_dir``, or None when there is none (a fresh start).
 
-    Read it before building the input, to start the input where the interrupted run
-    stopped: with a repeated ``tf.data`` dataset and ``steps_per_epoch=S``, fit has taken
-    ``epoch * S + batch`` batches from it, e.g. ``dataset.skip(epoch * S + batch)``.
+    fit's input needs no skipping for it: :class:`PreemptionCheckpoint` starts the
+    resumed fit's input after the last element trained (docs/input-position.md); an
+    input skipped by hand as well would skip twice.
     """
     path = tf.train.latest_checkpoint(os.fspath(checkpoint_dir))
     if path is None:

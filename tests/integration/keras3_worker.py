@@ -64,11 +64,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6, help="steps_per_epoch")
     p.add_argument("--no-callback", action="store_true", help="plain fit (the reference)")
     p.add_argument("--varying", action="store_true", help="batches differ from each other")
-    p.add_argument(
-        "--skip-input",
-        action="store_true",
-        help="start the input at tf_failure_handling.keras.saved_position (the README recipe)",
-    )
     p.add_argument("--pause-at", type=int, default=None, help="batch (this process) to pause at")
     p.add_argument("--fail", choices=("step", "callback"), default=None)
     p.add_argument("--fail-at", type=int, default=None, help="batch (this process) that fails")
@@ -286,18 +281,14 @@ def main(argv=None) -> int:
     instrument_saves()
     emit("start", pid=os.getpid(), index=args.index, mode=args.mode)
 
-    from tf_failure_handling.keras import PreemptionCheckpoint, saved_position
+    from tf_failure_handling.keras import PreemptionCheckpoint
 
     fail_flag = tf.Variable(False, trainable=False)
     model = build_model(strategy, fail_flag)
     if args.mode == "mwms":
         work_around_keras_mwms_defects(model, strategy)
 
-    skip = 0
-    if args.skip_input:
-        position = saved_position(args.ckpt_dir)
-        if position is not None:
-            skip = position.epoch * args.steps + position.batch
+    skip = 0  # PreemptionCheckpoint positions fit's input itself
     checkpoint_cb = None if args.no_callback else PreemptionCheckpoint(args.ckpt_dir)
     recorder = make_recorder(args, checkpoint_cb, fail_flag)
     callbacks = [recorder] if checkpoint_cb is None else [checkpoint_cb, recorder]

@@ -38,6 +38,9 @@ _SHUFFLE_OPS = frozenset(
         "ShuffleAndRepeatDataset",
     }
 )
+#: Random ops whose ``seed`` and ``seed2`` attributes both 0 give a new result every run
+#: (``tf.random.shuffle``: fit's shuffle of arrays).
+_RANDOM_ORDER_OPS = frozenset({"RandomShuffle"})
 #: The subclass made for each class of tracked dataset (see :func:`track`).
 _TRACKING_CLASSES: dict = {}
 
@@ -57,7 +60,7 @@ def per_worker_datasets(obj: Any) -> list:
     if is_plain_dataset(obj):
         return [obj]
     for name in _PER_WORKER_ATTRIBUTES:
-        found = obj.__dict__.get(name)
+        found = getattr(obj, "__dict__", {}).get(name)
         if isinstance(found, list) and found and all(is_plain_dataset(d) for d in found):
             return found
     raise NotPositionable(
@@ -81,7 +84,7 @@ def why_not_positionable(obj: Any) -> Optional[str]:
         datasets = per_worker_datasets(obj)
     except NotPositionable as e:
         return str(e)
-    original = obj.__dict__.get("_original_dataset")
+    original = getattr(obj, "__dict__", {}).get("_original_dataset")
     dataset = original if is_plain_dataset(original) else datasets[0]
     try:
         if dataset.options().deterministic is False:
@@ -103,6 +106,12 @@ def why_not_positionable(obj: Any) -> Optional[str]:
         deterministic = node.attr.get("deterministic")
         if deterministic is not None and deterministic.s == b"false":
             return f"its {node.op} has deterministic=False"
+        if node.op in _RANDOM_ORDER_OPS and _attr_seeds(node) == (0, 0):
+            return (
+                "it reorders its elements with tf.random.shuffle and no seed (fit's "
+                "shuffle=True of arrays with no keras.utils.set_random_seed), a new order "
+                "in every run"
+            )
         if node.op in _SHUFFLE_OPS and _seeds(node, constants) == (0, 0):
             return (
                 "it shuffles with no seed (Dataset.shuffle(..., seed=None) and no "
@@ -119,6 +128,10 @@ def _graph(dataset: Any) -> Any:
         external_state_policy=options_lib.ExternalStatePolicy.WARN
     )
     return graph_pb2.GraphDef.FromString(serialized.numpy())
+
+
+def _attr_seeds(node: Any) -> tuple:
+    return tuple(node.attr[name].i if name in node.attr else None for name in ("seed", "seed2"))
 
 
 def _seeds(node: Any, constants: dict) -> Optional[tuple]:

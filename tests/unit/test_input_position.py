@@ -1,0 +1,229 @@
+"""The input position (issue 49), in one process: what can be positioned, what a resume
+decides, and that a replayed iterator goes on where the interrupted one stood.
+
+A dataset object's shuffle reshuffles once per iterator made of it; a second object made
+the same way starts again at the first order: so "the interrupted run" and "the restart"
+are two dataset objects here, as they are two processes in a real restart
+(tests/integration/test_input_position.py does that).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+tf = pytest.importorskip("tensorflow", reason="positions tf.data pipelines")
+
+from tf_failure_handling._integrations import tf_input  # noqa: E402
+from tf_failure_handling._protocol import input_position  # noqa: E402
+
+
+def shuffled(n: int = 32, batch: int = 4, repeat: bool = False):
+    ds = tf.data.Dataset.range(n).shuffle(n, seed=5, reshuffle_each_iteration=True)
+    return (ds.repeat() if repeat else ds).batch(batch)
+
+
+def ids(batch) -> list:
+    return [int(x) for x in batch.numpy()]
+
+
+class Runs:
+    """The handler's run count, set by the test."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def __call__(self) -> int:
+        return self.value
+
+
+def tracker(dataset, runs, **kwargs):
+    made = input_position.InputTracker(dataset, 1, "the test's input", runs=runs, **kwargs)
+    return made
+
+
+# ----------------------------------------------------------- what can be positioned
+
+
+def test_a_seeded_shuffle_can_be_positioned():
+    assert tf_input.why_not_positionable(shuffled()) is None
+
+
+@pytest.mark.parametrize(
+    "make,why",
+    [
+        (
+            lambda: tf.data.Dataset.from_generator(
+                lambda: iter(range(4)), output_signature=tf.TensorSpec((), tf.int64)
+            ),
+            "Python code",
+        ),
+        (lambda: tf.data.Dataset.range(8).shuffle(8), "shuffles with no seed"),
+        (
+            lambda: tf.data.Dataset.range(8).map(
+                lambda x: x, num_parallel_calls=2, deterministic=False
+            ),
+            "deterministic=False",
+        ),
+        (
+            lambda: tf.data.Dataset.range(8).with_options(_nondeterministic()),
+            "deterministic=False",
+        ),
+        (
+            lambda: tf.data.Dataset.range(8).map(lambda x: tf.random.shuffle(tf.stack([x, x]))),
+            "tf.random.shuffle and no seed",
+        ),
+    ],
+    ids=["generator", "unseeded-shuffle", "nondeterministic-map", "options", "random-shuffle"],
+)
+def test_input_whose_order_cannot_be_replayed_is_named_with_why(make, why):
+    assert why in tf_input.why_not_positionable(make())
+
+
+def _nondeterministic():
+    options = tf.data.Options()
+    options.deterministic = False
+    return options
+
+
+def test_something_that_is_no_dataset_cannot_be_positioned():
+    assert "is not a tf.data.Dataset" in tf_input.why_not_positionable([1, 2, 3])
+
+
+def test_the_warning_comes_when_the_input_is_first_seen_and_names_why(caplog):
+    caplog.set_level(logging.WARNING, logger="tf_failure_handling")
+    made = tracker(tf.data.Dataset.range(8).shuffle(8), Runs())
+    try:
+        assert "is not saved: it shuffles with no seed" in caplog.text
+        assert made.snapshot()["positioned"] is False
+    finally:
+        made.close()
+
+
+# ------------------------------------------------------------ save and replay
+
+
+def interrupted(dataset, runs: Runs, epochs_done: int, batches: int, **kwargs):
+    """Trains ``epochs_done`` whole iterators and ``batches`` of the next; returns the
+    snapshot a save would write and what the next batch would have been."""
+    made = tracker(dataset, runs, **kwargs)
+    try:
+        per_epoch = int(dataset.cardinality().numpy())
+        for _ in range(epochs_done):
+            it = iter(dataset)
+            for _ in range(per_epoch):
+                next(it)
+                runs.value += 1
+        it = iter(dataset)
+        for _ in range(batches):
+            next(it)
+            runs.value += 1
+        snapshot = made.snapshot()
+        following = ids(next(it)) if batches < per_epoch else ids(next(iter(dataset)))
+        return snapshot, following
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize("epochs_done,batches", [(0, 3), (1, 2), (2, 5), (1, 8)])
+def test_the_first_iterator_after_a_restore_goes_on_where_the_saved_one_stood(epochs_done, batches):
+    snapshot, following = interrupted(shuffled(), Runs(), epochs_done, batches)
+    assert (snapshot["iteration"], snapshot["batches"]) == (epochs_done, batches)
+    restart = shuffled()
+    runs = Runs()
+    runs.value = 100
+    made = tracker(restart, runs)
+    try:
+        made.resume(input_position.parse(snapshot))
+        assert ids(next(iter(restart))) == following
+    finally:
+        made.close()
+
+
+def test_the_position_is_counted_in_runs_of_several_batches():
+    dataset, runs = shuffled(), Runs()
+    made = tracker(dataset, runs, batches_per_run=3)
+    try:
+        iter(dataset)
+        runs.value += 2
+        assert made.snapshot()["batches"] == 6
+    finally:
+        made.close()
+
+
+def test_an_epoch_shorter_than_the_input_ends_at_steps_per_epoch():
+    """A loop that takes 4 of 8 batches per iterator and saved after the 4th: the restart
+    makes the next iterator, not the rest of the saved one."""
+    saved = {"format": 1, "iteration": 0, "batches": 4, "previous": 0, "workers": 1}
+    restart = shuffled()
+    made = tracker(restart, Runs(), steps_per_iteration=4)
+    reference = shuffled()
+    iter(reference)
+    try:
+        made.resume(saved)
+        assert made.resumed_at == (1, 0)
+        assert ids(next(iter(restart))) == ids(next(iter(reference)))
+    finally:
+        made.close()
+
+
+def test_without_steps_per_epoch_the_previous_iterators_length_tells_an_epochs_end():
+    saved = {"format": 1, "iteration": 3, "batches": 4, "previous": 4, "workers": 1}
+    made = tracker(shuffled(repeat=True), Runs())
+    try:
+        made.resume(saved)
+        assert made.resumed_at == (4, 0)
+    finally:
+        made.close()
+
+
+def test_a_repeated_input_goes_on_across_epochs_in_one_iterator():
+    snapshot = {"format": 1, "iteration": 0, "batches": 13, "previous": 0, "workers": 1}
+    reference = iter(shuffled(repeat=True))
+    for _ in range(13):
+        next(reference)
+    restart = shuffled(repeat=True)
+    made = tracker(restart, Runs())
+    try:
+        made.resume(snapshot)
+        assert ids(next(iter(restart))) == ids(next(reference))
+    finally:
+        made.close()
+
+
+def test_another_worker_count_is_warned_about_and_resumed_by_batches(caplog):
+    caplog.set_level(logging.WARNING, logger="tf_failure_handling")
+    made = input_position.InputTracker(shuffled(), 3, "the test's input", runs=Runs())
+    try:
+        made.resume({"format": 1, "iteration": 1, "batches": 2, "previous": 8, "workers": 2})
+        assert "saved by 2 worker(s), this run has 3" in caplog.text
+        assert made.resumed_at == (1, 2)
+    finally:
+        made.close()
+
+
+def test_a_save_before_the_first_iterator_keeps_the_restored_position():
+    made = tracker(shuffled(), Runs())
+    try:
+        made.resume({"format": 1, "iteration": 2, "batches": 3, "previous": 8, "workers": 1})
+        snapshot = made.snapshot()
+        assert (snapshot["iteration"], snapshot["batches"]) == (2, 3)
+    finally:
+        made.close()
+
+
+def test_an_unreadable_position_is_refused():
+    with pytest.raises(ValueError, match="format"):
+        input_position.parse('{"format": 99}')
+    with pytest.raises(ValueError, match="lacks 'batches'"):
+        input_position.parse('{"format": 1, "iteration": 0, "workers": 1}')
+
+
+def test_untrack_gives_the_dataset_its_own_class_back():
+    dataset = shuffled()
+    cls = type(dataset)
+    made = tracker(dataset, Runs())
+    assert isinstance(dataset, cls) and type(dataset) is not cls
+    made.close()
+    assert type(dataset) is cls
