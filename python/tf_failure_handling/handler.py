@@ -410,6 +410,13 @@ class PreemptionCheckpointHandler(HandlerCore):
 
             multi_worker_dataset = handler.track_input(multi_worker_dataset)
 
+        An input that allows random access (elements read by index) is restored in a
+        time that does not grow with the position when ``dataset`` is a function
+        ``builder(iteration, batch)`` returning the input of that iteration (a pass
+        over the data, from 0) from its ``batch``-th batch on, e.g.
+        ``Dataset.range(batch * B, N).map(read)`` with a permutation that depends on
+        ``iteration``: nothing is replayed. It returns an iterable to make iterators of.
+
         Input whose order cannot be replayed (a Python generator, ``deterministic=False``,
         a shuffle with no seed) gets a warning naming why, and today's behaviour.
         docs/input-position.md.
@@ -430,6 +437,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             )
             state.tracker.close()
         member = self._state.membership
+        builder = dataset if _input.is_builder(dataset) else None
         tracker = _input.InputTracker(
             dataset,
             max(1, member.num_workers or 1),
@@ -437,11 +445,12 @@ class PreemptionCheckpointHandler(HandlerCore):
             runs=lambda: self._run_counter,
             batches_per_run=int(batches_per_run),
             steps_per_iteration=steps_per_epoch,
+            builder=builder,
         )
         state.tracker = tracker
         tracker.resume(_input.read_saved_or_warn(self._checkpoints.restored_path))
         self._input_tracker = tracker
-        return dataset
+        return tracker.dataset
 
     @contextlib.contextmanager
     def watch_preemption_scope(self) -> Iterator[None]:

@@ -227,3 +227,50 @@ def test_untrack_gives_the_dataset_its_own_class_back():
     assert isinstance(dataset, cls) and type(dataset) is not cls
     made.close()
     assert type(dataset) is cls
+
+
+def by_index(iteration: int, batch: int):
+    """A random-access input: iteration ``iteration``'s permutation of 32 ids, in
+    batches of 4, from batch ``batch`` on (nothing before it is computed)."""
+    return (
+        tf.data.Dataset.range(batch * 4, 32)
+        .map(
+            lambda i: tf.random.experimental.index_shuffle(
+                i, seed=tf.constant([5, iteration], tf.int64), max_index=31
+            )
+        )
+        .batch(4)
+    )
+
+
+def test_a_builder_is_called_at_the_saved_iteration_and_batch_and_then_the_next():
+    runs = Runs()
+    made = input_position.InputTracker(None, 1, "the test's input", runs=runs, builder=by_index)
+    try:
+        first = [ids(b) for b in made.dataset]
+        assert sorted(x for b in first for x in b) == list(range(32))
+        it = iter(made.dataset)
+        for _ in range(3):
+            next(it)
+            runs.value += 1
+        snapshot = made.snapshot()
+        following = ids(next(it))
+    finally:
+        made.close()
+    assert (snapshot["iteration"], snapshot["batches"], snapshot["per_iteration"]) == (1, 3, 8)
+    calls = []
+
+    def recording(iteration, batch):
+        calls.append((iteration, batch))
+        return by_index(iteration, batch)
+
+    restart = input_position.InputTracker(
+        None, 1, "the test's input", runs=Runs(), builder=recording
+    )
+    try:
+        restart.resume(input_position.parse(snapshot))
+        assert ids(next(iter(restart.dataset))) == following
+        iter(restart.dataset)
+        assert calls[1:] == [(1, 3), (2, 0)], "(0, 0) once for its length, then as saved"
+    finally:
+        restart.close()

@@ -48,6 +48,18 @@ def parse(value: Any) -> dict:
     return data
 
 
+def is_builder(obj: Any) -> bool:
+    """Whether ``track_input`` was given a function that builds the input (random
+    access), not the input itself."""
+    if not callable(obj):
+        return False
+    try:
+        tf_input.per_worker_datasets(obj)
+    except tf_input.NotPositionable:
+        return True
+    return False
+
+
 def read_saved(path: Optional[str]) -> Optional[dict]:
     """The position in the checkpoint at ``path`` (its prefix), or None if it has none."""
     if not path:
@@ -123,16 +135,28 @@ class InputTracker:
         runs: Callable[[], int],
         batches_per_run: int = 1,
         steps_per_iteration: Optional[int] = None,
+        builder: Optional[Callable[[int, int], Any]] = None,
     ) -> None:
+        #: ``builder(iteration, batch)`` makes the input of that iteration from that batch
+        #: (random access: nothing replayed); ``dataset`` is then a :class:`BuiltInput`.
+        self._builder = builder
+        if builder is not None:
+            dataset = BuiltInput(self)
         self.dataset = dataset
         self.workers = workers
         self._runs = runs
         self._batches_per_run = batches_per_run
         self._steps_per_iteration = steps_per_iteration
         #: Why the input's order cannot be replayed (None: it can).
-        self.why_not = tf_input.why_not_positionable(dataset)
+        self.why_not = None if builder else tf_input.why_not_positionable(dataset)
         #: Elements one iterator yields on this worker (None: unknown or infinite).
-        self.per_iteration = None if self.why_not else tf_input.batches_per_iteration(dataset)
+        self.per_iteration = (
+            tf_input.batches_per_iteration(builder(0, 0))
+            if builder
+            else None
+            if self.why_not
+            else tf_input.batches_per_iteration(dataset)
+        )
         if self.why_not:
             log.warning(
                 "The input position of %s is not saved: %s. After a restart this input "
@@ -158,10 +182,12 @@ class InputTracker:
         #: The position restored (for logs and tests), and the resume made of it.
         self.restored: Optional[dict] = None
         self.resumed_at: Optional[tuple[int, int]] = None
-        tf_input.track(dataset, self._on_iter)
+        if builder is None:
+            tf_input.track(dataset, self._on_iter)
 
     def close(self) -> None:
-        tf_input.untrack(self.dataset)
+        if self._builder is None:
+            tf_input.untrack(self.dataset)
         if self._progress is not None:
             self._progress.stop()
 
@@ -236,7 +262,8 @@ class InputTracker:
                 batches,
             )
             return
-        self._offset = self._advance = offset
+        self._offset = offset
+        self._advance = 0 if self._builder is not None else offset
         self._plan = (first_used, batches)
         self.resumed_at = (iteration, batches)
         log.info(
@@ -261,8 +288,13 @@ class InputTracker:
             skip = self._plan[1]
             self._plan = None
         iteration = number + self._offset
-        with tf_input.skipping(dataset, skip) as source:
-            iterator = make() if source is dataset else tf_input.iterate(source)
+        if self._builder is not None:
+            iterator = iter(self._builder(iteration, skip))
+            skip_logged = False
+        else:
+            with tf_input.skipping(dataset, skip) as source:
+                iterator = make() if source is dataset else tf_input.iterate(source)
+            skip_logged = bool(skip)
         try:
             setattr(iterator, _TAG, (iteration, skip))
         except AttributeError:
@@ -270,9 +302,25 @@ class InputTracker:
         if self._current is not None:
             self._previous = self.batches()
         self._current = [iteration, skip, self._runs()]
-        if skip:
+        if skip_logged:
             self._progress = _Progress(self, iteration, skip)
         return iterator
+
+
+class BuiltInput:
+    """What ``track_input(builder)`` returns: each ``iter()`` is the iterator of
+    ``builder(iteration, batch)`` -- the next iteration from its first batch, or, first
+    after a restore, the saved iteration from its next batch."""
+
+    def __init__(self, tracker: InputTracker) -> None:
+        self._tracker = tracker
+
+    def __iter__(self) -> Any:
+        return self._tracker._on_iter(self, lambda: None)
+
+    @property
+    def tracker(self) -> InputTracker:
+        return self._tracker
 
 
 class _Progress:
