@@ -9,11 +9,19 @@ Two inputs of 2,000,000 int64 elements, in batches of 100 (a step takes one batc
   seed=[1, 2], max_index=N - 1)).batch(100)``: a global shuffle computed from each
   element's index, with no buffer.
 
+The index input is also given to the handler as a function,
+``handler.track_input(build)``, where ``build(iteration, batch)`` is
+``Dataset.range(batch * 100, N).map(...)`` with the seed ``[1, 2 + iteration]``
+(iteration 0 is the input above): after a restore the handler calls it at the saved
+iteration and batch, and nothing is replayed (random access).
+
 Save side (this process): one iterator of each input, made of the input tracked by a
 local handler (``handler.track_input``), one ``run()`` per batch. At 1,000, 100,000 and
 1,000,000 elements into the epoch the handler saves (``_save_checkpoint``: what a
 preemption does at the agreed step) and ``tf.train.Checkpoint(step=..., iterator=it)``
-writes TensorFlow's checkpoint of the same iterator. Bytes the position adds: for ours,
+writes TensorFlow's checkpoint of the same iterator. The index input given as ``build``
+is saved the same way by another handler, in a pass of its own (TF's bytes of its
+iterator are those of the same pipeline in the first pass). Bytes the position adds: for ours,
 the handler's checkpoint files (``.index`` and ``.data``) with the tracked input minus
 the same handler's checkpoint with none (in parentheses: the length of the saved JSON
 string); for TF, the iterator's checkpoint files minus those of
@@ -25,15 +33,18 @@ restores at each position, in turns, ``--repeats`` times each (fewer when a posi
 restores have taken ``--budget`` seconds). Timed from the restore's first call to the
 first resumed step's batch in hand: ours, the handler's constructor (it restores the
 latest checkpoint), ``track_input``, ``iter``, ``next`` and the ``run()`` of that step;
-TF's, ``iter``, ``Checkpoint.restore`` and ``next``. Every restored batch is checked
+``track_input(build)`` is timed the same way (``build`` is called inside: once for
+the input's length, once at the saved position). TF's, ``iter``,
+``Checkpoint.restore`` and ``next``. Every restored batch is checked
 against the batch the saving iterator gave next. On the index input two more ways are
 timed, with no checkpoint: the skip put below the map
 (``Dataset.range(N).skip(k).map(...)``) and the input rebuilt at the position
 (``Dataset.range(k, N).map(...)``); and on both inputs a new iterator with no position.
 A figure is the median of its restores; "per million elements" is the growth from the
-first position to the last.
+first position to the last. The figure ends with the 1-minute load average at the
+bench's start and end (a shared machine's other work slows every row).
 
-    python benches/bench_input_position.py [--repeats 3] [--budget 15]
+    TFH_FIGURES_DIR=docs/figures python benches/bench_input_position.py [--repeats 3] [--budget 15]
 """
 
 from __future__ import annotations
@@ -66,10 +77,11 @@ INPUTS = {
 #: The ways of restoring timed on each input, in the order of the tables' rows.
 METHODS = {
     "buffer": ("ours", "tf", "new"),
-    "index": ("ours", "tf", "skip_below", "rebuilt", "new"),
+    "index": ("ours", "builder", "tf", "skip_below", "rebuilt", "new"),
 }
 METHOD_NAMES = {
     "ours": "ours: `dataset.skip` replay",
+    "builder": "ours: `track_input(builder)`, random access",
     "tf": "TF's iterator checkpoint",
     "skip_below": "`range(N).skip(k).map(...)`: skip below the map",
     "rebuilt": "`range(k, N).map(...)`: rebuilt at the position",
@@ -95,6 +107,28 @@ def make(source: str, start: int = 0, skip_below: int = 0):
     return ds.map(shuffled).batch(BATCH)
 
 
+def build(iteration, batch):
+    """The index input as ``track_input`` takes a builder: pass ``iteration`` (its
+    own permutation; pass 0 is :func:`make`'s ``index``) from its ``batch``-th batch."""
+    import tensorflow as tf
+
+    seed = tf.constant([INDEX_SEED[0], INDEX_SEED[1] + iteration], tf.int64)
+
+    def shuffled(i):
+        return tf.random.experimental.index_shuffle(i, seed=seed, max_index=N - 1)
+
+    return tf.data.Dataset.range(batch * BATCH, N).map(shuffled).batch(BATCH)
+
+
+def load() -> str:
+    """The 1-minute load average."""
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:
+        return "?"
+
+
 def checkpoint_bytes(prefix: str) -> int:
     """Bytes of a checkpoint's ``.index`` and ``.data`` files."""
     return sum(os.path.getsize(p) for p in glob.glob(prefix + ".*"))
@@ -107,14 +141,16 @@ def noop(batch) -> None:
 # --------------------------------------------------------------------- save side
 
 
-def save_side(source: str, root: Path, positions: list) -> dict:
+def save_side(source: str, root: Path, positions: list, builder: bool = False) -> dict:
     """Saves ours and TF's checkpoint of one iterator at each position; returns the
-    bytes and the batch that came next."""
+    bytes and the batch that came next. ``builder``: the index input given to
+    ``track_input`` as :func:`build`, ours only (in ``root/index/builder-*``)."""
     import tensorflow as tf
     from tf_failure_handling import PreemptionCheckpointHandler
     from tf_failure_handling._protocol import input_position
 
     here = root / source
+    name = "builder" if builder else "ours"
     plain = PreemptionCheckpointHandler(
         None, tf.train.Checkpoint(step=tf.Variable(0)), str(here / "ours-plain")
     )
@@ -125,9 +161,9 @@ def save_side(source: str, root: Path, positions: list) -> dict:
     tf_base = checkpoint_bytes(tf.train.Checkpoint(step=step).write(str(here / "tf-plain" / "c")))
 
     handler = PreemptionCheckpointHandler(
-        None, tf.train.Checkpoint(step=tf.Variable(0)), str(here / "ours")
+        None, tf.train.Checkpoint(step=tf.Variable(0)), str(here / name)
     )
-    dataset = handler.track_input(make(source))
+    dataset = handler.track_input(build if builder else make(source))
     assert handler._input_tracker.why_not is None, handler._input_tracker.why_not
     iterator = iter(dataset)
     targets = {p // BATCH: p for p in positions}
@@ -139,24 +175,26 @@ def save_side(source: str, root: Path, positions: list) -> dict:
             t0 = time.perf_counter()
             handler._save_checkpoint()
             ours_save = time.perf_counter() - t0
-            kept = here / f"ours-{at}"
-            shutil.copytree(here / "ours", kept)
+            kept = here / f"{name}-{at}"
+            shutil.copytree(here / name, kept)
             prefix = tf.train.latest_checkpoint(str(kept))
             state = tf.train.load_checkpoint(prefix).get_tensor(input_position.STATE_KEY)
-            t0 = time.perf_counter()
-            tf_prefix = tf.train.Checkpoint(step=step, iterator=iterator).write(
-                str(here / f"tf-{at}" / "c")
-            )
-            tf_save = time.perf_counter() - t0
             out["positions"][at] = {
                 "ours_bytes": checkpoint_bytes(prefix) - ours_base,
                 "ours_state": len(state),
                 "ours_state_text": state.decode(),
-                "tf_bytes": checkpoint_bytes(tf_prefix) - tf_base,
                 "ours_save": ours_save,
-                "tf_save": tf_save,
-                "tf_prefix": tf_prefix,
             }
+            if not builder:
+                t0 = time.perf_counter()
+                tf_prefix = tf.train.Checkpoint(step=step, iterator=iterator).write(
+                    str(here / f"tf-{at}" / "c")
+                )
+                out["positions"][at].update(
+                    tf_bytes=checkpoint_bytes(tf_prefix) - tf_base,
+                    tf_save=time.perf_counter() - t0,
+                    tf_prefix=tf_prefix,
+                )
         batch = next(iterator)
         handler.run(noop, batch)
         if runs == 0:
@@ -175,13 +213,13 @@ def restore_once(source: str, method: str, root: Path, at: int, tf_prefix: str) 
     """One restore at ``at`` elements: (seconds to the first step's batch, the batch)."""
     import tensorflow as tf
 
-    if method == "ours":
+    if method in ("ours", "builder"):
         from tf_failure_handling import PreemptionCheckpointHandler
 
-        dataset = make(source)
+        dataset = build if method == "builder" else make(source)
         ckpt = tf.train.Checkpoint(step=tf.Variable(0))
         t0 = time.perf_counter()
-        handler = PreemptionCheckpointHandler(None, ckpt, str(root / source / f"ours-{at}"))
+        handler = PreemptionCheckpointHandler(None, ckpt, str(root / source / f"{method}-{at}"))
         dataset = handler.track_input(dataset)
         batch = next(iter(dataset))
         handler.run(noop, batch)
@@ -212,8 +250,9 @@ def restore_side(args) -> int:
     root = Path(args.root)
     saved = json.loads((root / "saved.json").read_text())[args.source]
     positions = [0] if args.method == "new" else args.positions
+    nexts = saved["builder"] if args.method == "builder" else saved
     expected = {
-        p: saved["first"] if p == 0 else saved["positions"][str(p)]["next"] for p in positions
+        p: saved["first"] if p == 0 else nexts["positions"][str(p)]["next"] for p in positions
     }
     prefixes = {p: saved["positions"].get(str(p), {}).get("tf_prefix") for p in positions}
     # warm-up: one untimed restore at the first position
@@ -328,6 +367,8 @@ def main(argv=None) -> int:
         return restore_side(args)
 
     started = time.perf_counter()
+    load_at_start = load()
+    print(f"  1-minute load average at the start: {load_at_start}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="tfh-bench-input-"))
     try:
         saved = {}
@@ -342,6 +383,22 @@ def main(argv=None) -> int:
                     flush=True,
                 )
             print(f"  save side {source}: {saved[source]['seconds']:.0f} s", flush=True)
+            if "builder" in METHODS[source]:
+                built = saved[source]["builder"] = save_side(
+                    source, root, args.positions, builder=True
+                )
+                for at, s in built["positions"].items():
+                    # the same first pass: TF's checkpoint of the other iterator fits it
+                    same = s["next"] == saved[source]["positions"][at]["next"]
+                    if not same or built["first"] != saved[source]["first"]:
+                        raise SystemExit(f"build(0, 0) is not the {source} input at {at}")
+                    print(
+                        f"  saved  {source:6} at {at:>9,} by track_input(build): ours "
+                        f"+{s['ours_bytes']:,} B (state {s['ours_state']} B: "
+                        f"{s['ours_state_text']}) in {_report.duration(s['ours_save'])}",
+                        flush=True,
+                    )
+                print(f"  save side {source} builder: {built['seconds']:.0f} s", flush=True)
         (root / "saved.json").write_text(json.dumps(saved))
         times = {
             (source, method): run_restores(source, method, root, args)
@@ -355,21 +412,29 @@ def main(argv=None) -> int:
         return _report.median(times[(source, method)][at])
 
     main_rows = []
-    for source in METHODS:
-        for at in args.positions:
-            s = saved[source]["positions"][at]
-            ours, theirs = med(source, "ours", at), med(source, "tf", at)
-            main_rows.append(
-                [
-                    f"{INPUTS[source]}, {at:,} elements",
-                    f"{size(s['ours_bytes'])} (state {s['ours_state']} B)",
-                    size(s["tf_bytes"]),
-                    part(s["ours_bytes"], s["tf_bytes"]),
-                    _report.duration(ours),
-                    _report.duration(theirs),
-                    time_ratio(ours, theirs),
-                ]
-            )
+    for source, methods in METHODS.items():
+        for method in ("ours", "builder"):
+            if method not in methods:
+                continue
+            name = INPUTS[source]
+            if "builder" in methods:
+                name += ", `track_input(builder)`" if method == "builder" else ", replayed"
+            ours_saved = saved[source]["builder"] if method == "builder" else saved[source]
+            for at in args.positions:
+                s = ours_saved["positions"][at]
+                tf_bytes = saved[source]["positions"][at]["tf_bytes"]
+                ours, theirs = med(source, method, at), med(source, "tf", at)
+                main_rows.append(
+                    [
+                        f"{name}, {at:,} elements",
+                        f"{size(s['ours_bytes'])} (state {s['ours_state']} B)",
+                        size(tf_bytes),
+                        part(s["ours_bytes"], tf_bytes),
+                        _report.duration(ours),
+                        _report.duration(theirs),
+                        time_ratio(ours, theirs),
+                    ]
+                )
     header = [
         "input, position into the epoch",
         "bytes the position adds per worker: ours",
@@ -397,11 +462,20 @@ def main(argv=None) -> int:
         *[f"at {at:,}" for at in args.positions],
         "growth per million elements",
     ]
+
+    def save_median(v: dict, key: str) -> str:
+        return _report.duration(_report.median(s[key] for s in v["positions"].values()))
+
     saves = "; ".join(
         f"{INPUTS[source]}: ours "
-        + _report.duration(_report.median(s["ours_save"] for s in v["positions"].values()))
+        + save_median(v, "ours_save")
+        + (
+            f" (by `track_input(builder)`: {save_median(v['builder'], 'ours_save')})"
+            if "builder" in v
+            else ""
+        )
         + ", TF's "
-        + _report.duration(_report.median(s["tf_save"] for s in v["positions"].values()))
+        + save_median(v, "tf_save")
         for source, v in saved.items()
     )
     text = "\n\n".join(
@@ -413,6 +487,8 @@ def main(argv=None) -> int:
             _report.markdown(way_header, way_rows),
             "The save at the agreed step (a whole checkpoint: a step variable and the "
             f"position; median of the positions' saves): {saves}.",
+            f"1-minute load average at the bench's start and end: {load_at_start}, "
+            f"{load()} (other work on the machine slows every row).",
         ]
     )
     print()
