@@ -81,7 +81,7 @@ demo: prereqs-demo
 # The everyday loop (at most 5 minutes idle on the 2-core machine: docs/development.md).
 # One fast real-TensorFlow test per public class and stack: the MWMS handler, the
 # watcher, our ClusterCoordinator and a PS preemption, Keras 3 and tf_keras fit, records
-# on a file system with a scheme.
+# on a file system with a scheme, an input position (track_input, no strategy).
 CHECK_TESTS := \
 	"tests/integration/test_mwms_handler.py::test_sigterm_saves_at_agreed_step_and_resumes[ours-non_chief]" \
 	tests/integration/test_preemption_watcher.py::test_local_mode_sigterm_sets_the_message_and_the_process_lives \
@@ -89,7 +89,8 @@ CHECK_TESTS := \
 	tests/integration/test_ps_preemption.py::test_coordinator_notice_saves_at_one_step_and_resumes \
 	tests/integration/test_keras3.py::test_mirrored_strategy_in_one_process_sigterm_and_resume \
 	"tests/integration/test_tf_keras.py::test_sigterm_mid_fit_saves_at_one_batch_and_the_restart_ends_as_uninterrupted[non_chief]" \
-	tests/integration/test_records_object_store.py::test_records_of_a_ram_checkpoint_are_objects_beside_it
+	tests/integration/test_records_object_store.py::test_records_of_a_ram_checkpoint_are_objects_beside_it \
+	"tests/integration/test_input_position.py::test_a_preemption_mid_epoch_trains_every_element_as_uninterrupted[custom-no-strategy]"
 check: prereqs-check
 	$(MAKE) --no-print-directory $(STAMP) build
 	$(MAKE) --no-print-directory -j2 test-rust lint check-python

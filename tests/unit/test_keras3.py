@@ -16,7 +16,6 @@ one, and the error that names it when a Keras version lacks it.
 from __future__ import annotations
 
 import logging
-import pathlib
 import sys
 import time
 
@@ -201,14 +200,16 @@ def test_preempted_fit_resumes_at_the_saved_batch_with_the_uninterrupted_weights
     assert callback.handler is None
 
 
-def test_input_started_at_the_saved_position_reproduces_varying_batches(checkpoints):
-    """The README's recipe: ``dataset.skip(epoch * steps + batch)`` before the resumed fit."""
+def test_varying_batches_resume_at_the_saved_position_with_nothing_skipped_by_hand(checkpoints):
+    """fit's input is positioned by the callback (issue 49): the resumed fit, given the
+    same input as the interrupted one, trains the batches an uninterrupted fit would."""
     reference = plain_fit(data=dataset(varying=True))
     position = preempt(checkpoints, make_model(), dataset(varying=True))
+    assert index(position) > 0
 
     resumed = make_model()
     resumed.fit(
-        dataset(varying=True, skip=index(position)),
+        dataset(varying=True),
         epochs=EPOCHS,
         steps_per_epoch=STEPS,
         verbose=0,
@@ -217,32 +218,6 @@ def test_input_started_at_the_saved_position_reproduces_varying_batches(checkpoi
     )
     assert int(resumed.optimizer.iterations.numpy()) == EPOCHS * STEPS
     assert_same_weights(resumed, reference)
-
-
-@pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")  # fit's default
-def test_the_documented_recipe_runs_as_written(checkpoints, tmp_path):
-    """The Keras 3 page's input-position snippet, executed as written after a preemption."""
-    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "getting-started" / "keras3.md"
-    text = page.read_text()
-    after = text[text.index("## The input pipeline's position is not saved") :]
-    start = after.index("```python\n") + len("```python\n")
-    code = after[start : after.index("```", start)]
-    assert "saved_position(ckpt_dir)" in code and ".skip(skip)" in code
-
-    reference = plain_fit(data=dataset(varying=True))
-    position = preempt(checkpoints, make_model(), dataset(varying=True))
-    assert position.epoch * STEPS + position.batch > 0
-    model = make_model()
-    namespace = {
-        "model": model,
-        "dataset": tf.data.Dataset.from_tensor_slices(batches()),
-        "ckpt_dir": str(tmp_path / "train" / "ckpt"),
-        "E": EPOCHS,
-        "S": STEPS,
-    }
-    exec(compile(code, str(page), "exec"), namespace)
-    assert int(model.optimizer.iterations.numpy()) == EPOCHS * STEPS
-    assert_same_weights(model, reference)
 
 
 def test_the_same_model_fits_again_in_the_same_process_after_the_exit(checkpoints):
@@ -320,15 +295,14 @@ def test_steps_per_epoch_none_with_a_known_length_runs_the_remaining_batches(che
 
 
 @pytest.mark.filterwarnings("ignore:Your input ran out of data:UserWarning")  # Keras', per epoch
-def test_steps_per_epoch_none_with_an_unknown_length_restarts_the_epoch(checkpoints, caplog):
-    """The input's length is unknown: the epoch restarts at batch 0, and says so; the
-    batches of it trained before the save are trained again."""
-    unknown = dataset().take(STEPS).filter(lambda x, y: True)  # cardinality unknown
+def test_steps_per_epoch_none_with_an_unknown_length_resumes_at_the_saved_batch(checkpoints):
+    """The input's length is unknown to Keras, but its position is saved: the resumed
+    epoch runs its remaining batches, and the weights are an uninterrupted fit's."""
+    unknown = dataset(varying=True).take(STEPS).filter(lambda x, y: True)
     assert unknown.cardinality() == tf.data.UNKNOWN_CARDINALITY
     plain = plain_fit(x=unknown, steps_per_epoch=None)
     plain_steps = int(plain.optimizer.iterations.numpy())
-    model = make_model()
-    callback = checkpoints()
+    model, callback = make_model(), checkpoints()
     with pytest.raises(SystemExit):
         model.fit(
             unknown,
@@ -339,6 +313,44 @@ def test_steps_per_epoch_none_with_an_unknown_length_restarts_the_epoch(checkpoi
         )
     position = saved_position(callback.checkpoint_dir)
     assert position.batch > 0, position  # saved inside an epoch
+
+    resumed, recorder = make_model(), Recorder()
+    resumed.fit(
+        unknown, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=[checkpoints(), recorder]
+    )
+    assert recorder.first == (position.epoch, position.batch)
+    assert int(resumed.optimizer.iterations.numpy()) == plain_steps
+    assert_same_weights(resumed, plain)
+
+
+@pytest.mark.filterwarnings("ignore:Your input ran out of data:UserWarning")  # Keras', per epoch
+def test_an_input_that_cannot_be_positioned_restarts_an_epoch_of_unknown_length(
+    checkpoints, caplog
+):
+    """A generator (not positioned, and warned about): with its length unknown the epoch
+    restarts at batch 0, and says so; its batches trained before the save run again."""
+    x, y = batches(STEPS)
+
+    def generate():
+        yield from zip(x, y)
+
+    spec = (tf.TensorSpec((BATCH, 4), tf.float32), tf.TensorSpec((BATCH, 2), tf.float32))
+    unknown = tf.data.Dataset.from_generator(generate, output_signature=spec)
+    plain = plain_fit(x=unknown, steps_per_epoch=None)
+    plain_steps = int(plain.optimizer.iterations.numpy())
+    model, callback = make_model(), checkpoints()
+    with caplog.at_level(logging.WARNING, logger="tf_failure_handling"):
+        with pytest.raises(SystemExit):
+            model.fit(
+                unknown,
+                epochs=EPOCHS,
+                verbose=0,
+                shuffle=False,
+                callbacks=[callback, NoticeAt(callback, 8)],
+            )
+    assert any("it runs Python code" in r.message for r in caplog.records)
+    position = saved_position(callback.checkpoint_dir)
+    assert position.batch > 0, position
 
     resumed, recorder = make_model(), Recorder()
     with caplog.at_level(logging.WARNING, logger="tf_failure_handling"):
