@@ -10,8 +10,10 @@ iterators the interrupted run had made before it, unpulled, and then making it o
 - ``tensorflow/python/distribute/input_lib.py``: ``DistributedDataset._cloned_datasets``
   and ``DistributedDatasetsFromFunction._datasets``, one ``tf.data.Dataset`` per input
   worker of this process, read by ``__iter__`` each time it is called;
-- ``tensorflow/python/data/ops/dataset_ops.py``: ``DatasetV2._as_serialized_graph`` (the
-  pipeline's graph, read for what makes it impossible to replay).
+- ``tensorflow/python/data/ops/``: ``DatasetV2._inputs()`` and ``_functions()`` (the
+  pipeline's parts and their traced functions), ``_ShuffleDataset._seed``/``_seed2``
+  and the parallel ops' ``_deterministic``, read for what makes the order impossible
+  to replay.
 
 Why and what it costs: docs/input-position.md.
 """
@@ -92,42 +94,69 @@ def why_not_positionable(obj: Any) -> Optional[str]:
     except Exception:  # noqa: BLE001 - an input without options: nothing found there
         pass
     try:
-        graph = _graph(dataset)
-    except Exception as e:  # noqa: BLE001 - a pipeline TF cannot serialize
+        for why in _reasons(dataset):
+            return why
+    except Exception as e:  # noqa: BLE001 - a pipeline whose parts cannot be read
         return f"its pipeline cannot be read ({type(e).__name__}: {e})"
+    return None
+
+
+def _reasons(dataset: Any) -> Iterator[str]:
+    """Why each part of ``dataset``'s pipeline cannot be replayed (none: it can).
+
+    The pipeline is walked as Python objects (``_inputs()``), and the graphs of its
+    functions (``map``, ``flat_map``, ...) are read, not the whole pipeline's graph: that
+    would copy every tensor it holds (arrays given to ``fit``, ``from_tensor_slices``).
+    """
+    seen: set = set()
+    stack = [dataset]
+    while stack:
+        part = stack.pop()
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        if getattr(part, "_deterministic", None) == "false":
+            yield f"its {type(part).__name__.strip('_')} has deterministic=False"
+        if part.__class__.__name__ == "_ShuffleDataset" and (
+            getattr(part, "_seed", 0),
+            getattr(part, "_seed2", 0),
+        ) in ((None, None), (0, 0)):
+            yield (
+                "it shuffles with no seed (Dataset.shuffle(..., seed=None) and no "
+                "tf.random.set_seed), a new order in every run"
+            )
+        for function in part._functions():
+            concrete = getattr(function, "function", None)
+            graph = getattr(concrete, "graph", None)
+            if graph is not None:
+                yield from _graph_reasons(graph.as_graph_def())
+        stack.extend(part._inputs())
+
+
+def _graph_reasons(graph: Any) -> Iterator[str]:
+    """:func:`_reasons` of the ops of a function's graph, its library included."""
     constants = {n.name: n for n in graph.node if n.op == "Const"}
     nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
     for node in nodes:
         if node.op in _PYTHON_OPS:
-            return (
+            yield (
                 "it runs Python code (Dataset.from_generator, py_function or "
                 "numpy_function), whose order cannot be replayed"
             )
         deterministic = node.attr.get("deterministic")
         if deterministic is not None and deterministic.s == b"false":
-            return f"its {node.op} has deterministic=False"
+            yield f"its {node.op} has deterministic=False"
         if node.op in _RANDOM_ORDER_OPS and _attr_seeds(node) == (0, 0):
-            return (
+            yield (
                 "it reorders its elements with tf.random.shuffle and no seed (fit's "
                 "shuffle=True of arrays with no keras.utils.set_random_seed), a new order "
                 "in every run"
             )
         if node.op in _SHUFFLE_OPS and _seeds(node, constants) == (0, 0):
-            return (
+            yield (
                 "it shuffles with no seed (Dataset.shuffle(..., seed=None) and no "
                 "tf.random.set_seed), a new order in every run"
             )
-    return None
-
-
-def _graph(dataset: Any) -> Any:
-    from tensorflow.core.framework import graph_pb2
-    from tensorflow.python.data.ops import options as options_lib
-
-    serialized = dataset._as_serialized_graph(
-        external_state_policy=options_lib.ExternalStatePolicy.WARN
-    )
-    return graph_pb2.GraphDef.FromString(serialized.numpy())
 
 
 def _attr_seeds(node: Any) -> tuple:
