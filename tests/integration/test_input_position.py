@@ -29,7 +29,9 @@ EXIT_AFTER_SAVE = 42
 EPOCHS = 3
 
 
-def run_cluster(tmp_path: Path, name: str, workers: int, args: list[str]) -> list:
+def run_cluster(
+    tmp_path: Path, name: str, workers: int, args: list[str], env: dict | None = None
+) -> list:
     """Runs ``workers`` processes of ``input_worker.py`` (no strategy when 0) to their
     end; returns ``[(exit code, output or None, stderr)]`` per worker."""
     ports = free_ports(workers) if workers else []
@@ -52,7 +54,11 @@ def run_cluster(tmp_path: Path, name: str, workers: int, args: list[str]) -> lis
             *args,
         ]
         proc = subprocess.Popen(
-            command, cwd=HERE, env=child_environment(), stdout=subprocess.DEVNULL, stderr=err
+            command,
+            cwd=HERE,
+            env={**child_environment(), **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
         )
         LIVE_PROCESSES.add(proc)
         procs.append((proc, out, err))
@@ -87,16 +93,20 @@ def preempted(results: list, what: str) -> None:
         assert code == EXIT_AFTER_SAVE, f"{what}: exit {code}, not the save's\n{tail(err)}"
 
 
-def attempts(tmp_path: Path, workers: int, args: list, preempt_at: list, restart_workers=None):
+def attempts(
+    tmp_path: Path, workers: int, args: list, preempt_at: list, restart_workers=None, env=None
+):
     """Preempts at each run count of ``preempt_at`` in turn (one attempt each), then
     runs to the end; returns the last attempt's outputs and every attempt's stderr."""
     logs = []
     for n, at in enumerate(preempt_at):
-        results = run_cluster(tmp_path, f"attempt{n}", workers, [*args, "--preempt-at", str(at)])
+        results = run_cluster(
+            tmp_path, f"attempt{n}", workers, [*args, "--preempt-at", str(at)], env
+        )
         preempted(results, f"attempt {n} (preempted at step {at})")
         logs.append([err for _, _, err in results])
         workers = restart_workers if restart_workers is not None else workers
-    results = run_cluster(tmp_path, "last", workers, args)
+    results = run_cluster(tmp_path, "last", workers, args, env)
     logs.append([err for _, _, err in results])
     return finished(results, "the last attempt"), logs
 
@@ -193,3 +203,15 @@ def test_input_that_cannot_be_positioned_warns_and_starts_again_at_its_first_ele
         assert "is not saved: it runs Python code (Dataset.from_generator" in log[0]
     assert outputs[0]["counts"] != [EPOCHS] * 64, "the resumed epoch started again"
     assert sum(outputs[0]["counts"]) == 12 * 8 + 12 * 8, "192 element-steps, as planned"
+
+
+@pytest.mark.timeout(6 * ATTEMPT_TIMEOUT)
+@pytest.mark.parametrize("mode", ["storage", "shares"])
+def test_the_position_is_restored_whatever_the_non_chief_saves(tmp_path, references, mode):
+    """The default (memory) is every test above; storage writes each non-chief's copy to
+    disk, shares has each worker write part of the chief's checkpoint (one of them the
+    position): every worker's position is the same, so each way restores it."""
+    args = ["--stack", "custom"]
+    env = {"TF_FAILURE_HANDLING_NON_CHIEF_SAVES": mode}
+    outputs, _ = attempts(tmp_path, 2, args, [12], env=env)
+    check_as_uninterrupted(outputs, references(2, args))
