@@ -19,6 +19,7 @@
 //! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
 //! | [`sources`] | the termination sources: signals ([`sources::signals`]: one wake-up per delivery, from any thread) and the metadata services of GCE, AWS and Azure (sans-IO pollers, the threads that run them, their bounded HTTP client [`sources::http`]) |
 //! | [`ps_control`] | the parameter-server task control: which release a task accepts, which call to a task may start, what a poll's answer leads to, a worker's drain bound |
+//! | [`input_position`] | where a restarted input resumes: which iterator and batch, how many iterators to make first |
 //! | [`inbox`] | the driver's inputs (notices, step keys, stop) in one `crossbeam-channel` inbox |
 //!
 //! The PyO3 binding (`python` feature, on when built by maturin) is the only
@@ -28,6 +29,7 @@ pub mod closure_queue;
 pub mod failure;
 pub mod grace;
 pub mod inbox;
+pub mod input_position;
 pub mod notice;
 pub mod ps_control;
 pub mod records;

@@ -195,6 +195,16 @@ def release_refused(
     incarnation: str, notice_at: Optional[float], asked_incarnation: Any, asked_notice_at: Any
 ) -> Optional[str]: ...
 def worker_drain_bound(deadline: Optional[float], now: float) -> float: ...
+def input_resume(
+    iteration: int,
+    batches: int,
+    previous: int,
+    per_iteration: Optional[int],
+    steps_per_iteration: Optional[int],
+    new_iteration: Optional[bool],
+    first_used: int,
+) -> tuple[str, Optional[int], Optional[int], Optional[int]]: ...
+def input_batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
 def unreleased_hold_bound(
     deadline: Optional[float], peer_timeout: float, exit_wait: float, now: float
 ) -> float: ...

@@ -19,6 +19,7 @@ import logging
 from typing import Any, Callable, Optional
 
 from .._integrations import tf_input, tf_keras_fit
+from .._native import input_batches_given, input_resume
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -198,7 +199,9 @@ class InputTracker:
         current = self._current
         if current is None:
             return 0
-        return current[1] + max(0, self._runs() - current[2]) * self._batches_per_run
+        return input_batches_given(
+            current[1], max(0, self._runs()), current[2], self._batches_per_run
+        )
 
     def snapshot(self) -> dict:
         """The position to save now (the agreed step's)."""
@@ -232,7 +235,7 @@ class InputTracker:
         self.restored = saved
         if saved is None or self.why_not is not None:
             return
-        if not saved.get("positioned", True) or saved["iteration"] < 0:
+        if not saved.get("positioned", True):
             return
         if saved["workers"] != self.workers:
             log.warning(
@@ -245,16 +248,18 @@ class InputTracker:
                 saved["workers"],
                 self.workers,
             )
-        iteration, batches = saved["iteration"], saved["batches"]
-        if new_iteration is None:
-            limits = [self.per_iteration, self._steps_per_iteration, saved.get("previous") or None]
-            new_iteration = batches > 0 and any(
-                limit is not None and limit > 0 and batches >= limit for limit in limits
-            )
-        if new_iteration:
-            iteration, batches = iteration + 1, 0
-        offset = iteration - first_used
-        if offset < 0:
+        verdict, iteration, batches, offset = input_resume(
+            saved["iteration"],
+            saved["batches"],
+            int(saved.get("previous") or 0),
+            self.per_iteration,
+            self._steps_per_iteration,
+            new_iteration,
+            first_used,
+        )
+        if verdict == "fresh":
+            return
+        if verdict == "unreachable":
             log.warning(
                 "The input position (iterator %d, batch %d) cannot be reached: this run "
                 "makes more iterators before training. The input starts at its first element.",
