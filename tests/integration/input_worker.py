@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -268,6 +269,9 @@ def run_fit(args) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # The package's INFO lines (where the input resumes) into the worker's stderr log.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("tf_failure_handling").setLevel(logging.INFO)
     if args.stack == "custom":
         run_custom(args)
     else:

@@ -10,6 +10,7 @@ are two dataset objects here, as they are two processes in a real restart
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -274,3 +275,25 @@ def test_a_builder_is_called_at_the_saved_iteration_and_batch_and_then_the_next(
         assert calls[1:] == [(1, 3), (2, 0)], "(0, 0) once for its length, then as saved"
     finally:
         restart.close()
+
+
+def test_a_long_replay_logs_a_progress_line_until_the_first_resumed_run(caplog, monkeypatch):
+    monkeypatch.setattr(input_position, "PROGRESS_EVERY", 0.02)
+    caplog.set_level(logging.INFO, logger="tf_failure_handling")
+    runs = Runs()
+    made = tracker(shuffled(), runs)
+    try:
+        made.resume({"format": 1, "iteration": 0, "batches": 3, "previous": 0, "workers": 1})
+        iter(made.dataset)
+        deadline = time.monotonic() + 30
+        while "Replaying the input to batch 3 of iterator 0" not in caplog.text:
+            assert time.monotonic() < deadline, "no progress line within 30 s"
+            time.sleep(0.01)
+        runs.value += 1  # the first resumed run: the replay is over
+        thread = made._progress
+        deadline = time.monotonic() + 30
+        while not thread.done():
+            assert time.monotonic() < deadline, "the progress lines went on after the first run"
+            time.sleep(0.01)
+    finally:
+        made.close()

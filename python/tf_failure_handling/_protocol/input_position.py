@@ -338,11 +338,14 @@ class _Progress:
         self._tracker, self._runs = tracker, tracker._runs()
         self._stopped = threading.Event()
         self._what = f"batch {skip} of iterator {iteration}"
-        thread = threading.Thread(target=self._log, name="tfh-input-replay", daemon=True)
-        thread.start()
+        self._thread = threading.Thread(target=self._log, name="tfh-input-replay", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self._stopped.set()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
 
     def _log(self) -> None:
         import time
