@@ -297,3 +297,15 @@ def test_a_long_replay_logs_a_progress_line_until_the_first_resumed_run(caplog, 
             time.sleep(0.01)
     finally:
         made.close()
+
+
+def test_a_save_after_a_resume_keeps_the_length_of_the_iterator_before():
+    made = tracker(shuffled(), Runs())
+    try:
+        made.resume({"format": 1, "iteration": 2, "batches": 8, "previous": 8, "workers": 1})
+        assert made.resumed_at == (3, 0)
+        assert made.snapshot()["previous"] == 8, "the saved iterator, used up, is the one before"
+        iter(made.dataset)
+        assert made.snapshot()["previous"] == 8, "an iterator made is not the one before itself"
+    finally:
+        made.close()

@@ -32,8 +32,6 @@ STATE_NAME = "tf_failure_handling_input"
 STATE_KEY = f"{STATE_NAME}/.ATTRIBUTES/py_state"
 #: Seconds between the lines logged while a resumed input replays to its position.
 PROGRESS_EVERY = 5.0
-#: The attribute an iterator made by a tracked input carries: (iteration, first batch).
-_TAG = "_tfh_input_position"
 
 
 def parse(value: Any) -> dict:
@@ -269,6 +267,9 @@ class InputTracker:
             return
         self._offset = offset
         self._advance = 0 if self._builder is not None else offset
+        # The iterator before the resumed one, for a later save's "previous".
+        same = iteration == saved["iteration"]
+        self._previous = int(saved.get("previous") or 0) if same else saved["batches"]
         self._plan = (first_used, batches)
         self.resumed_at = (iteration, batches)
         log.info(
@@ -300,12 +301,8 @@ class InputTracker:
             with tf_input.skipping(dataset, skip) as source:
                 iterator = make() if source is dataset else tf_input.iterate(source)
             skip_logged = bool(skip)
-        try:
-            setattr(iterator, _TAG, (iteration, skip))
-        except AttributeError:
-            pass
-        if self._current is not None:
-            self._previous = self.batches()
+        if self._current is not None and self.batches() > 0:
+            self._previous = self.batches()  # an iterator made and left unused is not one
         self._current = [iteration, skip, self._runs()]
         if skip_logged:
             self._progress = _Progress(self, iteration, skip)
