@@ -57,14 +57,17 @@ pub fn resume(saved: Saved, resuming: Resuming) -> Resume {
         return Resume::Fresh;
     }
     let (mut iteration, mut batches) = (saved.iteration as u64, saved.batches);
-    let used_up = resuming.new_iteration.unwrap_or_else(|| {
-        let limits = [
-            resuming.per_iteration,
-            resuming.steps_per_iteration,
-            (saved.previous > 0).then_some(saved.previous),
-        ];
-        batches > 0 && limits.iter().flatten().any(|&limit| limit > 0 && batches >= limit)
-    });
+    // An iterator that has given nothing is not used up, whatever the loop does next
+    // (a save right after a restore, before the resumed iterator's first step).
+    let used_up = batches > 0
+        && resuming.new_iteration.unwrap_or_else(|| {
+            let limits = [
+                resuming.per_iteration,
+                resuming.steps_per_iteration,
+                (saved.previous > 0).then_some(saved.previous),
+            ];
+            limits.iter().flatten().any(|&limit| limit > 0 && batches >= limit)
+        });
     if used_up {
         iteration += 1;
         batches = 0;
@@ -211,6 +214,19 @@ mod tests {
                 saved(0, 3, 0),
                 Resuming { first_used: 1, ..none },
                 Resume::Unreachable { iteration: 0, batches: 3 },
+            ),
+            (
+                "saved before the resumed iterator's first step: fit's new epoch is that one",
+                saved(3, 0, 8),
+                Resuming {
+                    new_iteration: Some(true),
+                    ..none
+                },
+                Resume::At {
+                    iteration: 3,
+                    batches: 0,
+                    advance: 3,
+                },
             ),
             (
                 "a save right after the iterator was made: batch 0, same iterator",
