@@ -175,6 +175,18 @@ impl GracePlanner {
         notice.deadline.map_or(by_grace, |d| d.min(by_grace))
     }
 
+    /// Whether the user's grace period is what ends the countdown: no platform
+    /// deadline at or before `notice.at + grace_period` (a platform whose grace
+    /// period is its own deadline, SLURM's `KillWait` say, binds by its deadline).
+    /// Then the cluster saves twice,
+    /// as TensorFlow does: the estimates may move the final round earlier, never
+    /// merge it into the first. Only a platform deadline tighter than anything
+    /// TensorFlow knows of lets the first save be the last.
+    #[must_use]
+    pub fn grace_binds(notice: Notice, grace_period: f64) -> bool {
+        grace_period > 0.0 && notice.deadline.map_or(true, |d| d > notice.at + grace_period)
+    }
+
     /// The latest moment at which publishing the final round still lets the
     /// final save end before the deadline.
     #[must_use]
@@ -210,7 +222,9 @@ impl GracePlanner {
     /// [`SAVE_SAFETY`]) and the slack; two need the first round's step and save
     /// and the final round's [`margin`](Self::margin), which holds its own slack.
     /// That is the resolver's rule: with less left, it agrees both rounds at the
-    /// first round's step (one save).
+    /// first round's step (one save) -- unless the user's grace period binds
+    /// ([`grace_binds`](Self::grace_binds)): both saves are then made, as TensorFlow
+    /// makes them, and the fit is [`Fit::Both`] whatever is left.
     /// Returns the fit, the seconds left and the seconds the fit it falls short of
     /// would need.
     #[must_use]
@@ -224,7 +238,9 @@ impl GracePlanner {
         let left = deadline - now;
         let one = self.first_round_cost(1) + SLACK;
         let both = self.first_round_cost(1) + self.margin();
-        if left < one {
+        if Self::grace_binds(notice, grace_period) {
+            (Fit::Both, left, both)
+        } else if left < one {
             (Fit::Neither, left, one)
         } else if grace_period > 0.0 && left < both {
             (Fit::OneSave, left, both)

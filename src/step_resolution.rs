@@ -552,7 +552,9 @@ impl Resolver {
     /// later chance (the leader in the countdown, as before; a worker whose
     /// notice is tighter than the leader's, earlier). Before the first save,
     /// a final round that is due already is published at the first round's
-    /// step: the first save is then the last (one save, not two).
+    /// step: the first save is then the last (one save, not two) -- only under a
+    /// platform deadline tighter than the grace period; when the user's grace
+    /// period binds, both saves are made, as TensorFlow makes them.
     ///
     /// Why one step still holds: a publisher publishes before it starts its
     /// next step and waits for every acknowledgement; no worker can finish
@@ -574,7 +576,11 @@ impl Resolver {
             // Would the final round be due by the time the first save ends?
             // Then the first save is the last (the first round's steps and save
             // cost time too).
-            if round == Round::Initial && run_count < step && self.final_due(planner, now + planner.first_round_cost(step - run_count)) {
+            if round == Round::Initial
+                && run_count < step
+                && !self.grace_binds()
+                && self.final_due(planner, now + planner.first_round_cost(step - run_count))
+            {
                 return self.publish(Round::Final, step);
             }
             return StepAction::Proceed;
@@ -588,6 +594,12 @@ impl Resolver {
         }
         let step = if self.save_at_current_run { run_count } else { run_count + 1 };
         self.publish(round, step)
+    }
+
+    /// Whether the user's grace period ends the countdown (no tighter platform
+    /// deadline): then the first save is never the last ([`GracePlanner::grace_binds`]).
+    fn grace_binds(&self) -> bool {
+        self.notice.is_some_and(|n| GracePlanner::grace_binds(n, self.grace_period))
     }
 
     fn final_due(&self, planner: &GracePlanner, now: f64) -> bool {

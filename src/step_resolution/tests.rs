@@ -1587,3 +1587,55 @@ fn what_the_notice_says_fits_is_what_the_resolver_does() {
         assert_eq!(merged, fit != crate::grace::Fit::Both, "deadline {deadline}: {fit:?}, step {step}");
     }
 }
+
+#[test]
+fn the_users_grace_period_makes_two_saves_however_short() {
+    // TensorFlow's failure_handler_test: a grace period of 1 s, shorter than a save.
+    // TensorFlow saves twice; so does the resolver, the final round at the next step.
+    let mut planner = GracePlanner::new();
+    for _ in 0..20 {
+        planner.record_step(0.1);
+    }
+    planner.record_save(2.0);
+    let notice = Notice { at: 0.0, deadline: None };
+    let mut r = Resolver::new(Membership::Local, 1.0);
+    assert_eq!(r.on_notice(notice), NoticeAction::Lead);
+    assert_eq!(planner.fit(notice, 1.0, 0.0).0, crate::grace::Fit::Both);
+    let StepAction::Publish { round: I, step, .. } = r.before_step(5, 0.0, &planner) else {
+        panic!("the first round is published");
+    };
+    assert_eq!(r.before_step(5, 0.0, &planner), StepAction::Proceed, "the final round waits");
+    assert_eq!(r.before_step(step, 0.1, &planner), StepAction::Save { round: I, step });
+    assert_eq!(r.on_saved(I), Ok(SaveAction::Countdown), "the first save is not the last");
+    let StepAction::Publish { round: F, step: last, .. } = r.before_step(step, 2.5, &planner) else {
+        panic!("the final round is published after the first save");
+    };
+    assert!(last > step, "a later step: a second save");
+    assert_eq!(r.before_step(last, 2.6, &planner), StepAction::Save { round: F, step: last });
+    assert_eq!(r.on_saved(F), Ok(SaveAction::Exit));
+}
+
+#[test]
+fn a_platform_deadline_tighter_than_the_grace_period_still_makes_one_save() {
+    let mut planner = GracePlanner::new();
+    for _ in 0..20 {
+        planner.record_step(0.1);
+    }
+    planner.record_save(2.0);
+    // (platform deadline, the grace period binds, the first save is the last)
+    let rows = [
+        (Some(3.0), false, true),
+        (Some(30.0), false, false),
+        (Some(60.0), true, false),
+        (None, true, false),
+    ];
+    for (deadline, binds, merged) in rows {
+        let notice = Notice { at: 0.0, deadline };
+        let mut r = Resolver::new(Membership::Local, 30.0);
+        assert_eq!(r.on_notice(notice), NoticeAction::Lead);
+        assert!(matches!(r.before_step(5, 0.0, &planner), StepAction::Publish { round: I, .. }));
+        let final_at_once = matches!(r.before_step(5, 0.0, &planner), StepAction::Publish { round: F, .. });
+        assert_eq!(final_at_once, merged, "deadline {deadline:?}");
+        assert_eq!(GracePlanner::grace_binds(notice, 30.0), binds, "deadline {deadline:?}");
+    }
+}
