@@ -60,6 +60,10 @@ pub enum Fit {
     /// Not even one save ends before the deadline: the fastest path (one save,
     /// at once) is taken all the same, and the worker says so at the notice.
     Neither,
+    /// Nothing has been timed that a save's time could be judged from (no save in
+    /// this process, no restore timed at start): the worker says so at the notice
+    /// rather than report a fit from an estimate of 0.
+    Unknown,
 }
 
 /// Recent step, save and agreement durations of one worker.
@@ -124,6 +128,12 @@ impl GracePlanner {
     #[must_use]
     pub fn save_estimate(&self) -> f64 {
         self.longest_save.or(self.restore).unwrap_or(0.0)
+    }
+
+    /// Whether a save's time is known (a save measured, or a restore at start).
+    #[must_use]
+    pub fn save_timed(&self) -> bool {
+        self.longest_save.is_some() || self.restore.is_some()
     }
 
     /// Records how long one publish waited for every acknowledgement.
@@ -224,7 +234,8 @@ impl GracePlanner {
     /// That is the resolver's rule: with less left, it agrees both rounds at the
     /// first round's step (one save) -- unless the user's grace period binds
     /// ([`grace_binds`](Self::grace_binds)): both saves are then made, as TensorFlow
-    /// makes them, and the fit is [`Fit::Both`] whatever is left.
+    /// makes them, and the fit is [`Fit::Both`] whatever is left. With no save's
+    /// time known ([`save_timed`](Self::save_timed)) the fit is [`Fit::Unknown`].
     /// Returns the fit, the seconds left and the seconds the fit it falls short of
     /// would need.
     #[must_use]
@@ -240,6 +251,8 @@ impl GracePlanner {
         let both = self.first_round_cost(1) + self.margin();
         if Self::grace_binds(notice, grace_period) {
             (Fit::Both, left, both)
+        } else if !self.save_timed() {
+            (Fit::Unknown, left, one)
         } else if left < one {
             (Fit::Neither, left, one)
         } else if grace_period > 0.0 && left < both {
@@ -264,6 +277,24 @@ mod tests {
 
     fn notice(at: f64) -> Notice {
         Notice { at, deadline: None }
+    }
+
+    #[test]
+    fn a_fit_is_never_judged_from_an_estimate_of_zero() {
+        let mut p = GracePlanner::new();
+        p.record_step(0.1);
+        let n = Notice {
+            at: 0.0,
+            deadline: Some(30.0),
+        };
+        assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::Unknown, "nothing timed");
+        assert_eq!(p.fit(n, 60.0, 0.0).0, Fit::Unknown, "nothing timed, a platform deadline");
+        assert_eq!(p.fit(n, 20.0, 0.0).0, Fit::Both, "the user's grace period binds: both");
+        p.record_restore(40.0);
+        assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::Neither, "a restore timed stands in for a save");
+        let mut q = GracePlanner::new();
+        q.record_save(1.0);
+        assert_eq!(q.fit(n, 0.0, 0.0).0, Fit::OneSave);
     }
 
     #[test]
@@ -420,8 +451,8 @@ mod tests {
             at: 0.0,
             deadline: Some(10.0),
         };
-        // Nothing measured: one save needs a step and the slack only.
-        assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::OneSave);
+        // Nothing measured: not judged (an estimate of 0 would say too much fits).
+        assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::Unknown);
         p.record_restore(8.0);
         assert!((p.save_estimate() - 8.0).abs() < 1e-9);
         // 0.1 + 1.5 × 8 + 1 = 13.1 s needed, 10 s left: said at the notice.

@@ -305,7 +305,13 @@ class PreemptionCheckpointHandler(HandlerCore):
             member.worker_id, member.num_workers, float(state.grace_period), member.ps_coordinator
         )
         restore = self._checkpoints.restore_seconds
-        if restore is not None:
+        if restore is not None and self._checkpoints.restore_deferred:
+            log.info(
+                "Checkpoint restored in %.3fs, but part of it waits for variables not made "
+                "yet (restored when they are): no save estimate until a save is timed.",
+                restore,
+            )
+        elif restore is not None:
             # Until this process has saved, the restore is its estimate of a save.
             core.restored(restore)
             log.info("Checkpoint restored in %.3fs: the save estimate until one is timed.", restore)

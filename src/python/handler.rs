@@ -605,6 +605,7 @@ impl Shared {
             Fit::Both => "both",
             Fit::OneSave => "one_save",
             Fit::Neither => "neither",
+            Fit::Unknown => "unknown",
         };
         Some((name, left, needed))
     }
@@ -815,7 +816,7 @@ impl ProtocolCore {
     }
 
     /// What still fits before this worker's earliest deadline at `now`:
-    /// `("both" | "one_save" | "neither", seconds left, seconds needed)` (the
+    /// `("both" | "one_save" | "neither" | "unknown", seconds left, seconds needed)` (the
     /// grace planner's `fit`), or None without a notice.
     fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
         self.shared.fit(now)

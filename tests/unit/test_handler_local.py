@@ -642,8 +642,9 @@ def test_grace_period_deadline_from_the_notice(make_handler, tmp_path):
 @pytest.mark.timeout(HANG + 30)
 def test_a_deadline_with_no_room_for_two_saves_saves_once(make_handler, tmp_path, caplog):
     """A notice whose deadline leaves no room for the grace period's second save: the
-    handler says so at the notice (log and record), and the first save is the last (one
-    save, at the first round's step, then the exit)."""
+    first save is the last (one save, at the first round's step, then the exit). No save
+    or restore was timed yet, so the handler says at the notice (log and record) that
+    what fits is not known, rather than judge it from an estimate of 0 (issue 50)."""
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
     h = make_handler(
@@ -660,10 +661,10 @@ def test_a_deadline_with_no_room_for_two_saves_saves_once(make_handler, tmp_path
         (6, "LAST_RUN_TO_CHECKPOINT"),
     ]
     assert ckpt.saved_runs == [6]
-    said = [r.getMessage() for r in caplog.records if "a save needs about" in r.getMessage()]
-    assert said and "may not end before the machine goes away" in said[0], said
+    said = [r.getMessage() for r in caplog.records if "no save has been timed" in r.getMessage()]
+    assert said and "is not known" in said[0], said
     (preemption,) = records.load(tmp_path / "ckpt").preemptions
-    assert preemption.extra.get("fits") == "neither", preemption
+    assert preemption.extra.get("fits") == "unknown", preemption
 
 
 def test_before_any_save_the_restore_is_the_save_estimate(
@@ -964,3 +965,36 @@ def test_run_takes_the_function_by_keyword_as_tf_does(make_handler, tmp_path):
     assert h._run_counter == 2
     with pytest.raises(TypeError, match="distributed_train_function"):
         h.run()
+
+
+def test_a_restore_that_waits_for_variables_is_no_save_estimate(tmp_path, caplog):
+    """Variables made after the handler (a Keras model built at its first call): the
+    restore at start leaves their values waiting, its time is not a save's, and no
+    estimate is taken from it; a notice then says what fits is not known (issue 50)."""
+    tf = pytest.importorskip("tensorflow", reason="TensorFlow's deferred restoration")
+    directory = os.fspath(tmp_path / "ckpt")
+
+    class Holder(tf.Module):
+        pass
+
+    first = Holder()
+    first.v = tf.Variable(tf.zeros([1000]))
+    saved = tf.train.Checkpoint(model=first)
+    tf.train.CheckpointManager(saved, directory, max_to_keep=1).save()
+
+    later = Holder()  # its variable is made after the handler
+    caplog.set_level(logging.INFO, logger="tf_failure_handling")
+    h = PreemptionCheckpointHandler(None, tf.train.Checkpoint(model=later), directory)
+    try:
+        assert h._checkpoints.restore_deferred
+        assert any("waits for variables not made yet" in r.getMessage() for r in caplog.records)
+        later.v = tf.Variable(tf.ones([1000]))  # restored now, from the waiting value
+        assert float(later.v.numpy().sum()) == 0.0
+        assert h._core.fit(time.monotonic()) is None, "no notice yet"
+        h._notify_termination(deadline=time.monotonic() + 30)
+        wait_for_attention(h)
+        assert h._core.fit(time.monotonic())[0] == "unknown"
+        said = [r.getMessage() for r in caplog.records]
+        assert any("no save has been timed" in m for m in said), "said at the notice"
+    finally:
+        h.close()

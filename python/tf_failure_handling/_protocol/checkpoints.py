@@ -196,6 +196,10 @@ class Checkpoints:
         self.restore_seconds: Optional[float] = None
         #: The prefix of the checkpoint restored at start (None: nothing restored).
         self.restored_path: Optional[str] = None
+        #: The restore at start left values waiting for variables not made yet (a
+        #: Keras model built at its first call, optimizer slots): its time is not a
+        #: save's, and no estimate is taken from it.
+        self.restore_deferred = False
         if checkpoint_dir is not None:
             if not isinstance(checkpoint_dir, (str, os.PathLike)):
                 raise TypeError(
@@ -315,6 +319,7 @@ class Checkpoints:
         if restored:
             self.restore_seconds = _clock() - start
             self.restored_path = getattr(self.read, "latest_checkpoint", None)
+            self.restore_deferred = _waits_for_variables(getattr(self.read, "_checkpoint", None))
         return int(self.counter.numpy())
 
     def save(self, run_count: int, args: tuple, kwargs: dict, clock: Any) -> None:
@@ -395,6 +400,22 @@ class Checkpoints:
             if temp.startswith(_MEMORY_ROOT + "/"):
                 temp = os.path.dirname(temp)
             delete_recursively(temp)
+
+
+def _waits_for_variables(checkpoint: Any) -> bool:
+    """Whether a restore of ``checkpoint`` left values for objects not made yet (TF's
+    deferred restoration: ``_deferred_dependencies`` of an object in its graph)."""
+    if checkpoint is None or not _is_tf_checkpoint(checkpoint):
+        return False
+    try:
+        import tensorflow as tf
+
+        for trackable in tf.train.TrackableView(checkpoint).descendants():
+            if getattr(trackable, "_deferred_dependencies", None):
+                return True
+    except Exception:  # noqa: BLE001 - an object graph TF cannot walk: not known to wait
+        return False
+    return False
 
 
 def _preemption_save_context():

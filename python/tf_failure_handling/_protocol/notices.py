@@ -117,7 +117,15 @@ class NoticeResponse:
         if answer is None:
             return None
         fit, left, needed = answer
-        if fit == "neither":
+        if fit == "unknown":
+            log.warning(
+                "The notice from %s leaves %.1fs; no save has been timed in this process "
+                "(nor a restore at start), so whether a save ends before the machine goes "
+                "away is not known. Saving at the next step.",
+                source,
+                left,
+            )
+        elif fit == "neither":
             log.warning(
                 "The notice from %s leaves %.1fs; a save needs about %.1fs (step, save as "
                 "measured, slack): it may not end before the machine goes away. Saving at "

@@ -72,7 +72,7 @@ class StageRecords:
         replan: bool = False,
     ) -> None:
         """This worker's own notice (``deadline``: Unix time, or None; ``fits``: what
-        the core said still fits, ``both``, ``one_save`` or ``neither``). It opens a
+        the core said still fits, ``both``, ``one_save``, ``neither`` or ``unknown``). It opens a
         preemption unless one is open already, and then writes nothing unless it ends
         earlier than the one planned for (``replan``: a line with ``replan`` set)."""
         if self.recorder.current is not None and self._noticed and not replan:
