@@ -50,6 +50,15 @@ pub const STEPS_AHEAD: f64 = 2.0;
 /// the `KillWait` it starts had begun, on a loaded machine).
 pub const SLACK: f64 = 1.0;
 
+/// Seconds kept, by default, between the end of the last save and the deadline for
+/// the process's own exit: the exit code's `SystemExit` unwinds the training loop,
+/// TensorFlow tears down (its collective and coordination-service clients under
+/// MultiWorkerMirroredStrategy), the interpreter ends. A single worker's teardown took
+/// more than a second on a GCE VM; a Kubernetes pod whose process is still in its exit
+/// at the deadline is killed with 137, not the exit code. Configured with
+/// `TF_FAILURE_HANDLING_EXIT_RESERVE` (docs/configuration.md).
+pub const EXIT_RESERVE: f64 = 5.0;
+
 /// What still fits before a deadline, as measured (see [`GracePlanner::fit`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fit {
@@ -75,6 +84,7 @@ pub struct GracePlanner {
     longest_save: Option<f64>,
     restore: Option<f64>,
     longest_agreement: f64,
+    exit_reserve: f64,
 }
 
 impl Default for GracePlanner {
@@ -94,7 +104,30 @@ impl GracePlanner {
             longest_save: None,
             restore: None,
             longest_agreement: 0.0,
+            exit_reserve: EXIT_RESERVE,
         }
+    }
+
+    /// A planner that keeps nothing for the exit: the tests of everything else.
+    #[cfg(test)]
+    pub(crate) fn without_exit_reserve() -> Self {
+        let mut planner = Self::new();
+        planner.exit_reserve = 0.0;
+        planner
+    }
+
+    /// Sets the seconds kept for the process's exit after the last save
+    /// ([`EXIT_RESERVE`] by default; negative or NaN values are ignored).
+    pub fn set_exit_reserve(&mut self, secs: f64) {
+        if secs.is_finite() && secs >= 0.0 {
+            self.exit_reserve = secs;
+        }
+    }
+
+    /// The seconds kept for the process's exit after the last save.
+    #[must_use]
+    pub fn exit_reserve(&self) -> f64 {
+        self.exit_reserve
     }
 
     /// Records one step's duration in seconds (negative or NaN values, from a
@@ -171,10 +204,10 @@ impl GracePlanner {
     }
 
     /// Seconds the final round needs between the decision and the end of the
-    /// final save.
+    /// process: the steps, the acknowledgements, the final save and the exit.
     #[must_use]
     pub fn margin(&self) -> f64 {
-        STEPS_AHEAD * self.step_estimate() + self.longest_agreement + SAVE_SAFETY * self.save_estimate() + SLACK
+        STEPS_AHEAD * self.step_estimate() + self.longest_agreement + SAVE_SAFETY * self.save_estimate() + SLACK + self.exit_reserve
     }
 
     /// When the machine goes away: the notice's own deadline if it has one
@@ -214,7 +247,7 @@ impl GracePlanner {
         if notice.deadline.is_none() && grace_period <= 0.0 {
             return None;
         }
-        Some((Self::deadline(notice, grace_period) - now - self.save_estimate()).max(0.0))
+        Some((Self::deadline(notice, grace_period) - now - self.save_estimate() - self.exit_reserve).max(0.0))
     }
 
     /// Seconds the first round still takes from a check `steps` steps before
@@ -247,7 +280,7 @@ impl GracePlanner {
             notice.deadline.unwrap_or(f64::INFINITY)
         };
         let left = deadline - now;
-        let one = self.first_round_cost(1) + SLACK;
+        let one = self.first_round_cost(1) + SLACK + self.exit_reserve;
         let both = self.first_round_cost(1) + self.margin();
         if Self::grace_binds(notice, grace_period) {
             (Fit::Both, left, both)
@@ -281,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_fit_is_never_judged_from_an_estimate_of_zero() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         p.record_step(0.1);
         let n = Notice {
             at: 0.0,
@@ -292,14 +325,14 @@ mod tests {
         assert_eq!(p.fit(n, 20.0, 0.0).0, Fit::Both, "the user's grace period binds: both");
         p.record_restore(40.0);
         assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::Neither, "a restore timed stands in for a save");
-        let mut q = GracePlanner::new();
+        let mut q = GracePlanner::without_exit_reserve();
         q.record_save(1.0);
         assert_eq!(q.fit(n, 0.0, 0.0).0, Fit::OneSave);
     }
 
     #[test]
     fn empty_planner_publishes_just_before_the_deadline() {
-        let p = GracePlanner::new();
+        let p = GracePlanner::without_exit_reserve();
         assert_eq!(p.step_estimate(), 0.0);
         assert!((p.latest_publish(notice(100.0), 10.0) - (110.0 - SLACK)).abs() < 1e-9);
         assert!(!p.final_round_due(notice(100.0), 10.0, 108.9));
@@ -308,7 +341,7 @@ mod tests {
 
     #[test]
     fn save_time_moves_the_final_round_earlier() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         for _ in 0..50 {
             p.record_step(0.05);
         }
@@ -322,7 +355,7 @@ mod tests {
 
     #[test]
     fn fit_says_what_still_fits_before_the_deadline() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         for _ in 0..20 {
             p.record_step(0.1);
         }
@@ -348,7 +381,7 @@ mod tests {
 
     #[test]
     fn percentile_follows_the_slow_tail_not_the_mean() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         for i in 0..100 {
             p.record_step(if i % 10 == 0 { 1.0 } else { 0.1 });
         }
@@ -358,7 +391,7 @@ mod tests {
 
     #[test]
     fn window_forgets_old_steps() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         for _ in 0..WINDOW {
             p.record_step(5.0);
         }
@@ -371,7 +404,7 @@ mod tests {
 
     #[test]
     fn negative_and_nan_durations_are_ignored() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         p.record_step(-1.0);
         p.record_step(f64::NAN);
         p.record_save(-3.0);
@@ -391,12 +424,12 @@ mod tests {
 
     #[test]
     fn drain_bound_is_unset_without_a_deadline_or_a_grace_period() {
-        assert_eq!(GracePlanner::new().drain_bound(notice(5.0), 0.0, 6.0), None);
+        assert_eq!(GracePlanner::without_exit_reserve().drain_bound(notice(5.0), 0.0, 6.0), None);
     }
 
     #[test]
     fn drain_bound_leaves_the_longest_save_before_the_deadline() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         let n = Notice {
             at: 0.0,
             deadline: Some(30.0),
@@ -418,12 +451,12 @@ mod tests {
             at: 0.0,
             deadline: Some(30.0),
         };
-        assert_eq!(GracePlanner::new().drain_bound(n, 0.0, 1.0), Some(0.0));
+        assert_eq!(GracePlanner::without_exit_reserve().drain_bound(n, 0.0, 1.0), Some(0.0));
     }
 
     #[test]
     fn drain_bound_is_never_negative() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         p.record_save(50.0);
         let n = Notice {
             at: 0.0,
@@ -435,7 +468,7 @@ mod tests {
 
     #[test]
     fn longest_save_is_kept() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         p.record_save(1.0);
         p.record_save(0.5);
         assert_eq!(p.longest_save(), Some(1.0));
@@ -443,7 +476,7 @@ mod tests {
 
     #[test]
     fn the_restore_stands_in_for_the_save_until_one_is_measured() {
-        let mut p = GracePlanner::new();
+        let mut p = GracePlanner::without_exit_reserve();
         for _ in 0..20 {
             p.record_step(0.1);
         }
@@ -466,5 +499,46 @@ mod tests {
         assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::OneSave);
         p.record_restore(-1.0);
         assert!((p.save_estimate() - 2.0).abs() < 1e-9);
+    }
+}
+
+#[cfg(test)]
+mod exit_reserve_tests {
+    use super::*;
+
+    #[test]
+    fn the_final_round_keeps_the_exit_reserve_before_the_deadline() {
+        let mut p = GracePlanner::new();
+        for _ in 0..20 {
+            p.record_step(0.5);
+        }
+        p.record_save(2.0);
+        // The GCE story: the VM goes 30 s after instance/preempted; a grace period of
+        // an hour. The final round's process must have ended by then.
+        let n = Notice {
+            at: 0.0,
+            deadline: Some(30.0),
+        };
+        let publish = p.latest_publish(n, 3600.0);
+        let save_ends = publish + STEPS_AHEAD * 0.5 + SAVE_SAFETY * 2.0;
+        assert!((30.0 - save_ends - SLACK - EXIT_RESERVE).abs() < 1e-9, "{save_ends}");
+        // Kubernetes' 30 s: one save at once fits only with its exit.
+        assert_eq!(p.fit(n, 0.0, 24.0).0, Fit::Neither, "6 s left: save, slack and exit do not fit");
+        assert_eq!(p.fit(n, 0.0, 20.0).0, Fit::OneSave);
+        p.set_exit_reserve(0.0);
+        assert_eq!(p.fit(n, 0.0, 24.0).0, Fit::OneSave, "configured away");
+        p.set_exit_reserve(-1.0);
+        assert_eq!(p.exit_reserve(), 0.0, "a negative reserve is ignored");
+    }
+
+    #[test]
+    fn the_ps_drain_leaves_the_save_and_the_exit() {
+        let mut p = GracePlanner::new();
+        p.record_save(2.0);
+        let n = Notice {
+            at: 0.0,
+            deadline: Some(30.0),
+        };
+        assert!((p.drain_bound(n, 60.0, 10.0).unwrap() - (30.0 - 10.0 - 2.0 - EXIT_RESERVE)).abs() < 1e-9);
     }
 }

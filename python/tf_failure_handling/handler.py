@@ -18,6 +18,7 @@ from . import _errors, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
 from ._native import HandlerCore
+from ._platforms import common as _common
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from ._protocol import input_position as _input
@@ -25,6 +26,7 @@ from ._protocol.agreement import Agreement
 from ._protocol.checkpoints import Checkpoints
 from ._protocol.driver import Driver
 from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys and bounds
+    EXIT_RESERVE_ENV,
     LAST_RUN_TO_CHECKPOINT,
     PEER_TIMEOUT_ENV,
     PEER_WATCH_SLICE,
@@ -256,6 +258,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         state.grace_period = defaults.grace_period
         self._save_fn = config.save_fn
         state.peer_timeout = _peer_timeout(config)
+        exit_reserve = _common.seconds(EXIT_RESERVE_ENV, minimum=0.0)
         # Each scheduler's options (SLURM's requeue), for its step after the save.
         platform_options = _platform.attach(state.environment, config)
 
@@ -304,6 +307,8 @@ class PreemptionCheckpointHandler(HandlerCore):
         core.configure(
             member.worker_id, member.num_workers, float(state.grace_period), member.ps_coordinator
         )
+        if exit_reserve is not None:
+            core.exit_reserve = exit_reserve
         restore = self._checkpoints.restore_seconds
         if restore is not None and self._checkpoints.restore_deferred:
             log.info(

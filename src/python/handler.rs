@@ -868,6 +868,24 @@ impl ProtocolCore {
         self.shared.state.lock().planner.record_restore(duration);
     }
 
+    /// Seconds kept between the last save and the deadline for the process's exit
+    /// (`GracePlanner::set_exit_reserve`; `EXIT_RESERVE` unless configured).
+    #[getter]
+    fn get_exit_reserve(&self) -> f64 {
+        self.shared.state.lock().planner.exit_reserve()
+    }
+
+    #[setter]
+    fn set_exit_reserve(&self, secs: f64) -> PyResult<()> {
+        if !secs.is_finite() || secs < 0.0 {
+            return Err(errors::bad_value(format!(
+                "the exit reserve must be a non-negative number of seconds, got {secs}"
+            )));
+        }
+        self.shared.state.lock().planner.set_exit_reserve(secs);
+        Ok(())
+    }
+
     /// Seconds before the deadline the final round starts (save, steps and
     /// acknowledgements as measured): for the log of a countdown.
     #[getter]

@@ -62,6 +62,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RUN_TO_CHECKPOINT", crate::step_resolution::RUN_TO_CHECKPOINT)?;
     m.add("LAST_RUN_TO_CHECKPOINT", crate::step_resolution::LAST_RUN_TO_CHECKPOINT)?;
     m.add("TERMINATED_WORKER", crate::step_resolution::TERMINATED_WORKER)?;
+    m.add("EXIT_RESERVE", crate::grace::EXIT_RESERVE)?;
     m.add("ACK_PREFIX", crate::step_resolution::ACK_PREFIX)?;
     m.add("ACK_VALUE", crate::step_resolution::ACK_VALUE)?;
     m.add("STOP_WATCHER", crate::step_resolution::STOP_WATCHER)?;

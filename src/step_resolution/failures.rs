@@ -319,7 +319,7 @@ impl<'a> Sim<'a> {
         let ws = (0..n)
             .map(|id| Worker {
                 r: Resolver::new(Membership::Worker { id, num_workers: n }, row.grace),
-                planner: GracePlanner::new(),
+                planner: GracePlanner::without_exit_reserve(),
                 keys: VecDeque::new(),
                 notices: VecDeque::new(),
                 read_failed: None,

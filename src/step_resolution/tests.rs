@@ -47,7 +47,7 @@ enum Out {
 /// 20 steps of 1 s and one save of 2 s: margin = 2 × 1 + 0 + 1.5 × 2 + 1 = 6 s,
 /// so with a notice at 0 and a grace period of 10 s the final round is due from 4 s.
 fn table_planner() -> GracePlanner {
-    let mut p = GracePlanner::new();
+    let mut p = GracePlanner::without_exit_reserve();
     for _ in 0..20 {
         p.record_step(1.0);
     }
@@ -392,7 +392,7 @@ fn accessors_follow_the_leader_through_both_rounds() {
 
 #[test]
 fn no_notice_means_the_hot_path_forever() {
-    let planner = GracePlanner::new();
+    let planner = GracePlanner::without_exit_reserve();
     for who in [Membership::Local, w(0, 1), w(3, 8)] {
         for grace in [0.0, 30.0] {
             let mut r = Resolver::new(who.clone(), grace);
@@ -417,7 +417,10 @@ fn nan_grace_period_is_treated_consistently() {
     let KeyAction::Acknowledge { next_round, .. } = r.on_step_key(I, "6").unwrap() else {
         panic!("a run count is acknowledged");
     };
-    assert_eq!(r.before_step(6, 1.0, &GracePlanner::new()), StepAction::Save { round: I, step: 6 });
+    assert_eq!(
+        r.before_step(6, 1.0, &GracePlanner::without_exit_reserve()),
+        StepAction::Save { round: I, step: 6 }
+    );
     let after = r.on_saved(I).unwrap();
     // Either no grace period (exit now) or a final round the watcher waits for.
     assert!(
@@ -651,7 +654,7 @@ impl<'a> Sim<'a> {
                 };
                 SimWorker {
                     res: Resolver::new(who, cfg.grace),
-                    planner: GracePlanner::new(),
+                    planner: GracePlanner::without_exit_reserve(),
                     runs: 0,
                     main: Main::Ready,
                     watch: if cfg.local { Watch::Off } else { Watch::Blocked(Round::Initial) },
@@ -1528,7 +1531,7 @@ fn simulator_covers_the_races() {
 
 #[test]
 fn a_ps_coordinator_saves_at_the_run_count_of_the_check_that_publishes() {
-    let planner = GracePlanner::new();
+    let planner = GracePlanner::without_exit_reserve();
     let mut r = Resolver::new(Membership::Local, 0.0);
     r.save_at_current_run();
     assert_eq!(r.on_notice(Notice { at: 1.0, deadline: None }), NoticeAction::Lead);
@@ -1548,7 +1551,7 @@ fn a_ps_coordinator_saves_at_the_run_count_of_the_check_that_publishes() {
 
 #[test]
 fn save_at_current_run_is_for_local_mode_only() {
-    let planner = GracePlanner::new();
+    let planner = GracePlanner::without_exit_reserve();
     let mut r = Resolver::new(w(0, 2), 0.0);
     r.save_at_current_run();
     assert!(matches!(
@@ -1566,7 +1569,7 @@ fn save_at_current_run_is_for_local_mode_only() {
 fn what_the_notice_says_fits_is_what_the_resolver_does() {
     // The planner's `fit` at the notice says "one save" exactly when the resolver,
     // at the first round's publish, agrees the final round at the same step.
-    let mut planner = GracePlanner::new();
+    let mut planner = GracePlanner::without_exit_reserve();
     for _ in 0..20 {
         planner.record_step(0.1);
     }
@@ -1592,7 +1595,7 @@ fn what_the_notice_says_fits_is_what_the_resolver_does() {
 fn the_users_grace_period_makes_two_saves_however_short() {
     // TensorFlow's failure_handler_test: a grace period of 1 s, shorter than a save.
     // TensorFlow saves twice; so does the resolver, the final round at the next step.
-    let mut planner = GracePlanner::new();
+    let mut planner = GracePlanner::without_exit_reserve();
     for _ in 0..20 {
         planner.record_step(0.1);
     }
@@ -1617,7 +1620,7 @@ fn the_users_grace_period_makes_two_saves_however_short() {
 
 #[test]
 fn a_platform_deadline_tighter_than_the_grace_period_still_makes_one_save() {
-    let mut planner = GracePlanner::new();
+    let mut planner = GracePlanner::without_exit_reserve();
     for _ in 0..20 {
         planner.record_step(0.1);
     }

@@ -140,6 +140,9 @@ class Cluster:
         self.stdout_paths = [self.workdir / f"{name}-worker{i}.stdout" for i in range(num_workers)]
         self.stderr_paths = [self.workdir / f"{name}-worker{i}.stderr" for i in range(num_workers)]
         self.signal_times: dict[int, float] = {}
+        #: ``time.time()`` by which each worker had ended, as :meth:`wait` saw it (an
+        #: upper bound: the workers are waited for one after the other).
+        self.ended_by: list[float | None] = [None] * num_workers
 
     # -- lifecycle ---------------------------------------------------------
     def command(self, index: int) -> list[str]:
@@ -247,6 +250,7 @@ class Cluster:
             remaining = max(0.0, deadline - time.monotonic())
             try:
                 self.returncodes[i] = proc.wait(timeout=remaining)
+                self.ended_by[i] = time.time()
             except subprocess.TimeoutExpired:
                 still = [j for j, p in enumerate(self.procs) if p.poll() is None]
                 details = "\n".join(self.describe(j) for j in range(self.num_workers))

@@ -284,9 +284,9 @@ def test_a_gce_maintenance_event_then_a_preemption_moves_the_final_save(cluster_
     """The issue's GCE story on a fake metadata server: a maintenance event with a grace
     period of 3,600 s (both workers save once and train on), then instance/preempted
     TRUE (the VM is gone 30 s later). Success: both workers save the final round at one
-    step, planned for the preemption's deadline rather than the hour, and exit 143
-    within the exit bound (TensorFlow, and this handler before, trained on until the VM
-    was gone)."""
+    step, planned for the preemption's deadline rather than the hour, and exit 143, both
+    processes ended before the VM's end (TensorFlow, and this handler before, trained on
+    until the VM was gone)."""
     from fake_metadata import FakeMetadata
 
     with FakeMetadata() as server:
@@ -318,3 +318,10 @@ def test_a_gce_maintenance_event_then_a_preemption_moves_the_final_save(cluster_
     assert planned and all(
         GCE_SPOT_LEAD - 1.0 <= p <= GCE_SPOT_LEAD + EXIT_TIMEOUT for p in planned
     ), f"final round planned for {planned} s after the preemption (the hour: 3600)"
+    # The processes themselves have ended before the VM goes: the final round keeps the
+    # exit's reserve (issue 50). ended_by is when the harness saw each end (later than
+    # the end itself), noticed when the preemption began (before the workers saw it).
+    ended = [t - noticed for t in cluster.ended_by]
+    assert all(t < GCE_SPOT_LEAD for t in ended), (
+        f"the workers ended {ended} s after instance/preempted; the VM goes at {GCE_SPOT_LEAD} s"
+    )

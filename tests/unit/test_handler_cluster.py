@@ -273,8 +273,8 @@ def test_grace_period_rounds(tmp_path, chief):
     that worker 1 (the one noticed, so the leader that plans) advances by ``TICK``
     before each of its steps, and the steps are all-reduced, so the grace period is
     ``grace / tick`` (300) steps whatever the load. Saves and agreements take no
-    virtual time, so the planner publishes ``2 * step + SLACK`` (about 10 ticks)
-    before the deadline. (With real time, a save and a round that took the whole 3 s
+    virtual time, so the planner publishes ``2 * step + SLACK`` (about 10 ticks) and
+    the exit's reserve before the deadline. (With real time, a save and a round that took the whole 3 s
     under ``make test``'s load left 2 steps: a verdict decided by load.) The step
     estimate is the one real-time part (the native check times steps): with 30 s, only
     steps of seconds each, not a loaded machine, could move the plan outside the bounds
@@ -309,10 +309,10 @@ def test_grace_period_rounds(tmp_path, chief):
     last = int(service.value("LAST_RUN_TO_CHECKPOINT"))
     assert first == 6
     # The notice came before step 5's tick; the deadline is 300 ticks later. The
-    # leader publishes about 12 ticks and the planner's slack before it, and everyone
-    # runs one step more.
+    # leader publishes about 12 ticks, the planner's slack and the exit's reserve before
+    # it, and everyone runs one step more.
     grace_steps = round(grace / tick)
-    slack_steps = round(_native.GRACE_SLACK / tick)
+    slack_steps = round((_native.GRACE_SLACK + _native.EXIT_RESERVE) / tick)
     assert first + grace_steps - slack_steps - 20 <= last <= first + grace_steps, (first, last)
     for i in range(n):
         ckpt, handler = record[i]

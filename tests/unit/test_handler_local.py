@@ -15,6 +15,7 @@ from tf_failure_handling import (
     PreemptionCheckpointHandler,
     TerminationConfig,
     _errors,
+    _native,
     records,
     testing,
 )
@@ -621,21 +622,22 @@ def test_watcher_fn_that_raises_is_polled_again(make_handler, tmp_path):
 # Backstop above its own bound: the wait for the notice, HANG (+ 30 s).
 @pytest.mark.timeout(HANG + 30)
 def test_grace_period_deadline_from_the_notice(make_handler, tmp_path):
-    """A notice with a platform deadline plans the final round against that deadline."""
+    """A notice with a platform deadline plans the final round against that deadline,
+    keeping the exit's reserve before it (``_native.EXIT_RESERVE``)."""
     clock = VirtualClock()  # each step moves it by 10 ms (see the test above)
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
     h = make_handler(ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=30))
     h._clock = clock.now
     start = clock.now()
-    h._notify_termination(deadline=start + 1.6)
+    h._notify_termination(deadline=start + 1.6 + _native.EXIT_RESERVE)
     wait_for_attention(h)
     with pytest.raises(SystemExit):
         for _ in range(100_000):
             h.run(lambda: (w.assign_add(1), clock.advance(0.01)))
     assert len(ckpt.saved_runs) == 2
-    # Before the 1.6 s deadline, not at the end of the 30 s grace period.
-    assert clock.now() - start < 1.6, "the 30 s grace period was used, not the deadline"
+    # The reserve before the deadline, not at the end of the 30 s grace period.
+    assert clock.now() - start < 1.6, "the 30 s grace period or the exit's reserve was used"
 
 
 # Backstop above its own bound: the wait for the notice, HANG (+ 30 s).

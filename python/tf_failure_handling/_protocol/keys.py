@@ -26,6 +26,9 @@ __all__ = [
 ]
 
 PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
+#: Seconds kept between the last save and a platform's deadline for the process's own
+#: exit (the core's ``EXIT_RESERVE`` when unset; docs/how-it-works.md).
+EXIT_RESERVE_ENV = "TF_FAILURE_HANDLING_EXIT_RESERVE"
 #: Longest single blocking get of the step-key reader; it re-checks for shutdown
 #: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
 PEER_WATCH_SLICE = 5.0
