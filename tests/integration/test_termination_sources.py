@@ -72,7 +72,9 @@ def test_watcher_fn_notice_on_one_worker_the_other_exits_at_once(impl, cluster_f
     assert [len(cluster.events(i, "exit")) for i in range(2)] == [1, 1]
 
 
-AWS_LEAD = 7.0  # seconds between the fake notice and its announced termination
+#: Seconds between the fake notice and its announced termination: room for two saves,
+#: the steps between them and the exit's reserve (5 s: `EXIT_RESERVE` in src/grace.rs).
+AWS_LEAD = 12.0
 
 
 # Backstop above its own bounds in sequence: progress, then the exit (+ 60 s).
@@ -324,4 +326,42 @@ def test_a_gce_maintenance_event_then_a_preemption_moves_the_final_save(cluster_
     ended = [t - noticed for t in cluster.ended_by]
     assert all(t < GCE_SPOT_LEAD for t in ended), (
         f"the workers ended {ended} s after instance/preempted; the VM goes at {GCE_SPOT_LEAD} s"
+    )
+
+
+#: Kubernetes' default terminationGracePeriodSeconds: SIGKILL that long after SIGTERM.
+K8S_GRACE = 30.0
+
+
+def test_kubernetes_sigterm_with_a_30s_grace_period_ends_the_pods_before_sigkill(
+    cluster_factory,
+):
+    """Kubernetes deletes the pods of a 2-worker Job: each gets SIGTERM and, 30 s later
+    (``terminationGracePeriodSeconds``), SIGKILL. The script trains through a grace
+    period of 30 s (``TerminationConfig(grace_period=30)``). Success: both workers save
+    twice at one step per round and exit 42 by themselves, each process ended before
+    its own SIGKILL would come, so the pod's code is 42, not 137 (issue 50: the final
+    round keeps the exit's reserve; before it, the last save ended about a second
+    before the deadline and the exit ran past it)."""
+    import signal
+
+    cluster = cluster_factory(
+        name="kubernetes-30s",
+        impl="ours",
+        steps=100_000,
+        step_sleep=STEP_SLEEP,
+        extra_args=["--grace", str(int(K8S_GRACE))],
+        env={
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD": str(K8S_GRACE),
+        },
+    )
+    cluster.start()
+    cluster.wait_for_progress(SIGNAL_AFTER)
+    for i in range(NUM_WORKERS):
+        cluster.send_signal(i, signal.SIGTERM)
+    check_preemption_exit(cluster, DEFAULT_EXIT_CODE, rounds=2)
+    ended = [cluster.ended_by[i] - cluster.signal_times[i] for i in range(NUM_WORKERS)]
+    assert all(t < K8S_GRACE for t in ended), (
+        f"the workers ended {ended} s after their SIGTERM; SIGKILL comes at {K8S_GRACE} s"
     )
