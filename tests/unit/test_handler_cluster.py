@@ -274,8 +274,9 @@ def test_grace_period_rounds(tmp_path, chief):
     before each of its steps, and the steps are all-reduced, so the grace period is
     ``grace / tick`` (300) steps whatever the load. Saves and agreements take no
     virtual time, so the planner publishes ``2 * step + SLACK`` (about 10 ticks) and
-    the exit's reserve before the deadline. (With real time, a save and a round that took the whole 3 s
-    under ``make test``'s load left 2 steps: a verdict decided by load.) The step
+    the exit's reserve before the deadline. (With real time, a save and a round that
+    took the whole 3 s under ``make test``'s load left 2 steps: a verdict decided by
+    load.) The step
     estimate is the one real-time part (the native check times steps): with 30 s, only
     steps of seconds each, not a loaded machine, could move the plan outside the bounds
     below or make the final round due at the first round's step."""
