@@ -46,7 +46,7 @@ NO_DEPS := "tf-models-official==2.20.*"
 # TensorFlow 2.16's own wheels), not this machine's glibc 2.36 (manylinux_2_34 otherwise).
 ZIG := "ziglang==0.13.*"
 
-.PHONY: demo test check check-python prereqs-demo prereqs-check prereqs-test system-deps docs test-rust test-python pytest-suite pytest-integration pytest-integration-a pytest-integration-b pytest-unit pytest-examples pytest-rest pytest-rest-and-unit test-build compat-venvs slurm-suite tf-suite tf-suite-multi tf-suite-single figures tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
+.PHONY: demo test check check-python prereqs-demo prereqs-check prereqs-test system-deps docs test-rust test-python pytest-suite pytest-integration pytest-integration-a pytest-integration-b pytest-unit pytest-examples pytest-rest pytest-rest-and-unit test-build compat-venvs slurm-suite tf-suite tf-suite-multi tf-suite-single tf-handler-suite figures tf-suite-all compat-ends lint build build-release bench reliability wheel test-compat test-compat-ends clean
 
 $(DEMO_STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -240,6 +240,13 @@ tf-suite-single:
 # The same with the coordination-service variants of TF's suite too (twice as long).
 tf-suite-all:
 	TFH_TF_SUITE_CLASSES=all $(PY) -m pytest tests/tf_suite -q
+
+# TensorFlow's own tests of its failure-handling module (failure_handler_test.py and
+# gce_failure_handler_test.py, read from ../shared/tf_tests) against our handler, one
+# process per test method, with a check that each test that sent a notice saw ours
+# receive it and save (tests/tf_handler_suite/run.py; --impl both runs TF's classes too).
+tf-handler-suite:
+	$(if $(filter tf-handler-suite,$(NOT_RUN)),@echo "tf-handler-suite: not run (build/not-run.txt says why)",$(PY) tests/tf_handler_suite/run.py)
 
 # The two ends of the compatibility matrix from the wheel, side by side (one after the
 # other they were make test's last job by about eight minutes, with one core idle).

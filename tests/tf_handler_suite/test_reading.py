@@ -1,0 +1,147 @@
+"""Unit tests of how ``run.py`` reads a run: absltest's status lines, the log's lines
+per test, the notice check, the tests a file defines. No TensorFlow: synthetic output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tf_handler_suite import cases, evidence, verdict
+
+T = "__main__.PreemptionCheckpointTest."
+
+
+def _log(tmp_path: Path, rows: list[str]) -> Path:
+    path = tmp_path / "log.txt"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _line(t: float, pid: int, logger: str, message: str) -> str:
+    return f"{t:.3f} pid={pid} {logger} INFO {message}"
+
+
+def _marker(t: float, what: str, test: str) -> str:
+    return _line(t, 1, "tf_handler_suite", f"tf_handler_suite {what} {T}{test}")
+
+
+BUILT = "PreemptionCheckpointHandler initialized or restored: worker single_worker"
+NOTICE = 'Preemption notice: {"stage": "notice", "pid": 1}'
+SAVE_END = 'Preemption save_end: {"stage": "save_end", "pid": 1}'
+
+
+def test_status_lines_give_each_ended_test_and_the_one_still_running():
+    out = (
+        "[ RUN      ] C.test_a\n[       OK ] C.test_a\n"
+        "[ RUN      ] C.test_b\n[worker-0]:    noise\n[  FAILED  ] C.test_b\n"
+        "[ RUN      ] C.test_session\n[  SKIPPED ] C.test_session - Not a test.\n"
+        "[ RUN      ] C.test_c\n"
+    )
+    ended, running = verdict.from_output(out)
+    assert {k: v.result for k, v in ended.items()} == {
+        "C.test_a": "passed",
+        "C.test_b": "failed",
+        "C.test_session": "skipped",
+    }
+    assert ended["C.test_session"].message == "Not a test."
+    assert running == "C.test_c"
+    got = verdict.outcomes(Path("/nonexistent.xml"), out, "hang")
+    assert got["C.test_c"].result == "hang"
+
+
+def test_a_notice_logged_after_the_next_test_started_belongs_to_the_test_that_sent_it(tmp_path):
+    log = _log(
+        tmp_path,
+        [
+            _marker(1.0, "start", "test_a"),
+            _line(1.1, 1, "tf_failure_handling", BUILT),
+            _line(1.5, 1, "tensorflow", "Training finished."),
+            _line(1.9, 1, "tensorflow", "sending sigterm"),
+            _marker(2.0, "stop", "test_a"),
+            _marker(2.0, "start", "test_b"),
+            _line(2.01, 1, "tf_failure_handling", NOTICE),
+            _line(2.1, 1, "tf_failure_handling", BUILT),
+            _line(2.2, 1, "tensorflow", "sending sigterm"),
+            _line(2.3, 1, "tf_failure_handling", NOTICE),
+            _line(2.4, 1, "tf_failure_handling", SAVE_END),
+            _line(2.5, 1, "tensorflow", "Training finished."),
+            _marker(3.0, "stop", "test_b"),
+        ],
+    )
+    per_test = evidence.read_log(log)
+    a = evidence.check("ours", per_test[T + "test_a"], None)
+    b = evidence.check("ours", per_test[T + "test_b"], None)
+    assert (a.outcome, a.built) == ("late", True)
+    assert (b.outcome, b.built) == ("saved", True)
+
+
+@pytest.mark.parametrize(
+    ("rows", "outcome"),
+    [
+        ([_line(1.1, 1, "tensorflow", "sending sigterm")], "missed"),
+        ([], "no notice"),
+        (
+            [
+                _line(1.1, 1, "tensorflow", "Training finished."),
+                _line(1.2, 1, "tf_failure_handling", NOTICE),
+            ],
+            "late",
+        ),
+        (
+            [
+                _line(1.1, 1, "tensorflow", "sending sigterm"),
+                _line(1.2, 1, "tf_failure_handling", NOTICE),
+            ],
+            "not saved",
+        ),
+    ],
+)
+def test_the_notice_check(tmp_path, rows, outcome):
+    log = _log(
+        tmp_path,
+        [
+            _marker(1.0, "start", "test_a"),
+            _line(1.05, 1, "tf_failure_handling", BUILT),
+            *rows,
+            _marker(3.0, "stop", "test_a"),
+        ],
+    )
+    got = evidence.check("ours", evidence.read_log(log)[T + "test_a"], None)
+    assert got.outcome == outcome
+    assert got.ok == (outcome in ("no notice", "late"))
+
+
+def test_tf_s_own_lines_are_read_for_tf_s_classes(tmp_path):
+    log = _log(
+        tmp_path,
+        [
+            _marker(1.0, "start", "test_a"),
+            _line(1.1, 7, "tensorflow", "PreemptionCheckpointHandler initialized or restored."),
+            _line(1.2, 7, "tensorflow", "Member single_worker has received termination notice."),
+            _line(1.3, 7, "tensorflow", "Checkpoint finished at path /x"),
+            _marker(2.0, "stop", "test_a"),
+        ],
+    )
+    lines = evidence.read_log(log)[T + "test_a"]
+    assert evidence.check("tf", lines, None).outcome == "saved"
+    # Ours was not the handler: its check says so.
+    assert not evidence.check("ours", lines, None).built
+
+
+def test_combination_names_are_tf_s(tmp_path):
+    source = tmp_path / "x_test.py"
+    source.write_text(
+        "class T(object):\n"
+        "  @combinations.generate(combinations.combine(b_arg=[True, False], a_arg=['MS', 'X_y']))\n"
+        "  def test_one(self, a_arg, b_arg):\n    pass\n"
+        "  def test_two(self):\n    pass\n"
+    )
+    assert cases.test_names(source) == [
+        "T.test_one_test_aarg_MS_barg_True",
+        "T.test_one_test_aarg_MS_barg_False",
+        "T.test_one_test_aarg_Xy_barg_True",
+        "T.test_one_test_aarg_Xy_barg_False",
+        "T.test_two",
+    ]
+    assert cases.method_of("T.test_one_test_aarg_MS_barg_True") == "test_one"
