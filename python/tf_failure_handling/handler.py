@@ -12,6 +12,8 @@ import logging
 import math
 import numbers
 import os
+import sys
+import threading
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from . import _errors, records
@@ -494,12 +496,28 @@ class PreemptionCheckpointHandler(HandlerCore):
             tracker.close()
 
     def __del__(self) -> None:
-        # Never joins, writes to the cluster or starts a thread: __del__ may run
-        # at interpreter exit, where a new thread blocks forever. A handler whose
+        # On the main thread, outside interpreter exit (an explicit ``del``, the last
+        # reference dropped by the training loop, TF's tests calling ``__del__()``): a
+        # full close(), as TensorFlow's __del__ stops its peer watcher (writes
+        # STOP_WATCHER) and joins it. Anywhere else it never joins, writes to the cluster
+        # or starts a thread: __del__ may run at interpreter exit, where a new thread
+        # blocks forever, or on one of the handler's own threads. A handler whose
         # constructor raised lacks some parts: each step is skipped then.
-        if getattr(self, "_state", None) is None or self._state.closed:
+        state = getattr(self, "_state", None)
+        if state is None or state.closed:
             return
-        self._state.closed = True
+        complete = getattr(self, "_driver", None) is not None
+        if (
+            complete
+            and not sys.is_finalizing()
+            and threading.current_thread() is threading.main_thread()
+        ):
+            try:
+                self.close()
+                return
+            except Exception:  # noqa: BLE001 - fall back to the stops that cannot block
+                pass
+        state.closed = True
         for stop in (
             lambda: self._ownership.give_up(),
             lambda: self._driver.stop(join=False),
