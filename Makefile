@@ -4,7 +4,7 @@
 #   make test   every test: Rust (unit + property), lints, the docs site (--strict), Python unit
 #               and integration (real TF, real PS clusters, a real SLURM the tests install and
 #               start, every example in examples/, the docs' runnable blocks), TensorFlow's own
-#               fault-tolerance tests against ours, and the compatibility ends from the wheel
+#               fault-tolerance and handler tests against ours, and the compatibility ends from the wheel
 #               (TF 2.16 on Python 3.10, TF 2.21 on 3.13)
 #   make check  the everyday loop, a few minutes: Rust tests, lints, the Python unit tests
 #               and one fast real-TensorFlow test per public class (CHECK_TESTS)
@@ -119,7 +119,7 @@ check-python:
 # Before them, the build and the compatibility ends' virtualenvs run side by side: the
 # build leaves a core idle much of the time (pip, one crate at a time), and the
 # virtualenvs (pip, mostly unpacking TensorFlow) need nothing from it.
-TEST_JOBS = $(PY_PARTS) slurm-suite compat-ends tf-suite-multi tf-suite-single test-rust lint docs
+TEST_JOBS = $(PY_PARTS) slurm-suite compat-ends tf-suite-multi tf-suite-single tf-handler-suite test-rust lint docs
 TEST_NOT_RUN = NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
 test: prereqs-test
 	rm -f build/job-times.tsv
