@@ -80,6 +80,11 @@ def main(argv=None) -> int:
         folder = Path(tempfile.mkdtemp(prefix="tfh-time-make-"))
         where = folder / "clone"
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(where)], check=True)
+        # What stands beside the checkout stands beside the clone: ../shared (TF's own
+        # handler tests, which make test runs from there, as CI has them).
+        shared = ROOT.parent / "shared"
+        if shared.is_dir():
+            (folder / "shared").symlink_to(shared, target_is_directory=True)
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     print(f"== make {args.target} in {where} (commit {commit}, load {load:.1f})", flush=True)
     times = where / "build" / "job-times.tsv"
