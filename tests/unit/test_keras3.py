@@ -302,16 +302,7 @@ def test_steps_per_epoch_none_with_an_unknown_length_resumes_at_the_saved_batch(
     assert unknown.cardinality() == tf.data.UNKNOWN_CARDINALITY
     plain = plain_fit(x=unknown, steps_per_epoch=None)
     plain_steps = int(plain.optimizer.iterations.numpy())
-    model, callback = make_model(), checkpoints()
-    with pytest.raises(SystemExit):
-        model.fit(
-            unknown,
-            epochs=EPOCHS,
-            verbose=0,
-            shuffle=False,
-            callbacks=[callback, NoticeAt(callback, 8)],
-        )
-    position = saved_position(callback.checkpoint_dir)
+    position = preempt(checkpoints, make_model(), unknown, at=8, steps_per_epoch=None)
     assert position.batch > 0, position  # saved inside an epoch
 
     resumed, recorder = make_model(), Recorder()
@@ -338,18 +329,9 @@ def test_an_input_that_cannot_be_positioned_restarts_an_epoch_of_unknown_length(
     unknown = tf.data.Dataset.from_generator(generate, output_signature=spec)
     plain = plain_fit(x=unknown, steps_per_epoch=None)
     plain_steps = int(plain.optimizer.iterations.numpy())
-    model, callback = make_model(), checkpoints()
     with caplog.at_level(logging.WARNING, logger="tf_failure_handling"):
-        with pytest.raises(SystemExit):
-            model.fit(
-                unknown,
-                epochs=EPOCHS,
-                verbose=0,
-                shuffle=False,
-                callbacks=[callback, NoticeAt(callback, 8)],
-            )
+        position = preempt(checkpoints, make_model(), unknown, at=8, steps_per_epoch=None)
     assert any("it runs Python code" in r.message for r in caplog.records)
-    position = saved_position(callback.checkpoint_dir)
     assert position.batch > 0, position
 
     resumed, recorder = make_model(), Recorder()
