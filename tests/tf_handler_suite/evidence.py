@@ -21,9 +21,11 @@ and says, for a test that sent a notice, one of (:class:`Check`):
 
 * ``saved``: the handler received it and a checkpoint was saved;
 * ``late``: it received it, but only in processes whose training had already finished
-  (``Training finished.`` logged before the notice) or with ours, agreed on a step past
-  the training's last (``EPOCHS_TO_RUN * STEPS_PER_EPOCH``): there was no step left to
-  save at, and the test checked nothing either;
+  (``Training finished.`` logged before the notice) or, with ours, where no step was left
+  to save at: its ``notice`` line says ``runs`` (``run()`` calls completed when it took
+  the notice) and ``in_run`` (one under way, its check made), so the first step that
+  could save is ``runs + in_run``; that, or the agreed step, is the training's last
+  (``EPOCHS_TO_RUN * STEPS_PER_EPOCH``) or past it. The test checked nothing either;
 * ``missed``: the test sent a notice, the handler logged none;
 * ``not saved``: it received one while training, and nothing was saved;
 * ``no notice``: the test sent none (``test_error_propagation``; the GCE tests with ours,
@@ -175,6 +177,8 @@ def check(impl: str, lines: list[Line], kept: Path | None, last_step: int | None
     finished: dict[int, float] = {}
     notices: dict[int, float] = {}
     agreed: dict[int, int] = {}
+    # Ours: the first step that could act on the process's first notice.
+    first_step: dict[int, int] = {}
     saves = 0
     for ln in lines:
         if ln.logger == handler_logger and ln.message.startswith(_BUILT):
@@ -186,6 +190,10 @@ def check(impl: str, lines: list[Line], kept: Path | None, last_step: int | None
         elif ours and ln.logger == OURS_LOGGER:
             stage = _stage(ln)
             if stage is not None and stage[0] == "notice":
+                if ln.pid not in notices:
+                    runs = stage[1].get("runs")
+                    if isinstance(runs, int):
+                        first_step[ln.pid] = runs + (1 if stage[1].get("in_run") else 0)
                 notices.setdefault(ln.pid, ln.time)
             elif stage is not None and stage[0] == "agreement":
                 step = stage[1].get("step")
@@ -230,8 +238,11 @@ def check(impl: str, lines: list[Line], kept: Path | None, last_step: int | None
     def too_late(pid: int, t: float) -> bool:
         if pid in finished and finished[pid] <= t:
             return True
-        # The agreed step is beyond the training's last: no step left to save at.
-        return last_step is not None and agreed.get(pid, -1) >= last_step
+        # The first step that could act on the notice, or the agreed step, is the
+        # training's last or beyond: no step left to save at.
+        if last_step is None:
+            return False
+        return max(agreed.get(pid, -1), first_step.get(pid, -1)) >= last_step
 
     if all(too_late(pid, t) for pid, t in notices.items()):
         said += "; each notice came after its process's training had ended or agreed on a "

@@ -3,6 +3,7 @@ per test, the notice check, the tests a file defines. No TensorFlow: synthetic o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,38 @@ def test_combination_names_are_tf_s(tmp_path):
         "T.test_two",
     ]
     assert cases.method_of("T.test_one_test_aarg_MS_barg_True") == "test_one"
+
+
+def _notice_at(runs: int, in_run: bool) -> str:
+    fields = {"stage": "notice", "source": "SIGTERM", "runs": runs, "in_run": in_run}
+    return "Preemption notice: " + json.dumps(fields)
+
+
+@pytest.mark.parametrize(
+    ("runs", "in_run", "outcome"),
+    [
+        # The last run() (index 119 of 120) was under way, its check made: no step left.
+        (119, True, "late"),
+        # Every run() had completed: none left either.
+        (120, False, "late"),
+        # The last run() had not started: it had to save.
+        (119, False, "not saved"),
+        (100, True, "not saved"),
+    ],
+)
+def test_a_notice_during_the_last_step_is_late(tmp_path, runs, in_run, outcome):
+    # The CI run of 2026-11-29: the SIGTERM came while the last step ran, before the
+    # test logged "Training finished.", and nothing was saved.
+    log = _log(
+        tmp_path,
+        [
+            _marker(1.0, "start", "test_a"),
+            _line(1.05, 1, "tf_failure_handling", BUILT),
+            _line(1.1, 1, "tensorflow", "sending sigterm"),
+            _line(1.2, 1, "tf_failure_handling", _notice_at(runs, in_run)),
+            _line(1.3, 1, "tensorflow", "Training finished."),
+            _marker(3.0, "stop", "test_a"),
+        ],
+    )
+    got = evidence.check("ours", evidence.read_log(log)[T + "test_a"], None, last_step=120)
+    assert got.outcome == outcome

@@ -70,11 +70,15 @@ class StageRecords:
         deadline: Optional[float],
         fits: Optional[str] = None,
         replan: bool = False,
+        runs: Optional[int] = None,
+        in_run: Optional[bool] = None,
     ) -> None:
         """This worker's own notice (``deadline``: Unix time, or None; ``fits``: what
-        the core said still fits, ``both``, ``one_save``, ``neither`` or ``unknown``). It opens a
-        preemption unless one is open already, and then writes nothing unless it ends
-        earlier than the one planned for (``replan``: a line with ``replan`` set)."""
+        the core said still fits, ``both``, ``one_save``, ``neither`` or ``unknown``;
+        ``runs``: the ``run()`` calls completed then, ``in_run``: whether one was under
+        way, its check already made). It opens a preemption unless one is open already,
+        and then writes nothing unless it ends earlier than the one planned for
+        (``replan``: a line with ``replan`` set)."""
         if self.recorder.current is not None and self._noticed and not replan:
             return
         self._open()
@@ -86,6 +90,8 @@ class StageRecords:
             grace_period=self._state.grace_period,
             replan=replan or None,
             fits=fits,
+            runs=runs,
+            in_run=in_run,
         )
 
     def agreement(self, round_key: str, step: int) -> None:
