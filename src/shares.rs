@@ -6,6 +6,17 @@
 //! TensorFlow's sharded layout: part `i` of `n` (`<prefix>_temp/part-0000i-of-0000n`)
 //! is written by the `i`-th worker that has a tensor at all, and the chief merges the
 //! parts into `<prefix>.index` and `<prefix>.data-0000i-of-0000n`.
+//!
+//! The part paths carry a token of the save (the chief's random token, published at
+//! the handler's construction, and the save's number), so a part left by an earlier
+//! attempt is never one of this save's. Each non-chief's "ok" names the size of its
+//! part's data and the digest of its index (which holds every tensor's checksum); the
+//! chief merges only the parts it sees with those, then publishes the merge's result,
+//! and a non-chief exits with the restart code only once it reads "merged". Every wait
+//! is bounded by [`wait_bound_at`]: the rule below, and the notice's deadline less the
+//! exit's reserve. At construction the chief writes a probe file with the token, every
+//! other worker reads it and answers, so a folder the workers do not share is an
+//! error before any notice can come ([`PROBE_WAIT`]).
 
 use thiserror::Error;
 
@@ -20,6 +31,39 @@ pub const WAIT_FACTOR: f64 = 4.0;
 #[must_use]
 pub fn wait_bound(own: f64, min_wait: f64) -> f64 {
     (WAIT_FACTOR * own.max(0.0)).max(min_wait)
+}
+
+/// Seconds every worker waits, at the handler's construction, for the others' part of
+/// the probe of the checkpoint folder: the chief's token, then each worker's answer.
+/// The workers build their handlers together (right after the strategy), so a worker
+/// this late is not coming.
+pub const PROBE_WAIT: f64 = 60.0;
+
+/// Who waits, in a save the workers write together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiter {
+    /// The chief, for the other workers' parts.
+    Chief,
+    /// A non-chief, for the chief's report of the merge: the chief's wait for the parts
+    /// and then its merge, so twice the chief's bound when no deadline binds.
+    NonChief,
+}
+
+/// How long `waiter` waits, from `now` (the handler's clock), after its own part took
+/// `own` seconds: [`wait_bound`] (twice that for a non-chief), and never past
+/// `deadline - exit_reserve`, when the notice set a `deadline`: a wait that runs into
+/// the exit's reserve leaves the process in its exit when the machine goes. A
+/// deadline already that close gives 0 (the waiter gives up at once, and says so).
+#[must_use]
+pub fn wait_bound_at(own: f64, min_wait: f64, deadline: Option<f64>, now: f64, exit_reserve: f64, waiter: Waiter) -> f64 {
+    let rule = match waiter {
+        Waiter::Chief => wait_bound(own, min_wait),
+        Waiter::NonChief => 2.0 * wait_bound(own, min_wait),
+    };
+    match deadline {
+        Some(d) if !d.is_nan() => rule.min((d - now - exit_reserve.max(0.0)).max(0.0)),
+        _ => rule,
+    }
 }
 
 /// A plan that cannot be made.
@@ -123,6 +167,34 @@ mod tests {
         assert_eq!(wait_bound(1.0, MIN_WAIT), MIN_WAIT);
         assert_eq!(wait_bound(20.0, MIN_WAIT), 80.0);
         assert_eq!(wait_bound(-1.0, 0.2), 0.2);
+    }
+
+    #[test]
+    fn the_wait_ends_before_the_exit_s_reserve_when_the_notice_has_a_deadline() {
+        use Waiter::{Chief, NonChief};
+        // (own, deadline, now, exit reserve, waiter, bound)
+        type Row = (f64, Option<f64>, f64, f64, Waiter, f64);
+        let rows: &[Row] = &[
+            // No deadline: the rule of wait_bound, twice it for a non-chief.
+            (1.0, None, 100.0, 5.0, Chief, 60.0),
+            (20.0, None, 100.0, 5.0, Chief, 80.0),
+            (1.0, None, 100.0, 5.0, NonChief, 120.0),
+            // A far deadline does not bind.
+            (1.0, Some(1000.0), 100.0, 5.0, Chief, 60.0),
+            // Kubernetes' 30 s: 30 - 3 s gone - 5 s reserve.
+            (1.0, Some(130.0), 103.0, 5.0, Chief, 22.0),
+            (1.0, Some(130.0), 103.0, 5.0, NonChief, 22.0),
+            // Into the reserve, or past the deadline: no wait at all.
+            (1.0, Some(104.0), 100.0, 5.0, Chief, 0.0),
+            (1.0, Some(90.0), 100.0, 5.0, NonChief, 0.0),
+            // A negative reserve counts as none; a NaN deadline as no deadline.
+            (1.0, Some(130.0), 100.0, -1.0, Chief, 30.0),
+            (1.0, Some(f64::NAN), 100.0, 5.0, Chief, 60.0),
+        ];
+        for &(own, deadline, now, reserve, waiter, bound) in rows {
+            let got = wait_bound_at(own, MIN_WAIT, deadline, now, reserve, waiter);
+            assert_eq!(got, bound, "{waiter:?} own {own} deadline {deadline:?} now {now} reserve {reserve}");
+        }
     }
 
     #[test]

@@ -584,6 +584,18 @@ impl Shared {
         crate::retry::bound(peer_timeout, deadline, now)
     }
 
+    fn notice_deadline(&self) -> Option<f64> {
+        let state = self.state.lock();
+        let resolver = state.resolver.as_ref()?;
+        let grace = resolver.grace_period();
+        // A notice without a platform deadline and no grace period names no time.
+        resolver
+            .planned_notice()
+            .or_else(|| resolver.leading_notice())
+            .filter(|n| n.deadline.is_some() || grace > 0.0)
+            .map(|n| GracePlanner::deadline(n, grace))
+    }
+
     fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
         let state = self.state.lock();
         state
@@ -859,6 +871,29 @@ impl ProtocolCore {
     /// deadline or this worker does not lead.
     fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
         self.shared.drain_bound(now, peer_timeout)
+    }
+
+    /// When this worker's notice says the machine goes, on the handler's clock
+    /// (`GracePlanner::deadline`), or None: no notice, or one that names no time (no
+    /// platform deadline and no grace period).
+    fn notice_deadline(&self) -> Option<f64> {
+        self.shared.notice_deadline()
+    }
+
+    /// Seconds a worker that writes a share of the save waits from `now`, after its own
+    /// part took `own` seconds: the chief for the other parts, a non-chief for the
+    /// chief's report of the merge (`shares::wait_bound_at`, with this worker's notice's
+    /// deadline and the exit's reserve).
+    #[pyo3(signature = (own, now, min_wait, chief))]
+    fn shares_wait_bound(&self, own: f64, now: f64, min_wait: f64, chief: bool) -> f64 {
+        let deadline = self.shared.notice_deadline();
+        let reserve = self.shared.state.lock().planner.exit_reserve();
+        let waiter = if chief {
+            crate::shares::Waiter::Chief
+        } else {
+            crate::shares::Waiter::NonChief
+        };
+        crate::shares::wait_bound_at(own, min_wait, deadline, now, reserve, waiter)
     }
 
     /// True once this worker won the claim (or leads in local mode).

@@ -21,9 +21,22 @@ fn shares_wait_bound(own: f64, min_wait: f64) -> f64 {
     shares::wait_bound(own, min_wait)
 }
 
+/// Seconds a worker waits from `now` (the handler's clock) after its own part took
+/// `own` seconds: the chief for the other parts, a non-chief (`chief=False`) for the
+/// chief's report of the merge; never past `deadline - exit_reserve`
+/// ([`shares::wait_bound_at`]).
+#[pyfunction]
+#[pyo3(signature = (own, min_wait, now, deadline=None, exit_reserve=0.0, chief=true))]
+fn shares_wait_bound_at(own: f64, min_wait: f64, now: f64, deadline: Option<f64>, exit_reserve: f64, chief: bool) -> f64 {
+    let waiter = if chief { shares::Waiter::Chief } else { shares::Waiter::NonChief };
+    shares::wait_bound_at(own, min_wait, deadline, now, exit_reserve, waiter)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(assign_shares, m)?)?;
     m.add_function(wrap_pyfunction!(shares_wait_bound, m)?)?;
+    m.add_function(wrap_pyfunction!(shares_wait_bound_at, m)?)?;
     m.add("SHARES_MIN_WAIT", shares::MIN_WAIT)?;
+    m.add("SHARES_PROBE_WAIT", shares::PROBE_WAIT)?;
     Ok(())
 }
