@@ -311,6 +311,8 @@ class PreemptionCheckpointHandler(HandlerCore):
         )
         if exit_reserve is not None:
             core.exit_reserve = exit_reserve
+        # The shares' waits end before the notice's deadline less the exit's reserve.
+        self._checkpoints.core = core
         restore = self._checkpoints.restore_seconds
         if restore is not None and self._checkpoints.restore_deferred:
             log.info(

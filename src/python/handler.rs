@@ -588,12 +588,14 @@ impl Shared {
         let state = self.state.lock();
         let resolver = state.resolver.as_ref()?;
         let grace = resolver.grace_period();
-        // A notice without a platform deadline and no grace period names no time.
-        resolver
-            .planned_notice()
-            .or_else(|| resolver.leading_notice())
-            .filter(|n| n.deadline.is_some() || grace > 0.0)
-            .map(|n| GracePlanner::deadline(n, grace))
+        let n = resolver.planned_notice().or_else(|| resolver.leading_notice())?;
+        // Without a grace period the platform's deadline is when the machine goes; a
+        // notice with neither names no time.
+        if grace > 0.0 {
+            Some(GracePlanner::deadline(n, grace))
+        } else {
+            n.deadline
+        }
     }
 
     fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
@@ -874,8 +876,9 @@ impl ProtocolCore {
     }
 
     /// When this worker's notice says the machine goes, on the handler's clock
-    /// (`GracePlanner::deadline`), or None: no notice, or one that names no time (no
-    /// platform deadline and no grace period).
+    /// (`GracePlanner::deadline` with a grace period, else the platform's deadline),
+    /// or None: no notice, or one that names no time (no platform deadline and no
+    /// grace period).
     fn notice_deadline(&self) -> Option<f64> {
         self.shared.notice_deadline()
     }

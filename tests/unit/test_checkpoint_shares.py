@@ -41,6 +41,27 @@ def _worker(ckpt_dir, worker: int, service, checkpoint=None, workers=2) -> ck.Ch
     )
 
 
+def _workers(ckpt_dir, service, *checkpoints, dirs=None) -> list:
+    """One worker per checkpoint, built at once (each waits for the others' answers to
+    the folder's probe at its construction); ``dirs``: each worker's own folder."""
+    built: list = [None] * len(checkpoints)
+
+    def build(i: int) -> None:
+        try:
+            built[i] = _worker(
+                (dirs or {}).get(i, ckpt_dir), i, service, checkpoints[i], workers=len(checkpoints)
+            )
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            built[i] = e
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(len(checkpoints))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_BOUND)
+    return built
+
+
 def _save_in_thread(saves: ck.Checkpoints, run_count: int) -> tuple:
     errors: list = []
 
@@ -63,7 +84,7 @@ def shares(monkeypatch):
 
 def test_each_worker_writes_a_share_and_the_chief_merges_them(shares, tmp_path):
     ckpt_dir = tmp_path / "ckpt"
-    chief, other = _worker(ckpt_dir, 0, shares), _worker(ckpt_dir, 1, shares, _checkpoint(0.5))
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint(0.5))
     assert chief.shared_by == other.shared_by == 2
     thread, errors = _save_in_thread(other, 7)
     chief.save(7, (), {}, clock=lambda: 0.0)
@@ -102,7 +123,7 @@ def test_a_share_that_never_comes_leaves_the_last_checkpoint_as_it_was(
 ):
     monkeypatch.setattr(ck, "SHARES_MIN_WAIT", 0.2)
     ckpt_dir = tmp_path / "ckpt"
-    chief = _worker(ckpt_dir, 0, shares)
+    chief, _ = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
     with pytest.raises(
         tf.errors.DeadlineExceededError,
         match=r"Worker 1's share of checkpoint ckpt-1 .* was not written",
@@ -114,9 +135,9 @@ def test_a_share_that_never_comes_leaves_the_last_checkpoint_as_it_was(
 
 def test_a_worker_whose_share_failed_fails_the_chief_at_once(shares, tmp_path):
     ckpt_dir = tmp_path / "ckpt"
-    chief = _worker(ckpt_dir, 0, shares)
+    chief, _ = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
     shares.set_config_key_value(
-        f"{ck.SHARE_KEY}/{ckpt_dir}/1/ckpt-1/1", "error PermissionDeniedError: no room"
+        f"{chief.share_keys(1)}/ckpt-1/1", "error PermissionDeniedError: no room"
     )
     with pytest.raises(
         tf.errors.AbortedError, match=r"Worker 1's share .* could not be written: .*no room"
@@ -127,8 +148,9 @@ def test_a_worker_whose_share_failed_fails_the_chief_at_once(shares, tmp_path):
 
 def test_workers_with_other_variables_cannot_write_together(shares, tmp_path):
     ckpt_dir = tmp_path / "ckpt"
-    chief = _worker(ckpt_dir, 0, shares)
-    other = _worker(ckpt_dir, 1, shares, tf.train.Checkpoint(only=tf.Variable([1.0])))
+    chief, other = _workers(
+        ckpt_dir, shares, _checkpoint(), tf.train.Checkpoint(only=tf.Variable([1.0]))
+    )
     thread, _ = _save_in_thread(other, 7)
     with pytest.raises(
         tf.errors.FailedPreconditionError, match="holds other tensors than the chief's"
@@ -144,7 +166,7 @@ def test_one_worker_or_a_fake_checkpoint_saves_alone(shares, tmp_path):
     fake = _worker(tmp_path / "b", 1, shares, testing.FakeCheckpoint(w=testing.FakeVariable(0)))
     assert fake.shared_by == 1
     # A non-chief that writes shares keeps its manager's bookkeeping in memory.
-    other = _worker(tmp_path / "c", 1, shares)
+    _, other = _workers(tmp_path / "c", shares, _checkpoint(), _checkpoint())
     assert other.write.directory.startswith("ram://")
 
 
@@ -161,9 +183,9 @@ def test_the_restored_tensors_are_every_worker_s_save(shares, tmp_path):
     chief has made the checkpoint folder (SaveV2 makes only the last folder of a path:
     this failed the full run once)."""
     ckpt_dir = tmp_path / "ckpt"
-    chief, other = _worker(ckpt_dir, 0, shares), _worker(ckpt_dir, 1, shares)
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
     thread, errors = _save_in_thread(other, 3)
-    key = f"{ck.SHARE_KEY}/{ckpt_dir}/1/ckpt-1/1"
+    key = f"{chief.share_keys(1)}/ckpt-1/1"
     assert shares.get_config_key_value(key, int(JOIN_BOUND * 1000)).startswith("ok "), errors
     chief.save(3, (), {}, clock=lambda: 0.0)
     thread.join(JOIN_BOUND)
@@ -174,3 +196,140 @@ def test_the_restored_tensors_are_every_worker_s_save(shares, tmp_path):
         np.testing.assert_array_equal(
             reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE"), getattr(expected, name).numpy()
         )
+
+
+# ---------------------------------------------------- issue 50: whole or absent, bounded
+
+
+def _ok_key(saves: ck.Checkpoints, number: int, name: str, worker: int = 1) -> str:
+    return f"{saves.share_keys(number)}/{name}/{worker}"
+
+
+def _wait_for(service, key: str) -> str:
+    return service.get_config_key_value(key, int(JOIN_BOUND * 1000))
+
+
+def _restale(part: str) -> None:
+    """Writes a part of the same tensors, other values, over the one at ``part``: what an
+    earlier attempt leaves where a worker's part should be."""
+    reader = tf.train.load_checkpoint(part)
+    names = sorted(reader.get_variable_to_shape_map())
+    tensors = [tf.constant(reader.get_tensor(n)) + 1000 for n in names]
+    tf.raw_ops.SaveV2(
+        prefix=part, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )
+
+
+def test_a_part_that_is_not_the_one_its_worker_wrote_is_not_merged(shares, tmp_path):
+    """Worker 1's part is replaced, after its "ok", by a stale part of the same tensors
+    (a folder the chief does not share with it, holding an earlier attempt's part): the
+    chief sees that the part is not the one worker 1 wrote (its "ok" names the part's
+    size and index digest), merges nothing, and tells worker 1, which does not take the
+    save as done. `checkpoint` still names the last good save. On main (2f3c22f) the
+    stale part was merged: ckpt-2 with worker 1's tensors 1000 off, no error."""
+    ckpt_dir = tmp_path / "ckpt"
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
+    thread, errors = _save_in_thread(other, 3)
+    chief.save(3, (), {}, clock=lambda: 0.0)
+    thread.join(JOIN_BOUND)
+    assert errors == [] and tf.train.latest_checkpoint(str(ckpt_dir)).endswith("ckpt-1")
+
+    thread, errors = _save_in_thread(other, 5)
+    assert _wait_for(shares, _ok_key(other, 2, "ckpt-2")).startswith("ok ")
+    (index,) = ckpt_dir.glob("ckpt-2_temp*/part-00001-of-00002.index")
+    _restale(str(index)[: -len(".index")])
+    with pytest.raises(tf.errors.FailedPreconditionError, match="is not the one it wrote"):
+        chief.save(5, (), {}, clock=lambda: 0.0)
+    thread.join(JOIN_BOUND)
+    assert not thread.is_alive()
+    assert [type(e).__name__ for e in errors] == ["AbortedError"], errors
+    assert "did not merge checkpoint ckpt-2" in str(errors[0])
+    assert not list(ckpt_dir.glob("ckpt-2.*")), "nothing merged"
+    assert tf.train.latest_checkpoint(str(ckpt_dir)).endswith("ckpt-1")
+
+
+def test_a_leftover_part_of_an_earlier_attempt_is_never_one_of_this_save_s(shares, tmp_path):
+    """A `ckpt-1_temp/part-…` an interrupted attempt left (TensorFlow's own temporary
+    path) is not where this save's parts go: the merged checkpoint holds what the
+    workers wrote now, and the leftover stays as it was."""
+    ckpt_dir = tmp_path / "ckpt"
+    old = tf.train.Checkpoint(big=tf.Variable(tf.zeros(4000)))
+    leftover = ckpt_dir / "ckpt-1_temp" / "part-00001-of-00002"
+    leftover.parent.mkdir(parents=True)
+    old.write(str(leftover))
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint(0.5))
+    thread, errors = _save_in_thread(other, 3)
+    chief.save(3, (), {}, clock=lambda: 0.0)
+    thread.join(JOIN_BOUND)
+    assert errors == []
+    reader = tf.train.load_checkpoint(str(ckpt_dir / "ckpt-1"))
+    assert reader.get_tensor("mid/.ATTRIBUTES/VARIABLE_VALUE")[0] == 0.5
+    assert sorted(p.name for p in leftover.parent.iterdir())[0].startswith("part-00001")
+    assert not list(ckpt_dir.glob("ckpt-1_temp_*")), "this save's parts folder is gone"
+
+
+def test_a_folder_a_worker_cannot_see_is_an_error_at_construction(shares, tmp_path):
+    """The non-chief's checkpoint_dir is another folder (as on a host that does not
+    share the chief's): both workers raise FailedPreconditionError at construction,
+    before any notice; the probe file does not stay. On main both were built."""
+    chief, other = _workers(
+        tmp_path / "a", shares, _checkpoint(), _checkpoint(), dirs={1: tmp_path / "b"}
+    )
+    for built in (chief, other):
+        assert isinstance(built, tf.errors.FailedPreconditionError), built
+        assert "cannot see the probe file" in str(built) and "every worker sees" in str(built)
+    assert not list((tmp_path / "a").glob(ck.PROBE_FILE + "*"))
+
+
+def test_the_probe_s_wait_is_bounded_and_says_what_it_waited_for(shares, tmp_path, monkeypatch):
+    monkeypatch.setattr(ck, "SHARES_PROBE_WAIT", 0.2)
+    with pytest.raises(tf.errors.DeadlineExceededError, match="say whether it sees the probe"):
+        _worker(tmp_path, 0, shares)
+    with pytest.raises(tf.errors.DeadlineExceededError, match="for the chief's probe"):
+        _worker(tmp_path, 1, testing.InMemoryCoordinationService())
+
+
+def test_a_part_missing_at_the_merge_gets_the_shared_folder_message(shares, tmp_path, monkeypatch):
+    """TF 2.21's MergeV2Checkpoints raises InvalidArgumentError ("allow_missing_files"),
+    older ones NotFoundError, for a missing part: either way the message says that the
+    folder must be one every worker sees. On main the InvalidArgumentError went out
+    without it."""
+    from tensorflow.python.ops import gen_io_ops
+
+    ckpt_dir = tmp_path / "ckpt"
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
+    merge = gen_io_ops.merge_v2_checkpoints
+
+    def merge_without_worker_1_s_part(**kwargs):
+        for f in ckpt_dir.glob("ckpt-1_temp*/part-00001-of-00002*"):
+            f.unlink()
+        return merge(**kwargs)
+
+    monkeypatch.setattr(gen_io_ops, "merge_v2_checkpoints", merge_without_worker_1_s_part)
+    thread, errors = _save_in_thread(other, 3)
+    with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.NotFoundError)) as raised:
+        chief.save(3, (), {}, clock=lambda: 0.0)
+    thread.join(JOIN_BOUND)
+    assert "every worker sees" in str(raised.value), raised.value
+    assert [type(e).__name__ for e in errors] == ["AbortedError"], errors
+    assert tf.train.latest_checkpoint(str(ckpt_dir)) is None
+
+
+def test_the_wait_for_the_merge_is_bounded_by_the_notice_s_deadline(shares, tmp_path):
+    """A non-chief whose handler's notice leaves 0.5 s before its deadline less the exit's
+    reserve waits that long for the chief's merge, not 2 x 60 s, then raises, naming
+    what it waited for."""
+    from tf_failure_handling import _native
+
+    ckpt_dir = tmp_path / "ckpt"
+    _, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
+    core = _native.HandlerCore()._protocol_core()
+    core.configure(None, 1, 0.0)
+    core.exit_reserve = 5.0
+    core.notice(ck._clock(), ck._clock() + 5.5)
+    other.core = core
+    thread, errors = _save_in_thread(other, 3)
+    thread.join(JOIN_BOUND)
+    assert not thread.is_alive()
+    assert [type(e).__name__ for e in errors] == ["DeadlineExceededError"], errors
+    assert "waited" in str(errors[0]) and "for its report" in str(errors[0])

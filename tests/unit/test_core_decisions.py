@@ -95,6 +95,32 @@ def test_nothing_is_retried_while_closing_or_after_last_attempt():
     assert isinstance(retry.failed(0.1, False), _native.RetryVerdict.GiveUp)
 
 
+def test_the_shares_wait_is_bounded_by_the_notice_s_deadline_less_the_exit_s_reserve():
+    """Issue 50: the chief's wait for the parts (and a non-chief's for the merge) was at
+    least 60 s whatever the notice's deadline."""
+    core = _core(grace=0.0)
+    core.exit_reserve = 5.0
+    # No notice, or one that names no time: the rule (4 x own, at least the minimum).
+    assert core.shares_wait_bound(1.0, 0.0, 60.0, True) == 60.0
+    assert core.shares_wait_bound(1.0, 0.0, 60.0, False) == 120.0
+    core.notice(100.0)
+    assert core.notice_deadline() is None
+    assert core.shares_wait_bound(20.0, 100.0, 60.0, True) == 80.0
+    # Kubernetes' 30 s: 3 s gone, the exit's 5 s reserve left.
+    core = _core(grace=0.0)
+    core.exit_reserve = 5.0
+    core.notice(100.0, 130.0)
+    assert core.notice_deadline() == 130.0
+    assert core.shares_wait_bound(1.0, 103.0, 60.0, True) == pytest.approx(22.0)
+    assert core.shares_wait_bound(1.0, 103.0, 60.0, False) == pytest.approx(22.0)
+    assert core.shares_wait_bound(1.0, 128.0, 60.0, True) == 0.0
+    # A grace period names a time too.
+    graced = _core(grace=20.0)
+    graced.exit_reserve = 5.0
+    graced.notice(100.0)
+    assert graced.shares_wait_bound(1.0, 100.0, 60.0, True) == pytest.approx(15.0)
+
+
 def test_the_retry_bound_is_the_window_until_a_notice_leads():
     core = _core(grace=30.0)
     assert core.retry_bound(0.0, 300.0) == _native.TRANSIENT_FAILURE_WINDOW

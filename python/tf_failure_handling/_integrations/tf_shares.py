@@ -19,10 +19,10 @@ import hashlib
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 from .. import _errors
-from .._native import assign_shares, shares_wait_bound
+from .._native import assign_shares
 
 #: The object graph's key: in the chief's part, so the merged index describes it.
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -33,22 +33,33 @@ class Plan:
     """One save's shares, as one worker sees them.
 
     ``directory``: the chief's checkpoint folder (the prefix's basename is the same on
-    every worker). ``done(name, value)``: a non-chief tells the chief that its part of
-    checkpoint ``name`` is written (``value``: ``"ok <digest>"``, or ``"error <message>"``).
-    ``wait(name, worker, digest, seconds)``: the chief waits for ``worker``'s part, raising
-    if it failed, did not come within ``seconds`` or holds other tensors (``digest``).
+    every worker). ``token``: this save's, the same on every worker (the chief's token
+    from the handler's construction and the save's number): the parts go to
+    ``<prefix>_temp_<token>/``, so a part an earlier attempt left is never merged.
+    ``done(name, value)``: a non-chief tells the chief that its part of checkpoint
+    ``name`` is written (``value``: ``"ok <tensors> <data bytes> <index digest>"``, or
+    ``"error <message>"``). ``wait(name, worker, digest, seconds)``: the chief waits for
+    ``worker``'s part and returns its ``(data bytes, index digest)``, raising if it
+    failed, did not come within ``seconds`` or holds other tensors (``digest``).
+    ``merged(name, value)``: the chief tells the others the merge's result (``"ok"`` or
+    ``"error <message>"``); ``wait_merged(name, seconds)``: a non-chief waits for it,
+    raising unless it is ``"ok"``. ``bound(own, chief)``: the seconds a wait lasts from
+    now, after this worker's own part took ``own`` (the core's
+    ``shares_wait_bound``: the deadline less the exit's reserve binds it).
     ``fallback(why)``: this saver cannot be split and saves as TensorFlow does.
     """
 
     directory: str
     worker: int
     workers: int
+    token: str
     done: Callable[[str, str], None]
-    wait: Callable[[str, int, str, float], None]
+    wait: Callable[[str, int, str, float], Tuple[int, str]]
+    merged: Callable[[str, str], None]
+    wait_merged: Callable[[str, float], None]
+    bound: Callable[[float, bool], float]
     fallback: Callable[[str], None]
     clock: Callable[[], float]
-    #: The shortest wait of the chief for the other parts (the core's ``wait_bound``).
-    min_wait: float
 
 
 _local = threading.local()
@@ -141,12 +152,27 @@ class _Split:
         return shares
 
 
+def part_files(part: str) -> Tuple[str, str]:
+    """The index and the data file SaveV2 writes for the one-shard prefix ``part``."""
+    return f"{part}.index", f"{part}.data-00000-of-00001"
+
+
+def part_fingerprint(part: str) -> Tuple[int, str]:
+    """``(data bytes, index digest)`` of the part at ``part``, as this worker sees it:
+    the index holds each tensor's offset, size and checksum, so two parts with the same
+    fingerprint hold the same bytes. Raises TF's ``NotFoundError`` when it is missing."""
+    from tensorflow.python.lib.io import file_io
+
+    index, data = part_files(part)
+    with file_io.FileIO(index, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    return int(file_io.stat(data).length), digest
+
+
 def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any) -> Any:
     from tensorflow.python.checkpoint import checkpoint_options, functional_saver
     from tensorflow.python.eager import context
     from tensorflow.python.framework import constant_op
-    from tensorflow.python.lib.io import file_io
-    from tensorflow.python.ops import gen_io_ops
 
     options = options or checkpoint_options.CheckpointOptions()
     name = file_prefix.rstrip("/").rsplit("/", 1)[-1]
@@ -158,8 +184,11 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any) -> Any:
         plan.fallback(f"the tensors are on {len(by_task)} tasks")
         return _original(saver, file_prefix, options)
     [(task, shares)] = by_task
-    # TensorFlow's own temporary layout (S3 has no folder to rename from).
-    temp = prefix + (".part" if prefix.startswith("s3://") else "_temp/part")
+    # TensorFlow's own temporary layout (S3 has no folder to rename from), with this
+    # save's token: a part an interrupted attempt left is never one of these.
+    temp = prefix + (
+        f".part_{plan.token}" if prefix.startswith("s3://") else f"_temp_{plan.token}/part"
+    )
     count = len(split.parts)
     parts = [f"{temp}-{i:05d}-of-{count:05d}" for i in range(count)]
     mine = split.parts.index(plan.worker) if plan.worker in split.parts else None
@@ -167,36 +196,83 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any) -> Any:
     try:
         if mine is not None:
             # SaveV2 makes only the last folder: the chief's may not exist yet here.
+            from tensorflow.python.lib.io import file_io
+
             file_io.recursive_create_dir_v2(parts[mine].rsplit("/", 1)[0])
             functional_saver._single_shard_save(
                 constant_op.constant(parts[mine]), shares[plan.worker], task, options
             )
         context.async_wait()
+        size, digest = part_fingerprint(parts[mine]) if mine is not None else (0, "-")
     except Exception as e:
         if plan.worker != 0:
             plan.done(name, f"error {type(e).__name__}: {e}")
+        else:
+            plan.merged(name, f"error {type(e).__name__}: {e}")
         raise
+    own = plan.clock() - start
     if plan.worker != 0:
-        plan.done(name, f"ok {split.digest}")
+        plan.done(name, f"ok {split.digest} {size} {digest}")
+        # The restart code only once the chief says the checkpoint is whole.
+        plan.wait_merged(name, max(0.001, plan.bound(own, False)))
         return None
-    deadline = plan.clock() + shares_wait_bound(plan.clock() - start, plan.min_wait)
-    for worker in range(1, plan.workers):
-        plan.wait(name, worker, split.digest, max(0.001, deadline - plan.clock()))
-    if not parts:
-        return None
+    try:
+        _check_and_merge(plan, split, name, prefix, parts, own)
+    except Exception as e:
+        plan.merged(name, f"error {type(e).__name__}: {e}")
+        raise
+    plan.merged(name, "ok")
+    return None
+
+
+def _check_and_merge(
+    plan: Plan, split: _Split, name: str, prefix: str, parts: list, own: float
+) -> None:
+    """The chief: every part written (each worker's word), each the one its worker wrote
+    (its fingerprint, as the chief sees the file), then ``MergeV2Checkpoints``."""
+    from tensorflow.python.framework import constant_op
+    from tensorflow.python.ops import gen_io_ops
+
     errors = _errors.module()
+    deadline = plan.clock() + plan.bound(own, True)
+    wrote = {}
+    for worker in range(1, plan.workers):
+        wrote[worker] = plan.wait(name, worker, split.digest, max(0.001, deadline - plan.clock()))
+    if not parts:
+        return
+    for worker, (size, digest) in wrote.items():
+        if worker not in split.parts:
+            continue
+        part = parts[split.parts.index(worker)]
+        try:
+            seen = part_fingerprint(part)
+        except errors.NotFoundError as e:
+            raise errors.NotFoundError(
+                None, None, f"Worker {worker}'s part {part} is not there: {e.message}{_SHARED}"
+            ) from e
+        if seen != (size, digest):
+            raise errors.FailedPreconditionError(
+                None,
+                None,
+                f"Worker {worker}'s part {part} is not the one it wrote (it wrote {size} bytes, "
+                f"index {digest}; the chief sees {seen[0]} bytes, index {seen[1]}): nothing "
+                f"is merged{_SHARED}",
+            )
     try:
         gen_io_ops.merge_v2_checkpoints(
             checkpoint_prefixes=constant_op.constant(parts),
             destination_prefix=constant_op.constant(prefix),
             delete_old_dirs=True,
         )
-    except errors.NotFoundError as e:
-        raise errors.NotFoundError(
-            None,
-            None,
-            f"{e.message} -- the chief merges the parts every worker wrote into {prefix}: "
-            "for the workers to write one checkpoint together, its folder must be one "
-            "every worker sees (gs://, s3://, a shared file system).",
+    except (errors.NotFoundError, errors.InvalidArgumentError) as e:
+        # A missing part: NotFoundError before TF 2.21, InvalidArgumentError
+        # ("allow_missing_files") since.
+        raise type(e)(
+            None, None, f"{e.message} -- the chief merges the parts into {prefix}{_SHARED}"
         ) from e
-    return None
+
+
+_SHARED = (
+    " -- for the workers to write one checkpoint together, the checkpoint folder must be "
+    "one every worker sees (gs://, s3://, a shared file system)."
+)

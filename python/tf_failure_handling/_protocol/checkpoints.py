@@ -23,17 +23,23 @@ with ``make_manager(directory, max_to_keep)`` and ``make_counter()``, a manager 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
 import os
+import secrets
 import shutil
 import time
 from typing import Any, Optional
 
 from .. import _errors
 from .._integrations import tf_shares
-from .._native import SHARES_MIN_WAIT  # the chief's shortest wait for the shares (s)
+from .._native import (
+    SHARES_MIN_WAIT,  # the chief's shortest wait for the shares (s)
+    SHARES_PROBE_WAIT,  # the construction's wait for the folder's probe (s)
+    shares_wait_bound_at,
+)
 from .._platforms import common
 
 log = logging.getLogger("tf_failure_handling")
@@ -47,6 +53,15 @@ NON_CHIEF_SAVES_ENV = "TF_FAILURE_HANDLING_NON_CHIEF_SAVES"
 MEMORY, STORAGE, SHARES = "memory", "storage", "shares"
 #: The coordination-service keys by which a non-chief tells the chief its share is written.
 SHARE_KEY = "tf_failure_handling/share"
+#: The probe file the chief writes into its checkpoint folder at construction (shares):
+#: ``<folder>/<PROBE_FILE><token>``, holding the token; removed once every worker answered.
+PROBE_FILE = "tf_failure_handling_probe_"
+#: How long a non-chief looks for the probe file before it says it cannot see it: a
+#: shared file system may show another host's new file a little later.
+PROBE_LOOK = 10.0
+#: The shares-mode handlers this process made, by worker: their probe keys, the same on
+#: every worker (the workers of the unit tests share one process).
+_probes: dict = collections.defaultdict(itertools.count)
 
 #: The in-memory folders of this process's handlers, one each.
 _MEMORY_ROOT = "ram://tf_failure_handling"
@@ -106,6 +121,28 @@ def delete_recursively(path: str) -> None:
     else:
         if gfile.Exists(path):
             gfile.DeleteRecursively(path)
+
+
+def delete_file(path: str) -> None:
+    """Removes the file ``path`` if it is there (TF's file systems when TF is present)."""
+    try:
+        from tensorflow.python.platform import gfile
+    except ImportError:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+    else:
+        with contextlib.suppress(Exception):
+            gfile.Remove(path)
+
+
+def _read_or_none(path: str) -> Optional[str]:
+    """The text of ``path``, or None when it cannot be read (not there, not yet)."""
+    from tensorflow.python.lib.io import file_io
+
+    try:
+        return file_io.read_file_to_string(path)
+    except Exception:  # noqa: BLE001 - any failure to read is "not seen"
+        return None
 
 
 def writable_dir(path: str) -> None:
@@ -189,6 +226,11 @@ class Checkpoints:
         self.shared_by = 1
         self._worker, self._coordination = worker, coordination
         self._saves = itertools.count(1)
+        #: The chief's token of this handler (shares): in every save's keys and paths.
+        self._token = ""
+        #: The handler's ``ProtocolCore`` (None: no notice, no deadline): its
+        #: ``shares_wait_bound`` bounds the shares' waits by the notice's deadline.
+        self.core: Any = None
         self._fell_back = False
         #: Seconds the last save took (TF's ``_checkpoint_time``).
         self.last_save_seconds: Optional[float] = None
@@ -245,9 +287,77 @@ class Checkpoints:
             self.shared_by = workers
             # A non-chief writes its share into the chief's folder.
             writable_dir(self.read.directory)
+            # Every worker sees the folder, or an error now, before any notice.
+            self._token = self._probe(self.read.directory)
         self.counter = self._attach_counter()
         # Find out now, not at the preemption, that the saves cannot be written.
         writable_dir(self.write.directory)
+
+    def _probe(self, directory: str) -> str:
+        """The chief writes a probe file with a random token into ``directory`` and
+        publishes the token; every other worker looks for the file in its own
+        ``directory`` and answers; any worker that cannot see it raises
+        ``FailedPreconditionError`` here, and so does the chief. Each wait is bounded
+        (:data:`SHARES_PROBE_WAIT`). Returns the token."""
+        from tensorflow.python.lib.io import file_io
+
+        client, worker = self._coordination, self._worker
+        key = f"{SHARE_KEY}/probe/{next(_probes[worker])}"
+        bound = SHARES_PROBE_WAIT
+        advice = (
+            f"with {NON_CHIEF_SAVES_ENV}=shares every worker writes its part of each save "
+            "into the chief's checkpoint folder, so it must be one every worker sees "
+            f"(gs://, s3://, a shared file system); or set {NON_CHIEF_SAVES_ENV}=memory"
+        )
+        if worker == 0:
+            token = secrets.token_hex(8)
+            probe = f"{directory.rstrip('/')}/{PROBE_FILE}{token}"
+            make_dirs(directory)
+            file_io.write_string_to_file(probe, token)
+            try:
+                client.set(key, token)
+                end = _clock() + bound
+                for other in range(1, self.shared_by):
+                    answer = client.get(f"{key}/{other}", max(0.001, end - _clock()))
+                    if answer is None:
+                        raise _errors.make(
+                            "DeadlineExceededError",
+                            f"Waited {bound:g}s at the handler's construction for worker "
+                            f"{other} to say whether it sees the probe file {probe} "
+                            f"({key}/{other}): is it building its handler?",
+                        )
+                    if answer != "ok":
+                        raise _errors.make(
+                            "FailedPreconditionError",
+                            f"Worker {other} cannot see the probe file {probe} the chief "
+                            f"wrote ({answer}): {advice}.",
+                        )
+            finally:
+                delete_file(probe)
+            return token
+        token = client.get(key, bound)
+        if token is None:
+            raise _errors.make(
+                "DeadlineExceededError",
+                f"Waited {bound:g}s at the handler's construction for the chief's probe of "
+                f"the checkpoint folder ({key}): is the chief building its handler?",
+            )
+        probe = f"{directory.rstrip('/')}/{PROBE_FILE}{token}"
+        end = _clock() + PROBE_LOOK
+        while True:
+            seen = _read_or_none(probe)
+            if seen == token or _clock() >= end:
+                break
+            time.sleep(0.2)
+        if seen != token:
+            client.set(f"{key}/{worker}", f"it looked for {probe} for {PROBE_LOOK:g}s")
+            raise _errors.make(
+                "FailedPreconditionError",
+                f"Worker {worker} cannot see the probe file {probe} the chief wrote into its "
+                f"checkpoint folder (looked for it {PROBE_LOOK:g}s): {advice}.",
+            )
+        client.set(f"{key}/{worker}", "ok")
+        return token
 
     def _attach_counter(self) -> Any:
         """The ``checkpointed_runs`` variable, attached to both managers' checkpoints.
@@ -344,44 +454,80 @@ class Checkpoints:
         if self.shared_by == 1:
             return contextlib.nullcontext()
         directory = self.read.directory
-        keys = f"{SHARE_KEY}/{directory}/{next(self._saves)}"
+        number = next(self._saves)
+        keys = self.share_keys(number)
         client = self._coordination
 
         def done(name: str, value: str) -> None:
             client.set(f"{keys}/{name}/{self._worker}", value)
 
-        def wait(name: str, worker: int, digest: str, seconds: float) -> None:
+        def wait(name: str, worker: int, digest: str, seconds: float) -> tuple:
             value = client.get(f"{keys}/{name}/{worker}", seconds)
             what = f"Worker {worker}'s share of checkpoint {name} in {directory}"
+            fields = (value or "").split(" ")
             if value is None:
                 kind = "DeadlineExceededError"
-                why = f"was not written within {seconds:.0f}s (is its checkpoint_dir another?)"
+                why = f"was not written within {seconds:.0f}s ({keys}/{name}/{worker})"
             elif value.startswith("error "):
                 kind, why = "AbortedError", f"could not be written: {value[len('error ') :]}"
-            elif value != f"ok {digest}":
+            elif len(fields) != 4 or fields[0] != "ok":
+                kind, why = "FailedPreconditionError", f"was reported as {value!r}"
+            elif fields[1] != digest:
                 kind = "FailedPreconditionError"
                 why = (
-                    f"holds other tensors than the chief's ({value[len('ok ') :]}, not "
+                    f"holds other tensors than the chief's ({fields[1]}, not "
                     f"{digest}): every worker must build the same model, or set "
                     f"{NON_CHIEF_SAVES_ENV}=memory"
                 )
             else:
-                return
+                return int(fields[2]), fields[3]
             raise _errors.make(
-                kind, f"{what} {why} -- the checkpoint is not used (parts: {name}_temp)."
+                kind, f"{what} {why} -- the checkpoint is not used (parts: {name}_temp_{token})."
             )
 
+        def merged(name: str, value: str) -> None:
+            client.set(f"{keys}/{name}/merged", value)
+
+        def wait_merged(name: str, seconds: float) -> None:
+            value = client.get(f"{keys}/{name}/merged", seconds)
+            if value == "ok":
+                return
+            what = f"The chief did not merge checkpoint {name} in {directory}"
+            if value is None:
+                raise _errors.make(
+                    "DeadlineExceededError",
+                    f"{what}: waited {seconds:.1f}s for its report ({keys}/{name}/merged) "
+                    "after writing this worker's part.",
+                )
+            raise _errors.make("AbortedError", f"{what}: {value[len('error ') :]}")
+
+        token = f"{self._token}-{number}"
         plan = tf_shares.Plan(
             directory,
             self._worker,
             self.shared_by,
+            token,
             done,
             wait,
+            merged,
+            wait_merged,
+            self._shares_bound,
             self._fallback,
             _clock,
-            min_wait=SHARES_MIN_WAIT,
         )
         return tf_shares.writing_shares(plan)
+
+    def share_keys(self, number: int) -> str:
+        """The coordination-service keys of save ``number`` (from 1) of this handler."""
+        return f"{SHARE_KEY}/{self._token}/{number}"
+
+    def _shares_bound(self, own: float, chief: bool) -> float:
+        """Seconds a shares wait lasts from now: the core's decision, with the notice's
+        deadline and the exit's reserve when a handler's core is attached."""
+        now = _clock()
+        if self.core is not None:
+            return self.core.shares_wait_bound(own, now, SHARES_MIN_WAIT, chief)
+        return shares_wait_bound_at(own, SHARES_MIN_WAIT, now, chief=chief)
 
     def _fallback(self, why: str) -> None:
         if not self._fell_back:

@@ -127,10 +127,12 @@ class StageRecords:
         path = path if isinstance(path, str) else getattr(manager, "directory", None)
         self.recorder.write("save_end", path=path)
 
-    def exit(self, code: int) -> None:
+    def exit(self, code: int, reason: Optional[str] = None) -> None:
         """The worker exits after its last save: the line is written, and the file
-        closed, before ``exit_fn`` (one that calls ``os._exit`` leaves no later moment)."""
-        self.recorder.write("exit", code=code)
+        closed, before ``exit_fn`` (one that calls ``os._exit`` leaves no later moment).
+        ``reason``: why it exits without its save (then ``code`` is not the restart code)."""
+        fields = {} if reason is None else {"reason": reason}
+        self.recorder.write("exit", code=code, **fields)
         self.recorder.close()
 
     def task_notice(self, job: str, task: int, source: str, deadline: Optional[float]) -> None:

@@ -26,6 +26,13 @@ from .step_keys import StepKeys
 
 log = logging.getLogger("tf_failure_handling")
 
+#: The exit code of a non-chief whose share of a save did not become a checkpoint
+#: (``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=shares``): the save failed, the chief's merge
+#: failed, or the chief did not report it in time. Not the restart code (42, GCE 143),
+#: which says the checkpoint is saved. 75 is sysexits.h's ``EX_TEMPFAIL``: the run can be
+#: started again, from the last checkpoint that was saved.
+UNMERGED_EXIT_CODE = 75
+
 
 class SaveAndExit:
     """Saves at the agreed step; after the last round, exits."""
@@ -50,6 +57,23 @@ class SaveAndExit:
         self._exit_fn = exit_fn
         self._scheduler_step = scheduler_step
 
+    def _unmerged_exit(self, error: BaseException) -> None:
+        """A non-chief whose share of the save did not become a checkpoint (its part
+        failed, the chief's merge failed or was not reported in time): not the restart
+        code, which says "checkpoint saved", but :data:`UNMERGED_EXIT_CODE`."""
+        if isinstance(error, (SystemExit, KeyboardInterrupt)):
+            return
+        self._step_keys.stop_reader()
+        self._checkpoints.remove_worker_temp(self._state.membership.is_chief)
+        log.error(
+            "The checkpoint this worker wrote a share of was not merged (%s): exiting with "
+            "%d, not the restart code.",
+            error,
+            UNMERGED_EXIT_CODE,
+        )
+        self._records.exit(UNMERGED_EXIT_CODE, reason=f"shares not merged: {error!r}")
+        raise SystemExit(UNMERGED_EXIT_CODE) from error
+
     def save_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
         self._ps.before_save()
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
@@ -61,6 +85,8 @@ class SaveAndExit:
             self._ps.training_goes_on()
             self._core.save_failed()
             self._records.save_failed(e)
+            if self._checkpoints.shared_by > 1 and not self._state.membership.is_chief:
+                self._unmerged_exit(e)
             raise
         self._records.save_end(self._checkpoints.write)
         after = self._core.saved(round_key, self._state.clock() - start)
