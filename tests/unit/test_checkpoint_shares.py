@@ -202,6 +202,8 @@ def test_the_restored_tensors_are_every_worker_s_save(shares, tmp_path):
 
 
 def _ok_key(saves: ck.Checkpoints, number: int, name: str, worker: int = 1) -> str:
+    if not hasattr(saves, "share_keys"):  # main before issue 50, to see the test fail there
+        return f"{ck.SHARE_KEY}/{saves.read.directory}/{number}/{name}/{worker}"
     return f"{saves.share_keys(number)}/{name}/{worker}"
 
 

@@ -3,11 +3,15 @@
 Inside :func:`writing_shares` (on the thread that saves), TensorFlow's
 ``MultiDeviceSaver.save`` reads every tensor, as it always does (a ``SyncOnRead``
 variable's read needs every worker), then writes only this worker's share as one part
-of TensorFlow's own sharded layout, ``<prefix>_temp/part-0000i-of-0000n``, in the
-chief's checkpoint folder. The chief waits for the other parts and merges them with
-``MergeV2Checkpoints``, as TensorFlow's sharded save does: the checkpoint is
-``<prefix>.index`` and ``<prefix>.data-0000i-of-0000n``, whole or absent. Which worker
-writes which tensor is the core's answer (``assign_shares``), the same on every worker.
+of TensorFlow's own sharded layout, ``<prefix>_temp_<token>/part-0000i-of-0000n`` (the
+save's token: a part an earlier attempt left is never one of these), in the chief's
+checkpoint folder. The chief waits for the other parts, checks that each is the one its
+worker wrote (the data's size and the index's digest, from the worker's "ok"), merges
+them with ``MergeV2Checkpoints``, as TensorFlow's sharded save does, and publishes the
+result, which each non-chief waits for: the checkpoint is ``<prefix>.index`` and
+``<prefix>.data-0000i-of-0000n``, whole or absent. Which worker writes which tensor is
+the core's answer (``assign_shares``), the same on every worker; how long each wait
+lasts is the core's too (``ProtocolCore.shares_wait_bound``).
 
 A saver this cannot split (registered savers, tensors of several tasks, graph mode)
 saves as TensorFlow does, on every worker: the plan's ``fallback`` is told once.
