@@ -122,6 +122,7 @@ class Cluster:
         worker_args=None,
         env=None,
         name: str = "cluster",
+        cwds=None,
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -134,6 +135,9 @@ class Cluster:
         self.worker_args = worker_args or {}
         self.env = dict(env or {})
         self.name = name
+        #: Each worker's working folder, when not ``workdir`` (a relative ckpt_dir then
+        #: names another folder on each: folders the workers do not share).
+        self.cwds = dict(cwds or {})
         self.ports: list[int] = []
         self.procs: list[subprocess.Popen] = []
         self.returncodes: list[int | None] = [None] * num_workers
@@ -169,7 +173,7 @@ class Cluster:
                     stderr=err,
                     stdin=subprocess.DEVNULL,
                     env=env,
-                    cwd=str(self.workdir),
+                    cwd=str(self.cwds.get(i, self.workdir)),
                 )
             _LIVE_PROCESSES.add(proc)
             self.procs.append(proc)
