@@ -15,6 +15,7 @@
 //! | [`retry`] | the one retry rule of the protocol's coordination-service calls: pauses, bound, when to give up |
 //! | [`writes`] | the driver's writes (acknowledge, claim, announce): which to attempt now, when to wake, what a failure or `close()` leaves (`poll_action` / `poll_timeout`) |
 //! | [`shares`] | which worker writes which tensor when the workers write one checkpoint together |
+//! | [`host_memory`] | whether a non-chief's whole copy of a checkpoint may be held in the host's memory (the cgroup's room, `MemAvailable`) |
 //! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
 //! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
 //! | [`sources`] | the termination sources: signals ([`sources::signals`]: one wake-up per delivery, from any thread) and the metadata services of GCE, AWS and Azure (sans-IO pollers, the threads that run them, their bounded HTTP client [`sources::http`]) |
@@ -28,6 +29,7 @@
 pub mod closure_queue;
 pub mod failure;
 pub mod grace;
+pub mod host_memory;
 pub mod inbox;
 pub mod input_position;
 pub mod notice;

@@ -495,6 +495,13 @@ def shares_wait_bound_at(
 SHARES_MIN_WAIT: float
 SHARES_PROBE_WAIT: float
 
+# Whether a non-chief's whole copy of a checkpoint may go to memory (src/host_memory.rs).
+def copy_place(
+    copy_bytes: int,
+    cgroups: list[tuple[Optional[int], Optional[int], Optional[int]]],
+    mem_available: Optional[int],
+) -> tuple[str, int, Optional[int]]: ...
+
 # SLURM's text (src/sources/slurm.rs).
 def slurm_fields(text: str) -> dict[str, str]: ...
 def slurm_time(text: Optional[str]) -> Optional[float]: ...

@@ -14,6 +14,7 @@
 //! | `failure.rs` | the worker/PS failure classifier |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `Writes` and `WriteKind`: the driver's writes (`crate::writes`) |
 //! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `worker_drain_bound` |
+//! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
 //! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes (`crate::input_position`) |
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
@@ -34,6 +35,7 @@ mod displacement;
 mod errors;
 mod failure;
 mod handler;
+mod host_memory;
 mod inbox;
 mod input_position;
 mod layout;
@@ -86,6 +88,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     records::register(m)?;
     retry::register(m)?;
     shares::register(m)?;
+    host_memory::register(m)?;
     ps_control::register(m)?;
     input_position::register(m)?;
     sources::register(m)?;

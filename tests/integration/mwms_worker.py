@@ -12,13 +12,18 @@ Everything the tests (and the demo) need to know is printed on stdout as one
 JSON object per line, prefixed with ``EVENT ``:
 
 * ``start``: ``restored`` (``handler.total_run_calls`` after construction), ``pid``,
-  ``index``, ``impl``.
+  ``index``, ``impl``; ``rss`` (bytes resident right after the handler's construction,
+  where the peak below starts: :func:`reset_peak_rss`), ``wchar`` (bytes written so far).
 * ``progress``: every ``--progress-every`` steps: ``step`` (run calls done), ``loss``.
 * ``save``: every ``tf.train.CheckpointManager.save`` call in this process (whoever
   makes it): ``runs`` (the ``checkpointed_runs`` value being saved), ``t_start``,
-  ``t_end`` (``time.time()``), ``directory``, ``path``.
+  ``t_end`` (``time.time()``), ``directory``, ``path``; with ``--peak-per-save``,
+  ``rss`` at its start and ``peak_rss`` during it (then ``exit``'s ``peak_rss`` is
+  since the last save's start).
 * ``signal``: when the worker sends itself SIGTERM (``--signal-self-at-step``).
-* ``exit``: when a ``SystemExit`` leaves the training loop (``code``).
+* ``exit``: when a ``SystemExit`` leaves the training loop (``code``), with ``peak_rss``
+  (the process's peak resident bytes since the ``start`` event, ``VmHWM``) and
+  ``wchar`` (bytes written so far, ``/proc/self/io``).
 * ``error``: when an exception leaves the training loop (``type``, ``message``).
 * ``done``: after a full run: ``steps``, ``weights`` (flat lists of floats).
 
@@ -241,12 +246,82 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--progress-every", type=int, default=10)
     p.add_argument(
+        "--peak-per-save",
+        action="store_true",
+        help="each save event says the resident bytes at its start (rss) and the peak "
+        "during it (peak_rss): the peak is reset at each save's start",
+    )
+    p.add_argument(
+        "--ballast-mb",
+        type=int,
+        default=0,
+        help="MiB of float32 variables more in the model, made under strategy.scope() in "
+        f"variables of at most {BALLAST_VARIABLE_MIB} MiB (saved with it)",
+    )
+    p.add_argument(
         "--hold-first-save",
         default=None,
         help="the first save prints a save_begun event, then waits (bounded) for this file "
         "to exist: a test sends a notice while the handler is in its save",
     )
     return p.parse_args(argv)
+
+
+#: One ballast variable holds at most this many MiB (a few variables, as a model has).
+BALLAST_VARIABLE_MIB = 32
+
+
+def add_ballast(strategy, model, mib: int) -> None:
+    """``mib`` MiB of float32 variables on ``model`` (``model.ballast``), made under
+    ``strategy.scope()``: what a bigger model adds to a save."""
+    import tensorflow as tf
+
+    sizes = []
+    while mib > 0:
+        sizes.append(min(mib, BALLAST_VARIABLE_MIB))
+        mib -= sizes[-1]
+    with strategy.scope():
+        model.ballast = [
+            tf.Variable(tf.random.stateless_uniform([n * 2**18], seed=[i, 50]), name=f"ballast_{i}")
+            for i, n in enumerate(sizes)
+        ]
+
+
+def reset_peak_rss() -> int | None:
+    """Resets this process's peak resident set (``VmHWM``) to what is resident now
+    (``5`` to ``/proc/self/clear_refs``, Linux 4.0+); returns that, in bytes (None
+    without /proc)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return proc_status_bytes("VmRSS")
+
+
+def proc_status_bytes(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (``VmHWM``, ``VmRSS``), in bytes."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def written_bytes() -> int | None:
+    """Bytes this process has passed to write() and its kin (``wchar`` of /proc/self/io:
+    files on any local file system, page cache or not; not ``ram://``)."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def _install_faulthandler_chain() -> None:
@@ -360,9 +435,12 @@ def _shown(directory: str) -> str:
 HOLD_BOUND = 300.0
 
 
-def instrument_checkpoint_manager_saves(hold_file: str | None = None) -> None:
+def instrument_checkpoint_manager_saves(
+    hold_file: str | None = None, peak_per_save: bool = False
+) -> None:
     """Make every ``tf.train.CheckpointManager.save`` print a ``save`` event (the first
-    one held until ``hold_file`` exists, when given)."""
+    one held until ``hold_file`` exists, when given; with ``peak_per_save``, with ``rss``
+    when it started and ``peak_rss`` during it, the peak reset at its start)."""
     import tensorflow as tf
 
     cls = tf.train.CheckpointManager
@@ -383,6 +461,7 @@ def instrument_checkpoint_manager_saves(hold_file: str | None = None) -> None:
                     raise RuntimeError(f"{hold_file} did not appear within {HOLD_BOUND:g}s")
                 time.sleep(0.05)
         plan = handler_plan()
+        rss = reset_peak_rss() if peak_per_save else None
         t_start = time.time()
         path = original(self, *args, **kwargs)
         t_end = time.time()
@@ -394,6 +473,8 @@ def instrument_checkpoint_manager_saves(hold_file: str | None = None) -> None:
             directory=_shown(self.directory),
             path=path,
             plan=plan,
+            rss=rss,
+            peak_rss=None if rss is None else proc_status_bytes("VmHWM"),
         )
         return path
 
@@ -433,10 +514,12 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     handler_cls, config_cls = handler_classes(args.impl)
-    instrument_checkpoint_manager_saves(args.hold_first_save)
+    instrument_checkpoint_manager_saves(args.hold_first_save, args.peak_per_save)
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer, distributed_step = build_training(strategy)
+    if args.ballast_mb:
+        add_ballast(strategy, model, args.ballast_mb)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
 
     config_kwargs = {}
@@ -473,8 +556,11 @@ def main(argv=None) -> int:
     )
     HANDLER.append(handler)
     start = int(handler.total_run_calls)
+    rss = reset_peak_rss()
     emit(
         "start",
+        rss=rss,
+        wchar=written_bytes(),
         restored=start,
         pid=os.getpid(),
         index=args.index,
@@ -502,7 +588,13 @@ def main(argv=None) -> int:
             if (step + 1) % args.progress_every == 0:
                 emit("progress", step=step + 1, loss=float(loss))
     except SystemExit as e:
-        emit("exit", code=e.code, step=step)
+        emit(
+            "exit",
+            code=e.code,
+            step=step,
+            peak_rss=proc_status_bytes("VmHWM") if rss is not None else None,
+            wchar=written_bytes(),
+        )
         raise
     except BaseException as e:
         emit("error", type=type(e).__name__, message=str(e)[-2000:], step=step)

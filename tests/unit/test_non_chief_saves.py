@@ -1,6 +1,8 @@
-"""Where a non-chief worker's copy of the checkpoint goes (issue 36, part 2): TF's
-in-memory file system by default, TF's ``workertemp_<task_id>`` beside the checkpoint
-with ``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=storage``. Real MWMS workers:
+"""Where a non-chief worker's copy of the checkpoint goes (issue 36, part 2; issue 50):
+none by default (every tensor read, no write; a copy that cannot be left out goes to
+TF's in-memory file system when the host can hold it, else to the storage), TF's
+``workertemp_<task_id>`` beside the checkpoint with
+``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=storage``. Real MWMS workers:
 tests/integration/test_mwms_handler.py."""
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import re
 
 import pytest
 from tf_failure_handling import PreemptionCheckpointHandler, testing
+from tf_failure_handling._integrations import tf_reads_only
 from tf_failure_handling._protocol import checkpoints as ck
 
 tf = pytest.importorskip("tensorflow", reason="the in-memory copy is TensorFlow's ram://")
@@ -24,22 +27,96 @@ def _files_under(path: str) -> list:
     return [f for f in tf.io.gfile.glob(f"{path}/*") if not tf.io.gfile.isdir(f)]
 
 
-def test_a_non_chief_saves_in_memory_and_its_folder_goes_at_the_exit(monkeypatch, tmp_path):
+def test_a_non_chief_reads_every_tensor_writes_no_copy_and_its_folder_goes_at_the_exit(
+    monkeypatch, tmp_path
+):
+    """Issue 50: the default ``memory`` mode writes no copy at all (the reads are made,
+    the write left out): its manager's folder in ``ram://`` holds only the ``checkpoint``
+    file, at every save (a grace period's two rounds)."""
     monkeypatch.delenv(ENV, raising=False)
     ckpt_dir = tmp_path / "ckpt"
     saves = ck.Checkpoints(_checkpoint(), str(ckpt_dir), is_chief=False, task_id=1)
     directory = saves.write.directory
     assert re.fullmatch(r"ram://tf_failure_handling/\d+-\d+/workertemp_1/ckpt", directory)
-    saves.save(7, (), {}, clock=lambda: 0.0)
-    assert sorted(f.rsplit("/", 1)[-1] for f in _files_under(directory)) == [
-        "checkpoint",
-        "ckpt-1.data-00000-of-00001",
-        "ckpt-1.index",
-    ]
+    for n in (1, 2):
+        saves.save(7, (), {}, clock=lambda: 0.0)
+        assert [f.rsplit("/", 1)[-1] for f in _files_under(directory)] == ["checkpoint"]
+        assert saves.write.latest_checkpoint.endswith(f"/ckpt-{n}")
+        fields = saves.save_fields()
+        assert fields["copy"] == "none" and fields["copy_bytes"] >= 4000, fields
     assert list(tmp_path.iterdir()) == [], "nothing reaches the checkpoint's storage"
     assert saves.read.directory == str(ckpt_dir)  # restores read the chief's checkpoint
     saves.remove_worker_temp(is_chief=False)
     assert not tf.io.gfile.exists(directory.rsplit("/", 2)[0])
+
+
+def _whole_copies(monkeypatch, memory):
+    """Every save writes a whole copy (as a saver with registered savers does), and the
+    host's memory reads ``memory``: ``(cgroups, MemAvailable)``."""
+    monkeypatch.setattr(tf_reads_only, "cannot_skip", lambda saver: "a test's saver")
+    monkeypatch.setattr(ck, "_read_memory", lambda: memory)
+
+
+def test_a_whole_copy_that_fits_goes_to_memory(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV, raising=False)
+    _whole_copies(monkeypatch, ([(None, None, None)], 8 << 30))
+    saves = ck.Checkpoints(_checkpoint(), str(tmp_path / "ckpt"), is_chief=False, task_id=1)
+    saves.save(7, (), {}, clock=lambda: 0.0)
+    assert sorted(f.rsplit("/", 1)[-1] for f in _files_under(saves.write.directory)) == [
+        "checkpoint",
+        "ckpt-1.data-00000-of-00001",
+        "ckpt-1.index",
+    ]
+    fields = saves.save_fields()
+    assert fields["copy"] == "memory" and fields["copy_whole"] == "a test's saver"
+    assert fields["copy_available"] == 8 << 30
+    assert fields["copy_needed"] > fields["copy_bytes"] >= 4000
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [
+        ([], 1 << 20),  # the machine's MemAvailable
+        ([(2 << 30, (2 << 30) - (1 << 20), 0), (None, None, None)], 8 << 30),  # a cgroup v2's
+        ([(9223372036854771712, 1 << 30, 0), (1 << 30, 1 << 30, None)], None),  # v1, a parent's
+    ],
+    ids=["meminfo", "cgroup", "parent-cgroup"],
+)
+def test_a_whole_copy_that_does_not_fit_goes_to_the_storage_and_says_so(
+    monkeypatch, tmp_path, caplog, memory
+):
+    """Issue 50: a copy the host cannot hold goes to TF's workertemp_<task_id> on the
+    storage (an OOM kill would lose the save), in the log and in the record's fields;
+    the exit removes it."""
+    monkeypatch.delenv(ENV, raising=False)
+    _whole_copies(monkeypatch, memory)
+    saves = ck.Checkpoints(_checkpoint(), str(tmp_path / "ckpt"), is_chief=False, task_id=1)
+    with caplog.at_level("WARNING", logger="tf_failure_handling"):
+        saves.save(7, (), {}, clock=lambda: 0.0)
+    copy = tmp_path / "workertemp_1" / "ckpt"
+    assert sorted(p.name for p in copy.iterdir()) == [
+        "ckpt-1.data-00000-of-00001",
+        "ckpt-1.index",
+    ]
+    assert [f.rsplit("/", 1)[-1] for f in _files_under(saves.write.directory)] == ["checkpoint"]
+    fields = saves.save_fields()
+    assert fields["copy"] == "storage", fields
+    assert fields["copy_needed"] > fields["copy_available"], fields
+    assert "cannot hold it" in caplog.text and str(copy) in caplog.text
+    saves.remove_worker_temp(is_chief=False)
+    assert not (tmp_path / "workertemp_1").exists()
+
+
+def test_storage_and_the_chief_write_no_copy_fields(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV, "storage")
+    saves = ck.Checkpoints(_checkpoint(), str(tmp_path / "ckpt"), is_chief=False, task_id=1)
+    saves.save(7, (), {}, clock=lambda: 0.0)
+    assert saves.save_fields() == {} and not saves.reads_only
+    monkeypatch.delenv(ENV)
+    chief = ck.Checkpoints(_checkpoint(), str(tmp_path / "ckpt"), is_chief=True, task_id=0)
+    chief.save(7, (), {}, clock=lambda: 0.0)
+    assert chief.save_fields() == {} and not chief.reads_only
 
 
 def test_two_handlers_of_one_process_get_two_folders(monkeypatch, tmp_path):

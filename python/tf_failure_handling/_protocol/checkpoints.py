@@ -7,13 +7,18 @@ the two: a ``tf.train.Checkpoint`` gets a ``CheckpointManager(max_to_keep=1)`` i
 ``workertemp_<task_id>`` before a preemption exit; the run count is the int64
 variable ``checkpointed_runs`` attached to the user's checkpoint.
 
-One difference: a non-chief's copy goes to TensorFlow's in-memory file system
-(``ram://``) by default, not beside the checkpoint. It still saves (the save's
-collective reads need every worker), but the checkpoint's storage gets one copy of the
-model per save, not one per worker. :data:`NON_CHIEF_SAVES_ENV` ``=storage`` gives
-back TensorFlow's layout; ``=shares`` has every worker write a share of the one
-checkpoint (TensorFlow's sharded layout, ``_integrations/tf_shares.py``), merged by the
-chief. A manager the user passes is used as it is.
+One difference: by default a non-chief writes no copy. It still saves (the save's
+collective reads need every worker: ``_integrations/tf_reads_only.py`` reads every
+tensor in the chief's order and leaves the write out), through a manager whose folder
+is in TensorFlow's in-memory file system (``ram://``), where only its small
+``checkpoint`` file goes: the checkpoint's storage gets one copy of the model per save,
+not one per worker, and the host's memory none. A saver that cannot leave its copy out
+writes it there whole when the host's memory can hold it (the core's ``copy_place``,
+from ``host_memory``'s readings), else to TensorFlow's ``workertemp_<task_id>`` on the
+storage, said in the log and in the ``save_end`` record. :data:`NON_CHIEF_SAVES_ENV`
+``=storage`` gives back TensorFlow's layout; ``=shares`` has every worker write a share
+of the one checkpoint (TensorFlow's sharded layout, ``_integrations/tf_shares.py``),
+merged by the chief. A manager the user passes is used as it is.
 
 Objects that are not TensorFlow's are accepted when they follow the small
 protocol the fakes of :mod:`tf_failure_handling.testing` implement: a checkpoint
@@ -34,21 +39,24 @@ import time
 from typing import Any, Optional
 
 from .. import _errors
-from .._integrations import tf_shares
+from .._integrations import tf_reads_only, tf_shares
 from .._native import (
     SHARES_MIN_WAIT,  # the chief's shortest wait for the shares (s)
     SHARES_PROBE_WAIT,  # the construction's wait for the folder's probe (s)
+    copy_place,
     shares_wait_bound_at,
 )
 from .._platforms import common
+from . import host_memory
 
 log = logging.getLogger("tf_failure_handling")
 
 COUNTER_NAME = "checkpointed_runs"
-#: Where a non-chief's copy goes when the handler makes its managers: ``memory``
-#: (TensorFlow's ``ram://`` file system; the default), ``storage`` (TensorFlow's
-#: ``workertemp_<task_id>`` beside the checkpoint) or ``shares`` (no copy: each worker
-#: writes a share of the checkpoint itself).
+#: Where a non-chief's copy goes when the handler makes its managers: ``memory`` (the
+#: default: no copy, every tensor read; a copy that cannot be left out goes to
+#: TensorFlow's ``ram://`` file system when it fits in the host's memory), ``storage``
+#: (TensorFlow's ``workertemp_<task_id>`` beside the checkpoint) or ``shares`` (no copy:
+#: each worker writes a share of the checkpoint itself).
 NON_CHIEF_SAVES_ENV = "TF_FAILURE_HANDLING_NON_CHIEF_SAVES"
 MEMORY, STORAGE, SHARES = "memory", "storage", "shares"
 #: The coordination-service keys by which a non-chief tells the chief its share is written.
@@ -68,6 +76,12 @@ _MEMORY_ROOT = "ram://tf_failure_handling"
 _memory_ids = itertools.count()
 #: The clock a restore is timed on, and a chief's wait for the shares.
 _clock = time.monotonic
+#: ``(cgroups, mem_available)`` of the host when a non-chief's whole copy is about to be
+#: written (a test passes its own numbers here).
+_read_memory = host_memory.read
+#: How a non-chief's copy of its last save was written (``save_end``'s ``copy``): none
+#: (every tensor read, nothing written), whole in memory, or whole on the storage.
+COPY_NONE, COPY_MEMORY, COPY_STORAGE = "none", "memory", "storage"
 
 
 def _tf_classes():
@@ -222,6 +236,14 @@ class Checkpoints:
         coordination ``Client`` are what the workers need to write shares."""
         self.save_fn = save_fn
         where = non_chief_saves()  # a bad value is an error on every worker, at once
+        #: A non-chief that reads every tensor and writes no copy (``memory``).
+        self.reads_only = False
+        #: How this non-chief's copy of the last save was written, and why
+        #: (:meth:`save_fields`); None: no such copy (a chief, ``storage``, ``shares``).
+        self.copy: Optional[dict] = None
+        #: The ``workertemp_<task_id>`` a copy that did not fit in memory went to.
+        self._storage_copy: Optional[str] = None
+        self._checkpoint_dir, self._task_id = checkpoint_dir, task_id or 0
         #: Workers that write each save together (1: each worker saves alone).
         self.shared_by = 1
         self._worker, self._coordination = worker, coordination
@@ -270,6 +292,7 @@ class Checkpoints:
                 self.write = _make_manager(
                     checkpoint_or_manager, make_dir(checkpoint_dir, task_id or 0)
                 )
+                self.reads_only = in_memory and where == MEMORY and save_fn is None
         else:
             raise TypeError(
                 "checkpoint_or_checkpoint_manager must be a tf.train.Checkpoint or a "
@@ -437,7 +460,7 @@ class Checkpoints:
         write manager; the time it took (on ``clock``) is ``last_save_seconds``."""
         start = clock()
         self.counter.assign(run_count)
-        with _preemption_save_context(), self._sharing():
+        with _preemption_save_context(), self._sharing(), self._reading_only():
             if self.save_fn is not None:
                 self.save_fn(*args, **kwargs)
             else:
@@ -529,6 +552,59 @@ class Checkpoints:
             return self.core.shares_wait_bound(own, now, SHARES_MIN_WAIT, chief)
         return shares_wait_bound_at(own, SHARES_MIN_WAIT, now, chief=chief)
 
+    def _reading_only(self) -> Any:
+        """This save's :class:`tf_reads_only.Plan` in effect, on a non-chief in ``memory``
+        mode."""
+        if not self.reads_only:
+            return contextlib.nullcontext()
+        self.copy = None
+
+        def skipped(nbytes: int) -> None:
+            self.copy = {"copy": COPY_NONE, "copy_bytes": nbytes}
+            log.info(
+                "The non-chief read every tensor of the save (%d bytes) and wrote no copy "
+                "(only the chief's checkpoint is ever read).",
+                nbytes,
+            )
+
+        def where(prefix: str, why: str) -> str:
+            nbytes = tf_reads_only.variable_bytes(self.write._checkpoint)
+            cgroups, available_now = _read_memory()
+            place, needed, available = copy_place(nbytes, cgroups, available_now)
+            self.copy = {
+                "copy": place,
+                "copy_bytes": nbytes,
+                "copy_whole": why,
+                "copy_needed": needed,
+                "copy_available": available,
+            }
+            if place == COPY_MEMORY:
+                return prefix
+            folder = non_chief_dir(self._checkpoint_dir, self._task_id)
+            make_dirs(folder)  # SaveV2 makes only the last folder, <prefix>_temp
+            self._storage_copy = os.path.dirname(folder)
+            log.warning(
+                "This non-chief's save writes a whole copy (%d bytes, %s), and the host's "
+                "memory cannot hold it: %d bytes needed, %d available (the cgroup's limit or "
+                "MemAvailable). It goes to %s on the checkpoint's storage instead of memory, "
+                "as TensorFlow's does.",
+                nbytes,
+                why,
+                needed,
+                available,
+                folder,
+            )
+            return f"{folder}/{prefix.rstrip('/').rsplit('/', 1)[-1]}"
+
+        return tf_reads_only.reading_only(tf_reads_only.Plan(skipped, where))
+
+    def save_fields(self) -> dict:
+        """What the ``save_end`` record says of this non-chief's copy (empty: no copy of
+        the handler's own managers): ``copy`` (``none``, ``memory`` or ``storage``),
+        ``copy_bytes``, and when it was written whole, why (``copy_whole``), ``copy_needed``
+        and ``copy_available`` (bytes of host memory, the core's ``copy_place``)."""
+        return dict(self.copy or {})
+
     def _fallback(self, why: str) -> None:
         if not self._fell_back:
             self._fell_back = True
@@ -546,6 +622,8 @@ class Checkpoints:
             if temp.startswith(_MEMORY_ROOT + "/"):
                 temp = os.path.dirname(temp)
             delete_recursively(temp)
+            if self._storage_copy is not None:
+                delete_recursively(self._storage_copy)
 
 
 def _waits_for_variables(checkpoint: Any) -> bool:

@@ -121,11 +121,12 @@ class StageRecords:
     def save_failed(self, error: BaseException) -> None:
         self.recorder.write("error", error=f"save failed: {error!r}")
 
-    def save_end(self, manager: Any) -> None:
-        """The save through ``manager`` is written: the line names its checkpoint."""
+    def save_end(self, manager: Any, **fields: Any) -> None:
+        """The save through ``manager`` is written: the line names its checkpoint
+        (``fields``: how a non-chief's copy was written, ``Checkpoints.save_fields``)."""
         path = getattr(manager, "latest_checkpoint", None)
         path = path if isinstance(path, str) else getattr(manager, "directory", None)
-        self.recorder.write("save_end", path=path)
+        self.recorder.write("save_end", path=path, **fields)
 
     def exit(self, code: int, reason: Optional[str] = None) -> None:
         """The worker exits after its last save: the line is written, and the file

@@ -88,7 +88,7 @@ class SaveAndExit:
             if self._checkpoints.shared_by > 1 and not self._state.membership.is_chief:
                 self._unmerged_exit(e)
             raise
-        self._records.save_end(self._checkpoints.write)
+        self._records.save_end(self._checkpoints.write, **self._checkpoints.save_fields())
         after = self._core.saved(round_key, self._state.clock() - start)
         if after == SaveAction.Exit:
             # The signal watch stays: until close(), a further notice is absorbed,
