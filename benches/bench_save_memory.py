@@ -122,7 +122,9 @@ def one_run(variant: str, model_mb: int, root: Path, run_id: str) -> Result:
 
 
 def mib(nbytes: float) -> str:
-    return f"{nbytes / 2**20:,.0f} MiB" if abs(nbytes) >= 10 * 2**20 else f"{nbytes / 2**20:.1f} MiB"
+    if abs(nbytes) >= 10 * 2**20:
+        return f"{nbytes / 2**20:,.0f} MiB"
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
 def main() -> int:

@@ -75,11 +75,7 @@ pub struct Readings {
 /// `None` when none is known.
 #[must_use]
 pub fn available(r: &Readings) -> Option<u64> {
-    r.cgroups
-        .iter()
-        .filter_map(Cgroup::room)
-        .chain(r.mem_available)
-        .min()
+    r.cgroups.iter().filter_map(Cgroup::room).chain(r.mem_available).min()
 }
 
 /// Where a non-chief's whole copy goes.
@@ -116,11 +112,7 @@ pub fn copy_place(copy_bytes: u64, readings: &Readings) -> CopyDecision {
         Some(room) if needed > room => CopyPlace::Storage,
         _ => CopyPlace::Memory,
     };
-    CopyDecision {
-        place,
-        needed,
-        available,
-    }
+    CopyDecision { place, needed, available }
 }
 
 #[cfg(test)]
@@ -130,12 +122,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
-    fn readings(
-        limit: Option<u64>,
-        usage: Option<u64>,
-        inactive: Option<u64>,
-        mem: Option<u64>,
-    ) -> Readings {
+    fn readings(limit: Option<u64>, usage: Option<u64>, inactive: Option<u64>, mem: Option<u64>) -> Readings {
         Readings {
             cgroups: vec![Cgroup {
                 limit,
@@ -200,7 +187,12 @@ mod tests {
             (200 * MIB, readings(None, None, None, None), Memory, "nothing known"),
             (200 * MIB, readings(None, None, None, Some(need_200)), Memory, "exactly fits"),
             (200 * MIB, readings(None, None, None, Some(need_200 - 1)), Storage, "a byte short"),
-            (200 * MIB, readings(Some(GIB), Some(900 * MIB), None, Some(8 * GIB)), Storage, "cgroup"),
+            (
+                200 * MIB,
+                readings(Some(GIB), Some(900 * MIB), None, Some(8 * GIB)),
+                Storage,
+                "cgroup",
+            ),
             (
                 200 * MIB,
                 readings(Some(GIB), Some(900 * MIB), Some(600 * MIB), Some(8 * GIB)),
