@@ -23,7 +23,8 @@ workers' ``wchar`` (``/proc/self/io``: bytes passed to ``write()`` and its kin, 
 cache or not) over the same span: the checkpoint, any copy on the storage, the small
 ``checkpoint`` files and the preemption records; ``ram://`` is no write. After each run
 the chief's checkpoint is checked: a ``ckpt-N.index`` and data files of at least the
-model's bytes.
+model's bytes. **Save**: each worker's ``CheckpointManager.save``, start to end
+(``time.time()``, the ``save`` event), on this machine's local disk.
 
     python benches/bench_save_memory.py [--model-mb 200,1024] [--repeats 1]
         [--variants tf,memory,storage,shares] [--quick]
@@ -79,6 +80,8 @@ class Result:
     written: int
     #: The chief's checkpoint's data files, bytes.
     checkpoint: int
+    #: Seconds each worker's save took (``CheckpointManager.save``): chief, non-chief.
+    save_s: tuple
 
 
 def one_run(variant: str, model_mb: int, root: Path, run_id: str) -> Result:
@@ -105,8 +108,10 @@ def one_run(variant: str, model_mb: int, root: Path, run_id: str) -> Result:
         details = "\n".join(cluster.describe(i) for i in range(2))
         if codes != [42, 42]:
             raise RuntimeError(f"{run_id}: exit codes {codes}\n{details}")
-        peaks, written = [], 0
+        peaks, written, save_s = [], 0, []
         for i in range(2):
+            [save] = cluster.events(i, "save")
+            save_s.append(save["t_end"] - save["t_start"])
             [start], [end] = cluster.events(i, "start"), cluster.events(i, "exit")
             if start.get("rss") is None or end.get("peak_rss") is None:
                 raise RuntimeError(f"{run_id}: no /proc/self/status here\n{details}")
@@ -116,7 +121,7 @@ def one_run(variant: str, model_mb: int, root: Path, run_id: str) -> Result:
         if not list(ckpt_dir.glob("ckpt-*.index")) or data < model_mb * 2**20:
             listing = sorted(str(p.relative_to(root)) for p in (root / run_id).rglob("*"))
             raise RuntimeError(f"{run_id}: no whole checkpoint: {listing}\n{details}")
-        return Result(tuple(peaks), written, data)
+        return Result(tuple(peaks), written, data, tuple(save_s))
     finally:
         cluster.kill()
 
@@ -155,7 +160,8 @@ def main() -> int:
                     print(
                         f"  {model_mb} MiB {variant:8} peak RSS growth chief {mib(r.peak[0])},"
                         f" non-chief {mib(r.peak[1])}; written {mib(r.written)}; checkpoint"
-                        f" {mib(r.checkpoint)} ({time.monotonic() - start:.0f} s)",
+                        f" {mib(r.checkpoint)}; save {r.save_s[0]:.2f} s, {r.save_s[1]:.2f} s"
+                        f" (run {time.monotonic() - start:.0f} s)",
                         flush=True,
                     )
     print_table(results, sizes, variants, args.repeats)
@@ -169,6 +175,7 @@ def print_table(results: dict, sizes: list, variants: list, repeats: int) -> Non
         "chief: peak RSS growth",
         "non-chief: peak RSS growth",
         "written by both workers",
+        "save: chief, non-chief",
     )
 
     def cell(nbytes: float, model: int) -> str:
@@ -182,6 +189,7 @@ def print_table(results: dict, sizes: list, variants: list, repeats: int) -> Non
             chief = statistics.median(r.peak[0] for r in runs)
             other = statistics.median(r.peak[1] for r in runs)
             written = statistics.median(r.written for r in runs)
+            save_s = [statistics.median(r.save_s[i] for r in runs) for i in range(2)]
             rows.append(
                 (
                     mib(model),
@@ -189,6 +197,7 @@ def print_table(results: dict, sizes: list, variants: list, repeats: int) -> Non
                     cell(chief, model),
                     cell(other, model),
                     cell(written, model),
+                    f"{save_s[0]:.2f} s, {save_s[1]:.2f} s",
                 )
             )
     _report.print_readme_table(
