@@ -18,7 +18,9 @@ and exit 42.
 resident right after the handler's construction (``5`` to ``/proc/self/clear_refs``;
 ``VmRSS`` then is the start), and reads ``VmHWM`` (the kernel's own peak since that
 reset, no sampling) when ``SystemExit`` leaves its training loop, after the save and the
-removal of a non-chief's copy; growth = ``VmHWM`` - start. **Bytes written**: both
+removal of a non-chief's copy; growth = ``VmHWM`` - start. The same during the save alone: ``mwms_worker.py
+--peak-per-save`` reads the peak so far at the save's start, resets it, and reads it
+again at the save's end (the span's peak is then the largest of the three readings). **Bytes written**: both
 workers' ``wchar`` (``/proc/self/io``: bytes passed to ``write()`` and its kin, page
 cache or not) over the same span: the checkpoint, any copy on the storage, the small
 ``checkpoint`` files and the preemption records; ``ram://`` is no write. After each run
@@ -74,8 +76,11 @@ DEFAULTS = {"model_mb": "200,1024", "repeats": 1}
 
 @dataclass
 class Result:
-    #: Peak RSS growth, bytes: chief, non-chief.
+    #: Peak RSS growth from the handler's construction to the exit, bytes: chief,
+    #: non-chief.
     peak: tuple
+    #: Peak RSS growth during the save, bytes: chief, non-chief.
+    save_peak: tuple
     #: Bytes written by both workers.
     written: int
     #: The chief's checkpoint's data files, bytes.
@@ -96,7 +101,7 @@ def one_run(variant: str, model_mb: int, root: Path, run_id: str) -> Result:
         num_workers=2,
         steps=STEPS,
         step_sleep=STEP_SLEEP,
-        extra_args=["--ballast-mb", str(model_mb)],
+        extra_args=["--ballast-mb", str(model_mb), "--peak-per-save"],
         env={NON_CHIEF_SAVES_ENV: saves} if saves else {},
         name=run_id,
     )
@@ -108,20 +113,24 @@ def one_run(variant: str, model_mb: int, root: Path, run_id: str) -> Result:
         details = "\n".join(cluster.describe(i) for i in range(2))
         if codes != [42, 42]:
             raise RuntimeError(f"{run_id}: exit codes {codes}\n{details}")
-        peaks, written, save_s = [], 0, []
+        peaks, save_peaks, written, save_s = [], [], 0, []
         for i in range(2):
             [save] = cluster.events(i, "save")
             save_s.append(save["t_end"] - save["t_start"])
             [start], [end] = cluster.events(i, "start"), cluster.events(i, "exit")
             if start.get("rss") is None or end.get("peak_rss") is None:
                 raise RuntimeError(f"{run_id}: no /proc/self/status here\n{details}")
-            peaks.append(end["peak_rss"] - start["rss"])
+            # The peak was reset at the save's start: the whole span's is the largest of
+            # the three parts.
+            peak = max(save["peak_before"], save["peak_rss"], end["peak_rss"])
+            peaks.append(peak - start["rss"])
+            save_peaks.append(save["peak_rss"] - save["rss"])
             written += end["wchar"] - start["wchar"]
         data = sum(p.stat().st_size for p in ckpt_dir.glob("ckpt-*.data-*"))
         if not list(ckpt_dir.glob("ckpt-*.index")) or data < model_mb * 2**20:
             listing = sorted(str(p.relative_to(root)) for p in (root / run_id).rglob("*"))
             raise RuntimeError(f"{run_id}: no whole checkpoint: {listing}\n{details}")
-        return Result(tuple(peaks), written, data, tuple(save_s))
+        return Result(tuple(peaks), tuple(save_peaks), written, data, tuple(save_s))
     finally:
         cluster.kill()
 
@@ -159,7 +168,8 @@ def main() -> int:
                     results.setdefault((model_mb, variant), []).append(r)
                     print(
                         f"  {model_mb} MiB {variant:8} peak RSS growth chief {mib(r.peak[0])},"
-                        f" non-chief {mib(r.peak[1])}; written {mib(r.written)}; checkpoint"
+                        f" non-chief {mib(r.peak[1])} (in the save: {mib(r.save_peak[0])},"
+                        f" {mib(r.save_peak[1])}); written {mib(r.written)}; checkpoint"
                         f" {mib(r.checkpoint)}; save {r.save_s[0]:.2f} s, {r.save_s[1]:.2f} s"
                         f" (run {time.monotonic() - start:.0f} s)",
                         flush=True,
@@ -174,6 +184,7 @@ def print_table(results: dict, sizes: list, variants: list, repeats: int) -> Non
         "handler",
         "chief: peak RSS growth",
         "non-chief: peak RSS growth",
+        "in the save: chief, non-chief",
         "written by both workers",
         "save: chief, non-chief",
     )
@@ -189,6 +200,7 @@ def print_table(results: dict, sizes: list, variants: list, repeats: int) -> Non
             chief = statistics.median(r.peak[0] for r in runs)
             other = statistics.median(r.peak[1] for r in runs)
             written = statistics.median(r.written for r in runs)
+            in_save = [statistics.median(r.save_peak[i] for r in runs) for i in range(2)]
             save_s = [statistics.median(r.save_s[i] for r in runs) for i in range(2)]
             rows.append(
                 (
@@ -196,6 +208,7 @@ def print_table(results: dict, sizes: list, variants: list, repeats: int) -> Non
                     NAMES[variant],
                     cell(chief, model),
                     cell(other, model),
+                    f"{mib(in_save[0])}, {mib(in_save[1])}",
                     cell(written, model),
                     f"{save_s[0]:.2f} s, {save_s[1]:.2f} s",
                 )

@@ -46,6 +46,9 @@ COMMANDS = (
         [],
         ["--repeats", "1", "--positions", "1000", "100000"],
     ),
+    # Host memory and bytes of one MWMS preemption save, 200 MiB and 1 GiB models, TF's
+    # handler and ours in each mode (16 runs of 2 fresh TF workers, ~4 min).
+    ("benches/bench_save_memory.py", ["--repeats", "2"], ["--quick"]),
     # The test clusters' fork server (tests/integration/forkserver.py), ~10 min.
     ("benches/bench_test_workers.py", [], ["--rounds", "1"]),
     # The demo (make demo, about a minute): its preemption report, as docs/records.md

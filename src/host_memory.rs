@@ -17,10 +17,13 @@
 //! `total_inactive_file`), and `/proc/meminfo`'s `MemAvailable`. Whatever is unknown is
 //! `None`. No clock is involved: the answer depends on the readings only.
 
-/// A `ram://` copy of `b` bytes held this much in the process at its peak (measured:
-/// 276 MiB of resident memory above the start for a 200 MiB model in one save, 1.38 ×;
-/// TensorFlow's file system keeps the file as a string and `SaveV2` adds its buffers).
-/// The need is taken as 3/2 of the copy's bytes.
+/// A `ram://` copy held more than its own bytes in the process at its peak (measured
+/// before issue 50, when every save made one, with `benches/bench_save_memory.py` and
+/// `tests/integration/test_save_memory.py`: a 200 MiB model grew a non-chief's peak
+/// resident set by 299 MiB from the handler's construction to its exit, and by 281 MiB
+/// during the save alone; TensorFlow's file system keeps the file as a string, and
+/// `SaveV2` adds its buffers).
+/// The need is 1.5 × the copy's bytes (3/2, in integers).
 pub const COPY_NEED_NUMERATOR: u64 = 3;
 /// See [`COPY_NEED_NUMERATOR`].
 pub const COPY_NEED_DENOMINATOR: u64 = 2;

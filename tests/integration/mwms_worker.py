@@ -18,8 +18,8 @@ JSON object per line, prefixed with ``EVENT ``:
 * ``save``: every ``tf.train.CheckpointManager.save`` call in this process (whoever
   makes it): ``runs`` (the ``checkpointed_runs`` value being saved), ``t_start``,
   ``t_end`` (``time.time()``), ``directory``, ``path``; with ``--peak-per-save``,
-  ``rss`` at its start and ``peak_rss`` during it (then ``exit``'s ``peak_rss`` is
-  since the last save's start).
+  ``peak_before`` (the peak resident bytes up to its start), ``rss`` at its start and
+  ``peak_rss`` during it (then ``exit``'s ``peak_rss`` is since the last save's start).
 * ``signal``: when the worker sends itself SIGTERM (``--signal-self-at-step``).
 * ``exit``: when a ``SystemExit`` leaves the training loop (``code``), with ``peak_rss``
   (the process's peak resident bytes since the ``start`` event, ``VmHWM``) and
@@ -461,6 +461,7 @@ def instrument_checkpoint_manager_saves(
                     raise RuntimeError(f"{hold_file} did not appear within {HOLD_BOUND:g}s")
                 time.sleep(0.05)
         plan = handler_plan()
+        peak_before = proc_status_bytes("VmHWM") if peak_per_save else None
         rss = reset_peak_rss() if peak_per_save else None
         t_start = time.time()
         path = original(self, *args, **kwargs)
@@ -475,6 +476,7 @@ def instrument_checkpoint_manager_saves(
             plan=plan,
             rss=rss,
             peak_rss=None if rss is None else proc_status_bytes("VmHWM"),
+            peak_before=peak_before,
         )
         return path
 
