@@ -18,12 +18,13 @@ and exit 42.
 resident right after the handler's construction (``5`` to ``/proc/self/clear_refs``;
 ``VmRSS`` then is the start), and reads ``VmHWM`` (the kernel's own peak since that
 reset, no sampling) when ``SystemExit`` leaves its training loop, after the save and the
-removal of a non-chief's copy; growth = ``VmHWM`` - start. The same during the save alone: ``mwms_worker.py
---peak-per-save`` reads the peak so far at the save's start, resets it, and reads it
-again at the save's end (the span's peak is then the largest of the three readings). **Bytes written**: both
-workers' ``wchar`` (``/proc/self/io``: bytes passed to ``write()`` and its kin, page
-cache or not) over the same span: the checkpoint, any copy on the storage, the small
-``checkpoint`` files and the preemption records; ``ram://`` is no write. After each run
+removal of a non-chief's copy; growth = ``VmHWM`` - start. The same during the save
+alone: ``mwms_worker.py --peak-per-save`` reads the peak so far at the save's start,
+resets it, and reads it again at the save's end (the span's peak is then the largest
+of the three readings). **Bytes written**: both workers' ``wchar`` (``/proc/self/io``:
+bytes passed to ``write()`` and its kin, page cache or not) over the same span: the
+checkpoint, any copy on the storage, the small ``checkpoint`` files and the preemption
+records; ``ram://`` is no write. After each run
 the chief's checkpoint is checked: a ``ckpt-N.index`` and data files of at least the
 model's bytes. **Save**: each worker's ``CheckpointManager.save``, start to end
 (``time.time()``, the ``save`` event), on this machine's local disk.
