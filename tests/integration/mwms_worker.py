@@ -273,7 +273,8 @@ BALLAST_VARIABLE_MIB = 32
 
 def add_ballast(strategy, model, mib: int) -> None:
     """``mib`` MiB of float32 variables on ``model`` (``model.ballast``), made under
-    ``strategy.scope()``: what a bigger model adds to a save."""
+    ``strategy.scope()``: what a bigger model adds to a save; and one ``SyncOnRead``
+    variable of SUM aggregation (``model.ballast_on_read``, 1.0 on each replica)."""
     import tensorflow as tf
 
     sizes = []
@@ -281,6 +282,14 @@ def add_ballast(strategy, model, mib: int) -> None:
         sizes.append(min(mib, BALLAST_VARIABLE_MIB))
         mib -= sizes[-1]
     with strategy.scope():
+        # A SyncOnRead variable: its save reads an all-reduce across the workers, so a
+        # worker that left its reads out of a save would hold the others up.
+        model.ballast_on_read = tf.Variable(
+            1.0,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+            name="ballast_on_read",
+        )
         model.ballast = [
             tf.Variable(tf.random.stateless_uniform([n * 2**18], seed=[i, 50]), name=f"ballast_{i}")
             for i, n in enumerate(sizes)

@@ -85,7 +85,7 @@ def _save_end_lines(ckpt_dir, task: int) -> list:
 
 def _check_the_chiefs_checkpoint(ckpt_dir, runs: int) -> None:
     """The chief's checkpoint is whole and holds the model's values: the ballast as made
-    (never trained) and the run count saved."""
+    (never trained), the run count saved and the SyncOnRead variable's sum."""
     import tensorflow as tf
 
     prefix = tf.train.latest_checkpoint(str(ckpt_dir))
@@ -104,6 +104,10 @@ def _check_the_chiefs_checkpoint(ckpt_dir, runs: int) -> None:
     assert total == MODEL_BYTES
     [counter] = [k for k in keys if k.startswith("checkpointed_runs")]
     assert int(reader.get_tensor(counter)) == runs
+    # The SyncOnRead variable's value is the sum over both workers: the chief's save read
+    # it through an all-reduce the non-chief took part in.
+    [on_read] = [k for k in keys if k.startswith("model/ballast_on_read/")]
+    assert float(reader.get_tensor(on_read)) == 2.0
 
 
 @pytest.mark.timeout(HANG_BOUND)
