@@ -8,11 +8,13 @@ tests/integration/test_mwms_handler.py."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 from tf_failure_handling import PreemptionCheckpointHandler, testing
 from tf_failure_handling._integrations import tf_reads_only
 from tf_failure_handling._protocol import checkpoints as ck
+from tf_failure_handling._protocol.records_hooks import StageRecords
 
 tf = pytest.importorskip("tensorflow", reason="the in-memory copy is TensorFlow's ram://")
 
@@ -104,6 +106,15 @@ def test_a_whole_copy_that_does_not_fit_goes_to_the_storage_and_says_so(
     assert fields["copy"] == "storage", fields
     assert fields["copy_needed"] > fields["copy_available"], fields
     assert "cannot hold it" in caplog.text and str(copy) in caplog.text
+    # The save's record says so: save.py passes these fields to the save_end line.
+    lines = []
+    recorder = SimpleNamespace(current="p0", write=lambda stage, **f: lines.append((stage, f)))
+    StageRecords(recorder, SimpleNamespace(), "worker 1").save_end(
+        saves.write, **saves.save_fields()
+    )
+    [(stage, line)] = lines
+    assert stage == "save_end" and line["copy"] == "storage", line
+    assert line["copy_needed"] == fields["copy_needed"] and line["path"].endswith("ckpt-1")
     saves.remove_worker_temp(is_chief=False)
     assert not (tmp_path / "workertemp_1").exists()
 
