@@ -115,6 +115,12 @@ def test_a_whole_copy_that_does_not_fit_goes_to_the_storage_and_says_so(
     [(stage, line)] = lines
     assert stage == "save_end" and line["copy"] == "storage", line
     assert line["copy_needed"] == fields["copy_needed"] and line["path"].endswith("ckpt-1")
+    # A second save (a grace period's final round) leaves one copy there, as TF's does.
+    saves.save(8, (), {}, clock=lambda: 0.0)
+    assert sorted(p.name for p in copy.iterdir()) == [
+        "ckpt-2.data-00000-of-00001",
+        "ckpt-2.index",
+    ]
     saves.remove_worker_temp(is_chief=False)
     assert not (tmp_path / "workertemp_1").exists()
 

@@ -581,6 +581,10 @@ class Checkpoints:
             if place == COPY_MEMORY:
                 return prefix
             folder = non_chief_dir(self._checkpoint_dir, self._task_id)
+            if self._storage_copy is not None:
+                # An earlier save's copy (a grace period's first round): never read, and
+                # this manager's sweep looks in memory, so it goes here (TF keeps one too).
+                delete_recursively(folder)
             make_dirs(folder)  # SaveV2 makes only the last folder, <prefix>_temp
             self._storage_copy = os.path.dirname(folder)
             log.warning(
