@@ -24,7 +24,8 @@ from tensorflow.python.framework import versions as _tf_versions_module
 
 from . import _failure
 from ._coordinator import closures as _closures
-from ._coordinator import ps_control as _ps_control
+from ._coordinator import coordinators as _coordinators
+from ._coordinator import join_checks as _join_checks
 from ._coordinator.closure_queue import ClosureQueue
 from ._integrations import tf_exit as _tf_exit
 from ._integrations import tf_versions as _tf_versions
@@ -291,7 +292,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         _tf_exit.install(self)
         self._functions = _closures.ConcreteFunctionCache()
         self._has_initialized = True
-        _ps_control.register_coordinator(self)
+        _coordinators.register_coordinator(self)
         log.info(
             "ClusterCoordinator (native queue and classifier): %d workers, %d parameter servers.",
             strategy._num_workers,
@@ -314,7 +315,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         termination notice that arrives meanwhile is acted on here: the closures
         finish, the checkpoint is saved and the process exits, as at a ``run()``.
         """
-        _ps_control.join(self._cluster.closure_queue)
+        _join_checks.join(self._cluster.closure_queue)
 
     def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> Any:
         """Schedules ``fn`` on some worker; returns a ``RemoteValue`` (TF's contract).
@@ -343,7 +344,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
                     queue = cluster.closure_queue
                     closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
                     remote_value = closure.build_output_remote_value()
-                    closure._tfh_run = _ps_control.handler_run_index()
+                    closure._tfh_run = _join_checks.handler_run_index()
                     queue.put(closure)
                     return remote_value
         queue = self._cluster.closure_queue
@@ -375,6 +376,6 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
         remote_value = closure.build_output_remote_value()
         # One of a handler's runs (its index), or None: its run count counts it.
-        closure._tfh_run = _ps_control.handler_run_index()
+        closure._tfh_run = _join_checks.handler_run_index()
         queue.put(closure)
         return remote_value

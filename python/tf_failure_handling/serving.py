@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from ._coordinator import ps_control as _ps_control
+from ._coordinator import task_calls as _task_calls
 from ._native import COORDINATOR_SILENCE, SERVE_CAP_FACTOR, serving
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
@@ -65,7 +65,7 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
     # The control answers the coordinator from now on, before the platform probe (a
     # metadata server may take seconds to answer or time out): a coordinator that
     # asks meanwhile learns this incarnation, with no notice yet.
-    control = _ps_control.TaskControl(job, task)
+    control = _task_calls.TaskControl(job, task)
     control.install()
     env = _platform.environment()
     defaults = _platform.complete(

@@ -75,9 +75,9 @@ def serve(args) -> int:
     def exit_fn():
         # What this task saw when it left: released by the coordinator (or its wait
         # ran out), and the checkpoint the coordinator had written by then.
-        from tf_failure_handling._coordinator import ps_control
+        from tf_failure_handling._coordinator import task_calls
 
-        control = ps_control._installed
+        control = task_calls._installed
         emit(
             "exiting",
             released=control.released.is_set(),

@@ -20,7 +20,7 @@ What counts as success:
   trains to the end (runs == counter == 120);
 * every process is reaped (the fixture sends SIGCONT, then kills what is left).
 
-Before the package set gRPC keepalive (``ps_control.GRPC_KEEPALIVE``), the coordinator's
+Before the package set gRPC keepalive (``grpc_keepalive.GRPC_KEEPALIVE``), the coordinator's
 save blocked for as long as the worker stayed stopped (more than 200 s measured; it
 ends only when the task runs again or its socket closes):
 ``TF_FAILURE_HANDLING_GRPC_KEEPALIVE=0`` reproduces that, and this test then fails at
@@ -34,7 +34,7 @@ import signal
 import time
 
 import pytest
-from tf_failure_handling._coordinator import ps_control
+from tf_failure_handling._coordinator import grpc_keepalive
 
 from .test_ps_preemption import (
     EXIT_BOUND,
@@ -66,8 +66,8 @@ def paused(tmp_path, monkeypatch):
     """The cluster, its coordinator paused at run 40 with nothing in flight. Its
     processes build the cluster with ``SimpleClusterResolver`` (no ``TF_CONFIG``), so
     they are told to add gRPC keepalive, as a user of such a cluster does."""
-    if os.environ.get(ps_control.GRPC_KEEPALIVE_ENV) is None:
-        monkeypatch.setenv(ps_control.GRPC_KEEPALIVE_ENV, "1")
+    if os.environ.get(grpc_keepalive.GRPC_KEEPALIVE_ENV) is None:
+        monkeypatch.setenv(grpc_keepalive.GRPC_KEEPALIVE_ENV, "1")
     c = Cluster(tmp_path)
     stopped: list = []
     c.resume_file = tmp_path / "resume"

@@ -49,7 +49,7 @@ takes ``--control-dir DIR`` and prints what the trial aims its faults at:
 * ``join_begin`` / ``join_end`` (or ``join_raised``) around each
   ``ClusterCoordinator.join()``;
 * ``bound_begin`` / ``bound_end`` around the handler's wait for the scheduled
-  closures before its save (``_ps_control.wait_for_closures``; ``bound_end`` has what
+  closures before its save (``closure_drain.wait_for_closures``; ``bound_end`` has what
   it returned: queued and in flight at the bound), ``save_begin`` / ``save_end`` around
   ``CheckpointManager.save``;
 * ``drain_begin`` / ``drain_end`` around a worker's drain (``WorkerDrain.run``),
@@ -459,7 +459,7 @@ def instrument_ps_coordinator(control: Path, tf_coordinator: bool = False) -> No
     import tensorflow as tf
     import tf_failure_handling as tfh
     from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_cc
-    from tf_failure_handling._coordinator import closures, ps_control
+    from tf_failure_handling._coordinator import closures
 
     def handler_init(original):
         def __init__(self, *args, **kwargs):
@@ -586,12 +586,19 @@ def instrument_ps_coordinator(control: Path, tf_coordinator: bool = False) -> No
         for name in ("fetch", "get"):
             if name in vars(cls):
                 _wrap(cls, name, result_wait)
-    # The wait for the closures before the save (named join_within before issue 32).
-    name = "wait_for_closures" if hasattr(ps_control, "wait_for_closures") else "join_within"
-    _wrap(ps_control, name, bound)
+    # The wait for the closures before the save (named join_within before issue 32),
+    # the drain and the poller: one ps_control module until issue 51 split it.
+    try:
+        from tf_failure_handling._coordinator import closure_drain, cluster_poller, worker_drain
+    except ImportError:
+        from tf_failure_handling._coordinator import ps_control
+
+        closure_drain = cluster_poller = worker_drain = ps_control
+    name = "wait_for_closures" if hasattr(closure_drain, "wait_for_closures") else "join_within"
+    _wrap(closure_drain, name, bound)
     _wrap(tf.train.CheckpointManager, "save", save)
-    _wrap(ps_control.WorkerDrain, "run", drain_run)
-    _wrap(ps_control.ClusterPoller, "release", release)
+    _wrap(worker_drain.WorkerDrain, "run", drain_run)
+    _wrap(cluster_poller.ClusterPoller, "release", release)
 
 
 def run_ps_preemption(argv) -> int:

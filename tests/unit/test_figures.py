@@ -447,7 +447,7 @@ def test_integer_seconds_minutes_and_percentages_are_checked():
 
 def test_a_constant_is_exempted_by_its_value_in_the_named_file():
     tables = {"t.md": []}
-    path = "python/tf_failure_handling/_coordinator/ps_control.py"
+    path = "python/tf_failure_handling/_coordinator/cluster_poller.py"
     good = f'It polls every 0.5 s.<!-- constant 0.5 s: "POLL_INTERVAL = 0.5" in {path} -->\n'
     assert _check(good, tables) == []
     # alone in the block above the table or paragraph it is for

@@ -3,7 +3,8 @@ calls, ``ClusterPoller``, ``WorkerDrain``, the coordinator's hold before a save,
 worker thread's holds.
 
 No TensorFlow cluster: the transport to the tasks is a function of the test, the
-coordinator and its workers are small fakes with the interface ``ps_control`` reads.
+coordinator and its workers are small fakes with the interface the ``_coordinator``
+modules read.
 Every wait is bounded; no verdict depends on how fast the machine is.
 """
 
@@ -15,7 +16,14 @@ import threading
 import time
 
 import pytest
-from tf_failure_handling._coordinator import ps_control
+from tf_failure_handling._coordinator import (
+    closure_drain,
+    cluster_poller,
+    coordinators,
+    grpc_keepalive,
+    task_calls,
+    worker_drain,
+)
 from tf_failure_handling._coordinator.closures import Worker, _Holds
 from tf_failure_handling._native import SERVE_CAP_FACTOR, gap_runs, runs_at_save
 from tf_failure_handling._native import serving as ps_control_serving
@@ -27,7 +35,7 @@ class NotFound(Exception):
     """What TF raises for a task that does not run serve()."""
 
     def __init__(self) -> None:
-        super().__init__(f"Could not find callback with key={ps_control.TOKEN}")
+        super().__init__(f"Could not find callback with key={task_calls.TOKEN}")
 
 
 class UnavailableError(Exception):
@@ -37,13 +45,13 @@ class UnavailableError(Exception):
 # ----------------------------------------------------------------------- TaskControl
 
 
-def ask(control: ps_control.TaskControl, request) -> dict:
+def ask(control: task_calls.TaskControl, request) -> dict:
     raw = request if isinstance(request, bytes) else json.dumps(request).encode()
     return json.loads(control(raw))
 
 
 def test_task_control_poll_answers_incarnation_and_notice():
-    control = ps_control.TaskControl("ps", 0)
+    control = task_calls.TaskControl("ps", 0)
     answer = ask(control, {"op": "poll"})
     assert answer == {
         "incarnation": control.incarnation,
@@ -59,7 +67,7 @@ def test_task_control_poll_answers_incarnation_and_notice():
 
 def test_task_control_refuses_a_release_before_its_notice():
     """Item 5: a release sent ahead of the notice (pre-arming) does not count."""
-    control = ps_control.TaskControl("ps", 0)
+    control = task_calls.TaskControl("ps", 0)
     answer = ask(control, {"op": "release", "reason": "x", "incarnation": control.incarnation})
     assert answer == {"released": False, "why": "no notice to release"}
     control.set_notice("signal SIGTERM", None)
@@ -67,7 +75,7 @@ def test_task_control_refuses_a_release_before_its_notice():
 
 
 def test_task_control_refuses_a_release_of_another_incarnation_or_notice():
-    control = ps_control.TaskControl("worker", 1)
+    control = task_calls.TaskControl("worker", 1)
     control.set_notice("signal SIGTERM", None)
     at = ask(control, {"op": "poll"})["notice"]["at"]
     for request, why in (
@@ -83,7 +91,7 @@ def test_task_control_refuses_a_release_of_another_incarnation_or_notice():
 
 
 def test_task_control_release_of_this_notice_counts():
-    control = ps_control.TaskControl("worker", 1)
+    control = task_calls.TaskControl("worker", 1)
     control.set_notice("signal SIGTERM", None)
     at = ask(control, {"op": "poll"})["notice"]["at"]
     answer = ask(
@@ -96,11 +104,11 @@ def test_task_control_release_of_this_notice_counts():
 
 @pytest.mark.parametrize("raw", [b"not json", b"[1, 2]", b'"poll"'])
 def test_task_control_answers_bad_requests_with_an_error(raw):
-    assert "error" in ask(ps_control.TaskControl("ps", 0), raw)
+    assert "error" in ask(task_calls.TaskControl("ps", 0), raw)
 
 
 def test_task_control_answers_an_unknown_op_with_an_error():
-    assert ask(ps_control.TaskControl("ps", 0), {"op": "exit"}) == {"error": "unknown op 'exit'"}
+    assert ask(task_calls.TaskControl("ps", 0), {"op": "exit"}) == {"error": "unknown op 'exit'"}
 
 
 # ------------------------------------------------------------------- bounded calls
@@ -112,7 +120,7 @@ def test_call_returns_the_answer_and_raises_the_error():
             raise UnavailableError("gone")
         return {"task": task, "op": request["op"]}
 
-    caller = ps_control._Caller(transport)
+    caller = task_calls._Caller(transport)
     assert caller("t", {"op": "poll"}, BOUND) == {"task": "t", "op": "poll"}
     with pytest.raises(UnavailableError):
         caller("bad", {"op": "poll"}, BOUND)
@@ -128,11 +136,11 @@ def test_call_to_a_task_that_does_not_answer_gives_up_at_its_bound():
             stopped.wait(BOUND)
         return {"task": task}
 
-    caller = ps_control._Caller(transport)
-    with pytest.raises(ps_control.CallTimeout, match=r"did not answer 'poll' within 0\.2s"):
+    caller = task_calls._Caller(transport)
+    with pytest.raises(task_calls.CallTimeout, match=r"did not answer 'poll' within 0\.2s"):
         caller("stopped", {"op": "poll"}, 0.2)
     threads = threading.active_count()
-    with pytest.raises(ps_control.CallTimeout, match="earlier call has not returned"):
+    with pytest.raises(task_calls.CallTimeout, match="earlier call has not returned"):
         caller("stopped", {"op": "poll"}, BOUND)
     assert threading.active_count() == threads
     assert caller("other", {"op": "poll"}, BOUND) == {"task": "other"}
@@ -142,7 +150,7 @@ def test_call_to_a_task_that_does_not_answer_gives_up_at_its_bound():
         try:
             assert caller("stopped", {"op": "poll"}, BOUND) == {"task": "stopped"}
             break
-        except ps_control.CallTimeout:
+        except task_calls.CallTimeout:
             assert time.monotonic() < deadline, "the stopped task's call never returned"
             time.sleep(0.01)
 
@@ -161,12 +169,12 @@ def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog)
             stuck.wait(BOUND)  # the first call does not return in this test
         return {"task": task, "n": len(calls)}
 
-    caller = ps_control._Caller(transport, abandon_after=30.0, clock=lambda: now[0])
+    caller = task_calls._Caller(transport, abandon_after=30.0, clock=lambda: now[0])
     try:
-        with pytest.raises(ps_control.CallTimeout, match="did not answer"):
+        with pytest.raises(task_calls.CallTimeout, match="did not answer"):
             caller("w", {"op": "poll"}, 0.05)
         now[0] = 29.0
-        with pytest.raises(ps_control.CallTimeout, match=r"has not returned yet \(29s\)"):
+        with pytest.raises(task_calls.CallTimeout, match=r"has not returned yet \(29s\)"):
             caller("w", {"op": "poll"}, BOUND)
         assert calls == ["w"]
         now[0] = 30.0
@@ -188,17 +196,17 @@ def test_abandoned_calls_are_bounded_per_task():
         stopped.wait(BOUND)
         return {"task": task}
 
-    caller = ps_control._Caller(transport, abandon_after=1.0, max_abandoned=2, clock=lambda: now[0])
+    caller = task_calls._Caller(transport, abandon_after=1.0, max_abandoned=2, clock=lambda: now[0])
     try:
         for _ in range(3):  # the first call, then two abandoned ones replaced
-            with pytest.raises(ps_control.CallTimeout, match="did not answer"):
+            with pytest.raises(task_calls.CallTimeout, match="did not answer"):
                 caller("stopped", {"op": "poll"}, 0.05)
             now[0] += 1.0
         threads = threading.active_count()
-        with pytest.raises(ps_control.CallTimeout, match="2 abandoned call"):
+        with pytest.raises(task_calls.CallTimeout, match="2 abandoned call"):
             caller("stopped", {"op": "poll"}, BOUND)
         now[0] += 100.0
-        with pytest.raises(ps_control.CallTimeout, match="2 abandoned call"):
+        with pytest.raises(task_calls.CallTimeout, match="2 abandoned call"):
             caller("stopped", {"op": "poll"}, BOUND)
         assert threading.active_count() == threads
     finally:
@@ -221,8 +229,8 @@ class FakeCluster:
         self.errors: dict = {}
         self.calls: list = []
 
-    def serve(self, task: str, job: str, index: int) -> ps_control.TaskControl:
-        control = self.controls[task] = ps_control.TaskControl(job, index)
+    def serve(self, task: str, job: str, index: int) -> task_calls.TaskControl:
+        control = self.controls[task] = task_calls.TaskControl(job, index)
         self.errors.pop(task, None)
         return control
 
@@ -234,7 +242,7 @@ class FakeCluster:
 
 
 def make_poller(cluster: FakeCluster, notices: list, released=None):
-    return ps_control.ClusterPoller(
+    return cluster_poller.ClusterPoller(
         SPEC,
         lambda *n: notices.append(n),
         interval=0.01,
@@ -313,7 +321,7 @@ def test_the_log_tells_why_a_task_is_unanswered_and_when_it_is_back(caplog):
         cluster.errors[W1] = UnavailableError("connection refused")
         poller.poll_once()
         poller.poll_once()
-        cluster.errors[W1] = ps_control.CallTimeout("an earlier call has not returned yet")
+        cluster.errors[W1] = task_calls.CallTimeout("an earlier call has not returned yet")
         poller.poll_once()
         cluster.serve(W1, "worker", 1)
         poller.poll_once()
@@ -339,11 +347,11 @@ def test_a_stopped_task_does_not_hold_up_the_others():
         return cluster(task, request)
 
     notices: list = []
-    poller = ps_control.ClusterPoller(
+    poller = cluster_poller.ClusterPoller(
         SPEC,
         lambda *n: notices.append(n),
         interval=0.01,
-        caller=ps_control._Caller(transport),
+        caller=task_calls._Caller(transport),
         call_timeout=0.2,
     )
     cluster.controls[PS].set_notice("signal SIGTERM", None)
@@ -364,7 +372,7 @@ def test_a_notice_handler_that_raises_does_not_end_the_watch():
         seen.append(n)
         raise RuntimeError("boom")
 
-    poller = ps_control.ClusterPoller(SPEC, on_notice, interval=0.01, caller=cluster)
+    poller = cluster_poller.ClusterPoller(SPEC, on_notice, interval=0.01, caller=cluster)
     poller.poll_once()
     assert len(seen) == 3
 
@@ -417,7 +425,7 @@ def test_release_of_a_task_that_is_gone_returns_false():
     """Its port refuses connections: the failed release is not sent again."""
     cluster, released = FakeCluster(), []
     cluster.errors[PS] = UnavailableError("gone")
-    poller = ps_control.ClusterPoller(
+    poller = cluster_poller.ClusterPoller(
         SPEC,
         lambda *n: None,
         on_released=lambda *r: released.append(r),
@@ -432,7 +440,7 @@ def test_release_of_a_task_that_is_gone_returns_false():
     "failure",
     [
         UnavailableError("/job:ps/replica:0/task:0 is unavailable"),
-        ps_control.CallRefused(f"{W1}: an earlier call has not returned yet (0s)"),
+        task_calls.CallRefused(f"{W1}: an earlier call has not returned yet (0s)"),
     ],
     ids=["another_tasks_error", "refused_while_a_poll_is_in_flight"],
 )
@@ -458,7 +466,7 @@ def test_a_release_that_fails_while_the_task_listens_is_sent_again(failure):
             raise failures.pop()
         return cluster(task, request, timeout)
 
-    poller = ps_control.ClusterPoller(
+    poller = cluster_poller.ClusterPoller(
         SPEC,
         lambda *n: notices.append(n),
         interval=0.01,
@@ -480,10 +488,10 @@ def test_a_release_whose_call_times_out_is_not_sent_again():
     def caller(task, request, timeout=None):
         if request["op"] == "release":
             cluster.calls.append((task, "release"))
-            raise ps_control.CallTimeout(f"{task} did not answer 'release' within {timeout}s")
+            raise task_calls.CallTimeout(f"{task} did not answer 'release' within {timeout}s")
         return cluster(task, request, timeout)
 
-    poller = ps_control.ClusterPoller(
+    poller = cluster_poller.ClusterPoller(
         SPEC, lambda *n: None, caller=caller, listening=lambda task: True
     )
     poller.poll_once()
@@ -500,11 +508,11 @@ def test_the_caller_tells_a_refusal_from_a_timeout():
         stop.wait(BOUND)
         return {}
 
-    caller = ps_control._Caller(transport)
-    with pytest.raises(ps_control.CallTimeout) as timed_out:
+    caller = task_calls._Caller(transport)
+    with pytest.raises(task_calls.CallTimeout) as timed_out:
         caller(W1, {"op": "poll"}, 0.05)
-    assert type(timed_out.value) is ps_control.CallTimeout
-    with pytest.raises(ps_control.CallRefused, match="earlier call has not returned"):
+    assert type(timed_out.value) is task_calls.CallTimeout
+    with pytest.raises(task_calls.CallRefused, match="earlier call has not returned"):
         caller(W1, {"op": "release"}, 0.05)
     stop.set()
 
@@ -517,7 +525,7 @@ def test_a_failing_release_record_does_not_stop_the_release():
     def on_released(*r):
         raise OSError("disk full")
 
-    poller = ps_control.ClusterPoller(
+    poller = cluster_poller.ClusterPoller(
         SPEC, lambda *n: None, interval=0.01, on_released=on_released, caller=cluster
     )
     poller.poll(PS)
@@ -533,7 +541,7 @@ def test_a_released_task_is_not_asked_until_it_is_gone():
     for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
         cluster.serve(task, job, i)
     listening = {W1: True}
-    poller = ps_control.ClusterPoller(
+    poller = cluster_poller.ClusterPoller(
         SPEC,
         lambda *n: notices.append(n),
         interval=0.01,
@@ -564,7 +572,7 @@ def test_the_port_probe_tells_a_listening_task_from_a_gone_one():
     server.bind(("127.0.0.1", 0))
     server.listen()
     port = server.getsockname()[1]
-    poller = ps_control.ClusterPoller(
+    poller = cluster_poller.ClusterPoller(
         {"worker": [f"127.0.0.1:{port}"]}, lambda *n: None, caller=FakeCluster()
     )
     assert poller._port_open("/job:worker/replica:0/task:0")
@@ -576,7 +584,8 @@ def test_the_port_probe_tells_a_listening_task_from_a_gone_one():
 
 
 class FakeWorker:
-    """What ``ps_control`` reads of a worker of ours: holds, idleness, its closure."""
+    """What ``closure_drain`` and ``worker_drain`` read of a worker of ours: holds,
+    idleness, its closure."""
 
     def __init__(self, index: int) -> None:
         self.worker_index = index
@@ -635,7 +644,7 @@ def test_wait_for_closures_holds_every_worker_and_waits_for_the_ones_in_flight()
     workers[1].running = "train_step"
     coordinator = FakeCoordinator(workers, FakeQueue(queued=7))
     threading.Timer(0.05, workers[1].finish).start()
-    unfinished = ps_control.wait_for_closures(coordinator, BOUND)
+    unfinished = closure_drain.wait_for_closures(coordinator, BOUND)
     assert all(w.holds.strict() for w in workers)
     assert (unfinished.queued, unfinished.in_flight, unfinished.held) == (7, {}, True)
     assert unfinished.count == 7 and unfinished
@@ -646,10 +655,10 @@ def test_wait_for_closures_names_the_closure_in_flight_at_the_bound():
     workers = [FakeWorker(0), FakeWorker(1)]
     workers[1].running = "train_step"
     coordinator = FakeCoordinator(workers, FakeQueue(queued=3))
-    unfinished = ps_control.wait_for_closures(coordinator, 0.1)
+    unfinished = closure_drain.wait_for_closures(coordinator, 0.1)
     assert unfinished.in_flight == {1: "train_step"} and unfinished.queued == 3
     assert unfinished.count == 4
-    ps_control.resume_all(coordinator)
+    closure_drain.resume_all(coordinator)
     assert not any(w.holds.held() for w in workers)
 
 
@@ -658,9 +667,9 @@ def test_wait_for_closures_with_tensorflows_coordinator_cannot_hold():
         worker_index = 0
 
     finished = FakeCoordinator([TfWorker()], FakeQueue(done=True))
-    assert not ps_control.wait_for_closures(finished, 0.1)
+    assert not closure_drain.wait_for_closures(finished, 0.1)
     stuck = FakeCoordinator([TfWorker()], FakeQueue(queued=2, inflight=1, done=False))
-    unfinished = ps_control.wait_for_closures(stuck, 0.1)
+    unfinished = closure_drain.wait_for_closures(stuck, 0.1)
     assert (unfinished.queued, unfinished.in_flight, unfinished.held) == (2, {}, False)
     assert unfinished.unnamed == unfinished.in_flight_count == 1 and unfinished.count == 3
 
@@ -669,10 +678,10 @@ def test_a_save_hold_and_a_drain_hold_are_lifted_separately():
     worker = FakeWorker(0)
     coordinator = FakeCoordinator([worker], FakeQueue())
     worker.hold("drain x")
-    assert ps_control.hold_all(coordinator, strict=True)
+    assert closure_drain.hold_all(coordinator, strict=True)
     worker.resume("drain x")
     assert worker.holds.held(), "the drain's resume lifted the save's hold"
-    ps_control.resume_all(coordinator)
+    closure_drain.resume_all(coordinator)
     assert not worker.holds.held()
 
 
@@ -699,7 +708,7 @@ def test_drain_holds_waits_releases_waits_for_the_exit_then_resumes():
     worker = FakeWorker(1)
     worker.running = "train_step"
     poller = FakePoller()
-    drain = ps_control.WorkerDrain(
+    drain = worker_drain.WorkerDrain(
         poller, 1, None, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
     )
     released = []
@@ -724,7 +733,7 @@ def test_drain_releases_at_its_bound_with_the_closure_still_running(caplog):
     worker = FakeWorker(1)
     worker.running = "train_step"
     poller = FakePoller()
-    drain = ps_control.WorkerDrain(
+    drain = worker_drain.WorkerDrain(
         poller,
         1,
         deadline=100.0,
@@ -755,7 +764,7 @@ def _unreleased_drain(gone, on_wait=None):
         return wait_gone(task, bound)
 
     poller.wait_gone = observed
-    drain = ps_control.WorkerDrain(
+    drain = worker_drain.WorkerDrain(
         poller, 1, None, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
     )
     drain.run()
@@ -782,7 +791,7 @@ def test_drain_that_cannot_release_resumes_a_new_incarnation():
 
 
 def test_an_unreleased_worker_is_held_for_as_long_as_it_may_serve():
-    assert ps_control.unreleased_hold_bound(None, 30.0, 30.0, 0.0) == pytest.approx(
+    assert worker_drain.unreleased_hold_bound(None, 30.0, 30.0, 0.0) == pytest.approx(
         SERVE_CAP_FACTOR * 30.0 + 30.0
     )
 
@@ -792,7 +801,7 @@ def test_drain_with_a_coordinator_that_cannot_hold_releases_at_once(caplog):
         worker_index = 1
 
     poller = FakePoller()
-    drain = ps_control.WorkerDrain(
+    drain = worker_drain.WorkerDrain(
         poller, 1, None, coordinator=FakeCoordinator([TfWorker(), TfWorker()], FakeQueue())
     )
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
@@ -803,9 +812,9 @@ def test_drain_with_a_coordinator_that_cannot_hold_releases_at_once(caplog):
 
 
 def test_drain_bound_without_a_deadline_is_the_default():
-    drain = ps_control.WorkerDrain(FakePoller(), 1, None, coordinator=None)
-    assert drain.bound() == ps_control.DEFAULT_DRAIN_BOUND
-    assert ps_control.WorkerDrain(FakePoller(), 1, 5.0, clock=lambda: 10.0).bound() == 0.0
+    drain = worker_drain.WorkerDrain(FakePoller(), 1, None, coordinator=None)
+    assert drain.bound() == worker_drain.DEFAULT_DRAIN_BOUND
+    assert worker_drain.WorkerDrain(FakePoller(), 1, 5.0, clock=lambda: 10.0).bound() == 0.0
 
 
 # ------------------------------------------------------------- the worker's thread
@@ -943,7 +952,7 @@ def test_tensorflows_coordinator_is_found_on_the_checkpoints_strategy(monkeypatc
     checkpoint's variables when it is built (a manager's checkpoint too)."""
     import tensorflow as tf
 
-    monkeypatch.setattr(ps_control, "_coordinators", __import__("weakref").WeakSet())
+    monkeypatch.setattr(coordinators, "_coordinators", __import__("weakref").WeakSet())
 
     class Strategy:
         _cluster_coordinator = None
@@ -952,17 +961,17 @@ def test_tensorflows_coordinator_is_found_on_the_checkpoints_strategy(monkeypatc
     variable = tf.Variable(1.0)
     variable._distribute_strategy = strategy
     checkpoint = tf.train.Checkpoint(model=tf.Module(), step=variable)
-    assert ps_control.strategy_of(checkpoint) is strategy
+    assert coordinators.strategy_of(checkpoint) is strategy
     manager = tf.train.CheckpointManager(checkpoint, "/nonexistent-tfh-test", 1)
-    assert ps_control.strategy_of(manager) is strategy
-    assert ps_control.strategy_of(tf.train.Checkpoint()) is None
-    assert ps_control.find_coordinator(strategy) is None
+    assert coordinators.strategy_of(manager) is strategy
+    assert coordinators.strategy_of(tf.train.Checkpoint()) is None
+    assert coordinators.find_coordinator(strategy) is None
     coordinator = FakeCoordinator([], FakeQueue())
     strategy._cluster_coordinator = coordinator
-    assert ps_control.find_coordinator(strategy) is coordinator
+    assert coordinators.find_coordinator(strategy) is coordinator
     ours = FakeCoordinator([], FakeQueue())
-    ps_control.register_coordinator(ours)
-    assert ps_control.find_coordinator(strategy) is ours
+    coordinators.register_coordinator(ours)
+    assert coordinators.find_coordinator(strategy) is ours
 
 
 # --------------------------------------------------------------- gRPC keepalive (item 4)
@@ -974,21 +983,21 @@ def test_keepalive_is_added_in_a_ps_cluster_only():
     channels as they are; TF_CONFIG naming a ps job, or the variable at 1, adds it."""
     mwms = {"TF_CONFIG": '{"cluster": {"worker": ["h:1", "h:2"]}}'}
     for env in ({}, mwms, {"TF_CONFIG": "not json"}, {"TF_CONFIG": "[1]"}):
-        assert ps_control.add_grpc_keepalive(env) is None, env
+        assert grpc_keepalive.add_grpc_keepalive(env) is None, env
         assert "TF_GRPC_DEFAULT_OPTIONS" not in env
-    assert ps_control.add_grpc_keepalive({"TF_CONFIG": PS_TF_CONFIG}) is not None
+    assert grpc_keepalive.add_grpc_keepalive({"TF_CONFIG": PS_TF_CONFIG}) is not None
     forced = dict(mwms, TF_FAILURE_HANDLING_GRPC_KEEPALIVE="1")
-    assert ps_control.add_grpc_keepalive(forced) is not None
+    assert grpc_keepalive.add_grpc_keepalive(forced) is not None
     off = {"TF_CONFIG": PS_TF_CONFIG, "TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "0"}
-    assert ps_control.add_grpc_keepalive(off) is None
+    assert grpc_keepalive.add_grpc_keepalive(off) is None
 
 
 def test_keepalive_is_added_to_an_empty_environment():
     env = {"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "1"}
-    value = ps_control.add_grpc_keepalive(env)
+    value = grpc_keepalive.add_grpc_keepalive(env)
     assert value == env["TF_GRPC_DEFAULT_OPTIONS"]
-    assert value.split(",") == [f"{k}={v}" for k, v in ps_control.GRPC_KEEPALIVE]
-    assert ps_control.grpc_keepalive_time(env) == ps_control.GRPC_PING_EVERY
+    assert value.split(",") == [f"{k}={v}" for k, v in grpc_keepalive.GRPC_KEEPALIVE]
+    assert grpc_keepalive.grpc_keepalive_time(env) == grpc_keepalive.GRPC_PING_EVERY
 
 
 def test_keepalive_keeps_the_users_options_and_values():
@@ -996,36 +1005,36 @@ def test_keepalive_keeps_the_users_options_and_values():
         "TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=60000,grpc.foo=1,",
         "TF_CONFIG": PS_TF_CONFIG,
     }
-    value = ps_control.add_grpc_keepalive(env)
+    value = grpc_keepalive.add_grpc_keepalive(env)
     items = value.split(",")
     assert items[:2] == ["grpc.keepalive_time_ms=60000", "grpc.foo=1"]
     names = [item.split("=")[0] for item in items]
     assert names.count("grpc.keepalive_time_ms") == 1
     assert {"grpc.http2.ping_timeout_ms", "grpc.min_reconnect_backoff_ms"} <= set(names)
     assert all(item.count("=") == 1 for item in items), items  # TF's format
-    assert ps_control.grpc_keepalive_time(env) == 60.0
+    assert grpc_keepalive.grpc_keepalive_time(env) == 60.0
 
 
 def test_keepalive_adds_nothing_when_every_option_is_set_or_it_is_turned_off():
-    full = ",".join(f"{k}={v}" for k, v in ps_control.GRPC_KEEPALIVE)
+    full = ",".join(f"{k}={v}" for k, v in grpc_keepalive.GRPC_KEEPALIVE)
     env = {"TF_GRPC_DEFAULT_OPTIONS": full, "TF_CONFIG": PS_TF_CONFIG}
-    assert ps_control.add_grpc_keepalive(env) is None and env["TF_GRPC_DEFAULT_OPTIONS"] == full
+    assert grpc_keepalive.add_grpc_keepalive(env) is None and env["TF_GRPC_DEFAULT_OPTIONS"] == full
     off = {"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "0"}
-    assert ps_control.add_grpc_keepalive(off) is None
+    assert grpc_keepalive.add_grpc_keepalive(off) is None
     assert "TF_GRPC_DEFAULT_OPTIONS" not in off
-    assert ps_control.grpc_keepalive_time(off) is None
-    assert ps_control.grpc_keepalive_time({"TF_GRPC_DEFAULT_OPTIONS": "grpc.x=1"}) is None
+    assert grpc_keepalive.grpc_keepalive_time(off) is None
+    assert grpc_keepalive.grpc_keepalive_time({"TF_GRPC_DEFAULT_OPTIONS": "grpc.x=1"}) is None
     bad = {"TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=soon"}
-    assert ps_control.grpc_keepalive_time(bad) is None
+    assert grpc_keepalive.grpc_keepalive_time(bad) is None
 
 
 def test_the_import_added_keepalive_as_keepalive_wanted_says():
     import os
 
-    if ps_control.keepalive_wanted():
-        assert ps_control.grpc_keepalive_time() is not None
-    elif not os.environ.get(ps_control.GRPC_OPTIONS_ENV):
-        assert ps_control.GRPC_OPTIONS_ADDED is None
+    if grpc_keepalive.keepalive_wanted():
+        assert grpc_keepalive.grpc_keepalive_time() is not None
+    elif not os.environ.get(grpc_keepalive.GRPC_OPTIONS_ENV):
+        assert grpc_keepalive.GRPC_OPTIONS_ADDED is None
 
 
 # ----------------------------------------------------------------------------- issue 48
@@ -1067,7 +1076,9 @@ def test_only_the_handlers_runs_are_taken_off_the_run_count():
     workers[0].taken = lambda: Run(8)
     workers[1].taken = lambda: Run(None)
     queue = ListingQueue([Run(9), Run(None), Run(None), Run(10), Run(11)])
-    unfinished = ps_control.wait_for_closures(FakeCoordinator(workers, queue), 0.05, scheduled=12)
+    unfinished = closure_drain.wait_for_closures(
+        FakeCoordinator(workers, queue), 0.05, scheduled=12
+    )
     assert (unfinished.queued, unfinished.in_flight) == (3, {0: "train_step"})
     assert (unfinished.queued_runs, unfinished.in_flight_runs) == ([9, 10, 11], [8])
     assert (unfinished.outside_queued, unfinished.outside_in_flight) == (2, {1: "eval_step"})
@@ -1133,7 +1144,7 @@ def test_the_ps_release_after_the_save_is_sent_again_before_the_watch_stops():
             raise failures.pop()
         return cluster(task, request, timeout)
 
-    poller = ps_control.ClusterPoller(
+    poller = cluster_poller.ClusterPoller(
         SPEC, lambda *n: None, interval=0.01, caller=caller, listening=lambda task: True
     )
     poller.poll_once()
@@ -1162,7 +1173,7 @@ def test_a_served_task_waits_while_the_coordinator_asks():
 
 
 def test_task_control_notes_when_the_coordinator_asked():
-    control = ps_control.TaskControl("ps", 0)
+    control = task_calls.TaskControl("ps", 0)
     assert control.last_asked is None
     before = time.time()
     ask(control, {"op": "poll"})
@@ -1176,7 +1187,7 @@ def test_a_pass_lets_a_strictly_held_thread_take_one_closure():
     holds.add("save", strict=True)
     queue = CountingQueue()
     assert holds.wait_turn(queue, 0.0) == _Holds.WAIT and holds.idle.is_set()
-    passes = ps_control.Passes(1)
+    passes = closure_drain.Passes(1)
     holds.grant(passes)
     assert holds.wait_turn(queue, 0.0) == _Holds.TAKE_GRANTED and not holds.idle.is_set()
     assert passes.left == 0
@@ -1210,7 +1221,9 @@ def test_the_save_lets_a_live_worker_run_a_put_back_run_first():
 
     workers[0].grant = lambda passes: pytest.fail("a lost worker was granted a pass")
     workers[1].grant = grant
-    unfinished = ps_control.wait_for_closures(FakeCoordinator(workers, queue), BOUND, scheduled=14)
+    unfinished = closure_drain.wait_for_closures(
+        FakeCoordinator(workers, queue), BOUND, scheduled=14
+    )
     assert queue.promoted == [[10]] and unfinished.gap_runs == [10]
     assert unfinished.queued_runs == [12, 13] and unfinished.in_flight_runs == []
     assert runs_at_save(14, unfinished.queued_runs, unfinished.in_flight_runs) == (12, 0)

@@ -19,7 +19,7 @@ class Membership:
     task_id: Optional[int]
     #: The coordinator (chief) of a ParameterServerStrategy cluster: it decides
     #: alone (local mode for the step protocol) and watches the PS and worker
-    #: tasks through ``_coordinator/ps_control.py``.
+    #: tasks through ``_coordinator/cluster_poller.py``.
     ps_coordinator: bool = False
 
     @property

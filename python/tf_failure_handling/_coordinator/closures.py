@@ -29,7 +29,7 @@ from tensorflow.python.util import nest as _nest
 
 from .._native import Closure as _NativeClosure
 from .._native import Completions
-from . import ps_control as _ps_control
+from . import join_checks as _join_checks
 from .closure_queue import MAX_SIZE as MAX_QUEUE_SIZE
 
 #: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
@@ -280,9 +280,9 @@ class ClosureRemoteValue(_values.RemoteValueImpl):
         if self._status is not _NOT_READY:
             return True
         if timeout is None:
-            checks = _ps_control.checks_of_this_trainer()
+            checks = _join_checks.checks_of_this_trainer()
             if checks:
-                _ps_control.wait_checked(self._wait_unchecked, checks)
+                _join_checks.wait_checked(self._wait_unchecked, checks)
                 return True
         return self._wait_unchecked(timeout)
 
@@ -503,7 +503,7 @@ class _Holds:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._reasons: dict = {}  # reason -> strict
-        self._passes: Any = None  # ps_control.Passes, shared by the held workers
+        self._passes: Any = None  # closure_drain.Passes, shared by the held workers
         self.go = threading.Event()
         self.go.set()
         self.idle = threading.Event()
@@ -601,7 +601,7 @@ class Worker(_tf_cc.Worker):
 
     def grant(self, passes: Any) -> None:
         """While held, lets this thread take closures as long as ``passes`` has any left
-        (``ps_control.Passes``, shared by the workers the save lets run its gap runs)."""
+        (``closure_drain.Passes``, shared by the workers the save lets run its gap runs)."""
         self._holds().grant(passes)
 
     def lost(self) -> bool:

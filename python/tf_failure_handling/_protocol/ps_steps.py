@@ -2,7 +2,7 @@
 
 The coordinator (the chief) runs no training steps of its own: it schedules closures on
 the workers, which, with the parameter servers, only serve (``serving``). Its handler
-watches every PS and worker task for notices (``_ps_control.ClusterPoller``, over TF's
+watches every PS and worker task for notices (``_cluster_poller.ClusterPoller``, over TF's
 own RPCs) and:
 
 * a **PS task's notice** counts as its own: the handler saves at its next ``run()``
@@ -11,7 +11,7 @@ own RPCs) and:
   scheduled closures finished within the notice's deadline
   (:meth:`PsSteps.before_save`), and releases that PS once the checkpoint is written
   (:meth:`PsSteps.after_save`);
-* a **worker task's notice** drains that worker (``_ps_control.WorkerDrain``): its closure
+* a **worker task's notice** drains that worker (``_worker_drain.WorkerDrain``): its closure
   in flight finishes, it gets no new one, and it is released.
 
 Every stage is recorded through ``StageRecords`` (``records_hooks``).
@@ -24,7 +24,12 @@ import threading
 from typing import Any, Optional
 
 from .._cluster import membership as _membership
-from .._coordinator import ps_control as _ps_control
+from .._coordinator import closure_drain as _closure_drain
+from .._coordinator import cluster_poller as _cluster_poller
+from .._coordinator import coordinators as _coordinators
+from .._coordinator import grpc_keepalive as _grpc_keepalive
+from .._coordinator import join_checks as _join_checks
+from .._coordinator import worker_drain as _worker_drain
 from .._integrations import tf_exit as _tf_exit
 from .._native import COORDINATOR_SILENCE, ProtocolCore, runs_at_save
 from .records_hooks import StageRecords
@@ -45,7 +50,7 @@ class PsSteps:
         self._core = core
         self._records = records
         self._sources = sources
-        self.poller: Optional[_ps_control.ClusterPoller] = None
+        self.poller: Optional[_cluster_poller.ClusterPoller] = None
         #: PS tasks whose notice this coordinator acts on (released after the save).
         self._with_notice: set = set()
         #: The strategy of the checkpoint's variables (where TensorFlow keeps its
@@ -69,38 +74,38 @@ class PsSteps:
         (the handler's step check) the one ``ClusterCoordinator.join()`` makes. The
         strategy of the checkpoint's variables is kept: TensorFlow's own coordinator is
         found on it at save time."""
-        self._strategy = _ps_control.strategy_of(checkpoint)
-        self.poller = _ps_control.ClusterPoller(
+        self._strategy = _coordinators.strategy_of(checkpoint)
+        self.poller = _cluster_poller.ClusterPoller(
             _membership._as_dict(cluster_resolver.cluster_spec()),
             self._on_cluster_notice,
             on_released=self._records.task_release,
         )
         self.poller.start()
         self._join_check = join_check
-        _ps_control.register_join(join_check)
+        _join_checks.register_join(join_check)
         # TF_PSS_ENABLE_COORDINATION_SERVICE: TensorFlow's own coordinator's poller
         # would keep the process from exiting (ours installs this itself).
         _tf_exit.install(self._coordinator())
-        if _ps_control.grpc_keepalive_time() is None:
+        if _grpc_keepalive.grpc_keepalive_time() is None:
             log.warning(
                 "TF_GRPC_DEFAULT_OPTIONS sets no grpc.keepalive_time_ms (%s=0): a PS or "
                 "worker task that is stopped but not gone (SIGSTOP, a hung host) stalls this "
                 "coordinator's save until it runs again.",
-                _ps_control.GRPC_KEEPALIVE_ENV,
+                _grpc_keepalive.GRPC_KEEPALIVE_ENV,
             )
 
     def end_watch(self, stop_poller: bool = True) -> None:
         """``close()``; ``__del__`` passes ``stop_poller=False``: it joins no thread."""
         if self.poller is not None:
-            _ps_control.unregister_join(self._join_check)
+            _join_checks.unregister_join(self._join_check)
             coordinator = self._coordinator()
             if coordinator is not None:
-                _ps_control.resume_all(coordinator)
+                _closure_drain.resume_all(coordinator)
             if stop_poller:
                 self.poller.stop()
 
     def _coordinator(self) -> Any:
-        return _ps_control.find_coordinator(self._strategy)
+        return _coordinators.find_coordinator(self._strategy)
 
     def on_notice(self) -> None:
         """A notice this coordinator acts on (its own or a PS's; the driver's thread):
@@ -110,7 +115,7 @@ class PsSteps:
         if self.poller is None or self._state.grace_period > 0:
             return
         coordinator = self._coordinator()
-        if coordinator is not None and _ps_control.hold_all(coordinator, strict=False):
+        if coordinator is not None and _closure_drain.hold_all(coordinator, strict=False):
             log.info("Termination notice: the workers take no new closures until the save.")
 
     def _on_cluster_notice(
@@ -124,7 +129,7 @@ class PsSteps:
             if self._sources is not None:
                 self._sources.trigger(f"ps {task}: {source}", deadline)
         elif job == "worker" and self.poller is not None:
-            drain = _ps_control.WorkerDrain(
+            drain = _worker_drain.WorkerDrain(
                 self.poller,
                 task,
                 deadline,
@@ -160,7 +165,7 @@ class PsSteps:
         bound = self._core.drain_bound(self._state.clock(), self._state.peer_timeout)
         start = self._state.clock()
         scheduled = self._core.run_counter
-        unfinished = _ps_control.wait_for_closures(
+        unfinished = _closure_drain.wait_for_closures(
             coordinator, bound, self._state.clock, scheduled=scheduled
         )
         self._unfinished = unfinished
@@ -284,7 +289,7 @@ class PsSteps:
             self._core.run_counter = self._scheduled
         coordinator = self._coordinator() if self.poller is not None else None
         if coordinator is not None:
-            _ps_control.resume_all(coordinator)
+            _closure_drain.resume_all(coordinator)
 
 
 def _ids(runs: list) -> str:

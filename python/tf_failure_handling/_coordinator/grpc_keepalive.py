@@ -1,0 +1,90 @@
+"""The gRPC keepalive this package adds to TensorFlow's channels when it is imported.
+
+In a ParameterServerStrategy process (``TF_CONFIG`` names a ``ps`` job), a connection to
+a stopped task fails its calls after a ping timeout instead of stalling them: the
+options, when they apply and their limits: docs/getting-started/parameter-server.md,
+"Preemption under ParameterServerStrategy".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+#: Seconds between two keepalive pings on a connection with a call outstanding
+#: (gRPC's default of at most 2 pings without data keeps the servers, whose ping policy
+#: TensorFlow lets no one change, from answering "too_many_pings").
+GRPC_PING_EVERY = 5.0
+#: Seconds a ping may go unanswered before gRPC closes the connection, failing its calls
+#: (``grpc.http2.ping_timeout_ms`` is the one this gRPC applies to keepalive pings; its
+#: default is a minute. ``grpc.keepalive_timeout_ms`` is the documented one).
+GRPC_PING_TIMEOUT = 5.0
+#: Seconds a reconnection may wait for the peer's HTTP/2 SETTINGS (gRPC's default 20 s):
+#: a stopped task accepts the TCP connection and never answers, and new calls to it
+#: wait for the attempt.
+GRPC_CONNECT_TIMEOUT = 5.0
+#: gRPC channel options this package adds to ``TF_GRPC_DEFAULT_OPTIONS`` (the options of
+#: every channel TensorFlow creates in this process) unless the user set them there.
+GRPC_KEEPALIVE = (
+    ("grpc.keepalive_time_ms", int(GRPC_PING_EVERY * 1000)),
+    ("grpc.keepalive_timeout_ms", int(GRPC_PING_TIMEOUT * 1000)),
+    ("grpc.http2.ping_timeout_ms", int(GRPC_PING_TIMEOUT * 1000)),
+    ("grpc.min_reconnect_backoff_ms", int(GRPC_CONNECT_TIMEOUT * 1000)),
+)
+#: ``1``: add :data:`GRPC_KEEPALIVE` in any process; ``0``: never. Unset: only in a
+#: process whose ``TF_CONFIG`` names a ``ps`` job (a ParameterServerStrategy cluster: a
+#: MultiWorkerMirroredStrategy process keeps TensorFlow's channels as they are).
+GRPC_KEEPALIVE_ENV = "TF_FAILURE_HANDLING_GRPC_KEEPALIVE"
+GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"
+
+
+def keepalive_wanted(environ: Any = None) -> bool:
+    """Whether this process should get :data:`GRPC_KEEPALIVE` (:data:`GRPC_KEEPALIVE_ENV`)."""
+    environ = os.environ if environ is None else environ
+    flag = environ.get(GRPC_KEEPALIVE_ENV, "").strip().lower()
+    if flag in ("0", "false", "no", "off"):
+        return False
+    if flag in ("1", "true", "yes", "on"):
+        return True
+    try:
+        cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+    except (ValueError, AttributeError):
+        return False  # TensorFlow's resolver says what is wrong with it
+    return isinstance(cluster, dict) and bool(cluster.get("ps"))
+
+
+def add_grpc_keepalive(environ: Any = None) -> Optional[str]:
+    """Adds the options of :data:`GRPC_KEEPALIVE` that ``TF_GRPC_DEFAULT_OPTIONS`` does not
+    name (TF's format: ``name=value`` pairs separated by commas), when
+    :func:`keepalive_wanted`; returns the new value, or None when nothing was added."""
+    environ = os.environ if environ is None else environ
+    if not keepalive_wanted(environ):
+        return None
+    current = environ.get(GRPC_OPTIONS_ENV, "")
+    named = {item.split("=", 1)[0].strip() for item in current.split(",") if item.strip()}
+    added = [f"{name}={value}" for name, value in GRPC_KEEPALIVE if name not in named]
+    if not added:
+        return None
+    kept = [current.strip().strip(",")] if current.strip() else []
+    value = ",".join(kept + added)
+    environ[GRPC_OPTIONS_ENV] = value
+    return value
+
+
+def grpc_keepalive_time(environ: Any = None) -> Optional[float]:
+    """The keepalive period (seconds) ``TF_GRPC_DEFAULT_OPTIONS`` sets, or None (then a
+    stopped task stalls this coordinator's new ops until it runs again)."""
+    environ = os.environ if environ is None else environ
+    for item in environ.get(GRPC_OPTIONS_ENV, "").split(","):
+        name, _, value = item.partition("=")
+        if name.strip() == "grpc.keepalive_time_ms":
+            try:
+                return int(value) / 1000.0
+            except ValueError:
+                return None
+    return None
+
+
+#: What :func:`add_grpc_keepalive` did when this module was imported (None: nothing).
+GRPC_OPTIONS_ADDED = add_grpc_keepalive()

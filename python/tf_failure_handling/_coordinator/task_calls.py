@@ -1,0 +1,187 @@
+"""The coordinator's calls to a PS or worker task, over TensorFlow's own RPCs.
+
+:class:`TaskControl` is what ``serve()`` registers in TF's ``py_func`` registry; the
+coordinator runs a ``PyFunc`` op on each task's CPU (:func:`remote_call`) to ask it, each
+call bounded (:data:`call`). The requests and the bounds: docs/getting-started/
+parameter-server.md, "Preemption under ParameterServerStrategy".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from .._bounded_call import BoundedCall
+from .._native import ABANDON_AFTER, MAX_ABANDONED, CallTimeout, TaskCalls, release_refused
+from .._native import PS_TOKEN as TOKEN
+
+# Imported for what it does at import: the keepalive is in TF_GRPC_DEFAULT_OPTIONS before
+# TensorFlow creates a channel, so a call to a stopped task fails instead of stalling.
+from . import grpc_keepalive  # noqa: F401
+
+log = logging.getLogger("tf_failure_handling")
+
+# TOKEN (the key of TaskControl in TF's py_func registry), ABANDON_AFTER and
+# MAX_ABANDONED are the core's (src/ps_control.rs says what each means).
+
+#: Seconds one call to a task may take (a poll, a release): past it the caller goes on
+#: and the task counts as unanswered. A call on 127.0.0.1 takes milliseconds.
+CALL_TIMEOUT = 5.0
+
+#: The control of this process (strongly referenced: TF's registry holds weak ones).
+_installed: Optional[TaskControl] = None
+
+
+class TaskControl:
+    """What a served PS or worker process answers the coordinator with."""
+
+    def __init__(self, job: str, task: int) -> None:
+        self.job = job
+        self.task = task
+        #: Differs between two runs of the same task (a restart).
+        self.incarnation = f"{os.getpid()}-{time.time_ns()}"
+        self._lock = threading.Lock()
+        self._notice: Optional[dict] = None
+        self.released = threading.Event()
+        self.release_reason: Optional[str] = None
+        #: When (Unix time) the coordinator last asked this task anything (None: never).
+        self.last_asked: Optional[float] = None
+
+    def set_notice(self, source: str, deadline: Optional[float]) -> None:
+        with self._lock:
+            if self._notice is None:
+                self._notice = {"source": source, "at": time.time(), "deadline": deadline}
+
+    def __call__(self, request: Any) -> bytes:
+        """The body of the ``PyFunc`` op the coordinator runs on this task."""
+        try:
+            message = json.loads(bytes(request).decode())
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            return json.dumps({"error": "not a JSON object"}).encode()
+        self.last_asked = time.time()
+        op = message.get("op")
+        if op == "release":
+            return json.dumps(self._release(message)).encode()
+        if op != "poll":
+            return json.dumps({"error": f"unknown op {op!r}"}).encode()
+        with self._lock:
+            notice = self._notice
+        return json.dumps(
+            {"incarnation": self.incarnation, "job": self.job, "task": self.task, "notice": notice}
+        ).encode()
+
+    def _release(self, message: dict) -> dict:
+        """A release counts only for this incarnation's notice, once it has one (the
+        core's ``release_refused``)."""
+        with self._lock:
+            notice = self._notice
+        at = None if notice is None else notice["at"]
+        why = release_refused(
+            self.incarnation, at, message.get("incarnation"), message.get("notice_at")
+        )
+        if why is None:
+            self.release_reason = str(message.get("reason", "released"))
+            self.released.set()
+            return {"released": True}
+        log.warning(
+            "%s %d: a release was refused (%s): only the coordinator that saw this "
+            "task's notice releases it.",
+            self.job,
+            self.task,
+            why,
+        )
+        return {"released": False, "why": why}
+
+    def install(self) -> None:
+        """Registers this control in TF's ``py_func`` registry of this process."""
+        global _installed
+        from tensorflow.python.ops import script_ops
+
+        _installed = self
+        script_ops._py_funcs._funcs[TOKEN] = self
+
+
+def remote_call(task: str, request: dict) -> dict:
+    """Runs ``request`` against :class:`TaskControl` of ``task`` (``/job:ps/replica:0/task:0``),
+    unbounded (:func:`call` bounds it); raises what TF raises (naming :data:`TOKEN` when the
+    task does not run ``serve()``)."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import constant_op, dtypes, ops
+    from tensorflow.python.ops import array_ops, gen_script_ops
+
+    # The request is made, and the answer read, on this process's CPU; only the
+    # PyFunc op runs on the task. A tensor created under the task's device scope is
+    # copied there while its constructor holds the GIL: a task that does not answer
+    # (SIGSTOP) would freeze every Python thread of the coordinator. The op's
+    # execution, and the copies of its input and output, release the GIL.
+    local = f"{context.context().host_address_space()}/device:CPU:0"
+    with ops.device(local):
+        message = constant_op.constant(json.dumps(request))
+    with ops.device(f"{task}/device:CPU:0"):
+        out = gen_script_ops.py_func(input=[message], token=TOKEN, Tout=[dtypes.string])
+    with ops.device(local):
+        answer = array_ops.identity(out[0])
+    return json.loads(answer.numpy().decode())
+
+
+class CallRefused(CallTimeout):
+    """A call not started: the task's earlier call has not returned (the core's
+    ``TaskCalls``). A :class:`CallTimeout`, so callers that do not care see one."""
+
+
+class _Caller:
+    """Bounded calls to the tasks (:class:`BoundedCall`). Whether a call may start, and
+    which unreturned one it abandons, is the core's (``TaskCalls``: ``abandon_after``,
+    ``max_abandoned``); a refused call raises :class:`CallRefused` at once."""
+
+    def __init__(
+        self,
+        transport: Callable[[str, dict], dict] = remote_call,
+        abandon_after: float = ABANDON_AFTER,
+        max_abandoned: int = MAX_ABANDONED,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._transport = transport
+        self._clock = clock
+        self._calls = TaskCalls(abandon_after, max_abandoned)
+
+    def __call__(self, task: str, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
+        try:
+            call, abandoned = self._calls.start(task, self._clock())
+        except CallTimeout as e:
+            raise CallRefused(str(e)) from None
+        if abandoned is not None:
+            log.warning(
+                "%s: a call has not returned for %.0fs; it is abandoned (%d of at most %d) "
+                "and the task is asked again.",
+                task,
+                abandoned.age,
+                abandoned.count,
+                abandoned.max,
+            )
+        bounded = BoundedCall(lambda: self._run(task, call, request), f"TaskCall {task}")
+        try:
+            returned = bounded.wait(timeout)
+        except BaseException:
+            if not bounded.thread.is_alive():
+                self._calls.returned(task, call)  # never started: nothing will report it
+            raise
+        if not returned:
+            raise CallTimeout(f"{task} did not answer {request.get('op')!r} within {timeout:.1f}s")
+        return bounded.result()
+
+    def _run(self, task: str, call: int, request: dict) -> dict:
+        try:
+            return self._transport(task, request)
+        finally:
+            self._calls.returned(task, call)
+
+
+#: The process's bounded calls to the tasks.
+call = _Caller()
