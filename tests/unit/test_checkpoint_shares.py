@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 from tf_failure_handling import testing
 from tf_failure_handling._cluster import coordination
+from tf_failure_handling._protocol import checkpoint_shares as shares_mod
 from tf_failure_handling._protocol import checkpoints as ck
+from tf_failure_handling._protocol import non_chief_saves
 
 tf = pytest.importorskip("tensorflow", reason="the shares are TensorFlow's sharded layout")
 
-ENV = ck.NON_CHIEF_SAVES_ENV
+ENV = non_chief_saves.NON_CHIEF_SAVES_ENV
 #: Bound on a worker's save thread: only turns a hang into a failure.
 JOIN_BOUND = 60.0
 
@@ -121,7 +123,7 @@ def test_each_worker_writes_a_share_and_the_chief_merges_them(shares, tmp_path):
 def test_a_share_that_never_comes_leaves_the_last_checkpoint_as_it_was(
     shares, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(ck, "SHARES_MIN_WAIT", 0.2)
+    monkeypatch.setattr(shares_mod, "SHARES_MIN_WAIT", 0.2)
     ckpt_dir = tmp_path / "ckpt"
     chief, _ = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
     with pytest.raises(
@@ -203,7 +205,7 @@ def test_the_restored_tensors_are_every_worker_s_save(shares, tmp_path):
 
 def _ok_key(saves: ck.Checkpoints, number: int, name: str, worker: int = 1) -> str:
     if not hasattr(saves, "share_keys"):  # main before issue 50, to see the test fail there
-        return f"{ck.SHARE_KEY}/{saves.read.directory}/{number}/{name}/{worker}"
+        return f"{shares_mod.SHARE_KEY}/{saves.read.directory}/{number}/{name}/{worker}"
     return f"{saves.share_keys(number)}/{name}/{worker}"
 
 
@@ -280,11 +282,11 @@ def test_a_folder_a_worker_cannot_see_is_an_error_at_construction(shares, tmp_pa
     for built in (chief, other):
         assert isinstance(built, tf.errors.FailedPreconditionError), built
         assert "cannot see the probe file" in str(built) and "every worker sees" in str(built)
-    assert not list((tmp_path / "a").glob(ck.PROBE_FILE + "*"))
+    assert not list((tmp_path / "a").glob(shares_mod.PROBE_FILE + "*"))
 
 
 def test_the_probe_s_wait_is_bounded_and_says_what_it_waited_for(shares, tmp_path, monkeypatch):
-    monkeypatch.setattr(ck, "SHARES_PROBE_WAIT", 0.2)
+    monkeypatch.setattr(shares_mod, "SHARES_PROBE_WAIT", 0.2)
     with pytest.raises(tf.errors.DeadlineExceededError, match="say whether it sees the probe"):
         _worker(tmp_path, 0, shares)
     with pytest.raises(tf.errors.DeadlineExceededError, match="for the chief's probe"):
@@ -328,7 +330,7 @@ def test_the_wait_for_the_merge_is_bounded_by_the_notice_s_deadline(shares, tmp_
     core = _native.HandlerCore()._protocol_core()
     core.configure(None, 1, 0.0)
     core.exit_reserve = 5.0
-    core.notice(ck._clock(), ck._clock() + 5.5)
+    core.notice(shares_mod._clock(), shares_mod._clock() + 5.5)
     other.core = core
     thread, errors = _save_in_thread(other, 3)
     thread.join(JOIN_BOUND)

@@ -14,11 +14,12 @@ import pytest
 from tf_failure_handling import PreemptionCheckpointHandler, testing
 from tf_failure_handling._integrations import tf_reads_only
 from tf_failure_handling._protocol import checkpoints as ck
+from tf_failure_handling._protocol import non_chief_saves
 from tf_failure_handling._protocol.records_hooks import StageRecords
 
 tf = pytest.importorskip("tensorflow", reason="the in-memory copy is TensorFlow's ram://")
 
-ENV = ck.NON_CHIEF_SAVES_ENV
+ENV = non_chief_saves.NON_CHIEF_SAVES_ENV
 
 
 def _checkpoint():
@@ -56,7 +57,7 @@ def _whole_copies(monkeypatch, memory):
     """Every save writes a whole copy (as a saver with registered savers does), and the
     host's memory reads ``memory``: ``(cgroups, MemAvailable)``."""
     monkeypatch.setattr(tf_reads_only, "cannot_skip", lambda saver: "a test's saver")
-    monkeypatch.setattr(ck, "_read_memory", lambda: memory)
+    monkeypatch.setattr(non_chief_saves, "_read_memory", lambda: memory)
 
 
 def test_a_whole_copy_that_fits_goes_to_memory(monkeypatch, tmp_path):

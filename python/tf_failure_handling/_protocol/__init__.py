@@ -3,9 +3,10 @@
 
 The handler builds them and passes each the shared ``HandlerState``, the core's
 ``ProtocolCore`` and the parts it calls; none imports or calls the handler, and a module
-imports another only from a lower floor: ``keys``, ``state``, ``checkpoints`` and
-``records_hooks``; then ``retries``, ``reporting`` and ``ownership``; then ``step_keys``,
-``ps_steps`` and ``agreement``; then ``notices`` and ``save``; then ``driver`` and
-``step_check``. docs/how-it-works.md ("The parts of a handler") lists them in the order a
+imports another only from a lower floor: ``keys``, ``state``, ``checkpoint_files``,
+``host_memory`` and ``records_hooks``; then ``non_chief_saves``; then
+``checkpoint_shares``; then ``checkpoints``, ``retries``, ``reporting`` and
+``ownership``; then ``step_keys``, ``ps_steps`` and ``agreement``; then ``notices`` and
+``save``; then ``driver`` and ``step_check``. docs/how-it-works.md ("The parts of a handler") lists them in the order a
 notice meets them.
 """

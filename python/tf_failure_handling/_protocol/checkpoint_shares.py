@@ -1,0 +1,197 @@
+"""The ``shares`` mode of the non-chief saves: every worker writes a share of the one
+checkpoint into the chief's folder (TensorFlow's sharded layout,
+``_integrations/tf_shares.py``), merged by the chief.
+
+Each save has its own token (the chief's token of the handler and the save's number) in
+its coordination-service keys (:func:`share_keys`) and paths; the folder is probed at the
+handler's construction (:func:`probe`: every worker sees it, or an error then); the
+chief's wait for the shares and a non-chief's wait for the merge are bounded by the
+core's decision (:func:`wait_bound`).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import secrets
+import time
+from typing import Any, Callable
+
+from .. import _errors
+from .._integrations import tf_shares
+from .._native import (
+    SHARES_MIN_WAIT,  # the chief's shortest wait for the shares (s)
+    SHARES_PROBE_WAIT,  # the construction's wait for the folder's probe (s)
+    shares_wait_bound_at,
+)
+from .checkpoint_files import delete_file, make_dirs, read_or_none
+from .non_chief_saves import NON_CHIEF_SAVES_ENV
+
+#: The coordination-service keys by which a non-chief tells the chief its share is written.
+SHARE_KEY = "tf_failure_handling/share"
+#: The probe file the chief writes into its checkpoint folder at construction (shares):
+#: ``<folder>/<PROBE_FILE><token>``, holding the token; removed once every worker answered.
+PROBE_FILE = "tf_failure_handling_probe_"
+#: How long a non-chief looks for the probe file before it says it cannot see it: a
+#: shared file system may show another host's new file a little later.
+PROBE_LOOK = 10.0
+#: The shares-mode handlers this process made, by worker: their probe keys, the same on
+#: every worker (the workers of the unit tests share one process).
+_probes: dict = collections.defaultdict(itertools.count)
+#: The clock of a chief's wait for the shares and of the probe's.
+_clock = time.monotonic
+
+
+def share_keys(token: str, number: int) -> str:
+    """The coordination-service keys of save ``number`` (from 1) of the handler whose
+    token is ``token``."""
+    return f"{SHARE_KEY}/{token}/{number}"
+
+
+def probe(client: Any, worker: int, workers: int, directory: str) -> str:
+    """The chief writes a probe file with a random token into ``directory`` and
+    publishes the token; every other worker looks for the file in its own
+    ``directory`` and answers; any worker that cannot see it raises
+    ``FailedPreconditionError`` here, and so does the chief. Each wait is bounded
+    (:data:`SHARES_PROBE_WAIT`). Returns the token."""
+    from tensorflow.python.lib.io import file_io
+
+    key = f"{SHARE_KEY}/probe/{next(_probes[worker])}"
+    bound = SHARES_PROBE_WAIT
+    advice = (
+        f"with {NON_CHIEF_SAVES_ENV}=shares every worker writes its part of each save "
+        "into the chief's checkpoint folder, so it must be one every worker sees "
+        f"(gs://, s3://, a shared file system); or set {NON_CHIEF_SAVES_ENV}=memory"
+    )
+    if worker == 0:
+        token = secrets.token_hex(8)
+        probe = f"{directory.rstrip('/')}/{PROBE_FILE}{token}"
+        make_dirs(directory)
+        file_io.write_string_to_file(probe, token)
+        try:
+            client.set(key, token)
+            end = _clock() + bound
+            for other in range(1, workers):
+                answer = client.get(f"{key}/{other}", max(0.001, end - _clock()))
+                if answer is None:
+                    raise _errors.make(
+                        "DeadlineExceededError",
+                        f"Waited {bound:g}s at the handler's construction for worker "
+                        f"{other} to say whether it sees the probe file {probe} "
+                        f"({key}/{other}): is it building its handler?",
+                    )
+                if answer != "ok":
+                    raise _errors.make(
+                        "FailedPreconditionError",
+                        f"Worker {other} cannot see the probe file {probe} the chief "
+                        f"wrote ({answer}): {advice}.",
+                    )
+        finally:
+            delete_file(probe)
+        return token
+    token = client.get(key, bound)
+    if token is None:
+        raise _errors.make(
+            "DeadlineExceededError",
+            f"Waited {bound:g}s at the handler's construction for the chief's probe of "
+            f"the checkpoint folder ({key}): is the chief building its handler?",
+        )
+    probe = f"{directory.rstrip('/')}/{PROBE_FILE}{token}"
+    end = _clock() + PROBE_LOOK
+    while True:
+        seen = read_or_none(probe)
+        if seen == token or _clock() >= end:
+            break
+        time.sleep(0.2)
+    if seen != token:
+        client.set(f"{key}/{worker}", f"it looked for {probe} for {PROBE_LOOK:g}s")
+        raise _errors.make(
+            "FailedPreconditionError",
+            f"Worker {worker} cannot see the probe file {probe} the chief wrote into its "
+            f"checkpoint folder (looked for it {PROBE_LOOK:g}s): {advice}.",
+        )
+    client.set(f"{key}/{worker}", "ok")
+    return token
+
+
+def wait_bound(core: Any, own: float, chief: bool) -> float:
+    """Seconds a shares wait lasts from now: the core's decision, with the notice's
+    deadline and the exit's reserve when a handler's ``ProtocolCore`` is given."""
+    now = _clock()
+    if core is not None:
+        return core.shares_wait_bound(own, now, SHARES_MIN_WAIT, chief)
+    return shares_wait_bound_at(own, SHARES_MIN_WAIT, now, chief=chief)
+
+
+def writing_shares(
+    directory: str,
+    worker: int,
+    workers: int,
+    client: Any,
+    keys: str,
+    token: str,
+    bound: Callable[[float, bool], float],
+    fallback: Callable[[str], None],
+) -> Any:
+    """One save's :class:`tf_shares.Plan` in effect: ``worker`` of ``workers`` writes its
+    share into ``directory``, reporting through ``client`` under ``keys`` (the save's
+    :func:`share_keys`); ``token`` is the save's; ``bound`` gives each wait's seconds and
+    ``fallback`` hears why the workers could not write it together."""
+
+    def done(name: str, value: str) -> None:
+        client.set(f"{keys}/{name}/{worker}", value)
+
+    def wait(name: str, other: int, digest: str, seconds: float) -> tuple:
+        value = client.get(f"{keys}/{name}/{other}", seconds)
+        what = f"Worker {other}'s share of checkpoint {name} in {directory}"
+        fields = (value or "").split(" ")
+        if value is None:
+            kind = "DeadlineExceededError"
+            why = f"was not written within {seconds:.0f}s ({keys}/{name}/{other})"
+        elif value.startswith("error "):
+            kind, why = "AbortedError", f"could not be written: {value[len('error ') :]}"
+        elif len(fields) != 4 or fields[0] != "ok":
+            kind, why = "FailedPreconditionError", f"was reported as {value!r}"
+        elif fields[1] != digest:
+            kind = "FailedPreconditionError"
+            why = (
+                f"holds other tensors than the chief's ({fields[1]}, not "
+                f"{digest}): every worker must build the same model, or set "
+                f"{NON_CHIEF_SAVES_ENV}=memory"
+            )
+        else:
+            return int(fields[2]), fields[3]
+        raise _errors.make(
+            kind, f"{what} {why} -- the checkpoint is not used (parts: {name}_temp_{token})."
+        )
+
+    def merged(name: str, value: str) -> None:
+        client.set(f"{keys}/{name}/merged", value)
+
+    def wait_merged(name: str, seconds: float) -> None:
+        value = client.get(f"{keys}/{name}/merged", seconds)
+        if value == "ok":
+            return
+        what = f"The chief did not merge checkpoint {name} in {directory}"
+        if value is None:
+            raise _errors.make(
+                "DeadlineExceededError",
+                f"{what}: waited {seconds:.1f}s for its report ({keys}/{name}/merged) "
+                "after writing this worker's part.",
+            )
+        raise _errors.make("AbortedError", f"{what}: {value[len('error ') :]}")
+
+    plan = tf_shares.Plan(
+        directory,
+        worker,
+        workers,
+        token,
+        done,
+        wait,
+        merged,
+        wait_merged,
+        bound,
+        fallback,
+        _clock,
+    )
+    return tf_shares.writing_shares(plan)
