@@ -352,7 +352,7 @@ class ClosureQueue:
 
 class Closure:
     """A scheduled call: TF's ``Closure`` as data, run by its cache entry
-    (``_coordinator.closures._Entry``).
+    (``_coordinator.function_cache._Entry``).
 
     Tracked by the garbage collector (it holds the user's arguments); holds its output
     ``RemoteValue`` strongly until finished and treats one nobody else refers to as

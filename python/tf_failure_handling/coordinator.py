@@ -23,9 +23,10 @@ from tensorflow.python.framework import errors as _tf_errors
 from tensorflow.python.framework import versions as _tf_versions_module
 
 from . import _failure
-from ._coordinator import closures as _closures
 from ._coordinator import coordinators as _coordinators
+from ._coordinator import function_cache as _function_cache
 from ._coordinator import join_checks as _join_checks
+from ._coordinator import worker_loop as _worker_loop
 from ._coordinator.closure_queue import ClosureQueue
 from ._integrations import tf_exit as _tf_exit
 from ._integrations import tf_versions as _tf_versions
@@ -239,7 +240,7 @@ class _Cluster(_tf_cc.Cluster):
                 _eager_context.get_server_def(), self, recovery_timeout
             )
         self.workers = [
-            _closures.Worker(i, f"/job:worker/replica:0/task:{i}", self)
+            _worker_loop.Worker(i, f"/job:worker/replica:0/task:{i}", self)
             for i in range(self._num_workers)
         ]
         self.resource_cancellation_mgr = _cancellation.CancellationManager()
@@ -290,7 +291,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         self._cluster = _Cluster(strategy, timeout)
         # TF's coordination-service poller would keep the process from exiting.
         _tf_exit.install(self)
-        self._functions = _closures.ConcreteFunctionCache()
+        self._functions = _function_cache.ConcreteFunctionCache()
         self._has_initialized = True
         _coordinators.register_coordinator(self)
         log.info(
@@ -324,16 +325,16 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         before reuses the concrete function TF derived then; any other call derives
         it as TF does, under ``strategy.scope()``.
         """
-        if not _closures.is_schedulable(fn):
+        if not _function_cache.is_schedulable(fn):
             self.strategy.extended._being_scheduled = False
             raise TypeError(
                 "`tf.distribute.experimental.coordinator.ClusterCoordinator.schedule`"
                 " only accepts a `tf.function` or a concrete function."
             )
         cache = self._functions
-        found = _closures.argument_key(args, kwargs)
+        found = _function_cache.argument_key(args, kwargs)
         if found is not None:
-            context = _closures.context_key(self._strategy)
+            context = _function_cache.context_key(self._strategy)
             if context is None:
                 found = None
             else:
@@ -342,7 +343,7 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
                 if entry is not None:
                     cluster = self._cluster
                     queue = cluster.closure_queue
-                    closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
+                    closure = _function_cache.Closure(entry, queue._cancellation_mgr, args, kwargs)
                     remote_value = closure.build_output_remote_value()
                     closure._tfh_run = _join_checks.handler_run_index()
                     queue.put(closure)
@@ -362,18 +363,18 @@ class ClusterCoordinator(_tf_cc.ClusterCoordinator):
         if found is None:
             # Uncacheable: a one-off entry, with TF's own slice selection.
             cache.uncacheable += 1
-            entry = _closures._Entry(
+            entry = _function_cache._Entry(
                 closure._concrete_function, closure._output_type_spec, None, []
             )
         else:
             _, keep, per_worker = found
-            entry = _closures._Entry(
+            entry = _function_cache._Entry(
                 closure._concrete_function, closure._output_type_spec, per_worker, keep
             )
             cache.store(fn, key, entry)
         # The wrapper TF just made, for this manager, is the entry's.
         entry._cancelable = (queue._cancellation_mgr, closure._function)
-        closure = _closures.Closure(entry, queue._cancellation_mgr, args, kwargs)
+        closure = _function_cache.Closure(entry, queue._cancellation_mgr, args, kwargs)
         remote_value = closure.build_output_remote_value()
         # One of a handler's runs (its index), or None: its run count counts it.
         closure._tfh_run = _join_checks.handler_run_index()

@@ -4,7 +4,7 @@
 //! Why two objects per `schedule()` rather than TensorFlow's twenty is told in
 //! `docs/how-it-works.md` ("Two objects per `schedule()`"). Here a
 //! `schedule()` leaves this module's `Closure` and the `RemoteValue`
-//! (TensorFlow's class, `_coordinator.closures.ClosureRemoteValue`), which
+//! (TensorFlow's class, `_coordinator.remote_values.ClosureRemoteValue`), which
 //! needs no event or lock of its own: its waiters wait on the one
 //! [`PyCompletions`] counter of the process.
 //!
@@ -13,7 +13,7 @@
 //! a frame that holds the closure, a per-worker resource whose error is that
 //! error) must stay collectable.
 //!
-//! The closure's behaviour is the Python side's (`_coordinator.closures._Entry`, the
+//! The closure's behaviour is the Python side's (`_coordinator.function_cache._Entry`, the
 //! entry of the concrete-function cache the closure was made from): the
 //! closure only holds the data TensorFlow's `Closure` holds, under
 //! TensorFlow's attribute names, and its output `RemoteValue`. TensorFlow
@@ -68,7 +68,7 @@ struct Refs {
 }
 
 /// A scheduled function call: TensorFlow's `Closure` as data, made from a
-/// cache entry of `tf_failure_handling._coordinator.closures` (which runs it).
+/// cache entry of `tf_failure_handling._coordinator.function_cache` (which runs it).
 #[pyclass(frozen, name = "Closure", module = "tf_failure_handling._native")]
 pub struct PyClosure {
     refs: Mutex<Option<Refs>>,
@@ -120,7 +120,7 @@ impl PyClosure {
 
 #[pymethods]
 impl PyClosure {
-    /// A closure of `entry` (a `_coordinator.closures._Entry`) on `args`/`kwargs`
+    /// A closure of `entry` (a `_coordinator.function_cache._Entry`) on `args`/`kwargs`
     /// (None: none, as TensorFlow's `args or ()`), whose function runs
     /// under `cancellation_mgr` (`entry.cancelable_function(cancellation_mgr)`).
     #[new]
@@ -293,7 +293,7 @@ impl PyClosure {
     }
 
     /// Where the `PerWorkerValues` are among the arguments (see
-    /// `_coordinator.closures.argument_key`); None: TensorFlow's slice selection.
+    /// `_coordinator.function_cache.argument_key`); None: TensorFlow's slice selection.
     #[getter]
     fn _per_worker<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.entry_attr(py, intern!(py, "per_worker"))
@@ -345,7 +345,7 @@ impl PyClosure {
 // ----------------------------------------------------------------------------- Completions
 
 /// A count of completions that threads can wait on: one per process, for the
-/// `RemoteValue`s of `_coordinator.closures` (a waiter reads the count, checks its
+/// `RemoteValue`s of `_coordinator.remote_values` (a waiter reads the count, checks its
 /// `RemoteValue`, and waits for the count to move; a completion sets the
 /// `RemoteValue`, then advances the count).
 #[pyclass(frozen, name = "Completions", module = "tf_failure_handling._native")]

@@ -64,7 +64,7 @@ gate is armed when the trial writes ``DIR/arm-schedule`` (``-join``, ``-save``,
 fast) the machine. The join gate cannot hold the coordinator's own thread (a notice
 in ``join()`` is seen by that thread, waiting on the closures): the ``schedule()``
 call that takes its arm holds the coordinator's worker threads instead (each waits
-before running its next closure, ``closures.Worker._process_closure``), the next
+before running its next closure, ``worker_loop.Worker._process_closure``), the next
 ``join()`` (or the first ``fetch()``/``get()`` of a result, which would otherwise wait
 for a closure the held threads never run) prints ``gate``, and opening it lets them go
 -- closures are in flight and queued while the fault lands. Unarmed, a gate costs one
@@ -459,7 +459,7 @@ def instrument_ps_coordinator(control: Path, tf_coordinator: bool = False) -> No
     import tensorflow as tf
     import tf_failure_handling as tfh
     from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_cc
-    from tf_failure_handling._coordinator import closures
+    from tf_failure_handling._coordinator import remote_values, worker_loop
 
     def handler_init(original):
         def __init__(self, *args, **kwargs):
@@ -579,10 +579,12 @@ def instrument_ps_coordinator(control: Path, tf_coordinator: bool = False) -> No
     coordinator_class = tf_cc.ClusterCoordinator if tf_coordinator else tfh.ClusterCoordinator
     _wrap(coordinator_class, "schedule", schedule)
     _wrap(coordinator_class, "join", join)
-    _wrap(tf_cc.Worker if tf_coordinator else closures.Worker, "_process_closure", process_closure)
+    _wrap(
+        tf_cc.Worker if tf_coordinator else worker_loop.Worker, "_process_closure", process_closure
+    )
     from tensorflow.python.distribute.coordinator import values as tf_values
 
-    for cls in (tf_values.RemoteValueImpl, closures.ClosureRemoteValue):
+    for cls in (tf_values.RemoteValueImpl, remote_values.ClosureRemoteValue):
         for name in ("fetch", "get"):
             if name in vars(cls):
                 _wrap(cls, name, result_wait)

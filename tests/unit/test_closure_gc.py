@@ -7,7 +7,8 @@ collection. The objects a ``schedule()`` leaves alive until its closure runs dec
 how often that happens inside a loop of ``schedule()`` calls (issue 24, item 5).
 
 Here, without a cluster: the closure and ``RemoteValue`` our ``schedule()`` makes
-(``_coordinator/closures.py``, ``src/python/closure.rs``) against TF's own ``Closure`` and
+(``_coordinator/function_cache.py``, ``_coordinator/remote_values.py``,
+``src/python/closure.rs``) against TF's own ``Closure`` and
 ``RemoteValueImpl``, counted the way the collector sees them; the ``RemoteValue``'s
 waits on the native completion count against ``threading.Event``'s contract; and
 the native closure's references, which the collector must still see so that cycles
@@ -33,7 +34,8 @@ from tensorflow.python.distribute.coordinator import remote_value as tf_remote_v
 from tensorflow.python.distribute.coordinator import values as tf_values  # noqa: E402
 from tensorflow.python.eager import cancellation  # noqa: E402
 from tf_failure_handling import _native  # noqa: E402
-from tf_failure_handling._coordinator import closures as _closures  # noqa: E402
+from tf_failure_handling._coordinator import function_cache as _function_cache  # noqa: E402
+from tf_failure_handling._coordinator import remote_values as _remote_values  # noqa: E402
 from tf_failure_handling._coordinator.closure_queue import ClosureQueue  # noqa: E402
 
 #: Bound on any wait in these tests: only turns a hang into a failure.
@@ -49,8 +51,10 @@ def add(x, y):
 def our_closure(mgr, args=(1, 2)):
     """What our ``schedule()`` builds for a cached call (entry made as after a miss)."""
     tf_closure = tf_cc.Closure(add, mgr, args=args)
-    entry = _closures._Entry(tf_closure._concrete_function, tf_closure._output_type_spec, (), [])
-    return _closures.Closure(entry, mgr, args, None)
+    entry = _function_cache._Entry(
+        tf_closure._concrete_function, tf_closure._output_type_spec, (), []
+    )
+    return _function_cache.Closure(entry, mgr, args, None)
 
 
 def histogram() -> collections.Counter:
@@ -102,7 +106,7 @@ def test_a_schedule_leaves_two_tracked_objects_where_tfs_leaves_many():
     args = (1, 2)
 
     def ours():
-        closure = _closures.Closure(entry, mgr, args, None)
+        closure = _function_cache.Closure(entry, mgr, args, None)
         rv = closure.build_output_remote_value()
         ours_queue.put(closure)
         return rv
@@ -150,10 +154,10 @@ def test_the_remote_value_is_tfs_class_and_the_closure_is_tracked():
 def test_the_cancelable_wrapper_is_made_once_per_entry_and_manager():
     mgr = cancellation.CancellationManager()
     a = our_closure(mgr)
-    b = _closures.Closure(a._entry, mgr, (1, 2))
+    b = _function_cache.Closure(a._entry, mgr, (1, 2))
     assert a._function is b._function
     other = cancellation.CancellationManager()
-    c = _closures.Closure(a._entry, other, (1, 2))
+    c = _function_cache.Closure(a._entry, other, (1, 2))
     assert c._function is not a._function
 
 
@@ -234,7 +238,7 @@ def test_a_cycle_through_a_closures_arguments_is_collected():
     entry = our_closure(mgr)._entry
     payload = Payload()
     box = [payload]
-    closure = _closures.Closure(entry, mgr, (box,), None)
+    closure = _function_cache.Closure(entry, mgr, (box,), None)
     box.append(closure)  # closure -> args -> box -> closure
     payload.closure = closure
     alive = weakref.ref(payload)
@@ -270,7 +274,7 @@ def test_an_error_whose_traceback_holds_the_closure_is_collected():
 
 # ----------------------------------------------------------------------------- waits
 def test_status_event_is_threading_events_contract():
-    rv = _closures.ClosureRemoteValue(None, None)
+    rv = _remote_values.ClosureRemoteValue(None, None)
     event = rv._status_available_event
     assert not event.is_set()
     assert event.wait(0) is False
@@ -283,8 +287,8 @@ def test_status_event_is_threading_events_contract():
 
 
 def test_a_waiting_thread_wakes_when_the_remote_value_is_set():
-    rv = _closures.ClosureRemoteValue(None, None)
-    other = _closures.ClosureRemoteValue(None, None)
+    rv = _remote_values.ClosureRemoteValue(None, None)
+    other = _remote_values.ClosureRemoteValue(None, None)
     started = threading.Event()
     got = []
 
@@ -302,11 +306,11 @@ def test_a_waiting_thread_wakes_when_the_remote_value_is_set():
 
 
 def test_get_waits_then_raises_or_returns_as_tfs():
-    rv = _closures.ClosureRemoteValue(None, None)
+    rv = _remote_values.ClosureRemoteValue(None, None)
     rv._set_aborted(tf.errors.UnavailableError(None, None, "gone"))
     with pytest.raises(tf.errors.CancelledError, match="aborted"):
         rv.get()
-    rv = _closures.ClosureRemoteValue(None, None)
+    rv = _remote_values.ClosureRemoteValue(None, None)
     rv._set_fetched_values((1, 2), ("a", "b"))
     assert rv.get() == ("a", "b")
     assert rv._values == (1, 2) and rv._has_fetched_to_local

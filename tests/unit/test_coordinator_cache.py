@@ -1,4 +1,4 @@
-"""The coordinator's concrete-function cache and closure (``_coordinator/closures.py``),
+"""The coordinator's concrete-function cache and closure (``_coordinator/function_cache.py``),
 without a cluster.
 
 The key must separate every two ``schedule()`` calls that TF would trace
@@ -18,13 +18,13 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_c
 from tensorflow.python.distribute.coordinator import values as tf_values  # noqa: E402
 from tensorflow.python.eager import cancellation  # noqa: E402
 from tensorflow.python.eager import executor as tf_executor  # noqa: E402
-from tf_failure_handling._coordinator import closures as _closures  # noqa: E402
+from tf_failure_handling._coordinator import function_cache as _function_cache  # noqa: E402
 
 LOCAL_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
 def key(*args, **kwargs):
-    found = _closures.argument_key(args, kwargs)
+    found = _function_cache.argument_key(args, kwargs)
     return None if found is None else found[0]
 
 
@@ -96,13 +96,13 @@ def test_namedtuples_are_structures():
 )
 def test_anything_else_is_uncacheable(make):
     x = make()
-    assert _closures.argument_key((x,), {}) is None
-    assert _closures.argument_key((), {"x": [1, x]}) is None
+    assert _function_cache.argument_key((x,), {}) is None
+    assert _function_cache.argument_key((), {"x": [1, x]}) is None
 
 
 def test_resource_tensors_are_uncacheable():
     v = tf.Variable(1)
-    assert _closures.argument_key((v.handle,), {}) is None
+    assert _function_cache.argument_key((v.handle,), {}) is None
 
 
 def test_per_worker_values_are_keyed_by_their_spec_object():
@@ -111,7 +111,7 @@ def test_per_worker_values_are_keyed_by_their_spec_object():
     b = per_worker(tf.constant(3), tf.constant(4), spec=spec)
     c = per_worker(tf.constant(1), tf.constant(2), spec=tf.TensorSpec([], tf.int64))
     (ka, keep, slots), (kb, _, _), (kc, _, _) = (
-        _closures.argument_key((x,), {}) for x in (a, b, c)
+        _function_cache.argument_key((x,), {}) for x in (a, b, c)
     )
     assert ka == kb  # same spec object: same entry
     assert ka != kc  # an equal but new spec (a new iter()): a new entry, never a wrong one
@@ -121,43 +121,43 @@ def test_per_worker_values_are_keyed_by_their_spec_object():
 
 def test_per_worker_positions_are_recorded():
     pw = per_worker(tf.constant(1), tf.constant(2))
-    _, _, slots = _closures.argument_key((1, pw), {"it": pw, "n": 3})
+    _, _, slots = _function_cache.argument_key((1, pw), {"it": pw, "n": 3})
     assert slots == (1, "it")
-    _, _, slots = _closures.argument_key((1,), {"n": 3})
+    _, _, slots = _function_cache.argument_key((1,), {"n": 3})
     assert slots == ()
-    _, _, slots = _closures.argument_key(([pw],), {})
+    _, _, slots = _function_cache.argument_key(([pw],), {})
     assert slots is None  # nested: TF's own slice selection
 
 
 def test_a_per_worker_value_without_a_spec_is_uncacheable():
     rv = tf_values.RemoteValueImpl(None, None)
-    assert _closures.argument_key((tf_values.PerWorkerValues([rv]),), {}) is None
+    assert _function_cache.argument_key((tf_values.PerWorkerValues([rv]),), {}) is None
 
 
 def test_context_key_follows_the_device_scope_and_mode():
     strategy = tf.distribute.get_strategy()
-    outside = _closures.context_key(strategy)
+    outside = _function_cache.context_key(strategy)
     with tf.device("/cpu:0"):
-        inside = _closures.context_key(strategy)
+        inside = _function_cache.context_key(strategy)
     assert outside is not None and inside is not None and outside != inside
     with tf.Graph().as_default():
-        assert _closures.context_key(strategy) is None
+        assert _function_cache.context_key(strategy) is None
 
 
 def test_context_key_refuses_another_strategys_scope():
     other = tf.distribute.OneDeviceStrategy("/cpu:0")
     with other.scope():
-        assert _closures.context_key(object()) is None
-        assert _closures.context_key(other) is not None
+        assert _function_cache.context_key(object()) is None
+        assert _function_cache.context_key(other) is not None
 
 
 # ----------------------------------------------------------------------------- the cache
 def entry(tag="x"):
-    return _closures._Entry(tag, None, (), [])
+    return _function_cache._Entry(tag, None, (), [])
 
 
 def test_cache_hits_only_what_was_stored():
-    cache = _closures.ConcreteFunctionCache()
+    cache = _function_cache.ConcreteFunctionCache()
     fn = tf.function(lambda x: x)
     assert cache.lookup(fn, "k") is None
     e = entry()
@@ -169,7 +169,7 @@ def test_cache_hits_only_what_was_stored():
 
 
 def test_cache_drops_the_oldest_entry_of_a_function():
-    cache = _closures.ConcreteFunctionCache(max_entries_per_function=3)
+    cache = _function_cache.ConcreteFunctionCache(max_entries_per_function=3)
     fn = tf.function(lambda x: x)
     for i in range(5):
         cache.store(fn, i, entry(i))
@@ -179,7 +179,7 @@ def test_cache_drops_the_oldest_entry_of_a_function():
 
 
 def test_cache_holds_functions_weakly():
-    cache = _closures.ConcreteFunctionCache()
+    cache = _function_cache.ConcreteFunctionCache()
     fn = tf.function(lambda x: x)
     ref = weakref.ref(fn)
     cache.store(fn, "k", entry())
@@ -190,7 +190,7 @@ def test_cache_holds_functions_weakly():
 
 
 def test_cache_ignores_what_cannot_be_weakly_referenced():
-    cache = _closures.ConcreteFunctionCache()
+    cache = _function_cache.ConcreteFunctionCache()
     cache.store(42, "k", entry())
     assert cache.lookup(42, "k") is None
 
@@ -209,9 +209,11 @@ def cached_closure(fn, args=(), kwargs=None):
     """Ours, built the way ``schedule()`` builds it after a miss, and TF's own."""
     mgr = cancellation.CancellationManager()
     tf_closure = tf_cc.Closure(fn, mgr, args=args, kwargs=kwargs)
-    _, keep, slots = _closures.argument_key(args, kwargs)
-    e = _closures._Entry(tf_closure._concrete_function, tf_closure._output_type_spec, slots, keep)
-    return _closures.Closure(e, mgr, args, kwargs), tf_closure
+    _, keep, slots = _function_cache.argument_key(args, kwargs)
+    e = _function_cache._Entry(
+        tf_closure._concrete_function, tf_closure._output_type_spec, slots, keep
+    )
+    return _function_cache.Closure(e, mgr, args, kwargs), tf_closure
 
 
 @tf.function

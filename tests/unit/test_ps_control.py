@@ -24,7 +24,7 @@ from tf_failure_handling._coordinator import (
     task_calls,
     worker_drain,
 )
-from tf_failure_handling._coordinator.closures import Worker, _Holds
+from tf_failure_handling._coordinator.worker_loop import Worker, _Holds
 from tf_failure_handling._native import SERVE_CAP_FACTOR, gap_runs, runs_at_save
 from tf_failure_handling._native import serving as ps_control_serving
 

@@ -19,7 +19,11 @@ from . import tf_internals as tv
 
 PACKAGE = Path(tf_versions.__file__).resolve().parents[1]
 COORDINATOR = PACKAGE / "coordinator.py"
-CLOSURES = PACKAGE / "_coordinator" / "closures.py"
+#: The coordinator's closures: the function cache, the RemoteValue, the worker loop.
+CLOSURES = [
+    PACKAGE / "_coordinator" / name
+    for name in ("function_cache.py", "remote_values.py", "worker_loop.py")
+]
 
 
 def test_every_release_entry_covers_every_internal():
@@ -57,9 +61,10 @@ def test_expected_is_the_nearest_recorded_release_at_or_before(monkeypatch):
 
 
 def test_coordinator_uses_only_recorded_internals():
-    """Every ``_tf_cc.<name>`` that coordinator.py or _coordinator/closures.py touches is in
-    RELIED_ON."""
-    used = set(re.findall(r"_tf_cc\.(\w+)", COORDINATOR.read_text() + CLOSURES.read_text()))
+    """Every ``_tf_cc.<name>`` that coordinator.py or the closures' modules of _coordinator/
+    touch is in RELIED_ON."""
+    sources = [COORDINATOR, *CLOSURES]
+    used = set(re.findall(r"_tf_cc\.(\w+)", "".join(p.read_text() for p in sources)))
     recorded = {
         key.partition(":")[2].split(".")[0]
         for key in tv.RELIED_ON

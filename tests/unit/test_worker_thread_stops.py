@@ -2,7 +2,7 @@
 
 TF's ``Worker._process_queue`` has no handler around its loop: an error there ends
 the thread silently, and a ``join()`` then waits forever for closures no thread
-takes. Ours (``_coordinator/closures.py``, ``Worker._process_queue``) logs it and
+takes. Ours (``_coordinator/worker_loop.py``, ``Worker._process_queue``) logs it and
 makes it the queue's pending error: an ``InternalError`` naming the worker, caused
 by the original error, raised by the next ``join()`` (the queue's ``wait()``) within
 its bound. A closure the thread had taken fails with it, so nothing stays counted
@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow", reason="the coordinator's Worker is TF's 
 
 from tensorflow.python.framework import errors  # noqa: E402
 from tf_failure_handling._coordinator.closure_queue import ClosureQueue  # noqa: E402
-from tf_failure_handling._coordinator.closures import Worker  # noqa: E402
+from tf_failure_handling._coordinator.worker_loop import Worker  # noqa: E402
 
 #: Bound on any wait: only turns a hang into a failure.
 HANG = 30.0

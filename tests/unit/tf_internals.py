@@ -27,11 +27,12 @@ coordination-service methods of ``eager/context.py`` differ between the two only
 in comments, docstrings and formatting; the one move in between (``eager/context.py``
 imports ``coordination_config_pb2`` from ``tensorflow.tsl.protobuf`` in 2.16 and
 from ``tensorflow.compiler.xla.tsl.protobuf`` in 2.21) concerns nothing this
-package imports. The internals ``_coordinator/closures.py`` relies on (the coordinator's
-``values``, ``coordinator_context`` and ``metric_utils``, ``CancellationManager``,
-``function_context.make_function_context``) were fingerprinted from both
-releases' sources and are the same too; the C methods of ``EagerTensor`` it
-reads (``_datatype_enum``, ``_shape_tuple``) are exercised by
+package imports. The internals the coordinator's closures rely on
+(``_coordinator/function_cache.py``, ``remote_values.py`` and ``worker_loop.py``: the
+coordinator's ``values``, ``coordinator_context`` and ``metric_utils``,
+``CancellationManager``, ``function_context.make_function_context``) were fingerprinted
+from both releases' sources and are the same too; the C methods of ``EagerTensor`` they
+read (``_datatype_enum``, ``_shape_tuple``) are exercised by
 ``tests/unit/test_coordinator_cache.py``. The error strings the classifier looks
 for are the same too (``tests/compat/test_real_errors.py`` classifies the errors
 each release raises).

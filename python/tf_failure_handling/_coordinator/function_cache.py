@@ -1,0 +1,260 @@
+"""The concrete-function cache ``schedule()`` looks a call's arguments up in, its
+entries, the native closure made from one, and the run of a closure on a worker.
+
+What the cache spares TensorFlow's ``schedule()``, and when two calls share an entry:
+docs/how-it-works.md, "The coordinator" (the cache's key).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any, Optional
+
+from tensorflow.python.distribute.coordinator import cluster_coordinator as _tf_cc
+from tensorflow.python.distribute.coordinator import coordinator_context as _context
+from tensorflow.python.distribute.coordinator import values as _values
+from tensorflow.python.eager import context as _eager_context
+from tensorflow.python.eager import def_function as _def_function
+from tensorflow.python.eager import function as _tf_function
+from tensorflow.python.framework import ops as _ops
+from tensorflow.python.saved_model import save_context as _save_context
+from tensorflow.python.util import nest as _nest
+
+from .._native import Closure as _NativeClosure
+from .remote_values import DT_RESOURCE, DT_VARIANT, ClosureRemoteValue, EagerTensor, metric_cell
+
+#: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
+MAX_ENTRIES_PER_FUNCTION = 64
+
+#: Python scalars: TF traces on their type and value.
+_SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
+#: ``PerWorkerValues`` classes whose type spec is their first value's (TF's property).
+_PER_WORKER = frozenset({_values.PerWorkerValues, _values.PerWorkerDistributedIterator})
+
+
+class _Uncacheable(Exception):
+    """Raised inside the key walk: this call takes TF's path."""
+
+
+class _KeyBuilder:
+    """One walk over a ``schedule()`` call's arguments (the key: docs/how-it-works.md)."""
+
+    __slots__ = ("keep", "nested_per_worker", "slots")
+
+    def __init__(self) -> None:
+        self.keep: list = []  # spec objects whose id is in the key
+        self.slots: list = []  # top-level positions and names of PerWorkerValues
+        self.nested_per_worker = False
+
+    def leaf(self, x: Any, slot: Any = None) -> Any:
+        """The key of ``x``; ``slot``: its top-level position or name, None when nested."""
+        t = type(x)
+        if t is EagerTensor:
+            dtype = x._datatype_enum()
+            if dtype == DT_RESOURCE or dtype == DT_VARIANT:
+                raise _Uncacheable
+            return (t, dtype, x._shape_tuple())
+        if t in _SCALARS:
+            return (t, x)
+        if t in _PER_WORKER:
+            spec = x._values[0]._type_spec
+            if spec is None:
+                raise _Uncacheable  # TF raises its ValueError
+            self.keep.append(spec)
+            if slot is None:
+                self.nested_per_worker = True
+            else:
+                self.slots.append(slot)
+            return (t, id(spec))
+        leaf = self.leaf
+        if t is tuple or t is list:
+            return (t, tuple([leaf(v) for v in x]))
+        if t is dict:
+            return (t, tuple([(k, leaf(v)) for k, v in x.items()]))
+        if isinstance(x, tuple) and hasattr(t, "_fields"):  # a namedtuple
+            return (t, tuple([leaf(v) for v in x]))
+        raise _Uncacheable
+
+
+#: ``kwargs=None``, read only.
+_NO_KWARGS: dict = {}
+
+
+def argument_key(args: Any, kwargs: Any) -> Optional[tuple]:
+    """``(key, keep, per_worker)`` for a ``schedule()`` call, or None if uncacheable.
+
+    ``keep`` holds the objects whose ``id`` is in ``key``; ``per_worker`` says
+    where the ``PerWorkerValues`` are: ``()`` none, a tuple of top-level
+    positions (ints) and keyword names (strs), or None when one is nested in
+    a container (execution then selects the worker's slice TF's way).
+    """
+    if args is None:
+        args = ()
+    if kwargs is None:
+        kwargs = _NO_KWARGS
+    if type(args) not in (tuple, list) or type(kwargs) is not dict:
+        return None
+    builder = _KeyBuilder()
+    leaf = builder.leaf
+    try:
+        arg_keys = tuple([leaf(a, i) for i, a in enumerate(args)])
+        kw_keys = tuple([(k, leaf(v, k)) for k, v in kwargs.items()])
+    except _Uncacheable:
+        return None
+    per_worker = None if builder.nested_per_worker else tuple(builder.slots)
+    return (type(args), arg_keys, kw_keys), builder.keep, per_worker
+
+
+def context_key(strategy: Any) -> Optional[tuple]:
+    """The part of TF's tracing context that can differ between two ``schedule()``
+    calls (the eager device scope); None in graph mode, another strategy's scope or a
+    SavedModel save."""
+    if not _eager_context.executing_eagerly() or _save_context.in_save_context():
+        return None
+    stack = _ops.get_default_graph()._distribution_strategy_stack
+    if stack and stack[-1].strategy is not strategy:
+        return None
+    return (_eager_context.context().device_name,)
+
+
+class _Entry:
+    """What TF's ``Closure.__init__`` derives for one argument structure; the native
+    :class:`Closure` calls back here to make its ``RemoteValue`` and to run."""
+
+    __slots__ = ("_cancelable", "concrete_function", "keep", "output_type_spec", "per_worker")
+
+    def __init__(self, concrete_function, output_type_spec, per_worker, keep) -> None:
+        self.concrete_function = concrete_function
+        self.output_type_spec = output_type_spec
+        self.per_worker = per_worker
+        self.keep = keep
+        # (cancellation manager, its cancelable wrapper of concrete_function)
+        self._cancelable: Optional[tuple] = None
+
+    def cancelable_function(self, manager: Any) -> Any:
+        """``manager.get_cancelable_function(concrete_function)``, made once per manager
+        (TF makes one per closure; the manager changes only after an error)."""
+        pair = self._cancelable
+        if pair is None or pair[0] is not manager:
+            pair = (manager, manager.get_cancelable_function(self.concrete_function))
+            self._cancelable = pair
+        return pair[1]
+
+    def new_remote_value(self) -> ClosureRemoteValue:
+        """The ``RemoteValue`` a closure's outputs go to (``build_output_remote_value``)."""
+        return ClosureRemoteValue(None, self.output_type_spec)
+
+    def execute_on(self, closure: Any, worker: Any) -> None:
+        """Runs ``closure`` on ``worker`` and sets its outputs (TF's ``execute_on``,
+        same errors and order)."""
+        output_values = run_on(closure, self.per_worker, worker)
+        remote_value = closure._output_remote_value()
+        if remote_value is not None:
+            remote_value._set_values(output_values)
+
+
+class ConcreteFunctionCache:
+    """Concrete functions by ``tf.function`` and argument structure.
+
+    Thread-safe: a lock guards the maps (never held while TF runs). Counts
+    ``hits``, ``misses`` (TF's path, entry stored) and ``uncacheable`` calls.
+    """
+
+    def __init__(self, max_entries_per_function: int = MAX_ENTRIES_PER_FUNCTION) -> None:
+        self._max = max_entries_per_function
+        self._by_function: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.uncacheable = 0
+
+    def lookup(self, fn: Any, key: tuple) -> Optional[_Entry]:
+        try:
+            entries = self._by_function.get(fn)
+        except TypeError:  # not weak-referenceable: never cached
+            return None
+        if entries is None:
+            return None
+        entry = entries.get(key)
+        if entry is not None:
+            self.hits += 1
+        return entry
+
+    def store(self, fn: Any, key: tuple, entry: _Entry) -> None:
+        self.misses += 1
+        with self._lock:
+            try:
+                entries = self._by_function.get(fn)
+                if entries is None:
+                    entries = self._by_function[fn] = {}
+            except TypeError:
+                return
+            entries[key] = entry
+            while len(entries) > self._max:
+                del entries[next(iter(entries))]
+
+    def entries(self, fn: Any) -> int:
+        """How many argument structures of ``fn`` are cached."""
+        entries = self._by_function.get(fn)
+        return 0 if entries is None else len(entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_function.clear()
+
+
+#: A scheduled call, built from an :class:`_Entry`: ``Closure(entry, cancellation_mgr,
+#: args, kwargs)``, with TF's ``Closure`` attributes (``_args``, ``_kwargs``,
+#: ``_function``, ``_concrete_function``, ``_output_type_spec``, ``tag``) and methods
+#: (``build_output_remote_value``, ``execute_on``, ``mark_cancelled``,
+#: ``maybe_call_with_output_remote_value``). Native: see ``src/python/closure.rs``.
+Closure = _NativeClosure
+
+
+def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
+    """Calls ``closure._function`` on ``worker``'s slice of the arguments; returns its
+    outputs. ``per_worker``: as :func:`argument_key` gives it."""
+    args, kwargs = closure._args, closure._kwargs
+    index = worker.worker_index
+    if per_worker is None:
+        # TF's execute_on, step by step.
+        args = _tf_cc._select_worker_slice(index, args)
+        kwargs = _tf_cc._select_worker_slice(index, kwargs)
+        e = _tf_cc._get_error_from_remote_values(args) or _tf_cc._get_error_from_remote_values(
+            kwargs
+        )
+        if e:
+            raise e if isinstance(e, _tf_cc.ClosureInputError) else _tf_cc.ClosureInputError(e)
+        args = _nest.map_structure(_context.maybe_get_remote_value, args)
+        kwargs = _nest.map_structure(_context.maybe_get_remote_value, kwargs)
+    elif per_worker:
+        args = list(args)
+        kwargs = dict(kwargs)
+        slots = []
+        for slot in per_worker:
+            value = (args if type(slot) is int else kwargs)[slot]._values[index]
+            slots.append((slot, value))
+        # TF: the errors of every input first (wrapped), then the values.
+        for _, value in slots:
+            e = value._get_error()
+            if e:
+                raise e if isinstance(e, _tf_cc.ClosureInputError) else _tf_cc.ClosureInputError(e)
+        for slot, value in slots:
+            (args if type(slot) is int else kwargs)[slot] = _context.maybe_get_remote_value(value)
+    function = closure._function
+    with _ops.device(worker.device_name):
+        with _eager_context.executor_scope(worker.executor):
+            with _context.with_dispatch_context(worker):
+                cell = metric_cell("closure_execution")
+                start = time.time()
+                output_values = function(*args, **kwargs)
+                if cell is not None:
+                    cell.add(time.time() - start)
+    return output_values
+
+
+def is_schedulable(fn: Any) -> bool:
+    """What TF's ``schedule()`` accepts: a ``tf.function`` or a concrete function."""
+    return isinstance(fn, (_def_function.Function, _tf_function.ConcreteFunction))
