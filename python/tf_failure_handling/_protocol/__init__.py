@@ -7,6 +7,6 @@ imports another only from a lower floor: ``keys``, ``state``, ``checkpoint_files
 ``host_memory`` and ``records_hooks``; then ``non_chief_saves``; then
 ``checkpoint_shares``; then ``checkpoints``, ``retries``, ``reporting`` and
 ``ownership``; then ``step_keys``, ``ps_steps`` and ``agreement``; then ``notices`` and
-``save``; then ``driver`` and ``step_check``. docs/how-it-works.md ("The parts of a handler") lists them in the order a
-notice meets them.
+``save``; then ``driver`` and ``step_check``. docs/how-it-works.md ("The parts of a
+handler") lists them in the order a notice meets them.
 """
