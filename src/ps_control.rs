@@ -3,8 +3,8 @@
 //! of an answer, how long a worker's drain may take.
 //!
 //! The actors. A served PS or worker process answers two requests of the
-//! coordinator (`_coordinator/ps_control.py`, over TensorFlow's own `PyFunc`
-//! RPCs): a poll (its incarnation and notice) and a release (the coordinator
+//! coordinator (`_coordinator/task_calls.py` and `cluster_poller.py`, over
+//! TensorFlow's own `PyFunc` RPCs): a poll (its incarnation and notice) and a release (the coordinator
 //! is done with it: it exits). The coordinator polls every task every round
 //! from one thread, releases tasks from the save and drain threads, and runs
 //! each call on a thread of its own so that one task that does not answer

@@ -1,5 +1,5 @@
 //! Which call to a task may start now: the bookkeeping of the coordinator's
-//! bounded calls (`_Caller` in `_coordinator/ps_control.py`).
+//! bounded calls (`_Caller` in `_coordinator/task_calls.py`).
 //!
 //! Each call runs on a thread of its own and the caller stops waiting at the
 //! call's timeout; a call that outlives it stays its task's *outstanding*

@@ -1,5 +1,5 @@
 //! What the coordinator's poll makes of each task's answer (`ClusterPoller`
-//! in `_coordinator/ps_control.py`).
+//! in `_coordinator/cluster_poller.py`).
 //!
 //! Every task is asked every round, whatever it answered before. Per task
 //! this keeps the incarnation and notice of its last answer (a release names

@@ -1,5 +1,6 @@
 //! The parameter-server task control's decisions ([`crate::ps_control`]) for
-//! `_coordinator/ps_control.py`, which performs the calls (TensorFlow's
+//! the `_coordinator` modules (`task_calls`, `cluster_poller`, `worker_drain`,
+//! `closure_drain`), which perform the calls (TensorFlow's
 //! `PyFunc` ops on threads of their own), the port probes and the logging.
 //!
 //! * `release_refused`: whether a served task refuses a release, and why;
