@@ -337,3 +337,44 @@ def test_the_wait_for_the_merge_is_bounded_by_the_notice_s_deadline(shares, tmp_
     assert not thread.is_alive()
     assert [type(e).__name__ for e in errors] == ["DeadlineExceededError"], errors
     assert "waited" in str(errors[0]) and "for its report" in str(errors[0])
+
+
+@pytest.mark.parametrize(
+    ("memory", "place"),
+    [(([], 8 << 30), "memory"), (([], 1 << 20), "storage")],
+    ids=["fits", "does-not-fit"],
+)
+def test_a_saver_that_cannot_be_split_puts_the_non_chief_s_copy_where_the_host_can_hold_it(
+    shares, tmp_path, monkeypatch, memory, place
+):
+    """Issue 50, item 2, in the shares mode: a saver no share can be cut from (registered
+    savers, tensors of several tasks) saves as TensorFlow does, a whole copy on every
+    worker; the non-chief's goes to memory only when the host can hold it, else to
+    TensorFlow's workertemp_<task_id> on the storage, as in the memory mode, and its
+    save_end fields say which."""
+    from tf_failure_handling._integrations import tf_reads_only
+
+    monkeypatch.setattr(tf_reads_only, "cannot_skip", lambda saver: "a test's saver")
+    monkeypatch.setattr(non_chief_saves, "_read_memory", lambda: memory)
+    ckpt_dir = tmp_path / "ckpt"
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
+    thread, errors = _save_in_thread(other, 7)
+    chief.save(7, (), {}, clock=lambda: 0.0)
+    thread.join(JOIN_BOUND)
+    assert not thread.is_alive() and errors == []
+    # The chief's checkpoint is TensorFlow's whole one.
+    assert tf.train.latest_checkpoint(str(ckpt_dir)).endswith("ckpt-1")
+    fields = other.save_fields()
+    assert fields["copy"] == place and fields["copy_whole"] == "a test's saver", fields
+    copy = tmp_path / "workertemp_1" / "ckpt"
+    if place == "storage":
+        assert sorted(p.name for p in copy.iterdir()) == [
+            "ckpt-1.data-00000-of-00001",
+            "ckpt-1.index",
+        ]
+    else:
+        assert not copy.exists()
+        assert any(f.endswith("ckpt-1.index") for f in tf.io.gfile.listdir(other.write.directory))
+    assert chief.save_fields() == {}, "the chief writes the checkpoint, not a copy"
+    other.remove_worker_temp(is_chief=False)
+    assert not (tmp_path / "workertemp_1").exists()

@@ -14,7 +14,9 @@ the core's answer (``assign_shares``), the same on every worker; how long each w
 lasts is the core's too (``ProtocolCore.shares_wait_bound``).
 
 A saver this cannot split (registered savers, tensors of several tasks, graph mode)
-saves as TensorFlow does, on every worker: the plan's ``fallback`` is told once.
+saves as TensorFlow does, on every worker: the plan's ``fallback`` is told once, and
+a non-chief's whole copy goes where the plan's ``where`` says (memory, or the storage
+when the host's memory cannot hold it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 
 from .. import _errors
 from .._native import assign_shares
+from . import tf_reads_only
 
 #: The object graph's key: in the chief's part, so the merged index describes it.
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -51,6 +54,8 @@ class Plan:
     now, after this worker's own part took ``own`` (the core's
     ``shares_wait_bound``: the deadline less the exit's reserve binds it).
     ``fallback(why)``: this saver cannot be split and saves as TensorFlow does.
+    ``where(prefix, why)``: on a non-chief, where that whole copy goes (``prefix`` itself,
+    or a folder on the storage when the host's memory cannot hold it); None: ``prefix``.
     """
 
     directory: str
@@ -64,6 +69,7 @@ class Plan:
     bound: Callable[[float, bool], float]
     fallback: Callable[[str], None]
     clock: Callable[[], float]
+    where: Optional[Callable[[str, str], str]] = None
 
 
 _local = threading.local()
@@ -97,21 +103,23 @@ def _save(self: Any, file_prefix: Any, options: Any = None) -> Any:
     plan = getattr(_local, "plan", None)
     if plan is None:
         return _original(self, file_prefix, options)
-    from tensorflow.python.eager import context
-
-    why = None
-    if not context.executing_eagerly():
-        why = "the save is traced into a graph"
-    elif getattr(self, "_registered_savers", None):
-        why = "the checkpoint has registered savers"
-    elif getattr(self, "_num_unique_tasks", 1) != 1:
-        why = "the tensors are on more than one task"
-    elif not hasattr(self, "_get_shards_by_task"):
-        why = "this TensorFlow's saver has no _get_shards_by_task"
+    # The savers a share cannot be cut from are those whose copy cannot be left out.
+    why = tf_reads_only.cannot_skip(self)
     if why is not None:
         plan.fallback(why)
-        return _original(self, file_prefix, options)
+        return _original(self, _placed(plan, file_prefix, why), options)
     return _save_share(self, plan, _as_str(file_prefix), options)
+
+
+def _placed(plan: Plan, file_prefix: Any, why: str) -> Any:
+    """The prefix a save this cannot split writes its whole copy to: the plan's
+    ``where`` decides on a non-chief (memory, or the storage when the host's memory
+    cannot hold it); the chief's is the checkpoint itself."""
+    if plan.where is None:
+        return file_prefix
+    prefix = _as_str(file_prefix)
+    target = plan.where(prefix, why)
+    return file_prefix if target == prefix else target
 
 
 def _as_str(prefix: Any) -> str:
@@ -185,8 +193,9 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any) -> Any:
     # Every tensor is read here, on every worker, in the same order.
     by_task = saver._get_shards_by_task(split)
     if len(by_task) != 1:
-        plan.fallback(f"the tensors are on {len(by_task)} tasks")
-        return _original(saver, file_prefix, options)
+        why = f"the tensors are on {len(by_task)} tasks"
+        plan.fallback(why)
+        return _original(saver, _placed(plan, file_prefix, why), options)
     [(task, shares)] = by_task
     # TensorFlow's own temporary layout (S3 has no folder to rename from), with this
     # save's token: a part an interrupted attempt left is never one of these.

@@ -15,7 +15,7 @@ import collections
 import itertools
 import secrets
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from .. import _errors
 from .._integrations import tf_shares
@@ -132,11 +132,13 @@ def writing_shares(
     token: str,
     bound: Callable[[float, bool], float],
     fallback: Callable[[str], None],
+    where: Optional[Callable[[str, str], str]] = None,
 ) -> Any:
     """One save's :class:`tf_shares.Plan` in effect: ``worker`` of ``workers`` writes its
     share into ``directory``, reporting through ``client`` under ``keys`` (the save's
     :func:`share_keys`); ``token`` is the save's; ``bound`` gives each wait's seconds and
-    ``fallback`` hears why the workers could not write it together."""
+    ``fallback`` hears why the workers could not write it together; ``where`` (a
+    non-chief's) says where the whole copy then goes."""
 
     def done(name: str, value: str) -> None:
         client.set(f"{keys}/{name}/{worker}", value)
@@ -193,5 +195,6 @@ def writing_shares(
         bound,
         fallback,
         _clock,
+        where,
     )
     return tf_shares.writing_shares(plan)

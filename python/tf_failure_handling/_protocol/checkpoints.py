@@ -283,6 +283,16 @@ class Checkpoints:
         if self.shared_by == 1:
             return contextlib.nullcontext()
         number = next(self._saves)
+        where = None
+        if self._worker != 0:
+            # A saver this cannot split writes a whole copy: in memory only when the
+            # host can hold it, as in the memory mode.
+            self._copies.start_save()
+            checkpoint = self.write._checkpoint
+
+            def where(prefix: str, why: str) -> str:
+                return self._copies.whole_copy(checkpoint, prefix, why)
+
         return checkpoint_shares.writing_shares(
             self.read.directory,
             self._worker,
@@ -292,6 +302,7 @@ class Checkpoints:
             f"{self._token}-{number}",
             self._shares_bound,
             self._fallback,
+            where,
         )
 
     def share_keys(self, number: int) -> str:

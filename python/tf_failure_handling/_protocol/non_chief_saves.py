@@ -78,9 +78,10 @@ def non_chief_dir(checkpoint_dir: str, task_id: int) -> str:
 
 
 class CopyPlacement:
-    """A non-chief's copies in ``memory`` mode: each save's :class:`tf_reads_only.Plan`
-    (no copy, or a whole one in memory or on the storage), and what the ``save_end``
-    record says of the last one."""
+    """A non-chief's copies: in ``memory`` mode each save's :class:`tf_reads_only.Plan`
+    (no copy, or a whole one in memory or on the storage), in ``shares`` mode where a
+    saver that cannot be split writes its whole copy (:meth:`whole_copy`), and what the
+    ``save_end`` record says of the last one."""
 
     def __init__(self, checkpoint_dir: Optional[str], task_id: int) -> None:
         #: How this non-chief's copy of the last save was written, and why
@@ -103,39 +104,49 @@ class CopyPlacement:
             )
 
         def where(prefix: str, why: str) -> str:
-            nbytes = tf_reads_only.variable_bytes(checkpoint)
-            cgroups, available_now = _read_memory()
-            place, needed, available = copy_place(nbytes, cgroups, available_now)
-            self.copy = {
-                "copy": place,
-                "copy_bytes": nbytes,
-                "copy_whole": why,
-                "copy_needed": needed,
-                "copy_available": available,
-            }
-            if place == COPY_MEMORY:
-                return prefix
-            folder = non_chief_dir(self._checkpoint_dir, self._task_id)
-            if self._storage_copy is not None:
-                # An earlier save's copy (a grace period's first round): never read, and
-                # this manager's sweep looks in memory, so it goes here (TF keeps one too).
-                delete_recursively(folder)
-            make_dirs(folder)  # SaveV2 makes only the last folder, <prefix>_temp
-            self._storage_copy = os.path.dirname(folder)
-            log.warning(
-                "This non-chief's save writes a whole copy (%d bytes, %s), and the host's "
-                "memory cannot hold it: %d bytes needed, %d available (the cgroup's limit or "
-                "MemAvailable). It goes to %s on the checkpoint's storage instead of memory, "
-                "as TensorFlow's does.",
-                nbytes,
-                why,
-                needed,
-                available,
-                folder,
-            )
-            return f"{folder}/{prefix.rstrip('/').rsplit('/', 1)[-1]}"
+            return self.whole_copy(checkpoint, prefix, why)
 
         return tf_reads_only.reading_only(tf_reads_only.Plan(skipped, where))
+
+    def whole_copy(self, checkpoint: Any, prefix: str, why: str) -> str:
+        """Where a whole copy of ``checkpoint``'s save to ``prefix`` goes, when the saver
+        cannot leave it out (``why``): ``prefix`` itself (in memory) when the host's
+        memory can hold it (the core's ``copy_place``), else a folder on the storage."""
+        nbytes = tf_reads_only.variable_bytes(checkpoint)
+        cgroups, available_now = _read_memory()
+        place, needed, available = copy_place(nbytes, cgroups, available_now)
+        self.copy = {
+            "copy": place,
+            "copy_bytes": nbytes,
+            "copy_whole": why,
+            "copy_needed": needed,
+            "copy_available": available,
+        }
+        if place == COPY_MEMORY:
+            return prefix
+        folder = non_chief_dir(self._checkpoint_dir, self._task_id)
+        if self._storage_copy is not None:
+            # An earlier save's copy (a grace period's first round): never read, and
+            # this manager's sweep looks in memory, so it goes here (TF keeps one too).
+            delete_recursively(folder)
+        make_dirs(folder)  # SaveV2 makes only the last folder, <prefix>_temp
+        self._storage_copy = os.path.dirname(folder)
+        log.warning(
+            "This non-chief's save writes a whole copy (%d bytes, %s), and the host's "
+            "memory cannot hold it: %d bytes needed, %d available (the cgroup's limit or "
+            "MemAvailable). It goes to %s on the checkpoint's storage instead of memory, "
+            "as TensorFlow's does.",
+            nbytes,
+            why,
+            needed,
+            available,
+            folder,
+        )
+        return f"{folder}/{prefix.rstrip('/').rsplit('/', 1)[-1]}"
+
+    def start_save(self) -> None:
+        """A new save: the last one's fields are cleared."""
+        self.copy = None
 
     def fields(self) -> dict:
         """``save_end``'s fields of the last save's copy (empty: none)."""
