@@ -32,10 +32,15 @@ def test_join_raises_when_every_worker_fails_its_first_closure_at_once(attempt: 
             [sys.executable, child.__file__],
             capture_output=True,
             text=True,
-            timeout=child.HANG_BOUND + 60,
+            timeout=child.SETUP_BOUND + child.HANG_BOUND + 60,
         )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the coordinator process hung past its bounds\n{e.stderr}")
+    where = (
+        f"hung in schedule() or join(): {child.HANG_BOUND:.0f}s"
+        if child.SET_UP in done.stderr
+        else f"its set-up (import, servers) did not end in {child.SETUP_BOUND:.0f}s"
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
-        f"exit {done.returncode} (1 = hung in join(), stacks below)\n{done.stderr[-8000:]}"
+        f"exit {done.returncode} (1 = {where}; stacks below)\n{done.stderr[-8000:]}"
     )
