@@ -290,10 +290,25 @@ def run_child(
     return ChildResult(impl, outcome, code, seconds, output, "; ".join(filter(None, [note, used])))
 
 
+#: Lines of a child's output worth reading whatever its tail holds: what TF's tests
+#: log about the error they check (``testWorkerPreemptionErrorType`` logs "Got
+#: exception ... error message is ..." and then asserts on its text), and the
+#: traceback's last lines (gRPC's errors can fill the last 60 lines at exit).
+_NOTABLE = re.compile(r"Got exception|error message is|^\s*(?:\w+\.)*\w+Error\b|^Traceback")
+NOTABLE_LINES = 20
+
+
+def _notable(output: str) -> str:
+    found = [ln for ln in output.splitlines() if _NOTABLE.search(ln)]
+    return "\n".join(ln[:2000] for ln in found[-NOTABLE_LINES:])
+
+
 def _report(results: list[ChildResult]) -> str:
     parts = []
     for r in results:
-        parts.append(f"== {r.describe()}\n-- last {TAIL_LINES} lines --\n{r.tail()}")
+        notable = _notable(r.output)
+        seen = f"-- lines of note --\n{notable}\n" if notable else ""
+        parts.append(f"== {r.describe()}\n{seen}-- last {TAIL_LINES} lines --\n{r.tail()}")
     return "\n\n".join(parts)
 
 
