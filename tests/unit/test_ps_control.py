@@ -1085,6 +1085,53 @@ def test_only_the_handlers_runs_are_taken_off_the_run_count():
     assert unfinished.count == 4 and unfinished.outside_count == 3
 
 
+class BetweenClosures(FakeWorker):
+    """A worker thread in the queue's ``get`` when the hold came: no closure, not idle
+    until its next turn (``settles_after`` seconds), or a closure taken meanwhile."""
+
+    def __init__(self, index: int, settles_after: float, takes=None) -> None:
+        super().__init__(index)
+        self._settles_after = settles_after
+        self._takes = takes
+        self._taken = None
+
+    def hold(self, reason="drain", strict=True):
+        self.holds.add(reason, strict)
+        threading.Timer(self._settles_after, self._settle).start()
+
+    def _settle(self):
+        if self._takes is None:
+            self.holds.idle.set()
+        else:
+            self.running, self._taken = "train_step", self._takes
+
+    def taken(self):
+        return self._taken
+
+
+@pytest.mark.parametrize("takes", [None, 9], ids=["goes-idle", "had-taken-run-9"])
+def test_a_worker_between_two_closures_at_the_bound_is_not_a_run_in_flight(takes):
+    """A reliability trial (ps_preemption, seed 36) found it: at a bound of 0 s, a worker
+    thread still in the queue's get (no closure, not yet idle) was counted as a closure
+    in flight with no run index; the run count then fell back to "scheduled less every
+    unfinished closure", one below the finished runs, and a finished run ran twice after
+    the restart with nothing naming it. It settles within its get slice: idle (nothing
+    in flight) or with the closure it had taken, whose run then counts."""
+    workers = [FakeWorker(0), BetweenClosures(1, 0.1, None if takes is None else Run(takes))]
+    workers[0].running = "train_step"
+    workers[0].taken = lambda: Run(8)
+    queue = ListingQueue([] if takes is not None else [Run(9)])
+    unfinished = closure_drain.wait_for_closures(FakeCoordinator(workers, queue), 0.0, scheduled=10)
+    assert unfinished.indexed, unfinished.in_flight
+    if takes is None:
+        assert unfinished.in_flight == {0: "train_step"}
+        assert (unfinished.queued_runs, unfinished.in_flight_runs) == ([9], [8])
+    else:
+        assert unfinished.in_flight == {0: "train_step", 1: "train_step"}
+        assert sorted(unfinished.in_flight_runs) == [8, 9]
+    assert runs_at_save(10, unfinished.queued_runs, unfinished.in_flight_runs)[0] == 8
+
+
 class FailingClosure:
     pass
 
