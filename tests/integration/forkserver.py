@@ -58,6 +58,8 @@ IMPORT_PREFIXES = ("TF_", "KERAS", "PYTHON", "CUDA", "OMP_", "KMP_", "MALLOC", "
 #: Our own variables are read by the package, which the server never imports.
 OWN_PREFIXES = ("TF_FAILURE_HANDLING", "TFH_")
 MAX_SERVERS = 4
+#: Seconds between two looks at the server's children when no SIGCHLD woke it.
+REAP_EVERY = 1.0
 _HEADER = struct.Struct("!I")
 
 
@@ -367,11 +369,17 @@ def _serve(path: str, control: socket.socket):
     os.set_blocking(wake_r, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
+    # A signal mask is inherited across exec: a SIGCHLD blocked in the thread that
+    # started this server would never wake the loop below.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     children: dict[int, socket.socket] = {}
     control.sendall(b"ready\n")
     while True:
         try:
-            ready, _, _ = select.select([listener, wake_r, control], [], [])
+            # The look at the children also comes every REAP_EVERY seconds: a make test
+            # run saw a child a zombie for 60 s, its exit status never sent (no wake-up
+            # came for its SIGCHLD).
+            ready, _, _ = select.select([listener, wake_r, control], [], [], REAP_EVERY)
         except InterruptedError:
             continue
         if wake_r in ready:
