@@ -19,10 +19,11 @@ the host's memory cannot hold it: the core's ``copy_fits``).
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
+
+from . import saver_hook
 
 
 @dataclass(frozen=True)
@@ -35,31 +36,11 @@ class Plan:
     where: Callable[[str, str], str]
 
 
-_local = threading.local()
-_lock = threading.Lock()
-_original: Optional[Callable[..., Any]] = None
-
-
 @contextmanager
 def reading_only(plan: Plan) -> Iterator[None]:
     """Makes the saves of this thread read without writing, inside the block."""
-    _install()
-    previous = getattr(_local, "plan", None)
-    _local.plan = plan
-    try:
+    with saver_hook.saving_with(lambda saver, prefix, options: _save(saver, prefix, options, plan)):
         yield
-    finally:
-        _local.plan = previous
-
-
-def _install() -> None:
-    global _original
-    from tensorflow.python.checkpoint import functional_saver
-
-    with _lock:
-        if _original is None:
-            _original = functional_saver.MultiDeviceSaver.save
-            functional_saver.MultiDeviceSaver.save = _save
 
 
 def cannot_skip(saver: Any) -> Optional[str]:
@@ -78,21 +59,13 @@ def cannot_skip(saver: Any) -> Optional[str]:
     return None
 
 
-def _save(self: Any, file_prefix: Any, options: Any = None) -> Any:
-    plan = getattr(_local, "plan", None)
-    if plan is None:
-        return _original(self, file_prefix, options)
+def _save(self: Any, file_prefix: Any, options: Any, plan: Plan) -> Any:
     why = cannot_skip(self)
     if why is not None:
-        prefix = _as_str(file_prefix)
+        prefix = saver_hook.as_str(file_prefix)
         where = plan.where(prefix, why)
-        return _original(self, file_prefix if where == prefix else where, options)
+        return saver_hook.original(self, file_prefix if where == prefix else where, options)
     return _read_all(self, plan)
-
-
-def _as_str(prefix: Any) -> str:
-    value = prefix.numpy() if hasattr(prefix, "numpy") else prefix
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _size(shardable: Any) -> int:

@@ -22,14 +22,13 @@ when the host's memory cannot hold it).
 from __future__ import annotations
 
 import hashlib
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 from .. import _errors
 from .._native import assign_shares
-from . import tf_reads_only
+from . import saver_hook, tf_reads_only
 
 #: The object graph's key: in the chief's part, so the merged index describes it.
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -72,43 +71,20 @@ class Plan:
     where: Optional[Callable[[str, str], str]] = None
 
 
-_local = threading.local()
-_lock = threading.Lock()
-_original: Optional[Callable[..., Any]] = None
-
-
 @contextmanager
 def writing_shares(plan: Plan) -> Iterator[None]:
     """Makes the saves of this thread write ``plan``'s share inside the block."""
-    _install()
-    previous = getattr(_local, "plan", None)
-    _local.plan = plan
-    try:
+    with saver_hook.saving_with(lambda saver, prefix, options: _save(saver, prefix, options, plan)):
         yield
-    finally:
-        _local.plan = previous
 
 
-def _install() -> None:
-    global _original
-    from tensorflow.python.checkpoint import functional_saver
-
-    with _lock:
-        if _original is None:
-            _original = functional_saver.MultiDeviceSaver.save
-            functional_saver.MultiDeviceSaver.save = _save
-
-
-def _save(self: Any, file_prefix: Any, options: Any = None) -> Any:
-    plan = getattr(_local, "plan", None)
-    if plan is None:
-        return _original(self, file_prefix, options)
+def _save(self: Any, file_prefix: Any, options: Any, plan: Plan) -> Any:
     # The savers a share cannot be cut from are those whose copy cannot be left out.
     why = tf_reads_only.cannot_skip(self)
     if why is not None:
         plan.fallback(why)
-        return _original(self, _placed(plan, file_prefix, why), options)
-    return _save_share(self, plan, _as_str(file_prefix), options)
+        return saver_hook.original(self, _placed(plan, file_prefix, why), options)
+    return _save_share(self, plan, saver_hook.as_str(file_prefix), options)
 
 
 def _placed(plan: Plan, file_prefix: Any, why: str) -> Any:
@@ -117,14 +93,9 @@ def _placed(plan: Plan, file_prefix: Any, why: str) -> Any:
     cannot hold it); the chief's is the checkpoint itself."""
     if plan.where is None:
         return file_prefix
-    prefix = _as_str(file_prefix)
+    prefix = saver_hook.as_str(file_prefix)
     target = plan.where(prefix, why)
     return file_prefix if target == prefix else target
-
-
-def _as_str(prefix: Any) -> str:
-    value = prefix.numpy() if hasattr(prefix, "numpy") else prefix
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _size(shardable: Any) -> int:
@@ -195,7 +166,7 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any) -> Any:
     if len(by_task) != 1:
         why = f"the tensors are on {len(by_task)} tasks"
         plan.fallback(why)
-        return _original(saver, _placed(plan, file_prefix, why), options)
+        return saver_hook.original(saver, _placed(plan, file_prefix, why), options)
     [(task, shares)] = by_task
     # TensorFlow's own temporary layout (S3 has no folder to rename from), with this
     # save's token: a part an interrupted attempt left is never one of these.
