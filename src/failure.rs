@@ -289,6 +289,15 @@ pub const IGNORE_TRANSIENT_PS_FAILURES_ENV: &str = "TF_COORDINATOR_IGNORE_TRANSI
 pub const IGNORE_TRANSIENT_TIMEOUTS_ENV: &str = "TF_COORDINATOR_IGNORE_TRANSIENT_TIMEOUTS";
 /// Default of [`IGNORE_TRANSIENT_PS_FAILURES_ENV`].
 pub const DEFAULT_TRANSIENT_PS_FAILURES: i64 = 3;
+/// Seconds a worker thread waits for its failed worker to come back (step 4
+/// above) before the failure is raised: TensorFlow's bound, unless
+/// `ClusterCoordinator(worker_recovery_timeout=...)` or
+/// `TF_FAILURE_HANDLING_WORKER_RECOVERY_TIMEOUT` says otherwise.
+pub const DEFAULT_WORKER_RECOVERY_TIMEOUT: f64 = 3600.0;
+/// Seconds the coordinator's stop waits for the worker-recovery thread to let
+/// go of the cluster (it holds it while a lost worker is away); past it the
+/// stop goes on without it.
+pub const STOP_LOCK_BOUND: f64 = 5.0;
 
 /// Default of [`IGNORE_TRANSIENT_TIMEOUTS_ENV`]: `num_workers // 10`.
 #[must_use]

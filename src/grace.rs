@@ -59,6 +59,11 @@ pub const SLACK: f64 = 1.0;
 /// `TF_FAILURE_HANDLING_EXIT_RESERVE` (docs/configuration.md).
 pub const EXIT_RESERVE: f64 = 5.0;
 
+/// Seconds between a notice and the machine's end, before the handler has been
+/// told: none, TensorFlow's default (`TerminationConfig(grace_period=None)` on
+/// Borg and every platform that announces no lead time: save at once, then exit).
+pub const DEFAULT_GRACE_PERIOD: f64 = 0.0;
+
 /// What still fits before a deadline, as measured (see [`GracePlanner::fit`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fit {

@@ -6,9 +6,9 @@
 //! coordinator (`_coordinator/task_calls.py` and `cluster_poller.py`, over
 //! TensorFlow's own `PyFunc` RPCs): a poll (its incarnation and notice) and a release (the coordinator
 //! is done with it: it exits). The coordinator polls every task every round
-//! from one thread, releases tasks from the save and drain threads, and runs
-//! each call on a thread of its own so that one task that does not answer
-//! holds up no other.
+//! (every [`POLL_INTERVAL`]) from one thread, releases tasks from the save and
+//! drain threads, and runs each call on a thread of its own, bounded by
+//! [`CALL_TIMEOUT`], so that one task that does not answer holds up no other.
 //!
 //! The parts, each sans-IO (no clock read, no sleep, no thread, no log; the
 //! caller passes `now` and performs what it is told):
@@ -37,16 +37,25 @@
 //! Times are seconds on the caller's clock: monotonic for [`Calls`], the Unix
 //! clock for [`worker_drain_bound`] (a notice's deadline is a Unix time, as the task
 //! reported it; this is the one place it meets `now`).
+//!
+//! The gRPC keepalive the package adds to TensorFlow's channels, so that a call
+//! to a stopped task fails instead of stalling, is in `keepalive.rs`.
 
 mod calls;
+mod keepalive;
 mod watch;
 
 pub use calls::{Abandoned, CallId, Calls, Refused};
+pub use keepalive::{GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT};
 pub use watch::{PollLog, Watch};
 
 /// The key of the task control in TensorFlow's `py_func` registry of a
 /// served process.
 pub const TOKEN: &str = "tf_failure_handling/task_control";
+/// Seconds one call to a task (a poll, a release) may take: past it the caller
+/// goes on and the task counts as unanswered. A call on 127.0.0.1 takes
+/// milliseconds.
+pub const CALL_TIMEOUT: f64 = 5.0;
 /// Seconds an unreturned call may hold up the next calls to its task. Past it
 /// the call is abandoned (its thread ends on its own, or with the process) and
 /// the task is asked again, so that one call that never returns cannot hide
@@ -59,14 +68,28 @@ pub const ABANDON_AFTER: f64 = 30.0;
 pub const MAX_ABANDONED: usize = 4;
 /// Seconds a worker's drain may take when its notice names no deadline.
 pub const DEFAULT_DRAIN_BOUND: f64 = 300.0;
+/// Seconds the coordinator's save waits in the closure queue's `wait` when the
+/// closures it waited for are done and one of them failed: none. The call is
+/// there only to raise that closure's error, as `join()` would, and must not
+/// block (the error may have been taken meanwhile, and a closure queued).
+pub const DRAIN_ERROR_WAIT: f64 = 0.0;
+/// Seconds the coordinator waits for a released worker process to be gone
+/// before it gives the worker thread new closures again.
+pub const EXIT_WAIT: f64 = 30.0;
+/// Seconds a TCP connection to a released task's gRPC port may take while the
+/// coordinator waits for its process to be gone: a refused connection means
+/// gone; a timeout does not (the process may still be there).
+pub const PORT_PROBE_TIMEOUT: f64 = 1.0;
 /// Seconds of a notice's deadline kept back from a drain: the release and the
 /// worker's exit happen before the machine goes.
 pub const DRAIN_MARGIN: f64 = 1.0;
 
+/// Seconds between two polls of the cluster by the coordinator.
+pub const POLL_INTERVAL: f64 = 0.5;
 /// Seconds without a call from the coordinator (a poll or a release) after
 /// which a served task past its own bound takes the coordinator for gone. The
-/// coordinator asks every task every round (every half second; a call that
-/// does not return is bounded by its five-second timeout).
+/// coordinator asks every task every round (every [`POLL_INTERVAL`]; a call
+/// that does not return is bounded by [`CALL_TIMEOUT`]).
 pub const COORDINATOR_SILENCE: f64 = 15.0;
 /// A served task with a notice and no deadline serves at most this many times
 /// its own bound (grace period or `peer_timeout`) from its notice while the

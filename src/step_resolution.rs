@@ -161,6 +161,28 @@ pub const CHECKPOINTED_RUNS: &str = "checkpointed_runs";
 /// Value of the acknowledgement keys.
 pub const ACK_VALUE: &str = "1";
 
+/// Seconds the leader waits for every worker to acknowledge a step key, unless
+/// `TerminationConfig(peer_timeout=...)` or `TF_FAILURE_HANDLING_PEER_TIMEOUT` says
+/// otherwise. Acknowledgements come from a background thread of each peer and
+/// normally take milliseconds; the bound is there for a peer that is gone
+/// (TensorFlow waits for them forever).
+pub const DEFAULT_PEER_TIMEOUT: f64 = 300.0;
+/// Default bound, in seconds, on one write to the coordination service
+/// (`_cluster/coordination.py`'s `Client`).
+pub const COORDINATION_WRITE_TIMEOUT: f64 = 60.0;
+/// Seconds one peer health probe may take: TensorFlow's own timeout argument.
+/// TensorFlow holds the GIL during a probe, so the probe threads of
+/// `_cluster/membership.py` run one at a time, not in parallel.
+pub const PEER_PROBE_TIMEOUT: f64 = 2.0;
+/// Bound, in seconds, on joining a watcher thread (the step-key reader, the
+/// driver) at shutdown.
+pub const THREAD_JOIN_TIMEOUT: f64 = 10.0;
+/// Bound, in seconds, on one coordination-service write that nothing waits for
+/// (releasing blocked readers at shutdown, reporting an error, announcing a
+/// notice). The protocol's own writes are bounded by the peer timeout (60 s at
+/// most).
+pub const SHUTDOWN_WRITE_TIMEOUT: f64 = 10.0;
+
 /// One of the two agreement rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Round {

@@ -11,6 +11,11 @@ ACK_VALUE: str
 STOP_WATCHER: str
 PREEMPTION_NOTICE_KEY: str
 CHECKPOINTED_RUNS: str
+DEFAULT_PEER_TIMEOUT: float
+COORDINATION_WRITE_TIMEOUT: float
+PEER_PROBE_TIMEOUT: float
+THREAD_JOIN_TIMEOUT: float
+SHUTDOWN_WRITE_TIMEOUT: float
 
 _T = TypeVar("_T")
 
@@ -153,6 +158,7 @@ class Input:
     class Stop(Input): ...
 
 GRACE_SLACK: float
+DEFAULT_GRACE_PERIOD: float
 RETRY_FIRST_PAUSE: float
 RETRY_MAX_PAUSE: float
 RETRY_MIN_ATTEMPTS: int
@@ -189,6 +195,14 @@ MAX_ABANDONED: int
 DEFAULT_DRAIN_BOUND: float
 COORDINATOR_SILENCE: float
 SERVE_CAP_FACTOR: float
+PS_CALL_TIMEOUT: float
+PS_POLL_INTERVAL: float
+PS_PORT_PROBE_TIMEOUT: float
+WORKER_EXIT_WAIT: float
+DRAIN_ERROR_WAIT: float
+GRPC_PING_EVERY: float
+GRPC_PING_TIMEOUT: float
+GRPC_CONNECT_TIMEOUT: float
 
 class CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
@@ -305,6 +319,8 @@ class Inbox:
     ) -> Optional[Input]: ...
     def drain(self) -> list[Input]: ...
 
+INBOX_EXIT_JOIN_TIMEOUT: float
+
 class KeyValueStore:
     """In-memory coordination-service store with blocking gets (releases the GIL)."""
 
@@ -412,6 +428,9 @@ def is_ps_failure(e: object) -> bool: ...
 def classify_failure(e: object) -> tuple[bool, bool]: ...
 def failed_ps_instances(message: str) -> set[int]: ...
 
+DEFAULT_WORKER_RECOVERY_TIMEOUT: float
+COORDINATOR_STOP_LOCK_BOUND: float
+
 # The preemption records read (src/records.rs): bytes in, fields out.
 RECORD_FIELDS: tuple[str, ...]
 RECORD_REQUIRED: tuple[str, ...]
@@ -478,6 +497,14 @@ class MetadataWatch:
 
 def probe_metadata(cloud: str, base_url: str, timeout: float = 1.0) -> bool: ...
 
+METADATA_TIMEOUT: float
+AWS_GRACE_PERIOD: int
+AZURE_GRACE_PERIOD: int
+GCE_GPU_GRACE_PERIOD: int
+KUBERNETES_DEFAULT_GRACE_PERIOD: float
+WATCHER_FN_INTERVAL: float
+WATCHER_FN_JOIN_TIMEOUT: float
+
 # Checkpoint shares (src/shares.rs): which worker writes which tensor.
 def assign_shares(
     sizes: list[int], pinned: list[bool], workers: int
@@ -508,3 +535,7 @@ def slurm_time(text: Optional[str]) -> Optional[float]: ...
 def slurm_seconds(text: Optional[str]) -> Optional[float]: ...
 def slurm_config_value(config: str, key: str) -> Optional[str]: ...
 def slurm_controller_busy(message: str) -> bool: ...
+
+SLURM_REQUEUE_TIMEOUT: float
+SLURM_READ_TIMEOUT: float
+SLURM_NOTICE_READ_TIMEOUT: float

@@ -30,15 +30,14 @@ from ._coordinator import worker_loop as _worker_loop
 from ._coordinator.closure_queue import ClosureQueue
 from ._integrations import tf_exit as _tf_exit
 from ._integrations import tf_versions as _tf_versions
+from ._native import COORDINATOR_STOP_LOCK_BOUND as STOP_LOCK_BOUND
+from ._native import DEFAULT_WORKER_RECOVERY_TIMEOUT
 
 log = logging.getLogger("tf_failure_handling")
 
-#: TF's bound on waiting for a failed worker to come back, in seconds.
-DEFAULT_WORKER_RECOVERY_TIMEOUT = 3600.0
+# DEFAULT_WORKER_RECOVERY_TIMEOUT and STOP_LOCK_BOUND are the core's (src/failure.rs
+# says what each means).
 WORKER_RECOVERY_TIMEOUT_ENV = "TF_FAILURE_HANDLING_WORKER_RECOVERY_TIMEOUT"
-#: Seconds the coordinator's stop waits for the worker-recovery thread to let go of
-#: the cluster (it holds it while a lost worker is away).
-STOP_LOCK_BOUND = 5.0
 
 RemoteValue = _remote_value.RemoteValue
 PerWorkerValues = _values.PerWorkerValues

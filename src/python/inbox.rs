@@ -213,5 +213,6 @@ impl PyInbox {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyInbox>()?;
     m.add_class::<PyInput>()?;
+    m.add("INBOX_EXIT_JOIN_TIMEOUT", crate::inbox::EXIT_JOIN_TIMEOUT)?;
     Ok(())
 }

@@ -4,24 +4,24 @@
 //! | --- | --- |
 //! | `blocking.rs` | the blocking-wait helpers every module below uses (GIL released in slices, signals checked on the main thread), and the rule on locks and the GIL (below every other file) |
 //! | `handler.rs` | `HandlerCore`, the native base of `PreemptionCheckpointHandler`: `run()`'s hot path and the step resolver |
-//! | `inbox.rs` | `Inbox` and `Input`: the protocol driver's inputs in one place; its receive releases the GIL |
+//! | `inbox.rs` | `Inbox` and `Input`: the protocol driver's inputs in one place; its receive releases the GIL; the bound on joining its waiting threads at exit |
 //! | `signals.rs` | `SignalWatch`: signals from any thread, chained, posted into an `Inbox`; its wait releases the GIL |
 //! | `displacement.rs` | signal handlers someone replaced after ours, which both waits above look for (below both) |
 //! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `closure.rs` | `Closure`, `Event`, `Lock`: what a `schedule()` allocates, at (almost) no cost to the garbage collector |
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
-//! | `failure.rs` | the worker/PS failure classifier |
+//! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `Writes` and `WriteKind`: the driver's writes (`crate::writes`) |
-//! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `worker_drain_bound` |
+//! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `worker_drain_bound`; its timeouts and intervals, the gRPC keepalive's included |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
 //! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes (`crate::input_position`) |
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
 //! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together (`crate::shares`) |
-//! | `slurm.rs` | `slurm_fields`, `slurm_time`, `slurm_seconds`, `slurm_config_value`: SLURM's text (`crate::sources::slurm`) |
-//! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads |
+//! | `slurm.rs` | `slurm_fields`, `slurm_time`, `slurm_seconds`, `slurm_config_value`: SLURM's text (`crate::sources::slurm`); the bounds on `scontrol` |
+//! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the platforms' default grace periods, the metadata timeout, the watcher fn's interval |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and
 //! the GIL before adding a lock, a once-cell or a wait.
@@ -70,6 +70,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STOP_WATCHER", crate::step_resolution::STOP_WATCHER)?;
     m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
     m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
+    m.add("DEFAULT_PEER_TIMEOUT", crate::step_resolution::DEFAULT_PEER_TIMEOUT)?;
+    m.add("COORDINATION_WRITE_TIMEOUT", crate::step_resolution::COORDINATION_WRITE_TIMEOUT)?;
+    m.add("PEER_PROBE_TIMEOUT", crate::step_resolution::PEER_PROBE_TIMEOUT)?;
+    m.add("THREAD_JOIN_TIMEOUT", crate::step_resolution::THREAD_JOIN_TIMEOUT)?;
+    m.add("SHUTDOWN_WRITE_TIMEOUT", crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT)?;
     m.add_class::<handler::HandlerCore>()?;
     m.add_class::<handler::ProtocolCore>()?;
     m.add_class::<handler::NoticeAction>()?;
@@ -77,6 +82,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::KeyAction>()?;
     m.add_class::<handler::SaveAction>()?;
     m.add("GRACE_SLACK", crate::grace::SLACK)?;
+    m.add("DEFAULT_GRACE_PERIOD", crate::grace::DEFAULT_GRACE_PERIOD)?;
     handler::add_run(m.py())?;
     signals::register(m)?;
     inbox::register(m)?;

@@ -253,5 +253,13 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_DRAIN_BOUND", ps_control::DEFAULT_DRAIN_BOUND)?;
     m.add("COORDINATOR_SILENCE", ps_control::COORDINATOR_SILENCE)?;
     m.add("SERVE_CAP_FACTOR", ps_control::SERVE_CAP_FACTOR)?;
+    m.add("PS_CALL_TIMEOUT", ps_control::CALL_TIMEOUT)?;
+    m.add("PS_POLL_INTERVAL", ps_control::POLL_INTERVAL)?;
+    m.add("PS_PORT_PROBE_TIMEOUT", ps_control::PORT_PROBE_TIMEOUT)?;
+    m.add("WORKER_EXIT_WAIT", ps_control::EXIT_WAIT)?;
+    m.add("DRAIN_ERROR_WAIT", ps_control::DRAIN_ERROR_WAIT)?;
+    m.add("GRPC_PING_EVERY", ps_control::GRPC_PING_EVERY)?;
+    m.add("GRPC_PING_TIMEOUT", ps_control::GRPC_PING_TIMEOUT)?;
+    m.add("GRPC_CONNECT_TIMEOUT", ps_control::GRPC_CONNECT_TIMEOUT)?;
     Ok(())
 }

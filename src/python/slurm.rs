@@ -64,5 +64,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(slurm_seconds, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_config_value, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_controller_busy, m)?)?;
+    m.add("SLURM_REQUEUE_TIMEOUT", slurm::REQUEUE_TIMEOUT)?;
+    m.add("SLURM_READ_TIMEOUT", slurm::READ_TIMEOUT)?;
+    m.add("SLURM_NOTICE_READ_TIMEOUT", slurm::NOTICE_READ_TIMEOUT)?;
     Ok(())
 }

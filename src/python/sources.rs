@@ -42,7 +42,7 @@ use super::logs;
 use super::signals::PySignalWatch;
 use crate::inbox::Origin;
 use crate::sources::http::BaseUrl;
-use crate::sources::{probe, Cloud, MetadataWatch, Notice, Wake, WatchConfig, CLOSE_WAIT};
+use crate::sources::{self, probe, Cloud, MetadataWatch, Notice, Wake, WatchConfig, CLOSE_WAIT};
 
 /// Every watch created and not yet dropped, for the `atexit` hook.
 static LIVE: Mutex<Vec<Weak<MetadataWatch>>> = Mutex::new(Vec::new());
@@ -303,5 +303,12 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(probe_metadata, m)?)?;
     let hook = wrap_pyfunction!(close_metadata_watches, m)?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
+    m.add("METADATA_TIMEOUT", sources::METADATA_TIMEOUT)?;
+    m.add("AWS_GRACE_PERIOD", sources::AWS_GRACE_PERIOD)?;
+    m.add("AZURE_GRACE_PERIOD", sources::AZURE_GRACE_PERIOD)?;
+    m.add("GCE_GPU_GRACE_PERIOD", sources::GCE_GPU_GRACE_PERIOD)?;
+    m.add("KUBERNETES_DEFAULT_GRACE_PERIOD", sources::KUBERNETES_DEFAULT_GRACE_PERIOD)?;
+    m.add("WATCHER_FN_INTERVAL", sources::WATCHER_FN_INTERVAL)?;
+    m.add("WATCHER_FN_JOIN_TIMEOUT", sources::WATCHER_FN_JOIN_TIMEOUT)?;
     Ok(())
 }

@@ -13,6 +13,9 @@ pub const AWS_TOKEN_TTL: u32 = 21_600;
 pub const AWS_TOKEN_RETRY: f64 = 30.0;
 /// Longest pause between rebalance-recommendation polls, in seconds.
 pub const AWS_REBALANCE_MAX_INTERVAL: f64 = 1.0;
+/// Default grace period on AWS, in seconds: Spot gives two minutes' notice (the
+/// notice's own deadline caps it).
+pub const AWS_GRACE_PERIOD: u32 = 120;
 
 const AWS_TOKEN_PATH: &str = "/latest/api/token";
 const AWS_TOKEN_TTL_HEADER: &str = "X-aws-ec2-metadata-token-ttl-seconds";

@@ -8,6 +8,9 @@ use super::shared::{paced, trouble, Action, Event, Notice, Poller, Request, Resp
 
 /// Azure's instance-metadata request header.
 pub const AZURE_METADATA: (&str, &str) = ("Metadata", "true");
+/// Default grace period on Azure, in seconds: Azure Spot's `Preempt` event comes
+/// 30 s ahead.
+pub const AZURE_GRACE_PERIOD: u32 = 30;
 
 const AZURE_EVENTS_PATH: &str = "/metadata/scheduledevents?api-version=2020-07-01";
 const AZURE_NAME_PATH: &str = "/metadata/instance/compute/name?api-version=2021-02-01&format=text";

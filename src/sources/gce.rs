@@ -15,6 +15,9 @@ pub const GCE_LONG_POLL_GIVE_UP: u32 = 3;
 /// Lead time of a GCE Spot/preemptible VM: 30 s from the preemption notice
 /// to the hard stop.
 pub const GCE_PREEMPTED_LEAD: f64 = 30.0;
+/// TensorFlow's default grace period on GCE GPU VMs, in seconds (a CPU or TPU VM
+/// has none).
+pub const GCE_GPU_GRACE_PERIOD: u32 = 3600;
 
 const GCE_MAINTENANCE_PATH: &str = "/computeMetadata/v1/instance/maintenance-event";
 const GCE_PREEMPTED_PATH: &str = "/computeMetadata/v1/instance/preempted";

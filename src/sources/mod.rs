@@ -100,6 +100,8 @@
 //! | `aws.rs` | [`AwsPoller`], [`parse_spot_action`], [`parse_rebalance`] and AWS's detection requests |
 //! | `azure.rs` | [`AzurePoller`], [`parse_scheduled_events`] and Azure's detection request |
 //! | `clouds.rs` | the one table of the clouds: [`Cloud`], each one's name, [`pollers`] and detection request |
+//! | `kubernetes.rs` | Kubernetes' default grace period (nothing to poll: the pod gets SIGTERM) |
+//! | `watcher_fn.rs` | how often a user's `termination_watcher_fn` is called, and the bound on its thread's join |
 //! | `watch.rs` | the I/O shell: [`MetadataWatch`] and [`probe`] |
 //! | `http.rs` | the minimal, strictly bounded HTTP/1.1 client `watch.rs` polls with |
 //! | `slurm.rs` | SLURM's text as `scontrol` prints it: `Key=Value` fields, timestamps, durations, a config value (`_platforms/slurm.py` runs `scontrol`) |
@@ -118,18 +120,25 @@ mod clouds;
 mod dates;
 mod gce;
 pub mod http;
+mod kubernetes;
 mod shared;
 pub mod signals;
 pub mod slurm;
 mod watch;
+mod watcher_fn;
 
-pub use aws::{parse_rebalance, parse_spot_action, AwsPoller, AWS_REBALANCE_MAX_INTERVAL, AWS_TOKEN_RETRY, AWS_TOKEN_TTL, NOTE_IMDSV1};
-pub use azure::{parse_scheduled_events, AzurePoller, AZURE_METADATA};
+pub use aws::{
+    parse_rebalance, parse_spot_action, AwsPoller, AWS_GRACE_PERIOD, AWS_REBALANCE_MAX_INTERVAL, AWS_TOKEN_RETRY, AWS_TOKEN_TTL,
+    NOTE_IMDSV1,
+};
+pub use azure::{parse_scheduled_events, AzurePoller, AZURE_GRACE_PERIOD, AZURE_METADATA};
 pub use clouds::{pollers, Cloud};
 pub use dates::{parse_rfc1123, parse_rfc3339};
-pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
-pub use shared::{Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, MIN_INTERVAL};
+pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_GPU_GRACE_PERIOD, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
+pub use kubernetes::KUBERNETES_DEFAULT_GRACE_PERIOD;
+pub use shared::{Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, METADATA_TIMEOUT, MIN_INTERVAL};
 pub use watch::{probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
+pub use watcher_fn::{WATCHER_FN_INTERVAL, WATCHER_FN_JOIN_TIMEOUT};
 
 #[cfg(test)]
 mod tests;

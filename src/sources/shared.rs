@@ -13,6 +13,11 @@ pub(super) const LOG_TARGET: &str = "tf_failure_handling";
 /// hammer the metadata server.
 pub const MIN_INTERVAL: f64 = 0.01;
 
+/// Seconds a metadata request made to detect the cloud may take, DNS included:
+/// each cloud's probe (`_platforms/common.py`; a probe that fails in any way means
+/// "not that cloud") and GCE's requests made from Python (`_platforms/cloud_gce.py`).
+pub const METADATA_TIMEOUT: f64 = 1.0;
+
 /// A termination notice from a metadata service.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Notice {

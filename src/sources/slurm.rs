@@ -1,6 +1,16 @@
 //! SLURM's text as `scontrol` prints it: `Key=Value` fields, local timestamps and
 //! durations, and whether an error is worth another try. The deadlines they lead to are told in docs/getting-started/slurm.md;
-//! `_platforms/slurm.py` runs `scontrol` and asks these.
+//! `_platforms/slurm.py` runs `scontrol` and asks these, within the bounds below.
+
+/// Bound, in seconds, on `scontrol requeue`, its retries included (while the
+/// controller reads as too busy to answer).
+pub const REQUEUE_TIMEOUT: f64 = 30.0;
+/// Bound, in seconds, on each `scontrol show` call of the reader started with the
+/// handler.
+pub const READ_TIMEOUT: f64 = 10.0;
+/// Bound, in seconds, on the one `scontrol show job` made when an `srun` task gets
+/// SIGTERM (is it a preemption?): the notice waits for it, so it is short.
+pub const NOTICE_READ_TIMEOUT: f64 = 2.0;
 
 /// Whether `b` can be part of a field name (`Partition`, `TRES/node`, `OS:Flags`).
 fn is_key_byte(b: u8) -> bool {

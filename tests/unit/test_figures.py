@@ -447,15 +447,17 @@ def test_integer_seconds_minutes_and_percentages_are_checked():
 
 def test_a_constant_is_exempted_by_its_value_in_the_named_file():
     tables = {"t.md": []}
-    path = "python/tf_failure_handling/_coordinator/cluster_poller.py"
-    good = f'It polls every 0.5 s.<!-- constant 0.5 s: "POLL_INTERVAL = 0.5" in {path} -->\n'
+    path = "src/ps_control.rs"
+    good = f'It polls every 0.5 s.<!-- constant 0.5 s: "POLL_INTERVAL: f64 = 0.5" in {path} -->\n'
     assert _check(good, tables) == []
     # alone in the block above the table or paragraph it is for
-    above = f'<!-- constant 0.5 s: "POLL_INTERVAL = 0.5" in {path} -->\n\n| a | 0.5 s |\n'
+    above = f'<!-- constant 0.5 s: "POLL_INTERVAL: f64 = 0.5" in {path} -->\n\n| a | 0.5 s |\n'
     assert _check(above, tables) == []
     # the text is not in the file
-    (problem,) = _check(good.replace("POLL_INTERVAL = 0.5", "POLL_INTERVAL = 0.25"), tables)
-    assert "does not contain 'POLL_INTERVAL = 0.25'" in problem
+    (problem,) = _check(
+        good.replace("POLL_INTERVAL: f64 = 0.5", "POLL_INTERVAL: f64 = 0.25"), tables
+    )
+    assert "does not contain 'POLL_INTERVAL: f64 = 0.25'" in problem
     # the text is in the file but does not state the figure's value
     (problem,) = _check(good.replace("0.5 s", "0.7 s"), tables)
     assert "states none of [0.7]" in problem
@@ -473,12 +475,7 @@ def test_a_constant_is_exempted_by_its_value_in_the_named_file():
 def test_a_duration_constant_may_be_stated_in_seconds_in_the_code():
     assert check_constant("1 ms", "time.sleep(0.001)", "benches/bench_records.py") is None
     assert check_constant("30 ms", "STEP_SLEEP = 0.03", "benches/bench_notice.py") is None
-    assert (
-        check_constant(
-            "2 min", "GRACE_PERIOD = 120", "python/tf_failure_handling/_platforms/cloud_aws.py"
-        )
-        is None
-    )
+    assert check_constant("2 min", "AWS_GRACE_PERIOD: u32 = 120", "src/sources/aws.rs") is None
 
 
 def test_program_output_blocks_are_read_and_code_blocks_are_not():

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .. import _errors
 from .._bounded_call import BoundedCall
+from .._native import COORDINATION_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
 
 _local = threading.local()
 
@@ -39,8 +40,7 @@ def use(service: Any) -> Iterator[Any]:
         _local.service = previous
 
 
-#: Default bound, in seconds, on one write to the coordination service.
-DEFAULT_WRITE_TIMEOUT = 60.0
+# DEFAULT_WRITE_TIMEOUT is the core's (src/step_resolution.rs says what it means).
 
 
 def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:

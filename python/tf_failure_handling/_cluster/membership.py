@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .._native import PEER_PROBE_TIMEOUT
+
 _WORKER_TYPES = ("chief", "worker", "evaluator")
 
 
@@ -99,9 +101,7 @@ def membership(cluster_resolver: Any) -> Membership:
     return Membership(worker_id, num_workers, is_chief, task_type, task_id)
 
 
-#: Seconds one peer health probe may take: TF's own timeout argument. TF holds the
-#: GIL during a probe, so the probe threads below run one at a time, not in parallel.
-PEER_PROBE_TIMEOUT = 2.0
+# PEER_PROBE_TIMEOUT is the core's (src/step_resolution.rs says what it means).
 #: Error types (by name) that can mean "a peer is gone".
 _LOST_PEER_ERRORS = (
     "UnavailableError",

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .._native import gap_runs
+from .._native import DRAIN_ERROR_WAIT, gap_runs
 from .coordinators import workers_of
 
 SAVE_HOLD = "save"
@@ -174,7 +174,7 @@ def wait_for_closures(
     left.gap_runs = filled
     error = getattr(queue, "_error", None)
     if error is not None and not left:
-        queue.wait(timeout=0.0)  # raises the closure's error, as join() would
+        queue.wait(timeout=DRAIN_ERROR_WAIT)  # raises the closure's error, as join() would
     return left
 
 

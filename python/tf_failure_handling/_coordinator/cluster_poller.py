@@ -14,13 +14,15 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from .._native import PS_POLL_INTERVAL as POLL_INTERVAL
+from .._native import PS_PORT_PROBE_TIMEOUT as PORT_PROBE_TIMEOUT
 from .._native import CallTimeout, PollLog, Retry, RetryVerdict, TaskWatch
 from .task_calls import CALL_TIMEOUT, CallRefused, call
 
 log = logging.getLogger("tf_failure_handling")
 
-#: Seconds between two polls of the cluster by the coordinator.
-POLL_INTERVAL = 0.5
+# POLL_INTERVAL and PORT_PROBE_TIMEOUT are the core's (src/ps_control.rs says what each
+# means).
 
 
 def _job_task(device: str) -> tuple:
@@ -230,7 +232,9 @@ class ClusterPoller:
         """Whether ``task``'s gRPC port accepts a TCP connection (its server runs)."""
         host, _, port = self.addresses[task].rpartition(":")
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            with socket.create_connection(
+                (host.strip("[]"), int(port)), timeout=PORT_PROBE_TIMEOUT
+            ):
                 return True
         except ConnectionRefusedError:
             return False

@@ -12,18 +12,11 @@ import json
 import os
 from typing import Any, Optional
 
-#: Seconds between two keepalive pings on a connection with a call outstanding
-#: (gRPC's default of at most 2 pings without data keeps the servers, whose ping policy
-#: TensorFlow lets no one change, from answering "too_many_pings").
-GRPC_PING_EVERY = 5.0
-#: Seconds a ping may go unanswered before gRPC closes the connection, failing its calls
-#: (``grpc.http2.ping_timeout_ms`` is the one this gRPC applies to keepalive pings; its
-#: default is a minute. ``grpc.keepalive_timeout_ms`` is the documented one).
-GRPC_PING_TIMEOUT = 5.0
-#: Seconds a reconnection may wait for the peer's HTTP/2 SETTINGS (gRPC's default 20 s):
-#: a stopped task accepts the TCP connection and never answers, and new calls to it
-#: wait for the attempt.
-GRPC_CONNECT_TIMEOUT = 5.0
+from .._native import GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT
+
+# GRPC_PING_EVERY, GRPC_PING_TIMEOUT and GRPC_CONNECT_TIMEOUT are the core's
+# (src/ps_control/keepalive.rs says what each means).
+
 #: gRPC channel options this package adds to ``TF_GRPC_DEFAULT_OPTIONS`` (the options of
 #: every channel TensorFlow creates in this process) unless the user set them there.
 GRPC_KEEPALIVE = (

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from .._bounded_call import BoundedCall
 from .._native import ABANDON_AFTER, MAX_ABANDONED, CallTimeout, TaskCalls, release_refused
+from .._native import PS_CALL_TIMEOUT as CALL_TIMEOUT
 from .._native import PS_TOKEN as TOKEN
 
 # Imported for what it does at import: the keepalive is in TF_GRPC_DEFAULT_OPTIONS before
@@ -25,12 +26,8 @@ from . import grpc_keepalive  # noqa: F401
 
 log = logging.getLogger("tf_failure_handling")
 
-# TOKEN (the key of TaskControl in TF's py_func registry), ABANDON_AFTER and
-# MAX_ABANDONED are the core's (src/ps_control.rs says what each means).
-
-#: Seconds one call to a task may take (a poll, a release): past it the caller goes on
-#: and the task counts as unanswered. A call on 127.0.0.1 takes milliseconds.
-CALL_TIMEOUT = 5.0
+# TOKEN (the key of TaskControl in TF's py_func registry), ABANDON_AFTER,
+# MAX_ABANDONED and CALL_TIMEOUT are the core's (src/ps_control.rs says what each means).
 
 #: The control of this process (strongly referenced: TF's registry holds weak ones).
 _installed: Optional[TaskControl] = None

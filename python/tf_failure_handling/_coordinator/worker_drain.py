@@ -12,16 +12,14 @@ import time
 from typing import Any, Callable, Optional
 
 from .._native import DEFAULT_DRAIN_BOUND, unreleased_hold_bound, worker_drain_bound
+from .._native import WORKER_EXIT_WAIT as EXIT_WAIT
 from .cluster_poller import ClusterPoller
 from .coordinators import find_coordinator, workers_of
 
 log = logging.getLogger("tf_failure_handling")
 
-# DEFAULT_DRAIN_BOUND is the core's (src/ps_control.rs says what it means).
-
-#: Seconds the coordinator waits for a released worker process to be gone before
-#: it gives the worker thread new closures again.
-EXIT_WAIT = 30.0
+# DEFAULT_DRAIN_BOUND and EXIT_WAIT are the core's (src/ps_control.rs says what each
+# means).
 
 
 class WorkerDrain:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .._native import AWS_GRACE_PERIOD as GRACE_PERIOD
 from . import common
 
 #: Base URL of the AWS instance metadata service (tests, proxies).
@@ -13,8 +14,7 @@ METADATA_ENV = "TF_FAILURE_HANDLING_AWS_METADATA_URL"
 DEFAULT_BASE = "http://169.254.169.254"
 #: Xen guests on EC2 (older instance types) have a uuid starting with "ec2" here.
 HYPERVISOR_UUID = "/sys/hypervisor/uuid"
-#: Seconds: AWS Spot gives two minutes' notice (the notice's own deadline caps it).
-GRACE_PERIOD = 120
+# GRACE_PERIOD is the core's (src/sources/aws.rs says what it means).
 
 
 def dmi_says_aws() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .._native import AZURE_GRACE_PERIOD as GRACE_PERIOD
 from . import common
 
 #: Base URL of the Azure instance metadata service (tests, proxies).
@@ -13,8 +14,7 @@ METADATA_ENV = "TF_FAILURE_HANDLING_AZURE_METADATA_URL"
 DEFAULT_BASE = "http://169.254.169.254"
 #: Azure's ``chassis_asset_tag`` (Microsoft's documented way to tell Azure VMs).
 ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
-#: Seconds: Azure Spot's Preempt event comes 30 s ahead.
-GRACE_PERIOD = 30
+# GRACE_PERIOD is the core's (src/sources/azure.rs says what it means).
 
 
 def dmi_says_azure() -> bool:

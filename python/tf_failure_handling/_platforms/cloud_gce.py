@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Optional
 
+from .._native import GCE_GPU_GRACE_PERIOD as GPU_GRACE_PERIOD
 from . import common
 
 log = logging.getLogger("tf_failure_handling")
@@ -22,8 +23,7 @@ DEFAULT_BASE = "http://metadata.google.internal"
 HEADER = {"Metadata-Flavor": "Google"}
 #: Exit code GCE's restart tooling recognises (TF's ``gce_exit_fn``).
 EXIT_CODE = 143
-#: TF's default grace period on GCE GPU VMs, in seconds.
-GPU_GRACE_PERIOD = 3600
+# GPU_GRACE_PERIOD is the core's (src/sources/gce.rs says what it means).
 
 exit_fn = common.exit_with(EXIT_CODE)
 

@@ -14,10 +14,11 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
+from .._native import METADATA_TIMEOUT
+
 log = logging.getLogger("tf_failure_handling")
 
-#: Seconds a metadata request (or probe) may take, DNS included.
-METADATA_TIMEOUT = 1.0
+# METADATA_TIMEOUT is the core's (src/sources/shared.rs says what it means).
 #: The DMI tables the kernel exposes (world-readable files of one line each).
 DMI_DIR = "/sys/class/dmi/id"
 #: The exit code Borg and TF's default ``exit_fn`` use.

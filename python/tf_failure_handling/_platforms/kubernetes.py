@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .._native import KUBERNETES_DEFAULT_GRACE_PERIOD
 from . import common
 
 #: Seconds Kubernetes leaves between SIGTERM and SIGKILL for this pod (not visible
 #: from inside it).
 GRACE_ENV = "TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD"
-#: Kubernetes' default ``terminationGracePeriodSeconds``.
-KUBERNETES_DEFAULT_GRACE_PERIOD = 30.0
+# KUBERNETES_DEFAULT_GRACE_PERIOD is the core's (src/sources/kubernetes.rs says what it
+# means).
 
 
 class Kubernetes(common.Platform):

@@ -26,20 +26,17 @@ import time
 import weakref
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-from .._native import Inbox, Input, MetadataWatch, SignalWatch
+from .._native import INBOX_EXIT_JOIN_TIMEOUT as EXIT_JOIN_TIMEOUT
+from .._native import WATCHER_FN_INTERVAL, Inbox, Input, MetadataWatch, SignalWatch
+from .._native import WATCHER_FN_JOIN_TIMEOUT as POLLER_JOIN_TIMEOUT
 from . import platform as _platform
 
 log = logging.getLogger("tf_failure_handling")
 
-#: How often ``termination_watcher_fn`` is called (TF: once a second).
-WATCHER_FN_INTERVAL = 1.0
+# WATCHER_FN_INTERVAL and POLLER_JOIN_TIMEOUT (src/sources/watcher_fn.rs) and
+# EXIT_JOIN_TIMEOUT (src/inbox.rs) are the core's: those files say what each means.
 #: A watcher fn call longer than this is logged (once): it delays only its own polls.
 SLOW_WATCHER_FN = 5.0
-#: Bound on joining the watcher-fn thread at close (a call in progress is not waited out).
-POLLER_JOIN_TIMEOUT = 1.0
-#: Bound, at interpreter exit, on joining the threads that wait in open sources
-#: (closing wakes them at once; the bound only keeps a stuck one from delaying exit).
-EXIT_JOIN_TIMEOUT = 2.0
 
 #: Every open NoticeSources, for the exit hook.
 _open_sources: weakref.WeakSet = weakref.WeakSet()

@@ -16,6 +16,9 @@ import threading
 import time
 from typing import Any, Optional
 
+from .._native import SLURM_NOTICE_READ_TIMEOUT as NOTICE_READ_TIMEOUT
+from .._native import SLURM_READ_TIMEOUT as READ_TIMEOUT
+from .._native import SLURM_REQUEUE_TIMEOUT as REQUEUE_TIMEOUT
 from .._native import Retry, RetryVerdict, slurm_config_value, slurm_controller_busy
 from .._native import slurm_fields as parse_fields
 from .._native import slurm_seconds as parse_seconds
@@ -28,13 +31,8 @@ log = logging.getLogger("tf_failure_handling")
 END_TIME_ENV = "SLURM_JOB_END_TIME"
 #: ``0``, ``false``, ``off`` or ``no`` turns the requeue off (scripts left unchanged).
 REQUEUE_ENV = "TF_FAILURE_HANDLING_SLURM_REQUEUE"
-#: Bound on ``scontrol requeue``.
-REQUEUE_TIMEOUT = 30.0
-#: Bound on each ``scontrol show`` call of the reader started with the handler.
-READ_TIMEOUT = 10.0
-#: Bound on the one ``scontrol show job`` made when an ``srun`` task gets SIGTERM
-#: (is it a preemption?): the notice waits for it, so it is short.
-NOTICE_READ_TIMEOUT = 2.0
+# REQUEUE_TIMEOUT, READ_TIMEOUT and NOTICE_READ_TIMEOUT are the core's
+# (src/sources/slurm.rs says what each means).
 
 
 def job_id() -> Optional[str]:

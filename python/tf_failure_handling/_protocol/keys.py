@@ -9,8 +9,10 @@ from .._native import (
     LAST_RUN_TO_CHECKPOINT,
     PREEMPTION_NOTICE_KEY,
     RUN_TO_CHECKPOINT,
+    SHUTDOWN_WRITE_TIMEOUT,
     STOP_WATCHER,
     TERMINATED_WORKER,
+    THREAD_JOIN_TIMEOUT,
 )
 
 __all__ = [
@@ -32,9 +34,5 @@ EXIT_RESERVE_ENV = "TF_FAILURE_HANDLING_EXIT_RESERVE"
 #: Longest single blocking get of the step-key reader; it re-checks for shutdown
 #: between gets. Shutdown normally releases it at once (``STOP_WATCHER``).
 PEER_WATCH_SLICE = 5.0
-#: Bound on joining a watcher thread at shutdown.
-THREAD_JOIN_TIMEOUT = 10.0
-#: Bound on one coordination-service write that nothing waits for (releasing
-#: blocked readers at shutdown, reporting an error, announcing a notice). The
-#: protocol's own writes are bounded by the peer timeout (60 s at most).
-SHUTDOWN_WRITE_TIMEOUT = 10.0
+# THREAD_JOIN_TIMEOUT and SHUTDOWN_WRITE_TIMEOUT are the core's (src/step_resolution.rs
+# says what each means).

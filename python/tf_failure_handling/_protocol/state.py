@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .._native import DEFAULT_GRACE_PERIOD, DEFAULT_PEER_TIMEOUT
+
 
 @dataclass(eq=False)
 class HandlerState:
@@ -19,9 +21,11 @@ class HandlerState:
     #: The coordination service, bounded (``_cluster.coordination.Client``); None alone.
     coordination: Any = None
     cluster_resolver: Any = None
-    #: The bound of every wait for peers, in seconds.
-    peer_timeout: float = 0.0
-    grace_period: float = 0.0
+    #: The bound of every wait for peers, in seconds (the core's default until the
+    #: handler's constructor sets it).
+    peer_timeout: float = DEFAULT_PEER_TIMEOUT
+    #: Seconds from a notice to the machine's end (the core's default until set).
+    grace_period: float = DEFAULT_GRACE_PERIOD
     #: The clock the protocol reads: notice times, deadlines, save and agreement
     #: durations. Simulations substitute a virtual one; waits for peers stay real.
     clock: Callable[[], float] = time.monotonic

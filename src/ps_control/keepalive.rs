@@ -1,0 +1,23 @@
+//! The gRPC keepalive this package adds to TensorFlow's channels in a
+//! ParameterServerStrategy process: a connection to a stopped task fails its
+//! calls after a ping timeout instead of stalling them.
+//! `_coordinator/grpc_keepalive.py` writes these, in milliseconds, into
+//! `TF_GRPC_DEFAULT_OPTIONS` (the options of every channel TensorFlow creates in
+//! the process) unless the user set them there; when they apply and their
+//! limits: docs/getting-started/parameter-server.md.
+
+/// Seconds between two keepalive pings on a connection with a call outstanding
+/// (`grpc.keepalive_time_ms`). gRPC's default of at most 2 pings without data
+/// keeps the servers, whose ping policy TensorFlow lets no one change, from
+/// answering "too_many_pings".
+pub const GRPC_PING_EVERY: f64 = 5.0;
+/// Seconds a ping may go unanswered before gRPC closes the connection, failing
+/// its calls. `grpc.http2.ping_timeout_ms` is the one this gRPC applies to
+/// keepalive pings (its default is a minute); `grpc.keepalive_timeout_ms` is
+/// the documented one: both are set.
+pub const GRPC_PING_TIMEOUT: f64 = 5.0;
+/// Seconds a reconnection may wait for the peer's HTTP/2 SETTINGS
+/// (`grpc.min_reconnect_backoff_ms`; gRPC's default 20 s): a stopped task
+/// accepts the TCP connection and never answers, and new calls to it wait for
+/// the attempt.
+pub const GRPC_CONNECT_TIMEOUT: f64 = 5.0;
