@@ -8,86 +8,74 @@ in a local folder, one object per line on any other scheme TensorFlow writes.
 each line against :data:`FIELDS`; ``python -m tf_failure_handling report PATH`` prints
 them. The layouts, what a kill leaves, what they cost and each stage's fields:
 docs/records.md.
+
+This module writes them; ``_record_reading`` reads them (:func:`load`, :func:`last_exit`,
+the schema) and ``_record_paths`` says where they go (:func:`folder_for`): their names
+are re-exported here.
 """
 
 from __future__ import annotations
 
 import collections
 import errno
-import functools
 import json
 import logging
 import os
 import socket
-import stat
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
-from ._native import (
-    RECORD_FIELDS,
-    RECORD_REQUIRED,
-    last_exit_record,
-    read_records,
-    record_field_ok,
-    valid_record,
-)
+from . import _record_paths as _paths
 from ._native import (
     claim_resume as _claim_resume,
 )
+from ._record_paths import (  # re-exported: where the records go
+    DEFAULT_SUBDIR,
+    RECORDS_DIR_ENV,
+    _join,
+    _local,
+    folder_for,
+    is_local,
+)
+from ._record_reading import (  # re-exported: reading the records
+    FIELDS,
+    REQUIRED,
+    Preemption,
+    Records,
+    Resume,
+    last_exit,
+    load,
+    valid,
+)
+
+__all__ = [
+    "DEFAULT_SUBDIR",
+    "FIELDS",
+    "FLUSH_BOUND",
+    "RECORDS_DIR_ENV",
+    "REQUIRED",
+    "SCHEMA_VERSION",
+    "STAGES",
+    "Preemption",
+    "Recorder",
+    "Records",
+    "Resume",
+    "claim_resume",
+    "folder_for",
+    "is_local",
+    "last_exit",
+    "load",
+    "valid",
+]
 
 log = logging.getLogger("tf_failure_handling")
 
 SCHEMA_VERSION = 1
-#: Where records go when the handler's ``TerminationConfig`` does not say:
-#: this variable, or ``<checkpoint_dir>/preemption_records`` (created at the first
-#: notice; none by default when a ``save_fn`` replaces the save). ``off`` disables.
-RECORDS_DIR_ENV = "TF_FAILURE_HANDLING_RECORDS_DIR"
-DEFAULT_SUBDIR = "preemption_records"
 STAGES = ("notice", "agreement", "save_start", "save_end", "exit", "error", "resumed", "requeue")
 #: Seconds :meth:`Recorder.close` waits for an object store to take the lines still
 #: queued (the ``exit`` line among them) before the process exits without them.
 FLUSH_BOUND = 10.0
-
-
-def is_local(path: str) -> bool:
-    """Whether ``path`` is on this machine's file system: no scheme, or ``file://``."""
-    return "://" not in path or path.startswith("file://")
-
-
-def _local(path: str) -> str:
-    return path[len("file://") :] if path.startswith("file://") else path
-
-
-def _join(folder: str, *names: str) -> str:
-    if is_local(folder):
-        return os.path.join(folder, *names)
-    return "/".join([folder.rstrip("/"), *names])
-
-
-def folder_for(checkpoint_dir: Optional[str], configured: Any = None) -> Optional[str]:
-    """The records folder: ``configured`` (``False``: none), else the environment
-    variable, else beside the checkpoints; None when there is nowhere to write."""
-    if configured is False:
-        return None
-    if configured:
-        return os.fspath(configured)
-    env = os.environ.get(RECORDS_DIR_ENV)
-    if env is not None:
-        return None if env.strip().lower() in ("", "off", "0", "false", "none") else env
-    if checkpoint_dir:
-        return _join(os.fspath(checkpoint_dir), DEFAULT_SUBDIR)
-    return None
-
-
-def _gfile() -> Any:
-    """TensorFlow's file system layer, for every path that is not local."""
-    try:
-        import tensorflow as tf
-    except ImportError as e:
-        raise OSError(f"a path with a scheme needs TensorFlow's file systems: {e}") from e
-    return tf.io.gfile
 
 
 # --------------------------------------------------------------------- writing
@@ -165,7 +153,7 @@ class _Objects:
         self._made = False
 
     def append(self, line: bytes, stage: str) -> None:
-        gfile = _gfile()
+        gfile = _paths._gfile()
         if not self._made:
             gfile.makedirs(self.path)
             self._made = True
@@ -386,213 +374,6 @@ class Recorder:
                 except OSError:
                     pass
                 self._sink = None
-
-
-# --------------------------------------------------------------------- reading
-
-
-@dataclass
-class Preemption:
-    """One task's view of one preemption (the lines of one ``preemption`` id)."""
-
-    job: str
-    task: Any
-    host: Optional[str] = None
-    pid: Optional[int] = None
-    id: Optional[str] = None
-    platform: Optional[str] = None
-    source: Optional[str] = None
-    notice_time: Optional[float] = None
-    deadline: Optional[float] = None
-    grace_period: Optional[float] = None
-    agreed_step: Optional[int] = None
-    proposer: Optional[str] = None
-    agreement_time: Optional[float] = None
-    save_start: Optional[float] = None
-    save_end: Optional[float] = None
-    checkpoint_path: Optional[str] = None
-    exit_code: Optional[Any] = None
-    exit_time: Optional[float] = None
-    error: Optional[str] = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"{self.job} {self.task}"
-
-    @property
-    def save_duration(self) -> Optional[float]:
-        if self.save_start is None or self.save_end is None:
-            return None
-        return self.save_end - self.save_start
-
-    @property
-    def margin(self) -> Optional[float]:
-        """Seconds left to the deadline when the save ended (negative: too late)."""
-        if self.deadline is None or self.save_end is None:
-            return None
-        return self.deadline - self.save_end
-
-
-@dataclass
-class Resume:
-    """A ``resumed`` line: a task restarted from a checkpoint."""
-
-    job: str
-    task: Any
-    time: float
-    step: Optional[int] = None
-    lost: Optional[int] = None
-    downtime: Optional[float] = None
-    host: Optional[str] = None
-    extra: dict = field(default_factory=dict)
-
-
-@dataclass
-class Records:
-    preemptions: list
-    resumes: list
-    #: Lines that were skipped, per file (or object): cut off, not JSON, or not of
-    #: the schema's shape. Line 0: the file itself could not be read.
-    skipped: dict
-
-
-#: The schema: each known field, and a check of a value for it (``FIELDS[name](value)``;
-#: ``null`` is the same as absent). A line must have :data:`REQUIRED`; any other field is
-#: kept in ``extra`` whatever its value. The rules (docs/records.md) are in the Rust core.
-FIELDS: dict = {n: functools.partial(record_field_ok, n) for n in RECORD_FIELDS}
-REQUIRED = RECORD_REQUIRED
-
-
-def valid(obj: Any) -> bool:
-    """Whether ``obj`` (a parsed line) is of the schema's shape."""
-    return valid_record(obj)
-
-
-class _Reader:
-    """The read side of both layouts: local paths through ``os``, any other scheme
-    through ``tf.io.gfile`` (its errors become ``OSError``)."""
-
-    def __init__(self, path: str) -> None:
-        self.local = is_local(path)
-
-    def _gfile(self, what: str, path: str) -> Any:
-        gfile = _gfile()
-        try:
-            if what == "read":
-                with gfile.GFile(path, "rb") as f:
-                    return f.read()
-            return getattr(gfile, what)(path)
-        except Exception as e:
-            if type(e).__name__ == "NotFoundError":
-                raise FileNotFoundError(str(e)) from e
-            raise OSError(f"{path}: {e}") from e
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(_local(path)) if self.local else self._gfile("exists", path)
-
-    def isdir(self, path: str) -> bool:
-        return os.path.isdir(_local(path)) if self.local else self._gfile("isdir", path)
-
-    def names(self, folder: str, suffix: str) -> list:
-        """The paths in ``folder`` whose names end with ``suffix``, sorted."""
-        found = os.listdir(_local(folder)) if self.local else self._gfile("listdir", folder)
-        return sorted(_join(folder, n) for n in found if n.endswith(suffix))
-
-    def folders(self, folder: str) -> list:
-        found = os.listdir(_local(folder)) if self.local else self._gfile("listdir", folder)
-        paths = (_join(folder, n.rstrip("/")) for n in found if not n.endswith((".jsonl", ".json")))
-        return sorted(p for p in paths if self.isdir(p))
-
-    def read(self, path: str) -> bytes:
-        if self.local:
-            # Not a FIFO, a device or a folder that happens to be named *.jsonl: reading
-            # one would block, never end, or fail.
-            with open(_local(path), "rb", opener=_open_regular) as f:
-                return f.read()
-        return self._gfile("read", path)
-
-
-def _open_regular(path: str, flags: int) -> int:
-    fd = os.open(path, flags | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{path}: not a regular file")
-    return fd
-
-
-def _read(reader: _Reader, sources: list) -> list:
-    """``(name, bytes)`` of each file or object; None for one that cannot be read."""
-    found = []
-    for source in sources:
-        try:
-            found.append((str(source), reader.read(source)))
-        except OSError:
-            found.append((str(source), None))
-    return found
-
-
-def _sources(reader: _Reader, path: str) -> list:
-    """The files and objects of a records folder, one file, or a checkpoint folder
-    with a records folder inside."""
-    if not reader.exists(path):
-        raise FileNotFoundError(f"no such file or folder: {path}")
-    if not reader.isdir(path):
-        return [path]
-    inner = _join(path, DEFAULT_SUBDIR)
-    if reader.isdir(inner):
-        path = inner
-    objects = [o for f in reader.folders(path) for o in reader.names(f, ".json")]
-    return reader.names(path, ".jsonl") + objects
-
-
-def load(path: Union[str, os.PathLike]) -> Records:
-    """Reads a records folder (every ``*.jsonl`` file and ``*/*.json`` object in it),
-    one file, or a checkpoint folder with a ``preemption_records`` folder inside; a
-    path with a scheme through ``tf.io.gfile``.
-
-    Skips, and counts in ``skipped``, every line that is cut off, not JSON or not of
-    the schema's shape (:func:`valid`); fields the schema does not name go to ``extra``.
-
-    Raises:
-      FileNotFoundError: ``path`` does not exist.
-      OSError: ``path`` could not be listed.
-    """
-    path = os.fspath(path)
-    reader = _Reader(path)
-    preemptions, resumes, skipped = read_records(_read(reader, _sources(reader, path)))
-    return Records([Preemption(**p) for p in preemptions], [Resume(**r) for r in resumes], skipped)
-
-
-def _task_sources(reader: _Reader, folder: str, job: str, task: Any) -> list:
-    name = f"{job}-{task}"
-    found = []
-    file = _join(folder, f"{name}.jsonl")
-    if reader.exists(file):
-        found.append(file)
-    inner = _join(folder, name)
-    objects = reader.names(inner, ".json") if reader.isdir(inner) else []
-    # Only the objects after the task's last `resumed` one can hold an exit that
-    # has not been resumed from: the others are not read.
-    last = max((i for i, o in enumerate(objects) if o.endswith("-resumed.json")), default=-1)
-    return found + objects[max(last, 0) :]
-
-
-def last_exit(folder: Optional[str], job: str, task: Any) -> Optional[Preemption]:
-    """The latest preemption of ``job``/``task`` in ``folder`` that reached its exit
-    and has no ``resumed`` line after it; None when there is none or the folder cannot
-    be read (a record file never stops a handler)."""
-    if folder is None:
-        return None
-    try:
-        reader = _Reader(folder)
-        if not reader.isdir(folder):
-            return None
-        sources = _read(reader, _task_sources(reader, folder, job, task))
-    except OSError:
-        return None
-    found = last_exit_record(sources, job, str(task))
-    return None if found is None else Preemption(**found)
 
 
 def claim_resume(folder: str, job: str, task: Any, preemption: Optional[str]) -> bool:

@@ -21,7 +21,7 @@ from typing import Optional
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tf_failure_handling import TerminationConfig, records, report, testing
+from tf_failure_handling import TerminationConfig, _record_paths, records, report, testing
 
 from .conftest import BLOCK_TENSORFLOW, wait_for_attention, wait_until
 from .test_handler_local import _train
@@ -303,7 +303,9 @@ class FakeStore:
 @pytest.fixture
 def store(monkeypatch):
     s = FakeStore()
-    monkeypatch.setattr(records, "_gfile", lambda: s)
+    # The one place both the writer (records) and the reader (_record_reading) reach
+    # tf.io.gfile through.
+    monkeypatch.setattr(_record_paths, "_gfile", lambda: s)
     return s
 
 
