@@ -1,4 +1,5 @@
-"""``PreemptionCheckpointHandler`` and ``TerminationConfig``: the API, as TensorFlow's.
+"""``PreemptionCheckpointHandler`` and ``TerminationConfig``: the API, as TensorFlow's
+(``TerminationConfig`` is defined in ``_termination_config`` and re-exported here).
 
 The protocol (who saves at which step, the two grace rounds) is decided by the Rust core
 (``src/step_resolution.rs``) and performed by the parts in ``_protocol/``, which the
@@ -9,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import numbers
 import os
 import sys
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional
 
 from . import _errors, records
 from ._cluster import coordination as _coordination
@@ -54,6 +53,7 @@ from ._protocol.save import SaveAndExit
 from ._protocol.state import HandlerState
 from ._protocol.step_check import StepCheck
 from ._protocol.step_keys import StepKeys
+from ._termination_config import TerminationConfig, _check_seconds
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -65,102 +65,6 @@ log = logging.getLogger("tf_failure_handling")
 DEFAULT_PEER_TIMEOUT = 300.0
 #: How often ``termination_watcher_fn`` is called (TF: once a second).
 WATCHER_FN_INTERVAL = _sources.WATCHER_FN_INTERVAL
-
-
-def _check_callable(name: str, value: Any) -> None:
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
-
-
-def _check_seconds(name: str, value: Any) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite, non-negative number of seconds, got {value}")
-    return value
-
-
-class TerminationConfig:
-    """How a worker learns of its end, how it exits, and how long it has.
-
-    Replaces ``tf.distribute.experimental.TerminationConfig`` with the same
-    constructor. Differences from TensorFlow:
-
-    * a ``termination_watcher_fn`` is polled *in addition to* the signals, not
-      instead of SIGTERM;
-    * ``grace_period`` must be a non-negative number (TF accepts anything and
-      treats negatives as 0);
-    * keyword-only extras: ``peer_timeout`` bounds the wait for peers'
-      acknowledgements (TF waits forever), ``signals`` lists the signals that
-      count as a notice (default SIGTERM, plus SIGUSR1 under SLURM, whose
-      ``--signal`` usually sends it), ``records_dir`` where the preemption
-      records go (``tf_failure_handling.records``; default
-      ``<checkpoint_dir>/preemption_records``, ``False`` for none),
-      ``slurm_requeue`` whether, under SLURM, a job that ends by its time limit or
-      a preemption is put back in the queue after the save (default on, unless
-      ``TF_FAILURE_HANDLING_SLURM_REQUEUE=0``; see ``_platforms/slurm.py``);
-    * the defaults follow the platform (``complete`` in ``_platforms/platform.py``): AWS
-      and Azure get a grace period (120 s, 30 s) capped by the deadline their notices
-      carry; GCE CPU and TPU VMs are supported.
-    """
-
-    def __init__(
-        self,
-        termination_watcher_fn: Optional[Callable[[], bool]] = None,
-        exit_fn: Optional[Callable[[], Any]] = None,
-        grace_period: Optional[float] = None,
-        save_fn: Optional[Callable[..., Any]] = None,
-        *,
-        peer_timeout: Optional[float] = None,
-        signals: Optional[Sequence[int]] = None,
-        records_dir: Any = None,
-        slurm_requeue: Optional[bool] = None,
-    ) -> None:
-        _check_callable("termination_watcher_fn", termination_watcher_fn)
-        _check_callable("exit_fn", exit_fn)
-        _check_callable("save_fn", save_fn)
-        self.termination_watcher_fn = termination_watcher_fn
-        self.exit_fn = exit_fn
-        self.grace_period = _check_seconds("grace_period", grace_period)
-        self.save_fn = save_fn
-        self.peer_timeout = _check_seconds("peer_timeout", peer_timeout)
-        self.signals = None if signals is None else tuple(_sources.signal_numbers(signals))
-        if records_dir is not None and records_dir is not False:
-            if not isinstance(records_dir, (str, os.PathLike)):
-                raise TypeError(
-                    "records_dir must be a path, False (no records) or None, got "
-                    f"{type(records_dir).__name__}"
-                )
-        self.records_dir = records_dir
-        if slurm_requeue is not None and not isinstance(slurm_requeue, bool):
-            raise TypeError(
-                f"slurm_requeue must be True, False or None, got {type(slurm_requeue).__name__}"
-            )
-        self.slurm_requeue = slurm_requeue
-
-    @classmethod
-    def _from_any(cls, config: Any) -> TerminationConfig:
-        """Accepts ours, TF's own ``TerminationConfig`` (same attributes), or None."""
-        if config is None:
-            return cls()
-        if isinstance(config, cls):
-            return config
-        if all(
-            hasattr(config, a)
-            for a in ("termination_watcher_fn", "exit_fn", "grace_period", "save_fn")
-        ):
-            return cls(
-                config.termination_watcher_fn,
-                config.exit_fn,
-                config.grace_period,
-                config.save_fn,
-            )
-        raise TypeError(
-            f"termination_config must be a TerminationConfig or None, got {type(config).__name__}"
-        )
 
 
 def _peer_timeout(config: TerminationConfig) -> float:
@@ -436,34 +340,15 @@ class PreemptionCheckpointHandler(HandlerCore):
         a shuffle with no seed) gets a warning naming why, and today's behaviour.
         docs/input-position.md.
         """
-        for name, value in (
-            ("steps_per_epoch", steps_per_epoch),
-            ("batches_per_run", batches_per_run),
-        ):
-            if value is None and name == "steps_per_epoch":
-                continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        state = self._checkpoints.attach_state(_input.STATE_NAME, _input.new_state)
-        if state.tracker is not None:
-            log.warning(
-                "track_input: this handler already tracks an input; its position is no "
-                "longer saved (one input per handler: the one the training steps read)."
-            )
-            state.tracker.close()
         member = self._state.membership
-        builder = dataset if _input.is_builder(dataset) else None
-        tracker = _input.InputTracker(
-            dataset,
+        tracker = _input.track_input(
+            self._checkpoints,
             max(1, member.num_workers or 1),
-            "the input given to track_input",
+            dataset,
+            steps_per_epoch,
+            batches_per_run,
             runs=lambda: self._run_counter,
-            batches_per_run=int(batches_per_run),
-            steps_per_iteration=steps_per_epoch,
-            builder=builder,
         )
-        state.tracker = tracker
-        tracker.resume(_input.read_saved_or_warn(self._checkpoints.restored_path))
         self._input_tracker = tracker
         return tracker.dataset
 

@@ -299,7 +299,11 @@ def _imports(path: Path) -> set:
 
 @pytest.mark.parametrize(
     "path",
-    [PACKAGE / "handler.py", *sorted((PACKAGE / "_protocol").glob("*.py"))],
+    [
+        PACKAGE / "handler.py",
+        PACKAGE / "_termination_config.py",
+        *sorted((PACKAGE / "_protocol").glob("*.py")),
+    ],
     ids=lambda p: p.name,
 )
 def test_the_handler_knows_no_platform_by_name(path):

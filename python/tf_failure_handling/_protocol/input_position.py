@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import numbers
 from typing import Any, Callable, Optional
 
 from .._integrations import tf_input, tf_keras_fit
@@ -404,4 +405,49 @@ def track_tf_keras_fit(
             tracker.resume(saved, first_used=0, new_iteration=False)
 
     tracker.before_first = plan
+    return tracker
+
+
+def track_input(
+    checkpoints: Any,
+    workers: int,
+    dataset: Any,
+    steps_per_epoch: Optional[int],
+    batches_per_run: int,
+    runs: Callable[[], int],
+) -> InputTracker:
+    """``handler.track_input(dataset, steps_per_epoch, batches_per_run)``: checks the two
+    counts, then tracks ``dataset`` in place of the input the handler tracked before (if
+    any), resumed at the position saved in the restored checkpoint.
+
+    Raises:
+      ValueError: a count is not a positive integer.
+    """
+    for name, value in (
+        ("steps_per_epoch", steps_per_epoch),
+        ("batches_per_run", batches_per_run),
+    ):
+        if value is None and name == "steps_per_epoch":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    state = checkpoints.attach_state(STATE_NAME, new_state)
+    if state.tracker is not None:
+        log.warning(
+            "track_input: this handler already tracks an input; its position is no "
+            "longer saved (one input per handler: the one the training steps read)."
+        )
+        state.tracker.close()
+    builder = dataset if is_builder(dataset) else None
+    tracker = InputTracker(
+        dataset,
+        workers,
+        "the input given to track_input",
+        runs=runs,
+        batches_per_run=int(batches_per_run),
+        steps_per_iteration=steps_per_epoch,
+        builder=builder,
+    )
+    state.tracker = tracker
+    tracker.resume(read_saved_or_warn(checkpoints.restored_path))
     return tracker
