@@ -13,6 +13,9 @@ fails, or restarts, in milliseconds and in one process.
 * :class:`FakeCheckpoint` / :class:`FakeVariable` are a checkpoint without TensorFlow
   (JSON files written atomically, with ``CheckpointManager``'s contract).
 
+The service and the resolver are defined in ``_testing/tf_cluster.py``, the checkpoint in
+``_testing/checkpoints.py``; the simulated cluster is here.
+
 Example::
 
     from tf_failure_handling import testing
@@ -35,8 +38,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import threading
 import time
@@ -45,7 +46,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import _errors
 from ._cluster import coordination as _coordination
-from ._native import KeyValueStore
+from ._testing.checkpoints import FakeCheckpoint, FakeCheckpointManager, FakeVariable
+from ._testing.tf_cluster import InMemoryCoordinationService, SimpleClusterResolver
 
 __all__ = [
     "FakeCheckpoint",
@@ -61,251 +63,6 @@ __all__ = [
 
 use_coordination_service = _coordination.use
 """Context manager: make a service the current thread's coordination service."""
-
-
-class InMemoryCoordinationService:
-    """TensorFlow's coordination-service key-value API, in memory.
-
-    Methods have the names and arguments of ``tf``'s ``context.context()``, so
-    the same object also stands in for TF's context in tests of TF's own handler.
-    Setting an existing key raises ``AlreadyExistsError``; a get blocks until the key is
-    set or its timeout passes (``DeadlineExceededError``); ``report_error_to_cluster``
-    fails every blocked get with the reported error.
-    ``fail_next_set`` / ``fail_next_get`` inject one failure (a
-    ``tf.errors.UnavailableError``) into the next matching call.
-    """
-
-    def __init__(self) -> None:
-        _errors.module()  # resolve TF's error classes in this thread, once
-        self._store = KeyValueStore()
-        self._error_listeners: list = []
-        self._faults_lock = threading.Lock()
-        self._set_faults: dict = {}
-        self._get_faults: dict = {}
-
-    # TF's API -------------------------------------------------------------
-
-    def set_config_key_value(self, key: str, value: str) -> None:
-        self._maybe_fail(self._set_faults, key, "set")
-        if not self._store.set(str(key), str(value)):
-            raise _errors.make("AlreadyExistsError", f"Config key {key} already exists.")
-
-    def get_config_key_value(self, key: str, timeout_in_ms: int = 0) -> str:
-        """Blocks until ``key`` is set; ``timeout_in_ms`` 0 means forever, as in TF."""
-        self._maybe_fail(self._get_faults, key, "get")
-        timeout = None if not timeout_in_ms else timeout_in_ms / 1000.0
-        status, payload = self._store.get(str(key), timeout)
-        if status == "ok":
-            return payload
-        if status == "timeout":
-            raise _errors.make(
-                "DeadlineExceededError",
-                f"GetKeyValue() timed out with key: {key} and duration: {timeout_in_ms}ms",
-            )
-        code, message = payload
-        raise _errors.from_code(code, message)
-
-    def delete_config_key_value(self, key: str) -> None:
-        self._store.delete(str(key))
-
-    def report_error_to_cluster(self, error_code: int, error_message: str) -> None:
-        self._store.report_error(int(error_code), str(error_message))
-        for listener in list(self._error_listeners):
-            listener()
-
-    # Inspection and fault injection ----------------------------------------
-
-    def keys(self) -> list:
-        """Every key set, sorted."""
-        return self._store.keys()
-
-    def value(self, key: str) -> Optional[str]:
-        """The value of ``key`` or None, without blocking."""
-        return self._store.try_get(key)
-
-    @property
-    def error(self) -> Optional[tuple]:
-        """The first error reported to the cluster, as ``(code, message)``."""
-        return self._store.error
-
-    def fail_next_set(self, key: str) -> None:
-        """The next set of ``key`` raises ``UnavailableError``."""
-        with self._faults_lock:
-            self._set_faults[key] = self._set_faults.get(key, 0) + 1
-
-    def fail_next_get(self, key: str) -> None:
-        """The next get of ``key`` raises ``UnavailableError``."""
-        with self._faults_lock:
-            self._get_faults[key] = self._get_faults.get(key, 0) + 1
-
-    def faults_left(self) -> dict:
-        """Injected failures not yet raised: ``{("set" or "get", key): count}``, zeros omitted."""
-        with self._faults_lock:
-            left = {("set", k): v for k, v in self._set_faults.items() if v}
-            left.update({("get", k): v for k, v in self._get_faults.items() if v})
-        return left
-
-    def _maybe_fail(self, faults: dict, key: str, what: str) -> None:
-        with self._faults_lock:
-            if faults.get(key, 0) <= 0:
-                return
-            faults[key] -= 1
-        raise _errors.make("UnavailableError", f"injected failure of {what}({key!r})")
-
-    def _on_error(self, listener: Callable[[], None]) -> None:
-        self._error_listeners.append(listener)
-
-
-class _ClusterSpec:
-    """The part of ``tf.train.ClusterSpec`` the handler reads."""
-
-    def __init__(self, spec: dict) -> None:
-        self._spec = {k: list(v) for k, v in spec.items()}
-
-    @property
-    def jobs(self) -> list:
-        return list(self._spec)
-
-    def as_dict(self) -> dict:
-        return {k: list(v) for k, v in self._spec.items()}
-
-
-class SimpleClusterResolver:
-    """A cluster resolver without TensorFlow: ``cluster_spec()``, ``task_type``, ``task_id``."""
-
-    def __init__(
-        self, cluster_spec: dict, task_type: Optional[str] = None, task_id: Optional[int] = None
-    ) -> None:
-        self._spec = _ClusterSpec(cluster_spec)
-        self.task_type = task_type
-        self.task_id = task_id
-
-    def cluster_spec(self) -> _ClusterSpec:
-        return self._spec
-
-
-class FakeVariable:
-    """A checkpointable number: ``assign``, ``assign_add``, ``numpy``."""
-
-    def __init__(self, value: Any = 0) -> None:
-        self._value = value
-
-    def assign(self, value: Any) -> FakeVariable:
-        self._value = value
-        return self
-
-    def assign_add(self, delta: Any) -> FakeVariable:
-        self._value = self._value + delta
-        return self
-
-    def numpy(self) -> Any:
-        return self._value
-
-    def __repr__(self) -> str:
-        return f"FakeVariable({self._value!r})"
-
-
-class FakeCheckpoint:
-    """A checkpoint of :class:`FakeVariable` attributes, saved as JSON.
-
-    Any ``FakeVariable`` attribute is saved, including the ``checkpointed_runs``
-    counter the handler attaches.
-    """
-
-    def __init__(self, **variables: FakeVariable) -> None:
-        for name, var in variables.items():
-            if not isinstance(var, FakeVariable):
-                raise TypeError(f"{name} must be a FakeVariable, got {type(var).__name__}")
-            setattr(self, name, var)
-
-    def variables(self) -> dict:
-        return {k: v for k, v in vars(self).items() if isinstance(v, FakeVariable)}
-
-    def make_manager(self, directory: str, max_to_keep: int = 1) -> FakeCheckpointManager:
-        return FakeCheckpointManager(self, directory, max_to_keep)
-
-    def make_counter(self) -> FakeVariable:
-        return FakeVariable(0)
-
-
-class FakeCheckpointManager:
-    """``tf.train.CheckpointManager``'s contract for a :class:`FakeCheckpoint`.
-
-    A save writes ``ckpt-<n>.json`` through a temporary file and a rename, then
-    the ``checkpoint`` index: a crash leaves either the previous checkpoint or
-    the new one, never a partial file in use.
-    """
-
-    INDEX = "checkpoint"
-
-    def __init__(self, checkpoint: FakeCheckpoint, directory: str, max_to_keep: int = 1) -> None:
-        self._checkpoint = checkpoint
-        self.directory = os.fspath(directory)
-        self._max_to_keep = max_to_keep
-        self.saves = 0
-        # Checkpoints this manager keeps, oldest first: like TF's manager it
-        # counts recency of saves, not checkpoint numbers. Files found on disk
-        # at start count as older than any save of this manager.
-        self._kept = self._existing()
-        self._next = (self._kept[-1] + 1) if self._kept else 1
-
-    @property
-    def latest_checkpoint(self) -> Optional[str]:
-        try:
-            with open(os.path.join(self.directory, self.INDEX)) as f:
-                name = f.read().strip()
-        except FileNotFoundError:
-            return None
-        path = os.path.join(self.directory, name)
-        return path if os.path.exists(path) else None
-
-    def _existing(self) -> list:
-        if not os.path.isdir(self.directory):
-            return []
-        found = []
-        for n in os.listdir(self.directory):
-            if n.startswith("ckpt-") and n.endswith(".json"):
-                found.append(int(n[5:-5]))
-        return sorted(found)
-
-    def save(self, checkpoint_number: Optional[int] = None) -> str:
-        os.makedirs(self.directory, exist_ok=True)
-        number = self._next if checkpoint_number is None else int(checkpoint_number)
-        self._next = max(self._next, number + 1)
-        name = f"ckpt-{number}.json"
-        path = os.path.join(self.directory, name)
-        data = {k: v.numpy() for k, v in self._checkpoint.variables().items()}
-        _atomic_write(path, json.dumps(data))
-        _atomic_write(os.path.join(self.directory, self.INDEX), name)
-        if number in self._kept:
-            self._kept.remove(number)
-        self._kept.append(number)
-        while self._max_to_keep and len(self._kept) > self._max_to_keep:
-            old = self._kept.pop(0)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(self.directory, f"ckpt-{old}.json"))
-        self.saves += 1
-        return path
-
-    def restore_or_initialize(self) -> Optional[str]:
-        path = self.latest_checkpoint
-        if path is None:
-            return None
-        with open(path) as f:
-            data = json.load(f)
-        for name, var in self._checkpoint.variables().items():
-            if name in data:
-                var.assign(data[name])
-        return path
-
-
-def _atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class _Collective:
