@@ -37,6 +37,11 @@ use std::collections::{BTreeSet, HashMap};
 use serde_json::{Map, Number, Value};
 
 pub mod schema;
+
+/// Seconds `Recorder.close` (Python's `records.py`) waits for an object store to take
+/// the lines still queued (the `exit` line among them) before the process exits
+/// without them.
+pub const FLUSH_BOUND: f64 = 10.0;
 #[cfg(test)]
 mod tests;
 

@@ -434,6 +434,7 @@ COORDINATOR_STOP_LOCK_BOUND: float
 # The preemption records read (src/records.rs): bytes in, fields out.
 RECORD_FIELDS: tuple[str, ...]
 RECORD_REQUIRED: tuple[str, ...]
+RECORDS_FLUSH_BOUND: float
 
 def read_records(
     sources: list[tuple[str, Optional[bytes]]],

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterator, Optional
 
-from . import _errors, records
+from . import _errors, _native, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
 from ._native import HandlerCore
@@ -60,9 +60,8 @@ log = logging.getLogger("tf_failure_handling")
 
 #: Seconds the leader waits for every worker to acknowledge a step key, unless
 #: ``TerminationConfig(peer_timeout=...)`` or ``TF_FAILURE_HANDLING_PEER_TIMEOUT``
-#: says otherwise. Acknowledgements come from a background thread of each peer and
-#: normally take milliseconds; the bound is there for a peer that is gone.
-DEFAULT_PEER_TIMEOUT = 300.0
+#: says otherwise (the core's value: ``src/step_resolution.rs``).
+DEFAULT_PEER_TIMEOUT = _native.DEFAULT_PEER_TIMEOUT
 #: How often ``termination_watcher_fn`` is called (TF: once a second).
 WATCHER_FN_INTERVAL = _sources.WATCHER_FN_INTERVAL
 

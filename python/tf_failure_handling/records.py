@@ -28,6 +28,9 @@ from typing import Any, Callable, Optional
 
 from . import _record_paths as _paths
 from ._native import (
+    RECORDS_FLUSH_BOUND,
+)
+from ._native import (
     claim_resume as _claim_resume,
 )
 from ._record_paths import (  # re-exported: where the records go
@@ -74,8 +77,9 @@ log = logging.getLogger("tf_failure_handling")
 SCHEMA_VERSION = 1
 STAGES = ("notice", "agreement", "save_start", "save_end", "exit", "error", "resumed", "requeue")
 #: Seconds :meth:`Recorder.close` waits for an object store to take the lines still
-#: queued (the ``exit`` line among them) before the process exits without them.
-FLUSH_BOUND = 10.0
+#: queued (the ``exit`` line among them) before the process exits without them (the
+#: core's value: ``src/records.rs``).
+FLUSH_BOUND = RECORDS_FLUSH_BOUND
 
 
 # --------------------------------------------------------------------- writing
