@@ -59,7 +59,7 @@ pub(crate) fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> 
     match timeout {
         None => Ok(None),
         // A timeout too long to represent (say 1e30 s) means "forever".
-        Some(t) if t.is_finite() && t >= 0.0 => Ok(Duration::try_from_secs_f64(t).ok().and_then(|d| Instant::now().checked_add(d))),
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Duration::try_from_secs_f64(t).ok().and_then(|d| super::clock::now().checked_add(d))),
         Some(t) => Err(super::errors::bad_timeout(t)),
     }
 }
@@ -76,7 +76,7 @@ pub(crate) fn threading_deadline(timeout: Option<f64>) -> Option<Instant> {
     if t >= FOREVER_SECONDS {
         return None;
     }
-    let now = Instant::now();
+    let now = super::clock::now();
     if t > 0.0 {
         Some(now + Duration::from_secs_f64(t))
     } else {
@@ -177,7 +177,7 @@ pub(crate) fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
     match deadline {
         None => Some(SLICE),
         Some(d) => {
-            let left = d.saturating_duration_since(Instant::now());
+            let left = d.saturating_duration_since(super::clock::now());
             (!left.is_zero()).then(|| left.min(SLICE))
         }
     }

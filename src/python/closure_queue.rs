@@ -23,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::{intern, PyTraverseError};
 
 use super::blocking::{self, threading_deadline, SLICE};
+use super::clock;
 use super::errors;
 use crate::closure_queue::{Cancellation, ClosureQueue, Done, GetError, Put, PutBack, Settled, DEFAULT_CAPACITY};
 
@@ -31,7 +32,7 @@ type CoreCancellation<'q> = Cancellation<'q, Py<PyAny>, Py<PyAny>, i64>;
 
 /// The end of the next slice to detach for, or None once `deadline` passed.
 fn slice_end(deadline: Option<Instant>) -> Option<Instant> {
-    let now = Instant::now();
+    let now = clock::now();
     let end = now + SLICE;
     match deadline {
         None => Some(end),
@@ -60,7 +61,7 @@ impl PyClosureQueue {
         }
         // Phase 3: wait for in-flight closures, in slices.
         let cancelled = loop {
-            let end = Instant::now() + SLICE;
+            let end = clock::now() + SLICE;
             match blocking::detach(py, || cancellation.finish_until(Some(end))) {
                 Ok(c) => break c,
                 Err(_) => {
@@ -117,7 +118,7 @@ impl PyClosureQueue {
             Err(full) => {
                 let mut item = full.into_inner();
                 loop {
-                    let end = Instant::now() + SLICE;
+                    let end = clock::now() + SLICE;
                     match blocking::detach(py, || core.put(item, Some(end))) {
                         Ok(outcome) => break outcome,
                         Err(full) => item = full.into_inner(),

@@ -29,6 +29,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
+use super::clock;
 use super::errors;
 use crate::grace::{Fit, GracePlanner};
 use crate::step_resolution::{self as core, Membership, Notice, Resolver, Round};
@@ -147,7 +148,7 @@ impl Shared {
     /// collective set-up, often seconds, and with few samples it would be the
     /// "p95" and swallow a short grace period.
     fn step_started(&self) {
-        let now = Instant::now();
+        let now = clock::now();
         let mut state = self.state.lock();
         if let Some(previous) = state.last_start.replace(now) {
             if state.warmed_up {
@@ -453,7 +454,7 @@ impl Shared {
     }
 
     fn after_check(&self) {
-        self.state.lock().last_start = Some(Instant::now());
+        self.state.lock().last_start = Some(clock::now());
     }
 
     fn step_failed(&self) {

@@ -13,22 +13,18 @@
 //! hands on TF's own error type and message.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 
 use super::blocking::{deadline_after, wait_sliced};
+use super::clock;
 use super::displacement::{warn_displaced, Displacement};
 use super::handler::round_from_key;
 use crate::inbox::{Inbox, Input, Origin, Poster, RecvError};
 
 /// What the binding's inbox carries for a failed read: the exception.
 pub(crate) type PyPoster = Poster<Py<PyAny>>;
-
-/// Seconds since the Unix epoch (0 if the clock is before it).
-pub(crate) fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
 
 /// One input of the driver, as `Inbox.recv` returns it.
 #[pyclass(frozen, name = "Input", module = "tf_failure_handling._native")]
@@ -118,7 +114,7 @@ impl PyInbox {
     /// nothing then).
     #[pyo3(signature = (source, deadline=None))]
     fn post_notice(&self, source: String, deadline: Option<f64>) -> bool {
-        self.poster.notice(Origin::Source(source), unix_now(), deadline).is_ok()
+        self.poster.notice(Origin::Source(source), clock::unix_now(), deadline).is_ok()
     }
 
     /// Posts the value read from a step key; False once stopped.
@@ -183,7 +179,7 @@ impl PyInbox {
         // What is queued already is taken without releasing the GIL (a
         // select that finds an input ready does not wait); this also serves
         // a timeout of 0, for which no slice is left.
-        match self.inbox.recv_deadline(Some(Instant::now())) {
+        match self.inbox.recv_deadline(Some(clock::now())) {
             Ok(input) => return Ok(Some(input.into())),
             Err(RecvError::Disconnected) => return Ok(Some(PyInput::Stop {})),
             Err(RecvError::Timeout) => {}
@@ -192,7 +188,7 @@ impl PyInbox {
             let inbox = Arc::clone(&self.inbox);
             let displacement = displacement.clone();
             let got = wait_sliced(py, deadline, move |slice: Duration| {
-                match inbox.recv_deadline(Instant::now().checked_add(slice)) {
+                match inbox.recv_deadline(clock::now().checked_add(slice)) {
                     Ok(input) => return Some(Got::Input(input)),
                     // Nothing can arrive any more: as good as stopped.
                     Err(RecvError::Disconnected) => return Some(Got::Input(Input::Stop)),

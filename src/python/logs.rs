@@ -14,12 +14,13 @@
 //! attached threads are not gated (they hold the GIL already and never re-attach).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use log::{LevelFilter, Log, Metadata, Record};
 use pyo3::prelude::*;
 
 use super::blocking::interpreter_finalizing;
+use super::clock;
 
 /// Records of unattached threads inside the interpreter now.
 static INSIDE: AtomicUsize = AtomicUsize::new(0);
@@ -67,12 +68,12 @@ pub(crate) fn shut() -> bool {
 /// Waits up to `slice` for the records of unattached threads inside the interpreter to
 /// end; true when none is. Call it detached.
 pub(crate) fn wait_outside(slice: Duration) -> bool {
-    let deadline = Instant::now() + slice;
+    let deadline = clock::now() + slice;
     loop {
         if INSIDE.load(Ordering::SeqCst) == 0 {
             return true;
         }
-        if Instant::now() >= deadline {
+        if clock::now() >= deadline {
             return false;
         }
         std::thread::sleep(Duration::from_millis(5));

@@ -3,6 +3,7 @@
 //! | file | exposes |
 //! | --- | --- |
 //! | `blocking.rs` | the blocking-wait helpers every module below uses (GIL released in slices, signals checked on the main thread), and the rule on locks and the GIL (below every other file) |
+//! | `clock.rs` | where the binding reads time: `now()` (monotonic: every deadline, wait slice and step time) and `unix_now()` (the wall clock a notice is stamped with); no other file reads a clock |
 //! | `handler.rs` | `HandlerCore`, the native base of `PreemptionCheckpointHandler`: `run()`'s hot path and the step resolver |
 //! | `inbox.rs` | `Inbox` and `Input`: the protocol driver's inputs in one place; its receive releases the GIL; the bound on joining its waiting threads at exit |
 //! | `signals.rs` | `SignalWatch`: signals from any thread, chained, posted into an `Inbox`; its wait releases the GIL |
@@ -29,6 +30,7 @@
 use pyo3::prelude::*;
 
 mod blocking;
+mod clock;
 mod closure;
 mod closure_queue;
 mod displacement;

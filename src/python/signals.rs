@@ -7,9 +7,10 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 
 use super::blocking::{deadline_after, wait_sliced};
+use super::clock::unix_now;
 use super::displacement::{warn_displaced, Displacement};
 use super::errors;
-use super::inbox::{unix_now, PyInbox};
+use super::inbox::PyInbox;
 use crate::inbox::Origin;
 use crate::sources::signals::{Role, SignalWatch, Sink, Wake};
 

@@ -36,8 +36,10 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 
 use super::blocking::{deadline_after, detach, next_slice};
+use super::clock;
+use super::clock::unix_now;
 use super::errors;
-use super::inbox::{unix_now, PyInbox};
+use super::inbox::PyInbox;
 use super::logs;
 use super::signals::PySignalWatch;
 use crate::inbox::Origin;
@@ -88,7 +90,7 @@ fn stop_and_join(py: Python<'_>, watches: &[Arc<MetadataWatch>]) -> PyResult<()>
     for w in watches {
         w.stop();
     }
-    let deadline = Instant::now().checked_add(CLOSE_WAIT);
+    let deadline = clock::now().checked_add(CLOSE_WAIT);
     for w in watches {
         if wait_in_slices(py, deadline, &mut |slice| w.join(slice).then_some(()))?.is_none() {
             // A thread left running must not be inside Python when the interpreter
@@ -100,7 +102,7 @@ fn stop_and_join(py: Python<'_>, watches: &[Arc<MetadataWatch>]) -> PyResult<()>
                     "metadata polling threads are still running: records of the package's own threads are dropped from now on"
                 );
             }
-            let outside = Instant::now().checked_add(LOG_WAIT);
+            let outside = clock::now().checked_add(LOG_WAIT);
             if wait_in_slices(py, outside, &mut |slice| logs::wait_outside(slice).then_some(()))?.is_none() {
                 log::warn!(
                     target: "tf_failure_handling",
