@@ -191,6 +191,7 @@ class _Server:
         except TimeoutError:
             line = b""
         if line != b"ready\n":
+            control.close()  # not left to the garbage collector (a ResourceWarning)
             self.proc.kill()
             self.proc.wait(timeout=10)
             raise RuntimeError(
