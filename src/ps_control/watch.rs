@@ -25,6 +25,21 @@ use super::TOKEN;
 /// What TensorFlow's error says when a task has no `PyFunc` of that key.
 const NOT_FOUND: &str = "Could not find callback";
 
+/// What TensorFlow's eager service answers an op sent under a context the task does
+/// not hold: the task restarted since this coordinator last connected to it.
+pub const STALE_CONTEXT: &str = "Unable to find a context_id";
+
+/// Whether a failed poll says the task restarted and this coordinator has not
+/// reconnected to it ([`STALE_CONTEXT`]). TensorFlow reconnects (its worker recovery,
+/// `update_server_def`) only when a closure fails on that worker; a restarted worker
+/// that no closure goes to (the queue empty, the training loop elsewhere) is then
+/// never asked again, and its termination notice is not heard until it leaves on its
+/// own bound, unreleased. The coordinator asks for the reconnection itself.
+#[must_use]
+pub fn stale_context(message: &str) -> bool {
+    message.contains(STALE_CONTEXT)
+}
+
 /// A line the poll's log gets (the Python layer holds the texts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollLog {
@@ -154,6 +169,22 @@ impl Watch {
 mod tests {
     use super::*;
     use PollLog::*;
+
+    #[test]
+    fn a_context_the_restarted_task_does_not_hold_is_stale_and_nothing_else_is() {
+        let restarted = "Failed copying input tensor from /job:chief/replica:0/task:0/device:CPU:0 to \
+            /job:worker/replica:0/task:0/device:CPU:0 in order to run PyFunc: Unable to find a context_id \
+            matching the specified one (5521992485756649495). Perhaps the worker was restarted, or the context was GC'd?";
+        assert!(stale_context(restarted));
+        for other in [
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:27762: Connection refused",
+            "/job:worker/replica:0/task:0/device:CPU:0 unknown device.",
+            "Could not find callback with key=tfh_ps_control in the registry.",
+            "",
+        ] {
+            assert!(!stale_context(other), "{other}");
+        }
+    }
 
     const NOT_SERVED: &str = "Could not find callback with key=tf_failure_handling/task_control";
 

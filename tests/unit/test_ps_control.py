@@ -362,6 +362,82 @@ def test_a_stopped_task_does_not_hold_up_the_others():
     stopped.set()
 
 
+STALE = (
+    "Failed copying input tensor from /job:chief/replica:0/task:0/device:CPU:0 to "
+    "/job:worker/replica:0/task:0/device:CPU:0 in order to run PyFunc: Unable to find a "
+    "context_id matching the specified one (5521992485756649495). Perhaps the worker was "
+    "restarted, or the context was GC'd?"
+)
+
+
+def test_a_restarted_task_the_coordinator_has_not_reconnected_to_is_reconnected():
+    """A worker restarted and no closure went to it since: its polls fail with
+    TensorFlow's stale-context error, and the coordinator is asked to reconnect (else
+    the new incarnation's notice is never heard; seen in a ps_preemption trial, the
+    worker left unreleased at its own bound). Other failures ask nothing."""
+    cluster, notices, stale = FakeCluster(), [], []
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i)
+    cluster.errors[W0] = RuntimeError(STALE)
+    cluster.errors[W1] = RuntimeError("failed to connect to all addresses; Connection refused")
+    poller = cluster_poller.ClusterPoller(
+        SPEC, lambda *n: notices.append(n), caller=cluster, on_stale_context=stale.append
+    )
+    poller.poll_once()
+    assert stale == [W0]
+    # Once reconnected, the new incarnation answers and its notice is handed on.
+    cluster.serve(W0, "worker", 0).set_notice("signal SIGTERM", None)
+    poller.poll_once()
+    assert stale == [W0] and notices == [("worker", 0, "signal SIGTERM", None)]
+
+
+def test_a_reconnection_that_raises_does_not_end_the_watch():
+    cluster = FakeCluster()
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i)
+    cluster.errors[W0] = RuntimeError(STALE)
+
+    def broken(task):
+        raise ValueError("no coordinator")
+
+    poller = cluster_poller.ClusterPoller(
+        SPEC, lambda *n: None, caller=cluster, on_stale_context=broken
+    )
+    poller.poll_once()
+    assert [t for t, _ in cluster.calls] == [PS, W0, W1]
+
+
+class _RecoveryThread:
+    """TensorFlow's WorkerPreemptionHandler as request_reconnect sees it."""
+
+    def __init__(self, running: bool = True) -> None:
+        self._cluster_due_for_update_or_finish = threading.Event()
+        self._should_preemption_thread_run = running
+
+
+class _Coordinator:
+    def __init__(self, handler) -> None:
+        self._cluster = type("Cluster", (), {"failure_handler": handler})()
+
+
+def test_request_reconnect_wakes_the_recovery_thread_once(caplog):
+    handler = _RecoveryThread()
+    with caplog.at_level(logging.INFO, logger="tf_failure_handling"):
+        assert coordinators.request_reconnect(_Coordinator(handler), W0)
+        assert coordinators.request_reconnect(_Coordinator(handler), W0)
+    assert handler._cluster_due_for_update_or_finish.is_set()
+    assert sum("reconnecting to it" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_request_reconnect_asks_nothing_without_a_running_recovery_thread():
+    stopped = _RecoveryThread(running=False)
+    assert not coordinators.request_reconnect(_Coordinator(stopped), W0)
+    assert not stopped._cluster_due_for_update_or_finish.is_set()
+    # The coordination service's handler has no such thread.
+    assert not coordinators.request_reconnect(_Coordinator(object()), W0)
+    assert not coordinators.request_reconnect(object(), W0)
+
+
 def test_a_notice_handler_that_raises_does_not_end_the_watch():
     cluster = FakeCluster()
     for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):

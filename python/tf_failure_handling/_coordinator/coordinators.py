@@ -6,8 +6,11 @@ worker out of the rotation.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any
+
+log = logging.getLogger("tf_failure_handling")
 
 #: Our live coordinators (``coordinator.ClusterCoordinator`` registers itself).
 _coordinators: weakref.WeakSet = weakref.WeakSet()
@@ -63,3 +66,26 @@ def strategy_of(checkpoint: Any) -> Any:
 
 def workers_of(coordinator: Any) -> list:
     return list(getattr(getattr(coordinator, "_cluster", None), "workers", None) or [])
+
+
+def request_reconnect(coordinator: Any, task: str) -> bool:
+    """Asks ``coordinator``'s worker-recovery thread (TensorFlow's
+    ``WorkerPreemptionHandler``, ours or TF's) to rebuild the cluster's context, as a
+    closure failing on a restarted worker does: ``task`` restarted and no closure has
+    gone to it since, so no op reaches it (its notices are not heard) until the
+    coordinator reconnects. False where there is no such thread (the coordination
+    service's handler, or none running); True once asked (asking again while a
+    rebuild is due is a no-op)."""
+    handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
+    due = getattr(handler, "_cluster_due_for_update_or_finish", None)
+    if due is None or not getattr(handler, "_should_preemption_thread_run", False):
+        return False
+    if not due.is_set():
+        log.info(
+            "%s restarted and no closure has gone to it since: reconnecting to it, so that "
+            "its termination notices are heard.",
+            task,
+        )
+        # The recovery thread holds its lock while it rebuilds; an Event needs none.
+        due.set()
+    return True

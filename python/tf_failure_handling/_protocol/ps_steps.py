@@ -79,6 +79,7 @@ class PsSteps:
             _membership._as_dict(cluster_resolver.cluster_spec()),
             self._on_cluster_notice,
             on_released=self._records.task_release,
+            on_stale_context=self._reconnect,
         )
         self.poller.start()
         self._join_check = join_check
@@ -106,6 +107,13 @@ class PsSteps:
 
     def _coordinator(self) -> Any:
         return _coordinators.find_coordinator(self._strategy)
+
+    def _reconnect(self, task: str) -> None:
+        """A task restarted and this coordinator's context does not reach it (the
+        poller's thread): TensorFlow's worker recovery is asked to reconnect."""
+        coordinator = self._coordinator()
+        if coordinator is not None:
+            _coordinators.request_reconnect(coordinator, task)
 
     def on_notice(self) -> None:
         """A notice this coordinator acts on (its own or a PS's; the driver's thread):
