@@ -47,7 +47,7 @@ mod watch;
 
 pub use calls::{Abandoned, CallId, Calls, Refused};
 pub use keepalive::{GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT};
-pub use watch::{stale_context, PollLog, Watch, STALE_CONTEXT};
+pub use watch::{reconnect, PollLog, Watch, STALE_CONTEXT};
 
 /// The key of the task control in TensorFlow's `py_func` registry of a
 /// served process.

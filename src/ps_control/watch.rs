@@ -29,15 +29,21 @@ const NOT_FOUND: &str = "Could not find callback";
 /// not hold: the task restarted since this coordinator last connected to it.
 pub const STALE_CONTEXT: &str = "Unable to find a context_id";
 
-/// Whether a failed poll says the task restarted and this coordinator has not
-/// reconnected to it ([`STALE_CONTEXT`]). TensorFlow reconnects (its worker recovery,
-/// `update_server_def`) only when a closure fails on that worker; a restarted worker
-/// that no closure goes to (the queue empty, the training loop elsewhere) is then
-/// never asked again, and its termination notice is not heard until it leaves on its
-/// own bound, unreleased. The coordinator asks for the reconnection itself.
+/// Whether the coordinator reconnects to `task` (a device name, `/job:worker/...`)
+/// after its poll failed with `message`: a worker whose op failed with
+/// [`STALE_CONTEXT`] restarted, and this coordinator has not reconnected to it.
+/// TensorFlow reconnects (its worker recovery, `update_server_def`) only when a
+/// closure fails on that worker; a restarted worker that no closure goes to (the
+/// queue empty, the training loop elsewhere) is then never asked again, and its
+/// termination notice is not heard until it leaves on its own bound, unreleased. The
+/// coordinator asks for the reconnection itself.
+///
+/// Never a PS: a restarted PS has lost its variables, and TensorFlow's coordinator
+/// treats the loss of a PS as fatal (the job restarts from its checkpoint); a
+/// reconnection would hide that.
 #[must_use]
-pub fn stale_context(message: &str) -> bool {
-    message.contains(STALE_CONTEXT)
+pub fn reconnect(task: &str, message: &str) -> bool {
+    task.contains("/job:worker/") && message.contains(STALE_CONTEXT)
 }
 
 /// A line the poll's log gets (the Python layer holds the texts).
@@ -171,18 +177,21 @@ mod tests {
     use PollLog::*;
 
     #[test]
-    fn a_context_the_restarted_task_does_not_hold_is_stale_and_nothing_else_is() {
+    fn a_restarted_worker_the_coordinator_has_no_context_on_is_reconnected_and_nothing_else() {
+        const WORKER: &str = "/job:worker/replica:0/task:0";
         let restarted = "Failed copying input tensor from /job:chief/replica:0/task:0/device:CPU:0 to \
             /job:worker/replica:0/task:0/device:CPU:0 in order to run PyFunc: Unable to find a context_id \
             matching the specified one (5521992485756649495). Perhaps the worker was restarted, or the context was GC'd?";
-        assert!(stale_context(restarted));
+        assert!(reconnect(WORKER, restarted));
+        // A restarted PS: its loss stays TensorFlow's fatal failure.
+        assert!(!reconnect("/job:ps/replica:0/task:0", restarted));
         for other in [
             "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:27762: Connection refused",
             "/job:worker/replica:0/task:0/device:CPU:0 unknown device.",
             "Could not find callback with key=tfh_ps_control in the registry.",
             "",
         ] {
-            assert!(!stale_context(other), "{other}");
+            assert!(!reconnect(WORKER, other), "{other}");
         }
     }
 

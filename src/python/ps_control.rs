@@ -46,11 +46,11 @@ fn release_refused(
 /// Seconds a worker's closure in flight may run before its release: until a
 /// margin before the notice's `deadline` (Unix seconds), or the default bound
 /// without one; `now` is the Unix time.
-/// Whether a failed poll's `message` says the task restarted and this coordinator
-/// has not reconnected to it (`crate::ps_control::stale_context`).
+/// Whether the coordinator reconnects to `task` after its poll failed with `message`:
+/// a restarted worker it has no context on (`crate::ps_control::reconnect`).
 #[pyfunction]
-fn stale_context(message: &str) -> bool {
-    ps_control::stale_context(message)
+fn reconnect(task: &str, message: &str) -> bool {
+    ps_control::reconnect(task, message)
 }
 
 #[pyfunction]
@@ -244,7 +244,7 @@ impl TaskWatch {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_refused, m)?)?;
     m.add_function(wrap_pyfunction!(worker_drain_bound, m)?)?;
-    m.add_function(wrap_pyfunction!(stale_context, m)?)?;
+    m.add_function(wrap_pyfunction!(reconnect, m)?)?;
     m.add_function(wrap_pyfunction!(serving, m)?)?;
     m.add_function(wrap_pyfunction!(gap_runs, m)?)?;
     m.add_function(wrap_pyfunction!(runs_at_save, m)?)?;

@@ -374,12 +374,14 @@ def test_a_restarted_task_the_coordinator_has_not_reconnected_to_is_reconnected(
     """A worker restarted and no closure went to it since: its polls fail with
     TensorFlow's stale-context error, and the coordinator is asked to reconnect (else
     the new incarnation's notice is never heard; seen in a ps_preemption trial, the
-    worker left unreleased at its own bound). Other failures ask nothing."""
+    worker left unreleased at its own bound). Other failures, and a PS, ask nothing."""
     cluster, notices, stale = FakeCluster(), [], []
     for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
         cluster.serve(task, job, i)
     cluster.errors[W0] = RuntimeError(STALE)
     cluster.errors[W1] = RuntimeError("failed to connect to all addresses; Connection refused")
+    # A restarted PS is not reconnected: its loss stays TensorFlow's fatal failure.
+    cluster.errors[PS] = RuntimeError(STALE)
     poller = cluster_poller.ClusterPoller(
         SPEC, lambda *n: notices.append(n), caller=cluster, on_stale_context=stale.append
     )

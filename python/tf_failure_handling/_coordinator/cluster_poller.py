@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from .._native import PS_POLL_INTERVAL as POLL_INTERVAL
 from .._native import PS_PORT_PROBE_TIMEOUT as PORT_PROBE_TIMEOUT
-from .._native import CallTimeout, PollLog, Retry, RetryVerdict, TaskWatch, stale_context
+from .._native import CallTimeout, PollLog, Retry, RetryVerdict, TaskWatch, reconnect
 from .task_calls import CALL_TIMEOUT, CallRefused, call
 
 log = logging.getLogger("tf_failure_handling")
@@ -50,9 +50,9 @@ class ClusterPoller:
         on_stale_context: Optional[Callable[[str], None]] = None,
     ) -> None:
         self._on_released = on_released
-        #: Called (the poller's thread) with a task whose poll failed because it
+        #: Called (the poller's thread) with a worker task whose poll failed because it
         #: restarted and this coordinator has not reconnected to it (the core's
-        #: ``stale_context``): the coordinator asks TensorFlow to reconnect.
+        #: ``reconnect``; never a PS): the coordinator asks TensorFlow to reconnect.
         self._on_stale_context = on_stale_context
         self.tasks = []
         #: task -> its "host:port" in the cluster spec.
@@ -110,7 +110,7 @@ class ClusterPoller:
             answer = self._call(task, {"op": "poll"}, self._call_timeout)
         except Exception as e:  # noqa: BLE001 - a task that is down is TF's failure path
             self._log(self._watch.failed(task, e), task, e)
-            if self._on_stale_context is not None and stale_context(str(e)):
+            if self._on_stale_context is not None and reconnect(task, str(e)):
                 try:
                     self._on_stale_context(task)
                 except Exception as err:  # noqa: BLE001 - the watch goes on
