@@ -365,6 +365,56 @@ def test_a_restarted_worker_is_watched_again(tmp_path):
         c.stop()
 
 
+# Backstop above its own bounds in sequence: the servers, the pause, two rounds of (exit,
+# serving, log line), the coordinator's end and exit.
+@pytest.mark.timeout(
+    SERVERS_BOUND
+    + FINISH_BOUND
+    + 2 * (EXIT_BOUND + 2 * START_BOUND)
+    + FINISH_BOUND
+    + EXIT_BOUND
+    + MARGIN
+)
+def test_a_restarted_worker_that_no_closure_goes_to_is_released_again(tmp_path):
+    """A worker drained, released and restarted while the coordinator schedules nothing
+    (it joined and waits) gets a second notice: the new incarnation is released too.
+    TensorFlow reconnects to a restarted worker only when a closure fails on it; until
+    then every poll of it failed ("Unable to find a context_id"), its notice went
+    unheard and it left unreleased at its own bound (found by the identity trials,
+    ps_preemption seed 5). The coordinator now reconnects itself. What counts: both
+    incarnations exit 42 released ("drained"), and training then ends with every
+    closure applied once."""
+    c = Cluster(tmp_path)
+    try:
+        c.start_servers()
+        resume = tmp_path / "resume"
+        pause = 2 * (EXIT_BOUND + 2 * START_BOUND) + MARGIN
+        c.coordinator("--pause-at", "20", "--pause", str(pause), "--resume-file", str(resume))
+        c.wait_event("coordinator", "paused", FINISH_BOUND)
+        try:
+            for incarnation in (0, 1):
+                c.procs["worker1"].popen.send_signal(signal.SIGTERM)
+                assert c.wait_exit("worker1", EXIT_BOUND) == RESTART_CODE, c.describe()
+                [exiting] = c.history[("worker1", incarnation)].events("exiting")
+                assert exiting["released"] and exiting["reason"] == "drained", (
+                    f"incarnation {incarnation} of worker 1 was not released: {exiting}\n"
+                    f"{c.describe()}"
+                )
+                if incarnation == 0:
+                    c.serve("worker", 1)
+                    c.wait_event("worker1", "serving", START_BOUND)
+                    c.wait_log("worker1", "for termination notices", START_BOUND)
+        finally:
+            resume.write_text("")
+        done = c.wait_event("coordinator", "done", FINISH_BOUND)
+        assert done["runs"] == done["counter"] == STEPS, (
+            f"a closure was lost or applied twice: {done}\n{c.describe()}"
+        )
+        assert c.wait_exit("coordinator", EXIT_BOUND) == 0, c.describe()
+    finally:
+        c.stop()
+
+
 # Backstop above its own bounds in sequence (the kill of the first coordinator: 10 s).
 @pytest.mark.timeout(CLUSTER_BOUND + 10 + FINISH_BOUND + EXIT_BOUND + RESUME_BOUND + MARGIN)
 def test_closures_in_flight_at_the_bound_are_named_and_nothing_else_runs(cluster):
