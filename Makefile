@@ -124,7 +124,7 @@ TEST_NOT_RUN = NOT_RUN="$$(cut -f1 build/not-run.txt | tr "\n" " ")"
 test: prereqs-test
 	rm -f build/job-times.tsv
 	$(MAKE) --no-print-directory -j2 timed-test-build timed-compat-venvs $(TEST_NOT_RUN)
-	$(MAKE) --no-print-directory -j12 $(addprefix timed-,$(TEST_JOBS)) $(TEST_NOT_RUN); \
+	$(PY) tests/portserver.py -- $(MAKE) --no-print-directory -j12 $(addprefix timed-,$(TEST_JOBS)) $(TEST_NOT_RUN); \
 		$(PYTHON) dev/prereqs.py summary test $$?
 
 test-build:

@@ -50,7 +50,8 @@ STEP_LINE = re.compile(r"^step (\d+)\b")
 #: :func:`free_ports` may be handed the same one.
 RESERVED = Path(tempfile.gettempdir()) / "launch_local-ports"
 RESERVED_FOR = 1800.0
-#: Below: portpicker's range (15000-24999), which TensorFlow's own tests pick from.
+#: Below: 15000-24999, the pool of the port server TensorFlow's own tests pick from
+#: in this project's runs (``tests/portserver.py``).
 LOWEST_PORT = 25000
 
 

@@ -474,4 +474,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from portserver import ADDRESS_ENV, serving
+
+    # TensorFlow's tests pick their tasks' ports with portpicker: through one port
+    # server (make test's, or one of this run's own), never from the ephemeral range.
+    with serving() as address:
+        os.environ[ADDRESS_ENV] = address
+        sys.exit(main())

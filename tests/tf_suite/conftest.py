@@ -5,6 +5,24 @@ the listed tests that passed, and the classes this run left out."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+
+from portserver import ADDRESS_ENV, serving
+
+_server = contextlib.ExitStack()
+
+
+def pytest_configure(config) -> None:
+    """TensorFlow's suite picks its tasks' ports with portpicker: through one port server
+    (make test's, or this session's own), never from the ephemeral range
+    (``tests/portserver.py`` says why)."""
+    os.environ[ADDRESS_ENV] = _server.enter_context(serving())
+
+
+def pytest_unconfigure(config) -> None:
+    _server.close()
+
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     from tf_suite.test_tf_fault_tolerance import selected_classes, suite_class_names
