@@ -44,6 +44,16 @@
 //!        everyone saves once more and exits.
 //! ```
 //!
+//! Two values hold these states. [`Phase`] is the saves' half: Training,
+//! Agreed(round), Saving(round) (the diagram's Save), Countdown and
+//! Exited(round); [`PHASE_MOVES`] lists every move between them with the event
+//! that makes it, and the tests hold every transition of their table and every
+//! step of the simulated clusters to it. The claim is the other half
+//! (Claiming, Leading, or following a peer), kept apart because a leader stays
+//! the leader through both rounds. What is known of each round (its agreed
+//! step, whether this worker published it) is data beside them, not a phase:
+//! the final round's step can arrive before the first save.
+//!
 //! Workers of a synchronous cluster are at most one step apart: a step's
 //! collectives cannot finish until every worker joined them. The leader
 //! publishes `runs + 1` *before* starting that step and waits for every
@@ -342,13 +352,108 @@ pub enum SaveError {
     Unexpected(Round),
 }
 
+/// Where this worker's claim of `TERMINATED_WORKER` stands: the other half of
+/// the diagram's states (Claiming, Leading), apart from [`Phase`] because a
+/// leader stays the leader through both rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Claim {
+    /// No notice of its own claimed (a follower, or no notice yet).
     Idle,
+    /// Claiming: the write of `TERMINATED_WORKER` is in flight.
     Pending,
+    /// Leading: this worker publishes the first round.
     Won,
+    /// A peer held the key: this worker follows the peer's rounds.
     Lost,
 }
+
+/// The phase of one worker's saves, the diagram's states as one value
+/// ([`Resolver::phase`]). Which moves between them exist is
+/// [`PHASE_MOVES`]; the transition table in `tests.rs` checks every row's move
+/// against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Training: the first round's step is not agreed (a claim may be under
+    /// way, see `Claim`; a final round's step may be known already).
+    Training,
+    /// Agreed(k): the round's step is agreed, and its save is due when the run
+    /// count reaches it.
+    Agreed(Round),
+    /// Save: the round's save was handed out ([`StepAction::Save`]) and is
+    /// not yet reported.
+    Saving(Round),
+    /// Countdown: the first save is made and the grace period runs; the final
+    /// round's step is not agreed yet.
+    Countdown,
+    /// Exit: [`SaveAction::Exit`] was returned after the save of this round
+    /// (the first round with no grace period, else the final one).
+    Exited(Round),
+}
+
+impl Phase {
+    /// The round this phase belongs to.
+    #[must_use]
+    pub fn round(self) -> Round {
+        match self {
+            Phase::Training => Round::Initial,
+            Phase::Countdown => Round::Final,
+            Phase::Agreed(r) | Phase::Saving(r) | Phase::Exited(r) => r,
+        }
+    }
+
+    /// Whether `round`'s save was made.
+    fn saved(self, round: Round) -> bool {
+        match round {
+            Round::Initial => self.round() == Round::Final || self == Phase::Exited(Round::Initial),
+            Round::Final => self == Phase::Exited(Round::Final),
+        }
+    }
+}
+
+/// Every move between two phases, with the event that makes it: the
+/// diagram's arrows. No other move happens (`tests.rs` checks each row of the
+/// transition table and every step of the simulated clusters against it).
+pub const PHASE_MOVES: &[(Phase, &str, Phase)] = &[
+    (
+        Phase::Training,
+        "step key or publish of the first round",
+        Phase::Agreed(Round::Initial),
+    ),
+    (
+        Phase::Agreed(Round::Initial),
+        "before_step at the agreed step",
+        Phase::Saving(Round::Initial),
+    ),
+    (Phase::Saving(Round::Initial), "save failed", Phase::Agreed(Round::Initial)),
+    (
+        Phase::Saving(Round::Initial),
+        "saved: no grace period",
+        Phase::Exited(Round::Initial),
+    ),
+    (
+        Phase::Saving(Round::Initial),
+        "saved: the final round agreed at the same step",
+        Phase::Exited(Round::Final),
+    ),
+    (Phase::Saving(Round::Initial), "saved: grace period", Phase::Countdown),
+    (
+        Phase::Saving(Round::Initial),
+        "saved: grace period, the final round's step known",
+        Phase::Agreed(Round::Final),
+    ),
+    (
+        Phase::Countdown,
+        "step key or publish of the final round",
+        Phase::Agreed(Round::Final),
+    ),
+    (
+        Phase::Agreed(Round::Final),
+        "before_step at the agreed step",
+        Phase::Saving(Round::Final),
+    ),
+    (Phase::Saving(Round::Final), "save failed", Phase::Agreed(Round::Final)),
+    (Phase::Saving(Round::Final), "saved", Phase::Exited(Round::Final)),
+];
 
 /// The per-worker state machine; see the module documentation.
 #[derive(Debug)]
@@ -356,7 +461,7 @@ pub struct Resolver {
     membership: Membership,
     id: String,
     grace_period: f64,
-    round: Round,
+    phase: Phase,
     claim: Claim,
     /// This worker's own notice with the earliest deadline (its first, until a
     /// tighter one arrives): what it claims with and plans the final round for.
@@ -364,10 +469,6 @@ pub struct Resolver {
     /// Agreed step per round, as received from the leader (or set by it).
     agreed: [Option<u64>; 2],
     published: [bool; 2],
-    /// A `Save` was handed out and not yet reported.
-    saving: Option<Round>,
-    saved: [bool; 2],
-    exited: bool,
     /// The agreed step is the run count at the check, not the next one: the
     /// coordinator of a ParameterServerStrategy cluster, whose `run()` only
     /// schedules (no step of its is in progress on other tasks), saves at once.
@@ -387,14 +488,11 @@ impl Resolver {
             membership,
             id,
             grace_period,
-            round: Round::Initial,
+            phase: Phase::Training,
             claim: Claim::Idle,
             notice: None,
             agreed: [None, None],
             published: [false, false],
-            saving: None,
-            saved: [false, false],
-            exited: false,
             save_at_current_run: false,
         }
     }
@@ -427,10 +525,28 @@ impl Resolver {
         self.grace_period
     }
 
-    /// The round in progress.
+    /// The round in progress (after the exit, the round of the last save).
     #[must_use]
     pub fn round(&self) -> Round {
-        self.round
+        self.phase.round()
+    }
+
+    /// The phase this worker is in.
+    #[must_use]
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The step of `round` became known: the phase waiting for it moves on.
+    fn agree(&mut self, round: Round, step: u64) {
+        self.agreed[round.index()] = Some(step);
+        let waiting = match round {
+            Round::Initial => Phase::Training,
+            Round::Final => Phase::Countdown,
+        };
+        if self.phase == waiting {
+            self.phase = Phase::Agreed(round);
+        }
     }
 
     /// The notice this worker leads with, once its claim was won (its earliest
@@ -463,7 +579,7 @@ impl Resolver {
             && self.agreed[i].is_some()
             && self.agreed[f].is_none()
             && !self.published[f]
-            && (self.round == Round::Final || !self.saved[i])
+            && !self.exited()
     }
 
     /// Whether this worker published `round` itself (its write may have lost
@@ -476,19 +592,19 @@ impl Resolver {
     /// The agreed step of the round in progress, if known.
     #[must_use]
     pub fn agreed_step(&self) -> Option<u64> {
-        self.agreed[self.round.index()]
+        self.agreed[self.round().index()]
     }
 
     /// True once [`SaveAction::Exit`] was returned.
     #[must_use]
     pub fn exited(&self) -> bool {
-        self.exited
+        matches!(self.phase, Phase::Exited(_))
     }
 
     /// True in the grace-period countdown (after the first save).
     #[must_use]
     pub fn counting_down(&self) -> bool {
-        self.round == Round::Final
+        self.round() == Round::Final
     }
 
     /// Whether [`Resolver::before_step`] can return anything but `Proceed`.
@@ -496,19 +612,22 @@ impl Resolver {
     /// the check before a step is a single load.
     #[must_use]
     pub fn needs_attention(&self) -> bool {
-        if self.exited {
+        if self.exited() {
             return false;
         }
-        let r = self.round.index();
-        (self.agreed[r].is_some() && !self.saved[r]) || (self.claim == Claim::Won && !self.published[r]) || self.may_publish_final()
+        let round = self.round();
+        let r = round.index();
+        (self.agreed[r].is_some() && !self.phase.saved(round))
+            || (self.claim == Claim::Won && !self.published[r])
+            || self.may_publish_final()
     }
 
     /// A termination source reported a notice for this worker.
     pub fn on_notice(&mut self, notice: Notice) -> NoticeAction {
-        if self.exited {
+        if self.exited() {
             return NoticeAction::Absorb;
         }
-        if self.claim != Claim::Idle || self.round == Round::Final || self.agreed[Round::Initial.index()].is_some() {
+        if self.claim != Claim::Idle || self.round() == Round::Final || self.agreed[Round::Initial.index()].is_some() {
             // Under way: only an earlier deadline changes anything, and only
             // the final round can still move.
             if self.grace_period > 0.0 && self.tighter(notice) {
@@ -557,9 +676,8 @@ impl Resolver {
             key: round.key(),
             value: value.to_owned(),
         })?;
-        let slot = &mut self.agreed[round.index()];
-        if slot.is_none() {
-            *slot = Some(step);
+        if self.agreed[round.index()].is_none() {
+            self.agree(round, step);
         }
         let next_round = (round == Round::Initial && self.grace_period > 0.0).then_some(Round::Final);
         Ok(KeyAction::Acknowledge {
@@ -585,14 +703,14 @@ impl Resolver {
     /// while `run_count` is below it: at it, a peer may have saved the first
     /// round already and be inside the next step.
     pub fn before_step(&mut self, run_count: u64, now: f64, planner: &GracePlanner) -> StepAction {
-        if self.exited || self.saving.is_some() {
+        if matches!(self.phase, Phase::Exited(_) | Phase::Saving(_)) {
             return StepAction::Proceed;
         }
-        let round = self.round;
+        let round = self.round();
         let r = round.index();
         if let Some(step) = self.agreed[r] {
-            if run_count == step && !self.saved[r] {
-                self.saving = Some(round);
+            if run_count == step && !self.phase.saved(round) {
+                self.phase = Phase::Saving(round);
                 return StepAction::Save { round, step };
             }
             // Would the final round be due by the time the first save ends?
@@ -629,12 +747,11 @@ impl Resolver {
     }
 
     fn publish(&mut self, round: Round, step: u64) -> StepAction {
-        let r = round.index();
-        self.published[r] = true;
+        self.published[round.index()] = true;
         // The publisher knows the value it publishes; recording it here rather
         // than waiting for its own peer watcher removes a race and keeps
         // local mode identical.
-        self.agreed[r] = Some(step);
+        self.agree(round, step);
         let (ack_keys, own_ack_key) = match self.membership {
             Membership::Local => (Vec::new(), None),
             Membership::Worker { num_workers, .. } => (
@@ -667,7 +784,7 @@ impl Resolver {
             key: round.key(),
             value: value.to_owned(),
         })?;
-        if self.published[round.index()] && !self.saved[round.index()] && self.saving != Some(round) {
+        if self.published[round.index()] && !self.phase.saved(round) && self.phase != Phase::Saving(round) {
             self.agreed[round.index()] = Some(step);
         }
         Ok(())
@@ -679,24 +796,25 @@ impl Resolver {
     ///
     /// [`SaveError::Unexpected`] when no save for `round` was asked for.
     pub fn on_saved(&mut self, round: Round) -> Result<SaveAction, SaveError> {
-        if self.saving != Some(round) {
+        if self.phase != Phase::Saving(round) {
             return Err(SaveError::Unexpected(round));
         }
-        self.saving = None;
-        self.saved[round.index()] = true;
         let (i, f) = (Round::Initial.index(), Round::Final.index());
         if round == Round::Initial && self.agreed[f].is_some() && self.agreed[f] == self.agreed[i] {
             // The final round was agreed at the same step: this save was both.
-            self.saved[f] = true;
-            self.round = Round::Final;
-            self.exited = true;
+            self.phase = Phase::Exited(Round::Final);
             return Ok(SaveAction::Exit);
         }
         if self.grace_period <= 0.0 || round == Round::Final {
-            self.exited = true;
+            self.phase = Phase::Exited(round);
             Ok(SaveAction::Exit)
         } else {
-            self.round = Round::Final;
+            // The final round's step may be known already (its key came first).
+            self.phase = if self.agreed[f].is_some() {
+                Phase::Agreed(Round::Final)
+            } else {
+                Phase::Countdown
+            };
             Ok(SaveAction::Countdown)
         }
     }
@@ -704,7 +822,9 @@ impl Resolver {
     /// The save asked for by [`StepAction::Save`] failed; the next
     /// `before_step` at the same run count asks again.
     pub fn on_save_failed(&mut self) {
-        self.saving = None;
+        if let Phase::Saving(round) = self.phase {
+            self.phase = Phase::Agreed(round);
+        }
     }
 
     /// Keys to write `STOP_WATCHER` to at shutdown (none in local mode).

@@ -282,6 +282,52 @@ fn transition_table() -> Vec<Row> {
     ]
 }
 
+/// Whether `to` follows `from` by zero or more moves of [`PHASE_MOVES`] (one
+/// event of the simulated cluster may make several: a publish that agrees a
+/// round and the save at the same check).
+fn reachable(from: Phase, to: Phase) -> bool {
+    let mut seen = vec![from];
+    let mut i = 0;
+    while i < seen.len() {
+        let here = seen[i];
+        for &(a, _, b) in PHASE_MOVES {
+            if a == here && !seen.contains(&b) {
+                seen.push(b);
+            }
+        }
+        i += 1;
+    }
+    seen.contains(&to)
+}
+
+/// The phases as the diagram draws them: every phase is reached from
+/// Training, every phase but the exits leads on, and each move's name says
+/// what makes it.
+#[test]
+fn phase_moves_are_the_diagram() {
+    let all = [
+        Phase::Training,
+        Phase::Agreed(Round::Initial),
+        Phase::Saving(Round::Initial),
+        Phase::Countdown,
+        Phase::Agreed(Round::Final),
+        Phase::Saving(Round::Final),
+        Phase::Exited(Round::Initial),
+        Phase::Exited(Round::Final),
+    ];
+    for p in all {
+        assert!(reachable(Phase::Training, p), "{p:?} cannot be reached");
+        let leads_on = PHASE_MOVES.iter().any(|&(a, _, _)| a == p);
+        assert_eq!(leads_on, !matches!(p, Phase::Exited(_)), "{p:?}");
+    }
+    for &(a, why, b) in PHASE_MOVES {
+        assert_ne!(a, b, "{why}");
+        // The one loop: a failed save is asked for again at the same step.
+        let retry = matches!((a, b), (Phase::Agreed(r), Phase::Saving(q)) | (Phase::Saving(r), Phase::Agreed(q)) if r == q);
+        assert!(!reachable(b, a) || retry, "{a:?} -> {b:?} ({why}) goes back");
+    }
+}
+
 #[test]
 fn every_transition() {
     let planner = table_planner();
@@ -298,6 +344,7 @@ fn every_transition() {
             );
         }
         let attention_before = r.needs_attention();
+        let phase_before = r.phase();
         let before = format!("{r:?}");
         let out = apply(&mut r, &row.event, &planner);
         let after = format!("{r:?}");
@@ -305,6 +352,11 @@ fn every_transition() {
         assert_eq!(r.needs_attention(), row.attention, "{name}: needs_attention after");
         assert_eq!(r.round(), row.round, "{name}: round");
         assert_eq!(r.agreed_step(), row.agreed, "{name}: agreed step");
+        let (from, to) = (phase_before, r.phase());
+        assert!(
+            from == to || PHASE_MOVES.iter().any(|&(a, _, b)| (a, b) == (from, to)),
+            "{name}: {from:?} -> {to:?} is no move of PHASE_MOVES"
+        );
         assert_eq!(
             before == after,
             row.same,
@@ -724,7 +776,15 @@ impl<'a> Sim<'a> {
             self.now = t;
             self.out.events += 1;
             ensure!(self.out.events <= MAX_EVENTS, "no end after {MAX_EVENTS} events: livelock");
+            let before: Vec<Phase> = self.workers.iter().map(|w| w.res.phase()).collect();
             self.handle(ev)?;
+            for (w, (from, wk)) in before.into_iter().zip(&self.workers).enumerate() {
+                let to = wk.res.phase();
+                ensure!(
+                    from == to || reachable(from, to),
+                    "worker {w}: {from:?} -> {to:?} on {ev:?}, not a way through PHASE_MOVES"
+                );
+            }
         }
         let stuck: Vec<String> = self
             .workers
