@@ -15,10 +15,10 @@ import sys
 import threading
 from typing import Any, Callable, Iterator, Optional
 
-from . import _errors, _native, records
+from . import _errors, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
-from ._native import HandlerCore
+from ._native import DEFAULT_PEER_TIMEOUT, HandlerCore
 from ._platforms import common as _common
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
@@ -58,10 +58,10 @@ from ._termination_config import TerminationConfig, _check_seconds
 log = logging.getLogger("tf_failure_handling")
 
 
-#: Seconds the leader waits for every worker to acknowledge a step key, unless
-#: ``TerminationConfig(peer_timeout=...)`` or ``TF_FAILURE_HANDLING_PEER_TIMEOUT``
-#: says otherwise (the core's value: ``src/step_resolution.rs``).
-DEFAULT_PEER_TIMEOUT = _native.DEFAULT_PEER_TIMEOUT
+# DEFAULT_PEER_TIMEOUT (imported above): seconds the leader waits for every worker to
+# acknowledge a step key, unless ``TerminationConfig(peer_timeout=...)`` or
+# ``TF_FAILURE_HANDLING_PEER_TIMEOUT`` says otherwise (the core's value:
+# ``src/step_resolution.rs``).
 #: How often ``termination_watcher_fn`` is called (TF: once a second).
 WATCHER_FN_INTERVAL = _sources.WATCHER_FN_INTERVAL
 
