@@ -81,8 +81,9 @@ REAL_TF_TESTS = [
 KERAS = "keras==3.15.*"
 KERAS_ON_310 = "keras==3.12.*"
 KERAS_MIN_PYTHON = (3, 11)
-# matplotlib: the wheel's [plot] extra, which the records report's picture test needs.
-TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis", "matplotlib>=3.5"]
+# matplotlib: the wheel's [plot] extra, which the records report's picture test needs;
+# portpicker: its port server, which tests/unit/test_portserver.py runs.
+TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis", "matplotlib>=3.5", "portpicker==1.6.*"]
 
 #: Bounds that turn a hang into a failure (the whole pytest run of one combination;
 #: one pip install, which downloads TensorFlow).
