@@ -58,7 +58,43 @@ fn slurm_controller_busy(message: &str) -> bool {
     slurm::controller_busy(message)
 }
 
+/// The requeue decision after the save ([`slurm::requeue`]): `(what, reason)`, `what`
+/// one of `already`, `no_reason`, `not_requeueable`, `requeue`, and `reason` the
+/// reason's text (None for `no_reason`).
+#[pyfunction]
+#[pyo3(signature = (*, time_limit_signal, preempted, restarts, restart_count, requeueable))]
+fn slurm_requeue(
+    time_limit_signal: bool,
+    preempted: bool,
+    restarts: u64,
+    restart_count: u64,
+    requeueable: Option<bool>,
+) -> (&'static str, Option<&'static str>) {
+    let job = slurm::JobEnd {
+        time_limit_signal,
+        preempted,
+        restarts,
+        restart_count,
+        requeueable,
+    };
+    match slurm::requeue(&job) {
+        slurm::Requeue::Already(r) => ("already", Some(r.text())),
+        slurm::Requeue::NoReason => ("no_reason", None),
+        slurm::Requeue::NotRequeueable(r) => ("not_requeueable", Some(r.text())),
+        slurm::Requeue::Requeue(r) => ("requeue", Some(r.text())),
+    }
+}
+
+/// Whether this process decides about the job's requeue ([`slurm::decides_requeue`]).
+#[pyfunction]
+#[pyo3(signature = (*, under_slurm, enabled, procid))]
+fn slurm_decides_requeue(under_slurm: bool, enabled: bool, procid: Option<&str>) -> bool {
+    slurm::decides_requeue(under_slurm, enabled, procid)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(slurm_requeue, m)?)?;
+    m.add_function(wrap_pyfunction!(slurm_decides_requeue, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_fields, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_time, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_seconds, m)?)?;

@@ -133,9 +133,188 @@ pub fn controller_busy(message: &str) -> bool {
     BUSY.iter().any(|phrase| message.contains(phrase))
 }
 
+/// Why a job that saved goes back to the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequeueReason {
+    /// SLURM's time limit: `--signal` sent SIGUSR1 to this process.
+    TimeLimit,
+    /// A preemption: the job's `PreemptTime` is set.
+    Preemption,
+}
+
+impl RequeueReason {
+    /// The reason as the log and the `requeue` record name it.
+    #[must_use]
+    pub fn text(self) -> &'static str {
+        match self {
+            RequeueReason::TimeLimit => "time limit (SIGUSR1)",
+            RequeueReason::Preemption => "preemption",
+        }
+    }
+}
+
+/// What is known of the job when task 0 decides about its requeue, after the save:
+/// this process's signals and the job's record (`scontrol show job`, read then; a
+/// record that could not be read is all defaults).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobEnd {
+    /// SIGUSR1 reached this process (`--signal` before the time limit).
+    pub time_limit_signal: bool,
+    /// The record's `PreemptTime` is a time.
+    pub preempted: bool,
+    /// The record's `Restarts`.
+    pub restarts: u64,
+    /// This run's `SLURM_RESTART_COUNT`.
+    pub restart_count: u64,
+    /// The record's `Requeue` (`1` or `0`), None when it has none.
+    pub requeueable: Option<bool>,
+}
+
+/// What task 0 does about the job's requeue after the save.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requeue {
+    /// SLURM requeued the job itself (a preempted batch step is signalled only when
+    /// `GraceTime` ends, and `Restarts` already counts this run's end): nothing to do.
+    Already(RequeueReason),
+    /// Neither the time limit nor a preemption ended the job (a user's `scancel`):
+    /// not requeued.
+    NoReason,
+    /// The job was submitted without `--requeue` (`Requeue=0`): not requeued, and
+    /// the log says how to submit it.
+    NotRequeueable(RequeueReason),
+    /// `scontrol requeue` the job (retried within [`REQUEUE_TIMEOUT`] while the
+    /// controller reads as busy, [`controller_busy`]).
+    Requeue(RequeueReason),
+}
+
+/// The requeue decision for `job`, in this order: already requeued, no reason, not
+/// requeueable, requeue. A time limit's SIGUSR1 is the reason before a preemption.
+#[must_use]
+pub fn requeue(job: &JobEnd) -> Requeue {
+    let reason = if job.time_limit_signal {
+        Some(RequeueReason::TimeLimit)
+    } else if job.preempted {
+        Some(RequeueReason::Preemption)
+    } else {
+        None
+    };
+    if job.restarts > job.restart_count {
+        return Requeue::Already(reason.unwrap_or(RequeueReason::Preemption));
+    }
+    match reason {
+        None => Requeue::NoReason,
+        Some(reason) if job.requeueable == Some(false) => Requeue::NotRequeueable(reason),
+        Some(reason) => Requeue::Requeue(reason),
+    }
+}
+
+/// Whether this process decides about the job's requeue: under SLURM, with requeue
+/// on, and as the job's task 0 (`SLURM_PROCID` 0, empty or unset: one task per job
+/// requeues it).
+#[must_use]
+pub fn decides_requeue(under_slurm: bool, enabled: bool, procid: Option<&str>) -> bool {
+    under_slurm && enabled && matches!(procid.map(str::trim), None | Some("" | "0"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requeue_decision_table() {
+        use RequeueReason::{Preemption, TimeLimit};
+        let job = |time_limit_signal, preempted, restarts, restart_count, requeueable| JobEnd {
+            time_limit_signal,
+            preempted,
+            restarts,
+            restart_count,
+            requeueable,
+        };
+        // (name, facts, decision)
+        let rows = [
+            (
+                "time limit: requeue",
+                job(true, false, 0, 0, Some(true)),
+                Requeue::Requeue(TimeLimit),
+            ),
+            (
+                "preemption: requeue",
+                job(false, true, 0, 0, Some(true)),
+                Requeue::Requeue(Preemption),
+            ),
+            (
+                "both: the time limit is named",
+                job(true, true, 0, 0, None),
+                Requeue::Requeue(TimeLimit),
+            ),
+            (
+                "no Requeue field: requeue",
+                job(false, true, 2, 2, None),
+                Requeue::Requeue(Preemption),
+            ),
+            (
+                "a user's scancel: not requeued",
+                job(false, false, 0, 0, Some(true)),
+                Requeue::NoReason,
+            ),
+            ("an unread record and no signal: no reason", JobEnd::default(), Requeue::NoReason),
+            (
+                "Requeue=0: not requeueable",
+                job(true, false, 0, 0, Some(false)),
+                Requeue::NotRequeueable(TimeLimit),
+            ),
+            (
+                "Requeue=0, preempted: not requeueable",
+                job(false, true, 1, 1, Some(false)),
+                Requeue::NotRequeueable(Preemption),
+            ),
+            (
+                "Restarts past this run's count: already",
+                job(false, true, 1, 0, Some(true)),
+                Requeue::Already(Preemption),
+            ),
+            (
+                "already, with no reason read: a preemption",
+                job(false, false, 3, 2, Some(true)),
+                Requeue::Already(Preemption),
+            ),
+            (
+                "already comes before Requeue=0",
+                job(true, false, 1, 0, Some(false)),
+                Requeue::Already(TimeLimit),
+            ),
+            (
+                "Restarts equal to this run's count: not already",
+                job(false, true, 2, 2, Some(true)),
+                Requeue::Requeue(Preemption),
+            ),
+        ];
+        for (name, facts, want) in rows {
+            assert_eq!(requeue(&facts), want, "{name}");
+        }
+        assert_eq!(TimeLimit.text(), "time limit (SIGUSR1)");
+        assert_eq!(Preemption.text(), "preemption");
+    }
+
+    #[test]
+    fn task_zero_decides() {
+        let rows = [
+            (true, true, None, true),
+            (true, true, Some("0"), true),
+            (true, true, Some(" 0\n"), true),
+            (true, true, Some(""), true),
+            (true, true, Some("1"), false),
+            (true, false, Some("0"), false),
+            (false, true, None, false),
+        ];
+        for (under_slurm, enabled, procid, want) in rows {
+            assert_eq!(
+                decides_requeue(under_slurm, enabled, procid),
+                want,
+                "{under_slurm} {enabled} {procid:?}"
+            );
+        }
+    }
 
     fn as_map(text: &str) -> Vec<(&'static str, String)> {
         fields(text)

@@ -209,3 +209,59 @@ def test_requeue_gives_up_on_a_busy_controller_within_its_bound(monkeypatch):
     monkeypatch.setattr(_slurm, "REQUEUE_TIMEOUT", 0.5)
     requeued, message = _slurm._requeue("7")
     assert requeued is False and "Socket timed out" in message and fake.requeues >= 2
+
+
+class _Records:
+    """A recorder that keeps the ``requeue`` line it is given."""
+
+    def __init__(self):
+        self.lines = []
+
+    def write(self, kind, **fields):
+        self.lines.append((kind, fields))
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    "job, usr1, requeues, expected, reason, said",
+    [
+        # A preemption (PreemptTime set): scontrol requeue.
+        ({"PreemptTime": "2026-11-25T16:42:37", "Requeue": "1"}, 0, 1, True, "preemption", ""),
+        # The time limit's SIGUSR1 names the reason first.
+        ({"PreemptTime": "2026-11-25T16:42:37"}, 1, 1, True, "time limit (SIGUSR1)", ""),
+        # SLURM requeued the job itself: Restarts is past this run's count.
+        ({"Restarts": "1"}, 0, 0, True, "preemption", "already requeued"),
+        # A user's scancel: neither.
+        ({"Requeue": "1"}, 0, 0, False, None, "neither"),
+        # Submitted without --requeue.
+        (
+            {"PreemptTime": "2026-11-25T16:42:37", "Requeue": "0"},
+            0,
+            0,
+            False,
+            "preemption",
+            "Requeue=0",
+        ),
+    ],
+)
+def test_the_cores_requeue_decision_is_carried_out(
+    monkeypatch, job, usr1, requeues, expected, reason, said
+):
+    """Each decision of the core (``src/sources/slurm.rs``, ``requeue``) as task 0
+    carries it out: whether ``scontrol requeue`` runs, the outcome, and the record."""
+    fake = _FakeScontrol([(0, "")])
+    monkeypatch.setattr(_slurm, "_scontrol", fake)
+    monkeypatch.setattr(_slurm, "show_job", lambda jid: {"JobId": jid, **job})
+    monkeypatch.setattr(_slurm, "_deliveries", lambda signum: usr1)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    monkeypatch.delenv(_slurm.REQUEUE_ENV, raising=False)
+    records = _Records()
+    assert _slurm.requeue_after_save(None, records) is expected
+    assert fake.requeues == requeues
+    ((kind, fields),) = records.lines
+    assert kind == "requeue" and fields["requeued"] is expected and fields["reason"] == reason
+    assert said in (fields["message"] or "")

@@ -19,7 +19,14 @@ from typing import Any, Optional
 from .._native import SLURM_NOTICE_READ_TIMEOUT as NOTICE_READ_TIMEOUT
 from .._native import SLURM_READ_TIMEOUT as READ_TIMEOUT
 from .._native import SLURM_REQUEUE_TIMEOUT as REQUEUE_TIMEOUT
-from .._native import Retry, RetryVerdict, slurm_config_value, slurm_controller_busy
+from .._native import (
+    Retry,
+    RetryVerdict,
+    slurm_config_value,
+    slurm_controller_busy,
+    slurm_decides_requeue,
+    slurm_requeue,
+)
 from .._native import slurm_fields as parse_fields
 from .._native import slurm_seconds as parse_seconds
 from .._native import slurm_time as parse_time
@@ -236,15 +243,6 @@ def _int(value: Optional[str]) -> int:
         return 0
 
 
-def _reason(job: dict) -> Optional[str]:
-    """Why the job should go back to the queue, or None (a user's scancel)."""
-    if _deliveries(signal.SIGUSR1) > 0:
-        return "time limit (SIGUSR1)"
-    if parse_time(job.get("PreemptTime")) is not None:
-        return "preemption"
-    return None
-
-
 def requeue_after_save(option: Optional[bool], recorder: Any) -> Optional[bool]:
     """Puts the job back in the queue when it ends by SLURM's time limit or a
     preemption, unless ``option`` (``TerminationConfig.slurm_requeue``) or
@@ -292,14 +290,15 @@ def _requeue(jid: str) -> tuple:
 
 
 def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
+    """Reads what the core's requeue decision needs, and carries the decision out
+    (``src/sources/slurm.rs``, ``requeue`` and ``decides_requeue``)."""
     jid = job_id()
-    if jid is None:
-        return None
-    if not requeue_enabled(option):
+    enabled = requeue_enabled(option)
+    if jid is not None and not enabled:
         log.info("SLURM job %s: requeue turned off; not requeued.", jid)
+    procid = os.environ.get("SLURM_PROCID")
+    if not slurm_decides_requeue(under_slurm=jid is not None, enabled=enabled, procid=procid):
         return None
-    if os.environ.get("SLURM_PROCID", "0").strip() not in ("", "0"):
-        return None  # one task per job: SLURM_PROCID 0 requeues
     started = time.monotonic()
     message = ""
     try:
@@ -307,21 +306,23 @@ def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
     except Exception as e:  # noqa: BLE001 - then only SIGUSR1 can tell
         job = {}
         message = f"scontrol show job failed: {e}"
-    reason = _reason(job)
+    what, reason = slurm_requeue(
+        time_limit_signal=_deliveries(signal.SIGUSR1) > 0,
+        preempted=parse_time(job.get("PreemptTime")) is not None,
+        restarts=max(0, _int(job.get("Restarts"))),
+        restart_count=max(0, restart_count()),
+        requeueable=None if "Requeue" not in job else job["Requeue"] != "0",
+    )
     requeued: Optional[bool]
-    already = _int(job.get("Restarts")) > restart_count()
-    if already:
-        # A batch step is signalled only when GraceTime ends, after SLURM requeued
-        # the preempted job itself (Restarts already counts this run's end).
+    if what == "already":
         requeued = True
-        reason = reason or "preemption"
         message = "SLURM already requeued the job"
         log.info("SLURM job %s (%s): %s.", jid, reason, message)
-    elif reason is None:
+    elif what == "no_reason":
         requeued = False
         message = message or "the notice was neither SLURM's time limit nor a preemption"
         log.info("SLURM job %s: not requeued: %s (a user's scancel?).", jid, message)
-    elif job.get("Requeue") == "0":
+    elif what == "not_requeueable":
         requeued = False
         message = "the job is not requeueable (Requeue=0): submit it with sbatch --requeue"
         log.warning("SLURM job %s (%s): not requeued: %s.", jid, reason, message)
