@@ -48,19 +48,17 @@ START_BOUND = 60.0
 def ask(address: str, pid: int | None = None, timeout: float = 10.0) -> int | None:
     """A port from the server at ``address`` for ``pid`` (this process by default),
     ``None`` when it does not answer or has none: portpicker's protocol, the pid in
-    ASCII and a newline, answered by the port and a newline."""
+    ASCII and a newline, answered by the port and a newline. (portpicker's own client,
+    ``get_port_from_port_server``, prints to stderr at each failure, which the wait for
+    a starting server would fill.)"""
     path = "\0" + address[1:] if address.startswith("@") else address
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             s.connect(path)
             s.sendall(f"{os.getpid() if pid is None else pid}\n".encode())
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk = s.recv(64)
-                if not chunk:
-                    break
-                reply += chunk
+            with s.makefile("rb") as answer:
+                reply = answer.readline()
     except OSError:
         return None
     try:

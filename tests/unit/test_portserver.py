@@ -43,6 +43,17 @@ def _env(**extra: str) -> dict:
     return env
 
 
+def _under_server(code: str, env: dict) -> subprocess.CompletedProcess:
+    """``python -c code`` run by ``portserver.py --``, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--", sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+    )
+
+
 def _ephemeral_low() -> int:
     return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
 
@@ -69,13 +80,7 @@ def test_processes_under_one_server_get_different_ports_of_the_pool():
         "stdout=subprocess.PIPE, text=True) for _ in range(2)]; "
         "print('\\n'.join(p.communicate()[0].strip() for p in procs))"
     )
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--", sys.executable, "-c", inner],
-        env=_env(N="40"),
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-    )
+    out = _under_server(inner, _env(N="40"))
     assert out.returncode == 0, out.stderr
     runs = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(runs) == 2
@@ -93,25 +98,15 @@ def test_a_nested_run_shares_the_outer_server():
         "print(os.environ['PORTSERVER_ADDRESS']); "
         f"subprocess.run({inner!r}, check=True)"
     )
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--", sys.executable, "-c", outer],
-        env=_env(N="1"),
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-    )
+    out = _under_server(outer, _env(N="1"))
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.splitlines()
     assert json.loads(second)["address"] == first
 
 
 def test_a_named_server_that_does_not_answer_is_an_error():
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--", sys.executable, "-c", "print('ran')"],
-        env=_env(**{ADDRESS_ENV: "@tf-failure-handling-no-such-server"}),
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
+    out = _under_server(
+        "print('ran')", _env(**{ADDRESS_ENV: "@tf-failure-handling-no-such-server"})
     )
     assert out.returncode != 0
     assert "ran" not in out.stdout
