@@ -59,6 +59,31 @@ pub const SLACK: f64 = 1.0;
 /// `TF_FAILURE_HANDLING_EXIT_RESERVE` (docs/configuration.md).
 pub const EXIT_RESERVE: f64 = 5.0;
 
+/// Seconds before the deadline at which a process still in its exit after the last
+/// save is ended by the exit guard, with the exit code the records already hold
+/// ([`exit_guard_delay`]): the same allowance as [`SLACK`], for a deadline that is
+/// an estimate (the platform's timer started before the notice reached the worker).
+pub const EXIT_GUARD_LEAD: f64 = 1.0;
+
+/// How long from `now` the exit guard waits before it ends a process that is still
+/// in its exit: until [`EXIT_GUARD_LEAD`] before `deadline`. None when there is no
+/// deadline (no grace period and none from the platform: nothing kills the process
+/// at a known time) or when that moment has passed (the guard would decide at once,
+/// before the exit has begun, which it cannot tell from a process that caught the
+/// `SystemExit` and trains on).
+///
+/// The reserve ([`EXIT_RESERVE`]) plans the exit; the guard is for the exit that runs
+/// past the plan: on a loaded host TensorFlow's teardown under
+/// MultiWorkerMirroredStrategy (its collective and coordination-service clients, which
+/// wait for each other) ran more than twice the reserve after the last save, and a
+/// Kubernetes pod still in it at the deadline ends with 137, not the exit code its
+/// `podFailurePolicy` matches.
+#[must_use]
+pub fn exit_guard_delay(deadline: Option<f64>, now: f64) -> Option<f64> {
+    let delay = deadline? - EXIT_GUARD_LEAD - now;
+    (delay > 0.0).then_some(delay)
+}
+
 /// Seconds between a notice and the machine's end, before the handler has been
 /// told: none, TensorFlow's default (`TerminationConfig(grace_period=None)` on
 /// Borg and every platform that announces no lead time: save at once, then exit).
@@ -534,6 +559,28 @@ mod exit_reserve_tests {
         assert_eq!(p.fit(n, 0.0, 24.0).0, Fit::OneSave, "configured away");
         p.set_exit_reserve(-1.0);
         assert_eq!(p.exit_reserve(), 0.0, "a negative reserve is ignored");
+    }
+
+    #[test]
+    fn the_exit_guard_waits_until_its_lead_before_the_deadline() {
+        // (deadline, now) -> delay
+        let rows: [(Option<f64>, f64, Option<f64>); 6] = [
+            (Some(30.0), 24.0, Some(30.0 - EXIT_GUARD_LEAD - 24.0)),
+            (Some(30.0), 0.0, Some(30.0 - EXIT_GUARD_LEAD)),
+            (Some(30.0), 30.0 - EXIT_GUARD_LEAD, None),
+            (Some(30.0), 29.5, None),
+            (Some(30.0), 31.0, None),
+            (None, 0.0, None),
+        ];
+        for (deadline, now, want) in rows {
+            let got = exit_guard_delay(deadline, now);
+            match (got, want) {
+                (Some(g), Some(w)) => assert!((g - w).abs() < 1e-9, "{deadline:?} {now}: {g} != {w}"),
+                (g, w) => assert_eq!(g, w, "{deadline:?} {now}"),
+            }
+        }
+        // The guard acts inside the reserve the plan keeps.
+        const { assert!(EXIT_GUARD_LEAD < EXIT_RESERVE) };
     }
 
     #[test]

@@ -22,6 +22,7 @@ from ._native import DEFAULT_PEER_TIMEOUT, HandlerCore
 from ._platforms import common as _common
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
+from ._protocol import exit_guard as _exit_guard
 from ._protocol import input_position as _input
 from ._protocol.agreement import Agreement
 from ._protocol.checkpoints import Checkpoints
@@ -133,6 +134,9 @@ class PreemptionCheckpointHandler(HandlerCore):
         #: constructor raised finds it.
         self._state = state = HandlerState()
         super().__init__()
+        # A new handler: this process trains on, whatever an earlier one's exit
+        # guard was waiting for (a SystemExit caught, as TensorFlow's own tests do).
+        _exit_guard.disarm()
         #: The decisions (the Rust resolver ``run()`` reads too), for the parts.
         self._core = core = self._protocol_core()
         self._total_run_calls_warned = False

@@ -11,6 +11,7 @@
 //! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `closure.rs` | `Closure`, `Event`, `Lock`: what a `schedule()` allocates, at (almost) no cost to the garbage collector |
+//! | `exit_guard.rs` | `arm_exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the deadline (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL |
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `Writes` and `WriteKind`: the driver's writes (`crate::writes`) |
@@ -35,6 +36,7 @@ mod closure;
 mod closure_queue;
 mod displacement;
 mod errors;
+mod exit_guard;
 mod failure;
 mod handler;
 mod host_memory;
@@ -101,5 +103,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     input_position::register(m)?;
     sources::register(m)?;
     slurm::register(m)?;
+    exit_guard::register(m)?;
     Ok(())
 }

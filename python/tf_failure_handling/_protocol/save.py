@@ -7,7 +7,8 @@ the resolver says what follows (``_core.saved``): **exit**, after the last round
 **countdown**, training on through the grace period until the final round. The exit
 stops the step-key reader, removes a non-chief's temporary checkpoint folder, releases
 the parameter servers, writes the ``exit`` record, puts a SLURM job back in the queue,
-and calls ``exit_fn``. Each stage is recorded through ``StageRecords``
+arms the exit guard (``exit_guard``: an exit still running just before the deadline ends
+with the code) and calls ``exit_fn``. Each stage is recorded through ``StageRecords``
 (``records_hooks``).
 """
 
@@ -18,6 +19,7 @@ from typing import Any, Callable
 
 from .._native import ProtocolCore, SaveAction
 from .._platforms import platform as _platform
+from . import exit_guard as _exit_guard
 from .checkpoints import Checkpoints
 from .ps_steps import PsSteps
 from .records_hooks import StageRecords
@@ -72,6 +74,7 @@ class SaveAndExit:
             UNMERGED_EXIT_CODE,
         )
         self._records.exit(UNMERGED_EXIT_CODE, reason=f"shares not merged: {error!r}")
+        _exit_guard.arm(self._core.notice_deadline(), self._state.clock(), UNMERGED_EXIT_CODE)
         raise SystemExit(UNMERGED_EXIT_CODE) from error
 
     def save_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
@@ -98,10 +101,13 @@ class SaveAndExit:
             self._checkpoints.remove_worker_temp(self._state.membership.is_chief)
             self._ps.after_save()
             log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
+            code = _platform.exit_code(self._exit_fn)
             # Written before exit_fn: one that calls os._exit leaves no later moment.
-            self._records.exit(_platform.exit_code(self._exit_fn))
+            self._records.exit(code)
             # The scheduler's step (SLURM: the job back in the queue).
             self._scheduler_step()
+            if code is not None:  # a default exit_fn: its code is the records'
+                _exit_guard.arm(self._core.notice_deadline(), self._state.clock(), code)
             self._exit_fn()
             self._ps.training_goes_on()
             # TF carries on silently here; say what state the worker is in.

@@ -1,0 +1,81 @@
+"""The exit guard: after the last save, an exit that runs past the deadline ends with
+the exit code, not the platform's SIGKILL.
+
+The final round keeps a reserve for the exit (``TF_FAILURE_HANDLING_EXIT_RESERVE``), but
+an exit can take longer than any reserve: on a loaded host, TensorFlow's teardown under
+MultiWorkerMirroredStrategy took 14 s after the last save. A Kubernetes pod still in its
+exit at the deadline ends with 137, and a Job's ``podFailurePolicy`` that ignores the
+restart code then counts the preemption as a failure.
+
+So ``SaveAndExit`` arms a guard before it calls the default ``exit_fn``: a Rust thread
+(``_native.arm_exit_guard``) that, at ``EXIT_GUARD_LEAD`` seconds before the deadline,
+ends the process with the same code (``_exit``; the checkpoint and the records' ``exit``
+line are written by then) when the process is in its exit by then. Python's threading
+shutdown tells it so (``exit_guard_exiting``), or the interpreter's finalizing flag does.
+A process that caught the ``SystemExit`` and trains on is never ended by it, and a new
+handler stands every waiting guard down (``disarm``). The moment is the core's decision
+(``grace::exit_guard_delay``): no deadline, or one too close, arms nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import Optional
+
+from .._native import (
+    EXIT_GUARD_LEAD,
+    arm_exit_guard,
+    disarm_exit_guard,
+    exit_guard_exiting,
+)
+
+log = logging.getLogger("tf_failure_handling")
+
+_registered = False
+
+
+def _register_exiting() -> None:
+    """Tells the guard when the process's exit begins: Python's threading shutdown (the
+    main thread has ended, before non-daemon threads are joined and ``atexit`` runs),
+    and ``atexit`` as well where that private hook is missing."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(exit_guard_exiting)
+            return
+        except RuntimeError:  # the shutdown has begun already
+            exit_guard_exiting()
+            return
+    atexit.register(exit_guard_exiting)
+
+
+def arm(deadline: Optional[float], now: float, code: int) -> Optional[float]:
+    """Arms the guard for ``deadline`` (the handler's clock, read as ``now``); returns
+    the seconds it waits, or None when nothing is armed. Never raises: without the guard
+    the exit goes on as TensorFlow's does."""
+    try:
+        _register_exiting()
+        delay = arm_exit_guard(deadline, now, code)
+    except Exception as e:  # noqa: BLE001 - the exit goes on unguarded, as TF's
+        log.warning("The exit guard could not be armed (%s); the exit is not guarded.", e)
+        return None
+    if delay is not None:
+        log.info(
+            "If this process is still in its exit %.1fs before the deadline (in %.1fs), it "
+            "ends then with exit code %d rather than be killed.",
+            EXIT_GUARD_LEAD,
+            delay,
+            code,
+        )
+    return delay
+
+
+def disarm() -> None:
+    """Stands every waiting guard down: a new handler means the process trains on."""
+    disarm_exit_guard()

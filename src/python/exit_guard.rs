@@ -1,0 +1,102 @@
+//! The exit guard: after the last save, a process still in its exit shortly before the
+//! deadline ends with the exit code its records already hold, not with the platform's
+//! SIGKILL (137 on Kubernetes, where a Job's `podFailurePolicy` matches the code).
+//!
+//! The guard is a Rust thread, not a Python one: the slow part of an exit is often
+//! TensorFlow's teardown while the interpreter finalizes, when no Python thread runs.
+//! It acts only when the process is in its exit: Python's threading shutdown has begun
+//! (`exit_guard_exiting`, registered by `_protocol/exit_guard.py`) or the interpreter
+//! is finalizing. A process that caught the `SystemExit` and trains on is left alone,
+//! and a new handler ([`disarm_exit_guard`]) stands every waiting guard down. The
+//! moment is the core's decision (`crate::grace::exit_guard_delay`).
+//!
+//! It says what it does on standard error with `write(2)`: at that moment Python's
+//! logging cannot run.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+use super::{blocking, clock, errors};
+
+/// Set once Python's threading shutdown has begun (the main thread has ended).
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// Bumped by [`disarm_exit_guard`]: a guard armed under an older value stands down.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// Guards still waiting for their moment.
+static WAITING: AtomicU64 = AtomicU64::new(0);
+
+/// Arms the guard for a deadline on the handler's clock (`deadline`, with `now` read
+/// from the same clock): at [`crate::grace::EXIT_GUARD_LEAD`] before it, a process in
+/// its exit ends with `code`. Returns the seconds the guard waits, or None when it is
+/// not armed (no deadline, or too late to tell an exit from training that goes on).
+#[pyfunction]
+#[pyo3(signature = (deadline, now, code))]
+fn arm_exit_guard(deadline: Option<f64>, now: f64, code: i32) -> PyResult<Option<f64>> {
+    let Some(delay) = crate::grace::exit_guard_delay(deadline, now) else {
+        return Ok(None);
+    };
+    let generation = GENERATION.load(Ordering::SeqCst);
+    let wake = clock::now() + Duration::from_secs_f64(delay);
+    WAITING.fetch_add(1, Ordering::SeqCst);
+    let spawned = std::thread::Builder::new().name("tfh-exit-guard".into()).spawn(move || {
+        loop {
+            let now = clock::now();
+            if now >= wake {
+                break;
+            }
+            std::thread::sleep(wake - now);
+        }
+        let current = GENERATION.load(Ordering::SeqCst) == generation;
+        if current && (EXITING.load(Ordering::SeqCst) || blocking::interpreter_finalizing()) {
+            let line = format!(
+                "tf_failure_handling: the process is still in its exit {lead:.1}s before the \
+                 deadline, after its last save; ending it now with exit code {code} (its \
+                 records already say so), before the platform kills it\n",
+                lead = crate::grace::EXIT_GUARD_LEAD,
+            );
+            // SAFETY: write(2) of an owned buffer to fd 2, then _exit(2): neither runs
+            // anything of the process's own (no atexit, no destructors, no Python).
+            unsafe {
+                libc::write(2, line.as_ptr().cast(), line.len());
+                libc::_exit(code);
+            }
+        }
+        WAITING.fetch_sub(1, Ordering::SeqCst);
+    });
+    if let Err(e) = spawned {
+        WAITING.fetch_sub(1, Ordering::SeqCst);
+        return Err(errors::misuse(format!("could not start the exit guard's thread: {e}")));
+    }
+    Ok(Some(delay))
+}
+
+/// The process is in its exit (Python's threading shutdown has begun): a guard whose
+/// moment comes now ends it.
+#[pyfunction]
+fn exit_guard_exiting() {
+    EXITING.store(true, Ordering::SeqCst);
+}
+
+/// Stands every waiting guard down (a new handler: the process trains on).
+#[pyfunction]
+fn disarm_exit_guard() {
+    GENERATION.fetch_add(1, Ordering::SeqCst);
+    EXITING.store(false, Ordering::SeqCst);
+}
+
+/// How many guards are still waiting for their moment.
+#[pyfunction]
+fn exit_guards_waiting() -> u64 {
+    WAITING.load(Ordering::SeqCst)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(arm_exit_guard, m)?)?;
+    m.add_function(wrap_pyfunction!(exit_guard_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(disarm_exit_guard, m)?)?;
+    m.add_function(wrap_pyfunction!(exit_guards_waiting, m)?)?;
+    m.add("EXIT_GUARD_LEAD", crate::grace::EXIT_GUARD_LEAD)?;
+    Ok(())
+}
