@@ -86,6 +86,11 @@ def _recovery_timeout(value: Optional[float]) -> float:
     return float(value)
 
 
+_STOPPED_BEFORE_RECOVERY = (
+    "the coordinator's failure handler was stopped while the worker's recovery was awaited"
+)
+
+
 class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
     """TF's worker-failure handling with the native classifier and a bounded, settable wait."""
 
@@ -100,11 +105,17 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         it rebuilds the cluster; ``update_server_def`` blocks until a lost worker is
         back. A worker that was preempted and is not back when training ends (or a
         daemon thread frozen at interpreter exit) held TF's ``stop`` there for good,
-        and the process never exited."""
+        and the process never exited.
+
+        Worker threads waiting for a worker's recovery are woken: no recovery comes
+        after the stop (TF's left them waiting up to an hour), and each ends
+        (``worker_loop.HandlerStopped``). If the lock is not had within the bound, they
+        wake when the recovery thread, done with its update, notifies them."""
         self._should_preemption_thread_run = False
         if self._cluster_update_lock.acquire(timeout=STOP_LOCK_BOUND):
             try:
                 self._cluster_due_for_update_or_finish.set()
+                self._worker_up_cond.notify_all()
             finally:
                 self._cluster_update_lock.release()
             return
@@ -137,15 +148,37 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         on_recovery_fn=None,
         worker_device_name="(unknown)",
     ):
+        """TF's: asserts the handler runs, then :meth:`handle_failure` around the block."""
+        assert self._should_preemption_thread_run
+        with self.handle_failure(
+            on_failure_fn, on_transient_failure_fn, on_recovery_fn, worker_device_name
+        ):
+            yield
+
+    @contextlib.contextmanager
+    def handle_failure(
+        self,
+        on_failure_fn=None,
+        on_transient_failure_fn=None,
+        on_recovery_fn=None,
+        worker_device_name="(unknown)",
+    ):
         """Runs the block; on a worker failure waits (bounded) for the cluster to recover.
+
+        Without TF's assertion on entry: this coordinator's worker threads enter it
+        once a closure has raised, when the handler may have been stopped since the
+        closure started (TF asserted when it started); the closure's error is then
+        handled as TF handles it for a closure that started before the stop.
 
         The order of checks is TF's: transient PS failures and timeouts (within
         their tolerances) and derived cancellations are retried; anything that
         is not a worker failure is re-raised; a worker failure calls
         ``on_failure_fn``, waits for the preemption thread to update the
-        cluster, then runs ``on_recovery_fn`` under the same handling.
+        cluster, then runs ``on_recovery_fn`` under the same handling. Once the handler
+        is stopped (the coordinator stops), a thread waiting for a recovery does not
+        wait on or run ``on_recovery_fn`` (TF's assertion failed there): it raises
+        ``worker_loop.HandlerStopped`` and ends, its closure already put back.
         """
-        assert self._should_preemption_thread_run
         try:
             yield
         except (_tf_errors.OpError, ClosureInputError, ClosureAbortedError, TypeError) as e:
@@ -183,6 +216,10 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
                 on_failure_fn(e)
 
             with self._cluster_update_lock:
+                # Read under the lock that stop()'s wake-up takes: a stop before the
+                # wait is seen here, one after it wakes the wait.
+                if not self._should_preemption_thread_run:
+                    raise _worker_loop.HandlerStopped(_STOPPED_BEFORE_RECOVERY) from e
                 self._cluster_due_for_update_or_finish.set()
                 recovered = self._worker_up_cond.wait(self._recovery_timeout)
                 if self._error_from_recovery:
@@ -190,6 +227,8 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
                         raise self._error_from_recovery
                     finally:
                         self._error_from_recovery = None
+            if not self._should_preemption_thread_run:
+                raise _worker_loop.HandlerStopped(_STOPPED_BEFORE_RECOVERY) from e
             if recovered:
                 log.info("Worker %s has been recovered.", worker_device_name)
             else:
@@ -201,7 +240,9 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
                 )
 
             if on_recovery_fn:
-                with self.wait_on_failure(
+                # The handler runs (checked just above): TF's entry assertion is not
+                # repeated here, where a stop in between would fail the thread.
+                with self.handle_failure(
                     on_recovery_fn=on_recovery_fn,
                     on_transient_failure_fn=on_transient_failure_fn,
                     worker_device_name=worker_device_name,

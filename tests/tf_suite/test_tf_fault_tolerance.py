@@ -61,8 +61,12 @@ from tf_suite.verdict import Signature, decide, signature
 HERE = Path(__file__).resolve().parent
 MODULE = HERE / "tf_fault_tolerance.py"
 IMPL_ENV = "TFH_TF_SUITE_IMPL"
-#: Seconds one test process may take before it is killed and counted as a hang.
-CHILD_TIMEOUT = 300.0
+#: Seconds one test process may take before it is killed and counted as a hang (until
+#: unittest prints its summary; then the exit has :data:`EXIT_GRACE`). In make test's
+#: parallel phase on 2 cores, starting a test's cluster alone took up to 190 s, and
+#: testOneWorkerPreemptionWithCancellation ran 298 s in CI: a bound turns a hang into
+#: a failure, it does not judge speed.
+CHILD_TIMEOUT = 600.0
 #: Seconds a test process may keep running after unittest printed its summary.
 EXIT_GRACE = 30.0
 #: Seconds a hung process has, after SIGTERM, to dump its threads' stacks and exit.
@@ -188,8 +192,9 @@ def _summary_printed(log_path: Path) -> bool:
 
 
 def _wait_exit(proc, log_path: Path, timeout: float, exit_grace: float) -> str:
-    """Waits for the child to exit: "exited", "hang" (no exit within ``timeout`` s) or
-    "hang-at-exit" (still running ``exit_grace`` s after unittest printed its summary)."""
+    """Waits for the child to exit: "exited", "hang" (no summary and no exit within ``timeout``
+    s) or "hang-at-exit" (still running ``exit_grace`` s after unittest printed its
+    summary, whenever that was)."""
     start = time.monotonic()
     summary_at = None
     checked = 0.0
@@ -201,9 +206,12 @@ def _wait_exit(proc, log_path: Path, timeout: float, exit_grace: float) -> str:
             checked = now
             if _summary_printed(log_path):
                 summary_at = now
-        if summary_at is not None and now - summary_at >= exit_grace:
-            return "hang-at-exit"
-        if now - start >= timeout:
+        if summary_at is not None:
+            # The exit always gets its grace: a test that ends near the bound is not
+            # a hang at exit (CI: "Ran 1 test in 298 s", killed 2 s later at 300 s).
+            if now - summary_at >= exit_grace:
+                return "hang-at-exit"
+        elif now - start >= timeout:
             return "hang"
         time.sleep(0.2)
 
@@ -312,7 +320,7 @@ def _report(results: list[ChildResult]) -> str:
     return "\n\n".join(parts)
 
 
-@pytest.mark.timeout(2 * (CHILD_TIMEOUT + DUMP_GRACE) + 120)
+@pytest.mark.timeout(2 * (CHILD_TIMEOUT + EXIT_GRACE + DUMP_GRACE) + 120)
 @pytest.mark.parametrize("case", _cases())
 def test_tf_fault_tolerance(case: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     props = request.node.user_properties

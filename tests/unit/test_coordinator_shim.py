@@ -108,6 +108,7 @@ def _recovery_handler():
     handler = object.__new__(coordinator._WorkerPreemptionHandler)
     handler._cluster_update_lock = threading.Lock()
     handler._cluster_due_for_update_or_finish = threading.Event()
+    handler._worker_up_cond = threading.Condition(handler._cluster_update_lock)
     handler._should_preemption_thread_run = True
     return handler
 

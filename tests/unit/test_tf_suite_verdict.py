@@ -5,6 +5,7 @@ summary's counts. No TensorFlow process runs."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -238,3 +239,25 @@ def test_summary_counts_per_class():
     assert lines[3] == f"TF suite: {s}.testC: xfail not listed; "
     assert f"{m}.testB passed with ours but is listed" in lines[4]
     assert "not run here: MultiWorkerCoordinationServiceTest" in lines[5]
+
+
+class _NeverExits:
+    """A child that runs until killed: poll() is None."""
+
+    def poll(self):
+        return None
+
+
+def test_a_summary_printed_near_the_bound_still_gets_the_exit_grace(tmp_path):
+    """CI: "Ran 1 test in 298 s" with a 300 s bound was killed 2 s later and called a
+    hang at exit. Once the summary is out the exit has its whole grace, whatever the
+    bound: here the bound (0 s) has passed at once, and the verdict waits for the grace."""
+    from tf_suite.test_tf_fault_tolerance import _wait_exit
+
+    log = tmp_path / "child.log"
+    log.write_text("OK\nRan 1 test in 298.180s\n")
+    start = time.monotonic()
+    assert _wait_exit(_NeverExits(), log, timeout=0.0, exit_grace=1.5) == "hang-at-exit"
+    assert time.monotonic() - start >= 1.5
+    log.write_text("still running\n")
+    assert _wait_exit(_NeverExits(), log, timeout=0.0, exit_grace=1.5) == "hang"

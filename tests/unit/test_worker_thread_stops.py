@@ -123,3 +123,154 @@ class _reraise:
 
     def __exit__(self, *exc):
         return False
+
+
+# ------------------------------------ the failure handler stops during a recovery wait
+
+
+class Preempted(StandIn):
+    """A closure whose worker was restarted: TF's error for it, a worker failure."""
+
+    def __init__(self):
+        super().__init__()
+        self.runs = 0
+
+    def execute_on(self, worker):
+        self.runs += 1
+        raise errors.AbortedError(
+            None,
+            None,
+            "Unable to find a context_id matching the specified one. Perhaps the worker "
+            "was restarted, or the context was GC'd? Additional GRPC error information "
+            "from remote target /job:worker/replica:0/task:0",
+        )
+
+
+def _handler(queue):
+    """Our worker-failure handler without its recovery thread (the test plays it)."""
+    from tf_failure_handling import coordinator
+
+    handler = object.__new__(coordinator._WorkerPreemptionHandler)
+    handler._cluster_update_lock = threading.Lock()
+    handler._cluster_due_for_update_or_finish = threading.Event()
+    handler._worker_up_cond = threading.Condition(handler._cluster_update_lock)
+    handler._error_from_recovery = None
+    handler._should_preemption_thread_run = True
+    handler._recovery_timeout = 10 * HANG  # longer than any bound here: never the reason
+    handler._cluster = types.SimpleNamespace(
+        closure_queue=queue,
+        _record_and_ignore_transient_ps_failure=lambda e, ps_failure=None: False,
+        _record_and_ignore_transient_timeouts=lambda e: False,
+    )
+    return handler
+
+
+def _waiting_for_recovery(other_threads: int):
+    """A worker thread whose closure failed with its worker and that now waits, in the
+    handler's condition, for the recovery; ``other_threads`` other worker threads
+    (stand-ins that never end) share its cluster."""
+    queue = ClosureQueue()
+    handler = _handler(queue)
+    others = [types.SimpleNamespace() for _ in range(other_threads)]
+    workers = list(others)
+    cluster_ = types.SimpleNamespace(failure_handler=handler, closure_queue=queue, workers=workers)
+    closure = Preempted()
+    queue.put(closure)
+    worker = Worker(0, "/job:worker/replica:0/task:0", cluster_)
+    workers.insert(0, worker)
+    # The thread sets the event under the lock and lets go of the lock only in the
+    # condition's wait: once the lock is ours, it waits there.
+    assert handler._cluster_due_for_update_or_finish.wait(HANG)
+    with handler._cluster_update_lock:
+        pass
+    assert closure.runs == 1 and queue.qsize() == 1, "the closure went back to the queue"
+    return queue, handler, worker, closure
+
+
+def _thread_of(worker):
+    name = f"WorkerClosureProcessingLoop-{worker.worker_index}"
+    return next(t for t in threading.enumerate() if t.name == name and t.is_alive())
+
+
+def test_a_recovery_that_ends_after_the_stop_ends_the_thread_quietly(monkeypatch, caplog):
+    """TF's test (testOneWorkerPreemptionWithCancellation) stops the handler while a
+    thread waits for a recovery, then the recovery thread finishes its cluster update and
+    wakes it. TF's recursive wait_on_failure asserted, its mark_failed asserted (nothing
+    in flight) and the thread died; ours reported that as an unexpected stop (a pending
+    InternalError) and gave the closure, already put back and run elsewhere, the
+    AssertionError. Now: the thread ends, nothing is failed, nothing pending."""
+    from tf_failure_handling import coordinator
+
+    queue, handler, worker, closure = _waiting_for_recovery(other_threads=1)
+    thread = _thread_of(worker)
+    # Another thread runs the closure that went back.
+    assert queue.get(timeout=HANG) is closure
+    queue.mark_finished()
+    monkeypatch.setattr(coordinator, "STOP_LOCK_BOUND", 0.01)
+    with handler._cluster_update_lock:  # the recovery thread, in update_server_def
+        handler.stop()  # cannot take the lock: gives up after its bound
+        handler._worker_up_cond.notify_all()  # "Cluster successfully recovered."
+    thread.join(HANG)
+    assert not thread.is_alive()
+    assert queue._error is None, "no pending error: join() goes on as TF's"
+    assert closure.errors == [] and not closure.cancelled
+    assert queue.inflight_closure_count == 0
+    assert "unexpected error" not in caplog.text
+    assert not worker._should_worker_thread_run
+
+
+def test_stop_wakes_a_thread_waiting_for_a_recovery():
+    """The handler's stop() wakes the waits for a recovery that will not come (TF's
+    thread waited up to an hour, _WORKER_MAXIMUM_RECOVERY_SEC)."""
+    queue, handler, worker, closure = _waiting_for_recovery(other_threads=1)
+    thread = _thread_of(worker)
+    handler.stop()
+    thread.join(HANG)
+    assert not thread.is_alive()
+    assert queue._error is None
+    assert queue.qsize() == 1 and not closure.cancelled, "left queued, as TF leaves it"
+
+
+def test_the_last_thread_ended_by_a_stop_fails_the_join():
+    """With no worker thread left, a closure still queued would never run: a later
+    join() raises instead of waiting for good."""
+    queue, handler, worker, closure = _waiting_for_recovery(other_threads=0)
+    thread = _thread_of(worker)
+    handler.stop()
+    thread.join(HANG)
+    assert not thread.is_alive()
+    error = wait_error(queue)
+    assert "failure handler was stopped" in str(error)
+    assert closure.cancelled, "the queued closure is cancelled with the error, as for any"
+    assert queue.inflight_closure_count == 0
+
+
+def test_a_closure_cancelled_by_the_stop_fails_with_its_own_error():
+    """Cluster.stop() stops the handler, then cancels the closures in flight. TF entered
+    its wait_on_failure (and its assertion that the handler runs) before the closure
+    ran, so such a closure fails with its CancelledError; ours enters it once the
+    closure raised, and its assertion replaced that error with an AssertionError."""
+    started, release = threading.Event(), threading.Event()
+
+    class Cancelled(StandIn):
+        def execute_on(self, worker):
+            started.set()
+            assert release.wait(HANG)
+            raise errors.CancelledError(None, None, "Function was cancelled.")
+
+    queue = ClosureQueue()
+    handler = _handler(queue)
+    closure = Cancelled()
+    queue.put(closure)
+    worker = Worker(
+        0,
+        "/job:worker/replica:0/task:0",
+        types.SimpleNamespace(failure_handler=handler, closure_queue=queue, workers=[]),
+    )
+    assert started.wait(HANG)
+    handler.stop()
+    release.set()
+    with pytest.raises(errors.CancelledError):
+        queue.wait(timeout=HANG)
+    assert [type(e) for e in closure.errors] == [errors.CancelledError]
+    worker._should_worker_thread_run = False

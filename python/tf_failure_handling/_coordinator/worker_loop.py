@@ -18,6 +18,19 @@ from .closure_queue import MAX_SIZE as MAX_QUEUE_SIZE
 from .function_cache import Closure, run_on
 from .remote_values import complete, copy_to_local, metric_cell
 
+#: Guards the ``_tfh_ended`` marks of one cluster's worker threads (which one ends last).
+_ENDED_LOCK = threading.Lock()
+
+
+class HandlerStopped(BaseException):
+    """Raised in a worker thread by the failure handler that was stopped while the
+    thread waited for its worker's recovery: no recovery comes, and the thread ends.
+
+    A ``BaseException``, so that no closure's error handling (ours or TF's ``except
+    Exception``) takes it for the closure's error: the closure already went back to
+    the queue (or its resources were aborted) when the worker failed.
+    """
+
 
 class _Holds:
     """The holds on one worker thread, by reason (a drain, the coordinator's save):
@@ -165,11 +178,55 @@ class Worker(_tf_cc.Worker):
     def _process_queue(self) -> None:
         """TF's loop, plus the holds; anything but a closure's error that stops the
         thread (TF's would die silently) is logged and becomes the queue's pending
-        error, which the next ``schedule()`` or ``join()`` raises."""
+        error, which the next ``schedule()`` or ``join()`` raises. A stop of the failure
+        handler during a recovery wait ends the thread quietly (:meth:`_end_on_handler_stop`)."""
         try:
             self._take_closures()
+        except HandlerStopped as stopped:
+            self._end_on_handler_stop(stopped)
         except BaseException as e:  # noqa: BLE001 - reported to the queue, then the thread ends
             self._report_stopped(e)
+        finally:
+            with _ENDED_LOCK:
+                self.__dict__["_tfh_ended"] = True
+
+    def _end_on_handler_stop(self, stopped: HandlerStopped) -> None:
+        """The failure handler was stopped (the coordinator stops) while this thread
+        waited for its worker's recovery. Its closure went back to the queue when the
+        worker failed (a resource closure still taken is cancelled, as TF cancels what
+        it does not run); the thread takes nothing more. When it is the cluster's last
+        worker thread and the queue was not stopped, the queue's pending error says so:
+        a later ``join()`` raises it instead of waiting for threads that are gone."""
+        self._should_worker_thread_run = False
+        closure = self.__dict__.pop("_tfh_taken", None)
+        if closure is not None:
+            closure.mark_cancelled()
+        self._holds().mark_lost()  # no closure in flight: a hold's wait for it ends
+        _tf_logging.info(
+            "The ClusterCoordinator thread of /job:worker/task:%d ends: %s",
+            self.worker_index,
+            stopped,
+        )
+        queue = self._cluster.closure_queue
+        with _ENDED_LOCK:
+            self.__dict__["_tfh_ended"] = True
+            others = [
+                w
+                for w in getattr(self._cluster, "workers", None) or []
+                if w is not self and not w.__dict__.get("_tfh_ended", False)
+            ]
+        if others or getattr(queue, "stopped", True):
+            return
+        fail = getattr(queue, "_fail", None)
+        if fail is not None:
+            error = _tf_errors.InternalError(
+                None,
+                None,
+                "Every ClusterCoordinator worker thread has ended: the failure handler was "
+                f"stopped while they waited for a worker's recovery ({stopped})",
+            )
+            error.__cause__ = stopped
+            fail(error)
 
     def _report_stopped(self, e: BaseException) -> None:
         message = (
@@ -278,8 +335,12 @@ class Worker(_tf_cc.Worker):
 
     def _failure_handling(self, closure: Any, queue: Any) -> Any:
         """TF's failure handler around a closure that raised: a worker failure waits
-        for the worker's recovery and puts the closure back; others are the closure's."""
-        return self.failure_handler.wait_on_failure(
+        for the worker's recovery and puts the closure back; others are the closure's.
+        Ours is entered by ``handle_failure``: TF's entry assertion (the handler was not
+        stopped) held when the closure started, not necessarily now."""
+        handler = self.failure_handler
+        enter = getattr(handler, "handle_failure", None) or handler.wait_on_failure
+        return enter(
             on_failure_fn=lambda e: self._on_closure_failure(closure, e),
             on_transient_failure_fn=lambda: queue.put_back(closure),
             on_recovery_fn=self._on_worker_recovery,
