@@ -154,7 +154,6 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._is_chief = member.is_chief
 
         state.environment = _platform.environment()
-        self._platform_device = state.environment.device
         defaults = _platform.complete(
             state.environment,
             config.termination_watcher_fn,
@@ -162,6 +161,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             config.grace_period,
             config.signals,
         )
+        self._platform_device = defaults.device or state.environment.device
         self._termination_watcher_fn = defaults.watcher_fn
         self._exit_fn = defaults.exit_fn
         state.grace_period = defaults.grace_period

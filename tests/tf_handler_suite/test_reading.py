@@ -181,3 +181,24 @@ def test_a_notice_during_the_last_step_is_late(tmp_path, runs, in_run, outcome):
     )
     got = evidence.check("ours", evidence.read_log(log)[T + "test_a"], None, last_step=120)
     assert got.outcome == outcome
+
+
+def test_an_earlier_handlers_watcher_fn_firing_after_the_take_over_is_not_this_tests(tmp_path):
+    """An earlier test's mocked GCE watcher, called before this test's handler took over,
+    fires after it: ours logs that it drops it. That notice is no notice of this test."""
+    from tf_failure_handling._platforms.notice_sources import WATCHER_FN_AFTER_TAKE_OVER
+
+    assert WATCHER_FN_AFTER_TAKE_OVER.startswith(evidence._WATCHER_FN_DROPPED)
+    log = _log(
+        tmp_path,
+        [
+            _marker(1.0, "start", "test_a"),
+            _line(1.05, 1, "tf_failure_handling", BUILT),
+            _line(1.1, 1, "tensorflow", "Termination notice available."),
+            _line(1.11, 1, "tf_failure_handling", WATCHER_FN_AFTER_TAKE_OVER),
+            _line(1.5, 1, "tensorflow", "Training finished."),
+            _marker(3.0, "stop", "test_a"),
+        ],
+    )
+    got = evidence.check("ours", evidence.read_log(log)[T + "test_a"], None)
+    assert got.outcome == "no notice"

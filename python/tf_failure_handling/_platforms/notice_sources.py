@@ -37,6 +37,12 @@ log = logging.getLogger("tf_failure_handling")
 # EXIT_JOIN_TIMEOUT (src/inbox.rs) are the core's: those files say what each means.
 #: A watcher fn call longer than this is logged (once): it delays only its own polls.
 SLOW_WATCHER_FN = 5.0
+#: Logged when a watcher fn call under way fires after a newer handler of the worker took
+#: over (``stop_watcher_fn``): the notice is the earlier handler's, and nobody acts on it.
+WATCHER_FN_AFTER_TAKE_OVER = (
+    "The termination_watcher_fn of an earlier handler fired after a newer one took over; "
+    "not acted on (the newer handler polls its own)."
+)
 
 #: Every open NoticeSources, for the exit hook.
 _open_sources: weakref.WeakSet = weakref.WeakSet()
@@ -220,9 +226,17 @@ class NoticeSources:
                     took,
                 )
             if fired:
-                self.trigger("termination_watcher_fn", None)
+                if self._stop_polling.is_set():  # a newer handler took over meanwhile
+                    log.info(WATCHER_FN_AFTER_TAKE_OVER)
+                else:
+                    self.trigger("termination_watcher_fn", None)
                 return
             self._stop_polling.wait(max(0.0, WATCHER_FN_INTERVAL - took))
+
+    def stop_watcher_fn(self) -> None:
+        """Stops polling the watcher fn (a newer handler of the worker polls its own);
+        a call under way that fires is dropped. Signals and metadata stay watched."""
+        self._stop_polling.set()
 
     def _notice_for(self, item: Any) -> Notice:
         """A posted ``Input.Notice`` as a :class:`Notice`: a signal is named, and its

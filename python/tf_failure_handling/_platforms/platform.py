@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from . import cloud_aws, cloud_azure, cloud_gce, common, kubernetes, slurm
+from . import cloud_aws, cloud_azure, cloud_gce, common, kubernetes, slurm, tf_hooks
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -78,12 +78,15 @@ class Settings:
 class Defaults:
     """A termination config with every unset field filled in (:func:`complete`)."""
 
-    #: The user's ``termination_watcher_fn`` (metadata services are watched natively).
+    #: The user's ``termination_watcher_fn`` (metadata services are watched natively),
+    #: or TensorFlow's GCE one when a replaced ``detect_platform`` says GCE (``tf_hooks``).
     watcher_fn: Optional[Callable[[], bool]]
     exit_fn: Callable[[], Any]
     grace_period: float
     #: Signals that count as a termination notice.
     signals: tuple[int, ...]
+    #: The device a replaced ``detect_platform`` of TensorFlow's named; None otherwise.
+    device: Optional[PlatformDevice] = None
 
 
 def settings() -> Settings:
@@ -184,17 +187,29 @@ def complete(
     ``_complete_config_for_environment`` for Borg and GCE GPU, except that GCE CPU
     and TPU get GCE's exit code instead of being rejected, AWS and Azure get their
     notices' lead times as grace period, and under SLURM SIGUSR1 (what
-    ``--signal`` usually sends) counts as a notice besides SIGTERM.
+    ``--signal`` usually sends) counts as a notice besides SIGTERM. A replaced
+    ``detect_platform`` of TensorFlow's that says GCE brings TensorFlow's GCE watcher fn
+    and GCE's defaults (``tf_hooks``).
     """
     found: dict = {"exit_fn": common.default_exit_fn, "grace_period": 0, "signals": ()}
     for p in _active(env):
         found.update(p.defaults(env))
+    device = None
+    hooked = tf_hooks.gce_watcher()
+    if hooked is not None:
+        # A test acting out GCE through TensorFlow's hooks: TensorFlow's GCE defaults.
+        name, tf_watcher = hooked
+        device = PlatformDevice[name]
+        found["exit_fn"] = cloud_gce.exit_fn
+        found["grace_period"] = cloud_gce.GPU_GRACE_PERIOD if name == "GCE_GPU" else 0
+        watcher_fn = tf_watcher if watcher_fn is None else watcher_fn
     chosen = (signal.SIGTERM, *found["signals"]) if signals is None else signals
     return Defaults(
         watcher_fn=watcher_fn,
         exit_fn=found["exit_fn"] if exit_fn is None else exit_fn,
         grace_period=found["grace_period"] if grace_period is None else grace_period,
         signals=tuple(dict.fromkeys(int(s) for s in chosen)),
+        device=device,
     )
 
 

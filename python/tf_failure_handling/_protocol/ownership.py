@@ -3,8 +3,8 @@
 tf_keras leaves the handler of an earlier ``fit`` open when it builds the next: both
 would see every notice of the worker. The newest open handler of a worker owns them; an
 older one that is still open hands every notice it sees to its successor (the driver,
-``notices``), stops acknowledging step keys (``step_keys``) and writes nothing at
-``close()``.
+``notices``), stops polling its own ``termination_watcher_fn`` (the successor polls its
+own), stops acknowledging step keys (``step_keys``) and writes nothing at ``close()``.
 """
 
 from __future__ import annotations
@@ -54,9 +54,15 @@ class Ownership:
         older = None if ref is None else ref()
         if older is not None and older is not self and not older._state.closed:
             older.successor = weakref.ref(self)
+            # The watcher fn is the older handler's own configuration, not a notice of
+            # the process (a signal) or the machine (metadata): the newer handler polls
+            # its own. TensorFlow's tests give each handler a watcher fn of its own test.
+            if older.sources is not None:
+                older.sources.stop_watcher_fn()
             log.info(
                 "A new PreemptionCheckpointHandler of worker %s takes over termination "
-                "notices from an earlier one that is still open (close() it when done).",
+                "notices from an earlier one that is still open (close() it when done); "
+                "the earlier one's termination_watcher_fn is no longer polled.",
                 self._state.membership.id_in_cluster,
             )
 
