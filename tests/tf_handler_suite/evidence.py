@@ -6,8 +6,9 @@ SIGTERM once a Python thread sees an event set at the end of an epoch, and when 
 ends first (its eight epochs take about half a second in one process) it checks
 nothing; ``gce_failure_handler_test.py`` sends its notices through TensorFlow's
 ``failure_handling_util.termination_watcher_function_gce``, mocked (ours polls it, as
-TF's handler does, once the mocked ``detect_platform`` says GCE: ``_platforms/tf_hooks.py``),
-and when training ends before the mock fires it checks nothing either. This module reads, per test, what ``launcher.py`` kept:
+TF's handler does, once the mocked ``detect_platform`` says GCE:
+``_platforms/tf_hooks.py``), and when training ends before the mock fires it checks
+nothing either. This module reads, per test, what ``launcher.py`` kept:
 
 * the log (``TFH_HANDLER_SUITE_LOG``): the package's lines (logger
   ``tf_failure_handling``), the test file's own (TF's logger: ``sending sigterm``,
