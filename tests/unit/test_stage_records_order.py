@@ -1,10 +1,12 @@
-"""The lines of one preemption stay one preemption whatever thread writes first: the
-training thread can reach the agreement or the save before the notice thread has
-written its ``notice`` line (the core answers the notice first)."""
+"""The lines of one preemption stay one preemption whatever thread writes first, and the
+notice's line comes first: the training thread can reach the agreement or the save
+while the notice thread is still writing the ``notice`` line (the core answers the
+notice first); its lines wait for it (``taking_notice``)."""
 
 from __future__ import annotations
 
 import itertools
+import threading
 from types import SimpleNamespace
 
 from tf_failure_handling._protocol.records_hooks import StageRecords
@@ -62,3 +64,28 @@ def test_a_peer_agreement_opens_the_preemption_with_a_peer_notice():
         ("notice", "peer"),
         ("agreement", None),
     ]
+
+
+def test_a_stage_reached_while_the_notice_line_is_written_waits_for_it():
+    """CI (make test, loaded): a local preemption's objects were agreement, save_start,
+    notice: the training thread agreed and began the save while the notice thread was
+    between the core's taking of the notice and its line. Success: the notice's line is
+    first. Driven by events: the agreement is asked while the notice is taken."""
+    recorder, stage = _stage()
+    taken, agreed = threading.Event(), threading.Event()
+
+    def training():
+        assert taken.wait(60)
+        stage.agreement("RUN_TO_CHECKPOINT", 6)
+        agreed.set()
+
+    t = threading.Thread(target=training)
+    t.start()
+    with stage.taking_notice():
+        taken.set()
+        # The agreement waits for this block: it cannot be written within it.
+        assert not agreed.wait(0.5)
+        stage.notice("SIGTERM", None, "unknown")
+    t.join(60)
+    assert agreed.is_set()
+    assert [s for _, s, _ in recorder.lines] == ["notice", "agreement"]

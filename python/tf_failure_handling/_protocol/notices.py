@@ -83,16 +83,20 @@ class NoticeResponse:
             )
         # Platforms announce wall-clock times; the core plans on the handler's clock.
         now = self._state.clock()
-        action = self._core.source_notice(now, unix_now, notice.deadline)
-        # Where training was when the core took the notice: the first step that can
-        # save at it is the next run() to start (read after the core took it, so a
-        # run() that started in between and saw it is counted as before it).
-        runs = self._core.run_counter
-        in_run = self._core.running_thread != 0
-        absorbed = isinstance(action, NoticeAction.Absorb)
-        fit = None if absorbed else self._say_what_fits(source, now)
-        if not isinstance(action, NoticeAction.Replan):
-            self._records.notice(source, notice.deadline, fit, runs=runs, in_run=in_run)
+        # The notice's line is written before any line of a stage it leads to.
+        with self._records.taking_notice():
+            action = self._core.source_notice(now, unix_now, notice.deadline)
+            # Where training was when the core took the notice: the first step that can
+            # save at it is the next run() to start (read after the core took it, so a
+            # run() that started in between and saw it is counted as before it).
+            runs = self._core.run_counter
+            in_run = self._core.running_thread != 0
+            absorbed = isinstance(action, NoticeAction.Absorb)
+            fit = None if absorbed else self._say_what_fits(source, now)
+            replan = isinstance(action, NoticeAction.Replan)
+            self._records.notice(
+                source, notice.deadline, fit, replan=replan, runs=runs, in_run=in_run
+            )
         if isinstance(action, NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
             self._ps.on_notice()
@@ -100,9 +104,6 @@ class NoticeResponse:
         if isinstance(action, NoticeAction.Claim):
             return self._claim(action.key, action.value, source)
         if isinstance(action, NoticeAction.Replan):
-            self._records.notice(
-                source, notice.deadline, fit, replan=True, runs=runs, in_run=in_run
-            )
             log.warning(
                 "Termination notice from %s ends earlier than the one this worker planned "
                 "for: the final save is planned for it now (this worker publishes the final "

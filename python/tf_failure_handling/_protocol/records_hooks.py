@@ -9,12 +9,21 @@ process that knows the records folder (beside its checkpoints).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from .. import records
 from .._platforms import platform as _platform
 from .state import HandlerState
+
+log = logging.getLogger("tf_failure_handling")
+
+#: Seconds a stage of the training thread waits for the notice line being written (the
+#: core took the notice, the notice thread writes its line): then it writes its own.
+NOTICE_LINE_BOUND = 10.0
 
 
 class StageRecords:
@@ -27,13 +36,30 @@ class StageRecords:
         self.label = label
         #: (job, task) -> the record id of a PS or worker task's preemption.
         self._remote: dict = {}
-        #: Whether the open preemption has its ``notice`` line. The training thread can
-        #: reach the agreement or the save before the notice thread has written that
-        #: line (the core answers first): they open the preemption, the line follows.
+        #: Whether the open preemption has its ``notice`` line.
         self._noticed = False
+        #: Held by the notice thread from the moment the core takes a notice until its
+        #: line is written (:meth:`taking_notice`): the training thread can reach the
+        #: agreement or the save in between (the core answers first), and its lines wait
+        #: (bounded) for the notice's, so the notice's line comes first.
+        self._notice_line = threading.RLock()
+
+    @contextlib.contextmanager
+    def taking_notice(self) -> Iterator[None]:
+        """Around the core's taking of a notice and the writing of its line."""
+        with self._notice_line:
+            yield
 
     def _open(self) -> None:
-        """Opens a preemption unless one is open."""
+        """Opens a preemption unless one is open, after the notice line being written."""
+        if self._notice_line.acquire(timeout=NOTICE_LINE_BOUND):
+            self._notice_line.release()
+        else:
+            log.warning(
+                "The notice's record line was not written within %gs; the next line is "
+                "written before it.",
+                NOTICE_LINE_BOUND,
+            )
         if self.recorder.current is None:
             self.recorder.new_preemption()
             self._noticed = False
