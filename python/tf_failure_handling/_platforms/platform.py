@@ -200,8 +200,7 @@ def complete(
         # A test acting out GCE through TensorFlow's hooks: TensorFlow's GCE defaults.
         name, tf_watcher = hooked
         device = PlatformDevice[name]
-        found["exit_fn"] = cloud_gce.exit_fn
-        found["grace_period"] = cloud_gce.GPU_GRACE_PERIOD if name == "GCE_GPU" else 0
+        found.update(cloud_gce.PLATFORM.defaults(dataclasses.replace(env, device=device)))
         watcher_fn = tf_watcher if watcher_fn is None else watcher_fn
     chosen = (signal.SIGTERM, *found["signals"]) if signals is None else signals
     return Defaults(

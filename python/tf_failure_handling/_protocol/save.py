@@ -59,6 +59,10 @@ class SaveAndExit:
         self._exit_fn = exit_fn
         self._scheduler_step = scheduler_step
 
+    def _guard_exit(self, code: int) -> None:
+        """Arms the exit guard for this worker's deadline (``exit_guard``)."""
+        _exit_guard.arm(self._core.notice_deadline(), self._state.clock(), code)
+
     def _unmerged_exit(self, error: BaseException) -> None:
         """A non-chief whose share of the save did not become a checkpoint (its part
         failed, the chief's merge failed or was not reported in time): not the restart
@@ -74,7 +78,7 @@ class SaveAndExit:
             UNMERGED_EXIT_CODE,
         )
         self._records.exit(UNMERGED_EXIT_CODE, reason=f"shares not merged: {error!r}")
-        _exit_guard.arm(self._core.notice_deadline(), self._state.clock(), UNMERGED_EXIT_CODE)
+        self._guard_exit(UNMERGED_EXIT_CODE)
         raise SystemExit(UNMERGED_EXIT_CODE) from error
 
     def save_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
@@ -107,7 +111,7 @@ class SaveAndExit:
             # The scheduler's step (SLURM: the job back in the queue).
             self._scheduler_step()
             if code is not None:  # a default exit_fn: its code is the records'
-                _exit_guard.arm(self._core.notice_deadline(), self._state.clock(), code)
+                self._guard_exit(code)
             self._exit_fn()
             self._ps.training_goes_on()
             # TF carries on silently here; say what state the worker is in.
