@@ -75,7 +75,7 @@ pub const EXIT_GUARD_LEAD: f64 = 1.0;
 /// The reserve ([`EXIT_RESERVE`]) plans the exit; the guard is for the exit that runs
 /// past the plan: on a loaded host TensorFlow's teardown under
 /// MultiWorkerMirroredStrategy (its collective and coordination-service clients, which
-/// wait for each other) ran more than twice the reserve after the last save, and a
+/// wait for each other) ran past the reserve after the last save (14 s, by hand, at load 8), and a
 /// Kubernetes pod still in it at the deadline ends with 137, not the exit code its
 /// `podFailurePolicy` matches.
 #[must_use]
