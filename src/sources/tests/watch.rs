@@ -108,8 +108,21 @@ fn fake_server(route: impl Fn(&str, &str, &str) -> Reply + Send + Sync + 'static
     (base, seen)
 }
 
+/// A request timeout no answer of a fake server that answers comes near, on a
+/// loaded machine too: a test that counts no failure must not count a slow
+/// answer as one (CI's loaded `make test` once saw an answer come after 0.5 s).
+const PATIENT: f64 = 10.0;
+
+/// The request timeout of the hostile servers' watches: a silent server's
+/// request fails at it, well within [`HANG_BOUND`].
+const IMPATIENT: f64 = 0.5;
+
 fn start(cloud: &str, base: &str, wake: Option<Wake>) -> MetadataWatch {
-    let config = WatchConfig::new(cloud, base, 0.05, 0.5).unwrap();
+    start_with(cloud, base, wake, PATIENT)
+}
+
+fn start_with(cloud: &str, base: &str, wake: Option<Wake>, timeout: f64) -> MetadataWatch {
+    let config = WatchConfig::new(cloud, base, 0.05, timeout).unwrap();
     MetadataWatch::start(&config, wake).unwrap()
 }
 
@@ -242,11 +255,11 @@ fn hostile_servers_never_notice_and_close_ends_the_threads() {
     for kind in kinds {
         let (base, _) = fake_server(move |_, _, _| kind());
         for cloud in ["gce", "aws", "azure"] {
-            watches.push(start(cloud, &base, None));
+            watches.push(start_with(cloud, &base, None, IMPATIENT));
         }
     }
     // Each watch has failed at least once (a silent server's request only at
-    // its 0.5 s timeout), and none took anything for a notice.
+    // its IMPATIENT timeout), and none took anything for a notice.
     for (i, w) in watches.iter().enumerate() {
         until(&format!("watch {i} counts a failure"), || {
             let s = w.stats();
