@@ -167,6 +167,14 @@ fn wake_code(wake: Wake) -> i32 {
     }
 }
 
+/// At the process's exit: the warning signals among `signals` (SIGUSR1, SIGUSR2)
+/// are ignored from now on instead of ending the process by their default
+/// action (`crate::sources::signals::ignore_warnings_at_exit`); returns those.
+#[pyfunction]
+fn ignore_warnings_at_exit(signals: Vec<i32>) -> Vec<i32> {
+    crate::sources::signals::ignore_warnings_at_exit(&signals)
+}
+
 /// Number of times `signal` was delivered to this process.
 #[pyfunction]
 fn signal_deliveries(signal: i32) -> u64 {
@@ -176,5 +184,6 @@ fn signal_deliveries(signal: i32) -> u64 {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySignalWatch>()?;
     m.add_function(wrap_pyfunction!(signal_deliveries, m)?)?;
+    m.add_function(wrap_pyfunction!(ignore_warnings_at_exit, m)?)?;
     Ok(())
 }

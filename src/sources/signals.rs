@@ -83,6 +83,9 @@ static PREV_SIGINFO: [AtomicBool; MAX_SIGNAL] = [const { AtomicBool::new(false) 
 /// Live owner watches per signal: while above 0 the previous handler is not
 /// called (see "Who owns a notice").
 static OWNERS: [AtomicUsize; MAX_SIGNAL] = [const { AtomicUsize::new(0) }; MAX_SIGNAL];
+/// Set by [`ignore_warnings_at_exit`]: when the last watch of this signal goes,
+/// a default disposition is restored as "ignore".
+static IGNORE_AT_EXIT: [AtomicBool; MAX_SIGNAL] = [const { AtomicBool::new(false) }; MAX_SIGNAL];
 /// Write end of the self-pipe, -1 until the dispatcher runs.
 static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
 /// The process that installed our handlers and runs the dispatcher (0 =
@@ -443,7 +446,11 @@ fn uninstall(signal: i32, role: Role) {
         let mut current: libc::sigaction = std::mem::zeroed();
         libc::sigaction(signal, std::ptr::null(), &mut current);
         if current.sa_sigaction == our_handler() {
-            libc::sigaction(signal, &entry.previous, std::ptr::null_mut());
+            let mut restore = entry.previous;
+            if IGNORE_AT_EXIT[index].load(Ordering::SeqCst) && restore.sa_sigaction == libc::SIG_DFL {
+                restore.sa_sigaction = libc::SIG_IGN;
+            }
+            libc::sigaction(signal, &restore, std::ptr::null_mut());
             table.remove(&signal);
             PREV_HANDLER[index].store(0, Ordering::SeqCst);
         }
@@ -452,6 +459,57 @@ fn uninstall(signal: i32, role: Role) {
         // still call ours (zeroing it would drop the previous handler from
         // that chain).
     }
+}
+
+/// Whether `signal` only warns of an end to come rather than ends the process:
+/// SIGUSR1 and SIGUSR2, what a scheduler sends ahead of a time limit (SLURM's
+/// `--signal`, whose default is SIGUSR1). SIGTERM and the rest are not: they
+/// are the end itself.
+#[must_use]
+pub fn is_warning(signal: i32) -> bool {
+    signal == libc::SIGUSR1 || signal == libc::SIGUSR2
+}
+
+/// The process is in its exit (the handler's training is over): a warning
+/// signal ([`is_warning`]) among `signals` is ignored from now on where its
+/// disposition is, or when the last watch of it goes would be restored to, the
+/// default action. That action ends the process (with 128 + the signal's
+/// number), which for a process whose work is done and that is ending anyway
+/// turns a finished job into a failed one: SLURM's time-limit warning arriving
+/// during TensorFlow's teardown did so. A handler someone else installed stays.
+/// Returns the signals set to be ignored.
+pub fn ignore_warnings_at_exit(signals: &[i32]) -> Vec<i32> {
+    let mut ignored = Vec::new();
+    let table = installed().lock();
+    for &signal in signals {
+        let Ok(index) = usize::try_from(signal) else { continue };
+        if !is_warning(signal) || index >= MAX_SIGNAL {
+            continue;
+        }
+        IGNORE_AT_EXIT[index].store(true, Ordering::SeqCst);
+        // SAFETY: sigaction query and set with structs we own.
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut current) != 0 {
+                continue;
+            }
+            if current.sa_sigaction == our_handler() {
+                // Still ours: `uninstall` ignores it when the last watch goes
+                // (until then ours takes it, and nobody acts on it).
+                if table.get(&signal).is_some_and(|e| e.previous.sa_sigaction == libc::SIG_DFL) {
+                    ignored.push(signal);
+                }
+            } else if current.sa_sigaction == libc::SIG_DFL {
+                let mut ignore: libc::sigaction = std::mem::zeroed();
+                ignore.sa_sigaction = libc::SIG_IGN;
+                libc::sigemptyset(&mut ignore.sa_mask);
+                if libc::sigaction(signal, &ignore, std::ptr::null_mut()) == 0 {
+                    ignored.push(signal);
+                }
+            }
+        }
+    }
+    ignored
 }
 
 /// How many times `signal` was delivered since the process started (0 for
@@ -644,8 +702,50 @@ mod tests {
     use super::*;
 
     // Signals are process-wide; each test uses its own signal (SIGUSR2,
-    // SIGWINCH, SIGURG, SIGPROF, SIGVTALRM), which nothing else in the test binary
-    // touches, and runs its steps in one test to avoid interleaving.
+    // SIGWINCH, SIGURG, SIGPROF, SIGVTALRM, SIGUSR1), which nothing else in the
+    // test binary touches, and runs its steps in one test to avoid interleaving.
+
+    fn disposition(signal: i32) -> usize {
+        // SAFETY: a sigaction query into a struct we own.
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(signal, std::ptr::null(), &mut current);
+            current.sa_sigaction
+        }
+    }
+
+    #[test]
+    fn at_exit_a_warning_signal_is_ignored_not_restored_to_its_fatal_default() {
+        // SIGTERM and the like are no warnings: left alone (the numbers are
+        // only checked against the rule, nothing is installed for them).
+        assert!(is_warning(libc::SIGUSR1) && is_warning(libc::SIGUSR2));
+        assert!(!is_warning(libc::SIGTERM) && !is_warning(libc::SIGINT) && !is_warning(libc::SIGHUP));
+        assert_eq!(ignore_warnings_at_exit(&[libc::SIGTERM, 0, -3, 999]), Vec::<i32>::new());
+
+        // SIGUSR1 watched by a handler when the exit begins: ours takes it
+        // until the last watch goes, and then it is ignored, not SIG_DFL.
+        assert_eq!(disposition(libc::SIGUSR1), libc::SIG_DFL);
+        let watch = SignalWatch::new(&[libc::SIGUSR1], Role::Owner).unwrap();
+        assert_eq!(ignore_warnings_at_exit(&[libc::SIGUSR1]), vec![libc::SIGUSR1]);
+        assert_eq!(disposition(libc::SIGUSR1), our_handler());
+        drop(watch);
+        assert_eq!(disposition(libc::SIGUSR1), libc::SIG_IGN);
+        // SAFETY: the signal is ignored now; raising it must not end the test.
+        unsafe { libc::raise(libc::SIGUSR1) };
+
+        // Already at its default (the watch went first): ignored at once. A
+        // handler someone else installed stays.
+        // SAFETY: restoring the default disposition of a signal only this test uses.
+        unsafe { libc::signal(libc::SIGUSR1, libc::SIG_DFL) };
+        assert_eq!(ignore_warnings_at_exit(&[libc::SIGUSR1]), vec![libc::SIGUSR1]);
+        assert_eq!(disposition(libc::SIGUSR1), libc::SIG_IGN);
+        // SAFETY: a plain handler (never called here: nothing raises SIGUSR1 now).
+        unsafe { libc::signal(libc::SIGUSR1, previous_handler as *const () as usize) };
+        let theirs = disposition(libc::SIGUSR1);
+        assert_eq!(theirs, previous_handler as *const () as usize);
+        assert_eq!(ignore_warnings_at_exit(&[libc::SIGUSR1]), Vec::<i32>::new());
+        assert_eq!(disposition(libc::SIGUSR1), theirs);
+    }
     #[test]
     fn signal_wakes_waiter_from_another_thread_and_uninstall_restores() {
         let watch = Arc::new(SignalWatch::new(&[libc::SIGUSR2], Role::Observer).unwrap());

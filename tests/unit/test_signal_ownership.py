@@ -8,10 +8,14 @@ absorbed, the default disposition back in a forked child, and so on.
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
+from .conftest import BLOCK_TENSORFLOW, NO_METADATA_SERVER
 from .test_signals import _details, run_script, saved_checkpoint
 
 PREVIOUS_HANDLERS = {
@@ -222,3 +226,66 @@ train_until_exit(h)
     assert events["after_close"]["calls"] == 1
     assert events["owned"]["calls"] == 1, "the later Python handler ran while a handler was open"
     assert saved_checkpoint(tmp_path) == (2, 2)
+
+
+#: A script whose own exit hook runs after the package's (``atexit`` runs the last
+#: registered first, and this one is registered before the package is imported): it
+#: sends the signal the process then gets during its exit, as SLURM's time-limit warning
+#: arrived during TensorFlow's teardown of a finished run.
+SIGNAL_DURING_EXIT = """
+import atexit, os, signal, sys, time
+SIG = getattr(signal, sys.argv[2])
+
+def during_exit():
+    print("EVENT {\\"event\\": \\"signalled\\"}", flush=True)
+    os.kill(os.getpid(), SIG)
+    time.sleep(0.5)  # a fatal default action ends the process here
+    print("EVENT {\\"event\\": \\"lived\\"}", flush=True)
+
+atexit.register(during_exit)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "sig, code", [("SIGUSR1", 0), ("SIGUSR2", 0), ("SIGTERM", -signal.SIGTERM)]
+)
+def test_a_warning_signal_during_the_exit_does_not_end_a_finished_run(tmp_path, sig, code):
+    """Success: a handler that watched SIGUSR1/SIGUSR2 and whose training ended, getting
+    one during the interpreter's exit, exits 0 as its script asked (the default action
+    would end it with 128 + 10 and SLURM mark the job FAILED); SIGTERM is no warning: its
+    default is back and ends the process (-15)."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        BLOCK_TENSORFLOW
+        + SIGNAL_DURING_EXIT
+        + """
+from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, testing
+
+w = testing.FakeVariable(0)
+config = TerminationConfig(signals=[signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2])
+h = PreemptionCheckpointHandler(None, testing.FakeCheckpoint(w=w), sys.argv[1], config)
+for _ in range(3):
+    h.run(lambda: w.assign_add(1))
+print("EVENT {\\"event\\": \\"done\\"}", flush=True)
+"""
+    )
+    env = dict(os.environ, GCE_METADATA_IP=NO_METADATA_SERVER, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt"), sig],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=55,
+        cwd=str(tmp_path),
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    events = [
+        line.split('"event": "')[1].split('"')[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith("EVENT ")
+    ]
+    assert events[:2] == ["done", "signalled"], _details(proc)
+    assert proc.returncode == code, _details(proc)
+    assert ("lived" in events) == (code == 0), _details(proc)

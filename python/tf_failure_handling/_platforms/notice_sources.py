@@ -13,7 +13,10 @@ called while they are open.
 
 At interpreter exit every open ``NoticeSources`` is closed and its waiting threads
 joined: a daemon thread caught in the native wait during finalization would abort the
-process instead of letting it exit with the code it asked for.
+process instead of letting it exit with the code it asked for. The warning signals they
+watched (SIGUSR1, SIGUSR2: SLURM's time-limit warning) are then ignored rather than
+given back their default action, which would end a process whose work is done with
+128 + the signal's number (``_native.ignore_warnings_at_exit``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import weakref
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from .._native import INBOX_EXIT_JOIN_TIMEOUT as EXIT_JOIN_TIMEOUT
-from .._native import WATCHER_FN_INTERVAL, Inbox, Input, MetadataWatch, SignalWatch
+from .._native import (
+    WATCHER_FN_INTERVAL,
+    Inbox,
+    Input,
+    MetadataWatch,
+    SignalWatch,
+    ignore_warnings_at_exit,
+)
 from .._native import WATCHER_FN_JOIN_TIMEOUT as POLLER_JOIN_TIMEOUT
 from . import platform as _platform
 
@@ -57,9 +67,22 @@ def _release_all_at_exit() -> None:
     with _open_sources_lock:
         sources = list(_open_sources)
     waiters = []
+    watched: set = set()
     for s in sources:
         waiters.extend(s._waiting_threads())
+        try:
+            watched.update(s.signals)
+        except Exception:  # noqa: BLE001 - closed already: its signals are given back
+            pass
         s.close(join=False)
+    # The exit has begun: a time-limit warning now would only turn a finished run into
+    # a failed one (SLURM's job FAILED, exit 138), so it is ignored from here on.
+    ignored = ignore_warnings_at_exit(sorted(watched))
+    if ignored:
+        log.debug(
+            "At exit, %s ignored (a warning now would end the process with 128 + its number).",
+            ", ".join(signal_name(n) for n in ignored),
+        )
     end = time.monotonic() + EXIT_JOIN_TIMEOUT
     for t in waiters:
         if t is not threading.current_thread():
