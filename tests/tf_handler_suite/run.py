@@ -56,6 +56,8 @@ DUMP_GRACE = 10.0
 NOT_RUN_FILE = cases.REPO / "build" / "not-run.txt"
 LAUNCHER_NAME = "bazel-tf-handler-suite"
 TAIL_LINES = 40
+#: How the short summary names a test (``failed_lines``).
+SUITE_PATH = "tests/tf_handler_suite"
 
 
 def is_ci() -> bool:
@@ -210,6 +212,20 @@ class Line:
     tf_check: evidence.Check | None = None
     status: str = ""  # "ok", "FAIL", "listed"
     why: str = ""
+
+
+def failed_lines(lines: dict[str, Line]) -> list[str]:
+    """The failures again, last and in pytest's short-summary form (``FAILED
+    path::name - why``): where a CI log is cut to its end and to the lines that name
+    failed tests, these are the ones it keeps."""
+    failed = [ln for ln in lines.values() if ln.status == "FAIL"]
+    if not failed:
+        return []
+    out = ["=== short test summary info (TensorFlow's handler suite) ==="]
+    for ln in failed:
+        why = " ".join(ln.why.split())[:300]
+        out.append(f"FAILED {SUITE_PATH}/{ln.file}::{ln.name} - {why}")
+    return out
 
 
 def method_dir(file: str, method: str) -> str:
@@ -464,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     line = summary(lines, primary, time.monotonic() - started)
     print(line)
+    for text in failed_lines(lines):
+        print(text)
     bad = any(ln.status == "FAIL" for ln in lines.values())
     if not args.keep:
         if bad:

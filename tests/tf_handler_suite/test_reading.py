@@ -202,3 +202,16 @@ def test_an_earlier_handlers_watcher_fn_firing_after_the_take_over_is_not_this_t
     )
     got = evidence.check("ours", evidence.read_log(log)[T + "test_a"], None)
     assert got.outcome == "no notice"
+
+
+def test_failures_are_named_last_in_pytests_short_summary_form():
+    from tf_handler_suite import run
+
+    lines = {
+        "a": run.Line("a", "f_test.py", "test_a", status="ok"),
+        "b": run.Line("b", "g_test.py", "test_b", status="FAIL", why="hang\n after 900 s"),
+    }
+    assert run.failed_lines({"a": lines["a"]}) == []
+    out = run.failed_lines(lines)
+    assert out[0].startswith("=== short test summary info")
+    assert out[1:] == ["FAILED tests/tf_handler_suite/g_test.py::b - hang after 900 s"]
