@@ -8,6 +8,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
+//! | [`protocol`] | the handler's protocol as one object: resolver, planner, step timing, and every bound worked out from them |
 //! | [`step_resolution`] | who saves at which step; claims, acknowledgements, the two grace rounds |
 //! | [`grace`] | when the final round of a grace period must start |
 //! | [`notice`] | a termination notice (when seen, when the machine goes away), below both of the above |
@@ -33,6 +34,7 @@ pub mod host_memory;
 pub mod inbox;
 pub mod input_position;
 pub mod notice;
+pub mod protocol;
 pub mod ps_control;
 pub mod records;
 pub mod retry;

@@ -22,7 +22,6 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -31,8 +30,10 @@ use pyo3::{ffi, intern, Borrowed};
 
 use super::clock;
 use super::errors;
-use crate::grace::{Fit, GracePlanner};
-use crate::step_resolution::{self as core, Membership, Notice, Resolver, Round};
+use crate::grace::Fit;
+use crate::protocol::{Config, ConfigError, Protocol};
+use crate::shares::Waiter;
+use crate::step_resolution::{self as core, Notice, Round};
 
 /// What to do about a termination notice (`ProtocolCore.notice`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
@@ -94,14 +95,12 @@ pub(crate) fn round_from_key(key: &str) -> PyResult<Round> {
     }
 }
 
-struct CoreState {
-    resolver: Option<Resolver>,
-    planner: GracePlanner,
-    /// When the last `run()` (or `save_checkpoint_if_preempted`) started; the
-    /// interval to the next start is one step's duration.
-    last_start: Option<Instant>,
-    /// False until the first interval (warm-up) has been discarded.
-    warmed_up: bool,
+/// A refusal of the core's [`Protocol`], as TensorFlow's error types say it.
+fn refused(e: ConfigError) -> PyErr {
+    match e {
+        ConfigError::NotConfigured => errors::misuse(e.to_string()),
+        _ => errors::bad_value(e.to_string()),
+    }
 }
 
 /// What `HandlerCore` (the hot path) and its [`ProtocolCore`] (the decisions the
@@ -124,7 +123,8 @@ struct Shared {
     /// word, two plain stores per `run()` (no read-modify-write on the hot
     /// path; two threads in `run()` at once are not supported anyway).
     run_thread: AtomicU64,
-    state: Mutex<CoreState>,
+    /// The protocol: resolver, planner, step timing and every bound from them.
+    state: Mutex<Protocol>,
 }
 
 /// Native base of `PreemptionCheckpointHandler`.
@@ -141,27 +141,16 @@ pub struct ProtocolCore {
 }
 
 impl Shared {
-    /// A step starts now. One clock read per call: the planner's step time is
-    /// the interval between the starts of consecutive steps, which is exactly
-    /// the time between two checks before a step. The first interval of the
-    /// handler's life is not recorded: it holds `tf.function` tracing and
-    /// collective set-up, often seconds, and with few samples it would be the
-    /// "p95" and swallow a short grace period.
+    /// A step starts now: one clock read per call ([`Protocol::step_started`]
+    /// times the interval between consecutive starts).
     fn step_started(&self) {
-        let now = clock::now();
-        let mut state = self.state.lock();
-        if let Some(previous) = state.last_start.replace(now) {
-            if state.warmed_up {
-                state.planner.record_step(now.duration_since(previous).as_secs_f64());
-            } else {
-                state.warmed_up = true;
-            }
-        }
+        let now = clock::now_secs();
+        self.state.lock().step_started(now);
     }
 
     /// The resolver's answer to `notice`, in the binding's words.
     fn notice(&self, notice: Notice) -> PyResult<NoticeAction> {
-        let outcome = self.with_resolver(|r, _| Ok(r.on_notice(notice)))?;
+        let outcome = self.with_protocol(|p| p.handle_notice(notice).map_err(refused))?;
         Ok(match outcome {
             core::NoticeAction::Lead => NoticeAction::Lead {},
             core::NoticeAction::Claim { key, value } => NoticeAction::Claim {
@@ -173,14 +162,12 @@ impl Shared {
         })
     }
 
-    fn with_resolver<T>(&self, f: impl FnOnce(&mut Resolver, &mut GracePlanner) -> PyResult<T>) -> PyResult<T> {
-        let mut guard = self.state.lock();
-        let CoreState { resolver, planner, .. } = &mut *guard;
-        let resolver = resolver
-            .as_mut()
-            .ok_or_else(|| errors::misuse("the handler core is not configured (call configure first)"))?;
-        let out = f(resolver, planner);
-        self.attention.store(resolver.needs_attention(), Ordering::Release);
+    /// Runs `f` on the protocol and mirrors whether the next step needs
+    /// attention into the flag `run()` reads.
+    fn with_protocol<T>(&self, f: impl FnOnce(&mut Protocol) -> PyResult<T>) -> PyResult<T> {
+        let mut protocol = self.state.lock();
+        let out = f(&mut protocol);
+        self.attention.store(protocol.needs_attention(), Ordering::Release);
         out
     }
 }
@@ -435,12 +422,7 @@ impl Shared {
             pending: AtomicBool::new(false),
             run_counter: AtomicU64::new(0),
             run_thread: AtomicU64::new(0),
-            state: Mutex::new(CoreState {
-                resolver: None,
-                planner: GracePlanner::new(),
-                last_start: None,
-                warmed_up: false,
-            }),
+            state: Mutex::new(Protocol::new()),
         }
     }
 
@@ -454,11 +436,12 @@ impl Shared {
     }
 
     fn after_check(&self) {
-        self.state.lock().last_start = Some(clock::now());
+        let now = clock::now_secs();
+        self.state.lock().checks_done(now);
     }
 
     fn step_failed(&self) {
-        self.state.lock().last_start = None;
+        self.state.lock().step_failed();
     }
 
     fn step_done(&self) {
@@ -479,40 +462,22 @@ impl Shared {
     }
 
     fn configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
-        if !grace_period.is_finite() || grace_period < 0.0 {
-            return Err(errors::bad_value(format!(
-                "grace_period must be a non-negative number of seconds, got {grace_period}"
-            )));
-        }
-        let membership = match worker_id {
-            None => Membership::Local,
-            Some(id) if id < num_workers => Membership::Worker { id, num_workers },
-            Some(id) => {
-                return Err(errors::bad_value(format!(
-                    "worker id {id} is not below the worker count {num_workers}"
-                )))
-            }
+        let config = Config {
+            worker_id,
+            num_workers,
+            grace_period,
+            save_at_current_run,
         };
-        let mut resolver = Resolver::new(membership, grace_period);
-        if save_at_current_run {
-            resolver.save_at_current_run();
-        }
-        let mut state = self.state.lock();
-        state.resolver = Some(resolver);
-        self.attention.store(false, Ordering::Release);
-        Ok(())
+        self.with_protocol(|p| p.configure(config).map_err(refused))
     }
 
     fn claim(&self, won: bool) -> PyResult<()> {
-        self.with_resolver(|r, _| {
-            r.on_claim(won);
-            Ok(())
-        })
+        self.with_protocol(|p| p.handle_claim(won).map_err(refused))
     }
 
     fn step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
         let round = round_from_key(round_key)?;
-        let outcome = self.with_resolver(|r, _| Ok(r.on_step_key(round, value)?))?;
+        let outcome = self.with_protocol(|p| Ok(p.handle_step_key(round, value).map_err(refused)??))?;
         Ok(match outcome {
             core::KeyAction::Acknowledge { ack_key, next_round } => KeyAction::Acknowledge {
                 ack_key,
@@ -524,12 +489,12 @@ impl Shared {
 
     fn publish_lost(&self, round_key: &str, value: &str) -> PyResult<()> {
         let round = round_from_key(round_key)?;
-        self.with_resolver(|r, _| Ok(r.on_publish_lost(round, value)?))
+        self.with_protocol(|p| Ok(p.handle_publish_lost(round, value).map_err(refused)??))
     }
 
     fn before_step(&self, now: f64) -> PyResult<StepAction> {
         let runs = self.run_counter.load(Ordering::Relaxed);
-        let decision = self.with_resolver(|r, planner| Ok(r.before_step(runs, now, planner)))?;
+        let decision = self.with_protocol(|p| p.before_step(runs, now).map_err(refused))?;
         Ok(match decision {
             core::StepAction::Proceed => StepAction::Proceed {},
             core::StepAction::Publish {
@@ -552,130 +517,61 @@ impl Shared {
 
     fn saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
         let round = round_from_key(round_key)?;
-        self.with_resolver(|r, planner| {
-            let after = r.on_saved(round)?;
-            planner.record_save(duration);
-            Ok(match after {
-                core::SaveAction::Exit => SaveAction::Exit,
-                core::SaveAction::Countdown => SaveAction::Countdown,
-            })
+        let after = self.with_protocol(|p| Ok(p.handle_saved(round, duration).map_err(refused)??))?;
+        Ok(match after {
+            core::SaveAction::Exit => SaveAction::Exit,
+            core::SaveAction::Countdown => SaveAction::Countdown,
         })
     }
 
     fn save_failed(&self) -> PyResult<()> {
-        self.with_resolver(|r, _| {
-            r.on_save_failed();
-            Ok(())
-        })
-    }
-
-    fn agreement(&self, duration: f64) -> PyResult<()> {
-        self.with_resolver(|_, planner| {
-            planner.record_agreement(duration);
-            Ok(())
-        })
-    }
-
-    fn retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
-        let state = self.state.lock();
-        let deadline = state
-            .resolver
-            .as_ref()
-            .and_then(|r| r.leading_notice().map(|n| GracePlanner::deadline(n, r.grace_period())));
-        crate::retry::bound(peer_timeout, deadline, now)
-    }
-
-    fn notice_deadline(&self) -> Option<f64> {
-        let state = self.state.lock();
-        let resolver = state.resolver.as_ref()?;
-        let grace = resolver.grace_period();
-        let n = resolver.planned_notice().or_else(|| resolver.leading_notice())?;
-        // Without a grace period the platform's deadline is when the machine goes; a
-        // notice with neither names no time.
-        if grace > 0.0 {
-            Some(GracePlanner::deadline(n, grace))
-        } else {
-            n.deadline
-        }
-    }
-
-    fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
-        let state = self.state.lock();
-        state
-            .resolver
-            .as_ref()
-            .and_then(|r| r.leading_notice().and_then(|n| state.planner.drain_bound(n, r.grace_period(), now)))
-            .unwrap_or(peer_timeout)
-    }
-
-    fn leading(&self) -> bool {
-        self.state.lock().resolver.as_ref().is_some_and(|r| r.leading_notice().is_some())
+        self.with_protocol(|p| p.handle_save_failed().map_err(refused))
     }
 
     fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
-        let state = self.state.lock();
-        let r = state.resolver.as_ref()?;
-        let (fit, left, needed) = state.planner.fit(r.planned_notice()?, r.grace_period(), now);
-        let name = match fit {
+        let report = self.state.lock().fit(now)?;
+        let name = match report.fit {
             Fit::Both => "both",
             Fit::OneSave => "one_save",
             Fit::Neither => "neither",
             Fit::Unknown => "unknown",
         };
-        Some((name, left, needed))
+        Some((name, report.left, report.needed))
     }
 
     fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
-        self.with_resolver(|r, _| Ok(r.shutdown_keys().to_vec()))
+        Ok(self.state.lock().shutdown_keys().map_err(refused)?.to_vec())
     }
 
-    /// A snapshot for logs and tests. The values are read under the lock and
-    /// turned into Python objects after it is released.
+    /// A snapshot for logs and tests: read under the lock, turned into Python
+    /// objects after it is released.
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let mut items: Vec<(&'static str, Option<f64>)> = Vec::new();
-        let mut texts: Vec<(&'static str, String)> = Vec::new();
-        let mut flags: Vec<(&'static str, bool)> = Vec::new();
-        let mut agreed_step = None;
-        let samples;
-        {
-            let state = self.state.lock();
-            items.push(("step_estimate", Some(state.planner.step_estimate())));
-            samples = state.planner.samples();
-            items.push(("longest_save", state.planner.longest_save()));
-            items.push(("margin", Some(state.planner.margin())));
-            if let Some(r) = &state.resolver {
-                texts.push(("id", r.id().to_string()));
-                texts.push(("round", r.round().key().to_string()));
-                agreed_step = Some(r.agreed_step());
-                flags.push(("leading", r.leading_notice().is_some()));
-                flags.push(("counting_down", r.counting_down()));
-                flags.push(("exited", r.exited()));
-                flags.push(("published_final", r.published(Round::Final)));
-                if let Some(n) = r.planned_notice() {
-                    // This worker's own earliest deadline and the final round it
-                    // plans for it, leading or not: any worker with a notice of
-                    // its own publishes the final round when its plan is due.
-                    items.push(("planned_deadline", Some(GracePlanner::deadline(n, r.grace_period()))));
-                    items.push(("final_round_at", Some(state.planner.latest_publish(n, r.grace_period()))));
-                }
-                if let Some(n) = r.leading_notice() {
-                    items.push(("deadline", Some(GracePlanner::deadline(n, r.grace_period()))));
+        let snap = self.state.lock().snapshot();
+        let d = PyDict::new(py);
+        d.set_item("step_samples", snap.step_samples)?;
+        d.set_item("step_estimate", snap.step_estimate)?;
+        d.set_item("longest_save", snap.longest_save)?;
+        d.set_item("margin", snap.margin)?;
+        if let Some(r) = snap.resolver {
+            // This worker's own earliest deadline and the final round it plans
+            // for it, leading or not: any worker with a notice of its own
+            // publishes the final round when its plan is due.
+            for (k, v) in [
+                ("planned_deadline", r.planned_deadline),
+                ("final_round_at", r.final_round_at),
+                ("deadline", r.deadline),
+            ] {
+                if let Some(v) = v {
+                    d.set_item(k, v)?;
                 }
             }
-        }
-        let d = PyDict::new(py);
-        d.set_item("step_samples", samples)?;
-        for (k, v) in items {
-            d.set_item(k, v)?;
-        }
-        for (k, v) in texts {
-            d.set_item(k, v)?;
-        }
-        if let Some(step) = agreed_step {
-            d.set_item("agreed_step", step)?;
-        }
-        for (k, v) in flags {
-            d.set_item(k, v)?;
+            d.set_item("id", r.id)?;
+            d.set_item("round", r.round)?;
+            d.set_item("agreed_step", r.agreed_step)?;
+            d.set_item("leading", r.leading)?;
+            d.set_item("counting_down", r.counting_down)?;
+            d.set_item("exited", r.exited)?;
+            d.set_item("published_final", r.published_final)?;
         }
         Ok(d)
     }
@@ -858,14 +754,15 @@ impl ProtocolCore {
 
     /// A publish waited `duration` seconds for every acknowledgement.
     fn agreement(&self, duration: f64) -> PyResult<()> {
-        self.shared.agreement(duration)
+        self.shared.state.lock().handle_agreement(duration);
+        Ok(())
     }
 
     /// How long a failing coordination-service call is retried from `now`
     /// (`crate::retry::bound`): the leading notice's deadline, if any, may
     /// shorten it.
     fn retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
-        self.shared.retry_bound(now, peer_timeout)
+        self.shared.state.lock().retry_bound(now, peer_timeout)
     }
 
     /// How long the coordinator of a parameter-server cluster lets the
@@ -873,7 +770,7 @@ impl ProtocolCore {
     /// (`GracePlanner::drain_bound`); `peer_timeout` when the notice set no
     /// deadline or this worker does not lead.
     fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
-        self.shared.drain_bound(now, peer_timeout)
+        self.shared.state.lock().drain_bound(now, peer_timeout)
     }
 
     /// When this worker's notice says the machine goes, on the handler's clock
@@ -881,7 +778,7 @@ impl ProtocolCore {
     /// or None: no notice, or one that names no time (no platform deadline and no
     /// grace period).
     fn notice_deadline(&self) -> Option<f64> {
-        self.shared.notice_deadline()
+        self.shared.state.lock().notice_deadline()
     }
 
     /// Seconds a worker that writes a share of the save waits from `now`, after its own
@@ -890,51 +787,39 @@ impl ProtocolCore {
     /// deadline and the exit's reserve).
     #[pyo3(signature = (own, now, min_wait, chief))]
     fn shares_wait_bound(&self, own: f64, now: f64, min_wait: f64, chief: bool) -> f64 {
-        let deadline = self.shared.notice_deadline();
-        let reserve = self.shared.state.lock().planner.exit_reserve();
-        let waiter = if chief {
-            crate::shares::Waiter::Chief
-        } else {
-            crate::shares::Waiter::NonChief
-        };
-        crate::shares::wait_bound_at(own, min_wait, deadline, now, reserve, waiter)
+        let waiter = if chief { Waiter::Chief } else { Waiter::NonChief };
+        self.shared.state.lock().shares_wait_bound(own, now, min_wait, waiter)
     }
 
     /// True once this worker won the claim (or leads in local mode).
     /// The checkpoint read at start took `duration` seconds: the save estimate
     /// until a save is measured (`GracePlanner::record_restore`).
     fn restored(&self, duration: f64) {
-        self.shared.state.lock().planner.record_restore(duration);
+        self.shared.state.lock().handle_restored(duration);
     }
 
     /// Seconds kept between the last save and the deadline for the process's exit
     /// (`GracePlanner::set_exit_reserve`; `EXIT_RESERVE` unless configured).
     #[getter]
     fn get_exit_reserve(&self) -> f64 {
-        self.shared.state.lock().planner.exit_reserve()
+        self.shared.state.lock().exit_reserve()
     }
 
     #[setter]
     fn set_exit_reserve(&self, secs: f64) -> PyResult<()> {
-        if !secs.is_finite() || secs < 0.0 {
-            return Err(errors::bad_value(format!(
-                "the exit reserve must be a non-negative number of seconds, got {secs}"
-            )));
-        }
-        self.shared.state.lock().planner.set_exit_reserve(secs);
-        Ok(())
+        self.shared.state.lock().set_exit_reserve(secs).map_err(refused)
     }
 
     /// Seconds before the deadline the final round starts (save, steps and
     /// acknowledgements as measured): for the log of a countdown.
     #[getter]
     fn margin(&self) -> f64 {
-        self.shared.state.lock().planner.margin()
+        self.shared.state.lock().margin()
     }
 
     #[getter]
     fn leading(&self) -> bool {
-        self.shared.leading()
+        self.shared.state.lock().leading()
     }
 
     /// The step keys every worker writes `STOP_WATCHER` to at shutdown.

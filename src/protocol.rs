@@ -1,0 +1,353 @@
+//! The handler's protocol as one object: the [`Resolver`] (who saves at which
+//! step), the [`GracePlanner`] (when the final round must start) and the step
+//! timing that feeds it, with every bound the handler's parts ask for worked
+//! out here, from one `now` passed in.
+//!
+//! Before this object the binding combined them (`CoreState` in
+//! `src/python/handler.rs`): which notice a retry bound reads, what a deadline
+//! is without a grace period, when a step-time sample is a warm-up. Those rules
+//! are the protocol's, so they live here, with their table tests; the binding
+//! only turns Python values into these calls and back.
+//!
+//! Every time is seconds on the caller's one monotonic clock (the binding's
+//! `clock::now_secs`, the same clock as Python's `time.monotonic`).
+
+use thiserror::Error;
+
+use crate::grace::{Fit, GracePlanner};
+use crate::notice::Notice;
+use crate::shares::{self, Waiter};
+use crate::step_resolution::{KeyAction, Membership, NoticeAction, Resolver, Round, SaveAction, SaveError, StepAction, StepKeyError};
+
+/// The handler's configuration, set at construction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Config {
+    /// This worker's id, or None in local mode (no cluster).
+    pub worker_id: Option<u32>,
+    /// How many workers the cluster has (ignored in local mode).
+    pub num_workers: u32,
+    /// `TerminationConfig.grace_period`, seconds.
+    pub grace_period: f64,
+    /// Save at the run the notice arrives in, not one later (TF's
+    /// `_save_at_current_run` hook).
+    pub save_at_current_run: bool,
+}
+
+/// A configuration or a value the protocol cannot work with.
+#[derive(Debug, Error, PartialEq)]
+pub enum ConfigError {
+    #[error("grace_period must be a non-negative number of seconds, got {0}")]
+    GracePeriod(f64),
+    #[error("worker id {id} is not below the worker count {num_workers}")]
+    WorkerId { id: u32, num_workers: u32 },
+    #[error("the exit reserve must be a non-negative number of seconds, got {0}")]
+    ExitReserve(f64),
+    #[error("the handler core is not configured (call configure first)")]
+    NotConfigured,
+}
+
+impl Config {
+    /// The membership this configuration names, or why it names none.
+    pub fn membership(&self) -> Result<Membership, ConfigError> {
+        if !self.grace_period.is_finite() || self.grace_period < 0.0 {
+            return Err(ConfigError::GracePeriod(self.grace_period));
+        }
+        match self.worker_id {
+            None => Ok(Membership::Local),
+            Some(id) if id < self.num_workers => Ok(Membership::Worker {
+                id,
+                num_workers: self.num_workers,
+            }),
+            Some(id) => Err(ConfigError::WorkerId {
+                id,
+                num_workers: self.num_workers,
+            }),
+        }
+    }
+}
+
+/// How a planned notice fits the time it leaves (`Protocol::fit`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FitReport {
+    pub fit: Fit,
+    /// Seconds left to the deadline.
+    pub left: f64,
+    /// Seconds the saves and the steps between them need.
+    pub needed: f64,
+}
+
+/// The protocol's state for logs and tests (`ProtocolCore.state()`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub step_estimate: f64,
+    pub step_samples: usize,
+    pub longest_save: Option<f64>,
+    pub margin: f64,
+    /// None until configured.
+    pub resolver: Option<ResolverView>,
+}
+
+/// The resolver's part of a [`Snapshot`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResolverView {
+    pub id: String,
+    pub round: &'static str,
+    pub agreed_step: Option<u64>,
+    pub leading: bool,
+    pub counting_down: bool,
+    pub exited: bool,
+    pub published_final: bool,
+    /// This worker's own earliest deadline and the final round planned for it.
+    pub planned_deadline: Option<f64>,
+    pub final_round_at: Option<f64>,
+    /// The leading notice's deadline.
+    pub deadline: Option<f64>,
+}
+
+/// One handler's protocol. Before [`Protocol::configure`] only the planner's
+/// measures (a restore, the exit reserve) are taken; every question about a
+/// notice answers "none".
+#[derive(Debug)]
+pub struct Protocol {
+    resolver: Option<Resolver>,
+    planner: GracePlanner,
+    /// When the last step (or check) started; the interval to the next start is
+    /// one step's duration.
+    last_start: Option<f64>,
+    /// False until the first interval (warm-up) has been discarded.
+    warmed_up: bool,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Protocol {
+    #[must_use]
+    pub fn new() -> Self {
+        Protocol {
+            resolver: None,
+            planner: GracePlanner::new(),
+            last_start: None,
+            warmed_up: false,
+        }
+    }
+
+    /// Sets the configuration (checked first: nothing changes on an error). A
+    /// new configuration starts a new resolver; the planner's measures stay.
+    pub fn configure(&mut self, config: Config) -> Result<(), ConfigError> {
+        let membership = config.membership()?;
+        let mut resolver = Resolver::new(membership, config.grace_period);
+        if config.save_at_current_run {
+            resolver.save_at_current_run();
+        }
+        self.resolver = Some(resolver);
+        Ok(())
+    }
+
+    /// The resolver, once configured.
+    pub fn resolver(&self) -> Option<&Resolver> {
+        self.resolver.as_ref()
+    }
+
+    fn resolver_mut(&mut self) -> Result<&mut Resolver, ConfigError> {
+        self.resolver.as_mut().ok_or(ConfigError::NotConfigured)
+    }
+
+    /// Whether the next step must stop for the protocol (what the hot path reads
+    /// through an atomic mirror).
+    pub fn needs_attention(&self) -> bool {
+        self.resolver.as_ref().is_some_and(Resolver::needs_attention)
+    }
+
+    // --- step timing -----------------------------------------------------
+
+    /// A step starts at `now`. The planner's step time is the interval between
+    /// consecutive starts. The first interval of the handler's life is not
+    /// recorded: it holds `tf.function` tracing and collective set-up, often
+    /// seconds, and with few samples it would be the "p95" and swallow a short
+    /// grace period.
+    pub fn step_started(&mut self, now: f64) {
+        if let Some(previous) = self.last_start.replace(now) {
+            if self.warmed_up {
+                self.planner.record_step((now - previous).max(0.0));
+            } else {
+                self.warmed_up = true;
+            }
+        }
+    }
+
+    /// The step's checks took their time: the step itself starts at `now`.
+    pub fn checks_done(&mut self, now: f64) {
+        self.last_start = Some(now);
+    }
+
+    /// A step raised: its interval is no step time.
+    pub fn step_failed(&mut self) {
+        self.last_start = None;
+    }
+
+    // --- events ----------------------------------------------------------
+
+    pub fn handle_notice(&mut self, notice: Notice) -> Result<NoticeAction, ConfigError> {
+        Ok(self.resolver_mut()?.on_notice(notice))
+    }
+
+    pub fn handle_claim(&mut self, won: bool) -> Result<(), ConfigError> {
+        self.resolver_mut()?.on_claim(won);
+        Ok(())
+    }
+
+    pub fn handle_step_key(&mut self, round: Round, value: &str) -> Result<Result<KeyAction, StepKeyError>, ConfigError> {
+        Ok(self.resolver_mut()?.on_step_key(round, value))
+    }
+
+    pub fn handle_publish_lost(&mut self, round: Round, value: &str) -> Result<Result<(), StepKeyError>, ConfigError> {
+        Ok(self.resolver_mut()?.on_publish_lost(round, value))
+    }
+
+    /// What to do before the step that follows `runs` completed runs.
+    pub fn before_step(&mut self, runs: u64, now: f64) -> Result<StepAction, ConfigError> {
+        let Protocol { resolver, planner, .. } = self;
+        let resolver = resolver.as_mut().ok_or(ConfigError::NotConfigured)?;
+        Ok(resolver.before_step(runs, now, planner))
+    }
+
+    /// A save of `round` ended after `duration` seconds.
+    pub fn handle_saved(&mut self, round: Round, duration: f64) -> Result<Result<SaveAction, SaveError>, ConfigError> {
+        let after = self.resolver_mut()?.on_saved(round);
+        if after.is_ok() {
+            self.planner.record_save(duration);
+        }
+        Ok(after)
+    }
+
+    pub fn handle_save_failed(&mut self) -> Result<(), ConfigError> {
+        self.resolver_mut()?.on_save_failed();
+        Ok(())
+    }
+
+    /// An agreement (publish to every acknowledgement) took `duration` seconds.
+    pub fn handle_agreement(&mut self, duration: f64) {
+        self.planner.record_agreement(duration);
+    }
+
+    /// The checkpoint read at start took `duration` seconds: the save estimate
+    /// until a save is measured.
+    pub fn handle_restored(&mut self, duration: f64) {
+        self.planner.record_restore(duration);
+    }
+
+    pub fn set_exit_reserve(&mut self, secs: f64) -> Result<(), ConfigError> {
+        if !secs.is_finite() || secs < 0.0 {
+            return Err(ConfigError::ExitReserve(secs));
+        }
+        self.planner.set_exit_reserve(secs);
+        Ok(())
+    }
+
+    // --- bounds ----------------------------------------------------------
+
+    fn leading_deadline(&self) -> Option<f64> {
+        let r = self.resolver.as_ref()?;
+        r.leading_notice().map(|n| GracePlanner::deadline(n, r.grace_period()))
+    }
+
+    /// How long a failing coordination-service call is retried from `now`
+    /// (`retry::bound`): the leading notice's deadline, if any, may shorten it.
+    pub fn retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+        crate::retry::bound(peer_timeout, self.leading_deadline(), now)
+    }
+
+    /// When this worker's notice says the machine goes: with a grace period the
+    /// planner's deadline, else the platform's; None with no notice or one that
+    /// names no time. The planned notice (this worker's own) first, else the
+    /// leading one.
+    pub fn notice_deadline(&self) -> Option<f64> {
+        let r = self.resolver.as_ref()?;
+        let grace = r.grace_period();
+        let n = r.planned_notice().or_else(|| r.leading_notice())?;
+        if grace > 0.0 {
+            Some(GracePlanner::deadline(n, grace))
+        } else {
+            n.deadline
+        }
+    }
+
+    /// How long the coordinator of a parameter-server cluster lets the closures
+    /// in flight finish before its save, from `now`; `peer_timeout` when the
+    /// notice set no deadline or this worker does not lead.
+    pub fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+        self.resolver
+            .as_ref()
+            .and_then(|r| r.leading_notice().and_then(|n| self.planner.drain_bound(n, r.grace_period(), now)))
+            .unwrap_or(peer_timeout)
+    }
+
+    /// Seconds a worker that writes a share of the save waits from `now`, after
+    /// its own part took `own` seconds (`shares::wait_bound_at`, with this
+    /// worker's notice's deadline and the exit's reserve).
+    pub fn shares_wait_bound(&self, own: f64, now: f64, min_wait: f64, waiter: Waiter) -> f64 {
+        shares::wait_bound_at(own, min_wait, self.notice_deadline(), now, self.planner.exit_reserve(), waiter)
+    }
+
+    /// True once this worker leads the response (won the claim, or local mode).
+    pub fn leading(&self) -> bool {
+        self.resolver.as_ref().is_some_and(|r| r.leading_notice().is_some())
+    }
+
+    /// Whether the planned notice leaves time for the saves, from `now`; None
+    /// without one.
+    pub fn fit(&self, now: f64) -> Option<FitReport> {
+        let r = self.resolver.as_ref()?;
+        let (fit, left, needed) = self.planner.fit(r.planned_notice()?, r.grace_period(), now);
+        Some(FitReport { fit, left, needed })
+    }
+
+    pub fn exit_reserve(&self) -> f64 {
+        self.planner.exit_reserve()
+    }
+
+    /// Seconds before the deadline the final round starts.
+    pub fn margin(&self) -> f64 {
+        self.planner.margin()
+    }
+
+    /// The step keys every worker writes `STOP_WATCHER` to at shutdown.
+    pub fn shutdown_keys(&self) -> Result<&'static [&'static str], ConfigError> {
+        Ok(self.resolver.as_ref().ok_or(ConfigError::NotConfigured)?.shutdown_keys())
+    }
+
+    /// The state for logs and tests.
+    pub fn snapshot(&self) -> Snapshot {
+        let planner = &self.planner;
+        let resolver = self.resolver.as_ref().map(|r| {
+            let grace = r.grace_period();
+            let planned = r.planned_notice();
+            ResolverView {
+                id: r.id().to_string(),
+                round: r.round().key(),
+                agreed_step: r.agreed_step(),
+                leading: r.leading_notice().is_some(),
+                counting_down: r.counting_down(),
+                exited: r.exited(),
+                published_final: r.published(Round::Final),
+                planned_deadline: planned.map(|n| GracePlanner::deadline(n, grace)),
+                final_round_at: planned.map(|n| planner.latest_publish(n, grace)),
+                deadline: r.leading_notice().map(|n| GracePlanner::deadline(n, grace)),
+            }
+        });
+        Snapshot {
+            step_estimate: planner.step_estimate(),
+            step_samples: planner.samples(),
+            longest_save: planner.longest_save(),
+            margin: planner.margin(),
+            resolver,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

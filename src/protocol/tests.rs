@@ -1,0 +1,224 @@
+//! The protocol object's own rules: its configuration, the step timing and
+//! every bound it works out from the resolver and the planner.
+
+use super::*;
+use crate::grace::EXIT_RESERVE;
+use crate::retry::{MIN_BOUND_BEFORE_DEADLINE, TRANSIENT_FAILURE_WINDOW};
+
+fn local(grace_period: f64) -> Protocol {
+    let mut p = Protocol::new();
+    p.configure(Config {
+        worker_id: None,
+        num_workers: 1,
+        grace_period,
+        save_at_current_run: false,
+    })
+    .unwrap();
+    p
+}
+
+fn notice(at: f64, deadline: Option<f64>) -> Notice {
+    Notice { at, deadline }
+}
+
+#[test]
+fn configuration_table() {
+    // (worker_id, num_workers, grace_period, accepted)
+    let rows: &[(Option<u32>, u32, f64, Result<(), ConfigError>)] = &[
+        (None, 1, 0.0, Ok(())),
+        (None, 0, 30.0, Ok(())),
+        (Some(0), 2, 0.0, Ok(())),
+        (Some(1), 2, 3600.0, Ok(())),
+        (Some(2), 2, 0.0, Err(ConfigError::WorkerId { id: 2, num_workers: 2 })),
+        (Some(0), 0, 0.0, Err(ConfigError::WorkerId { id: 0, num_workers: 0 })),
+        (None, 1, -1.0, Err(ConfigError::GracePeriod(-1.0))),
+        (None, 1, f64::INFINITY, Err(ConfigError::GracePeriod(f64::INFINITY))),
+    ];
+    for &(worker_id, num_workers, grace_period, ref want) in rows {
+        let mut p = Protocol::new();
+        let got = p.configure(Config {
+            worker_id,
+            num_workers,
+            grace_period,
+            save_at_current_run: false,
+        });
+        assert_eq!(&got, want, "{worker_id:?} of {num_workers}, grace {grace_period}");
+        assert_eq!(p.resolver().is_some(), got.is_ok());
+    }
+    let mut p = Protocol::new();
+    let nan = p.configure(Config {
+        worker_id: None,
+        num_workers: 1,
+        grace_period: f64::NAN,
+        save_at_current_run: false,
+    });
+    assert!(matches!(nan, Err(ConfigError::GracePeriod(g)) if g.is_nan()));
+}
+
+#[test]
+fn before_configure_every_event_is_refused_and_every_bound_says_none() {
+    let mut p = Protocol::new();
+    assert_eq!(p.handle_notice(notice(0.0, None)), Err(ConfigError::NotConfigured));
+    assert_eq!(p.handle_claim(true), Err(ConfigError::NotConfigured));
+    assert_eq!(p.before_step(0, 0.0), Err(ConfigError::NotConfigured));
+    assert_eq!(p.handle_save_failed(), Err(ConfigError::NotConfigured));
+    assert_eq!(p.shutdown_keys(), Err(ConfigError::NotConfigured));
+    assert!(!p.needs_attention());
+    assert!(!p.leading());
+    assert_eq!(p.notice_deadline(), None);
+    assert_eq!(p.fit(0.0), None);
+    assert_eq!(p.drain_bound(0.0, 7.0), 7.0);
+    assert_eq!(p.retry_bound(0.0, 7.0), crate::retry::bound(7.0, None, 0.0));
+    assert_eq!(p.snapshot().resolver, None);
+    // The planner's measures are taken before: a restore, the exit reserve.
+    p.handle_restored(2.0);
+    assert_eq!(p.set_exit_reserve(-1.0), Err(ConfigError::ExitReserve(-1.0)));
+    p.set_exit_reserve(3.0).unwrap();
+    assert_eq!(p.exit_reserve(), 3.0);
+}
+
+#[test]
+fn the_first_step_interval_is_warm_up_and_a_failed_step_is_no_sample() {
+    let mut p = local(0.0);
+    // (event, samples after it)
+    p.step_started(10.0);
+    assert_eq!(p.snapshot().step_samples, 0);
+    p.step_started(15.0); // warm-up interval: 5 s of tracing, discarded
+    assert_eq!(p.snapshot().step_samples, 0);
+    p.step_started(15.5);
+    p.step_started(16.0);
+    assert_eq!(p.snapshot().step_samples, 2);
+    assert!((p.snapshot().step_estimate - 0.5).abs() < 1e-9);
+    p.step_failed();
+    p.step_started(100.0); // after a failure: a new start, no interval
+    assert_eq!(p.snapshot().step_samples, 2);
+    // The checks before a step are no part of it.
+    p.checks_done(130.0);
+    p.step_started(130.5);
+    assert_eq!(p.snapshot().step_samples, 3);
+    assert!((p.snapshot().step_estimate - 0.5).abs() < 1e-9);
+}
+
+#[test]
+fn notice_deadline_table() {
+    // (grace period, notice deadline, expected deadline) for a notice at 100.
+    let rows: &[(f64, Option<f64>, Option<f64>)] = &[
+        (0.0, None, None),                // no time named
+        (0.0, Some(130.0), Some(130.0)),  // the platform's
+        (60.0, None, Some(160.0)),        // the grace period's end
+        (60.0, Some(130.0), Some(130.0)), // the earlier
+        (60.0, Some(200.0), Some(160.0)),
+    ];
+    for &(grace, deadline, want) in rows {
+        let mut p = local(grace);
+        assert_eq!(p.notice_deadline(), None);
+        p.handle_notice(notice(100.0, deadline)).unwrap();
+        assert_eq!(p.notice_deadline(), want, "grace {grace}, deadline {deadline:?}");
+    }
+}
+
+#[test]
+fn retry_bound_reads_only_the_leading_notice() {
+    let peer = 100.0;
+    let mut p = Protocol::new();
+    p.configure(Config {
+        worker_id: Some(1),
+        num_workers: 2,
+        grace_period: 60.0,
+        save_at_current_run: false,
+    })
+    .unwrap();
+    let free = p.retry_bound(0.0, peer);
+    assert_eq!(free, peer.min(TRANSIENT_FAILURE_WINDOW));
+    // A worker's own notice it has not won the claim for: no deadline of its own yet.
+    p.handle_notice(notice(10.0, Some(14.0))).unwrap();
+    assert!(!p.leading());
+    assert_eq!(p.retry_bound(10.0, peer), free);
+    p.handle_claim(true).unwrap();
+    assert!(p.leading());
+    // The platform's deadline, earlier than the grace period's end; past it, the floor.
+    assert_eq!(p.retry_bound(10.0, peer), 4.0);
+    assert_eq!(p.retry_bound(20.0, peer), MIN_BOUND_BEFORE_DEADLINE);
+    // No grace period: the save is due at the notice (`GracePlanner::deadline`),
+    // so the retries have the floor.
+    let mut q = local(0.0);
+    q.handle_notice(notice(10.0, Some(40.0))).unwrap();
+    assert_eq!(q.retry_bound(10.0, peer), MIN_BOUND_BEFORE_DEADLINE);
+}
+
+#[test]
+fn drain_bound_table() {
+    // (grace, deadline, now, save measured, reserve, expected) for a notice at 0.
+    let rows: &[(f64, Option<f64>, f64, Option<f64>, f64, f64)] = &[
+        (0.0, None, 1.0, None, 0.0, 42.0),              // no time named: the peer timeout
+        (0.0, Some(30.0), 1.0, Some(5.0), 0.0, 0.0),    // no grace: the save is due at the notice
+        (60.0, Some(30.0), 10.0, Some(5.0), 0.0, 15.0), // 30 - 10 - 5
+        (60.0, Some(30.0), 10.0, Some(5.0), 2.0, 13.0), // and the exit's reserve
+        (60.0, None, 0.0, Some(10.0), 0.0, 50.0),       // the grace period's end
+        (60.0, Some(30.0), 29.0, Some(5.0), 0.0, 0.0),  // never below 0
+    ];
+    for &(grace, deadline, now, save, reserve, want) in rows {
+        let mut p = local(grace);
+        p.set_exit_reserve(reserve).unwrap();
+        if let Some(s) = save {
+            p.handle_restored(s);
+        }
+        p.handle_notice(notice(0.0, deadline)).unwrap();
+        let got = p.drain_bound(now, 42.0);
+        assert!((got - want).abs() < 1e-9, "{grace} {deadline:?} {now}: {got} != {want}");
+    }
+}
+
+#[test]
+fn shares_wait_bound_keeps_the_exit_reserve_before_the_notice_deadline() {
+    let mut p = local(0.0);
+    let rule = shares::wait_bound(1.0, 5.0);
+    assert_eq!(p.shares_wait_bound(1.0, 0.0, 5.0, Waiter::Chief), rule);
+    assert_eq!(p.shares_wait_bound(1.0, 0.0, 5.0, Waiter::NonChief), 2.0 * rule);
+    p.handle_notice(notice(0.0, Some(4.0))).unwrap();
+    let want = (4.0 - 1.0 - EXIT_RESERVE).max(0.0).min(rule);
+    assert_eq!(p.shares_wait_bound(1.0, 1.0, 5.0, Waiter::Chief), want);
+}
+
+#[test]
+fn fit_is_the_planners_answer_for_the_planned_notice() {
+    let mut p = local(0.0);
+    assert_eq!(p.fit(0.0), None);
+    p.handle_restored(1.0);
+    p.handle_notice(notice(0.0, Some(100.0))).unwrap();
+    let report = p.fit(10.0).unwrap();
+    let r = p.resolver().unwrap();
+    let (fit, left, needed) = p.planner.fit(r.planned_notice().unwrap(), 0.0, 10.0);
+    assert_eq!(report, FitReport { fit, left, needed });
+    assert_eq!(report.left, 90.0);
+}
+
+#[test]
+fn a_save_is_timed_only_when_the_resolver_accepts_it() {
+    let mut p = local(0.0);
+    p.handle_notice(notice(0.0, None)).unwrap();
+    // No save agreed: refused, and not a sample of the save time.
+    assert!(p.handle_saved(Round::Initial, 9.0).unwrap().is_err());
+    assert_eq!(p.snapshot().longest_save, None);
+    let action = p.before_step(5, 1.0).unwrap();
+    assert!(matches!(action, StepAction::Publish { .. } | StepAction::Save { .. }), "{action:?}");
+    if matches!(action, StepAction::Publish { .. }) {
+        assert!(matches!(p.before_step(6, 1.1).unwrap(), StepAction::Save { .. }));
+    }
+    assert_eq!(p.handle_saved(Round::Initial, 2.0).unwrap(), Ok(SaveAction::Exit));
+    assert_eq!(p.snapshot().longest_save, Some(2.0));
+}
+
+#[test]
+fn snapshot_names_the_deadlines_once_configured() {
+    let mut p = local(60.0);
+    let before = p.snapshot().resolver.unwrap();
+    assert_eq!((before.leading, before.deadline, before.planned_deadline), (false, None, None));
+    p.handle_notice(notice(10.0, None)).unwrap();
+    let after = p.snapshot().resolver.unwrap();
+    assert!(after.leading);
+    assert_eq!(after.deadline, Some(70.0));
+    assert_eq!(after.planned_deadline, Some(70.0));
+    assert_eq!(after.final_round_at, Some(70.0 - p.margin()));
+    assert!(p.needs_attention());
+}
