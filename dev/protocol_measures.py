@@ -12,7 +12,8 @@ it counts, so that a change can be checked against them.
   ``time.perf_counter`` (and their ``_ns`` forms) and ``time.sleep``, outside
   ``testing.py``, ``records.py`` and ``report.py`` (where a wall-clock timestamp is the
   point).
-* **Clocks in the binding**: ``Instant::now`` and ``SystemTime::now`` in ``src/python``.
+* **Clocks in the binding**: ``Instant::now``, ``SystemTime::now`` and ``clock_gettime``
+  in ``src/python``.
 * **Python files over 500 lines**.
 
 Reads the sources only (``ast`` for Python, text for Rust); imports nothing of the
@@ -40,7 +41,7 @@ _POLICY_NAME = re.compile(
 )
 _CLOCKS = {"monotonic", "time", "perf_counter", "monotonic_ns", "time_ns", "perf_counter_ns"}
 _WALL_CLOCK_FILES = {"testing.py", "records.py", "report.py"}
-_RUST_CLOCK = re.compile(r"\b(?:Instant|SystemTime)::now\b")
+_RUST_CLOCK = re.compile(r"\b(?:(?:Instant|SystemTime)::now|clock_gettime)\b")
 MAX_LINES = 500
 
 

@@ -42,6 +42,12 @@ pub mod schema;
 /// the lines still queued (the `exit` line among them) before the process exits
 /// without them.
 pub const FLUSH_BOUND: f64 = 10.0;
+
+/// Seconds a stage of the training thread (an agreement, a save) waits for the line
+/// of the notice that led to it, which the notice's thread is writing (the core took
+/// the notice first): then it writes its own. The notice's line comes first in the
+/// records unless writing it takes longer than this.
+pub const NOTICE_LINE_BOUND: f64 = 10.0;
 #[cfg(test)]
 mod tests;
 

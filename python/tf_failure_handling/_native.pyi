@@ -436,6 +436,7 @@ COORDINATOR_STOP_LOCK_BOUND: float
 # The preemption records read (src/records.rs): bytes in, fields out.
 RECORD_FIELDS: tuple[str, ...]
 RECORD_REQUIRED: tuple[str, ...]
+RECORDS_NOTICE_LINE_BOUND: float
 RECORDS_FLUSH_BOUND: float
 
 def read_records(

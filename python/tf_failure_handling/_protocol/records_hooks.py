@@ -16,14 +16,15 @@ import time
 from typing import Any, Iterator, Optional
 
 from .. import records
+from .._native import RECORDS_NOTICE_LINE_BOUND as NOTICE_LINE_BOUND
 from .._platforms import platform as _platform
 from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
-#: Seconds a stage of the training thread waits for the notice line being written (the
-#: core took the notice, the notice thread writes its line): then it writes its own.
-NOTICE_LINE_BOUND = 10.0
+# NOTICE_LINE_BOUND (src/records.rs): how long a stage of the training thread waits for
+# the notice line being written (the core took the notice, the notice thread writes its
+# line) before it writes its own.
 
 
 class StageRecords:
