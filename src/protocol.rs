@@ -276,6 +276,16 @@ impl Protocol {
         }
     }
 
+    /// When the platform ends the machine, as the platform itself named it: the
+    /// planned notice's (else the leading notice's) own deadline. None when it
+    /// named none: a grace period alone says when the saves must be done, not that
+    /// anything ends the process then (TensorFlow's tests set one with no kill
+    /// behind it). The exit guard waits for this moment only.
+    pub fn kill_deadline(&self) -> Option<f64> {
+        let r = self.resolver.as_ref()?;
+        r.planned_notice().or_else(|| r.leading_notice())?.deadline
+    }
+
     /// How long the coordinator of a parameter-server cluster lets the closures
     /// in flight finish before its save, from `now`; `peer_timeout` when the
     /// notice set no deadline or this worker does not lead.

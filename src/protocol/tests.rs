@@ -118,6 +118,24 @@ fn notice_deadline_table() {
 }
 
 #[test]
+fn kill_deadline_is_only_a_deadline_the_platform_named() {
+    // (grace period, the notice's own deadline, expected) for a notice at 100.
+    let rows: &[(f64, Option<f64>, Option<f64>)] = &[
+        (0.0, None, None),
+        (60.0, None, None), // the user's grace period: no kill named
+        (0.0, Some(130.0), Some(130.0)),
+        (60.0, Some(130.0), Some(130.0)),
+        (60.0, Some(200.0), Some(200.0)), // the kill, though the saves end by 160
+    ];
+    for &(grace, deadline, want) in rows {
+        let mut p = local(grace);
+        assert_eq!(p.kill_deadline(), None);
+        p.handle_notice(notice(100.0, deadline)).unwrap();
+        assert_eq!(p.kill_deadline(), want, "grace {grace}, deadline {deadline:?}");
+    }
+}
+
+#[test]
 fn retry_bound_reads_only_the_leading_notice() {
     let peer = 100.0;
     let mut p = Protocol::new();

@@ -773,6 +773,12 @@ impl ProtocolCore {
         self.shared.state.lock().drain_bound(now, peer_timeout)
     }
 
+    /// When the platform ends the machine, as it named it (`Protocol::kill_deadline`),
+    /// on the handler's clock; None when it named none (a grace period alone).
+    fn kill_deadline(&self) -> Option<f64> {
+        self.shared.state.lock().kill_deadline()
+    }
+
     /// When this worker's notice says the machine goes, on the handler's clock
     /// (`GracePlanner::deadline` with a grace period, else the platform's deadline),
     /// or None: no notice, or one that names no time (no platform deadline and no

@@ -310,3 +310,17 @@ def test_the_handler_knows_no_platform_by_name(path):
     schedulers = {type(p).__module__.rsplit(".", 1)[1] for p in platform.PLATFORMS}
     named = {i for i in _imports(path) if i.rsplit(".", 1)[-1] in schedulers}
     assert not named, f"{path.name} imports {sorted(named)}: go through _platforms.platform"
+
+
+def test_the_exit_guard_waits_only_for_a_kill_the_platform_named():
+    """``kill_deadline`` (what ``SaveAndExit`` arms the exit guard for) is the notice's
+    own deadline: a grace period alone names no kill (TensorFlow's tests set one with
+    nothing ending the process then), so the guard is not armed for it."""
+    core = _core(grace=60.0)
+    assert core.kill_deadline() is None
+    core.notice(100.0)
+    assert core.kill_deadline() is None
+    assert core.notice_deadline() == pytest.approx(160.0)
+    core = _core(grace=60.0)
+    core.notice(100.0, 130.0)  # Kubernetes' 30 s, say
+    assert core.kill_deadline() == 130.0

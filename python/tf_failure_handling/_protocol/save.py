@@ -60,8 +60,10 @@ class SaveAndExit:
         self._scheduler_step = scheduler_step
 
     def _guard_exit(self, code: int) -> None:
-        """Arms the exit guard for this worker's deadline (``exit_guard``)."""
-        _exit_guard.arm(self._core.notice_deadline(), self._state.clock(), code)
+        """Arms the exit guard for the moment the platform ends this worker, as the
+        platform named it (``kill_deadline``; ``exit_guard``). A grace period alone
+        arms nothing: nothing is known to end the process then."""
+        _exit_guard.arm(self._core.kill_deadline(), self._state.clock(), code)
 
     def _unmerged_exit(self, error: BaseException) -> None:
         """A non-chief whose share of the save did not become a checkpoint (its part
