@@ -24,7 +24,8 @@ fn notice(at: f64, deadline: Option<f64>) -> Notice {
 #[test]
 fn configuration_table() {
     // (worker_id, num_workers, grace_period, accepted)
-    let rows: &[(Option<u32>, u32, f64, Result<(), ConfigError>)] = &[
+    type Row = (Option<u32>, u32, f64, Result<(), ConfigError>);
+    let rows: &[Row] = &[
         (None, 1, 0.0, Ok(())),
         (None, 0, 30.0, Ok(())),
         (Some(0), 2, 0.0, Ok(())),
@@ -167,7 +168,8 @@ fn retry_bound_reads_only_the_leading_notice() {
 #[test]
 fn drain_bound_table() {
     // (grace, deadline, now, save measured, reserve, expected) for a notice at 0.
-    let rows: &[(f64, Option<f64>, f64, Option<f64>, f64, f64)] = &[
+    type Row = (f64, Option<f64>, f64, Option<f64>, f64, f64);
+    let rows: &[Row] = &[
         (0.0, None, 1.0, None, 0.0, 42.0),              // no time named: the peer timeout
         (0.0, Some(30.0), 1.0, Some(5.0), 0.0, 0.0),    // no grace: the save is due at the notice
         (60.0, Some(30.0), 10.0, Some(5.0), 0.0, 15.0), // 30 - 10 - 5
