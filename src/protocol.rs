@@ -266,14 +266,20 @@ impl Protocol {
     /// names no time. The planned notice (this worker's own) first, else the
     /// leading one.
     pub fn notice_deadline(&self) -> Option<f64> {
-        let r = self.resolver.as_ref()?;
-        let grace = r.grace_period();
-        let n = r.planned_notice().or_else(|| r.leading_notice())?;
+        let (n, grace) = self.own_notice()?;
         if grace > 0.0 {
             Some(GracePlanner::deadline(n, grace))
         } else {
             n.deadline
         }
+    }
+
+    /// This worker's notice (the planned one, its own, else the leading one) and
+    /// the grace period, for the deadlines of [`notice_deadline`](Self::notice_deadline)
+    /// and [`kill_deadline`](Self::kill_deadline).
+    fn own_notice(&self) -> Option<(Notice, f64)> {
+        let r = self.resolver.as_ref()?;
+        Some((r.planned_notice().or_else(|| r.leading_notice())?, r.grace_period()))
     }
 
     /// When the platform ends the machine, as the platform itself named it: the
@@ -282,8 +288,7 @@ impl Protocol {
     /// anything ends the process then (TensorFlow's tests set one with no kill
     /// behind it). The exit guard waits for this moment only.
     pub fn kill_deadline(&self) -> Option<f64> {
-        let r = self.resolver.as_ref()?;
-        r.planned_notice().or_else(|| r.leading_notice())?.deadline
+        self.own_notice()?.0.deadline
     }
 
     /// How long the coordinator of a parameter-server cluster lets the closures

@@ -101,38 +101,24 @@ fn the_first_step_interval_is_warm_up_and_a_failed_step_is_no_sample() {
 }
 
 #[test]
-fn notice_deadline_table() {
-    // (grace period, notice deadline, expected deadline) for a notice at 100.
-    let rows: &[(f64, Option<f64>, Option<f64>)] = &[
-        (0.0, None, None),                // no time named
-        (0.0, Some(130.0), Some(130.0)),  // the platform's
-        (60.0, None, Some(160.0)),        // the grace period's end
-        (60.0, Some(130.0), Some(130.0)), // the earlier
-        (60.0, Some(200.0), Some(160.0)),
+fn notice_and_kill_deadline_table() {
+    // For a notice at 100: (grace period, the notice's own deadline, when the
+    // saves must be done (notice_deadline), when the platform kills (kill_deadline)).
+    type Row = (f64, Option<f64>, Option<f64>, Option<f64>);
+    let rows: &[Row] = &[
+        (0.0, None, None, None),                       // no time named
+        (0.0, Some(130.0), Some(130.0), Some(130.0)),  // the platform's
+        (60.0, None, Some(160.0), None),               // the grace period's end: no kill named
+        (60.0, Some(130.0), Some(130.0), Some(130.0)), // the earlier
+        (60.0, Some(200.0), Some(160.0), Some(200.0)), // the kill, though the saves end by 160
     ];
-    for &(grace, deadline, want) in rows {
+    for &(grace, deadline, saves_by, kill) in rows {
         let mut p = local(grace);
-        assert_eq!(p.notice_deadline(), None);
+        assert_eq!((p.notice_deadline(), p.kill_deadline()), (None, None));
         p.handle_notice(notice(100.0, deadline)).unwrap();
-        assert_eq!(p.notice_deadline(), want, "grace {grace}, deadline {deadline:?}");
-    }
-}
-
-#[test]
-fn kill_deadline_is_only_a_deadline_the_platform_named() {
-    // (grace period, the notice's own deadline, expected) for a notice at 100.
-    let rows: &[(f64, Option<f64>, Option<f64>)] = &[
-        (0.0, None, None),
-        (60.0, None, None), // the user's grace period: no kill named
-        (0.0, Some(130.0), Some(130.0)),
-        (60.0, Some(130.0), Some(130.0)),
-        (60.0, Some(200.0), Some(200.0)), // the kill, though the saves end by 160
-    ];
-    for &(grace, deadline, want) in rows {
-        let mut p = local(grace);
-        assert_eq!(p.kill_deadline(), None);
-        p.handle_notice(notice(100.0, deadline)).unwrap();
-        assert_eq!(p.kill_deadline(), want, "grace {grace}, deadline {deadline:?}");
+        let what = format!("grace {grace}, deadline {deadline:?}");
+        assert_eq!(p.notice_deadline(), saves_by, "{what}");
+        assert_eq!(p.kill_deadline(), kill, "{what}");
     }
 }
 

@@ -705,15 +705,6 @@ mod tests {
     // SIGWINCH, SIGURG, SIGPROF, SIGVTALRM, SIGUSR1), which nothing else in the
     // test binary touches, and runs its steps in one test to avoid interleaving.
 
-    fn disposition(signal: i32) -> usize {
-        // SAFETY: a sigaction query into a struct we own.
-        unsafe {
-            let mut current: libc::sigaction = std::mem::zeroed();
-            libc::sigaction(signal, std::ptr::null(), &mut current);
-            current.sa_sigaction
-        }
-    }
-
     #[test]
     fn at_exit_a_warning_signal_is_ignored_not_restored_to_its_fatal_default() {
         // SIGTERM and the like are no warnings: left alone (the numbers are
@@ -724,12 +715,12 @@ mod tests {
 
         // SIGUSR1 watched by a handler when the exit begins: ours takes it
         // until the last watch goes, and then it is ignored, not SIG_DFL.
-        assert_eq!(disposition(libc::SIGUSR1), libc::SIG_DFL);
+        assert_eq!(current_handler(libc::SIGUSR1), libc::SIG_DFL);
         let watch = SignalWatch::new(&[libc::SIGUSR1], Role::Owner).unwrap();
         assert_eq!(ignore_warnings_at_exit(&[libc::SIGUSR1]), vec![libc::SIGUSR1]);
-        assert_eq!(disposition(libc::SIGUSR1), our_handler());
+        assert_eq!(current_handler(libc::SIGUSR1), our_handler());
         drop(watch);
-        assert_eq!(disposition(libc::SIGUSR1), libc::SIG_IGN);
+        assert_eq!(current_handler(libc::SIGUSR1), libc::SIG_IGN);
         // SAFETY: the signal is ignored now; raising it must not end the test.
         unsafe { libc::raise(libc::SIGUSR1) };
 
@@ -738,13 +729,13 @@ mod tests {
         // SAFETY: restoring the default disposition of a signal only this test uses.
         unsafe { libc::signal(libc::SIGUSR1, libc::SIG_DFL) };
         assert_eq!(ignore_warnings_at_exit(&[libc::SIGUSR1]), vec![libc::SIGUSR1]);
-        assert_eq!(disposition(libc::SIGUSR1), libc::SIG_IGN);
+        assert_eq!(current_handler(libc::SIGUSR1), libc::SIG_IGN);
         // SAFETY: a plain handler (never called here: nothing raises SIGUSR1 now).
         unsafe { libc::signal(libc::SIGUSR1, previous_handler as *const () as usize) };
-        let theirs = disposition(libc::SIGUSR1);
+        let theirs = current_handler(libc::SIGUSR1);
         assert_eq!(theirs, previous_handler as *const () as usize);
         assert_eq!(ignore_warnings_at_exit(&[libc::SIGUSR1]), Vec::<i32>::new());
-        assert_eq!(disposition(libc::SIGUSR1), theirs);
+        assert_eq!(current_handler(libc::SIGUSR1), theirs);
     }
     #[test]
     fn signal_wakes_waiter_from_another_thread_and_uninstall_restores() {
