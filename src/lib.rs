@@ -13,6 +13,7 @@
 //! | [`grace`] | when the final round of a grace period must start |
 //! | [`notice`] | a termination notice (when seen, when the machine goes away), below both of the above |
 //! | [`records`] | the preemption records read: the schema of a line, the fold of lines into preemptions and restarts, the last exit a restart resumes from |
+//! | [`deadline`] | a bounded wait's arithmetic (time left, passed, elapsed) for the package's waits, so that no wait works out `end - now` in Python |
 //! | [`retry`] | the one retry rule of the protocol's coordination-service calls: pauses, bound, when to give up |
 //! | [`writes`] | the driver's writes (acknowledge, claim, announce): which to attempt now, when to wake, what a failure or `close()` leaves (`poll_action` / `poll_timeout`) |
 //! | [`shares`] | which worker writes which tensor when the workers write one checkpoint together |
@@ -28,6 +29,7 @@
 //! module that knows about Python; `cargo test` needs no Python.
 
 pub mod closure_queue;
+pub mod deadline;
 pub mod failure;
 pub mod grace;
 pub mod host_memory;

@@ -38,6 +38,11 @@ pub fn wait_bound(own: f64, min_wait: f64) -> f64 {
 /// The workers build their handlers together (right after the strategy), so a worker
 /// this late is not coming.
 pub const PROBE_WAIT: f64 = 60.0;
+/// Seconds a worker looks for the chief's probe file before it says it cannot see
+/// it: a shared file system may show another host's new file a little later.
+pub const PROBE_LOOK: f64 = 10.0;
+/// Seconds between two looks for the probe file.
+pub const PROBE_LOOK_EVERY: f64 = 0.2;
 
 /// Who waits, in a save the workers write together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -85,6 +85,17 @@ FLUSH_BOUND = RECORDS_FLUSH_BOUND
 # --------------------------------------------------------------------- writing
 
 
+def stamp() -> float:
+    """The wall-clock time a record line carries (seconds since the Unix epoch): the
+    records' clock, the one a reader compares across hosts and restarts."""
+    return time.time()
+
+
+def task_preemption(job: str, task: Any) -> str:
+    """The id of a PS or worker task's preemption its coordinator records."""
+    return f"{job}-{task}-{int(stamp() * 1000)}"
+
+
 class _File:
     """One task's ``.jsonl`` file on a local disk: each line appended, then fsynced."""
 

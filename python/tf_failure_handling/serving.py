@@ -8,11 +8,10 @@ deadline). docs/getting-started/parameter-server.md tells the whole exchange.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Optional
 
 from ._coordinator import task_calls as _task_calls
-from ._native import COORDINATOR_SILENCE, SERVE_CAP_FACTOR, serving
+from ._native import COORDINATOR_SILENCE, SERVE_CAP_FACTOR, Stopwatch, serving, unix_now
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from .handler import TerminationConfig, _peer_timeout
@@ -84,9 +83,9 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
         while notice is None:
             notice = sources.wait(_SLICE)
         control.set_notice(notice.source, notice.deadline)
-        now = time.time()
+        notice_at, serving_for = unix_now(), Stopwatch()
         if notice.deadline is not None:
-            own, why = max(0.0, notice.deadline - now), "the notice's deadline"
+            own, why = max(0.0, notice.deadline - notice_at), "the notice's deadline"
         elif defaults.grace_period > 0:
             own, why = defaults.grace_period, "the grace period"
         else:
@@ -106,16 +105,15 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
             # The core decides: released, the deadline, or this task's own bound and
             # then the coordinator's asks (its save may still be under way).
             decision = serving(
-                now,
+                notice_at,
                 notice.deadline,
                 own,
                 control.last_asked,
                 control.released.is_set(),
-                time.time(),
             )
             if decision.leave is not None:
                 break
-            control.released.wait(min(_SLICE, max(0.0, decision.until - time.time())))
+            control.released.wait(min(_SLICE, decision.wait))
         if decision.leave == "released":
             log.info(
                 "%s %d: released by the coordinator (%s). Exiting.",
@@ -130,7 +128,7 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
                 job,
                 task,
                 _LEAVE_WHY[decision.leave],
-                time.time() - now,
+                serving_for.seconds(),
             )
     finally:
         sources.close()

@@ -13,13 +13,12 @@ import logging
 import numbers
 import os
 import threading
-import time
 import weakref
 from typing import Any, Iterable, Optional, Sequence
 
 from . import _errors
 from ._cluster import coordination as _coordination
-from ._native import PREEMPTION_NOTICE_KEY
+from ._native import PREEMPTION_NOTICE_KEY, Deadline
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from ._platforms.in_process import notice_message, subscribe, unsubscribe
@@ -148,13 +147,12 @@ class PreemptionWatcher:
     def wait(self, timeout: Optional[float] = None) -> Optional[str]:
         """Blocks until a notice is seen (its message), ``timeout`` seconds pass or the
         watcher is closed (then the message seen so far, or None)."""
-        end = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while not self._received.is_set() and not self._closing.is_set():
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
+            if deadline.passed():
                 break
             # Short slices keep Ctrl-C working on the main thread.
-            self._received.wait(0.1 if left is None else min(left, 0.1))
+            self._received.wait(deadline.slice(0.1))
         return self._preemption_message
 
     def block_until_worker_exit(self, timeout: Optional[float] = None) -> None:
@@ -170,9 +168,9 @@ class PreemptionWatcher:
         if service is None:
             return
         errors = _errors.module()
-        end = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         client = _coordination.Client(service)
-        while end is None or time.monotonic() < end:
+        while not deadline.passed():
             try:
                 client.get(BLOCK_TILL_EXIT_KEY, KEY_WATCH_SLICE)
             except errors.InternalError as e:

@@ -13,6 +13,10 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use pyo3::prelude::*;
+
+use crate::deadline;
+
 /// The monotonic clock's reading now.
 #[inline]
 pub(crate) fn now() -> Instant {
@@ -37,4 +41,93 @@ pub(crate) fn now_secs() -> f64 {
 /// Seconds since the Unix epoch (0 if the wall clock is before it).
 pub(crate) fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The package's one monotonic clock, for the reading a simulation may
+/// substitute (`HandlerState.clock`): seconds on [`now_secs`]'s scale.
+#[pyfunction(name = "now")]
+fn py_now() -> f64 {
+    now_secs()
+}
+
+/// The wall clock, for a stamp another process or a record reads (a
+/// notice's moment, a task's last call): seconds since the Unix epoch.
+#[pyfunction(name = "unix_now")]
+fn py_unix_now() -> f64 {
+    unix_now()
+}
+
+/// The wall-clock time of `moment`, a time on the clock `now` was read
+/// from (the handler's: a simulation's own): the clock conversion of a
+/// deadline handed to the termination sources, which take wall-clock ones.
+#[pyfunction]
+fn unix_time_of(moment: f64, now: f64) -> f64 {
+    unix_now() + (moment - now)
+}
+
+/// A wait of at most `seconds` from now (None: unbounded), on [`now_secs`]:
+/// the package's waits ask it what is left rather than subtract clock
+/// readings ([`crate::deadline`]).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub struct Deadline(deadline::Deadline);
+
+#[pymethods]
+impl Deadline {
+    #[new]
+    fn new(seconds: Option<f64>) -> Self {
+        Deadline(deadline::Deadline::new(now_secs(), seconds))
+    }
+
+    /// Seconds left (never below 0), or None for an unbounded wait.
+    fn left(&self) -> Option<f64> {
+        self.0.left(now_secs())
+    }
+
+    /// The bound has passed (never, unbounded).
+    fn passed(&self) -> bool {
+        self.0.passed(now_secs())
+    }
+
+    /// The next slice of the wait: at most `longest` seconds and what is left.
+    fn slice(&self, longest: f64) -> f64 {
+        self.0.slice(now_secs(), longest)
+    }
+
+    /// Seconds since it started.
+    fn elapsed(&self) -> f64 {
+        self.0.elapsed(now_secs())
+    }
+
+    fn __repr__(&self) -> String {
+        match self.0.left(now_secs()) {
+            Some(left) => format!("Deadline({left:.3}s left)"),
+            None => "Deadline(unbounded)".to_owned(),
+        }
+    }
+}
+
+/// How long something took: seconds since it was made, on [`now_secs`].
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub struct Stopwatch(deadline::Deadline);
+
+#[pymethods]
+impl Stopwatch {
+    #[new]
+    fn new() -> Self {
+        Stopwatch(deadline::Deadline::new(now_secs(), None))
+    }
+
+    /// Seconds since it was made.
+    fn seconds(&self) -> f64 {
+        self.0.elapsed(now_secs())
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(py_now, m)?)?;
+    m.add_function(wrap_pyfunction!(py_unix_now, m)?)?;
+    m.add_function(wrap_pyfunction!(unix_time_of, m)?)?;
+    m.add_class::<Deadline>()?;
+    m.add_class::<Stopwatch>()?;
+    Ok(())
 }

@@ -104,5 +104,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sources::register(m)?;
     slurm::register(m)?;
     exit_guard::register(m)?;
+    clock::register(m)?;
     Ok(())
 }

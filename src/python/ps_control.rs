@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::clock::unix_now;
 use super::errors::CallTimeout;
 use crate::ps_control::{self, CallId, Calls, Watch};
 
@@ -64,6 +65,8 @@ fn worker_drain_bound(deadline: Option<f64>, now: f64) -> f64 {
 pub struct ServeDecision {
     /// Unix time to ask again by (None: leave now).
     until: Option<f64>,
+    /// Seconds from `now` to `until` (None: leave now): the wait before asking again.
+    wait: Option<f64>,
     /// Why the task leaves: "released", "deadline", "coordinator silent",
     /// "cap" (None: it serves on).
     leave: Option<&'static str>,
@@ -72,17 +75,28 @@ pub struct ServeDecision {
 /// What a served task whose notice came at `notice_at` (Unix seconds) does
 /// at `now`, given its notice's `deadline`, its `own_bound`, when the
 /// coordinator last asked it and whether it was released
-/// ([`crate::ps_control::serving`]).
+/// ([`crate::ps_control::serving`]). Without `now`, the wall clock now.
 #[pyfunction]
-fn serving(notice_at: f64, deadline: Option<f64>, own_bound: f64, last_asked: Option<f64>, released: bool, now: f64) -> ServeDecision {
+#[pyo3(signature = (notice_at, deadline, own_bound, last_asked, released, now = None))]
+fn serving(
+    notice_at: f64,
+    deadline: Option<f64>,
+    own_bound: f64,
+    last_asked: Option<f64>,
+    released: bool,
+    now: Option<f64>,
+) -> ServeDecision {
     use ps_control::{Leave, Serving};
+    let now = now.unwrap_or_else(unix_now);
     match ps_control::serving(notice_at, deadline, own_bound, last_asked, released, now) {
         Serving::Until(t) => ServeDecision {
             until: Some(t),
+            wait: Some((t - now).max(0.0)),
             leave: None,
         },
         Serving::Leave(why) => ServeDecision {
             until: None,
+            wait: None,
             leave: Some(match why {
                 Leave::Released => "released",
                 Leave::Deadline => "deadline",

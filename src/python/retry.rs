@@ -12,41 +12,55 @@
 
 use pyo3::prelude::*;
 
+use super::clock::now_secs;
 use crate::retry::{self, Verdict};
 use crate::writes::{self, WriteId};
 
 /// What follows a failed attempt (`Retry.failed`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 pub enum RetryVerdict {
-    /// Try again at `at` (seconds, the clock the caller passed); `left`
-    /// seconds of the bound remained.
-    Again { at: f64, left: f64 },
+    /// Try again at `at` (seconds, on the clock of the `now` the failure
+    /// was reported at), that is `pause` seconds after it; `left` seconds
+    /// of the bound remained.
+    Again { at: f64, left: f64, pause: f64 },
     /// Give up: raise the last error, after `attempts` failed attempts over
     /// `seconds`.
     GiveUp { attempts: u32, seconds: f64 },
 }
 
 /// One run of failures of one coordination-service call, started at `now`
-/// and retried for `bound` seconds.
+/// and retried for `bound` seconds. Every `now` is optional: without it the
+/// binding reads its clock (`clock::now_secs`), so the package's threads
+/// read none; a test passes its own.
 #[pyclass(module = "tf_failure_handling._native")]
 pub struct Retry(retry::Retry);
 
 #[pymethods]
 impl Retry {
     #[new]
-    fn new(bound: f64, now: f64) -> Self {
-        Retry(retry::Retry::new(bound).started(now))
+    #[pyo3(signature = (bound, now = None))]
+    fn new(bound: f64, now: Option<f64>) -> Self {
+        Retry(retry::Retry::new(bound).started(now.unwrap_or_else(now_secs)))
     }
 
     /// An attempt starts at `now`: one that fails after taking the whole
     /// bound by itself ends a run past its bound (`src/retry.rs`).
-    fn attempt(&mut self, now: f64) {
-        self.0.attempt(now);
+    #[pyo3(signature = (now = None))]
+    fn attempt(&mut self, now: Option<f64>) {
+        self.0.attempt(now.unwrap_or_else(now_secs));
     }
 
     /// An attempt failed at `now`; nothing is retried when `closing`.
-    fn failed(&mut self, now: f64, closing: bool) -> RetryVerdict {
-        self.0.failed(now, closing).into()
+    #[pyo3(signature = (now = None, closing = false))]
+    fn failed(&mut self, now: Option<f64>, closing: bool) -> RetryVerdict {
+        let now = now.unwrap_or_else(now_secs);
+        RetryVerdict::at(self.0.failed(now, closing), now)
+    }
+
+    /// Seconds since this run of failures started (0 before it has).
+    #[pyo3(signature = (now = None))]
+    fn elapsed(&self, now: Option<f64>) -> f64 {
+        self.0.since().map_or(0.0, |since| (now.unwrap_or_else(now_secs) - since).max(0.0))
     }
 
     /// The next failure gives up (the handler is closing: one last attempt).
@@ -73,10 +87,15 @@ impl Retry {
     }
 }
 
-impl From<Verdict> for RetryVerdict {
-    fn from(v: Verdict) -> Self {
+impl RetryVerdict {
+    /// The core's verdict on a failure reported at `now`.
+    fn at(v: Verdict, now: f64) -> Self {
         match v {
-            Verdict::Again { at, left } => RetryVerdict::Again { at, left },
+            Verdict::Again { at, left } => RetryVerdict::Again {
+                at,
+                left,
+                pause: (at - now).max(0.0),
+            },
             Verdict::GiveUp { attempts, seconds } => RetryVerdict::GiveUp { attempts, seconds },
         }
     }
@@ -119,8 +138,9 @@ impl Writes {
 
     /// Queues a write retried for `bound` seconds from `now`, due at once;
     /// its handle. `RuntimeError` for a claim or announce while `busy`.
-    fn push(&mut self, kind: WriteKind, bound: f64, now: f64) -> PyResult<WriteId> {
-        Ok(self.0.push(kind.into(), bound, now)?)
+    #[pyo3(signature = (kind, bound, now = None))]
+    fn push(&mut self, kind: WriteKind, bound: f64, now: Option<f64>) -> PyResult<WriteId> {
+        Ok(self.0.push(kind.into(), bound, now.unwrap_or_else(now_secs))?)
     }
 
     /// A notice's write is pending: the next notice waits.
@@ -134,13 +154,22 @@ impl Writes {
     }
 
     /// The write to attempt at `now`, or None when none is due.
-    fn poll_action(&self, now: f64) -> Option<WriteId> {
-        self.0.poll_action(now)
+    #[pyo3(signature = (now = None))]
+    fn poll_action(&self, now: Option<f64>) -> Option<WriteId> {
+        self.0.poll_action(now.unwrap_or_else(now_secs))
     }
 
     /// When the next write is due, or None with none pending.
     fn poll_timeout(&self) -> Option<f64> {
         self.0.poll_timeout()
+    }
+
+    /// Seconds from `now` until the next write is due (0 if it is), or None
+    /// with none pending: how long the driver's receive may wait.
+    #[pyo3(signature = (now = None))]
+    fn poll_wait(&self, now: Option<f64>) -> Option<f64> {
+        let now = now.unwrap_or_else(now_secs);
+        self.0.poll_timeout().map(|due| (due - now).max(0.0))
     }
 
     /// The attempt succeeded: the write is forgotten. False for a stale handle.
@@ -150,8 +179,10 @@ impl Writes {
 
     /// The attempt failed at `now`: when to try again, or give up (the write
     /// is then forgotten). None for a stale handle.
-    fn failed(&mut self, id: WriteId, now: f64, closing: bool) -> Option<RetryVerdict> {
-        self.0.failed(id, now, closing).map(RetryVerdict::from)
+    #[pyo3(signature = (id, now = None, closing = false))]
+    fn failed(&mut self, id: WriteId, now: Option<f64>, closing: bool) -> Option<RetryVerdict> {
+        let now = now.unwrap_or_else(now_secs);
+        self.0.failed(id, now, closing).map(|v| RetryVerdict::at(v, now))
     }
 
     /// Failed attempts of `id` so far.
@@ -160,8 +191,9 @@ impl Writes {
     }
 
     /// The handler closes: `(last attempts, dropped claim or None)`.
-    fn close(&mut self, now: f64) -> (Vec<WriteId>, Option<WriteId>) {
-        let closing = self.0.close(now);
+    #[pyo3(signature = (now = None))]
+    fn close(&mut self, now: Option<f64>) -> (Vec<WriteId>, Option<WriteId>) {
+        let closing = self.0.close(now.unwrap_or_else(now_secs));
         (closing.last_attempts, closing.dropped)
     }
 }

@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from typing import Any, Callable, Optional
 
 from .._native import PS_POLL_INTERVAL as POLL_INTERVAL
 from .._native import PS_PORT_PROBE_TIMEOUT as PORT_PROBE_TIMEOUT
-from .._native import CallTimeout, PollLog, Retry, RetryVerdict, TaskWatch, reconnect
+from .._native import CallTimeout, Deadline, PollLog, Retry, RetryVerdict, TaskWatch, reconnect
 from .task_calls import CALL_TIMEOUT, CallRefused, call
 
 log = logging.getLogger("tf_failure_handling")
@@ -179,7 +178,7 @@ class ClusterPoller:
             "incarnation": incarnation,
             "notice_at": notice_at,
         }
-        retry = Retry(self._call_timeout if bound is None else bound, time.monotonic())
+        retry = Retry(self._call_timeout if bound is None else bound)
         while True:
             try:
                 answer = self._call(task, request, self._call_timeout)
@@ -196,14 +195,14 @@ class ClusterPoller:
                 # release is sent again (a release is idempotent for the task).
                 error, ask_listening = e, True
             # Either way, sent again by the core's retry rule.
-            verdict = retry.failed(time.monotonic(), self._stop.is_set())
+            verdict = retry.failed(closing=self._stop.is_set())
             if isinstance(verdict, RetryVerdict.GiveUp) or (
                 ask_listening and not self._listening(task)
             ):
                 log.info("Could not release %s (%s): it is gone or does not answer.", task, error)
                 return False
             log.info("Releasing %s failed (%s); sending it again.", task, error)
-            self._stop.wait(max(0.0, verdict.at - time.monotonic()))
+            self._stop.wait(verdict.pause)
         if not isinstance(answer, dict) or not answer.get("released"):
             why = answer.get("why") if isinstance(answer, dict) else answer
             log.warning("%s refused its release (%s).", task, why)
@@ -224,15 +223,14 @@ class ClusterPoller:
         connection -- (True), or ``bound`` seconds pass (False). No op is sent to the
         task meanwhile (see :attr:`leaving`); either way it is asked again afterwards
         (a restarted task is watched like the first)."""
-        end = time.monotonic() + bound
+        deadline = Deadline(bound)
         try:
             while not self._stop.is_set():
                 if not self._listening(task):
                     return True
-                left = end - time.monotonic()
-                if left <= 0:
+                if deadline.passed():
                     return False
-                self._stop.wait(min(0.1, left))
+                self._stop.wait(deadline.slice(0.1))
             return False
         finally:
             with self._lock:

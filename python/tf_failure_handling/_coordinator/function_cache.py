@@ -8,7 +8,6 @@ docs/how-it-works.md, "The coordinator" (the cache's key).
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from typing import Any, Optional
 
@@ -23,6 +22,7 @@ from tensorflow.python.saved_model import save_context as _save_context
 from tensorflow.python.util import nest as _nest
 
 from .._native import Closure as _NativeClosure
+from .._native import Stopwatch
 from .remote_values import DT_RESOURCE, DT_VARIANT, ClosureRemoteValue, EagerTensor, metric_cell
 
 #: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
@@ -248,10 +248,10 @@ def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
         with _eager_context.executor_scope(worker.executor):
             with _context.with_dispatch_context(worker):
                 cell = metric_cell("closure_execution")
-                start = time.time()
+                timing = None if cell is None else Stopwatch()
                 output_values = function(*args, **kwargs)
-                if cell is not None:
-                    cell.add(time.time() - start)
+                if timing is not None:
+                    cell.add(timing.seconds())
     return output_values
 
 

@@ -8,7 +8,6 @@ Why it has no event or lock of its own: docs/how-it-works.md, "Two objects per
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Optional
 
 from tensorflow.python.distribute.coordinator import metric_utils as _metric_utils
@@ -20,7 +19,7 @@ from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import array_ops as _array_ops
 from tensorflow.python.util import nest as _nest
 
-from .._native import Completions
+from .._native import Completions, Deadline
 from . import join_checks as _join_checks
 
 EagerTensor = _ops.EagerTensor
@@ -102,15 +101,14 @@ class ClosureRemoteValue(_values.RemoteValueImpl):
     def _wait_unchecked(self, timeout: Optional[float] = None) -> bool:
         if self._status is not _NOT_READY:
             return True
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
             seen = _COMPLETIONS.count()
             if self._status is not _NOT_READY:
                 return True
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            if deadline.passed():
                 return False
-            _COMPLETIONS.wait(seen, left)
+            _COMPLETIONS.wait(seen, deadline.left())
 
     def _finish(self, status: Any, values: Any, error: Any) -> None:
         self._values = values

@@ -11,12 +11,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import threading
-import time
 from typing import Any, Callable, Optional
 
 from .._bounded_call import BoundedCall
-from .._native import ABANDON_AFTER, MAX_ABANDONED, CallTimeout, TaskCalls, release_refused
+from .._native import (
+    ABANDON_AFTER,
+    MAX_ABANDONED,
+    CallTimeout,
+    TaskCalls,
+    now,
+    release_refused,
+    unix_now,
+)
 from .._native import PS_CALL_TIMEOUT as CALL_TIMEOUT
 from .._native import PS_TOKEN as TOKEN
 
@@ -40,7 +48,7 @@ class TaskControl:
         self.job = job
         self.task = task
         #: Differs between two runs of the same task (a restart).
-        self.incarnation = f"{os.getpid()}-{time.time_ns()}"
+        self.incarnation = f"{os.getpid()}-{secrets.token_hex(8)}"
         self._lock = threading.Lock()
         self._notice: Optional[dict] = None
         self.released = threading.Event()
@@ -51,7 +59,7 @@ class TaskControl:
     def set_notice(self, source: str, deadline: Optional[float]) -> None:
         with self._lock:
             if self._notice is None:
-                self._notice = {"source": source, "at": time.time(), "deadline": deadline}
+                self._notice = {"source": source, "at": unix_now(), "deadline": deadline}
 
     def __call__(self, request: Any) -> bytes:
         """The body of the ``PyFunc`` op the coordinator runs on this task."""
@@ -61,7 +69,7 @@ class TaskControl:
             message = None
         if not isinstance(message, dict):
             return json.dumps({"error": "not a JSON object"}).encode()
-        self.last_asked = time.time()
+        self.last_asked = unix_now()
         op = message.get("op")
         if op == "release":
             return json.dumps(self._release(message)).encode()
@@ -142,7 +150,7 @@ class _Caller:
         transport: Callable[[str, dict], dict] = remote_call,
         abandon_after: float = ABANDON_AFTER,
         max_abandoned: int = MAX_ABANDONED,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = now,
     ) -> None:
         self._transport = transport
         self._clock = clock

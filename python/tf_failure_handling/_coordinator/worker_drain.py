@@ -8,10 +8,15 @@ the thread: docs/getting-started/parameter-server.md.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, Optional
 
-from .._native import DEFAULT_DRAIN_BOUND, unreleased_hold_bound, worker_drain_bound
+from .._native import (
+    DEFAULT_DRAIN_BOUND,
+    Deadline,
+    unix_now,
+    unreleased_hold_bound,
+    worker_drain_bound,
+)
 from .._native import WORKER_EXIT_WAIT as EXIT_WAIT
 from .cluster_poller import ClusterPoller
 from .coordinators import find_coordinator, workers_of
@@ -33,7 +38,7 @@ class WorkerDrain:
         index: int,
         deadline: Optional[float],
         coordinator: Any = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = unix_now,
         peer_timeout: Optional[float] = None,
     ) -> None:
         self.poller = poller
@@ -65,10 +70,9 @@ class WorkerDrain:
             self.index,
             bound,
         )
-        end = time.monotonic() + bound
+        holding = Deadline(bound)
         while not self.poller.stopped:
-            left = end - time.monotonic()
-            if left <= 0:
+            if holding.passed():
                 log.warning(
                     "Worker %d still serves %.0fs after its release failed; it takes "
                     "closures again.",
@@ -76,7 +80,7 @@ class WorkerDrain:
                     bound,
                 )
                 return
-            if self.poller.wait_gone(self.task, min(EXIT_WAIT, left)):
+            if self.poller.wait_gone(self.task, holding.slice(EXIT_WAIT)):
                 return
             if self.poller.incarnations.get(self.task) != incarnation:
                 return  # a new incarnation answers: watched like the first

@@ -7,13 +7,13 @@ What it spares TensorFlow's worker thread: docs/how-it-works.md, "The coordinato
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Optional
 
 from tensorflow.python.distribute.coordinator import cluster_coordinator as _tf_cc
 from tensorflow.python.framework import errors as _tf_errors
 from tensorflow.python.platform import tf_logging as _tf_logging
 
+from .._native import Stopwatch
 from .closure_queue import MAX_SIZE as MAX_QUEUE_SIZE
 from .function_cache import Closure, run_on
 from .remote_values import complete, copy_to_local, metric_cell
@@ -315,10 +315,10 @@ class Worker(_tf_cc.Worker):
         remote_value = closure._output_remote_value()
         if remote_value is not None:
             cell = metric_cell("remote_value_fetch")
-            start = time.time()
+            timing = None if cell is None else Stopwatch()
             complete(remote_value, output_values)
-            if cell is not None:
-                cell.add(time.time() - start)
+            if timing is not None:
+                cell.add(timing.seconds())
             del remote_value
         del output_values
         # Only now: a copy that failed with the worker is retried with the same

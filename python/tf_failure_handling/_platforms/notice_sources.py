@@ -25,17 +25,18 @@ import atexit
 import logging
 import signal
 import threading
-import time
 import weakref
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from .._native import INBOX_EXIT_JOIN_TIMEOUT as EXIT_JOIN_TIMEOUT
 from .._native import (
     WATCHER_FN_INTERVAL,
+    Deadline,
     Inbox,
     Input,
     MetadataWatch,
     SignalWatch,
+    Stopwatch,
     ignore_warnings_at_exit,
 )
 from .._native import WATCHER_FN_JOIN_TIMEOUT as POLLER_JOIN_TIMEOUT
@@ -83,10 +84,10 @@ def _release_all_at_exit() -> None:
             "At exit, %s ignored (a warning now would end the process with 128 + its number).",
             ", ".join(signal_name(n) for n in ignored),
         )
-    end = time.monotonic() + EXIT_JOIN_TIMEOUT
+    joining = Deadline(EXIT_JOIN_TIMEOUT)
     for t in waiters:
         if t is not threading.current_thread():
-            t.join(max(0.0, end - time.monotonic()))
+            t.join(joining.left())
 
 
 atexit.register(_release_all_at_exit)
@@ -211,10 +212,9 @@ class NoticeSources:
     def wait(self, timeout: Optional[float] = None) -> Optional[Notice]:
         """The next notice, or None after ``timeout`` seconds or once closed (a
         watcher's sources carry nothing else)."""
-        end = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
-            left = None if end is None else max(0.0, end - time.monotonic())
-            item = self.receive(left)
+            item = self.receive(deadline.left())
             if item is None or isinstance(item, Input.Stop):
                 return None
             if isinstance(item, Notice):
@@ -234,13 +234,13 @@ class NoticeSources:
         fn = self._watcher_fn
         slow_warned = False
         while not self._stop_polling.is_set():
-            started = time.monotonic()
+            calling = Stopwatch()
             try:
                 fired = fn()
             except Exception as e:  # noqa: BLE001 - see the docstring
                 log.warning("termination_watcher_fn raised %r; polling it again later.", e)
                 fired = False
-            took = time.monotonic() - started
+            took = calling.seconds()
             if took > SLOW_WATCHER_FN and not slow_warned:
                 slow_warned = True
                 log.warning(

@@ -19,9 +19,9 @@ import logging
 import os
 import signal
 import sys
-import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from .._native import Stopwatch
 from . import cloud_aws, cloud_azure, cloud_gce, common, kubernetes, slurm, tf_hooks
 
 log = logging.getLogger("tf_failure_handling")
@@ -147,7 +147,7 @@ def environment() -> Environment:
     Raises:
       ValueError: a variable holds something it cannot mean, named with its value.
     """
-    start = time.monotonic()
+    detecting = Stopwatch()
     s = settings()
     cloud, scheduler = _detected("cloud", s), _detected("scheduler", s)
     env = Environment(
@@ -159,7 +159,7 @@ def environment() -> Environment:
     )
     for p in _active(env):
         p.start(env)  # SLURM: the job's limits, read once off this thread
-    log.debug("environment %s (detected in %.3f s)", env, time.monotonic() - start)
+    log.debug("environment %s (detected in %.3f s)", env, detecting.seconds())
     return env
 
 

@@ -13,15 +13,16 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from typing import Any, Optional
 
 from .._native import SLURM_NOTICE_READ_TIMEOUT as NOTICE_READ_TIMEOUT
 from .._native import SLURM_READ_TIMEOUT as READ_TIMEOUT
 from .._native import SLURM_REQUEUE_TIMEOUT as REQUEUE_TIMEOUT
 from .._native import (
+    Deadline,
     Retry,
     RetryVerdict,
+    Stopwatch,
     slurm_config_value,
     slurm_controller_busy,
     slurm_decides_requeue,
@@ -99,7 +100,7 @@ class JobInfo:
         return self
 
     def _read(self) -> None:
-        started = time.monotonic()
+        reading = Stopwatch()
         try:
             job = show_job(self.job_id)
             self.end_time = parse_time(job.get("EndTime"))
@@ -116,7 +117,7 @@ class JobInfo:
             self.error = f"{type(e).__name__}: {e}"
             log.info("SLURM job %s: cannot read its EndTime (%s).", self.job_id, self.error)
         finally:
-            self.took = time.monotonic() - started
+            self.took = reading.seconds()
             self.done.set()
         # Info: the limits every later deadline comes from (tests/slurm waits for it).
         log.info(
@@ -263,10 +264,10 @@ def _requeue(jid: str) -> tuple:
     (scontrol's ``MessageTimeout`` passes while slurmctld still acts on the request);
     after each failure the job is read again, and one that shows this run's requeue
     counts as requeued."""
-    started = time.monotonic()
-    retry = Retry(REQUEUE_TIMEOUT, started)
+    deadline, retry = Deadline(REQUEUE_TIMEOUT), Retry(REQUEUE_TIMEOUT)
+    pause = threading.Event()  # set by nothing: the pause between two attempts
     while True:
-        left = max(1.0, REQUEUE_TIMEOUT - (time.monotonic() - started))
+        left = max(1.0, deadline.left())
         try:
             out = _scontrol("requeue", jid, timeout=left)
             said = (out.stderr or out.stdout).strip()
@@ -282,11 +283,11 @@ def _requeue(jid: str) -> tuple:
                 return True, f"{message}; the job shows requeued all the same"
         except Exception:  # noqa: BLE001 - the failure above is what counts then
             pass
-        verdict = retry.failed(time.monotonic(), False)
+        verdict = retry.failed()
         if isinstance(verdict, RetryVerdict.GiveUp) or not slurm_controller_busy(message):
             return False, message
         log.info("SLURM job %s: scontrol requeue failed (%s); trying again.", jid, message)
-        time.sleep(max(0.0, verdict.at - time.monotonic()))
+        pause.wait(verdict.pause)
 
 
 def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
@@ -299,7 +300,7 @@ def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
     procid = os.environ.get("SLURM_PROCID")
     if not slurm_decides_requeue(under_slurm=jid is not None, enabled=enabled, procid=procid):
         return None
-    started = time.monotonic()
+    requeuing = Stopwatch()
     message = ""
     try:
         job = show_job(jid)
@@ -333,7 +334,7 @@ def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
                 "SLURM job %s (%s): requeued after the checkpoint (scontrol requeue, %.2f s).",
                 jid,
                 reason,
-                time.monotonic() - started,
+                requeuing.seconds(),
             )
         else:
             log.warning(

@@ -14,11 +14,10 @@ The wait is bounded by the peer timeout; a worker that did not answer is named i
 from __future__ import annotations
 
 import logging
-import time
 from typing import Optional
 
 from .. import _errors
-from .._native import ACK_VALUE, ProtocolCore
+from .._native import ACK_VALUE, Deadline, ProtocolCore
 from .keys import LAST_RUN_TO_CHECKPOINT, PEER_TIMEOUT_ENV
 from .records_hooks import StageRecords
 from .retries import Retrier, Retry
@@ -84,21 +83,20 @@ class Agreement:
         """Waits, bounded by the peer timeout, until every worker acknowledged. A failed
         read counts as "not yet" until reads have failed, without a read that answered,
         for longer than the core's retry bound (then the named error)."""
-        deadline = time.monotonic() + self._state.peer_timeout
+        deadline = Deadline(self._state.peer_timeout)
         pending = list(ack_keys)
         last_error: Optional[BaseException] = None
         retry: Optional[Retry] = None
         while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if deadline.passed():
                 break
             try:
-                got = self._state.coordination.get(pending[0], min(remaining, 1.0))
+                got = self._state.coordination.get(pending[0], deadline.slice(1.0))
             except _errors.module().OpError as e:
                 # A failed read is retried like a slow peer, but a failure that lasts
                 # longer than the bound is the service's (a peer reported an error).
                 retry = retry or self._retrier.retry()
-                self._retrier.wait(retry, f"reading {pending[0]}", e, max(0.0, remaining))
+                self._retrier.wait(retry, f"reading {pending[0]}", e, deadline.left())
                 last_error = e
                 continue
             retry = None
@@ -114,7 +112,7 @@ class Agreement:
                 last_error,
                 f"reading {pending[0]}",
                 retry.attempts,
-                time.monotonic() - retry.since,
+                retry.elapsed(),
             ) from last_error
         # Name every worker still missing, not only the first one waited on.
         missing = []

@@ -14,14 +14,18 @@ from __future__ import annotations
 import collections
 import itertools
 import secrets
-import time
+import threading
 from typing import Any, Callable, Optional
 
 from .. import _errors
 from .._integrations import tf_shares
 from .._native import (
     SHARES_MIN_WAIT,  # the chief's shortest wait for the shares (s)
+    SHARES_PROBE_LOOK,  # how long a worker looks for the probe file (s)
+    SHARES_PROBE_LOOK_EVERY,  # the pause between two looks (s)
     SHARES_PROBE_WAIT,  # the construction's wait for the folder's probe (s)
+    Deadline,
+    now,
     shares_wait_bound_at,
 )
 from .checkpoint_files import delete_file, make_dirs, read_or_none
@@ -32,14 +36,12 @@ SHARE_KEY = "tf_failure_handling/share"
 #: The probe file the chief writes into its checkpoint folder at construction (shares):
 #: ``<folder>/<PROBE_FILE><token>``, holding the token; removed once every worker answered.
 PROBE_FILE = "tf_failure_handling_probe_"
-#: How long a non-chief looks for the probe file before it says it cannot see it: a
-#: shared file system may show another host's new file a little later.
-PROBE_LOOK = 10.0
 #: The shares-mode handlers this process made, by worker: their probe keys, the same on
 #: every worker (the workers of the unit tests share one process).
 _probes: dict = collections.defaultdict(itertools.count)
-#: The clock of a chief's wait for the shares and of the probe's.
-_clock = time.monotonic
+#: The clock of a chief's wait for the shares, the handler's (``HandlerState.clock``
+#: unless a simulation substitutes it): the core's planner reads the same.
+_clock = now
 
 
 def share_keys(token: str, number: int) -> str:
@@ -70,9 +72,9 @@ def probe(client: Any, worker: int, workers: int, directory: str) -> str:
         file_io.write_string_to_file(probe, token)
         try:
             client.set(key, token)
-            end = _clock() + bound
+            deadline = Deadline(bound)
             for other in range(1, workers):
-                answer = client.get(f"{key}/{other}", max(0.001, end - _clock()))
+                answer = client.get(f"{key}/{other}", max(0.001, deadline.left()))
                 if answer is None:
                     raise _errors.make(
                         "DeadlineExceededError",
@@ -97,18 +99,19 @@ def probe(client: Any, worker: int, workers: int, directory: str) -> str:
             f"the checkpoint folder ({key}): is the chief building its handler?",
         )
     probe = f"{directory.rstrip('/')}/{PROBE_FILE}{token}"
-    end = _clock() + PROBE_LOOK
+    looking = Deadline(SHARES_PROBE_LOOK)
+    pause = threading.Event()  # set by nothing: the pause between two looks
     while True:
         seen = read_or_none(probe)
-        if seen == token or _clock() >= end:
+        if seen == token or looking.passed():
             break
-        time.sleep(0.2)
+        pause.wait(looking.slice(SHARES_PROBE_LOOK_EVERY))
     if seen != token:
-        client.set(f"{key}/{worker}", f"it looked for {probe} for {PROBE_LOOK:g}s")
+        client.set(f"{key}/{worker}", f"it looked for {probe} for {SHARES_PROBE_LOOK:g}s")
         raise _errors.make(
             "FailedPreconditionError",
             f"Worker {worker} cannot see the probe file {probe} the chief wrote into its "
-            f"checkpoint folder (looked for it {PROBE_LOOK:g}s): {advice}.",
+            f"checkpoint folder (looked for it {SHARES_PROBE_LOOK:g}s): {advice}.",
         )
     client.set(f"{key}/{worker}", "ok")
     return token

@@ -33,10 +33,10 @@ import contextlib
 import itertools
 import logging
 import os
-import time
 from typing import Any, Optional
 
 from .. import _errors
+from .._native import now
 from . import checkpoint_shares
 from .checkpoint_files import delete_recursively, writable_dir
 from .non_chief_saves import (
@@ -53,8 +53,8 @@ from .non_chief_saves import (
 log = logging.getLogger("tf_failure_handling")
 
 COUNTER_NAME = "checkpointed_runs"
-#: The clock a restore is timed on.
-_clock = time.monotonic
+#: The clock a restore is timed on (the package's one: ``_native.now``).
+_clock = now
 
 
 def _tf_classes():

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from typing import Any, Optional
 
-from .._native import Input, WriteKind
+from .._native import Input, WriteKind, unix_time_of
 from .._platforms import notice_sources as _sources
 from .keys import THREAD_JOIN_TIMEOUT
 from .notices import NoticeResponse
@@ -76,7 +75,7 @@ class Driver:
         ``deadline`` is on the handler's clock (``time.monotonic()``). A notice after the
         handler exited or was closed is ignored, as a signal would be.
         """
-        unix_deadline = None if deadline is None else time.time() + (deadline - self._state.clock())
+        unix_deadline = None if deadline is None else unix_time_of(deadline, self._state.clock())
         if self._state.closing.is_set() or not self.sources.trigger(
             "a termination source", unix_deadline
         ):
@@ -122,11 +121,8 @@ class Driver:
         notices: deque = deque()  # notices waiting for the current one
         writes = self._writes.schedule
         while True:
-            due = writes.poll_timeout()
             try:
-                item = self.sources.receive(
-                    None if due is None else max(0.0, due - time.monotonic())
-                )
+                item = self.sources.receive(writes.poll_wait())
             except BaseException as e:  # noqa: BLE001 - handed to the next run()
                 self._errors.fail_in_background("the protocol driver's receive", e)
                 return
@@ -179,7 +175,7 @@ class Driver:
                 self._take(later, notices)
         except BaseException as e:  # noqa: BLE001 - closing: logged there
             self._errors.fail_in_background("the protocol driver's last look", e)
-        last_attempts, dropped_claim = self._writes.schedule.close(time.monotonic())
+        last_attempts, dropped_claim = self._writes.schedule.close()
         for handle in last_attempts:
             write = self._writes.pop(handle)
             try:

@@ -20,7 +20,7 @@ import numbers
 from typing import Any, Callable, Optional
 
 from .._integrations import tf_input, tf_keras_fit
-from .._native import input_batches_given, input_resume
+from .._native import Stopwatch, input_batches_given, input_resume
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -346,9 +346,7 @@ class _Progress:
         return not self._thread.is_alive()
 
     def _log(self) -> None:
-        import time
-
-        start = time.monotonic()
+        replaying = Stopwatch()
         while not self._stopped.wait(PROGRESS_EVERY):
             try:
                 moved = self._tracker._runs() != self._runs
@@ -360,16 +358,14 @@ class _Progress:
                 "Replaying the input to %s: %.0fs so far (the first resumed step starts "
                 "when it is reached).",
                 self._what,
-                time.monotonic() - start,
+                replaying.seconds(),
             )
 
 
 def _timed_advance(dataset: Any, count: int) -> None:
-    import time
-
-    start = time.monotonic()
+    making = Stopwatch()
     tf_input.advance(dataset, count)
-    seconds = time.monotonic() - start
+    seconds = making.seconds()
     if seconds > 1.0:
         log.info("Made %d earlier iterator(s) of the input in %.1fs.", count, seconds)
 

@@ -17,10 +17,9 @@ inputs.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Optional
 
-from .._native import NoticeAction, ProtocolCore, WriteKind
+from .._native import NoticeAction, ProtocolCore, WriteKind, unix_now
 from .._platforms import in_process
 from .._platforms.notice_sources import Notice
 from .keys import PREEMPTION_NOTICE_KEY, SHUTDOWN_WRITE_TIMEOUT
@@ -74,18 +73,19 @@ class NoticeResponse:
 
     def _on_own_notice(self, notice: Notice) -> Optional[Write]:
         source = notice.source
-        unix_now = time.time()
+        # Platforms announce wall-clock times; the core plans on the handler's clock
+        # and converts (the wall clock read once, here, for both).
+        wall = unix_now()
         if notice.deadline is not None:
             log.info(
                 "The notice from %s gives %.1fs until the machine goes away.",
                 source,
-                notice.deadline - unix_now,
+                notice.deadline - wall,
             )
-        # Platforms announce wall-clock times; the core plans on the handler's clock.
         now = self._state.clock()
         # The notice's line is written before any line of a stage it leads to.
         with self._records.taking_notice():
-            action = self._core.source_notice(now, unix_now, notice.deadline)
+            action = self._core.source_notice(now, wall, notice.deadline)
             # Where training was when the core took the notice: the first step that can
             # save at it is the next run() to start (read after the core took it, so a
             # run() that started in between and saw it is counted as before it).

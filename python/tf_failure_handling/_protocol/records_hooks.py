@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from typing import Any, Iterator, Optional
 
 from .. import records
@@ -72,7 +71,7 @@ class StageRecords:
         for a bucket), at once on a local folder; a record file that cannot be read
         or makes no sense writes nothing and never stops the handler."""
         rec = self.recorder
-        built = time.time()
+        built = records.stamp()
         environment = self._state.environment
 
         def resume() -> None:
@@ -165,7 +164,7 @@ class StageRecords:
 
     def task_notice(self, job: str, task: int, source: str, deadline: Optional[float]) -> None:
         """A PS or worker task's notice, seen by its coordinator."""
-        preemption = f"{job}-{task}-{int(time.time() * 1000)}"
+        preemption = records.task_preemption(job, task)
         self._remote[(job, task)] = preemption
         self.recorder.write(
             "notice",

@@ -26,7 +26,6 @@ Two threads retry, each its own way:
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, Optional, Union
 
 from .. import _errors
@@ -85,8 +84,8 @@ class Retrier:
         return self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
 
     def retry(self) -> Retry:
-        """A run of failures of one call, starting now."""
-        return Retry(self.bound(), time.monotonic())
+        """A run of failures of one call, starting now (on the core's clock)."""
+        return Retry(self.bound())
 
     def named(self, error: BaseException, what: str, attempts: int, seconds: float) -> Any:
         """``error``'s type (TF's), its message prefixed with what failed, how often and
@@ -105,13 +104,14 @@ class Retrier:
         return named
 
     def after(
-        self, verdict: RetryVerdict, attempts: int, now: float, what: str, error: BaseException
+        self, verdict: RetryVerdict, attempts: int, what: str, error: BaseException
     ) -> Union[float, BaseException]:
-        """The rule's ``verdict`` on a failed attempt of ``what`` at ``now``: the pause
-        before the next attempt (logged: a warning the first time), or the named error."""
+        """The rule's ``verdict`` on a failed attempt of ``what``: the pause before the
+        next attempt (the core's, from the failure; logged: a warning the first time), or
+        the named error."""
         if isinstance(verdict, RetryVerdict.GiveUp):
             return self.named(error, what, verdict.attempts, verdict.seconds)
-        pause = max(0.0, verdict.at - now)
+        pause = verdict.pause
         (log.warning if attempts == 1 else log.info)(
             "%s failed (%s: %s); retrying in %gs (%.1fs left).",
             what,
@@ -128,9 +128,8 @@ class Retrier:
         """A blocking caller's failed attempt: waits the rule's pause (at most
         ``longest`` seconds, and not once closing), or raises the named error from
         ``error`` when the rule gives up."""
-        now = time.monotonic()
-        verdict = retry.failed(now, self._state.closing.is_set())
-        pause = self.after(verdict, retry.attempts, now, what, error)
+        verdict = retry.failed(closing=self._state.closing.is_set())
+        pause = self.after(verdict, retry.attempts, what, error)
         if isinstance(pause, BaseException):
             raise pause from error
         self._state.closing.wait(pause if longest is None else min(pause, longest))
@@ -144,7 +143,7 @@ class Retrier:
         while True:
             # An attempt that fails after the whole bound (the call's own timeout: the
             # service did not answer) ends the run once the bound has passed.
-            retry.attempt(time.monotonic())
+            retry.attempt()
             try:
                 return call()
             except errors.OpError as e:
@@ -171,13 +170,13 @@ class WriteQueue:
     ) -> Write:
         """A write queued in the core's schedule, retried from now and due at once."""
         write = Write(what, call, kind, on_done, on_failed)
-        write.id = self.schedule.push(kind, self._retrier.bound(), time.monotonic())
+        write.id = self.schedule.push(kind, self._retrier.bound())
         self._pending[write.id] = write
         return write
 
     def due(self) -> Optional[Write]:
         """The write to attempt now (acknowledgements first), if any is due."""
-        handle = self.schedule.poll_action(time.monotonic())
+        handle = self.schedule.poll_action()
         return None if handle is None else self._pending[handle]
 
     def pop(self, handle: int) -> Write:
@@ -198,11 +197,10 @@ class WriteQueue:
         try:
             result = write.call()
         except _errors.module().OpError as e:
-            now = time.monotonic()
-            verdict = writes.failed(write.id, now, self._state.closing.is_set())
+            verdict = writes.failed(write.id, closing=self._state.closing.is_set())
             if verdict is None:  # not pending (a stale handle): nothing to retry
                 return True, None
-            pause = self._retrier.after(verdict, writes.attempts(write.id), now, write.what, e)
+            pause = self._retrier.after(verdict, writes.attempts(write.id), write.what, e)
             if isinstance(pause, BaseException):
                 return True, write.on_failed(pause)
             return False, None

@@ -5,11 +5,10 @@ simulation substitutes it after construction)."""
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .._native import DEFAULT_GRACE_PERIOD, DEFAULT_PEER_TIMEOUT
+from .._native import DEFAULT_GRACE_PERIOD, DEFAULT_PEER_TIMEOUT, now
 
 
 @dataclass(eq=False)
@@ -27,8 +26,10 @@ class HandlerState:
     #: Seconds from a notice to the machine's end (the core's default until set).
     grace_period: float = DEFAULT_GRACE_PERIOD
     #: The clock the protocol reads: notice times, deadlines, save and agreement
-    #: durations. Simulations substitute a virtual one; waits for peers stay real.
-    clock: Callable[[], float] = time.monotonic
+    #: durations; the package's one clock (``_native.now``, the binding's, on which
+    #: every ``Deadline``, ``Retry`` and ``Writes`` of the package also counts).
+    #: Simulations substitute a virtual one; waits for peers stay real.
+    clock: Callable[[], float] = now
     #: Set when the handler closes: the driver and reader stop.
     closing: threading.Event = field(default_factory=threading.Event)
     closed: bool = False
