@@ -330,6 +330,26 @@ impl Protocol {
         self.planner.margin()
     }
 
+    /// The rounds' keys in order: what a follower's reader watches (the
+    /// final round's only with a grace period).
+    pub fn round_keys(&self) -> Result<Vec<&'static str>, ConfigError> {
+        Ok(self
+            .resolver
+            .as_ref()
+            .ok_or(ConfigError::NotConfigured)?
+            .rounds()
+            .iter()
+            .map(|r| r.key())
+            .collect())
+    }
+
+    /// Whether a preemption has a final round (a grace period): training goes
+    /// on after the first save, and a notice that leaves room for one save
+    /// only is worth a warning.
+    pub fn has_final_round(&self) -> Result<bool, ConfigError> {
+        Ok(self.resolver.as_ref().ok_or(ConfigError::NotConfigured)?.rounds().len() > 1)
+    }
+
     /// The step keys every worker writes `STOP_WATCHER` to at shutdown.
     pub fn shutdown_keys(&self) -> Result<&'static [&'static str], ConfigError> {
         Ok(self.resolver.as_ref().ok_or(ConfigError::NotConfigured)?.shutdown_keys())

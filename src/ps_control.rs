@@ -121,6 +121,29 @@ pub enum Serving {
     Leave(Leave),
 }
 
+/// Where a served task's own bound comes from (`serve_bound`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServeBound {
+    /// The notice names when the machine goes: until then.
+    Deadline,
+    /// The task's grace period.
+    GracePeriod,
+    /// Neither: the coordinator's `peer_timeout`.
+    PeerTimeout,
+}
+
+/// A served task's own bound from its notice at `notice_at` (Unix seconds):
+/// until the notice's `deadline` when it names one, else its grace period
+/// when it has one, else `peer_timeout`; and where it came from.
+#[must_use]
+pub fn serve_bound(notice_at: f64, deadline: Option<f64>, grace_period: f64, peer_timeout: f64) -> (f64, ServeBound) {
+    match deadline {
+        Some(d) => ((d - notice_at).max(0.0), ServeBound::Deadline),
+        None if grace_period > 0.0 => (grace_period, ServeBound::GracePeriod),
+        None => (peer_timeout, ServeBound::PeerTimeout),
+    }
+}
+
 /// What a served task whose notice came at `notice_at` does at `now`: its
 /// notice's `deadline` (if it names one), its `own_bound` (seconds: grace
 /// period or `peer_timeout`), when the coordinator last asked it
@@ -271,6 +294,22 @@ pub fn worker_drain_bound(deadline: Option<f64>, now: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serve_bound_table() {
+        // (deadline, grace period, own bound, from)
+        let rows: &[(Option<f64>, f64, f64, ServeBound)] = &[
+            (Some(130.0), 0.0, 30.0, ServeBound::Deadline),
+            (Some(130.0), 600.0, 30.0, ServeBound::Deadline),
+            (Some(90.0), 0.0, 0.0, ServeBound::Deadline),
+            (None, 25.0, 25.0, ServeBound::GracePeriod),
+            (None, 0.0, 60.0, ServeBound::PeerTimeout),
+            (None, -1.0, 60.0, ServeBound::PeerTimeout),
+        ];
+        for &(deadline, grace, own, from) in rows {
+            assert_eq!(serve_bound(100.0, deadline, grace, 60.0), (own, from), "{deadline:?} {grace}");
+        }
+    }
 
     #[test]
     fn a_release_is_accepted_only_for_this_incarnation_and_notice() {

@@ -139,8 +139,8 @@
 //! meanwhile is taken at once, and when several writes are due the oldest
 //! acknowledgement goes first; the inbox also hands out step keys before
 //! notices. An acknowledgement therefore waits for at most the one call
-//! already in flight, itself bounded by the write timeout: the peer timeout
-//! clamped to 1..60 s (to 1..10 s for the announce), so never longer than
+//! already in flight, itself bounded by the write timeout ([`write_timeout`]):
+//! the peer timeout clamped to 1..60 s (to 1..10 s for the announce), so never longer than
 //! the leader's own wait when that is a second or more. Only a call that
 //! hangs for all of it (a service that hangs every call, the
 //! acknowledgement's included) makes the leader give up, naming this worker. Keeping the writes in one
@@ -192,6 +192,34 @@ pub const THREAD_JOIN_TIMEOUT: f64 = 10.0;
 /// notice). The protocol's own writes are bounded by the peer timeout (60 s at
 /// most).
 pub const SHUTDOWN_WRITE_TIMEOUT: f64 = 10.0;
+
+/// The shortest bound on one write of the protocol, in seconds, however short
+/// the peer timeout.
+pub const MIN_WRITE_TIMEOUT: f64 = 1.0;
+
+/// Which of the protocol's writes a bound is for ([`write_timeout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteBound {
+    /// A claim, an acknowledgement, a publish: the coordination client's bound.
+    Protocol,
+    /// The announce of a notice to `PreemptionWatcher`s, which nothing waits for.
+    Announce,
+}
+
+/// The bound on one coordination-service call of the protocol: the peer
+/// timeout clamped to [`MIN_WRITE_TIMEOUT`]..[`COORDINATION_WRITE_TIMEOUT`]
+/// (..[`SHUTDOWN_WRITE_TIMEOUT`] for the announce), so that an
+/// acknowledgement queued behind the call in flight waits no longer than the
+/// leader's own wait when that is a second or more ("Why the driver
+/// acknowledges" above).
+#[must_use]
+pub fn write_timeout(peer_timeout: f64, write: WriteBound) -> f64 {
+    let cap = match write {
+        WriteBound::Protocol => COORDINATION_WRITE_TIMEOUT,
+        WriteBound::Announce => SHUTDOWN_WRITE_TIMEOUT,
+    };
+    peer_timeout.min(cap).max(MIN_WRITE_TIMEOUT)
+}
 
 /// One of the two agreement rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -679,7 +707,7 @@ impl Resolver {
         if self.agreed[round.index()].is_none() {
             self.agree(round, step);
         }
-        let next_round = (round == Round::Initial && self.grace_period > 0.0).then_some(Round::Final);
+        let next_round = self.round_after(round);
         Ok(KeyAction::Acknowledge {
             ack_key: round.ack_key(&self.id),
             next_round,
@@ -825,6 +853,25 @@ impl Resolver {
         if let Phase::Saving(round) = self.phase {
             self.phase = Phase::Agreed(round);
         }
+    }
+
+    /// The rounds a preemption takes, in order: the first, then the final one
+    /// when there is a grace period (decided once, at construction). A
+    /// follower's reader watches these keys; a leader publishes them.
+    #[must_use]
+    pub fn rounds(&self) -> &'static [Round] {
+        if self.grace_period > 0.0 {
+            &[Round::Initial, Round::Final]
+        } else {
+            &[Round::Initial]
+        }
+    }
+
+    /// The round after `round`, if this preemption has one.
+    #[must_use]
+    pub fn round_after(&self, round: Round) -> Option<Round> {
+        let rounds = self.rounds();
+        rounds.iter().position(|r| *r == round).and_then(|i| rounds.get(i + 1)).copied()
     }
 
     /// Keys to write `STOP_WATCHER` to at shutdown (none in local mode).

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 from . import _errors, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
-from ._native import DEFAULT_PEER_TIMEOUT, HandlerCore
+from ._native import DEFAULT_PEER_TIMEOUT, HandlerCore, write_timeout
 from ._platforms import common as _common
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
@@ -174,9 +174,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         state.coordination = (
             None
             if member.local
-            else _coordination.Client(
-                _coordination.current(), max(1.0, min(state.peer_timeout, 60.0))
-            )
+            else _coordination.Client(_coordination.current(), write_timeout(state.peer_timeout))
         )
 
         self._checkpoints = Checkpoints(

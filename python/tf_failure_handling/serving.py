@@ -11,7 +11,14 @@ import logging
 from typing import Any, Optional
 
 from ._coordinator import task_calls as _task_calls
-from ._native import COORDINATOR_SILENCE, SERVE_CAP_FACTOR, Stopwatch, serving, unix_now
+from ._native import (
+    COORDINATOR_SILENCE,
+    SERVE_CAP_FACTOR,
+    Stopwatch,
+    serve_bound,
+    serving,
+    unix_now,
+)
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from .handler import TerminationConfig, _peer_timeout
@@ -84,12 +91,7 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
             notice = sources.wait(_SLICE)
         control.set_notice(notice.source, notice.deadline)
         notice_at, serving_for = unix_now(), Stopwatch()
-        if notice.deadline is not None:
-            own, why = max(0.0, notice.deadline - notice_at), "the notice's deadline"
-        elif defaults.grace_period > 0:
-            own, why = defaults.grace_period, "the grace period"
-        else:
-            own, why = peer_timeout, "peer_timeout"
+        own, why = serve_bound(notice_at, notice.deadline, defaults.grace_period, peer_timeout)
         log.info(
             "%s %d: termination notice from %s; serving until the coordinator is done with "
             "this task (%.1fs, %s; past it while the coordinator still asks, at most %.0fs "

@@ -4,6 +4,7 @@
 use super::*;
 use crate::grace::EXIT_RESERVE;
 use crate::retry::{MIN_BOUND_BEFORE_DEADLINE, TRANSIENT_FAILURE_WINDOW};
+use crate::step_resolution::{LAST_RUN_TO_CHECKPOINT, RUN_TO_CHECKPOINT};
 
 fn local(grace_period: f64) -> Protocol {
     let mut p = Protocol::new();
@@ -227,4 +228,42 @@ fn snapshot_names_the_deadlines_once_configured() {
     assert_eq!(after.planned_deadline, Some(70.0));
     assert_eq!(after.final_round_at, Some(70.0 - p.margin()));
     assert!(p.needs_attention());
+}
+
+/// The rounds are decided once, from the grace period: a reader watches what
+/// `round_keys` names, a step key's acknowledgement names the round after it.
+#[test]
+fn rounds_table() {
+    // (grace period, round keys, has a final round)
+    type Row = (f64, &'static [&'static str], bool);
+    let rows: &[Row] = &[
+        (0.0, &[RUN_TO_CHECKPOINT], false),
+        (0.5, &[RUN_TO_CHECKPOINT, LAST_RUN_TO_CHECKPOINT], true),
+        (3600.0, &[RUN_TO_CHECKPOINT, LAST_RUN_TO_CHECKPOINT], true),
+    ];
+    for &(grace, keys, final_round) in rows {
+        let mut p = Protocol::new();
+        p.configure(Config {
+            worker_id: Some(1),
+            num_workers: 2,
+            grace_period: grace,
+            save_at_current_run: false,
+        })
+        .unwrap();
+        assert_eq!(p.round_keys().unwrap(), keys, "grace {grace}");
+        assert_eq!(p.has_final_round().unwrap(), final_round, "grace {grace}");
+        let first = p.handle_step_key(Round::Initial, "7").unwrap().unwrap();
+        let want = final_round.then_some(Round::Final);
+        assert!(
+            matches!(first, KeyAction::Acknowledge { next_round, .. } if next_round == want),
+            "grace {grace}: {first:?}"
+        );
+        if final_round {
+            let last = p.handle_step_key(Round::Final, "9").unwrap().unwrap();
+            assert!(matches!(last, KeyAction::Acknowledge { next_round: None, .. }), "{last:?}");
+        }
+    }
+    let unconfigured = Protocol::new();
+    assert_eq!(unconfigured.round_keys(), Err(ConfigError::NotConfigured));
+    assert_eq!(unconfigured.has_final_round(), Err(ConfigError::NotConfigured));
 }

@@ -407,6 +407,20 @@ static RUN_DEF: MethodDef = MethodDef(UnsafeCell::new(ffi::PyMethodDef {
     ml_doc: c"run(distributed_train_function, *args, **kwargs)\n--\n\nRuns the function with preemption and error handling; see PreemptionCheckpointHandler.run.".as_ptr(),
 }));
 
+/// The bound on one coordination-service call of the protocol, from the
+/// peer timeout ([`crate::step_resolution::write_timeout`]); `announce` for the
+/// announce of a notice to `PreemptionWatcher`s.
+#[pyfunction]
+#[pyo3(signature = (peer_timeout, announce = false))]
+pub(crate) fn write_timeout(peer_timeout: f64, announce: bool) -> f64 {
+    let write = if announce {
+        core::WriteBound::Announce
+    } else {
+        core::WriteBound::Protocol
+    };
+    core::write_timeout(peer_timeout, write)
+}
+
 /// Puts `run` (a method descriptor over [`run_fastcall`]) on `HandlerCore`.
 pub(crate) fn add_run(py: Python<'_>) -> PyResult<()> {
     let ty = py.get_type::<HandlerCore>();
@@ -541,6 +555,14 @@ impl Shared {
 
     fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
         Ok(self.state.lock().shutdown_keys().map_err(refused)?.to_vec())
+    }
+
+    fn round_keys(&self) -> PyResult<Vec<&'static str>> {
+        self.state.lock().round_keys().map_err(refused)
+    }
+
+    fn has_final_round(&self) -> PyResult<bool> {
+        self.state.lock().has_final_round().map_err(refused)
     }
 
     /// A snapshot for logs and tests: read under the lock, turned into Python
@@ -831,6 +853,19 @@ impl ProtocolCore {
     /// The step keys every worker writes `STOP_WATCHER` to at shutdown.
     fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
         self.shared.shutdown_keys()
+    }
+
+    /// The rounds' keys in order, the final round's only with a grace period:
+    /// what a follower's reader watches.
+    fn round_keys(&self) -> PyResult<Vec<&'static str>> {
+        self.shared.round_keys()
+    }
+
+    /// A preemption has a final round (there is a grace period): decided once,
+    /// at configuration.
+    #[getter]
+    fn has_final_round(&self) -> PyResult<bool> {
+        self.shared.has_final_round()
     }
 
     /// A snapshot for logs and tests.

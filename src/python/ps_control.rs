@@ -107,6 +107,20 @@ fn serving(
     }
 }
 
+/// A served task's own bound and where it comes from ("the notice's
+/// deadline", "the grace period", "peer_timeout"):
+/// [`crate::ps_control::serve_bound`].
+#[pyfunction]
+fn serve_bound(notice_at: f64, deadline: Option<f64>, grace_period: f64, peer_timeout: f64) -> (f64, &'static str) {
+    let (own, from) = ps_control::serve_bound(notice_at, deadline, grace_period, peer_timeout);
+    let why = match from {
+        ps_control::ServeBound::Deadline => "the notice's deadline",
+        ps_control::ServeBound::GracePeriod => "the grace period",
+        ps_control::ServeBound::PeerTimeout => "peer_timeout",
+    };
+    (own, why)
+}
+
 /// Seconds the coordinator keeps a worker whose release failed out of the
 /// rotation ([`crate::ps_control::unreleased_hold_bound`]).
 #[pyfunction]
@@ -260,6 +274,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker_drain_bound, m)?)?;
     m.add_function(wrap_pyfunction!(reconnect, m)?)?;
     m.add_function(wrap_pyfunction!(serving, m)?)?;
+    m.add_function(wrap_pyfunction!(serve_bound, m)?)?;
     m.add_function(wrap_pyfunction!(gap_runs, m)?)?;
     m.add_function(wrap_pyfunction!(runs_at_save, m)?)?;
     m.add_function(wrap_pyfunction!(unreleased_hold_bound, m)?)?;

@@ -1702,3 +1702,19 @@ fn a_platform_deadline_tighter_than_the_grace_period_still_makes_one_save() {
         assert_eq!(GracePlanner::grace_binds(notice, 30.0), binds, "deadline {deadline:?}");
     }
 }
+
+#[test]
+fn write_timeout_table() {
+    // (peer timeout, protocol write bound, announce bound)
+    let rows: &[(f64, f64, f64)] = &[
+        (0.2, MIN_WRITE_TIMEOUT, MIN_WRITE_TIMEOUT),
+        (1.0, 1.0, 1.0),
+        (5.0, 5.0, 5.0),
+        (30.0, 30.0, SHUTDOWN_WRITE_TIMEOUT),
+        (300.0, COORDINATION_WRITE_TIMEOUT, SHUTDOWN_WRITE_TIMEOUT),
+    ];
+    for &(peer, protocol, announce) in rows {
+        assert_eq!(write_timeout(peer, WriteBound::Protocol), protocol, "peer timeout {peer}");
+        assert_eq!(write_timeout(peer, WriteBound::Announce), announce, "peer timeout {peer}");
+    }
+}

@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._native import NoticeAction, ProtocolCore, WriteKind, unix_now
+from .._native import NoticeAction, ProtocolCore, WriteKind, unix_now, write_timeout
 from .._platforms import in_process
 from .._platforms.notice_sources import Notice
-from .keys import PREEMPTION_NOTICE_KEY, SHUTDOWN_WRITE_TIMEOUT
+from .keys import PREEMPTION_NOTICE_KEY
 from .ownership import Ownership
 from .ps_steps import PsSteps
 from .records_hooks import StageRecords
@@ -143,7 +143,7 @@ class NoticeResponse:
                 left,
                 needed,
             )
-        elif fit == "one_save" and self._state.grace_period > 0:
+        elif fit == "one_save" and self._core.has_final_round:
             log.warning(
                 "The notice from %s leaves %.1fs, not the %.1fs two saves need: the first "
                 "save is the last (no training through the grace period).",
@@ -196,7 +196,7 @@ class NoticeResponse:
 
         # No longer than the protocol's writes: an acknowledgement may be waiting
         # behind this call (see "Why the driver acknowledges" in step_resolution.rs).
-        timeout = max(1.0, min(SHUTDOWN_WRITE_TIMEOUT, self._state.peer_timeout))
+        timeout = write_timeout(self._state.peer_timeout, announce=True)
 
         # This process's watchers get the message once the cluster has it (or the
         # write gave up): a script that closes and exits when its own watcher reports

@@ -120,7 +120,7 @@ class PsSteps:
         with no grace period the save comes next, so from now on no worker takes a new
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
         hold), which must return to reach the check that saves."""
-        if self.poller is None or self._state.grace_period > 0:
+        if self.poller is None or self._core.has_final_round:
             return
         coordinator = self._coordinator()
         if coordinator is not None and _closure_drain.hold_all(coordinator, strict=False):

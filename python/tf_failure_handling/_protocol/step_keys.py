@@ -20,7 +20,6 @@ from typing import Any, Optional
 from .. import _errors
 from .._native import ACK_VALUE, KeyAction, ProtocolCore
 from .keys import (
-    LAST_RUN_TO_CHECKPOINT,
     PEER_WATCH_SLICE,
     RUN_TO_CHECKPOINT,
     SHUTDOWN_WRITE_TIMEOUT,
@@ -113,10 +112,7 @@ class StepKeys:
                 self._errors.fail_in_background("watching the peers' step keys", e)
 
     def _watch_until_done(self) -> None:
-        rounds = [RUN_TO_CHECKPOINT]
-        if self._state.grace_period > 0:
-            rounds.append(LAST_RUN_TO_CHECKPOINT)
-        for round_key in rounds:
+        for round_key in self._core.round_keys():
             self._reading_key = round_key
             value = self._read(round_key)
             if value is None or not self._sources.inbox.post_step_key(round_key, value):
