@@ -74,8 +74,8 @@
 //!    cancellation running) closes the gate and returns a [`Cancellation`];
 //! 2. the caller, holding no lock, starts cancelling running closures
 //!    (`start_cancel()`);
-//! 3. the caller calls [`Cancellation::finish_until`] in slices until nothing
-//!    is in flight; it then drains the main queue, takes the error, opens the
+//! 3. the caller calls [`Cancellation::finish_until`] (or
+//!    [`Cancellation::finish_timeout`]) in slices until nothing is in flight; it then drains the main queue, takes the error, opens the
 //!    gate and returns both as [`Cancelled`];
 //! 4. the caller, holding no lock, marks the drained closures cancelled,
 //!    replaces its cancellation manager and raises the error.
@@ -87,16 +87,19 @@
 //! # Blocking
 //!
 //! Every blocking operation takes a deadline (`None` = no limit) and has a
-//! non-blocking `try_` form; nothing here reads the clock. Callers that must
-//! stay responsive (the Python binding answers Ctrl-C) call them in short
-//! slices. A wait that times out re-checks its condition before reporting the
+//! non-blocking `try_` form. Those the Python binding calls (`put`, `get`,
+//! [`Waiter::wait_until`], [`Cancellation::finish_until`]) also have a
+//! `_timeout` form, which takes a duration instead: the binding hands the core
+//! durations, never instants. Nothing here reads the clock but the `_timeout`
+//! forms, which read it once to turn their duration into a deadline. Callers that must stay
+//! responsive (the Python binding answers Ctrl-C) call them in short slices. A wait that times out re-checks its condition before reporting the
 //! timeout, so a notification is never lost to a timeout racing it; that is
 //! why single-waiter notifications (`notify_one`) are safe.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use thiserror::Error;
@@ -340,6 +343,16 @@ impl<T, E, K: Eq + Hash> ClosureQueue<T, E, K> {
         }
     }
 
+    /// [`ClosureQueue::put`] with a deadline `timeout` from now (one too long
+    /// to represent: no limit).
+    ///
+    /// # Errors
+    ///
+    /// As [`ClosureQueue::put`].
+    pub fn put_timeout(&self, item: T, timeout: Duration) -> Result<Put<'_, T, E, K>, PutError<T>> {
+        self.put(item, Instant::now().checked_add(timeout))
+    }
+
     /// [`ClosureQueue::put`] without waiting.
     ///
     /// # Errors
@@ -390,6 +403,16 @@ impl<T, E, K: Eq + Hash> ClosureQueue<T, E, K> {
                 return self.take(&mut s, tag).unwrap_or(Err(GetError::Timeout));
             }
         }
+    }
+
+    /// [`ClosureQueue::get`] with a deadline `timeout` from now (one too long
+    /// to represent: no limit).
+    ///
+    /// # Errors
+    ///
+    /// As [`ClosureQueue::get`].
+    pub fn get_timeout(&self, tag: Option<&K>, timeout: Duration) -> Result<T, GetError> {
+        self.get(tag, Instant::now().checked_add(timeout))
     }
 
     /// [`ClosureQueue::get`] without waiting.
@@ -695,6 +718,16 @@ impl<'q, T, E, K> Waiter<'q, T, E, K> {
         }
     }
 
+    /// [`Waiter::wait_until`] with a deadline `timeout` from now (one too long
+    /// to represent: no limit).
+    ///
+    /// # Errors
+    ///
+    /// As [`Waiter::wait_until`].
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<Settled<'q, T, E, K>, WaitError> {
+        self.wait_until(Instant::now().checked_add(timeout))
+    }
+
     /// [`Waiter::wait_until`] without waiting.
     ///
     /// # Errors
@@ -780,6 +813,20 @@ impl<'q, T, E, K> Cancellation<'q, T, E, K> {
             }
         }
         Ok(self.end(s))
+    }
+
+    /// [`Cancellation::finish_until`] with a deadline `timeout` from now (one
+    /// too long to represent: no limit).
+    ///
+    /// # Errors
+    ///
+    /// As [`Cancellation::finish_until`].
+    ///
+    /// # Panics
+    ///
+    /// When called again after it succeeded.
+    pub fn finish_timeout(&mut self, timeout: Duration) -> Result<Cancelled<T, E>, CancelError> {
+        self.finish_until(Instant::now().checked_add(timeout))
     }
 
     /// [`Cancellation::finish_until`] without waiting.
@@ -1234,6 +1281,32 @@ mod tests {
         thread::sleep(Duration::from_millis(10));
         q.put_tagged(30, 3);
         assert_eq!(getter.join().unwrap(), Ok(30));
+    }
+
+    /// The `_timeout` forms (the binding's) time out as their deadline forms do,
+    /// and succeed at once when they need not wait.
+    #[test]
+    fn timeout_forms_wait_at_most_their_duration() {
+        let short = Duration::from_millis(10);
+        let q = Q::new(1);
+        assert_eq!(q.get_timeout(None, short), Err(GetError::Timeout));
+        assert!(matches!(q.put_timeout(1, short), Ok(Put::Queued)));
+        assert!(matches!(q.put_timeout(2, short), Err(PutError::Timeout(2))), "the queue is full");
+        assert!(
+            matches!(q.waiter().wait_timeout(short), Err(WaitError::Timeout)),
+            "one closure queued"
+        );
+        assert_eq!(q.get_timeout(None, short), Ok(1));
+        q.set_inflight(2);
+        q.mark_failed("boom").unwrap();
+        let Done::Failed(mut c) = q.done() else {
+            panic!("done() should report the error")
+        };
+        assert_eq!(c.finish_timeout(short).err(), Some(CancelError::InFlight));
+        q.mark_finished().unwrap();
+        assert_eq!(c.finish_timeout(short).map(|done| done.error).ok(), Some("boom"));
+        drop(c);
+        assert!(matches!(q.waiter().wait_timeout(short), Ok(Settled::Done)));
     }
 
     #[test]

@@ -46,20 +46,22 @@
 //! entry point from eight threads at once in fresh processes, with a tiny
 //! switch interval.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::prelude::*;
+
+use super::clock::At;
 
 /// Longest time a blocking call stays detached before it checks signals.
 pub(crate) const SLICE: Duration = Duration::from_millis(100);
 
 /// Converts a timeout in seconds (None = forever) to a deadline (None when
-/// unrepresentably far).
-pub(crate) fn deadline_after(timeout: Option<f64>) -> PyResult<Option<Instant>> {
+/// too long for a `Duration`).
+pub(crate) fn deadline_after(timeout: Option<f64>) -> PyResult<Option<At>> {
     match timeout {
         None => Ok(None),
         // A timeout too long to represent (say 1e30 s) means "forever".
-        Some(t) if t.is_finite() && t >= 0.0 => Ok(Duration::try_from_secs_f64(t).ok().and_then(|d| super::clock::now().checked_add(d))),
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Duration::try_from_secs_f64(t).ok().map(At::after)),
         Some(t) => Err(super::errors::bad_timeout(t)),
     }
 }
@@ -71,16 +73,15 @@ const FOREVER_SECONDS: f64 = 1e9;
 /// `RemoteValue` take them: `None` waits forever, a timeout ≤ 0 (or NaN) does not
 /// wait (`threading.Condition.wait`'s rule), and one beyond [`FOREVER_SECONDS`]
 /// has no limit.
-pub(crate) fn threading_deadline(timeout: Option<f64>) -> Option<Instant> {
+pub(crate) fn threading_deadline(timeout: Option<f64>) -> Option<At> {
     let t = timeout?;
     if t >= FOREVER_SECONDS {
         return None;
     }
-    let now = super::clock::now();
     if t > 0.0 {
-        Some(now + Duration::from_secs_f64(t))
+        Some(At::after(Duration::from_secs_f64(t)))
     } else {
-        Some(now)
+        Some(At::now())
     }
 }
 
@@ -150,7 +151,7 @@ pub(crate) fn on_main_thread() -> bool {
 ///
 /// What a Python signal handler raised (on the main thread only), such as
 /// `KeyboardInterrupt`.
-pub(crate) fn wait_sliced<T, F>(py: Python<'_>, deadline: Option<Instant>, mut step: F) -> PyResult<Option<T>>
+pub(crate) fn wait_sliced<T, F>(py: Python<'_>, deadline: Option<At>, mut step: F) -> PyResult<Option<T>>
 where
     F: Send + FnMut(Duration) -> Option<T>,
     T: Send,
@@ -173,11 +174,12 @@ where
 }
 
 /// The slice to detach for: [`SLICE`], or less when the deadline is nearer.
-pub(crate) fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
+/// None once the deadline has passed.
+pub(crate) fn next_slice(deadline: Option<At>) -> Option<Duration> {
     match deadline {
         None => Some(SLICE),
         Some(d) => {
-            let left = d.saturating_duration_since(super::clock::now());
+            let left = d.left();
             (!left.is_zero()).then(|| left.min(SLICE))
         }
     }

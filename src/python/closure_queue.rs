@@ -16,30 +16,16 @@
 //! No Python object is dropped and no Python code runs under the core's lock:
 //! the core hands back every closure or error it lets go of.
 
-use std::time::Instant;
-
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::{intern, PyTraverseError};
 
-use super::blocking::{self, threading_deadline, SLICE};
-use super::clock;
+use super::blocking::{self, next_slice, threading_deadline, SLICE};
 use super::errors;
 use crate::closure_queue::{Cancellation, ClosureQueue, Done, GetError, Put, PutBack, Settled, DEFAULT_CAPACITY};
 
 type Core = ClosureQueue<Py<PyAny>, Py<PyAny>, i64>;
 type CoreCancellation<'q> = Cancellation<'q, Py<PyAny>, Py<PyAny>, i64>;
-
-/// The end of the next slice to detach for, or None once `deadline` passed.
-fn slice_end(deadline: Option<Instant>) -> Option<Instant> {
-    let now = clock::now();
-    let end = now + SLICE;
-    match deadline {
-        None => Some(end),
-        Some(d) if d > now => Some(d.min(end)),
-        Some(_) => None,
-    }
-}
 
 /// The coordinator's closure queue: TensorFlow's `_CoordinatedClosureQueue`
 /// with a native core. Subclassed by `tf_failure_handling.ClosureQueue`,
@@ -61,8 +47,7 @@ impl PyClosureQueue {
         }
         // Phase 3: wait for in-flight closures, in slices.
         let cancelled = loop {
-            let end = clock::now() + SLICE;
-            match blocking::detach(py, || cancellation.finish_until(Some(end))) {
+            match blocking::detach(py, || cancellation.finish_timeout(SLICE)) {
                 Ok(c) => break c,
                 Err(_) => {
                     if let Err(e) = py.check_signals() {
@@ -118,8 +103,7 @@ impl PyClosureQueue {
             Err(full) => {
                 let mut item = full.into_inner();
                 loop {
-                    let end = clock::now() + SLICE;
-                    match blocking::detach(py, || core.put(item, Some(end))) {
+                    match blocking::detach(py, || core.put_timeout(item, SLICE)) {
                         Ok(outcome) => break outcome,
                         Err(full) => item = full.into_inner(),
                     }
@@ -146,8 +130,8 @@ impl PyClosureQueue {
         }
         let deadline = threading_deadline(timeout);
         loop {
-            let Some(end) = slice_end(deadline) else { return Ok(None) };
-            match blocking::detach(py, || self.core.get(tag, Some(end))) {
+            let Some(slice) = next_slice(deadline) else { return Ok(None) };
+            match blocking::detach(py, || self.core.get_timeout(tag, slice)) {
                 Ok(item) => return Ok(Some(item)),
                 Err(GetError::Stopped) => return Ok(None),
                 Err(GetError::Timeout) => py.check_signals()?,
@@ -207,8 +191,8 @@ impl PyClosureQueue {
                     Settled::Failed(c) => Err(Self::cancel_all(slf, c)),
                 };
             }
-            let Some(end) = slice_end(deadline) else { return Ok(false) };
-            settled = blocking::detach(py, || waiter.wait_until(Some(end)));
+            let Some(slice) = next_slice(deadline) else { return Ok(false) };
+            settled = blocking::detach(py, || waiter.wait_timeout(slice));
             if settled.is_err() {
                 py.check_signals()?;
             }

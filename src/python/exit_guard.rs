@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use super::{blocking, clock, errors};
+use super::clock::At;
+use super::{blocking, errors};
 
 /// Set once Python's threading shutdown has begun (the main thread has ended).
 static EXITING: AtomicBool = AtomicBool::new(false);
@@ -38,15 +39,15 @@ fn arm_exit_guard(deadline: Option<f64>, now: f64, code: i32) -> PyResult<Option
         return Ok(None);
     };
     let generation = GENERATION.load(Ordering::SeqCst);
-    let wake = clock::now() + Duration::from_secs_f64(delay);
+    let wake = At::after(Duration::from_secs_f64(delay));
     WAITING.fetch_add(1, Ordering::SeqCst);
     let spawned = std::thread::Builder::new().name("tfh-exit-guard".into()).spawn(move || {
         loop {
-            let now = clock::now();
-            if now >= wake {
+            let left = wake.left();
+            if left.is_zero() {
                 break;
             }
-            std::thread::sleep(wake - now);
+            std::thread::sleep(left);
         }
         let current = GENERATION.load(Ordering::SeqCst) == generation;
         if current && (EXITING.load(Ordering::SeqCst) || blocking::interpreter_finalizing()) {

@@ -179,7 +179,7 @@ impl PyInbox {
         // What is queued already is taken without releasing the GIL (a
         // select that finds an input ready does not wait); this also serves
         // a timeout of 0, for which no slice is left.
-        match self.inbox.recv_deadline(Some(clock::now())) {
+        match self.inbox.recv_timeout(Duration::ZERO) {
             Ok(input) => return Ok(Some(input.into())),
             Err(RecvError::Disconnected) => return Ok(Some(PyInput::Stop {})),
             Err(RecvError::Timeout) => {}
@@ -188,7 +188,7 @@ impl PyInbox {
             let inbox = Arc::clone(&self.inbox);
             let displacement = displacement.clone();
             let got = wait_sliced(py, deadline, move |slice: Duration| {
-                match inbox.recv_deadline(clock::now().checked_add(slice)) {
+                match inbox.recv_timeout(slice) {
                     Ok(input) => return Some(Got::Input(input)),
                     // Nothing can arrive any more: as good as stopped.
                     Err(RecvError::Disconnected) => return Some(Got::Input(Input::Stop)),

@@ -20,7 +20,7 @@ use log::{LevelFilter, Log, Metadata, Record};
 use pyo3::prelude::*;
 
 use super::blocking::interpreter_finalizing;
-use super::clock;
+use super::clock::At;
 
 /// Records of unattached threads inside the interpreter now.
 static INSIDE: AtomicUsize = AtomicUsize::new(0);
@@ -68,12 +68,12 @@ pub(crate) fn shut() -> bool {
 /// Waits up to `slice` for the records of unattached threads inside the interpreter to
 /// end; true when none is. Call it detached.
 pub(crate) fn wait_outside(slice: Duration) -> bool {
-    let deadline = clock::now() + slice;
+    let deadline = At::after(slice);
     loop {
         if INSIDE.load(Ordering::SeqCst) == 0 {
             return true;
         }
-        if clock::now() >= deadline {
+        if deadline.passed() {
             return false;
         }
         std::thread::sleep(Duration::from_millis(5));

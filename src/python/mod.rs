@@ -3,7 +3,7 @@
 //! | file | exposes |
 //! | --- | --- |
 //! | `blocking.rs` | the blocking-wait helpers every module below uses (GIL released in slices, signals checked on the main thread), and the rule on locks and the GIL (below every other file) |
-//! | `clock.rs` | where the binding reads time: `now()` (monotonic: every deadline, wait slice and step time) and `unix_now()` (the wall clock a notice is stamped with); no other file reads a clock |
+//! | `clock.rs` | where the binding reads time, in one function (`read`, `clock_gettime`): the monotonic clock (`now_secs()`, `At`) for every deadline, wait slice and step time, the wall clock (`unix_now()`) only for a notice's stamp (and the other stamps a record or another process reads) and the conversion of a platform's wall-clock deadline; no other file reads a clock |
 //! | `handler.rs` | `HandlerCore`, the native base of `PreemptionCheckpointHandler`: `run()`'s hot path and the step resolver |
 //! | `inbox.rs` | `Inbox` and `Input`: the protocol driver's inputs in one place; its receive releases the GIL; the bound on joining its waiting threads at exit |
 //! | `signals.rs` | `SignalWatch`: signals from any thread, chained, posted into an `Inbox`; its wait releases the GIL |

@@ -30,14 +30,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 
 use super::blocking::{deadline_after, detach, next_slice};
-use super::clock;
-use super::clock::unix_now;
+use super::clock::{unix_now, At};
 use super::errors;
 use super::inbox::PyInbox;
 use super::logs;
@@ -62,7 +61,7 @@ fn pair(notice: Notice) -> (String, Option<f64>) {
 /// # Errors
 ///
 /// Whatever a signal handler raised (`KeyboardInterrupt`).
-fn wait_in_slices<T, F>(py: Python<'_>, deadline: Option<Instant>, step: &mut F) -> PyResult<Option<T>>
+fn wait_in_slices<T, F>(py: Python<'_>, deadline: Option<At>, step: &mut F) -> PyResult<Option<T>>
 where
     T: Send,
     F: FnMut(Duration) -> Option<T> + Send,
@@ -90,7 +89,7 @@ fn stop_and_join(py: Python<'_>, watches: &[Arc<MetadataWatch>]) -> PyResult<()>
     for w in watches {
         w.stop();
     }
-    let deadline = clock::now().checked_add(CLOSE_WAIT);
+    let deadline = Some(At::after(CLOSE_WAIT));
     for w in watches {
         if wait_in_slices(py, deadline, &mut |slice| w.join(slice).then_some(()))?.is_none() {
             // A thread left running must not be inside Python when the interpreter
@@ -102,7 +101,7 @@ fn stop_and_join(py: Python<'_>, watches: &[Arc<MetadataWatch>]) -> PyResult<()>
                     "metadata polling threads are still running: records of the package's own threads are dropped from now on"
                 );
             }
-            let outside = clock::now().checked_add(LOG_WAIT);
+            let outside = Some(At::after(LOG_WAIT));
             if wait_in_slices(py, outside, &mut |slice| logs::wait_outside(slice).then_some(()))?.is_none() {
                 log::warn!(
                     target: "tf_failure_handling",
