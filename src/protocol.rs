@@ -16,8 +16,10 @@ use thiserror::Error;
 
 use crate::grace::{Fit, GracePlanner};
 use crate::notice::Notice;
+use crate::retry::Verdict;
 use crate::shares::{self, Waiter};
 use crate::step_resolution::{KeyAction, Membership, NoticeAction, Resolver, Round, SaveAction, SaveError, StepAction, StepKeyError};
+use crate::writes::{self, Busy, Closing, WriteId, Writes};
 
 /// The handler's configuration, set at construction.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -116,6 +118,9 @@ pub struct Protocol {
     last_start: Option<f64>,
     /// False until the first interval (warm-up) has been discarded.
     warmed_up: bool,
+    /// The driver's writes (acknowledge, claim, announce): which is due, when
+    /// the next is, and each one's run of failures under the retry rule.
+    writes: Writes,
 }
 
 impl Default for Protocol {
@@ -132,6 +137,7 @@ impl Protocol {
             planner: GracePlanner::new(),
             last_start: None,
             warmed_up: false,
+            writes: Writes::new(),
         }
     }
 
@@ -246,6 +252,63 @@ impl Protocol {
         }
         self.planner.set_exit_reserve(secs);
         Ok(())
+    }
+
+    // --- the driver's writes ----------------------------------------------
+
+    /// Queues a write of `kind`, due at once and retried for the retry bound
+    /// worked out at `now` ([`retry_bound`](Self::retry_bound): the leading
+    /// notice's deadline may shorten it). Its schedule (when it is due, each
+    /// pause) counts on `at`, the driver's clock.
+    ///
+    /// The two are one clock except in a simulation, whose protocol runs on a
+    /// virtual clock its steps move (`now`) while the driver still waits out
+    /// each pause in real time (`at`): a pause on a clock that only training
+    /// moves would never end while a leader waits for this very write.
+    ///
+    /// # Errors
+    ///
+    /// [`Busy`] for a claim or announce while another notice's write is
+    /// pending.
+    pub fn push_write(&mut self, kind: writes::Kind, now: f64, peer_timeout: f64, at: f64) -> Result<WriteId, Busy> {
+        let bound = self.retry_bound(now, peer_timeout);
+        self.writes.push(kind, bound, at)
+    }
+
+    /// The write to attempt at `at` (acknowledgements first), if one is due.
+    #[must_use]
+    pub fn poll_write(&self, at: f64) -> Option<WriteId> {
+        self.writes.poll_action(at)
+    }
+
+    /// When to poll next: the moment the next write is due, on the driver's
+    /// clock; `None` with nothing pending (the driver then waits for an input).
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<f64> {
+        self.writes.poll_timeout()
+    }
+
+    /// The attempt of `id` succeeded; its kind, `None` for a stale handle.
+    pub fn handle_write_done(&mut self, id: WriteId) -> Option<writes::Kind> {
+        self.writes.done(id)
+    }
+
+    /// The attempt of `id` failed at `at`: when to try again, or give up;
+    /// `None` for a stale handle. Nothing is retried while `closing`.
+    pub fn handle_write_failed(&mut self, id: WriteId, at: f64, closing: bool) -> Option<Verdict> {
+        self.writes.failed(id, at, closing)
+    }
+
+    /// The driver's writes, read-only (how many, whether a notice's is pending).
+    #[must_use]
+    pub fn writes(&self) -> &Writes {
+        &self.writes
+    }
+
+    /// The handler closes at `at`: what gets one last attempt and what is
+    /// dropped ([`Writes::close`]).
+    pub fn close_writes(&mut self, at: f64) -> Closing {
+        self.writes.close(at)
     }
 
     // --- bounds ----------------------------------------------------------

@@ -235,7 +235,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             state.environment, defaults.signals, defaults.watcher_fn, owner=True
         )
         retrier = Retrier(state, core)
-        writes = WriteQueue(retrier, state)
+        writes = WriteQueue(retrier, state, core)
         self._errors = errors = ErrorReports(state, core)
         self._ownership = ownership = Ownership(state)
         ownership.sources = sources

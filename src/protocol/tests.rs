@@ -267,3 +267,47 @@ fn rounds_table() {
     assert_eq!(unconfigured.round_keys(), Err(ConfigError::NotConfigured));
     assert_eq!(unconfigured.has_final_round(), Err(ConfigError::NotConfigured));
 }
+
+/// A write is retried for the retry bound at its push, worked out on the
+/// protocol's clock (`now`), while its schedule counts on the driver's (`at`):
+/// in a simulation the first is virtual and the second real.
+#[test]
+fn a_write_is_retried_for_the_retry_bound_at_its_push() {
+    let peer = 100.0;
+    let mut p = Protocol::new();
+    p.configure(Config {
+        worker_id: Some(1),
+        num_workers: 2,
+        grace_period: 60.0,
+        save_at_current_run: false,
+    })
+    .unwrap();
+    // (protocol's now, retry bound): before a notice leads, the window; once
+    // this worker leads a notice with a deadline 4 s away, 4 s.
+    let at = 5000.0;
+    let ack = p.push_write(writes::Kind::Acknowledge, 0.0, peer, at).unwrap();
+    assert_eq!((p.poll_write(at), p.poll_timeout()), (Some(ack), Some(at)));
+    let Some(Verdict::Again { at: again, left }) = p.handle_write_failed(ack, at, false) else {
+        panic!("a first failure is retried")
+    };
+    assert!(
+        again > at && (left - peer.min(TRANSIENT_FAILURE_WINDOW)).abs() < 1e-9,
+        "{again} {left}"
+    );
+    assert_eq!(p.poll_write(at), None, "not due before its pause");
+    assert_eq!(p.poll_timeout(), Some(again));
+    assert_eq!(p.poll_write(again), Some(ack));
+    assert_eq!(p.handle_write_done(ack), Some(writes::Kind::Acknowledge));
+
+    p.handle_notice(notice(10.0, Some(14.0))).unwrap();
+    p.handle_claim(true).unwrap();
+    let announce = p.push_write(writes::Kind::Announce, 10.0, peer, at).unwrap();
+    assert!(p.writes().busy());
+    assert_eq!(p.push_write(writes::Kind::Claim, 10.0, peer, at), Err(Busy));
+    let Some(Verdict::Again { left, .. }) = p.handle_write_failed(announce, at, false) else {
+        panic!("a first failure is retried")
+    };
+    assert!((left - 4.0).abs() < 1e-9, "the leading notice's deadline bounds it: {left}");
+    let closing = p.close_writes(at + 1.0);
+    assert_eq!((closing.last_attempts, closing.dropped), (vec![announce], None));
+}

@@ -30,6 +30,7 @@ use pyo3::{ffi, intern, Borrowed};
 
 use super::clock;
 use super::errors;
+use super::retry::{RetryVerdict, WriteKind};
 use crate::grace::Fit;
 use crate::protocol::{Config, ConfigError, Protocol};
 use crate::shares::Waiter;
@@ -785,6 +786,60 @@ impl ProtocolCore {
     /// shorten it.
     fn retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
         self.shared.state.lock().retry_bound(now, peer_timeout)
+    }
+
+    /// Queues one of the driver's writes: due at once, retried for the core's
+    /// retry bound at `now` (the handler's clock), its schedule on the
+    /// binding's clock (`Protocol::push_write`); its handle. `RuntimeError`
+    /// for a claim or announce while `writes_busy`.
+    fn push_write(&self, kind: WriteKind, now: f64, peer_timeout: f64) -> PyResult<u64> {
+        let at = clock::now_secs();
+        Ok(self.shared.state.lock().push_write(kind.into(), now, peer_timeout, at)?)
+    }
+
+    /// The write to attempt now (acknowledgements first), or None.
+    fn poll_write(&self) -> Option<u64> {
+        let at = clock::now_secs();
+        self.shared.state.lock().poll_write(at)
+    }
+
+    /// Seconds until the next write is due (0: one is), or None with none
+    /// pending: how long the driver's receive waits for an input.
+    fn write_wait(&self) -> Option<f64> {
+        let due = self.shared.state.lock().poll_timeout()?;
+        Some((due - clock::now_secs()).max(0.0))
+    }
+
+    /// The attempt of `id` succeeded: forgotten. False for a stale handle.
+    fn write_done(&self, id: u64) -> bool {
+        self.shared.state.lock().handle_write_done(id).is_some()
+    }
+
+    /// The attempt of `id` failed now: when to try again (`pause`), or give
+    /// up (the write is then forgotten); None for a stale handle. Nothing is
+    /// retried when `closing`.
+    #[pyo3(signature = (id, closing = false))]
+    fn write_failed(&self, id: u64, closing: bool) -> Option<RetryVerdict> {
+        let at = clock::now_secs();
+        let verdict = self.shared.state.lock().handle_write_failed(id, at, closing)?;
+        Some(RetryVerdict::at(verdict, at))
+    }
+
+    /// Failed attempts of the write `id` so far.
+    fn write_attempts(&self, id: u64) -> u32 {
+        self.shared.state.lock().writes().attempts(id)
+    }
+
+    /// A notice's write (claim or announce) is pending: the next notice waits.
+    #[getter]
+    fn writes_busy(&self) -> bool {
+        self.shared.state.lock().writes().busy()
+    }
+
+    /// The handler closes: `(last attempts, dropped claim or None)`.
+    fn close_writes(&self) -> (Vec<u64>, Option<u64>) {
+        let closing = self.shared.state.lock().close_writes(clock::now_secs());
+        (closing.last_attempts, closing.dropped)
     }
 
     /// How long the coordinator of a parameter-server cluster lets the

@@ -7,14 +7,15 @@
 //! itself comes from `ProtocolCore.retry_bound`, which knows the
 //! leading notice's deadline.
 //!
-//! `Writes` is the driver's side: which of its writes to attempt now and
-//! when to wake for the next ([`crate::writes`]); the driver performs them.
+//! `WriteKind` names the driver's writes, whose schedule is the protocol's
+//! (`ProtocolCore.push_write`, `poll_write`, `write_wait`: [`crate::protocol`]
+//! over [`crate::writes`]); the driver performs them.
 
 use pyo3::prelude::*;
 
 use super::clock::now_secs;
 use crate::retry::{self, Verdict};
-use crate::writes::{self, WriteId};
+use crate::writes;
 
 /// What follows a failed attempt (`Retry.failed`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
@@ -89,7 +90,7 @@ impl Retry {
 
 impl RetryVerdict {
     /// The core's verdict on a failure reported at `now`.
-    fn at(v: Verdict, now: f64) -> Self {
+    pub(crate) fn at(v: Verdict, now: f64) -> Self {
         match v {
             Verdict::Again { at, left } => RetryVerdict::Again {
                 at,
@@ -123,85 +124,9 @@ impl From<WriteKind> for writes::Kind {
     }
 }
 
-/// The driver's pending writes ([`crate::writes`]): the driver asks which to
-/// attempt (`poll_action`) and when to wake (`poll_timeout`), performs it,
-/// and reports the outcome (`done`, `failed`). Used by the driver thread only.
-#[pyclass(module = "tf_failure_handling._native")]
-pub struct Writes(writes::Writes);
-
-#[pymethods]
-impl Writes {
-    #[new]
-    fn new() -> Self {
-        Writes(writes::Writes::new())
-    }
-
-    /// Queues a write retried for `bound` seconds from `now`, due at once;
-    /// its handle. `RuntimeError` for a claim or announce while `busy`.
-    #[pyo3(signature = (kind, bound, now = None))]
-    fn push(&mut self, kind: WriteKind, bound: f64, now: Option<f64>) -> PyResult<WriteId> {
-        Ok(self.0.push(kind.into(), bound, now.unwrap_or_else(now_secs))?)
-    }
-
-    /// A notice's write is pending: the next notice waits.
-    #[getter]
-    fn busy(&self) -> bool {
-        self.0.busy()
-    }
-
-    fn __len__(&self) -> usize {
-        self.0.len()
-    }
-
-    /// The write to attempt at `now`, or None when none is due.
-    #[pyo3(signature = (now = None))]
-    fn poll_action(&self, now: Option<f64>) -> Option<WriteId> {
-        self.0.poll_action(now.unwrap_or_else(now_secs))
-    }
-
-    /// When the next write is due, or None with none pending.
-    fn poll_timeout(&self) -> Option<f64> {
-        self.0.poll_timeout()
-    }
-
-    /// Seconds from `now` until the next write is due (0 if it is), or None
-    /// with none pending: how long the driver's receive may wait.
-    #[pyo3(signature = (now = None))]
-    fn poll_wait(&self, now: Option<f64>) -> Option<f64> {
-        let now = now.unwrap_or_else(now_secs);
-        self.0.poll_timeout().map(|due| (due - now).max(0.0))
-    }
-
-    /// The attempt succeeded: the write is forgotten. False for a stale handle.
-    fn done(&mut self, id: WriteId) -> bool {
-        self.0.done(id).is_some()
-    }
-
-    /// The attempt failed at `now`: when to try again, or give up (the write
-    /// is then forgotten). None for a stale handle.
-    #[pyo3(signature = (id, now = None, closing = false))]
-    fn failed(&mut self, id: WriteId, now: Option<f64>, closing: bool) -> Option<RetryVerdict> {
-        let now = now.unwrap_or_else(now_secs);
-        self.0.failed(id, now, closing).map(|v| RetryVerdict::at(v, now))
-    }
-
-    /// Failed attempts of `id` so far.
-    fn attempts(&self, id: WriteId) -> u32 {
-        self.0.attempts(id)
-    }
-
-    /// The handler closes: `(last attempts, dropped claim or None)`.
-    #[pyo3(signature = (now = None))]
-    fn close(&mut self, now: Option<f64>) -> (Vec<WriteId>, Option<WriteId>) {
-        let closing = self.0.close(now.unwrap_or_else(now_secs));
-        (closing.last_attempts, closing.dropped)
-    }
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Retry>()?;
     m.add_class::<RetryVerdict>()?;
-    m.add_class::<Writes>()?;
     m.add_class::<WriteKind>()?;
     m.add("RETRY_FIRST_PAUSE", retry::FIRST_PAUSE)?;
     m.add("RETRY_MAX_PAUSE", retry::MAX_PAUSE)?;

@@ -183,26 +183,32 @@ def test_the_drain_bound_leaves_the_longest_save_before_the_deadline():
 # ------------------------------------------------------------------ the driver's writes
 
 
-def test_the_drivers_writes_through_the_binding():
-    """``_native.Writes`` as the driver uses it (``src/writes.rs`` has the rows):
-    acknowledgements before the notice's write, a failure due again by the rule, and
-    close's last attempts and dropped claim."""
+def test_the_drivers_writes_through_the_protocol_core():
+    """The driver's writes as it makes them, through ``ProtocolCore`` (``src/writes.rs``
+    and ``src/protocol.rs`` have the rows): each retried for the core's bound,
+    acknowledgements before the notice's write, a failure due again after the rule's
+    pause, and close's last attempts and dropped claim. No assertion depends on how
+    long a call takes: the schedule counts on the binding's clock."""
     Kind = _native.WriteKind
-    writes = _native.Writes()
-    assert writes.poll_action(0.0) is None and writes.poll_timeout() is None
-    claim = writes.push(Kind.Claim, 10.0, 0.0)
-    assert writes.busy
+    core = _core(worker_id=0, num_workers=2)
+    peer_timeout = 3.0  # shorter than the transient-failure window: the bound
+    assert peer_timeout < _native.TRANSIENT_FAILURE_WINDOW
+    assert core.poll_write() is None and core.write_wait() is None
+    claim = core.push_write(Kind.Claim, 0.0, peer_timeout)
+    assert core.writes_busy and core.poll_write() == claim and core.write_wait() == 0.0
     with pytest.raises(RuntimeError, match="already pending"):
-        writes.push(Kind.Announce, 10.0, 0.0)
-    verdict = writes.failed(claim, 0.0, False)
-    assert isinstance(verdict, _native.RetryVerdict.Again) and writes.attempts(claim) == 1
-    assert writes.poll_action(0.0) is None and writes.poll_timeout() == verdict.at
-    ack = writes.push(Kind.Acknowledge, 10.0, 0.01)
-    assert writes.poll_action(0.01) == ack and len(writes) == 2
-    assert writes.close(0.02) == ([ack], claim)
-    assert not writes.busy and writes.poll_action(0.02) == ack
-    assert isinstance(writes.failed(ack, 0.03, True), _native.RetryVerdict.GiveUp)
-    assert len(writes) == 0 and writes.done(ack) is False and writes.failed(ack, 1.0, False) is None
+        core.push_write(Kind.Announce, 0.0, peer_timeout)
+    verdict = core.write_failed(claim)
+    assert isinstance(verdict, _native.RetryVerdict.Again) and core.write_attempts(claim) == 1
+    assert 0.0 < verdict.pause <= _native.RETRY_FIRST_PAUSE and verdict.left <= peer_timeout
+    assert 0.0 <= core.write_wait() <= verdict.pause
+    ack = core.push_write(Kind.Acknowledge, 0.0, peer_timeout)
+    assert core.poll_write() == ack  # due at once, and first
+    assert core.close_writes() == ([ack], claim)
+    assert not core.writes_busy and core.poll_write() == ack
+    assert isinstance(core.write_failed(ack, closing=True), _native.RetryVerdict.GiveUp)
+    assert core.write_wait() is None and core.write_done(ack) is False
+    assert core.write_failed(ack) is None
 
 
 # ------------------------------------------------------------------ platforms

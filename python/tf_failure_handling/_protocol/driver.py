@@ -8,7 +8,7 @@ metadata pollers post them directly; the watcher-fn poller and ``testing`` from 
 the step keys a leader publishes (posted by the reader thread of ``step_keys``), a
 reader's failure, and the stop of ``close()``. One loop (:meth:`Driver._drive`)
 takes them one at a time and makes at most one attempt at one write a turn: the one the
-core's ``Writes`` (``src/writes.rs``) polls as due, which also says when to wake for the
+core's protocol (its writes, ``src/protocol.rs``) polls as due, which also says when to wake for the
 next (it never sleeps). What an input starts is decided elsewhere: a notice in
 ``notices``, a step key's acknowledgement in ``step_keys``.
 
@@ -119,10 +119,10 @@ class Driver:
         next ``run()`` (``ErrorReports.fail_in_background``).
         """
         notices: deque = deque()  # notices waiting for the current one
-        writes = self._writes.schedule
+        writes = self._writes
         while True:
             try:
-                item = self.sources.receive(writes.poll_wait())
+                item = self.sources.receive(writes.wait())
             except BaseException as e:  # noqa: BLE001 - handed to the next run()
                 self._errors.fail_in_background("the protocol driver's receive", e)
                 return
@@ -144,7 +144,7 @@ class Driver:
         try:
             finished, after = self._writes.attempt(write)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()
-            self._writes.schedule.done(write.id)
+            self._writes.forget(write)
             self._errors.fail_in_background(write.what, e)
             finished, after = True, None
         if not finished:
@@ -166,7 +166,7 @@ class Driver:
           will never publish a step.
 
         Which writes get the last attempt and which are dropped is the core's
-        (``Writes.close``).
+        (``Protocol::close_writes``).
         """
         try:
             if item is not None and not isinstance(item, Input.Stop):
@@ -175,7 +175,7 @@ class Driver:
                 self._take(later, notices)
         except BaseException as e:  # noqa: BLE001 - closing: logged there
             self._errors.fail_in_background("the protocol driver's last look", e)
-        last_attempts, dropped_claim = self._writes.schedule.close()
+        last_attempts, dropped_claim = self._writes.close()
         for handle in last_attempts:
             write = self._writes.pop(handle)
             try:

@@ -15,10 +15,10 @@ failures of one call; this module waits and logs, the core decides.
 
 Two threads retry, each its own way:
 
-* the driver never sleeps: its writes are queued in the core's ``Writes``
-  (``src/writes.rs``), which says which one to attempt now (acknowledgements first) and
-  when the next is due, and until then the driver takes its inputs
-  (:meth:`WriteQueue.attempt`);
+* the driver never sleeps: its writes are queued in the core's protocol (``Protocol``'s
+  writes, ``src/protocol.rs`` over ``src/writes.rs``), which says which one to attempt
+  now (acknowledgements first), when the next is due and for how long each is retried,
+  and until then the driver takes its inputs (:meth:`WriteQueue.attempt`);
 * the training thread and the readers block between attempts (:meth:`Retrier.call`,
   :meth:`Retrier.wait`).
 """
@@ -38,7 +38,6 @@ from .._native import (  # noqa: F401 - re-exported: the rule's constants
     Retry,
     RetryVerdict,
     WriteKind,
-    Writes,
 )
 from .state import HandlerState
 
@@ -151,13 +150,15 @@ class Retrier:
 
 
 class WriteQueue:
-    """The driver's writes: the core's ``Writes`` (``src/writes.rs``) says which is due
-    and when the next one is; this holds each one's call and makes its attempts."""
+    """The driver's writes: the core's protocol (``ProtocolCore``: ``push_write``,
+    ``poll_write``, ``write_wait``; ``Protocol``'s writes in ``src/protocol.rs``) says
+    which is due, when the next one is and how long each is retried; this holds each
+    one's call and makes its attempts."""
 
-    def __init__(self, retrier: Retrier, state: HandlerState) -> None:
+    def __init__(self, retrier: Retrier, state: HandlerState, core: ProtocolCore) -> None:
         self._retrier = retrier
         self._state = state
-        self.schedule = Writes()
+        self._core = core
         self._pending: dict = {}
 
     def push(
@@ -168,16 +169,33 @@ class WriteQueue:
         on_failed: Callable[[BaseException], Optional[Write]],
         kind: WriteKind = WriteKind.Acknowledge,
     ) -> Write:
-        """A write queued in the core's schedule, retried from now and due at once."""
+        """A write queued in the core, due at once and retried for the core's bound."""
         write = Write(what, call, kind, on_done, on_failed)
-        write.id = self.schedule.push(kind, self._retrier.bound())
+        write.id = self._core.push_write(kind, self._state.clock(), self._state.peer_timeout)
         self._pending[write.id] = write
         return write
 
+    @property
+    def busy(self) -> bool:
+        """A notice's write (claim or announce) is pending: the next notice waits."""
+        return self._core.writes_busy
+
+    def wait(self) -> Optional[float]:
+        """Seconds until the next write is due (0: one is), or None with none pending."""
+        return self._core.write_wait()
+
     def due(self) -> Optional[Write]:
         """The write to attempt now (acknowledgements first), if any is due."""
-        handle = self.schedule.poll_action()
+        handle = self._core.poll_write()
         return None if handle is None else self._pending[handle]
+
+    def forget(self, write: Write) -> None:
+        """``write`` raised something the driver hands on: the core forgets it."""
+        self._core.write_done(write.id)
+
+    def close(self) -> tuple:
+        """The handler closes: ``(last attempts, dropped claim or None)``, as handles."""
+        return self._core.close_writes()
 
     def pop(self, handle: int) -> Write:
         return self._pending.pop(handle)
@@ -188,24 +206,23 @@ class WriteQueue:
     def attempt(self, write: Write) -> tuple:
         """One attempt of ``write``: ``(finished, next write)``.
 
-        A coordination-service error (any ``OpError``) goes to the core's schedule,
-        which makes the write due again when the rule says; once it gives up,
-        ``write.on_failed`` gets the named error. Anything else is a bug and goes to
-        ``on_failed`` at once.
+        A coordination-service error (any ``OpError``) goes to the core, which makes
+        the write due again when the rule says; once it gives up, ``write.on_failed``
+        gets the named error. Anything else is a bug and goes to ``on_failed`` at once.
         """
-        writes = self.schedule
+        core = self._core
         try:
             result = write.call()
         except _errors.module().OpError as e:
-            verdict = writes.failed(write.id, closing=self._state.closing.is_set())
+            verdict = core.write_failed(write.id, closing=self._state.closing.is_set())
             if verdict is None:  # not pending (a stale handle): nothing to retry
                 return True, None
-            pause = self._retrier.after(verdict, writes.attempts(write.id), write.what, e)
+            pause = self._retrier.after(verdict, core.write_attempts(write.id), write.what, e)
             if isinstance(pause, BaseException):
                 return True, write.on_failed(pause)
             return False, None
         except Exception as e:  # noqa: BLE001 - a bug: handed on at once
-            writes.done(write.id)
+            core.write_done(write.id)
             return True, write.on_failed(e)
-        writes.done(write.id)
+        core.write_done(write.id)
         return True, write.on_done(result)
