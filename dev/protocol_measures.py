@@ -36,7 +36,7 @@ BINDING = ROOT / "src" / "python"
 #: A name that says its value is a duration or a bound.
 _POLICY_NAME = re.compile(
     r"timeout|bound|interval|grace|wait|delay|slack|period|deadline|reserve|poll|"
-    r"backoff|seconds|margin|_secs?$|_s$",
+    r"backoff|seconds|margin|slice|every|window|look|settle|slow|_secs?$|_s$",
     re.IGNORECASE,
 )
 _CLOCKS = {"monotonic", "time", "perf_counter", "monotonic_ns", "time_ns", "perf_counter_ns"}

@@ -14,6 +14,10 @@
 //! (`fit`'s way of making iterators); otherwise the iterator's length decides: the
 //! input's own, the loop's steps per epoch, or the previous iterator's.
 
+/// Seconds between the lines logged while a resumed input replays to its
+/// position.
+pub const REPLAY_PROGRESS_EVERY: f64 = 5.0;
+
 /// The position a checkpoint holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Saved {

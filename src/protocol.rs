@@ -275,6 +275,16 @@ impl Protocol {
         self.writes.push(kind, bound, at)
     }
 
+    /// Queues a write of `kind` retried for `bound` seconds, not the rule's: a
+    /// test's way to hold a write's failures open (the binding's `bound`).
+    ///
+    /// # Errors
+    ///
+    /// [`Busy`], as [`push_write`](Self::push_write).
+    pub fn push_write_bounded(&mut self, kind: writes::Kind, bound: f64, at: f64) -> Result<WriteId, Busy> {
+        self.writes.push(kind, bound, at)
+    }
+
     /// The write to attempt at `at` (acknowledgements first), if one is due.
     #[must_use]
     pub fn poll_write(&self, at: f64) -> Option<WriteId> {

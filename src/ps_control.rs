@@ -96,6 +96,20 @@ pub const COORDINATOR_SILENCE: f64 = 15.0;
 /// coordinator still asks it: the coordinator's wait for its closures (up to
 /// its own `peer_timeout`) and its save come after its poll saw the notice.
 pub const SERVE_CAP_FACTOR: f64 = 3.0;
+/// Seconds between two checks of a served task's wait loops (they answer
+/// Ctrl-C between).
+pub const SERVE_SLICE: f64 = 1.0;
+/// Seconds `ClusterCoordinator.join()` waits between two looks at the handler.
+pub const JOIN_SLICE: f64 = 0.2;
+/// Seconds of one look at a worker settling between two closures when the
+/// drain's bound passed (its queue `get` ends within a slice).
+pub const DRAIN_SETTLE_LOOK: f64 = 0.05;
+/// Seconds a coordinator's worker thread waits for a closure before it looks
+/// at its holds again.
+pub const WORKER_GET_SLICE: f64 = 0.5;
+/// Seconds between two looks of a worker thread at the queue while only
+/// non-strict holds are set.
+pub const WORKER_SOFT_SLICE: f64 = 0.05;
 
 /// Why a served task with a notice leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -48,6 +48,10 @@ pub const FLUSH_BOUND: f64 = 10.0;
 /// the notice first): then it writes its own. The notice's line comes first in the
 /// records unless writing it takes longer than this.
 pub const NOTICE_LINE_BOUND: f64 = 10.0;
+/// `report`: a task's preemption belongs to the same cluster-wide preemption as
+/// the previous ones when its notice comes before they all exited, or within
+/// this many seconds of the first notice when none exited.
+pub const REPORT_GROUP_WINDOW: f64 = 600.0;
 #[cfg(test)]
 mod tests;
 

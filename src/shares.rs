@@ -38,6 +38,10 @@ pub fn wait_bound(own: f64, min_wait: f64) -> f64 {
 /// The workers build their handlers together (right after the strategy), so a worker
 /// this late is not coming.
 pub const PROBE_WAIT: f64 = 60.0;
+/// The exit code of a worker whose share was written but that the chief did
+/// not report merged: not the restart code, which says "checkpoint saved"
+/// (75, `EX_TEMPFAIL`: try again later, from the checkpoint before).
+pub const UNMERGED_EXIT_CODE: i32 = 75;
 /// Seconds a worker looks for the chief's probe file before it says it cannot see
 /// it: a shared file system may show another host's new file a little later.
 pub const PROBE_LOOK: f64 = 10.0;

@@ -193,6 +193,17 @@ pub const THREAD_JOIN_TIMEOUT: f64 = 10.0;
 /// most).
 pub const SHUTDOWN_WRITE_TIMEOUT: f64 = 10.0;
 
+/// Longest single blocking get of the step-key reader, in seconds; it looks
+/// whether the handler is closing between two (shutdown's `STOP_WATCHER`
+/// normally releases it at once).
+pub const PEER_WATCH_SLICE: f64 = 5.0;
+/// Longest single blocking get of a leader's wait for one acknowledgement, in
+/// seconds; the wait's own bound (the peer timeout) is checked between two.
+pub const ACK_READ_SLICE: f64 = 1.0;
+/// Longest single blocking get of a `PreemptionWatcher` on the notice key, in
+/// seconds; its close is checked between two.
+pub const WATCHER_KEY_SLICE: f64 = 1.0;
+
 /// The shortest bound on one write of the protocol, in seconds, however short
 /// the peer timeout.
 pub const MIN_WRITE_TIMEOUT: f64 = 1.0;

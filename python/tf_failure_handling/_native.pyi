@@ -78,7 +78,10 @@ class ProtocolCore:
     def drain_bound(self, now: float, peer_timeout: float) -> float: ...
     def shutdown_keys(self) -> list[str]: ...
     def round_keys(self) -> list[str]: ...
-    def push_write(self, kind: WriteKind, now: float, peer_timeout: float) -> int: ...
+    def retry(self, now: float, peer_timeout: float) -> Retry: ...
+    def push_write(
+        self, kind: WriteKind, now: float, peer_timeout: float, bound: Optional[float] = None
+    ) -> int: ...
     def poll_write(self) -> Optional[int]: ...
     def write_wait(self) -> Optional[float]: ...
     def write_done(self, id: int) -> bool: ...
@@ -532,6 +535,24 @@ class MetadataWatch:
 def probe_metadata(cloud: str, base_url: str, timeout: float = 1.0) -> bool: ...
 
 METADATA_TIMEOUT: float
+SLOW_WATCHER_FN: float
+PEER_WATCH_SLICE: float
+ACK_READ_SLICE: float
+WATCHER_KEY_SLICE: float
+WAIT_SLICE: float
+SERVE_SLICE: float
+JOIN_SLICE: float
+DRAIN_SETTLE_LOOK: float
+WORKER_GET_SLICE: float
+WORKER_SOFT_SLICE: float
+REPORT_GROUP_WINDOW: float
+INPUT_REPLAY_PROGRESS_EVERY: float
+DEFAULT_EXIT_CODE: int
+GCE_EXIT_CODE: int
+SHARES_UNMERGED_EXIT_CODE: int
+
+def cloud_defaults(cloud: str, gpu: bool) -> tuple[int, float]: ...
+
 AWS_GRACE_PERIOD: int
 AZURE_GRACE_PERIOD: int
 GCE_GPU_GRACE_PERIOD: int

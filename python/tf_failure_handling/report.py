@@ -23,11 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import records
+from ._native import REPORT_GROUP_WINDOW as GROUP_WINDOW
 
-#: A task's preemption belongs to the same cluster-wide preemption as the previous
-#: ones when its notice comes before they all exited (or within this many seconds
-#: of the first notice, when none exited).
-GROUP_WINDOW = 600.0
+# GROUP_WINDOW is the core's (src/records.rs's REPORT_GROUP_WINDOW says what it means).
 
 #: What ``report``'s exit code means; anything but 0 comes with one line on stderr.
 EXIT_CODES = {

@@ -19,14 +19,14 @@ from ._native import (
     serving,
     unix_now,
 )
+from ._native import SERVE_SLICE as _SLICE
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from .handler import TerminationConfig, _peer_timeout
 
 log = logging.getLogger("tf_failure_handling")
 
-#: Seconds between two checks of the wait loops (they answer Ctrl-C between).
-_SLICE = 1.0
+# _SLICE is the core's (src/ps_control.rs's SERVE_SLICE).
 #: The log's words for why a task left unreleased (the core's ``serving``).
 _LEAVE_WHY = {
     "deadline": "the notice's deadline came",

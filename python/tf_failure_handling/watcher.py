@@ -18,7 +18,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 from . import _errors
 from ._cluster import coordination as _coordination
-from ._native import PREEMPTION_NOTICE_KEY, Deadline
+from ._native import PREEMPTION_NOTICE_KEY, WAIT_SLICE, Deadline
+from ._native import WATCHER_KEY_SLICE as KEY_WATCH_SLICE
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from ._platforms.in_process import notice_message, subscribe, unsubscribe
@@ -28,8 +29,7 @@ log = logging.getLogger("tf_failure_handling")
 #: The key TF's ``block_until_worker_exit`` waits on (never set: the wait ends
 #: when the service goes away with the workers).
 BLOCK_TILL_EXIT_KEY = "BLOCK_TILL_EXIT"
-#: Longest single blocking get on the notice key; shutdown is checked between.
-KEY_WATCH_SLICE = 1.0
+# KEY_WATCH_SLICE is the core's (src/step_resolution.rs's WATCHER_KEY_SLICE).
 
 
 def _check_signals(signals: Any) -> Optional[tuple]:
@@ -152,7 +152,7 @@ class PreemptionWatcher:
             if deadline.passed():
                 break
             # Short slices keep Ctrl-C working on the main thread.
-            self._received.wait(deadline.slice(0.1))
+            self._received.wait(deadline.slice(WAIT_SLICE))
         return self._preemption_message
 
     def block_until_worker_exit(self, timeout: Optional[float] = None) -> None:

@@ -30,7 +30,7 @@ use pyo3::{ffi, intern, Borrowed};
 
 use super::clock;
 use super::errors;
-use super::retry::{RetryVerdict, WriteKind};
+use super::retry::{Retry, RetryVerdict, WriteKind};
 use crate::grace::Fit;
 use crate::protocol::{Config, ConfigError, Protocol};
 use crate::shares::Waiter;
@@ -788,13 +788,27 @@ impl ProtocolCore {
         self.shared.state.lock().retry_bound(now, peer_timeout)
     }
 
+    /// A run of failures of one blocking protocol call, starting now: retried
+    /// for the core's retry bound at `now` (the handler's clock), its pauses on
+    /// the binding's clock, as a write's (`push_write`).
+    fn retry(&self, now: f64, peer_timeout: f64) -> Retry {
+        Retry::starting_now(self.shared.state.lock().retry_bound(now, peer_timeout))
+    }
+
     /// Queues one of the driver's writes: due at once, retried for the core's
     /// retry bound at `now` (the handler's clock), its schedule on the
     /// binding's clock (`Protocol::push_write`); its handle. `RuntimeError`
-    /// for a claim or announce while `writes_busy`.
-    fn push_write(&self, kind: WriteKind, now: f64, peer_timeout: f64) -> PyResult<u64> {
+    /// for a claim or announce while `writes_busy`. `bound` replaces the
+    /// core's retry bound: for a test that holds a write's failures open longer
+    /// than the rule would (the package never passes it).
+    #[pyo3(signature = (kind, now, peer_timeout, bound = None))]
+    fn push_write(&self, kind: WriteKind, now: f64, peer_timeout: f64, bound: Option<f64>) -> PyResult<u64> {
         let at = clock::now_secs();
-        Ok(self.shared.state.lock().push_write(kind.into(), now, peer_timeout, at)?)
+        let mut protocol = self.shared.state.lock();
+        Ok(match bound {
+            None => protocol.push_write(kind.into(), now, peer_timeout, at)?,
+            Some(bound) => protocol.push_write_bounded(kind.into(), bound, at)?,
+        })
     }
 
     /// The write to attempt now (acknowledgements first), or None.

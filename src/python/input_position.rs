@@ -49,6 +49,7 @@ fn input_batches_given(start: u64, runs_now: u64, runs_at_made: u64, per_run: u6
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("INPUT_REPLAY_PROGRESS_EVERY", crate::input_position::REPLAY_PROGRESS_EVERY)?;
     m.add_function(wrap_pyfunction!(input_resume, m)?)?;
     m.add_function(wrap_pyfunction!(input_batches_given, m)?)?;
     Ok(())

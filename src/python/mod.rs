@@ -79,6 +79,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PEER_PROBE_TIMEOUT", crate::step_resolution::PEER_PROBE_TIMEOUT)?;
     m.add("THREAD_JOIN_TIMEOUT", crate::step_resolution::THREAD_JOIN_TIMEOUT)?;
     m.add("SHUTDOWN_WRITE_TIMEOUT", crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT)?;
+    m.add("PEER_WATCH_SLICE", crate::step_resolution::PEER_WATCH_SLICE)?;
+    m.add("ACK_READ_SLICE", crate::step_resolution::ACK_READ_SLICE)?;
+    m.add("WATCHER_KEY_SLICE", crate::step_resolution::WATCHER_KEY_SLICE)?;
+    m.add("WAIT_SLICE", blocking::SLICE.as_secs_f64())?;
     m.add_class::<handler::HandlerCore>()?;
     m.add_class::<handler::ProtocolCore>()?;
     m.add_class::<handler::NoticeAction>()?;

@@ -290,6 +290,11 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_DRAIN_BOUND", ps_control::DEFAULT_DRAIN_BOUND)?;
     m.add("COORDINATOR_SILENCE", ps_control::COORDINATOR_SILENCE)?;
     m.add("SERVE_CAP_FACTOR", ps_control::SERVE_CAP_FACTOR)?;
+    m.add("SERVE_SLICE", ps_control::SERVE_SLICE)?;
+    m.add("JOIN_SLICE", ps_control::JOIN_SLICE)?;
+    m.add("DRAIN_SETTLE_LOOK", ps_control::DRAIN_SETTLE_LOOK)?;
+    m.add("WORKER_GET_SLICE", ps_control::WORKER_GET_SLICE)?;
+    m.add("WORKER_SOFT_SLICE", ps_control::WORKER_SOFT_SLICE)?;
     m.add("PS_CALL_TIMEOUT", ps_control::CALL_TIMEOUT)?;
     m.add("PS_POLL_INTERVAL", ps_control::POLL_INTERVAL)?;
     m.add("PS_PORT_PROBE_TIMEOUT", ps_control::PORT_PROBE_TIMEOUT)?;

@@ -189,6 +189,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RECORD_REQUIRED", PyTuple::new(py, schema::REQUIRED)?)?;
     m.add("RECORDS_FLUSH_BOUND", crate::records::FLUSH_BOUND)?;
     m.add("RECORDS_NOTICE_LINE_BOUND", crate::records::NOTICE_LINE_BOUND)?;
+    m.add("REPORT_GROUP_WINDOW", crate::records::REPORT_GROUP_WINDOW)?;
     m.add_function(wrap_pyfunction!(read_records, m)?)?;
     m.add_function(wrap_pyfunction!(last_exit_record, m)?)?;
     m.add_function(wrap_pyfunction!(valid_record, m)?)?;

@@ -88,6 +88,14 @@ impl Retry {
     }
 }
 
+impl Retry {
+    /// A run of failures retried for `bound` seconds, started on the binding's
+    /// clock now (`ProtocolCore.retry`).
+    pub(crate) fn starting_now(bound: f64) -> Self {
+        Retry(retry::Retry::new(bound).started(now_secs()))
+    }
+}
+
 impl RetryVerdict {
     /// The core's verdict on a failure reported at `now`.
     pub(crate) fn at(v: Verdict, now: f64) -> Self {

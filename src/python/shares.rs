@@ -38,6 +38,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shares_wait_bound_at, m)?)?;
     m.add("SHARES_MIN_WAIT", shares::MIN_WAIT)?;
     m.add("SHARES_PROBE_WAIT", shares::PROBE_WAIT)?;
+    m.add("SHARES_UNMERGED_EXIT_CODE", shares::UNMERGED_EXIT_CODE)?;
     m.add("SHARES_PROBE_LOOK", shares::PROBE_LOOK)?;
     m.add("SHARES_PROBE_LOOK_EVERY", shares::PROBE_LOOK_EVERY)?;
     Ok(())

@@ -299,17 +299,31 @@ fn close_metadata_watches(py: Python<'_>) -> PyResult<()> {
     stop_and_join(py, &live)
 }
 
+/// What a process on `cloud` (`"gce"`, `"aws"`, `"azure"`) gets by default:
+/// `(exit code, grace period)` on a GPU machine or not (`sources::Cloud::defaults`).
+/// `ValueError` for another name.
+#[pyfunction]
+fn cloud_defaults(cloud: &str, gpu: bool) -> PyResult<(i32, f64)> {
+    let cloud: sources::Cloud = cloud.parse().map_err(|e: sources::WatchError| errors::bad_value(e.to_string()))?;
+    let d = cloud.defaults(gpu);
+    Ok((d.exit_code, d.grace_period))
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMetadataWatch>()?;
     m.add_function(wrap_pyfunction!(probe_metadata, m)?)?;
     let hook = wrap_pyfunction!(close_metadata_watches, m)?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
+    m.add_function(wrap_pyfunction!(cloud_defaults, m)?)?;
+    m.add("DEFAULT_EXIT_CODE", sources::DEFAULT_EXIT_CODE)?;
+    m.add("GCE_EXIT_CODE", sources::GCE_EXIT_CODE)?;
     m.add("METADATA_TIMEOUT", sources::METADATA_TIMEOUT)?;
     m.add("AWS_GRACE_PERIOD", sources::AWS_GRACE_PERIOD)?;
     m.add("AZURE_GRACE_PERIOD", sources::AZURE_GRACE_PERIOD)?;
     m.add("GCE_GPU_GRACE_PERIOD", sources::GCE_GPU_GRACE_PERIOD)?;
     m.add("KUBERNETES_DEFAULT_GRACE_PERIOD", sources::KUBERNETES_DEFAULT_GRACE_PERIOD)?;
     m.add("WATCHER_FN_INTERVAL", sources::WATCHER_FN_INTERVAL)?;
+    m.add("SLOW_WATCHER_FN", sources::SLOW_WATCHER_FN)?;
     m.add("WATCHER_FN_JOIN_TIMEOUT", sources::WATCHER_FN_JOIN_TIMEOUT)?;
     Ok(())
 }

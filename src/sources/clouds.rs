@@ -1,5 +1,7 @@
-//! The clouds, in one table: each cloud's name, the pollers that watch it and
-//! the request that detects it. Nothing else names every cloud: a new cloud
+//! The clouds, in one table: each cloud's name, the pollers that watch it,
+//! the request that detects it, and what a process on it gets by default (its
+//! exit code after the save, its grace period: [`Cloud::defaults`]). Nothing
+//! else names every cloud: a new cloud
 //! is a file of its own (its poller, `pollers` and `probe`), a [`Cloud`]
 //! variant and its row in [`CLOUDS`].
 
@@ -28,6 +30,32 @@ pub(super) struct Parts {
     pub pollers: fn(Timing) -> Vec<NamedPoller>,
     /// Whether the cloud's metadata service answers as that cloud's does.
     pub probe: fn(&mut ProbeStatus<'_>) -> bool,
+    /// The exit code of a process that saved after a notice.
+    exit_code: i32,
+    /// The grace period by default, in seconds, on a GPU machine and on others.
+    grace_period: GracePeriods,
+}
+
+/// A cloud's default grace periods (`Parts::grace_period`).
+struct GracePeriods {
+    gpu: f64,
+    other: f64,
+}
+
+/// The exit code after the save where the platform names no other: Borg's
+/// and TensorFlow's default `exit_fn`'s.
+pub const DEFAULT_EXIT_CODE: i32 = 42;
+/// The exit code GCE's restart tooling recognises (TensorFlow's `gce_exit_fn`).
+pub const GCE_EXIT_CODE: i32 = 143;
+
+/// What a process on a cloud gets for what its user left unset.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Defaults {
+    /// Its exit code after the save.
+    pub exit_code: i32,
+    /// Its grace period, in seconds: GCE's GPU machines TensorFlow's hour, AWS
+    /// and Azure their notices' lead times, GCE's other machines none.
+    pub grace_period: f64,
 }
 
 /// Every cloud, in the order of its variants (checked by a test below).
@@ -37,18 +65,33 @@ const CLOUDS: [Parts; 3] = [
         name: "gce",
         pollers: gce::pollers,
         probe: gce::probe,
+        exit_code: GCE_EXIT_CODE,
+        grace_period: GracePeriods {
+            gpu: gce::GCE_GPU_GRACE_PERIOD as f64,
+            other: 0.0,
+        },
     },
     Parts {
         cloud: Cloud::Aws,
         name: "aws",
         pollers: aws::pollers,
         probe: aws::probe,
+        exit_code: DEFAULT_EXIT_CODE,
+        grace_period: GracePeriods {
+            gpu: aws::AWS_GRACE_PERIOD as f64,
+            other: aws::AWS_GRACE_PERIOD as f64,
+        },
     },
     Parts {
         cloud: Cloud::Azure,
         name: "azure",
         pollers: azure::pollers,
         probe: azure::probe,
+        exit_code: DEFAULT_EXIT_CODE,
+        grace_period: GracePeriods {
+            gpu: azure::AZURE_GRACE_PERIOD as f64,
+            other: azure::AZURE_GRACE_PERIOD as f64,
+        },
     },
 ];
 
@@ -67,6 +110,17 @@ impl Cloud {
     #[must_use]
     pub fn name(self) -> &'static str {
         self.parts().name
+    }
+
+    /// What a process on this cloud gets by default, on a GPU machine or not.
+    #[must_use]
+    pub fn defaults(self, gpu: bool) -> Defaults {
+        let parts = self.parts();
+        let grace = &parts.grace_period;
+        Defaults {
+            exit_code: parts.exit_code,
+            grace_period: if gpu { grace.gpu } else { grace.other },
+        }
     }
 }
 
@@ -88,7 +142,7 @@ pub fn pollers(cloud: Cloud, timing: Timing) -> Vec<NamedPoller> {
 
 #[cfg(test)]
 mod tests {
-    use super::{pollers, Cloud, CLOUDS};
+    use super::{pollers, Cloud, Defaults, CLOUDS, DEFAULT_EXIT_CODE, GCE_EXIT_CODE};
     use crate::sources::shared::Timing;
 
     #[test]
@@ -108,5 +162,22 @@ mod tests {
             assert!(!(cloud.parts().probe)(&mut |_, _, _| None), "{cloud:?}");
         }
         assert!("GCE".parse::<Cloud>().is_err());
+    }
+
+    #[test]
+    fn defaults_table() {
+        // (cloud, GPU machine, exit code, grace period)
+        let rows: &[(Cloud, bool, i32, f64)] = &[
+            (Cloud::Gce, true, GCE_EXIT_CODE, 3600.0),
+            (Cloud::Gce, false, GCE_EXIT_CODE, 0.0),
+            (Cloud::Aws, true, DEFAULT_EXIT_CODE, 120.0),
+            (Cloud::Aws, false, DEFAULT_EXIT_CODE, 120.0),
+            (Cloud::Azure, true, DEFAULT_EXIT_CODE, 30.0),
+            (Cloud::Azure, false, DEFAULT_EXIT_CODE, 30.0),
+        ];
+        for &(cloud, gpu, exit_code, grace_period) in rows {
+            assert_eq!(cloud.defaults(gpu), Defaults { exit_code, grace_period }, "{cloud:?} gpu {gpu}");
+        }
+        assert_eq!((DEFAULT_EXIT_CODE, GCE_EXIT_CODE), (42, 128 + 15));
     }
 }

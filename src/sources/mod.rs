@@ -132,13 +132,13 @@ pub use aws::{
     NOTE_IMDSV1,
 };
 pub use azure::{parse_scheduled_events, AzurePoller, AZURE_GRACE_PERIOD, AZURE_METADATA};
-pub use clouds::{pollers, Cloud};
+pub use clouds::{pollers, Cloud, Defaults as CloudDefaults, DEFAULT_EXIT_CODE, GCE_EXIT_CODE};
 pub use dates::{parse_rfc1123, parse_rfc3339};
 pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_GPU_GRACE_PERIOD, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
 pub use kubernetes::KUBERNETES_DEFAULT_GRACE_PERIOD;
 pub use shared::{Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, METADATA_TIMEOUT, MIN_INTERVAL};
 pub use watch::{probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
-pub use watcher_fn::{WATCHER_FN_INTERVAL, WATCHER_FN_JOIN_TIMEOUT};
+pub use watcher_fn::{SLOW_WATCHER_FN, WATCHER_FN_INTERVAL, WATCHER_FN_JOIN_TIMEOUT};
 
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,9 @@
 /// Seconds between the starts of two calls of `termination_watcher_fn`
 /// (TensorFlow: once a second).
 pub const WATCHER_FN_INTERVAL: f64 = 1.0;
+/// A call of `termination_watcher_fn` longer than this many seconds is logged
+/// (once): it delays only its own polls.
+pub const SLOW_WATCHER_FN: f64 = 5.0;
 /// Bound, in seconds, on joining the watcher-fn thread at close: a call in progress
 /// is not waited out.
 pub const WATCHER_FN_JOIN_TIMEOUT: f64 = 1.0;

@@ -29,7 +29,7 @@ from tf_failure_handling import (
     _native,
     testing,
 )
-from tf_failure_handling._protocol import keys, retries
+from tf_failure_handling._protocol import keys
 
 from .conftest import HANG, wait_until
 
@@ -156,15 +156,51 @@ def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_h
     assert h._thread_error is None
 
 
+# Backstop above its own bounds in sequence: two waits of HANG (+ 30 s).
+@pytest.mark.timeout(2 * HANG + 30)
+def test_a_notice_that_waited_for_the_writes_before_it_is_taken_once_they_end(
+    make_handler, tmp_path
+):
+    """A second notice that arrives while the first one's claim is in flight waits for
+    that notice's writes (claim, then announce), and is acted on once they end, with
+    no other input to wake the driver. Found while the Rust failures table was moved
+    onto the protocol object: the driver went back to its receive with no timeout,
+    and the notice waited for the next input (none came: it was never handled)."""
+    service = GatedService("TERMINATED_WORKER", "hold")
+    h = _worker_0(make_handler, tmp_path, service)
+    h._notify_termination()
+    assert service.entered.wait(HANG), "the claim never started"
+    h._notify_termination(deadline=h._clock() + 3600.0)  # queued behind the claim
+    service.released.set()
+    wait_until(lambda: h._notices_handled == 2, what="the second notice to be handled")
+    assert service.value("TERMINATED_WORKER") == "0"
+    assert service.value(keys.PREEMPTION_NOTICE_KEY) is not None, "the first one's announce"
+    assert h._thread_error is None
+
+
+class _LongRetries:
+    """The handler's ``ProtocolCore`` whose writes are retried for ``bound`` seconds."""
+
+    def __init__(self, core, bound: float) -> None:
+        self._core, self._bound = core, bound
+
+    def push_write(self, kind, now, peer_timeout):
+        return self._core.push_write(kind, now, peer_timeout, bound=self._bound)
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+
 # Backstop above its own bounds in sequence: three waits of HANG (+ 30 s).
 @pytest.mark.timeout(3 * HANG + 30)
 def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(
     make_handler, tmp_path, monkeypatch
 ):
     # The claim fails until the test lets it through; the bound must not end it first.
-    monkeypatch.setattr(retries.Retrier, "bound", lambda self: HANG * 10)
     service = GatedService("TERMINATED_WORKER", "fail")
     h = _worker_0(make_handler, tmp_path, service)
+    writes = h._driver._writes  # the one queue of the driver, notices and step keys
+    monkeypatch.setattr(writes, "_core", _LongRetries(writes._core, HANG * 10))
 
     h._notify_termination()
     assert service.entered.wait(HANG), "the claim never started"

@@ -12,7 +12,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .._native import DRAIN_ERROR_WAIT, gap_runs
+from .._native import DRAIN_ERROR_WAIT, WORKER_GET_SLICE, gap_runs
+from .._native import DRAIN_SETTLE_LOOK as _SETTLE_LOOK
 from .coordinators import workers_of
 
 SAVE_HOLD = "save"
@@ -214,8 +215,7 @@ def _left_behind(queue: Any, workers: list, end: float, clock: Callable[[], floa
     )
 
 
-#: Seconds of one look while a worker settles (:func:`_settle`).
-_SETTLE_LOOK = 0.05
+# _SETTLE_LOOK is the core's (src/ps_control.rs's DRAIN_SETTLE_LOOK).
 
 
 def _settle(worker: Any) -> tuple:
@@ -227,7 +227,7 @@ def _settle(worker: Any) -> tuple:
     worker as a run in flight made the run count unindexed and the save counted a
     finished run as unfinished (it ran twice after the restart; a reliability trial,
     seed 36). Still unsettled after that: ``(False, None)``, counted as before."""
-    looks = int(2 * getattr(worker, "GET_SLICE", 0.5) / _SETTLE_LOOK) + 1
+    looks = int(2 * getattr(worker, "GET_SLICE", WORKER_GET_SLICE) / _SETTLE_LOOK) + 1
     for _ in range(looks):
         closure = worker.taken()
         if closure is not None:

@@ -12,11 +12,12 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
+from .._native import JOIN_SLICE
+
 #: The step checks of the open handlers of a ParameterServerStrategy coordinator in
 #: this process (each has ``closed`` and ``check_in_join()``).
 _join_checks: weakref.WeakSet = weakref.WeakSet()
-#: Seconds ``ClusterCoordinator.join()`` waits between two looks at the handler.
-JOIN_SLICE = 0.2
+# JOIN_SLICE is the core's (src/ps_control.rs).
 
 
 def register_join(check: Any) -> None:

@@ -13,7 +13,7 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator as _tf_
 from tensorflow.python.framework import errors as _tf_errors
 from tensorflow.python.platform import tf_logging as _tf_logging
 
-from .._native import Stopwatch
+from .._native import WORKER_GET_SLICE, WORKER_SOFT_SLICE, Stopwatch
 from .closure_queue import MAX_SIZE as MAX_QUEUE_SIZE
 from .function_cache import Closure, run_on
 from .remote_values import complete, copy_to_local, metric_cell
@@ -42,7 +42,7 @@ class _Holds:
     the worker's recovery."""
 
     #: Seconds between two looks at the queue while only non-strict holds are set.
-    SOFT_SLICE = 0.05
+    SOFT_SLICE = WORKER_SOFT_SLICE
     #: What :meth:`wait_turn` answers.
     WAIT, TAKE, TAKE_GRANTED = 0, 1, 2
 
@@ -125,7 +125,7 @@ class Worker(_tf_cc.Worker):
     that can be held (:meth:`hold`)."""
 
     #: Seconds a worker thread waits for a closure before it looks at its holds again.
-    GET_SLICE = 0.5
+    GET_SLICE = WORKER_GET_SLICE
 
     def _holds(self) -> _Holds:
         # Created on first use: TF's ``Worker.__init__`` starts the thread before

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .._native import AWS_GRACE_PERIOD as GRACE_PERIOD
+from .._native import AWS_GRACE_PERIOD as GRACE_PERIOD  # noqa: F401 - re-exported
+from .._native import cloud_defaults
 from . import common
 
 #: Base URL of the AWS instance metadata service (tests, proxies).
@@ -14,7 +15,7 @@ METADATA_ENV = "TF_FAILURE_HANDLING_AWS_METADATA_URL"
 DEFAULT_BASE = "http://169.254.169.254"
 #: Xen guests on EC2 (older instance types) have a uuid starting with "ec2" here.
 HYPERVISOR_UUID = "/sys/hypervisor/uuid"
-# GRACE_PERIOD is the core's (src/sources/aws.rs says what it means).
+# GRACE_PERIOD and the exit code are the core's (src/sources/clouds.rs's table).
 
 
 def dmi_says_aws() -> bool:
@@ -42,7 +43,8 @@ class Aws(common.Platform):
         return checked or DEFAULT_BASE
 
     def defaults(self, env: Any) -> dict:
-        return {"exit_fn": common.default_exit_fn, "grace_period": GRACE_PERIOD}
+        code, grace = cloud_defaults(self.NAME, env.device.name.endswith("GPU"))
+        return {"exit_fn": common.exit_for(code), "grace_period": grace}
 
 
 PLATFORM = Aws()

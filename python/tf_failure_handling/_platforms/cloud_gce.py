@@ -12,7 +12,9 @@ import urllib.error
 import urllib.request
 from typing import Any, Optional
 
-from .._native import GCE_GPU_GRACE_PERIOD as GPU_GRACE_PERIOD
+from .._native import GCE_EXIT_CODE as EXIT_CODE
+from .._native import GCE_GPU_GRACE_PERIOD as GPU_GRACE_PERIOD  # noqa: F401 - re-exported
+from .._native import cloud_defaults
 from . import common
 
 log = logging.getLogger("tf_failure_handling")
@@ -21,11 +23,10 @@ log = logging.getLogger("tf_failure_handling")
 METADATA_ENV = "GCE_METADATA_IP"
 DEFAULT_BASE = "http://metadata.google.internal"
 HEADER = {"Metadata-Flavor": "Google"}
-#: Exit code GCE's restart tooling recognises (TF's ``gce_exit_fn``).
-EXIT_CODE = 143
-# GPU_GRACE_PERIOD is the core's (src/sources/gce.rs says what it means).
+# EXIT_CODE (what GCE's restart tooling recognises, TF's ``gce_exit_fn``'s) and
+# GPU_GRACE_PERIOD are the core's (src/sources/clouds.rs's table).
 
-exit_fn = common.exit_with(EXIT_CODE)
+exit_fn = common.exit_for(EXIT_CODE)
 
 
 def configured_base() -> Optional[str]:
@@ -74,8 +75,8 @@ class Gce(common.Platform):
         return checked or DEFAULT_BASE
 
     def defaults(self, env: Any) -> dict:
-        gpu = env.device.name.endswith("GPU")
-        return {"exit_fn": exit_fn, "grace_period": GPU_GRACE_PERIOD if gpu else 0}
+        code, grace = cloud_defaults(self.NAME, env.device.name.endswith("GPU"))
+        return {"exit_fn": common.exit_for(code), "grace_period": grace}
 
 
 PLATFORM = Gce()

@@ -14,15 +14,15 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from .._native import METADATA_TIMEOUT
+from .._native import DEFAULT_EXIT_CODE, METADATA_TIMEOUT
 
 log = logging.getLogger("tf_failure_handling")
 
 # METADATA_TIMEOUT is the core's (src/sources/shared.rs says what it means).
 #: The DMI tables the kernel exposes (world-readable files of one line each).
 DMI_DIR = "/sys/class/dmi/id"
-#: The exit code Borg and TF's default ``exit_fn`` use.
-DEFAULT_EXIT_CODE = 42
+# DEFAULT_EXIT_CODE is the core's (src/sources/clouds.rs: Borg's and TF's default
+# ``exit_fn``'s).
 
 #: A host name's bytes, as the native client accepts them (``http::BaseUrl``).
 _HOST_NAME_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._")
@@ -99,6 +99,13 @@ def exit_code(exit_fn: Any) -> Optional[int]:
 
 
 default_exit_fn = exit_with(DEFAULT_EXIT_CODE)
+
+
+def exit_for(code: int) -> Callable[[], None]:
+    """The default ``exit_fn`` that exits with ``code``: one per code, so that
+    :func:`exit_code` knows it."""
+    known = next((fn for fn, c in _EXIT_CODES if c == code), None)
+    return exit_with(code) if known is None else known
 
 
 def bad(name: str, raw: str, expected: str) -> ValueError:

@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from .._native import INBOX_EXIT_JOIN_TIMEOUT as EXIT_JOIN_TIMEOUT
 from .._native import (
+    SLOW_WATCHER_FN,
     WATCHER_FN_INTERVAL,
     Deadline,
     Inbox,
@@ -46,8 +47,7 @@ log = logging.getLogger("tf_failure_handling")
 
 # WATCHER_FN_INTERVAL and POLLER_JOIN_TIMEOUT (src/sources/watcher_fn.rs) and
 # EXIT_JOIN_TIMEOUT (src/inbox.rs) are the core's: those files say what each means.
-#: A watcher fn call longer than this is logged (once): it delays only its own polls.
-SLOW_WATCHER_FN = 5.0
+# SLOW_WATCHER_FN is the core's too (src/sources/watcher_fn.rs).
 #: Logged when a watcher fn call under way fires after a newer handler of the worker took
 #: over (``stop_watcher_fn``): the notice is the earlier handler's, and nobody acts on it.
 WATCHER_FN_AFTER_TAKE_OVER = (

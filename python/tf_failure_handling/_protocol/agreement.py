@@ -17,7 +17,7 @@ import logging
 from typing import Optional
 
 from .. import _errors
-from .._native import ACK_VALUE, Deadline, ProtocolCore
+from .._native import ACK_READ_SLICE, ACK_VALUE, Deadline, ProtocolCore
 from .keys import LAST_RUN_TO_CHECKPOINT, PEER_TIMEOUT_ENV
 from .records_hooks import StageRecords
 from .retries import Retrier, Retry
@@ -91,7 +91,7 @@ class Agreement:
             if deadline.passed():
                 break
             try:
-                got = self._state.coordination.get(pending[0], deadline.slice(1.0))
+                got = self._state.coordination.get(pending[0], deadline.slice(ACK_READ_SLICE))
             except _errors.module().OpError as e:
                 # A failed read is retried like a slow peer, but a failure that lasts
                 # longer than the bound is the service's (a peer reported an error).

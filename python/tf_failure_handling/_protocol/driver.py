@@ -121,8 +121,11 @@ class Driver:
         notices: deque = deque()  # notices waiting for the current one
         writes = self._writes
         while True:
+            # A notice that waited for the writes before it is started at once
+            # when they have ended: no input need come to wake the driver.
+            wait = 0.0 if notices and not writes.busy else writes.wait()
             try:
-                item = self.sources.receive(writes.wait())
+                item = self.sources.receive(wait)
             except BaseException as e:  # noqa: BLE001 - handed to the next run()
                 self._errors.fail_in_background("the protocol driver's receive", e)
                 return

@@ -20,6 +20,7 @@ import numbers
 from typing import Any, Callable, Optional
 
 from .._integrations import tf_input, tf_keras_fit
+from .._native import INPUT_REPLAY_PROGRESS_EVERY as PROGRESS_EVERY
 from .._native import Stopwatch, input_batches_given, input_resume
 
 log = logging.getLogger("tf_failure_handling")
@@ -31,8 +32,7 @@ FORMAT = 1
 STATE_NAME = "tf_failure_handling_input"
 #: Its key in the checkpoint file.
 STATE_KEY = f"{STATE_NAME}/.ATTRIBUTES/py_state"
-#: Seconds between the lines logged while a resumed input replays to its position.
-PROGRESS_EVERY = 5.0
+# PROGRESS_EVERY is the core's (src/input_position.rs's REPLAY_PROGRESS_EVERY).
 
 
 def parse(value: Any) -> dict:

@@ -70,21 +70,17 @@ class Write:
 
 class Retrier:
     """The protocol's calls under the core's retry rule: the bound, the pauses, and the
-    error raised when the rule gives up. The bound is the core's (``core.retry_bound``)."""
+    error raised when the rule gives up. The bound is the core's (``core.retry``)."""
 
     def __init__(self, state: HandlerState, core: ProtocolCore) -> None:
         self._state = state
         self._core = core
 
-    def bound(self) -> float:
-        """Seconds a failing protocol call is retried from now (the core's rule: the
+    def retry(self) -> Retry:
+        """A run of failures of one call, starting now, retried for the core's bound (the
         transient-failure window, or the peer timeout or the time left before the leading
         notice's deadline, at least 1 s, when shorter)."""
-        return self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
-
-    def retry(self) -> Retry:
-        """A run of failures of one call, starting now (on the core's clock)."""
-        return Retry(self.bound())
+        return self._core.retry(self._state.clock(), self._state.peer_timeout)
 
     def named(self, error: BaseException, what: str, attempts: int, seconds: float) -> Any:
         """``error``'s type (TF's), its message prefixed with what failed, how often and

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from .._native import SHARES_UNMERGED_EXIT_CODE as UNMERGED_EXIT_CODE
 from .._native import ProtocolCore, SaveAction
 from .._platforms import platform as _platform
 from . import exit_guard as _exit_guard
@@ -28,12 +29,10 @@ from .step_keys import StepKeys
 
 log = logging.getLogger("tf_failure_handling")
 
-#: The exit code of a non-chief whose share of a save did not become a checkpoint
-#: (``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=shares``): the save failed, the chief's merge
-#: failed, or the chief did not report it in time. Not the restart code (42, GCE 143),
-#: which says the checkpoint is saved. 75 is sysexits.h's ``EX_TEMPFAIL``: the run can be
-#: started again, from the last checkpoint that was saved.
-UNMERGED_EXIT_CODE = 75
+# UNMERGED_EXIT_CODE is the core's (src/shares.rs): the exit code of a non-chief whose
+# share of a save did not become a checkpoint (``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=
+# shares``): the save failed, the chief's merge failed, or the chief did not report it
+# in time. Not the restart code (42, GCE 143), which says the checkpoint is saved.
 
 
 class SaveAndExit:
