@@ -2,25 +2,33 @@
 //!
 //! Each row of [`ROWS`] is one row of that table (or one sentence after it),
 //! named after it. A row runs a small cluster on a simulated clock: every
-//! worker has the real core parts ([`Resolver`], [`GracePlanner`], the
-//! driver's [`Writes`], a [`Retry`] per blocking call, the bound of
-//! [`retry::bound`]), and the test performs the "I/O" the way the Python
-//! layer does (`_protocol/driver.py`, `retries.py`, `step_keys.py`,
-//! `agreement.py`), against a scripted fake coordination service whose calls
-//! fail, per effect and worker, during the windows the row lists (a window
-//! that ends is a transient failure, one that never ends a permanent one).
-//! The row's check then asserts what the table promises.
+//! worker holds the real [`Protocol`] (configured through
+//! [`Protocol::configure`], with no exit reserve: see
+//! [`simulated_protocol`]), which owns its resolver, its grace planner, the
+//! driver's writes and the retry bound ([`Protocol::retry_bound`]), plus a
+//! [`Retry`] per blocking call of the reader and the training thread; the
+//! test performs the "I/O" the way the Python layer does
+//! (`_protocol/driver.py`, `retries.py`, `step_keys.py`, `agreement.py`),
+//! against a scripted fake coordination service whose calls fail, per effect
+//! and worker, during the windows the row lists (a window that ends is a
+//! transient failure, one that never ends a permanent one). The row's check
+//! then asserts what the table promises. The protocol's `now` and the
+//! driver's clock (`at`) are both the simulated clock.
 //!
 //! What the simulation does for Python, as Python does it:
 //!
-//! * the **driver**: one input a turn (a reader's failure, then step keys,
-//!   then notices; a notice waits while [`Writes::busy`]), then at most one
-//!   attempt of the write [`Writes::poll_action`] answers; a failure goes to
-//!   [`Writes::failed`]; `close()` takes the inputs still waiting, then
-//!   [`Writes::close`] and its last attempts;
+//! * the **driver**: its receive waits for an input until the next write is
+//!   due ([`Protocol::poll_timeout`]); then one input a turn (a reader's
+//!   failure, then step keys, then notices; a notice waits while
+//!   [`Protocol::writes`] is busy), then at most one attempt of the write
+//!   [`Protocol::poll_write`] answers; a write is queued with
+//!   [`Protocol::push_write`] (retried for the protocol's bound); a failure
+//!   goes to [`Protocol::handle_write_failed`], a success to
+//!   [`Protocol::handle_write_done`]; `close()` takes the inputs still
+//!   waiting, then [`Protocol::close_writes`] and its last attempts;
 //! * the **reader**: reads the round's step key, a failed read retried by a
 //!   [`Retry`] started at the first failure and dropped when a read answers;
-//! * the **training thread**: [`Resolver::before_step`] before every step; a
+//! * the **training thread**: [`Protocol::before_step`] before every step; a
 //!   publish retried by a [`Retry`] started before its first attempt; the
 //!   wait for the acknowledgements bounded by the peer timeout, a failed read
 //!   counting as "not yet" under its own [`Retry`]; the save; an error the
@@ -36,10 +44,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 
+use super::tests::simulated_protocol;
 use super::*;
-use crate::grace::GracePlanner;
+use crate::protocol::Protocol;
 use crate::retry::{self, Retry, Verdict, MAX_PAUSE, MIN_ATTEMPTS, TRANSIENT_FAILURE_WINDOW};
-use crate::writes::{Kind, WriteId, Writes};
+use crate::writes::{Kind, WriteId};
 
 /// The simulated clock advances by this much; every actor acts at most once
 /// a tick.
@@ -272,14 +281,13 @@ enum Train {
 }
 
 struct Worker {
-    r: Resolver,
-    planner: GracePlanner,
+    /// The handler's protocol: the resolver, the planner, the driver's writes.
+    p: Protocol,
     // The inbox, and the driver.
     keys: VecDeque<(Round, String)>,
     notices: VecDeque<Notice>,
     read_failed: Option<Raised>,
     waiting: VecDeque<Notice>,
-    writes: Writes,
     ops: HashMap<WriteId, Op>,
     /// When each pending write is due, as the rule said.
     due: HashMap<WriteId, f64>,
@@ -318,13 +326,11 @@ impl<'a> Sim<'a> {
         let n = u32::try_from(row.workers).unwrap();
         let ws = (0..n)
             .map(|id| Worker {
-                r: Resolver::new(Membership::Worker { id, num_workers: n }, row.grace),
-                planner: GracePlanner::without_exit_reserve(),
+                p: simulated_protocol(Some(id), n, row.grace),
                 keys: VecDeque::new(),
                 notices: VecDeque::new(),
                 read_failed: None,
                 waiting: VecDeque::new(),
-                writes: Writes::new(),
                 ops: HashMap::new(),
                 due: HashMap::new(),
                 driver_free: 0.0,
@@ -360,14 +366,6 @@ impl<'a> Sim<'a> {
         let ok = !self.fails(effect, w, t);
         self.log.push(Attempt { t, worker: w, effect, ok });
         ok
-    }
-
-    /// `HandlerCore.retry_bound`: the core's bound, with the leading notice's
-    /// deadline once this worker leads.
-    fn bound(&self, w: usize, t: f64) -> f64 {
-        let r = &self.ws[w].r;
-        let deadline = r.leading_notice().map(|n| GracePlanner::deadline(n, r.grace_period()));
-        retry::bound(self.row.peer_timeout, deadline, t)
     }
 
     /// The coordination service's set: false when the key exists.
@@ -424,8 +422,8 @@ impl<'a> Sim<'a> {
             .ws
             .into_iter()
             .map(|mut w| {
-                w.out.leading = w.r.leading_notice().is_some();
-                w.out.needs_attention = w.r.needs_attention();
+                w.out.leading = w.p.leading();
+                w.out.needs_attention = w.p.needs_attention();
                 w.out
             })
             .collect();
@@ -448,7 +446,7 @@ impl<'a> Sim<'a> {
         let call = self.row.call;
         if !self.call(Effect::Read, w, t) {
             let end = t + call;
-            let bound = self.bound(w, end);
+            let bound = self.ws[w].p.retry_bound(end, self.row.peer_timeout);
             let ws = &mut self.ws[w];
             let retry = ws.read_retry.get_or_insert_with(|| Retry::new(bound).started(end));
             match retry.failed(end, false) {
@@ -484,6 +482,17 @@ impl<'a> Sim<'a> {
             return;
         }
         let ws = &mut self.ws[w];
+        // The receive (`sources.receive(writes.wait())`) returns an input, or
+        // nothing once the next write is due (`Protocol::poll_timeout`); with
+        // neither, the driver sleeps. A notice that waited for the one before
+        // it starts at the first turn after that one's writes are done (here
+        // the next tick; Python's driver, at its next receive's return).
+        let input = ws.read_failed.is_some() || !ws.keys.is_empty() || !ws.notices.is_empty();
+        let write_due = ws.p.poll_timeout().is_some_and(|due| due <= t);
+        let notice_free = !ws.waiting.is_empty() && !ws.p.writes().busy();
+        if !(input || write_due || notice_free) {
+            return;
+        }
         if let Some(e) = ws.read_failed.take() {
             ws.pending.get_or_insert(e);
         } else if let Some((round, value)) = ws.keys.pop_front() {
@@ -491,14 +500,14 @@ impl<'a> Sim<'a> {
         } else if let Some(n) = ws.notices.pop_front() {
             ws.waiting.push_back(n);
         }
-        while !self.ws[w].writes.busy() {
+        while !self.ws[w].p.writes().busy() {
             let Some(n) = self.ws[w].waiting.pop_front() else { break };
-            match self.ws[w].r.on_notice(n) {
+            match self.ws[w].p.handle_notice(n).expect("configured") {
                 NoticeAction::Claim { .. } => self.push(w, Op::Claim, t),
                 NoticeAction::Lead | NoticeAction::Replan | NoticeAction::Absorb => {}
             }
         }
-        if let Some(id) = self.ws[w].writes.poll_action(t) {
+        if let Some(id) = self.ws[w].p.poll_write(t) {
             self.attempt(w, id, t, false);
         }
     }
@@ -507,7 +516,12 @@ impl<'a> Sim<'a> {
     fn take_key(&mut self, w: usize, round: Round, value: &str, t: f64) {
         let ws = &mut self.ws[w];
         ws.out.keys_taken.push((t, round, value.to_owned()));
-        match ws.r.on_step_key(round, value).expect("the simulation writes run counts") {
+        match ws
+            .p
+            .handle_step_key(round, value)
+            .expect("configured")
+            .expect("the simulation writes run counts")
+        {
             KeyAction::Acknowledge { ack_key, .. } => self.push(w, Op::Ack(ack_key), t),
             KeyAction::Stop => ws.out.stops += 1,
         }
@@ -520,10 +534,10 @@ impl<'a> Sim<'a> {
             Op::Announce => Kind::Announce,
             Op::Ack(_) => Kind::Acknowledge,
         };
-        let bound = self.bound(w, t);
+        let peer_timeout = self.row.peer_timeout;
         let id = self.ws[w]
-            .writes
-            .push(kind, bound, t)
+            .p
+            .push_write(kind, t, peer_timeout, t)
             .expect("the driver starts a notice only when not busy");
         self.ws[w].ops.insert(id, op);
         self.ws[w].due.insert(id, t);
@@ -542,7 +556,7 @@ impl<'a> Sim<'a> {
             .any(|(other, o)| *other != id && matches!(o, Op::Claim) && ws.due[other] <= t);
         ws.out.write_attempts.push((t, op.effect(), ws.due[&id], claim_due));
         if !self.call(op.effect(), w, t) {
-            let verdict = self.ws[w].writes.failed(id, end, closing).expect("a pending write");
+            let verdict = self.ws[w].p.handle_write_failed(id, end, closing).expect("a pending write");
             if let Verdict::Again { at, .. } = verdict {
                 self.ws[w].due.insert(id, at);
             }
@@ -558,7 +572,7 @@ impl<'a> Sim<'a> {
                 };
                 match op {
                     Op::Claim => {
-                        ws.r.on_claim(false);
+                        ws.p.handle_claim(false).expect("configured");
                         ws.pending.get_or_insert(error);
                     }
                     Op::Ack(_) if !closing => {
@@ -570,18 +584,18 @@ impl<'a> Sim<'a> {
             }
             return false;
         }
-        let id_str = self.ws[w].r.id().to_owned();
+        let id_str = self.ws[w].p.resolver().expect("configured").id().to_owned();
         let written = match &op {
             Op::Claim => self.set(TERMINATED_WORKER, &id_str, t),
             Op::Announce => self.set(PREEMPTION_NOTICE_KEY, &id_str, t),
             Op::Ack(key) => self.set(key, ACK_VALUE, t),
         };
         let ws = &mut self.ws[w];
-        ws.writes.done(id);
+        ws.p.handle_write_done(id).expect("a pending write");
         ws.ops.remove(&id);
         ws.due.remove(&id);
         if let Op::Claim = op {
-            ws.r.on_claim(written);
+            ws.p.handle_claim(written).expect("configured");
             if written {
                 self.push(w, Op::Announce, t);
             }
@@ -599,7 +613,7 @@ impl<'a> Sim<'a> {
         let ws = &mut self.ws[w];
         ws.read_failed = None; // closing: logged
         ws.waiting.extend(ws.notices.drain(..));
-        let closing = ws.writes.close(t);
+        let closing = ws.p.close_writes(t);
         for id in &closing.last_attempts {
             ws.due.insert(*id, t);
         }
@@ -619,7 +633,7 @@ impl<'a> Sim<'a> {
         }
         ws.reading = None;
         ws.train = Train::Done;
-        for key in self.ws[w].r.shutdown_keys() {
+        for key in self.ws[w].p.shutdown_keys().expect("configured") {
             if self.call(Effect::Shutdown, w, t) {
                 self.set(key, STOP_WATCHER, t);
             } else {
@@ -654,10 +668,12 @@ impl<'a> Sim<'a> {
                     return self.raise(w, e, t);
                 }
                 let ws = &mut self.ws[w];
-                let action = ws.r.before_step(ws.runs, t, &ws.planner);
+                let action = ws.p.before_step(ws.runs, t).expect("configured");
                 let runs = ws.runs;
                 self.ws[w].train = match action {
                     StepAction::Proceed => {
+                        // The checks took no time: the step starts now.
+                        self.ws[w].p.checks_done(t);
                         self.ws[w].started = runs + 1;
                         Train::Stepping {
                             step: runs + 1,
@@ -674,7 +690,7 @@ impl<'a> Sim<'a> {
                         step,
                         ack_keys,
                         own_ack_key,
-                        retry: Retry::new(self.bound(w, t)).started(t),
+                        retry: Retry::new(self.ws[w].p.retry_bound(t, self.row.peer_timeout)).started(t),
                         next: t,
                     },
                     StepAction::Save { round, step } => Train::Saving {
@@ -694,7 +710,10 @@ impl<'a> Sim<'a> {
                 let ws = &mut self.ws[w];
                 if joined {
                     ws.runs = step;
-                    ws.planner.record_step(STEP);
+                    // The step's sample is its own STEP, from its start to `ends`
+                    // (the wait for the peers is not timed): the interval from
+                    // `checks_done` at its start to this `step_started`.
+                    ws.p.step_started(ends);
                     ws.train = Train::Ready(t);
                 } else {
                     ws.train = Train::Stepping { step, ends };
@@ -760,10 +779,11 @@ impl<'a> Sim<'a> {
             } if t >= next => {
                 if pending.is_empty() {
                     let ws = &mut self.ws[w];
-                    ws.planner.record_agreement(t - since);
+                    ws.p.handle_agreement(t - since);
                     // `before_step` again: Proceed (the step runs).
-                    let action = ws.r.before_step(ws.runs, t, &ws.planner);
+                    let action = ws.p.before_step(ws.runs, t).expect("configured");
                     assert_eq!(action, StepAction::Proceed);
+                    ws.p.checks_done(t);
                     ws.started = ws.runs + 1;
                     ws.train = Train::Stepping {
                         step: ws.runs + 1,
@@ -793,7 +813,7 @@ impl<'a> Sim<'a> {
                         next = t;
                     }
                 } else {
-                    let bound = self.bound(w, end);
+                    let bound = self.ws[w].p.retry_bound(end, self.row.peer_timeout);
                     let r = retry.get_or_insert_with(|| Retry::new(bound).started(end));
                     match r.failed(end, false) {
                         Verdict::Again { at, .. } => next = at.min(deadline).max(end),
@@ -820,14 +840,18 @@ impl<'a> Sim<'a> {
                 let ws = &mut self.ws[w];
                 if !ok {
                     // `run()` raises the save's error; the script runs again.
-                    ws.r.on_save_failed();
+                    ws.p.handle_save_failed().expect("configured");
                     ws.out.save_failures += 1;
                     ws.train = Train::Ready(t);
                     return;
                 }
-                ws.planner.record_save(SAVE);
                 ws.out.saves.push((round, step));
-                match ws.r.on_saved(round).expect("a save that was asked for") {
+                match ws
+                    .p
+                    .handle_saved(round, SAVE)
+                    .expect("configured")
+                    .expect("a save that was asked for")
+                {
                     SaveAction::Countdown => ws.train = Train::Ready(t),
                     SaveAction::Exit => {
                         ws.out.exited = Some(t);

@@ -7,6 +7,7 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
 use crate::grace::GracePlanner;
+use crate::protocol::Protocol;
 
 // ---------------------------------------------------------------------------
 // Part 1: every transition, one table.
@@ -485,6 +486,30 @@ fn nan_grace_period_is_treated_consistently() {
 // Part 2: a deterministic simulator of a synchronous (MWMS) cluster.
 // ---------------------------------------------------------------------------
 
+/// A worker's [`Protocol`] in a simulation (this one and the "Failures"
+/// table's): configured through [`Protocol::configure`] as the handler
+/// configures it, `worker_id` None in local mode. The simulations keep no
+/// exit reserve (`GracePlanner::without_exit_reserve`: their exit takes no
+/// time, so every plan ends at the deadline itself), and their handler's
+/// warm-up is behind it: [`Protocol::step_started`] discards the first
+/// interval of a handler's life (`tf.function` tracing), which a simulated
+/// step does not have, so an empty one is spent before t = 0 and every
+/// simulated step is a sample of the planner's step time.
+pub(super) fn simulated_protocol(worker_id: Option<u32>, num_workers: u32, grace_period: f64) -> Protocol {
+    let mut p = Protocol::new();
+    p.configure(crate::protocol::Config {
+        worker_id,
+        num_workers,
+        grace_period,
+        save_at_current_run: false,
+    })
+    .expect("a configuration the simulation can run");
+    p.set_exit_reserve(0.0).expect("no exit reserve");
+    p.step_started(0.0);
+    p.step_started(0.0);
+    p
+}
+
 /// splitmix64: small, deterministic, good enough for schedules.
 struct Rng(u64);
 
@@ -608,13 +633,19 @@ enum Watch {
 }
 
 struct SimWorker {
-    res: Resolver,
-    planner: GracePlanner,
+    /// The handler's protocol: the resolver, the planner and the step timing.
+    p: Protocol,
     runs: u64,
     main: Main,
     watch: Watch,
-    step_start: f64,
     save_start: f64,
+}
+
+impl SimWorker {
+    /// The protocol's resolver, read-only.
+    fn res(&self) -> &Resolver {
+        self.p.resolver().expect("configured")
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -696,21 +727,12 @@ impl<'a> Sim<'a> {
     fn new(cfg: &'a Config) -> Self {
         let workers = (0..cfg.n)
             .map(|i| {
-                let who = if cfg.local {
-                    Membership::Local
-                } else {
-                    Membership::Worker {
-                        id: u32::try_from(i).unwrap(),
-                        num_workers: u32::try_from(cfg.n).unwrap(),
-                    }
-                };
+                let id = (!cfg.local).then(|| u32::try_from(i).unwrap());
                 SimWorker {
-                    res: Resolver::new(who, cfg.grace),
-                    planner: GracePlanner::without_exit_reserve(),
+                    p: simulated_protocol(id, u32::try_from(cfg.n).unwrap(), cfg.grace),
                     runs: 0,
                     main: Main::Ready,
                     watch: if cfg.local { Watch::Off } else { Watch::Blocked(Round::Initial) },
-                    step_start: 0.0,
                     save_start: 0.0,
                 }
             })
@@ -776,10 +798,10 @@ impl<'a> Sim<'a> {
             self.now = t;
             self.out.events += 1;
             ensure!(self.out.events <= MAX_EVENTS, "no end after {MAX_EVENTS} events: livelock");
-            let before: Vec<Phase> = self.workers.iter().map(|w| w.res.phase()).collect();
+            let before: Vec<Phase> = self.workers.iter().map(|w| w.res().phase()).collect();
             self.handle(ev)?;
             for (w, (from, wk)) in before.into_iter().zip(&self.workers).enumerate() {
-                let to = wk.res.phase();
+                let to = wk.res().phase();
                 ensure!(
                     from == to || reachable(from, to),
                     "worker {w}: {from:?} -> {to:?} on {ev:?}, not a way through PHASE_MOVES"
@@ -791,7 +813,7 @@ impl<'a> Sim<'a> {
             .iter()
             .enumerate()
             .filter(|(_, w)| w.main != Main::Exited)
-            .map(|(i, w)| format!("worker {i} at run {} in {:?}, watcher {:?}: {:?}", w.runs, w.main, w.watch, w.res))
+            .map(|(i, w)| format!("worker {i} at run {} in {:?}, watcher {:?}: {:?}", w.runs, w.main, w.watch, w.res()))
             .collect();
         ensure!(
             stuck.is_empty(),
@@ -810,7 +832,10 @@ impl<'a> Sim<'a> {
                 let wk = &mut self.workers[w];
                 ensure!(wk.main == Main::InStep, "worker {w}: step done while {:?}", wk.main);
                 wk.runs += 1;
-                wk.planner.record_step(now - wk.step_start);
+                // The step's sample is its own duration: from `checks_done` at
+                // its start (`start_step`) to this `step_started`, without the
+                // time to the next check.
+                wk.p.step_started(now);
                 wk.main = Main::Ready;
                 let runs = wk.runs;
                 self.out.max_runs = self.out.max_runs.max(runs);
@@ -826,12 +851,12 @@ impl<'a> Sim<'a> {
             Ev2::Notice(w, deadline) => self.notice(w, deadline),
             Ev2::ClaimWrite(w) => {
                 let won = self.write(TERMINATED_WORKER, &Self::id(w))?;
-                self.workers[w].res.on_claim(won);
+                self.workers[w].p.handle_claim(won).map_err(|e| e.to_string())?;
                 self.out.claims_lost += usize::from(!won);
                 if won {
                     ensure!(self.out.leader.is_none(), "two leaders");
                     self.out.leader = Some(w);
-                    self.out.leader_notice = self.workers[w].res.leading_notice();
+                    self.out.leader_notice = self.workers[w].res().leading_notice();
                     ensure!(self.out.leader_notice.is_some(), "a won claim without a leading notice");
                 }
                 Ok(())
@@ -845,16 +870,18 @@ impl<'a> Sim<'a> {
         let leader = self.out.leader == Some(w);
         let wk = &mut self.workers[w];
         ensure!(wk.main == Main::Ready, "worker {w}: check while {:?}", wk.main);
-        let attention = wk.res.needs_attention();
-        let before = format!("{:?}", wk.res);
-        let first_final_check = leader && wk.res.counting_down() && wk.res.agreed_step().is_none();
-        let estimate = wk.planner.step_estimate();
-        let d = wk.res.before_step(wk.runs, now, &wk.planner);
+        let attention = wk.p.needs_attention();
+        let before = format!("{:?}", wk.res());
+        let first_final_check = leader && wk.res().counting_down() && wk.res().agreed_step().is_none();
+        // The planner's step time, read where it is checked (a snapshot per check
+        // would cost the simulations their speed).
+        let estimate = first_final_check.then(|| wk.p.snapshot().step_estimate);
+        let d = wk.p.before_step(wk.runs, now).map_err(|e| e.to_string())?;
         // The hot-path contract.
         if !attention {
             ensure!(d == StepAction::Proceed, "worker {w}: {d:?} without needs_attention");
             ensure!(
-                format!("{:?}", wk.res) == before,
+                format!("{:?}", wk.res()) == before,
                 "worker {w}: state changed without needs_attention"
             );
         }
@@ -869,8 +896,8 @@ impl<'a> Sim<'a> {
             if self.cfg.grace > 0.0 && self.cfg.save_failure_rate == 0.0 {
                 // The simulator's own premise: the planner's step input is accurate.
                 ensure!(
-                    estimate >= self.cfg.step_hi,
-                    "simulator: p95 {estimate} below the slow step {}",
+                    estimate.is_some_and(|e| e >= self.cfg.step_hi),
+                    "simulator: p95 {estimate:?} below the slow step {}",
                     self.cfg.step_hi
                 );
             }
@@ -886,7 +913,11 @@ impl<'a> Sim<'a> {
             StepAction::Save { round, step } => {
                 let wk = &mut self.workers[w];
                 ensure!(step == wk.runs, "worker {w}: save of step {step} at run {}", wk.runs);
-                ensure!(round == wk.res.round(), "worker {w}: save for {round:?} in {:?}", wk.res.round());
+                ensure!(
+                    round == wk.res().round(),
+                    "worker {w}: save for {round:?} in {:?}",
+                    wk.res().round()
+                );
                 wk.main = Main::Saving;
                 wk.save_start = now;
                 let max = self.cfg.save_max;
@@ -911,7 +942,7 @@ impl<'a> Sim<'a> {
             ensure!(self.out.leader == Some(w), "worker {w} publishes but did not win the claim");
             ensure!(step == runs + 1, "published {step} at run {runs}");
         } else {
-            let res = &self.workers[w].res;
+            let res = self.workers[w].res();
             ensure!(
                 res.planned_notice().is_some(),
                 "worker {w} publishes the final round without a notice"
@@ -926,7 +957,11 @@ impl<'a> Sim<'a> {
             // The first writer won: read the key, take its value, wait for nobody.
             ensure!(!self.cfg.local, "a lost publish in local mode");
             let value = self.store[round.key()].clone();
-            self.workers[w].res.on_publish_lost(round, &value).map_err(|e| e.to_string())?;
+            self.workers[w]
+                .p
+                .handle_publish_lost(round, &value)
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
             self.out.lost_publishes += 1;
             return self.start_step(w);
         }
@@ -985,7 +1020,7 @@ impl<'a> Sim<'a> {
                 continue;
             }
             let (round, agreement) = (*round, self.now - *since);
-            self.workers[w].planner.record_agreement(agreement);
+            self.workers[w].p.handle_agreement(agreement);
             if round == Round::Initial {
                 self.initial_agreement = Some(agreement);
             }
@@ -1008,7 +1043,8 @@ impl<'a> Sim<'a> {
             ));
         }
         self.workers[w].main = Main::InStep;
-        self.workers[w].step_start = now;
+        // The step starts now: its checks took no time.
+        self.workers[w].p.checks_done(now);
         let n = self.cfg.n;
         let entry = self.starts.entry(k).or_insert_with(|| vec![None; n]);
         ensure!(entry[w].is_none(), "worker {w} starts step {k} twice");
@@ -1031,15 +1067,14 @@ impl<'a> Sim<'a> {
         let wk = &mut self.workers[w];
         ensure!(wk.main == Main::Saving, "worker {w}: save done while {:?}", wk.main);
         if !ok {
-            wk.res.on_save_failed();
+            wk.p.handle_save_failed().map_err(|e| e.to_string())?;
             wk.main = Main::Ready;
             self.out.failed_saves += 1;
             let t = now + self.jitter();
             self.schedule(t, Ev2::Check(w));
             return Ok(());
         }
-        wk.planner.record_save(now - wk.save_start);
-        let outcome = wk.res.on_saved(round);
+        let outcome = wk.p.handle_saved(round, now - wk.save_start).map_err(|e| e.to_string())?;
         self.out.saves[w].push(SaveRec {
             round,
             step: wk.runs,
@@ -1050,7 +1085,8 @@ impl<'a> Sim<'a> {
             Ok(SaveAction::Exit) => {
                 wk.main = Main::Exited;
                 wk.watch = Watch::Off;
-                for key in wk.res.shutdown_keys() {
+                let keys = wk.p.shutdown_keys().map_err(|e| e.to_string())?;
+                for key in keys {
                     // AlreadyExists is expected and ignored, as in TF.
                     self.write(key, STOP_WATCHER)?;
                 }
@@ -1090,24 +1126,24 @@ impl<'a> Sim<'a> {
         if self.workers.iter().any(|o| matches!(o.main, Main::AwaitAcks { .. })) {
             self.out.notices_during_acks += 1;
         }
-        if self.workers[w].res.counting_down() {
+        if self.workers[w].res().counting_down() {
             self.out.notices_in_countdown += 1;
         }
         if self.out.last_notice_at == Some(at) {
             self.out.simultaneous_notices += 1;
         }
         self.out.last_notice_at = Some(at);
-        let measured = self.workers[w].planner.longest_save().is_some();
+        let measured = self.workers[w].p.snapshot().longest_save.is_some();
         let notice = Notice { at, deadline };
         self.out
             .deadlines
             .push((at, GracePlanner::deadline(notice, self.cfg.grace), measured));
-        match self.workers[w].res.on_notice(notice) {
+        match self.workers[w].p.handle_notice(notice).map_err(|e| e.to_string())? {
             NoticeAction::Lead => {
                 ensure!(self.cfg.local, "Lead outside local mode");
                 ensure!(self.out.leader.is_none(), "two local leaders");
                 self.out.leader = Some(w);
-                self.out.leader_notice = self.workers[w].res.leading_notice();
+                self.out.leader_notice = self.workers[w].res().leading_notice();
             }
             NoticeAction::Claim { key, value } => {
                 ensure!(!self.cfg.local, "a claim in local mode");
@@ -1128,10 +1164,10 @@ impl<'a> Sim<'a> {
             return Ok(());
         }
         let value = self.store.get(round.key()).cloned().ok_or("delivery of a missing key")?;
-        if round == Round::Final && !self.workers[w].res.counting_down() {
+        if round == Round::Final && !self.workers[w].res().counting_down() {
             self.out.early_final_keys += 1;
         }
-        let result = self.workers[w].res.on_step_key(round, &value);
+        let result = self.workers[w].p.handle_step_key(round, &value).map_err(|e| e.to_string())?;
         match result {
             Ok(KeyAction::Acknowledge { ack_key: key, next_round }) => {
                 ensure!(value != STOP_WATCHER, "STOP_WATCHER acknowledged");
