@@ -475,18 +475,18 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// One turn of `ProtocolDriver._drive`.
+    /// One turn of `Driver._drive` (`_protocol/driver.py`).
     fn driver(&mut self, w: usize, t: f64) {
         let stalled = self.row.stalls.iter().any(|&(x, a, b)| x == w && t >= a && t < b);
         if !self.ws[w].alive() || t < self.ws[w].driver_free || stalled {
             return;
         }
         let ws = &mut self.ws[w];
-        // The receive (`sources.receive(writes.wait())`) returns an input, or
-        // nothing once the next write is due (`Protocol::poll_timeout`); with
-        // neither, the driver sleeps. A notice that waited for the one before
-        // it starts at the first turn after that one's writes are done (here
-        // the next tick; Python's driver, at its next receive's return).
+        // The receive (`sources.receive(wait)`) returns an input, or nothing
+        // once the next write is due (`Protocol::poll_timeout`), or at once
+        // when a notice waited for the writes of the one before it and they
+        // are done; with none of these, the driver sleeps. Such a notice starts
+        // at the first turn after those writes end (here the next tick).
         let input = ws.read_failed.is_some() || !ws.keys.is_empty() || !ws.notices.is_empty();
         let write_due = ws.p.poll_timeout().is_some_and(|due| due <= t);
         let notice_free = !ws.waiting.is_empty() && !ws.p.writes().busy();
