@@ -10,6 +10,7 @@
 //! | --- | --- |
 //! | [`protocol`] | the handler's protocol as one object: resolver, planner, step timing, and every bound worked out from them |
 //! | [`step_resolution`] | who saves at which step; claims, acknowledgements, the two grace rounds |
+//! | [`acks`] | a leader's wait for the acknowledgements of its step: which key to read, for how long, what a failed read leads to |
 //! | [`grace`] | when the final round of a grace period must start |
 //! | [`notice`] | a termination notice (when seen, when the machine goes away), below both of the above |
 //! | [`records`] | the preemption records read: the schema of a line, the fold of lines into preemptions and restarts, the last exit a restart resumes from |
@@ -28,6 +29,7 @@
 //! The PyO3 binding (`python` feature, on when built by maturin) is the only
 //! module that knows about Python; `cargo test` needs no Python.
 
+pub mod acks;
 pub mod closure_queue;
 pub mod deadline;
 pub mod failure;

@@ -14,6 +14,7 @@
 
 use thiserror::Error;
 
+use crate::acks::{AckStep, AckWait};
 use crate::grace::{Fit, GracePlanner};
 use crate::notice::Notice;
 use crate::retry::Verdict;
@@ -121,6 +122,8 @@ pub struct Protocol {
     /// The driver's writes (acknowledge, claim, announce): which is due, when
     /// the next is, and each one's run of failures under the retry rule.
     writes: Writes,
+    /// The leader's wait for the acknowledgements of the step it published.
+    acks: Option<AckWait>,
 }
 
 impl Default for Protocol {
@@ -138,6 +141,7 @@ impl Protocol {
             last_start: None,
             warmed_up: false,
             writes: Writes::new(),
+            acks: None,
         }
     }
 
@@ -319,6 +323,43 @@ impl Protocol {
     /// dropped ([`Writes::close`]).
     pub fn close_writes(&mut self, at: f64) -> Closing {
         self.writes.close(at)
+    }
+
+    // --- the leader's wait for the acknowledgements -------------------------
+
+    /// The leader published: it waits for `keys`, from `at` on the driver's
+    /// clock, for at most `peer_timeout` seconds ([`crate::acks`]).
+    pub fn start_ack_wait(&mut self, keys: Vec<String>, peer_timeout: f64, at: f64) {
+        self.acks = Some(AckWait::new(keys, peer_timeout, at));
+    }
+
+    /// What the leader does at `at`: read a key, or the wait is done or over.
+    /// Done with no wait started.
+    #[must_use]
+    pub fn ack_next(&self, at: f64) -> AckStep {
+        self.acks.as_ref().map_or(AckStep::Done, |w| w.next(at))
+    }
+
+    /// The read of the first missing key answered (`found`: written).
+    pub fn handle_ack_read(&mut self, found: bool) {
+        if let Some(w) = self.acks.as_mut() {
+            w.answered(found);
+        }
+    }
+
+    /// The read failed at `at`: when to read again (never past the wait's end),
+    /// or give up. A run of failures starting now is retried for the retry bound
+    /// at `now` on the protocol's clock ([`retry_bound`](Self::retry_bound)).
+    /// `None` with no wait started.
+    pub fn handle_ack_read_failed(&mut self, now: f64, peer_timeout: f64, at: f64, closing: bool) -> Option<Verdict> {
+        let bound = self.retry_bound(now, peer_timeout);
+        Some(self.acks.as_mut()?.failed(bound, at, closing))
+    }
+
+    /// The run of failed reads still open at `at`: `(failed reads, seconds)`.
+    #[must_use]
+    pub fn ack_failing(&self, at: f64) -> Option<(u32, f64)> {
+        self.acks.as_ref()?.failing(at)
     }
 
     // --- bounds ----------------------------------------------------------

@@ -78,6 +78,17 @@ pub enum KeyAction {
     Stop {},
 }
 
+/// What the leader waiting for acknowledgements does next (`ProtocolCore.ack_next`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum AckStep {
+    /// Read `key` for at most `timeout` seconds.
+    Read { key: String, timeout: f64 },
+    /// Every worker acknowledged.
+    Done {},
+    /// The peer timeout passed with the `missing` keys unwritten.
+    Over { missing: Vec<String> },
+}
+
 /// What follows a save (`ProtocolCore.saved`).
 #[pyclass(frozen, eq, eq_int, module = "tf_failure_handling._native")]
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -786,6 +797,43 @@ impl ProtocolCore {
     /// shorten it.
     fn retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
         self.shared.state.lock().retry_bound(now, peer_timeout)
+    }
+
+    /// The leader published: it waits for `ack_keys` for at most
+    /// `peer_timeout` seconds from now, on the binding's clock (`crate::acks`).
+    fn await_acks(&self, ack_keys: Vec<String>, peer_timeout: f64) {
+        self.shared.state.lock().start_ack_wait(ack_keys, peer_timeout, clock::now_secs());
+    }
+
+    /// What the waiting leader does now: read a key for at most a slice, or
+    /// the wait is done, or over (the keys still missing).
+    fn ack_next(&self) -> AckStep {
+        match self.shared.state.lock().ack_next(clock::now_secs()) {
+            crate::acks::AckStep::Read { key, timeout } => AckStep::Read { key, timeout },
+            crate::acks::AckStep::Done => AckStep::Done {},
+            crate::acks::AckStep::Over { missing } => AckStep::Over { missing },
+        }
+    }
+
+    /// The read `ack_next` asked for answered: `found` when the key was written.
+    fn ack_answered(&self, found: bool) {
+        self.shared.state.lock().handle_ack_read(found);
+    }
+
+    /// The read failed now: when to read again (`pause`, never past the wait's
+    /// end) or give up; a run of failures starting now is retried for the core's
+    /// retry bound at `now` (the handler's clock). None with no wait started.
+    #[pyo3(signature = (now, peer_timeout, closing = false))]
+    fn ack_failed(&self, now: f64, peer_timeout: f64, closing: bool) -> Option<RetryVerdict> {
+        let at = clock::now_secs();
+        let verdict = self.shared.state.lock().handle_ack_read_failed(now, peer_timeout, at, closing)?;
+        Some(RetryVerdict::at(verdict, at))
+    }
+
+    /// The run of failed reads still open: `(failed reads, seconds)`, or None
+    /// when the last read answered.
+    fn ack_failing(&self) -> Option<(u32, f64)> {
+        self.shared.state.lock().ack_failing(clock::now_secs())
     }
 
     /// A run of failures of one blocking protocol call, starting now: retried

@@ -17,10 +17,10 @@ import logging
 from typing import Optional
 
 from .. import _errors
-from .._native import ACK_READ_SLICE, ACK_VALUE, Deadline, ProtocolCore
+from .._native import ACK_VALUE, AckStep, ProtocolCore
 from .keys import LAST_RUN_TO_CHECKPOINT, PEER_TIMEOUT_ENV
 from .records_hooks import StageRecords
-from .retries import Retrier, Retry
+from .retries import Retrier
 from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
@@ -80,39 +80,43 @@ class Agreement:
         self._core.agreement(self._state.clock() - start)
 
     def _await(self, round_key: str, step: int, ack_keys: list) -> None:
-        """Waits, bounded by the peer timeout, until every worker acknowledged. A failed
-        read counts as "not yet" until reads have failed, without a read that answered,
-        for longer than the core's retry bound (then the named error)."""
-        deadline = Deadline(self._state.peer_timeout)
-        pending = list(ack_keys)
+        """Waits, bounded by the peer timeout, until every worker acknowledged: the core
+        (``ProtocolCore.ack_next``, ``src/acks.rs``) says which key to read and for how
+        long. A failed read counts as "not yet" until reads have failed, without a read
+        that answered, for longer than the core's retry bound (then the named error)."""
+        core, state = self._core, self._state
+        core.await_acks(list(ack_keys), state.peer_timeout)
         last_error: Optional[BaseException] = None
-        retry: Optional[Retry] = None
-        while pending:
-            if deadline.passed():
+        while True:
+            action = core.ack_next()
+            if isinstance(action, AckStep.Done):
+                return
+            if isinstance(action, AckStep.Over):
+                pending = list(action.missing)
                 break
             try:
-                got = self._state.coordination.get(pending[0], deadline.slice(ACK_READ_SLICE))
+                got = state.coordination.get(action.key, action.timeout)
             except _errors.module().OpError as e:
                 # A failed read is retried like a slow peer, but a failure that lasts
                 # longer than the bound is the service's (a peer reported an error).
-                retry = retry or self._retrier.retry()
-                self._retrier.wait(retry, f"reading {pending[0]}", e, deadline.left())
+                verdict = core.ack_failed(state.clock(), state.peer_timeout, state.closing.is_set())
+                attempts = (core.ack_failing() or (1, 0.0))[0]
+                pause = self._retrier.after(verdict, attempts, f"reading {action.key}", e)
+                if isinstance(pause, BaseException):
+                    raise pause from e
+                state.closing.wait(pause)
                 last_error = e
                 continue
-            retry = None
+            core.ack_answered(got is not None)
             if got is not None:
-                log.info("Acknowledgement %s received.", pending[0])
-                pending.pop(0)
-        if not pending:
-            return
-        if retry is not None and last_error is not None:
+                log.info("Acknowledgement %s received.", action.key)
+        failing = core.ack_failing()
+        if failing is not None and last_error is not None:
             # The wait ended while reads were failing: the service's error, not a
             # silent peer, is what to report.
+            attempts, seconds = failing
             raise self._retrier.named(
-                last_error,
-                f"reading {pending[0]}",
-                retry.attempts,
-                retry.elapsed(),
+                last_error, f"reading {pending[0]}", attempts, seconds
             ) from last_error
         # Name every worker still missing, not only the first one waited on.
         missing = []
