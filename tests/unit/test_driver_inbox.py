@@ -178,6 +178,45 @@ def test_a_notice_that_waited_for_the_writes_before_it_is_taken_once_they_end(
     assert h._thread_error is None
 
 
+# Backstop above its own bounds in sequence: three waits of HANG (+ 30 s).
+@pytest.mark.timeout(3 * HANG + 30)
+def test_a_notice_that_came_before_a_newer_handler_is_not_handed_to_it(
+    make_handler, tmp_path, monkeypatch
+):
+    """A signal reaches the handlers installed when it comes (TensorFlow's semantics):
+    one that reached an older handler before a newer one was built is not handed on
+    when the older one's driver takes it later, however much later; one that comes
+    after the newer one took over is. Found in TensorFlow's failure_handler_test under
+    load: a test's SIGTERM, sent as it ended, was taken by the earlier test's handler
+    22 ms late, handed to the next test's handler, which saved and exited 42 where
+    the test expected training to go on."""
+
+    def ckpt():
+        return testing.FakeCheckpoint(w=testing.FakeVariable(0))
+
+    older = make_handler(ckpt(), tmp_path / "older", TerminationConfig(exit_fn=lambda: None))
+    responses = older._driver._notices
+    original, entered, release = responses.start, threading.Event(), threading.Event()
+
+    def held(notice):
+        entered.set()
+        assert release.wait(HANG), "the test never let the older driver go on"
+        return original(notice)
+
+    monkeypatch.setattr(responses, "start", held)
+    older._notify_termination()  # arrives now, before the newer handler exists
+    assert entered.wait(HANG), "the older driver never took the notice"
+    newer = make_handler(ckpt(), tmp_path / "newer", TerminationConfig(exit_fn=lambda: None))
+    release.set()
+    wait_until(lambda: older._notices_handled == 1, what="the older driver to finish")
+    assert not newer._core_state()["leading"], "the newer handler acted on an earlier notice"
+    assert not older._core_state()["leading"], "the superseded handler acted on it"
+
+    older._notify_termination()  # after the take-over: the newer handler's
+    wait_until(lambda: newer._core_state()["leading"], what="the notice handed on")
+    assert older._thread_error is None and newer._thread_error is None
+
+
 class _LongRetries:
     """The handler's ``ProtocolCore`` whose writes are retried for ``bound`` seconds."""
 

@@ -99,6 +99,8 @@ class Notice(NamedTuple):
     source: str
     #: Unix time the platform announced, or None when it did not say.
     deadline: Optional[float]
+    #: Unix time it arrived (posted into the inbox), or None when not known.
+    at: Optional[float] = None
 
 
 def signal_name(signum: int) -> str:
@@ -266,9 +268,11 @@ class NoticeSources:
         deadline is where the scheduler says (``_platform.signal_deadline``)."""
         if item.signal is not None:
             return Notice(
-                f"signal {signal_name(item.signal)}", _platform.signal_deadline(self._env, item.at)
+                f"signal {signal_name(item.signal)}",
+                _platform.signal_deadline(self._env, item.at),
+                item.at,
             )
-        return Notice(item.source, item.deadline)
+        return Notice(item.source, item.deadline, item.at)
 
     def close(self, join: bool = True) -> None:
         """Stops the inbox (every receive returns ``Input.Stop``), the metadata probes

@@ -61,6 +61,17 @@ class NoticeResponse:
             owner = self._ownership.current_owner()
             if owner is None:
                 return self._on_own_notice(notice)
+            if not owner.came_after(notice.at):
+                # It reached this handler before the newer one was built (as a signal
+                # reaches only the handlers installed then, in TensorFlow): the newer
+                # one does not act on it, and this one acts on nothing any more.
+                log.info(
+                    "Termination notice from %s arrived before the newer handler of "
+                    "worker %s was built: neither acts on it.",
+                    notice.source,
+                    self._state.membership.id_in_cluster,
+                )
+                return None
             log.info(
                 "Termination notice from %s handed to the newer handler of worker %s.",
                 notice.source,

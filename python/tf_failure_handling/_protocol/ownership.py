@@ -2,9 +2,13 @@
 
 tf_keras leaves the handler of an earlier ``fit`` open when it builds the next: both
 would see every notice of the worker. The newest open handler of a worker owns them; an
-older one that is still open hands every notice it sees to its successor (the driver,
-``notices``), stops polling its own ``termination_watcher_fn`` (the successor polls its
-own), stops acknowledging step keys (``step_keys``) and writes nothing at ``close()``.
+older one that is still open hands every notice that arrived after its successor took
+over to it (the driver, ``notices``), stops polling its own ``termination_watcher_fn``
+(the successor polls its own), stops acknowledging step keys (``step_keys``) and writes
+nothing at ``close()``. A notice that arrived before the successor was built is acted on
+by neither, whenever the older one's driver takes it: a signal reaches only the handlers
+installed when it comes, as TensorFlow's (its tests send one at the end of a test, and
+the next test's handler must not see it).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import threading
 import weakref
 from typing import Any, Optional
 
+from .._native import unix_now
 from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
@@ -33,6 +38,8 @@ class Ownership:
         self._state = state
         self.successor: Optional[weakref.ref] = None
         self.sources: Any = None
+        #: Unix time this handler took over its worker's notices (None: not yet).
+        self.took_over_at: Optional[float] = None
 
     def _key(self) -> tuple:
         coordination = self._state.coordination
@@ -48,6 +55,9 @@ class Ownership:
         whose resolver ignores one it already has.
         """
         key = self._key()
+        # Stamped before any older handler learns of this one: a notice that arrived
+        # before it is the older one's (:meth:`came_after`).
+        self.took_over_at = unix_now()
         with _owners_lock:
             ref = _owners.get(key)
             _owners[key] = weakref.ref(self)
@@ -83,6 +93,12 @@ class Ownership:
                 break
             successor = later
         return successor
+
+    def came_after(self, at: Optional[float]) -> bool:
+        """Whether a notice that arrived at ``at`` (Unix time; None: not known) came
+        after this handler took over: one that came before reached the handlers open
+        then, as TensorFlow's signal handlers, and is not this one's."""
+        return at is None or self.took_over_at is None or at >= self.took_over_at
 
     def hand_on(self, source: str, deadline: Optional[float]) -> None:
         """A notice this (older) handler saw goes to the owner's inbox."""
