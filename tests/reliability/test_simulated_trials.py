@@ -32,7 +32,8 @@ import logging
 
 import pytest
 from tf_failure_handling import _errors
-from tf_failure_handling._protocol.retries import Retrier
+from tf_failure_handling._native import Retry
+from tf_failure_handling._protocol.retries import Retrier, WriteQueue
 
 from . import run as long_mode
 from . import simulation
@@ -325,10 +326,31 @@ def test_the_harness_catches_an_error_that_does_not_name_the_fault(monkeypatch):
     )
 
 
+class _NoRetries:
+    """A handler's ``ProtocolCore`` whose writes are retried for 0 s."""
+
+    def __init__(self, core) -> None:
+        self._core = core
+
+    def push_write(self, kind, now, peer_timeout):
+        return self._core.push_write(kind, now, peer_timeout, bound=0.0)
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+
 def test_the_harness_catches_a_call_given_up_at_the_first_failure(monkeypatch):
     """A driver that does not retry (a retry bound of 0): one failed claim loses the
     preemption, and the trial says the driver gave up before its bound."""
-    monkeypatch.setattr(Retrier, "bound", lambda self: 0.0)
+    # Every write is pushed with a bound of 0 (the core's override), every blocking
+    # call's retry run too: the first failure gives up.
+    built = WriteQueue.__init__
+
+    def without_retries(self, retrier, state, core):
+        built(self, retrier, state, _NoRetries(core))
+
+    monkeypatch.setattr(WriteQueue, "__init__", without_retries)
+    monkeypatch.setattr(Retrier, "retry", lambda self: Retry(0.0))
     result = run_trial(targeted_plan("claim", 2))
     assert result.struck and not result.ok
     assert any("before the retry bound" in v for v in result.violations), result.violations
