@@ -500,3 +500,9 @@ impl Protocol {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cluster;
+
+#[cfg(test)]
+mod failures;

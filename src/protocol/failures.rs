@@ -1,4 +1,5 @@
-//! The "Failures" table of the module documentation, as tests of the core.
+//! The "Failures" table of [`crate::step_resolution`]'s module
+//! documentation, as tests of the core.
 //!
 //! Each row of [`ROWS`] is one row of that table (or one sentence after it),
 //! named after it. A row runs a small cluster on a simulated clock: every
@@ -44,10 +45,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 
-use super::tests::simulated_protocol;
-use super::*;
-use crate::protocol::Protocol;
+use super::cluster::simulated_protocol;
+use super::Protocol;
 use crate::retry::{self, Retry, Verdict, MAX_PAUSE, MIN_ATTEMPTS, TRANSIENT_FAILURE_WINDOW};
+use crate::step_resolution::{
+    KeyAction, Notice, NoticeAction, Round, SaveAction, StepAction, ACK_VALUE, LAST_RUN_TO_CHECKPOINT, PREEMPTION_NOTICE_KEY,
+    RUN_TO_CHECKPOINT, STOP_WATCHER, TERMINATED_WORKER,
+};
 use crate::writes::{Kind, WriteId};
 
 /// The simulated clock advances by this much; every actor acts at most once
