@@ -18,6 +18,19 @@ fn local(grace_period: f64) -> Protocol {
     p
 }
 
+/// Worker 1 of a cluster of 2, configured.
+fn worker_1_of_2(grace_period: f64) -> Protocol {
+    let mut p = Protocol::new();
+    p.configure(Config {
+        worker_id: Some(1),
+        num_workers: 2,
+        grace_period,
+        save_at_current_run: false,
+    })
+    .unwrap();
+    p
+}
+
 fn notice(at: f64, deadline: Option<f64>) -> Notice {
     Notice { at, deadline }
 }
@@ -126,14 +139,7 @@ fn notice_and_kill_deadline_table() {
 #[test]
 fn retry_bound_reads_only_the_leading_notice() {
     let peer = 100.0;
-    let mut p = Protocol::new();
-    p.configure(Config {
-        worker_id: Some(1),
-        num_workers: 2,
-        grace_period: 60.0,
-        save_at_current_run: false,
-    })
-    .unwrap();
+    let mut p = worker_1_of_2(60.0);
     let free = p.retry_bound(0.0, peer);
     assert_eq!(free, peer.min(TRANSIENT_FAILURE_WINDOW));
     // A worker's own notice it has not won the claim for: no deadline of its own yet.
@@ -242,14 +248,7 @@ fn rounds_table() {
         (3600.0, &[RUN_TO_CHECKPOINT, LAST_RUN_TO_CHECKPOINT], true),
     ];
     for &(grace, keys, final_round) in rows {
-        let mut p = Protocol::new();
-        p.configure(Config {
-            worker_id: Some(1),
-            num_workers: 2,
-            grace_period: grace,
-            save_at_current_run: false,
-        })
-        .unwrap();
+        let mut p = worker_1_of_2(grace);
         assert_eq!(p.round_keys().unwrap(), keys, "grace {grace}");
         assert_eq!(p.has_final_round().unwrap(), final_round, "grace {grace}");
         let first = p.handle_step_key(Round::Initial, "7").unwrap().unwrap();
@@ -274,14 +273,7 @@ fn rounds_table() {
 #[test]
 fn a_write_is_retried_for_the_retry_bound_at_its_push() {
     let peer = 100.0;
-    let mut p = Protocol::new();
-    p.configure(Config {
-        worker_id: Some(1),
-        num_workers: 2,
-        grace_period: 60.0,
-        save_at_current_run: false,
-    })
-    .unwrap();
+    let mut p = worker_1_of_2(60.0);
     // (protocol's now, retry bound): before a notice leads, the window; once
     // this worker leads a notice with a deadline 4 s away, 4 s.
     let at = 5000.0;
