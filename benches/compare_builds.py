@@ -12,6 +12,10 @@ the abi3 wheel installed (``make build`` restores the editable build).
     python benches/compare_builds.py [--python .venv/bin/python] [--rounds 3]
     python benches/compare_builds.py --summarize DIR     # the table from earlier logs
     python benches/compare_builds.py --micro [--rounds 5]
+    python benches/compare_builds.py --wheels before=A.whl after=B.whl [--rounds 5]
+
+``--wheels`` compares wheels built elsewhere (two commits' release wheels, an A/B of
+a change) instead of this checkout's two builds; the table is printed, not written.
 
 ``--micro`` runs, instead of the three benches, two loops with nothing around them
 (no TensorFlow): ``put``+``get``+``mark_finished`` on the native queue and
@@ -142,18 +146,19 @@ def cell(log: str, pattern: str, column: int) -> str:
     return "?"
 
 
-def summarize(out: Path, rounds: int) -> str:
-    lines = ["| | " + " | ".join(f"{b} ({rounds} rounds)" for b in BUILDS) + " |"]
-    lines.append("| --- |" + " --- |" * len(BUILDS))
+def summarize(out: Path, rounds: int, builds: list[str] | None = None) -> str:
+    builds = builds or list(BUILDS)
+    lines = ["| | " + " | ".join(f"{b} ({rounds} rounds)" for b in builds) + " |"]
+    lines.append("| --- |" + " --- |" * len(builds))
     logs = {
         (build, r): (out / f"{build}-{r}.log").read_text(errors="replace")
-        for build in BUILDS
+        for build in builds
         for r in range(1, rounds + 1)
         if (out / f"{build}-{r}.log").exists()
     }
     for row, (pattern, column) in ROWS.items():
         values = []
-        for build in BUILDS:
+        for build in builds:
             got = [
                 cell(logs[(build, r)], pattern, column)
                 for r in range(1, rounds + 1)
@@ -187,17 +192,26 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="where the logs go")
     parser.add_argument("--summarize", type=Path, default=None, metavar="DIR")
     parser.add_argument("--micro", action="store_true", help="the two bare loops only")
+    parser.add_argument(
+        "--wheels", nargs="+", default=None, metavar="NAME=WHEEL", help="compare these wheels"
+    )
     args = parser.parse_args()
     if args.summarize:
         print(summarize(args.summarize, args.rounds))
         return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="compare-builds-"))
     out.mkdir(parents=True, exist_ok=True)
-    wheels = build_wheels(args.python, out / "wheels")
+    given = dict(w.split("=", 1) for w in args.wheels or [])
+    wheels = (
+        {name: Path(path) for name, path in given.items()}
+        if given
+        else build_wheels(args.python, out / "wheels")
+    )
     if args.micro:
         table = micro(args.python, wheels, args.rounds)
         print(table)
-        _report.write_figure("One abi3 wheel, bare loops", table)
+        if not given:
+            _report.write_figure("One abi3 wheel, bare loops", table)
         return 0
     for r in range(1, args.rounds + 1):
         for build, wheel in wheels.items():
@@ -228,7 +242,10 @@ def main() -> int:
                         env=CHILD_ENV,
                     )
             print(f"round {r}: {build} done ({out / f'{build}-{r}.log'})", flush=True)
-    table = summarize(out, args.rounds)
+    table = summarize(out, args.rounds, list(wheels))
+    if given:
+        print(table)
+        return 0
     print("\nREADME, One abi3 wheel:\n")
     print(table)
     _report.write_figure("One abi3 wheel", table)
