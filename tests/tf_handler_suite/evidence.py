@@ -25,9 +25,13 @@ and says, for a test that sent a notice, one of (:class:`Check`):
 * ``late``: it received it, but only in processes whose training had already finished
   (``Training finished.`` logged before the notice) or, with ours, where no step was left
   to save at: its ``notice`` line says ``runs`` (``run()`` calls completed when it took
-  the notice) and ``in_run`` (one under way, its check made), so the first step that
-  could save is ``runs + in_run``; that, or the agreed step, is the training's last
-  (``EPOCHS_TO_RUN * STEPS_PER_EPOCH``) or past it. The test checked nothing either;
+  the notice) and ``in_run`` (one under way, its check made), so the leader's first check
+  that can publish a step comes at run count ``runs + in_run`` and publishes one more
+  (``RUN_TO_CHECKPOINT`` is the run count + 1, as in TensorFlow). A step is saved at the
+  check of the ``run()`` after it, so a save needs a call with that run count: when that
+  step, or the agreed step, is the training's length (``EPOCHS_TO_RUN *
+  STEPS_PER_EPOCH``) or past it, no call is left to save at. The test checked nothing
+  either;
 * ``missed``: the test sent a notice, the handler logged none;
 * ``not saved``: it received one while training, and nothing was saved;
 * ``no notice``: the test sent none (``test_error_propagation``; a GCE test whose mock
@@ -253,11 +257,12 @@ def check(impl: str, lines: list[Line], kept: Path | None, last_step: int | None
     def too_late(pid: int, t: float) -> bool:
         if pid in finished and finished[pid] <= t:
             return True
-        # The first step that could act on the notice, or the agreed step, is the
-        # training's last or beyond: no step left to save at.
+        # The step the leader's first check after the notice publishes (its run count
+        # there + 1), or the agreed step, is the training's length or beyond: the save
+        # would be at the check of a run() call that never comes.
         if last_step is None:
             return False
-        return max(agreed.get(pid, -1), first_step.get(pid, -1)) >= last_step
+        return max(agreed.get(pid, -1), first_step.get(pid, -2) + 1) >= last_step
 
     if all(too_late(pid, t) for pid, t in notices.items()):
         said += "; each notice came after its process's training had ended or agreed on a "

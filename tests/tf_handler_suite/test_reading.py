@@ -160,8 +160,17 @@ def _notice_at(runs: int, in_run: bool) -> str:
         (119, True, "late"),
         # Every run() had completed: none left either.
         (120, False, "late"),
-        # The last run() had not started: it had to save.
-        (119, False, "not saved"),
+        # The last run() had not started: its check publishes 120, saved at the check of
+        # a 121st call that never comes (RUN_TO_CHECKPOINT is the run count + 1).
+        (119, False, "late"),
+        # The fresh-clone run of 2026-12-02 (a GCE test of 30 runs, the notice during
+        # run() index 28): the run before the last under way; the next check publishes
+        # the training's length. Here, of 120:
+        (118, True, "late"),
+        # The run() before the last had not started: its check publishes 119, saved at
+        # the last call's check. It had to save.
+        (118, False, "not saved"),
+        (117, True, "not saved"),
         (100, True, "not saved"),
     ],
 )
