@@ -15,6 +15,11 @@ it counts, so that a change can be checked against them.
 * **Clocks in the binding**: ``Instant::now``, ``SystemTime::now`` and ``clock_gettime``
   in ``src/python``.
 * **Python files over 500 lines**.
+* **Constructors taking more than 4 parts**: an ``__init__`` whose parameters annotated
+  with a class (a capitalised name that is not a ``typing`` form or a value type such as
+  ``Path`` or ``Event``) number more than 4. A function (``Callable``) is not a part; a
+  handler part's ``Context`` (state, core, error reports, stage records, passed as one)
+  counts as one.
 
 Reads the sources only (``ast`` for Python, text for Rust); imports nothing of the
 package. ``--list`` prints every place counted; ``--json`` one object of the counts.
@@ -43,6 +48,12 @@ _CLOCKS = {"monotonic", "time", "perf_counter", "monotonic_ns", "time_ns", "perf
 _WALL_CLOCK_FILES = {"testing.py", "records.py", "report.py"}
 _RUST_CLOCK = re.compile(r"\b(?:(?:Instant|SystemTime)::now|clock_gettime)\b")
 MAX_LINES = 500
+MAX_PARTS = 4
+#: Annotations that name no part of the package.
+_NOT_PARTS = {
+    "Any", "Callable", "Optional", "Union", "Path", "Event", "Lock", "RLock", "Iterable",
+    "Sequence", "Mapping", "Dict", "List", "Tuple", "Type",
+}  # fmt: skip
 
 
 def _is_number(node: ast.AST) -> bool:
@@ -121,8 +132,39 @@ def clock_calls(tree: ast.AST) -> list:
     return found
 
 
+def _annotation_name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.split(".")[-1]
+    return ""
+
+
+def wide_constructors(tree: ast.AST) -> list:
+    """(line, class, parts) of each ``__init__`` taking more than MAX_PARTS parts."""
+    found = []
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for fn in cls.body:
+            if not (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"):
+                continue
+            parts = [
+                a.arg
+                for a in fn.args.args[1:] + fn.args.kwonlyargs
+                if (name := _annotation_name(a.annotation))[:1].isupper() and name not in _NOT_PARTS
+            ]
+            if len(parts) > MAX_PARTS:
+                found.append((fn.lineno, cls.name, parts))
+    return found
+
+
 def measure() -> dict:
-    places: dict = {"policy": [], "clock": [], "binding_clock": [], "long_files": []}
+    places: dict = {
+        "policy": [], "clock": [], "binding_clock": [], "long_files": [], "wide": []
+    }  # fmt: skip
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(ROOT)
         text = path.read_text()
@@ -131,6 +173,8 @@ def measure() -> dict:
         places["policy"] += [f"{rel}:{n} {name}" for n, name in found]
         if path.name not in _WALL_CLOCK_FILES:
             places["clock"] += [f"{rel}:{n} {call}" for n, call in sorted(clock_calls(tree))]
+        for n, cls, parts in wide_constructors(tree):
+            places["wide"].append(f"{rel}:{n} {cls}({', '.join(parts)})")
         lines = text.count("\n")
         if lines > MAX_LINES:
             places["long_files"].append(f"{rel} {lines} lines")
@@ -150,6 +194,7 @@ _TITLES = {
     "clock": "clock reads and sleeps in the package (outside testing, records, report)",
     "binding_clock": "clock reads in src/python",
     "long_files": f"Python files over {MAX_LINES} lines",
+    "wide": f"constructors taking more than {MAX_PARTS} parts",
 }
 
 

@@ -26,6 +26,7 @@ from ._protocol import exit_guard as _exit_guard
 from ._protocol import input_position as _input
 from ._protocol.agreement import Agreement
 from ._protocol.checkpoints import Checkpoints
+from ._protocol.context import Context
 from ._protocol.driver import Driver
 from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys and bounds
     EXIT_RESERVE_ENV,
@@ -51,7 +52,7 @@ from ._protocol.retries import (  # noqa: F401 - re-exported: the protocol's ret
     WriteQueue,
 )
 from ._protocol.save import SaveAndExit
-from ._protocol.state import HandlerState
+from ._protocol.state import HandlerState, Settings
 from ._protocol.step_check import StepCheck
 from ._protocol.step_keys import StepKeys
 from ._termination_config import TerminationConfig, _check_seconds
@@ -88,13 +89,18 @@ _open: set = set()
 def _view(path: str) -> property:
     """The handler's attribute as a view of ``path`` (``"_state.clock"``): TensorFlow's
     names, and those tests and other libraries read or set, as on TensorFlow's handler."""
-    owner, name = path.split(".")
+    *owners, name = path.split(".")
+
+    def owner(self: Any) -> Any:
+        for step in owners:
+            self = getattr(self, step)
+        return self
 
     def get(self: Any) -> Any:
-        return getattr(getattr(self, owner), name)
+        return getattr(owner(self), name)
 
     def set_(self: Any, value: Any) -> None:
-        setattr(getattr(self, owner), name, value)
+        setattr(owner(self), name, value)
 
     return property(get, set_, doc=f"``{path}``.")
 
@@ -119,6 +125,15 @@ class PreemptionCheckpointHandler(HandlerCore):
     _closed = _view("_state.closed")
     _thread_error = _view("_errors.pending")
     _notices_handled = _view("_driver.notices_handled")
+    _local_mode = _view("_state.membership.local")
+    _id_in_cluster = _view("_state.membership.id_in_cluster")
+    _is_chief = _view("_state.membership.is_chief")
+    _platform_device = _view("_state.settings.device")
+    _termination_watcher_fn = _view("_driver.sources.watcher_fn")
+    _exit_fn = _view("_saver.exit_fn")
+    _save_fn = _view("_checkpoints.save_fn")
+    _api_made_checkpoint_manager = _view("_checkpoints.api_made")
+    _checkpointed_runs = _view("_checkpoints.counter")
     _checkpoint_time = _view("_checkpoints.last_save_seconds")
     _read_checkpoint_manager = _view("_checkpoints.read")
     _write_checkpoint_manager = _view("_checkpoints.write")
@@ -143,38 +158,35 @@ class PreemptionCheckpointHandler(HandlerCore):
 
         _errors.module()
         config = TerminationConfig._from_any(termination_config)
-        state.cluster_resolver = cluster_resolver
         self._termination_config = termination_config
         self._checkpoint_or_checkpoint_manager = checkpoint_or_checkpoint_manager
         self._checkpoint_dir = checkpoint_dir
 
-        state.membership = member = _membership.membership(cluster_resolver)
-        self._local_mode = member.local
-        self._id_in_cluster = member.id_in_cluster
-        self._is_chief = member.is_chief
-
-        state.environment = _platform.environment()
+        member = _membership.membership(cluster_resolver)
+        environment = _platform.environment()
         defaults = _platform.complete(
-            state.environment,
+            environment,
             config.termination_watcher_fn,
             config.exit_fn,
             config.grace_period,
             config.signals,
         )
-        self._platform_device = defaults.device or state.environment.device
-        self._termination_watcher_fn = defaults.watcher_fn
-        self._exit_fn = defaults.exit_fn
-        state.grace_period = defaults.grace_period
-        self._save_fn = config.save_fn
-        state.peer_timeout = _peer_timeout(config)
+        peer_timeout = _peer_timeout(config)
         exit_reserve = _common.seconds(EXIT_RESERVE_ENV, minimum=0.0)
         # Each scheduler's options (SLURM's requeue), for its step after the save.
-        platform_options = _platform.attach(state.environment, config)
-
-        state.coordination = (
-            None
-            if member.local
-            else _coordination.Client(_coordination.current(), write_timeout(state.peer_timeout))
+        platform_options = _platform.attach(environment, config)
+        state.configure(
+            Settings(
+                membership=member,
+                environment=environment,
+                coordination=None
+                if member.local
+                else _coordination.Client(_coordination.current(), write_timeout(peer_timeout)),
+                cluster_resolver=cluster_resolver,
+                peer_timeout=peer_timeout,
+                grace_period=defaults.grace_period,
+                device=defaults.device or environment.device,
+            )
         )
 
         self._checkpoints = Checkpoints(
@@ -187,8 +199,6 @@ class PreemptionCheckpointHandler(HandlerCore):
             member.num_workers if member.task_type in ("chief", "worker") else 1,
             state.coordination,
         )
-        self._api_made_checkpoint_manager = self._checkpoints.api_made
-        self._checkpointed_runs = self._checkpoints.counter
 
         self._run_counter = self._checkpoints.restore()
         self._records = records.Recorder(
@@ -239,26 +249,25 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._errors = errors = ErrorReports(state, core)
         self._ownership = ownership = Ownership(state)
         ownership.sources = sources
-        self._step_keys = step_keys = StepKeys(
-            state, core, sources, writes, retrier, errors, ownership, stage
-        )
+        ctx = Context(state, core, errors, stage)
+        self._step_keys = step_keys = StepKeys(ctx, sources, writes, ownership)
         self._ps = ps = PsSteps(state, core, stage, sources)
         self._agreement = agreement = Agreement(state, core, retrier, stage)
-        notices = NoticeResponse(state, core, writes, errors, ownership, stage, ps)
-        saver = SaveAndExit(
-            state,
-            core,
+        notices = NoticeResponse(ctx, writes, ownership, ps)
+        self._saver = saver = SaveAndExit(
+            ctx,
             self._checkpoints,
             ps,
-            stage,
             step_keys,
             defaults.exit_fn,
             lambda: _platform.after_save(state.environment, platform_options, stage.recorder),
         )
-        self._driver = Driver(state, sources, writes, notices, step_keys, errors)
-        self._steps = StepCheck(state, core, agreement, saver, errors)
+        self._driver = Driver(ctx, sources, writes, notices, step_keys.acknowledge)
+        self._steps = StepCheck(ctx, agreement, saver)
 
         self._driver.start()
+        if not member.local:
+            step_keys.start_reader()
         _open.add(self)
         ownership.take_over()
         if member.ps_coordinator:
@@ -377,6 +386,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         _open.discard(self)
         self._ownership.give_up()
         self._driver.stop()
+        self._step_keys.stop_reader()
         self._records.close()
         self._ps.end_watch()
         tracker = getattr(self, "_input_tracker", None)

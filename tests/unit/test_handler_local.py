@@ -156,6 +156,43 @@ def test_custom_exit_fn_that_returns_lets_training_continue_without_a_second_sav
     assert h._attention is False
 
 
+def test_exit_fn_set_on_the_handler_is_the_one_called(make_handler, tmp_path):
+    """TensorFlow's ``_exit_fn`` is a view of the part that exits, not a copy: a script
+    (or a test) that replaces it after construction changes the exit, as on TF's handler."""
+    w = testing.FakeVariable(0)
+    ckpt = RecordingCheckpoint(w=w)
+    h = make_handler(ckpt, tmp_path / "ckpt")
+    exits = []
+    h._exit_fn = lambda: exits.append(h._run_counter)
+    assert h._exit_fn is h._saver.exit_fn
+    _train(h, w, 3)
+    h._notify_termination()
+    wait_for_attention(h)
+    assert _train(h, w, 10) == 10  # the replaced exit returns: training goes on
+    assert ckpt.saved_runs == [4]
+    assert exits == [4]
+
+
+def test_the_handlers_tf_attributes_are_views_and_its_settings_are_set_once(make_handler, tmp_path):
+    h = make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
+    state = h._state
+    assert (h._local_mode, h._is_chief, h._id_in_cluster) == (
+        state.membership.local,
+        state.membership.is_chief,
+        state.membership.id_in_cluster,
+    )
+    assert h._checkpointed_runs is h._checkpoints.counter
+    assert h._api_made_checkpoint_manager is h._checkpoints.api_made
+    assert h._platform_device is state.settings.device is not None
+    assert h._termination_watcher_fn is h._driver.sources.watcher_fn
+    # The configuration is read-only: a write is refused, not silently ignored.
+    with pytest.raises(AttributeError):
+        h._grace_period = 5.0
+    with pytest.raises(RuntimeError, match="set once"):
+        state.configure(state.settings)
+    assert h._grace_period == state.settings.grace_period
+
+
 # Regression test for a bug these unit tests found (fixed; formerly a strict xfail).
 def test_notice_after_exit_is_ignored(make_handler, tmp_path, no_exit_config):
     w = testing.FakeVariable(0)

@@ -139,7 +139,7 @@ class NoticeSources:
         owner: bool = False,
     ) -> None:
         self._env = env
-        self._watcher_fn = watcher_fn
+        self.watcher_fn = watcher_fn
         self._lock = threading.RLock()  # close() may run from __del__ (GC) on any thread
         self._closed = False
         #: Threads inside :meth:`receive` (joined at interpreter exit).
@@ -233,7 +233,7 @@ class NoticeSources:
         itself: signals and metadata notices are still seen. One that raises is
         logged and called again later; a broken watcher must not kill training.
         """
-        fn = self._watcher_fn
+        fn = self.watcher_fn
         slow_warned = False
         while not self._stop_polling.is_set():
             calling = Stopwatch()

@@ -12,8 +12,8 @@ core's protocol (its writes, ``src/protocol.rs``) polls as due, which also says 
 next (it never sleeps). What an input starts is decided elsewhere: a notice in
 ``notices``, a step key's acknowledgement in ``step_keys``.
 
-This module owns the handler's threads: it starts the driver and the reader
-(:meth:`Driver.start`) and stops both at ``close()`` (:meth:`Driver.stop`).
+This module owns the driver thread (:meth:`Driver.start`, stopped at ``close()`` by
+:meth:`Driver.stop`); the handler starts and stops the reader beside it.
 """
 
 from __future__ import annotations
@@ -21,16 +21,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .._native import Input, WriteKind, unix_time_of
 from .._platforms import notice_sources as _sources
+from .context import Context
 from .keys import THREAD_JOIN_TIMEOUT
 from .notices import NoticeResponse
-from .reporting import ErrorReports
 from .retries import Write, WriteQueue
-from .state import HandlerState
-from .step_keys import StepKeys
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -40,25 +38,26 @@ class Driver:
 
     def __init__(
         self,
-        state: HandlerState,
+        ctx: Context,
         sources: _sources.NoticeSources,
         writes: WriteQueue,
         notices: NoticeResponse,
-        step_keys: StepKeys,
-        errors: ErrorReports,
+        acknowledge: Callable[[str, str], Any],
     ) -> None:
-        self._state = state
+        self._ctx = ctx
+        self._state, self._core = ctx.state, ctx.core
+        self._errors, self._records = ctx.errors, ctx.records
         self.sources = sources
         self._writes = writes
         self._notices = notices
-        self._step_keys = step_keys
-        self._errors = errors
+        #: A peer's step key read: its acknowledgement is queued (``StepKeys.acknowledge``).
+        self._acknowledge = acknowledge
         self.thread: Optional[threading.Thread] = None
         #: Notices finished with (acted on, absorbed, handed on or dropped at close).
         self.notices_handled = 0
 
     def start(self) -> None:
-        """Starts the driver thread and, outside local mode, the step-key reader."""
+        """Starts the driver thread (the handler starts the step-key reader)."""
         # Named as TF's notice thread (tools and tests look for it by name).
         self.thread = threading.Thread(
             target=self._drive,
@@ -66,8 +65,6 @@ class Driver:
             daemon=True,
         )
         self.thread.start()
-        if not self._state.membership.local:
-            self._step_keys.start_reader()
 
     def notify(self, deadline: Optional[float] = None) -> None:
         """Delivers a notice as a termination source would (used by ``testing``).
@@ -91,7 +88,6 @@ class Driver:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(THREAD_JOIN_TIMEOUT)
         self.thread = None
-        self._step_keys.stop_reader()
 
     def _drive(self) -> None:
         """The protocol driver: takes every input from the inbox and performs the effects.
@@ -205,7 +201,7 @@ class Driver:
             if isinstance(item, _sources.Notice):
                 notices.append(item)
             elif isinstance(item, Input.StepKey):
-                self._step_keys.acknowledge(item.round_key, item.value)  # queues it
+                self._acknowledge(item.round_key, item.value)  # queues it
             elif isinstance(item, Input.KeyReadFailed):
                 self._errors.fail_in_background("watching the peers' step keys", item.error)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()

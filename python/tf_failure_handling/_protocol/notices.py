@@ -19,16 +19,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._native import NoticeAction, ProtocolCore, WriteKind, unix_now, write_timeout
+from .._native import NoticeAction, WriteKind, unix_now, write_timeout
 from .._platforms import in_process
 from .._platforms.notice_sources import Notice
+from .context import Context
 from .keys import PREEMPTION_NOTICE_KEY
 from .ownership import Ownership
 from .ps_steps import PsSteps
-from .records_hooks import StageRecords
-from .reporting import ErrorReports
 from .retries import Write, WriteQueue
-from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -36,22 +34,12 @@ log = logging.getLogger("tf_failure_handling")
 class NoticeResponse:
     """Claim, lead, absorb or hand on a notice of this worker; announce the one it leads."""
 
-    def __init__(
-        self,
-        state: HandlerState,
-        core: ProtocolCore,
-        writes: WriteQueue,
-        errors: ErrorReports,
-        ownership: Ownership,
-        records: StageRecords,
-        ps: PsSteps,
-    ) -> None:
-        self._state = state
-        self._core = core
+    def __init__(self, ctx: Context, writes: WriteQueue, ownership: Ownership, ps: PsSteps) -> None:
+        self._ctx = ctx
+        self._state, self._core = ctx.state, ctx.core
+        self._errors, self._records = ctx.errors, ctx.records
         self._writes = writes
-        self._errors = errors
         self._ownership = ownership
-        self._records = records
         self._ps = ps
 
     def start(self, notice: Notice) -> Optional[Write]:

@@ -152,7 +152,8 @@ class WriteQueue:
     one's call and makes its attempts."""
 
     def __init__(self, retrier: Retrier, state: HandlerState, core: ProtocolCore) -> None:
-        self._retrier = retrier
+        #: The retry rule the writes are made under (the step-key reader's too).
+        self.retrier = self._retrier = retrier
         self._state = state
         self._core = core
         self._pending: dict = {}

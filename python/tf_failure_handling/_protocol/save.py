@@ -18,13 +18,12 @@ import logging
 from typing import Any, Callable
 
 from .._native import SHARES_UNMERGED_EXIT_CODE as UNMERGED_EXIT_CODE
-from .._native import ProtocolCore, SaveAction
+from .._native import SaveAction
 from .._platforms import platform as _platform
 from . import exit_guard as _exit_guard
 from .checkpoints import Checkpoints
+from .context import Context
 from .ps_steps import PsSteps
-from .records_hooks import StageRecords
-from .state import HandlerState
 from .step_keys import StepKeys
 
 log = logging.getLogger("tf_failure_handling")
@@ -40,22 +39,21 @@ class SaveAndExit:
 
     def __init__(
         self,
-        state: HandlerState,
-        core: ProtocolCore,
+        ctx: Context,
         checkpoints: Checkpoints,
         ps: PsSteps,
-        records: StageRecords,
         step_keys: StepKeys,
         exit_fn: Callable[[], Any],
         scheduler_step: Callable[[], Any],
     ) -> None:
-        self._state = state
-        self._core = core
+        self._ctx = ctx
+        self._state, self._core = ctx.state, ctx.core
+        self._errors, self._records = ctx.errors, ctx.records
         self._checkpoints = checkpoints
         self._ps = ps
-        self._records = records
         self._step_keys = step_keys
-        self._exit_fn = exit_fn
+        #: The handler's ``_exit_fn`` (a view: set there, it is the one called).
+        self.exit_fn = exit_fn
         self._scheduler_step = scheduler_step
 
     def _guard_exit(self, code: int) -> None:
@@ -106,14 +104,14 @@ class SaveAndExit:
             self._checkpoints.remove_worker_temp(self._state.membership.is_chief)
             self._ps.after_save()
             log.info("PreemptionCheckpointHandler: checkpoint saved. Exiting.")
-            code = _platform.exit_code(self._exit_fn)
+            code = _platform.exit_code(self.exit_fn)
             # Written before exit_fn: one that calls os._exit leaves no later moment.
             self._records.exit(code)
             # The scheduler's step (SLURM: the job back in the queue).
             self._scheduler_step()
             if code is not None:  # a default exit_fn: its code is the records'
                 self._guard_exit(code)
-            self._exit_fn()
+            self.exit_fn()
             self._ps.training_goes_on()
             # TF carries on silently here; say what state the worker is in.
             log.warning(

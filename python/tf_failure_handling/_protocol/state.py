@@ -1,6 +1,13 @@
-"""What the handler's parts share: one object, built first, filled in by the handler's
-constructor and read by every part (never copied: the clock is read at each call, as a
-simulation substitutes it after construction)."""
+"""What the handler's parts share: one object, built first and read by every part (never
+copied: the clock is read at each call, as a simulation substitutes it after
+construction).
+
+Its configuration (:class:`Settings`: where the worker sits, its platform, the
+coordination service, the peer timeout and the grace period) is worked out once by the
+handler's constructor and set in one assignment (:meth:`HandlerState.configure`); no
+part changes it. Apart from it is the lifecycle (``closing``, ``closed``), which the
+handler's close changes, and the clock, which a simulation may substitute.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +18,10 @@ from typing import Any, Callable
 from .._native import DEFAULT_GRACE_PERIOD, DEFAULT_PEER_TIMEOUT, now
 
 
-@dataclass(eq=False)
-class HandlerState:
+@dataclass(frozen=True)
+class Settings:
+    """The handler's read-only configuration (the defaults stand until it is set)."""
+
     #: Where this worker sits in its cluster (``_cluster.membership.Membership``).
     membership: Any = None
     #: The platform, cloud and scheduler detected (``_platforms.platform.Environment``).
@@ -20,11 +29,22 @@ class HandlerState:
     #: The coordination service, bounded (``_cluster.coordination.Client``); None alone.
     coordination: Any = None
     cluster_resolver: Any = None
-    #: The bound of every wait for peers, in seconds (the core's default until the
-    #: handler's constructor sets it).
+    #: The bound of every wait for peers, in seconds.
     peer_timeout: float = DEFAULT_PEER_TIMEOUT
-    #: Seconds from a notice to the machine's end (the core's default until set).
+    #: Seconds from a notice to the machine's end.
     grace_period: float = DEFAULT_GRACE_PERIOD
+    #: The platform whose defaults apply (``_platforms.platform.Device``).
+    device: Any = None
+
+
+def _setting(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name), doc=f"``settings.{name}``.")
+
+
+@dataclass(eq=False)
+class HandlerState:
+    #: The configuration, set once (:meth:`configure`).
+    settings: Settings = field(default_factory=Settings)
     #: The clock the protocol reads: notice times, deadlines, save and agreement
     #: durations; the package's one clock (``_native.now``, the binding's, on which
     #: every ``Deadline``, ``Retry`` and ``Writes`` of the package also counts).
@@ -33,3 +53,17 @@ class HandlerState:
     #: Set when the handler closes: the driver and reader stop.
     closing: threading.Event = field(default_factory=threading.Event)
     closed: bool = False
+    configured: bool = False
+
+    membership = _setting("membership")
+    environment = _setting("environment")
+    coordination = _setting("coordination")
+    cluster_resolver = _setting("cluster_resolver")
+    peer_timeout = _setting("peer_timeout")
+    grace_period = _setting("grace_period")
+
+    def configure(self, settings: Settings) -> None:
+        """Sets the configuration, once: a second call is a bug of the caller."""
+        if self.configured:
+            raise RuntimeError("the handler's settings are set once")
+        self.settings, self.configured = settings, True

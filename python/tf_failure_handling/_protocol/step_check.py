@@ -16,29 +16,21 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from .._native import ProtocolCore, StepAction
+from .._native import StepAction
 from .agreement import Agreement
-from .reporting import ErrorReports
+from .context import Context
 from .save import SaveAndExit
-from .state import HandlerState
 
 
 class StepCheck:
     """The check before a step, and the step's failure, for ``run()`` and its kin."""
 
-    def __init__(
-        self,
-        state: HandlerState,
-        core: ProtocolCore,
-        agreement: Agreement,
-        saver: SaveAndExit,
-        errors: ErrorReports,
-    ) -> None:
-        self._state = state
-        self._core = core
+    def __init__(self, ctx: Context, agreement: Agreement, saver: SaveAndExit) -> None:
+        self._ctx = ctx
+        self._state, self._core = ctx.state, ctx.core
+        self._errors, self._records = ctx.errors, ctx.records
         self._agreement = agreement
         self._saver = saver
-        self._errors = errors
 
     @property
     def closed(self) -> bool:

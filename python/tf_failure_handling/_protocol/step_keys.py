@@ -18,7 +18,9 @@ import threading
 from typing import Any, Optional
 
 from .. import _errors
-from .._native import ACK_VALUE, KeyAction, ProtocolCore
+from .._native import ACK_VALUE, KeyAction
+from .._platforms.notice_sources import NoticeSources
+from .context import Context
 from .keys import (
     PEER_WATCH_SLICE,
     RUN_TO_CHECKPOINT,
@@ -27,10 +29,7 @@ from .keys import (
     THREAD_JOIN_TIMEOUT,
 )
 from .ownership import Ownership
-from .records_hooks import StageRecords
-from .reporting import ErrorReports
-from .retries import Retrier, Retry, Write, WriteQueue
-from .state import HandlerState
+from .retries import Retry, Write, WriteQueue
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -40,24 +39,15 @@ class StepKeys:
     value it reads (queued for the driver)."""
 
     def __init__(
-        self,
-        state: HandlerState,
-        core: ProtocolCore,
-        sources: Any,
-        writes: WriteQueue,
-        retrier: Retrier,
-        errors: ErrorReports,
-        ownership: Ownership,
-        records: StageRecords,
+        self, ctx: Context, sources: NoticeSources, writes: WriteQueue, ownership: Ownership
     ) -> None:
-        self._state = state
-        self._core = core
+        self._ctx = ctx
+        self._state, self._core = ctx.state, ctx.core
+        self._errors, self._records = ctx.errors, ctx.records
         self._sources = sources
         self._writes = writes
-        self._retrier = retrier
-        self._errors = errors
+        self._retrier = writes.retrier
         self._ownership = ownership
-        self._records = records
         self._reading_key = RUN_TO_CHECKPOINT
         self.thread: Optional[threading.Thread] = None
 
