@@ -25,8 +25,9 @@ and says, for a test that sent a notice, one of (:class:`Check`):
 * ``late``: it received it, but only in processes whose training had already finished
   (``Training finished.`` logged before the notice) or, with ours, where no step was left
   to save at: its ``notice`` line says ``runs`` (``run()`` calls completed when it took
-  the notice) and ``in_run`` (one under way, its check made), so the leader's first check
-  that can publish a step comes at run count ``runs + in_run`` and publishes one more
+  the notice) and ``in_run`` (one under way, its check made), and its claim line the same
+  when the claim was won (a leader publishes only then), so the leader's first check that
+  can publish a step comes at run count ``runs + in_run`` and publishes one more
   (``RUN_TO_CHECKPOINT`` is the run count + 1, as in TensorFlow). A step is saved at the
   check of the ``run()`` after it, so a save needs a call with that run count: when that
   step, or the agreed step, is the training's length (``EPOCHS_TO_RUN *
@@ -68,6 +69,12 @@ _OURS_STAGE = re.compile(r"^Preemption (\w+): (\{.*\})$")
 #: imports the package), checked against it by tests/tf_handler_suite/test_reading.py.
 _WATCHER_FN_DROPPED = "The termination_watcher_fn of an earlier handler fired after"
 _TF_NOTICE = re.compile(r"^Member \S+ has received termination notice")
+#: Ours, when this worker won the claim: the run count then and whether a run() was under
+#: way (``notices.CLAIMED_IN_RUN``, checked by tests/tf_handler_suite/test_reading.py).
+_OURS_CLAIMED = re.compile(
+    r"^Member \S+ has received termination notice \(.*\); claimed at run count (\d+)"
+    r"(, a run\(\) under way)?\.$"
+)
 _TF_SAVED = "Checkpoint finished at path"
 _BUILT = "PreemptionCheckpointHandler initialized or restored"
 
@@ -187,7 +194,8 @@ def check(impl: str, lines: list[Line], kept: Path | None, last_step: int | None
     finished: dict[int, float] = {}
     notices: dict[int, float] = {}
     agreed: dict[int, int] = {}
-    # Ours: the first step that could act on the process's first notice.
+    # Ours: the run count at the leader's first check that could publish a step for the
+    # process's first notice (after the notice, and after its claim was won).
     first_step: dict[int, int] = {}
     saves = 0
     for ln in lines:
@@ -205,6 +213,11 @@ def check(impl: str, lines: list[Line], kept: Path | None, last_step: int | None
                     if isinstance(runs, int):
                         first_step[ln.pid] = runs + (1 if stage[1].get("in_run") else 0)
                 notices.setdefault(ln.pid, ln.time)
+            elif stage is None and (claimed := _OURS_CLAIMED.match(ln.message)):
+                # A leader publishes only once its claim is won: its first check that
+                # can publish is the first after the claim line.
+                at_claim = int(claimed.group(1)) + (1 if claimed.group(2) else 0)
+                first_step[ln.pid] = max(first_step.get(ln.pid, at_claim), at_claim)
             elif stage is not None and stage[0] == "agreement":
                 step = stage[1].get("step")
                 if isinstance(step, int):

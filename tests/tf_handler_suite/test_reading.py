@@ -192,6 +192,45 @@ def test_a_notice_during_the_last_step_is_late(tmp_path, runs, in_run, outcome):
     assert got.outcome == outcome
 
 
+@pytest.mark.parametrize(
+    ("runs", "claimed", "outcome"),
+    [
+        # The notice came during index 100 of 120; the claim was won during the last
+        # run(): the leader's first check that could publish came after it, at 120.
+        (100, "; claimed at run count 119, a run() under way.", "late"),
+        (100, "; claimed at run count 119.", "late"),
+        # Won in time for the check at 118: it had to save.
+        (100, "; claimed at run count 118.", "not saved"),
+        (100, "; claimed at run count 117, a run() under way.", "not saved"),
+    ],
+)
+def test_a_claim_won_too_late_to_publish_is_late(tmp_path, runs, claimed, outcome):
+    """A leader publishes only once its claim is won: a claim slower than the steps left
+    (a loaded machine) leaves no step to save at, as a late notice does."""
+    from tf_failure_handling._protocol.notices import CLAIMED_IN_RUN
+
+    assert claimed.endswith(".") and (CLAIMED_IN_RUN in claimed) == ("under way" in claimed)
+    log = _log(
+        tmp_path,
+        [
+            _marker(1.0, "start", "test_a"),
+            _line(1.05, 1, "tf_failure_handling", BUILT),
+            _line(1.1, 1, "tensorflow", "sending sigterm"),
+            _line(1.2, 1, "tf_failure_handling", _notice_at(runs, True)),
+            _line(
+                1.3,
+                1,
+                "tf_failure_handling",
+                "Member 0 has received termination notice (SIGTERM)" + claimed,
+            ),
+            _line(1.4, 1, "tensorflow", "Training finished."),
+            _marker(3.0, "stop", "test_a"),
+        ],
+    )
+    got = evidence.check("ours", evidence.read_log(log)[T + "test_a"], None, last_step=120)
+    assert got.outcome == outcome
+
+
 def test_an_earlier_handlers_watcher_fn_firing_after_the_take_over_is_not_this_tests(tmp_path):
     """An earlier test's mocked GCE watcher, called before this test's handler took over,
     fires after it: ours logs that it drops it. That notice is no notice of this test."""

@@ -220,6 +220,27 @@ def test_keys_have_tf_names_and_values(tmp_path):
     assert [record[i][1]._id_in_cluster for i in range(n)] == ["0", "1", "2", "3"]
 
 
+def test_the_leaders_claim_line_says_the_run_count_tf_handler_suite_reads(tmp_path, caplog):
+    """The claim's log line keeps TF's message and adds where training was when the claim
+    was won, in the form TensorFlow's handler suite reads (``evidence._OURS_CLAIMED``):
+    its notice check tells a notice that came too late to save at from a missed save."""
+    from tf_handler_suite import evidence
+
+    caplog.set_level("INFO", logger="tf_failure_handling")
+    cluster = testing.SimulatedCluster(2, root=tmp_path, timeout=CLUSTER_TIMEOUT)
+    results = cluster.run(make_worker({1: 10}))
+    assert [r.exit_code for r in results] == [42, 42]
+    claims = [
+        m for r in caplog.records if (m := evidence._OURS_CLAIMED.match(r.getMessage())) is not None
+    ]
+    assert len(claims) == 1, [r.getMessage() for r in caplog.records]
+    assert evidence._TF_NOTICE.match(claims[0].group(0))
+    # The worker waits for its notice to be taken at run count 10; the step agreed is
+    # published at a check after the claim, so the claim's run count is below it.
+    step = int(cluster.service.value("RUN_TO_CHECKPOINT"))
+    assert 10 <= int(claims[0].group(1)) < step
+
+
 @pytest.mark.parametrize("chief", [False, True], ids=["no-chief", "chief"])
 def test_workertemp_is_removed_before_exit_fn_runs(tmp_path, chief):
     n = 3

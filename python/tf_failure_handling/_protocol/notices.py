@@ -31,6 +31,10 @@ from .retries import Write, WriteQueue
 log = logging.getLogger("tf_failure_handling")
 
 
+#: The end of the claim's log line when a ``run()`` was under way then.
+CLAIMED_IN_RUN = ", a run() under way"
+
+
 class NoticeResponse:
     """Claim, lead, absorb or hand on a notice of this worker; announce the one it leads."""
 
@@ -163,7 +167,18 @@ class NoticeResponse:
         def claimed(won: bool) -> Optional[Write]:
             self._core.claim(won)
             if won:
-                log.info("Member %s has received termination notice (%s).", value, source)
+                # Where training was when the claim was won: the leader's first check
+                # from now on publishes (TF's message, then the run count and whether a
+                # run() was under way, its check made; tools read when the step could be
+                # agreed from it).
+                runs, in_run = self._core.run_counter, self._core.running_thread != 0
+                log.info(
+                    "Member %s has received termination notice (%s); claimed at run count %d%s.",
+                    value,
+                    source,
+                    runs,
+                    CLAIMED_IN_RUN if in_run else "",
+                )
                 return self._announce(source)
             log.info(
                 "Member %s has received termination notice (%s), but another worker "
