@@ -22,6 +22,9 @@
 //!    cancelled, the closure is put back and the thread waits for the worker
 //!    to come back; anything else is re-raised to the user.
 //!
+//! That order is [`response`]'s: it asks the questions one at a time (two of
+//! them count what they see) and says what to do, and what follows the wait.
+//!
 //! # The table
 //!
 //! [`RULES`] is TF's `_is_ps_failure` and `_is_worker_failure` written down as
@@ -93,6 +96,8 @@
 //! * a task number not below the number of PS tasks is an error
 //!   ([`TransientError::UnknownPsTask`]; TF raises `IndexError`), after the
 //!   tasks visited before it were counted.
+
+pub mod response;
 
 use std::collections::BTreeSet;
 use std::sync::OnceLock;

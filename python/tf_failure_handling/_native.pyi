@@ -504,6 +504,39 @@ def valid_record(obj: object) -> bool: ...
 def record_field_ok(name: str, value: object) -> bool: ...
 def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) -> bool: ...
 
+class FailureQuestion:
+    """A question about a closure's error, in TF's order (``src/failure/response.rs``)."""
+
+    TransientPsFailure: FailureQuestion
+    TransientTimeout: FailureQuestion
+    DerivedCancellation: FailureQuestion
+    WorkerFailure: FailureQuestion
+
+class FailureResponse:
+    """What ``failure_response`` says next."""
+
+    class Ask(FailureResponse):
+        question: FailureQuestion
+
+    class Retry(FailureResponse):
+        why: FailureQuestion
+
+    class Raise(FailureResponse): ...
+    class Recover(FailureResponse): ...
+
+def failure_response(
+    answered: Optional[FailureQuestion] = None, yes: bool = False
+) -> FailureResponse: ...
+
+class AfterRecoveryWait:
+    """What follows the wait for a failed worker's recovery."""
+
+    Stopped: AfterRecoveryWait
+    Recovered: AfterRecoveryWait
+    TimedOut: AfterRecoveryWait
+
+def after_recovery_wait(running: bool, recovered: bool) -> AfterRecoveryWait: ...
+
 class TransientFailures:
     """TF's ``Cluster`` transient-failure tolerances (PS strikes per task, timeouts)."""
 

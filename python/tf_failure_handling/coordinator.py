@@ -31,7 +31,14 @@ from ._coordinator.closure_queue import ClosureQueue
 from ._integrations import tf_exit as _tf_exit
 from ._integrations import tf_versions as _tf_versions
 from ._native import COORDINATOR_STOP_LOCK_BOUND as STOP_LOCK_BOUND
-from ._native import DEFAULT_WORKER_RECOVERY_TIMEOUT
+from ._native import (
+    DEFAULT_WORKER_RECOVERY_TIMEOUT,
+    AfterRecoveryWait,
+    FailureQuestion,
+    FailureResponse,
+    after_recovery_wait,
+    failure_response,
+)
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -155,6 +162,40 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         ):
             yield
 
+    def _respond(self, e: BaseException, worker_device_name: str) -> Any:
+        """Answers the core's questions about ``e`` in its order, each with TF's own
+        call (two of them count what they see), until it says what to do: ``Retry``
+        (logged here) or ``Recover``; an error that is the closure's is raised by TF's
+        ``_validate_preemption_failure``."""
+        cluster = self._cluster
+        # Both of TF's questions (_is_ps_failure, _is_worker_failure) in one call.
+        ps_failure, worker_failure = _failure.classify_failure(e)
+        response = failure_response()
+        while isinstance(response, FailureResponse.Ask):
+            question = response.question
+            if question == FailureQuestion.TransientPsFailure:
+                yes = cluster._record_and_ignore_transient_ps_failure(e, ps_failure=ps_failure)
+            elif question == FailureQuestion.TransientTimeout:
+                yes = cluster._record_and_ignore_transient_timeouts(e)
+            elif question == FailureQuestion.DerivedCancellation:
+                yes = isinstance(e, _tf_errors.CancelledError) and "/job:" in str(e)
+            else:
+                self._validate_preemption_failure(e, worker_failure)  # raises when not
+                yes = True
+            response = failure_response(question, yes)
+        if isinstance(response, FailureResponse.Retry):
+            derived = response.why == FailureQuestion.DerivedCancellation
+            log.error(
+                "Remote function on worker %s failed with %r:%s; %s",
+                worker_device_name,
+                e,
+                e,
+                "this derived error is retried and not reported."
+                if derived
+                else "treated as a transient failure and retried.",
+            )
+        return response
+
     @contextlib.contextmanager
     def handle_failure(
         self,
@@ -182,35 +223,13 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         try:
             yield
         except (_tf_errors.OpError, ClosureInputError, ClosureAbortedError, TypeError) as e:
-            cluster = self._cluster
-            # Both of TF's questions (_is_ps_failure, _is_worker_failure) in one call.
-            ps_failure, worker_failure = _failure.classify_failure(e)
-            if cluster._record_and_ignore_transient_ps_failure(
-                e, ps_failure=ps_failure
-            ) or cluster._record_and_ignore_transient_timeouts(e):
-                log.error(
-                    "Remote function on worker %s failed with %r:%s; treated as a transient "
-                    "failure and retried.",
-                    worker_device_name,
-                    e,
-                    e,
-                )
+            # The core says which question comes next and what to do (TF's order,
+            # src/failure/response.rs); each answer is TF's own call.
+            response = self._respond(e, worker_device_name)
+            if isinstance(response, FailureResponse.Retry):
                 if on_transient_failure_fn:
                     on_transient_failure_fn()
                 return
-            if isinstance(e, _tf_errors.CancelledError) and "/job:" in str(e):
-                log.error(
-                    "Remote function on worker %s failed with %r:%s; this derived error is "
-                    "retried and not reported.",
-                    worker_device_name,
-                    e,
-                    e,
-                )
-                if on_transient_failure_fn:
-                    on_transient_failure_fn()
-                return
-
-            self._validate_preemption_failure(e, worker_failure)
             log.error("Worker %s failed with %r:%s", worker_device_name, e, e)
             if on_failure_fn:
                 on_failure_fn(e)
@@ -227,9 +246,10 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
                         raise self._error_from_recovery
                     finally:
                         self._error_from_recovery = None
-            if not self._should_preemption_thread_run:
+            after = after_recovery_wait(self._should_preemption_thread_run, recovered)
+            if after == AfterRecoveryWait.Stopped:
                 raise _worker_loop.HandlerStopped(_STOPPED_BEFORE_RECOVERY) from e
-            if recovered:
+            if after == AfterRecoveryWait.Recovered:
                 log.info("Worker %s has been recovered.", worker_device_name)
             else:
                 log.warning(

@@ -38,6 +38,7 @@ mod displacement;
 mod errors;
 mod exit_guard;
 mod failure;
+mod failure_response;
 mod handler;
 mod host_memory;
 mod inbox;
@@ -100,6 +101,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     closure_queue::register(m)?;
     closure::register(m)?;
     failure::register(m)?;
+    failure_response::register(m)?;
     layout::register(m)?;
     records::register(m)?;
     retry::register(m)?;

@@ -274,3 +274,63 @@ def test_a_closure_cancelled_by_the_stop_fails_with_its_own_error():
         queue.wait(timeout=HANG)
     assert [type(e) for e in closure.errors] == [errors.CancelledError]
     worker._should_worker_thread_run = False
+
+
+_PS_LOST = (
+    "Connection reset by peer. Additional GRPC error information from remote target "
+    "/job:ps/replica:0/task:0"
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "ps_ignored", "timeout_ignored", "outcome", "asked"),
+    [
+        # A PS failure within its tolerance: retried; the timeout counter is not asked
+        # (TF's `or` short-circuits, and its count depends on it).
+        (errors.UnavailableError(None, None, _PS_LOST), True, False, "retried", ["ps"]),
+        # A timeout within the cluster's tolerance: retried.
+        (errors.DeadlineExceededError(None, None, "slow"), False, True, "retried", ["ps", "t"]),
+        # A cancellation derived from another task's failure: retried, not reported.
+        (
+            errors.CancelledError(None, None, "/job:worker/replica:0/task:1 failed"),
+            False,
+            False,
+            "retried",
+            ["ps", "t"],
+        ),
+        # The closure's own error: raised to the user.
+        (errors.InvalidArgumentError(None, None, "bad input"), False, False, "raised", ["ps", "t"]),
+    ],
+)
+def test_a_closures_error_meets_tfs_questions_in_tfs_order(
+    error, ps_ignored, timeout_ignored, outcome, asked
+):
+    """handle_failure asks the core which question comes next (src/failure/response.rs)
+    and answers each with TF's own Cluster method; what is asked and what follows is
+    TF's order."""
+    handler = _handler(ClosureQueue())
+    calls = []
+
+    def ps(e, ps_failure=None):
+        calls.append("ps")
+        return ps_ignored
+
+    def timeouts(e):
+        calls.append("t")
+        return timeout_ignored
+
+    handler._cluster._record_and_ignore_transient_ps_failure = ps
+    handler._cluster._record_and_ignore_transient_timeouts = timeouts
+    handler._cluster.closure_queue._cancellation_mgr = types.SimpleNamespace(is_cancelled=False)
+    retried, failed = [], []
+    got = "retried"
+    try:
+        with handler.handle_failure(
+            on_failure_fn=failed.append, on_transient_failure_fn=lambda: retried.append(1)
+        ):
+            raise error
+    except type(error) as e:
+        assert e is error
+        got = "raised"
+    assert (got, calls, failed) == (outcome, asked, [])
+    assert retried == ([1] if outcome == "retried" else [])
