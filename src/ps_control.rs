@@ -31,6 +31,9 @@
 //!   died cannot stretch);
 //! * [`unreleased_hold_bound`]: how long the coordinator keeps a worker whose
 //!   release failed out of the rotation;
+//! * [`drain::WorkerDrain`] (`drain.rs`): a worker's drain as a state machine (hold
+//!   its thread, wait for its closure in flight, release it, wait until it is gone or
+//!   keep it held when the release failed, resume);
 //! * [`gap_runs`] and [`runs_at_save`]: which of the handler's runs the
 //!   coordinator's save lets finish first, and the run count it saves.
 //!
@@ -42,6 +45,7 @@
 //! to a stopped task fails instead of stalling, is in `keepalive.rs`.
 
 mod calls;
+pub mod drain;
 mod keepalive;
 mod watch;
 

@@ -504,6 +504,47 @@ def valid_record(obj: object) -> bool: ...
 def record_field_ok(name: str, value: object) -> bool: ...
 def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) -> bool: ...
 
+class DrainEnd:
+    """Why a drain that held the worker's thread ends (``src/ps_control/drain.rs``)."""
+
+    Gone: DrainEnd
+    StillAnswers: DrainEnd
+    NewIncarnation: DrainEnd
+    Stopped: DrainEnd
+    HoldBoundPassed: DrainEnd
+
+class DrainStep:
+    """What a worker's drain thread does next (``WorkerDrainPlan``)."""
+
+    class Hold(DrainStep):
+        bound: float
+
+    class Release(DrainStep):
+        drained: bool
+        hold: bool
+
+    class WaitGone(DrainStep):
+        bound: float
+        holding: Optional[float]
+
+    class Resume(DrainStep):
+        why: DrainEnd
+        bound: float
+
+    class Done(DrainStep): ...
+
+class WorkerDrainPlan:
+    """One worker's drain: ``start``, then report each step's result; Unix seconds."""
+
+    outcome: Optional[str]
+    def __init__(self, deadline: Optional[float], peer_timeout: float) -> None: ...
+    def start(self, can_hold: bool, now: float) -> DrainStep: ...
+    def idled(self, idle: bool) -> DrainStep: ...
+    def released(self, ok: bool, stopped: bool, now: float) -> DrainStep: ...
+    def waited(
+        self, gone: bool, same_incarnation: bool, stopped: bool, now: float
+    ) -> DrainStep: ...
+
 class FailureQuestion:
     """A question about a closure's error, in TF's order (``src/failure/response.rs``)."""
 

@@ -53,6 +53,7 @@ mod signals;
 mod slurm;
 mod sources;
 mod store;
+mod worker_drain;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -108,6 +109,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     shares::register(m)?;
     host_memory::register(m)?;
     ps_control::register(m)?;
+    worker_drain::register(m)?;
     input_position::register(m)?;
     sources::register(m)?;
     slurm::register(m)?;

@@ -25,7 +25,12 @@ from tf_failure_handling._coordinator import (
     worker_drain,
 )
 from tf_failure_handling._coordinator.worker_loop import Worker, _Holds
-from tf_failure_handling._native import SERVE_CAP_FACTOR, gap_runs, runs_at_save
+from tf_failure_handling._native import (
+    SERVE_CAP_FACTOR,
+    gap_runs,
+    runs_at_save,
+    unreleased_hold_bound,
+)
 from tf_failure_handling._native import serving as ps_control_serving
 
 BOUND = 10.0  # turns a hang into a failure
@@ -869,7 +874,7 @@ def test_drain_that_cannot_release_resumes_a_new_incarnation():
 
 
 def test_an_unreleased_worker_is_held_for_as_long_as_it_may_serve():
-    assert worker_drain.unreleased_hold_bound(None, 30.0, 30.0, 0.0) == pytest.approx(
+    assert unreleased_hold_bound(None, 30.0, 30.0, 0.0) == pytest.approx(
         SERVE_CAP_FACTOR * 30.0 + 30.0
     )
 

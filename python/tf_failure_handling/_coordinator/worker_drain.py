@@ -2,7 +2,8 @@
 
 :class:`WorkerDrain` holds the worker's closure thread, releases the worker process
 through the :class:`~.cluster_poller.ClusterPoller`, waits until it is gone and resumes
-the thread: docs/getting-started/parameter-server.md.
+the thread, each step as the core's ``WorkerDrainPlan`` says
+(``src/ps_control/drain.rs``): docs/getting-started/parameter-server.md.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from typing import Any, Callable, Optional
 
 from .._native import (
     DEFAULT_DRAIN_BOUND,
-    Deadline,
+    DrainEnd,
+    DrainStep,
+    WorkerDrainPlan,
     unix_now,
-    unreleased_hold_bound,
     worker_drain_bound,
 )
 from .._native import WORKER_EXIT_WAIT as EXIT_WAIT
@@ -58,77 +60,85 @@ class WorkerDrain:
         """Seconds the closure in flight gets (the core's ``worker_drain_bound``)."""
         return worker_drain_bound(self.deadline, self._clock())
 
-    def _hold_until_gone(self, incarnation: Optional[str]) -> None:
-        """The release failed: the worker still serves its notice and leaves on its own
-        bound. It takes no closure meanwhile (each would run on a machine about to go,
-        and run again elsewhere after it): held until its process is gone or a new
-        incarnation answers, for at most the core's ``unreleased_hold_bound``."""
-        bound = unreleased_hold_bound(self.deadline, self.peer_timeout, EXIT_WAIT, self._clock())
-        log.warning(
-            "Worker %d could not be released: it takes no new closures until it is gone "
-            "(at most %.0fs).",
-            self.index,
-            bound,
-        )
-        holding = Deadline(bound)
-        while not self.poller.stopped:
-            if holding.passed():
-                log.warning(
-                    "Worker %d still serves %.0fs after its release failed; it takes "
-                    "closures again.",
-                    self.index,
-                    bound,
-                )
-                return
-            if self.poller.wait_gone(self.task, holding.slice(EXIT_WAIT)):
-                return
-            if self.poller.incarnations.get(self.task) != incarnation:
-                return  # a new incarnation answers: watched like the first
-
     def run(self) -> None:
+        """Performs the core's drain (``WorkerDrainPlan``, ``src/ps_control/drain.rs``):
+        each step it says, then what happened, until it says the drain is over."""
         coordinator = self._coordinator if self._coordinator is not None else find_coordinator()
         workers = workers_of(coordinator)
         worker = workers[self.index] if self.index < len(workers) else None
-        if not callable(getattr(worker, "hold", None)):
-            log.warning(
-                "Worker %d got a termination notice, but the coordinator is not "
-                "tf_failure_handling's (use tfh.ClusterCoordinator or tfh.patch()): it cannot "
-                "stop giving that worker closures; releasing it now (its closure in flight, "
-                "if any, is retried as after a crash: at least once).",
-                self.index,
-            )
-            released = self.poller.release(self.task, "notice; coordinator cannot drain")
-            self.outcome = "no hold" if released else "not released"
-            return
-        bound = self.bound()
-        log.info(
-            "Worker %d got a termination notice: it gets no new closures; waiting up to "
-            "%.1fs for its closure in flight.",
-            self.index,
-            bound,
-        )
+        can_hold = callable(getattr(worker, "hold", None))
+        plan = WorkerDrainPlan(self.deadline, self.peer_timeout)
         incarnation = self.poller.incarnations.get(self.task)
         reason = f"drain {incarnation}"
-        worker.hold(reason)
+        held = False
+        step = plan.start(can_hold, self._clock())
         try:
-            if not worker.wait_idle(bound):
-                log.warning(
-                    "Worker %d's closure %s did not finish within %.1fs; releasing the worker "
-                    "anyway: the closure fails with it and runs again on another worker (if "
-                    "its effect reached the variables already, it is applied twice).",
-                    self.index,
-                    worker.in_flight() or "?",
-                    bound,
-                )
-            released = self.poller.release(self.task, "drained")
-            self.outcome = "released" if released else "not released"
-            if released:
-                if not self.poller.wait_gone(self.task, EXIT_WAIT):
-                    log.warning(
-                        "Worker %d still answers %.0fs after its release.", self.index, EXIT_WAIT
+            while True:
+                if isinstance(step, DrainStep.Hold):
+                    log.info(
+                        "Worker %d got a termination notice: it gets no new closures; "
+                        "waiting up to %.1fs for its closure in flight.",
+                        self.index,
+                        step.bound,
                     )
-            else:
-                self._hold_until_gone(incarnation)
+                    worker.hold(reason)
+                    held = True
+                    idle = worker.wait_idle(step.bound)
+                    if not idle:
+                        log.warning(
+                            "Worker %d's closure %s did not finish within %.1fs; releasing "
+                            "the worker anyway: the closure fails with it and runs again on "
+                            "another worker (if its effect reached the variables already, "
+                            "it is applied twice).",
+                            self.index,
+                            worker.in_flight() or "?",
+                            step.bound,
+                        )
+                    step = plan.idled(idle)
+                elif isinstance(step, DrainStep.Release):
+                    if not step.hold:
+                        log.warning(
+                            "Worker %d got a termination notice, but the coordinator is not "
+                            "tf_failure_handling's (use tfh.ClusterCoordinator or "
+                            "tfh.patch()): it cannot stop giving that worker closures; "
+                            "releasing it now (its closure in flight, if any, is retried as "
+                            "after a crash: at least once).",
+                            self.index,
+                        )
+                    why = "drained" if step.hold else "notice; coordinator cannot drain"
+                    released = self.poller.release(self.task, why)
+                    step = plan.released(released, self.poller.stopped, self._clock())
+                elif isinstance(step, DrainStep.WaitGone):
+                    if step.holding is not None:
+                        log.warning(
+                            "Worker %d could not be released: it takes no new closures until "
+                            "it is gone (at most %.0fs).",
+                            self.index,
+                            step.holding,
+                        )
+                    gone = self.poller.wait_gone(self.task, step.bound)
+                    same = self.poller.incarnations.get(self.task) == incarnation
+                    step = plan.waited(gone, same, self.poller.stopped, self._clock())
+                elif isinstance(step, DrainStep.Resume):
+                    if step.why == DrainEnd.StillAnswers:
+                        log.warning(
+                            "Worker %d still answers %.0fs after its release.",
+                            self.index,
+                            EXIT_WAIT,
+                        )
+                    elif step.why == DrainEnd.HoldBoundPassed:
+                        log.warning(
+                            "Worker %d still serves %.0fs after its release failed; it "
+                            "takes closures again.",
+                            self.index,
+                            step.bound,
+                        )
+                    break
+                else:  # Done: nothing was held
+                    break
         finally:
-            worker.resume(reason)
-        log.info("Worker %d left; its thread takes closures again when it is back.", self.index)
+            self.outcome = plan.outcome
+            if held:
+                worker.resume(reason)
+        if held:
+            log.info("Worker %d left; its thread takes closures again when it is back.", self.index)
