@@ -8,8 +8,9 @@ it counts, so that a change can be checked against them.
   bound: timeout, bound, interval, grace, wait, delay, slack, period, deadline,
   reserve, poll, backoff, seconds, margin. A name imported from ``_native`` is the
   core's value, not counted.
-* **Clock reads and sleeps in Python**: calls of ``time.monotonic``, ``time.time``,
-  ``time.perf_counter`` (and their ``_ns`` forms) and ``time.sleep``, outside
+* **Clock reads and sleeps in Python**: uses of ``time.monotonic``, ``time.time``,
+  ``time.perf_counter`` (and their ``_ns`` forms) and ``time.sleep`` (a call, or the
+  function passed on as a clock to be called later), outside
   ``testing.py``, ``records.py`` and ``report.py`` (where a wall-clock timestamp is the
   point).
 * **Clocks in the binding**: ``Instant::now``, ``SystemTime::now`` and ``clock_gettime``
@@ -103,32 +104,27 @@ def policy_values(path: Path, tree: ast.AST) -> list:
 
 
 def clock_calls(tree: ast.AST) -> list:
-    """``(line, call)`` of each clock read or sleep: ``time.x()``, or ``x()`` where ``x``
-    was imported from ``time``."""
+    """``(line, name)`` of each clock read or sleep: ``time.x`` (called, or passed on as
+    a clock: ``clock=time.monotonic`` reads it later), or ``x`` where ``x`` was imported
+    from ``time``."""
     imported = {
         alias.asname or alias.name
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module == "time"
         for alias in node.names
+        if alias.name in _CLOCKS or alias.name == "sleep"
     }
     found = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
         if (
-            isinstance(func, ast.Attribute)
-            and isinstance(func.value, ast.Name)
-            and func.value.id == "time"
-            and (func.attr in _CLOCKS or func.attr == "sleep")
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "time"
+            and (node.attr in _CLOCKS or node.attr == "sleep")
         ):
-            found.append((node.lineno, f"time.{func.attr}"))
-        elif (
-            isinstance(func, ast.Name)
-            and func.id in imported
-            and (func.id in _CLOCKS or func.id == "sleep")
-        ):
-            found.append((node.lineno, func.id))
+            found.append((node.lineno, f"time.{node.attr}"))
+        elif isinstance(node, ast.Name) and node.id in imported:
+            found.append((node.lineno, node.id))
     return found
 
 

@@ -9,10 +9,9 @@ the save's checkpoint then holds of each: docs/getting-started/parameter-server.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Callable, Optional
 
-from .._native import DRAIN_ERROR_WAIT, WORKER_GET_SLICE, gap_runs
+from .._native import DRAIN_ERROR_WAIT, WORKER_GET_SLICE, gap_runs, now
 from .._native import DRAIN_SETTLE_LOOK as _SETTLE_LOOK
 from .coordinators import workers_of
 
@@ -132,7 +131,7 @@ class Passes:
 def wait_for_closures(
     coordinator: Any,
     bound: float,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = now,
     scheduled: Optional[int] = None,
 ) -> Unfinished:
     """Before the coordinator's save: holds every worker strictly and gives the closures
