@@ -8,6 +8,15 @@
 //! and asks it for the time left, so a bound is added to a clock reading in
 //! one place.
 
+/// Milliseconds TensorFlow's `get_config_key_value(key, timeout_in_ms)` takes to
+/// mean "wait forever": its default, kept by the testing service's signature, and
+/// never passed by the package's own reads (each has a bound of at least 1 ms).
+pub const TF_WAIT_FOREVER_MS: u64 = 0;
+/// Seconds a simulated cluster (`testing.SimulatedCluster`) waits for its workers
+/// by default before it names those still running: a bound that turns a hang into
+/// a failure, never a verdict.
+pub const SIMULATED_CLUSTER_BOUND: f64 = 60.0;
+
 /// A wait of at most `bound` seconds from `start`, or an unbounded one.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Deadline {

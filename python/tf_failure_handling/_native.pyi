@@ -504,6 +504,9 @@ def valid_record(obj: object) -> bool: ...
 def record_field_ok(name: str, value: object) -> bool: ...
 def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) -> bool: ...
 
+TF_WAIT_FOREVER_MS: int
+SIMULATED_CLUSTER_BOUND: float
+
 class DrainEnd:
     """Why a drain that held the worker's thread ends (``src/ps_control/drain.rs``)."""
 

@@ -46,6 +46,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import _errors
 from ._cluster import coordination as _coordination
+from ._native import SIMULATED_CLUSTER_BOUND
 from ._testing.checkpoints import FakeCheckpoint, FakeCheckpointManager, FakeVariable
 from ._testing.tf_cluster import InMemoryCoordinationService, SimpleClusterResolver
 
@@ -131,8 +132,8 @@ class WorkerResult:
     exit_code: Optional[int] = None
     #: The exception the worker raised, if any.
     error: Optional[BaseException] = None
-    #: Seconds from start to end.
-    seconds: float = 0.0
+    #: Seconds from start to end (None until the worker ends).
+    seconds: Optional[float] = None
 
     @property
     def finished(self) -> bool:
@@ -187,7 +188,7 @@ class SimulatedCluster:
         self,
         num_workers: int,
         root: Optional[os.PathLike] = None,
-        timeout: float = 60.0,
+        timeout: float = SIMULATED_CLUSTER_BOUND,
         chief: bool = False,
         service_factory: Optional[Callable[[], InMemoryCoordinationService]] = None,
     ) -> None:

@@ -172,5 +172,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(unix_time_of, m)?)?;
     m.add_class::<Deadline>()?;
     m.add_class::<Stopwatch>()?;
+    m.add("TF_WAIT_FOREVER_MS", deadline::TF_WAIT_FOREVER_MS)?;
+    m.add("SIMULATED_CLUSTER_BOUND", deadline::SIMULATED_CLUSTER_BOUND)?;
     Ok(())
 }

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 from .. import _errors
 from .._bounded_call import BoundedCall
 from .._native import COORDINATION_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
+from .._native import TF_WAIT_FOREVER_MS
 
 _local = threading.local()
 
@@ -90,8 +91,8 @@ class Client:
 
     def get(self, key: str, timeout: float) -> Optional[str]:
         """The value of ``key``, waiting up to ``timeout`` seconds; None if not set by then."""
-        # TF treats 0 as "wait forever": never pass it.
-        millis = max(1, int(timeout * 1000))
+        # TF treats TF_WAIT_FOREVER_MS (0) as "wait forever": never pass it.
+        millis = max(TF_WAIT_FOREVER_MS + 1, int(timeout * 1000))
         try:
             return self._service.get_config_key_value(key, millis)
         except _errors.module().DeadlineExceededError:

@@ -10,7 +10,7 @@ import threading
 from typing import Callable, Optional
 
 from .. import _errors
-from .._native import KeyValueStore
+from .._native import TF_WAIT_FOREVER_MS, KeyValueStore
 
 
 class InMemoryCoordinationService:
@@ -40,7 +40,7 @@ class InMemoryCoordinationService:
         if not self._store.set(str(key), str(value)):
             raise _errors.make("AlreadyExistsError", f"Config key {key} already exists.")
 
-    def get_config_key_value(self, key: str, timeout_in_ms: int = 0) -> str:
+    def get_config_key_value(self, key: str, timeout_in_ms: int = TF_WAIT_FOREVER_MS) -> str:
         """Blocks until ``key`` is set; ``timeout_in_ms`` 0 means forever, as in TF."""
         self._maybe_fail(self._get_faults, key, "get")
         timeout = None if not timeout_in_ms else timeout_in_ms / 1000.0
