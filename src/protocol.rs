@@ -12,6 +12,8 @@
 //! Every time is seconds on the caller's one monotonic clock (the binding's
 //! `clock::now_secs`, the same clock as Python's `time.monotonic`).
 
+use std::collections::BTreeMap;
+
 use thiserror::Error;
 
 use crate::acks::{AckStep, AckWait};
@@ -19,7 +21,9 @@ use crate::grace::{Fit, GracePlanner};
 use crate::notice::Notice;
 use crate::retry::Verdict;
 use crate::shares::{self, Waiter};
-use crate::step_resolution::{KeyAction, Membership, NoticeAction, Resolver, Round, SaveAction, SaveError, StepAction, StepKeyError};
+use crate::step_resolution::{
+    write_timeout, KeyAction, Membership, NoticeAction, Resolver, Round, SaveAction, SaveError, StepAction, StepKeyError, WriteBound,
+};
 use crate::writes::{self, Busy, Closing, WriteId, Writes};
 
 /// The handler's configuration, set at construction.
@@ -124,6 +128,39 @@ pub struct Protocol {
     writes: Writes,
     /// The leader's wait for the acknowledgements of the step it published.
     acks: Option<AckWait>,
+    /// What each pending write sets ([`SetCall`]), by its handle.
+    calls: BTreeMap<WriteId, SetCall>,
+}
+
+/// What one of the driver's writes sets in the coordination service: `key` =
+/// `value`, the call bounded by `timeout` seconds ([`write_timeout`] of its kind).
+/// The driver performs it as it is (`coordination.set`); a claim is lost when
+/// the key exists already.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SetCall {
+    pub kind: writes::Kind,
+    pub key: String,
+    pub value: String,
+    pub timeout: f64,
+}
+
+impl SetCall {
+    /// The write of `kind` setting `key` to `value`, bounded as its kind is with
+    /// `peer_timeout`.
+    #[must_use]
+    pub fn new(kind: writes::Kind, key: &str, value: &str, peer_timeout: f64) -> Self {
+        let bound = if kind == writes::Kind::Announce {
+            WriteBound::Announce
+        } else {
+            WriteBound::Protocol
+        };
+        SetCall {
+            kind,
+            key: key.to_owned(),
+            value: value.to_owned(),
+            timeout: write_timeout(peer_timeout, bound),
+        }
+    }
 }
 
 impl Default for Protocol {
@@ -142,6 +179,7 @@ impl Protocol {
             warmed_up: false,
             writes: Writes::new(),
             acks: None,
+            calls: BTreeMap::new(),
         }
     }
 
@@ -274,25 +312,33 @@ impl Protocol {
     ///
     /// [`Busy`] for a claim or announce while another notice's write is
     /// pending.
-    pub fn push_write(&mut self, kind: writes::Kind, now: f64, peer_timeout: f64, at: f64) -> Result<WriteId, Busy> {
+    pub fn push_write(&mut self, call: SetCall, now: f64, peer_timeout: f64, at: f64) -> Result<WriteId, Busy> {
         let bound = self.retry_bound(now, peer_timeout);
-        self.writes.push(kind, bound, at)
+        self.push_write_bounded(call, bound, at)
     }
 
-    /// Queues a write of `kind` retried for `bound` seconds, not the rule's: a
-    /// test's way to hold a write's failures open (the binding's `bound`).
+    /// Queues `call` retried for `bound` seconds, not the rule's: a test's way
+    /// to hold a write's failures open (the binding's `bound`).
     ///
     /// # Errors
     ///
     /// [`Busy`], as [`push_write`](Self::push_write).
-    pub fn push_write_bounded(&mut self, kind: writes::Kind, bound: f64, at: f64) -> Result<WriteId, Busy> {
-        self.writes.push(kind, bound, at)
+    pub fn push_write_bounded(&mut self, call: SetCall, bound: f64, at: f64) -> Result<WriteId, Busy> {
+        let id = self.writes.push(call.kind, bound, at)?;
+        self.calls.insert(id, call);
+        Ok(id)
     }
 
     /// The write to attempt at `at` (acknowledgements first), if one is due.
     #[must_use]
     pub fn poll_write(&self, at: f64) -> Option<WriteId> {
         self.writes.poll_action(at)
+    }
+
+    /// What the pending write `id` sets: the driver performs it as it is.
+    #[must_use]
+    pub fn write_call(&self, id: WriteId) -> Option<&SetCall> {
+        self.calls.get(&id)
     }
 
     /// When to poll next: the moment the next write is due, on the driver's
@@ -304,13 +350,19 @@ impl Protocol {
 
     /// The attempt of `id` succeeded; its kind, `None` for a stale handle.
     pub fn handle_write_done(&mut self, id: WriteId) -> Option<writes::Kind> {
+        self.calls.remove(&id);
         self.writes.done(id)
     }
 
-    /// The attempt of `id` failed at `at`: when to try again, or give up;
-    /// `None` for a stale handle. Nothing is retried while `closing`.
+    /// The attempt of `id` failed at `at`: when to try again, or give up (the
+    /// write is then forgotten); `None` for a stale handle. Nothing is retried
+    /// while `closing`.
     pub fn handle_write_failed(&mut self, id: WriteId, at: f64, closing: bool) -> Option<Verdict> {
-        self.writes.failed(id, at, closing)
+        let verdict = self.writes.failed(id, at, closing)?;
+        if !matches!(verdict, Verdict::Again { .. }) {
+            self.calls.remove(&id);
+        }
+        Some(verdict)
     }
 
     /// The driver's writes, read-only (how many, whether a notice's is pending).
@@ -322,7 +374,11 @@ impl Protocol {
     /// The handler closes at `at`: what gets one last attempt and what is
     /// dropped ([`Writes::close`]).
     pub fn close_writes(&mut self, at: f64) -> Closing {
-        self.writes.close(at)
+        let closing = self.writes.close(at);
+        if let Some(dropped) = closing.dropped {
+            self.calls.remove(&dropped);
+        }
+        closing
     }
 
     // --- the leader's wait for the acknowledgements -------------------------

@@ -99,9 +99,16 @@ class ProtocolCore:
     ) -> Optional[RetryVerdict]: ...
     def ack_failing(self) -> Optional[tuple[int, float]]: ...
     def push_write(
-        self, kind: WriteKind, now: float, peer_timeout: float, bound: Optional[float] = None
+        self,
+        kind: WriteKind,
+        key: str,
+        value: str,
+        now: float,
+        peer_timeout: float,
+        bound: Optional[float] = None,
     ) -> int: ...
-    def poll_write(self) -> Optional[int]: ...
+    def poll_write(self) -> Optional[WriteCall]: ...
+    def write_call(self, id: int) -> Optional[WriteCall]: ...
     def write_wait(self) -> Optional[float]: ...
     def write_done(self, id: int) -> bool: ...
     def write_failed(self, id: int, closing: bool = False) -> Optional[RetryVerdict]: ...
@@ -354,6 +361,15 @@ class WriteKind:
     Acknowledge: WriteKind
     Claim: WriteKind
     Announce: WriteKind
+
+class WriteCall:
+    """One of the driver's writes: set ``key`` to ``value`` within ``timeout`` s."""
+
+    id: int
+    kind: WriteKind
+    key: str
+    value: str
+    timeout: float
 
 class Inbox:
     """The protocol driver's inputs in one place (``src/inbox.rs``); ``recv`` releases the GIL."""

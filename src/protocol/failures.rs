@@ -46,7 +46,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 
 use super::cluster::simulated_protocol;
-use super::Protocol;
+use super::{Protocol, SetCall};
 use crate::retry::{self, Retry, Verdict, MAX_PAUSE, MIN_ATTEMPTS, TRANSIENT_FAILURE_WINDOW};
 use crate::step_resolution::{
     KeyAction, Notice, NoticeAction, Round, SaveAction, StepAction, ACK_VALUE, LAST_RUN_TO_CHECKPOINT, PREEMPTION_NOTICE_KEY,
@@ -533,15 +533,15 @@ impl<'a> Sim<'a> {
 
     /// `retries._write`.
     fn push(&mut self, w: usize, op: Op, t: f64) {
-        let kind = match op {
-            Op::Claim => Kind::Claim,
-            Op::Announce => Kind::Announce,
-            Op::Ack(_) => Kind::Acknowledge,
-        };
         let peer_timeout = self.row.peer_timeout;
+        let call = match &op {
+            Op::Claim => SetCall::new(Kind::Claim, TERMINATED_WORKER, &w.to_string(), peer_timeout),
+            Op::Announce => SetCall::new(Kind::Announce, PREEMPTION_NOTICE_KEY, "notice", peer_timeout),
+            Op::Ack(ack_key) => SetCall::new(Kind::Acknowledge, ack_key, ACK_VALUE, peer_timeout),
+        };
         let id = self.ws[w]
             .p
-            .push_write(kind, t, peer_timeout, t)
+            .push_write(call, t, peer_timeout, t)
             .expect("the driver starts a notice only when not busy");
         self.ws[w].ops.insert(id, op);
         self.ws[w].due.insert(id, t);

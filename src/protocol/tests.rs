@@ -277,7 +277,14 @@ fn a_write_is_retried_for_the_retry_bound_at_its_push() {
     // (protocol's now, retry bound): before a notice leads, the window; once
     // this worker leads a notice with a deadline 4 s away, 4 s.
     let at = 5000.0;
-    let ack = p.push_write(writes::Kind::Acknowledge, 0.0, peer, at).unwrap();
+    let ack = p
+        .push_write(
+            SetCall::new(writes::Kind::Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1", "1", peer),
+            0.0,
+            peer,
+            at,
+        )
+        .unwrap();
     assert_eq!((p.poll_write(at), p.poll_timeout()), (Some(ack), Some(at)));
     let Some(Verdict::Again { at: again, left }) = p.handle_write_failed(ack, at, false) else {
         panic!("a first failure is retried")
@@ -293,13 +300,57 @@ fn a_write_is_retried_for_the_retry_bound_at_its_push() {
 
     p.handle_notice(notice(10.0, Some(14.0))).unwrap();
     p.handle_claim(true).unwrap();
-    let announce = p.push_write(writes::Kind::Announce, 10.0, peer, at).unwrap();
+    let announce = p
+        .push_write(
+            SetCall::new(writes::Kind::Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "notice", peer),
+            10.0,
+            peer,
+            at,
+        )
+        .unwrap();
     assert!(p.writes().busy());
-    assert_eq!(p.push_write(writes::Kind::Claim, 10.0, peer, at), Err(Busy));
+    assert_eq!(
+        p.push_write(SetCall::new(writes::Kind::Claim, "TERMINATED_WORKER", "1", peer), 10.0, peer, at),
+        Err(Busy)
+    );
     let Some(Verdict::Again { left, .. }) = p.handle_write_failed(announce, at, false) else {
         panic!("a first failure is retried")
     };
     assert!((left - 4.0).abs() < 1e-9, "the leading notice's deadline bounds it: {left}");
     let closing = p.close_writes(at + 1.0);
     assert_eq!((closing.last_attempts, closing.dropped), (vec![announce], None));
+}
+
+/// A write's call is the protocol's: the key and value it was pushed with, bounded as
+/// its kind is (an announce, which nothing waits for, no longer than the shutdown's
+/// bound), until the write is done, given up or dropped at close.
+#[test]
+fn a_writes_call_is_kept_until_it_is_done_given_up_or_dropped() {
+    use crate::step_resolution::{SHUTDOWN_WRITE_TIMEOUT, TERMINATED_WORKER};
+    let peer = 100.0;
+    let mut p = worker_1_of_2(60.0);
+    let at = 5000.0;
+    let ack_call = SetCall::new(writes::Kind::Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1", "1", peer);
+    assert_eq!(ack_call.timeout, write_timeout(peer, WriteBound::Protocol));
+    let ack = p.push_write(ack_call.clone(), 0.0, peer, at).unwrap();
+    assert_eq!(p.write_call(ack), Some(&ack_call));
+    assert_eq!(p.handle_write_done(ack), Some(writes::Kind::Acknowledge));
+    assert_eq!(p.write_call(ack), None, "done: forgotten");
+
+    // Given up: a bound of 0 retries nothing.
+    let claim = p
+        .push_write_bounded(SetCall::new(writes::Kind::Claim, TERMINATED_WORKER, "1", peer), 0.0, at)
+        .unwrap();
+    assert!(matches!(p.handle_write_failed(claim, at, false), Some(Verdict::GiveUp { .. })));
+    assert_eq!(p.write_call(claim), None, "given up: forgotten");
+
+    // Dropped at close: a claim; an announce gets its last attempt, its call kept.
+    let claim = p
+        .push_write(SetCall::new(writes::Kind::Claim, TERMINATED_WORKER, "1", peer), 0.0, peer, at)
+        .unwrap();
+    let closing = p.close_writes(at);
+    assert_eq!(closing.dropped, Some(claim));
+    assert_eq!(p.write_call(claim), None, "dropped: forgotten");
+    let announce_call = SetCall::new(writes::Kind::Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", peer);
+    assert!(announce_call.timeout <= SHUTDOWN_WRITE_TIMEOUT);
 }

@@ -30,9 +30,9 @@ use pyo3::{ffi, intern, Borrowed};
 
 use super::clock;
 use super::errors;
-use super::retry::{Retry, RetryVerdict, WriteKind};
+use super::retry::{Retry, RetryVerdict, WriteCall, WriteKind};
 use crate::grace::Fit;
-use crate::protocol::{Config, ConfigError, Protocol};
+use crate::protocol::{Config, ConfigError, Protocol, SetCall};
 use crate::shares::Waiter;
 use crate::step_resolution::{self as core, Notice, Round};
 
@@ -849,20 +849,31 @@ impl ProtocolCore {
     /// for a claim or announce while `writes_busy`. `bound` replaces the
     /// core's retry bound: for a test that holds a write's failures open longer
     /// than the rule would (the package never passes it).
-    #[pyo3(signature = (kind, now, peer_timeout, bound = None))]
-    fn push_write(&self, kind: WriteKind, now: f64, peer_timeout: f64, bound: Option<f64>) -> PyResult<u64> {
+    ///
+    /// The write sets `key` to `value`, bounded as its kind is (`WriteCall`).
+    #[pyo3(signature = (kind, key, value, now, peer_timeout, bound = None))]
+    fn push_write(&self, kind: WriteKind, key: &str, value: &str, now: f64, peer_timeout: f64, bound: Option<f64>) -> PyResult<u64> {
         let at = clock::now_secs();
+        let call = SetCall::new(kind.into(), key, value, peer_timeout);
         let mut protocol = self.shared.state.lock();
         Ok(match bound {
-            None => protocol.push_write(kind.into(), now, peer_timeout, at)?,
-            Some(bound) => protocol.push_write_bounded(kind.into(), bound, at)?,
+            None => protocol.push_write(call, now, peer_timeout, at)?,
+            Some(bound) => protocol.push_write_bounded(call, bound, at)?,
         })
     }
 
-    /// The write to attempt now (acknowledgements first), or None.
-    fn poll_write(&self) -> Option<u64> {
+    /// The write to attempt now (acknowledgements first), as the call to
+    /// make, or None.
+    fn poll_write(&self) -> Option<WriteCall> {
         let at = clock::now_secs();
-        self.shared.state.lock().poll_write(at)
+        let protocol = self.shared.state.lock();
+        let id = protocol.poll_write(at)?;
+        protocol.write_call(id).map(|call| WriteCall::of(id, call))
+    }
+
+    /// The call the pending write `id` makes, or None for a stale handle.
+    fn write_call(&self, id: u64) -> Option<WriteCall> {
+        self.shared.state.lock().write_call(id).map(|call| WriteCall::of(id, call))
     }
 
     /// Seconds until the next write is due (0: one is), or None with none

@@ -122,6 +122,40 @@ pub enum WriteKind {
     Announce,
 }
 
+impl From<writes::Kind> for WriteKind {
+    fn from(k: writes::Kind) -> Self {
+        match k {
+            writes::Kind::Acknowledge => WriteKind::Acknowledge,
+            writes::Kind::Claim => WriteKind::Claim,
+            writes::Kind::Announce => WriteKind::Announce,
+        }
+    }
+}
+
+/// One of the driver's writes, due now (`ProtocolCore.poll_write`): set `key` to
+/// `value` within `timeout` seconds (the coordination client's `set`, whose False
+/// is a lost claim), then report it with the handle `id`.
+#[pyclass(frozen, get_all, module = "tf_failure_handling._native")]
+pub struct WriteCall {
+    pub id: u64,
+    pub kind: WriteKind,
+    pub key: String,
+    pub value: String,
+    pub timeout: f64,
+}
+
+impl WriteCall {
+    pub(crate) fn of(id: u64, call: &crate::protocol::SetCall) -> Self {
+        WriteCall {
+            id,
+            kind: call.kind.into(),
+            key: call.key.clone(),
+            value: call.value.clone(),
+            timeout: call.timeout,
+        }
+    }
+}
+
 impl From<WriteKind> for writes::Kind {
     fn from(k: WriteKind) -> Self {
         match k {
@@ -136,6 +170,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Retry>()?;
     m.add_class::<RetryVerdict>()?;
     m.add_class::<WriteKind>()?;
+    m.add_class::<WriteCall>()?;
     m.add("RETRY_FIRST_PAUSE", retry::FIRST_PAUSE)?;
     m.add("RETRY_MAX_PAUSE", retry::MAX_PAUSE)?;
     m.add("RETRY_MIN_ATTEMPTS", retry::MIN_ATTEMPTS)?;

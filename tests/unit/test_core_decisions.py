@@ -194,18 +194,26 @@ def test_the_drivers_writes_through_the_protocol_core():
     peer_timeout = 3.0  # shorter than the transient-failure window: the bound
     assert peer_timeout < _native.TRANSIENT_FAILURE_WINDOW
     assert core.poll_write() is None and core.write_wait() is None
-    claim = core.push_write(Kind.Claim, 0.0, peer_timeout)
-    assert core.writes_busy and core.poll_write() == claim and core.write_wait() == 0.0
+    claim = core.push_write(Kind.Claim, "TERMINATED_WORKER", "0", 0.0, peer_timeout)
+    due = core.poll_write()
+    assert core.writes_busy and due.id == claim and core.write_wait() == 0.0
+    # The call is the core's: the key and value pushed, bounded as a claim is.
+    assert (due.kind, due.key, due.value) == (Kind.Claim, "TERMINATED_WORKER", "0")
+    assert due.timeout == _native.write_timeout(peer_timeout)
     with pytest.raises(RuntimeError, match="already pending"):
-        core.push_write(Kind.Announce, 0.0, peer_timeout)
+        core.push_write(Kind.Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", 0.0, peer_timeout)
     verdict = core.write_failed(claim)
     assert isinstance(verdict, _native.RetryVerdict.Again) and core.write_attempts(claim) == 1
     assert 0.0 < verdict.pause <= _native.RETRY_FIRST_PAUSE and verdict.left <= peer_timeout
     assert 0.0 <= core.write_wait() <= verdict.pause
-    ack = core.push_write(Kind.Acknowledge, 0.0, peer_timeout)
-    assert core.poll_write() == ack  # due at once, and first
+    ack = core.push_write(
+        Kind.Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0", "1", 0.0, peer_timeout
+    )
+    assert core.poll_write().id == ack  # due at once, and first
     assert core.close_writes() == ([ack], claim)
-    assert not core.writes_busy and core.poll_write() == ack
+    assert core.write_call(claim) is None, "the dropped claim is forgotten"
+    assert not core.writes_busy and core.poll_write().id == ack
+    assert core.write_call(ack).key == "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0"
     assert isinstance(core.write_failed(ack, closing=True), _native.RetryVerdict.GiveUp)
     assert core.write_wait() is None and core.write_done(ack) is False
     assert core.write_failed(ack) is None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._native import NoticeAction, WriteKind, unix_now, write_timeout
+from .._native import NoticeAction, WriteKind, unix_now
 from .._platforms import in_process
 from .._platforms.notice_sources import Notice
 from .context import Context
@@ -194,10 +194,11 @@ class NoticeResponse:
 
         return self._writes.push(
             f"claiming {key} after the notice from {source}",
-            lambda: self._state.coordination.set(key, value),
+            WriteKind.Claim,
+            key,
+            value,
             claimed,
             failed,
-            WriteKind.Claim,
         )
 
     def _announce(self, source: str) -> Optional[Write]:
@@ -207,10 +208,6 @@ class NoticeResponse:
         if self._state.membership.local:
             in_process.publish_local(message)
             return None
-
-        # No longer than the protocol's writes: an acknowledgement may be waiting
-        # behind this call (see "Why the driver acknowledges" in step_resolution.rs).
-        timeout = write_timeout(self._state.peer_timeout, announce=True)
 
         # This process's watchers get the message once the cluster has it (or the
         # write gave up): a script that closes and exits when its own watcher reports
@@ -223,10 +220,15 @@ class NoticeResponse:
             log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
             in_process.publish_local(message)
 
+        # Finished at close (peers learn of the notice only from it); its call is no
+        # longer than the protocol's writes, as the core bounds an announce: an
+        # acknowledgement may be waiting behind it ("Why the driver acknowledges" in
+        # step_resolution.rs).
         return self._writes.push(
             f"publishing {PREEMPTION_NOTICE_KEY}",
-            lambda: self._state.coordination.set(PREEMPTION_NOTICE_KEY, message, timeout),
+            WriteKind.Announce,
+            PREEMPTION_NOTICE_KEY,
+            message,
             published,
             failed,
-            WriteKind.Announce,  # finished at close: peers learn of the notice only from it
         )

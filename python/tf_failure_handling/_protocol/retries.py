@@ -45,23 +45,22 @@ log = logging.getLogger("tf_failure_handling")
 
 
 class Write:
-    """One coordination-service write of the driver: what it is and how to perform it.
+    """One coordination-service write of the driver: what it is for, and what follows it.
 
-    When and how often it is attempted is the core's (``Writes``, ``src/writes.rs``):
-    ``id`` is its handle there. ``on_done(result)`` and ``on_failed(error)`` return the
-    write that follows (the announce after a won claim), or None.
+    What it sets, when and how often it is attempted are the core's (``Protocol``'s
+    writes, ``src/protocol.rs``; ``WriteCall``): ``id`` is its handle there.
+    ``on_done(result)`` and ``on_failed(error)`` return the write that follows (the
+    announce after a won claim), or None.
     """
 
     def __init__(
         self,
         what: str,
-        call: Callable[[], Any],
         kind: WriteKind,
         on_done: Callable[[Any], Optional[Write]],
         on_failed: Callable[[BaseException], Optional[Write]],
     ) -> None:
         self.what = what
-        self.call = call
         self.kind = kind
         self.on_done = on_done
         self.on_failed = on_failed
@@ -161,14 +160,18 @@ class WriteQueue:
     def push(
         self,
         what: str,
-        call: Callable[[], Any],
+        kind: WriteKind,
+        key: str,
+        value: str,
         on_done: Callable[[Any], Optional[Write]],
         on_failed: Callable[[BaseException], Optional[Write]],
-        kind: WriteKind = WriteKind.Acknowledge,
     ) -> Write:
-        """A write queued in the core, due at once and retried for the core's bound."""
-        write = Write(what, call, kind, on_done, on_failed)
-        write.id = self._core.push_write(kind, self._state.clock(), self._state.peer_timeout)
+        """A write of ``key`` = ``value`` queued in the core, due at once, retried for the
+        core's bound, its call bounded as the core says for its ``kind``."""
+        write = Write(what, kind, on_done, on_failed)
+        write.id = self._core.push_write(
+            kind, key, value, self._state.clock(), self._state.peer_timeout
+        )
         self._pending[write.id] = write
         return write
 
@@ -183,8 +186,8 @@ class WriteQueue:
 
     def due(self) -> Optional[Write]:
         """The write to attempt now (acknowledgements first), if any is due."""
-        handle = self._core.poll_write()
-        return None if handle is None else self._pending[handle]
+        call = self._core.poll_write()
+        return None if call is None else self._pending[call.id]
 
     def forget(self, write: Write) -> None:
         """``write`` raised something the driver hands on: the core forgets it."""
@@ -208,8 +211,11 @@ class WriteQueue:
         gets the named error. Anything else is a bug and goes to ``on_failed`` at once.
         """
         core = self._core
+        call = core.write_call(write.id)
+        if call is None:  # not pending (a stale handle): nothing to attempt
+            return True, None
         try:
-            result = write.call()
+            result = self._state.coordination.set(call.key, call.value, call.timeout)
         except _errors.module().OpError as e:
             verdict = core.write_failed(write.id, closing=self._state.closing.is_set())
             if verdict is None:  # not pending (a stale handle): nothing to retry

@@ -18,7 +18,7 @@ import threading
 from typing import Any, Optional
 
 from .. import _errors
-from .._native import ACK_VALUE, KeyAction
+from .._native import ACK_VALUE, KeyAction, WriteKind
 from .._platforms.notice_sources import NoticeSources
 from .context import Context
 from .keys import (
@@ -79,7 +79,9 @@ class StepKeys:
 
         return self._writes.push(
             f"acknowledging {round_key}={value} with {ack_key}",
-            lambda: self._state.coordination.set(ack_key, ACK_VALUE),
+            WriteKind.Acknowledge,
+            ack_key,
+            ACK_VALUE,
             acknowledged,
             failed,
         )
