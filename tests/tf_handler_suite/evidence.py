@@ -187,7 +187,9 @@ def check(impl: str, lines: list[Line], kept: Path | None, last_step: int | None
     A process's lines count from its first ``initialized`` line in the test: the tests
     of a file share their main process, where the handlers of earlier tests are still
     open (neither TF's tests nor TF's handler close them) and their last notice can be
-    logged just after the next test started."""
+    logged just after the next test started. Ours: a notice logged before that line
+    counts when a later stage line names its preemption (the handler under test took it
+    while it was being built)."""
     ours = impl == "ours"
     handler_logger = OURS_LOGGER if ours else TF_LOGGER
     built_at: dict[int, float] = {}
@@ -198,21 +200,39 @@ def check(impl: str, lines: list[Line], kept: Path | None, last_step: int | None
     # process's first notice (after the notice, and after its claim was won).
     first_step: dict[int, int] = {}
     saves = 0
+    # Ours: notice lines logged before their process's ``initialized`` line, by their
+    # preemption id. The handler under test watches from inside its constructor, so a
+    # notice can come (and be logged) before the constructor's last line; it is this
+    # test's when a stage line of the same preemption follows the construction (an
+    # earlier test's handler's notice has an id of its own).
+    early: dict[str, Line] = {}
+
+    def _take_notice(ln: Line, fields: dict) -> None:
+        if ln.pid not in notices:
+            runs = fields.get("runs")
+            if isinstance(runs, int):
+                first_step[ln.pid] = runs + (1 if fields.get("in_run") else 0)
+        notices.setdefault(ln.pid, ln.time)
+
     for ln in lines:
         if ln.logger == handler_logger and ln.message.startswith(_BUILT):
             built_at.setdefault(ln.pid, ln.time)
         if ln.pid not in built_at:
+            if ours and ln.logger == OURS_LOGGER:
+                stage = _stage(ln)
+                if stage is not None and stage[0] == "notice":
+                    early.setdefault(str(stage[1].get("preemption")), ln)
             continue
         if ln.logger == TF_LOGGER and ln.message.startswith(_TRAINING_FINISHED):
             finished.setdefault(ln.pid, ln.time)
         elif ours and ln.logger == OURS_LOGGER:
             stage = _stage(ln)
+            if stage is not None and stage[0] != "notice":
+                noticed = early.pop(str(stage[1].get("preemption")), None)
+                if noticed is not None and noticed.pid == ln.pid:
+                    _take_notice(noticed, _stage(noticed)[1])
             if stage is not None and stage[0] == "notice":
-                if ln.pid not in notices:
-                    runs = stage[1].get("runs")
-                    if isinstance(runs, int):
-                        first_step[ln.pid] = runs + (1 if stage[1].get("in_run") else 0)
-                notices.setdefault(ln.pid, ln.time)
+                _take_notice(ln, stage[1])
             elif stage is None and (claimed := _OURS_CLAIMED.match(ln.message)):
                 # A leader publishes only once its claim is won: its first check that
                 # can publish is the first after the claim line.

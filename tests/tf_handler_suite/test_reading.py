@@ -231,6 +231,42 @@ def test_a_claim_won_too_late_to_publish_is_late(tmp_path, runs, claimed, outcom
     assert got.outcome == outcome
 
 
+def _stage_line(stage: str, preemption: str, **fields) -> str:
+    return f"Preemption {stage}: " + json.dumps(
+        {"stage": stage, "preemption": preemption, **fields}
+    )
+
+
+@pytest.mark.parametrize(
+    ("later_preemption", "outcome"),
+    [
+        # The fresh-clone run of 2026-12-02 (GCE test_multiple_workers_preempted_
+        # consecutively, OneDevice): the mocked watcher fired while the handler was
+        # being built; its notice line came before "initialized", then it saved.
+        ("p-1", "saved"),
+        # A notice of an earlier test's handler, logged before this one was built, with
+        # a preemption of its own: not this test's.
+        ("p-2", "missed"),
+    ],
+)
+def test_a_notice_taken_while_the_handler_was_built_is_its_own(tmp_path, later_preemption, outcome):
+    log = _log(
+        tmp_path,
+        [
+            _marker(1.0, "start", "test_a"),
+            _line(1.01, 1, "tensorflow", "Termination notice available."),
+            _line(1.02, 1, "tf_failure_handling", _stage_line("notice", "p-1", runs=0)),
+            _line(1.05, 1, "tf_failure_handling", BUILT),
+            _line(1.06, 1, "tensorflow", "Termination notice available."),
+            _line(1.1, 1, "tf_failure_handling", _stage_line("agreement", later_preemption)),
+            _line(1.2, 1, "tf_failure_handling", _stage_line("save_end", later_preemption)),
+            _marker(3.0, "stop", "test_a"),
+        ],
+    )
+    got = evidence.check("ours", evidence.read_log(log)[T + "test_a"], None, last_step=120)
+    assert got.outcome == outcome
+
+
 def test_an_earlier_handlers_watcher_fn_firing_after_the_take_over_is_not_this_tests(tmp_path):
     """An earlier test's mocked GCE watcher, called before this test's handler took over,
     fires after it: ours logs that it drops it. That notice is no notice of this test."""
