@@ -250,9 +250,13 @@ def _stage_line(stage: str, preemption: str, **fields) -> str:
     ],
 )
 def test_a_notice_taken_while_the_handler_was_built_is_its_own(tmp_path, later_preemption, outcome):
+    # The test before shares the main process (pid 1): a handler line before this
+    # test's "initialized" goes to it, and ours' notice line to both.
     log = _log(
         tmp_path,
         [
+            _marker(0.5, "start", "test_0"),
+            _line(0.6, 1, "tf_failure_handling", BUILT),
             _marker(1.0, "start", "test_a"),
             _line(1.01, 1, "tensorflow", "Termination notice available."),
             _line(1.02, 1, "tf_failure_handling", _stage_line("notice", "p-1", runs=0)),
