@@ -124,7 +124,8 @@ def read_log(path: Path) -> dict[str, list[Line]]:
                 built_in_current = True
             elif not built_in_current and previous is not None:
                 owner = previous
-                if _stage(line) is not None and _stage(line)[0] == "notice" and current:
+                stage = _stage(line)
+                if stage is not None and stage[0] == "notice" and current:
                     # Ours watches from inside its constructor: this test's handler may
                     # have taken it. Kept here too; :func:`check` counts it only when a
                     # later stage line names its preemption.
