@@ -26,7 +26,9 @@ from tf_failure_handling._coordinator import (
 )
 from tf_failure_handling._coordinator.worker_loop import Worker, _Holds
 from tf_failure_handling._native import (
+    DEFAULT_DRAIN_BOUND,
     SERVE_CAP_FACTOR,
+    WorkerDrainPlan,
     gap_runs,
     runs_at_save,
     unreleased_hold_bound,
@@ -823,7 +825,7 @@ def test_drain_releases_at_its_bound_with_the_closure_still_running(caplog):
         coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue()),
         clock=lambda: 98.9,  # 1.1 s to the deadline, less the 1 s margin
     )
-    assert drain.bound() == pytest.approx(0.1)
+    assert WorkerDrainPlan(100.0, 30.0).start(True, 98.9).bound == pytest.approx(0.1)
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
         drain.run()
     assert "train_step did not finish within 0.1s" in caplog.text
@@ -895,9 +897,10 @@ def test_drain_with_a_coordinator_that_cannot_hold_releases_at_once(caplog):
 
 
 def test_drain_bound_without_a_deadline_is_the_default():
-    drain = worker_drain.WorkerDrain(FakePoller(), 1, None, coordinator=None)
-    assert drain.bound() == worker_drain.DEFAULT_DRAIN_BOUND
-    assert worker_drain.WorkerDrain(FakePoller(), 1, 5.0, clock=lambda: 10.0).bound() == 0.0
+    """The core's plan gives the closure in flight the default bound when the notice
+    names no deadline, and nothing once the deadline passed."""
+    assert WorkerDrainPlan(None, 30.0).start(True, 10.0).bound == DEFAULT_DRAIN_BOUND
+    assert WorkerDrainPlan(5.0, 30.0).start(True, 10.0).bound == 0.0
 
 
 # ------------------------------------------------------------- the worker's thread

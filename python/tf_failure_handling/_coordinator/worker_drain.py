@@ -17,7 +17,6 @@ from .._native import (
     DrainStep,
     WorkerDrainPlan,
     unix_now,
-    worker_drain_bound,
 )
 from .._native import WORKER_EXIT_WAIT as EXIT_WAIT
 from .cluster_poller import ClusterPoller
@@ -55,10 +54,6 @@ class WorkerDrain:
         self._clock = clock
         #: What happened, for tests and the log: "released", "not released", "no hold".
         self.outcome: Optional[str] = None
-
-    def bound(self) -> float:
-        """Seconds the closure in flight gets (the core's ``worker_drain_bound``)."""
-        return worker_drain_bound(self.deadline, self._clock())
 
     def run(self) -> None:
         """Performs the core's drain (``WorkerDrainPlan``, ``src/ps_control/drain.rs``):
