@@ -35,7 +35,10 @@
 //!   its thread, wait for its closure in flight, release it, wait until it is gone or
 //!   keep it held when the release failed, resume);
 //! * [`gap_runs`] and [`runs_at_save`]: which of the handler's runs the
-//!   coordinator's save lets finish first, and the run count it saves.
+//!   coordinator's save lets finish first, and the run count it saves;
+//! * [`save_drain::SaveDrain`] (`save_drain.rs`): the save's wait for the closures
+//!   as a state machine (wait within the bound, run the gaps first, within the same
+//!   bound).
 //!
 //! Times are seconds on the caller's clock: monotonic for [`Calls`], the Unix
 //! clock for [`worker_drain_bound`] (a notice's deadline is a Unix time, as the task
@@ -47,6 +50,7 @@
 mod calls;
 pub mod drain;
 mod keepalive;
+pub mod save_drain;
 mod watch;
 
 pub use calls::{Abandoned, CallId, Calls, Refused};

@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``tf_failure_handling._native``."""
 
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, List, Optional, TypeVar
 
 __version__: str
 RUN_TO_CHECKPOINT: str
@@ -563,6 +563,40 @@ class WorkerDrainPlan:
     def waited(
         self, gone: bool, same_incarnation: bool, stopped: bool, now: float
     ) -> DrainStep: ...
+
+class SaveStep:
+    """What the coordinator's save does next (``SaveDrainPlan``,
+    ``src/ps_control/save_drain.rs``)."""
+
+    class WaitAll(SaveStep):
+        bound: float
+
+    class WaitIdle(SaveStep):
+        until: float
+
+    class Promote(SaveStep):
+        runs: List[int]
+
+    class Grant(SaveStep):
+        runs: List[int]
+        wait: float
+
+    class Done(SaveStep): ...
+
+class SaveDrainPlan:
+    """One save's wait for the closures: ``start``, then report what each step saw."""
+
+    filled: List[int]
+    def __init__(self, bound: float, scheduled: Optional[int] = None) -> None: ...
+    def start(self, held: bool, now: float) -> SaveStep: ...
+    def left(self, now: float) -> float: ...
+    def unfinished(
+        self, queued: Optional[List[int]], in_flight: Optional[List[int]], now: float
+    ) -> SaveStep: ...
+    def promotable(self, found: List[int], takers: int, now: float) -> SaveStep: ...
+    def granted(self) -> SaveStep: ...
+
+def settle_looks(get_slice: float) -> int: ...
 
 class FailureQuestion:
     """A question about a closure's error, in TF's order (``src/failure/response.rs``)."""

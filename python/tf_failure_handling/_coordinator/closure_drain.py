@@ -11,7 +11,14 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
-from .._native import DRAIN_ERROR_WAIT, WORKER_GET_SLICE, gap_runs, now
+from .._native import (
+    DRAIN_ERROR_WAIT,
+    WORKER_GET_SLICE,
+    SaveDrainPlan,
+    SaveStep,
+    now,
+    settle_looks,
+)
 from .._native import DRAIN_SETTLE_LOOK as _SETTLE_LOOK
 from .coordinators import workers_of
 
@@ -141,48 +148,50 @@ def wait_for_closures(
     count ``scheduled``, the queued runs below a finished one (the core's
     ``gap_runs``: one a lost worker put back) are moved to the queue's head and the
     held workers may take that many, within the same bound: then the finished runs
-    are a prefix of the runs. Raises a closure's error as ``join()`` would."""
+    are a prefix of the runs. Each step is the core's ``SaveDrainPlan``'s
+    (``src/ps_control/save_drain.rs``). Raises a closure's error as ``join()`` would."""
     queue = coordinator._cluster.closure_queue
     held = hold_all(coordinator, strict=True)
-    end = clock() + max(0.0, bound)
-    if not held:
-        if queue.wait(timeout=max(0.0, bound)):
-            return Unfinished(0, {}, held)
-        unnamed = int(getattr(queue, "inflight_closure_count", 0))
-        return Unfinished(_qsize(queue), {}, held, unnamed)
+    plan = SaveDrainPlan(bound, scheduled)
     workers = workers_of(coordinator)
-    filled: list = []
-    while True:
-        left = _left_behind(queue, workers, end, clock)
-        if scheduled is None or not left.indexed:
-            break
-        gaps = gap_runs(scheduled, left.queued_runs, left.in_flight_runs)
-        if not gaps or clock() >= end:
-            break
-        wanted = set(gaps)
-        by_run = {_run_of(c): c for c in queue.queued_closures() if _run_of(c) in wanted}
-        takers = [w for w in workers if not w.lost()]
-        if not by_run or not takers:
-            break  # gone from the queue meanwhile, or no worker left to run them
-        queue.promote([by_run[r] for r in sorted(by_run)])
-        passes = Passes(len(by_run))
-        for worker in takers:
-            worker.grant(passes)
-        filled.extend(sorted(by_run))
-        # Until the passes are used; the next round waits for the workers to be idle.
-        passes.wait_used(end - clock())
-    left.gap_runs = filled
+    left = Unfinished(0, {}, held)
+    step = plan.start(held, clock())
+    while not isinstance(step, SaveStep.Done):
+        if isinstance(step, SaveStep.WaitAll):
+            if not queue.wait(timeout=step.bound):
+                unnamed = int(getattr(queue, "inflight_closure_count", 0))
+                left = Unfinished(_qsize(queue), {}, held, unnamed)
+            return left
+        if isinstance(step, SaveStep.WaitIdle):
+            left = _left_behind(queue, workers, plan, clock)
+            step = plan.unfinished(left.queued_runs, left.in_flight_runs, clock())
+        elif isinstance(step, SaveStep.Promote):
+            wanted = set(step.runs)
+            found = [c for c in queue.queued_closures() if _run_of(c) in wanted]
+            takers = [w for w in workers if not w.lost()]
+            step = plan.promotable([_run_of(c) for c in found], len(takers), clock())
+            by_run = {_run_of(c): c for c in found}
+        elif isinstance(step, SaveStep.Grant):
+            queue.promote([by_run[r] for r in step.runs])
+            passes = Passes(len(step.runs))
+            for worker in takers:
+                worker.grant(passes)
+            # Until the passes are used; the next round waits for the workers to be idle.
+            passes.wait_used(step.wait)
+            step = plan.granted()
+    left.gap_runs = plan.filled
     error = getattr(queue, "_error", None)
     if error is not None and not left:
         queue.wait(timeout=DRAIN_ERROR_WAIT)  # raises the closure's error, as join() would
     return left
 
 
-def _left_behind(queue: Any, workers: list, end: float, clock: Callable[[], float]) -> Unfinished:
-    """Waits (until ``end``) for every held worker to be idle; what is unfinished then."""
+def _left_behind(queue: Any, workers: list, plan: Any, clock: Callable[[], float]) -> Unfinished:
+    """Waits (within what is left of ``plan``'s bound) for every held worker to be idle;
+    what is unfinished then."""
     in_flight, outside_in_flight, in_flight_runs = {}, {}, []
     for worker in workers:
-        if not worker.wait_idle(max(0.0, end - clock())):
+        if not worker.wait_idle(plan.left(clock())):
             closure = worker.taken()
             if closure is None:
                 idle, closure = _settle(worker)
@@ -226,8 +235,7 @@ def _settle(worker: Any) -> tuple:
     worker as a run in flight made the run count unindexed and the save counted a
     finished run as unfinished (it ran twice after the restart; a reliability trial,
     seed 36). Still unsettled after that: ``(False, None)``, counted as before."""
-    looks = int(2 * getattr(worker, "GET_SLICE", WORKER_GET_SLICE) / _SETTLE_LOOK) + 1
-    for _ in range(looks):
+    for _ in range(settle_looks(getattr(worker, "GET_SLICE", WORKER_GET_SLICE))):
         closure = worker.taken()
         if closure is not None:
             return False, closure
