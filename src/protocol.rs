@@ -23,6 +23,7 @@ use crate::retry::Verdict;
 use crate::shares::{self, Waiter};
 use crate::step_resolution::{
     write_timeout, KeyAction, Membership, NoticeAction, Resolver, Round, SaveAction, SaveError, StepAction, StepKeyError, WriteBound,
+    PREEMPTION_NOTICE_KEY,
 };
 use crate::writes::{self, Busy, Closing, WriteId, Writes};
 
@@ -142,6 +143,9 @@ pub struct SetCall {
     pub key: String,
     pub value: String,
     pub timeout: f64,
+    /// A claim's follow-up: the message a won claim announces to the
+    /// `PreemptionWatcher`s ([`Protocol::handle_claim_done`]).
+    pub announce: Option<String>,
 }
 
 impl SetCall {
@@ -159,6 +163,17 @@ impl SetCall {
             key: key.to_owned(),
             value: value.to_owned(),
             timeout: write_timeout(peer_timeout, bound),
+            announce: None,
+        }
+    }
+
+    /// The claim of `key` = `value` which, when won, announces `message` under
+    /// [`PREEMPTION_NOTICE_KEY`] ([`Protocol::handle_claim_done`]).
+    #[must_use]
+    pub fn claim(key: &str, value: &str, message: &str, peer_timeout: f64) -> Self {
+        SetCall {
+            announce: Some(message.to_owned()),
+            ..SetCall::new(writes::Kind::Claim, key, value, peer_timeout)
         }
     }
 }
@@ -354,15 +369,70 @@ impl Protocol {
         self.writes.done(id)
     }
 
+    /// The claim `id` was written: `won` when this worker wrote the key first.
+    /// The resolver learns the outcome, and a won claim pushed with a message
+    /// ([`SetCall::claim`]) queues its announce, due at once and retried for the
+    /// retry bound at `now`: the announce's handle. `None` when nothing follows
+    /// (lost, no message), and for a stale handle, which changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::NotConfigured`] before [`configure`](Self::configure).
+    pub fn handle_claim_done(
+        &mut self,
+        id: WriteId,
+        won: bool,
+        now: f64,
+        peer_timeout: f64,
+        at: f64,
+    ) -> Result<Option<WriteId>, ConfigError> {
+        let Some(call) = self.calls.remove(&id) else {
+            return Ok(None); // a stale handle: its outcome was settled already
+        };
+        self.writes.done(id);
+        self.resolver_mut()?.on_claim(won);
+        let message = match call {
+            SetCall {
+                kind: writes::Kind::Claim,
+                announce: Some(message),
+                ..
+            } if won => message,
+            _ => return Ok(None),
+        };
+        let announce = SetCall::new(writes::Kind::Announce, PREEMPTION_NOTICE_KEY, &message, peer_timeout);
+        // The claim was the one notice write pending, and is done: the announce
+        // cannot be refused as busy.
+        Ok(self.push_write(announce, now, peer_timeout, at).ok())
+    }
+
     /// The attempt of `id` failed at `at`: when to try again, or give up (the
-    /// write is then forgotten); `None` for a stale handle. Nothing is retried
-    /// while `closing`.
+    /// write is then forgotten; a claim given up leaves this worker not leading);
+    /// `None` for a stale handle. Nothing is retried while `closing`.
     pub fn handle_write_failed(&mut self, id: WriteId, at: f64, closing: bool) -> Option<Verdict> {
         let verdict = self.writes.failed(id, at, closing)?;
         if !matches!(verdict, Verdict::Again { .. }) {
-            self.calls.remove(&id);
+            self.forget_call(id);
         }
         Some(verdict)
+    }
+
+    /// The write `id` ends without its outcome being known (its attempt raised
+    /// something that is not a coordination-service error): forgotten, and a
+    /// claim leaves this worker not leading. Its kind, `None` for a stale handle.
+    pub fn handle_write_abandoned(&mut self, id: WriteId) -> Option<writes::Kind> {
+        let kind = self.writes.done(id);
+        self.forget_call(id);
+        kind
+    }
+
+    /// Forgets the call of a write that ended unwritten: a claim is lost.
+    fn forget_call(&mut self, id: WriteId) {
+        let call = self.calls.remove(&id);
+        if call.is_some_and(|c| c.kind == writes::Kind::Claim) {
+            if let Some(resolver) = self.resolver.as_mut() {
+                resolver.on_claim(false);
+            }
+        }
     }
 
     /// The driver's writes, read-only (how many, whether a notice's is pending).

@@ -531,12 +531,12 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// `retries._write`.
+    /// `WriteQueue.push`: a claim (with its announce) or an acknowledgement.
     fn push(&mut self, w: usize, op: Op, t: f64) {
         let peer_timeout = self.row.peer_timeout;
         let call = match &op {
-            Op::Claim => SetCall::new(Kind::Claim, TERMINATED_WORKER, &w.to_string(), peer_timeout),
-            Op::Announce => SetCall::new(Kind::Announce, PREEMPTION_NOTICE_KEY, "notice", peer_timeout),
+            Op::Claim => SetCall::claim(TERMINATED_WORKER, &w.to_string(), "notice", peer_timeout),
+            Op::Announce => unreachable!("the protocol queues the announce of a won claim itself"),
             Op::Ack(ack_key) => SetCall::new(Kind::Acknowledge, ack_key, ACK_VALUE, peer_timeout),
         };
         let id = self.ws[w]
@@ -547,8 +547,9 @@ impl<'a> Sim<'a> {
         self.ws[w].due.insert(id, t);
     }
 
-    /// `retries._attempt` and what follows it (`on_done`, `on_failed`).
-    /// Returns whether the attempt succeeded.
+    /// The driver's attempt (`WriteQueue.attempt`) and its report to the
+    /// protocol (`claim_done`, `write_done`, `write_failed`), which queues what
+    /// follows. Returns whether the attempt succeeded.
     fn attempt(&mut self, w: usize, id: WriteId, t: f64, closing: bool) -> bool {
         let op = self.ws[w].ops[&id].clone();
         let end = t + self.row.call;
@@ -575,8 +576,8 @@ impl<'a> Sim<'a> {
                     seconds,
                 };
                 match op {
+                    // The protocol no longer counts on a claim it gave up.
                     Op::Claim => {
-                        ws.p.handle_claim(false).expect("configured");
                         ws.pending.get_or_insert(error);
                     }
                     Op::Ack(_) if !closing => {
@@ -594,15 +595,18 @@ impl<'a> Sim<'a> {
             Op::Announce => self.set(PREEMPTION_NOTICE_KEY, &id_str, t),
             Op::Ack(key) => self.set(key, ACK_VALUE, t),
         };
+        let peer_timeout = self.row.peer_timeout;
         let ws = &mut self.ws[w];
-        ws.p.handle_write_done(id).expect("a pending write");
         ws.ops.remove(&id);
         ws.due.remove(&id);
         if let Op::Claim = op {
-            ws.p.handle_claim(written).expect("configured");
-            if written {
-                self.push(w, Op::Announce, t);
+            // The protocol queues the announce of a won claim itself.
+            if let Some(announce) = ws.p.handle_claim_done(id, written, t, peer_timeout, t).expect("configured") {
+                ws.ops.insert(announce, Op::Announce);
+                ws.due.insert(announce, t);
             }
+        } else {
+            ws.p.handle_write_done(id).expect("a pending write");
         }
         true
     }

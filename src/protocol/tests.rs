@@ -354,3 +354,54 @@ fn a_writes_call_is_kept_until_it_is_done_given_up_or_dropped() {
     let announce_call = SetCall::new(writes::Kind::Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", peer);
     assert!(announce_call.timeout <= SHUTDOWN_WRITE_TIMEOUT);
 }
+
+/// A claim's follow-up is the protocol's: won, it queues the announce of the message it
+/// was pushed with; lost, nothing; given up, this worker does not lead.
+#[test]
+fn a_won_claim_queues_its_announce_and_a_lost_or_given_up_one_does_not() {
+    use crate::step_resolution::{PREEMPTION_NOTICE_KEY, TERMINATED_WORKER};
+    let peer = 100.0;
+    let at = 5000.0;
+    let mut p = worker_1_of_2(60.0);
+    p.handle_notice(notice(10.0, None)).unwrap();
+    let claim = p
+        .push_write(SetCall::claim(TERMINATED_WORKER, "1", "worker 1: notice", peer), 10.0, peer, at)
+        .unwrap();
+    let announce = p
+        .handle_claim_done(claim, true, 10.0, peer, at)
+        .unwrap()
+        .expect("a won claim announces");
+    assert_eq!(p.write_call(claim), None, "the claim is done");
+    let call = p.write_call(announce).expect("the announce is pending");
+    assert_eq!(
+        (call.kind, call.key.as_str(), call.value.as_str()),
+        (writes::Kind::Announce, PREEMPTION_NOTICE_KEY, "worker 1: notice")
+    );
+    assert_eq!(p.poll_write(at), Some(announce), "due at once");
+    assert!(p.leading());
+
+    let mut p = worker_1_of_2(60.0);
+    p.handle_notice(notice(10.0, None)).unwrap();
+    let claim = p
+        .push_write(SetCall::claim(TERMINATED_WORKER, "1", "m", peer), 10.0, peer, at)
+        .unwrap();
+    assert_eq!(p.handle_claim_done(claim, false, 10.0, peer, at).unwrap(), None);
+    assert!(!p.writes().busy() && !p.leading());
+
+    let mut p = worker_1_of_2(60.0);
+    p.handle_notice(notice(10.0, None)).unwrap();
+    let claim = p
+        .push_write_bounded(SetCall::claim(TERMINATED_WORKER, "1", "m", peer), 0.0, at)
+        .unwrap();
+    assert!(matches!(p.handle_write_failed(claim, at, false), Some(Verdict::GiveUp { .. })));
+    assert!(!p.writes().busy() && !p.leading());
+    assert_eq!(p.poll_write(at), None, "nothing follows a claim given up");
+
+    let mut p = worker_1_of_2(60.0);
+    p.handle_notice(notice(10.0, None)).unwrap();
+    let claim = p
+        .push_write(SetCall::claim(TERMINATED_WORKER, "1", "m", peer), 10.0, peer, at)
+        .unwrap();
+    assert_eq!(p.handle_write_abandoned(claim), Some(writes::Kind::Claim));
+    assert!(!p.writes().busy() && !p.leading());
+}

@@ -851,10 +851,26 @@ impl ProtocolCore {
     /// than the rule would (the package never passes it).
     ///
     /// The write sets `key` to `value`, bounded as its kind is (`WriteCall`).
-    #[pyo3(signature = (kind, key, value, now, peer_timeout, bound = None))]
-    fn push_write(&self, kind: WriteKind, key: &str, value: &str, now: f64, peer_timeout: f64, bound: Option<f64>) -> PyResult<u64> {
+    /// A claim may name the message its announce writes once it is won
+    /// (`announce`: `claim_done` queues it); `ValueError` for another kind.
+    #[pyo3(signature = (kind, key, value, now, peer_timeout, bound = None, announce = None))]
+    #[allow(clippy::too_many_arguments)] // the call, its clocks, and the test's override
+    fn push_write(
+        &self,
+        kind: WriteKind,
+        key: &str,
+        value: &str,
+        now: f64,
+        peer_timeout: f64,
+        bound: Option<f64>,
+        announce: Option<&str>,
+    ) -> PyResult<u64> {
         let at = clock::now_secs();
-        let call = SetCall::new(kind.into(), key, value, peer_timeout);
+        let call = match (kind, announce) {
+            (WriteKind::Claim, Some(message)) => SetCall::claim(key, value, message, peer_timeout),
+            (_, None) => SetCall::new(kind.into(), key, value, peer_timeout),
+            (_, Some(_)) => return Err(errors::bad_value("only a claim is followed by an announce")),
+        };
         let mut protocol = self.shared.state.lock();
         Ok(match bound {
             None => protocol.push_write(call, now, peer_timeout, at)?,
@@ -888,13 +904,34 @@ impl ProtocolCore {
         self.shared.state.lock().handle_write_done(id).is_some()
     }
 
+    /// The claim `id` was written (`won`: this worker wrote the key first): the
+    /// resolver learns it, and a won claim pushed with an `announce` queues that
+    /// write, retried for the core's bound at `now` (the handler's clock): its
+    /// handle, or None when nothing follows (`Protocol::handle_claim_done`).
+    fn claim_done(&self, id: u64, won: bool, now: f64, peer_timeout: f64) -> PyResult<Option<u64>> {
+        let at = clock::now_secs();
+        self.shared
+            .with_protocol(|p| p.handle_claim_done(id, won, now, peer_timeout, at).map_err(refused))
+    }
+
+    /// The attempt of `id` raised something that is not a coordination-service
+    /// error: forgotten, and a claim leaves this worker not leading. False for a
+    /// stale handle.
+    fn write_abandoned(&self, id: u64) -> bool {
+        // A claim given up changes what the next step must look at.
+        self.shared
+            .with_protocol(|p| Ok(p.handle_write_abandoned(id).is_some()))
+            .unwrap_or(false)
+    }
+
     /// The attempt of `id` failed now: when to try again (`pause`), or give
     /// up (the write is then forgotten); None for a stale handle. Nothing is
     /// retried when `closing`.
     #[pyo3(signature = (id, closing = false))]
     fn write_failed(&self, id: u64, closing: bool) -> Option<RetryVerdict> {
         let at = clock::now_secs();
-        let verdict = self.shared.state.lock().handle_write_failed(id, at, closing)?;
+        // A claim given up changes what the next step must look at.
+        let verdict = self.shared.with_protocol(|p| Ok(p.handle_write_failed(id, at, closing))).ok()??;
         Some(RetryVerdict::at(verdict, at))
     }
 

@@ -332,8 +332,10 @@ class _NoRetries:
     def __init__(self, core) -> None:
         self._core = core
 
-    def push_write(self, kind, key, value, now, peer_timeout):
-        return self._core.push_write(kind, key, value, now, peer_timeout, bound=0.0)
+    def push_write(self, kind, key, value, now, peer_timeout, announce=None):
+        return self._core.push_write(
+            kind, key, value, now, peer_timeout, bound=0.0, announce=announce
+        )
 
     def __getattr__(self, name):
         return getattr(self._core, name)

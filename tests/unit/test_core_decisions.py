@@ -223,6 +223,54 @@ def test_the_drivers_writes_through_the_protocol_core():
     assert core.write_failed(ack) is None
 
 
+def test_what_follows_a_claim_is_the_cores():
+    """A won claim queues its announce, of the message the claim was pushed with, due at
+    once; a lost one queues nothing; a claim given up or abandoned (a bug in its
+    attempt) leaves the worker not leading. Only a claim may name an announce."""
+    Kind = _native.WriteKind
+    peer_timeout = 3.0
+
+    def claimed(won):
+        core = _core(worker_id=0, num_workers=2)
+        core.notice(0.0)
+        claim = core.push_write(
+            Kind.Claim, "TERMINATED_WORKER", "0", 0.0, peer_timeout, announce="worker 0: m"
+        )
+        return core, core.claim_done(claim, won, 0.0, peer_timeout)
+
+    core, announce = claimed(True)
+    call = core.poll_write()
+    assert call.id == announce and core.writes_busy
+    assert (call.kind, call.key, call.value) == (
+        Kind.Announce,
+        "TF_DEFAULT_PREEMPTION_NOTICE_KEY",
+        "worker 0: m",
+    )
+    assert core.state()["leading"]
+    core, announce = claimed(False)
+    assert announce is None and core.poll_write() is None and not core.state()["leading"]
+
+    for end in ("give up", "abandon"):
+        core = _core(worker_id=0, num_workers=2)
+        core.notice(0.0)
+        bound = 0.0 if end == "give up" else None
+        claim = core.push_write(
+            Kind.Claim, "TERMINATED_WORKER", "0", 0.0, peer_timeout, bound, announce="m"
+        )
+        if end == "give up":
+            assert isinstance(core.write_failed(claim), _native.RetryVerdict.GiveUp)
+        else:
+            assert core.write_abandoned(claim)
+        assert core.poll_write() is None and not core.writes_busy, end
+        assert not core.state()["leading"], end
+        assert core.claim_done(claim, True, 0.0, peer_timeout) is None, "a stale handle"
+
+    with pytest.raises(ValueError, match="only a claim"):
+        _core(worker_id=0, num_workers=2).push_write(
+            Kind.Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0", "1", 0.0, 3.0, announce="m"
+        )
+
+
 # ------------------------------------------------------------------ platforms
 
 

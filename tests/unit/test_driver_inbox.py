@@ -223,8 +223,10 @@ class _LongRetries:
     def __init__(self, core, bound: float) -> None:
         self._core, self._bound = core, bound
 
-    def push_write(self, kind, key, value, now, peer_timeout):
-        return self._core.push_write(kind, key, value, now, peer_timeout, bound=self._bound)
+    def push_write(self, kind, key, value, now, peer_timeout, announce=None):
+        return self._core.push_write(
+            kind, key, value, now, peer_timeout, bound=self._bound, announce=announce
+        )
 
     def __getattr__(self, name):
         return getattr(self._core, name)

@@ -28,7 +28,7 @@ from .._platforms import notice_sources as _sources
 from .context import Context
 from .keys import THREAD_JOIN_TIMEOUT
 from .notices import NoticeResponse
-from .retries import Write, WriteQueue
+from .retries import Attempt, Write, WriteQueue
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -137,20 +137,34 @@ class Driver:
                 self._attempt_and_follow(write)
 
     def _attempt_and_follow(self, write: Write) -> None:
-        """One attempt of ``write``; once it is finished, the write that follows it (the
-        announce after a won claim) is queued by ``on_done``, and a notice whose last write
-        finished is counted as handled."""
+        """One attempt of ``write``; once it is finished, what it came to is reported
+        (:meth:`_report`), and a notice whose last write finished is counted as handled
+        (a won claim's is its announce, which the core queued after it)."""
         try:
-            finished, after = self._writes.attempt(write)
+            attempt = self._writes.attempt(write)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()
-            self._writes.forget(write)
+            self._writes.abandon(write)
             self._errors.fail_in_background(write.what, e)
-            finished, after = True, None
-        if not finished:
+            attempt = Attempt(True)
+        if not attempt.finished:
             return
         self._writes.discard(write)
-        if write.kind != WriteKind.Acknowledge and after is None:
+        self._report(write, attempt)
+        if write.kind != WriteKind.Acknowledge and attempt.then is None:
             self.notices_handled += 1
+
+    def _report(self, write: Write, attempt: Attempt) -> None:
+        """What a finished write came to, by its kind: a claim's outcome and an announce's
+        local publish (``notices``); an acknowledgement's line, or its error for the next
+        ``run()``."""
+        if write.kind == WriteKind.Claim:
+            self._notices.claimed(write, attempt)
+        elif write.kind == WriteKind.Announce:
+            self._notices.announced(write, attempt.error)
+        elif attempt.error is None:
+            log.info("%s received; acknowledged with %s.", write.subject, write.key)
+        else:
+            self._errors.fail_in_background("watching the peers' step keys", attempt.error)
 
     def _finish(self, item: Any, notices: deque) -> None:
         """The stop of ``close()``: what arrived with it is dealt with, nothing waits.
@@ -178,7 +192,7 @@ class Driver:
         for handle in last_attempts:
             write = self._writes.pop(handle)
             try:
-                self._writes.attempt(write)
+                self._report(write, self._writes.attempt(write))
             except BaseException as e:  # noqa: BLE001 - closing: logged there
                 self._errors.fail_in_background(write.what, e)
             if write.kind != WriteKind.Acknowledge:

@@ -10,14 +10,15 @@ A notice that a newer handler of the same worker owns is **handed on** to it
 (``ownership``).
 
 The claim and the announce are writes of the driver (``retries.Write``, queued in the
-core's ``Writes``): a failed one is retried within the bound between the driver's other
-inputs.
+core's ``Protocol``): a failed one is retried within the bound between the driver's other
+inputs, and the core queues the announce of a won claim itself; the driver reports each
+finished one here (:meth:`NoticeResponse.claimed`, :meth:`NoticeResponse.announced`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 from .._native import NoticeAction, WriteKind, unix_now
 from .._platforms import in_process
@@ -26,7 +27,7 @@ from .context import Context
 from .keys import PREEMPTION_NOTICE_KEY
 from .ownership import Ownership
 from .ps_steps import PsSteps
-from .retries import Write, WriteQueue
+from .retries import Attempt, Write, WriteQueue
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -157,69 +158,69 @@ class NoticeResponse:
         return fit
 
     def _claim(self, key: str, value: str, source: str) -> Write:
-        """Writes ``TERMINATED_WORKER``; the resolver learns whether this worker got it first.
+        """Writes ``TERMINATED_WORKER``; the resolver learns whether this worker got it
+        first, and the core queues the announce of a won claim (:meth:`claimed`).
 
         A failure of the coordination service is retried within the bound (TF drops
         the notice at the first failure); after it, the ``UnavailableError`` reaches
         the next ``run()``.
         """
-
-        def claimed(won: bool) -> Optional[Write]:
-            self._core.claim(won)
-            if won:
-                # Where training was when the claim was won: the leader's first check
-                # from now on publishes (TF's message, then the run count and whether a
-                # run() was under way, its check made; tools read when the step could be
-                # agreed from it).
-                runs, in_run = self._core.run_counter, self._core.running_thread != 0
-                log.info(
-                    "Member %s has received termination notice (%s); claimed at run count %d%s.",
-                    value,
-                    source,
-                    runs,
-                    CLAIMED_IN_RUN if in_run else "",
-                )
-                return self._announce(source)
-            log.info(
-                "Member %s has received termination notice (%s), but another worker "
-                "received one first; it decides when to checkpoint.",
-                value,
-                source,
-            )
-            return None
-
-        def failed(error: BaseException) -> None:
-            self._core.claim(False)
-            self._errors.fail_in_background(f"handling the notice from {source}", error)
-
+        message = in_process.notice_message(self._state.membership.id_in_cluster, source)
         return self._writes.push(
             f"claiming {key} after the notice from {source}",
             WriteKind.Claim,
+            source,
             key,
             value,
-            claimed,
-            failed,
+            announce=message,
         )
 
+    def claimed(self, claim: Write, attempt: Attempt) -> None:
+        """The claim's write finished: won (the core queued the announce, ``attempt.then``),
+        lost, or failed (the core no longer counts on it; the error reaches the next
+        ``run()``)."""
+        source, member = claim.subject, claim.value
+        if attempt.error is not None:
+            self._errors.fail_in_background(f"handling the notice from {source}", attempt.error)
+            return
+        if attempt.result:
+            # Where training was when the claim was won: the leader's first check from
+            # now on publishes (TF's message, then the run count and whether a run()
+            # was under way, its check made; tools read when the step could be agreed
+            # from it).
+            runs, in_run = self._core.run_counter, self._core.running_thread != 0
+            log.info(
+                "Member %s has received termination notice (%s); claimed at run count %d%s.",
+                member,
+                source,
+                runs,
+                CLAIMED_IN_RUN if in_run else "",
+            )
+            return
+        log.info(
+            "Member %s has received termination notice (%s), but another worker "
+            "received one first; it decides when to checkpoint.",
+            member,
+            source,
+        )
+
+    def announced(self, announce: Write, error: Optional[BaseException]) -> None:
+        """The announce's write finished (or gave up: for ``PreemptionWatcher`` objects
+        only, the protocol goes on): this process's watchers get the message now. A
+        script that closes and exits when its own watcher reports must not take the
+        coordination service down before peers could read it."""
+        if error is not None:
+            log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
+        in_process.publish_local(announce.value)
+
     def _announce(self, source: str) -> Optional[Write]:
-        """Tells PreemptionWatchers: in this process, and through the coordination service
-        (the write it starts; the protocol does not wait on it beyond the bound)."""
+        """Tells PreemptionWatchers of the notice this worker leads without a claim
+        (local mode: in this process only; otherwise also through the coordination
+        service, the write it starts)."""
         message = in_process.notice_message(self._state.membership.id_in_cluster, source)
         if self._state.membership.local:
             in_process.publish_local(message)
             return None
-
-        # This process's watchers get the message once the cluster has it (or the
-        # write gave up): a script that closes and exits when its own watcher reports
-        # must not take the coordination service down before peers could read it.
-        def published(_: Any) -> None:
-            in_process.publish_local(message)
-
-        def failed(error: BaseException) -> None:
-            # For PreemptionWatchers only; the protocol goes on.
-            log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
-            in_process.publish_local(message)
-
         # Finished at close (peers learn of the notice only from it); its call is no
         # longer than the protocol's writes, as the core bounds an announce: an
         # acknowledgement may be waiting behind it ("Why the driver acknowledges" in
@@ -227,8 +228,7 @@ class NoticeResponse:
         return self._writes.push(
             f"publishing {PREEMPTION_NOTICE_KEY}",
             WriteKind.Announce,
+            source,
             PREEMPTION_NOTICE_KEY,
             message,
-            published,
-            failed,
         )

@@ -45,26 +45,41 @@ log = logging.getLogger("tf_failure_handling")
 
 
 class Write:
-    """One coordination-service write of the driver: what it is for, and what follows it.
+    """One coordination-service write of the driver, as the driver's log names it.
 
-    What it sets, when and how often it is attempted are the core's (``Protocol``'s
-    writes, ``src/protocol.rs``; ``WriteCall``): ``id`` is its handle there.
-    ``on_done(result)`` and ``on_failed(error)`` return the write that follows (the
-    announce after a won claim), or None.
+    What it sets, when and how often it is attempted, and what follows it (the announce
+    after a won claim) are the core's (``Protocol``'s writes, ``src/protocol.rs``;
+    ``WriteCall``): ``id`` is its handle there. ``subject`` is what it is about, for
+    the log: the notice's source (a claim, an announce), or the step key read
+    (``key=value``, an acknowledgement); ``key`` and ``value`` are what it sets.
     """
+
+    def __init__(self, what: str, kind: WriteKind, subject: str, key: str, value: str) -> None:
+        self.what = what
+        self.kind = kind
+        self.subject = subject
+        self.key = key
+        self.value = value
+        self.id: int = -1
+
+
+class Attempt:
+    """What one attempt of a write came to: ``finished`` (False: the core retries it
+    later); ``result``, the call's (a claim: True when this worker wrote the key
+    first); ``error``, the named error once the rule gave up, or a bug's; ``then``, the
+    write the core queued after it (the announce of a won claim)."""
 
     def __init__(
         self,
-        what: str,
-        kind: WriteKind,
-        on_done: Callable[[Any], Optional[Write]],
-        on_failed: Callable[[BaseException], Optional[Write]],
+        finished: bool,
+        result: Any = None,
+        error: Optional[BaseException] = None,
+        then: Optional[Write] = None,
     ) -> None:
-        self.what = what
-        self.kind = kind
-        self.on_done = on_done
-        self.on_failed = on_failed
-        self.id: int = -1
+        self.finished = finished
+        self.result = result
+        self.error = error
+        self.then = then
 
 
 class Retrier:
@@ -161,16 +176,17 @@ class WriteQueue:
         self,
         what: str,
         kind: WriteKind,
+        subject: str,
         key: str,
         value: str,
-        on_done: Callable[[Any], Optional[Write]],
-        on_failed: Callable[[BaseException], Optional[Write]],
+        announce: Optional[str] = None,
     ) -> Write:
         """A write of ``key`` = ``value`` queued in the core, due at once, retried for the
-        core's bound, its call bounded as the core says for its ``kind``."""
-        write = Write(what, kind, on_done, on_failed)
+        core's bound, its call bounded as the core says for its ``kind``. A claim names
+        the message its announce writes once it is won (``announce``)."""
+        write = Write(what, kind, subject, key, value)
         write.id = self._core.push_write(
-            kind, key, value, self._state.clock(), self._state.peer_timeout
+            kind, key, value, self._state.clock(), self._state.peer_timeout, announce=announce
         )
         self._pending[write.id] = write
         return write
@@ -189,9 +205,10 @@ class WriteQueue:
         call = self._core.poll_write()
         return None if call is None else self._pending[call.id]
 
-    def forget(self, write: Write) -> None:
-        """``write`` raised something the driver hands on: the core forgets it."""
-        self._core.write_done(write.id)
+    def abandon(self, write: Write) -> None:
+        """``write``'s attempt raised something the driver hands on: the core forgets it
+        (a claim: this worker does not lead)."""
+        self._core.write_abandoned(write.id)
 
     def close(self) -> tuple:
         """The handler closes: ``(last attempts, dropped claim or None)``, as handles."""
@@ -203,29 +220,44 @@ class WriteQueue:
     def discard(self, write: Write) -> None:
         self._pending.pop(write.id, None)
 
-    def attempt(self, write: Write) -> tuple:
-        """One attempt of ``write``: ``(finished, next write)``.
+    def attempt(self, write: Write) -> Attempt:
+        """One attempt of ``write``, reported to the core.
 
         A coordination-service error (any ``OpError``) goes to the core, which makes
-        the write due again when the rule says; once it gives up, ``write.on_failed``
-        gets the named error. Anything else is a bug and goes to ``on_failed`` at once.
+        the write due again when the rule says; once it gives up, the attempt carries
+        the named error. Anything else is a bug: the write ends with it at once. A claim's
+        result goes to the core (``claim_done``), which queues the announce of a won
+        one: the attempt's ``then``.
         """
         core = self._core
         call = core.write_call(write.id)
         if call is None:  # not pending (a stale handle): nothing to attempt
-            return True, None
+            return Attempt(True)
         try:
             result = self._state.coordination.set(call.key, call.value, call.timeout)
         except _errors.module().OpError as e:
             verdict = core.write_failed(write.id, closing=self._state.closing.is_set())
             if verdict is None:  # not pending (a stale handle): nothing to retry
-                return True, None
+                return Attempt(True)
             pause = self._retrier.after(verdict, core.write_attempts(write.id), write.what, e)
             if isinstance(pause, BaseException):
-                return True, write.on_failed(pause)
-            return False, None
+                return Attempt(True, error=pause)
+            return Attempt(False)
         except Exception as e:  # noqa: BLE001 - a bug: handed on at once
+            core.write_abandoned(write.id)
+            return Attempt(True, error=e)
+        if write.kind != WriteKind.Claim:
             core.write_done(write.id)
-            return True, write.on_failed(e)
-        core.write_done(write.id)
-        return True, write.on_done(result)
+            return Attempt(True, result)
+        then = core.claim_done(write.id, result, self._state.clock(), self._state.peer_timeout)
+        return Attempt(True, result, then=None if then is None else self._follow(then, write))
+
+    def _follow(self, handle: int, claim: Write) -> Write:
+        """The announce the core queued after ``claim`` was won (handle ``handle``)."""
+        call = self._core.write_call(handle)
+        write = Write(
+            f"publishing {call.key}", WriteKind.Announce, claim.subject, call.key, call.value
+        )
+        write.id = handle
+        self._pending[handle] = write
+        return write

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Optional
+from typing import Optional
 
 from .. import _errors
 from .._native import ACK_VALUE, KeyAction, WriteKind
@@ -70,20 +70,12 @@ class StepKeys:
             # A newer handler of this worker acknowledges now.
             return None
         ack_key = action.ack_key
-
-        def acknowledged(_: Any) -> None:
-            log.info("%s=%s received; acknowledged with %s.", round_key, value, ack_key)
-
-        def failed(error: BaseException) -> None:
-            self._errors.fail_in_background("watching the peers' step keys", error)
-
         return self._writes.push(
             f"acknowledging {round_key}={value} with {ack_key}",
             WriteKind.Acknowledge,
+            f"{round_key}={value}",
             ack_key,
             ACK_VALUE,
-            acknowledged,
-            failed,
         )
 
     def _watch(self) -> None:
