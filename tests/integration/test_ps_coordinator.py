@@ -145,22 +145,23 @@ def test_basic_schedule_join_fetch(ps_cluster):
 
 
 # --------------------------------------------------------------------------- 2
-# Backstop above its own bounds in sequence: the probe (setup), the progress, the kill
-# (10 s), the two waves alone, the downtime, the serving, the done event and the exit
-# (+ 60 s).
-@pytest.mark.timeout(
-    OURS_PROBE_BOUND
-    + PROGRESS_BOUND
+#: One run of the kill scenario, its own bounds in sequence: the progress, the kill
+#: (10 s), the two waves alone, the downtime, the serving, the done event and the exit.
+KILL_RUN_BOUND = (
+    PROGRESS_BOUND
     + 10
     + 2 * ALONE_BOUND
     + DOWNTIME
     + SERVING_BOUND
     + KILLED_DONE_BOUND
     + DONE_EXIT_BOUND
-    + 60
 )
-def test_worker_killed_and_restarted(ps_cluster):
-    cluster = ps_cluster("kill").start(
+
+
+def kill_and_restart(cluster: PsCluster) -> tuple:
+    """Worker 1 killed once the coordinator has run ``KILL_AFTER`` closures, restarted
+    once worker 0 has gone on alone; ``(events, killed_at, restarted_at)``."""
+    cluster.start(
         "kill",
         "--closures",
         KILL_CLOSURES,
@@ -195,8 +196,35 @@ def test_worker_killed_and_restarted(ps_cluster):
     cluster.wait_serving("worker", 1, SERVING_BOUND)
     restarted_at = time.time()
     (cluster.workdir / "restarted").touch()
+    return cluster.wait_done(KILLED_DONE_BOUND), killed_at, restarted_at
 
-    events = cluster.wait_done(KILLED_DONE_BOUND)
+
+# Backstop above TF_REFERENCE_ATTEMPTS runs of the scenario (run_to_done's rule for TF's
+# own coordinator, here over the whole kill and restart) and above ours' single run
+# after its probe; + 60 s for the kills between the runs.
+@pytest.mark.timeout(
+    max(TF_REFERENCE_ATTEMPTS * KILL_RUN_BOUND, OURS_PROBE_BOUND + KILL_RUN_BOUND) + 60
+)
+def test_worker_killed_and_restarted(ps_cluster):
+    # TF's own coordinator died by SIGSEGV in a fresh-clone make test at 2157a32, in a
+    # worker thread's copy of a closure's output (values.copy_tensor), before its first
+    # progress event, with nothing of tf_failure_handling imported: the crash
+    # run_to_done describes. As there, a run of the reference that died by a signal
+    # runs again on a new cluster, at most TF_REFERENCE_ATTEMPTS runs; ours runs once.
+    for attempt in itertools.count(1):
+        cluster = ps_cluster("kill" if attempt == 1 else f"kill.{attempt}")
+        try:
+            events, killed_at, restarted_at = kill_and_restart(cluster)
+            break
+        except AssertionError as e:
+            code = cluster.coordinator.popen.poll()
+            tf_crashed = cluster.impl == "tf" and code is not None and code < 0
+            if not tf_crashed or attempt == TF_REFERENCE_ATTEMPTS:
+                if attempt > 1:
+                    raise AssertionError(f"run {attempt} of {TF_REFERENCE_ATTEMPTS}: {e}") from None
+                raise
+            print(f"TF's coordinator died by signal {-code} in run {attempt}:\n{e}")
+            cluster.kill()
     gave_up = [e for e in events if e["event"] == "gave_up"]
     after = cluster.summary("after_restart")
     assert not gave_up, (
