@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any, Callable
 
 import pytest
 
@@ -73,14 +74,16 @@ def ps_cluster(tmp_path, impl):
         cluster.kill()
 
 
-def run_to_done(make, name: str, scenario: str, *args, timeout: float) -> PsCluster:
-    """Run ``scenario`` on a fresh cluster until the coordinator prints ``done`` and exits 0.
+def rerun_reference(make, name: str, run: Callable[[PsCluster], Any]) -> tuple:
+    """``run(cluster)`` on a fresh cluster; ``(cluster, what run returned)``.
 
     TF's own coordinator, the reference these expectations are checked against, can
     die by a signal on its own: on CI its ``error`` scenario once ended with
     ``SystemError: TFE_Py_FastPathExecute returned NULL without setting an exception``
     twice in worker 0's thread (the outputs' ``identity`` copy), then SIGSEGV in the
-    main thread's ``schedule()`` (TF's metric gauge), with nothing of
+    main thread's ``schedule()`` (TF's metric gauge), and in a fresh-clone make test at
+    2157a32 the kill scenario's coordinator died by SIGSEGV in a worker thread's copy
+    of a closure's output (``values.copy_tensor``), each with nothing of
     tf_failure_handling imported. A run that crashed says nothing about what TF
     returns or raises, so for ``impl=tf`` only, a coordinator killed by a signal runs
     the scenario again on a new cluster, at most ``TF_REFERENCE_ATTEMPTS`` runs in
@@ -88,10 +91,9 @@ def run_to_done(make, name: str, scenario: str, *args, timeout: float) -> PsClus
     fails the test.
     """
     for attempt in itertools.count(1):
-        cluster = make(name if attempt == 1 else f"{name}.{attempt}").start(scenario, *args)
+        cluster = make(name if attempt == 1 else f"{name}.{attempt}")
         try:
-            cluster.wait_done(timeout)
-            return cluster
+            return cluster, run(cluster)
         except AssertionError as e:
             code = cluster.coordinator.popen.poll()
             tf_crashed = cluster.impl == "tf" and code is not None and code < 0
@@ -102,6 +104,12 @@ def run_to_done(make, name: str, scenario: str, *args, timeout: float) -> PsClus
             # Shown with -rA (and with a later failure): the crash that was run again.
             print(f"TF's coordinator died by signal {-code} in run {attempt}:\n{e}")
             cluster.kill()
+
+
+def run_to_done(make, name: str, scenario: str, *args, timeout: float) -> PsCluster:
+    """Run ``scenario`` until the coordinator prints ``done`` and exits 0, TF's
+    coordinator again after a crash of its own (:func:`rerun_reference`)."""
+    return rerun_reference(make, name, lambda c: c.start(scenario, *args).wait_done(timeout))[0]
 
 
 def check_no_errors(cluster: PsCluster, summary: dict) -> None:
@@ -206,25 +214,11 @@ def kill_and_restart(cluster: PsCluster) -> tuple:
     max(TF_REFERENCE_ATTEMPTS * KILL_RUN_BOUND, OURS_PROBE_BOUND + KILL_RUN_BOUND) + 60
 )
 def test_worker_killed_and_restarted(ps_cluster):
-    # TF's own coordinator died by SIGSEGV in a fresh-clone make test at 2157a32, in a
-    # worker thread's copy of a closure's output (values.copy_tensor), before its first
-    # progress event, with nothing of tf_failure_handling imported: the crash
-    # run_to_done describes. As there, a run of the reference that died by a signal
-    # runs again on a new cluster, at most TF_REFERENCE_ATTEMPTS runs; ours runs once.
-    for attempt in itertools.count(1):
-        cluster = ps_cluster("kill" if attempt == 1 else f"kill.{attempt}")
-        try:
-            events, killed_at, restarted_at = kill_and_restart(cluster)
-            break
-        except AssertionError as e:
-            code = cluster.coordinator.popen.poll()
-            tf_crashed = cluster.impl == "tf" and code is not None and code < 0
-            if not tf_crashed or attempt == TF_REFERENCE_ATTEMPTS:
-                if attempt > 1:
-                    raise AssertionError(f"run {attempt} of {TF_REFERENCE_ATTEMPTS}: {e}") from None
-                raise
-            print(f"TF's coordinator died by signal {-code} in run {attempt}:\n{e}")
-            cluster.kill()
+    # TF's coordinator runs again after a crash of its own (rerun_reference), here
+    # over the whole kill and restart; ours runs once.
+    cluster, (events, killed_at, restarted_at) = rerun_reference(
+        ps_cluster, "kill", kill_and_restart
+    )
     gave_up = [e for e in events if e["event"] == "gave_up"]
     after = cluster.summary("after_restart")
     assert not gave_up, (
