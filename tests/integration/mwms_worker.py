@@ -264,6 +264,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the first save prints a save_begun event, then waits (bounded) for this file "
         "to exist: a test sends a notice while the handler is in its save",
     )
+    p.add_argument(
+        "--fault",
+        default=None,
+        help="a fault of a shares save, injected into TensorFlow (shares_faults.py)",
+    )
     return p.parse_args(argv)
 
 
@@ -526,6 +531,9 @@ def main(argv=None) -> int:
 
     handler_cls, config_cls = handler_classes(args.impl)
     instrument_checkpoint_manager_saves(args.hold_first_save, args.peak_per_save)
+    if args.fault:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        importlib.import_module("shares_faults").install(args.fault, emit)
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer, distributed_step = build_training(strategy)

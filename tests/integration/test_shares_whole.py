@@ -186,3 +186,136 @@ def test_a_stale_part_and_a_folder_no_longer_shared_fail_the_save(cluster_factor
     assert error["type"] == "NotFoundError" and "every worker sees" in error["message"], error
     exits = [r for r in _exit_records(tmp_path) if r.get("code") == UNMERGED_EXIT_CODE]
     assert exits and "not merged" in exits[0].get("reason", ""), (exits, details)
+
+
+def _task_records(ckpt_dir, task: int, pid: int) -> list[dict]:
+    """The record lines worker ``task``'s process ``pid`` wrote (the default records
+    folder, ``<checkpoint_dir>/preemption_records/worker-<task>.jsonl``)."""
+    path = ckpt_dir / "preemption_records" / f"worker-{task}.jsonl"
+    if not path.exists():
+        return []
+    lines = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("pid") == pid:
+            lines.append(record)
+    return lines
+
+
+def _notify_once_resumed(cluster) -> None:
+    """SIGTERM to worker 1 once both workers were built and trained 10 steps on."""
+    cluster.wait_until(
+        lambda: all(cluster.events(i, "start") for i in range(2)),
+        STARTUP_BOUND,
+        "both handlers to be built",
+    )
+    restored = cluster.events(0, "start")[0]["restored"]
+    notify_after_progress(cluster, (1,), min_step=restored + 10)
+
+
+@pytest.mark.timeout(HANG_BOUND + 240)
+def test_a_chief_killed_before_the_state_file_names_the_merge_leaves_no_restart_code(
+    cluster_factory,
+):
+    """A good save (ckpt-K) first. Then the chief ends (``os._exit``, from user-level
+    code: ``shares_faults``) in TensorFlow's ``_record_state``, after the merge wrote
+    ckpt-(K+1)'s files and before the ``checkpoint`` state file names it. Success: the
+    non-chief exits with UNMERGED_EXIT_CODE, not the restart code, its records' ``exit``
+    line says why and it wrote no ``save_end``; ``checkpoint`` still names ckpt-K, which
+    a restart resumes from. On main (97acf12) the chief reported the merge before the
+    state file: the non-chief wrote ``save_end`` and exited 42 for a checkpoint the
+    restart never sees."""
+    require_impl("ours")
+    from .shares_faults import EXIT_AT_RECORD_STATE
+
+    first = cluster_factory(
+        name="first", impl="ours", steps=STEPS, step_sleep=STEP_SLEEP, env=SHARES
+    )
+    first.start()
+    notify_after_progress(first, (1,))
+    check_preemption_exit(first, DEFAULT_EXIT_CODE)
+    last, name = _next_name(first.ckpt_dir)
+
+    second = cluster_factory(
+        name="second",
+        impl="ours",
+        steps=STEPS * 4,
+        step_sleep=STEP_SLEEP,
+        env=SHARES,
+        worker_args={0: ["--fault", "exit-at-record-state"]},
+    )
+    second.start()
+    _notify_once_resumed(second)
+    codes = second.wait(what="the workers to exit after the chief's end")
+    details = "\n".join(second.describe(i) for i in range(2))
+
+    import tensorflow as tf
+
+    assert second.events(0, "fault"), f"the fault did not fire\n{details}"
+    assert codes == [EXIT_AT_RECORD_STATE, UNMERGED_EXIT_CODE], f"exit codes {codes}\n{details}"
+    latest = tf.train.latest_checkpoint(str(second.ckpt_dir))
+    assert latest is not None and os.path.basename(latest) == last, (latest, details)
+    pid = second.events(1, "start")[0]["pid"]
+    lines = _task_records(second.ckpt_dir, 1, pid)
+    stages = [r["stage"] for r in lines]
+    assert "save_end" not in stages, (lines, details)
+    exits = [r for r in lines if r["stage"] == "exit"]
+    assert [r["code"] for r in exits] == [UNMERGED_EXIT_CODE], (lines, details)
+    assert "not merged" in exits[0].get("reason", "") and name in exits[0]["reason"], exits
+
+    # The restart resumes from ckpt-K, the checkpoint the state file names.
+    third = cluster_factory(
+        name="third", impl="ours", steps=STEPS * 4, step_sleep=STEP_SLEEP, env=SHARES
+    )
+    third.start()
+    third.wait_until(
+        lambda: all(third.events(i, "start") for i in range(2)),
+        STARTUP_BOUND,
+        "both restarted handlers to be built",
+    )
+    reader = tf.train.load_checkpoint(latest)
+    runs = int(reader.get_tensor("checkpointed_runs/.ATTRIBUTES/VARIABLE_VALUE"))
+    assert [third.events(i, "start")[0]["restored"] for i in range(2)] == [runs, runs]
+    third.kill()
+
+
+@pytest.mark.timeout(HANG_BOUND + 120)
+def test_a_failed_merge_removes_its_parts_and_both_workers_record_why(cluster_factory):
+    """The non-chief's part is cut short (its index halved, from user-level code in the
+    chief: ``shares_faults``) after the chief checked it and before the merge:
+    ``MergeV2Checkpoints`` fails with ``DataLossError``. Success: nothing of the save is
+    left (no ``<name>_temp_<token>/`` parts folder, no ``<name>.index``), no checkpoint is
+    named, and each worker exits with UNMERGED_EXIT_CODE, its records holding the
+    merge's error and an ``exit`` line with the reason. On main (97acf12) the parts
+    folder stayed, the chief raised and exited 1 with no ``exit`` line."""
+    require_impl("ours")
+    cluster = cluster_factory(
+        name="truncated",
+        impl="ours",
+        steps=STEPS * 4,
+        step_sleep=STEP_SLEEP,
+        env=SHARES,
+        worker_args={0: ["--fault", "truncate-part-at-merge"]},
+    )
+    cluster.start()
+    _notify_once_resumed(cluster)
+    codes = cluster.wait(what="the workers to exit after the failed merge")
+    details = "\n".join(cluster.describe(i) for i in range(2))
+
+    import tensorflow as tf
+
+    assert cluster.events(0, "fault"), f"the fault did not fire\n{details}"
+    assert codes == [UNMERGED_EXIT_CODE] * 2, f"exit codes {codes}\n{details}"
+    left = sorted(p.name for p in cluster.ckpt_dir.iterdir() if p.name != "preemption_records")
+    assert left == [], f"the failed save left {left}\n{details}"
+    assert tf.train.latest_checkpoint(str(cluster.ckpt_dir)) is None
+    for task in range(2):
+        pid = cluster.events(task, "start")[0]["pid"]
+        lines = _task_records(cluster.ckpt_dir, task, pid)
+        exits = [r for r in lines if r["stage"] == "exit"]
+        assert [r["code"] for r in exits] == [UNMERGED_EXIT_CODE], (task, lines, details)
+        assert "not an sstable" in exits[0].get("reason", ""), (task, exits)
+        assert "save_end" not in [r["stage"] for r in lines], (task, lines)
