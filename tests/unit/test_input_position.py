@@ -309,3 +309,186 @@ def test_a_save_after_a_resume_keeps_the_length_of_the_iterator_before():
         assert made.snapshot()["previous"] == 8, "an iterator made is not the one before itself"
     finally:
         made.close()
+
+
+# ------------------------------------------------------------ inputs at their edges (issue 60)
+
+
+def two_sources():
+    return [tf.data.Dataset.range(0, 16), tf.data.Dataset.range(100, 116)]
+
+
+def interrupted_and_restarted(make, epochs_done: int, batches: int) -> tuple:
+    """The interrupted run's next batch, and the restart's first (two dataset objects,
+    as two processes: see the module's docstring). Each epoch runs its iterator to the
+    end (the length may be unknown: a choice among datasets)."""
+    dataset, runs = make(), Runs()
+    made = tracker(dataset, runs)
+    try:
+        for _ in range(epochs_done):
+            for _ in dataset:
+                runs.value += 1
+        it = iter(dataset)
+        for _ in range(batches):
+            next(it)
+            runs.value += 1
+        snapshot, following = made.snapshot(), ids(next(it))
+    finally:
+        made.close()
+    restart = make()
+    made = tracker(restart, Runs())
+    try:
+        assert made.why_not is None, made.why_not
+        made.resume(input_position.parse(snapshot))
+        return following, ids(next(iter(restart)))
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tf.data.Dataset.range(32).shuffle(32, seed=5).cache().batch(4),
+        lambda: tf.data.Dataset.range(32).shuffle(32, seed=5).cache().repeat(2).batch(4),
+        lambda: (
+            tf.data.Dataset.random(seed=3, rerandomize_each_iteration=True)
+            .take(32)
+            .cache()
+            .batch(4)
+        ),
+    ],
+    ids=["shuffle-cache", "shuffle-cache-repeat", "rerandomized-random-cache"],
+)
+def test_a_cache_in_memory_after_a_reshuffle_cannot_be_positioned(make):
+    """Every epoch repeats the first one's order (the cache's); a restart makes its
+    earlier iterators unpulled (no cache filled) and so reads another order."""
+    why = tf_input.why_not_positionable(make())
+    assert why is not None and "cache()" in why and "before shuffle()" in why
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tf.data.Dataset.range(32).cache().shuffle(32, seed=5).batch(4),
+        lambda: (
+            tf.data.Dataset.range(32)
+            .shuffle(32, seed=5, reshuffle_each_iteration=False)
+            .cache()
+            .batch(4)
+        ),
+    ],
+    ids=["cache-shuffle", "shuffle-once-cache"],
+)
+def test_a_cache_before_the_shuffle_or_of_one_order_stays_positioned_and_exact(make):
+    following, first = interrupted_and_restarted(make, epochs_done=1, batches=3)
+    assert first == following
+
+
+def test_a_shuffle_then_cache_restart_without_the_warning_would_be_wrong():
+    """What the warning is for: replayed as other inputs are, the restart's batch is not
+    the interrupted run's next one (so it is not positioned, and says why)."""
+    make = lambda: tf.data.Dataset.range(32).shuffle(32, seed=5).cache().batch(4)  # noqa: E731
+    snapshot, following = interrupted(make(), Runs(), 1, 3)
+    assert snapshot["positioned"] is False
+    restart = make()
+    tf_input.advance(restart, 1)
+    assert ids(next(iter(restart.skip(3)))) != following
+
+
+@pytest.mark.parametrize(
+    "make,why",
+    [
+        (lambda: tf.data.Dataset.sample_from_datasets(two_sources()), "at random with no seed"),
+        (
+            lambda: tf.data.Dataset.sample_from_datasets(two_sources(), weights=[0.3, 0.7]),
+            "at random with no seed",
+        ),
+        (
+            lambda: tf.data.Dataset.choose_from_datasets(
+                two_sources(), tf.data.Dataset.random().map(lambda x: x % 2)
+            ),
+            "at random with no seed",
+        ),
+        (
+            lambda: tf.data.Dataset.choose_from_datasets(
+                two_sources(),
+                tf.data.Dataset.range(32).map(
+                    lambda _: tf.random.uniform([], 0, 2, dtype=tf.int64)
+                ),
+            ),
+            "at random with no seed",
+        ),
+        (
+            lambda: tf.data.Dataset.choose_from_datasets(
+                two_sources(), tf.data.Dataset.range(2).repeat(16).shuffle(32)
+            ),
+            "shuffles with no seed",
+        ),
+    ],
+    ids=["sample", "sample-weights", "choose-random", "choose-uniform", "choose-shuffle"],
+)
+def test_an_unseeded_choice_among_datasets_cannot_be_positioned(make, why):
+    found = tf_input.why_not_positionable(make().batch(4))
+    assert found is not None and why in found
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tf.data.Dataset.sample_from_datasets(two_sources(), seed=1).batch(4),
+        lambda: tf.data.Dataset.sample_from_datasets(
+            [d.shuffle(16, seed=2) for d in two_sources()],
+            weights=[0.3, 0.7],
+            seed=1,
+            rerandomize_each_iteration=True,
+        ).batch(4),
+        lambda: tf.data.Dataset.choose_from_datasets(
+            two_sources(), tf.data.Dataset.random(seed=4).map(lambda x: x % 2)
+        ).batch(4),
+    ],
+    ids=["sample-seed", "sample-seed-rerandomized", "choose-random-seed"],
+)
+def test_a_seeded_choice_among_datasets_stays_positioned_and_exact(make):
+    for epochs_done, batches in [(0, 2), (1, 3), (2, 1)]:
+        following, first = interrupted_and_restarted(make, epochs_done, batches)
+        assert first == following, (epochs_done, batches)
+
+
+@pytest.fixture
+def handler(make_handler, tmp_path):
+    return make_handler(tf.train.Checkpoint(), tmp_path / "ckpt")
+
+
+def numbers():
+    yield from range(4)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: [1, 2, 3], lambda: __import__("numpy").arange(6), lambda: iter([1, 2]), numbers],
+    ids=["list", "numpy", "iterator", "generator"],
+)
+def test_track_input_returns_an_iterable_it_cannot_position_unchanged_with_the_warning(
+    handler, caplog, make
+):
+    caplog.set_level(logging.WARNING, logger="tf_failure_handling")
+    given = make() if make is not numbers else numbers()
+    cls = type(given)
+    returned = handler.track_input(given)
+    assert returned is given and type(returned) is cls
+    assert "is not saved: a " + cls.__name__ in caplog.text
+    assert handler._input_tracker.snapshot()["positioned"] is False
+    handler.close()
+    assert type(given) is cls
+
+
+@pytest.mark.parametrize("value", [None, 3, 2.5], ids=["None", "int", "float"])
+def test_track_input_refuses_what_is_not_iterable_with_a_type_error_naming_what_it_takes(
+    handler, value
+):
+    with pytest.raises(TypeError) as raised:
+        handler.track_input(value)
+    message = str(raised.value)
+    assert type(value).__name__ in message
+    for accepted in ("tf.data.Dataset", "experimental_distribute_dataset", "builder"):
+        assert accepted in message

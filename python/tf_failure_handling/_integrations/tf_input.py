@@ -43,6 +43,37 @@ _SHUFFLE_OPS = frozenset(
 #: Random ops whose ``seed`` and ``seed2`` attributes both 0 give a new result every run
 #: (``tf.random.shuffle``: fit's shuffle of arrays).
 _RANDOM_ORDER_OPS = frozenset({"RandomShuffle"})
+#: Stateful random ops: with ``seed`` and ``seed2`` both 0, a choice among datasets
+#: made with them (``choose_from_datasets``' ``choice_dataset``) differs every run.
+_RANDOM_OPS = frozenset(
+    {
+        "RandomUniform",
+        "RandomUniformInt",
+        "RandomStandardNormal",
+        "TruncatedNormal",
+        "Multinomial",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+    }
+)
+#: ``Dataset.random``'s ops, whose inputs 0 and 1 are the seeds.
+_RANDOM_DATASET_OPS = frozenset({"RandomDataset", "RandomDatasetV2", "ExperimentalRandomDataset"})
+_UNSEEDED = ((None, None), (0, 0))
+_UNSEEDED_SHUFFLE = (
+    "it shuffles with no seed (Dataset.shuffle(..., seed=None) and no "
+    "tf.random.set_seed), a new order in every run"
+)
+_UNSEEDED_CHOICE = (
+    "it picks among datasets at random with no seed (sample_from_datasets(..., "
+    "seed=None), or choose_from_datasets with a choice_dataset made at random with no "
+    "seed, and no tf.random.set_seed), a new order in every run"
+)
+_CACHED_REORDER = (
+    "it keeps in a cache() in memory the order of a shuffle (or Dataset.random) that "
+    "changes each epoch: every epoch repeats the order of the first full pass, which a "
+    "restart cannot replay (cache() before shuffle() can be positioned)"
+)
 #: The subclass made for each class of tracked dataset (see :func:`track`).
 _TRACKING_CLASSES: dict = {}
 
@@ -69,6 +100,16 @@ def per_worker_datasets(obj: Any) -> list:
         f"a {type(obj).__name__} is not a tf.data.Dataset nor a dataset distributed by "
         "experimental_distribute_dataset or distribute_datasets_from_function"
     )
+
+
+def is_input(obj: Any) -> bool:
+    """Whether ``obj`` is an input :func:`track` can count iterators of (positioned or
+    not): a ``tf.data.Dataset`` or a distributed one."""
+    try:
+        per_worker_datasets(obj)
+    except NotPositionable:
+        return False
+    return True
 
 
 def _swap_per_worker(obj: Any, datasets: list) -> Callable[[], None]:
@@ -107,33 +148,84 @@ def _reasons(dataset: Any) -> Iterator[str]:
     The pipeline is walked as Python objects (``_inputs()``), and the graphs of its
     functions (``map``, ``flat_map``, ...) are read, not the whole pipeline's graph: that
     would copy every tensor it holds (arrays given to ``fit``, ``from_tensor_slices``).
+    Each part is seen with two facts of the parts above it: whether it decides which
+    dataset an element comes from (``sample_from_datasets``'s and
+    ``choose_from_datasets``'s choices), and whether a ``cache()`` in memory keeps what
+    it gives.
     """
     seen: set = set()
-    stack = [dataset]
+    stack = [(dataset, False, False)]
     while stack:
-        part = stack.pop()
-        if id(part) in seen:
+        part, chooses, cached = stack.pop()
+        if (id(part), chooses, cached) in seen:
             continue
-        seen.add(id(part))
+        seen.add((id(part), chooses, cached))
+        name = type(part).__name__.strip("_")
         if getattr(part, "_deterministic", None) == "false":
-            yield f"its {type(part).__name__.strip('_')} has deterministic=False"
-        if part.__class__.__name__ == "_ShuffleDataset" and (
-            getattr(part, "_seed", 0),
-            getattr(part, "_seed2", 0),
-        ) in ((None, None), (0, 0)):
-            yield (
-                "it shuffles with no seed (Dataset.shuffle(..., seed=None) and no "
-                "tf.random.set_seed), a new order in every run"
-            )
+            yield f"its {name} has deterministic=False"
+        if name == "ShuffleDataset":
+            if _python_seeds(part) in _UNSEEDED:
+                yield _UNSEEDED_SHUFFLE
+            elif cached and _flag(part, "_reshuffle_each_iteration", default=True):
+                yield _CACHED_REORDER
+        if name == "RandomDataset":
+            if chooses and _python_seeds(part) in _UNSEEDED:
+                yield _UNSEEDED_CHOICE
+            elif cached and _flag(part, "_rerandomize", default=False):
+                yield _CACHED_REORDER
+        if chooses and name == "VariantDataset":
+            # choose_from_datasets' choice, rewritten: only its graph is left.
+            yield from _graph_reasons(_serialized(part), chooses=True)
         for function in part._functions():
             concrete = getattr(function, "function", None)
             graph = getattr(concrete, "graph", None)
             if graph is not None:
-                yield from _graph_reasons(graph.as_graph_def())
-        stack.extend(part._inputs())
+                yield from _graph_reasons(graph.as_graph_def(), chooses)
+        selector = getattr(part, "_selector_input", None)  # sample/choose_from_datasets
+        cached = cached or _caches_in_memory(part)
+        stack.extend((p, chooses or p is selector, cached) for p in part._inputs())
 
 
-def _graph_reasons(graph: Any) -> Iterator[str]:
+def _flag(part: Any, name: str, default: bool) -> bool:
+    value = getattr(part, name, None)
+    return default if value is None else bool(value)
+
+
+def _python_seeds(part: Any) -> tuple:
+    """A shuffle's or ``Dataset.random``'s two seeds (None: not known before running)."""
+    import tensorflow as tf
+
+    values = []
+    for name in ("_seed", "_seed2"):
+        value = getattr(part, name, None)
+        value = None if value is None else tf.get_static_value(value)
+        values.append(None if value is None else int(value))
+    return tuple(values)
+
+
+def _caches_in_memory(part: Any) -> bool:
+    """Whether ``part`` is a ``cache()`` in memory (a cache to a file outlives the run)."""
+    import tensorflow as tf
+
+    if type(part).__name__.strip("_") != "CacheDataset":
+        return False
+    filename = getattr(part, "_filename", None)
+    value = None if filename is None else tf.get_static_value(filename)
+    return value is None or value in (b"", "")
+
+
+def _serialized(part: Any) -> Any:
+    """The graph of the pipeline ending at ``part`` (small: a choice among datasets)."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef()
+    policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    graph.ParseFromString(part._as_serialized_graph(external_state_policy=policy).numpy())
+    return graph
+
+
+def _graph_reasons(graph: Any, chooses: bool = False) -> Iterator[str]:
     """:func:`_reasons` of the ops of a function's graph, its library included."""
     constants = {n.name: n for n in graph.node if n.op == "Const"}
     nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
@@ -152,20 +244,23 @@ def _graph_reasons(graph: Any) -> Iterator[str]:
                 "shuffle=True of arrays with no keras.utils.set_random_seed), a new order "
                 "in every run"
             )
-        if node.op in _SHUFFLE_OPS and _seeds(node, constants) == (0, 0):
-            yield (
-                "it shuffles with no seed (Dataset.shuffle(..., seed=None) and no "
-                "tf.random.set_seed), a new order in every run"
-            )
+        if node.op in _SHUFFLE_OPS and _seeds(node, constants, 2) == (0, 0):
+            yield _UNSEEDED_SHUFFLE
+        if chooses and (
+            (node.op in _RANDOM_OPS and _attr_seeds(node) == (0, 0))
+            or (node.op in _RANDOM_DATASET_OPS and _seeds(node, constants, 0) == (0, 0))
+        ):
+            yield _UNSEEDED_CHOICE
 
 
 def _attr_seeds(node: Any) -> tuple:
     return tuple(node.attr[name].i if name in node.attr else None for name in ("seed", "seed2"))
 
 
-def _seeds(node: Any, constants: dict) -> Optional[tuple]:
+def _seeds(node: Any, constants: dict, first: int) -> Optional[tuple]:
+    """The constant seeds a dataset op takes as its inputs ``first`` and ``first + 1``."""
     values = []
-    for name in list(node.input)[2:4]:
+    for name in list(node.input)[first : first + 2]:
         const = constants.get(name.split(":")[0].lstrip("^"))
         if const is None:
             return None

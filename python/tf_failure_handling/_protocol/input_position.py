@@ -14,6 +14,7 @@ use was made (:meth:`InputTracker.batches`). Docs: docs/input-position.md.
 
 from __future__ import annotations
 
+import collections.abc
 import json
 import logging
 import numbers
@@ -182,11 +183,14 @@ class InputTracker:
         #: The position restored (for logs and tests), and the resume made of it.
         self.restored: Optional[dict] = None
         self.resumed_at: Optional[tuple[int, int]] = None
-        if builder is None:
+        #: Whether ``iter(dataset)`` is counted: anything but a dataset (a list, an
+        #: array, an iterator) is left as it is, not positioned.
+        self._tracked = builder is None and tf_input.is_input(dataset)
+        if self._tracked:
             tf_input.track(dataset, self._on_iter)
 
     def close(self) -> None:
-        if self._builder is None:
+        if self._tracked:
             tf_input.untrack(self.dataset)
         if self._progress is not None:
             self._progress.stop()
@@ -417,8 +421,17 @@ def track_input(
     any), resumed at the position saved in the restored checkpoint.
 
     Raises:
+      TypeError: ``dataset`` is neither an input, a builder nor iterable.
       ValueError: a count is not a positive integer.
     """
+    if not (is_builder(dataset) or isinstance(dataset, collections.abc.Iterable)):
+        raise TypeError(
+            "track_input takes a tf.data.Dataset, what strategy.experimental_distribute_"
+            "dataset or distribute_datasets_from_function returned, or a function "
+            "builder(iteration, batch) returning the input of that iteration; another "
+            "iterable (a list, an array, an iterator) is returned unchanged, not "
+            f"positioned. Got {type(dataset).__name__}: {dataset!r:.80}"
+        )
     for name, value in (
         ("steps_per_epoch", steps_per_epoch),
         ("batches_per_run", batches_per_run),
