@@ -131,6 +131,9 @@ pub struct Protocol {
     acks: Option<AckWait>,
     /// What each pending write sets ([`SetCall`]), by its handle.
     calls: BTreeMap<WriteId, SetCall>,
+    /// The longest merge of the shares this handler measured (its start to the state
+    /// file naming the checkpoint): [`shares::merge_estimate`].
+    longest_merge: Option<f64>,
 }
 
 /// What one of the driver's writes sets in the coordination service: `key` =
@@ -195,6 +198,7 @@ impl Protocol {
             writes: Writes::new(),
             acks: None,
             calls: BTreeMap::new(),
+            longest_merge: None,
         }
     }
 
@@ -546,6 +550,22 @@ impl Protocol {
     /// worker's notice's deadline and the exit's reserve).
     pub fn shares_wait_bound(&self, own: f64, now: f64, min_wait: f64, waiter: Waiter) -> f64 {
         shares::wait_bound_at(own, min_wait, self.notice_deadline(), now, self.planner.exit_reserve(), waiter)
+    }
+
+    /// Whether the chief starts the merge of the shares at `now`, after its own part
+    /// took `own` seconds (`shares::merge_start`: the longest merge measured, else
+    /// `own`, against this worker's notice's deadline less the exit's reserve).
+    pub fn shares_merge_start(&self, own: f64, now: f64, min_wait: f64) -> shares::MergeStart {
+        let needed = shares::merge_estimate(self.longest_merge, own);
+        shares::merge_start(needed, own, min_wait, self.notice_deadline(), now, self.planner.exit_reserve())
+    }
+
+    /// A merge of the shares took `secs` seconds, from its start to the state file
+    /// naming the checkpoint: the next merge's estimate is the longest so far.
+    pub fn handle_shares_merged(&mut self, secs: f64) {
+        if secs.is_finite() && secs >= 0.0 {
+            self.longest_merge = Some(self.longest_merge.map_or(secs, |m| m.max(secs)));
+        }
     }
 
     /// True once this worker leads the response (won the claim, or local mode).

@@ -75,6 +75,54 @@ pub fn wait_bound_at(own: f64, min_wait: f64, deadline: Option<f64>, now: f64, e
     }
 }
 
+/// Whether the chief starts the merge of the parts ([`merge_start`]). A merge cannot be
+/// cancelled once started (TensorFlow's `MergeV2Checkpoints` renames the parts' data
+/// files into the checkpoint), so it starts only when it is expected to end, with
+/// `CheckpointManager.save`'s state file, before the deadline less the exit's reserve.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MergeStart {
+    /// Start it, and wait for it (the merge, then the state file) at most `bound`
+    /// seconds.
+    Start { bound: f64 },
+    /// Do not start it: the previous checkpoint stays. `needed`: the seconds the
+    /// merge is expected to take ([`merge_estimate`]); `left`: the seconds left before
+    /// the deadline less the exit's reserve.
+    Keep { needed: f64, left: f64 },
+}
+
+/// The seconds a merge is expected to take: the longest merge this handler measured
+/// (from its start to the state file naming the checkpoint), else the chief's own
+/// part's write, `own`: a merge rewrites the index and renames every part's data file,
+/// which an object store (`gs://`, `s3://`) does by copying it.
+#[must_use]
+pub fn merge_estimate(measured: Option<f64>, own: f64) -> f64 {
+    measured.filter(|m| !m.is_nan()).unwrap_or(own).max(0.0)
+}
+
+/// Whether the chief starts a merge expected to take `needed` seconds, at `now` (the
+/// handler's clock), after its own part took `own` seconds: always when the notice set
+/// no `deadline`, else only when `needed` fits in what is left before `deadline -
+/// exit_reserve`. A started merge is waited for [`wait_bound`] of the longer of `own`
+/// and `needed`, never past `deadline - exit_reserve`.
+#[must_use]
+pub fn merge_start(needed: f64, own: f64, min_wait: f64, deadline: Option<f64>, now: f64, exit_reserve: f64) -> MergeStart {
+    let rule = wait_bound(own.max(needed), min_wait);
+    match deadline {
+        Some(d) if !d.is_nan() => {
+            let left = d - now - exit_reserve.max(0.0);
+            if needed <= left {
+                MergeStart::Start { bound: rule.min(left) }
+            } else {
+                MergeStart::Keep {
+                    needed,
+                    left: left.max(0.0),
+                }
+            }
+        }
+        _ => MergeStart::Start { bound: rule },
+    }
+}
+
 /// A plan that cannot be made.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SharesError {
@@ -203,6 +251,48 @@ mod tests {
         for &(own, deadline, now, reserve, waiter, bound) in rows {
             let got = wait_bound_at(own, MIN_WAIT, deadline, now, reserve, waiter);
             assert_eq!(got, bound, "{waiter:?} own {own} deadline {deadline:?} now {now} reserve {reserve}");
+        }
+    }
+
+    #[test]
+    fn a_merge_is_expected_to_take_the_longest_measured_else_the_chief_s_own_part() {
+        assert_eq!(merge_estimate(None, 2.5), 2.5);
+        assert_eq!(merge_estimate(Some(7.0), 2.5), 7.0);
+        assert_eq!(merge_estimate(Some(0.1), 2.5), 0.1);
+        assert_eq!(merge_estimate(Some(f64::NAN), 2.5), 2.5);
+        assert_eq!(merge_estimate(None, -1.0), 0.0);
+    }
+
+    #[test]
+    fn the_merge_starts_only_when_it_fits_before_the_deadline_less_the_exit_s_reserve() {
+        use MergeStart::{Keep, Start};
+        // (needed, own, deadline, now, exit reserve, decision)
+        type Row = (f64, f64, Option<f64>, f64, f64, MergeStart);
+        let rows: &[Row] = &[
+            // No deadline: it starts, waited for as the chief waits for the parts.
+            (2.0, 1.0, None, 100.0, 5.0, Start { bound: 60.0 }),
+            (30.0, 1.0, None, 100.0, 5.0, Start { bound: 120.0 }),
+            (2.0, 1.0, Some(f64::NAN), 100.0, 5.0, Start { bound: 60.0 }),
+            // It fits: 30 - 3 s gone - 5 s reserve = 22 s left, waited for 22 s at most.
+            (2.0, 1.0, Some(130.0), 103.0, 5.0, Start { bound: 22.0 }),
+            // Exactly what is left still fits.
+            (22.0, 1.0, Some(130.0), 103.0, 5.0, Start { bound: 22.0 }),
+            // A far deadline does not shorten the wait.
+            (2.0, 1.0, Some(1000.0), 100.0, 5.0, Start { bound: 60.0 }),
+            // It does not fit: the previous checkpoint stays.
+            (22.5, 1.0, Some(130.0), 103.0, 5.0, Keep { needed: 22.5, left: 22.0 }),
+            (0.5, 0.5, Some(104.0), 100.0, 5.0, Keep { needed: 0.5, left: 0.0 }),
+            // Past the deadline: nothing is left.
+            (0.0, 0.0, Some(90.0), 100.0, 5.0, Keep { needed: 0.0, left: 0.0 }),
+            // A negative reserve counts as none.
+            (29.0, 1.0, Some(130.0), 100.0, -1.0, Start { bound: 30.0 }),
+        ];
+        for &(needed, own, deadline, now, reserve, want) in rows {
+            let got = merge_start(needed, own, MIN_WAIT, deadline, now, reserve);
+            assert_eq!(
+                got, want,
+                "needed {needed} own {own} deadline {deadline:?} now {now} reserve {reserve}"
+            );
         }
     }
 

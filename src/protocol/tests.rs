@@ -194,6 +194,34 @@ fn shares_wait_bound_keeps_the_exit_reserve_before_the_notice_deadline() {
 }
 
 #[test]
+fn the_shares_merge_starts_only_when_the_longest_measured_merge_fits_before_the_reserve() {
+    use shares::MergeStart::{Keep, Start};
+    let mut p = local(0.0);
+    // No notice, no deadline: it starts.
+    assert_eq!(
+        p.shares_merge_start(1.0, 0.0, 5.0),
+        Start {
+            bound: shares::wait_bound(1.0, 5.0)
+        }
+    );
+    // A deadline 20 s on: 20 - 1 s gone - the reserve left; unmeasured, the estimate is
+    // the chief's own part (1 s).
+    p.handle_notice(notice(0.0, Some(20.0))).unwrap();
+    let left = 20.0 - 1.0 - EXIT_RESERVE;
+    assert_eq!(
+        p.shares_merge_start(1.0, 1.0, 5.0),
+        Start {
+            bound: shares::wait_bound(1.0, 5.0).min(left)
+        }
+    );
+    // A merge measured longer than what is left: not started.
+    p.handle_shares_merged(left + 1.0);
+    p.handle_shares_merged(2.0); // the longest measured counts, not the last
+    p.handle_shares_merged(f64::NAN); // no measure
+    assert_eq!(p.shares_merge_start(1.0, 1.0, 5.0), Keep { needed: left + 1.0, left });
+}
+
+#[test]
 fn fit_is_the_planners_answer_for_the_planned_notice() {
     let mut p = local(0.0);
     assert_eq!(p.fit(0.0), None);

@@ -984,6 +984,20 @@ impl ProtocolCore {
         self.shared.state.lock().shares_wait_bound(own, now, min_wait, waiter)
     }
 
+    /// Whether the chief starts the merge of the shares at `now`, after its own part
+    /// took `own` seconds (`Protocol::shares_merge_start`: the longest merge measured,
+    /// else `own`, against the notice's deadline less the exit's reserve).
+    #[pyo3(signature = (own, now, min_wait))]
+    fn shares_merge_start(&self, own: f64, now: f64, min_wait: f64) -> super::shares::PyMergeStart {
+        self.shared.state.lock().shares_merge_start(own, now, min_wait).into()
+    }
+
+    /// A merge of the shares took `secs` seconds, from its start to the state file
+    /// naming the checkpoint (`Protocol::handle_shares_merged`).
+    fn shares_merged(&self, secs: f64) {
+        self.shared.state.lock().handle_shares_merged(secs);
+    }
+
     /// True once this worker won the claim (or leads in local mode).
     /// The checkpoint read at start took `duration` seconds: the save estimate
     /// until a save is measured (`GracePlanner::record_restore`).

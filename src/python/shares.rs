@@ -32,10 +32,76 @@ fn shares_wait_bound_at(own: f64, min_wait: f64, now: f64, deadline: Option<f64>
     shares::wait_bound_at(own, min_wait, deadline, now, exit_reserve, waiter)
 }
 
+/// Whether the chief starts the merge of the parts (`shares::MergeStart`): `start`;
+/// when it does, `bound`, the seconds it waits for the merge and the state file; when
+/// it does not, `needed` (the seconds the merge is expected to take) and `left` (the
+/// seconds left before the deadline less the exit's reserve).
+#[pyclass(frozen, module = "tf_failure_handling._native", name = "MergeStart")]
+pub(crate) struct PyMergeStart {
+    #[pyo3(get)]
+    start: bool,
+    #[pyo3(get)]
+    bound: Option<f64>,
+    #[pyo3(get)]
+    needed: Option<f64>,
+    #[pyo3(get)]
+    left: Option<f64>,
+}
+
+impl From<shares::MergeStart> for PyMergeStart {
+    fn from(decision: shares::MergeStart) -> Self {
+        match decision {
+            shares::MergeStart::Start { bound } => PyMergeStart {
+                start: true,
+                bound: Some(bound),
+                needed: None,
+                left: None,
+            },
+            shares::MergeStart::Keep { needed, left } => PyMergeStart {
+                start: false,
+                bound: None,
+                needed: Some(needed),
+                left: Some(left),
+            },
+        }
+    }
+}
+
+#[pymethods]
+impl PyMergeStart {
+    fn __repr__(&self) -> String {
+        match (self.bound, self.needed, self.left) {
+            (Some(bound), _, _) => format!("MergeStart(start=True, bound={bound})"),
+            (_, Some(needed), Some(left)) => format!("MergeStart(start=False, needed={needed}, left={left})"),
+            _ => "MergeStart()".to_owned(),
+        }
+    }
+}
+
+/// Whether the chief starts the merge at `now` after its own part took `own` seconds,
+/// with no handler's core (no notice, so no deadline unless one is given): the merge
+/// is expected to take `measured` (the longest merge measured), else `own`
+/// ([`shares::merge_start`]).
+#[pyfunction]
+#[pyo3(signature = (own, min_wait, now, measured=None, deadline=None, exit_reserve=0.0))]
+fn shares_merge_start_at(
+    own: f64,
+    min_wait: f64,
+    now: f64,
+    measured: Option<f64>,
+    deadline: Option<f64>,
+    exit_reserve: f64,
+) -> PyMergeStart {
+    let needed = shares::merge_estimate(measured, own);
+    shares::merge_start(needed, own, min_wait, deadline, now, exit_reserve).into()
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(assign_shares, m)?)?;
     m.add_function(wrap_pyfunction!(shares_wait_bound, m)?)?;
     m.add_function(wrap_pyfunction!(shares_wait_bound_at, m)?)?;
+    m.add_function(wrap_pyfunction!(shares_merge_start_at, m)?)?;
+    m.add_class::<PyMergeStart>()?;
     m.add("SHARES_MIN_WAIT", shares::MIN_WAIT)?;
     m.add("SHARES_PROBE_WAIT", shares::PROBE_WAIT)?;
     m.add("SHARES_UNMERGED_EXIT_CODE", shares::UNMERGED_EXIT_CODE)?;
