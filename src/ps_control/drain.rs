@@ -3,8 +3,8 @@
 //! (`_coordinator/worker_drain.py`) performs it and reports what happened.
 //!
 //! ```text
-//!  start ──cannot hold──▶ Release(no hold) ──▶ Done
-//!    │can hold
+//!  start ──cannot hold──▶ Release(no hold) ──released──▶ WaitGone(EXIT_WAIT) ──▶ Done
+//!    │can hold                   └──not released──────────────────────────────▶ Done
 //!    ▼
 //!  Hold(bound: worker_drain_bound) ──idle or not──▶ Release(drained?)
 //!                                                      │
@@ -17,6 +17,13 @@
 //!                                                   Resume(gone | new incarnation |
 //!                                                          stopped | bound passed)
 //! ```
+//!
+//! A released worker is waited for whether its thread was held or not: the
+//! coordinator's poll does not ask a task it released until it is gone (or the wait
+//! ends), so a drain that did not wait would leave the task unasked for good, and
+//! the notice of its restarted incarnation unheard (issue 60: TensorFlow's
+//! coordinator, which cannot hold a worker, released it the first time and never
+//! the second).
 //!
 //! Times are the caller's `now` in Unix seconds, the clock of the notice's deadline
 //! (as [`super::worker_drain_bound`]).
@@ -40,7 +47,8 @@ pub enum DrainStep {
     WaitGone { bound: f64, holding: Option<f64> },
     /// Resume the worker's thread: the drain is over, for this reason.
     Resume(Ended),
-    /// Over, with nothing held (the coordinator could not hold the thread).
+    /// Over, with nothing held (the coordinator could not hold the thread, or, after a
+    /// released worker's [`DrainStep::WaitGone`], it was not held).
     Done,
 }
 
@@ -75,9 +83,16 @@ pub enum Outcome {
 enum Phase {
     Start,
     Draining,
-    Releasing { hold: bool },
+    Releasing {
+        hold: bool,
+    },
     WaitingGone,
-    HoldingUnreleased { until: f64, bound: f64 },
+    /// Released without a hold: waited for all the same (module docs), nothing to resume.
+    WaitingGoneUnheld,
+    HoldingUnreleased {
+        until: f64,
+        bound: f64,
+    },
     Over,
 }
 
@@ -145,9 +160,17 @@ impl WorkerDrain {
             return self.misuse();
         };
         if !hold {
-            self.outcome = Some(if ok { Outcome::NoHold } else { Outcome::NotReleased });
-            self.phase = Phase::Over;
-            return DrainStep::Done;
+            if !ok {
+                self.outcome = Some(Outcome::NotReleased);
+                self.phase = Phase::Over;
+                return DrainStep::Done;
+            }
+            self.outcome = Some(Outcome::NoHold);
+            self.phase = Phase::WaitingGoneUnheld;
+            return DrainStep::WaitGone {
+                bound: EXIT_WAIT,
+                holding: None,
+            };
         }
         if ok {
             self.outcome = Some(Outcome::Released);
@@ -178,6 +201,10 @@ impl WorkerDrain {
     pub fn waited(&mut self, gone: bool, same_incarnation: bool, stopped: bool, now: f64) -> DrainStep {
         match self.phase {
             Phase::WaitingGone => self.end(if gone { Ended::Gone } else { Ended::StillAnswers }),
+            Phase::WaitingGoneUnheld => {
+                self.phase = Phase::Over;
+                DrainStep::Done
+            }
             Phase::HoldingUnreleased { until, bound } => {
                 if gone {
                     self.end(Ended::Gone)
@@ -248,8 +275,23 @@ mod tests {
         type Wait = (bool, bool, bool, f64);
         type Row<'a> = (bool, bool, bool, &'a [Wait], DrainStep, Outcome);
         let rows: &[Row<'_>] = &[
-            // No hold: released at once, nothing to resume.
-            (false, false, true, &[], DrainStep::Done, Outcome::NoHold),
+            // No hold: released at once and waited for (gone or not), nothing to resume.
+            (
+                false,
+                false,
+                true,
+                &[(true, true, false, NOW + 2.0)],
+                DrainStep::Done,
+                Outcome::NoHold,
+            ),
+            (
+                false,
+                false,
+                true,
+                &[(false, true, false, NOW + 31.0)],
+                DrainStep::Done,
+                Outcome::NoHold,
+            ),
             (false, false, false, &[], DrainStep::Done, Outcome::NotReleased),
             // Released but still answering after EXIT_WAIT: resumed all the same.
             (
@@ -318,6 +360,38 @@ mod tests {
             assert_eq!(step, *last, "row {i}");
             assert_eq!(d.outcome(), Some(*outcome), "row {i}");
         }
+    }
+
+    /// Issue 60 (`ps_preemption` seed 310): TensorFlow's coordinator cannot hold a
+    /// worker; its drain released worker 1 and ended there. The poll asks a released
+    /// task nothing until the drain has waited for it to be gone, so worker 1 was never
+    /// asked again and its restarted incarnation's notice was never heard. A released
+    /// worker is now waited for with or without a hold.
+    #[test]
+    fn a_worker_released_without_a_hold_is_waited_for_as_a_held_one() {
+        let mut d = WorkerDrain::new(Some(NOW + 25.0), 30.0);
+        assert_eq!(
+            d.start(false, NOW),
+            DrainStep::Release {
+                drained: false,
+                hold: false
+            }
+        );
+        assert_eq!(
+            d.released(true, false, NOW),
+            DrainStep::WaitGone {
+                bound: EXIT_WAIT,
+                holding: None
+            }
+        );
+        assert_eq!(d.outcome(), Some(Outcome::NoHold));
+        // Gone or not, the drain ends; nothing was held, nothing is resumed.
+        assert_eq!(d.waited(true, true, false, NOW + 1.0), DrainStep::Done);
+        assert_eq!(d.waited(true, true, false, NOW + 1.0), DrainStep::Done, "over");
+        // A release that failed leaves no task unasked: nothing to wait for.
+        let mut d = WorkerDrain::new(None, 30.0);
+        d.start(false, NOW);
+        assert_eq!(d.released(false, false, NOW), DrainStep::Done);
     }
 
     #[test]

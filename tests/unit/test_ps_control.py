@@ -892,8 +892,61 @@ def test_drain_with_a_coordinator_that_cannot_hold_releases_at_once(caplog):
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
         drain.run()
     assert "cannot stop giving that worker closures" in caplog.text
-    assert poller.calls == [("release", W1, "notice; coordinator cannot drain")]
+    # Released, and waited for as a held worker is: the poll asks it again once gone.
+    assert poller.calls == [("release", W1, "notice; coordinator cannot drain"), ("wait_gone", W1)]
     assert drain.outcome == "no hold"
+
+
+def test_a_restarted_workers_second_notice_is_released_with_tensorflows_coordinator():
+    """Issue 60 (``ps_preemption`` seed 310, TensorFlow's coordinator): worker 1's
+    notice was released at once (TF's coordinator cannot hold a worker) and its drain
+    ended there, so the poll never asked worker 1 again (a released task is asked nothing
+    until its drain has seen it gone). Its restarted incarnation's notice went unheard
+    and it left at its deadline, unreleased. Each incarnation's notice is now handed on
+    and released, the second as the first."""
+
+    class TfWorker:
+        worker_index = 1
+
+    cluster, notices = FakeCluster(), []
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i)
+    listening = {W1: True}
+    drains = []
+    coordinator = FakeCoordinator([TfWorker(), TfWorker()], FakeQueue())
+
+    def on_notice(job, index, source, deadline):
+        notices.append((job, index, source, deadline))
+        # The drain runs in the poller's thread here; its wait_gone ends once the
+        # worker's port refuses (the test's exit of that incarnation below).
+        drain = worker_drain.WorkerDrain(poller, index, deadline, coordinator=coordinator)
+        listening[W1] = False  # the released incarnation exits
+        drain.run()
+        drains.append(drain.outcome)
+
+    poller = cluster_poller.ClusterPoller(
+        SPEC,
+        on_notice,
+        interval=0.01,
+        caller=cluster,
+        listening=lambda task: listening.get(task, True),
+    )
+    first = cluster.controls[W1]
+    first.set_notice("signal SIGTERM", 25.0)
+    poller.poll_once()
+    assert first.released.is_set() and drains == ["no hold"]
+    # The launcher restarts worker 1; it is preempted again.
+    listening[W1] = True
+    second = cluster.serve(W1, "worker", 1)
+    second.set_notice("signal SIGTERM", 60.0)
+    poller.poll_once()
+    assert notices == [
+        ("worker", 1, "signal SIGTERM", 25.0),
+        ("worker", 1, "signal SIGTERM", 60.0),
+    ], "the restarted incarnation's notice was not handed on"
+    assert second.released.is_set(), "the restarted incarnation was not released"
+    assert second.release_reason == "notice; coordinator cannot drain"
+    assert drains == ["no hold", "no hold"]
 
 
 def test_drain_bound_without_a_deadline_is_the_default():
