@@ -36,6 +36,13 @@ read (``_datatype_enum``, ``_shape_tuple``) are exercised by
 ``tests/unit/test_coordinator_cache.py``. The error strings the classifier looks
 for are the same too (``tests/compat/test_real_errors.py`` classifies the errors
 each release raises).
+
+The saves' internals (``functional_saver``'s ``MultiDeviceSaver`` and
+``_single_shard_save``, ``sharding_util``'s callback protocol: the ``memory`` and
+``shares`` modes) were fingerprinted from the sources of every release 2.16.2 to 2.21.0:
+2.17 and 2.19 changed annotations and a log message in them (:data:`RELEASES`), nothing
+the saves rely on. At run time ``saver_hook.missing`` checks that the names exist when a
+mode is installed; a TensorFlow without one gets TensorFlow's own save.
 """
 
 from __future__ import annotations
@@ -59,6 +66,10 @@ _METRICS = "tensorflow.python.distribute.coordinator.metric_utils"
 _UTILS = "tensorflow.python.distribute.coordinator.utils"
 _CANCEL = "tensorflow.python.eager.cancellation"
 _FCTX = "tensorflow.python.eager.polymorphic_function.function_context"
+_FS = "tensorflow.python.checkpoint.functional_saver"
+_SU = "tensorflow.python.checkpoint.sharding.sharding_util"
+_IO = "tensorflow.python.ops.gen_io_ops"
+_CKCTX = "tensorflow.python.checkpoint.checkpoint_context"
 
 #: What is relied on, ``"module:qualified.name"`` -> why.
 RELIED_ON = {
@@ -101,6 +112,20 @@ RELIED_ON = {
     f"{_CTX}:Context.delete_config_key_value": "the coordination service",
     f"{_CTX}:Context.report_error_to_cluster": "the coordination service",
     f"{_CTX}:Context.check_collective_ops_peer_health": "peer probes after a lost peer",
+    # The saves (``memory`` and ``shares``: _integrations/saver_hook.py, tf_reads_only.py,
+    # tf_shares.py; saver_hook.missing checks at the mode's install that they exist).
+    f"{_FS}:MultiDeviceSaver.save": "replaced by saver_hook (TF's own: saver_hook.original)",
+    f"{_FS}:MultiDeviceSaver.__init__": (
+        "sets _registered_savers and _num_unique_tasks, read by tf_reads_only.cannot_skip"
+    ),
+    f"{_FS}:MultiDeviceSaver._get_shards_by_task": "called by tf_reads_only and tf_shares",
+    f"{_FS}:_single_shard_save": "called by tf_shares (a worker's share)",
+    f"{_FS}:sharded_filename": "its part names are mirrored by tf_shares",
+    f"{_SU}:ShardableTensor": "its fields are read by tf_reads_only._Count and tf_shares._Split",
+    f"{_SU}:ShardingCallback": "mirrored by tf_reads_only._Count and tf_shares._Split",
+    f"{_IO}:merge_v2_checkpoints": "called by tf_shares (the chief's merge)",
+    f"{_CTX}:async_wait": "called by tf_reads_only and tf_shares (the reads waited for)",
+    f"{_CKCTX}:preemption_save_context": "entered by every save (checkpoints.py)",
 }
 
 #: Fingerprints as of TensorFlow 2.16.2 (the same in 2.21.0, on Python 3.10-3.13).
@@ -145,12 +170,45 @@ _TF_2_16 = {
     f"{_CTX}:Context.delete_config_key_value": "e89d4e0d22c6",
     f"{_CTX}:Context.report_error_to_cluster": "5b1a82fdf378",
     f"{_CTX}:Context.check_collective_ops_peer_health": "abaa30f89eac",
+    f"{_FS}:MultiDeviceSaver.save": "6347072970cb",
+    f"{_FS}:MultiDeviceSaver.__init__": "80db17554509",
+    f"{_FS}:MultiDeviceSaver._get_shards_by_task": "597a1947e426",
+    f"{_FS}:_single_shard_save": "d7837b5ff554",
+    f"{_FS}:sharded_filename": "dceb3715a926",
+    f"{_SU}:ShardableTensor": "81a28653d9d0",
+    f"{_SU}:ShardingCallback": "c761408147ec",
+    f"{_IO}:merge_v2_checkpoints": "99cb612c9e68",
+    f"{_CTX}:async_wait": "0bb81e33a864",
+    f"{_CKCTX}:preemption_save_context": "6ff6fee61bc7",
+}
+
+#: TensorFlow 2.17: the saver's type annotations (``sharding_util.Shard`` for
+#: ``TensorSliceDict``, ``TensorKeyAndSliceSpec``, ``RestoreFn``), ``_get_shards_by_task``'s
+#: loop over the tasks written out, ``_single_shard_save``'s ``len(tensors)`` as
+#: ``tensors``, and ``ShardingCallback``'s ``description`` no longer a class annotation.
+#: What the saves rely on is the same: the names, ``__init__``'s two attributes, the
+#: ``(task, shards)`` list and the callback's protocol (read from the 2.17.1 wheel).
+_TF_2_17 = {
+    **_TF_2_16,
+    f"{_FS}:MultiDeviceSaver.__init__": "fdc8941a1079",
+    f"{_FS}:MultiDeviceSaver._get_shards_by_task": "01f41f04e0c2",
+    f"{_FS}:_single_shard_save": "770acee657f7",
+    f"{_SU}:ShardingCallback": "d89d5a4b7043",
+}
+
+#: TensorFlow 2.19: ``_get_shards_by_task`` logs its callback's duration "in
+#: microseconds" (read from the 2.19.1 wheel; 2.20.0 and 2.21.0 are the same).
+_TF_2_19 = {
+    **_TF_2_17,
+    f"{_FS}:MultiDeviceSaver._get_shards_by_task": "4076d7ebc2ff",
 }
 
 #: Each release that changed something relied on -> the fingerprints from it on.
 #: A release not listed has those of the nearest listed release before it.
 RELEASES: dict[str, dict[str, str]] = {
     "2.16": _TF_2_16,
+    "2.17": _TF_2_17,
+    "2.19": _TF_2_19,
 }
 
 

@@ -50,12 +50,13 @@ def cannot_skip(saver: Any) -> Optional[str]:
 
     if not context.executing_eagerly():
         return "the save is traced into a graph"
-    if getattr(saver, "_registered_savers", None):
+    # Read as they are: the mode was installed only on a TensorFlow whose savers have
+    # them (saver_hook.missing), and a default here would turn a rename into a save
+    # that leaves out the reads the other workers' collectives wait for.
+    if saver._registered_savers:
         return "the checkpoint has registered savers"
-    if getattr(saver, "_num_unique_tasks", 1) != 1:
+    if saver._num_unique_tasks != 1:
         return "the tensors are on more than one task"
-    if not hasattr(saver, "_get_shards_by_task"):
-        return "this TensorFlow's saver has no _get_shards_by_task"
     return None
 
 

@@ -45,6 +45,7 @@ from .non_chief_saves import (
     SHARES,
     STORAGE,
     CopyPlacement,
+    installable,
     memory_dir,
     non_chief_dir,
     non_chief_saves,
@@ -109,6 +110,22 @@ class Checkpoints:
         coordination ``Client`` are what the workers need to write shares."""
         self.save_fn = save_fn
         where = non_chief_saves()  # a bad value is an error on every worker, at once
+        if (
+            _is_tf_checkpoint(checkpoint_or_manager)
+            and save_fn is None
+            and (
+                (where == MEMORY and not is_chief)
+                or (
+                    where == SHARES
+                    and workers > 1
+                    and worker is not None
+                    and coordination is not None
+                )
+            )
+        ):
+            # Once, as the mode is installed: TensorFlow's own save when this
+            # TensorFlow's saver lacks a private name the mode uses.
+            where = installable(where)
         #: A non-chief that reads every tensor and writes no copy (``memory``).
         self.reads_only = False
         #: How this non-chief's copies were written (:meth:`save_fields`; none: a

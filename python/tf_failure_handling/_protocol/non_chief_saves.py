@@ -11,6 +11,11 @@ memory can hold it (the core's ``copy_place``, from ``host_memory``'s readings),
 TensorFlow's ``workertemp_<task_id>`` on the storage (:func:`non_chief_dir`), said in the
 log and in the ``save_end`` record (:class:`CopyPlacement`). ``=storage`` gives back
 TensorFlow's layout; ``=shares`` is ``checkpoint_shares``.
+
+``memory`` and ``shares`` call private names of TensorFlow's saver. Whether this
+TensorFlow has them is decided once, when a handler installs the mode
+(:func:`installable`): one that lacks any gets TensorFlow's own save (``storage``),
+with a warning naming TensorFlow's version and the name.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import logging
 import os
 from typing import Any, Optional
 
-from .._integrations import tf_reads_only
+from .._integrations import saver_hook, tf_reads_only, tf_versions
 from .._native import copy_place
 from .._platforms import common
 from . import host_memory
@@ -60,6 +65,31 @@ def non_chief_saves() -> str:
         expected = "memory, storage or shares (or unset: memory)"
         raise common.bad(NON_CHIEF_SAVES_ENV, os.environ[NON_CHIEF_SAVES_ENV], expected)
     return raw.lower()
+
+
+def installable(mode: str) -> str:
+    """``mode`` (:data:`MEMORY` or :data:`SHARES`) when this TensorFlow's saver has every
+    private name the mode uses (``saver_hook.missing``), else :data:`STORAGE`:
+    TensorFlow's own save, its whole copy in ``workertemp_<task_id>``, with a warning
+    that names TensorFlow's version and the missing name."""
+    absent = saver_hook.missing(mode)
+    if absent is None:
+        return mode
+    import tensorflow as tf
+
+    log.warning(
+        "TensorFlow %s's saver has no %s, a private name %s=%s uses "
+        "(tf_failure_handling is tested with TensorFlow %s to %s): this worker saves as "
+        "TensorFlow does instead, a non-chief's whole copy in workertemp_<task_id> beside "
+        "the checkpoint (=%s).",
+        getattr(tf, "__version__", "(unknown version)"),
+        absent,
+        NON_CHIEF_SAVES_ENV,
+        mode,
+        *tf_versions.TESTED,
+        STORAGE,
+    )
+    return STORAGE
 
 
 def memory_dir(checkpoint_dir: str, task_id: int) -> str:
