@@ -59,9 +59,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-track", action="store_true")
     p.add_argument(
         "--input",
-        choices=("seeded", "generator"),
+        choices=("seeded", "generator", "shuffle-cache", "cache-shuffle"),
         default="seeded",
-        help="generator: Dataset.from_generator (cannot be positioned)",
+        help="generator: Dataset.from_generator (cannot be positioned); shuffle-cache: "
+        "cache() in memory after the shuffle (every epoch the first one's order: cannot "
+        "be positioned); cache-shuffle: cache() before it (can be)",
     )
     return p.parse_args(argv)
 
@@ -75,7 +77,11 @@ def dataset(tf, args):
         ds = tf.data.Dataset.from_generator(ids, output_signature=tf.TensorSpec((), tf.int64))
     else:
         ds = tf.data.Dataset.range(IDS)
+    if args.input == "cache-shuffle":
+        ds = ds.cache()
     ds = ds.shuffle(IDS, seed=SEED, reshuffle_each_iteration=True)
+    if args.input == "shuffle-cache":
+        ds = ds.cache()
     if args.repeat:
         ds = ds.repeat()
     return ds.batch(GLOBAL_BATCH)

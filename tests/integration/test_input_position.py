@@ -155,6 +155,10 @@ STACKS = [
 VARIANTS = [
     pytest.param(2, ["--stack", "tf_keras", *REPEATED], id="tf_keras-mwms-repeat"),
     pytest.param(0, ["--stack", "keras3", *REPEATED], id="keras3-no-strategy-repeat"),
+    # cache() before the shuffle: every epoch its own order, positioned (issue 60).
+    pytest.param(
+        0, ["--stack", "custom", "--input", "cache-shuffle"], id="custom-no-strategy-cache"
+    ),
 ]
 
 
@@ -215,3 +219,32 @@ def test_the_position_is_restored_whatever_the_non_chief_saves(tmp_path, referen
     env = {"TF_FAILURE_HANDLING_NON_CHIEF_SAVES": mode}
     outputs, _ = attempts(tmp_path, 2, args, [12], env=env)
     check_as_uninterrupted(outputs, references(2, args))
+
+
+#: shuffle(seed) then cache() in memory (issue 60), on a custom loop and on both fits.
+CACHED_AFTER_SHUFFLE = [
+    pytest.param(0, ["--stack", "custom"], id="custom-no-strategy"),
+    pytest.param(0, ["--stack", "keras3"], id="keras3-no-strategy"),
+    pytest.param(2, ["--stack", "tf_keras"], id="tf_keras-mwms"),
+]
+
+
+@pytest.mark.timeout(6 * ATTEMPT_TIMEOUT)
+@pytest.mark.parametrize("workers,args", CACHED_AFTER_SHUFFLE)
+def test_a_cache_after_the_shuffle_warns_and_starts_again_at_its_first_element(
+    tmp_path, workers, args
+):
+    """``shuffle(seed)`` then ``cache()``: every epoch repeats the first one's order (the
+    cache's), which a restart does not make (its earlier iterators, made unpulled, fill
+    no cache). Success: every worker of every attempt warns, naming why, that the
+    position is not saved, and the input behaves as documented for such input (the
+    resumed epoch starts again at its first element: ids trained unevenly, the steps
+    as planned). Before issue 60 it was positioned with no warning, and wrong."""
+    args = [*args, "--input", "shuffle-cache"]
+    outputs, logs = attempts(tmp_path, workers, args, [12])
+    for attempt in logs:
+        for log in attempt:
+            assert "is not saved: it keeps in a cache() in memory" in log, tail(log)
+    for output in outputs:
+        assert output["counts"] != [EPOCHS] * 64, "the resumed epoch started again"
+        assert sum(output["counts"]) == 12 * 8 + 12 * 8, "192 element-steps, as planned"
