@@ -239,14 +239,15 @@ fn last_finished(scheduled: u64, queued: &[u64], in_flight: &[u64]) -> Option<u6
 }
 
 /// The run count a coordinator's save records, and what runs again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SavedRuns {
     /// Runs `0..runs` are in the checkpoint: the first unfinished run (the
     /// restart schedules from it).
     pub runs: u64,
-    /// Runs above it that had finished: they run again after the restart
-    /// (their effect is in the checkpoint too), named in the log and record.
-    pub finished_after: u64,
+    /// Runs above it that had finished, by index, sorted: they run again after
+    /// the restart (their effect is in the checkpoint too), named in the log and
+    /// the record (`finished_after_first_unfinished`).
+    pub finished_after: Vec<u64>,
 }
 
 /// The run count of a save with the runs `queued` and `in_flight` unfinished
@@ -257,11 +258,9 @@ pub struct SavedRuns {
 pub fn runs_at_save(scheduled: u64, queued: &[u64], in_flight: &[u64]) -> SavedRuns {
     let unfinished: std::collections::HashSet<u64> = queued.iter().chain(in_flight).copied().filter(|&r| r < scheduled).collect();
     let runs = unfinished.iter().copied().min().unwrap_or(scheduled);
-    let after = scheduled - runs;
-    let unfinished_after = u64::try_from(unfinished.len()).unwrap_or(u64::MAX);
     SavedRuns {
         runs,
-        finished_after: after.saturating_sub(unfinished_after),
+        finished_after: (runs..scheduled).filter(|r| !unfinished.contains(r)).collect(),
     }
 }
 
@@ -422,23 +421,23 @@ mod tests {
     #[test]
     fn the_saved_run_count_is_the_first_unfinished_run() {
         // (scheduled, queued, in flight, runs, finished after)
-        type Row<'a> = (u64, &'a [u64], &'a [u64], u64, u64);
+        type Row<'a> = (u64, &'a [u64], &'a [u64], u64, &'a [u64]);
         let rows: &[Row] = &[
-            (46, &[], &[], 46, 0),
-            (46, &[42, 43, 44, 45], &[], 42, 0),
-            (46, &[44, 45], &[42, 43], 42, 0),
+            (46, &[], &[], 46, &[]),
+            (46, &[42, 43, 44, 45], &[], 42, &[]),
+            (46, &[44, 45], &[42, 43], 42, &[]),
             // Run 30 in flight at the bound, 31..35 finished, 36..45 queued.
-            (46, &[36, 37, 38, 39, 40, 41, 42, 43, 44, 45], &[30], 30, 5),
-            (10, &[9], &[3, 7], 3, 4),
+            (46, &[36, 37, 38, 39, 40, 41, 42, 43, 44, 45], &[30], 30, &[31, 32, 33, 34, 35]),
+            (10, &[9], &[3, 7], 3, &[4, 5, 6, 8]),
             // Indices past the count (a run that scheduled two closures) are not runs.
-            (5, &[5, 6], &[], 5, 0),
+            (5, &[5, 6], &[], 5, &[]),
         ];
         for &(scheduled, queued, in_flight, runs, after) in rows {
             assert_eq!(
                 runs_at_save(scheduled, queued, in_flight),
                 SavedRuns {
                     runs,
-                    finished_after: after
+                    finished_after: after.to_vec()
                 },
                 "{scheduled} {queued:?} {in_flight:?}"
             );

@@ -136,10 +136,10 @@ fn gap_runs(scheduled: u64, queued: Vec<u64>, in_flight: Vec<u64>) -> Vec<u64> {
 }
 
 /// `(runs, finished_after)`: the run count a coordinator's save records and
-/// the finished runs after it that run again
+/// the finished runs after it that run again, by index
 /// ([`crate::ps_control::runs_at_save`]).
 #[pyfunction]
-fn runs_at_save(scheduled: u64, queued: Vec<u64>, in_flight: Vec<u64>) -> (u64, u64) {
+fn runs_at_save(scheduled: u64, queued: Vec<u64>, in_flight: Vec<u64>) -> (u64, Vec<u64>) {
     let saved = ps_control::runs_at_save(scheduled, &queued, &in_flight);
     (saved.runs, saved.finished_after)
 }

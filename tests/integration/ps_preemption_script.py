@@ -21,9 +21,11 @@ none changes a run without them):
 * ``--ids``: every closure also carries its own id, the run index
   (``handler.total_run_calls`` before the call, restored from the checkpoint, so the
   ids scheduled through ``handler.run`` are exactly ``0..steps-1``), and adds 1 to
-  ``applied[id]``, a per-id counter on the PS saved in the checkpoint. ``run`` (the id,
-  before the call), ``restored`` and ``done`` (``applied``, ``outside``: the per-id
-  counts) say what was scheduled and applied;
+  ``applied[id]`` and then, in a second write, to ``applied_b[id]``: per-id counters on
+  the PS saved in the checkpoint (a checkpoint with the two different for an id holds
+  that closure half applied). ``run`` (the id, before the call), ``restored`` and
+  ``done`` (``applied``, ``applied_b``, ``outside``: the per-id counts) say what was
+  scheduled and applied;
 * ``--outside-every K``: every K runs, an "evaluation" closure is scheduled directly
   (``coord.schedule``, not through ``handler.run``) with the run index as its id; it
   adds 1 to ``outside[id]`` (``outside`` event when scheduled);
@@ -135,10 +137,11 @@ def coordinator(args) -> int:
         weights = tf.Variable(tf.eye(64) * 0.5, name="weights")
         if args.ids:
             applied = tf.Variable(tf.zeros([args.steps], tf.int64), name="applied")
+            applied_b = tf.Variable(tf.zeros([args.steps], tf.int64), name="applied_b")
             outside = tf.Variable(tf.zeros([args.steps], tf.int64), name="outside")
     parts = {"counter": counter, "weights": weights}
     if args.ids:
-        parts.update(applied=applied, outside=outside)
+        parts.update(applied=applied, applied_b=applied_b, outside=outside)
     checkpoint = tf.train.Checkpoint(**parts)
     config = tfh.TerminationConfig(peer_timeout=args.peer_timeout, grace_period=args.grace_period)
     handler = tfh.PreemptionCheckpointHandler(resolver, checkpoint, args.ckpt, config)
@@ -147,7 +150,11 @@ def coordinator(args) -> int:
     def counts() -> dict:
         if not args.ids:
             return {}
-        return {"applied": _read(applied, _counts), "outside": _read(outside, _counts)}
+        return {
+            "applied": _read(applied, _counts),
+            "applied_b": _read(applied_b, _counts),
+            "outside": _read(outside, _counts),
+        }
 
     emit("restored", runs=runs, counter=_read(counter), **counts())
 
@@ -171,10 +178,13 @@ def coordinator(args) -> int:
 
     @tf.function
     def train_step_id(work, run_id):
-        # train_step, and the closure's own id recorded as applied, after the work.
+        # train_step, and the closure's own id recorded as applied, after the work, in
+        # two writes (applied, then applied_b): a checkpoint read between them holds
+        # the closure half applied.
         total = _work(work)
         counter.assign_add(1)
         applied.scatter_add(_one(run_id))
+        applied_b.scatter_add(_one(run_id))
         return total
 
     @tf.function

@@ -94,13 +94,16 @@ Kinds:
       otherwise);
     * identity, not a sum (``processes/ps_checks.py``): every id below the run count of
       every checkpoint and of ``done`` was applied (``lost ids``); an id applied more
-      than once is a duplicate, and each duplicate application must be explained by
-      the save it was ahead of (at most ``in_flight_at_bound`` of its ``save_start``
-      record, less the closures outside ``handler.run`` its bound named in flight), or
-      by a PS or worker SIGKILLed, paused or gone on its own while that id was
-      unfinished (at most one per worker per such fault); any other duplicate is a
-      violation, except with TensorFlow's coordinator, where it is measured (it cannot
-      hold its workers). Closures scheduled outside ``handler.run`` are reported, not
+      than once is a duplicate, and each duplicate application must be excused by id
+      and on the harness's own clock (its ``closure_begin``/``closure_end``,
+      ``bound_*`` and ``save_*`` events): by the save it was ahead of, whose record
+      names that id (``in_flight_runs`` or ``finished_after_first_unfinished``) as the
+      harness saw it (once per naming save), or by a PS or worker SIGKILLed, paused or
+      gone on its own while that id was in flight on it (a PS: on any worker; once per
+      such fault); a checkpoint holding one of a closure's two writes without the
+      other is a violation unless its save named the id in flight or a fault hit it;
+      any other duplicate is a violation, except with TensorFlow's coordinator, where
+      it is measured (it cannot hold its workers). Closures scheduled outside ``handler.run`` are reported, not
       counted as runs; one the last life scheduled and never applied is a violation;
     * a server exits only by its notice (42) or a SIGKILL; the coordinator exits 0
       after ``done``, 42 after a notice (its own or its PS's), or fails only when a

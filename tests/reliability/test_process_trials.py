@@ -187,40 +187,67 @@ def test_ps_preemption_plans_cover_roles_faults_and_moments():
         assert sum(feature in ps_features(p) for p in first) >= 10, feature
 
 
-def _ids_lives(first_applied, second_applied, done_applied, steps=10):
+def _attempts(**override):
+    """The harness's closures of the first life: ids 0..3 on workers 0 and 1 (t = 10 + id
+    to 10.8 + id), id 4 on worker 0 from 14 to 17.5 (in flight over the bound, 16 to
+    16.5, and into the save, 17 to 18), id 5 never given to a worker (queued).
+    ``override``: id -> (worker, begin, end) or None (no attempt)."""
+    spans = {i: (i % 2, 10.0 + i, 10.8 + i) for i in range(4)}
+    spans[4] = (0, 14.0, 17.5)
+    spans.update({int(k[1:]): v for k, v in override.items()})
+    found = []
+    for i, span in sorted(spans.items()):
+        for worker, begin, end in [span] if isinstance(span, tuple) else span or []:
+            found.append(ps_checks.Attempt(i, worker, begin, end))
+    return found
+
+
+def _snapshot(t, runs, applied, applied_b=None, steps=10):
+    second = list(applied) if applied_b is None else applied_b
+    return {"t": t, "runs": runs, "applied": applied, "applied_b": second, "outside": [0] * steps}
+
+
+def _ids_lives(first_applied, second_applied, done_applied, steps=10, attempts=None, b=None):
     """Two coordinator lives as ps_checks reads them: the first restores nothing, runs ids
-    0..5 (each at t = 10 + id), joins at 13 and saves at run 4 (save_start 17); the second
-    restores that checkpoint (``second_applied``), runs ids 4..9 and ends with
-    ``done_applied``."""
+    0..5 (each handed to handler.run at t = 10 + id), joins at 13.5 and saves at run 4
+    (the harness's bound 16 to 16.5, its save 17 to 18; the record's save_start 17); the
+    second restores that checkpoint (``second_applied``, ``b`` its applied_b), runs ids
+    4..9 and ends with ``done_applied``."""
     first = ps_checks.Life(
         name="coordinator#0",
         pid=100,
         started=0.0,
         ended=20.0,
-        restored={"t": 5.0, "runs": 0, "applied": first_applied, "outside": [0] * steps},
+        restored=_snapshot(5.0, 0, first_applied),
         runs={i: 10.0 + i for i in range(6)},
         outside={},
         join_ends=[13.5],
+        closures=_attempts() if attempts is None else attempts,
+        bound_spans=[(16.0, 16.5)],
+        save_spans=[(17.0, 18.0)],
     )
     second = ps_checks.Life(
         name="coordinator#1",
         pid=101,
         started=30.0,
         ended=None,
-        restored={"t": 35.0, "runs": 4, "applied": second_applied, "outside": [0] * steps},
+        restored=_snapshot(35.0, 4, second_applied, b),
         runs={i: 36.0 + i for i in range(4, steps)},
         outside={},
         join_ends=[50.0],
-        done={"t": 51.0, "runs": steps, "applied": done_applied, "outside": [0] * steps},
+        done=_snapshot(51.0, steps, done_applied),
+        closures=[ps_checks.Attempt(i, i % 2, 36.0 + i, 36.5 + i) for i in range(4, steps)],
     )
     return [first, second]
 
 
-def _identity(second_applied, done_applied, k=None, faults=(), tf_coordinator=False):
-    save = ps_checks.Save(pid=100, agreed_step=4, save_start=17.0, save_end=18.0)
-    if k is not None:
-        save.extra["in_flight_at_bound"] = k
-    lives = _ids_lives([0] * 10, second_applied, done_applied)
+def _identity(
+    second_applied, done_applied, faults=(), tf_coordinator=False, attempts=None, b=None, **named
+):
+    """The verdict on :func:`_ids_lives` with a save whose record has ``named`` (e.g.
+    ``in_flight_runs=[4]``)."""
+    save = ps_checks.Save(pid=100, agreed_step=4, save_start=17.0, save_end=18.0, extra=named)
+    lives = _ids_lives([0] * 10, second_applied, done_applied, attempts=attempts, b=b)
     return ps_checks.check_identity(lives, [save], list(faults), 10, tf_coordinator)
 
 
@@ -250,56 +277,128 @@ def test_identity_check_finds_a_lost_id():
     assert _identity([1, 1, 0, 1] + [0] * 6, CLEAN_DONE, tf_coordinator=True).lost == [2]
 
 
-def test_identity_check_finds_an_unexplained_duplicate():
+def test_identity_check_excuses_only_the_id_the_record_names_and_the_harness_saw():
     # Applied ahead of the checkpoint's run count and again after the restart, with a
-    # record that names no closure in flight at the save's bound: a violation.
-    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, k=0)
+    # record that names no run in flight at the save's bound: a violation.
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE)
     [dup] = verdict.duplicates
     assert (dup.id, dup.kind, dup.life) == (4, ps_checks.AHEAD, "coordinator#0")
     assert verdict.unexplained == 1
     assert any("1 duplicate application(s)" in v for v in verdict.violations)
-    # The record without the field counts as 0.
-    assert _identity(AHEAD_SAVE, AHEAD_DONE).violations
-    # Named by the record (in_flight_at_bound 1): explained.
-    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, k=1)
-    assert not verdict.violations and verdict.explained == 1
-    # Two ahead, one named: one violation.
-    two = [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
-    verdict = _identity(two, [1, 1, 1, 1, 2, 2, 1, 1, 1, 1], k=1)
-    assert (verdict.explained, verdict.unexplained) == (1, 1) and verdict.violations
-    # ... unless the record names the second as finished after the first unfinished run.
-    save = ps_checks.Save(100, 4, 17.0, 18.0, {"in_flight_at_bound": 1})
-    save.extra["finished_after_first_unfinished"] = 1
-    lives = _ids_lives([0] * 10, two, [1, 1, 1, 1, 2, 2, 1, 1, 1, 1])
-    verdict = ps_checks.check_identity(lives, [save], [], 10)
-    assert not verdict.violations and verdict.explained == 2
+    # A count names no id: a record that says "1 in flight" excuses nothing.
+    assert _identity(AHEAD_SAVE, AHEAD_DONE, in_flight_at_bound=1).violations
+    # Named by id, and in flight over the harness's bound: excused.
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, in_flight_at_bound=1, in_flight_runs=[4])
+    assert not verdict.violations and verdict.explained == 1, verdict.duplicates
+    # Named, but the harness saw it finish before its bound began: the record is wrong.
+    finished = _attempts(i4=(0, 14.0, 15.0))
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, attempts=finished, in_flight_runs=[4])
+    assert verdict.unexplained == 1 and verdict.violations
+    # Named, but never given to a worker by the harness's account: not excused either.
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, attempts=_attempts(i4=None), in_flight_runs=[4])
+    assert verdict.unexplained == 1 and verdict.violations
     # With TensorFlow's coordinator: measured, not a violation.
-    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, k=0, tf_coordinator=True)
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, tf_coordinator=True)
     assert not verdict.violations and verdict.unexplained == 1
 
 
-def test_identity_check_attributes_duplicates_to_a_fault_window():
-    kill = ps_checks.FaultWindow("SIGKILL worker0", start=14.0, end=17.0, budget=2)
-    # Id 4 ran from t 14 until the save's start (17, no join in between): the kill at 14
-    # may have made TensorFlow run it again.
-    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, k=0, faults=[kill])
-    assert not verdict.violations and verdict.duplicates[0].explained_by == "SIGKILL worker0"
-    # A kill before the id was handed to handler.run explains nothing (ids 0..3 were
-    # joined at 13.5; id 4 ran at 14).
-    early = ps_checks.FaultWindow("SIGKILL worker0", start=5.0, end=8.0, budget=2)
-    assert _identity(AHEAD_SAVE, AHEAD_DONE, k=0, faults=[early]).violations
-    # A repeat of id 1 (joined at 13.5) after a kill at 12: explained; at 14: not.
-    repeat = [1, 2, 1, 1, 0, 0, 0, 0, 0, 0]
-    done = [1, 2, 1, 1, 1, 1, 1, 1, 1, 1]
-    at12 = ps_checks.FaultWindow("SIGSTOP worker1", start=12.0, end=12.5, budget=2)
-    assert not _identity(repeat, done, faults=[at12]).violations
-    at14 = ps_checks.FaultWindow("SIGSTOP worker1", start=14.0, end=14.5, budget=2)
-    assert _identity(repeat, done, faults=[at14]).violations
-    # A fault explains at most its budget (the workers that can have a closure in flight).
-    three = [2, 2, 2, 1, 0, 0, 0, 0, 0, 0]
-    one = ps_checks.FaultWindow("SIGKILL worker0", start=10.0, end=14.0, budget=2)
-    verdict = _identity(three, [2, 2, 2, 1, 1, 1, 1, 1, 1, 1], faults=[one])
-    assert (verdict.explained, verdict.unexplained) == (2, 1), verdict.duplicates
+def test_identity_check_finished_after_the_first_unfinished_run_by_id():
+    # Run 4 in flight over the bound, run 5 finished before it (14.5 to 15): both in the
+    # checkpoint, both run again. The record names each: both excused.
+    attempts = _attempts(i5=(1, 14.5, 15.0))
+    two, done = [1, 1, 1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 2, 2, 1, 1, 1, 1]
+    named = {"in_flight_runs": [4], "finished_after_first_unfinished": [5]}
+    verdict = _identity(two, done, attempts=attempts, **named)
+    assert not verdict.violations and verdict.explained == 2, verdict.duplicates
+    # A count (issue 48's record) names no id.
+    verdict = _identity(
+        two, done, attempts=attempts, in_flight_runs=[4], finished_after_first_unfinished=1
+    )
+    assert (verdict.explained, verdict.unexplained) == (1, 1) and verdict.violations
+    # Run 4, the first unfinished by the record, had finished before the harness's bound
+    # began: run 5 is no "finished after" (and 4 no "in flight"): neither is excused.
+    early = _attempts(i4=(0, 14.0, 15.5), i5=(1, 14.5, 15.0))
+    verdict = _identity(two, done, attempts=early, **named)
+    assert verdict.unexplained == 2 and verdict.violations
+
+
+def test_identity_check_history_a_a_queued_run_ran_during_the_save():
+    # Issue 60, history (A): run 4 in flight at the bound never reached the checkpoint,
+    # but run 5, queued, ran during the save (a broken hold) and is in it. Issue 48's
+    # check excused run 5's duplicate with in_flight_at_bound 1; the record names run 4.
+    attempts = _attempts(i5=(1, 17.2, 17.6))
+    saved = [1, 1, 1, 1, 0, 1, 0, 0, 0, 0]
+    done = [1, 1, 1, 1, 1, 2, 1, 1, 1, 1]
+    verdict = _identity(saved, done, attempts=attempts, in_flight_at_bound=1, in_flight_runs=[4])
+    [dup] = verdict.duplicates
+    assert (dup.id, dup.kind, dup.explained_by) == (5, ps_checks.AHEAD, None)
+    assert verdict.violations
+
+
+def test_identity_check_history_b_an_ahead_run_applied_twice_before_the_save():
+    # Issue 60, history (B): runs 4 and 5 were in flight at the bound (named); run 4 was
+    # applied twice before the save, run 5 not at all. Issue 48's check spent the record's
+    # count (2 in flight) on run 4's two duplicates; by id, the record excuses one.
+    attempts = _attempts(i5=(1, 15.0, 17.6))
+    saved = [1, 1, 1, 1, 2, 0, 0, 0, 0, 0]
+    done = [1, 1, 1, 1, 3, 1, 1, 1, 1, 1]
+    named = {"in_flight_at_bound": 2, "in_flight_runs": [4, 5]}
+    verdict = _identity(saved, done, attempts=attempts, **named)
+    assert (verdict.explained, verdict.unexplained) == (1, 1), verdict.duplicates
+    assert verdict.violations
+
+
+def test_identity_check_history_c_a_pause_excuses_only_what_it_hit():
+    # Issue 60, history (C): run 1, finished at 11.8, was applied again; worker 1 (which
+    # ran it) was paused 5 s later, 16.8 to 17.0, with nothing in flight. With no join
+    # before the save, issue 48's check made run 1's window reach the save and the pause
+    # excused it. It has nothing to do with run 1.
+    saved, done = [1, 2, 1, 1, 0, 0, 0, 0, 0, 0], [1, 2, 1, 1, 1, 1, 1, 1, 1, 1]
+    pause = ps_checks.FaultWindow("SIGSTOP worker1", 16.8, 17.0, "worker1")
+    lives = _ids_lives([0] * 10, saved, done)
+    lives[0].join_ends = []
+    save = ps_checks.Save(100, 4, 17.0, 18.0, {})
+    verdict = ps_checks.check_identity(lives, [save], [pause], 10)
+    [dup] = verdict.duplicates
+    assert (dup.id, dup.kind, dup.explained_by) == (1, ps_checks.REPEAT, None)
+    assert verdict.violations
+
+
+def test_identity_check_a_fault_excuses_the_closure_it_hit_in_flight():
+    # Run 4 ran on worker 0 from 14 to 17.5: a kill of worker 0 at 15 can have made it
+    # run again; a kill of worker 1 then cannot; a PS's kill can (any worker's).
+    kill0 = ps_checks.FaultWindow("SIGKILL worker0", 15.0, 15.0, "worker0")
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, faults=[kill0])
+    assert not verdict.violations, verdict.duplicates
+    assert verdict.duplicates[0].explained_by == "SIGKILL worker0 with run 4 in flight"
+    kill1 = ps_checks.FaultWindow("SIGKILL worker1", 15.0, 15.0, "worker1")
+    assert _identity(AHEAD_SAVE, AHEAD_DONE, faults=[kill1]).violations
+    ps = ps_checks.FaultWindow("SIGSTOP ps0", 15.0, 16.0, "ps0")
+    assert not _identity(AHEAD_SAVE, AHEAD_DONE, faults=[ps]).violations
+    # Before run 4 was given to a worker: nothing of it was in flight.
+    early = ps_checks.FaultWindow("SIGKILL worker0", 13.9, 13.9, "worker0")
+    assert _identity(AHEAD_SAVE, AHEAD_DONE, faults=[early]).violations
+    # A pause covers what began on the worker while it lasted.
+    pause = ps_checks.FaultWindow("SIGSTOP worker0", 13.0, 14.5, "worker0")
+    assert not _identity(AHEAD_SAVE, AHEAD_DONE, faults=[pause]).violations
+    # One fault excuses one application per closure it hit: run 4 applied three times
+    # (twice ahead, once after the restart) with one kill is one too many.
+    verdict = _identity([1, 1, 1, 1, 2, 0, 0, 0, 0, 0], [1, 1, 1, 1, 3, 1, 1, 1, 1, 1], [kill0])
+    assert (verdict.explained, verdict.unexplained) == (1, 1)
+
+
+def test_identity_check_finds_a_half_applied_closure_in_a_checkpoint():
+    # Run 4's first write (applied) is in the checkpoint, its second (applied_b) is not.
+    torn = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, b=torn, in_flight_runs=[4])
+    assert not verdict.torn and not verdict.violations, verdict.violations
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, b=torn)
+    assert verdict.torn == [("coordinator#1 restored", 4)]
+    assert any("half applied" in v for v in verdict.violations)
+    # Measured, not a violation, with TensorFlow's coordinator.
+    verdict = _identity(AHEAD_SAVE, AHEAD_DONE, b=torn, tf_coordinator=True)
+    assert verdict.torn and "tf_coordinator_torn" in verdict.notes
+    assert not [v for v in verdict.violations if "half applied" in v]
 
 
 def test_identity_check_finds_a_run_count_that_went_back():
@@ -312,14 +411,14 @@ def test_identity_check_finds_a_run_count_that_went_back():
             pid,
             started,
             started + 9.0,
-            {"t": started + 1.0, "runs": restored, "applied": applied, "outside": [0] * 10},
+            _snapshot(started + 1.0, restored, applied),
             {i: started + 2.0 + i / 10 for i in runs},
             {},
             [started + 5.0],
             done=done,
         )
 
-    done = {"t": 29.0, "runs": 10, "applied": [1, 1, 1, 1, 2, 2, 2, 1, 1, 1], "outside": []}
+    done = _snapshot(29.0, 10, [1, 1, 1, 1, 2, 2, 2, 1, 1, 1])
     lives = [
         life("coordinator#0", 100, 0.0, 0, range(6), [0] * 10),
         life("coordinator#1", 101, 10.0, 5, range(5, 7), [1] * 5 + [0] * 5),
@@ -335,16 +434,12 @@ def test_identity_check_finds_a_run_count_that_went_back():
     assert verdict.unexplained == 3 and verdict.violations and not verdict.lost
 
 
-def test_identity_check_charges_outside_closures_against_the_bound():
-    # The bound named 1 in flight, and that one was an evaluation closure scheduled
-    # outside handler.run: a handler id applied ahead is not explained by it.
-    save = ps_checks.Save(100, 4, 17.0, 18.0, {"in_flight_at_bound": 1})
-    lives = _ids_lives([0] * 10, AHEAD_SAVE, AHEAD_DONE)
-    lives[0].bounds = [(16.5, {"queued": 0, "in_flight_names": ["eval_step"]})]
-    verdict = ps_checks.check_identity(lives, [save], [], 10)
-    assert verdict.unexplained == 1 and verdict.violations
-    lives[0].bounds = [(16.5, {"queued": 0, "in_flight_names": ["train_step_id"]})]
-    assert not ps_checks.check_identity(lives, [save], [], 10).violations
+def test_identity_check_does_not_count_an_outside_closure_as_a_named_run():
+    # The bound had one closure in flight, an evaluation scheduled outside handler.run
+    # (the record names its function, no run id): a handler id applied ahead is not
+    # excused by it.
+    extra = {"in_flight_at_bound": 1, "in_flight": {"0": "__inference_eval_step_7"}}
+    assert _identity(AHEAD_SAVE, AHEAD_DONE, **extra).violations
 
 
 def test_outside_closures_are_reported_not_counted_as_runs():

@@ -452,6 +452,47 @@ def _function_names(in_flight) -> list:
     return names
 
 
+def _closure_name(closure) -> str:
+    """The closure's function name (its concrete function's, e.g.
+    ``__inference_train_step_id_97``)."""
+    function = getattr(closure, "_concrete_function", None) or getattr(closure, "_function", None)
+    name = getattr(function, "name", None) or getattr(function, "__name__", None)
+    name = name.decode() if isinstance(name, bytes) else name
+    return str(name) if name else type(closure).__name__
+
+
+#: The function of ps_preemption_script.py whose second argument is the run id.
+RUN_FUNCTION = "train_step_id"
+
+
+def _closure_run(closure, name: str):
+    """The handler's run index of ``closure``: our coordinator's closures carry it
+    (``_tfh_run``); on TensorFlow's, which keeps none, the script's ``train_step_id``
+    closure's second argument is it. None for any other closure."""
+    run = getattr(closure, "_tfh_run", None)
+    if run is not None:
+        return int(run)
+    args = getattr(closure, "_args", None) or ()
+    if RUN_FUNCTION in name and len(args) >= 2 and hasattr(args[1], "numpy"):
+        try:
+            return int(args[1].numpy())
+        except Exception:  # noqa: BLE001 - not a readable id: none
+            return None
+    return None
+
+
+def _closure_finished(closure) -> bool:
+    """Whether ``_process_closure`` finished ``closure`` (False: it failed, and TF's
+    failure handling put it back in the queue or gave its RemoteValue the error)."""
+    ref = getattr(closure, "_output_remote_value_ref", None)
+    remote_value = ref() if callable(ref) else None
+    status = getattr(remote_value, "_status", None)
+    if status is None:  # no RemoteValue left to tell (the caller dropped it)
+        return True
+    ready = getattr(status, "name", str(status)) == "READY"
+    return ready and getattr(remote_value, "_error", None) is None
+
+
 def instrument_ps_coordinator(control: Path, tf_coordinator: bool = False) -> None:
     """The events and gates of the ``ps-preemption`` coordinator (module docstring).
     With ``tf_coordinator`` the script runs TensorFlow's own ``ClusterCoordinator``,
@@ -481,10 +522,26 @@ def instrument_ps_coordinator(control: Path, tf_coordinator: bool = False) -> No
         return gated
 
     def process_closure(original):
-        def gated(self, *args, **kwargs):
+        def gated(self, closure, *args, **kwargs):
             if not _DISPATCH.is_set():
                 _DISPATCH.wait(ACK_GATE_TIMEOUT)
-            return original(self, *args, **kwargs)
+            # The harness's own account of the closure, on its own clock: which run
+            # (the handler's run index; None for a closure scheduled outside
+            # handler.run), on which worker, from when to when, and whether it finished.
+            name = _closure_name(closure)
+            fields = {
+                "run": _closure_run(closure, name),
+                "worker": getattr(self, "worker_index", None),
+                "fn": name,
+            }
+            emit("closure_begin", **fields)
+            ok = False
+            try:
+                result = original(self, closure, *args, **kwargs)
+                ok = _closure_finished(closure)
+                return result
+            finally:
+                emit("closure_end", ok=ok, **fields)
 
         return gated
 

@@ -1384,8 +1384,8 @@ def test_the_save_saves_at_the_first_unfinished_run():
     """The checkpoint counts runs, and a restart schedules from the count on: it must be
     the first unfinished run (the core's ``runs_at_save``), with the finished runs after
     it named (they run again)."""
-    assert runs_at_save(39, [36, 37, 38], [30]) == (30, 5)
-    assert runs_at_save(46, [43, 44, 45], []) == (43, 0)
+    assert runs_at_save(39, [36, 37, 38], [30]) == (30, [31, 32, 33, 34, 35])
+    assert runs_at_save(46, [43, 44, 45], []) == (43, [])
     assert gap_runs(38, [36, 37, 30], []) == [30]
 
 
@@ -1412,4 +1412,4 @@ def test_the_save_lets_a_live_worker_run_a_put_back_run_first():
     )
     assert queue.promoted == [[10]] and unfinished.gap_runs == [10]
     assert unfinished.queued_runs == [12, 13] and unfinished.in_flight_runs == []
-    assert runs_at_save(14, unfinished.queued_runs, unfinished.in_flight_runs) == (12, 0)
+    assert runs_at_save(14, unfinished.queued_runs, unfinished.in_flight_runs) == (12, [])

@@ -78,6 +78,9 @@ class Unfinished:
         self.queued_runs = queued_runs
         self.in_flight_runs = in_flight_runs
         self.gap_runs = gap_runs or []
+        #: Worker index -> the handler's run it had in flight at the bound (our
+        #: coordinator's; the log names each run with its worker).
+        self.in_flight_runs_by_worker: dict = {}
 
     @property
     def in_flight_count(self) -> int:
@@ -189,7 +192,7 @@ def wait_for_closures(
 def _left_behind(queue: Any, workers: list, plan: Any, clock: Callable[[], float]) -> Unfinished:
     """Waits (within what is left of ``plan``'s bound) for every held worker to be idle;
     what is unfinished then."""
-    in_flight, outside_in_flight, in_flight_runs = {}, {}, []
+    in_flight, outside_in_flight, in_flight_runs, by_worker = {}, {}, [], {}
     for worker in workers:
         if not worker.wait_idle(plan.left(clock())):
             closure = worker.taken()
@@ -205,14 +208,17 @@ def _left_behind(queue: Any, workers: list, plan: Any, clock: Callable[[], float
                 in_flight[worker.worker_index] = name
                 if run is not None:
                     in_flight_runs.append(run)
+                    by_worker[worker.worker_index] = run
     # The main queue holds the scheduled closures (per-worker resources wait on the
     # workers' tag queues, never counted).
     queued = _qsize(queue)
     listed = getattr(queue, "queued_closures", None)
     if listed is None:  # a queue that cannot list them: every one counts as a run
-        return Unfinished(queued, in_flight, True, outside_in_flight=outside_in_flight)
+        left = Unfinished(queued, in_flight, True, outside_in_flight=outside_in_flight)
+        left.in_flight_runs_by_worker = by_worker
+        return left
     queued_runs = [r for r in (_run_of(c) for c in listed()) if r is not None]
-    return Unfinished(
+    left = Unfinished(
         len(queued_runs),
         in_flight,
         True,
@@ -221,6 +227,8 @@ def _left_behind(queue: Any, workers: list, plan: Any, clock: Callable[[], float
         queued_runs=queued_runs,
         in_flight_runs=in_flight_runs if len(in_flight_runs) == len(in_flight) else None,
     )
+    left.in_flight_runs_by_worker = by_worker
+    return left
 
 
 # _SETTLE_LOOK is the core's (src/ps_control.rs's DRAIN_SETTLE_LOOK).

@@ -60,7 +60,7 @@ class PsSteps:
         #: The run count before the last save took off its unfinished runs, and how
         #: many finished runs after its first unfinished one run again.
         self._scheduled = 0
-        self._finished_after = 0
+        self._finished_after: list = []
         self._join_check: Any = None
 
     @property
@@ -158,7 +158,7 @@ class PsSteps:
         ``save_start`` record name them.
         """
         self._unfinished = None
-        self._finished_after = 0
+        self._finished_after = []
         if self.poller is None:
             return
         coordinator = self._coordinator()
@@ -200,15 +200,16 @@ class PsSteps:
                 scheduled, unfinished.queued_runs, unfinished.in_flight_runs
             )
         else:  # TensorFlow's coordinator: the unfinished ones are taken as the last
-            runs, self._finished_after = max(0, scheduled - unfinished.count), 0
+            runs, self._finished_after = max(0, scheduled - unfinished.count), []
         self._core.run_counter = runs
         if self._finished_after:
             log.warning(
-                "%d run(s) after run %d had finished before it: they are in the checkpoint "
-                "and run again after the restart (restarts count runs from the first that "
-                "did not finish).",
-                self._finished_after,
+                "%d run(s) after run %d had finished before it (%s): they are in the "
+                "checkpoint and run again after the restart (restarts count runs from the "
+                "first that did not finish).",
+                len(self._finished_after),
                 runs,
+                _ids(self._finished_after),
             )
         if unfinished.queued:
             log.warning(
@@ -218,7 +219,11 @@ class PsSteps:
                 self._core.run_counter,
             )
         if unfinished.in_flight_count:
-            running = [f"{fn} on worker {i}" for i, fn in unfinished.in_flight.items()]
+            runs_of = unfinished.in_flight_runs_by_worker
+            running = [
+                f"{fn} on worker {i}" + (f" (run {runs_of[i]})" if i in runs_of else "")
+                for i, fn in unfinished.in_flight.items()
+            ]
             if unfinished.unnamed:
                 running.append(
                     f"{unfinished.unnamed} on TensorFlow's coordinator, which cannot hold "
@@ -257,10 +262,12 @@ class PsSteps:
         }
         if unfinished.in_flight:
             fields["in_flight"] = {str(i): fn for i, fn in unfinished.in_flight.items()}
+        if unfinished.in_flight_runs:
+            fields["in_flight_runs"] = sorted(unfinished.in_flight_runs)
         if unfinished.in_flight_count:
             fields["in_flight_effect"] = "may be in the checkpoint and will run again"
         if self._finished_after:
-            fields["finished_after_first_unfinished"] = self._finished_after
+            fields["finished_after_first_unfinished"] = list(self._finished_after)
         if unfinished.gap_runs:
             fields["gap_runs"] = list(unfinished.gap_runs)
         if unfinished.outside_count:

@@ -27,29 +27,42 @@ counted.
 **Verdict.** Every id below the run count of every checkpoint (and of ``done``) was
 applied at least once: a count of 0 is a **lost id**. An id applied ``n >= 2`` times
 has ``n - 1`` **duplicates**: every application but one (its ``own``, else its
-first), each attributed to the segment and kind where it happened, and each must be
-explained, else it is a violation:
+first), each attributed to the segment and kind where it happened. Each must be
+excused, by id and on the harness's own clock, else it is a violation. The harness
+(``trial_worker.py``) writes its own events: ``closure_begin`` / ``closure_end`` around
+every closure a coordinator worker thread processes (the run id, the worker, its
+time), ``bound_begin`` / ``bound_end`` around the handler's wait for the closures and
+``save_begin`` / ``save_end`` around ``CheckpointManager.save``. Nothing the package
+measured is taken for a time. What excuses one application of id ``i``:
 
-* by the **save's bound** (``ahead`` only): the segment ends at a save whose
-  ``save_start`` record says ``in_flight_at_bound`` K (0 when absent); at most K ahead
-  applications of that segment are explained, fewer by the closures scheduled outside
-  ``handler.run`` that the bound named in flight (the record's ``in_flight`` function
-  names, else ``bound_end``'s); and at most F more, F being the record's
-  ``finished_after_first_unfinished`` (runs that finished after one still in flight or
-  queued at the bound: the run count is a prefix, so they run again, and the record
-  says how many);
-* by a **fault that can re-execute a closure**: a PS or worker SIGKILLed or SIGSTOPped,
-  or gone on its own, whose window -- from its signal to :data:`TAINT_AFTER` seconds
-  after it exited or resumed -- meets the id's window in that life: from its ``run``
-  line to the first ``join_end`` after it (or the save's ``save_start``, or the life's
-  end); a ``stale`` application's window runs from the id's ``run`` in the life that
-  scheduled it to the restore. Each fault explains at most as many applications as
-  there are workers (the closures that can be in flight at once).
+* **the save's record, confirmed by the harness** (``ahead`` only, once per save that
+  names ``i``): the segment ends at a save whose ``save_start`` record names ``i``
+  in ``in_flight_runs`` (in flight at the bound), and the harness saw ``i`` in flight
+  on a worker at some moment of its own bound window (begun before its ``bound_end``,
+  not finished before its ``bound_begin``); or the record names ``i`` in
+  ``finished_after_first_unfinished``, the harness saw ``i`` finish before its
+  ``save_end``, and saw the saved run count's own run (the first unfinished) not
+  finished before its ``bound_begin``;
+* **a fault, for what it can cause** (any kind, once per fault and id): a worker
+  SIGKILLed, SIGSTOPped or gone on its own excuses the closure that worker had in
+  flight while the fault lasted (from the signal to the SIGCONT; a kill or an exit: at
+  that moment), by the harness's events; a PS's, the closures in flight on any
+  worker then.
 
-A notice, a drain, a coordinator's crash or pause explains nothing. With TensorFlow's own
-coordinator (a named variant) the unexplained duplicates are measured, not violations: it
-cannot hold its workers, so closures in flight at the save may run twice; nothing may be
-lost there either.
+So with our coordinator an id is applied at most ``1 + S + F`` times: ``S`` the saves
+whose records name it, ``F`` the faults that hit it in flight. A notice, a drain, a
+coordinator's crash or pause excuses nothing.
+
+**Torn closures.** The closure makes two writes (``applied[i]`` then
+``applied_b[i]``): every checkpoint holds both or neither for every id, unless the
+save that wrote it names the id in ``in_flight_runs`` (its writes may straddle the
+save's reads) or a fault hit it in flight (a worker killed between the two writes);
+``done`` likewise.
+
+With TensorFlow's own coordinator (a named variant, which keeps no run ids) the
+unexcused duplicates and torn ids are measured, not violations: it cannot hold its
+workers, so closures in flight at the save may run twice; nothing may be lost there
+either.
 
 Closures scheduled **outside** ``handler.run`` (``outside[id]``, the script's
 ``--outside-every``) are no handler runs: they are reported (scheduled, applied, missing
@@ -69,7 +82,6 @@ from integration.mwms_worker import tail
 from .ps_preemption import (
     PEER_TIMEOUT,
     RESTART_CODE,
-    TAINT_AFTER,
     FaultDriver,
     Launcher,
     role_kind,
@@ -81,8 +93,21 @@ OWN, REPEAT, AHEAD, STALE = "own", "repeat", "ahead", "stale"
 #: An id run again in a later life's own range though an earlier checkpoint counted it
 #: (a saved run count below the restored one).
 RERUN = "rerun"
-#: The evaluation closure's function name in ps_preemption_script.py (``bound_end``).
-OUTSIDE_FUNCTION = "eval_step"
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One closure a coordinator worker thread processed, by the harness's events."""
+
+    run: Optional[int]  # the handler's run id (None: scheduled outside handler.run)
+    worker: Optional[int]
+    begin: float
+    end: Optional[float]  # None: never finished in this life (the process ended first)
+    ok: bool = True
+
+    def in_flight_during(self, start: float, end: float) -> bool:
+        """Whether the closure was in flight at some moment of ``[start, end]``."""
+        return self.begin <= end and (self.end is None or self.end >= start)
 
 
 @dataclasses.dataclass
@@ -93,13 +118,21 @@ class Life:
     pid: int
     started: float
     ended: Optional[float]  # its exit, None if still running at the end
-    restored: Optional[dict]  # the restored event: runs, applied, outside, t
+    restored: Optional[dict]  # the restored event: runs, applied, applied_b, outside, t
     runs: dict  # id -> time of its run line
     outside: dict  # outside id -> time it was scheduled
     join_ends: list  # times of join_end lines
     done: Optional[dict] = None
     #: bound_end results, with their times: (t, result dict).
     bounds: list = dataclasses.field(default_factory=list)
+    #: The harness's events: every closure processed (:class:`Attempt`), and its
+    #: (begin, end) around the wait for closures (``bound_*``) and the save (``save_*``).
+    closures: list = dataclasses.field(default_factory=list)
+    bound_spans: list = dataclasses.field(default_factory=list)
+    save_spans: list = dataclasses.field(default_factory=list)
+
+    def attempts(self, run: int) -> list:
+        return [a for a in self.closures if a.run == run]
 
 
 @dataclasses.dataclass
@@ -115,22 +148,32 @@ class Save:
 
 @dataclasses.dataclass
 class FaultWindow:
-    """A fault that can re-execute a closure, and how many it may explain."""
+    """A fault that can re-execute a closure: on ``role`` (``worker1``, ``ps0``), from
+    ``start`` to ``end`` (a pause: its signal to its SIGCONT; a kill or an exit: one
+    moment)."""
 
     what: str
     start: float
     end: float
-    budget: int
+    role: str
+
+    def hits(self, attempt: Attempt) -> bool:
+        """Whether the fault can have re-executed ``attempt``: it was in flight while
+        the fault lasted, on the worker hit (a PS's fault: on any worker)."""
+        if not attempt.in_flight_during(self.start, self.end):
+            return False
+        if role_kind(self.role) == "ps":
+            return True
+        return attempt.worker == int(self.role[len(role_kind(self.role)) :])
 
 
 @dataclasses.dataclass
 class Application:
-    """One application of an id beyond its first (a duplicate), and its explanation."""
+    """One application of an id beyond its first (a duplicate), and what excused it."""
 
     id: int
     life: str
     kind: str
-    window: tuple
     explained_by: Optional[str] = None
 
 
@@ -140,6 +183,7 @@ class Identity:
 
     lost: list = dataclasses.field(default_factory=list)  # ids
     duplicates: list = dataclasses.field(default_factory=list)  # Application
+    torn: list = dataclasses.field(default_factory=list)  # (snapshot, id)
     violations: list = dataclasses.field(default_factory=list)
     notes: dict = dataclasses.field(default_factory=dict)
 
@@ -173,34 +217,56 @@ def _segments(lives: list, saves: list) -> list:
     return chain
 
 
-def _window_end(life: Life, since: float, save: Optional[Save]) -> float:
-    """When an id handed to ``handler.run`` at ``since`` was surely finished in ``life``."""
-    ends = [t for t in life.join_ends if t >= since]
-    if life.done is not None:
-        ends.append(life.done["t"])
-    if save is not None and save.save_start >= since:
-        ends.append(save.save_start)
-    if ends:
-        return min(ends)
-    return life.ended if life.ended is not None else float("inf")
+def _named(save: Save, field: str) -> set:
+    """The run ids a save's record lists under ``field`` (none for a count: a record
+    that names no id excuses nothing)."""
+    found = save.extra.get(field)
+    return {int(i) for i in found} if isinstance(found, list) else set()
 
 
-def _outside_in_flight(life: Life, save: Save) -> int:
-    """Closures scheduled outside handler.run that the save's bound named in flight: by
-    the record's ``in_flight`` (worker -> function), else by the ``bound_end`` line."""
-    named = save.extra.get("in_flight")
-    if isinstance(named, dict):
-        return sum(OUTSIDE_FUNCTION in str(fn) for fn in named.values())
-    before = [r for t, r in life.bounds if t <= save.save_start + 1.0]
-    if not before or not isinstance(before[-1], dict):
-        return 0
-    return sum(OUTSIDE_FUNCTION in str(n) for n in before[-1].get("in_flight_names", []))
+def _harness_spans(life: Life) -> Optional[tuple]:
+    """``(bound_begin, bound_end, save_begin, save_end)`` of the last save the harness saw
+    finish in ``life`` (the one the next life restored), or None."""
+    saves = [span for span in life.save_spans if span[1] is not None]
+    if not saves:
+        return None
+    save_begin, save_end = saves[-1]
+    bounds = [b for b in life.bound_spans if b[1] is not None and b[1] <= save_begin]
+    if not bounds:
+        return None
+    bound_begin, bound_end = bounds[-1]
+    return bound_begin, bound_end, save_begin, save_end
+
+
+def _save_excuse(life: Life, save: Save, run: int) -> Optional[str]:
+    """Why the save that ended ``life``'s segment may have left ``run`` both in its
+    checkpoint and to run again, by its record and the harness's events; None if
+    neither holds (module docstring)."""
+    spans = _harness_spans(life)
+    if spans is None:
+        return None
+    bound_begin, bound_end, _, save_end = spans
+    if run in _named(save, "in_flight_runs") and any(
+        a.in_flight_during(bound_begin, bound_end) for a in life.attempts(run)
+    ):
+        return f"run {run} in flight at the save's bound (record and harness)"
+    first_unfinished = save.agreed_step
+    if (
+        run in _named(save, "finished_after_first_unfinished")
+        and any(a.ok and a.end is not None and a.end <= save_end for a in life.attempts(run))
+        and not any(
+            a.ok and a.end is not None and a.end < bound_begin
+            for a in life.attempts(first_unfinished)
+        )
+    ):
+        return f"run {run} finished after run {first_unfinished}, unfinished at the bound"
+    return None
 
 
 def check_identity(
     lives: list, saves: list, faults: list, steps: int, tf_coordinator: bool = False
 ) -> Identity:
-    """Lost ids and duplicates, each duplicate explained or not (module docstring).
+    """Lost ids, duplicates (each excused or not) and torn closures (module docstring).
 
     ``lives``: :class:`Life` (oldest first); ``saves``: :class:`Save`; ``faults``:
     :class:`FaultWindow`.
@@ -223,6 +289,12 @@ def check_identity(
             f"{len(lost)} id(s) scheduled through handler.run, counted as run by a "
             f"checkpoint or done, and never applied: {_ids(out.lost)}"
         )
+    # What each fault can have re-executed or cut short: the closures it hit in flight.
+    hit = [
+        {a.run for life in lives for a in life.closures if a.run is not None and f.hits(a)}
+        for f in faults
+    ]
+    _check_torn(lives, chain, out, tf_coordinator, set().union(*hit))
     # Every application, by id, in the chain's segments.
     apps: dict = {}
     segments = []
@@ -247,68 +319,36 @@ def check_identity(
                 f"{life.name} handed ids {_ids(ids)} to handler.run, not {r0}.. in order"
             )
     out.lost = sorted(lost)
-    # The duplicates: every application but one (its own, else its first).
+    # The duplicates: every application but one (its own, else its first). A save's
+    # record excuses an ahead application of its segment, once per id it names.
+    by_save: set = set()  # (life, id) a save excused
     for i, found in sorted(apps.items()):
         keep = next((n for n, (_, k, _) in enumerate(found) if k == OWN), 0)
         for n, (life, kind, save) in enumerate(found):
             if n == keep:
                 continue
-            if kind == OWN:
-                kind = RERUN
-            if kind == STALE:
-                earlier = [lf.runs[i] for lf in lives if i in lf.runs and lf.started < life.started]
-                since = max(earlier or [life.started])
-                until = life.restored["t"] + TAINT_AFTER
-            else:
-                since = life.runs.get(i, life.started)
-                until = _window_end(life, since, save)
-            out.duplicates.append(Application(i, life.name, kind, (since, until)))
-    # The save's bound explains ahead applications first, up to what its record names:
-    # the handler's closures in flight at the bound, then the finished runs after the
-    # first unfinished one (they run again, the run count being a prefix).
-    by_save: dict = {}
-    for life, _, _, save in chain:
-        if save is None:
-            continue
-        k = save.extra.get("in_flight_at_bound")
-        outside = _outside_in_flight(life, save)
-        after = int(save.extra.get("finished_after_first_unfinished") or 0)
-        by_save[life.name] = [max(0, int(k or 0) - outside), k, outside, after]
-    for d in out.duplicates:
-        entry = by_save.get(d.life)
-        if d.kind != AHEAD or not entry:
-            continue
-        if entry[0] > 0:
-            entry[0] -= 1
-            d.explained_by = f"in flight at the save's bound (in_flight_at_bound {entry[1]})"
-        elif entry[3] > 0:
-            entry[3] -= 1
-            d.explained_by = "finished after the first unfinished run at the save's bound"
-    # Then the faults, each up to its budget, in the order they came.
-    left = {n: f.budget for n, f in enumerate(faults)}
+            d = Application(i, life.name, RERUN if kind == OWN else kind)
+            if kind == AHEAD and save is not None and (life.name, i) not in by_save:
+                d.explained_by = _save_excuse(life, save, i)
+                if d.explained_by is not None:
+                    by_save.add((life.name, i))
+            out.duplicates.append(d)
+    # Then the faults: each excuses one application of each closure it hit in flight.
+    left = [set(runs) for runs in hit]
     for d in out.duplicates:
         if d.explained_by is not None:
             continue
         for n, f in enumerate(faults):
-            if left[n] > 0 and f.start <= d.window[1] and f.end >= d.window[0]:
-                left[n] -= 1
-                d.explained_by = f.what
+            if d.id in left[n]:
+                left[n].discard(d.id)
+                d.explained_by = f"{f.what} with run {d.id} in flight"
                 break
     unexplained = [d for d in out.duplicates if d.explained_by is None]
     if unexplained:
         text = (
-            f"{len(unexplained)} duplicate application(s) that no kill, pause or save bound "
-            f"explains: "
-            + "; ".join(
-                f"id {d.id} {d.kind} in {d.life}"
-                + (
-                    f" (its save named {by_save[d.life][1]} in flight, "
-                    f"{by_save[d.life][2]} of them outside handler.run)"
-                    if d.life in by_save
-                    else ""
-                )
-                for d in unexplained[:10]
-            )
+            f"{len(unexplained)} duplicate application(s) that no save's record (confirmed "
+            f"by the harness) nor kill or pause of a task running it excuses: "
+            + "; ".join(f"id {d.id} {d.kind} in {d.life}" for d in unexplained[:10])
         )
         if tf_coordinator:
             out.notes["tf_coordinator_unexplained"] = text
@@ -319,6 +359,35 @@ def check_identity(
         {"id": d.id, "life": d.life, "kind": d.kind, "by": d.explained_by} for d in out.duplicates
     ]
     return out
+
+
+def _check_torn(lives: list, chain: list, out: Identity, tf_coordinator: bool, hit: set) -> None:
+    """Every checkpoint holds both of a closure's writes or neither, but for the runs
+    its save names in flight and those a fault hit in flight (a worker killed between
+    the two); ``done`` likewise (module docstring)."""
+    writer = {id(end): save for _, _, end, save in chain if save is not None}
+    snapshots = [(life.name, "restored", life.restored) for life in lives if life.restored]
+    snapshots += [(life.name, "done", life.done) for life in lives if life.done]
+    for name, what, snapshot in snapshots:
+        first, second = snapshot.get("applied"), snapshot.get("applied_b")
+        if second is None:
+            out.violations.append(f"{name}'s {what} has no applied_b (the second write)")
+            continue
+        save = writer.get(id(snapshot))
+        excused = set(hit) | (_named(save, "in_flight_runs") if save is not None else set())
+        for i, (a, b) in enumerate(zip(first, second)):
+            if a != b and i not in excused:
+                out.torn.append((f"{name} {what}", i))
+    if out.torn:
+        text = (
+            f"{len(out.torn)} closure(s) half applied in a checkpoint (one of their two "
+            f"writes), not named in flight by its save: "
+            + "; ".join(f"id {i} in {where}" for where, i in out.torn[:10])
+        )
+        if tf_coordinator:
+            out.notes["tf_coordinator_torn"] = text
+        else:
+            out.violations.append(text)
 
 
 def check_outside(lives: list, saves: list, violations: list) -> dict:
@@ -376,28 +445,51 @@ def _task_releases(launcher: Launcher) -> list:
 
 def fault_windows(launcher: Launcher, driver: FaultDriver) -> list:
     """The faults that can re-execute a closure (module docstring): a PS or worker
-    SIGKILLed or paused, until TAINT_AFTER after it resumed (or was signalled), or gone on
-    its own; each may explain as many applications as there are workers."""
-    workers = sum(role_kind(r) == "worker" for r in launcher.servers)
+    SIGKILLed (at that moment) or paused (until its SIGCONT), or gone on its own (the
+    last second before the launcher saw its exit)."""
     windows = []
     for f in driver.faults:
         if f.fired_at is None or f.role == "coordinator" or f.signal == "SIGTERM":
             continue
-        end = (f.continued_at or f.fired_at) + TAINT_AFTER
-        windows.append(FaultWindow(f"{f.signal} {f.role}", f.fired_at, end, workers))
+        end = f.continued_at if f.signal == "SIGSTOP" and f.continued_at else f.fired_at
+        windows.append(FaultWindow(f"{f.signal} {f.role}", f.fired_at, end, f.role))
     for role in launcher.servers:
         for inc in launcher.history[role]:
             if inc.exited_at is None or inc.signals or inc.killed_by_launcher:
                 continue
             windows.append(
-                FaultWindow(
-                    f"{inc.name} gone on its own",
-                    inc.exited_at - 1.0,
-                    inc.exited_at + TAINT_AFTER,
-                    workers,
-                )
+                FaultWindow(f"{inc.name} gone on its own", inc.exited_at - 1.0, inc.exited_at, role)
             )
     return sorted(windows, key=lambda w: w.start)
+
+
+def _attempts(inc) -> list:
+    """The harness's ``closure_begin``/``closure_end`` events of one coordinator life as
+    :class:`Attempt` (one worker thread runs one closure at a time: each begin pairs with
+    the next end of its worker)."""
+    open_by_worker: dict = {}
+    found = []
+    for e in inc.events():
+        if e["event"] == "closure_begin":
+            attempt = Attempt(e.get("run"), e.get("worker"), e["t"], None)
+            open_by_worker[e.get("worker")] = attempt
+            found.append(attempt)
+        elif e["event"] == "closure_end":
+            attempt = open_by_worker.pop(e.get("worker"), None)
+            if attempt is not None:
+                attempt.end, attempt.ok = e["t"], bool(e.get("ok"))
+    return found
+
+
+def _spans(inc, begin: str, end: str) -> list:
+    """(begin, end) pairs of the harness's ``begin``/``end`` events (end None: never came)."""
+    spans: list = []
+    for e in inc.events():
+        if e["event"] == begin:
+            spans.append([e["t"], None])
+        elif e["event"] == end and spans and spans[-1][1] is None:
+            spans[-1][1] = e["t"]
+    return [tuple(span) for span in spans]
 
 
 def lives_of(launcher: Launcher) -> list:
@@ -416,6 +508,9 @@ def lives_of(launcher: Launcher) -> list:
                 join_ends=[e["t"] for e in inc.events("join_end")],
                 done=inc.first("done"),
                 bounds=[(e["t"], e.get("result")) for e in inc.events("bound_end")],
+                closures=_attempts(inc),
+                bound_spans=_spans(inc, "bound_begin", "bound_end"),
+                save_spans=_spans(inc, "save_begin", "save_end"),
             )
         )
     return found
@@ -448,6 +543,8 @@ def check(launcher: Launcher, driver: FaultDriver, result: TrialResult, steps: i
             "ended": p.save_end is not None,
             "source": p.source,
             "in_flight_at_bound": p.extra.get("in_flight_at_bound"),
+            "in_flight_runs": p.extra.get("in_flight_runs"),
+            "finished_after_first_unfinished": p.extra.get("finished_after_first_unfinished"),
             "queued_at_bound": p.extra.get("queued_at_bound"),
         }
         for p in saves
@@ -467,6 +564,7 @@ def check(launcher: Launcher, driver: FaultDriver, result: TrialResult, steps: i
     result.duplicates_explained = identity.explained
     result.duplicates_unexplained = identity.unexplained
     result.notes["identity"] = identity.notes
+    result.notes["torn"] = len(identity.torn)
     if launcher.params.get("outside_every"):
         result.notes["outside"] = check_outside(plain_lives, plain_saves, result.violations)
     _check_coordinator_exits(launcher, driver, saves, result)

@@ -111,9 +111,10 @@ COLUMNS = (
 
 #: What holds in each ``ps_preemption`` variant (the table's note under it).
 VARIANT_NOTES = {
-    "ours": "every id applied; no duplicate but those a PS or worker killed or paused "
-    "while the id was unfinished, or the save's record (in_flight_at_bound, "
-    "finished_after_first_unfinished), explains: any other is a violation",
+    "ours": "every id applied; no extra application but one per save whose record names "
+    "the id (in_flight_runs, finished_after_first_unfinished) as the harness saw it, and "
+    "one per kill or pause of the task that had the id in flight; no closure half "
+    "applied in a checkpoint but those: any other is a violation",
     "TF's coordinator": "it cannot hold its workers: closures in flight at the save may "
     "run twice (measured, not violations); a lost id is a violation",
 }
