@@ -347,8 +347,15 @@ class PreemptionCheckpointHandler(HandlerCore):
         ``iteration``: nothing is replayed. It returns an iterable to make iterators of.
 
         Input whose order cannot be replayed (a Python generator, ``deterministic=False``,
-        a shuffle with no seed) gets a warning naming why, and today's behaviour.
-        docs/input-position.md.
+        a shuffle with no seed, ``sample_from_datasets`` with no seed, a ``cache()`` in
+        memory after a shuffle that reshuffles each epoch) gets a warning naming why,
+        and today's behaviour. Any other iterable (a list, a NumPy array, an iterator)
+        is returned unchanged, with the warning. docs/input-position.md.
+
+        Raises:
+          TypeError: ``dataset`` is not iterable (``None``, a number) and no builder.
+          ValueError: ``steps_per_epoch`` or ``batches_per_run`` is not a positive
+            integer.
         """
         member = self._state.membership
         tracker = _input.track_input(
