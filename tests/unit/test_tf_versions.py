@@ -22,7 +22,7 @@ COORDINATOR = PACKAGE / "coordinator.py"
 #: The coordinator's closures: the function cache, the RemoteValue, the worker loop.
 CLOSURES = [
     PACKAGE / "_coordinator" / name
-    for name in ("function_cache.py", "remote_values.py", "worker_loop.py")
+    for name in ("function_cache.py", "remote_values.py", "resource_values.py", "worker_loop.py")
 ]
 
 

@@ -93,7 +93,10 @@ RELIED_ON = {
     f"{_FCTX}:make_function_context": "what _closures.context_key keys on",
     f"{_CC}:_CoordinatedClosureQueue": "its behaviour is the native queue's (src/closure_queue.rs)",
     f"{_CC}:ClusterCoordinator": "subclassed",
-    f"{_CC}:ResourceClosure": "told apart by _closures.Worker._process_queue",
+    f"{_CC}:ResourceClosure": "told apart by _closures.Worker._process_queue; subclassed "
+    "by resource_values (its remote value's class)",
+    f"{_CC}:PerWorkerVariableClosure": "subclassed by resource_values (its remote value's class)",
+    f"{_VALUES}:RemoteVariable": "subclassed by resource_values.ResourceVariable (checked waits)",
     f"{_CC}:_CLOSURE_QUEUE_MAX_SIZE": "read by coordinator._Cluster (TF's tests set it)",
     f"{_CC}:CoordinationServicePreemptionHandler": "used as is (coordination-service mode)",
     f"{_UTILS}:RepeatedTimer": "its poller thread is stopped at shutdown by tf_exit",
@@ -151,6 +154,8 @@ _TF_2_16 = {
     f"{_CC}:_CoordinatedClosureQueue": "323aadc33065",
     f"{_CC}:ClusterCoordinator": "cf2028be6ca0",
     f"{_CC}:ResourceClosure": "41747f043316",
+    f"{_CC}:PerWorkerVariableClosure": "97d9ffc98f6c",
+    f"{_VALUES}:RemoteVariable": "4f5ada9eb11a",
     f"{_CC}:_CLOSURE_QUEUE_MAX_SIZE": "dcddbed51736",
     f"{_CC}:CoordinationServicePreemptionHandler": "6d414a6a46b2",
     # Read from 2.21.0: distribute/coordinator/ is the same in 2.16.2 (module docstring).

@@ -17,6 +17,7 @@ from .._native import WORKER_GET_SLICE, WORKER_SOFT_SLICE, Stopwatch
 from .closure_queue import MAX_SIZE as MAX_QUEUE_SIZE
 from .function_cache import Closure, run_on
 from .remote_values import complete, copy_to_local, metric_cell
+from .resource_values import PerWorkerVariableClosure, ResourceClosure, resource_closure
 
 #: Guards the ``_tfh_ended`` marks of one cluster's worker threads (which one ends last).
 _ENDED_LOCK = threading.Lock()
@@ -126,6 +127,16 @@ class Worker(_tf_cc.Worker):
 
     #: Seconds a worker thread waits for a closure before it looks at its holds again.
     GET_SLICE = WORKER_GET_SLICE
+
+    def create_resource(self, function: Any, args: Any = None, kwargs: Any = None) -> Any:
+        """TF's: a per-worker resource (a dataset, an iterator, a table's copy), whose
+        ``RemoteValue``'s waits make the handler's checks (``resource_values``)."""
+        return resource_closure(self, ResourceClosure, function, args, kwargs)
+
+    def create_variable_resource(self, function: Any, args: Any = None, kwargs: Any = None) -> Any:
+        """TF's: a per-worker variable, whose ``RemoteValue``'s waits make the handler's
+        checks (``resource_values``)."""
+        return resource_closure(self, PerWorkerVariableClosure, function, args, kwargs)
 
     def _holds(self) -> _Holds:
         # Created on first use: TF's ``Worker.__init__`` starts the thread before
