@@ -386,6 +386,10 @@ _DISPATCH = threading.Event()
 _DISPATCH.set()
 #: The id of an armed join gate, from the schedule() call that took it to the join().
 _JOIN_GATE: list = []
+#: Per worker thread: the closure it took from our coordinator's queue, whose
+#: ``closure_begin`` is printed (``closure``, ``fields``), and whether it is in
+#: ``_process_closure`` (``processing``).
+_TAKEN = threading.local()
 
 
 def _take_arm(control: Path, point: str):
@@ -521,26 +525,57 @@ def instrument_ps_coordinator(control: Path, tf_coordinator: bool = False) -> No
 
         return gated
 
+    def closure_fields(closure, worker) -> dict:
+        name = _closure_name(closure)
+        return {"run": _closure_run(closure, name), "worker": worker, "fn": name}
+
+    def queue_get(original):
+        # Our coordinator's queue: a closure is the worker's, in flight, from the moment
+        # get() hands it over (before the worker thread records it as taken, which the
+        # save's wait reads). A resource closure (a per-worker value) is no run.
+        def observed(self, *args, **kwargs):
+            closure = original(self, *args, **kwargs)
+            if closure is not None and not isinstance(closure, tf_cc.ResourceClosure):
+                tag = kwargs.get("tag", args[1] if len(args) > 1 else None)
+                _TAKEN.closure, _TAKEN.fields = closure, closure_fields(closure, tag)
+                emit("closure_begin", **_TAKEN.fields)
+            return closure
+
+        return observed
+
+    def queue_put_back(original):
+        # A closure taken and put back untouched (a strict hold that came while the
+        # thread waited in get()): its attempt ends here, never run.
+        def observed(self, closure, *args, **kwargs):
+            taken = getattr(_TAKEN, "closure", None)
+            if taken is closure and not getattr(_TAKEN, "processing", False):
+                emit("closure_end", ok=False, put_back=True, **_TAKEN.fields)
+                _TAKEN.closure = None
+            return original(self, closure, *args, **kwargs)
+
+        return observed
+
     def process_closure(original):
         def gated(self, closure, *args, **kwargs):
-            if not _DISPATCH.is_set():
-                _DISPATCH.wait(ACK_GATE_TIMEOUT)
             # The harness's own account of the closure, on its own clock: which run
             # (the handler's run index; None for a closure scheduled outside
             # handler.run), on which worker, from when to when, and whether it finished.
-            name = _closure_name(closure)
-            fields = {
-                "run": _closure_run(closure, name),
-                "worker": getattr(self, "worker_index", None),
-                "fn": name,
-            }
-            emit("closure_begin", **fields)
+            # Begun in our queue's get() (above); TensorFlow's coordinator's here.
+            if getattr(_TAKEN, "closure", None) is closure:
+                fields = _TAKEN.fields
+            else:
+                fields = closure_fields(closure, getattr(self, "worker_index", None))
+                emit("closure_begin", **fields)
+            _TAKEN.processing = True
             ok = False
             try:
+                if not _DISPATCH.is_set():
+                    _DISPATCH.wait(ACK_GATE_TIMEOUT)
                 result = original(self, closure, *args, **kwargs)
                 ok = _closure_finished(closure)
                 return result
             finally:
+                _TAKEN.processing, _TAKEN.closure = False, None
                 emit("closure_end", ok=ok, **fields)
 
         return gated
@@ -639,6 +674,11 @@ def instrument_ps_coordinator(control: Path, tf_coordinator: bool = False) -> No
     _wrap(
         tf_cc.Worker if tf_coordinator else worker_loop.Worker, "_process_closure", process_closure
     )
+    if not tf_coordinator:
+        from tf_failure_handling._coordinator import closure_queue
+
+        _wrap(closure_queue.ClosureQueue, "get", queue_get)
+        _wrap(closure_queue.ClosureQueue, "put_back", queue_put_back)
     from tensorflow.python.distribute.coordinator import values as tf_values
 
     for cls in (tf_values.RemoteValueImpl, remote_values.ClosureRemoteValue):
