@@ -339,17 +339,14 @@ mod tests {
     use super::*;
 
     fn notice(at: f64) -> Notice {
-        Notice { at, deadline: None }
+        Notice::stated(at, None)
     }
 
     #[test]
     fn a_fit_is_never_judged_from_an_estimate_of_zero() {
         let mut p = GracePlanner::without_exit_reserve();
         p.record_step(0.1);
-        let n = Notice {
-            at: 0.0,
-            deadline: Some(30.0),
-        };
+        let n = Notice::stated(0.0, Some(30.0));
         assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::Unknown, "nothing timed");
         assert_eq!(p.fit(n, 60.0, 0.0).0, Fit::Unknown, "nothing timed, a platform deadline");
         assert_eq!(p.fit(n, 20.0, 0.0).0, Fit::Both, "the user's grace period binds: both");
@@ -392,10 +389,7 @@ mod tests {
         p.record_save(2.0);
         // One save: 0.1 + 1.5 × 2 + 1 = 4.1 s; both: 0.1 + 1.5 × 2 + margin (0.2 + 3 + 1)
         // = 7.3 s.
-        let n = |deadline| Notice {
-            at: 0.0,
-            deadline: Some(deadline),
-        };
+        let n = |deadline| Notice::stated(0.0, Some(deadline));
         assert_eq!(p.fit(n(100.0), 60.0, 0.0).0, Fit::Both);
         assert_eq!(p.fit(n(7.5), 60.0, 0.0).0, Fit::Both);
         let (fit, left, needed) = p.fit(n(7.0), 60.0, 0.0);
@@ -444,10 +438,7 @@ mod tests {
 
     #[test]
     fn platform_deadline_wins_when_earlier() {
-        let n = Notice {
-            at: 0.0,
-            deadline: Some(30.0),
-        };
+        let n = Notice::stated(0.0, Some(30.0));
         assert_eq!(GracePlanner::deadline(n, 3600.0), 30.0);
         assert_eq!(GracePlanner::deadline(n, 10.0), 10.0);
     }
@@ -460,10 +451,7 @@ mod tests {
     #[test]
     fn drain_bound_leaves_the_longest_save_before_the_deadline() {
         let mut p = GracePlanner::without_exit_reserve();
-        let n = Notice {
-            at: 0.0,
-            deadline: Some(30.0),
-        };
+        let n = Notice::stated(0.0, Some(30.0));
         assert_eq!(p.drain_bound(n, 60.0, 10.0), Some(20.0));
         p.record_save(4.0);
         assert_eq!(p.drain_bound(n, 60.0, 10.0), Some(16.0));
@@ -477,10 +465,7 @@ mod tests {
     fn drain_bound_without_a_grace_period_is_the_notice_itself() {
         // No grace period: the save is due at the notice, whatever the
         // platform's own deadline (`deadline`), so no closure is waited for.
-        let n = Notice {
-            at: 0.0,
-            deadline: Some(30.0),
-        };
+        let n = Notice::stated(0.0, Some(30.0));
         assert_eq!(GracePlanner::without_exit_reserve().drain_bound(n, 0.0, 1.0), Some(0.0));
     }
 
@@ -488,10 +473,7 @@ mod tests {
     fn drain_bound_is_never_negative() {
         let mut p = GracePlanner::without_exit_reserve();
         p.record_save(50.0);
-        let n = Notice {
-            at: 0.0,
-            deadline: Some(30.0),
-        };
+        let n = Notice::stated(0.0, Some(30.0));
         assert_eq!(p.drain_bound(n, 60.0, 10.0), Some(0.0));
         assert_eq!(p.drain_bound(n, 60.0, 40.0), Some(0.0));
     }
@@ -510,10 +492,7 @@ mod tests {
         for _ in 0..20 {
             p.record_step(0.1);
         }
-        let n = Notice {
-            at: 0.0,
-            deadline: Some(10.0),
-        };
+        let n = Notice::stated(0.0, Some(10.0));
         // Nothing measured: not judged (an estimate of 0 would say too much fits).
         assert_eq!(p.fit(n, 0.0, 0.0).0, Fit::Unknown);
         p.record_restore(8.0);
@@ -545,10 +524,7 @@ mod exit_reserve_tests {
         p.record_save(2.0);
         // The GCE story: the VM goes 30 s after instance/preempted; a grace period of
         // an hour. The final round's process must have ended by then.
-        let n = Notice {
-            at: 0.0,
-            deadline: Some(30.0),
-        };
+        let n = Notice::stated(0.0, Some(30.0));
         let publish = p.latest_publish(n, 3600.0);
         let save_ends = publish + STEPS_AHEAD * 0.5 + SAVE_SAFETY * 2.0;
         assert!((30.0 - save_ends - SLACK - EXIT_RESERVE).abs() < 1e-9, "{save_ends}");
@@ -587,10 +563,7 @@ mod exit_reserve_tests {
     fn the_ps_drain_leaves_the_save_and_the_exit() {
         let mut p = GracePlanner::new();
         p.record_save(2.0);
-        let n = Notice {
-            at: 0.0,
-            deadline: Some(30.0),
-        };
+        let n = Notice::stated(0.0, Some(30.0));
         assert!((p.drain_bound(n, 60.0, 10.0).unwrap() - (30.0 - 10.0 - 2.0 - EXIT_RESERVE)).abs() < 1e-9);
     }
 }

@@ -90,6 +90,11 @@ pub enum Input<E> {
         /// When the platform takes the machine away (Unix seconds), if the
         /// source knows.
         deadline: Option<f64>,
+        /// When the platform ends this process (Unix seconds), if the source
+        /// stated it (`crate::notice::Notice::kill`): a cloud's announced end, a
+        /// notice handed on with its own; None for a signal (its platform says,
+        /// when it is taken) and for a deadline that is not this process's end.
+        kill: Option<f64>,
     },
     /// The reader read `value` from `round`'s step key.
     StepKey {
@@ -210,8 +215,13 @@ impl<E> Poster<E> {
     /// # Errors
     ///
     /// As [`Poster::post`].
-    pub fn notice(&self, origin: Origin, at: f64, deadline: Option<f64>) -> Result<(), PostError> {
-        self.post(Input::Notice { origin, at, deadline })
+    pub fn notice(&self, origin: Origin, at: f64, deadline: Option<f64>, kill: Option<f64>) -> Result<(), PostError> {
+        self.post(Input::Notice {
+            origin,
+            at,
+            deadline,
+            kill,
+        })
     }
 }
 

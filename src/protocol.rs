@@ -134,6 +134,9 @@ pub struct Protocol {
     /// The longest merge of the shares this handler measured (its start to the state
     /// file naming the checkpoint): [`shares::merge_estimate`].
     longest_merge: Option<f64>,
+    /// A later statement of when the platform ends this process than the notice's
+    /// own (a SLURM job this handler requeued: [`Protocol::handle_platform_end`]).
+    platform_end: Option<f64>,
 }
 
 /// What one of the driver's writes sets in the coordination service: `key` =
@@ -199,6 +202,7 @@ impl Protocol {
             acks: None,
             calls: BTreeMap::new(),
             longest_merge: None,
+            platform_end: None,
         }
     }
 
@@ -526,13 +530,29 @@ impl Protocol {
         Some((r.planned_notice().or_else(|| r.leading_notice())?, r.grace_period()))
     }
 
-    /// When the platform ends the machine, as the platform itself named it: the
-    /// planned notice's (else the leading notice's) own deadline. None when it
-    /// named none: a grace period alone says when the saves must be done, not that
-    /// anything ends the process then (TensorFlow's tests set one with no kill
-    /// behind it). The exit guard waits for this moment only.
+    /// When the platform ends this process, as the platform itself stated it: the
+    /// planned notice's (else the leading notice's) [`Notice::kill`], or an earlier
+    /// moment the platform stated since ([`handle_platform_end`](Self::handle_platform_end)).
+    /// None when nothing was stated: a grace period alone says when the saves must
+    /// be done, not that anything ends the process then (TensorFlow's tests set one
+    /// with no kill behind it), and an assumed deadline (Kubernetes' default grace
+    /// period) is a guess. The exit guard waits for this moment only.
     pub fn kill_deadline(&self) -> Option<f64> {
-        self.own_notice()?.0.deadline
+        let kill = self.own_notice()?.0.kill;
+        match (kill, self.platform_end) {
+            (Some(k), Some(e)) => Some(k.min(e)),
+            (k, e) => k.or(e),
+        }
+    }
+
+    /// The platform stated, after the notice, that it ends this process at `at`
+    /// (monotonic): a SLURM job this handler requeued gets its SIGKILL `KillWait`
+    /// after the requeue (`sources::slurm::kill_after_requeue`), whatever the
+    /// notice said. The earliest statement counts.
+    pub fn handle_platform_end(&mut self, at: f64) {
+        if at.is_finite() {
+            self.platform_end = Some(self.platform_end.map_or(at, |e| e.min(at)));
+        }
     }
 
     /// How long the coordinator of a parameter-server cluster lets the closures

@@ -11,6 +11,7 @@ fn notice(source: &str) -> Input<String> {
         origin: Origin::Source(source.to_owned()),
         at: 1.0,
         deadline: None,
+        kill: None,
     }
 }
 
@@ -40,7 +41,7 @@ fn each_kind_is_first_in_first_out_and_step_keys_come_before_notices() {
             error: "unavailable".into(),
         })
         .unwrap();
-    poster.notice(Origin::Signal(15), 2.0, Some(3.0)).unwrap();
+    poster.notice(Origin::Signal(15), 2.0, Some(3.0), None).unwrap();
     let order: Vec<Input<String>> = (0..5).map(|_| inbox.recv_deadline(soon()).unwrap()).collect();
     assert_eq!(
         order,
@@ -55,7 +56,8 @@ fn each_kind_is_first_in_first_out_and_step_keys_come_before_notices() {
             Input::Notice {
                 origin: Origin::Signal(15),
                 at: 2.0,
-                deadline: Some(3.0)
+                deadline: Some(3.0),
+                kill: None,
             },
         ]
     );

@@ -674,7 +674,7 @@ impl<'a> Sim<'a> {
         }
         self.out.last_notice_at = Some(at);
         let measured = self.workers[w].p.snapshot().longest_save.is_some();
-        let notice = Notice { at, deadline };
+        let notice = Notice::stated(at, deadline);
         self.out
             .deadlines
             .push((at, GracePlanner::deadline(notice, self.cfg.grace), measured));

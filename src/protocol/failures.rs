@@ -390,7 +390,7 @@ impl<'a> Sim<'a> {
                 if !done && t >= at {
                     self.notices_due[k].2 = true;
                     if self.ws[w].alive() {
-                        self.ws[w].notices.push_back(Notice { at: t, deadline: None });
+                        self.ws[w].notices.push_back(Notice::stated(t, None));
                     }
                 }
             }

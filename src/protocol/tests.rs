@@ -32,7 +32,7 @@ fn worker_1_of_2(grace_period: f64) -> Protocol {
 }
 
 fn notice(at: f64, deadline: Option<f64>) -> Notice {
-    Notice { at, deadline }
+    Notice::stated(at, deadline)
 }
 
 #[test]
@@ -116,24 +116,61 @@ fn the_first_step_interval_is_warm_up_and_a_failed_step_is_no_sample() {
 
 #[test]
 fn notice_and_kill_deadline_table() {
-    // For a notice at 100: (grace period, the notice's own deadline, when the
-    // saves must be done (notice_deadline), when the platform kills (kill_deadline)).
-    type Row = (f64, Option<f64>, Option<f64>, Option<f64>);
+    // For a notice at 100: (grace period, the notice's own deadline, the kill its
+    // platform stated, when the saves must be done (notice_deadline), when the
+    // platform kills (kill_deadline)).
+    type Row = (f64, Option<f64>, Option<f64>, Option<f64>, Option<f64>);
     let rows: &[Row] = &[
-        (0.0, None, None, None),                       // no time named
-        (0.0, Some(130.0), Some(130.0), Some(130.0)),  // the platform's
-        (60.0, None, Some(160.0), None),               // the grace period's end: no kill named
-        (60.0, Some(130.0), Some(130.0), Some(130.0)), // the earlier
-        (60.0, Some(200.0), Some(160.0), Some(200.0)), // the kill, though the saves end by 160
+        (0.0, None, None, None, None),                              // no time named
+        (0.0, Some(130.0), Some(130.0), Some(130.0), Some(130.0)),  // the platform's
+        (60.0, None, None, Some(160.0), None),                      // the grace period's end: no kill named
+        (60.0, Some(130.0), Some(130.0), Some(130.0), Some(130.0)), // the earlier
+        (60.0, Some(200.0), Some(200.0), Some(160.0), Some(200.0)), // the kill, though the saves end by 160
+        // An assumed deadline (Kubernetes without the pod's grace period): planned
+        // against, never a kill.
+        (0.0, Some(130.0), None, Some(130.0), None),
+        // SLURM's time limit: the saves by the job's end, the kill KillWait later.
+        (0.0, Some(130.0), Some(160.0), Some(130.0), Some(160.0)),
     ];
-    for &(grace, deadline, saves_by, kill) in rows {
+    for &(grace, deadline, kill, saves_by, killed) in rows {
         let mut p = local(grace);
         assert_eq!((p.notice_deadline(), p.kill_deadline()), (None, None));
-        p.handle_notice(notice(100.0, deadline)).unwrap();
-        let what = format!("grace {grace}, deadline {deadline:?}");
+        p.handle_notice(Notice { at: 100.0, deadline, kill }).unwrap();
+        let what = format!("grace {grace}, deadline {deadline:?}, kill {kill:?}");
         assert_eq!(p.notice_deadline(), saves_by, "{what}");
-        assert_eq!(p.kill_deadline(), kill, "{what}");
+        assert_eq!(p.kill_deadline(), killed, "{what}");
     }
+}
+
+#[test]
+fn a_later_statement_of_the_end_moves_the_kill_earlier_only() {
+    // SLURM's time limit: the job ends at 130, SIGKILL 30 s later; the handler's
+    // requeue at 110 moves it to 140; a later statement (150) does not move it back.
+    let mut p = local(0.0);
+    p.handle_platform_end(10.0);
+    assert_eq!(p.kill_deadline(), None, "no notice: nothing to end");
+    let mut p = local(0.0);
+    p.handle_notice(Notice {
+        at: 100.0,
+        deadline: Some(130.0),
+        kill: Some(160.0),
+    })
+    .unwrap();
+    p.handle_platform_end(140.0);
+    assert_eq!(p.kill_deadline(), Some(140.0));
+    p.handle_platform_end(150.0);
+    p.handle_platform_end(f64::NAN);
+    assert_eq!(p.kill_deadline(), Some(140.0));
+    // A notice whose kill was not stated: the requeue's is the one known.
+    let mut q = local(0.0);
+    q.handle_notice(Notice {
+        at: 100.0,
+        deadline: Some(130.0),
+        kill: None,
+    })
+    .unwrap();
+    q.handle_platform_end(140.0);
+    assert_eq!(q.kill_deadline(), Some(140.0));
 }
 
 #[test]

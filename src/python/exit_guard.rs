@@ -6,14 +6,18 @@
 //! TensorFlow's teardown while the interpreter finalizes, when no Python thread runs.
 //! It acts only when the process is in its exit: Python's threading shutdown has begun
 //! (`exit_guard_exiting`, registered by `_protocol/exit_guard.py`) or the interpreter
-//! is finalizing. A process that caught the `SystemExit` and trains on is left alone,
-//! and a new handler ([`disarm_exit_guard`]) stands every waiting guard down. The
-//! moment is the core's decision (`crate::grace::exit_guard_delay`).
+//! is finalizing. A process that caught the `SystemExit` and trains on is left alone:
+//! its next step through any handler ([`training_goes_on`], from the binding's step
+//! start) or a new handler ([`disarm_exit_guard`]) stands every waiting guard down at
+//! once, so an exit that comes later, when training has ended by itself, keeps its own
+//! code. The moment is the core's decision (`crate::grace::exit_guard_delay`): only a
+//! deadline the platform stated arms it.
 //!
 //! It says what it does on standard error with `write(2)`: at that moment Python's
 //! logging cannot run.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -27,6 +31,11 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Guards still waiting for their moment.
 static WAITING: AtomicU64 = AtomicU64::new(0);
+/// Held while [`GENERATION`] is bumped and while a guard checks it before it waits:
+/// a stand-down is never missed.
+static LOCK: Mutex<()> = Mutex::new(());
+/// Wakes the waiting guards when they are stood down.
+static STOOD_DOWN: Condvar = Condvar::new();
 
 /// Arms the guard for a deadline on the handler's clock (`deadline`, with `now` read
 /// from the same clock): at [`crate::grace::EXIT_GUARD_LEAD`] before it, a process in
@@ -42,13 +51,15 @@ fn arm_exit_guard(deadline: Option<f64>, now: f64, code: i32) -> PyResult<Option
     let wake = At::after(Duration::from_secs_f64(delay));
     WAITING.fetch_add(1, Ordering::SeqCst);
     let spawned = std::thread::Builder::new().name("tfh-exit-guard".into()).spawn(move || {
-        loop {
+        let mut held = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+        while GENERATION.load(Ordering::SeqCst) == generation {
             let left = wake.left();
             if left.is_zero() {
                 break;
             }
-            std::thread::sleep(left);
+            held = STOOD_DOWN.wait_timeout(held, left).unwrap_or_else(PoisonError::into_inner).0;
         }
+        drop(held);
         let current = GENERATION.load(Ordering::SeqCst) == generation;
         if current && (EXITING.load(Ordering::SeqCst) || blocking::interpreter_finalizing()) {
             let line = format!(
@@ -80,11 +91,23 @@ fn exit_guard_exiting() {
     EXITING.store(true, Ordering::SeqCst);
 }
 
-/// Stands every waiting guard down (a new handler: the process trains on).
+/// Stands every waiting guard down, at once (a new handler: the process trains on).
 #[pyfunction]
 fn disarm_exit_guard() {
+    let held = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
     GENERATION.fetch_add(1, Ordering::SeqCst);
     EXITING.store(false, Ordering::SeqCst);
+    drop(held);
+    STOOD_DOWN.notify_all();
+}
+
+/// A step began (any handler's `run()` or `save_checkpoint_if_preempted`): a guard
+/// armed before it was armed for a `SystemExit` that was caught, and the process trains
+/// on, so every waiting guard stands down. One atomic read when none waits.
+pub(crate) fn training_goes_on() {
+    if WAITING.load(Ordering::SeqCst) > 0 {
+        disarm_exit_guard();
+    }
 }
 
 /// How many guards are still waiting for their moment.

@@ -158,6 +158,9 @@ impl Shared {
     fn step_started(&self) {
         let now = clock::now_secs();
         self.state.lock().step_started(now);
+        // A step after an exit guard was armed: its SystemExit was caught and training
+        // went on, so no later exit is the one it was armed for.
+        super::exit_guard::training_goes_on();
     }
 
     /// The resolver's answer to `notice`, in the binding's words.
@@ -731,14 +734,21 @@ impl ProtocolCore {
     /// announced one, on the same clock as `now`): what to do about it.
     #[pyo3(signature = (now, deadline=None))]
     fn notice(&self, now: f64, deadline: Option<f64>) -> PyResult<NoticeAction> {
-        self.shared.notice(Notice { at: now, deadline })
+        self.shared.notice(Notice::stated(now, deadline))
     }
 
-    /// A notice from a source, whose deadline is a Unix time read when the
+    /// A notice from a source, whose deadline and kill (the moment the platform
+    /// stated it ends the process; None: not stated) are Unix times read when the
     /// wall clock said `unix_now` (`Notice::from_unix`: the one conversion).
-    #[pyo3(signature = (now, unix_now, unix_deadline=None))]
-    fn source_notice(&self, now: f64, unix_now: f64, unix_deadline: Option<f64>) -> PyResult<NoticeAction> {
-        self.shared.notice(Notice::from_unix(now, unix_now, unix_deadline))
+    #[pyo3(signature = (now, unix_now, unix_deadline=None, unix_kill=None))]
+    fn source_notice(&self, now: f64, unix_now: f64, unix_deadline: Option<f64>, unix_kill: Option<f64>) -> PyResult<NoticeAction> {
+        self.shared.notice(Notice::from_unix(now, unix_now, unix_deadline, unix_kill))
+    }
+
+    /// The platform stated after the notice that it ends this process `left` seconds
+    /// after `now` (a SLURM job this handler requeued): `Protocol::handle_platform_end`.
+    fn platform_end(&self, now: f64, left: f64) {
+        self.shared.state.lock().handle_platform_end(now + left);
     }
 
     /// Whether this worker won the claim of its notice.
@@ -960,8 +970,9 @@ impl ProtocolCore {
         self.shared.state.lock().drain_bound(now, peer_timeout)
     }
 
-    /// When the platform ends the machine, as it named it (`Protocol::kill_deadline`),
-    /// on the handler's clock; None when it named none (a grace period alone).
+    /// When the platform ends this process, as it stated it (`Protocol::kill_deadline`),
+    /// on the handler's clock; None when it stated none (a grace period alone, an
+    /// assumed deadline).
     fn kill_deadline(&self) -> Option<f64> {
         self.shared.state.lock().kill_deadline()
     }

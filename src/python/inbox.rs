@@ -31,12 +31,14 @@ pub(crate) type PyPoster = Poster<Py<PyAny>>;
 pub enum PyInput {
     /// A termination notice: `signal` (its number) for a signal, else
     /// `source` (as the source describes itself); `at` when it was seen and
-    /// `deadline` when the machine goes away, both Unix seconds.
+    /// `deadline` when the machine goes away, `kill` when the platform stated it
+    /// ends this process, all Unix seconds.
     Notice {
         source: Option<String>,
         signal: Option<i32>,
         at: f64,
         deadline: Option<f64>,
+        kill: Option<f64>,
     },
     /// The step-key reader read `value` from `round_key`.
     StepKey { round_key: String, value: String },
@@ -50,7 +52,12 @@ pub enum PyInput {
 impl From<Input<Py<PyAny>>> for PyInput {
     fn from(input: Input<Py<PyAny>>) -> Self {
         match input {
-            Input::Notice { origin, at, deadline } => {
+            Input::Notice {
+                origin,
+                at,
+                deadline,
+                kill,
+            } => {
                 let (source, signal) = match origin {
                     Origin::Signal(s) => (None, Some(s)),
                     Origin::Source(s) => (Some(s), None),
@@ -60,6 +67,7 @@ impl From<Input<Py<PyAny>>> for PyInput {
                     signal,
                     at,
                     deadline,
+                    kill,
                 }
             }
             Input::StepKey { round, value } => PyInput::StepKey {
@@ -109,12 +117,14 @@ impl PyInbox {
         }
     }
 
-    /// Posts a notice from `source` (Unix `deadline`, if it announced one);
-    /// False once stopped (or when too many notices wait: it changes
-    /// nothing then).
-    #[pyo3(signature = (source, deadline=None))]
-    fn post_notice(&self, source: String, deadline: Option<f64>) -> bool {
-        self.poster.notice(Origin::Source(source), clock::unix_now(), deadline).is_ok()
+    /// Posts a notice from `source` (Unix `deadline`, if it announced one; Unix
+    /// `kill`, if it stated when this process ends); False once stopped (or when
+    /// too many notices wait: it changes nothing then).
+    #[pyo3(signature = (source, deadline=None, kill=None))]
+    fn post_notice(&self, source: String, deadline: Option<f64>, kill: Option<f64>) -> bool {
+        self.poster
+            .notice(Origin::Source(source), clock::unix_now(), deadline, kill)
+            .is_ok()
     }
 
     /// Posts the value read from a step key; False once stopped.

@@ -85,7 +85,7 @@ impl PySignalWatch {
                 let sink: Sink = Box::new(move |signal| {
                     // Refused only once the inbox is stopped (nobody reads
                     // it) or full (the resolver would absorb it).
-                    let _ = poster.notice(Origin::Signal(signal), unix_now(), None);
+                    let _ = poster.notice(Origin::Signal(signal), unix_now(), None, None);
                 });
                 SignalWatch::with_sink(&signals, role, sink)
             }

@@ -92,7 +92,30 @@ fn slurm_decides_requeue(under_slurm: bool, enabled: bool, procid: Option<&str>)
     slurm::decides_requeue(under_slurm, enabled, procid)
 }
 
+/// A signal's `(deadline, kill)` under SLURM, Unix seconds ([`slurm::signal_deadlines`]
+/// says which is which).
+#[pyfunction]
+#[pyo3(signature = (unix_now, *, end, sigterm, grace_end, kill_wait))]
+fn slurm_signal_deadlines(
+    unix_now: f64,
+    end: Option<f64>,
+    sigterm: bool,
+    grace_end: Option<f64>,
+    kill_wait: Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    slurm::signal_deadlines(unix_now, end, sigterm, grace_end, kill_wait)
+}
+
+/// Seconds from now until the SIGKILL of a job this process requeued, the requeue
+/// started `since` seconds ago ([`slurm::kill_after_requeue`]); None without `KillWait`.
+#[pyfunction]
+fn slurm_kill_after_requeue(since: f64, kill_wait: Option<f64>) -> Option<f64> {
+    slurm::kill_after_requeue(since, kill_wait)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(slurm_signal_deadlines, m)?)?;
+    m.add_function(wrap_pyfunction!(slurm_kill_after_requeue, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_requeue, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_decides_requeue, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_fields, m)?)?;

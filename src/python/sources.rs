@@ -145,7 +145,13 @@ impl PyMetadataWatch {
                     let poster = inbox.get().poster();
                     Some(Box::new(move |notice: &Notice| {
                         // Refused only once the inbox is stopped: nobody reads it.
-                        let _ = poster.notice(Origin::Source(notice.description.clone()), unix_now(), notice.deadline);
+                        // A cloud's announced end is when the machine goes: its deadline is the kill.
+                        let _ = poster.notice(
+                            Origin::Source(notice.description.clone()),
+                            unix_now(),
+                            notice.deadline,
+                            notice.deadline,
+                        );
                     }) as Wake)
                 } else if let Ok(signals) = w.cast::<PySignalWatch>() {
                     let watch = Arc::downgrade(&signals.get().watch()?);
@@ -309,8 +315,16 @@ fn cloud_defaults(cloud: &str, gpu: bool) -> PyResult<(i32, f64)> {
     Ok((d.exit_code, d.grace_period))
 }
 
+/// A SIGTERM's `(deadline, kill)` in a Kubernetes pod, Unix seconds, with the pod's
+/// grace period as stated (None: not given; `sources::kubernetes_sigterm_deadlines`).
+#[pyfunction]
+fn kubernetes_sigterm_deadlines(unix_now: f64, grace: Option<f64>) -> (Option<f64>, Option<f64>) {
+    sources::kubernetes_sigterm_deadlines(unix_now, grace)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMetadataWatch>()?;
+    m.add_function(wrap_pyfunction!(kubernetes_sigterm_deadlines, m)?)?;
     m.add_function(wrap_pyfunction!(probe_metadata, m)?)?;
     let hook = wrap_pyfunction!(close_metadata_watches, m)?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;

@@ -100,7 +100,7 @@
 //! | `aws.rs` | [`AwsPoller`], [`parse_spot_action`], [`parse_rebalance`] and AWS's detection requests |
 //! | `azure.rs` | [`AzurePoller`], [`parse_scheduled_events`] and Azure's detection request |
 //! | `clouds.rs` | the one table of the clouds: [`Cloud`], each one's name, [`pollers`] and detection request |
-//! | `kubernetes.rs` | Kubernetes' default grace period (nothing to poll: the pod gets SIGTERM) |
+//! | `kubernetes.rs` | a SIGTERM's deadline and kill: the pod's grace period when stated, else Kubernetes' default for the deadline and no kill (nothing to poll: the pod gets SIGTERM) |
 //! | `watcher_fn.rs` | how often a user's `termination_watcher_fn` is called, and the bound on its thread's join |
 //! | `watch.rs` | the I/O shell: [`MetadataWatch`] and [`probe`] |
 //! | `http.rs` | the minimal, strictly bounded HTTP/1.1 client `watch.rs` polls with |
@@ -135,7 +135,7 @@ pub use azure::{parse_scheduled_events, AzurePoller, AZURE_GRACE_PERIOD, AZURE_M
 pub use clouds::{pollers, Cloud, Defaults as CloudDefaults, DEFAULT_EXIT_CODE, GCE_EXIT_CODE};
 pub use dates::{parse_rfc1123, parse_rfc3339};
 pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_GPU_GRACE_PERIOD, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
-pub use kubernetes::KUBERNETES_DEFAULT_GRACE_PERIOD;
+pub use kubernetes::{sigterm_deadlines as kubernetes_sigterm_deadlines, KUBERNETES_DEFAULT_GRACE_PERIOD};
 pub use shared::{Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, METADATA_TIMEOUT, MIN_INTERVAL};
 pub use watch::{probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
 pub use watcher_fn::{SLOW_WATCHER_FN, WATCHER_FN_INTERVAL, WATCHER_FN_JOIN_TIMEOUT};

@@ -12,6 +12,70 @@ pub const READ_TIMEOUT: f64 = 10.0;
 /// SIGTERM (is it a preemption?): the notice waits for it, so it is short.
 pub const NOTICE_READ_TIMEOUT: f64 = 2.0;
 
+/// SLURM's shortest wait between the SIGTERM that ends a job's steps and its SIGKILL,
+/// in seconds: slurmd waits `max(KillWait, 5 s)` (`delay = MAX(conf->kill_wait, 5)`
+/// in its job termination, the path of the time limit, a preemption, `scancel` and
+/// `scontrol requeue` alike).
+pub const MIN_KILL_WAIT: f64 = 5.0;
+
+/// When SLURM's SIGKILL follows the SIGTERM it sends at `term_at`: `KillWait` later
+/// (at least [`MIN_KILL_WAIT`]); None when `KillWait` is not known (nothing is
+/// assumed in its place: SLURM's own default of 30 s may not be the cluster's).
+#[must_use]
+pub fn kill_after(term_at: f64, kill_wait: Option<f64>) -> Option<f64> {
+    kill_wait
+        .filter(|k| k.is_finite() && *k >= 0.0)
+        .map(|k| term_at + k.max(MIN_KILL_WAIT))
+}
+
+/// What a signal's notice is told under SLURM (docs/getting-started/slurm.md has the
+/// table): `(deadline, kill)`, Unix seconds, for a signal at `unix_now`.
+///
+/// * `end`: the job's end (`SLURM_JOB_END_TIME`, else `EndTime`); ignored unless
+///   after `unix_now`. The time limit's SIGTERM comes then.
+/// * `sigterm`: the signal is a new SIGTERM and the job has been read (else it is
+///   SIGUSR1, the time limit's warning, or a SIGTERM before anything was read).
+/// * `grace_end`: for an `srun` task's SIGTERM of a preemption, `PreemptTime` plus the
+///   partition's `GraceTime` (SLURM's second SIGTERM comes then).
+/// * `kill_wait`: the cluster's `KillWait`, None when not read.
+///
+/// The deadline is what the saves are planned against: the job's end for SIGUSR1;
+/// for a SIGTERM the grace time's end, else now + `KillWait`, capped by the job's end.
+/// The kill is when SIGKILL comes: [`kill_after`] the SIGTERM that ends the job (at
+/// the job's end, at the grace time's end, or now), capped by the time limit's; None
+/// without `KillWait`.
+#[must_use]
+pub fn signal_deadlines(
+    unix_now: f64,
+    end: Option<f64>,
+    sigterm: bool,
+    grace_end: Option<f64>,
+    kill_wait: Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    let end = end.filter(|e| *e > unix_now);
+    let end_kill = end.and_then(|e| kill_after(e, kill_wait));
+    if !sigterm {
+        return (end, end_kill);
+    }
+    let earliest = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let bound = grace_end.or_else(|| kill_wait.map(|k| unix_now + k));
+    let kill = kill_after(grace_end.unwrap_or(unix_now), kill_wait);
+    (earliest(bound, end), earliest(kill, end_kill))
+}
+
+/// Seconds from now until SLURM's SIGKILL of a job this process requeued: the
+/// requeue ends the job's steps (SIGTERM, then SIGKILL [`kill_after`]); `since` is how
+/// long ago the `scontrol requeue` that did it started (the controller acts during
+/// the call, so its start is the earliest the SIGTERM can be). None without
+/// `KillWait`.
+#[must_use]
+pub fn kill_after_requeue(since: f64, kill_wait: Option<f64>) -> Option<f64> {
+    kill_after(-since.max(0.0), kill_wait)
+}
+
 /// Whether `b` can be part of a field name (`Partition`, `TRES/node`, `OS:Flags`).
 fn is_key_byte(b: u8) -> bool {
     b.is_ascii_alphabetic() || b == b':' || b == b'/'
@@ -219,6 +283,48 @@ pub fn decides_requeue(under_slurm: bool, enabled: bool, procid: Option<&str>) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signal_deadlines_table() {
+        // For a signal at 1000: (end, sigterm, grace_end, KillWait) -> (deadline, kill).
+        type Row = (Option<f64>, bool, Option<f64>, Option<f64>, Option<f64>, Option<f64>);
+        let rows: [Row; 10] = [
+            // SIGUSR1 (time limit): the saves by the job's end, SIGKILL KillWait after it.
+            (Some(1600.0), false, None, Some(30.0), Some(1600.0), Some(1630.0)),
+            // ... KillWait unknown: no kill is assumed.
+            (Some(1600.0), false, None, None, Some(1600.0), None),
+            // ... KillWait under SLURM's floor of 5 s.
+            (Some(1600.0), false, None, Some(2.0), Some(1600.0), Some(1605.0)),
+            // ... the job's end is past or unknown.
+            (Some(1000.0), false, None, Some(30.0), None, None),
+            (None, false, None, Some(30.0), None, None),
+            // scancel, or a batch step's preemption SIGTERM: now + KillWait for both.
+            (None, true, None, Some(10.0), Some(1010.0), Some(1010.0)),
+            // ... capped by the job's end.
+            (Some(1004.0), true, None, Some(10.0), Some(1004.0), Some(1010.0)),
+            // An srun task's preemption: the grace time's end, SIGKILL KillWait after it.
+            (None, true, Some(1020.0), Some(10.0), Some(1020.0), Some(1030.0)),
+            // A SIGTERM with nothing read: the job's end, no kill.
+            (Some(1600.0), true, None, None, Some(1600.0), None),
+            (None, true, Some(1020.0), None, Some(1020.0), None),
+        ];
+        for (end, sigterm, grace_end, kill_wait, deadline, kill) in rows {
+            assert_eq!(
+                signal_deadlines(1000.0, end, sigterm, grace_end, kill_wait),
+                (deadline, kill),
+                "{end:?} {sigterm} {grace_end:?} {kill_wait:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_requeue_moves_the_kill_to_killwait_after_it() {
+        assert_eq!(kill_after_requeue(2.0, Some(30.0)), Some(28.0));
+        assert_eq!(kill_after_requeue(0.5, Some(1.0)), Some(4.5), "SLURM's floor of 5 s");
+        assert_eq!(kill_after_requeue(2.0, None), None, "KillWait unknown: none assumed");
+        assert_eq!(kill_after_requeue(-1.0, Some(30.0)), Some(30.0));
+        assert_eq!(kill_after(10.0, Some(f64::NAN)), None);
+    }
 
     #[test]
     fn requeue_decision_table() {

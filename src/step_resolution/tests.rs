@@ -51,11 +51,8 @@ fn table_planner() -> GracePlanner {
 
 fn apply(r: &mut Resolver, ev: &Ev, planner: &GracePlanner) -> Out {
     match *ev {
-        Ev::Notice(at) => Out::Notice(r.on_notice(Notice { at, deadline: None })),
-        Ev::NoticeBy(at, deadline) => Out::Notice(r.on_notice(Notice {
-            at,
-            deadline: Some(deadline),
-        })),
+        Ev::Notice(at) => Out::Notice(r.on_notice(Notice::stated(at, None))),
+        Ev::NoticeBy(at, deadline) => Out::Notice(r.on_notice(Notice::stated(at, Some(deadline)))),
         Ev::Claim(won) => {
             r.on_claim(won);
             Out::Done
@@ -412,10 +409,7 @@ fn shutdown_keys_local_vs_worker() {
 fn accessors_follow_the_leader_through_both_rounds() {
     let planner = table_planner();
     let mut r = Resolver::new(w(2, 3), 10.0);
-    let notice = Notice {
-        at: 0.0,
-        deadline: Some(50.0),
-    };
+    let notice = Notice::stated(0.0, Some(50.0));
     assert_eq!(r.leading_notice(), None);
     assert!(matches!(r.on_notice(notice), NoticeAction::Claim { .. }));
     assert_eq!(r.leading_notice(), None, "not before the claim is won");
@@ -481,7 +475,7 @@ fn a_ps_coordinator_saves_at_the_run_count_of_the_check_that_publishes() {
     let planner = GracePlanner::without_exit_reserve();
     let mut r = Resolver::new(Membership::Local, 0.0);
     r.save_at_current_run();
-    assert_eq!(r.on_notice(Notice { at: 1.0, deadline: None }), NoticeAction::Lead);
+    assert_eq!(r.on_notice(Notice::stated(1.0, None)), NoticeAction::Lead);
     assert_eq!(
         r.before_step(40, 1.0, &planner),
         StepAction::Publish {
@@ -501,10 +495,7 @@ fn save_at_current_run_is_for_local_mode_only() {
     let planner = GracePlanner::without_exit_reserve();
     let mut r = Resolver::new(w(0, 2), 0.0);
     r.save_at_current_run();
-    assert!(matches!(
-        r.on_notice(Notice { at: 1.0, deadline: None }),
-        NoticeAction::Claim { .. }
-    ));
+    assert!(matches!(r.on_notice(Notice::stated(1.0, None)), NoticeAction::Claim { .. }));
     r.on_claim(true);
     let StepAction::Publish { step, .. } = r.before_step(40, 1.0, &planner) else {
         panic!("the leader publishes");
@@ -523,10 +514,7 @@ fn what_the_notice_says_fits_is_what_the_resolver_does() {
     planner.record_save(2.0);
     for tenths in 40..120 {
         let deadline = f64::from(tenths) / 10.0;
-        let notice = Notice {
-            at: 0.0,
-            deadline: Some(deadline),
-        };
+        let notice = Notice::stated(0.0, Some(deadline));
         let mut r = Resolver::new(Membership::Local, 60.0);
         assert_eq!(r.on_notice(notice), NoticeAction::Lead);
         let StepAction::Publish { round: I, step, .. } = r.before_step(5, 0.0, &planner) else {
@@ -547,7 +535,7 @@ fn the_users_grace_period_makes_two_saves_however_short() {
         planner.record_step(0.1);
     }
     planner.record_save(2.0);
-    let notice = Notice { at: 0.0, deadline: None };
+    let notice = Notice::stated(0.0, None);
     let mut r = Resolver::new(Membership::Local, 1.0);
     assert_eq!(r.on_notice(notice), NoticeAction::Lead);
     assert_eq!(planner.fit(notice, 1.0, 0.0).0, crate::grace::Fit::Both);
@@ -580,7 +568,7 @@ fn a_platform_deadline_tighter_than_the_grace_period_still_makes_one_save() {
         (None, true, false),
     ];
     for (deadline, binds, merged) in rows {
-        let notice = Notice { at: 0.0, deadline };
+        let notice = Notice::stated(0.0, deadline);
         let mut r = Resolver::new(Membership::Local, 30.0);
         assert_eq!(r.on_notice(notice), NoticeAction::Lead);
         assert!(matches!(r.before_step(5, 0.0, &planner), StepAction::Publish { round: I, .. }));

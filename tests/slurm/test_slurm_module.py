@@ -58,10 +58,12 @@ def test_no_requeue_without_slurm_when_off_or_on_other_tasks(monkeypatch):
     assert _slurm.requeue_after_save(None, None) is None
 
 
-def test_notice_deadline_is_the_end_time_when_nothing_was_read():
+def test_notice_deadline_is_the_end_time_when_nothing_was_read(monkeypatch):
+    """Nothing read of the job: no KillWait, so no kill is stated (none is assumed)."""
+    monkeypatch.setattr(_slurm, "_info", None)
     now = time.time()
-    assert _slurm.notice_deadline(now + 50, now) == now + 50
-    assert _slurm.notice_deadline(now - 1, now) is None
+    assert _slurm.notice_deadlines(now + 50, now) == (now + 50, None)
+    assert _slurm.notice_deadlines(now - 1, now) == (None, None)
 
 
 def test_a_bad_requeue_variable_is_an_error_at_construction(monkeypatch, tmp_path):
@@ -87,7 +89,7 @@ def _read_job(grace=20.0, kill_wait=10.0, end=None):
 
 @pytest.fixture
 def sigterms(monkeypatch):
-    """A new SIGTERM for each notice_deadline call; the job as read is settable."""
+    """A new SIGTERM for each notice_deadlines call; the job as read is settable."""
     count = {"term": 0}
 
     def deliveries(signum):
@@ -114,39 +116,43 @@ def test_sigterm_deadline_per_launch_form_and_cause(sigterms):
     # The batch step: SIGTERM comes when the grace time is over; KillWait is left.
     sigterms.delenv("SLURM_STEP_ID", raising=False)
     shown.update(PreemptTime=_stamp(now - 20), StartTime=_stamp(now - 100))
-    assert _slurm.notice_deadline(None, now) == now + 10
+    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
 
     # An srun task of a preempted job: the grace time starts with the SIGTERM.
     sigterms.setenv("SLURM_STEP_ID", "0")
     shown.update(PreemptTime=_stamp(now), StartTime=_stamp(now - 100))
-    assert _slurm.notice_deadline(None, now) == now + 20
-    # ... capped by the job's end.
-    assert _slurm.notice_deadline(now + 15, now) == now + 15
+    # SLURM's second SIGTERM ends the grace time; its SIGKILL comes KillWait later.
+    assert _slurm.notice_deadlines(None, now) == (now + 20, now + 30)
+    # ... capped by the job's end (and its SIGKILL, KillWait after it).
+    assert _slurm.notice_deadlines(now + 15, now) == (now + 15, now + 25)
 
     # An srun task and a user's scancel (no PreemptTime, or one from an earlier run).
     shown.update(PreemptTime="None")
-    assert _slurm.notice_deadline(None, now) == now + 10
+    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
     shown.update(PreemptTime=_stamp(now - 500))
-    assert _slurm.notice_deadline(None, now) == now + 10
+    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
 
     # The job cannot be read in time: KillWait, the bound that always holds.
     def unreadable(jid, timeout):
         raise TimeoutError("scontrol show job")
 
     sigterms.setattr(_slurm, "show_job", unreadable)
-    assert _slurm.notice_deadline(None, now) == now + 10
+    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
 
     # A partition without a GraceTime is not read at all.
     sigterms.setattr(_slurm, "_info", _read_job(grace=None, kill_wait=10.0))
-    assert _slurm.notice_deadline(None, now) == now + 10
+    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
 
 
 def test_sigusr1_deadline_is_the_job_end(sigterms):
     now = time.time()
     sigterms.setattr(_slurm, "_info", _read_job(end=now + 90))
     sigterms.setattr(_slurm, "_deliveries", lambda signum: 0)
-    assert _slurm.notice_deadline(None, now) == now + 90
-    assert _slurm.notice_deadline(now + 60, now) == now + 60  # SLURM_JOB_END_TIME wins
+    # SLURM's SIGKILL comes KillWait (10 s) after the job's end: the kill.
+    assert _slurm.notice_deadlines(None, now) == (now + 90, now + 100)
+    assert _slurm.notice_deadlines(now + 60, now) == (now + 60, now + 70)  # SLURM_JOB_END_TIME wins
+    sigterms.setattr(_slurm, "_info", _read_job(end=now + 90, kill_wait=None))
+    assert _slurm.notice_deadlines(None, now) == (now + 90, None), "no KillWait: no kill"
 
 
 def test_resume_fields_name_the_restart(monkeypatch):

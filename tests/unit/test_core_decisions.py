@@ -298,7 +298,7 @@ def test_the_first_scheduler_detected_wins(monkeypatch):
 def test_a_schedulers_signals_deadline_and_options_come_through_the_dispatch(monkeypatch):
     env = _environment(scheduler="kubernetes", settings={"kubernetes": 45.0})
     assert platform.complete(env, None, None, None, None).signals == (signal.SIGTERM,)
-    assert platform.signal_deadline(env, 1000.0) == 1045.0
+    assert platform.signal_deadlines(env, 1000.0) == (1045.0, 1045.0)
     slurm_env = _environment(scheduler="slurm")
     signals = platform.complete(slurm_env, None, None, None, None).signals
     assert signals == (signal.SIGTERM, signal.SIGUSR1)

@@ -4,7 +4,7 @@ A malformed ``TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD`` ("30s") used to rais
 the notice thread when SIGTERM arrived: the thread died, and the worker trained on
 until SIGKILL. Now ``_platform.environment()`` (called when a handler or watcher is
 built) parses every variable first and raises a ValueError naming the variable and the
-value; ``signal_deadline`` only reads what it parsed and cannot raise.
+value; ``signal_deadlines`` only reads what it parsed and cannot raise.
 """
 
 from __future__ import annotations
@@ -117,16 +117,20 @@ def test_variables_are_checked_whatever_the_cloud_and_scheduler(monkeypatch, clo
 
 @pytest.mark.parametrize(
     ("value", "grace"),
-    [(None, 30.0), ("", 30.0), ("  ", 30.0), ("45", 45.0), (" 0 ", 0.0), ("2.5", 2.5)],
+    [(None, None), ("", None), ("  ", None), ("45", 45.0), (" 0 ", 0.0), ("2.5", 2.5)],
 )
 def test_kubernetes_grace_period_is_parsed_into_the_environment(monkeypatch, value, grace):
+    """Unset or blank: not stated (the deadline is Kubernetes' default, 30 s, and no
+    kill is stated)."""
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     if value is not None:
         monkeypatch.setenv(GRACE, value)
     env = _platform.environment()
     assert env.scheduler == "kubernetes"
     assert env.settings["kubernetes"] == grace
-    assert _platform.signal_deadline(env, NOW) == NOW + grace
+    stated = None if grace is None else NOW + grace
+    planned = NOW + (30.0 if grace is None else grace)
+    assert _platform.signal_deadlines(env, NOW) == (planned, stated)
 
 
 @pytest.mark.parametrize(
@@ -147,10 +151,10 @@ def test_slurm_end_time_is_parsed_into_the_environment(monkeypatch, value, deadl
         monkeypatch.setenv(END, value)
     env = _platform.environment()
     assert env.scheduler == "slurm"
-    assert _platform.signal_deadline(env, NOW) == deadline
+    assert _platform.signal_deadlines(env, NOW) == (deadline, None)
 
 
-def test_signal_deadline_uses_the_parsed_values_and_never_reads_the_environment(
+def test_signal_deadlines_use_the_parsed_values_and_never_read_the_environment(
     monkeypatch,
 ):
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
@@ -159,7 +163,7 @@ def test_signal_deadline_uses_the_parsed_values_and_never_reads_the_environment(
     # Changed (even broken) after construction: the notice thread is not affected.
     monkeypatch.setenv(GRACE, "30s")
     monkeypatch.setenv(END, "garbage")
-    assert _platform.signal_deadline(env, NOW) == NOW + 45
+    assert _platform.signal_deadlines(env, NOW) == (NOW + 45, NOW + 45)
     slurm = _platform.Environment(
         device=env.device,
         cloud=None,
@@ -167,7 +171,7 @@ def test_signal_deadline_uses_the_parsed_values_and_never_reads_the_environment(
         scheduler="slurm",
         settings={"slurm": NOW + 9},
     )
-    assert _platform.signal_deadline(slurm, NOW) == NOW + 9
+    assert _platform.signal_deadlines(slurm, NOW) == (NOW + 9, None)
 
 
 def test_no_signal_deadline_without_a_scheduler(monkeypatch):
@@ -175,7 +179,7 @@ def test_no_signal_deadline_without_a_scheduler(monkeypatch):
     monkeypatch.setenv(GRACE, "45")
     env = _platform.environment()
     assert env.scheduler is None
-    assert _platform.signal_deadline(env, NOW) is None
+    assert _platform.signal_deadlines(env, NOW) == (None, None)
 
 
 @pytest.mark.parametrize(

@@ -116,3 +116,56 @@ def test_the_handler_constructor_disarms(make_handler, tmp_path, monkeypatch):
     monkeypatch.setattr(exit_guard, "disarm", lambda: calls.append(1))
     make_handler(testing.FakeCheckpoint(w=testing.FakeVariable(0)), tmp_path / "ckpt")
     assert calls == [1]
+
+
+# Backstop above its own bound: the child's, CHILD_BOUND (+ 30 s).
+@pytest.mark.timeout(CHILD_BOUND + 30)
+def test_a_process_that_catches_the_exit_trains_on_and_ends_by_itself_keeps_its_code(tmp_path):
+    """Issue 60: a real handler on Kubernetes with a stated grace period of 20 s saves at
+    a SIGTERM and raises the restart code's SystemExit, with the guard armed (checked).
+    The process catches it, trains on through the handler, finishes and calls
+    ``sys.exit(0)``. Its exit then waits until no guard waits: a guard still armed at its
+    moment (19 s after the notice) would end it with 42 first; one that stood down when
+    training went on lets it end with its own code. Success: exit 0, and the exit never
+    waited out a guard (no "ending it now" line). The 20 s is the guard's moment, not a
+    margin: the verdict holds however long each part takes."""
+    from .test_signals import run_script
+
+    rc, events, proc = run_script(
+        tmp_path,
+        """
+        import atexit
+
+        os.environ["KUBERNETES_SERVICE_HOST"] = "10.0.0.1"
+        os.environ["TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD"] = "20"
+        h = PreemptionCheckpointHandler(None, ckpt, CKPT_DIR)
+        for _ in range(3):
+            h.run(step)
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for_attention(h)
+        try:
+            train_until_exit(h)
+        except SystemExit as e:
+            emit("caught", code=e.code, waiting=_native.exit_guards_waiting())
+        for _ in range(5):  # training goes on, and ends by itself
+            h.run(step)
+
+
+        def exit_waits_for_the_guards():
+            bound = time.monotonic() + 60
+            while _native.exit_guards_waiting():
+                if time.monotonic() > bound:
+                    emit("guard_never_stood_down")
+                    os._exit(3)
+                time.sleep(0.01)
+
+
+        atexit.register(exit_waits_for_the_guards)
+        sys.exit(0)
+        """,
+        timeout=CHILD_BOUND,
+    )
+    details = f"rc={rc}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert events.get("caught") == {"code": 42, "waiting": 1}, details
+    assert rc == 0, details
+    assert "ending it now" not in proc.stderr, details

@@ -711,7 +711,7 @@ def test_scheduler(monkeypatch, variables, expected):
     assert _platform.environment().scheduler == expected
 
 
-# ------------------------------------------------------------ signal_deadline()
+# ------------------------------------------------------------ signal_deadlines()
 
 NOW = 1_700_000_000.0
 
@@ -724,20 +724,29 @@ def test_slurm_deadline_is_the_job_end_time_if_in_the_future(end, expected):
     # Parsing SLURM_JOB_END_TIME (and rejecting bad values at construction) is
     # tested in test_environment_validation.py.
     env = dataclasses.replace(_env(scheduler="slurm"), settings={"slurm": end})
-    assert _platform.signal_deadline(env, NOW) == expected
+    # Nothing read of the job (no KillWait): no kill is stated.
+    assert _platform.signal_deadlines(env, NOW) == (expected, None)
 
 
 @pytest.mark.parametrize("grace", [30.0, 45.0, 0.0, 2.5])
 def test_kubernetes_deadline_is_now_plus_the_grace_period(grace):
+    """A stated grace period is both the deadline and the kill."""
     env = dataclasses.replace(_env(scheduler="kubernetes"), settings={"kubernetes": grace})
-    assert _platform.signal_deadline(env, NOW) == NOW + grace
+    assert _platform.signal_deadlines(env, NOW) == (NOW + grace, NOW + grace)
+
+
+def test_kubernetes_without_the_grace_period_plans_for_the_default_and_states_no_kill():
+    """Unset, the pod's grace period is an assumption: the saves are planned for
+    Kubernetes' default, and nothing says when SIGKILL comes (no exit guard)."""
+    env = dataclasses.replace(_env(scheduler="kubernetes"), settings={"kubernetes": None})
+    assert _platform.signal_deadlines(env, NOW) == (NOW + 30.0, None)
 
 
 @pytest.mark.parametrize("cloud", [None, "gce", "aws", "azure"])
 def test_no_signal_deadline_without_a_scheduler(monkeypatch, cloud):
     monkeypatch.setenv(slurm.END_TIME_ENV, str(int(NOW) + 600))
     monkeypatch.setenv(kubernetes.GRACE_ENV, "45")
-    assert _platform.signal_deadline(_env(cloud), NOW) is None
+    assert _platform.signal_deadlines(_env(cloud), NOW) == (None, None)
 
 
 # ------------------------------------------------------------ detect() and the handler

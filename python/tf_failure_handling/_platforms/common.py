@@ -61,18 +61,23 @@ class Platform:
     def start(self, env: Any) -> None:
         """Its start, once per process: what reads its limits off the training thread."""
 
-    def deadline(self, env: Any, unix_now: float) -> Optional[float]:
-        """Its deadline after a signal (Unix time), or None. Never raises."""
-        return None
+    def deadlines(self, env: Any, unix_now: float) -> tuple:
+        """Its ``(deadline, kill)`` after a signal, Unix times or None: what the saves
+        are planned against, and when it ends this process if it stated that moment
+        (the exit guard's, ``_protocol/exit_guard.py``). The core decides both
+        (``src/sources/``). Never raises."""
+        return None, None
 
     def attach(self, env: Any, config: Any) -> Any:
         """Handler construction, its or not: checks its options (an error now) and
         returns what :meth:`after_save` gets as ``options``."""
         return None
 
-    def after_save(self, env: Any, options: Any, recorder: Any) -> None:
+    def after_save(self, env: Any, options: Any, recorder: Any) -> Optional[float]:
         """Its step after the final checkpoint, before ``exit_fn`` (``recorder``: the
-        ``records.Recorder``, or None). Never raises."""
+        ``records.Recorder``, or None). Returns the seconds from now until it ends this
+        process when the step stated that (SLURM: a requeue), else None. Never raises."""
+        return None
 
     def resume_fields(self, env: Any) -> dict:
         """What a ``resumed`` preemption record says about it."""

@@ -3,33 +3,32 @@ docs/getting-started/kubernetes.md)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from .._native import KUBERNETES_DEFAULT_GRACE_PERIOD
+from .._native import kubernetes_sigterm_deadlines
 from . import common
 
 #: Seconds Kubernetes leaves between SIGTERM and SIGKILL for this pod (not visible
 #: from inside it).
 GRACE_ENV = "TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD"
-# KUBERNETES_DEFAULT_GRACE_PERIOD is the core's (src/sources/kubernetes.rs says what it
-# means).
 
 
 class Kubernetes(common.Platform):
     NAME = "kubernetes"
 
-    def check(self) -> float:
-        """:data:`GRACE_ENV`, else Kubernetes' default."""
-        grace = common.seconds(GRACE_ENV, minimum=0.0)
-        return KUBERNETES_DEFAULT_GRACE_PERIOD if grace is None else grace
+    def check(self) -> Any:
+        """:data:`GRACE_ENV` as stated, or None when not given (the core then assumes
+        Kubernetes' default for the deadline, and states no kill)."""
+        return common.seconds(GRACE_ENV, minimum=0.0)
 
     def detect(self, checked: Any) -> bool:
         """Inside a pod: Kubernetes sets ``KUBERNETES_SERVICE_HOST`` in every container."""
         return common.env("KUBERNETES_SERVICE_HOST") is not None
 
-    def deadline(self, env: Any, unix_now: float) -> Optional[float]:
-        """``unix_now`` plus the pod's grace period."""
-        return unix_now + env.settings.get(self.NAME, KUBERNETES_DEFAULT_GRACE_PERIOD)
+    def deadlines(self, env: Any, unix_now: float) -> tuple:
+        """``unix_now`` plus the pod's grace period; a kill only when it was stated
+        (``src/sources/kubernetes.rs``)."""
+        return kubernetes_sigterm_deadlines(unix_now, env.settings.get(self.NAME))
 
 
 PLATFORM = Kubernetes()

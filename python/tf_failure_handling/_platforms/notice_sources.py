@@ -101,6 +101,10 @@ class Notice(NamedTuple):
     deadline: Optional[float]
     #: Unix time it arrived (posted into the inbox), or None when not known.
     at: Optional[float] = None
+    #: Unix time the platform stated it ends this process, or None when it did not
+    #: state one (an assumed deadline, a signal with no scheduler behind it): the exit
+    #: guard waits for this alone.
+    kill: Optional[float] = None
 
 
 def signal_name(signum: int) -> str:
@@ -173,12 +177,15 @@ class NoticeSources:
     def metadata(self) -> Optional[MetadataWatch]:
         return self._metadata
 
-    def trigger(self, source: str, deadline: Optional[float] = None) -> bool:
-        """Delivers a notice as a source would; False once closed."""
+    def trigger(
+        self, source: str, deadline: Optional[float] = None, kill: Optional[float] = None
+    ) -> bool:
+        """Delivers a notice as a source would (``kill``: when it stated this process
+        ends, Unix time); False once closed."""
         with self._lock:
             if self._closed:
                 return False
-        return self.inbox.post_notice(source, deadline)
+        return self.inbox.post_notice(source, deadline, kill)
 
     def receive(self, timeout: Optional[float] = None) -> Any:
         """The most urgent input: ``Input.Stop`` once closed, then step keys and key-read
@@ -265,14 +272,11 @@ class NoticeSources:
 
     def _notice_for(self, item: Any) -> Notice:
         """A posted ``Input.Notice`` as a :class:`Notice`: a signal is named, and its
-        deadline is where the scheduler says (``_platform.signal_deadline``)."""
+        deadline and kill are where the scheduler says (``_platform.signal_deadlines``)."""
         if item.signal is not None:
-            return Notice(
-                f"signal {signal_name(item.signal)}",
-                _platform.signal_deadline(self._env, item.at),
-                item.at,
-            )
-        return Notice(item.source, item.deadline, item.at)
+            deadline, kill = _platform.signal_deadlines(self._env, item.at)
+            return Notice(f"signal {signal_name(item.signal)}", deadline, item.at, kill)
+        return Notice(item.source, item.deadline, item.at, item.kill)
 
     def close(self, join: bool = True) -> None:
         """Stops the inbox (every receive returns ``Input.Stop``), the metadata probes

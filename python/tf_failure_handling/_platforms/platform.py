@@ -212,14 +212,17 @@ def complete(
     )
 
 
-def signal_deadline(env: Environment, unix_now: float) -> Optional[float]:
-    """When a signalled machine goes away (Unix time), where its scheduler says, or
-    None. Called in the driver thread when a signal arrives; never raises."""
+def signal_deadlines(env: Environment, unix_now: float) -> tuple:
+    """``(deadline, kill)`` of a signal, Unix times, where its scheduler says: when the
+    machine goes away (the saves are planned against it), and when the platform ends
+    this process, only if it stated that (the exit guard waits for it alone); None
+    for each it does not say. Called in the driver thread when a signal arrives;
+    never raises."""
     for p in _active(env):
-        deadline = p.deadline(env, unix_now)
-        if deadline is not None:
-            return deadline
-    return None
+        deadline, kill = p.deadlines(env, unix_now)
+        if deadline is not None or kill is not None:
+            return deadline, kill
+    return None, None
 
 
 def attach(env: Environment, config: Any) -> dict:
@@ -228,11 +231,13 @@ def attach(env: Environment, config: Any) -> dict:
     return {p.NAME: p.attach(env, config) for p in PLATFORMS}
 
 
-def after_save(env: Environment, options: Mapping[str, Any], recorder: Any) -> None:
+def after_save(env: Environment, options: Mapping[str, Any], recorder: Any) -> Optional[float]:
     """After the final checkpoint, before ``exit_fn``: each platform's step (SLURM: the
-    job back in the queue). ``recorder``: the handler's ``records.Recorder``."""
-    for p in _active(env):
-        p.after_save(env, options.get(p.NAME), recorder)
+    job back in the queue). ``recorder``: the handler's ``records.Recorder``. Returns
+    the seconds from now until a platform ends this process, when its step stated
+    that (a SLURM requeue), else None."""
+    ends = [p.after_save(env, options.get(p.NAME), recorder) for p in _active(env)]
+    return next((end for end in ends if end is not None), None)
 
 
 def resume_fields(env: Environment) -> dict:

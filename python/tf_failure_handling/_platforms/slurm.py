@@ -1,7 +1,8 @@
 """SLURM: the job's deadlines, and the job back in the queue after the save.
 
-What SLURM sends and when, the deadline each notice carries (:func:`notice_deadline`)
-and when the job is requeued (:func:`requeue_after_save`) are told once, in
+What SLURM sends and when, the deadline and the kill each notice carries
+(:func:`notice_deadlines`, decided by the core: ``src/sources/slurm.rs``) and when the
+job is requeued (:func:`requeue_after_save`) are told once, in
 docs/getting-started/slurm.md, and checked on a real SLURM by ``tests/slurm``.
 """
 
@@ -26,7 +27,9 @@ from .._native import (
     slurm_config_value,
     slurm_controller_busy,
     slurm_decides_requeue,
+    slurm_kill_after_requeue,
     slurm_requeue,
+    slurm_signal_deadlines,
 )
 from .._native import slurm_fields as parse_fields
 from .._native import slurm_seconds as parse_seconds
@@ -133,7 +136,7 @@ class JobInfo:
 
 _lock = threading.Lock()
 _info: Optional[JobInfo] = None
-#: Signal deliveries already accounted for by :func:`notice_deadline`.
+#: Signal deliveries already accounted for by :func:`notice_deadlines`.
 _seen_term = 0
 
 
@@ -186,34 +189,35 @@ def preempt_time(info: JobInfo, timeout: float = NOTICE_READ_TIMEOUT) -> Optiona
     return preempted
 
 
-def notice_deadline(end_time: Optional[float], unix_now: float) -> Optional[float]:
-    """When the job goes away after the signal that just arrived (Unix time), or None
-    (docs/getting-started/slurm.md has the rule per launch form). ``end_time`` is
-    ``SLURM_JOB_END_TIME`` if set, else the job's ``EndTime`` once read. Never raises.
+def notice_deadlines(end_time: Optional[float], unix_now: float) -> tuple:
+    """``(deadline, kill)`` of the signal that just arrived, Unix times or None
+    (docs/getting-started/slurm.md has the rule per launch form; the core decides:
+    ``slurm_signal_deadlines``). ``end_time`` is ``SLURM_JOB_END_TIME`` if set, else
+    the job's ``EndTime`` once read. The kill needs ``KillWait``: none is assumed.
+    Never raises.
     """
     global _seen_term
     try:
         info = job_info()
         end = end_time if end_time is not None else (info.end_time if info else None)
-        if end is not None and end <= unix_now:
-            end = None
         term = _deliveries(signal.SIGTERM)
         new_term = term > _seen_term
         _seen_term = term
-        if not new_term or info is None:
-            return end
-        bound = None
-        if in_srun_step() and info.grace_time:
+        sigterm = new_term and info is not None
+        grace_end = None
+        if sigterm and in_srun_step() and info.grace_time:
             preempted = preempt_time(info)
             if preempted is not None:
-                bound = preempted + info.grace_time
-        if bound is None and info.kill_wait is not None:
-            bound = unix_now + info.kill_wait
-        if bound is None:
-            return end
-        return bound if end is None else min(bound, end)
+                grace_end = preempted + info.grace_time
+        return slurm_signal_deadlines(
+            unix_now,
+            end=end,
+            sigterm=sigterm,
+            grace_end=grace_end,
+            kill_wait=info.kill_wait if info else None,
+        )
     except Exception:  # noqa: BLE001 - see the docstring
-        return end_time if end_time is not None and end_time > unix_now else None
+        return (end_time if end_time is not None and end_time > unix_now else None), None
 
 
 # ------------------------------------------------------------------ requeue
@@ -250,24 +254,49 @@ def requeue_after_save(option: Optional[bool], recorder: Any) -> Optional[bool]:
     :data:`REQUEUE_ENV` turns it off; the outcome is a ``requeue`` line of
     ``recorder``'s records. Returns whether it was requeued (None when not under
     SLURM, turned off, or not this task's to do). Never raises."""
+    return requeue_and_kill(option, recorder)[0]
+
+
+def requeue_and_kill(option: Optional[bool], recorder: Any) -> tuple:
+    """:func:`requeue_after_save`, and the seconds from now until SLURM's SIGKILL when
+    this process requeued the job: the requeue ends the job's steps, ``KillWait``
+    after it (``slurm_kill_after_requeue``); None when not requeued here or
+    ``KillWait`` is unknown. Never raises."""
+    attempt: list = []
     try:
-        return _requeue_after_save(option, recorder)
+        requeued = _requeue_after_save(option, recorder, attempt)
     except Exception as e:  # noqa: BLE001 - the exit must happen whatever goes wrong here
         log.warning("SLURM requeue: unexpected error %r; exiting without requeue.", e)
-        return False
+        return False, None
+    info = job_info()
+    if not requeued or not attempt or info is None:
+        return requeued, None
+    left = slurm_kill_after_requeue(attempt[0].seconds(), info.kill_wait)
+    if left is not None:
+        log.info(
+            "SLURM job %s: the requeue ends this run's tasks; SLURM's SIGKILL comes %.1fs "
+            "from now at the soonest (KillWait %s after the requeue).",
+            info.job_id,
+            left,
+            info.kill_wait,
+        )
+    return requeued, left
 
 
-def _requeue(jid: str) -> tuple:
+def _requeue(jid: str, attempt: Optional[list] = None) -> tuple:
     """``scontrol requeue jid``: whether the job went back to the queue, and what
     scontrol said. A failure is tried again (the core's retry rule, for
     :data:`REQUEUE_TIMEOUT` in all) while it reads as a controller too busy to answer
     (scontrol's ``MessageTimeout`` passes while slurmctld still acts on the request);
     after each failure the job is read again, and one that shows this run's requeue
-    counts as requeued."""
+    counts as requeued. ``attempt``, if given, ends up holding the ``Stopwatch``
+    started with the last ``scontrol requeue`` (the one that requeued the job)."""
     deadline, retry = Deadline(REQUEUE_TIMEOUT), Retry(REQUEUE_TIMEOUT)
     pause = threading.Event()  # set by nothing: the pause between two attempts
     while True:
         left = max(1.0, deadline.left())
+        if attempt is not None:
+            attempt[:] = [Stopwatch()]
         try:
             out = _scontrol("requeue", jid, timeout=left)
             said = (out.stderr or out.stdout).strip()
@@ -290,7 +319,7 @@ def _requeue(jid: str) -> tuple:
         pause.wait(verdict.pause)
 
 
-def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
+def _requeue_after_save(option: Optional[bool], records: Any, attempt: list) -> Optional[bool]:
     """Reads what the core's requeue decision needs, and carries the decision out
     (``src/sources/slurm.rs``, ``requeue`` and ``decides_requeue``)."""
     jid = job_id()
@@ -328,7 +357,7 @@ def _requeue_after_save(option: Optional[bool], records: Any) -> Optional[bool]:
         message = "the job is not requeueable (Requeue=0): submit it with sbatch --requeue"
         log.warning("SLURM job %s (%s): not requeued: %s.", jid, reason, message)
     else:
-        requeued, message = _requeue(jid)
+        requeued, message = _requeue(jid, attempt)
         if requeued:
             log.info(
                 "SLURM job %s (%s): requeued after the checkpoint (scontrol requeue, %.2f s).",
@@ -376,8 +405,8 @@ class Slurm(common.Platform):
     def start(self, env: Any) -> None:
         start_reading_job()
 
-    def deadline(self, env: Any, unix_now: float) -> Optional[float]:
-        return notice_deadline(env.settings.get(self.NAME), unix_now)
+    def deadlines(self, env: Any, unix_now: float) -> tuple:
+        return notice_deadlines(env.settings.get(self.NAME), unix_now)
 
     def attach(self, env: Any, config: Any) -> Optional[bool]:
         """The requeue option (``config.slurm_requeue``; a bad :data:`REQUEUE_ENV` is an
@@ -393,8 +422,10 @@ class Slurm(common.Platform):
                 )
         return config.slurm_requeue
 
-    def after_save(self, env: Any, options: Any, recorder: Any) -> None:
-        requeue_after_save(options, recorder)
+    def after_save(self, env: Any, options: Any, recorder: Any) -> Optional[float]:
+        """The job back in the queue; the seconds until SLURM's SIGKILL when that
+        moved it (:func:`requeue_and_kill`)."""
+        return requeue_and_kill(options, recorder)[1]
 
     def resume_fields(self, env: Any) -> dict:
         """The job and ``SLURM_RESTART_COUNT`` (empty when not under SLURM)."""

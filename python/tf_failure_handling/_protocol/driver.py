@@ -69,12 +69,13 @@ class Driver:
     def notify(self, deadline: Optional[float] = None) -> None:
         """Delivers a notice as a termination source would (used by ``testing``).
 
-        ``deadline`` is on the handler's clock (``time.monotonic()``). A notice after the
-        handler exited or was closed is ignored, as a signal would be.
+        ``deadline`` is on the handler's clock (``time.monotonic()``); the caller plays
+        the platform and states it, so it is the kill too. A notice after the handler
+        exited or was closed is ignored, as a signal would be.
         """
         unix_deadline = None if deadline is None else unix_time_of(deadline, self._state.clock())
         if self._state.closing.is_set() or not self.sources.trigger(
-            "a termination source", unix_deadline
+            "a termination source", unix_deadline, unix_deadline
         ):
             log.info("Termination notice after shutdown ignored.")
 

@@ -70,7 +70,7 @@ class NoticeResponse:
                 notice.source,
                 self._state.membership.id_in_cluster,
             )
-            owner.hand_on(notice.source, notice.deadline)
+            owner.hand_on(notice.source, notice.deadline, notice.kill)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()
             self._errors.fail_in_background(f"handling the notice from {notice.source}", e)
         return None
@@ -89,7 +89,7 @@ class NoticeResponse:
         now = self._state.clock()
         # The notice's line is written before any line of a stage it leads to.
         with self._records.taking_notice():
-            action = self._core.source_notice(now, wall, notice.deadline)
+            action = self._core.source_notice(now, wall, notice.deadline, notice.kill)
             # Where training was when the core took the notice: the first step that can
             # save at it is the next run() to start (read after the core took it, so a
             # run() that started in between and saw it is counted as before it).

@@ -100,7 +100,7 @@ class Ownership:
         then, as TensorFlow's signal handlers, and is not this one's."""
         return at is None or self.took_over_at is None or at >= self.took_over_at
 
-    def hand_on(self, source: str, deadline: Optional[float]) -> None:
-        """A notice this (older) handler saw goes to the owner's inbox."""
+    def hand_on(self, source: str, deadline: Optional[float], kill: Optional[float]) -> None:
+        """A notice this (older) handler saw goes to the owner's inbox, with its kill."""
         if self.sources is not None:
-            self.sources.trigger(source, deadline)
+            self.sources.trigger(source, deadline, kill)

@@ -58,8 +58,9 @@ class SaveAndExit:
 
     def _guard_exit(self, code: int) -> None:
         """Arms the exit guard for the moment the platform ends this worker, as the
-        platform named it (``kill_deadline``; ``exit_guard``). A grace period alone
-        arms nothing: nothing is known to end the process then."""
+        platform stated it (``kill_deadline``; ``exit_guard``). A grace period alone or
+        an assumed deadline (Kubernetes without the pod's grace period) arms nothing:
+        nothing is known to end the process then."""
         _exit_guard.arm(self._core.kill_deadline(), self._state.clock(), code)
 
     def _unmerged_exit(self, error: BaseException) -> None:
@@ -107,8 +108,11 @@ class SaveAndExit:
             code = _platform.exit_code(self.exit_fn)
             # Written before exit_fn: one that calls os._exit leaves no later moment.
             self._records.exit(code)
-            # The scheduler's step (SLURM: the job back in the queue).
-            self._scheduler_step()
+            # The scheduler's step (SLURM: the job back in the queue, which moves the
+            # moment SLURM ends this process: the guard's, below).
+            ends_in = self._scheduler_step()
+            if ends_in is not None:
+                self._core.platform_end(self._state.clock(), ends_in)
             if code is not None:  # a default exit_fn: its code is the records'
                 self._guard_exit(code)
             self.exit_fn()
