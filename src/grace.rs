@@ -56,7 +56,8 @@ pub const SLACK: f64 = 1.0;
 /// MultiWorkerMirroredStrategy), the interpreter ends. A single worker's teardown took
 /// more than a second on a GCE VM; a Kubernetes pod whose process is still in its exit
 /// at the deadline is killed with 137, not the exit code. Configured with
-/// `TF_FAILURE_HANDLING_EXIT_RESERVE` (docs/configuration.md).
+/// `TF_FAILURE_HANDLING_EXIT_RESERVE` (docs/how-it-works.md, the variables' table of
+/// "Where notices come from").
 pub const EXIT_RESERVE: f64 = 5.0;
 
 /// Seconds before the deadline at which a process still in its exit after the last
@@ -66,11 +67,14 @@ pub const EXIT_RESERVE: f64 = 5.0;
 pub const EXIT_GUARD_LEAD: f64 = 1.0;
 
 /// How long from `now` the exit guard waits before it ends a process that is still
-/// in its exit: until [`EXIT_GUARD_LEAD`] before `deadline`. None when there is no
-/// deadline (no grace period and none from the platform: nothing kills the process
-/// at a known time) or when that moment has passed (the guard would decide at once,
-/// before the exit has begun, which it cannot tell from a process that caught the
-/// `SystemExit` and trains on).
+/// in its exit: until [`EXIT_GUARD_LEAD`] before `deadline`, the moment the platform
+/// stated it kills the process ([`crate::notice::Notice::kill`],
+/// `Protocol::kill_deadline`). None when it stated none (a grace period alone, an
+/// assumed deadline such as Kubernetes' default grace period, SLURM without a known
+/// `KillWait`: nothing is known to kill the process then, and `_exit` would cut short
+/// an exit, its `atexit` handlers and logging's flush, for a guess) or when that moment
+/// has passed (the guard would decide at once, before the exit has begun, which it
+/// cannot tell from a process that caught the `SystemExit` and trains on).
 ///
 /// The reserve ([`EXIT_RESERVE`]) plans the exit; the guard is for the exit that runs
 /// past the plan: on a loaded host TensorFlow's teardown under
