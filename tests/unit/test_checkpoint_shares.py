@@ -378,3 +378,143 @@ def test_a_saver_that_cannot_be_split_puts_the_non_chief_s_copy_where_the_host_c
     assert chief.save_fields() == {}, "the chief writes the checkpoint, not a copy"
     other.remove_worker_temp(is_chief=False)
     assert not (tmp_path / "workertemp_1").exists()
+
+
+# ------------------------------------------ issue 60 part 2: "saved" means the state file
+
+
+def _merged_key(saves: ck.Checkpoints, number: int, name: str) -> str:
+    return f"{saves.share_keys(number)}/{name}/merged"
+
+
+def _reported(service, key: str):
+    """The value of ``key`` now, or None when it is not set."""
+    try:
+        return service.get_config_key_value(key, 1)
+    except tf.errors.DeadlineExceededError:
+        return None
+
+
+def test_the_others_hear_merged_only_once_the_state_file_names_the_checkpoint(
+    shares, tmp_path, monkeypatch
+):
+    """When TensorFlow writes the state file (``_record_state``, in the save's write
+    callback, after the merge), nothing is reported yet; after the chief's save, "ok".
+    On main (97acf12) "ok" was already set there: a chief that ended at that moment left
+    the non-chief with the restart code for a checkpoint no restart reads."""
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    ckpt_dir = tmp_path / "ckpt"
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
+    seen: list = []
+    record_state = checkpoint_management.CheckpointManager._record_state
+
+    def watched(manager, *args, **kwargs):
+        if manager is chief.write:
+            seen.append(_reported(shares, _merged_key(chief, 1, "ckpt-1")))
+        return record_state(manager, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_management.CheckpointManager, "_record_state", watched)
+    thread, errors = _save_in_thread(other, 3)
+    chief.save(3, (), {}, clock=lambda: 0.0)
+    thread.join(JOIN_BOUND)
+    assert errors == [] and not thread.is_alive()
+    assert seen and seen[0] is None, seen
+    assert _reported(shares, _merged_key(chief, 1, "ckpt-1")) == "ok"
+
+
+def test_a_merge_that_would_not_end_before_the_deadline_is_not_started(shares, tmp_path):
+    """The chief measured a 100 s merge; its notice leaves 30 s before the deadline less
+    the exit's reserve: the merge is not started, the chief's error says so, the non-chief
+    hears it, this save's parts are removed and the state file still names ckpt-1. On
+    main the merge started whatever the time left."""
+    from tf_failure_handling import _native
+
+    ckpt_dir = tmp_path / "ckpt"
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
+    thread, errors = _save_in_thread(other, 3)
+    chief.save(3, (), {}, clock=lambda: 0.0)
+    thread.join(JOIN_BOUND)
+    assert errors == []
+
+    core = _native.HandlerCore()._protocol_core()
+    core.configure(None, 0, 0.0)
+    core.exit_reserve = 5.0
+    core.notice(shares_mod._clock(), shares_mod._clock() + 35.0)
+    if hasattr(core, "shares_merged"):
+        core.shares_merged(100.0)
+    chief.core = core
+    thread, errors = _save_in_thread(other, 5)
+    with pytest.raises(tf.errors.DeadlineExceededError, match="was not started") as raised:
+        chief.save(5, (), {}, clock=lambda: 0.0)
+    thread.join(JOIN_BOUND)
+    assert "100.00s" in str(raised.value) and "stays" in str(raised.value)
+    assert [type(e).__name__ for e in errors] == ["AbortedError"], errors
+    assert "was not started" in str(errors[0])
+    assert not list(ckpt_dir.glob("ckpt-2*")), sorted(p.name for p in ckpt_dir.iterdir())
+    assert tf.train.latest_checkpoint(str(ckpt_dir)).endswith("ckpt-1")
+
+
+def test_a_failed_merge_removes_its_parts(shares, tmp_path, monkeypatch):
+    """The merge fails (worker 1's part index cut short): nothing of the save is left,
+    neither the parts folder nor a merged file. On main the parts folder stayed."""
+    from tensorflow.python.ops import gen_io_ops
+
+    ckpt_dir = tmp_path / "ckpt"
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
+    merge = gen_io_ops.merge_v2_checkpoints
+
+    def merge_a_cut_part(**kwargs):
+        (index,) = ckpt_dir.glob("ckpt-1_temp*/part-00001-of-00002.index")
+        index.write_bytes(index.read_bytes()[:10])
+        return merge(**kwargs)
+
+    monkeypatch.setattr(gen_io_ops, "merge_v2_checkpoints", merge_a_cut_part)
+    thread, errors = _save_in_thread(other, 3)
+    with pytest.raises(tf.errors.DataLossError):
+        chief.save(3, (), {}, clock=lambda: 0.0)
+    thread.join(JOIN_BOUND)
+    assert [type(e).__name__ for e in errors] == ["AbortedError"], errors
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == [], "the save left its parts"
+
+
+@pytest.mark.parametrize("blocked", ["fingerprint", "merge"])
+def test_the_chief_s_reads_of_the_parts_and_its_merge_are_bounded(
+    shares, tmp_path, monkeypatch, blocked
+):
+    """A read of worker 1's part, or the merge, that does not return (a storage that
+    hangs): the chief gives up after its bound (the minimum wait, here 0.5 s) with
+    ``DeadlineExceededError`` naming what it waited for, and tells worker 1. On main
+    both waited as long as the call took."""
+    from tensorflow.python.ops import gen_io_ops
+    from tf_failure_handling._integrations import tf_shares
+
+    monkeypatch.setattr(shares_mod, "SHARES_MIN_WAIT", 0.5)
+    release = threading.Event()
+    ckpt_dir = tmp_path / "ckpt"
+    chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
+    if blocked == "fingerprint":
+        own = tf_shares.part_fingerprint
+
+        def fingerprint(part: str):
+            # The chief's read of worker 1's part hangs; each worker's own read does not.
+            if part.endswith("part-00001-of-00002") and threading.current_thread() is not thread:
+                release.wait(JOIN_BOUND)
+            return own(part)
+
+        monkeypatch.setattr(tf_shares, "part_fingerprint", fingerprint)
+        said = "for the read of worker 1's part"
+    else:
+        monkeypatch.setattr(
+            gen_io_ops, "merge_v2_checkpoints", lambda **k: release.wait(JOIN_BOUND)
+        )
+        said = "for MergeV2Checkpoints of 2 parts"
+    thread, errors = _save_in_thread(other, 3)
+    try:
+        with pytest.raises(tf.errors.DeadlineExceededError, match=said):
+            chief.save(3, (), {}, clock=lambda: 0.0)
+        thread.join(JOIN_BOUND)
+        assert [type(e).__name__ for e in errors] == ["AbortedError"], errors
+        assert tf.train.latest_checkpoint(str(ckpt_dir)) is None
+    finally:
+        release.set()

@@ -121,6 +121,34 @@ def test_the_shares_wait_is_bounded_by_the_notice_s_deadline_less_the_exit_s_res
     assert graced.shares_wait_bound(1.0, 100.0, 60.0, True) == pytest.approx(15.0)
 
 
+def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_reserve():
+    """Issue 60 part 2: a merge cannot be cancelled once started; the chief started it
+    whatever the time left. The estimate is the chief's own part's time until a merge
+    is measured, then the longest merge measured."""
+    core = _core(grace=0.0)
+    core.exit_reserve = 5.0
+    # No notice: it starts, waited for as the chief waits for the parts.
+    start = core.shares_merge_start(1.0, 100.0, 60.0)
+    assert (start.start, start.bound, start.needed, start.left) == (True, 60.0, None, None)
+    # Kubernetes' 30 s, 3 s gone: 22 s left before the reserve.
+    core.notice(100.0, 130.0)
+    fits = core.shares_merge_start(2.0, 103.0, 60.0)
+    assert fits.start and fits.bound == pytest.approx(22.0)
+    # Its own part took 23 s: a merge that long would not end in time.
+    late = core.shares_merge_start(23.0, 103.0, 60.0)
+    assert not late.start and late.bound is None
+    assert (late.needed, late.left) == (23.0, pytest.approx(22.0))
+    # A measured merge of 30 s: not started even after a quick part of its own.
+    core.shares_merged(30.0)
+    core.shares_merged(1.0)
+    measured = core.shares_merge_start(0.5, 103.0, 60.0)
+    assert not measured.start and measured.needed == 30.0
+    # Without a handler's core: the same rule, given the measure and the deadline.
+    assert _native.shares_merge_start_at(1.0, 60.0, 0.0).start
+    kept = _native.shares_merge_start_at(1.0, 60.0, 100.0, 30.0, 130.0, 5.0)
+    assert not kept.start and (kept.needed, kept.left) == (30.0, 25.0)
+
+
 def test_the_retry_bound_is_the_window_until_a_notice_leads():
     core = _core(grace=30.0)
     assert core.retry_bound(0.0, 300.0) == _native.TRANSIENT_FAILURE_WINDOW

@@ -6,7 +6,8 @@ Each save has its own token (the chief's token of the handler and the save's num
 its coordination-service keys (:func:`share_keys`) and paths; the folder is probed at the
 handler's construction (:func:`probe`: every worker sees it, or an error then); the
 chief's wait for the shares and a non-chief's wait for the merge are bounded by the
-core's decision (:func:`wait_bound`).
+core's decision (:func:`wait_bound`), and so is whether the chief starts its merge
+(:func:`merge_start`, from the merges it measured: :func:`merge_took`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .._native import (
     SHARES_PROBE_WAIT,  # the construction's wait for the folder's probe (s)
     Deadline,
     now,
+    shares_merge_start_at,
     shares_wait_bound_at,
 )
 from .checkpoint_files import delete_file, make_dirs, read_or_none
@@ -126,6 +128,23 @@ def wait_bound(core: Any, own: float, chief: bool) -> float:
     return shares_wait_bound_at(own, SHARES_MIN_WAIT, now, chief=chief)
 
 
+def merge_start(core: Any, own: float) -> Any:
+    """Whether the chief starts the merge now (a ``MergeStart``): the core's decision,
+    with the longest merge it measured and the notice's deadline less the exit's reserve
+    when a handler's ``ProtocolCore`` is given."""
+    now = _clock()
+    if core is not None:
+        return core.shares_merge_start(own, now, SHARES_MIN_WAIT)
+    return shares_merge_start_at(own, SHARES_MIN_WAIT, now)
+
+
+def merge_took(core: Any, seconds: float) -> None:
+    """The chief's merge took ``seconds``, from its start to the state file naming the
+    checkpoint: the core keeps the longest (none without a handler's core)."""
+    if core is not None:
+        core.shares_merged(seconds)
+
+
 def writing_shares(
     directory: str,
     worker: int,
@@ -133,15 +152,16 @@ def writing_shares(
     client: Any,
     keys: str,
     token: str,
-    bound: Callable[[float, bool], float],
+    core: Callable[[], Any],
     fallback: Callable[[str], None],
     where: Optional[Callable[[str, str], str]] = None,
 ) -> Any:
     """One save's :class:`tf_shares.Plan` in effect: ``worker`` of ``workers`` writes its
     share into ``directory``, reporting through ``client`` under ``keys`` (the save's
-    :func:`share_keys`); ``token`` is the save's; ``bound`` gives each wait's seconds and
-    ``fallback`` hears why the workers could not write it together; ``where`` (a
-    non-chief's) says where the whole copy then goes."""
+    :func:`share_keys`); ``token`` is the save's; ``core()`` is the handler's
+    ``ProtocolCore`` (or None), which bounds each wait (:func:`wait_bound`) and decides
+    the merge's start (:func:`merge_start`); ``fallback`` hears why the workers could not
+    write it together; ``where`` (a non-chief's) says where the whole copy then goes."""
 
     def done(name: str, value: str) -> None:
         client.set(f"{keys}/{name}/{worker}", value)
@@ -174,10 +194,19 @@ def writing_shares(
         client.set(f"{keys}/{name}/merged", value)
 
     def wait_merged(name: str, seconds: float) -> None:
-        value = client.get(f"{keys}/{name}/merged", seconds)
+        what = f"The chief did not merge checkpoint {name} in {directory}"
+        errors = _errors.module()
+        try:
+            value = client.get(f"{keys}/{name}/merged", seconds)
+        except errors.OpError as e:
+            # The chief is gone (it holds the coordination service), or the service
+            # failed: no word that the state file names the checkpoint.
+            raise _errors.from_code(
+                e.error_code,
+                f"{what}: the wait for its report ({keys}/{name}/merged) failed: {e.message}",
+            ) from e
         if value == "ok":
             return
-        what = f"The chief did not merge checkpoint {name} in {directory}"
         if value is None:
             raise _errors.make(
                 "DeadlineExceededError",
@@ -195,7 +224,9 @@ def writing_shares(
         wait,
         merged,
         wait_merged,
-        bound,
+        lambda own, chief: wait_bound(core(), own, chief),
+        lambda own: merge_start(core(), own),
+        lambda seconds: merge_took(core(), seconds),
         fallback,
         _clock,
         where,

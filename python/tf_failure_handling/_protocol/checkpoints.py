@@ -138,7 +138,8 @@ class Checkpoints:
         #: The chief's token of this handler (shares): in every save's keys and paths.
         self._token = ""
         #: The handler's ``ProtocolCore`` (None: no notice, no deadline): its
-        #: ``shares_wait_bound`` bounds the shares' waits by the notice's deadline.
+        #: ``shares_wait_bound`` bounds the shares' waits by the notice's deadline, its
+        #: ``shares_merge_start`` decides whether the chief starts a merge.
         self.core: Any = None
         self._fell_back = False
         #: Seconds the last save took (TF's ``_checkpoint_time``).
@@ -317,7 +318,7 @@ class Checkpoints:
             self._coordination,
             self.share_keys(number),
             f"{self._token}-{number}",
-            self._shares_bound,
+            lambda: self.core,
             self._fallback,
             where,
         )
@@ -325,11 +326,6 @@ class Checkpoints:
     def share_keys(self, number: int) -> str:
         """The coordination-service keys of save ``number`` (from 1) of this handler."""
         return checkpoint_shares.share_keys(self._token, number)
-
-    def _shares_bound(self, own: float, chief: bool) -> float:
-        """Seconds a shares wait lasts from now: the core's decision, with the notice's
-        deadline and the exit's reserve when a handler's core is attached."""
-        return checkpoint_shares.wait_bound(self.core, own, chief)
 
     def _reading_only(self) -> Any:
         """This save's :class:`tf_reads_only.Plan` in effect, on a non-chief in ``memory``

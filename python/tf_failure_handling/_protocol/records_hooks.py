@@ -145,7 +145,8 @@ class StageRecords:
         self.recorder.write("save_start", step=step, round=round_key, **fields)
 
     def save_failed(self, error: BaseException) -> None:
-        self.recorder.write("error", error=f"save failed: {error!r}")
+        # TensorFlow's errors have an empty repr: the type and the message, as said.
+        self.recorder.write("error", error=f"save failed: {type(error).__name__}: {error}")
 
     def save_end(self, manager: Any, **fields: Any) -> None:
         """The save through ``manager`` is written: the line names its checkpoint

@@ -28,10 +28,11 @@ from .step_keys import StepKeys
 
 log = logging.getLogger("tf_failure_handling")
 
-# UNMERGED_EXIT_CODE is the core's (src/shares.rs): the exit code of a non-chief whose
-# share of a save did not become a checkpoint (``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=
-# shares``): the save failed, the chief's merge failed, or the chief did not report it
-# in time. Not the restart code (42, GCE 143), which says the checkpoint is saved.
+# UNMERGED_EXIT_CODE is the core's (src/shares.rs): the exit code of a worker whose save
+# in shares (``TF_FAILURE_HANDLING_NON_CHIEF_SAVES=shares``) did not become the checkpoint
+# the state file names: a part or the merge failed, the chief did not start the merge
+# (it would not end before the deadline), or, on a non-chief, the chief did not report
+# it in time. Not the restart code (42, GCE 143), which says the checkpoint is saved.
 
 
 class SaveAndExit:
@@ -64,20 +65,23 @@ class SaveAndExit:
         _exit_guard.arm(self._core.kill_deadline(), self._state.clock(), code)
 
     def _unmerged_exit(self, error: BaseException) -> None:
-        """A non-chief whose share of the save did not become a checkpoint (its part
-        failed, the chief's merge failed or was not reported in time): not the restart
-        code, which says "checkpoint saved", but :data:`UNMERGED_EXIT_CODE`."""
+        """A worker whose save in shares did not become the checkpoint the state file
+        names (a part or the merge failed, the merge was not started in time, or the
+        chief did not report it): not the restart code, which says "checkpoint saved",
+        but :data:`UNMERGED_EXIT_CODE`, on the chief as on the others."""
         if isinstance(error, (SystemExit, KeyboardInterrupt)):
             return
         self._step_keys.stop_reader()
         self._checkpoints.remove_worker_temp(self._state.membership.is_chief)
         log.error(
-            "The checkpoint this worker wrote a share of was not merged (%s): exiting with "
-            "%d, not the restart code.",
+            "The checkpoint the workers wrote in shares was not saved (%s): the checkpoint "
+            "before it stays; exiting with %d, not the restart code.",
             error,
             UNMERGED_EXIT_CODE,
         )
-        self._records.exit(UNMERGED_EXIT_CODE, reason=f"shares not merged: {error!r}")
+        self._records.exit(
+            UNMERGED_EXIT_CODE, reason=f"shares not merged: {type(error).__name__}: {error}"
+        )
         self._guard_exit(UNMERGED_EXIT_CODE)
         raise SystemExit(UNMERGED_EXIT_CODE) from error
 
@@ -92,7 +96,7 @@ class SaveAndExit:
             self._ps.training_goes_on()
             self._core.save_failed()
             self._records.save_failed(e)
-            if self._checkpoints.shared_by > 1 and not self._state.membership.is_chief:
+            if self._checkpoints.shared_by > 1:
                 self._unmerged_exit(e)
             raise
         self._records.save_end(self._checkpoints.write, **self._checkpoints.save_fields())
