@@ -24,7 +24,7 @@
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
-//! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together (`crate::shares`) |
+//! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; the waits' bounds and `MergeStart`, whether the chief starts the merge (`crate::shares`) |
 //! | `slurm.rs` | `slurm_fields`, `slurm_time`, `slurm_seconds`, `slurm_config_value`: SLURM's text (`crate::sources::slurm`); the bounds on `scontrol` |
 //! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the platforms' default grace periods, the metadata timeout, the watcher fn's interval |
 //!

@@ -25,6 +25,7 @@ JSON object per line, prefixed with ``EVENT ``:
   (the process's peak resident bytes since the ``start`` event, ``VmHWM``) and
   ``wchar`` (bytes written so far, ``/proc/self/io``).
 * ``error``: when an exception leaves the training loop (``type``, ``message``).
+* ``fault``: when a fault ``--fault`` installed fires (``shares_faults.py``).
 * ``done``: after a full run: ``steps``, ``weights`` (flat lists of floats).
 
 The training (model, batches, update) is ``examples/mwms_custom_loop.py``'s, imported
