@@ -196,6 +196,8 @@ def coordinator(args) -> int:
 
     two_before = None
     while handler.total_run_calls < args.steps:
+        if args.per_worker_at and handler.total_run_calls == args.per_worker_at:
+            _per_worker_fetch_when_told(args, coord)
         if args.fetch_at and handler.total_run_calls == args.fetch_at - 2:
             # Nothing in flight: the test stops the workers, then the next three runs
             # are scheduled (two taken by the stopped workers, the third queued).
@@ -294,6 +296,45 @@ def _say_when_in_flight(coord) -> None:
     threading.Thread(target=watch, name="in-flight-watch", daemon=True).start()
 
 
+def _per_worker_fetch_when_told(args, coord) -> None:
+    """``--per-worker-at N --per-worker-file F --per-worker-kind K``: a fetch of a
+    per-worker value after a notice (``test_ps_preemption.py``). At run N, with nothing
+    in flight (a join), prints ``per_worker_ready`` and waits for F (the test has sent
+    the notice and seen the workers held), then until every worker thread waits on its
+    hold (a thread already waiting for a closure when the hold came could still take
+    one, ``Worker.wait_idle``). Then creates a per-worker value -- K
+    ``iterator``: a per-worker dataset's iterator; ``variable``: a per-worker variable,
+    made on the workers by a function that uses it -- whose resource closures the held
+    workers do not run, and fetches it: ``coord.fetch()`` of the iterator's remote
+    values, or ``read_all()`` of the variable. Prints ``per_worker_fetch_begin`` and,
+    if the fetch returns, ``per_worker_fetch_end``."""
+    import tensorflow as tf
+
+    coord.join()
+    _wait_for_file(args.per_worker_file, "per_worker_ready")
+    for worker in coord._cluster.workers:
+        if not worker.wait_idle(FETCH_FILE_WAIT):
+            raise TimeoutError(f"worker {worker.worker_index} was not held in {FETCH_FILE_WAIT}s")
+    emit("per_worker_held")
+    if args.per_worker_kind == "iterator":
+        dataset = coord.create_per_worker_dataset(lambda: tf.data.Dataset.range(8))
+        values = iter(dataset)._values
+        emit("per_worker_fetch_begin", kind=args.per_worker_kind)
+        coord.fetch(values)
+    else:
+        with coord.strategy.scope():
+            per_worker = tf.Variable(0, dtype=tf.int64, per_worker_variable=True)
+
+        @tf.function
+        def bump():
+            per_worker.assign_add(1)
+
+        coord.schedule(bump)  # traced: the per-worker copies are created on the workers
+        emit("per_worker_fetch_begin", kind=args.per_worker_kind)
+        per_worker.read_all()
+    emit("per_worker_fetch_end", kind=args.per_worker_kind)
+
+
 def _diagnostics() -> None:
     """The package's INFO lines on stderr (a test reads "watching" there before it
     sends a signal; a failure's tail shows them), and every thread's stack on SIGUSR2
@@ -342,6 +383,9 @@ def main(argv=None) -> int:
     c.add_argument("--fetch-file", default=None, help="--fetch-at fetches once this exists")
     c.add_argument("--fetch-of", choices=("queued", "in-flight"), default="queued")
     c.add_argument("--tf-coordinator", action="store_true", help="TensorFlow's own coordinator")
+    c.add_argument("--per-worker-at", type=int, default=0, help="fetch a per-worker value here")
+    c.add_argument("--per-worker-file", default=None, help="--per-worker-at waits for it")
+    c.add_argument("--per-worker-kind", choices=("iterator", "variable"), default="iterator")
     args = p.parse_args(argv)
     _diagnostics()
     return serve(args) if args.mode == "serve" else coordinator(args)

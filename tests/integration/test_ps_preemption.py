@@ -632,3 +632,54 @@ def test_a_worker_lost_before_the_save_holds_it_up_no_longer_than_its_closure(tm
         _restart_and_finish(c, _named_by_the_save(save) + 1)
     finally:
         c.stop()
+
+
+#: The run at which the coordinator fetches a per-worker value after the notice.
+PER_WORKER_AT = 25
+
+
+# Backstop above its own bounds in sequence.
+@pytest.mark.timeout(SERVERS_BOUND + FINISH_BOUND + 2 * EXIT_BOUND + RESUME_BOUND + MARGIN)
+@pytest.mark.parametrize("kind", ["iterator", "variable"])
+def test_a_per_worker_fetch_after_a_notice_reaches_the_save(tmp_path, kind):
+    """Issue 60: with no grace period the notice holds the workers until the save, and
+    a per-worker value created after it (a per-worker dataset's iterator, a per-worker
+    variable) is made by a resource closure the held workers never run; its fetch on
+    the training thread (``coord.fetch()`` of the iterator's remote values,
+    ``read_all()`` of the variable) waited forever (TensorFlow's ``RemoteValueImpl``
+    makes no check). Now it makes the handler's checks while it waits, as ``join()``
+    and a scheduled function's ``fetch()`` do.
+
+    At run 25, with nothing in flight, the coordinator waits for the test: it sends
+    SIGTERM to the coordinator and waits for its "held" line, then lets it create the
+    value and fetch it. What counts as success: the coordinator exits 42 from inside
+    that fetch (``per_worker_fetch_begin`` and no ``per_worker_fetch_end``) within the
+    bound, its checkpoint holds exactly runs 0-24 (run count == counter == 25), and the
+    restarted coordinator trains to the end (120 runs, counter 120) and exits 0."""
+    c = Cluster(tmp_path)
+    try:
+        c.start_servers()
+        told = tmp_path / "per-worker-now"
+        c.coordinator(
+            "--per-worker-at",
+            str(PER_WORKER_AT),
+            "--per-worker-file",
+            str(told),
+            "--per-worker-kind",
+            kind,
+            "--grace-period",
+            "0",
+        )
+        c.wait_event("coordinator", "per_worker_ready", FINISH_BOUND)
+        c.procs["coordinator"].popen.send_signal(signal.SIGTERM)
+        c.wait_log("coordinator", "the workers take no new closures until the save", EXIT_BOUND)
+        told.write_text("")
+        assert c.wait_exit("coordinator", EXIT_BOUND) == RESTART_CODE, c.describe()
+        kinds = [e["event"] for e in c.history[("coordinator", 0)].events()]
+        assert "per_worker_fetch_begin" in kinds and "per_worker_fetch_end" not in kinds, kinds
+        assert all(c.alive(n) for n in ("ps0", "worker0", "worker1")), c.describe()
+        restored = _resume_and_finish(c)
+        assert restored["runs"] == PER_WORKER_AT, restored
+        _check_coordinator_record(c, restored, "SIGTERM")
+    finally:
+        c.stop()
