@@ -11,7 +11,7 @@
 //! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `closure.rs` | `Closure`, `Event`, `Lock`: what a `schedule()` allocates, at (almost) no cost to the garbage collector |
-//! | `exit_guard.rs` | `arm_exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the deadline (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL |
+//! | `exit_guard.rs` | `arm_exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the kill its platform stated (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL; a step or a new handler stands it down |
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `WriteKind`: what a write of the driver is (its schedule is `ProtocolCore`'s, `crate::protocol`) |

@@ -8,13 +8,17 @@ exit at the deadline ends with 137, and a Job's ``podFailurePolicy`` that ignore
 restart code then counts the preemption as a failure.
 
 So ``SaveAndExit`` arms a guard before it calls the default ``exit_fn``: a Rust thread
-(``_native.arm_exit_guard``) that, at ``EXIT_GUARD_LEAD`` seconds before the deadline,
-ends the process with the same code (``_exit``; the checkpoint and the records' ``exit``
-line are written by then) when the process is in its exit by then. Python's threading
-shutdown tells it so (``exit_guard_exiting``), or the interpreter's finalizing flag does.
-A process that caught the ``SystemExit`` and trains on is never ended by it, and a new
-handler stands every waiting guard down (``disarm``). The moment is the core's decision
-(``grace::exit_guard_delay``): no deadline, or one too close, arms nothing.
+(``_native.arm_exit_guard``) that, at ``EXIT_GUARD_LEAD`` seconds before the moment the
+platform kills the process, ends it with the same code (``_exit``; the checkpoint and
+the records' ``exit`` line are written by then) when the process is in its exit by then.
+Python's threading shutdown tells it so (``exit_guard_exiting``), or the interpreter's
+finalizing flag does. ``_exit`` skips what is left of the exit (``atexit`` handlers,
+logging's flush, non-daemon threads, TensorFlow's teardown), so the moment must be one
+the platform stated (``ProtocolCore.kill_deadline``: a notice's kill, never an assumed
+deadline; the core decides, ``grace::exit_guard_delay``): none, or one too close, arms
+nothing. A process that caught the ``SystemExit`` and trains on is never ended by it:
+its next step through any handler, or a new handler (``disarm``), stands every waiting
+guard down at once.
 """
 
 from __future__ import annotations
