@@ -206,7 +206,7 @@ def test_slurm_arms_the_guard_killwait_after_its_requeue(tmp_path, monkeypatch):
     kill = _kill_moment(exit_)
     # The requeue's start is the soonest SLURM can act: at most the fake's own start
     # before the moment it wrote.
-    assert requeues[0] + KILL_WAIT - 30.0 < kill <= requeues[0] + KILL_WAIT + 0.1, (
+    assert requeues[0] + KILL_WAIT - 30.0 < kill < requeues[0] + KILL_WAIT + TOLERANCE, (
         kill - requeues[0],
         _details(proc),
     )
