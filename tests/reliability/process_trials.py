@@ -103,8 +103,9 @@ Kinds:
       such fault); a checkpoint holding one of a closure's two writes without the
       other is a violation unless its save named the id in flight or a fault hit it;
       any other duplicate is a violation, except with TensorFlow's coordinator, where
-      it is measured (it cannot hold its workers). Closures scheduled outside ``handler.run`` are reported, not
-      counted as runs; one the last life scheduled and never applied is a violation;
+      it is measured (it cannot hold its workers). Closures scheduled outside
+      ``handler.run`` are reported, not counted as runs; one the last life scheduled
+      and never applied is a violation;
     * a server exits only by its notice (42) or a SIGKILL; the coordinator exits 0
       after ``done``, 42 after a notice (its own or its PS's), or fails only when a
       server it depended on went -- SIGKILLed or paused, a PS gone, any server gone
