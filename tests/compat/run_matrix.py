@@ -15,9 +15,12 @@ For each combination (TensorFlow ``X.Y`` on Python ``A.B``) this script
 3. runs, from the source tree, the unit tests (``tests/unit``, which include the
    failure classifier checked against that TensorFlow's own ``_is_worker_failure``
    and ``_is_ps_failure``) and a real-TensorFlow subset: MWMS workers saving at
-   one agreed step on SIGTERM and resuming (TensorFlow's handler and ours), a
-   worker killed under a ParameterServerStrategy coordinator, and the classifier
-   against the errors that TensorFlow version raises (``tests/compat``);
+   one agreed step on SIGTERM and resuming (TensorFlow's handler and ours), the
+   non-chief saves each mode promises (``memory``: the non-chief's record says
+   ``copy: none``, nothing of it on the storage; ``shares``: one data file per worker
+   merged into one checkpoint, no whole copy, and whole or absent when a share is
+   wrong), a worker killed under a ParameterServerStrategy coordinator, and the
+   classifier against the errors that TensorFlow version raises (``tests/compat``);
 4. prints the matrix, in the README's format, and writes it to
    ``.compat/matrix.md``.
 
@@ -71,6 +74,11 @@ ENDS = [("2.16", "3.10"), ("2.21", "3.13")]
 #: The real-TensorFlow subset, run after the unit tests.
 REAL_TF_TESTS = [
     "tests/integration/test_mwms_handler.py::test_sigterm_saves_at_agreed_step_and_resumes",
+    # The non-chief saves through TensorFlow's private saver code (tests/unit/tf_internals.py
+    # pins it per release): memory (copy: none) and shares (one checkpoint, whole or absent).
+    "tests/integration/test_save_memory.py",
+    "tests/integration/test_mwms_handler.py::test_the_workers_write_one_checkpoint_together_on_request",
+    "tests/integration/test_shares_whole.py",
     "tests/integration/test_ps_coordinator.py::test_worker_killed_and_restarted",
     "tests/compat",
 ]

@@ -351,7 +351,8 @@ def test_non_chief_saves_to_storage_on_request_as_tf(cluster_factory, reference_
 def test_the_workers_write_one_checkpoint_together_on_request(cluster_factory, reference_weights):
     """TF_FAILURE_HANDLING_NON_CHIEF_SAVES=shares: each worker writes a share of the one
     checkpoint (TensorFlow's sharded layout, merged by the chief): two data files, one
-    index, no temporary folder left, no copy in workertemp_1; TensorFlow's own handler
+    index, no temporary folder left, no copy in workertemp_1 (the non-chief's manager in
+    memory: check_preemption_exit) nor in its record; TensorFlow's own handler
     resumes from it at the saved step and ends with the uninterrupted run's weights."""
     require_impl("ours")
     cluster = cluster_factory(
@@ -372,6 +373,12 @@ def test_the_workers_write_one_checkpoint_together_on_request(cluster_factory, r
     assert data == [f"{name}.data-00000-of-00002", f"{name}.data-00001-of-00002"], data
     assert all((chief_dir / d).stat().st_size > 0 for d in data), "a worker wrote no share"
     assert not list(chief_dir.glob("*_temp")), list(chief_dir.iterdir())
+    # The non-chief wrote its share and no whole copy: its save_end names no copy (a
+    # saver no share can be cut from writes one whole: copy memory or storage).
+    from .test_save_memory import _save_end_lines
+
+    [line] = _save_end_lines(chief_dir, 1)
+    assert "copy" not in line, line
     restart_and_check(
         cluster_factory, "tf", chief_dir, saved_step, reference_weights, name="restart-tf"
     )
