@@ -76,7 +76,9 @@ RELIED_ON = {
     f"{_CC}:Cluster.__init__": "re-created by coordinator._Cluster.__init__",
     f"{_CC}:Cluster._record_and_ignore_transient_ps_failure": "replaced by the native counters",
     f"{_CC}:Cluster._record_and_ignore_transient_timeouts": "replaced by the native counters",
-    f"{_CC}:WorkerPreemptionHandler": "subclassed; three methods overridden",
+    f"{_CC}:WorkerPreemptionHandler": (
+        "subclassed; three methods overridden; TF's own stopped at exit by tf_exit.stop_recovery"
+    ),
     f"{_CC}:Worker": "subclassed by _closures.Worker (_process_queue, _process_closure overridden)",
     f"{_CC}:Closure": "re-created by the native Closure (src/python/closure.rs)",
     f"{_CC}:_select_worker_slice": "called by _closures.run_on",

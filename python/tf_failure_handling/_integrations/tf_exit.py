@@ -1,18 +1,25 @@
-"""Lets a coordinator process end while TensorFlow's coordination-service poller runs.
+"""Lets a coordinator process end while TensorFlow's coordination-service poller runs,
+or while TensorFlow's own coordinator recovers a worker.
 
 :func:`install` registers :func:`stop_now` with ``threading._register_atexit``; why, and
 why not the failure handler's own ``stop()``: docs/how-it-works.md, "The coordinator".
+For TensorFlow's own ``WorkerPreemptionHandler`` it also registers
+:func:`stop_recoveries` with ``atexit`` (:func:`stop_recovery` says why).
 Everything of TensorFlow's is looked up by name and may be missing (logged at debug);
 TensorFlow is never imported here.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import threading
 import weakref
 from typing import Any, Callable, Optional
+
+from .._native import COORDINATOR_STOP_LOCK_BOUND as STOP_LOCK_BOUND
+from .._native import Deadline
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -23,6 +30,10 @@ _lock = threading.Lock()
 _registered = False
 #: The pollers of the coordinators given to install(), weakly.
 _pollers: list[weakref.ReferenceType] = []
+#: TensorFlow's own worker-recovery handlers of the coordinators given to install(),
+#: weakly, and whether stop_recoveries is registered.
+_recoveries: list[weakref.ReferenceType] = []
+_recoveries_registered = False
 
 
 def install(coordinator: Optional[Any] = None) -> None:
@@ -35,6 +46,7 @@ def install(coordinator: Optional[Any] = None) -> None:
     """
     poller = None
     if coordinator is not None:
+        _install_recovery_stop(coordinator)
         poller = _poller_of(coordinator)
         if poller is None:
             return
@@ -132,3 +144,81 @@ def _stop(poller: Any) -> None:
     # in flight arms nothing.
     poller.start = _no_start
     stop()
+
+
+def _install_recovery_stop(coordinator: Any) -> None:
+    """Registers :func:`stop_recoveries` (once) for ``coordinator``'s failure handler when
+    it is TensorFlow's own ``WorkerPreemptionHandler`` with TF's ``stop`` (ours bounds
+    its stop itself)."""
+    handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
+    cc = sys.modules.get(_CC)
+    tf_type = getattr(cc, "WorkerPreemptionHandler", None)
+    if tf_type is None or not isinstance(handler, tf_type):
+        return
+    if getattr(type(handler), "stop", None) is not getattr(tf_type, "stop", None):
+        return
+    global _recoveries_registered
+    with _lock:
+        if not any(ref() is handler for ref in _recoveries):
+            _recoveries.append(weakref.ref(handler))
+        if not _recoveries_registered:
+            atexit.register(stop_recoveries)
+            _recoveries_registered = True
+
+
+def stop_recoveries() -> None:
+    """:func:`stop_recovery` of every handler :func:`install` found, each within
+    :data:`STOP_LOCK_BOUND`. Called by ``atexit``: after the non-daemon threads are
+    joined, before the interpreter freezes the daemon ones. Never raises."""
+    with _lock:
+        handlers = [ref() for ref in _recoveries]
+    for handler in handlers:
+        if handler is None:
+            continue
+        try:
+            stop_recovery(handler, STOP_LOCK_BOUND)
+        except Exception:  # the shutdown goes on whatever happens here
+            log.debug("Stopping TF's worker-recovery thread failed", exc_info=True)
+
+
+def _stopped() -> None:
+    """Stands in for the ``stop`` of a handler :func:`stop_recovery` stopped."""
+
+
+def stop_recovery(handler: Any, bound: float) -> bool:
+    """Stops TensorFlow's ``WorkerPreemptionHandler`` as its ``stop()`` does, waiting at
+    most ``bound`` seconds for its recovery thread; True if that thread ended.
+
+    Its recovery thread (a daemon) holds ``_cluster_update_lock`` while it rebuilds the
+    cluster (``update_server_def``: a worker that restarted, or is away). TF's
+    ``ClusterCoordinator.__del__`` calls ``stop()``, which takes that lock, and it runs
+    when the interpreter collects the coordinator at exit, after daemon threads are
+    frozen: a recovery under way then never lets go, and the process hung at exit
+    (a worker restarted near the end of training). Here, before they freeze: the thread
+    is told to stop, a rebuild under way gets ``bound`` seconds to end (then the thread
+    ends), and the handler's ``stop`` becomes a no-op: its work (the flag, the event) is
+    done, and nothing at exit waits on the lock any more."""
+    thread = getattr(handler, "_preemption_handler_thread", None)
+    lock = handler._cluster_update_lock
+    deadline = Deadline(bound)
+    handler._should_preemption_thread_run = False
+    if lock.acquire(timeout=bound):
+        try:
+            handler._cluster_due_for_update_or_finish.set()
+        finally:
+            lock.release()
+    else:
+        handler._cluster_due_for_update_or_finish.set()
+    if thread is not None:
+        thread.join(max(deadline.left() or 0.0, 0.0))
+    handler.stop = _stopped
+    ended = thread is None or not thread.is_alive()
+    if ended:
+        log.info("Stopped TensorFlow's worker-recovery thread so the process can exit.")
+    else:
+        log.warning(
+            "TensorFlow's worker-recovery thread was still rebuilding the cluster after %gs "
+            "(a worker is away); the process exits without waiting for it.",
+            bound,
+        )
+    return ended
