@@ -37,16 +37,19 @@ _recoveries_registered = False
 
 
 def install(coordinator: Optional[Any] = None) -> None:
-    """Arranges for TF's coordination-service poller to stop at interpreter shutdown.
+    """Arranges for TF's coordination-service poller, and TF's own worker-recovery
+    thread, to stop at interpreter shutdown.
 
     ``coordinator``: a ``ClusterCoordinator`` (TF's or ours) whose poller to stop, or
     None to stop whatever poller the live threads show at shutdown. A coordinator
-    without a poller (coordination service not enabled) registers nothing. Idempotent;
+    without a poller (coordination service not enabled) registers no poller stop.
+    TensorFlow's own ``WorkerPreemptionHandler`` (that of ``coordinator``, or with None
+    those the live threads show) is stopped by :func:`stop_recoveries`. Idempotent;
     call it any time before the shutdown starts.
     """
+    _install_recovery_stop(coordinator)
     poller = None
     if coordinator is not None:
-        _install_recovery_stop(coordinator)
         poller = _poller_of(coordinator)
         if poller is None:
             return
@@ -146,39 +149,60 @@ def _stop(poller: Any) -> None:
     stop()
 
 
-def _install_recovery_stop(coordinator: Any) -> None:
-    """Registers :func:`stop_recoveries` (once) for ``coordinator``'s failure handler when
-    it is TensorFlow's own ``WorkerPreemptionHandler`` with TF's ``stop`` (ours bounds
-    its stop itself)."""
+def _tf_recovery(handler: Any) -> bool:
+    """Whether ``handler`` is TensorFlow's own ``WorkerPreemptionHandler`` with TF's
+    ``stop`` (ours bounds its stop itself)."""
+    tf_type = getattr(sys.modules.get(_CC), "WorkerPreemptionHandler", None)
+    return (
+        tf_type is not None
+        and isinstance(handler, tf_type)
+        and getattr(type(handler), "stop", None) is getattr(tf_type, "stop", None)
+    )
+
+
+def _install_recovery_stop(coordinator: Optional[Any]) -> None:
+    """Registers :func:`stop_recoveries` with ``atexit`` (once), keeping
+    ``coordinator``'s failure handler when it is TF's own (:func:`_tf_recovery`); with no
+    coordinator, or another handler, the ones the live threads show are stopped."""
     handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
-    cc = sys.modules.get(_CC)
-    tf_type = getattr(cc, "WorkerPreemptionHandler", None)
-    if tf_type is None or not isinstance(handler, tf_type):
-        return
-    if getattr(type(handler), "stop", None) is not getattr(tf_type, "stop", None):
+    if coordinator is not None and not _tf_recovery(handler):
         return
     global _recoveries_registered
     with _lock:
-        if not any(ref() is handler for ref in _recoveries):
+        if handler is not None and not any(ref() is handler for ref in _recoveries):
             _recoveries.append(weakref.ref(handler))
         if not _recoveries_registered:
             atexit.register(stop_recoveries)
             _recoveries_registered = True
 
 
+def _recoveries_of_live_threads() -> list[Any]:
+    """TF's own ``WorkerPreemptionHandler`` of each live recovery thread (its target is
+    the handler's bound ``_preemption_handler``)."""
+    found = []
+    for thread in threading.enumerate():
+        handler = getattr(getattr(thread, "_target", None), "__self__", None)
+        if _tf_recovery(handler):
+            found.append(handler)
+    return found
+
+
 def stop_recoveries() -> None:
-    """:func:`stop_recovery` of every handler :func:`install` found, each within
-    :data:`STOP_LOCK_BOUND`. Called by ``atexit``: after the non-daemon threads are
-    joined, before the interpreter freezes the daemon ones. Never raises."""
-    with _lock:
-        handlers = [ref() for ref in _recoveries]
-    for handler in handlers:
-        if handler is None:
-            continue
-        try:
-            stop_recovery(handler, STOP_LOCK_BOUND)
-        except Exception:  # the shutdown goes on whatever happens here
-            log.debug("Stopping TF's worker-recovery thread failed", exc_info=True)
+    """:func:`stop_recovery` of every handler :func:`install` kept or the live threads
+    show, each within :data:`STOP_LOCK_BOUND`. Called by ``atexit``: after the
+    non-daemon threads are joined, before the interpreter freezes the daemon ones.
+    Never raises."""
+    try:
+        with _lock:
+            handlers = [ref() for ref in _recoveries]
+        handlers += _recoveries_of_live_threads()
+        stopped: list[Any] = []
+        for handler in handlers:
+            if handler is not None and not any(handler is s for s in stopped):
+                stopped.append(handler)
+                stop_recovery(handler, STOP_LOCK_BOUND)
+    except Exception:  # the shutdown goes on whatever happens here
+        log.debug("Stopping TF's worker-recovery thread failed", exc_info=True)
 
 
 def _stopped() -> None:
