@@ -11,10 +11,12 @@ of training (its closures failed, TF's recovery began) hung the coordinator at e
 Each case runs a child process: TF's real ``WorkerPreemptionHandler`` with a stand-in
 for the eager context's ``update_server_def`` (a rebuild that ends once the handler is
 told to stop, or one that never ends: the worker never comes back) and a stand-in for
-TF's coordinator whose ``__del__`` calls the handler's ``stop()``, as TF's does, when
-the interpreter ends. What counts: the child exits 0 by itself, its ``stop()`` at exit
-returned, and the log says which way the recovery thread went. The child's bound only
-turns a hang into a failure.
+TF's coordinator whose ``stop()`` of the handler comes after the package's at the
+interpreter's end, as TF's ``__del__`` does (an ``atexit`` function registered before
+the package's: Python 3.10 runs no module global's ``__del__`` at exit while a daemon
+thread still runs, so a ``__del__`` there proved nothing on it). What counts: the child
+exits 0 by itself, its ``stop()`` at exit returned, and the log says which way the
+recovery thread went. The child's bound only turns a hang into a failure.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ HANG = 180.0
 
 CHILD = textwrap.dedent(
     """
+    import atexit
     import logging
     import os
     import sys
@@ -71,17 +74,24 @@ CHILD = textwrap.dedent(
 
     class Coordinator:
         # TF's ClusterCoordinator: its __del__ stops its cluster's failure handler
-        # (Cluster.stop), when the interpreter ends (a module global, as TF's is in a
-        # cycle with its strategy).
+        # (Cluster.stop) when the interpreter ends.
         def __init__(self):
             self._cluster = types.SimpleNamespace(failure_handler=handler)
 
-        def __del__(self, write=os.write):
-            self._cluster.failure_handler.stop()
-            write(1, b"stopped at exit\\n")
-
 
     coordinator = Coordinator()
+
+
+    def stop_at_exit(write=os.write):
+        # TF's __del__ at the interpreter's end, made an atexit function registered
+        # before the package's (atexit runs them last first): it comes after the
+        # package's stop, as the final garbage collection does, on every Python
+        # (Python 3.10 collects no module global while a daemon thread still runs).
+        coordinator._cluster.failure_handler.stop()
+        write(1, b"stopped at exit\\n")
+
+
+    atexit.register(stop_at_exit)
     # What the handler's start_watch does: with the coordinator it found, or None (the
     # handler made before the coordinator): then the live threads show TF's handler.
     tf_exit.install(coordinator if given == "coordinator" else None)
