@@ -241,22 +241,15 @@ def test_a_chief_killed_before_the_state_file_names_the_merge_leaves_no_restart_
     check_preemption_exit(first, DEFAULT_EXIT_CODE)
     last, name = _next_name(first.ckpt_dir)
 
-    second = cluster_factory(
-        name="second",
-        impl="ours",
-        steps=STEPS * 4,
-        step_sleep=STEP_SLEEP,
-        env=SHARES,
-        worker_args={0: ["--fault", "exit-at-record-state"]},
+    second, codes, details = _run_with_fault(
+        cluster_factory,
+        "second",
+        "exit-at-record-state",
+        "the workers to exit after the chief's end",
     )
-    second.start()
-    _notify_once_resumed(second)
-    codes = second.wait(what="the workers to exit after the chief's end")
-    details = "\n".join(second.describe(i) for i in range(2))
 
     import tensorflow as tf
 
-    assert second.events(0, "fault"), f"the fault did not fire\n{details}"
     assert codes == [EXIT_AT_RECORD_STATE, UNMERGED_EXIT_CODE], f"exit codes {codes}\n{details}"
     latest = tf.train.latest_checkpoint(str(second.ckpt_dir))
     assert latest is not None and os.path.basename(latest) == last, (latest, details)
@@ -284,6 +277,26 @@ def test_a_chief_killed_before_the_state_file_names_the_merge_leaves_no_restart_
     third.kill()
 
 
+def _run_with_fault(cluster_factory, name: str, fault: str, what: str) -> tuple:
+    """A ``shares`` run of two workers whose chief carries ``fault`` (``shares_faults``),
+    notified once resumed, to both workers' exits: ``(cluster, exit codes, what the
+    workers printed)``; the fault must have fired."""
+    cluster = cluster_factory(
+        name=name,
+        impl="ours",
+        steps=STEPS * 4,
+        step_sleep=STEP_SLEEP,
+        env=SHARES,
+        worker_args={0: ["--fault", fault]},
+    )
+    cluster.start()
+    _notify_once_resumed(cluster)
+    codes = cluster.wait(what=what)
+    details = "\n".join(cluster.describe(i) for i in range(2))
+    assert cluster.events(0, "fault"), f"the fault did not fire\n{details}"
+    return cluster, codes, details
+
+
 @pytest.mark.timeout(HANG_BOUND + 120)
 def test_a_failed_merge_removes_its_parts_and_both_workers_record_why(cluster_factory):
     """The non-chief's part is cut short (its index halved, from user-level code in the
@@ -294,22 +307,15 @@ def test_a_failed_merge_removes_its_parts_and_both_workers_record_why(cluster_fa
     merge's error and an ``exit`` line with the reason. On main (97acf12) the parts
     folder stayed, the chief raised and exited 1 with no ``exit`` line."""
     require_impl("ours")
-    cluster = cluster_factory(
-        name="truncated",
-        impl="ours",
-        steps=STEPS * 4,
-        step_sleep=STEP_SLEEP,
-        env=SHARES,
-        worker_args={0: ["--fault", "truncate-part-at-merge"]},
+    cluster, codes, details = _run_with_fault(
+        cluster_factory,
+        "truncated",
+        "truncate-part-at-merge",
+        "the workers to exit after the failed merge",
     )
-    cluster.start()
-    _notify_once_resumed(cluster)
-    codes = cluster.wait(what="the workers to exit after the failed merge")
-    details = "\n".join(cluster.describe(i) for i in range(2))
 
     import tensorflow as tf
 
-    assert cluster.events(0, "fault"), f"the fault did not fire\n{details}"
     assert codes == [UNMERGED_EXIT_CODE] * 2, f"exit codes {codes}\n{details}"
     left = sorted(p.name for p in cluster.ckpt_dir.iterdir() if p.name != "preemption_records")
     assert left == [], f"the failed save left {left}\n{details}"
