@@ -71,6 +71,18 @@ def install(coordinator: Optional[Any] = None) -> None:
         _registered = True
 
 
+def _kept_and_live(refs: list, live: Callable[[], list]) -> list:
+    """The objects the weak references ``refs`` still reach (read under ``_lock``), then
+    those ``live()`` finds among the live threads, each once (by identity)."""
+    with _lock:
+        found = [ref() for ref in refs]
+    unique: list[Any] = []
+    for obj in found + live():
+        if obj is not None and not any(obj is u for u in unique):
+            unique.append(obj)
+    return unique
+
+
 def stop_now() -> None:
     """Stops every coordination-service poller now; it does not start again.
 
@@ -79,14 +91,9 @@ def stop_now() -> None:
     Never raises (it runs inside ``threading._shutdown``).
     """
     try:
-        with _lock:
-            pollers = [ref() for ref in _pollers]
-        pollers += _pollers_of_live_threads()
-        stopped: list[Any] = []
-        for poller in pollers:
-            if poller is not None and not any(poller is s for s in stopped):
-                _stop(poller)
-                stopped.append(poller)
+        stopped = _kept_and_live(_pollers, _pollers_of_live_threads)
+        for poller in stopped:
+            _stop(poller)
         if stopped:
             log.info(
                 "Stopped TensorFlow's coordination-service task-state poller (%d) so the "
@@ -193,14 +200,8 @@ def stop_recoveries() -> None:
     non-daemon threads are joined, before the interpreter freezes the daemon ones.
     Never raises."""
     try:
-        with _lock:
-            handlers = [ref() for ref in _recoveries]
-        handlers += _recoveries_of_live_threads()
-        stopped: list[Any] = []
-        for handler in handlers:
-            if handler is not None and not any(handler is s for s in stopped):
-                stopped.append(handler)
-                stop_recovery(handler, STOP_LOCK_BOUND)
+        for handler in _kept_and_live(_recoveries, _recoveries_of_live_threads):
+            stop_recovery(handler, STOP_LOCK_BOUND)
     except Exception:  # the shutdown goes on whatever happens here
         log.debug("Stopping TF's worker-recovery thread failed", exc_info=True)
 
