@@ -135,12 +135,7 @@ def test_a_stale_part_and_a_folder_no_longer_shared_fail_the_save(cluster_factor
     main (2f3c22f) the chief merged its fresh part with the stale one: ckpt-(K+1) was
     written and named in ``checkpoint``, and both exited 42."""
     require_impl("ours")
-    first = cluster_factory(
-        name="first", impl="ours", steps=STEPS, step_sleep=STEP_SLEEP, env=SHARES
-    )
-    first.start()
-    notify_after_progress(first, (1,))
-    check_preemption_exit(first, DEFAULT_EXIT_CODE)
+    first = _a_first_checkpoint(cluster_factory)
     chief_dir = first.ckpt_dir
     last, name = _next_name(chief_dir)
     _leave_a_stale_part(chief_dir, last, name)
@@ -233,12 +228,7 @@ def test_a_chief_killed_before_the_state_file_names_the_merge_leaves_no_restart_
     require_impl("ours")
     from .shares_faults import EXIT_AT_RECORD_STATE
 
-    first = cluster_factory(
-        name="first", impl="ours", steps=STEPS, step_sleep=STEP_SLEEP, env=SHARES
-    )
-    first.start()
-    notify_after_progress(first, (1,))
-    check_preemption_exit(first, DEFAULT_EXIT_CODE)
+    first = _a_first_checkpoint(cluster_factory)
     last, name = _next_name(first.ckpt_dir)
 
     second, codes, details = _run_with_fault(
@@ -275,6 +265,18 @@ def test_a_chief_killed_before_the_state_file_names_the_merge_leaves_no_restart_
     runs = int(reader.get_tensor("checkpointed_runs/.ATTRIBUTES/VARIABLE_VALUE"))
     assert [third.events(i, "start")[0]["restored"] for i in range(2)] == [runs, runs]
     third.kill()
+
+
+def _a_first_checkpoint(cluster_factory):
+    """A ``shares`` run of two workers, preempted after its first progress: both exit 42
+    with ckpt-K saved. Returns the ended cluster."""
+    first = cluster_factory(
+        name="first", impl="ours", steps=STEPS, step_sleep=STEP_SLEEP, env=SHARES
+    )
+    first.start()
+    notify_after_progress(first, (1,))
+    check_preemption_exit(first, DEFAULT_EXIT_CODE)
+    return first
 
 
 def _run_with_fault(cluster_factory, name: str, fault: str, what: str) -> tuple:
