@@ -664,11 +664,7 @@ impl Protocol {
     }
 }
 
+/// The protocol's tests, and the test-only simulators (`tests/cluster.rs`: an MWMS
+/// cluster of protocols; `tests/failures.rs`: the "Failures" table run on it).
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod cluster;
-
-#[cfg(test)]
-mod failures;

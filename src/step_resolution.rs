@@ -78,7 +78,7 @@
 //! published at the first round's step: the first save is then the last (one
 //! save, not two). Why every worker still saves at one step is in
 //! [`Resolver::before_step`]; the property test on the simulated cluster
-//! (`src/protocol/cluster.rs`, "(f)") checks that the last save ends before
+//! (`src/protocol/tests/cluster.rs`, "(f)") checks that the last save ends before
 //! the earliest deadline whenever the measured save time allows it.
 //!
 //! # Failures
@@ -99,7 +99,7 @@
 //! often and how long it failed.
 //!
 //! Each row of this table is a test: a row of `ROWS` in
-//! `src/protocol/failures.rs`, named after it, runs a small cluster of
+//! `src/protocol/tests/failures.rs`, named after it, runs a small cluster of
 //! the core's parts (the resolver, the grace planner, the driver's
 //! [`crate::writes::Writes`], the retry rule) on a simulated clock against a
 //! coordination service that fails as the row scripts, and asserts what the
@@ -451,7 +451,7 @@ impl Phase {
 
 /// Every move between two phases, with the event that makes it: the
 /// diagram's arrows. No other move happens (`tests.rs` checks each row of the
-/// transition table against it, `src/protocol/cluster.rs` every step of the
+/// transition table against it, `src/protocol/tests/cluster.rs` every step of the
 /// simulated clusters).
 pub const PHASE_MOVES: &[(Phase, &str, Phase)] = &[
     (

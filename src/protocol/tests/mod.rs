@@ -6,6 +6,11 @@ use crate::grace::EXIT_RESERVE;
 use crate::retry::{MIN_BOUND_BEFORE_DEADLINE, TRANSIENT_FAILURE_WINDOW};
 use crate::step_resolution::{LAST_RUN_TO_CHECKPOINT, RUN_TO_CHECKPOINT};
 
+/// A deterministic MWMS cluster of protocols and the properties its runs keep.
+mod cluster;
+/// The "Failures" table of `crate::step_resolution`, run on that cluster.
+mod failures;
+
 fn local(grace_period: f64) -> Protocol {
     let mut p = Protocol::new();
     p.configure(Config {
