@@ -519,8 +519,9 @@ def literal_waits(tree: ast.AST, setters: set) -> list:
     holds a time's name (``deadline.left() + 1.0``, ``max(0.001, left)``); and each
     ``x.wait`` (called, or passed on as a sleep) on an Event that nothing sets: one made
     in the function (``threading.Event()``) that neither ``x.set()`` nor any call it is
-    given to can set, one made inline, or an attribute no code of the package ``.set()``s
-    (``setters``, the names :func:`set_events` found in every module)."""
+    given to can set, one made inline, or an attribute (``self.x = threading.Event()``, a
+    field ``x: Event``) no code of the package ``.set()``s (``setters``, the names
+    :func:`set_events` found in every module). One place a line."""
     found: dict = {}
 
     def literal(lit: ast.Constant, what: str) -> None:
@@ -550,8 +551,10 @@ def literal_waits(tree: ast.AST, setters: set) -> list:
                 kind = "comparison" if isinstance(node, ast.Compare) else "arithmetic"
                 for lit in lits:
                     literal(lit, f"{lit.value!r} in {kind} with {names[0]}")
-    found_events = _unset_event_waits(tree, setters)
-    return sorted(list(found.values()) + found_events)
+    by_line: dict = {}  # one place a line: a wait with two numbers, or a number and an Event
+    for line, what in sorted(found.values()) + _unset_event_waits(tree, setters):
+        by_line[line] = f"{by_line[line]}; {what}" if line in by_line else what
+    return sorted(by_line.items())
 
 
 def _unset_event_waits(tree: ast.AST, setters: set) -> list:
@@ -562,6 +565,14 @@ def _unset_event_waits(tree: ast.AST, setters: set) -> list:
             for target in node.targets:
                 if isinstance(target, ast.Attribute):
                     attributes.add(target.attr)
+        elif isinstance(node, ast.ClassDef):  # a field: ``closing: Event = field(...)``
+            attributes |= {
+                item.target.id
+                for item in node.body
+                if isinstance(item, ast.AnnAssign)
+                and isinstance(item.target, ast.Name)
+                and _annotation_name(item.annotation) == "Event"
+            }
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             scopes.append(node)
     found = []

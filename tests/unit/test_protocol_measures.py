@@ -347,6 +347,8 @@ def test_a_wait_on_an_event_that_nothing_sets_is_found():
     assert _waits(local) == [(6, "pause.wait: nothing sets it")]
     inline = "threading.Event().wait(left)"
     assert len(_waits(inline)) == 1
+    both = "threading.Event().wait(left + 1.0)"
+    assert len(_waits(both)) == 1  # one wait, one place
     passed_on = """
     import threading
     class Poller:
@@ -358,6 +360,16 @@ def test_a_wait_on_an_event_that_nothing_sets_is_found():
     assert _waits(passed_on) == [(7, "self._stop.wait: nothing sets it")]
     # An attribute another module sets (``setters``) is an Event that something sets.
     assert _waits(passed_on, frozenset({"_stop"})) == []
+    a_field = """
+    import threading
+    @dataclass
+    class State:
+        closing: threading.Event = field(default_factory=threading.Event)
+    def pause(state):
+        state.closing.wait(left)
+    """
+    assert _waits(a_field) == [(7, "state.closing.wait: nothing sets it")]
+    assert _waits(a_field, frozenset({"closing"})) == []
 
 
 def test_a_wait_on_an_event_that_may_be_set_is_not_found():
