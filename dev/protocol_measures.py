@@ -40,7 +40,8 @@ Issue 61's (its "Measures" table; goals in the printed table):
 * **Their uses in Python**: each mention of a constant that is not allowed (a timeout, a
   bound or a count, by elimination), as a wait's argument, in arithmetic, a comparison,
   ``range()``, a parameter's default, an assignment, a return, through a module or class
-  alias (``SLICE = WORKER_SLICE``, then ``self.SLICE``). Exempt: the import itself and a
+  alias in capitals (``SLICE = WORKER_SLICE``, then ``self.SLICE``; a field's default
+  ``timeout: float = X`` is a use). Exempt: the import itself and a
   message (a log line's argument, an f-string, ``%``-formatting).
 * **Methods the binding exposes**: each ``fn`` directly inside a ``#[pymethods]`` impl in
   ``src/python`` (getters, setters, ``__new__``, dunders included), by the class's Python
@@ -415,7 +416,9 @@ def constant_uses(tree: ast.AST, constants: set) -> list:
             value = getattr(node, "value", None)
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(value, ast.Name):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if value.id in local and all(isinstance(t, ast.Name) for t in targets):
+                if value.id in local and all(
+                    isinstance(t, ast.Name) and _CONSTANT_NAME.match(t.id) for t in targets
+                ):  # a constant's alias; a field's default (``timeout: float = X``) is a use
                     named = {t.id: local[value.id] for t in targets}
                     (members if isinstance(scope, ast.ClassDef) else local).update(named)
                     aliases.add(value)

@@ -19,7 +19,7 @@ AT_MOST = {
     "native_names": 146,
     "native_constants": 68,
     "native_constants_not_allowed": 52,
-    "native_constant_uses": 53,
+    "native_constant_uses": 54,
     "binding_methods": 191,
     "literal_waits": 18,
     "time_reads": 85,
@@ -148,9 +148,12 @@ def test_each_allowed_constant_says_why():
 def test_a_constant_is_used_wherever_python_computes_with_it():
     tree = _tree(
         """
-        from .._native import A_SLICE, B_BOUND as BOUND, C_COUNT, D_WAIT, E, F, KEY
+        from .._native import A_SLICE, B_BOUND as BOUND, C_COUNT, D_WAIT, E, F, H_TIMEOUT, KEY
         from .. import _native
         ALIAS = E
+        @dataclass
+        class State:
+            peer_timeout: float = H_TIMEOUT
         class Loop:
             SLICE = F
             def run(self, timeout=A_SLICE):
@@ -165,9 +168,10 @@ def test_a_constant_is_used_wherever_python_computes_with_it():
                 return _native.G_GRACE * 2
         """
     )
-    constants = {"A_SLICE", "B_BOUND", "C_COUNT", "D_WAIT", "E", "F", "G_GRACE"}
+    constants = {"A_SLICE", "B_BOUND", "C_COUNT", "D_WAIT", "E", "F", "G_GRACE", "H_TIMEOUT"}
     found = sorted(measures.constant_uses(tree, constants))
     assert [(name, context) for _, name, context in found] == [
+        ("H_TIMEOUT", "assigned to peer_timeout"),
         ("A_SLICE", "parameter default"),
         ("F", "argument of self.go.wait()"),
         ("B_BOUND", "comparison"),
