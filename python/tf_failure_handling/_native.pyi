@@ -691,9 +691,11 @@ class MetadataWatch:
     def closed(self) -> bool: ...
     def close(self) -> None: ...
 
-def probe_metadata(cloud: str, base_url: str, timeout: float = 1.0) -> bool: ...
+def probe_metadata(
+    cloud: str, base_url: str, timeout: Optional[float] = None, *, terminating: bool = False
+) -> bool: ...
+def clouds() -> list[dict[str, Any]]: ...
 
-METADATA_TIMEOUT: float
 SLOW_WATCHER_FN: float
 PEER_WATCH_SLICE: float
 ACK_READ_SLICE: float
@@ -707,18 +709,12 @@ WORKER_SOFT_SLICE: float
 REPORT_GROUP_WINDOW: float
 INPUT_REPLAY_PROGRESS_EVERY: float
 DEFAULT_EXIT_CODE: int
-GCE_EXIT_CODE: int
 SHARES_UNMERGED_EXIT_CODE: int
 
-def cloud_defaults(cloud: str, gpu: bool) -> tuple[int, float]: ...
 def kubernetes_sigterm_deadlines(
     unix_now: float, grace: Optional[float]
 ) -> tuple[Optional[float], Optional[float]]: ...
 
-AWS_GRACE_PERIOD: int
-AZURE_GRACE_PERIOD: int
-GCE_GPU_GRACE_PERIOD: int
-KUBERNETES_DEFAULT_GRACE_PERIOD: float
 WATCHER_FN_INTERVAL: float
 WATCHER_FN_JOIN_TIMEOUT: float
 

@@ -26,7 +26,7 @@
 //! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
 //! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; the waits' bounds and `MergeStart`, whether the chief starts the merge (`crate::shares`) |
 //! | `slurm.rs` | `slurm_fields`, `slurm_time`, `slurm_seconds`, `slurm_config_value`: SLURM's text (`crate::sources::slurm`); the bounds on `scontrol` |
-//! | `sources.rs` | `MetadataWatch` and `probe_metadata`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the platforms' default grace periods, the metadata timeout, the watcher fn's interval |
+//! | `sources.rs` | `MetadataWatch`, `probe_metadata` and `clouds`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the clouds' one table (detection, default grace periods, exit codes); the watcher fn's interval |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and
 //! the GIL before adding a lock, a once-cell or a wait.

@@ -1,4 +1,4 @@
-//! `MetadataWatch` and `probe_metadata`: [`crate::sources`] for Python.
+//! `MetadataWatch`, `probe_metadata` and `clouds` (the clouds' table): [`crate::sources`] for Python.
 //!
 //! The polling runs on Rust threads that never touch Python objects; they
 //! reach Python only through `log` (pyo3-log attaches to emit a record) and
@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::blocking::{deadline_after, detach, next_slice};
 use super::clock::{unix_now, At};
@@ -43,7 +44,7 @@ use super::logs;
 use super::signals::PySignalWatch;
 use crate::inbox::Origin;
 use crate::sources::http::BaseUrl;
-use crate::sources::{self, probe, Cloud, MetadataWatch, Notice, Wake, WatchConfig, CLOSE_WAIT};
+use crate::sources::{self, gce_terminating, probe, Cloud, MetadataWatch, Notice, SysfsLine, Wake, WatchConfig, CLOSE_WAIT};
 
 /// Every watch created and not yet dropped, for the `atexit` hook.
 static LIVE: Mutex<Vec<Weak<MetadataWatch>>> = Mutex::new(Vec::new());
@@ -240,8 +241,11 @@ impl PyMetadataWatch {
 const PROBE_STOP_WAIT: Duration = Duration::from_secs(1);
 
 /// Whether `cloud`'s metadata server answers at `base_url`: one detection
-/// request (two for AWS IMDSv1), all within `timeout` seconds, GIL
-/// released. False on anything but the expected answer.
+/// request (two for AWS IMDSv1), all within `timeout` seconds (None:
+/// [`METADATA_TIMEOUT`](sources::METADATA_TIMEOUT)), GIL released. False on
+/// anything but the expected answer. With `terminating` (GCE only), instead
+/// whether GCE's maintenance event says the VM terminates: TensorFlow's GCE
+/// termination watcher (`sources::gce_terminating`).
 ///
 /// The probe runs on its own thread; this one waits in slices with the GIL
 /// released and runs signal handlers between them. When one raises
@@ -249,9 +253,16 @@ const PROBE_STOP_WAIT: Duration = Duration::from_secs(1);
 /// (detached; it takes about one [`http::SLICE`](crate::sources::http::SLICE)) to
 /// end, and the exception propagates.
 #[pyfunction]
-#[pyo3(signature = (cloud, base_url, timeout=1.0))]
-fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: f64) -> PyResult<bool> {
+#[pyo3(signature = (cloud, base_url, timeout=None, *, terminating=false))]
+fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: Option<f64>, terminating: bool) -> PyResult<bool> {
+    let timeout = timeout.unwrap_or(sources::METADATA_TIMEOUT);
     let cloud: Cloud = cloud.parse()?;
+    if terminating && cloud != Cloud::Gce {
+        return Err(errors::bad_value(format!(
+            "only GCE's termination is asked this way, not {}'s",
+            cloud.name()
+        )));
+    }
     let base = BaseUrl::parse(base_url)?;
     if !(timeout.is_finite() && timeout >= 0.0) {
         return Err(errors::bad_timeout(timeout));
@@ -263,7 +274,12 @@ fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: f64) -> 
     let probing = std::thread::Builder::new()
         .name("tfh-probe".into())
         .spawn(move || {
-            let _ = tx.send(probe(cloud, &base, timeout, Some(&thread_stop)));
+            let stop = Some(&*thread_stop);
+            let _ = tx.send(if terminating {
+                gce_terminating(&base, timeout, stop)
+            } else {
+                probe(cloud, &base, timeout, stop)
+            });
         })
         .map_err(|e| errors::misuse(format!("cannot start the probe thread: {e}")))?;
     // `Some(None)`: the thread ended without an answer (it panicked).
@@ -305,14 +321,39 @@ fn close_metadata_watches(py: Python<'_>) -> PyResult<()> {
     stop_and_join(py, &live)
 }
 
-/// What a process on `cloud` (`"gce"`, `"aws"`, `"azure"`) gets by default:
-/// `(exit code, grace period)` on a GPU machine or not (`sources::Cloud::defaults`).
-/// `ValueError` for another name.
+/// The clouds' table (`sources::Cloud::row`), one dict per cloud in detection
+/// order: `name`, `variable` (the one naming its metadata service), `host_port`
+/// (whether that variable is `host[:port]`, TensorFlow's `GCE_METADATA_IP`,
+/// rather than `[http://]host[:port]`), `default_base`, `named_by` (None:
+/// always probed; else alternatives of `(path below /sys, "is" | "contains" |
+/// "starts", text)` lines that must all match for a probe without the
+/// variable), `exit_code` and `grace_period` (`{True: on a GPU machine,
+/// False: on others}`).
 #[pyfunction]
-fn cloud_defaults(cloud: &str, gpu: bool) -> PyResult<(i32, f64)> {
-    let cloud: sources::Cloud = cloud.parse().map_err(|e: sources::WatchError| errors::bad_value(e.to_string()))?;
-    let d = cloud.defaults(gpu);
-    Ok((d.exit_code, d.grace_period))
+fn clouds(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    Cloud::all()
+        .map(|cloud| {
+            let row = cloud.row();
+            let d = PyDict::new(py);
+            d.set_item("name", row.name)?;
+            d.set_item("variable", row.variable.0)?;
+            d.set_item("host_port", row.variable.1)?;
+            d.set_item("default_base", row.default_base)?;
+            let named_by = row.named_by.map(|alternatives| {
+                alternatives
+                    .iter()
+                    .map(|lines| lines.iter().map(SysfsLine::parts).collect::<Vec<_>>())
+                    .collect::<Vec<_>>()
+            });
+            d.set_item("named_by", named_by)?;
+            d.set_item("exit_code", row.exit_code)?;
+            d.set_item(
+                "grace_period",
+                HashMap::from([(true, row.grace_period.0), (false, row.grace_period.1)]),
+            )?;
+            Ok(d)
+        })
+        .collect()
 }
 
 /// A SIGTERM's `(deadline, kill)` in a Kubernetes pod, Unix seconds, with the pod's
@@ -328,14 +369,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(probe_metadata, m)?)?;
     let hook = wrap_pyfunction!(close_metadata_watches, m)?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
-    m.add_function(wrap_pyfunction!(cloud_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(clouds, m)?)?;
     m.add("DEFAULT_EXIT_CODE", sources::DEFAULT_EXIT_CODE)?;
-    m.add("GCE_EXIT_CODE", sources::GCE_EXIT_CODE)?;
-    m.add("METADATA_TIMEOUT", sources::METADATA_TIMEOUT)?;
-    m.add("AWS_GRACE_PERIOD", sources::AWS_GRACE_PERIOD)?;
-    m.add("AZURE_GRACE_PERIOD", sources::AZURE_GRACE_PERIOD)?;
-    m.add("GCE_GPU_GRACE_PERIOD", sources::GCE_GPU_GRACE_PERIOD)?;
-    m.add("KUBERNETES_DEFAULT_GRACE_PERIOD", sources::KUBERNETES_DEFAULT_GRACE_PERIOD)?;
     m.add("WATCHER_FN_INTERVAL", sources::WATCHER_FN_INTERVAL)?;
     m.add("SLOW_WATCHER_FN", sources::SLOW_WATCHER_FN)?;
     m.add("WATCHER_FN_JOIN_TIMEOUT", sources::WATCHER_FN_JOIN_TIMEOUT)?;

@@ -1,9 +1,12 @@
-//! The clouds, in one table: each cloud's name, the pollers that watch it,
-//! the request that detects it, and what a process on it gets by default (its
-//! exit code after the save, its grace period: [`Cloud::defaults`]). Nothing
-//! else names every cloud: a new cloud
-//! is a file of its own (its poller, `pollers` and `probe`), a [`Cloud`]
-//! variant and its row in [`CLOUDS`].
+//! The clouds, in one table, Rust's and Python's: each cloud's name, the
+//! pollers that watch it, the request that detects it, where its metadata
+//! service is (its variable, its default base), the sysfs lines that name its
+//! machines, and what a process on it gets by default (its exit code after the
+//! save, its grace period). Python's platforms
+//! (`_platforms/clouds.py`) serve every cloud from this table
+//! ([`Cloud::row`]). Nothing else names every cloud: a new cloud is a file of
+//! its own (its poller, `pollers` and `probe`), a [`Cloud`] variant and its
+//! row in [`CLOUDS`].
 
 use std::str::FromStr;
 
@@ -34,7 +37,79 @@ pub(super) struct Parts {
     exit_code: i32,
     /// The grace period by default, in seconds, on a GPU machine and on others.
     grace_period: GracePeriods,
+    /// The variable that names its metadata service.
+    variable: &'static str,
+    /// Whether [`Parts::variable`] is `host[:port]` (TensorFlow's
+    /// `GCE_METADATA_IP`) rather than `[http://]host[:port]`.
+    host_port: bool,
+    /// Its metadata service when the variable is unset, `http://host`.
+    default_base: &'static str,
+    /// When its probe is made without the variable: `None` always (TensorFlow's
+    /// GCE detection), else only when one of these alternatives holds, each a
+    /// list of sysfs lines that must all match.
+    named_by: Option<&'static [&'static [Line]]>,
 }
+
+/// One line of sysfs (`/sys/<path>`, its first line stripped) that names a
+/// cloud's machines.
+#[derive(Clone, Copy, Debug)]
+pub struct Line {
+    /// Below `/sys`.
+    path: &'static str,
+    /// How the line is compared with `text`.
+    test: Test,
+    text: &'static str,
+}
+
+/// How a [`Line`] is compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Test {
+    /// Equal.
+    Is,
+    /// Contains the text, in any case.
+    Contains,
+    /// Starts with the text, in any case.
+    StartsWith,
+}
+
+impl Test {
+    /// Its name in Python's table.
+    fn name(self) -> &'static str {
+        match self {
+            Test::Is => "is",
+            Test::Contains => "contains",
+            Test::StartsWith => "starts",
+        }
+    }
+}
+
+const fn line(path: &'static str, test: Test, text: &'static str) -> Line {
+    Line { path, test, text }
+}
+
+/// An EC2 machine: the DMI tables name Amazon, or (Xen guests on older
+/// instance types) the hypervisor's uuid starts with `ec2`.
+const AWS_NAMED_BY: &[&[Line]] = &[
+    &[line("class/dmi/id/sys_vendor", Test::Contains, "amazon")],
+    &[line("class/dmi/id/bios_vendor", Test::Contains, "amazon")],
+    &[line("class/dmi/id/board_vendor", Test::Contains, "amazon")],
+    &[line("class/dmi/id/product_name", Test::Contains, "amazon")],
+    &[line("class/dmi/id/bios_version", Test::Contains, "amazon")],
+    &[line("hypervisor/uuid", Test::StartsWith, "ec2")],
+];
+
+/// An Azure VM: its chassis asset tag (Microsoft's documented way to tell
+/// Azure VMs), or Microsoft's "Virtual Machine".
+const AZURE_NAMED_BY: &[&[Line]] = &[
+    &[line("class/dmi/id/chassis_asset_tag", Test::Is, "7783-7084-3265-9085-8269-3286-77")],
+    &[
+        line("class/dmi/id/sys_vendor", Test::Is, "Microsoft Corporation"),
+        line("class/dmi/id/product_name", Test::Is, "Virtual Machine"),
+    ],
+];
+
+/// Where AWS and Azure serve instance metadata (link-local, no DNS).
+const LINK_LOCAL: &str = "http://169.254.169.254";
 
 /// A cloud's default grace periods (`Parts::grace_period`).
 struct GracePeriods {
@@ -48,16 +123,6 @@ pub const DEFAULT_EXIT_CODE: i32 = 42;
 /// The exit code GCE's restart tooling recognises (TensorFlow's `gce_exit_fn`).
 pub const GCE_EXIT_CODE: i32 = 143;
 
-/// What a process on a cloud gets for what its user left unset.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Defaults {
-    /// Its exit code after the save.
-    pub exit_code: i32,
-    /// Its grace period, in seconds: GCE's GPU machines TensorFlow's hour, AWS
-    /// and Azure their notices' lead times, GCE's other machines none.
-    pub grace_period: f64,
-}
-
 /// Every cloud, in the order of its variants (checked by a test below).
 const CLOUDS: [Parts; 3] = [
     Parts {
@@ -70,6 +135,10 @@ const CLOUDS: [Parts; 3] = [
             gpu: gce::GCE_GPU_GRACE_PERIOD as f64,
             other: 0.0,
         },
+        variable: "GCE_METADATA_IP",
+        host_port: true,
+        default_base: "http://metadata.google.internal",
+        named_by: None,
     },
     Parts {
         cloud: Cloud::Aws,
@@ -81,6 +150,10 @@ const CLOUDS: [Parts; 3] = [
             gpu: aws::AWS_GRACE_PERIOD as f64,
             other: aws::AWS_GRACE_PERIOD as f64,
         },
+        variable: "TF_FAILURE_HANDLING_AWS_METADATA_URL",
+        host_port: false,
+        default_base: LINK_LOCAL,
+        named_by: Some(AWS_NAMED_BY),
     },
     Parts {
         cloud: Cloud::Azure,
@@ -92,6 +165,10 @@ const CLOUDS: [Parts; 3] = [
             gpu: azure::AZURE_GRACE_PERIOD as f64,
             other: azure::AZURE_GRACE_PERIOD as f64,
         },
+        variable: "TF_FAILURE_HANDLING_AZURE_METADATA_URL",
+        host_port: false,
+        default_base: LINK_LOCAL,
+        named_by: Some(AZURE_NAMED_BY),
     },
 ];
 
@@ -111,15 +188,46 @@ impl Cloud {
     pub fn name(self) -> &'static str {
         self.parts().name
     }
+}
 
-    /// What a process on this cloud gets by default, on a GPU machine or not.
+/// A cloud's row as Python's platforms read it ([`Cloud::row`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Row {
+    pub name: &'static str,
+    /// The variable that names its metadata service, and whether it is
+    /// `host[:port]` (TensorFlow's `GCE_METADATA_IP`) rather than
+    /// `[http://]host[:port]`.
+    pub variable: (&'static str, bool),
+    /// Its metadata service when the variable is unset.
+    pub default_base: &'static str,
+    /// `None`: probed always; else probed without its variable only when one
+    /// of these alternatives of sysfs lines all match.
+    pub named_by: Option<&'static [&'static [Line]]>,
+    pub exit_code: i32,
+    /// Its default grace period on a GPU machine, and on others.
+    pub grace_period: (f64, f64),
+}
+
+impl Line {
+    /// `(path below /sys, "is" | "contains" | "starts", text)`.
     #[must_use]
-    pub fn defaults(self, gpu: bool) -> Defaults {
+    pub fn parts(&self) -> (&'static str, &'static str, &'static str) {
+        (self.path, self.test.name(), self.text)
+    }
+}
+
+impl Cloud {
+    /// Its row, for Python's platforms.
+    #[must_use]
+    pub fn row(self) -> Row {
         let parts = self.parts();
-        let grace = &parts.grace_period;
-        Defaults {
+        Row {
+            name: parts.name,
+            variable: (parts.variable, parts.host_port),
+            default_base: parts.default_base,
+            named_by: parts.named_by,
             exit_code: parts.exit_code,
-            grace_period: if gpu { grace.gpu } else { grace.other },
+            grace_period: (parts.grace_period.gpu, parts.grace_period.other),
         }
     }
 }
@@ -142,7 +250,7 @@ pub fn pollers(cloud: Cloud, timing: Timing) -> Vec<NamedPoller> {
 
 #[cfg(test)]
 mod tests {
-    use super::{pollers, Cloud, Defaults, CLOUDS, DEFAULT_EXIT_CODE, GCE_EXIT_CODE};
+    use super::{pollers, Cloud, CLOUDS, DEFAULT_EXIT_CODE, GCE_EXIT_CODE};
     use crate::sources::shared::Timing;
 
     #[test]
@@ -166,18 +274,55 @@ mod tests {
 
     #[test]
     fn defaults_table() {
-        // (cloud, GPU machine, exit code, grace period)
-        let rows: &[(Cloud, bool, i32, f64)] = &[
-            (Cloud::Gce, true, GCE_EXIT_CODE, 3600.0),
-            (Cloud::Gce, false, GCE_EXIT_CODE, 0.0),
-            (Cloud::Aws, true, DEFAULT_EXIT_CODE, 120.0),
-            (Cloud::Aws, false, DEFAULT_EXIT_CODE, 120.0),
-            (Cloud::Azure, true, DEFAULT_EXIT_CODE, 30.0),
-            (Cloud::Azure, false, DEFAULT_EXIT_CODE, 30.0),
+        // (cloud, exit code, grace period on a GPU machine, on others)
+        let rows: &[(Cloud, i32, f64, f64)] = &[
+            (Cloud::Gce, GCE_EXIT_CODE, 3600.0, 0.0),
+            (Cloud::Aws, DEFAULT_EXIT_CODE, 120.0, 120.0),
+            (Cloud::Azure, DEFAULT_EXIT_CODE, 30.0, 30.0),
         ];
-        for &(cloud, gpu, exit_code, grace_period) in rows {
-            assert_eq!(cloud.defaults(gpu), Defaults { exit_code, grace_period }, "{cloud:?} gpu {gpu}");
+        for &(cloud, exit_code, gpu, other) in rows {
+            let row = cloud.row();
+            assert_eq!((row.exit_code, row.grace_period), (exit_code, (gpu, other)), "{cloud:?}");
         }
         assert_eq!((DEFAULT_EXIT_CODE, GCE_EXIT_CODE), (42, 128 + 15));
+    }
+
+    #[test]
+    fn metadata_services_and_the_machines_each_cloud_names() {
+        // (cloud, variable, host[:port], default base, probed without its variable)
+        let rows = [
+            (Cloud::Gce, "GCE_METADATA_IP", true, "http://metadata.google.internal", None),
+            (
+                Cloud::Aws,
+                "TF_FAILURE_HANDLING_AWS_METADATA_URL",
+                false,
+                "http://169.254.169.254",
+                Some(6),
+            ),
+            (
+                Cloud::Azure,
+                "TF_FAILURE_HANDLING_AZURE_METADATA_URL",
+                false,
+                "http://169.254.169.254",
+                Some(2),
+            ),
+        ];
+        for (cloud, variable, host_port, base, alternatives) in rows {
+            let row = cloud.row();
+            assert_eq!(
+                (row.name, row.variable, row.default_base),
+                (cloud.name(), (variable, host_port), base)
+            );
+            assert_eq!(row.named_by.map(<[_]>::len), alternatives, "{cloud:?}");
+            for lines in row.named_by.unwrap_or_default() {
+                assert!(!lines.is_empty());
+                for line in *lines {
+                    let (path, test, text) = line.parts();
+                    assert!(!path.starts_with('/') && !text.is_empty(), "{path}");
+                    // A test in any case compares with the line in lower case.
+                    assert!(test == "is" || text == text.to_lowercase(), "{text}");
+                }
+            }
+        }
     }
 }

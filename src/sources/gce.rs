@@ -255,6 +255,12 @@ pub(super) fn pollers(timing: Timing) -> Vec<super::shared::NamedPoller> {
     ]
 }
 
+/// TensorFlow's GCE termination watcher: `GET instance/maintenance-event` with
+/// the metadata header answers 200 with exactly `TERMINATE_ON_HOST_MAINTENANCE`.
+pub(super) fn terminating(answer: &mut super::shared::Answer<'_>) -> bool {
+    answer("GET", GCE_MAINTENANCE_PATH, &[GCE_FLAVOR]).is_some_and(|r| r.status == 200 && r.body == b"TERMINATE_ON_HOST_MAINTENANCE")
+}
+
 pub(super) fn probe(status: &mut super::shared::ProbeStatus<'_>) -> bool {
     status("GET", GCE_PROBE_PATH, &[GCE_FLAVOR]) == Some(200)
 }

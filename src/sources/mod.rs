@@ -127,17 +127,14 @@ pub mod slurm;
 mod watch;
 mod watcher_fn;
 
-pub use aws::{
-    parse_rebalance, parse_spot_action, AwsPoller, AWS_GRACE_PERIOD, AWS_REBALANCE_MAX_INTERVAL, AWS_TOKEN_RETRY, AWS_TOKEN_TTL,
-    NOTE_IMDSV1,
-};
-pub use azure::{parse_scheduled_events, AzurePoller, AZURE_GRACE_PERIOD, AZURE_METADATA};
-pub use clouds::{pollers, Cloud, Defaults as CloudDefaults, DEFAULT_EXIT_CODE, GCE_EXIT_CODE};
+pub use aws::{parse_rebalance, parse_spot_action, AwsPoller, AWS_REBALANCE_MAX_INTERVAL, AWS_TOKEN_RETRY, AWS_TOKEN_TTL, NOTE_IMDSV1};
+pub use azure::{parse_scheduled_events, AzurePoller, AZURE_METADATA};
+pub use clouds::{pollers, Cloud, Line as SysfsLine, Row as CloudRow, DEFAULT_EXIT_CODE, GCE_EXIT_CODE};
 pub use dates::{parse_rfc1123, parse_rfc3339};
-pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_GPU_GRACE_PERIOD, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
-pub use kubernetes::{sigterm_deadlines as kubernetes_sigterm_deadlines, KUBERNETES_DEFAULT_GRACE_PERIOD};
+pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
+pub use kubernetes::sigterm_deadlines as kubernetes_sigterm_deadlines;
 pub use shared::{Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, METADATA_TIMEOUT, MIN_INTERVAL};
-pub use watch::{probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
+pub use watch::{gce_terminating, probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
 pub use watcher_fn::{SLOW_WATCHER_FN, WATCHER_FN_INTERVAL, WATCHER_FN_JOIN_TIMEOUT};
 
 #[cfg(test)]

@@ -121,6 +121,9 @@ pub trait Poller {
 /// How a platform's `probe` makes one detection request: `(method, path,
 /// headers)` to the status code of the answer, None for no answer.
 pub(super) type ProbeStatus<'a> = dyn FnMut(&str, &str, &[(&str, &str)]) -> Option<u16> + 'a;
+/// One request `(method, path, headers)` and its whole answer; None when it
+/// failed.
+pub(super) type Answer<'a> = dyn FnMut(&str, &str, &[(&str, &str)]) -> Option<super::http::Response> + 'a;
 
 /// A poller and the name of the thread that runs it.
 pub type NamedPoller = (&'static str, Box<dyn Poller + Send>);

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::{Condvar, Mutex};
 
 use super::clouds::{pollers, Cloud};
+use super::gce;
 use super::http::{BaseUrl, Client, HttpError};
+use super::shared::Answer;
 use super::shared::{Action, Event, Notice, Poller, Response, Timing, WatchError, LOG_TARGET};
 
 /// What to watch, validated.
@@ -446,21 +448,39 @@ impl Drop for MetadataWatch {
 /// is logged.
 #[must_use]
 pub fn probe(cloud: Cloud, base: &BaseUrl, timeout: Duration, stop: Option<&AtomicBool>) -> bool {
+    let what = format!("{} metadata probe", cloud.name());
+    ask(base, timeout, stop, &what, |answer| {
+        (cloud.parts().probe)(&mut |method, path, headers| answer(method, path, headers).map(|r| r.status))
+    })
+}
+
+/// TensorFlow's GCE termination watcher (`termination_watcher_function_gce`),
+/// one request to `base` within `timeout`: does GCE's
+/// `instance/maintenance-event` answer `TERMINATE_ON_HOST_MAINTENANCE`? Any
+/// failure is no; `stop` as for [`probe`].
+#[must_use]
+pub fn gce_terminating(base: &BaseUrl, timeout: Duration, stop: Option<&AtomicBool>) -> bool {
+    ask(base, timeout, stop, "GCE maintenance-event", |answer| gce::terminating(answer))
+}
+
+/// Runs `requests` against `base`, all within `timeout`; a failed request is
+/// None to them, logged (as `what`) unless `stop` abandoned it.
+fn ask(base: &BaseUrl, timeout: Duration, stop: Option<&AtomicBool>, what: &str, requests: impl FnOnce(&mut Answer<'_>) -> bool) -> bool {
     let start = Instant::now();
     let deadline = start.checked_add(timeout).unwrap_or(start + Duration::from_secs(86_400));
     let mut client = Client::new(base.clone());
-    let mut status = |method: &str, path: &str, headers: &[(&str, &str)]| {
+    let mut answer = |method: &str, path: &str, headers: &[(&str, &str)]| {
         let left = deadline.saturating_duration_since(Instant::now());
         match client.request(method, path, headers, left, stop) {
-            Ok(r) => Some(r.status),
+            Ok(r) => Some(r),
             // Abandoned by the caller, who is gone or going: nothing to say,
             // and no log record that might wait for the GIL.
             Err(HttpError::Stopped) => None,
             Err(e) => {
-                log::debug!(target: LOG_TARGET, "{} metadata probe {path}: {e}", cloud.name());
+                log::debug!(target: LOG_TARGET, "{what} {path}: {e}");
                 None
             }
         }
     };
-    (cloud.parts().probe)(&mut status)
+    requests(&mut answer)
 }

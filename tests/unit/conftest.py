@@ -19,11 +19,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 from tf_failure_handling import PreemptionCheckpointHandler, TerminationConfig, testing
-from tf_failure_handling._platforms import cloud_aws as aws
-from tf_failure_handling._platforms import cloud_azure as azure
-from tf_failure_handling._platforms import cloud_gce as gce
-from tf_failure_handling._platforms import common as shared
-from tf_failure_handling._platforms import kubernetes, slurm
+from tf_failure_handling._platforms import clouds, kubernetes, slurm
 from tf_failure_handling._platforms import platform as _platform
 
 
@@ -60,8 +56,8 @@ sys.meta_path.insert(0, _NoTensorFlow())
 #: or a scheduler's job; the unit tests see none of them unless they set them.
 _PLATFORM_ENV = (
     _platform.CLOUD_ENV,
-    aws.METADATA_ENV,
-    azure.METADATA_ENV,
+    clouds.AWS.variable,
+    clouds.AZURE.variable,
     kubernetes.GRACE_ENV,
     slurm.END_TIME_ENV,
     "SLURM_JOB_ID",
@@ -72,20 +68,19 @@ _PLATFORM_ENV = (
 @pytest.fixture(autouse=True, scope="session")
 def _no_metadata_server(tmp_path_factory):
     """No GCE server, no DMI vendor strings, no SLURM or Kubernetes: whatever the CI host."""
-    saved_env = {k: os.environ.get(k) for k in (gce.METADATA_ENV, *_PLATFORM_ENV)}
-    saved_paths = (shared.DMI_DIR, aws.HYPERVISOR_UUID)
-    os.environ[gce.METADATA_ENV] = NO_METADATA_SERVER
+    saved_env = {k: os.environ.get(k) for k in (clouds.GCE.variable, *_PLATFORM_ENV)}
+    saved_sysfs = clouds.SYSFS
+    os.environ[clouds.GCE.variable] = NO_METADATA_SERVER
     for name in _PLATFORM_ENV:
         os.environ.pop(name, None)
     # Subprocesses (the signal tests) do not see the module patches below.
     os.environ[_platform.CLOUD_ENV] = "none"
     empty = tmp_path_factory.mktemp("no-dmi")
-    shared.DMI_DIR = str(empty)
-    aws.HYPERVISOR_UUID = str(empty / "uuid")
+    clouds.SYSFS = str(empty)
     _platform.detect.cache_clear()
     _platform.environment.cache_clear()
     yield
-    shared.DMI_DIR, aws.HYPERVISOR_UUID = saved_paths
+    clouds.SYSFS = saved_sysfs
     _platform.detect.cache_clear()
     _platform.environment.cache_clear()
     for name, value in saved_env.items():

@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 from tf_failure_handling import TerminationConfig, _native
-from tf_failure_handling._platforms import cloud_aws as aws
-from tf_failure_handling._platforms import cloud_azure as azure
-from tf_failure_handling._platforms import cloud_gce as gce
-from tf_failure_handling._platforms import common, kubernetes, platform, slurm
+from tf_failure_handling._platforms import clouds, common, kubernetes, platform, slurm
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
 
@@ -303,9 +300,14 @@ def test_what_follows_a_claim_is_the_cores():
 
 
 @pytest.mark.parametrize("p", platform.PLATFORMS, ids=lambda p: p.NAME)
-def test_every_platform_is_one_module_behind_one_interface(p):
+def test_every_platform_is_behind_one_interface(p):
+    """A scheduler is one module; the clouds are one class, a row of the core's table each."""
     assert isinstance(p, common.Platform) and p.KIND in ("cloud", "scheduler")
-    assert sys.modules[type(p).__module__].PLATFORM is p
+    module = sys.modules[type(p).__module__]
+    if p.KIND == "cloud":
+        assert module is clouds and p in clouds.CLOUDS
+    else:
+        assert module.PLATFORM is p
 
 
 def _environment(**fields) -> platform.Environment:
@@ -353,25 +355,25 @@ def test_clouds_are_detected_in_tfs_order_and_each_answers_for_itself(monkeypatc
         )
     checked = {"gce": None, "aws": "http://127.0.0.1:9", "azure": None}
     settings = platform.Settings(forced_cloud=None, checked=checked)
-    assert platform._detected("cloud", settings) is aws.PLATFORM
+    assert platform._detected("cloud", settings) is clouds.AWS
     assert asked == [("gce", None), ("aws", "http://127.0.0.1:9")]
 
 
-def test_a_clouds_defaults_come_from_its_module():
-    for module, gpu_grace, cpu_grace, code in (
-        (gce, 3600, 0, 143),
-        (aws, 120, 120, 42),
-        (azure, 30, 30, 42),
+def test_a_clouds_defaults_come_from_its_row():
+    for cloud, gpu_grace, cpu_grace, code in (
+        (clouds.GCE, 3600, 0, 143),
+        (clouds.AWS, 120, 120, 42),
+        (clouds.AZURE, 30, 30, 42),
     ):
         for device, grace in (
             (platform.PlatformDevice.GCE_GPU, gpu_grace),
             (platform.PlatformDevice.GCE_CPU, cpu_grace),
         ):
             env = platform.Environment(
-                device=device, cloud=module.PLATFORM.NAME, metadata_base=None, scheduler=None
+                device=device, cloud=cloud.NAME, metadata_base=None, scheduler=None
             )
             defaults = platform.complete(env, None, None, None, None)
-            assert defaults.exit_fn is module.PLATFORM.defaults(env)["exit_fn"]
+            assert defaults.exit_fn is cloud.defaults(env)["exit_fn"] is cloud.exit_fn
             assert platform.exit_code(defaults.exit_fn) == code
             assert defaults.grace_period == grace
     off = platform.Environment(

@@ -15,11 +15,8 @@ import threading
 
 import pytest
 from tf_failure_handling import PreemptionCheckpointHandler, PreemptionWatcher, _native, testing
-from tf_failure_handling._platforms import cloud_aws as aws
-from tf_failure_handling._platforms import cloud_azure as azure
-from tf_failure_handling._platforms import cloud_gce as gce
+from tf_failure_handling._platforms import clouds, kubernetes, slurm
 from tf_failure_handling._platforms import common as shared
-from tf_failure_handling._platforms import kubernetes, slurm
 from tf_failure_handling._platforms import platform as _platform
 
 GRACE = kubernetes.GRACE_ENV
@@ -47,7 +44,7 @@ def names_variable_and_value(name: str, value: str) -> str:
 BAD = [
     (_platform.CLOUD_ENV, ["gcp", "yes", "aws,azure", "ec2"]),
     (
-        gce.METADATA_ENV,
+        clouds.GCE.variable,
         [
             "http://169.254.169.254",
             "127.0.0.1:99999",
@@ -62,11 +59,11 @@ BAD = [
         ],
     ),
     (
-        aws.METADATA_ENV,
+        clouds.AWS.variable,
         ["https://169.254.169.254", "ftp://x", "http://x/latest", "http://", "127.0.0.1:0", "a b"],
     ),
     (
-        azure.METADATA_ENV,
+        clouds.AZURE.variable,
         ["https://169.254.169.254", "http://x?api-version=1", "http://[::1", "http://x:65536"],
     ),
     (GRACE, ["30s", "abc", "-1", "-0.5", "nan", "inf", "-inf", "1e400", "30,5"]),
@@ -93,9 +90,8 @@ def test_settings_raise_the_same_error(monkeypatch, name, value):
 def test_every_variable_is_checked_before_any_probe(monkeypatch):
     asked = []
     monkeypatch.delenv(_platform.CLOUD_ENV)
-    monkeypatch.setattr(gce, "on_gce", lambda *a, **k: asked.append("gce") or False)
     monkeypatch.setattr(shared, "probe", lambda *a, **k: asked.append(a) or False)
-    monkeypatch.setenv(aws.METADATA_ENV, "http://127.0.0.1:1")
+    monkeypatch.setenv(clouds.AWS.variable, "http://127.0.0.1:1")
     monkeypatch.setenv(GRACE, "30s")
     with pytest.raises(ValueError, match=GRACE):
         _platform.environment()
@@ -185,18 +181,18 @@ def test_no_signal_deadline_without_a_scheduler(monkeypatch):
 @pytest.mark.parametrize(
     ("cloud", "name", "value", "base"),
     [
-        ("aws", aws.METADATA_ENV, "127.0.0.1:8080", "http://127.0.0.1:8080"),
-        ("aws", aws.METADATA_ENV, " http://127.0.0.1:8080/ ", "http://127.0.0.1:8080"),
-        ("azure", azure.METADATA_ENV, "HTTP://[::1]:80/", "HTTP://[::1]:80"),
-        ("azure", azure.METADATA_ENV, "", azure.DEFAULT_BASE),
-        ("gce", gce.METADATA_ENV, "127.0.0.1:9", "http://127.0.0.1:9"),
+        ("aws", clouds.AWS.variable, "127.0.0.1:8080", "http://127.0.0.1:8080"),
+        ("aws", clouds.AWS.variable, " http://127.0.0.1:8080/ ", "http://127.0.0.1:8080"),
+        ("azure", clouds.AZURE.variable, "HTTP://[::1]:80/", "HTTP://[::1]:80"),
+        ("azure", clouds.AZURE.variable, "", clouds.AZURE.default_base),
+        ("gce", clouds.GCE.variable, "127.0.0.1:9", "http://127.0.0.1:9"),
         (
             "gce",
-            gce.METADATA_ENV,
+            clouds.GCE.variable,
             "metadata.google.internal/",
             "http://metadata.google.internal",
         ),
-        ("gce", gce.METADATA_ENV, "", "http://metadata.google.internal"),
+        ("gce", clouds.GCE.variable, "", "http://metadata.google.internal"),
     ],
 )
 def test_metadata_urls_are_normalised(monkeypatch, cloud, name, value, base):

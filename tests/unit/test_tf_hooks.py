@@ -11,7 +11,7 @@ import pytest
 tf = pytest.importorskip("tensorflow", reason="TensorFlow's failure_handling_util")
 
 from tensorflow.python.distribute.failure_handling import failure_handling_util as util  # noqa: E402
-from tf_failure_handling._platforms import cloud_gce, common, platform, tf_hooks  # noqa: E402
+from tf_failure_handling._platforms import common, platform, tf_hooks  # noqa: E402
 
 
 def _complete(watcher_fn=None, exit_fn=None, grace_period=None):
@@ -25,7 +25,7 @@ def test_tensorflows_own_detect_platform_is_not_called():
     assert d.device is None and d.watcher_fn is None
 
 
-@pytest.mark.parametrize("device, grace", [("GCE_GPU", cloud_gce.GPU_GRACE_PERIOD), ("GCE_CPU", 0)])
+@pytest.mark.parametrize("device, grace", [("GCE_GPU", 3600), ("GCE_CPU", 0)])
 def test_a_replaced_detect_platform_that_says_gce_brings_tfs_gce_watcher(device, grace):
     def watcher():
         return False
@@ -37,7 +37,7 @@ def test_a_replaced_detect_platform_that_says_gce_brings_tfs_gce_watcher(device,
         d = _complete()
         assert d.watcher_fn is watcher
         assert d.device is platform.PlatformDevice[device]
-        assert common.exit_code(d.exit_fn) == cloud_gce.EXIT_CODE
+        assert common.exit_code(d.exit_fn) == 143  # TF's gce_exit_fn's
         assert d.grace_period == grace
         # The user's values win, a grace period of 0 included.
         mine = _complete(watcher_fn=bool, grace_period=0)

@@ -1,6 +1,5 @@
 """What the platforms share: the interface each implements (:class:`Platform`), reading
-a variable (a number, a flag, a metadata URL), a sysfs line, the native probe, and the
-default exits.
+a variable (a number, a flag, a metadata URL), the native probe, and the default exits.
 
 The bottom of ``_platforms``: imports nothing of the package but ``_native``.
 """
@@ -14,13 +13,10 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from .._native import DEFAULT_EXIT_CODE, METADATA_TIMEOUT
+from .._native import DEFAULT_EXIT_CODE
 
 log = logging.getLogger("tf_failure_handling")
 
-# METADATA_TIMEOUT is the core's (src/sources/shared.rs says what it means).
-#: The DMI tables the kernel exposes (world-readable files of one line each).
-DMI_DIR = "/sys/class/dmi/id"
 # DEFAULT_EXIT_CODE is the core's (src/sources/clouds.rs: Borg's and TF's default
 # ``exit_fn``'s).
 
@@ -211,34 +207,12 @@ def metadata_url(name: str) -> Optional[str]:
     return url.rstrip("/")
 
 
-def read_line(path: str) -> Optional[str]:
-    """The stripped first line of a small sysfs file; None if it cannot be read."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.readline(4096).strip()
-    except OSError:
-        return None
-
-
-def dmi(name: str) -> str:
-    """One DMI table's line (``/sys/class/dmi/id/<name>``), "" when unreadable."""
-    return read_line(os.path.join(DMI_DIR, name)) or ""
-
-
 def probe(cloud: str, base: str) -> bool:
     """``_native.probe_metadata``, with any failure meaning "not that cloud"."""
     try:
         from .._native import probe_metadata
 
-        return bool(probe_metadata(cloud, base, METADATA_TIMEOUT))
+        return bool(probe_metadata(cloud, base))
     except Exception as e:  # noqa: BLE001 - off that cloud anything can come back
         log.debug("not on %s (%s): %s", cloud, base, e)
         return False
-
-
-def probed_if_named(
-    cloud: str, configured: Optional[str], default_base: str, dmi_says: Callable[[], bool]
-) -> bool:
-    """A link-local cloud's detection: its variable is set or the DMI tables name it,
-    and then its metadata service answers (at the configured base, else the default)."""
-    return (configured is not None or dmi_says()) and probe(cloud, configured or default_base)

@@ -1,5 +1,6 @@
 """Where this process runs, and the defaults each platform gets: one dispatch over
-:data:`PLATFORMS`, one module each behind ``common.Platform``.
+:data:`PLATFORMS`, each behind ``common.Platform`` (the clouds one class, from the
+core's table: ``clouds``).
 
 :func:`environment` answers once per process: the cloud and its metadata service, the
 scheduler, and TF's platform device (``GCE_*`` on GCE, else ``INTERNAL_*``; GPU or TPU
@@ -22,18 +23,18 @@ import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .._native import Stopwatch
-from . import cloud_aws, cloud_azure, cloud_gce, common, kubernetes, slurm, tf_hooks
+from . import clouds, common, kubernetes, slurm, tf_hooks
 
 log = logging.getLogger("tf_failure_handling")
 
 #: Every platform; of each kind, the first detected wins (GCE first, as TF).
-PLATFORMS: tuple = tuple(m.PLATFORM for m in (cloud_gce, cloud_aws, cloud_azure, slurm, kubernetes))
+PLATFORMS: tuple = (*clouds.CLOUDS, slurm.PLATFORM, kubernetes.PLATFORM)
 #: Forces the cloud: ``gce``, ``aws``, ``azure`` or ``none`` (no probe at all).
 CLOUD_ENV = "TF_FAILURE_HANDLING_CLOUD"
 #: The code a released PS or worker task exits with (TF's restart code).
 DEFAULT_EXIT_CODE = common.DEFAULT_EXIT_CODE
 #: Every cloud's name, in detection order.
-CLOUDS = tuple(p.NAME for p in PLATFORMS if p.KIND == "cloud")
+CLOUDS = tuple(c.NAME for c in clouds.CLOUDS)
 
 
 class PlatformDevice(enum.Enum):
@@ -200,7 +201,7 @@ def complete(
         # A test acting out GCE through TensorFlow's hooks: TensorFlow's GCE defaults.
         name, tf_watcher = hooked
         device = PlatformDevice[name]
-        found.update(cloud_gce.PLATFORM.defaults(dataclasses.replace(env, device=device)))
+        found.update(clouds.GCE.defaults(dataclasses.replace(env, device=device)))
         watcher_fn = tf_watcher if watcher_fn is None else watcher_fn
     chosen = (signal.SIGTERM, *found["signals"]) if signals is None else signals
     return Defaults(

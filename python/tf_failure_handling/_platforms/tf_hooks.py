@@ -13,8 +13,8 @@ So when ``detect_platform`` is not TensorFlow's own function, its answer is take
 TensorFlow takes it: on ``GCE_GPU`` and ``GCE_CPU`` the watcher fn the user left unset
 is TensorFlow's GCE one (read at construction, as TensorFlow reads it, so a patch in
 force then is the one polled), with GCE's exit code, and on GCE_GPU its grace period
-(``cloud_gce``). When it is TensorFlow's own, nothing here calls it: its metadata
-request would only repeat the probe of ``cloud_gce``.
+(``clouds``). When it is TensorFlow's own, nothing here calls it: its metadata
+request would only repeat the probe of ``clouds``.
 """
 
 from __future__ import annotations

@@ -347,6 +347,33 @@ fn probes() {
 }
 
 #[test]
+fn tfs_gce_termination_watcher() {
+    // (maintenance-event's status and body, what the watcher says)
+    let rows = [
+        (200, "TERMINATE_ON_HOST_MAINTENANCE", true),
+        (200, "NONE", false),
+        (200, "MIGRATE_ON_HOST_MAINTENANCE", false),
+        (200, "terminate_on_host_maintenance", false),
+        (200, "", false),
+        (503, "TERMINATE_ON_HOST_MAINTENANCE", false),
+    ];
+    for (status, body, terminating) in rows {
+        let (base, _) = fake_server(move |method, path, head| match (method, path) {
+            ("GET", "/computeMetadata/v1/instance/maintenance-event") if head.contains("Metadata-Flavor: Google\r\n") => ok(status, body),
+            _ => ok(404, ""),
+        });
+        let base = BaseUrl::parse(&base).unwrap();
+        assert_eq!(gce_terminating(&base, Duration::from_secs(1), None), terminating, "{status} {body}");
+    }
+    let (silent, _) = fake_server(|_, _, _| Reply::Hang);
+    let silent = BaseUrl::parse(&silent).unwrap();
+    let found = returns("the watcher against a silent server (timeout 300 ms)", move || {
+        gce_terminating(&silent, Duration::from_millis(300), None)
+    });
+    assert!(!found);
+}
+
+#[test]
 fn join_waits_for_stopped_threads_and_is_idempotent() {
     let (base, held) = fake_server(|_, _, _| Reply::Hang);
     let config = WatchConfig::new("gce", &base, 0.5, BEYOND_THE_BOUND).unwrap();
