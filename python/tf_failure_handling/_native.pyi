@@ -668,6 +668,11 @@ class TransientFailures:
     @property
     def timeouts_count(self) -> int: ...
 
+class WatcherFnPoll:
+    def __init__(self, inbox: Inbox, *, interval: float = ..., slow: float = ...) -> None: ...
+    def next(self, fired: bool) -> bool: ...
+    def stop(self, wait: bool = True) -> None: ...
+
 class MetadataWatch:
     """Polls a cloud's metadata service (GCE, AWS, Azure) for termination notices."""
 
@@ -696,7 +701,6 @@ def probe_metadata(
 ) -> bool: ...
 def clouds() -> list[dict[str, Any]]: ...
 
-SLOW_WATCHER_FN: float
 PEER_WATCH_SLICE: float
 ACK_READ_SLICE: float
 WATCHER_KEY_SLICE: float
@@ -714,9 +718,6 @@ SHARES_UNMERGED_EXIT_CODE: int
 def kubernetes_sigterm_deadlines(
     unix_now: float, grace: Optional[float]
 ) -> tuple[Optional[float], Optional[float]]: ...
-
-WATCHER_FN_INTERVAL: float
-WATCHER_FN_JOIN_TIMEOUT: float
 
 # Checkpoint shares (src/shares.rs): which worker writes which tensor.
 def assign_shares(

@@ -64,8 +64,6 @@ log = logging.getLogger("tf_failure_handling")
 # acknowledge a step key, unless ``TerminationConfig(peer_timeout=...)`` or
 # ``TF_FAILURE_HANDLING_PEER_TIMEOUT`` says otherwise (the core's value:
 # ``src/step_resolution.rs``).
-#: How often ``termination_watcher_fn`` is called (TF: once a second).
-WATCHER_FN_INTERVAL = _sources.WATCHER_FN_INTERVAL
 
 
 def _peer_timeout(config: TerminationConfig) -> float:

@@ -39,12 +39,14 @@ use pyo3::types::PyDict;
 use super::blocking::{deadline_after, detach, next_slice};
 use super::clock::{unix_now, At};
 use super::errors;
-use super::inbox::PyInbox;
+use super::inbox::{PyInbox, PyPoster};
 use super::logs;
 use super::signals::PySignalWatch;
 use crate::inbox::Origin;
 use crate::sources::http::BaseUrl;
-use crate::sources::{self, gce_terminating, probe, Cloud, MetadataWatch, Notice, SysfsLine, Wake, WatchConfig, CLOSE_WAIT};
+use crate::sources::{
+    self, gce_terminating, probe, Cloud, MetadataWatch, Notice, SysfsLine, Wake, WatchConfig, WatcherFnNext, WatcherFnPoll, CLOSE_WAIT,
+};
 
 /// Every watch created and not yet dropped, for the `atexit` hook.
 static LIVE: Mutex<Vec<Weak<MetadataWatch>>> = Mutex::new(Vec::new());
@@ -309,6 +311,74 @@ fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: Option<f
     }
 }
 
+/// The schedule of a `termination_watcher_fn` poll (`sources::WatcherFnPoll`):
+/// the Python thread that calls the fn reports each call to [`next`](Self::next)
+/// and calls again when it answers True; the core times the calls, reports a
+/// slow one, and posts the notice into the inbox when the fn fires.
+#[pyclass(frozen, name = "WatcherFnPoll", module = "tf_failure_handling._native")]
+pub struct PyWatcherFnPoll {
+    core: Arc<WatcherFnPoll>,
+    poster: PyPoster,
+}
+
+#[pymethods]
+impl PyWatcherFnPoll {
+    /// A poll posting into `inbox`; the fn is called every `interval` seconds
+    /// (from the start of one call to the next), and a call longer than
+    /// `slow` seconds is logged, once.
+    #[new]
+    #[pyo3(signature = (inbox, *, interval=sources::WATCHER_FN_INTERVAL, slow=sources::SLOW_WATCHER_FN))]
+    fn new(inbox: &Bound<'_, PyInbox>, interval: f64, slow: f64) -> PyResult<Self> {
+        Ok(PyWatcherFnPoll {
+            core: Arc::new(WatcherFnPoll::new(interval, slow)?),
+            poster: inbox.get().poster(),
+        })
+    }
+
+    /// Reports the last call's answer (`fired`; False before the first call),
+    /// then waits, GIL released, until the next call is due: True to call it
+    /// now, False when the poll is over (stopped, or the fn fired: its notice
+    /// is posted, unless the poll was stopped meanwhile).
+    ///
+    /// # Errors
+    ///
+    /// Whatever a signal handler raised while it waited.
+    fn next(&self, py: Python<'_>, fired: bool) -> PyResult<bool> {
+        match self.core.returned(fired).over {
+            Some(WatcherFnNext::Post) => {
+                // Refused only once the inbox is stopped: nobody reads it.
+                let _ = self
+                    .poster
+                    .notice(Origin::Source("termination_watcher_fn".into()), unix_now(), None, None);
+                return Ok(false);
+            }
+            Some(_) => return Ok(false),
+            None => {}
+        }
+        let core = &self.core;
+        let next = wait_in_slices(py, None, &mut |slice| core.wait_due(slice))?;
+        Ok(next == Some(WatcherFnNext::Call))
+    }
+
+    /// Ends the poll; with `wait`, then waits (GIL released, at most
+    /// [`WATCHER_FN_JOIN_TIMEOUT`](sources::WATCHER_FN_JOIN_TIMEOUT)) for a
+    /// call under way to return: one that blocks is not waited out.
+    ///
+    /// # Errors
+    ///
+    /// Whatever a signal handler raised while it waited.
+    #[pyo3(signature = (wait=true))]
+    fn stop(&self, py: Python<'_>, wait: bool) -> PyResult<()> {
+        self.core.stop();
+        if wait {
+            let deadline = deadline_after(Some(sources::WATCHER_FN_JOIN_TIMEOUT))?;
+            let core = &self.core;
+            wait_in_slices(py, deadline, &mut |slice| core.idle(slice).then_some(()))?;
+        }
+        Ok(())
+    }
+}
+
 /// Closes every watch still alive; registered with `atexit`.
 ///
 /// # Errors
@@ -365,14 +435,12 @@ fn kubernetes_sigterm_deadlines(unix_now: f64, grace: Option<f64>) -> (Option<f6
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMetadataWatch>()?;
+    m.add_class::<PyWatcherFnPoll>()?;
     m.add_function(wrap_pyfunction!(kubernetes_sigterm_deadlines, m)?)?;
     m.add_function(wrap_pyfunction!(probe_metadata, m)?)?;
     let hook = wrap_pyfunction!(close_metadata_watches, m)?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
     m.add_function(wrap_pyfunction!(clouds, m)?)?;
     m.add("DEFAULT_EXIT_CODE", sources::DEFAULT_EXIT_CODE)?;
-    m.add("WATCHER_FN_INTERVAL", sources::WATCHER_FN_INTERVAL)?;
-    m.add("SLOW_WATCHER_FN", sources::SLOW_WATCHER_FN)?;
-    m.add("WATCHER_FN_JOIN_TIMEOUT", sources::WATCHER_FN_JOIN_TIMEOUT)?;
     Ok(())
 }

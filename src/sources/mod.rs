@@ -135,7 +135,7 @@ pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_LONG_POLL_GIVE_UP, GCE_LON
 pub use kubernetes::sigterm_deadlines as kubernetes_sigterm_deadlines;
 pub use shared::{Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, METADATA_TIMEOUT, MIN_INTERVAL};
 pub use watch::{gce_terminating, probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
-pub use watcher_fn::{SLOW_WATCHER_FN, WATCHER_FN_INTERVAL, WATCHER_FN_JOIN_TIMEOUT};
+pub use watcher_fn::{Next as WatcherFnNext, WatcherFnPoll, SLOW_WATCHER_FN, WATCHER_FN_INTERVAL, WATCHER_FN_JOIN_TIMEOUT};
 
 #[cfg(test)]
 mod tests;

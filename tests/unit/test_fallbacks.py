@@ -54,10 +54,14 @@ def test_a_blocking_watcher_fn_does_not_hide_other_notices(make_handler, tmp_pat
 
 
 def test_a_slow_watcher_fn_is_reported_once(make_handler, tmp_path, caplog, monkeypatch):
+    import functools
+
+    from tf_failure_handling import _native
     from tf_failure_handling._platforms import notice_sources as _sources
 
-    monkeypatch.setattr(_sources, "SLOW_WATCHER_FN", 0.05)
-    monkeypatch.setattr(_sources, "WATCHER_FN_INTERVAL", 0.01)
+    # The core's schedule, quicker: a call every 10 ms, one over 50 ms is slow.
+    quick = functools.partial(_native.WatcherFnPoll, interval=0.01, slow=0.05)
+    monkeypatch.setattr(_sources, "WatcherFnPoll", quick)
     calls = []
 
     def slow_watcher() -> bool:

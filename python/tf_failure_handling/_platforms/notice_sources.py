@@ -4,12 +4,12 @@ notices come from").
 Signals (Rust, ``src/sources/signals.rs``), the cloud's metadata service (polled by
 Rust threads, GCE's long-polled, every request bounded: ``src/sources/watch.rs``; a
 poller posts its first notice and each that ends earlier), a user's
-``termination_watcher_fn`` (polled here, once a second) and :meth:`NoticeSources.trigger`
-all post into one :class:`_native.Inbox`, which also carries a handler's step keys and
-the stop of ``close()``; the protocol driver reads everything from it. Deadlines are
-Unix times here; the core converts them once (``Notice::from_unix``). A handler's
-sources *own* their signals (``owner=True``): a handler installed before them is not
-called while they are open.
+``termination_watcher_fn`` (called here when the core's schedule says, once a second)
+and :meth:`NoticeSources.trigger` all post into one :class:`_native.Inbox`, which also
+carries a handler's step keys and the stop of ``close()``; the protocol driver reads
+everything from it. Deadlines are Unix times here; the core converts them once
+(``Notice::from_unix``). A handler's sources *own* their signals (``owner=True``): a
+handler installed before them is not called while they are open.
 
 At interpreter exit every open ``NoticeSources`` is closed and its waiting threads
 joined: a daemon thread caught in the native wait during finalization would abort the
@@ -30,30 +30,19 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from .._native import INBOX_EXIT_JOIN_TIMEOUT as EXIT_JOIN_TIMEOUT
 from .._native import (
-    SLOW_WATCHER_FN,
-    WATCHER_FN_INTERVAL,
     Deadline,
     Inbox,
     Input,
     MetadataWatch,
     SignalWatch,
-    Stopwatch,
+    WatcherFnPoll,
     ignore_warnings_at_exit,
 )
-from .._native import WATCHER_FN_JOIN_TIMEOUT as POLLER_JOIN_TIMEOUT
 from . import platform as _platform
 
 log = logging.getLogger("tf_failure_handling")
 
-# WATCHER_FN_INTERVAL and POLLER_JOIN_TIMEOUT (src/sources/watcher_fn.rs) and
-# EXIT_JOIN_TIMEOUT (src/inbox.rs) are the core's: those files say what each means.
-# SLOW_WATCHER_FN is the core's too (src/sources/watcher_fn.rs).
-#: Logged when a watcher fn call under way fires after a newer handler of the worker took
-#: over (``stop_watcher_fn``): the notice is the earlier handler's, and nobody acts on it.
-WATCHER_FN_AFTER_TAKE_OVER = (
-    "The termination_watcher_fn of an earlier handler fired after a newer one took over; "
-    "not acted on (the newer handler polls its own)."
-)
+# EXIT_JOIN_TIMEOUT (src/inbox.rs) is the core's: that file says what it means.
 
 #: Every open NoticeSources, for the exit hook.
 _open_sources: weakref.WeakSet = weakref.WeakSet()
@@ -159,8 +148,11 @@ class NoticeSources:
                 log.warning("Not watching the %s metadata service: %s", env.cloud, e)
             else:
                 log.info("Watching the %s metadata service at %s.", env.cloud, env.metadata_base)
-        self._stop_polling = threading.Event()
+        #: When the watcher fn is called, and its notice (the core's schedule).
+        self._watcher_poll = WatcherFnPoll(self.inbox)
         self._poller: Optional[threading.Thread] = None
+        #: Whether the poller is inside a call of the watcher fn.
+        self._calling = False
         if watcher_fn is not None:
             self._poller = threading.Thread(
                 target=self._poll_watcher_fn, name="TerminationWatcherFnPoller", daemon=True
@@ -219,56 +211,47 @@ class NoticeSources:
         ]
 
     def wait(self, timeout: Optional[float] = None) -> Optional[Notice]:
-        """The next notice, or None after ``timeout`` seconds or once closed (a
-        watcher's sources carry nothing else)."""
-        deadline = Deadline(timeout)
-        while True:
-            item = self.receive(deadline.left())
-            if item is None or isinstance(item, Input.Stop):
-                return None
-            if isinstance(item, Notice):
-                return item
+        """The next notice, or None after ``timeout`` seconds or once closed: the
+        sources of a watcher or a serving task, which carry nothing else (a handler's
+        step-key reader posts into its own)."""
+        item = self.receive(timeout)
+        return item if isinstance(item, Notice) else None
 
     def _waiting_threads(self) -> list:
+        """The threads inside a native wait of these sources: :meth:`receive`'s, and the
+        watcher-fn poller unless it is calling the fn (a call is not waited out)."""
         with self._lock:
-            return list(self._waiters)
+            waiting = list(self._waiters)
+        poller = self._poller
+        if poller is not None and poller.is_alive() and not self._calling:
+            waiting.append(poller)
+        return waiting
 
     def _poll_watcher_fn(self) -> None:
-        """Calls the watcher fn every :data:`WATCHER_FN_INTERVAL` s until it fires or close.
+        """Calls the watcher fn whenever the core's schedule says (TF: once a second)
+        until it fires or the poll stops; the core times the calls, reports a slow one
+        and posts the notice (``src/sources/watcher_fn.rs``).
 
         It runs in its own thread so that a watcher fn that blocks delays only
         itself: signals and metadata notices are still seen. One that raises is
         logged and called again later; a broken watcher must not kill training.
         """
         fn = self.watcher_fn
-        slow_warned = False
-        while not self._stop_polling.is_set():
-            calling = Stopwatch()
+        fired = False
+        while self._watcher_poll.next(fired):
+            self._calling = True
             try:
-                fired = fn()
+                fired = bool(fn())
             except Exception as e:  # noqa: BLE001 - see the docstring
                 log.warning("termination_watcher_fn raised %r; polling it again later.", e)
                 fired = False
-            took = calling.seconds()
-            if took > SLOW_WATCHER_FN and not slow_warned:
-                slow_warned = True
-                log.warning(
-                    "termination_watcher_fn took %.1fs; other termination sources are "
-                    "still watched meanwhile.",
-                    took,
-                )
-            if fired:
-                if self._stop_polling.is_set():  # a newer handler took over meanwhile
-                    log.info(WATCHER_FN_AFTER_TAKE_OVER)
-                else:
-                    self.trigger("termination_watcher_fn", None)
-                return
-            self._stop_polling.wait(max(0.0, WATCHER_FN_INTERVAL - took))
+            finally:
+                self._calling = False
 
     def stop_watcher_fn(self) -> None:
         """Stops polling the watcher fn (a newer handler of the worker polls its own);
         a call under way that fires is dropped. Signals and metadata stay watched."""
-        self._stop_polling.set()
+        self._watcher_poll.stop(wait=False)
 
     def _notice_for(self, item: Any) -> Notice:
         """A posted ``Input.Notice`` as a :class:`Notice`: a signal is named, and its
@@ -291,12 +274,13 @@ class NoticeSources:
             self._closed = True
         with _open_sources_lock:
             _open_sources.discard(self)
-        self._stop_polling.set()
+        self._watcher_poll.stop(wait=False)
         self.inbox.stop()
         self._watch.close()
         if self._metadata is not None:
             self._metadata.close()
         poller = self._poller
         if join and poller is not None and poller is not threading.current_thread():
-            # A watcher fn blocked in a call cannot be interrupted: leave its daemon thread.
-            poller.join(POLLER_JOIN_TIMEOUT)
+            # A watcher fn blocked in a call cannot be interrupted: the core waits for a
+            # call under way, bounded; then its daemon thread is left.
+            self._watcher_poll.stop()
