@@ -173,21 +173,16 @@ class SaveAction:
     Countdown: SaveAction
 
 class SignalWatch:
-    """Watches signals from any thread; ``wait`` releases the GIL. An ``owner`` (a handler)
-    holds back previously installed handlers while it lives; an observer chains them.
-    With ``inbox``, the signal dispatcher posts every delivery into it at once."""
+    """Watches signals from any thread. An ``owner`` (a handler) holds back previously
+    installed handlers while it lives; an observer chains them. With ``inbox``, the signal
+    dispatcher posts every delivery into it at once; ``Inbox.recv(signals=)`` looks for
+    displaced handlers."""
 
     def __init__(
         self, signals: list[int], owner: bool = False, inbox: Optional[Inbox] = None
     ) -> None: ...
     @property
     def signals(self) -> list[int]: ...
-    @property
-    def owner(self) -> bool: ...
-    def displaced(self) -> list[int]: ...
-    def wait(self, timeout: Optional[float] = None) -> Optional[int]: ...
-    def poll(self) -> Optional[int]: ...
-    def trigger(self) -> None: ...
     def close(self) -> None: ...
 
 class Input:
@@ -680,7 +675,7 @@ class MetadataWatch:
         self,
         cloud: str,
         base_url: str,
-        wake: Optional[Inbox | SignalWatch] = None,
+        wake: Optional[Inbox] = None,
         *,
         interval: float = 0.5,
         request_timeout: float = 1.0,

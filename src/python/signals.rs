@@ -1,4 +1,6 @@
-//! `SignalWatch`: [`SignalWatch`] for Python; its wait releases the GIL.
+//! `SignalWatch`: [`SignalWatch`] for Python, posting every delivery into an
+//! `Inbox`; the inbox's wait (`Inbox.recv(signals=)`) looks for displaced
+//! handlers.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -6,27 +8,19 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 
-use super::blocking::{deadline_after, wait_sliced};
 use super::clock::unix_now;
-use super::displacement::{warn_displaced, Displacement};
+use super::displacement::Displacement;
 use super::errors;
 use super::inbox::PyInbox;
 use crate::inbox::Origin;
-use crate::sources::signals::{Role, SignalWatch, Sink, Wake};
+use crate::sources::signals::{Role, SignalWatch, Sink};
 
-/// Watches signals for one handler; `wait` releases the GIL.
+/// Watches signals for one handler (or watcher), posting into its inbox.
 #[pyclass(frozen, name = "SignalWatch", module = "tf_failure_handling._native")]
 pub struct PySignalWatch {
     inner: Mutex<Option<Arc<SignalWatch>>>,
     /// Set once the "someone replaced our handler" warning was logged.
     displaced_warned: Arc<AtomicBool>,
-}
-
-/// What one slice of [`PySignalWatch::wait`] found.
-enum Woke {
-    Wake(Wake),
-    /// A watched signal's disposition is no longer ours (first time only).
-    Displaced(Vec<i32>),
 }
 
 impl PySignalWatch {
@@ -35,16 +29,6 @@ impl PySignalWatch {
             .lock()
             .clone()
             .ok_or_else(|| errors::misuse("the signal watch is closed"))
-    }
-
-    /// The core watch, for sources that trigger it from Rust
-    /// (`MetadataWatch`).
-    ///
-    /// # Errors
-    ///
-    /// `RuntimeError` once closed.
-    pub(crate) fn watch(&self) -> PyResult<Arc<SignalWatch>> {
-        self.inner()
     }
 
     /// Where a wait looks for this watch's displaced handlers (nothing once
@@ -96,55 +80,6 @@ impl PySignalWatch {
         })
     }
 
-    /// Blocks up to `timeout` seconds (None: until woken) for a watched
-    /// signal (returns its number) or a trigger (returns 0); None on timeout.
-    /// Logs a warning, once, when someone has replaced the handler of a
-    /// watched signal (it is then no longer seen).
-    #[pyo3(signature = (timeout=None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<i32>> {
-        let watch = self.inner()?;
-        let deadline = deadline_after(timeout)?;
-        let displacement = Displacement::new(Arc::clone(&watch), Arc::clone(&self.displaced_warned));
-        loop {
-            let w = Arc::clone(&watch);
-            let displacement = displacement.clone();
-            let woke = wait_sliced(py, deadline, move |slice| {
-                if let Some(wake) = w.wait(slice) {
-                    return Some(Woke::Wake(wake));
-                }
-                displacement.newly_displaced().map(Woke::Displaced)
-            })?;
-            match woke {
-                None => return Ok(watch.poll().map(wake_code)),
-                Some(Woke::Wake(wake)) => return Ok(Some(wake_code(wake))),
-                Some(Woke::Displaced(signals)) => warn_displaced(&signals),
-            }
-        }
-    }
-
-    /// The watched signals whose handler someone replaced after ours (they
-    /// are no longer seen).
-    fn displaced(&self) -> PyResult<Vec<i32>> {
-        Ok(self.inner()?.displaced())
-    }
-
-    /// Whether this watch owns its signals' notices.
-    #[getter]
-    fn owner(&self) -> PyResult<bool> {
-        Ok(self.inner()?.role() == Role::Owner)
-    }
-
-    /// Reports a pending delivery or trigger without blocking.
-    fn poll(&self) -> PyResult<Option<i32>> {
-        Ok(self.inner()?.poll().map(wake_code))
-    }
-
-    /// Wakes the waiter (a notice from a source that is not a signal).
-    fn trigger(&self) -> PyResult<()> {
-        self.inner()?.trigger();
-        Ok(())
-    }
-
     /// The signals watched.
     #[getter]
     fn signals(&self) -> PyResult<Vec<i32>> {
@@ -157,13 +92,6 @@ impl PySignalWatch {
         if let Some(w) = self.inner.lock().take() {
             w.trigger();
         }
-    }
-}
-
-fn wake_code(wake: Wake) -> i32 {
-    match wake {
-        Wake::Signal(s) => s,
-        Wake::Triggered => 0,
     }
 }
 

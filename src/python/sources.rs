@@ -3,10 +3,7 @@
 //! The polling runs on Rust threads that never touch Python objects; they
 //! reach Python only through `log` (pyo3-log attaches to emit a record) and
 //! through the `wake` callback, which runs without the GIL: it posts the
-//! notice into an `Inbox` (a handler's or watcher's sources), or triggers
-//! the core [`crate::sources::signals::SignalWatch`] behind a `SignalWatch`. The
-//! latter is held weakly: closing the `SignalWatch` still uninstalls its
-//! handlers, and a notice arriving afterwards wakes nobody. A stopped inbox
+//! notice into an `Inbox` (a handler's or watcher's sources). A stopped inbox
 //! refuses the post.
 //!
 //! # Waiting on threads that log
@@ -41,7 +38,6 @@ use super::clock::{unix_now, At};
 use super::errors;
 use super::inbox::{PyInbox, PyPoster};
 use super::logs;
-use super::signals::PySignalWatch;
 use crate::inbox::Origin;
 use crate::sources::http::BaseUrl;
 use crate::sources::{
@@ -134,43 +130,26 @@ pub struct PyMetadataWatch {
 #[pymethods]
 impl PyMetadataWatch {
     /// Starts polling `base_url` (`http://host[:port]`) as `cloud` (`"gce"`,
-    /// `"aws"`, `"azure"`) at once. The first notice is posted into `wake`
-    /// when it is an `Inbox` (an `Input.Notice` with the notice's
-    /// description and deadline), or triggers it when it is a `SignalWatch`.
+    /// `"aws"`, `"azure"`) at once. The first notice (and each that ends
+    /// earlier) is posted into the `Inbox` `wake` (an `Input.Notice` with the
+    /// notice's description and deadline).
     #[new]
     #[pyo3(signature = (cloud, base_url, wake=None, *, interval=0.5, request_timeout=1.0))]
-    fn new(cloud: &str, base_url: &str, wake: Option<&Bound<'_, PyAny>>, interval: f64, request_timeout: f64) -> PyResult<Self> {
+    fn new(cloud: &str, base_url: &str, wake: Option<&Bound<'_, PyInbox>>, interval: f64, request_timeout: f64) -> PyResult<Self> {
         let config = WatchConfig::new(cloud, base_url, interval, request_timeout)?;
-        let wake = match wake {
-            None => None,
-            Some(w) => {
-                if let Ok(inbox) = w.cast::<PyInbox>() {
-                    let poster = inbox.get().poster();
-                    Some(Box::new(move |notice: &Notice| {
-                        // Refused only once the inbox is stopped: nobody reads it.
-                        // A cloud's announced end is when the machine goes: its deadline is the kill.
-                        let _ = poster.notice(
-                            Origin::Source(notice.description.clone()),
-                            unix_now(),
-                            notice.deadline,
-                            notice.deadline,
-                        );
-                    }) as Wake)
-                } else if let Ok(signals) = w.cast::<PySignalWatch>() {
-                    let watch = Arc::downgrade(&signals.get().watch()?);
-                    Some(Box::new(move |_: &Notice| {
-                        if let Some(w) = watch.upgrade() {
-                            w.trigger();
-                        }
-                    }) as Wake)
-                } else {
-                    return Err(errors::bad_type(format!(
-                        "wake must be an Inbox, a SignalWatch or None, got {}",
-                        w.get_type().name()?
-                    )));
-                }
-            }
-        };
+        let wake = wake.map(|inbox| {
+            let poster = inbox.get().poster();
+            Box::new(move |notice: &Notice| {
+                // Refused only once the inbox is stopped: nobody reads it.
+                // A cloud's announced end is when the machine goes: its deadline is the kill.
+                let _ = poster.notice(
+                    Origin::Source(notice.description.clone()),
+                    unix_now(),
+                    notice.deadline,
+                    notice.deadline,
+                );
+            }) as Wake
+        });
         let core = Arc::new(MetadataWatch::start(&config, wake)?);
         let mut live = LIVE.lock();
         live.retain(|w| w.strong_count() > 0);

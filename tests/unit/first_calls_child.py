@@ -127,11 +127,12 @@ def inbox() -> None:
 
 
 def signal_watch() -> None:
-    watch = _native.SignalWatch([signal.SIGUSR2])
-    watch.poll()
-    watch.trigger()
-    assert watch.wait(timeout=5) is not None
+    box = _native.Inbox()
+    watch = _native.SignalWatch([signal.SIGUSR2], inbox=box)
+    assert watch.signals == [signal.SIGUSR2]
+    assert box.recv(0, watch) is None
     watch.close()
+    box.stop()
     _native.signal_deliveries(signal.SIGUSR2)
 
 

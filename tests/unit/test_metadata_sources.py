@@ -299,16 +299,19 @@ def test_notice_is_seen_with_its_deadline(fake, watches, cloud, kind):
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("cloud", CLOUDS)
-def test_wake_is_triggered_by_the_notice(fake, watches, cloud):
-    wake = _native.SignalWatch([])
+def test_the_notice_is_posted_into_the_inbox(fake, watches, cloud):
+    inbox = _native.Inbox()
     try:
-        watches(cloud, fake, wake)
-        assert wake.wait(0.6) is None
+        w = watches(cloud, fake, inbox)
+        assert inbox.recv(0.6) is None
         _, _, published = _publish(fake, cloud)
-        assert wake.wait(SEEN_WITHIN) == 0
+        item = inbox.recv(SEEN_WITHIN)
         assert time.monotonic() - published < SEEN_WITHIN
+        assert isinstance(item, _native.Input.Notice), item
+        assert (item.source, item.deadline) == w.notice
+        assert item.kill == item.deadline, "a cloud's announced end is the kill"
     finally:
-        wake.close()
+        inbox.stop()
 
 
 @pytest.mark.timeout(30)

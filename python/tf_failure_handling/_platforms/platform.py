@@ -22,7 +22,6 @@ import signal
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from .._native import Stopwatch
 from . import clouds, common, kubernetes, slurm, tf_hooks
 
 log = logging.getLogger("tf_failure_handling")
@@ -148,7 +147,6 @@ def environment() -> Environment:
     Raises:
       ValueError: a variable holds something it cannot mean, named with its value.
     """
-    detecting = Stopwatch()
     s = settings()
     cloud, scheduler = _detected("cloud", s), _detected("scheduler", s)
     env = Environment(
@@ -160,7 +158,7 @@ def environment() -> Environment:
     )
     for p in _active(env):
         p.start(env)  # SLURM: the job's limits, read once off this thread
-    log.debug("environment %s (detected in %.3f s)", env, detecting.seconds())
+    log.debug("environment %s", env)
     return env
 
 
