@@ -157,13 +157,6 @@ impl PyMetadataWatch {
         Ok(PyMetadataWatch { core })
     }
 
-    /// `(description, deadline)` of the first notice seen (deadline in Unix
-    /// seconds, None when the platform did not say), or None. Sticky.
-    #[getter]
-    fn notice(&self) -> Option<(String, Option<f64>)> {
-        self.core.notice().map(pair)
-    }
-
     /// Blocks up to `timeout` seconds (None: until a notice) for the first
     /// notice and returns it; at once if already seen. None on timeout or
     /// once closed.
@@ -182,29 +175,25 @@ impl PyMetadataWatch {
         Ok(found.flatten().map(pair))
     }
 
-    /// The `noticeTime` (Unix seconds) of AWS's rebalance recommendation,
-    /// once seen; not a termination notice.
+    /// What the watch has seen, in one dict: `notice` (`(description,
+    /// deadline)` of the first notice seen, deadline in Unix seconds or None
+    /// when the platform did not say; None before one; sticky), `rebalance`
+    /// (the `noticeTime` of AWS's rebalance recommendation once seen, Unix
+    /// seconds: not a termination notice), the counters `requests`,
+    /// `failures`, `malformed` and `notices`, and `closed` (whether `close()`
+    /// was called).
     #[getter]
-    fn rebalance(&self) -> Option<f64> {
-        self.core.rebalance()
-    }
-
-    /// `{"requests", "failures", "malformed", "notices"}` counters.
-    #[getter]
-    fn stats(&self) -> HashMap<&'static str, u64> {
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("notice", self.core.notice().map(pair))?;
+        d.set_item("rebalance", self.core.rebalance())?;
         let s = self.core.stats();
-        HashMap::from([
-            ("requests", s.requests),
-            ("failures", s.failures),
-            ("malformed", s.malformed),
-            ("notices", s.notices),
-        ])
-    }
-
-    /// Whether `close()` was called.
-    #[getter]
-    fn closed(&self) -> bool {
-        self.core.closed()
+        d.set_item("requests", s.requests)?;
+        d.set_item("failures", s.failures)?;
+        d.set_item("malformed", s.malformed)?;
+        d.set_item("notices", s.notices)?;
+        d.set_item("closed", self.core.closed())?;
+        Ok(d)
     }
 
     /// Stops polling and joins the threads (a blocked request is abandoned

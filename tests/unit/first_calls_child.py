@@ -152,7 +152,7 @@ def metadata_probe() -> None:
 def metadata_watch() -> None:
     watch = _native.MetadataWatch("aws", CLOSED_PORT_URL, interval=0.05, request_timeout=0.2)
     watch.wait(timeout=0.1)
-    watch.stats  # noqa: B018
+    watch.state  # noqa: B018
     watch.close()
 
 

@@ -213,12 +213,9 @@ def _polled(watch: Any, **at_least: int) -> dict:
 
 
 def _stats(watch: Any) -> dict:
-    stats = watch.stats
-    if callable(stats):
-        stats = stats()
-    if isinstance(stats, dict):
-        return stats
-    return {k: getattr(stats, k) for k in ("requests", "failures", "malformed", "notices")}
+    """The watch's counters (``requests``, ``failures``, ``malformed``, ``notices``)."""
+    state = watch.state
+    return {k: state[k] for k in ("requests", "failures", "malformed", "notices")}
 
 
 @pytest.fixture
@@ -280,7 +277,7 @@ NOTICE_CASES = [
 def test_notice_is_seen_with_its_deadline(fake, watches, cloud, kind):
     w = watches(cloud, fake)
     _polled(w)
-    assert w.wait(0) is None and w.notice is None
+    assert w.wait(0) is None and w.state["notice"] is None
     expected, approx, published = _publish(fake, cloud, kind)
     notice = w.wait(SEEN_WITHIN)
     seen_after = time.monotonic() - published
@@ -292,7 +289,7 @@ def test_notice_is_seen_with_its_deadline(fake, watches, cloud, kind):
         assert deadline is None
     else:
         assert deadline == pytest.approx(expected, abs=approx)
-    assert w.notice == notice
+    assert w.state["notice"] == notice
     assert w.wait(0) == notice, "the notice is sticky"
     assert _stats(w)["notices"] >= 1
 
@@ -308,7 +305,7 @@ def test_the_notice_is_posted_into_the_inbox(fake, watches, cloud):
         item = inbox.recv(SEEN_WITHIN)
         assert time.monotonic() - published < SEEN_WITHIN
         assert isinstance(item, _native.Input.Notice), item
-        assert (item.source, item.deadline) == w.notice
+        assert (item.source, item.deadline) == w.state["notice"]
         assert item.kill == item.deadline, "a cloud's announced end is the kill"
     finally:
         inbox.stop()
@@ -377,11 +374,11 @@ def test_aws_rebalance_is_not_a_notice(fake, watches):
     doc = aws_rebalance_notice(0)
     fake.aws_rebalance = doc
     start = time.monotonic()
-    while w.rebalance is None and time.monotonic() - start < SEEN_WITHIN:
+    while w.state["rebalance"] is None and time.monotonic() - start < SEEN_WITHIN:
         time.sleep(0.02)
-    assert w.rebalance == pytest.approx(_aws_deadline({"time": doc["noticeTime"]}))
+    assert w.state["rebalance"] == pytest.approx(_aws_deadline({"time": doc["noticeTime"]}))
     assert w.wait(QUIET) is None
-    assert w.notice is None
+    assert w.state["notice"] is None
 
 
 # Backstop above its own bounds in sequence: the request wait, a 0.1 s wait (+ 30 s).
@@ -403,7 +400,7 @@ def test_azure_events_that_do_not_terminate_this_vm(fake, watches, events):
     w = watches("azure", fake, interval=0.1)
     assert fake.wait_for_requests(AZURE_EVENTS, 4, REQUESTS_WITHIN)
     assert w.wait(0.1) is None
-    assert w.notice is None
+    assert w.state["notice"] is None
     assert _stats(w)["failures"] == _stats(w)["malformed"] == 0
 
 
@@ -473,7 +470,7 @@ def test_hostile_server(fake, watches, cloud, fault):
     # 200s with bodies that do not parse are "malformed"; the rest are failed requests.
     counter = "malformed" if fault in ("garbage", "hostile_json") else "failures"
     _polled(w, requests=2, **{counter: 1})
-    assert w.wait(0) is None and w.notice is None, "a false notice"
+    assert w.wait(0) is None and w.state["notice"] is None, "a false notice"
     doomed.close()  # returns while a request hangs (a hang would fail the test)
     fake.fault = None
     expected, approx, _ = _publish(fake, cloud)

@@ -183,14 +183,14 @@ def test_sigint_during_wait_while_polling_threads_log_then_close_is_prompt(tmp_p
         """
         base = server(hang_up)
         watch = _native.MetadataWatch("aws", base, interval=0.02, request_timeout=1.0)
-        while watch.stats["failures"] < 2:  # polls fail, and log, while we wait
+        while watch.state["failures"] < 2:  # polls fail, and log, while we wait
             time.sleep(0.01)
         try:
             sent = interrupt_after(0.2)
             watch.wait(BLOCKED)
         except KeyboardInterrupt:
             report("interrupted", after=time.monotonic() - sent[0])
-        failures = watch.stats["failures"]
+        failures = watch.state["failures"]
         started = time.monotonic()
         watch.close()
         report("closed", took=time.monotonic() - started, failures=failures)
@@ -235,9 +235,9 @@ def test_sigint_interrupts_close_while_a_polling_thread_is_inside_a_slow_log_han
             report("interrupted", after=time.monotonic() - sent[0])
         else:
             report("closed", took=time.monotonic() - started)
-        assert watch.closed
+        assert watch.state["closed"]
         watch.close()
-        report("joined", requests=watch.stats["requests"])
+        report("joined", requests=watch.state["requests"])
         """,
         "no-logging-config",
     )

@@ -165,10 +165,6 @@ class NoticeSources:
     def signals(self) -> list[int]:
         return self._watch.signals
 
-    @property
-    def metadata(self) -> Optional[MetadataWatch]:
-        return self._metadata
-
     def trigger(
         self, source: str, deadline: Optional[float] = None, kill: Optional[float] = None
     ) -> bool:
