@@ -235,7 +235,7 @@ def stop_recovery(handler: Any, bound: float) -> bool:
     else:
         handler._cluster_due_for_update_or_finish.set()
     if thread is not None:
-        thread.join(max(deadline.left() or 0.0, 0.0))
+        thread.join(deadline.left())
     handler.stop = _stopped
     ended = thread is None or not thread.is_alive()
     if ended:
