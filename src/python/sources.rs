@@ -134,7 +134,7 @@ impl PyMetadataWatch {
     /// earlier) is posted into the `Inbox` `wake` (an `Input.Notice` with the
     /// notice's description and deadline).
     #[new]
-    #[pyo3(signature = (cloud, base_url, wake=None, *, interval=0.5, request_timeout=1.0))]
+    #[pyo3(signature = (cloud, base_url, wake=None, *, interval=sources::WATCH_INTERVAL, request_timeout=sources::WATCH_REQUEST_TIMEOUT))]
     fn new(cloud: &str, base_url: &str, wake: Option<&Bound<'_, PyInbox>>, interval: f64, request_timeout: f64) -> PyResult<Self> {
         let config = WatchConfig::new(cloud, base_url, interval, request_timeout)?;
         let wake = wake.map(|inbox| {

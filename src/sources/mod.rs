@@ -133,7 +133,10 @@ pub use clouds::{pollers, Cloud, Line as SysfsLine, Row as CloudRow, DEFAULT_EXI
 pub use dates::{parse_rfc1123, parse_rfc3339};
 pub use gce::{GceEndpoint, GcePoller, GCE_FLAVOR, GCE_LONG_POLL_GIVE_UP, GCE_LONG_POLL_SECONDS, GCE_PREEMPTED_LEAD};
 pub use kubernetes::sigterm_deadlines as kubernetes_sigterm_deadlines;
-pub use shared::{Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, METADATA_TIMEOUT, MIN_INTERVAL};
+pub use shared::{
+    Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, METADATA_TIMEOUT, MIN_INTERVAL, WATCH_INTERVAL,
+    WATCH_REQUEST_TIMEOUT,
+};
 pub use watch::{gce_terminating, probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
 pub use watcher_fn::{Next as WatcherFnNext, WatcherFnPoll, SLOW_WATCHER_FN, WATCHER_FN_INTERVAL, WATCHER_FN_JOIN_TIMEOUT};
 

@@ -14,9 +14,16 @@ pub(super) const LOG_TARGET: &str = "tf_failure_handling";
 pub const MIN_INTERVAL: f64 = 0.01;
 
 /// Seconds a metadata request made to detect the cloud may take, DNS included:
-/// each cloud's probe (`_platforms/common.py`; a probe that fails in any way means
-/// "not that cloud") and GCE's requests made from Python (`_platforms/cloud_gce.py`).
+/// each cloud's probe (`_platforms/clouds.py`; a probe that fails in any way means
+/// "not that cloud") and TensorFlow's GCE termination watcher
+/// ([`gce_terminating`](super::gce_terminating)).
 pub const METADATA_TIMEOUT: f64 = 1.0;
+
+/// Seconds between two polls of one metadata endpoint by a `MetadataWatch`
+/// (GCE's long polls wait on the server instead).
+pub const WATCH_INTERVAL: f64 = 0.5;
+/// Seconds one request of a `MetadataWatch` may take.
+pub const WATCH_REQUEST_TIMEOUT: f64 = 1.0;
 
 /// A termination notice from a metadata service.
 #[derive(Clone, Debug, PartialEq)]

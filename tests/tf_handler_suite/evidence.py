@@ -65,8 +65,8 @@ _TRAINING_FINISHED = "Training finished."
 #: Ours logs each record line as ``Preemption <stage>: <the line's JSON>``.
 _OURS_STAGE = re.compile(r"^Preemption (\w+): (\{.*\})$")
 #: TF's handler: a notice received (its own or a peer's), a checkpoint saved.
-#: Ours' ``notice_sources.WATCHER_FN_AFTER_TAKE_OVER`` (not imported: nothing here
-#: imports the package), checked against it by tests/tf_handler_suite/test_reading.py.
+#: Ours' ``WATCHER_FN_AFTER_TAKE_OVER`` (src/sources/watcher_fn.rs; not imported: nothing
+#: here imports the package), checked against it by tests/tf_handler_suite/test_reading.py.
 _WATCHER_FN_DROPPED = "The termination_watcher_fn of an earlier handler fired after"
 _TF_NOTICE = re.compile(r"^Member \S+ has received termination notice")
 #: Ours, when this worker won the claim: the run count then and whether a run() was under

@@ -4,6 +4,7 @@ per test, the notice check, the tests a file defines. No TensorFlow: synthetic o
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -274,8 +275,11 @@ def test_a_notice_taken_while_the_handler_was_built_is_its_own(tmp_path, later_p
 def test_an_earlier_handlers_watcher_fn_firing_after_the_take_over_is_not_this_tests(tmp_path):
     """An earlier test's mocked GCE watcher, called before this test's handler took over,
     fires after it: ours logs that it drops it. That notice is no notice of this test."""
-    from tf_failure_handling._platforms.notice_sources import WATCHER_FN_AFTER_TAKE_OVER
-
+    # The core logs it (src/sources/watcher_fn.rs, WATCHER_FN_AFTER_TAKE_OVER).
+    source = Path(__file__).resolve().parents[2] / "src" / "sources" / "watcher_fn.rs"
+    found = re.search(r'WATCHER_FN_AFTER_TAKE_OVER: &str =\s*"([^"]*)"', source.read_text())
+    assert found is not None, "the message's constant moved"
+    WATCHER_FN_AFTER_TAKE_OVER = found.group(1)
     assert WATCHER_FN_AFTER_TAKE_OVER.startswith(evidence._WATCHER_FN_DROPPED)
     log = _log(
         tmp_path,
