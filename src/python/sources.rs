@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyCFunction, PyDict};
 
 use super::blocking::{deadline_after, detach, next_slice};
 use super::clock::{unix_now, At};
@@ -347,13 +347,13 @@ impl PyWatcherFnPoll {
     }
 }
 
-/// Closes every watch still alive; registered with `atexit`.
+/// Closes every watch still alive; registered with `atexit` (not a name of
+/// the module: nothing else calls it).
 ///
 /// # Errors
 ///
 /// Whatever a signal handler raised while it waited (the watches are
 /// stopped then; their threads end on their own).
-#[pyfunction]
 fn close_metadata_watches(py: Python<'_>) -> PyResult<()> {
     let live: Vec<Arc<MetadataWatch>> = LIVE.lock().drain(..).filter_map(|w| w.upgrade()).collect();
     stop_and_join(py, &live)
@@ -406,7 +406,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWatcherFnPoll>()?;
     m.add_function(wrap_pyfunction!(kubernetes_sigterm_deadlines, m)?)?;
     m.add_function(wrap_pyfunction!(probe_metadata, m)?)?;
-    let hook = wrap_pyfunction!(close_metadata_watches, m)?;
+    let hook = PyCFunction::new_closure(m.py(), Some(c"close_metadata_watches"), None, |args, _| {
+        close_metadata_watches(args.py())
+    })?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
     m.add_function(wrap_pyfunction!(clouds, m)?)?;
     m.add("DEFAULT_EXIT_CODE", sources::DEFAULT_EXIT_CODE)?;
