@@ -12,10 +12,11 @@
 //! record (always, the first time a logger's level is looked up; for every
 //! record that passes the level). So no wait here on one of those threads,
 //! or on anything they must do first, ever holds the GIL or a Rust lock:
-//! `wait`, `close`, `probe_metadata` and the `atexit` hook all wait with
-//! [`detach`] for at most a [`SLICE`](super::blocking::SLICE) at a time
-//! ([`wait_in_slices`]), re-attach, run pending signal handlers (Ctrl-C
-//! raises `KeyboardInterrupt` within a slice), and go on. Joining a thread the
+//! `wait`, `close`, `probe_metadata`, the watcher fn's waits and the `atexit`
+//! hook all wait with the GIL released ([`wait_sliced`]: on the main thread for
+//! at most a [`SLICE`](super::blocking::SLICE) at a time, then re-attached to
+//! run pending signal handlers, so Ctrl-C raises `KeyboardInterrupt` within a
+//! slice). Joining a thread the
 //! moment it is known to have ended is the only other wait.
 //!
 //! Dropping a `MetadataWatch` only stops its threads. `probe_metadata`
@@ -33,7 +34,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyCFunction, PyDict};
 
-use super::blocking::{deadline_after, detach, next_slice};
+use super::blocking::{deadline_after, detach, wait_sliced};
 use super::clock::{unix_now, At};
 use super::errors;
 use super::inbox::{PyInbox, PyPoster};
@@ -51,31 +52,6 @@ fn pair(notice: Notice) -> (String, Option<f64>) {
     (notice.description, notice.deadline)
 }
 
-/// Calls `step(slice)` with the GIL released, for at most a
-/// [`SLICE`](super::blocking::SLICE) (less near `deadline`) at a time, until it
-/// returns `Some`; between slices, with the GIL held and no Rust lock, runs
-/// pending signal handlers.
-/// `Ok(None)` once `deadline` has passed.
-///
-/// # Errors
-///
-/// Whatever a signal handler raised (`KeyboardInterrupt`).
-fn wait_in_slices<T, F>(py: Python<'_>, deadline: Option<At>, step: &mut F) -> PyResult<Option<T>>
-where
-    T: Send,
-    F: FnMut(Duration) -> Option<T> + Send,
-{
-    loop {
-        let Some(slice) = next_slice(deadline) else {
-            return Ok(None);
-        };
-        if let Some(done) = detach(py, || step(slice)) {
-            return Ok(Some(done));
-        }
-        py.check_signals()?;
-    }
-}
-
 /// Stops `watches` and joins their threads, waiting in slices until
 /// [`CLOSE_WAIT`] from now; threads still running then are left to end on
 /// their own (logged).
@@ -90,7 +66,7 @@ fn stop_and_join(py: Python<'_>, watches: &[Arc<MetadataWatch>]) -> PyResult<()>
     }
     let deadline = Some(At::after(CLOSE_WAIT));
     for w in watches {
-        if wait_in_slices(py, deadline, &mut |slice| w.join(slice).then_some(()))?.is_none() {
+        if wait_sliced(py, deadline, |slice| w.join(slice).then_some(()))?.is_none() {
             // A thread left running must not be inside Python when the interpreter
             // finalizes (`logs.rs`): no more records from such threads, and the ones
             // inside a handler now end first.
@@ -101,7 +77,7 @@ fn stop_and_join(py: Python<'_>, watches: &[Arc<MetadataWatch>]) -> PyResult<()>
                 );
             }
             let outside = Some(At::after(LOG_WAIT));
-            if wait_in_slices(py, outside, &mut |slice| logs::wait_outside(slice).then_some(()))?.is_none() {
+            if wait_sliced(py, outside, |slice| logs::wait_outside(slice).then_some(()))?.is_none() {
                 log::warn!(
                     target: "tf_failure_handling",
                     "a metadata polling thread is still inside a logging handler after {LOG_WAIT:?}; if the interpreter exits before the handler returns, CPython may abort the process"
@@ -168,7 +144,7 @@ impl PyMetadataWatch {
         }
         let core = &self.core;
         // `Some(None)`: closed meanwhile.
-        let found = wait_in_slices(py, deadline, &mut |slice| match core.wait(slice) {
+        let found = wait_sliced(py, deadline, |slice| match core.wait(slice) {
             Some(notice) => Some(Some(notice)),
             None => core.closed().then_some(None),
         })?;
@@ -259,7 +235,7 @@ fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: Option<f
         Err(mpsc::RecvTimeoutError::Disconnected) => Some(None),
     };
     // No deadline of its own: the probe is bounded by `timeout`.
-    match wait_in_slices(py, None, &mut receive) {
+    match wait_sliced(py, None, &mut receive) {
         Ok(found) => {
             // It has sent its answer (or died): joining cannot block on it.
             let _ = detach(py, move || probing.join());
@@ -324,7 +300,7 @@ impl PyWatcherFnPoll {
             None => {}
         }
         let core = &self.core;
-        let next = wait_in_slices(py, None, &mut |slice| core.wait_due(slice))?;
+        let next = wait_sliced(py, None, |slice| core.wait_due(slice))?;
         Ok(next == Some(WatcherFnNext::Call))
     }
 
@@ -341,7 +317,7 @@ impl PyWatcherFnPoll {
         if wait {
             let deadline = deadline_after(Some(sources::WATCHER_FN_JOIN_TIMEOUT))?;
             let core = &self.core;
-            wait_in_slices(py, deadline, &mut |slice| core.idle(slice).then_some(()))?;
+            wait_sliced(py, deadline, |slice| core.idle(slice).then_some(()))?;
         }
         Ok(())
     }
