@@ -48,13 +48,14 @@
 //! to a stopped task fails instead of stalling, is in `keepalive.rs`.
 
 mod calls;
+pub mod coordinator;
 pub mod drain;
 mod keepalive;
 pub mod save_drain;
 mod watch;
 
 pub use calls::{Abandoned, CallId, Calls, Refused};
-pub use keepalive::{GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT};
+pub use keepalive::{grpc_keepalive_options, GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT};
 pub use watch::{reconnect, PollLog, Watch, STALE_CONTEXT};
 
 /// The key of the task control in TensorFlow's `py_func` registry of a

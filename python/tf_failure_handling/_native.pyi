@@ -241,19 +241,9 @@ class Retry:
     def since(self) -> Optional[float]: ...
 
 PS_TOKEN: str
-ABANDON_AFTER: float
-MAX_ABANDONED: int
-DEFAULT_DRAIN_BOUND: float
 COORDINATOR_SILENCE: float
 SERVE_CAP_FACTOR: float
-PS_CALL_TIMEOUT: float
-PS_POLL_INTERVAL: float
-PS_PORT_PROBE_TIMEOUT: float
-WORKER_EXIT_WAIT: float
-DRAIN_ERROR_WAIT: float
-GRPC_PING_EVERY: float
-GRPC_PING_TIMEOUT: float
-GRPC_CONNECT_TIMEOUT: float
+GRPC_KEEPALIVE: list[tuple[str, int]]
 
 class CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
@@ -261,8 +251,6 @@ class CallTimeout(Exception):
 def release_refused(
     incarnation: str, notice_at: Optional[float], asked_incarnation: Any, asked_notice_at: Any
 ) -> Optional[str]: ...
-def reconnect(task: str, message: str) -> bool: ...
-def worker_drain_bound(deadline: Optional[float], now: float) -> float: ...
 def input_resume(
     iteration: int,
     batches: int,
@@ -273,11 +261,6 @@ def input_resume(
     first_used: int,
 ) -> tuple[str, Optional[int], Optional[int], Optional[int]]: ...
 def input_batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
-def unreleased_hold_bound(
-    deadline: Optional[float], peer_timeout: float, exit_wait: float, now: float
-) -> float: ...
-def gap_runs(scheduled: int, queued: list, in_flight: list) -> list: ...
-def runs_at_save(scheduled: int, queued: list, in_flight: list) -> tuple[int, list[int]]: ...
 
 class ServeDecision:
     """What a served task with a notice does now (``serving``; ``src/ps_control.rs``)."""
@@ -337,8 +320,10 @@ class Abandoned:
 class TaskCalls:
     """Which call to a task may start now (``src/ps_control/calls.rs``)."""
 
-    def __init__(self, abandon_after: float, max_abandoned: int) -> None: ...
-    def start(self, task: str, now: float) -> tuple[int, Optional[Abandoned]]: ...
+    def __init__(
+        self, abandon_after: Optional[float] = None, max_abandoned: Optional[int] = None
+    ) -> None: ...
+    def start(self, task: str, now: Optional[float] = None) -> tuple[int, Optional[Abandoned]]: ...
     def returned(self, task: str, id: int) -> bool: ...
 
 class PollLog:
@@ -348,18 +333,6 @@ class PollLog:
     DoesNotAnswer: PollLog
     AnswersAgain: PollLog
     NewIncarnation: PollLog
-
-class TaskWatch:
-    """The coordinator's poll of each task (``src/ps_control/watch.rs``)."""
-
-    def __init__(self) -> None: ...
-    def failed(self, task: str, error: BaseException) -> Optional[PollLog]: ...
-    def bad_answer(self, task: str) -> None: ...
-    def answered(self, task: str, incarnation: str, notice: Any) -> Optional[PollLog]: ...
-    def hand_on(self, task: str) -> bool: ...
-    def release_names(self, task: str) -> tuple[Optional[str], Optional[float]]: ...
-    def incarnations(self) -> dict[str, str]: ...
-    def unanswered(self) -> dict[str, str]: ...
 
 class WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
@@ -540,71 +513,174 @@ class DrainEnd:
     Stopped: DrainEnd
     HoldBoundPassed: DrainEnd
 
-class DrainStep:
-    """What a worker's drain thread does next (``WorkerDrainPlan``)."""
+class Lane:
+    """Which of the coordinator's threads asks (``src/ps_control/coordinator.rs``)."""
 
-    class Hold(DrainStep):
+    class Poll(Lane): ...
+
+    class Release(Lane):
+        task: str
+        def __init__(self, task: str) -> None: ...
+
+    class Gone(Lane):
+        task: str
+        def __init__(self, task: str) -> None: ...
+
+    class Drain(Lane):
+        worker: int
+        def __init__(self, worker: int) -> None: ...
+
+    class Save(Lane): ...
+
+class Event:
+    """What the coordinator's threads report (``src/ps_control/coordinator.rs``)."""
+
+    class Answered(Event):
+        def __init__(self, task: str, answer: Any) -> None: ...
+
+    class PollFailed(Event):
+        def __init__(self, task: str, error: BaseException) -> None: ...
+
+    class Stop(Event): ...
+
+    class ReleaseStart(Event):
+        def __init__(self, task: str, reason: str, bound: Optional[float]) -> None: ...
+
+    class ReleaseAnswered(Event):
+        def __init__(self, task: str, answer: Any) -> None: ...
+
+    class ReleaseFailed(Event):
+        def __init__(self, task: str, error: BaseException, busy: bool) -> None: ...
+
+    class WaitGone(Event):
+        def __init__(self, task: str, bound: float) -> None: ...
+
+    class Probed(Event):
+        def __init__(self, task: str, listening: bool) -> None: ...
+
+    class DrainStart(Event):
+        def __init__(self, worker: int, deadline: Optional[float], can_hold: bool) -> None: ...
+
+    class Idled(Event):
+        def __init__(self, worker: int, idle: bool) -> None: ...
+
+    class DrainReleased(Event):
+        def __init__(self, worker: int, ok: bool) -> None: ...
+
+    class DrainWaited(Event):
+        def __init__(self, worker: int, gone: bool) -> None: ...
+
+    class SaveStart(Event):
+        def __init__(self, bound: float, scheduled: Optional[int], held: bool) -> None: ...
+
+    class Unfinished(Event):
+        def __init__(
+            self, count: int, queued: Optional[List[int]], in_flight: Optional[List[int]]
+        ) -> None: ...
+
+    class Promotable(Event):
+        def __init__(self, found: List[int], takers: int) -> None: ...
+
+    class Granted(Event): ...
+
+class Action:
+    """What a coordinator's thread does next (``src/ps_control/coordinator.rs``)."""
+
+    class Poll(Action):
+        task: str
+        timeout: float
+
+    class Say(Action):
+        line: PollLog
+        task: str
+        detail: str
+
+    class Reconnect(Action):
+        task: str
+
+    class Notice(Action):
+        task: str
+        job: str
+        index: int
+        source: str
+        deadline: Optional[float]
+
+    class Release(Action):
+        task: str
+        request: dict
+        timeout: float
+
+    class Released(Action):
+        task: str
+        end: str
+        detail: str
+
+    class Probe(Action):
+        task: str
+        timeout: float
+
+    class Pause(Action):
+        timeout: float
+        after: Optional[str]
+
+    class GoneOver(Action):
+        gone: bool
+
+    class Hold(Action):
         bound: float
 
-    class Release(DrainStep):
+    class DrainRelease(Action):
+        task: str
         drained: bool
         hold: bool
 
-    class WaitGone(DrainStep):
+    class DrainWaitGone(Action):
+        task: str
         bound: float
         holding: Optional[float]
 
-    class Resume(DrainStep):
-        why: DrainEnd
+    class DrainOver(Action):
+        held: bool
+        why: Optional[DrainEnd]
+        bound: float
+        outcome: Optional[str]
+
+    class WaitAll(Action):
         bound: float
 
-    class Done(DrainStep): ...
+    class WaitIdle(Action):
+        look: float
+        looks: int
 
-class WorkerDrainPlan:
-    """One worker's drain: ``start``, then report each step's result; Unix seconds."""
-
-    outcome: Optional[str]
-    def __init__(self, deadline: Optional[float], peer_timeout: float) -> None: ...
-    def start(self, can_hold: bool, now: float) -> DrainStep: ...
-    def idled(self, idle: bool) -> DrainStep: ...
-    def released(self, ok: bool, stopped: bool, now: float) -> DrainStep: ...
-    def waited(
-        self, gone: bool, same_incarnation: bool, stopped: bool, now: float
-    ) -> DrainStep: ...
-
-class SaveStep:
-    """What the coordinator's save does next (``SaveDrainPlan``,
-    ``src/ps_control/save_drain.rs``)."""
-
-    class WaitAll(SaveStep):
-        bound: float
-
-    class WaitIdle(SaveStep):
-        until: float
-
-    class Promote(SaveStep):
+    class Promote(Action):
         runs: List[int]
 
-    class Grant(SaveStep):
+    class Grant(Action):
         runs: List[int]
         wait: float
 
-    class Done(SaveStep): ...
+    class Saved(Action):
+        runs: Optional[int]
+        finished_after: List[int]
+        filled: List[int]
+        error_wait: float
 
-class SaveDrainPlan:
-    """One save's wait for the closures: ``start``, then report what each step saw."""
+    class Done(Action): ...
 
-    filled: List[int]
-    def __init__(self, bound: float, scheduled: Optional[int] = None) -> None: ...
-    def start(self, held: bool, now: float) -> SaveStep: ...
-    def left(self, now: float) -> float: ...
-    def unfinished(
-        self, queued: Optional[List[int]], in_flight: Optional[List[int]], now: float
-    ) -> SaveStep: ...
-    def promotable(self, found: List[int], takers: int, now: float) -> SaveStep: ...
-    def granted(self) -> SaveStep: ...
+class CoordinatorProtocol:
+    """The coordinator's protocol object (``src/ps_control/coordinator.rs``)."""
 
-def settle_looks(get_slice: float) -> int: ...
+    def __init__(
+        self,
+        tasks: List[str],
+        peer_timeout: Optional[float] = None,
+        interval: Optional[float] = None,
+        call_timeout: Optional[float] = None,
+    ) -> None: ...
+    def handle(self, event: Event, now: Optional[float] = None) -> None: ...
+    def poll(self, lane: Lane, now: Optional[float] = None) -> Action: ...
+    def poll_timeout(self, lane: Lane, now: Optional[float] = None) -> Optional[float]: ...
+    def state(self) -> dict[str, Any]: ...
 
 class FailureQuestion:
     """A question about a closure's error, in TF's order (``src/failure/response.rs``)."""

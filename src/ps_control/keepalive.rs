@@ -21,3 +21,21 @@ pub const GRPC_PING_TIMEOUT: f64 = 5.0;
 /// accepts the TCP connection and never answers, and new calls to it wait for
 /// the attempt.
 pub const GRPC_CONNECT_TIMEOUT: f64 = 5.0;
+
+/// The channel options of the keepalive, each with its value in milliseconds, as
+/// `TF_GRPC_DEFAULT_OPTIONS` takes them.
+#[must_use]
+pub fn grpc_keepalive_options() -> Vec<(&'static str, u64)> {
+    let ms = |s: f64| {
+        // Seconds of a few minutes at most: far below u64::MAX milliseconds.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ms = (s * 1000.0) as u64;
+        ms
+    };
+    vec![
+        ("grpc.keepalive_time_ms", ms(GRPC_PING_EVERY)),
+        ("grpc.keepalive_timeout_ms", ms(GRPC_PING_TIMEOUT)),
+        ("grpc.http2.ping_timeout_ms", ms(GRPC_PING_TIMEOUT)),
+        ("grpc.min_reconnect_backoff_ms", ms(GRPC_CONNECT_TIMEOUT)),
+    ]
+}

@@ -15,9 +15,7 @@
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `WriteKind`: what a write of the driver is (its schedule is `ProtocolCore`'s, `crate::protocol`) |
-//! | `ps_control.rs` | the parameter-server task control's decisions (`crate::ps_control`): `release_refused`, `TaskCalls`, `TaskWatch` and `PollLog`, `worker_drain_bound`; its timeouts and intervals, the gRPC keepalive's included |
-//! | `worker_drain.rs` | `WorkerDrainPlan`, `DrainStep`: a worker with a notice taken out of the rotation and let go (`crate::ps_control::drain`) |
-//! | `save_drain.rs` | `SaveDrainPlan`, `SaveStep`, `settle_looks`: the coordinator's wait for its closures before its save (`crate::ps_control::save_drain`) |
+//! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait), `release_refused`, `TaskCalls`, `serving` |
 //! | `failure_response.rs` | `failure_response`, `after_recovery_wait`: what a closure's error gets, in TF's order (`crate::failure::response`) |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
 //! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes (`crate::input_position`) |
@@ -51,13 +49,11 @@ mod logs;
 mod ps_control;
 mod records;
 mod retry;
-mod save_drain;
 mod shares;
 mod signals;
 mod slurm;
 mod sources;
 mod store;
-mod worker_drain;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -113,8 +109,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     shares::register(m)?;
     host_memory::register(m)?;
     ps_control::register(m)?;
-    worker_drain::register(m)?;
-    save_drain::register(m)?;
     input_position::register(m)?;
     sources::register(m)?;
     slurm::register(m)?;

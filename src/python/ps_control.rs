@@ -1,22 +1,17 @@
-//! The parameter-server task control's decisions ([`crate::ps_control`]) for
-//! the `_coordinator` modules (`task_calls`, `cluster_poller`, `worker_drain`,
-//! `closure_drain`), which perform the calls (TensorFlow's
-//! `PyFunc` ops on threads of their own), the port probes and the logging.
+//! The parameter-server task control ([`crate::ps_control`]) for the `_coordinator`
+//! modules and `serving.py`, which perform the calls (TensorFlow's `PyFunc` ops on
+//! threads of their own), the port probes, the holds and the logging.
 //!
+//! * `CoordinatorProtocol` with its `Lane`, `Event` and `Action`: the coordinator's
+//!   protocol object ([`crate::ps_control::coordinator`]): its poll of the tasks,
+//!   their releases, the waits for them to be gone, the workers' drains and the
+//!   save's wait for the closures;
 //! * `release_refused`: whether a served task refuses a release, and why;
 //! * `TaskCalls`: whether a call to a task may start now, which earlier call
 //!   it abandons (`CallTimeout` otherwise);
-//! * `TaskWatch` and `PollLog`: what the coordinator's poll makes of each
-//!   answer, and which log line it is worth;
-//! * `worker_drain_bound`: how long a worker's drain may wait for its closure;
-//! * `serving`: what a served task with a notice does now (serve on, leave);
-//! * `unreleased_hold_bound`: how long a worker whose release failed is kept
-//!   out of the rotation;
-//! * `gap_runs`, `runs_at_save`: which queued runs the save lets run first, and
-//!   the run count it records.
+//! * `serving`, `serve_bound`: what a served task with a notice does now.
 //!
-//! `TaskCalls` and `TaskWatch` are shared by the poller, release and call
-//! threads: each holds its core behind a lock that no holder keeps while it
+//! The shared objects hold their core behind a lock that no holder keeps while it
 //! runs Python (arguments are read before, results converted after).
 
 use std::collections::BTreeMap;
@@ -27,7 +22,8 @@ use pyo3::types::PyDict;
 
 use super::clock::unix_now;
 use super::errors::CallTimeout;
-use crate::ps_control::{self, CallId, Calls, Watch};
+use crate::ps_control::coordinator as co;
+use crate::ps_control::{self, CallId, Calls};
 
 /// Why a task of `incarnation`, whose notice was taken at `notice_at` (None:
 /// no notice yet), refuses a release naming `asked_incarnation` and
@@ -42,21 +38,6 @@ fn release_refused(
     let asked: Option<String> = asked_incarnation.extract().ok();
     let asked_at: Option<f64> = asked_notice_at.extract().ok();
     ps_control::release_refused(incarnation, notice_at, asked.as_deref(), asked_at).map(|why| why.to_string())
-}
-
-/// Seconds a worker's closure in flight may run before its release: until a
-/// margin before the notice's `deadline` (Unix seconds), or the default bound
-/// without one; `now` is the Unix time.
-/// Whether the coordinator reconnects to `task` after its poll failed with `message`:
-/// a restarted worker it has no context on (`crate::ps_control::reconnect`).
-#[pyfunction]
-fn reconnect(task: &str, message: &str) -> bool {
-    ps_control::reconnect(task, message)
-}
-
-#[pyfunction]
-fn worker_drain_bound(deadline: Option<f64>, now: f64) -> f64 {
-    ps_control::worker_drain_bound(deadline, now)
 }
 
 /// What a served task with a notice does now (`serving`): serve on until
@@ -121,29 +102,6 @@ fn serve_bound(notice_at: f64, deadline: Option<f64>, grace_period: f64, peer_ti
     (own, why)
 }
 
-/// Seconds the coordinator keeps a worker whose release failed out of the
-/// rotation ([`crate::ps_control::unreleased_hold_bound`]).
-#[pyfunction]
-fn unreleased_hold_bound(deadline: Option<f64>, peer_timeout: f64, exit_wait: f64, now: f64) -> f64 {
-    ps_control::unreleased_hold_bound(deadline, peer_timeout, exit_wait, now)
-}
-
-/// The queued runs the coordinator's save lets a worker run first: those
-/// below a finished run ([`crate::ps_control::gap_runs`]).
-#[pyfunction]
-fn gap_runs(scheduled: u64, queued: Vec<u64>, in_flight: Vec<u64>) -> Vec<u64> {
-    ps_control::gap_runs(scheduled, &queued, &in_flight)
-}
-
-/// `(runs, finished_after)`: the run count a coordinator's save records and
-/// the finished runs after it that run again, by index
-/// ([`crate::ps_control::runs_at_save`]).
-#[pyfunction]
-fn runs_at_save(scheduled: u64, queued: Vec<u64>, in_flight: Vec<u64>) -> (u64, Vec<u64>) {
-    let saved = ps_control::runs_at_save(scheduled, &queued, &in_flight);
-    (saved.runs, saved.finished_after)
-}
-
 /// A call abandoned so that a new one could start (`TaskCalls.start`).
 #[pyclass(frozen, get_all, module = "tf_failure_handling._native")]
 pub struct Abandoned {
@@ -163,13 +121,19 @@ pub struct TaskCalls(Mutex<Calls>);
 #[pymethods]
 impl TaskCalls {
     #[new]
-    fn new(abandon_after: f64, max_abandoned: usize) -> Self {
-        TaskCalls(Mutex::new(Calls::new(abandon_after, max_abandoned)))
+    #[pyo3(signature = (abandon_after = None, max_abandoned = None))]
+    fn new(abandon_after: Option<f64>, max_abandoned: Option<usize>) -> Self {
+        TaskCalls(Mutex::new(Calls::new(
+            abandon_after.unwrap_or(ps_control::ABANDON_AFTER),
+            max_abandoned.unwrap_or(ps_control::MAX_ABANDONED),
+        )))
     }
 
     /// A call to `task` starts at `now`: its handle, and the earlier call it
     /// abandons or None. `CallTimeout` while an earlier call holds the task up.
-    fn start(&self, task: &str, now: f64) -> PyResult<(CallId, Option<Abandoned>)> {
+    #[pyo3(signature = (task, now = None))]
+    fn start(&self, task: &str, now: Option<f64>) -> PyResult<(CallId, Option<Abandoned>)> {
+        let now = now.unwrap_or_else(super::clock::now_secs);
         let started = self.0.lock().start(task, now);
         let (id, abandoned) = started?;
         let abandoned = abandoned.map(|a| Abandoned {
@@ -212,96 +176,504 @@ impl From<ps_control::PollLog> for PollLog {
     }
 }
 
-/// The poll's view of every task ([`crate::ps_control::Watch`]).
+/// Why a drain that held the worker's thread ends (`Action.DrainOver.why`).
+#[pyclass(eq, eq_int, frozen, from_py_object, module = "tf_failure_handling._native")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum DrainEnd {
+    /// The worker process is gone.
+    Gone,
+    /// Released, but still answering after the exit wait (`bound`).
+    StillAnswers,
+    /// A new incarnation of the worker answers.
+    NewIncarnation,
+    /// The coordinator's poller stopped.
+    Stopped,
+    /// The release failed and the worker still serves after the hold's bound.
+    HoldBoundPassed,
+}
+
+/// Which of the coordinator's threads asks (`crate::ps_control::coordinator::Lane`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
-pub struct TaskWatch(Mutex<Watch>);
+pub enum Lane {
+    Poll {},
+    Release { task: String },
+    Gone { task: String },
+    Drain { worker: usize },
+    Save {},
+}
+
+impl From<&Lane> for co::Lane {
+    fn from(l: &Lane) -> Self {
+        match l {
+            Lane::Poll {} => co::Lane::Poll,
+            Lane::Release { task } => co::Lane::Release(task.clone()),
+            Lane::Gone { task } => co::Lane::Gone(task.clone()),
+            Lane::Drain { worker } => co::Lane::Drain(*worker),
+            Lane::Save {} => co::Lane::Save,
+        }
+    }
+}
+
+/// What the coordinator's threads report (`crate::ps_control::coordinator::Event`).
+/// `Answered` takes the poll's answer as it came (anything), `PollFailed` and
+/// `ReleaseFailed` the error raised (`busy`: refused at once, the task's earlier call
+/// has not returned), `ReleaseAnswered` the release's answer.
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum Event {
+    Answered {
+        task: String,
+        answer: Py<PyAny>,
+    },
+    PollFailed {
+        task: String,
+        error: Py<PyAny>,
+    },
+    Stop {},
+    ReleaseStart {
+        task: String,
+        reason: String,
+        bound: Option<f64>,
+    },
+    ReleaseAnswered {
+        task: String,
+        answer: Py<PyAny>,
+    },
+    ReleaseFailed {
+        task: String,
+        error: Py<PyAny>,
+        busy: bool,
+    },
+    WaitGone {
+        task: String,
+        bound: f64,
+    },
+    Probed {
+        task: String,
+        listening: bool,
+    },
+    DrainStart {
+        worker: usize,
+        deadline: Option<f64>,
+        can_hold: bool,
+    },
+    Idled {
+        worker: usize,
+        idle: bool,
+    },
+    DrainReleased {
+        worker: usize,
+        ok: bool,
+    },
+    DrainWaited {
+        worker: usize,
+        gone: bool,
+    },
+    SaveStart {
+        bound: f64,
+        scheduled: Option<u64>,
+        held: bool,
+    },
+    Unfinished {
+        count: u64,
+        queued: Option<Vec<u64>>,
+        in_flight: Option<Vec<u64>>,
+    },
+    Promotable {
+        found: Vec<u64>,
+        takers: usize,
+    },
+    Granted {},
+}
+
+/// `key` of `dict` (None when absent, or not a dict).
+fn item<'py>(dict: &Bound<'py, PyAny>, key: &str) -> Option<Bound<'py, PyAny>> {
+    dict.cast::<PyDict>().ok()?.get_item(key).ok().flatten()
+}
+
+fn text(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(value.str()?.to_string())
+}
+
+impl Event {
+    /// The core's event: the answers and errors read here, once.
+    fn to_core(&self, py: Python<'_>) -> PyResult<co::Event> {
+        Ok(match self {
+            Event::Answered { task, answer } => {
+                let answer = answer.bind(py);
+                let incarnation = item(answer, "incarnation").and_then(|i| i.extract::<String>().ok());
+                let Some(incarnation) = incarnation else {
+                    return Ok(co::Event::BadAnswer { task: task.clone() });
+                };
+                let notice = item(answer, "notice").filter(|n| n.is_instance_of::<PyDict>());
+                let notice = match notice {
+                    Some(n) => Some(co::NoticeSeen {
+                        at: item(&n, "at").and_then(|a| a.extract().ok()),
+                        source: item(&n, "source").map_or(Ok("None".to_owned()), |s| text(&s))?,
+                        deadline: item(&n, "deadline").and_then(|d| d.extract().ok()),
+                    }),
+                    None => None,
+                };
+                co::Event::Answered {
+                    task: task.clone(),
+                    incarnation,
+                    notice,
+                }
+            }
+            Event::PollFailed { task, error } => {
+                let error = error.bind(py);
+                co::Event::PollFailed {
+                    task: task.clone(),
+                    kind: error.get_type().name()?.to_string(),
+                    message: text(error)?,
+                }
+            }
+            Event::Stop {} => co::Event::Stop,
+            Event::ReleaseStart { task, reason, bound } => co::Event::ReleaseStart {
+                task: task.clone(),
+                reason: reason.clone(),
+                bound: *bound,
+            },
+            Event::ReleaseAnswered { task, answer } => {
+                let answer = answer.bind(py);
+                let released = item(answer, "released").is_some_and(|r| r.is_truthy().unwrap_or(false));
+                let answer = if released {
+                    co::ReleaseAnswer::Released
+                } else {
+                    co::ReleaseAnswer::Refused(text(&item(answer, "why").unwrap_or_else(|| answer.clone()))?)
+                };
+                co::Event::ReleaseAnswered {
+                    task: task.clone(),
+                    answer,
+                }
+            }
+            Event::ReleaseFailed { task, error, busy } => {
+                let error = error.bind(py);
+                let message = text(error)?;
+                let answer = if *busy {
+                    co::ReleaseAnswer::Busy(message)
+                } else if error.is_instance_of::<CallTimeout>() {
+                    co::ReleaseAnswer::TimedOut(message)
+                } else {
+                    co::ReleaseAnswer::Failed(message)
+                };
+                co::Event::ReleaseAnswered {
+                    task: task.clone(),
+                    answer,
+                }
+            }
+            Event::WaitGone { task, bound } => co::Event::WaitGone {
+                task: task.clone(),
+                bound: *bound,
+            },
+            Event::Probed { task, listening } => co::Event::Probed {
+                task: task.clone(),
+                listening: *listening,
+            },
+            Event::DrainStart {
+                worker,
+                deadline,
+                can_hold,
+            } => co::Event::DrainStart {
+                worker: *worker,
+                deadline: *deadline,
+                can_hold: *can_hold,
+            },
+            Event::Idled { worker, idle } => co::Event::Idled {
+                worker: *worker,
+                idle: *idle,
+            },
+            Event::DrainReleased { worker, ok } => co::Event::DrainReleased { worker: *worker, ok: *ok },
+            Event::DrainWaited { worker, gone } => co::Event::DrainWaited {
+                worker: *worker,
+                gone: *gone,
+            },
+            Event::SaveStart { bound, scheduled, held } => co::Event::SaveStart {
+                bound: *bound,
+                scheduled: *scheduled,
+                held: *held,
+            },
+            Event::Unfinished { count, queued, in_flight } => co::Event::Unfinished {
+                runs: queued.clone().zip(in_flight.clone()),
+                count: *count,
+            },
+            Event::Promotable { found, takers } => co::Event::Promotable {
+                found: found.clone(),
+                takers: *takers,
+            },
+            Event::Granted {} => co::Event::Granted,
+        })
+    }
+}
+
+/// What a coordinator's thread does next (`crate::ps_control::coordinator::Action`).
+/// `Released.end` is "released", "refused", "no answer" or "gone" (`detail`: why);
+/// `DrainOver.outcome` is "released", "not released" or "no hold" (None: unknown).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum Action {
+    Poll {
+        task: String,
+        timeout: f64,
+    },
+    Say {
+        line: PollLog,
+        task: String,
+        detail: String,
+    },
+    Reconnect {
+        task: String,
+    },
+    Notice {
+        task: String,
+        job: String,
+        index: usize,
+        source: String,
+        deadline: Option<f64>,
+    },
+    Release {
+        task: String,
+        request: Py<PyAny>,
+        timeout: f64,
+    },
+    Released {
+        task: String,
+        end: String,
+        detail: String,
+    },
+    Probe {
+        task: String,
+        timeout: f64,
+    },
+    Pause {
+        timeout: f64,
+        after: Option<String>,
+    },
+    GoneOver {
+        gone: bool,
+    },
+    Hold {
+        bound: f64,
+    },
+    DrainRelease {
+        task: String,
+        drained: bool,
+        hold: bool,
+    },
+    DrainWaitGone {
+        task: String,
+        bound: f64,
+        holding: Option<f64>,
+    },
+    DrainOver {
+        held: bool,
+        why: Option<DrainEnd>,
+        bound: f64,
+        outcome: Option<String>,
+    },
+    WaitAll {
+        bound: f64,
+    },
+    WaitIdle {
+        look: f64,
+        looks: u32,
+    },
+    Promote {
+        runs: Vec<u64>,
+    },
+    Grant {
+        runs: Vec<u64>,
+        wait: f64,
+    },
+    Saved {
+        runs: Option<u64>,
+        finished_after: Vec<u64>,
+        filled: Vec<u64>,
+        error_wait: f64,
+    },
+    Done {},
+}
+
+impl Action {
+    #[allow(clippy::too_many_lines)]
+    fn from_core(py: Python<'_>, action: co::Action) -> PyResult<Self> {
+        use crate::ps_control::drain::{Ended, Outcome};
+        Ok(match action {
+            co::Action::Poll { task, timeout } => Action::Poll { task, timeout },
+            co::Action::Say { line, task, detail } => Action::Say {
+                line: line.into(),
+                task,
+                detail,
+            },
+            co::Action::Reconnect { task } => Action::Reconnect { task },
+            co::Action::Notice {
+                task,
+                job,
+                index,
+                source,
+                deadline,
+            } => Action::Notice {
+                task,
+                job,
+                index,
+                source,
+                deadline,
+            },
+            co::Action::Release {
+                task,
+                reason,
+                incarnation,
+                notice_at,
+                timeout,
+            } => {
+                let request = PyDict::new(py);
+                request.set_item("op", "release")?;
+                request.set_item("reason", reason)?;
+                request.set_item("incarnation", incarnation)?;
+                request.set_item("notice_at", notice_at)?;
+                Action::Release {
+                    task,
+                    request: request.into_any().unbind(),
+                    timeout,
+                }
+            }
+            co::Action::Released { task, end } => {
+                let (end, detail) = match end {
+                    co::ReleaseEnd::Released => ("released", String::new()),
+                    co::ReleaseEnd::Refused(why) => ("refused", why),
+                    co::ReleaseEnd::NoAnswer(e) => ("no answer", e),
+                    co::ReleaseEnd::Gone(e) => ("gone", e),
+                };
+                Action::Released {
+                    task,
+                    end: end.to_owned(),
+                    detail,
+                }
+            }
+            co::Action::Probe { task, timeout } => Action::Probe { task, timeout },
+            co::Action::Pause { timeout, after } => Action::Pause { timeout, after },
+            co::Action::GoneOver { gone } => Action::GoneOver { gone },
+            co::Action::Hold { bound } => Action::Hold { bound },
+            co::Action::DrainRelease { task, drained, hold } => Action::DrainRelease { task, drained, hold },
+            co::Action::DrainWaitGone { task, bound, holding } => Action::DrainWaitGone { task, bound, holding },
+            co::Action::DrainOver { held, why, outcome } => {
+                let (why, bound) = match why {
+                    None => (None, 0.0),
+                    Some(Ended::Gone) => (Some(DrainEnd::Gone), 0.0),
+                    Some(Ended::StillAnswers) => (Some(DrainEnd::StillAnswers), ps_control::EXIT_WAIT),
+                    Some(Ended::NewIncarnation) => (Some(DrainEnd::NewIncarnation), 0.0),
+                    Some(Ended::Stopped) => (Some(DrainEnd::Stopped), 0.0),
+                    Some(Ended::HoldBoundPassed(b)) => (Some(DrainEnd::HoldBoundPassed), b),
+                };
+                let outcome = outcome.map(|o| {
+                    match o {
+                        Outcome::Released => "released",
+                        Outcome::NotReleased => "not released",
+                        Outcome::NoHold => "no hold",
+                    }
+                    .to_owned()
+                });
+                Action::DrainOver { held, why, bound, outcome }
+            }
+            co::Action::WaitAll { bound } => Action::WaitAll { bound },
+            co::Action::WaitIdle { look, looks } => Action::WaitIdle { look, looks },
+            co::Action::Promote { runs } => Action::Promote { runs },
+            co::Action::Grant { runs, wait } => Action::Grant { runs, wait },
+            co::Action::Saved {
+                runs,
+                finished_after,
+                filled,
+                error_wait,
+            } => Action::Saved {
+                runs,
+                finished_after,
+                filled,
+                error_wait,
+            },
+            co::Action::Done => Action::Done {},
+        })
+    }
+}
+
+/// The coordinator's protocol object (`crate::ps_control::coordinator::Coordinator`):
+/// `handle(event)`, `poll(lane) -> Action`, `poll_timeout(lane)`. Each `now` is
+/// optional: without it the binding reads the wall clock (the clock of a notice's
+/// deadline). Shared by the coordinator's threads; its lock is never held while
+/// Python runs (events are read before, actions converted after).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub struct CoordinatorProtocol(Mutex<co::Coordinator>);
 
 #[pymethods]
-impl TaskWatch {
+impl CoordinatorProtocol {
     #[new]
-    fn new() -> Self {
-        TaskWatch(Mutex::new(Watch::new()))
+    #[pyo3(signature = (tasks, peer_timeout = None, interval = None, call_timeout = None))]
+    fn new(tasks: Vec<String>, peer_timeout: Option<f64>, interval: Option<f64>, call_timeout: Option<f64>) -> Self {
+        CoordinatorProtocol(Mutex::new(co::Coordinator::new(tasks, peer_timeout, interval, call_timeout)))
     }
 
-    /// The poll of `task` raised `error`: the log line it is worth, or None.
-    fn failed(&self, task: &str, error: &Bound<'_, PyAny>) -> PyResult<Option<PollLog>> {
-        let kind = error.get_type().name()?.to_string();
-        let message = error.str()?.to_string();
-        Ok(self.0.lock().failed(task, &kind, &message).map(PollLog::from))
+    /// An event at `now`.
+    #[pyo3(signature = (event, now = None))]
+    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>, now: Option<f64>) -> PyResult<()> {
+        let event = event.get().to_core(py)?;
+        self.0.lock().handle(event, now.unwrap_or_else(unix_now));
+        Ok(())
     }
 
-    /// The poll of `task` got an answer that is no task's answer.
-    fn bad_answer(&self, task: &str) {
-        self.0.lock().bad_answer(task);
+    /// The next action of `lane` at `now`.
+    #[pyo3(signature = (lane, now = None))]
+    fn poll(&self, py: Python<'_>, lane: &Bound<'_, Lane>, now: Option<f64>) -> PyResult<Action> {
+        let action = self.0.lock().poll(&lane.get().into(), now.unwrap_or_else(unix_now));
+        Action::from_core(py, action)
     }
 
-    /// `task` answered as `incarnation` with `notice` (the answer's value: a
-    /// dict with its `at`, or None): the log line it is worth, or None.
-    fn answered(&self, task: &str, incarnation: &str, notice: &Bound<'_, PyAny>) -> Option<PollLog> {
-        let notice = match notice.cast::<PyDict>() {
-            Ok(d) => Some(d.get_item("at").ok().flatten().and_then(|at| at.extract().ok())),
-            Err(_) => None,
+    /// Seconds `lane` may wait from `now` (None: until an event).
+    #[pyo3(signature = (lane, now = None))]
+    fn poll_timeout(&self, lane: &Bound<'_, Lane>, now: Option<f64>) -> Option<f64> {
+        self.0.lock().poll_timeout(&lane.get().into(), now.unwrap_or_else(unix_now))
+    }
+
+    /// For logs and tests: the tasks, each task's last incarnation, the unanswered
+    /// ones (why), those leaving, whether stopped.
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (tasks, incarnations, unanswered, leaving, stopped) = {
+            let c = self.0.lock();
+            (
+                c.tasks().to_vec(),
+                c.watch().incarnations().into_iter().collect::<BTreeMap<_, _>>(),
+                c.watch().unanswered_tasks().into_iter().collect::<BTreeMap<_, _>>(),
+                c.leaving().iter().cloned().collect::<Vec<_>>(),
+                c.stopped(),
+            )
         };
-        self.0.lock().answered(task, incarnation, notice).map(PollLog::from)
-    }
-
-    /// Whether the notice of `task`'s last answer is handed on now (the first
-    /// of its incarnation; True once).
-    fn hand_on(&self, task: &str) -> bool {
-        self.0.lock().hand_on(task)
-    }
-
-    /// `(incarnation, notice's at)` of `task`'s last answer, for its release.
-    fn release_names(&self, task: &str) -> (Option<String>, Option<f64>) {
-        self.0.lock().release_names(task)
-    }
-
-    /// Task -> the incarnation of its last answer.
-    fn incarnations(&self) -> BTreeMap<String, String> {
-        let pairs = self.0.lock().incarnations();
-        pairs.into_iter().collect()
-    }
-
-    /// Task -> why its last polls went unanswered.
-    fn unanswered(&self) -> BTreeMap<String, String> {
-        let pairs = self.0.lock().unanswered_tasks();
-        pairs.into_iter().collect()
+        let state = PyDict::new(py);
+        state.set_item("tasks", tasks)?;
+        state.set_item("incarnations", incarnations)?;
+        state.set_item("unanswered", unanswered)?;
+        state.set_item("leaving", pyo3::types::PySet::new(py, leaving)?)?;
+        state.set_item("stopped", stopped)?;
+        Ok(state)
     }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_refused, m)?)?;
-    m.add_function(wrap_pyfunction!(worker_drain_bound, m)?)?;
-    m.add_function(wrap_pyfunction!(reconnect, m)?)?;
     m.add_function(wrap_pyfunction!(serving, m)?)?;
     m.add_function(wrap_pyfunction!(serve_bound, m)?)?;
-    m.add_function(wrap_pyfunction!(gap_runs, m)?)?;
-    m.add_function(wrap_pyfunction!(runs_at_save, m)?)?;
-    m.add_function(wrap_pyfunction!(unreleased_hold_bound, m)?)?;
     m.add_class::<ServeDecision>()?;
     m.add_class::<Abandoned>()?;
     m.add_class::<TaskCalls>()?;
     m.add_class::<PollLog>()?;
-    m.add_class::<TaskWatch>()?;
+    m.add_class::<DrainEnd>()?;
+    m.add_class::<Lane>()?;
+    m.add_class::<Event>()?;
+    m.add_class::<Action>()?;
+    m.add_class::<CoordinatorProtocol>()?;
     m.add("CallTimeout", m.py().get_type::<CallTimeout>())?;
     m.add("PS_TOKEN", ps_control::TOKEN)?;
-    m.add("ABANDON_AFTER", ps_control::ABANDON_AFTER)?;
-    m.add("MAX_ABANDONED", ps_control::MAX_ABANDONED)?;
-    m.add("DEFAULT_DRAIN_BOUND", ps_control::DEFAULT_DRAIN_BOUND)?;
     m.add("COORDINATOR_SILENCE", ps_control::COORDINATOR_SILENCE)?;
     m.add("SERVE_CAP_FACTOR", ps_control::SERVE_CAP_FACTOR)?;
     m.add("SERVE_SLICE", ps_control::SERVE_SLICE)?;
     m.add("JOIN_SLICE", ps_control::JOIN_SLICE)?;
-    m.add("DRAIN_SETTLE_LOOK", ps_control::DRAIN_SETTLE_LOOK)?;
     m.add("WORKER_GET_SLICE", ps_control::WORKER_GET_SLICE)?;
     m.add("WORKER_SOFT_SLICE", ps_control::WORKER_SOFT_SLICE)?;
-    m.add("PS_CALL_TIMEOUT", ps_control::CALL_TIMEOUT)?;
-    m.add("PS_POLL_INTERVAL", ps_control::POLL_INTERVAL)?;
-    m.add("PS_PORT_PROBE_TIMEOUT", ps_control::PORT_PROBE_TIMEOUT)?;
-    m.add("WORKER_EXIT_WAIT", ps_control::EXIT_WAIT)?;
-    m.add("DRAIN_ERROR_WAIT", ps_control::DRAIN_ERROR_WAIT)?;
-    m.add("GRPC_PING_EVERY", ps_control::GRPC_PING_EVERY)?;
-    m.add("GRPC_PING_TIMEOUT", ps_control::GRPC_PING_TIMEOUT)?;
-    m.add("GRPC_CONNECT_TIMEOUT", ps_control::GRPC_CONNECT_TIMEOUT)?;
+    m.add("GRPC_KEEPALIVE", ps_control::grpc_keepalive_options())?;
     Ok(())
 }

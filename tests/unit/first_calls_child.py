@@ -166,20 +166,24 @@ def testing_service() -> None:
 
 #: Shared by the threads, as the poller's and the calls' cores are in a coordinator.
 _CALLS = _native.TaskCalls(30.0, 4)
-_WATCH = _native.TaskWatch()
+_PROTOCOL = _native.CoordinatorProtocol([])
 
 
 def ps_control() -> None:
     task = threading.current_thread().name
     call, abandoned = _CALLS.start(task, 0.0)
     assert abandoned is None and _CALLS.returned(task, call)
-    _WATCH.failed(task, RuntimeError("Could not find callback"))
-    _WATCH.answered(task, "inc", {"at": 1.0})
-    assert _WATCH.hand_on(task) and _WATCH.release_names(task) == ("inc", 1.0)
-    _WATCH.incarnations()
-    _WATCH.unanswered()
+    event, lane = _native.Event, _native.Lane
+    _PROTOCOL.handle(event.PollFailed(task, RuntimeError("Could not find callback")))
+    _PROTOCOL.handle(event.Answered(task, {"incarnation": "inc", "notice": {"at": 1.0}}))
+    _PROTOCOL.handle(event.ReleaseStart(task, "drained", None))
+    release = _PROTOCOL.poll(lane.Release(task))
+    assert release.request["incarnation"] == "inc" and release.request["notice_at"] == 1.0
+    _PROTOCOL.handle(event.ReleaseAnswered(task, {"released": True}))
+    assert _PROTOCOL.poll(lane.Release(task)).end == "released"
+    _PROTOCOL.poll_timeout(lane.Poll())
+    _PROTOCOL.state()
     assert _native.release_refused("inc", 1.0, "inc", 1.0) is None
-    assert _native.worker_drain_bound(None, 0.0) == _native.DEFAULT_DRAIN_BOUND
 
 
 SCENARIOS = {

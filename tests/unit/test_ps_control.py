@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 
@@ -26,12 +27,11 @@ from tf_failure_handling._coordinator import (
 )
 from tf_failure_handling._coordinator.worker_loop import Worker, _Holds
 from tf_failure_handling._native import (
-    DEFAULT_DRAIN_BOUND,
     SERVE_CAP_FACTOR,
-    WorkerDrainPlan,
-    gap_runs,
-    runs_at_save,
-    unreleased_hold_bound,
+    Action,
+    CoordinatorProtocol,
+    Event,
+    Lane,
 )
 from tf_failure_handling._native import serving as ps_control_serving
 
@@ -515,7 +515,7 @@ def test_release_of_a_task_that_is_gone_returns_false():
         lambda *n: None,
         on_released=lambda *r: released.append(r),
         caller=cluster,
-        listening=lambda task: False,
+        listening=lambda task, timeout: False,
     )
     assert not poller.release(PS, "checkpoint saved")
     assert cluster.calls == [(PS, "release")] and released == []
@@ -557,7 +557,7 @@ def test_a_release_that_fails_while_the_task_listens_is_sent_again(failure):
         interval=0.01,
         on_released=lambda *r: released.append(r),
         caller=caller,
-        listening=lambda task: True,
+        listening=lambda task, timeout: True,
     )
     poller.poll_once()
     assert poller.release(W1, "drained")
@@ -577,7 +577,7 @@ def test_a_release_whose_call_times_out_is_not_sent_again():
         return cluster(task, request, timeout)
 
     poller = cluster_poller.ClusterPoller(
-        SPEC, lambda *n: None, caller=caller, listening=lambda task: True
+        SPEC, lambda *n: None, caller=caller, listening=lambda task, timeout: True
     )
     poller.poll_once()
     assert not poller.release(W1, "drained")
@@ -631,7 +631,7 @@ def test_a_released_task_is_not_asked_until_it_is_gone():
         lambda *n: notices.append(n),
         interval=0.01,
         caller=cluster,
-        listening=lambda task: listening.get(task, True),
+        listening=lambda task, timeout: listening.get(task, True),
     )
     cluster.controls[W1].set_notice("signal SIGTERM", None)
     poller.poll_once()
@@ -641,7 +641,7 @@ def test_a_released_task_is_not_asked_until_it_is_gone():
     assert (W1, "poll") not in cluster.calls, "a leaving task was polled"
     assert not poller.wait_gone(W1, 0.05), "gone while its port still listens"
     assert poller.leaving == set(), "asked again after the bound"
-    poller.leaving.add(W1)
+    assert poller.release(W1, "drained") and poller.leaving == {W1}
     listening[W1] = False
     assert poller.wait_gone(W1, BOUND)
     assert poller.leaving == set()
@@ -660,9 +660,9 @@ def test_the_port_probe_tells_a_listening_task_from_a_gone_one():
     poller = cluster_poller.ClusterPoller(
         {"worker": [f"127.0.0.1:{port}"]}, lambda *n: None, caller=FakeCluster()
     )
-    assert poller._port_open("/job:worker/replica:0/task:0")
+    assert poller._port_open("/job:worker/replica:0/task:0", 1.0)
     server.close()
-    assert not poller._port_open("/job:worker/replica:0/task:0")
+    assert not poller._port_open("/job:worker/replica:0/task:0", 1.0)
 
 
 # ------------------------------------------------------- the coordinator's workers
@@ -771,14 +771,19 @@ def test_a_save_hold_and_a_drain_hold_are_lifted_separately():
 
 
 class FakePoller:
-    """``gone``: what each ``wait_gone`` answers (a list: one answer per call, in turn)."""
+    """``gone``: what each ``wait_gone`` answers (a list: one answer per call, in turn).
+    ``protocol``: the coordinator's, which has seen worker 1 answer as ``inc-1``."""
 
     def __init__(self, released=True, gone=True) -> None:
-        self.incarnations = {W1: "inc-1"}
+        self.protocol = CoordinatorProtocol([PS, W0, W1], 30.0)
+        self.protocol.handle(Event.Answered(W1, {"incarnation": "inc-1"}))
         self.calls: list = []
-        self.stopped = False
         self._released = released
         self._gone = gone
+
+    @property
+    def incarnations(self):
+        return self.protocol.state()["incarnations"]
 
     def release(self, task, reason):
         self.calls.append(("release", task, reason))
@@ -821,17 +826,23 @@ def test_drain_releases_at_its_bound_with_the_closure_still_running(caplog):
     drain = worker_drain.WorkerDrain(
         poller,
         1,
-        deadline=100.0,
+        deadline=time.time() + 1.1,  # 1.1 s to the deadline, less the 1 s margin
         coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue()),
-        clock=lambda: 98.9,  # 1.1 s to the deadline, less the 1 s margin
     )
-    assert WorkerDrainPlan(100.0, 30.0).start(True, 98.9).bound == pytest.approx(0.1)
+    assert _first_drain_step(100.0, now=98.9).bound == pytest.approx(0.1)
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
         drain.run()
-    assert "train_step did not finish within 0.1s" in caplog.text
+    assert re.search(r"train_step did not finish within 0\.[01]s", caplog.text)
     assert "applied twice" in caplog.text
     assert poller.calls[0] == ("release", W1, "drained")
     assert not worker.holds.held()
+
+
+def _first_drain_step(deadline, now, peer_timeout=30.0):
+    """The first action of a drain of worker 1 (it can be held) at ``now``."""
+    protocol = CoordinatorProtocol([W1], peer_timeout)
+    protocol.handle(Event.DrainStart(1, deadline, True), now)
+    return protocol.poll(Lane.Drain(1), now)
 
 
 def _unreleased_drain(gone, on_wait=None):
@@ -868,7 +879,7 @@ def test_drain_that_cannot_release_keeps_the_worker_out_until_it_is_gone():
 
 def test_drain_that_cannot_release_resumes_a_new_incarnation():
     def restarted(poller):
-        poller.incarnations[W1] = "inc-2"
+        poller.protocol.handle(Event.Answered(W1, {"incarnation": "inc-2"}))
 
     _, worker, poller, held = _unreleased_drain(False, on_wait=restarted)
     assert poller.calls == [("release", W1, "drained"), ("wait_gone", W1)]
@@ -876,9 +887,16 @@ def test_drain_that_cannot_release_resumes_a_new_incarnation():
 
 
 def test_an_unreleased_worker_is_held_for_as_long_as_it_may_serve():
-    assert unreleased_hold_bound(None, 30.0, 30.0, 0.0) == pytest.approx(
-        SERVE_CAP_FACTOR * 30.0 + 30.0
-    )
+    """As long as it may serve (its cap, from the coordinator's peer_timeout) and the
+    exit wait (30 s)."""
+    protocol = CoordinatorProtocol([W1], 30.0)
+    protocol.handle(Event.DrainStart(1, None, True), 0.0)
+    assert isinstance(protocol.poll(Lane.Drain(1), 0.0), Action.Hold)
+    protocol.handle(Event.Idled(1, True), 0.0)
+    assert isinstance(protocol.poll(Lane.Drain(1), 0.0), Action.DrainRelease)
+    protocol.handle(Event.DrainReleased(1, False), 0.0)
+    wait = protocol.poll(Lane.Drain(1), 0.0)
+    assert wait.holding == pytest.approx(SERVE_CAP_FACTOR * 30.0 + 30.0)
 
 
 def test_drain_with_a_coordinator_that_cannot_hold_releases_at_once(caplog):
@@ -929,7 +947,7 @@ def test_a_restarted_workers_second_notice_is_released_with_tensorflows_coordina
         on_notice,
         interval=0.01,
         caller=cluster,
-        listening=lambda task: listening.get(task, True),
+        listening=lambda task, timeout: listening.get(task, True),
     )
     first = cluster.controls[W1]
     first.set_notice("signal SIGTERM", 25.0)
@@ -952,8 +970,8 @@ def test_a_restarted_workers_second_notice_is_released_with_tensorflows_coordina
 def test_drain_bound_without_a_deadline_is_the_default():
     """The core's plan gives the closure in flight the default bound when the notice
     names no deadline, and nothing once the deadline passed."""
-    assert WorkerDrainPlan(None, 30.0).start(True, 10.0).bound == DEFAULT_DRAIN_BOUND
-    assert WorkerDrainPlan(5.0, 30.0).start(True, 10.0).bound == 0.0
+    assert _first_drain_step(None, now=10.0).bound == 300.0
+    assert _first_drain_step(5.0, now=10.0).bound == 0.0
 
 
 # ------------------------------------------------------------- the worker's thread
@@ -1136,7 +1154,8 @@ def test_keepalive_is_added_to_an_empty_environment():
     value = grpc_keepalive.add_grpc_keepalive(env)
     assert value == env["TF_GRPC_DEFAULT_OPTIONS"]
     assert value.split(",") == [f"{k}={v}" for k, v in grpc_keepalive.GRPC_KEEPALIVE]
-    assert grpc_keepalive.grpc_keepalive_time(env) == grpc_keepalive.GRPC_PING_EVERY
+    ping_every = dict(grpc_keepalive.GRPC_KEEPALIVE)["grpc.keepalive_time_ms"] / 1000.0
+    assert grpc_keepalive.grpc_keepalive_time(env) == ping_every == 5.0
 
 
 def test_keepalive_keeps_the_users_options_and_values():
@@ -1268,7 +1287,7 @@ def test_a_worker_between_two_closures_at_the_bound_is_not_a_run_in_flight(takes
     else:
         assert unfinished.in_flight == {0: "train_step", 1: "train_step"}
         assert sorted(unfinished.in_flight_runs) == [8, 9]
-    assert runs_at_save(10, unfinished.queued_runs, unfinished.in_flight_runs)[0] == 8
+    assert unfinished.runs == 8
 
 
 class FailingClosure:
@@ -1331,7 +1350,7 @@ def test_the_ps_release_after_the_save_is_sent_again_before_the_watch_stops():
         return cluster(task, request, timeout)
 
     poller = cluster_poller.ClusterPoller(
-        SPEC, lambda *n: None, interval=0.01, caller=caller, listening=lambda task: True
+        SPEC, lambda *n: None, interval=0.01, caller=caller, listening=lambda task, timeout: True
     )
     poller.poll_once()
     core = FakeCore()
@@ -1383,10 +1402,26 @@ def test_a_pass_lets_a_strictly_held_thread_take_one_closure():
 def test_the_save_saves_at_the_first_unfinished_run():
     """The checkpoint counts runs, and a restart schedules from the count on: it must be
     the first unfinished run (the core's ``runs_at_save``), with the finished runs after
-    it named (they run again)."""
-    assert runs_at_save(39, [36, 37, 38], [30]) == (30, [31, 32, 33, 34, 35])
-    assert runs_at_save(46, [43, 44, 45], []) == (43, [])
-    assert gap_runs(38, [36, 37, 30], []) == [30]
+    it named (they run again); a queued run below a finished one is run first."""
+
+    def saved(scheduled, queued, in_flight, takers=0):
+        protocol, lane = CoordinatorProtocol([]), Lane.Save()
+        protocol.handle(Event.SaveStart(5.0, scheduled, True))
+        assert isinstance(protocol.poll(lane), Action.WaitIdle)
+        protocol.handle(Event.Unfinished(len(queued) + len(in_flight), queued, in_flight))
+        action = protocol.poll(lane)
+        if isinstance(action, Action.Promote):
+            promoted = list(action.runs)
+            protocol.handle(Event.Promotable(promoted, takers))
+            return promoted, protocol.poll(lane)
+        return None, action
+
+    _, done = saved(39, [36, 37, 38], [30])
+    assert (done.runs, done.finished_after) == (30, [31, 32, 33, 34, 35])
+    _, done = saved(46, [43, 44, 45], [])
+    assert (done.runs, done.finished_after) == (43, [])
+    promoted, done = saved(38, [36, 37, 30], [])
+    assert promoted == [30] and done.runs == 30
 
 
 def test_the_save_lets_a_live_worker_run_a_put_back_run_first():
@@ -1412,4 +1447,4 @@ def test_the_save_lets_a_live_worker_run_a_put_back_run_first():
     )
     assert queue.promoted == [[10]] and unfinished.gap_runs == [10]
     assert unfinished.queued_runs == [12, 13] and unfinished.in_flight_runs == []
-    assert runs_at_save(14, unfinished.queued_runs, unfinished.in_flight_runs) == (12, [])
+    assert (unfinished.runs, unfinished.finished_after) == (12, [])

@@ -9,17 +9,9 @@ the save's checkpoint then holds of each: docs/getting-started/parameter-server.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from .._native import (
-    DRAIN_ERROR_WAIT,
-    WORKER_GET_SLICE,
-    SaveDrainPlan,
-    SaveStep,
-    now,
-    settle_looks,
-)
-from .._native import DRAIN_SETTLE_LOOK as _SETTLE_LOOK
+from .._native import Action, CoordinatorProtocol, Event, Lane
 from .coordinators import workers_of
 
 SAVE_HOLD = "save"
@@ -78,6 +70,8 @@ class Unfinished:
         self.queued_runs = queued_runs
         self.in_flight_runs = in_flight_runs
         self.gap_runs = gap_runs or []
+        self.runs: Optional[int] = None
+        self.finished_after: list = []
         #: Worker index -> the handler's run it had in flight at the bound (our
         #: coordinator's; the log names each run with its worker).
         self.in_flight_runs_by_worker: dict = {}
@@ -141,63 +135,73 @@ class Passes:
 def wait_for_closures(
     coordinator: Any,
     bound: float,
-    clock: Callable[[], float] = now,
     scheduled: Optional[int] = None,
+    protocol: Any = None,
 ) -> Unfinished:
     """Before the coordinator's save: holds every worker strictly and gives the closures
     in flight ``bound`` seconds (TF's coordinator cannot be held: then every scheduled
     closure is waited for). A worker whose process was lost put its closure back in
     the queue: it has none in flight (``Worker._on_closure_failure``). With the run
-    count ``scheduled``, the queued runs below a finished one (the core's
-    ``gap_runs``: one a lost worker put back) are moved to the queue's head and the
-    held workers may take that many, within the same bound: then the finished runs
-    are a prefix of the runs. Each step is the core's ``SaveDrainPlan``'s
-    (``src/ps_control/save_drain.rs``). Raises a closure's error as ``join()`` would."""
+    count ``scheduled``, the queued runs below a finished one (one a lost worker put
+    back) are moved to the queue's head and the held workers may take that many,
+    within the same bound: then the finished runs are a prefix of the runs. Each step
+    is an action of the save lane of ``protocol`` (the coordinator's
+    ``CoordinatorProtocol``, ``src/ps_control/coordinator.rs``), which also says the
+    run count the checkpoint records. Raises a closure's error as ``join()`` would."""
+    if protocol is None:
+        protocol = CoordinatorProtocol([])
     queue = coordinator._cluster.closure_queue
     held = hold_all(coordinator, strict=True)
-    plan = SaveDrainPlan(bound, scheduled)
     workers = workers_of(coordinator)
     left = Unfinished(0, {}, held)
-    step = plan.start(held, clock())
-    while not isinstance(step, SaveStep.Done):
-        if isinstance(step, SaveStep.WaitAll):
-            if not queue.wait(timeout=step.bound):
+    lane = Lane.Save()
+    protocol.handle(Event.SaveStart(bound, scheduled, held))
+    while True:
+        action = protocol.poll(lane)
+        if isinstance(action, Action.WaitAll):
+            if not queue.wait(timeout=action.bound):
                 unnamed = int(getattr(queue, "inflight_closure_count", 0))
                 left = Unfinished(_qsize(queue), {}, held, unnamed)
-            return left
-        if isinstance(step, SaveStep.WaitIdle):
-            left = _left_behind(queue, workers, plan, clock)
-            step = plan.unfinished(left.queued_runs, left.in_flight_runs, clock())
-        elif isinstance(step, SaveStep.Promote):
-            wanted = set(step.runs)
+            protocol.handle(Event.Unfinished(left.count, None, None))
+        elif isinstance(action, Action.WaitIdle):
+            left = _left_behind(queue, workers, protocol, action)
+            protocol.handle(Event.Unfinished(left.count, left.queued_runs, left.in_flight_runs))
+        elif isinstance(action, Action.Promote):
+            wanted = set(action.runs)
             found = [c for c in queue.queued_closures() if _run_of(c) in wanted]
             takers = [w for w in workers if not w.lost()]
-            step = plan.promotable([_run_of(c) for c in found], len(takers), clock())
+            protocol.handle(Event.Promotable([_run_of(c) for c in found], len(takers)))
             by_run = {_run_of(c): c for c in found}
-        elif isinstance(step, SaveStep.Grant):
-            queue.promote([by_run[r] for r in step.runs])
-            passes = Passes(len(step.runs))
+        elif isinstance(action, Action.Grant):
+            queue.promote([by_run[r] for r in action.runs])
+            passes = Passes(len(action.runs))
             for worker in takers:
                 worker.grant(passes)
             # Until the passes are used; the next round waits for the workers to be idle.
-            passes.wait_used(step.wait)
-            step = plan.granted()
-    left.gap_runs = plan.filled
-    error = getattr(queue, "_error", None)
-    if error is not None and not left:
-        queue.wait(timeout=DRAIN_ERROR_WAIT)  # raises the closure's error, as join() would
+            passes.wait_used(action.wait)
+            protocol.handle(Event.Granted())
+        else:
+            break
+    if isinstance(action, Action.Saved):
+        left.gap_runs = list(action.filled)
+        left.runs, left.finished_after = action.runs, list(action.finished_after)
+        error = getattr(queue, "_error", None)
+        if error is not None and not left:
+            # Raises the closure's error, as join() would.
+            queue.wait(timeout=action.error_wait)
     return left
 
 
-def _left_behind(queue: Any, workers: list, plan: Any, clock: Callable[[], float]) -> Unfinished:
-    """Waits (within what is left of ``plan``'s bound) for every held worker to be idle;
+def _left_behind(queue: Any, workers: list, protocol: Any, action: Any) -> Unfinished:
+    """Waits (within what is left of the save's bound) for every held worker to be idle;
     what is unfinished then."""
     in_flight, outside_in_flight, in_flight_runs, by_worker = {}, {}, [], {}
+    lane = Lane.Save()
     for worker in workers:
-        if not worker.wait_idle(plan.left(clock())):
+        if not worker.wait_idle(protocol.poll_timeout(lane)):
             closure = worker.taken()
             if closure is None:
-                idle, closure = _settle(worker)
+                idle, closure = _settle(worker, action)
                 if idle:
                     continue
             name = worker.in_flight() or "?"
@@ -231,23 +235,21 @@ def _left_behind(queue: Any, workers: list, plan: Any, clock: Callable[[], float
     return left
 
 
-# _SETTLE_LOOK is the core's (src/ps_control.rs's DRAIN_SETTLE_LOOK).
-
-
-def _settle(worker: Any) -> tuple:
+def _settle(worker: Any, action: Any) -> tuple:
     """``(idle, closure)`` of a worker that was neither idle nor running a closure at the
     bound: it was between two closures, in the queue's ``get``. Under the strict hold a
     closure it gets now goes back to the queue, and it is idle at its next turn, within
-    one get slice (``GET_SLICE``); or it had its closure already and records it. Looked
-    at for up to two slices, in real time whatever the caller's clock: counting such a
-    worker as a run in flight made the run count unindexed and the save counted a
-    finished run as unfinished (it ran twice after the restart; a reliability trial,
-    seed 36). Still unsettled after that: ``(False, None)``, counted as before."""
-    for _ in range(settle_looks(getattr(worker, "GET_SLICE", WORKER_GET_SLICE))):
+    one get slice; or it had its closure already and records it. Looked at for the
+    ``looks`` of ``look`` seconds the core's ``WaitIdle`` gives (two get slices), in
+    real time: counting such a worker as a run in flight made the run count unindexed
+    and the save counted a finished run as unfinished (it ran twice after the restart;
+    a reliability trial, seed 36). Still unsettled after that: ``(False, None)``,
+    counted as before."""
+    for _ in range(action.looks):
         closure = worker.taken()
         if closure is not None:
             return False, closure
-        if worker.wait_idle(_SETTLE_LOOK):
+        if worker.wait_idle(action.look):
             return True, None
     return False, worker.taken()
 

@@ -1,9 +1,12 @@
 """The coordinator's poll of every PS and worker task for a notice, and their release.
 
-:class:`ClusterPoller` asks each task's :class:`~.task_calls.TaskControl` every
-:data:`POLL_INTERVAL` seconds (the core's ``TaskWatch`` says what each answer leads to)
-and releases a task the coordinator is done with: docs/getting-started/
-parameter-server.md, "Preemption under ParameterServerStrategy".
+:class:`ClusterPoller` performs the core's ``CoordinatorProtocol``
+(``src/ps_control/coordinator.rs``): its poll lane asks each task's
+:class:`~.task_calls.TaskControl` in rounds, its release lane releases a task the
+coordinator is done with, its gone lane waits for a released task's process to exit.
+Each loop performs the action, reports its result as an event, and polls again; every
+timeout is the action's. docs/getting-started/parameter-server.md, "Preemption under
+ParameterServerStrategy".
 """
 
 from __future__ import annotations
@@ -13,20 +16,10 @@ import socket
 import threading
 from typing import Any, Callable, Optional
 
-from .._native import PS_POLL_INTERVAL as POLL_INTERVAL
-from .._native import PS_PORT_PROBE_TIMEOUT as PORT_PROBE_TIMEOUT
-from .._native import CallTimeout, Deadline, PollLog, Retry, RetryVerdict, TaskWatch, reconnect
-from .task_calls import CALL_TIMEOUT, CallRefused, call
+from .._native import Action, CoordinatorProtocol, Event, Lane, PollLog
+from .task_calls import CallRefused, call
 
 log = logging.getLogger("tf_failure_handling")
-
-# POLL_INTERVAL and PORT_PROBE_TIMEOUT are the core's (src/ps_control.rs says what each
-# means).
-
-
-def _job_task(device: str) -> tuple:
-    parts = dict(p.split(":", 1) for p in device.strip("/").split("/") if ":" in p)
-    return parts.get("job"), int(parts.get("task", 0))
 
 
 class ClusterPoller:
@@ -34,46 +27,42 @@ class ClusterPoller:
 
     ``on_notice(job, task, source, deadline)`` is called once per task incarnation
     with a notice, from the poller's thread. Every task is asked every round,
-    whatever it answered before: down, stopped, not (yet) serving.
+    whatever it answered before: down, stopped, not (yet) serving. ``interval`` and
+    ``call_timeout`` (None: the core's) and ``peer_timeout`` configure the protocol.
     """
 
     def __init__(
         self,
         cluster_spec: dict,
         on_notice: Callable[[str, int, str, Optional[float]], None],
-        interval: float = POLL_INTERVAL,
+        interval: Optional[float] = None,
         on_released: Optional[Callable[[str, int, str], None]] = None,
         caller: Optional[Callable[..., dict]] = None,
-        call_timeout: float = CALL_TIMEOUT,
-        listening: Optional[Callable[[str], bool]] = None,
+        call_timeout: Optional[float] = None,
+        listening: Optional[Callable[[str, float], bool]] = None,
         on_stale_context: Optional[Callable[[str], None]] = None,
+        peer_timeout: Optional[float] = None,
     ) -> None:
         self._on_released = on_released
         #: Called (the poller's thread) with a worker task whose poll failed because it
-        #: restarted and this coordinator has not reconnected to it (the core's
-        #: ``reconnect``; never a PS): the coordinator asks TensorFlow to reconnect.
+        #: restarted and this coordinator has not reconnected to it (the core says so;
+        #: never a PS): the coordinator asks TensorFlow to reconnect.
         self._on_stale_context = on_stale_context
-        self.tasks = []
+        tasks = []
         #: task -> its "host:port" in the cluster spec.
         self.addresses: dict = {}
         for job in ("ps", "worker"):
             for i, address in enumerate(cluster_spec.get(job) or ()):
                 task = f"/job:{job}/replica:0/task:{i}"
-                self.tasks.append(task)
+                tasks.append(task)
                 self.addresses[task] = str(address)
         self._listening = self._port_open if listening is None else listening
-        #: Tasks released and not yet seen gone: not asked anything meanwhile (an op
-        #: sent to a process that is exiting fails, and TensorFlow can hand that error
-        #: to another thread's next op in this process).
-        self.leaving: set = set()
         self._on_notice = on_notice
-        self._interval = interval
         self._call = call if caller is None else caller
-        self._call_timeout = call_timeout
+        #: Set by :meth:`stop`: wakes every pause of the lanes.
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        #: The core's view of each task's answers: incarnations, notices handed on, logs.
-        self._watch = TaskWatch()
+        #: The coordinator's protocol object: every decision about the tasks.
+        self.protocol = CoordinatorProtocol(tasks, peer_timeout, interval, call_timeout)
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
@@ -83,132 +72,140 @@ class ClusterPoller:
         self._thread.start()
 
     @property
+    def tasks(self) -> list:
+        return self.protocol.state()["tasks"]
+
+    @property
     def stopped(self) -> bool:
         return self._stop.is_set()
 
     def stop(self) -> None:
-        """Ends the watch; waits (bounded) for a round in progress."""
+        """Ends the watch; waits for a round in progress, as long as the core says it
+        may still take."""
+        self.protocol.handle(Event.Stop())
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(self._interval + self._call_timeout + 1.0)
+            thread.join(self.protocol.poll_timeout(Lane.Poll()))
 
     @property
     def incarnations(self) -> dict:
         """Task -> the incarnation of its last answer."""
-        return self._watch.incarnations()
+        return self.protocol.state()["incarnations"]
 
     @property
     def unanswered(self) -> dict:
         """Task -> the error type of its last unanswered polls (``"bad answer"``)."""
-        return self._watch.unanswered()
+        return self.protocol.state()["unanswered"]
 
-    def poll(self, task: str) -> Optional[dict]:
-        """One poll of ``task``: its answer, or None (down, stopped, or not served)."""
+    @property
+    def leaving(self) -> set:
+        """Tasks released and not yet seen gone: not asked anything meanwhile (an op
+        sent to a process that is exiting fails, and TensorFlow can hand that error
+        to another thread's next op in this process)."""
+        return self.protocol.state()["leaving"]
+
+    def poll(self, task: str, timeout: Optional[float] = None) -> Optional[dict]:
+        """One poll of ``task``, reported to the core: its answer, or None (down,
+        stopped, or not served)."""
         try:
-            answer = self._call(task, {"op": "poll"}, self._call_timeout)
+            answer = self._call(task, {"op": "poll"}, timeout)
         except Exception as e:  # noqa: BLE001 - a task that is down is TF's failure path
-            self._log(self._watch.failed(task, e), task, e)
-            if self._on_stale_context is not None and reconnect(task, str(e)):
-                try:
-                    self._on_stale_context(task)
-                except Exception as err:  # noqa: BLE001 - the watch goes on
-                    log.warning("Reconnecting to %s failed: %r", task, err)
+            self.protocol.handle(Event.PollFailed(task, e))
             return None
-        incarnation = answer.get("incarnation") if isinstance(answer, dict) else None
-        if not isinstance(incarnation, str):
-            self._watch.bad_answer(task)
-            return None
-        self._log(self._watch.answered(task, incarnation, answer.get("notice")), task, incarnation)
+        self.protocol.handle(Event.Answered(task, answer))
         return answer
 
-    @staticmethod
-    def _log(line: Optional[PollLog], task: str, detail: Any) -> None:
-        """The line of the poll's log the core chose (None: nothing to say)."""
-        if line == PollLog.NotServed:
-            log.info(
-                "%s does not run tf_failure_handling.serve(server) (yet): its termination "
-                "notices are watched once it does; until then it is handled as a failure "
-                "when it goes.",
-                task,
-            )
-        elif line == PollLog.DoesNotAnswer:
-            log.info("%s does not answer (%s): asked again next round.", task, detail)
-        elif line == PollLog.NewIncarnation:
-            log.info("%s answers as a new incarnation (%s): watched like the first.", task, detail)
-        elif line == PollLog.AnswersAgain:
-            log.info("%s answers again.", task)
+    def _perform(self, action: Any) -> bool:
+        """Performs one action of the poll lane; False at a pause or the end."""
+        if isinstance(action, Action.Poll):
+            self.poll(action.task, action.timeout)
+        elif isinstance(action, Action.Say):
+            _say(action)
+        elif isinstance(action, Action.Notice):
+            try:
+                self._on_notice(action.job, action.index, action.source, action.deadline)
+            except Exception as e:  # noqa: BLE001 - the watch goes on
+                log.warning("Handling the notice of %s failed: %r", action.task, e)
+        elif isinstance(action, Action.Reconnect):
+            if self._on_stale_context is not None:
+                try:
+                    self._on_stale_context(action.task)
+                except Exception as err:  # noqa: BLE001 - the watch goes on
+                    log.warning("Reconnecting to %s failed: %r", action.task, err)
+        else:
+            return False
+        return True
 
     def poll_once(self) -> None:
         """One round: every task asked (but those leaving after their release), each
-        incarnation's first notice handed on (the core says which)."""
-        for task in self.tasks:
-            if self._stop.is_set():
-                return
-            with self._lock:
-                if task in self.leaving:
-                    continue
-            answer = self.poll(task)
-            if answer is None or not self._watch.hand_on(task):
+        incarnation's first notice handed on (the core says which). A round due later
+        is waited for first."""
+        polled = False
+        while True:
+            action = self.protocol.poll(Lane.Poll())
+            if isinstance(action, Action.Pause):
+                if polled:
+                    return
+                self._stop.wait(action.timeout)
                 continue
-            notice = answer["notice"]
-            job, index = _job_task(task)
-            try:
-                self._on_notice(job, index, str(notice.get("source")), notice.get("deadline"))
-            except Exception as e:  # noqa: BLE001 - the watch goes on
-                log.warning("Handling the notice of %s failed: %r", task, e)
+            if not self._perform(action):
+                return
+            polled = polled or isinstance(action, Action.Poll)
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while True:
             try:
-                self.poll_once()
+                action = self.protocol.poll(Lane.Poll())
+                if isinstance(action, Action.Pause):
+                    self._stop.wait(action.timeout)
+                elif not self._perform(action):
+                    return
             except BaseException as e:  # noqa: BLE001 - the watch must not die silently
                 log.error("The watch over the cluster's notices failed a round: %r", e)
-            self._stop.wait(self._interval)
+                self._stop.wait(self.protocol.poll_timeout(Lane.Poll()))
 
     def release(self, task: str, reason: str, bound: Optional[float] = None) -> bool:
         """Tells ``task`` that the coordinator is done with it (it exits); False if it
         could not be told (gone, not answering within the bound, or it refused). A
         release that failed is sent again by the core's retry rule for ``bound``
-        seconds (by default one call's timeout), unless the watch is stopped."""
-        incarnation, notice_at = self._watch.release_names(task)
-        request = {
-            "op": "release",
-            "reason": reason,
-            "incarnation": incarnation,
-            "notice_at": notice_at,
-        }
-        retry = Retry(self._call_timeout if bound is None else bound)
+        seconds (None: one call's timeout), unless the watch is stopped."""
+        lane = Lane.Release(task)
+        self.protocol.handle(Event.ReleaseStart(task, reason, bound))
         while True:
-            try:
-                answer = self._call(task, request, self._call_timeout)
-                break
-            except CallTimeout as e:
-                if not isinstance(e, CallRefused):
-                    log.info("Could not release %s (%s): it does not answer.", task, e)
-                    return False
-                # Refused at once: this task's earlier call (a poll) has not returned.
-                error, ask_listening = e, False
-            except Exception as e:  # noqa: BLE001 - a task that is gone needs no release
-                # TensorFlow can hand one task's error (a stopped PS's) to another
-                # thread's next op in this process: while the task still listens, the
-                # release is sent again (a release is idempotent for the task).
-                error, ask_listening = e, True
-            # Either way, sent again by the core's retry rule.
-            verdict = retry.failed(closing=self._stop.is_set())
-            if isinstance(verdict, RetryVerdict.GiveUp) or (
-                ask_listening and not self._listening(task)
-            ):
-                log.info("Could not release %s (%s): it is gone or does not answer.", task, error)
+            action = self.protocol.poll(lane)
+            if isinstance(action, Action.Release):
+                try:
+                    answer = self._call(task, dict(action.request), action.timeout)
+                except CallRefused as e:
+                    self.protocol.handle(Event.ReleaseFailed(task, e, True))
+                except Exception as e:  # noqa: BLE001 - the core says what follows
+                    self.protocol.handle(Event.ReleaseFailed(task, e, False))
+                else:
+                    self.protocol.handle(Event.ReleaseAnswered(task, answer))
+            elif isinstance(action, Action.Probe):
+                listening = self._listening(task, action.timeout)
+                self.protocol.handle(Event.Probed(task, listening))
+            elif isinstance(action, Action.Pause):
+                log.info("Releasing %s failed (%s); sending it again.", task, action.after)
+                self._stop.wait(action.timeout)
+            elif isinstance(action, Action.Released):
+                return self._released(task, reason, action)
+            else:
                 return False
-            log.info("Releasing %s failed (%s); sending it again.", task, error)
-            self._stop.wait(verdict.pause)
-        if not isinstance(answer, dict) or not answer.get("released"):
-            why = answer.get("why") if isinstance(answer, dict) else answer
-            log.warning("%s refused its release (%s).", task, why)
+
+    def _released(self, task: str, reason: str, action: Any) -> bool:
+        if action.end == "no answer":
+            log.info("Could not release %s (%s): it does not answer.", task, action.detail)
             return False
-        with self._lock:
-            self.leaving.add(task)
+        if action.end == "gone":
+            log.info(
+                "Could not release %s (%s): it is gone or does not answer.", task, action.detail
+            )
+            return False
+        if action.end == "refused":
+            log.warning("%s refused its release (%s).", task, action.detail)
+            return False
         log.info("Released %s (%s).", task, reason)
         if self._on_released is not None:
             job, index = _job_task(task)
@@ -223,29 +220,49 @@ class ClusterPoller:
         connection -- (True), or ``bound`` seconds pass (False). No op is sent to the
         task meanwhile (see :attr:`leaving`); either way it is asked again afterwards
         (a restarted task is watched like the first)."""
-        deadline = Deadline(bound)
-        try:
-            while not self._stop.is_set():
-                if not self._listening(task):
-                    return True
-                if deadline.passed():
-                    return False
-                self._stop.wait(deadline.slice(0.1))
-            return False
-        finally:
-            with self._lock:
-                self.leaving.discard(task)
+        lane = Lane.Gone(task)
+        self.protocol.handle(Event.WaitGone(task, bound))
+        while True:
+            action = self.protocol.poll(lane)
+            if isinstance(action, Action.Probe):
+                self.protocol.handle(Event.Probed(task, self._listening(task, action.timeout)))
+            elif isinstance(action, Action.Pause):
+                self._stop.wait(action.timeout)
+            else:
+                return isinstance(action, Action.GoneOver) and action.gone
 
-    def _port_open(self, task: str) -> bool:
-        """Whether ``task``'s gRPC port accepts a TCP connection (its server runs)."""
+    def _port_open(self, task: str, timeout: float) -> bool:
+        """Whether ``task``'s gRPC port accepts a TCP connection within ``timeout``
+        seconds (its server runs)."""
         host, _, port = self.addresses[task].rpartition(":")
         try:
-            with socket.create_connection(
-                (host.strip("[]"), int(port)), timeout=PORT_PROBE_TIMEOUT
-            ):
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
                 return True
         except ConnectionRefusedError:
             return False
         except OSError:
             # Not refused (a timeout, no route): the process may still be there.
             return True
+
+
+def _job_task(device: str) -> tuple:
+    parts = dict(p.split(":", 1) for p in device.strip("/").split("/") if ":" in p)
+    return parts.get("job"), int(parts.get("task", 0))
+
+
+def _say(action: Any) -> None:
+    """The line of the poll's log the core chose."""
+    task, detail = action.task, action.detail
+    if action.line == PollLog.NotServed:
+        log.info(
+            "%s does not run tf_failure_handling.serve(server) (yet): its termination "
+            "notices are watched once it does; until then it is handled as a failure "
+            "when it goes.",
+            task,
+        )
+    elif action.line == PollLog.DoesNotAnswer:
+        log.info("%s does not answer (%s): asked again next round.", task, detail)
+    elif action.line == PollLog.NewIncarnation:
+        log.info("%s answers as a new incarnation (%s): watched like the first.", task, detail)
+    elif action.line == PollLog.AnswersAgain:
+        log.info("%s answers again.", task)

@@ -12,19 +12,12 @@ import json
 import os
 from typing import Any, Optional
 
-from .._native import GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT
-
-# GRPC_PING_EVERY, GRPC_PING_TIMEOUT and GRPC_CONNECT_TIMEOUT are the core's
-# (src/ps_control/keepalive.rs says what each means).
+from .._native import GRPC_KEEPALIVE as _OPTIONS
 
 #: gRPC channel options this package adds to ``TF_GRPC_DEFAULT_OPTIONS`` (the options of
-#: every channel TensorFlow creates in this process) unless the user set them there.
-GRPC_KEEPALIVE = (
-    ("grpc.keepalive_time_ms", int(GRPC_PING_EVERY * 1000)),
-    ("grpc.keepalive_timeout_ms", int(GRPC_PING_TIMEOUT * 1000)),
-    ("grpc.http2.ping_timeout_ms", int(GRPC_PING_TIMEOUT * 1000)),
-    ("grpc.min_reconnect_backoff_ms", int(GRPC_CONNECT_TIMEOUT * 1000)),
-)
+#: every channel TensorFlow creates in this process) unless the user set them there: the
+#: core's table (src/ps_control/keepalive.rs says what each value means).
+GRPC_KEEPALIVE = tuple(tuple(option) for option in _OPTIONS)
 #: ``1``: add :data:`GRPC_KEEPALIVE` in any process; ``0``: never. Unset: only in a
 #: process whose ``TF_CONFIG`` names a ``ps`` job (a ParameterServerStrategy cluster: a
 #: MultiWorkerMirroredStrategy process keeps TensorFlow's channels as they are).

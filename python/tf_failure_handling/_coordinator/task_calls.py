@@ -16,17 +16,8 @@ import threading
 from typing import Any, Callable, Optional
 
 from .._bounded_call import BoundedCall
-from .._native import (
-    ABANDON_AFTER,
-    MAX_ABANDONED,
-    CallTimeout,
-    TaskCalls,
-    now,
-    release_refused,
-    unix_now,
-)
-from .._native import PS_CALL_TIMEOUT as CALL_TIMEOUT
 from .._native import PS_TOKEN as TOKEN
+from .._native import CallTimeout, TaskCalls, release_refused, unix_now
 
 # Imported for what it does at import: the keepalive is in TF_GRPC_DEFAULT_OPTIONS before
 # TensorFlow creates a channel, so a call to a stopped task fails instead of stalling.
@@ -34,8 +25,8 @@ from . import grpc_keepalive  # noqa: F401
 
 log = logging.getLogger("tf_failure_handling")
 
-# TOKEN (the key of TaskControl in TF's py_func registry), ABANDON_AFTER,
-# MAX_ABANDONED and CALL_TIMEOUT are the core's (src/ps_control.rs says what each means).
+# TOKEN (the key of TaskControl in TF's py_func registry) is the core's
+# (src/ps_control.rs).
 
 #: The control of this process (strongly referenced: TF's registry holds weak ones).
 _installed: Optional[TaskControl] = None
@@ -141,24 +132,27 @@ class CallRefused(CallTimeout):
 
 
 class _Caller:
-    """Bounded calls to the tasks (:class:`BoundedCall`). Whether a call may start, and
-    which unreturned one it abandons, is the core's (``TaskCalls``: ``abandon_after``,
-    ``max_abandoned``); a refused call raises :class:`CallRefused` at once."""
+    """Bounded calls to the tasks (:class:`BoundedCall`), each within the ``timeout``
+    its action gives. Whether a call may start, and which unreturned one it abandons,
+    is the core's (``TaskCalls``; ``abandon_after``, ``max_abandoned`` and ``clock``:
+    None, the core's); a refused call raises :class:`CallRefused` at once."""
 
     def __init__(
         self,
         transport: Callable[[str, dict], dict] = remote_call,
-        abandon_after: float = ABANDON_AFTER,
-        max_abandoned: int = MAX_ABANDONED,
-        clock: Callable[[], float] = now,
+        abandon_after: Optional[float] = None,
+        max_abandoned: Optional[int] = None,
+        clock: Optional[Callable[[], float]] = None,
     ) -> None:
         self._transport = transport
         self._clock = clock
         self._calls = TaskCalls(abandon_after, max_abandoned)
 
-    def __call__(self, task: str, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
+    def __call__(self, task: str, request: dict, timeout: float) -> dict:
         try:
-            call, abandoned = self._calls.start(task, self._clock())
+            call, abandoned = self._calls.start(
+                task, None if self._clock is None else self._clock()
+            )
         except CallTimeout as e:
             raise CallRefused(str(e)) from None
         if abandoned is not None:

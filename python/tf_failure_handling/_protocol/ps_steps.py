@@ -31,7 +31,7 @@ from .._coordinator import grpc_keepalive as _grpc_keepalive
 from .._coordinator import join_checks as _join_checks
 from .._coordinator import worker_drain as _worker_drain
 from .._integrations import tf_exit as _tf_exit
-from .._native import COORDINATOR_SILENCE, ProtocolCore, runs_at_save
+from .._native import COORDINATOR_SILENCE, ProtocolCore
 from .records_hooks import StageRecords
 from .state import HandlerState
 
@@ -80,6 +80,7 @@ class PsSteps:
             self._on_cluster_notice,
             on_released=self._records.task_release,
             on_stale_context=self._reconnect,
+            peer_timeout=self._state.peer_timeout,
         )
         self.poller.start()
         self._join_check = join_check
@@ -138,11 +139,7 @@ class PsSteps:
                 self._sources.trigger(f"ps {task}: {source}", deadline)
         elif job == "worker" and self.poller is not None:
             drain = _worker_drain.WorkerDrain(
-                self.poller,
-                task,
-                deadline,
-                coordinator=self._coordinator(),
-                peer_timeout=self._state.peer_timeout,
+                self.poller, task, deadline, coordinator=self._coordinator()
             )
             threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
 
@@ -174,7 +171,7 @@ class PsSteps:
         start = self._state.clock()
         scheduled = self._core.run_counter
         unfinished = _closure_drain.wait_for_closures(
-            coordinator, bound, self._state.clock, scheduled=scheduled
+            coordinator, bound, scheduled=scheduled, protocol=self.poller.protocol
         )
         self._unfinished = unfinished
         self._scheduled = scheduled
@@ -192,15 +189,10 @@ class PsSteps:
             )
             return
         # The checkpoint holds the runs before the first unfinished one (a restart
-        # schedules from its count on); only the handler's runs are in its count: a
-        # closure scheduled outside run() (an evaluation, say) is not, and is never run
-        # again after the restart.
-        if unfinished.indexed:
-            runs, self._finished_after = runs_at_save(
-                scheduled, unfinished.queued_runs, unfinished.in_flight_runs
-            )
-        else:  # TensorFlow's coordinator: the unfinished ones are taken as the last
-            runs, self._finished_after = max(0, scheduled - unfinished.count), []
+        # schedules from its count on): the core's count (the save lane's). Only the
+        # handler's runs are in it: a closure scheduled outside run() (an evaluation,
+        # say) is not, and is never run again after the restart.
+        runs, self._finished_after = unfinished.runs, unfinished.finished_after
         self._core.run_counter = runs
         if self._finished_after:
             log.warning(

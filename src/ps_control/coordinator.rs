@@ -1,0 +1,1331 @@
+//! The coordinator's protocol object: every decision of a ParameterServerStrategy
+//! coordinator about its tasks, in one place, sans-IO (quinn-proto's `Connection`
+//! shape): events go in with `now` ([`Coordinator::handle`]), actions come out
+//! ([`Coordinator::poll`]), and [`Coordinator::poll_timeout`] says how long a lane may
+//! wait. The Python layer (`_coordinator/cluster_poller.py`, `worker_drain.py`,
+//! `closure_drain.py`) only performs each action and reports its result as an event.
+//!
+//! The coordinator's threads each perform one [`Lane`] of the object:
+//!
+//! | lane | thread | what it decides |
+//! | --- | --- | --- |
+//! | [`Lane::Poll`] | the poller | the rounds: which task to ask, when, what an answer's log line is, which notice is handed on, which task is reconnected |
+//! | [`Lane::Release`] | whoever releases | a release's call, and its retries by the core's retry rule |
+//! | [`Lane::Gone`] | whoever waits | the wait for a released task's process to be gone: probes, pauses, the bound |
+//! | [`Lane::Drain`] | a worker's drain | the drain of a worker with a notice ([`super::drain`]) |
+//! | [`Lane::Save`] | the handler's save | the wait for the closures before the save ([`super::save_drain`]) and the run count it saves |
+//!
+//! A task released stays unasked by the poll until the wait for it to be gone ends
+//! (an op sent to an exiting process fails, and TensorFlow can hand that error to
+//! another thread's op).
+//!
+//! Times: one clock, the caller's `now` in Unix seconds (a notice's deadline is a
+//! Unix time, as the task reported it).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::drain::{DrainStep, Ended, Outcome, WorkerDrain};
+use super::save_drain::{settle_looks, SaveDrain, SaveStep};
+use super::{
+    reconnect, runs_at_save, PollLog, Watch, CALL_TIMEOUT, DEFAULT_DRAIN_BOUND, DRAIN_ERROR_WAIT, DRAIN_SETTLE_LOOK, POLL_INTERVAL,
+    PORT_PROBE_TIMEOUT, WORKER_GET_SLICE,
+};
+use crate::retry::{Retry, Verdict};
+
+/// Seconds between two probes of a released task's port while the coordinator
+/// waits for its process to be gone.
+pub const GONE_PROBE_EVERY: f64 = 0.1;
+/// Seconds a stopped poll lane may still take past its round's call and pause:
+/// what the stop waits for it, beyond those.
+pub const STOP_MARGIN: f64 = 1.0;
+
+/// Which of the coordinator's threads asks ([module docs](self)).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Lane {
+    /// The poller's rounds.
+    Poll,
+    /// The release of this task.
+    Release(String),
+    /// The wait for this task's process to be gone.
+    Gone(String),
+    /// The drain of this worker.
+    Drain(usize),
+    /// The save's wait for the closures.
+    Save,
+}
+
+/// A task's notice, as its poll's answer gave it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NoticeSeen {
+    /// When the task took it (Unix seconds; None: not a number).
+    pub at: Option<f64>,
+    /// Its source ("signal SIGTERM", "kubernetes").
+    pub source: String,
+    /// When the machine goes (Unix seconds), if the notice says.
+    pub deadline: Option<f64>,
+}
+
+/// What a release's call came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReleaseAnswer {
+    /// The task accepted it.
+    Released,
+    /// The task refused it (the answer's `why`).
+    Refused(String),
+    /// The call used its whole bound: the task does not answer.
+    TimedOut(String),
+    /// Not started: the task's earlier call has not returned.
+    Busy(String),
+    /// The call failed (the task may be gone, or another task's error was handed on).
+    Failed(String),
+}
+
+/// How a release ended ([`Action::Released`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReleaseEnd {
+    /// Accepted: the task exits.
+    Released,
+    /// Refused by the task, for this reason.
+    Refused(String),
+    /// The task does not answer (this error).
+    NoAnswer(String),
+    /// The task is gone, or the retries gave up (this error).
+    Gone(String),
+}
+
+/// What the caller reports ([`Coordinator::handle`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// `task` answered its poll as `incarnation`, with its notice or none.
+    Answered {
+        task: String,
+        incarnation: String,
+        notice: Option<NoticeSeen>,
+    },
+    /// `task`'s poll raised an error of type `kind` saying `message`.
+    PollFailed { task: String, kind: String, message: String },
+    /// `task`'s poll got an answer that is no task's answer.
+    BadAnswer { task: String },
+    /// The coordinator stops watching: every lane ends.
+    Stop,
+    /// Release `task` for `reason`, retrying for `bound` seconds (None: one call's
+    /// timeout).
+    ReleaseStart { task: String, reason: String, bound: Option<f64> },
+    /// The release call of `task` came to `answer`.
+    ReleaseAnswered { task: String, answer: ReleaseAnswer },
+    /// Wait until `task`'s process is gone, at most `bound` seconds.
+    WaitGone { task: String, bound: f64 },
+    /// A probe of `task`'s port: `listening` when it accepted a connection.
+    Probed { task: String, listening: bool },
+    /// Drain `worker`, whose notice names `deadline`; `can_hold`: its thread can be held.
+    DrainStart {
+        worker: usize,
+        deadline: Option<f64>,
+        can_hold: bool,
+    },
+    /// The wait for `worker`'s closure in flight ended (`idle`: it finished).
+    Idled { worker: usize, idle: bool },
+    /// `worker`'s release ended (`ok`: accepted).
+    DrainReleased { worker: usize, ok: bool },
+    /// The wait for `worker`'s process ended (`gone`: it is gone).
+    DrainWaited { worker: usize, gone: bool },
+    /// The save waits for the closures, `bound` seconds; `scheduled` is the handler's
+    /// run count (None: gaps not looked for); `held`: every worker thread was held.
+    SaveStart { bound: f64, scheduled: Option<u64>, held: bool },
+    /// What the save's wait left: the handler's runs unfinished (`count`), and by
+    /// index when all are known (`runs`: queued, in flight).
+    Unfinished { runs: Option<(Vec<u64>, Vec<u64>)>, count: u64 },
+    /// Of the runs to promote, `found` are queued, and `takers` workers can run them.
+    Promotable { found: Vec<u64>, takers: usize },
+    /// The wait for the granted runs to be taken ended.
+    Granted,
+}
+
+/// What the caller does next ([`Coordinator::poll`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Ask `task` for its incarnation and notice, within `timeout` seconds; report
+    /// [`Event::Answered`], [`Event::PollFailed`] or [`Event::BadAnswer`].
+    Poll { task: String, timeout: f64 },
+    /// Log this line about `task` (`detail`: the error, or the incarnation).
+    Say { line: PollLog, task: String, detail: String },
+    /// Ask TensorFlow to reconnect to `task` (restarted, unknown to this coordinator).
+    Reconnect { task: String },
+    /// Hand on `task`'s notice: a PS's is the coordinator's own; a worker is drained.
+    Notice {
+        task: String,
+        job: String,
+        index: usize,
+        source: String,
+        deadline: Option<f64>,
+    },
+    /// Call `task`'s release, within `timeout` seconds; report [`Event::ReleaseAnswered`].
+    Release {
+        task: String,
+        reason: String,
+        incarnation: Option<String>,
+        notice_at: Option<f64>,
+        timeout: f64,
+    },
+    /// The release of `task` ended; `retried`: after how many failed calls.
+    Released { task: String, end: ReleaseEnd },
+    /// Probe `task`'s port (a connection within `timeout` seconds); report
+    /// [`Event::Probed`].
+    Probe { task: String, timeout: f64 },
+    /// Wait `timeout` seconds (or until the stop), then poll the lane again.
+    /// `after`: the error that made a release wait before it is sent again.
+    Pause { timeout: f64, after: Option<String> },
+    /// The wait for the task's process ended: `gone` when it is.
+    GoneOver { gone: bool },
+    /// Hold the worker's thread and wait at most `bound` seconds for its closure in
+    /// flight; report [`Event::Idled`].
+    Hold { bound: f64 },
+    /// Release the drained worker's process (run [`Lane::Release`]); report
+    /// [`Event::DrainReleased`]. `drained`: its closure finished; `hold`: its thread is held.
+    DrainRelease { task: String, drained: bool, hold: bool },
+    /// Wait until the worker's process is gone (run [`Lane::Gone`]), at most `bound`;
+    /// report [`Event::DrainWaited`]. `holding`: its release failed and it is kept
+    /// out of the rotation this long in all (first wait only).
+    DrainWaitGone { task: String, bound: f64, holding: Option<f64> },
+    /// The drain is over; resume the worker's thread if `held`. `why` (None: nothing
+    /// was held) and `bound` (the hold's, for [`Ended::HoldBoundPassed`]).
+    DrainOver {
+        held: bool,
+        why: Option<Ended>,
+        outcome: Option<Outcome>,
+    },
+    /// The threads cannot be held: wait for every scheduled closure, at most `bound`
+    /// seconds; report [`Event::Unfinished`].
+    WaitAll { bound: f64 },
+    /// Wait for each held worker to be idle, each within [`Coordinator::poll_timeout`];
+    /// a worker between two closures at the bound gets `looks` looks of `look`
+    /// seconds. Report [`Event::Unfinished`].
+    WaitIdle { look: f64, looks: u32 },
+    /// Find which of these runs are still queued, and the workers that can take
+    /// them; report [`Event::Promotable`].
+    Promote { runs: Vec<u64> },
+    /// Move these runs to the queue's head, let the held workers take that many, and
+    /// wait at most `wait` seconds until they have; report [`Event::Granted`].
+    Grant { runs: Vec<u64>, wait: f64 },
+    /// The save's wait is over: runs `0..runs` are in the checkpoint (None: the run
+    /// count is left as it is), `finished_after` run again, `filled` ran first.
+    /// A closure's error is raised with a wait of `error_wait` seconds on the queue.
+    Saved {
+        runs: Option<u64>,
+        finished_after: Vec<u64>,
+        filled: Vec<u64>,
+        error_wait: f64,
+    },
+    /// Nothing to do in this lane: it ended (or never started).
+    Done,
+}
+
+#[derive(Debug, Default)]
+struct PollLane {
+    /// Tasks still to ask this round (None: between rounds).
+    round: Option<VecDeque<String>>,
+    /// When the next round starts.
+    next_round: f64,
+    /// Actions to hand out before the next poll (log lines, notices, reconnections).
+    out: VecDeque<Action>,
+}
+
+#[derive(Debug)]
+enum ReleasePhase {
+    Call,
+    Awaiting,
+    Probing { error: String, until: f64 },
+    Paused { until: f64, after: Option<String> },
+    Over(ReleaseEnd),
+}
+
+#[derive(Debug)]
+struct ReleaseLane {
+    reason: String,
+    retry: Retry,
+    phase: ReleasePhase,
+}
+
+#[derive(Debug)]
+struct GoneLane {
+    until: f64,
+    probed: Option<bool>,
+    pause_until: f64,
+}
+
+#[derive(Debug)]
+struct DrainLane {
+    drain: WorkerDrain,
+    next: DrainStep,
+    incarnation: Option<String>,
+    held: bool,
+}
+
+/// The handler's runs queued and in flight, by index.
+type Runs = (Vec<u64>, Vec<u64>);
+
+#[derive(Debug)]
+struct SaveLane {
+    drain: SaveDrain,
+    next: Option<SaveStep>,
+    scheduled: Option<u64>,
+    /// The last report of what the wait left: the runs by index, and their count.
+    left: Option<(Option<Runs>, u64)>,
+    over: bool,
+}
+
+/// The coordinator's protocol object ([module docs](self)).
+#[derive(Debug)]
+pub struct Coordinator {
+    tasks: Vec<String>,
+    peer_timeout: f64,
+    interval: f64,
+    call_timeout: f64,
+    stopped: bool,
+    watch: Watch,
+    leaving: BTreeSet<String>,
+    poll: PollLane,
+    releases: BTreeMap<String, ReleaseLane>,
+    gone: BTreeMap<String, GoneLane>,
+    drains: BTreeMap<usize, DrainLane>,
+    save: Option<SaveLane>,
+}
+
+/// `("worker", 1)` of `/job:worker/replica:0/task:1`.
+fn job_task(task: &str) -> (String, usize) {
+    let mut job = String::new();
+    let mut index = 0;
+    for part in task.trim_matches('/').split('/') {
+        if let Some(j) = part.strip_prefix("job:") {
+            job = j.to_owned();
+        } else if let Some(i) = part.strip_prefix("task:") {
+            index = i.parse().unwrap_or(0);
+        }
+    }
+    (job, index)
+}
+
+/// The device name of worker `index`.
+#[must_use]
+pub fn worker_task(index: usize) -> String {
+    format!("/job:worker/replica:0/task:{index}")
+}
+
+impl Coordinator {
+    /// The coordinator of `tasks` (device names, asked in this order each round);
+    /// `peer_timeout` is its handler's (None: [`DEFAULT_DRAIN_BOUND`]), the bound of a
+    /// served worker's own wait; `interval` and `call_timeout` default to
+    /// [`POLL_INTERVAL`] and [`CALL_TIMEOUT`].
+    #[must_use]
+    pub fn new(tasks: Vec<String>, peer_timeout: Option<f64>, interval: Option<f64>, call_timeout: Option<f64>) -> Self {
+        Coordinator {
+            tasks,
+            peer_timeout: peer_timeout.unwrap_or(DEFAULT_DRAIN_BOUND),
+            interval: interval.unwrap_or(POLL_INTERVAL),
+            call_timeout: call_timeout.unwrap_or(CALL_TIMEOUT),
+            stopped: false,
+            watch: Watch::new(),
+            leaving: BTreeSet::new(),
+            poll: PollLane::default(),
+            releases: BTreeMap::new(),
+            gone: BTreeMap::new(),
+            drains: BTreeMap::new(),
+            save: None,
+        }
+    }
+
+    /// Whether [`Event::Stop`] came.
+    #[must_use]
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// The tasks, in the poll's order.
+    #[must_use]
+    pub fn tasks(&self) -> &[String] {
+        &self.tasks
+    }
+
+    /// The poll's view of every task (incarnations, unanswered tasks).
+    #[must_use]
+    pub fn watch(&self) -> &Watch {
+        &self.watch
+    }
+
+    /// Tasks released and not yet seen gone: not asked meanwhile.
+    #[must_use]
+    pub fn leaving(&self) -> &BTreeSet<String> {
+        &self.leaving
+    }
+
+    /// An event at `now`.
+    #[allow(clippy::too_many_lines)]
+    pub fn handle(&mut self, event: Event, now: f64) {
+        match event {
+            Event::Answered { task, incarnation, notice } => {
+                let at = notice.as_ref().map(|n| n.at);
+                if let Some(line) = self.watch.answered(&task, &incarnation, at) {
+                    self.poll.out.push_back(Action::Say {
+                        line,
+                        task: task.clone(),
+                        detail: incarnation,
+                    });
+                }
+                if let Some(n) = notice {
+                    if self.watch.hand_on(&task) {
+                        let (job, index) = job_task(&task);
+                        self.poll.out.push_back(Action::Notice {
+                            task,
+                            job,
+                            index,
+                            source: n.source,
+                            deadline: n.deadline,
+                        });
+                    }
+                }
+            }
+            Event::PollFailed { task, kind, message } => {
+                if let Some(line) = self.watch.failed(&task, &kind, &message) {
+                    self.poll.out.push_back(Action::Say {
+                        line,
+                        task: task.clone(),
+                        detail: message.clone(),
+                    });
+                }
+                if reconnect(&task, &message) {
+                    self.poll.out.push_back(Action::Reconnect { task });
+                }
+            }
+            Event::BadAnswer { task } => self.watch.bad_answer(&task),
+            Event::Stop => self.stopped = true,
+            Event::ReleaseStart { task, reason, bound } => {
+                let retry = Retry::new(bound.unwrap_or(self.call_timeout));
+                self.releases.insert(
+                    task,
+                    ReleaseLane {
+                        reason,
+                        retry,
+                        phase: ReleasePhase::Call,
+                    },
+                );
+            }
+            Event::ReleaseAnswered { task, answer } => self.release_answered(&task, answer, now),
+            Event::WaitGone { task, bound } => {
+                self.gone.insert(
+                    task,
+                    GoneLane {
+                        until: now + bound.max(0.0),
+                        probed: None,
+                        pause_until: f64::NEG_INFINITY,
+                    },
+                );
+            }
+            Event::Probed { task, listening } => {
+                if let Some(lane) = self.releases.get_mut(&task) {
+                    if let ReleasePhase::Probing { error, until } = &lane.phase {
+                        // A task that still listens gets the release again after the pause.
+                        lane.phase = if listening {
+                            ReleasePhase::Paused {
+                                until: *until,
+                                after: Some(error.clone()),
+                            }
+                        } else {
+                            ReleasePhase::Over(ReleaseEnd::Gone(error.clone()))
+                        };
+                        return;
+                    }
+                }
+                if let Some(lane) = self.gone.get_mut(&task) {
+                    lane.probed = Some(listening);
+                }
+            }
+            Event::DrainStart {
+                worker,
+                deadline,
+                can_hold,
+            } => {
+                let mut drain = WorkerDrain::new(deadline, self.peer_timeout);
+                let next = drain.start(can_hold, now);
+                let incarnation = self
+                    .watch
+                    .incarnations()
+                    .into_iter()
+                    .find(|(t, _)| *t == worker_task(worker))
+                    .map(|(_, i)| i);
+                self.drains.insert(
+                    worker,
+                    DrainLane {
+                        drain,
+                        next,
+                        incarnation,
+                        held: false,
+                    },
+                );
+            }
+            Event::Idled { worker, idle } => {
+                if let Some(lane) = self.drains.get_mut(&worker) {
+                    lane.next = lane.drain.idled(idle);
+                }
+            }
+            Event::DrainReleased { worker, ok } => {
+                let stopped = self.stopped;
+                if let Some(lane) = self.drains.get_mut(&worker) {
+                    lane.next = lane.drain.released(ok, stopped, now);
+                }
+            }
+            Event::DrainWaited { worker, gone } => {
+                let stopped = self.stopped;
+                let now_incarnation = self.incarnation_of(&worker_task(worker));
+                if let Some(lane) = self.drains.get_mut(&worker) {
+                    let same = now_incarnation == lane.incarnation;
+                    lane.next = lane.drain.waited(gone, same, stopped, now);
+                }
+            }
+            Event::SaveStart { bound, scheduled, held } => {
+                let mut drain = SaveDrain::new(bound, scheduled);
+                let next = drain.start(held, now);
+                self.save = Some(SaveLane {
+                    drain,
+                    next: Some(next),
+                    scheduled,
+                    left: None,
+                    over: false,
+                });
+            }
+            Event::Unfinished { runs, count } => {
+                if let Some(lane) = self.save.as_mut() {
+                    let step = lane.drain.unfinished(runs.as_ref().map(|(q, f)| (q.as_slice(), f.as_slice())), now);
+                    lane.left = Some((runs, count));
+                    lane.next = Some(step);
+                }
+            }
+            Event::Promotable { found, takers } => {
+                if let Some(lane) = self.save.as_mut() {
+                    lane.next = Some(lane.drain.promotable(&found, takers, now));
+                }
+            }
+            Event::Granted => {
+                if let Some(lane) = self.save.as_mut() {
+                    lane.next = Some(lane.drain.granted());
+                }
+            }
+        }
+    }
+
+    fn incarnation_of(&self, task: &str) -> Option<String> {
+        self.watch.incarnations().into_iter().find(|(t, _)| t == task).map(|(_, i)| i)
+    }
+
+    fn release_answered(&mut self, task: &str, answer: ReleaseAnswer, now: f64) {
+        let stopped = self.stopped;
+        let Some(lane) = self.releases.get_mut(task) else {
+            return;
+        };
+        let (error, probe) = match answer {
+            ReleaseAnswer::Released => {
+                self.leaving.insert(task.to_owned());
+                lane.phase = ReleasePhase::Over(ReleaseEnd::Released);
+                return;
+            }
+            ReleaseAnswer::Refused(why) => {
+                lane.phase = ReleasePhase::Over(ReleaseEnd::Refused(why));
+                return;
+            }
+            ReleaseAnswer::TimedOut(e) => {
+                lane.phase = ReleasePhase::Over(ReleaseEnd::NoAnswer(e));
+                return;
+            }
+            // Refused at once: this task's earlier call (a poll) has not returned.
+            ReleaseAnswer::Busy(e) => (e, false),
+            // TensorFlow can hand one task's error (a stopped PS's) to another thread's
+            // next op: while the task still listens, the release is sent again (a
+            // release is idempotent for the task).
+            ReleaseAnswer::Failed(e) => (e, true),
+        };
+        match lane.retry.failed(now, stopped) {
+            Verdict::GiveUp { .. } => lane.phase = ReleasePhase::Over(ReleaseEnd::Gone(error)),
+            Verdict::Again { at, .. } => {
+                lane.phase = if probe {
+                    ReleasePhase::Probing { error, until: at }
+                } else {
+                    ReleasePhase::Paused {
+                        until: at,
+                        after: Some(error),
+                    }
+                };
+            }
+        }
+    }
+
+    /// The next action of `lane` at `now`.
+    pub fn poll(&mut self, lane: &Lane, now: f64) -> Action {
+        match lane {
+            Lane::Poll => self.poll_round(now),
+            Lane::Release(task) => self.poll_release(task, now),
+            Lane::Gone(task) => self.poll_gone(task, now),
+            Lane::Drain(worker) => self.poll_drain(*worker),
+            Lane::Save => self.poll_save(),
+        }
+    }
+
+    fn poll_round(&mut self, now: f64) -> Action {
+        if let Some(action) = self.poll.out.pop_front() {
+            return action;
+        }
+        if self.stopped {
+            self.poll.round = None;
+            return Action::Done;
+        }
+        if self.poll.round.is_none() {
+            if now < self.poll.next_round {
+                return Action::Pause {
+                    timeout: self.poll.next_round - now,
+                    after: None,
+                };
+            }
+            self.poll.round = Some(self.tasks.iter().cloned().collect());
+        }
+        let round = self.poll.round.as_mut().expect("a round");
+        while let Some(task) = round.pop_front() {
+            if !self.leaving.contains(&task) {
+                return Action::Poll {
+                    task,
+                    timeout: self.call_timeout,
+                };
+            }
+        }
+        self.poll.round = None;
+        self.poll.next_round = now + self.interval;
+        Action::Pause {
+            timeout: self.interval,
+            after: None,
+        }
+    }
+
+    fn poll_release(&mut self, task: &str, now: f64) -> Action {
+        let (incarnation, notice_at) = self.watch.release_names(task);
+        let call_timeout = self.call_timeout;
+        let Some(lane) = self.releases.get_mut(task) else {
+            return Action::Done;
+        };
+        if let ReleasePhase::Paused { until, after } = &lane.phase {
+            if now < *until && !self.stopped {
+                return Action::Pause {
+                    timeout: until - now,
+                    after: after.clone(),
+                };
+            }
+            lane.phase = ReleasePhase::Call;
+        }
+        match &lane.phase {
+            ReleasePhase::Call => {
+                lane.phase = ReleasePhase::Awaiting;
+                Action::Release {
+                    task: task.to_owned(),
+                    reason: lane.reason.clone(),
+                    incarnation,
+                    notice_at,
+                    timeout: call_timeout,
+                }
+            }
+            ReleasePhase::Probing { .. } => Action::Probe {
+                task: task.to_owned(),
+                timeout: PORT_PROBE_TIMEOUT,
+            },
+            ReleasePhase::Over(_) => {
+                let Some(ReleaseLane {
+                    phase: ReleasePhase::Over(end),
+                    ..
+                }) = self.releases.remove(task)
+                else {
+                    unreachable!("the lane is over")
+                };
+                Action::Released {
+                    task: task.to_owned(),
+                    end,
+                }
+            }
+            // Awaiting an answer that was not reported (a caller's bug): over.
+            ReleasePhase::Awaiting | ReleasePhase::Paused { .. } => {
+                self.releases.remove(task);
+                Action::Released {
+                    task: task.to_owned(),
+                    end: ReleaseEnd::NoAnswer("no answer reported".to_owned()),
+                }
+            }
+        }
+    }
+
+    fn poll_gone(&mut self, task: &str, now: f64) -> Action {
+        let stopped = self.stopped;
+        let Some(lane) = self.gone.get_mut(task) else {
+            return Action::Done;
+        };
+        let ended = if stopped {
+            Some(false)
+        } else if let Some(listening) = lane.probed.take() {
+            if !listening {
+                Some(true)
+            } else if now >= lane.until {
+                Some(false)
+            } else {
+                lane.pause_until = now + GONE_PROBE_EVERY.min(lane.until - now);
+                None
+            }
+        } else if now >= lane.pause_until {
+            return Action::Probe {
+                task: task.to_owned(),
+                timeout: PORT_PROBE_TIMEOUT,
+            };
+        } else {
+            None
+        };
+        match ended {
+            Some(gone) => {
+                self.gone.remove(task);
+                // Either way it is asked again (a restarted task is watched like the first).
+                self.leaving.remove(task);
+                Action::GoneOver { gone }
+            }
+            None => Action::Pause {
+                timeout: lane.pause_until - now,
+                after: None,
+            },
+        }
+    }
+
+    fn poll_drain(&mut self, worker: usize) -> Action {
+        let Some(lane) = self.drains.get_mut(&worker) else {
+            return Action::Done;
+        };
+        let task = worker_task(worker);
+        match lane.next {
+            DrainStep::Hold { bound } => {
+                lane.held = true;
+                Action::Hold { bound }
+            }
+            DrainStep::Release { drained, hold } => Action::DrainRelease { task, drained, hold },
+            DrainStep::WaitGone { bound, holding } => Action::DrainWaitGone { task, bound, holding },
+            DrainStep::Resume(why) => {
+                let lane = self.drains.remove(&worker).expect("the lane");
+                Action::DrainOver {
+                    held: lane.held,
+                    why: Some(why),
+                    outcome: lane.drain.outcome(),
+                }
+            }
+            DrainStep::Done => {
+                let lane = self.drains.remove(&worker).expect("the lane");
+                Action::DrainOver {
+                    held: lane.held,
+                    why: None,
+                    outcome: lane.drain.outcome(),
+                }
+            }
+        }
+    }
+
+    fn poll_save(&mut self) -> Action {
+        let Some(lane) = self.save.as_mut() else {
+            return Action::Done;
+        };
+        if lane.over {
+            return Action::Done;
+        }
+        match lane.next.take() {
+            Some(SaveStep::WaitAll { bound }) => Action::WaitAll { bound },
+            Some(SaveStep::WaitIdle { .. }) => Action::WaitIdle {
+                look: DRAIN_SETTLE_LOOK,
+                looks: settle_looks(WORKER_GET_SLICE),
+            },
+            Some(SaveStep::Promote { runs }) => Action::Promote { runs },
+            Some(SaveStep::Grant { runs, wait }) => Action::Grant { runs, wait },
+            // Done, or WaitAll reported: what the checkpoint holds.
+            Some(SaveStep::Done) | None => {
+                lane.over = true;
+                let (runs, finished_after) = match (&lane.left, lane.scheduled) {
+                    (Some((Some((queued, in_flight)), _)), Some(scheduled)) => {
+                        let saved = runs_at_save(scheduled, queued, in_flight);
+                        (Some(saved.runs), saved.finished_after)
+                    }
+                    // Not all known by index (TensorFlow's coordinator): the unfinished
+                    // ones are taken as the last.
+                    (Some((None, count)), Some(scheduled)) => (Some(scheduled.saturating_sub(*count)), Vec::new()),
+                    _ => (lane.scheduled, Vec::new()),
+                };
+                Action::Saved {
+                    runs,
+                    finished_after,
+                    filled: lane.drain.filled().to_vec(),
+                    error_wait: DRAIN_ERROR_WAIT,
+                }
+            }
+        }
+    }
+
+    /// Seconds `lane` may wait from `now` before it is polled again (None: no bound:
+    /// it waits for an event). For [`Lane::Save`], what is left of the save's bound;
+    /// for a stopped [`Lane::Poll`], how long its round in progress may still take.
+    #[must_use]
+    pub fn poll_timeout(&self, lane: &Lane, now: f64) -> Option<f64> {
+        match lane {
+            Lane::Poll if self.stopped => Some(self.interval + self.call_timeout + STOP_MARGIN),
+            Lane::Poll => self.poll.round.is_none().then(|| (self.poll.next_round - now).max(0.0)),
+            Lane::Release(task) => match self.releases.get(task).map(|l| &l.phase) {
+                Some(ReleasePhase::Paused { until, .. }) => Some((until - now).max(0.0)),
+                _ => None,
+            },
+            Lane::Gone(task) => self.gone.get(task).map(|l| (l.pause_until - now).max(0.0)),
+            Lane::Drain(_) => None,
+            Lane::Save => self.save.as_ref().map(|l| l.drain.left(now)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PS: &str = "/job:ps/replica:0/task:0";
+    const W0: &str = "/job:worker/replica:0/task:0";
+    const W1: &str = "/job:worker/replica:0/task:1";
+    const NOW: f64 = 1_024.0;
+
+    fn coordinator() -> Coordinator {
+        Coordinator::new(vec![PS.into(), W0.into(), W1.into()], Some(30.0), None, None)
+    }
+
+    fn answered(task: &str, incarnation: &str, notice: Option<(f64, Option<f64>)>) -> Event {
+        Event::Answered {
+            task: task.into(),
+            incarnation: incarnation.into(),
+            notice: notice.map(|(at, deadline)| NoticeSeen {
+                at: Some(at),
+                source: "signal SIGTERM".into(),
+                deadline,
+            }),
+        }
+    }
+
+    /// One round: every task asked (answers from `answer`), the actions other than
+    /// the polls, up to the pause.
+    fn round(c: &mut Coordinator, now: f64, answer: &dyn Fn(&str) -> Event) -> (Vec<String>, Vec<Action>) {
+        let (mut asked, mut said) = (Vec::new(), Vec::new());
+        loop {
+            match c.poll(&Lane::Poll, now) {
+                Action::Poll { task, timeout } => {
+                    assert_eq!(timeout, CALL_TIMEOUT);
+                    c.handle(answer(&task), now);
+                    asked.push(task);
+                }
+                Action::Pause { .. } | Action::Done => return (asked, said),
+                other => said.push(other),
+            }
+        }
+    }
+
+    #[test]
+    fn every_task_is_asked_each_round_and_rounds_are_an_interval_apart() {
+        let mut c = coordinator();
+        let (asked, said) = round(&mut c, NOW, &|t| answered(t, "a", None));
+        assert_eq!(asked, [PS, W0, W1]);
+        assert!(said.is_empty());
+        assert_eq!(
+            c.poll(&Lane::Poll, NOW + 0.25),
+            Action::Pause {
+                timeout: POLL_INTERVAL - 0.25,
+                after: None
+            }
+        );
+        assert_eq!(c.poll_timeout(&Lane::Poll, NOW + 0.25), Some(POLL_INTERVAL - 0.25));
+        let (asked, _) = round(&mut c, NOW + POLL_INTERVAL, &|t| answered(t, "a", None));
+        assert_eq!(asked.len(), 3);
+    }
+
+    #[test]
+    fn each_incarnations_first_notice_is_handed_on_once() {
+        let mut c = coordinator();
+        let notice = |t: &str| answered(t, "a", (t == W1).then_some((5.0, Some(50.0))));
+        let (_, said) = round(&mut c, NOW, &notice);
+        let handed = Action::Notice {
+            task: W1.into(),
+            job: "worker".into(),
+            index: 1,
+            source: "signal SIGTERM".into(),
+            deadline: Some(50.0),
+        };
+        assert_eq!(said, [handed]);
+        let (_, said) = round(&mut c, NOW + 1.0, &notice);
+        assert!(said.is_empty());
+        // Restarted and preempted again: handed on again, and said.
+        let (_, said) = round(&mut c, NOW + 2.0, &|t| {
+            answered(t, if t == W1 { "b" } else { "a" }, (t == W1).then_some((9.0, None)))
+        });
+        assert!(matches!(&said[0], Action::Say { line: PollLog::NewIncarnation, detail, .. } if detail == "b"));
+        assert!(matches!(
+            &said[1],
+            Action::Notice {
+                index: 1,
+                deadline: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_failed_poll_is_said_once_a_streak_and_a_stale_worker_is_reconnected() {
+        let mut c = coordinator();
+        let stale = format!("PyFunc failed: {STALE_CONTEXT} matching");
+        let fail = |t: &str| Event::PollFailed {
+            task: t.into(),
+            kind: "RuntimeError".into(),
+            message: if t == PS { "refused".into() } else { stale.clone() },
+        };
+        let (_, said) = round(&mut c, NOW, &fail);
+        let reconnects: Vec<_> = said.iter().filter(|a| matches!(a, Action::Reconnect { .. })).collect();
+        // Never a PS.
+        assert_eq!(reconnects.len(), 2);
+        assert_eq!(said.iter().filter(|a| matches!(a, Action::Say { .. })).count(), 3);
+        let (_, said) = round(&mut c, NOW + 1.0, &fail);
+        assert!(said.iter().all(|a| matches!(a, Action::Reconnect { .. })));
+        c.handle(Event::BadAnswer { task: PS.into() }, NOW);
+        assert_eq!(c.watch().unanswered_tasks()[0], (PS.to_owned(), "bad answer".to_owned()));
+    }
+
+    use super::super::STALE_CONTEXT;
+
+    fn release(c: &mut Coordinator, task: &str, answers: &mut Vec<ReleaseAnswer>, listening: bool, now: &mut f64) -> (ReleaseEnd, u32) {
+        c.handle(
+            Event::ReleaseStart {
+                task: task.into(),
+                reason: "drained".into(),
+                bound: None,
+            },
+            *now,
+        );
+        let mut calls = 0;
+        loop {
+            match c.poll(&Lane::Release(task.into()), *now) {
+                Action::Release { timeout, .. } => {
+                    assert_eq!(timeout, CALL_TIMEOUT);
+                    calls += 1;
+                    let answer = answers.remove(0);
+                    c.handle(Event::ReleaseAnswered { task: task.into(), answer }, *now);
+                }
+                Action::Probe { .. } => c.handle(
+                    Event::Probed {
+                        task: task.into(),
+                        listening,
+                    },
+                    *now,
+                ),
+                Action::Pause { timeout, after } => {
+                    assert!(after.is_some());
+                    *now += timeout;
+                }
+                Action::Released { end, .. } => return (end, calls),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_release_names_what_the_poll_saw_and_a_released_task_is_not_asked_until_gone() {
+        let mut c = coordinator();
+        c.handle(answered(W1, "inc", Some((7.0, None))), NOW);
+        c.handle(
+            Event::ReleaseStart {
+                task: W1.into(),
+                reason: "drained".into(),
+                bound: None,
+            },
+            NOW,
+        );
+        assert_eq!(
+            c.poll(&Lane::Release(W1.into()), NOW),
+            Action::Release {
+                task: W1.into(),
+                reason: "drained".into(),
+                incarnation: Some("inc".into()),
+                notice_at: Some(7.0),
+                timeout: CALL_TIMEOUT
+            }
+        );
+        c.handle(
+            Event::ReleaseAnswered {
+                task: W1.into(),
+                answer: ReleaseAnswer::Released,
+            },
+            NOW,
+        );
+        assert_eq!(
+            c.poll(&Lane::Release(W1.into()), NOW),
+            Action::Released {
+                task: W1.into(),
+                end: ReleaseEnd::Released
+            }
+        );
+        assert!(c.leaving().contains(W1));
+        let (asked, _) = round(&mut c, NOW, &|t| answered(t, "a", None));
+        assert_eq!(asked, [PS, W0]);
+        // Waited for: not gone within the bound, then asked again.
+        c.handle(
+            Event::WaitGone {
+                task: W1.into(),
+                bound: 0.15,
+            },
+            NOW,
+        );
+        let gone = Lane::Gone(W1.into());
+        assert_eq!(
+            c.poll(&gone, NOW),
+            Action::Probe {
+                task: W1.into(),
+                timeout: PORT_PROBE_TIMEOUT
+            }
+        );
+        c.handle(
+            Event::Probed {
+                task: W1.into(),
+                listening: true,
+            },
+            NOW,
+        );
+        assert!(matches!(c.poll(&gone, NOW), Action::Pause { timeout, .. } if (timeout - GONE_PROBE_EVERY).abs() < 1e-9));
+        assert!(matches!(c.poll(&gone, NOW + 0.1), Action::Probe { .. }));
+        c.handle(
+            Event::Probed {
+                task: W1.into(),
+                listening: true,
+            },
+            NOW + 0.1,
+        );
+        assert!(matches!(c.poll(&gone, NOW + 0.1), Action::Pause { timeout, .. } if (timeout - 0.05).abs() < 1e-9));
+        c.handle(
+            Event::Probed {
+                task: W1.into(),
+                listening: true,
+            },
+            NOW + 0.15,
+        );
+        assert_eq!(c.poll(&gone, NOW + 0.15), Action::GoneOver { gone: false });
+        assert!(c.leaving().is_empty());
+        // A refused port: gone.
+        c.handle(
+            Event::WaitGone {
+                task: W1.into(),
+                bound: 10.0,
+            },
+            NOW,
+        );
+        c.poll(&gone, NOW);
+        c.handle(
+            Event::Probed {
+                task: W1.into(),
+                listening: false,
+            },
+            NOW,
+        );
+        assert_eq!(c.poll(&gone, NOW), Action::GoneOver { gone: true });
+        // The stop ends a wait at once.
+        c.handle(
+            Event::WaitGone {
+                task: W1.into(),
+                bound: 10.0,
+            },
+            NOW,
+        );
+        c.handle(Event::Stop, NOW);
+        assert_eq!(c.poll(&gone, NOW), Action::GoneOver { gone: false });
+        assert_eq!(c.poll(&Lane::Poll, NOW), Action::Done);
+        assert_eq!(c.poll_timeout(&Lane::Poll, NOW), Some(POLL_INTERVAL + CALL_TIMEOUT + STOP_MARGIN));
+    }
+
+    #[test]
+    fn the_release_table() {
+        use ReleaseAnswer as A;
+        // (answers, the task listens, end, calls)
+        let rows: Vec<(Vec<A>, bool, ReleaseEnd, u32)> = vec![
+            (vec![A::Released], true, ReleaseEnd::Released, 1),
+            (
+                vec![A::Refused("no notice".into())],
+                true,
+                ReleaseEnd::Refused("no notice".into()),
+                1,
+            ),
+            // A call that used its bound is not sent again.
+            (vec![A::TimedOut("t".into())], true, ReleaseEnd::NoAnswer("t".into()), 1),
+            // Another task's error while the task listens, or a refusal at once: again.
+            (vec![A::Failed("e".into()), A::Released], true, ReleaseEnd::Released, 2),
+            (vec![A::Busy("b".into()), A::Released], false, ReleaseEnd::Released, 2),
+            // Failed and its port refuses: gone, not sent again.
+            (vec![A::Failed("e".into())], false, ReleaseEnd::Gone("e".into()), 1),
+        ];
+        for (i, (mut answers, listening, end, calls)) in rows.into_iter().enumerate() {
+            let mut c = coordinator();
+            let mut now = NOW;
+            assert_eq!(release(&mut c, PS, &mut answers, listening, &mut now), (end, calls), "row {i}");
+        }
+        // Failing for good: given up by the retry rule within its bound.
+        let mut c = coordinator();
+        let mut now = NOW;
+        let mut answers: Vec<A> = (0..100).map(|_| A::Busy("b".into())).collect();
+        let (end, calls) = release(&mut c, PS, &mut answers, true, &mut now);
+        assert_eq!(end, ReleaseEnd::Gone("b".into()));
+        assert!(
+            calls >= crate::retry::MIN_ATTEMPTS && now - NOW <= CALL_TIMEOUT + 5.0,
+            "{calls} {now}"
+        );
+    }
+
+    fn drain_to_end(c: &mut Coordinator, worker: usize, idle: bool, released: bool, gone: &[bool], now: f64) -> Vec<Action> {
+        let lane = Lane::Drain(worker);
+        let mut actions = Vec::new();
+        let mut gone = gone.to_vec();
+        loop {
+            let action = c.poll(&lane, now);
+            actions.push(action.clone());
+            match action {
+                Action::Hold { .. } => c.handle(Event::Idled { worker, idle }, now),
+                Action::DrainRelease { .. } => c.handle(Event::DrainReleased { worker, ok: released }, now),
+                Action::DrainWaitGone { bound, .. } => {
+                    let g = gone.remove(0);
+                    c.handle(Event::DrainWaited { worker, gone: g }, now + bound);
+                }
+                _ => return actions,
+            }
+        }
+    }
+
+    #[test]
+    fn a_drain_holds_releases_waits_and_resumes() {
+        let mut c = coordinator();
+        c.handle(
+            Event::DrainStart {
+                worker: 1,
+                deadline: Some(NOW + 31.0),
+                can_hold: true,
+            },
+            NOW,
+        );
+        let actions = drain_to_end(&mut c, 1, true, true, &[true], NOW);
+        assert_eq!(actions[0], Action::Hold { bound: 30.0 });
+        assert_eq!(
+            actions[1],
+            Action::DrainRelease {
+                task: W1.into(),
+                drained: true,
+                hold: true
+            }
+        );
+        assert!(matches!(actions[2], Action::DrainWaitGone { holding: None, .. }));
+        assert_eq!(
+            actions[3],
+            Action::DrainOver {
+                held: true,
+                why: Some(Ended::Gone),
+                outcome: Some(Outcome::Released)
+            }
+        );
+        assert_eq!(c.poll(&Lane::Drain(1), NOW), Action::Done);
+        // The coordinator cannot hold: released at once, waited for, nothing resumed.
+        c.handle(
+            Event::DrainStart {
+                worker: 1,
+                deadline: None,
+                can_hold: false,
+            },
+            NOW,
+        );
+        let actions = drain_to_end(&mut c, 1, false, true, &[false], NOW);
+        assert_eq!(
+            actions[0],
+            Action::DrainRelease {
+                task: W1.into(),
+                drained: false,
+                hold: false
+            }
+        );
+        assert_eq!(
+            actions[2],
+            Action::DrainOver {
+                held: false,
+                why: None,
+                outcome: Some(Outcome::NoHold)
+            }
+        );
+    }
+
+    #[test]
+    fn an_unreleased_worker_is_held_until_gone_or_a_new_incarnation_answers() {
+        let mut c = coordinator();
+        c.handle(answered(W1, "inc-1", None), NOW);
+        c.handle(
+            Event::DrainStart {
+                worker: 1,
+                deadline: None,
+                can_hold: true,
+            },
+            NOW,
+        );
+        let actions = drain_to_end(&mut c, 1, true, false, &[false, false, true], NOW);
+        let hold = super::super::unreleased_hold_bound(None, 30.0, super::super::EXIT_WAIT, NOW);
+        assert!(matches!(actions[2], Action::DrainWaitGone { holding: Some(h), .. } if h == hold));
+        assert_eq!(actions.len(), 6);
+        assert_eq!(
+            actions[5],
+            Action::DrainOver {
+                held: true,
+                why: Some(Ended::Gone),
+                outcome: Some(Outcome::NotReleased)
+            }
+        );
+        // The poll sees a new incarnation meanwhile: resumed.
+        c.handle(
+            Event::DrainStart {
+                worker: 1,
+                deadline: None,
+                can_hold: true,
+            },
+            NOW,
+        );
+        c.poll(&Lane::Drain(1), NOW);
+        c.handle(Event::Idled { worker: 1, idle: true }, NOW);
+        c.poll(&Lane::Drain(1), NOW);
+        c.handle(Event::DrainReleased { worker: 1, ok: false }, NOW);
+        c.poll(&Lane::Drain(1), NOW);
+        c.handle(answered(W1, "inc-2", None), NOW);
+        c.handle(Event::DrainWaited { worker: 1, gone: false }, NOW + 30.0);
+        assert_eq!(
+            c.poll(&Lane::Drain(1), NOW),
+            Action::DrainOver {
+                held: true,
+                why: Some(Ended::NewIncarnation),
+                outcome: Some(Outcome::NotReleased)
+            }
+        );
+    }
+
+    fn save(c: &mut Coordinator, scheduled: Option<u64>, held: bool, reports: &[Event]) -> Vec<Action> {
+        c.handle(
+            Event::SaveStart {
+                bound: 5.0,
+                scheduled,
+                held,
+            },
+            NOW,
+        );
+        let mut actions = Vec::new();
+        let mut reports = reports.to_vec();
+        loop {
+            let action = c.poll(&Lane::Save, NOW);
+            actions.push(action.clone());
+            if matches!(action, Action::Saved { .. } | Action::Done) {
+                return actions;
+            }
+            c.handle(reports.remove(0), NOW + 1.0);
+        }
+    }
+
+    fn unfinished(queued: &[u64], in_flight: &[u64]) -> Event {
+        Event::Unfinished {
+            runs: Some((queued.to_vec(), in_flight.to_vec())),
+            count: (queued.len() + in_flight.len()) as u64,
+        }
+    }
+
+    #[test]
+    fn the_save_counts_the_finished_prefix_and_runs_the_gaps_first() {
+        let mut c = coordinator();
+        // Runs 8 and 9 unfinished of 10: saved at 8.
+        let actions = save(&mut c, Some(10), true, &[unfinished(&[9], &[8])]);
+        assert_eq!(
+            actions[0],
+            Action::WaitIdle {
+                look: DRAIN_SETTLE_LOOK,
+                looks: settle_looks(WORKER_GET_SLICE)
+            }
+        );
+        assert_eq!(c.poll_timeout(&Lane::Save, NOW + 1.0), Some(4.0));
+        assert_eq!(
+            actions[1],
+            Action::Saved {
+                runs: Some(8),
+                finished_after: vec![],
+                filled: vec![],
+                error_wait: DRAIN_ERROR_WAIT
+            }
+        );
+        // Run 3 put back by a lost worker: promoted, granted, then all finished.
+        let actions = save(
+            &mut c,
+            Some(10),
+            true,
+            &[
+                unfinished(&[3], &[]),
+                Event::Promotable { found: vec![3], takers: 1 },
+                Event::Granted,
+                unfinished(&[], &[]),
+            ],
+        );
+        assert_eq!(actions[1], Action::Promote { runs: vec![3] });
+        assert_eq!(actions[2], Action::Grant { runs: vec![3], wait: 4.0 });
+        assert_eq!(
+            actions[4],
+            Action::Saved {
+                runs: Some(10),
+                finished_after: vec![],
+                filled: vec![3],
+                error_wait: DRAIN_ERROR_WAIT
+            }
+        );
+        // No worker to take the gap: saved at 3, the finished runs after it named.
+        let actions = save(
+            &mut c,
+            Some(6),
+            true,
+            &[unfinished(&[3], &[]), Event::Promotable { found: vec![3], takers: 0 }],
+        );
+        assert_eq!(
+            actions[2],
+            Action::Saved {
+                runs: Some(3),
+                finished_after: vec![4, 5],
+                filled: vec![],
+                error_wait: DRAIN_ERROR_WAIT
+            }
+        );
+    }
+
+    #[test]
+    fn tensorflows_coordinator_saves_with_the_unfinished_taken_as_the_last_runs() {
+        let mut c = coordinator();
+        let actions = save(&mut c, Some(10), false, &[Event::Unfinished { runs: None, count: 3 }]);
+        assert_eq!(actions[0], Action::WaitAll { bound: 5.0 });
+        assert_eq!(
+            actions[1],
+            Action::Saved {
+                runs: Some(7),
+                finished_after: vec![],
+                filled: vec![],
+                error_wait: DRAIN_ERROR_WAIT
+            }
+        );
+        let actions = save(&mut c, Some(2), false, &[Event::Unfinished { runs: None, count: 3 }]);
+        assert!(matches!(actions[1], Action::Saved { runs: Some(0), .. }));
+        assert_eq!(c.poll(&Lane::Save, NOW), Action::Done);
+        // No run count: left as it is.
+        let actions = save(&mut c, None, true, &[unfinished(&[3], &[])]);
+        assert!(matches!(actions[1], Action::Saved { runs: None, .. }));
+    }
+
+    #[test]
+    fn a_lane_never_started_is_done() {
+        let mut c = coordinator();
+        assert_eq!(c.poll(&Lane::Drain(4), NOW), Action::Done);
+        assert_eq!(c.poll(&Lane::Save, NOW), Action::Done);
+        assert_eq!(c.poll(&Lane::Release(PS.into()), NOW), Action::Done);
+        assert_eq!(c.poll(&Lane::Gone(PS.into()), NOW), Action::Done);
+        assert_eq!(job_task(W1), ("worker".to_owned(), 1));
+    }
+}
