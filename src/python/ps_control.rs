@@ -22,7 +22,7 @@ use pyo3::types::PyDict;
 
 use super::clock::unix_now;
 use super::errors::CallTimeout;
-use crate::ps_control::coordinator as co;
+use crate::ps_control::coordinator::{self as co, Action as CoreAction, Event as CoreEvent};
 use crate::ps_control::{self, CallId, Calls};
 
 /// Why a task of `incarnation`, whose notice was taken at `notice_at` (None:
@@ -294,8 +294,21 @@ fn text(value: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(value.str()?.to_string())
 }
 
+/// The variant of `$to` with the same name and fields as `$value`'s (which is one of
+/// the variants listed), each field cloned.
+macro_rules! same_fields {
+    ($value:expr, $from:ident => $to:ident: $($v:ident { $($f:ident),* }),* $(,)?) => {
+        match $value {
+            $($from::$v { $($f),* } => $to::$v { $($f: $f.clone()),* },)*
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a variant converted above"),
+        }
+    };
+}
+
 impl Event {
     /// The core's event: the answers and errors read here, once.
+    #[allow(clippy::clone_on_copy)]
     fn to_core(&self, py: Python<'_>) -> PyResult<co::Event> {
         Ok(match self {
             Event::Answered { task, answer } => {
@@ -328,11 +341,6 @@ impl Event {
                 }
             }
             Event::Stop {} => co::Event::Stop,
-            Event::ReleaseStart { task, reason, bound } => co::Event::ReleaseStart {
-                task: task.clone(),
-                reason: reason.clone(),
-                bound: *bound,
-            },
             Event::ReleaseAnswered { task, answer } => {
                 let answer = answer.bind(py);
                 let released = item(answer, "released").is_some_and(|r| r.is_truthy().unwrap_or(false));
@@ -361,46 +369,16 @@ impl Event {
                     answer,
                 }
             }
-            Event::WaitGone { task, bound } => co::Event::WaitGone {
-                task: task.clone(),
-                bound: *bound,
-            },
-            Event::Probed { task, listening } => co::Event::Probed {
-                task: task.clone(),
-                listening: *listening,
-            },
-            Event::DrainStart {
-                worker,
-                deadline,
-                can_hold,
-            } => co::Event::DrainStart {
-                worker: *worker,
-                deadline: *deadline,
-                can_hold: *can_hold,
-            },
-            Event::Idled { worker, idle } => co::Event::Idled {
-                worker: *worker,
-                idle: *idle,
-            },
-            Event::DrainReleased { worker, ok } => co::Event::DrainReleased { worker: *worker, ok: *ok },
-            Event::DrainWaited { worker, gone } => co::Event::DrainWaited {
-                worker: *worker,
-                gone: *gone,
-            },
-            Event::SaveStart { bound, scheduled, held } => co::Event::SaveStart {
-                bound: *bound,
-                scheduled: *scheduled,
-                held: *held,
-            },
             Event::Unfinished { count, queued, in_flight } => co::Event::Unfinished {
                 runs: queued.clone().zip(in_flight.clone()),
                 count: *count,
             },
-            Event::Promotable { found, takers } => co::Event::Promotable {
-                found: found.clone(),
-                takers: *takers,
-            },
             Event::Granted {} => co::Event::Granted,
+            other => same_fields!(other, Event => CoreEvent:
+                ReleaseStart { task, reason, bound }, WaitGone { task, bound }, Probed { task, listening },
+                DrainStart { worker, deadline, can_hold }, Idled { worker, idle },
+                DrainReleased { worker, ok }, DrainWaited { worker, gone },
+                SaveStart { bound, scheduled, held }, Promotable { found, takers }),
         })
     }
 }
@@ -494,28 +472,14 @@ pub enum Action {
 
 impl Action {
     #[allow(clippy::too_many_lines)]
+    #[allow(clippy::clone_on_copy, clippy::redundant_clone)]
     fn from_core(py: Python<'_>, action: co::Action) -> PyResult<Self> {
         use crate::ps_control::drain::{Ended, Outcome};
         Ok(match action {
-            co::Action::Poll { task, timeout } => Action::Poll { task, timeout },
             co::Action::Say { line, task, detail } => Action::Say {
                 line: line.into(),
                 task,
                 detail,
-            },
-            co::Action::Reconnect { task } => Action::Reconnect { task },
-            co::Action::Notice {
-                task,
-                job,
-                index,
-                source,
-                deadline,
-            } => Action::Notice {
-                task,
-                job,
-                index,
-                source,
-                deadline,
             },
             co::Action::Release {
                 task,
@@ -548,12 +512,6 @@ impl Action {
                     detail,
                 }
             }
-            co::Action::Probe { task, timeout } => Action::Probe { task, timeout },
-            co::Action::Pause { timeout, after } => Action::Pause { timeout, after },
-            co::Action::GoneOver { gone } => Action::GoneOver { gone },
-            co::Action::Hold { bound } => Action::Hold { bound },
-            co::Action::DrainRelease { task, drained, hold } => Action::DrainRelease { task, drained, hold },
-            co::Action::DrainWaitGone { task, bound, holding } => Action::DrainWaitGone { task, bound, holding },
             co::Action::DrainOver { held, why, outcome } => {
                 let (why, bound) = match why {
                     None => (None, 0.0),
@@ -573,22 +531,13 @@ impl Action {
                 });
                 Action::DrainOver { held, why, bound, outcome }
             }
-            co::Action::WaitAll { bound } => Action::WaitAll { bound },
-            co::Action::WaitIdle { look, looks } => Action::WaitIdle { look, looks },
-            co::Action::Promote { runs } => Action::Promote { runs },
-            co::Action::Grant { runs, wait } => Action::Grant { runs, wait },
-            co::Action::Saved {
-                runs,
-                finished_after,
-                filled,
-                error_wait,
-            } => Action::Saved {
-                runs,
-                finished_after,
-                filled,
-                error_wait,
-            },
             co::Action::Done => Action::Done {},
+            other => same_fields!(other, CoreAction => Action:
+                Poll { task, timeout }, Reconnect { task }, Notice { task, job, index, source, deadline },
+                Probe { task, timeout }, Pause { timeout, after }, GoneOver { gone }, Hold { bound },
+                DrainRelease { task, drained, hold }, DrainWaitGone { task, bound, holding },
+                WaitAll { bound }, WaitIdle { look, looks }, Promote { runs }, Grant { runs, wait },
+                Saved { runs, finished_after, filled, error_wait }),
         })
     }
 }
