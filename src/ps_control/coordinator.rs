@@ -139,6 +139,14 @@ pub enum Event {
     Promotable { found: Vec<u64>, takers: usize },
     /// The wait for the granted runs to be taken ended.
     Granted,
+    /// A notice the coordinator acts on (its own, or a PS's): `final_round` when its
+    /// handler's final save round is already under way.
+    OwnNotice { final_round: bool },
+    /// The save's checkpoint is written.
+    CheckpointSaved,
+    /// Training goes on in this process after the save (a grace period's countdown, a
+    /// save that raised, an `exit_fn` that returned).
+    TrainingGoesOn,
 }
 
 /// What the caller does next ([`Coordinator::poll`]).
@@ -216,6 +224,16 @@ pub enum Action {
         filled: Vec<u64>,
         error_wait: f64,
     },
+    /// Hold every worker thread (`strict`: no closure at all; else one while the
+    /// queue is full, so that a `schedule()` waiting for room returns).
+    HoldAll { strict: bool },
+    /// Release this PS task: the checkpoint its notice asked for is written.
+    ReleaseSaved { task: String },
+    /// Stop the watch (the poller and every lane).
+    StopWatch,
+    /// Resume every worker thread; the handler's run count is `runs` again when Some
+    /// (the save had taken its unfinished runs off it).
+    ResumeAll { runs: Option<u64> },
     /// Nothing to do in this lane: it ended (or never started).
     Done,
 }
@@ -272,6 +290,8 @@ struct SaveLane {
     /// The last report of what the wait left: the runs by index, and their count.
     left: Option<(Option<Runs>, u64)>,
     over: bool,
+    /// The run count the save recorded.
+    saved: Option<u64>,
 }
 
 /// The coordinator's protocol object ([module docs](self)).
@@ -289,6 +309,10 @@ pub struct Coordinator {
     gone: BTreeMap<String, GoneLane>,
     drains: BTreeMap<usize, DrainLane>,
     save: Option<SaveLane>,
+    /// The handler's actions not tied to a save's wait (its lane is [`Lane::Save`]).
+    handler: VecDeque<Action>,
+    /// PS tasks whose notice was handed on: released once the checkpoint is written.
+    ps_noticed: BTreeSet<String>,
 }
 
 /// `("worker", 1)` of `/job:worker/replica:0/task:1`.
@@ -331,6 +355,8 @@ impl Coordinator {
             gone: BTreeMap::new(),
             drains: BTreeMap::new(),
             save: None,
+            handler: VecDeque::new(),
+            ps_noticed: BTreeSet::new(),
         }
     }
 
@@ -374,6 +400,9 @@ impl Coordinator {
                 if let Some(n) = notice {
                     if self.watch.hand_on(&task) {
                         let (job, index) = job_task(&task);
+                        if job == "ps" {
+                            self.ps_noticed.insert(task.clone());
+                        }
                         self.poll.out.push_back(Action::Notice {
                             task,
                             job,
@@ -490,6 +519,7 @@ impl Coordinator {
                     scheduled,
                     left: None,
                     over: false,
+                    saved: None,
                 });
             }
             Event::Unfinished { runs, count } => {
@@ -508,6 +538,31 @@ impl Coordinator {
                 if let Some(lane) = self.save.as_mut() {
                     lane.next = Some(lane.drain.granted());
                 }
+            }
+            // With no grace period the save comes next: from now on no worker takes a
+            // new closure (but for a schedule() waiting for room, which must return to
+            // reach the check that saves).
+            Event::OwnNotice { final_round } => {
+                if !final_round {
+                    self.handler.push_back(Action::HoldAll { strict: false });
+                }
+            }
+            // Until then the PS tasks see the coordinator ask, and wait for it.
+            Event::CheckpointSaved => {
+                let mut noticed: Vec<String> = std::mem::take(&mut self.ps_noticed).into_iter().collect();
+                noticed.sort_by_key(|t| job_task(t).1);
+                for task in noticed {
+                    self.handler.push_back(Action::ReleaseSaved { task });
+                }
+                self.handler.push_back(Action::StopWatch);
+            }
+            // The closures left unfinished count again, and the workers take closures again.
+            Event::TrainingGoesOn => {
+                let runs = self.save.take().and_then(|l| match (l.saved, l.scheduled) {
+                    (Some(saved), Some(scheduled)) if saved != scheduled => Some(scheduled),
+                    _ => None,
+                });
+                self.handler.push_back(Action::ResumeAll { runs });
             }
         }
     }
@@ -726,6 +781,9 @@ impl Coordinator {
     }
 
     fn poll_save(&mut self) -> Action {
+        if let Some(action) = self.handler.pop_front() {
+            return action;
+        }
         let Some(lane) = self.save.as_mut() else {
             return Action::Done;
         };
@@ -753,6 +811,7 @@ impl Coordinator {
                     (Some((None, count)), Some(scheduled)) => (Some(scheduled.saturating_sub(*count)), Vec::new()),
                     _ => (lane.scheduled, Vec::new()),
                 };
+                lane.saved = runs;
                 Action::Saved {
                     runs,
                     finished_after,
@@ -1326,6 +1385,63 @@ mod tests {
         assert_eq!(c.poll(&Lane::Save, NOW), Action::Done);
         assert_eq!(c.poll(&Lane::Release(PS.into()), NOW), Action::Done);
         assert_eq!(c.poll(&Lane::Gone(PS.into()), NOW), Action::Done);
+        c.handle(Event::TrainingGoesOn, NOW);
+        assert_eq!(c.poll(&Lane::Save, NOW), Action::ResumeAll { runs: None });
         assert_eq!(job_task(W1), ("worker".to_owned(), 1));
+    }
+
+    #[test]
+    fn a_notice_holds_the_workers_unless_the_final_round_is_under_way() {
+        let mut c = coordinator();
+        c.handle(Event::OwnNotice { final_round: false }, NOW);
+        assert_eq!(c.poll(&Lane::Save, NOW), Action::HoldAll { strict: false });
+        assert_eq!(c.poll(&Lane::Save, NOW), Action::Done);
+        c.handle(Event::OwnNotice { final_round: true }, NOW);
+        assert_eq!(c.poll(&Lane::Save, NOW), Action::Done);
+    }
+
+    #[test]
+    fn the_ps_tasks_with_a_notice_are_released_after_the_save_then_the_watch_stops() {
+        let mut c = Coordinator::new(
+            vec![
+                "/job:ps/replica:0/task:0".into(),
+                "/job:ps/replica:0/task:1".into(),
+                "/job:ps/replica:0/task:10".into(),
+                W0.into(),
+            ],
+            None,
+            None,
+            None,
+        );
+        round(&mut c, NOW, &|t| {
+            answered(t, "a", (!t.ends_with(":0") || t == PS).then_some((1.0, None)))
+        });
+        c.handle(Event::CheckpointSaved, NOW);
+        let released: Vec<Action> = (0..4).map(|_| c.poll(&Lane::Save, NOW)).collect();
+        let saved = |task: &str| Action::ReleaseSaved { task: task.into() };
+        assert_eq!(
+            released,
+            [
+                saved(PS),
+                saved("/job:ps/replica:0/task:1"),
+                saved("/job:ps/replica:0/task:10"),
+                Action::StopWatch
+            ]
+        );
+        // Once: a second save releases nothing more.
+        c.handle(Event::CheckpointSaved, NOW);
+        assert_eq!(c.poll(&Lane::Save, NOW), Action::StopWatch);
+    }
+
+    #[test]
+    fn training_that_goes_on_after_a_save_counts_its_unfinished_runs_again() {
+        let mut c = coordinator();
+        save(&mut c, Some(10), true, &[unfinished(&[9], &[8])]);
+        c.handle(Event::TrainingGoesOn, NOW);
+        assert_eq!(c.poll(&Lane::Save, NOW), Action::ResumeAll { runs: Some(10) });
+        // All finished: the run count stays.
+        save(&mut c, Some(10), true, &[unfinished(&[], &[])]);
+        c.handle(Event::TrainingGoesOn, NOW);
+        assert_eq!(c.poll(&Lane::Save, NOW), Action::ResumeAll { runs: None });
     }
 }

@@ -194,13 +194,8 @@ pub enum DrainEnd {
 
 /// Which of the coordinator's threads asks (`crate::ps_control::coordinator::Lane`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum Lane {
-    Poll {},
-    Release { task: String },
-    Gone { task: String },
-    Drain { worker: usize },
-    Save {},
-}
+#[rustfmt::skip]
+pub enum Lane { Poll {}, Release { task: String }, Gone { task: String }, Drain { worker: usize }, Save {} }
 
 impl From<&Lane> for co::Lane {
     fn from(l: &Lane) -> Self {
@@ -219,70 +214,27 @@ impl From<&Lane> for co::Lane {
 /// `ReleaseFailed` the error raised (`busy`: refused at once, the task's earlier call
 /// has not returned), `ReleaseAnswered` the release's answer.
 #[pyclass(frozen, module = "tf_failure_handling._native")]
+#[rustfmt::skip]
 pub enum Event {
-    Answered {
-        task: String,
-        answer: Py<PyAny>,
-    },
-    PollFailed {
-        task: String,
-        error: Py<PyAny>,
-    },
+    Answered { task: String, answer: Py<PyAny> },
+    PollFailed { task: String, error: Py<PyAny> },
     Stop {},
-    ReleaseStart {
-        task: String,
-        reason: String,
-        bound: Option<f64>,
-    },
-    ReleaseAnswered {
-        task: String,
-        answer: Py<PyAny>,
-    },
-    ReleaseFailed {
-        task: String,
-        error: Py<PyAny>,
-        busy: bool,
-    },
-    WaitGone {
-        task: String,
-        bound: f64,
-    },
-    Probed {
-        task: String,
-        listening: bool,
-    },
-    DrainStart {
-        worker: usize,
-        deadline: Option<f64>,
-        can_hold: bool,
-    },
-    Idled {
-        worker: usize,
-        idle: bool,
-    },
-    DrainReleased {
-        worker: usize,
-        ok: bool,
-    },
-    DrainWaited {
-        worker: usize,
-        gone: bool,
-    },
-    SaveStart {
-        bound: f64,
-        scheduled: Option<u64>,
-        held: bool,
-    },
-    Unfinished {
-        count: u64,
-        queued: Option<Vec<u64>>,
-        in_flight: Option<Vec<u64>>,
-    },
-    Promotable {
-        found: Vec<u64>,
-        takers: usize,
-    },
+    ReleaseStart { task: String, reason: String, bound: Option<f64> },
+    ReleaseAnswered { task: String, answer: Py<PyAny> },
+    ReleaseFailed { task: String, error: Py<PyAny>, busy: bool },
+    WaitGone { task: String, bound: f64 },
+    Probed { task: String, listening: bool },
+    DrainStart { worker: usize, deadline: Option<f64>, can_hold: bool },
+    Idled { worker: usize, idle: bool },
+    DrainReleased { worker: usize, ok: bool },
+    DrainWaited { worker: usize, gone: bool },
+    SaveStart { bound: f64, scheduled: Option<u64>, held: bool },
+    Unfinished { count: u64, queued: Option<Vec<u64>>, in_flight: Option<Vec<u64>> },
+    Promotable { found: Vec<u64>, takers: usize },
     Granted {},
+    OwnNotice { final_round: bool },
+    CheckpointSaved {},
+    TrainingGoesOn {},
 }
 
 /// `key` of `dict` (None when absent, or not a dict).
@@ -374,11 +326,13 @@ impl Event {
                 count: *count,
             },
             Event::Granted {} => co::Event::Granted,
+            Event::CheckpointSaved {} => co::Event::CheckpointSaved,
+            Event::TrainingGoesOn {} => co::Event::TrainingGoesOn,
             other => same_fields!(other, Event => CoreEvent:
                 ReleaseStart { task, reason, bound }, WaitGone { task, bound }, Probed { task, listening },
                 DrainStart { worker, deadline, can_hold }, Idled { worker, idle },
                 DrainReleased { worker, ok }, DrainWaited { worker, gone },
-                SaveStart { bound, scheduled, held }, Promotable { found, takers }),
+                SaveStart { bound, scheduled, held }, Promotable { found, takers }, OwnNotice { final_round }),
         })
     }
 }
@@ -387,86 +341,30 @@ impl Event {
 /// `Released.end` is "released", "refused", "no answer" or "gone" (`detail`: why);
 /// `DrainOver.outcome` is "released", "not released" or "no hold" (None: unknown).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
+#[rustfmt::skip]
 pub enum Action {
-    Poll {
-        task: String,
-        timeout: f64,
-    },
-    Say {
-        line: PollLog,
-        task: String,
-        detail: String,
-    },
-    Reconnect {
-        task: String,
-    },
-    Notice {
-        task: String,
-        job: String,
-        index: usize,
-        source: String,
-        deadline: Option<f64>,
-    },
-    Release {
-        task: String,
-        request: Py<PyAny>,
-        timeout: f64,
-    },
-    Released {
-        task: String,
-        end: String,
-        detail: String,
-    },
-    Probe {
-        task: String,
-        timeout: f64,
-    },
-    Pause {
-        timeout: f64,
-        after: Option<String>,
-    },
-    GoneOver {
-        gone: bool,
-    },
-    Hold {
-        bound: f64,
-    },
-    DrainRelease {
-        task: String,
-        drained: bool,
-        hold: bool,
-    },
-    DrainWaitGone {
-        task: String,
-        bound: f64,
-        holding: Option<f64>,
-    },
-    DrainOver {
-        held: bool,
-        why: Option<DrainEnd>,
-        bound: f64,
-        outcome: Option<String>,
-    },
-    WaitAll {
-        bound: f64,
-    },
-    WaitIdle {
-        look: f64,
-        looks: u32,
-    },
-    Promote {
-        runs: Vec<u64>,
-    },
-    Grant {
-        runs: Vec<u64>,
-        wait: f64,
-    },
-    Saved {
-        runs: Option<u64>,
-        finished_after: Vec<u64>,
-        filled: Vec<u64>,
-        error_wait: f64,
-    },
+    Poll { task: String, timeout: f64 },
+    Say { line: PollLog, task: String, detail: String },
+    Reconnect { task: String },
+    Notice { task: String, job: String, index: usize, source: String, deadline: Option<f64> },
+    Release { task: String, request: Py<PyAny>, timeout: f64 },
+    Released { task: String, end: String, detail: String },
+    Probe { task: String, timeout: f64 },
+    Pause { timeout: f64, after: Option<String> },
+    GoneOver { gone: bool },
+    Hold { bound: f64 },
+    DrainRelease { task: String, drained: bool, hold: bool },
+    DrainWaitGone { task: String, bound: f64, holding: Option<f64> },
+    DrainOver { held: bool, why: Option<DrainEnd>, bound: f64, outcome: Option<String> },
+    WaitAll { bound: f64 },
+    WaitIdle { look: f64, looks: u32 },
+    Promote { runs: Vec<u64> },
+    Grant { runs: Vec<u64>, wait: f64 },
+    Saved { runs: Option<u64>, finished_after: Vec<u64>, filled: Vec<u64>, error_wait: f64 },
+    HoldAll { strict: bool },
+    ReleaseSaved { task: String },
+    StopWatch {},
+    ResumeAll { runs: Option<u64> },
     Done {},
 }
 
@@ -532,12 +430,14 @@ impl Action {
                 Action::DrainOver { held, why, bound, outcome }
             }
             co::Action::Done => Action::Done {},
+            co::Action::StopWatch => Action::StopWatch {},
             other => same_fields!(other, CoreAction => Action:
                 Poll { task, timeout }, Reconnect { task }, Notice { task, job, index, source, deadline },
                 Probe { task, timeout }, Pause { timeout, after }, GoneOver { gone }, Hold { bound },
                 DrainRelease { task, drained, hold }, DrainWaitGone { task, bound, holding },
                 WaitAll { bound }, WaitIdle { look, looks }, Promote { runs }, Grant { runs, wait },
-                Saved { runs, finished_after, filled, error_wait }),
+                Saved { runs, finished_after, filled, error_wait }, HoldAll { strict }, ReleaseSaved { task },
+                ResumeAll { runs }),
         })
     }
 }

@@ -1356,7 +1356,6 @@ def test_the_ps_release_after_the_save_is_sent_again_before_the_watch_stops():
     core = FakeCore()
     steps = PsSteps(FakeState(), core, None, None)
     steps.poller = poller
-    steps._with_notice.add(0)
     steps.after_save()
     assert control.released.is_set(), "the PS was not released after the save"
     assert failures == [] and core.bounds == [30.0] and poller.stopped

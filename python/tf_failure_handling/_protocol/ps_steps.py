@@ -31,7 +31,7 @@ from .._coordinator import grpc_keepalive as _grpc_keepalive
 from .._coordinator import join_checks as _join_checks
 from .._coordinator import worker_drain as _worker_drain
 from .._integrations import tf_exit as _tf_exit
-from .._native import COORDINATOR_SILENCE, ProtocolCore
+from .._native import COORDINATOR_SILENCE, Action, Event, Lane, ProtocolCore
 from .records_hooks import StageRecords
 from .state import HandlerState
 
@@ -51,15 +51,11 @@ class PsSteps:
         self._records = records
         self._sources = sources
         self.poller: Optional[_cluster_poller.ClusterPoller] = None
-        #: PS tasks whose notice this coordinator acts on (released after the save).
-        self._with_notice: set = set()
         #: The strategy of the checkpoint's variables (where TensorFlow keeps its
         #: coordinator), and what the last save left unfinished.
         self._strategy: Any = None
         self._unfinished: Any = None
-        #: The run count before the last save took off its unfinished runs, and how
-        #: many finished runs after its first unfinished one run again.
-        self._scheduled = 0
+        #: The finished runs after the last save's first unfinished one: they run again.
         self._finished_after: list = []
         self._join_check: Any = None
 
@@ -121,11 +117,34 @@ class PsSteps:
         with no grace period the save comes next, so from now on no worker takes a new
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
         hold), which must return to reach the check that saves."""
-        if self.poller is None or self._core.has_final_round:
-            return
-        coordinator = self._coordinator()
-        if coordinator is not None and _closure_drain.hold_all(coordinator, strict=False):
-            log.info("Termination notice: the workers take no new closures until the save.")
+        if self.poller is not None:
+            self._perform(Event.OwnNotice(self._core.has_final_round))
+
+    def _perform(self, event: Any) -> None:
+        """Reports ``event`` to the coordinator's protocol and performs what it says
+        the handler's thread does then (the save's wait itself is ``closure_drain``'s)."""
+        protocol = self.poller.protocol
+        protocol.handle(event)
+        while True:
+            action = protocol.poll(Lane.Save())
+            if isinstance(action, Action.HoldAll):
+                coordinator = self._coordinator()
+                if coordinator is not None and _closure_drain.hold_all(
+                    coordinator, strict=action.strict
+                ):
+                    log.info("Termination notice: the workers take no new closures until the save.")
+            elif isinstance(action, Action.ReleaseSaved):
+                self._release_saved(action.task)
+            elif isinstance(action, Action.StopWatch):
+                self.poller.stop()
+            elif isinstance(action, Action.ResumeAll):
+                if action.runs is not None:
+                    self._core.run_counter = action.runs
+                coordinator = self._coordinator()
+                if coordinator is not None:
+                    _closure_drain.resume_all(coordinator)
+            else:
+                return
 
     def _on_cluster_notice(
         self, job: str, task: int, source: str, deadline: Optional[float]
@@ -134,7 +153,6 @@ class PsSteps:
         self._records.task_notice(job, task, source, deadline)
         if job == "ps":
             log.info("Termination notice of ps %d (%s): saving at the next run().", task, source)
-            self._with_notice.add(task)
             if self._sources is not None:
                 self._sources.trigger(f"ps {task}: {source}", deadline)
         elif job == "worker" and self.poller is not None:
@@ -174,7 +192,6 @@ class PsSteps:
             coordinator, bound, scheduled=scheduled, protocol=self.poller.protocol
         )
         self._unfinished = unfinished
-        self._scheduled = scheduled
         if unfinished.gap_runs:
             log.info(
                 "Run(s) %s, put back in the queue after later runs had finished, ran "
@@ -270,33 +287,31 @@ class PsSteps:
         return fields
 
     def after_save(self) -> None:
-        """Releases the PS tasks whose notice this save answered (a failed release is
-        sent again by the core's retry rule, for the core's retry bound), then stops the
-        watch: until then the tasks see the coordinator ask, and wait for it."""
-        poller = self.poller
-        if poller is None:
-            return
-        for task in sorted(self._with_notice):
-            bound = self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
-            if not poller.release(f"/job:ps/replica:0/task:{task}", "checkpoint saved", bound):
-                log.warning(
-                    "ps %d was not released after the save: it leaves on its own once this "
-                    "coordinator stops asking it (%.0fs later) or at its notice's deadline.",
-                    task,
-                    COORDINATOR_SILENCE,
-                )
-        poller.stop()
+        """Releases the PS tasks whose notice this save answered, then stops the watch
+        (the core's order: until then the tasks see the coordinator ask, and wait for
+        it)."""
+        if self.poller is not None:
+            self._perform(Event.CheckpointSaved())
+
+    def _release_saved(self, task: str) -> None:
+        """Releases ``task`` after the save; a failed release is sent again by the
+        core's retry rule, for the handler's retry bound."""
+        bound = self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
+        if not self.poller.release(task, "checkpoint saved", bound):
+            log.warning(
+                "ps %d was not released after the save: it leaves on its own once this "
+                "coordinator stops asking it (%.0fs later) or at its notice's deadline.",
+                _cluster_poller._job_task(task)[1],
+                COORDINATOR_SILENCE,
+            )
 
     def training_goes_on(self) -> None:
         """Training goes on in this process after the save (a grace period's countdown,
         a save that raised, an ``exit_fn`` that returned): the closures left unfinished
-        count again and the workers take closures again."""
-        unfinished, self._unfinished = self._unfinished, None
-        if unfinished:
-            self._core.run_counter = self._scheduled
-        coordinator = self._coordinator() if self.poller is not None else None
-        if coordinator is not None:
-            _closure_drain.resume_all(coordinator)
+        count again and the workers take closures again (the core's)."""
+        self._unfinished = None
+        if self.poller is not None:
+            self._perform(Event.TrainingGoesOn())
 
 
 def _ids(runs: list) -> str:
