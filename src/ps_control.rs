@@ -52,6 +52,7 @@ pub mod coordinator;
 pub mod drain;
 mod keepalive;
 pub mod save_drain;
+pub mod task;
 mod watch;
 
 pub use calls::{Abandoned, CallId, Calls, Refused};

@@ -242,15 +242,11 @@ class Retry:
 
 PS_TOKEN: str
 COORDINATOR_SILENCE: float
-SERVE_CAP_FACTOR: float
 GRPC_KEEPALIVE: list[tuple[str, int]]
 
 class CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
 
-def release_refused(
-    incarnation: str, notice_at: Optional[float], asked_incarnation: Any, asked_notice_at: Any
-) -> Optional[str]: ...
 def input_resume(
     iteration: int,
     batches: int,
@@ -262,24 +258,47 @@ def input_resume(
 ) -> tuple[str, Optional[int], Optional[int], Optional[int]]: ...
 def input_batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
 
-class ServeDecision:
-    """What a served task with a notice does now (``serving``; ``src/ps_control.rs``)."""
+class TaskEvent:
+    """What a served task's threads report (``src/ps_control/task.rs``)."""
 
-    until: Optional[float]
-    wait: Optional[float]
-    leave: Optional[str]
+    class Notice(TaskEvent):
+        def __init__(self, source: str, deadline: Optional[float], grace_period: float) -> None: ...
 
-def serving(
-    notice_at: float,
-    deadline: Optional[float],
-    own_bound: float,
-    last_asked: Optional[float],
-    released: bool,
-    now: Optional[float] = None,
-) -> ServeDecision: ...
-def serve_bound(
-    notice_at: float, deadline: Optional[float], grace_period: float, peer_timeout: float
-) -> tuple[float, str]: ...
+    class Asked(TaskEvent): ...
+
+class TaskAction:
+    """What a served task's serving thread does next (``src/ps_control/task.rs``)."""
+
+    class WaitNotice(TaskAction):
+        timeout: float
+
+    class Serving(TaskAction):
+        own: float
+        source: str
+        at_most: float
+
+    class Serve(TaskAction):
+        timeout: float
+
+    class Leave(TaskAction):
+        why: str
+        reason: Optional[str]
+        after: float
+        silence: float
+        cap_factor: float
+
+class TaskProtocol:
+    """A served task's protocol object (``src/ps_control/task.rs``)."""
+
+    def __init__(
+        self, job: str, task: int, incarnation: str, peer_timeout: Optional[float] = None
+    ) -> None: ...
+    def handle(self, event: TaskEvent, now: Optional[float] = None) -> None: ...
+    def poll(self, now: Optional[float] = None) -> TaskAction: ...
+    def poll_timeout(self, now: Optional[float] = None) -> float: ...
+    def answer(self, request: Any, now: Optional[float] = None) -> dict[str, Any]: ...
+    def state(self) -> dict[str, Any]: ...
+
 def write_timeout(peer_timeout: float, announce: bool = False) -> float:
     """The bound on one coordination-service call of the protocol (``src/step_resolution.rs``)."""
 
@@ -770,9 +789,7 @@ PEER_WATCH_SLICE: float
 ACK_READ_SLICE: float
 WATCHER_KEY_SLICE: float
 WAIT_SLICE: float
-SERVE_SLICE: float
 JOIN_SLICE: float
-DRAIN_SETTLE_LOOK: float
 WORKER_GET_SLICE: float
 WORKER_SOFT_SLICE: float
 REPORT_GROUP_WINDOW: float

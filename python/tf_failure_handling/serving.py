@@ -11,29 +11,20 @@ import logging
 from typing import Any, Optional
 
 from ._coordinator import task_calls as _task_calls
-from ._native import (
-    COORDINATOR_SILENCE,
-    SERVE_CAP_FACTOR,
-    Stopwatch,
-    serve_bound,
-    serving,
-    unix_now,
-)
-from ._native import SERVE_SLICE as _SLICE
+from ._native import TaskAction
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from .handler import TerminationConfig, _peer_timeout
 
 log = logging.getLogger("tf_failure_handling")
 
-# _SLICE is the core's (src/ps_control.rs's SERVE_SLICE).
 #: The log's words for why a task left unreleased (the core's ``serving``).
 _LEAVE_WHY = {
-    "deadline": "the notice's deadline came",
-    "coordinator silent": (
-        f"its own bound passed and the coordinator has not asked it for {COORDINATOR_SILENCE:.0f}s"
+    "deadline": lambda leave: "the notice's deadline came",
+    "coordinator silent": lambda leave: (
+        f"its own bound passed and the coordinator has not asked it for {leave.silence:.0f}s"
     ),
-    "cap": f"{SERVE_CAP_FACTOR:g} times its own bound passed",
+    "cap": lambda leave: f"{leave.cap_factor:g} times its own bound passed",
 }
 
 
@@ -71,7 +62,7 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
     # The control answers the coordinator from now on, before the platform probe (a
     # metadata server may take seconds to answer or time out): a coordinator that
     # asks meanwhile learns this incarnation, with no notice yet.
-    control = _task_calls.TaskControl(job, task)
+    control = _task_calls.TaskControl(job, task, peer_timeout)
     control.install()
     env = _platform.environment()
     defaults = _platform.complete(
@@ -86,52 +77,48 @@ def serve(server: Any, termination_config: Optional[TerminationConfig] = None) -
         ", ".join(_sources.signal_name(s) for s in defaults.signals),
     )
     try:
-        notice = None
-        while notice is None:
-            notice = sources.wait(_SLICE)
-        control.set_notice(notice.source, notice.deadline)
-        notice_at, serving_for = unix_now(), Stopwatch()
-        own, why = serve_bound(notice_at, notice.deadline, defaults.grace_period, peer_timeout)
-        log.info(
-            "%s %d: termination notice from %s; serving until the coordinator is done with "
-            "this task (%.1fs, %s; past it while the coordinator still asks, at most %.0fs "
-            "in all).",
-            job,
-            task,
-            notice.source,
-            own,
-            why,
-            own if notice.deadline is not None else own * SERVE_CAP_FACTOR,
-        )
-        while True:
-            # The core decides: released, the deadline, or this task's own bound and
-            # then the coordinator's asks (its save may still be under way).
-            decision = serving(
-                notice_at,
-                notice.deadline,
-                own,
-                control.last_asked,
-                control.released.is_set(),
-            )
-            if decision.leave is not None:
-                break
-            control.released.wait(min(_SLICE, decision.wait))
-        if decision.leave == "released":
-            log.info(
-                "%s %d: released by the coordinator (%s). Exiting.",
-                job,
-                task,
-                control.release_reason,
-            )
-        else:
-            log.warning(
-                "%s %d: the coordinator did not release this task (%s, %.1fs after the "
-                "notice). Exiting.",
-                job,
-                task,
-                _LEAVE_WHY[decision.leave],
-                serving_for.seconds(),
-            )
+        _serve(control, sources, defaults.grace_period)
     finally:
         sources.close()
     defaults.exit_fn()
+
+
+def _serve(control: Any, sources: Any, grace_period: float) -> None:
+    """Performs the task's protocol (``TaskProtocol``, ``src/ps_control/task.rs``) until
+    it says to leave: wait for a notice, serve until the release, the deadline, or the
+    task's own bound and the coordinator's silence (its save may still be under way)."""
+    job, task, protocol = control.job, control.task, control.protocol
+    notice = None
+    while True:
+        action = protocol.poll()
+        if isinstance(action, TaskAction.WaitNotice):
+            notice = sources.wait(action.timeout)
+            if notice is not None:
+                control.set_notice(notice.source, notice.deadline, grace_period)
+        elif isinstance(action, TaskAction.Serving):
+            log.info(
+                "%s %d: termination notice from %s; serving until the coordinator is done "
+                "with this task (%.1fs, %s; past it while the coordinator still asks, at "
+                "most %.0fs in all).",
+                job,
+                task,
+                notice.source,
+                action.own,
+                action.source,
+                action.at_most,
+            )
+        elif isinstance(action, TaskAction.Serve):
+            control.released.wait(action.timeout)
+        else:
+            break
+    if action.why == "released":
+        log.info("%s %d: released by the coordinator (%s). Exiting.", job, task, action.reason)
+    else:
+        log.warning(
+            "%s %d: the coordinator did not release this task (%s, %.1fs after the "
+            "notice). Exiting.",
+            job,
+            task,
+            _LEAVE_WHY[action.why](action),
+            action.after,
+        )

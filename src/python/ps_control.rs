@@ -23,83 +23,177 @@ use pyo3::types::PyDict;
 use super::clock::unix_now;
 use super::errors::CallTimeout;
 use crate::ps_control::coordinator::{self as co, Action as CoreAction, Event as CoreEvent};
-use crate::ps_control::{self, CallId, Calls};
+use crate::ps_control::{self, task, CallId, Calls};
 
-/// Why a task of `incarnation`, whose notice was taken at `notice_at` (None:
-/// no notice yet), refuses a release naming `asked_incarnation` and
-/// `asked_notice_at` (the request's values, any JSON); None if it accepts it.
-#[pyfunction]
-fn release_refused(
-    incarnation: &str,
-    notice_at: Option<f64>,
-    asked_incarnation: &Bound<'_, PyAny>,
-    asked_notice_at: &Bound<'_, PyAny>,
-) -> Option<String> {
-    let asked: Option<String> = asked_incarnation.extract().ok();
-    let asked_at: Option<f64> = asked_notice_at.extract().ok();
-    ps_control::release_refused(incarnation, notice_at, asked.as_deref(), asked_at).map(|why| why.to_string())
+/// What a served task's threads report (`crate::ps_control::task::TaskEvent`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+#[rustfmt::skip]
+pub enum TaskEvent { Notice { source: String, deadline: Option<f64>, grace_period: f64 }, Asked {} }
+
+/// What a served task's serving thread does next (`crate::ps_control::task::TaskAction`).
+/// `Serving.source` is where its own bound comes from ("the notice's deadline", "the
+/// grace period", "peer_timeout"); `Leave.why` is "released", "deadline",
+/// "coordinator silent" or "cap".
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+#[rustfmt::skip]
+pub enum TaskAction {
+    WaitNotice { timeout: f64 },
+    Serving { own: f64, source: String, at_most: f64 },
+    Serve { timeout: f64 },
+    Leave { why: String, reason: Option<String>, after: f64, silence: f64, cap_factor: f64 },
 }
 
-/// What a served task with a notice does now (`serving`): serve on until
-/// `until` at the latest, or leave (`leave`: why).
-#[pyclass(frozen, get_all, module = "tf_failure_handling._native")]
-pub struct ServeDecision {
-    /// Unix time to ask again by (None: leave now).
-    until: Option<f64>,
-    /// Seconds from `now` to `until` (None: leave now): the wait before asking again.
-    wait: Option<f64>,
-    /// Why the task leaves: "released", "deadline", "coordinator silent",
-    /// "cap" (None: it serves on).
-    leave: Option<&'static str>,
+/// A served task's protocol object (`crate::ps_control::task::Task`): `handle(event)`,
+/// `poll() -> TaskAction`, `poll_timeout()`, and `answer(request)`: what it answers
+/// the coordinator's call. Each `now` is optional (the binding's wall clock).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub struct TaskProtocol {
+    job: String,
+    task: usize,
+    core: Mutex<task::Task>,
 }
 
-/// What a served task whose notice came at `notice_at` (Unix seconds) does
-/// at `now`, given its notice's `deadline`, its `own_bound`, when the
-/// coordinator last asked it and whether it was released
-/// ([`crate::ps_control::serving`]). Without `now`, the wall clock now.
-#[pyfunction]
-#[pyo3(signature = (notice_at, deadline, own_bound, last_asked, released, now = None))]
-fn serving(
-    notice_at: f64,
-    deadline: Option<f64>,
-    own_bound: f64,
-    last_asked: Option<f64>,
-    released: bool,
-    now: Option<f64>,
-) -> ServeDecision {
-    use ps_control::{Leave, Serving};
-    let now = now.unwrap_or_else(unix_now);
-    match ps_control::serving(notice_at, deadline, own_bound, last_asked, released, now) {
-        Serving::Until(t) => ServeDecision {
-            until: Some(t),
-            wait: Some((t - now).max(0.0)),
-            leave: None,
-        },
-        Serving::Leave(why) => ServeDecision {
-            until: None,
-            wait: None,
-            leave: Some(match why {
-                Leave::Released => "released",
-                Leave::Deadline => "deadline",
-                Leave::CoordinatorSilent => "coordinator silent",
-                Leave::Cap => "cap",
-            }),
-        },
+#[pymethods]
+impl TaskProtocol {
+    #[new]
+    #[pyo3(signature = (job, task, incarnation, peer_timeout = None))]
+    fn new(job: String, task: usize, incarnation: String, peer_timeout: Option<f64>) -> Self {
+        let core = Mutex::new(task::Task::new(incarnation, peer_timeout));
+        TaskProtocol { job, task, core }
     }
-}
 
-/// A served task's own bound and where it comes from ("the notice's
-/// deadline", "the grace period", "peer_timeout"):
-/// [`crate::ps_control::serve_bound`].
-#[pyfunction]
-fn serve_bound(notice_at: f64, deadline: Option<f64>, grace_period: f64, peer_timeout: f64) -> (f64, &'static str) {
-    let (own, from) = ps_control::serve_bound(notice_at, deadline, grace_period, peer_timeout);
-    let why = match from {
-        ps_control::ServeBound::Deadline => "the notice's deadline",
-        ps_control::ServeBound::GracePeriod => "the grace period",
-        ps_control::ServeBound::PeerTimeout => "peer_timeout",
-    };
-    (own, why)
+    /// An event at `now`.
+    #[pyo3(signature = (event, now = None))]
+    fn handle(&self, event: &Bound<'_, TaskEvent>, now: Option<f64>) {
+        let event = match event.get() {
+            TaskEvent::Notice {
+                source,
+                deadline,
+                grace_period,
+            } => task::TaskEvent::Notice {
+                source: source.clone(),
+                deadline: *deadline,
+                grace_period: *grace_period,
+            },
+            TaskEvent::Asked {} => task::TaskEvent::Asked,
+        };
+        self.core.lock().handle(event, now.unwrap_or_else(unix_now));
+    }
+
+    /// The serving thread's next action at `now`.
+    #[pyo3(signature = (now = None))]
+    fn poll(&self, now: Option<f64>) -> TaskAction {
+        use ps_control::{Leave, ServeBound};
+        match self.core.lock().poll(now.unwrap_or_else(unix_now)) {
+            task::TaskAction::WaitNotice { timeout } => TaskAction::WaitNotice { timeout },
+            task::TaskAction::Serve { timeout } => TaskAction::Serve { timeout },
+            task::TaskAction::Serving { own, from, at_most } => TaskAction::Serving {
+                own,
+                source: match from {
+                    ServeBound::Deadline => "the notice's deadline",
+                    ServeBound::GracePeriod => "the grace period",
+                    ServeBound::PeerTimeout => "peer_timeout",
+                }
+                .to_owned(),
+                at_most,
+            },
+            task::TaskAction::Leave {
+                why,
+                reason,
+                after,
+                silence,
+                cap_factor,
+            } => TaskAction::Leave {
+                why: match why {
+                    Leave::Released => "released",
+                    Leave::Deadline => "deadline",
+                    Leave::CoordinatorSilent => "coordinator silent",
+                    Leave::Cap => "cap",
+                }
+                .to_owned(),
+                reason,
+                after,
+                silence,
+                cap_factor,
+            },
+        }
+    }
+
+    /// Seconds the serving thread may wait from `now`.
+    #[pyo3(signature = (now = None))]
+    fn poll_timeout(&self, now: Option<f64>) -> f64 {
+        self.core.lock().poll_timeout(now.unwrap_or_else(unix_now))
+    }
+
+    /// The answer to the coordinator's `request` (its decoded JSON) at `now`: a poll's
+    /// (incarnation, job, task, notice), a release's (`released`, or why not), or an
+    /// error. Any request object counts as the coordinator asking.
+    #[pyo3(signature = (request, now = None))]
+    fn answer<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>, now: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
+        let answer = PyDict::new(py);
+        let Ok(request) = request.cast::<PyDict>() else {
+            answer.set_item("error", "not a JSON object")?;
+            return Ok(answer);
+        };
+        let now = now.unwrap_or_else(unix_now);
+        let op = request.get_item("op")?;
+        let text = |key: &str| -> PyResult<Option<String>> { Ok(request.get_item(key)?.and_then(|v| v.extract().ok())) };
+        let (incarnation, reason) = (text("incarnation")?, text("reason")?);
+        let notice_at: Option<f64> = request.get_item("notice_at")?.and_then(|v| v.extract().ok());
+        let mut core = self.core.lock();
+        core.handle(task::TaskEvent::Asked, now);
+        match op.as_ref().and_then(|o| o.extract::<String>().ok()).as_deref() {
+            Some("release") => {
+                let reason = reason.unwrap_or_else(|| "released".to_owned());
+                let refused = core.release(incarnation.as_deref(), notice_at, reason);
+                drop(core);
+                answer.set_item("released", refused.is_none())?;
+                if let Some(why) = refused {
+                    answer.set_item("why", why.to_string())?;
+                }
+            }
+            Some("poll") => {
+                let notice = core.notice().map(|(source, at, deadline)| (source.to_owned(), at, deadline));
+                let incarnation = core.incarnation().to_owned();
+                drop(core);
+                answer.set_item("incarnation", incarnation)?;
+                answer.set_item("job", &self.job)?;
+                answer.set_item("task", self.task)?;
+                let notice = match notice {
+                    Some((source, at, deadline)) => {
+                        let n = PyDict::new(py);
+                        n.set_item("source", source)?;
+                        n.set_item("at", at)?;
+                        n.set_item("deadline", deadline)?;
+                        n.into_any()
+                    }
+                    None => py.None().into_bound(py),
+                };
+                answer.set_item("notice", notice)?;
+            }
+            _ => {
+                drop(core);
+                let op = match op {
+                    Some(o) => o.repr()?.to_string(),
+                    None => "None".to_owned(),
+                };
+                answer.set_item("error", format!("unknown op {op}"))?;
+            }
+        }
+        Ok(answer)
+    }
+
+    /// For logs and tests: the incarnation, the notice (source, at, deadline), when
+    /// the coordinator last asked, the release's reason.
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = PyDict::new(py);
+        let core = self.core.lock();
+        state.set_item("incarnation", core.incarnation())?;
+        state.set_item("notice", core.notice())?;
+        state.set_item("last_asked", core.last_asked())?;
+        state.set_item("released", core.released())?;
+        Ok(state)
+    }
 }
 
 /// A call abandoned so that a new one could start (`TaskCalls.start`).
@@ -503,10 +597,9 @@ impl CoordinatorProtocol {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(release_refused, m)?)?;
-    m.add_function(wrap_pyfunction!(serving, m)?)?;
-    m.add_function(wrap_pyfunction!(serve_bound, m)?)?;
-    m.add_class::<ServeDecision>()?;
+    m.add_class::<TaskEvent>()?;
+    m.add_class::<TaskAction>()?;
+    m.add_class::<TaskProtocol>()?;
     m.add_class::<Abandoned>()?;
     m.add_class::<TaskCalls>()?;
     m.add_class::<PollLog>()?;
@@ -518,8 +611,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CallTimeout", m.py().get_type::<CallTimeout>())?;
     m.add("PS_TOKEN", ps_control::TOKEN)?;
     m.add("COORDINATOR_SILENCE", ps_control::COORDINATOR_SILENCE)?;
-    m.add("SERVE_CAP_FACTOR", ps_control::SERVE_CAP_FACTOR)?;
-    m.add("SERVE_SLICE", ps_control::SERVE_SLICE)?;
     m.add("JOIN_SLICE", ps_control::JOIN_SLICE)?;
     m.add("WORKER_GET_SLICE", ps_control::WORKER_GET_SLICE)?;
     m.add("WORKER_SOFT_SLICE", ps_control::WORKER_SOFT_SLICE)?;

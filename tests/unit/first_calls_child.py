@@ -183,7 +183,12 @@ def ps_control() -> None:
     assert _PROTOCOL.poll(lane.Release(task)).end == "released"
     _PROTOCOL.poll_timeout(lane.Poll())
     _PROTOCOL.state()
-    assert _native.release_refused("inc", 1.0, "inc", 1.0) is None
+    served = _native.TaskProtocol("ps", 0, task, 30.0)
+    served.handle(_native.TaskEvent.Notice("signal SIGTERM", None, 0.0), 1.0)
+    assert served.answer({"op": "release", "incarnation": task, "notice_at": 1.0})["released"]
+    served.poll()
+    served.poll_timeout()
+    served.state()
 
 
 SCENARIOS = {

@@ -27,15 +27,18 @@ from tf_failure_handling._coordinator import (
 )
 from tf_failure_handling._coordinator.worker_loop import Worker, _Holds
 from tf_failure_handling._native import (
-    SERVE_CAP_FACTOR,
     Action,
     CoordinatorProtocol,
     Event,
     Lane,
+    TaskAction,
+    TaskEvent,
+    TaskProtocol,
 )
-from tf_failure_handling._native import serving as ps_control_serving
 
 BOUND = 10.0  # turns a hang into a failure
+#: A served task serves at most this many times its own bound (src/ps_control.rs).
+SERVE_CAP_FACTOR = 3.0
 
 
 class NotFound(Exception):
@@ -1366,14 +1369,28 @@ def test_a_served_task_waits_while_the_coordinator_asks():
     asks (its save may be under way), not for one that fell silent."""
     notice, bound = 1000.0, 30.0
     asked = serving_at = notice + bound + 1.0
-    decision = ps_control_serving(notice, None, bound, asked - 1.0, False, serving_at)
-    assert decision.leave is None and decision.until > serving_at
-    silent = ps_control_serving(notice, None, bound, notice, False, serving_at)
-    assert silent.leave == "coordinator silent"
-    assert ps_control_serving(notice, None, bound, asked, True, asked).leave == "released"
-    assert ps_control_serving(notice, 1010.0, bound, asked, False, 1010.0).leave == "deadline"
+
+    def serving(deadline, last_asked, released, now):
+        """The serving thread's action at ``now`` (its own bound said before)."""
+        task = TaskProtocol("ps", 0, "inc", bound)
+        task.handle(TaskEvent.Notice("signal SIGTERM", deadline, 0.0), notice)
+        assert isinstance(task.poll(notice), TaskAction.Serving)
+        if last_asked is not None:
+            task.handle(TaskEvent.Asked(), last_asked)
+        if released:
+            at = task.answer({"op": "poll"}, notice)["notice"]["at"]
+            release = {"op": "release", "incarnation": "inc", "notice_at": at}
+            assert task.answer(release, last_asked)["released"]
+        return task.poll(now)
+
+    decision = serving(None, asked - 1.0, False, serving_at)
+    assert isinstance(decision, TaskAction.Serve) and decision.timeout > 0
+    silent = serving(None, notice, False, serving_at)
+    assert silent.why == "coordinator silent"
+    assert serving(None, asked, True, asked).why == "released"
+    assert serving(1010.0, asked, False, 1010.0).why == "deadline"
     capped = notice + SERVE_CAP_FACTOR * bound
-    assert ps_control_serving(notice, None, bound, capped - 0.1, False, capped).leave == "cap"
+    assert serving(None, capped - 0.1, False, capped).why == "cap"
 
 
 def test_task_control_notes_when_the_coordinator_asked():

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from .._bounded_call import BoundedCall
 from .._native import PS_TOKEN as TOKEN
-from .._native import CallTimeout, TaskCalls, release_refused, unix_now
+from .._native import CallTimeout, TaskCalls, TaskEvent, TaskProtocol
 
 # Imported for what it does at import: the keepalive is in TF_GRPC_DEFAULT_OPTIONS before
 # TensorFlow creates a channel, so a call to a stopped task fails instead of stalling.
@@ -33,24 +33,38 @@ _installed: Optional[TaskControl] = None
 
 
 class TaskControl:
-    """What a served PS or worker process answers the coordinator with."""
+    """What a served PS or worker process answers the coordinator with: the answers are
+    its protocol object's (``TaskProtocol``, ``src/ps_control/task.rs``)."""
 
-    def __init__(self, job: str, task: int) -> None:
+    def __init__(self, job: str, task: int, peer_timeout: Optional[float] = None) -> None:
         self.job = job
         self.task = task
-        #: Differs between two runs of the same task (a restart).
-        self.incarnation = f"{os.getpid()}-{secrets.token_hex(8)}"
-        self._lock = threading.Lock()
-        self._notice: Optional[dict] = None
+        #: The task's protocol object: its notice, the coordinator's calls, its release,
+        #: how long it serves (``peer_timeout``, None: the core's default, bounds it
+        #: when the notice names no deadline and there is no grace period).
+        self.protocol = TaskProtocol(
+            job, task, f"{os.getpid()}-{secrets.token_hex(8)}", peer_timeout
+        )
+        #: Set once a release is accepted: wakes the serving thread.
         self.released = threading.Event()
-        self.release_reason: Optional[str] = None
-        #: When (Unix time) the coordinator last asked this task anything (None: never).
-        self.last_asked: Optional[float] = None
 
-    def set_notice(self, source: str, deadline: Optional[float]) -> None:
-        with self._lock:
-            if self._notice is None:
-                self._notice = {"source": source, "at": unix_now(), "deadline": deadline}
+    @property
+    def incarnation(self) -> str:
+        """Differs between two runs of the same task (a restart)."""
+        return self.protocol.state()["incarnation"]
+
+    @property
+    def release_reason(self) -> Optional[str]:
+        return self.protocol.state()["released"]
+
+    @property
+    def last_asked(self) -> Optional[float]:
+        """When (Unix time) the coordinator last asked this task anything (None: never)."""
+        return self.protocol.state()["last_asked"]
+
+    def set_notice(self, source: str, deadline: Optional[float], grace_period: float = 0.0) -> None:
+        """The task's notice (the first counts), with the grace period then in effect."""
+        self.protocol.handle(TaskEvent.Notice(source, deadline, grace_period))
 
     def __call__(self, request: Any) -> bytes:
         """The body of the ``PyFunc`` op the coordinator runs on this task."""
@@ -58,41 +72,18 @@ class TaskControl:
             message = json.loads(bytes(request).decode())
         except ValueError:
             message = None
-        if not isinstance(message, dict):
-            return json.dumps({"error": "not a JSON object"}).encode()
-        self.last_asked = unix_now()
-        op = message.get("op")
-        if op == "release":
-            return json.dumps(self._release(message)).encode()
-        if op != "poll":
-            return json.dumps({"error": f"unknown op {op!r}"}).encode()
-        with self._lock:
-            notice = self._notice
-        return json.dumps(
-            {"incarnation": self.incarnation, "job": self.job, "task": self.task, "notice": notice}
-        ).encode()
-
-    def _release(self, message: dict) -> dict:
-        """A release counts only for this incarnation's notice, once it has one (the
-        core's ``release_refused``)."""
-        with self._lock:
-            notice = self._notice
-        at = None if notice is None else notice["at"]
-        why = release_refused(
-            self.incarnation, at, message.get("incarnation"), message.get("notice_at")
-        )
-        if why is None:
-            self.release_reason = str(message.get("reason", "released"))
+        answer = self.protocol.answer(message)
+        if answer.get("released"):
             self.released.set()
-            return {"released": True}
-        log.warning(
-            "%s %d: a release was refused (%s): only the coordinator that saw this "
-            "task's notice releases it.",
-            self.job,
-            self.task,
-            why,
-        )
-        return {"released": False, "why": why}
+        elif "why" in answer:
+            log.warning(
+                "%s %d: a release was refused (%s): only the coordinator that saw this "
+                "task's notice releases it.",
+                self.job,
+                self.task,
+                answer["why"],
+            )
+        return json.dumps(answer).encode()
 
     def install(self) -> None:
         """Registers this control in TF's ``py_func`` registry of this process."""
