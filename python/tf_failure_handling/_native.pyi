@@ -262,7 +262,9 @@ class TaskEvent:
     """What a served task's threads report (``src/ps_control/task.rs``)."""
 
     class Notice(TaskEvent):
-        def __init__(self, source: str, deadline: Optional[float], grace_period: float) -> None: ...
+        def __init__(
+            self, source: str, deadline: Optional[float], grace_period: Optional[float]
+        ) -> None: ...
 
     class Asked(TaskEvent): ...
 

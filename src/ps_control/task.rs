@@ -22,11 +22,12 @@ use super::{
 #[derive(Clone, Debug, PartialEq)]
 pub enum TaskEvent {
     /// The task's termination notice, from `source`, naming `deadline` (Unix seconds);
-    /// `grace_period` is the task's then (the platform's is known once probed).
+    /// `grace_period` is the task's then (the platform's is known once probed; None:
+    /// none).
     Notice {
         source: String,
         deadline: Option<f64>,
-        grace_period: f64,
+        grace_period: Option<f64>,
     },
     /// The coordinator called (a poll or a release).
     Asked,
@@ -124,7 +125,7 @@ impl Task {
             } => {
                 if self.notice.is_none() {
                     self.notice = Some(Notice { source, at: now, deadline });
-                    self.grace_period = grace_period;
+                    self.grace_period = grace_period.unwrap_or(0.0);
                 }
             }
             TaskEvent::Asked => self.last_asked = Some(now),
@@ -199,7 +200,7 @@ mod tests {
             TaskEvent::Notice {
                 source: "signal SIGTERM".into(),
                 deadline,
-                grace_period: grace,
+                grace_period: Some(grace),
             },
             AT,
         );
@@ -240,7 +241,7 @@ mod tests {
             TaskEvent::Notice {
                 source: "s".into(),
                 deadline: None,
-                grace_period: 0.0,
+                grace_period: None,
             },
             AT,
         );
@@ -249,7 +250,7 @@ mod tests {
             TaskEvent::Notice {
                 source: "t".into(),
                 deadline: Some(1.0),
-                grace_period: 9.0,
+                grace_period: Some(9.0),
             },
             AT + 5.0,
         );

@@ -28,7 +28,7 @@ use crate::ps_control::{self, task, CallId, Calls};
 /// What a served task's threads report (`crate::ps_control::task::TaskEvent`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 #[rustfmt::skip]
-pub enum TaskEvent { Notice { source: String, deadline: Option<f64>, grace_period: f64 }, Asked {} }
+pub enum TaskEvent { Notice { source: String, deadline: Option<f64>, grace_period: Option<f64> }, Asked {} }
 
 /// What a served task's serving thread does next (`crate::ps_control::task::TaskAction`).
 /// `Serving.source` is where its own bound comes from ("the notice's deadline", "the

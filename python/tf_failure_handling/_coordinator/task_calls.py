@@ -62,7 +62,9 @@ class TaskControl:
         """When (Unix time) the coordinator last asked this task anything (None: never)."""
         return self.protocol.state()["last_asked"]
 
-    def set_notice(self, source: str, deadline: Optional[float], grace_period: float = 0.0) -> None:
+    def set_notice(
+        self, source: str, deadline: Optional[float], grace_period: Optional[float] = None
+    ) -> None:
         """The task's notice (the first counts), with the grace period then in effect."""
         self.protocol.handle(TaskEvent.Notice(source, deadline, grace_period))
 
