@@ -241,7 +241,6 @@ class Retry:
     def since(self) -> Optional[float]: ...
 
 PS_TOKEN: str
-COORDINATOR_SILENCE: float
 GRPC_KEEPALIVE: list[tuple[str, int]]
 
 class CallTimeout(Exception):
@@ -604,6 +603,12 @@ class Event:
 
     class Granted(Event): ...
 
+    class OwnNotice(Event):
+        def __init__(self, final_round: bool) -> None: ...
+
+    class CheckpointSaved(Event): ...
+    class TrainingGoesOn(Event): ...
+
 class Action:
     """What a coordinator's thread does next (``src/ps_control/coordinator.rs``)."""
 
@@ -685,6 +690,18 @@ class Action:
         finished_after: List[int]
         filled: List[int]
         error_wait: float
+
+    class HoldAll(Action):
+        strict: bool
+
+    class ReleaseSaved(Action):
+        task: str
+        silence: float
+
+    class StopWatch(Action): ...
+
+    class ResumeAll(Action):
+        runs: Optional[int]
 
     class Done(Action): ...
 

@@ -27,8 +27,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use super::drain::{DrainStep, Ended, Outcome, WorkerDrain};
 use super::save_drain::{settle_looks, SaveDrain, SaveStep};
 use super::{
-    reconnect, runs_at_save, PollLog, Watch, CALL_TIMEOUT, DEFAULT_DRAIN_BOUND, DRAIN_ERROR_WAIT, DRAIN_SETTLE_LOOK, POLL_INTERVAL,
-    PORT_PROBE_TIMEOUT, WORKER_GET_SLICE,
+    reconnect, runs_at_save, PollLog, Watch, CALL_TIMEOUT, COORDINATOR_SILENCE, DEFAULT_DRAIN_BOUND, DRAIN_ERROR_WAIT, DRAIN_SETTLE_LOOK,
+    POLL_INTERVAL, PORT_PROBE_TIMEOUT, WORKER_GET_SLICE,
 };
 use crate::retry::{Retry, Verdict};
 
@@ -227,8 +227,10 @@ pub enum Action {
     /// Hold every worker thread (`strict`: no closure at all; else one while the
     /// queue is full, so that a `schedule()` waiting for room returns).
     HoldAll { strict: bool },
-    /// Release this PS task: the checkpoint its notice asked for is written.
-    ReleaseSaved { task: String },
+    /// Release this PS task: the checkpoint its notice asked for is written. Not
+    /// released, it leaves on its own `silence` seconds after the coordinator stops
+    /// asking it (or at its notice's deadline).
+    ReleaseSaved { task: String, silence: f64 },
     /// Stop the watch (the poller and every lane).
     StopWatch,
     /// Resume every worker thread; the handler's run count is `runs` again when Some
@@ -552,7 +554,10 @@ impl Coordinator {
                 let mut noticed: Vec<String> = std::mem::take(&mut self.ps_noticed).into_iter().collect();
                 noticed.sort_by_key(|t| job_task(t).1);
                 for task in noticed {
-                    self.handler.push_back(Action::ReleaseSaved { task });
+                    self.handler.push_back(Action::ReleaseSaved {
+                        task,
+                        silence: COORDINATOR_SILENCE,
+                    });
                 }
                 self.handler.push_back(Action::StopWatch);
             }
@@ -1418,7 +1423,10 @@ mod tests {
         });
         c.handle(Event::CheckpointSaved, NOW);
         let released: Vec<Action> = (0..4).map(|_| c.poll(&Lane::Save, NOW)).collect();
-        let saved = |task: &str| Action::ReleaseSaved { task: task.into() };
+        let saved = |task: &str| Action::ReleaseSaved {
+            task: task.into(),
+            silence: COORDINATOR_SILENCE,
+        };
         assert_eq!(
             released,
             [

@@ -456,7 +456,7 @@ pub enum Action {
     Grant { runs: Vec<u64>, wait: f64 },
     Saved { runs: Option<u64>, finished_after: Vec<u64>, filled: Vec<u64>, error_wait: f64 },
     HoldAll { strict: bool },
-    ReleaseSaved { task: String },
+    ReleaseSaved { task: String, silence: f64 },
     StopWatch {},
     ResumeAll { runs: Option<u64> },
     Done {},
@@ -530,7 +530,7 @@ impl Action {
                 Probe { task, timeout }, Pause { timeout, after }, GoneOver { gone }, Hold { bound },
                 DrainRelease { task, drained, hold }, DrainWaitGone { task, bound, holding },
                 WaitAll { bound }, WaitIdle { look, looks }, Promote { runs }, Grant { runs, wait },
-                Saved { runs, finished_after, filled, error_wait }, HoldAll { strict }, ReleaseSaved { task },
+                Saved { runs, finished_after, filled, error_wait }, HoldAll { strict }, ReleaseSaved { task, silence },
                 ResumeAll { runs }),
         })
     }
@@ -610,7 +610,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CoordinatorProtocol>()?;
     m.add("CallTimeout", m.py().get_type::<CallTimeout>())?;
     m.add("PS_TOKEN", ps_control::TOKEN)?;
-    m.add("COORDINATOR_SILENCE", ps_control::COORDINATOR_SILENCE)?;
     m.add("JOIN_SLICE", ps_control::JOIN_SLICE)?;
     m.add("WORKER_GET_SLICE", ps_control::WORKER_GET_SLICE)?;
     m.add("WORKER_SOFT_SLICE", ps_control::WORKER_SOFT_SLICE)?;

@@ -31,7 +31,7 @@ from .._coordinator import grpc_keepalive as _grpc_keepalive
 from .._coordinator import join_checks as _join_checks
 from .._coordinator import worker_drain as _worker_drain
 from .._integrations import tf_exit as _tf_exit
-from .._native import COORDINATOR_SILENCE, Action, Event, Lane, ProtocolCore
+from .._native import Action, Event, Lane, ProtocolCore
 from .records_hooks import StageRecords
 from .state import HandlerState
 
@@ -134,7 +134,7 @@ class PsSteps:
                 ):
                     log.info("Termination notice: the workers take no new closures until the save.")
             elif isinstance(action, Action.ReleaseSaved):
-                self._release_saved(action.task)
+                self._release_saved(action)
             elif isinstance(action, Action.StopWatch):
                 self.poller.stop()
             elif isinstance(action, Action.ResumeAll):
@@ -293,16 +293,17 @@ class PsSteps:
         if self.poller is not None:
             self._perform(Event.CheckpointSaved())
 
-    def _release_saved(self, task: str) -> None:
-        """Releases ``task`` after the save; a failed release is sent again by the
-        core's retry rule, for the handler's retry bound."""
+    def _release_saved(self, action: Any) -> None:
+        """Releases the PS task of ``action`` after the save; a failed release is sent
+        again by the core's retry rule, for the handler's retry bound."""
+        task = action.task
         bound = self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
         if not self.poller.release(task, "checkpoint saved", bound):
             log.warning(
                 "ps %d was not released after the save: it leaves on its own once this "
                 "coordinator stops asking it (%.0fs later) or at its notice's deadline.",
                 _cluster_poller._job_task(task)[1],
-                COORDINATOR_SILENCE,
+                action.silence,
             )
 
     def training_goes_on(self) -> None:
