@@ -10,6 +10,16 @@
 //! drain threads, and runs each call on a thread of its own, bounded by
 //! [`CALL_TIMEOUT`], so that one task that does not answer holds up no other.
 //!
+//! Each role has one protocol object, which Python only performs (events in with
+//! `now`, actions out, each with its timeout):
+//!
+//! * [`coordinator::Coordinator`] (`coordinator.rs`): the coordinator's. Its lanes,
+//!   one per thread that performs them: the poll rounds, a release and its retries,
+//!   the wait for a released task to be gone, a worker's drain, the handler's save
+//!   (the wait for the closures, the run count saved, the PS releases after it);
+//! * [`task::Task`] (`task.rs`): a served PS or worker task's: its answers to the
+//!   coordinator and how long it serves after its notice.
+//!
 //! The parts, each sans-IO (no clock read, no sleep, no thread, no log; the
 //! caller passes `now` and performs what it is told):
 //!

@@ -6,10 +6,11 @@
 //!   protocol object ([`crate::ps_control::coordinator`]): its poll of the tasks,
 //!   their releases, the waits for them to be gone, the workers' drains and the
 //!   save's wait for the closures;
-//! * `release_refused`: whether a served task refuses a release, and why;
+//! * `TaskProtocol` with its `TaskEvent` and `TaskAction`: a served task's protocol
+//!   object ([`crate::ps_control::task`]): its answers to the coordinator, how long it
+//!   serves after its notice;
 //! * `TaskCalls`: whether a call to a task may start now, which earlier call
-//!   it abandons (`CallTimeout` otherwise);
-//! * `serving`, `serve_bound`: what a served task with a notice does now.
+//!   it abandons (`CallTimeout` otherwise).
 //!
 //! The shared objects hold their core behind a lock that no holder keeps while it
 //! runs Python (arguments are read before, results converted after).
