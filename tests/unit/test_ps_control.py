@@ -32,6 +32,7 @@ from tf_failure_handling._native import (
     Event,
     Lane,
     TaskAction,
+    TaskCalls,
     TaskEvent,
     TaskProtocol,
 )
@@ -165,6 +166,20 @@ def test_call_to_a_task_that_does_not_answer_gives_up_at_its_bound():
             time.sleep(0.01)
 
 
+class ClockedCalls:
+    """The core's ``TaskCalls`` on the test's clock (``now[0]``)."""
+
+    def __init__(self, now: list, abandon_after: float, max_abandoned=None) -> None:
+        self._now = now
+        self._calls = TaskCalls(abandon_after, max_abandoned)
+
+    def start(self, task):
+        return self._calls.start(task, self._now[0])
+
+    def returned(self, task, call):
+        return self._calls.returned(task, call)
+
+
 def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog):
     """A call that never returns (one caught in TF's cluster update after a restart)
     holds up its task's calls for ``abandon_after`` seconds, not for good: then the
@@ -179,7 +194,7 @@ def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog)
             stuck.wait(BOUND)  # the first call does not return in this test
         return {"task": task, "n": len(calls)}
 
-    caller = task_calls._Caller(transport, abandon_after=30.0, clock=lambda: now[0])
+    caller = task_calls._Caller(transport, ClockedCalls(now, 30.0))
     try:
         with pytest.raises(task_calls.CallTimeout, match="did not answer"):
             caller("w", {"op": "poll"}, 0.05)
@@ -206,7 +221,7 @@ def test_abandoned_calls_are_bounded_per_task():
         stopped.wait(BOUND)
         return {"task": task}
 
-    caller = task_calls._Caller(transport, abandon_after=1.0, max_abandoned=2, clock=lambda: now[0])
+    caller = task_calls._Caller(transport, ClockedCalls(now, 1.0, 2))
     try:
         for _ in range(3):  # the first call, then two abandoned ones replaced
             with pytest.raises(task_calls.CallTimeout, match="did not answer"):

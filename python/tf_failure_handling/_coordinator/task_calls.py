@@ -127,25 +127,18 @@ class CallRefused(CallTimeout):
 class _Caller:
     """Bounded calls to the tasks (:class:`BoundedCall`), each within the ``timeout``
     its action gives. Whether a call may start, and which unreturned one it abandons,
-    is the core's (``TaskCalls``; ``abandon_after``, ``max_abandoned`` and ``clock``:
-    None, the core's); a refused call raises :class:`CallRefused` at once."""
+    is the core's (``calls``: a ``TaskCalls``, by default with the core's bounds); a
+    refused call raises :class:`CallRefused` at once."""
 
     def __init__(
-        self,
-        transport: Callable[[str, dict], dict] = remote_call,
-        abandon_after: Optional[float] = None,
-        max_abandoned: Optional[int] = None,
-        clock: Optional[Callable[[], float]] = None,
+        self, transport: Callable[[str, dict], dict] = remote_call, calls: Any = None
     ) -> None:
         self._transport = transport
-        self._clock = clock
-        self._calls = TaskCalls(abandon_after, max_abandoned)
+        self._calls = TaskCalls() if calls is None else calls
 
     def __call__(self, task: str, request: dict, timeout: float) -> dict:
         try:
-            call, abandoned = self._calls.start(
-                task, None if self._clock is None else self._clock()
-            )
+            call, abandoned = self._calls.start(task)
         except CallTimeout as e:
             raise CallRefused(str(e)) from None
         if abandoned is not None:
