@@ -108,6 +108,9 @@ pub enum Event {
     BadAnswer { task: String },
     /// The coordinator stops watching: every lane ends.
     Stop,
+    /// The poll lane's round failed (an error its caller did not expect): the round
+    /// is over, the next one comes after the interval.
+    RoundFailed,
     /// Release `task` for `reason`, retrying for `bound` seconds (None: one call's
     /// timeout).
     ReleaseStart { task: String, reason: String, bound: Option<f64> },
@@ -429,6 +432,10 @@ impl Coordinator {
             }
             Event::BadAnswer { task } => self.watch.bad_answer(&task),
             Event::Stop => self.stopped = true,
+            Event::RoundFailed => {
+                self.poll.round = None;
+                self.poll.next_round = now + self.interval;
+            }
             Event::ReleaseStart { task, reason, bound } => {
                 let retry = Retry::new(bound.unwrap_or(self.call_timeout));
                 self.releases.insert(
@@ -668,11 +675,12 @@ impl Coordinator {
         let Some(lane) = self.releases.get_mut(task) else {
             return Action::Done;
         };
-        if let ReleasePhase::Paused { until, after } = &lane.phase {
+        if let ReleasePhase::Paused { until, after } = &mut lane.phase {
             if now < *until && !self.stopped {
+                // The error is said once, at the first pause after it.
                 return Action::Pause {
-                    timeout: until - now,
-                    after: after.clone(),
+                    timeout: *until - now,
+                    after: after.take(),
                 };
             }
             lane.phase = ReleasePhase::Call;
@@ -907,6 +915,24 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_round_ends_and_the_next_comes_after_the_interval() {
+        let mut c = coordinator();
+        assert!(matches!(c.poll(&Lane::Poll, NOW), Action::Poll { .. }));
+        assert_eq!(c.poll_timeout(&Lane::Poll, NOW), None);
+        c.handle(Event::RoundFailed, NOW);
+        assert_eq!(c.poll_timeout(&Lane::Poll, NOW), Some(POLL_INTERVAL));
+        assert_eq!(
+            c.poll(&Lane::Poll, NOW),
+            Action::Pause {
+                timeout: POLL_INTERVAL,
+                after: None
+            }
+        );
+        let (asked, _) = round(&mut c, NOW + POLL_INTERVAL, &|t| answered(t, "a", None));
+        assert_eq!(asked, [PS, W0, W1]);
+    }
+
+    #[test]
     fn each_incarnations_first_notice_is_handed_on_once() {
         let mut c = coordinator();
         let notice = |t: &str| answered(t, "a", (t == W1).then_some((5.0, Some(50.0))));
@@ -985,6 +1011,9 @@ mod tests {
                 ),
                 Action::Pause { timeout, after } => {
                     assert!(after.is_some());
+                    // Polled again before the pause ends: the error is not said again.
+                    let again = c.poll(&Lane::Release(task.into()), *now + timeout / 2.0);
+                    assert!(matches!(again, Action::Pause { after: None, .. }), "{again:?}");
                     *now += timeout;
                 }
                 Action::Released { end, .. } => return (end, calls),

@@ -314,6 +314,7 @@ pub enum Event {
     Answered { task: String, answer: Py<PyAny> },
     PollFailed { task: String, error: Py<PyAny> },
     Stop {},
+    RoundFailed {},
     ReleaseStart { task: String, reason: String, bound: Option<f64> },
     ReleaseAnswered { task: String, answer: Py<PyAny> },
     ReleaseFailed { task: String, error: Py<PyAny>, busy: bool },
@@ -388,6 +389,7 @@ impl Event {
                 }
             }
             Event::Stop {} => co::Event::Stop,
+            Event::RoundFailed {} => co::Event::RoundFailed,
             Event::ReleaseAnswered { task, answer } => {
                 let answer = answer.bind(py);
                 let released = item(answer, "released").is_some_and(|r| r.is_truthy().unwrap_or(false));

@@ -498,6 +498,38 @@ def test_the_poller_thread_runs_until_stopped():
     assert len(cluster.calls) == count, "the poller went on after stop()"
 
 
+class RoundBreaker(BaseException):
+    """Not an ``Exception``: the poll's own handling does not take it."""
+
+
+def test_a_round_that_raises_is_logged_and_the_watch_goes_on(caplog):
+    """A round that fails ends; the next comes after the interval (the core's), and the
+    notice is handed on then."""
+    cluster, notices = FakeCluster(), []
+    for task, job, i in ((PS, "ps", 0), (W0, "worker", 0), (W1, "worker", 1)):
+        cluster.serve(task, job, i)
+    failures = [RoundBreaker("once")]
+
+    def caller(task, request, timeout=None):
+        if failures:
+            raise failures.pop()
+        return cluster(task, request, timeout)
+
+    poller = cluster_poller.ClusterPoller(
+        SPEC, lambda *n: notices.append(n), interval=0.01, caller=caller
+    )
+    cluster.controls[PS].set_notice("signal SIGTERM", None)
+    with caplog.at_level(logging.ERROR, logger="tf_failure_handling"):
+        poller.start()
+        end = time.monotonic() + BOUND
+        while not notices:
+            assert time.monotonic() < end, "the watch ended with the failed round"
+            time.sleep(0.01)
+        poller.stop()
+    assert "failed a round" in caplog.text
+    assert notices == [("ps", 0, "signal SIGTERM", None)]
+
+
 def test_release_names_the_incarnation_and_notice_it_saw():
     cluster, notices, released = FakeCluster(), [], []
     control = cluster.serve(PS, "ps", 0)

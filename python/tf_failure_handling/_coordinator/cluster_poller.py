@@ -163,7 +163,7 @@ class ClusterPoller:
                     return
             except BaseException as e:  # noqa: BLE001 - the watch must not die silently
                 log.error("The watch over the cluster's notices failed a round: %r", e)
-                self._stop.wait(self.protocol.poll_timeout(Lane.Poll()))
+                self.protocol.handle(Event.RoundFailed())
 
     def release(self, task: str, reason: str, bound: Optional[float] = None) -> bool:
         """Tells ``task`` that the coordinator is done with it (it exits); False if it
@@ -187,7 +187,8 @@ class ClusterPoller:
                 listening = self._listening(task, action.timeout)
                 self.protocol.handle(Event.Probed(task, listening))
             elif isinstance(action, Action.Pause):
-                log.info("Releasing %s failed (%s); sending it again.", task, action.after)
+                if action.after is not None:
+                    log.info("Releasing %s failed (%s); sending it again.", task, action.after)
                 self._stop.wait(action.timeout)
             elif isinstance(action, Action.Released):
                 return self._released(task, reason, action)
