@@ -551,6 +551,7 @@ class Lane:
         def __init__(self, worker: int) -> None: ...
 
     class Save(Lane): ...
+    class Join(Lane): ...
 
 class Event:
     """What the coordinator's threads report (``src/ps_control/coordinator.rs``)."""
@@ -809,7 +810,6 @@ PEER_WATCH_SLICE: float
 ACK_READ_SLICE: float
 WATCHER_KEY_SLICE: float
 WAIT_SLICE: float
-JOIN_SLICE: float
 WORKER_GET_SLICE: float
 WORKER_SOFT_SLICE: float
 REPORT_GROUP_WINDOW: float

@@ -14,6 +14,7 @@
 //! | [`Lane::Gone`] | whoever waits | the wait for a released task's process to be gone: probes, pauses, the bound |
 //! | [`Lane::Drain`] | a worker's drain | the drain of a worker with a notice ([`super::drain`]) |
 //! | [`Lane::Save`] | the handler's save | the wait for the closures before the save ([`super::save_drain`]) and the run count it saves |
+//! | [`Lane::Join`] | the training thread's waits | how long each slice of a `join()` (or a result's wait) lasts before the handler's checks |
 //!
 //! A task released stays unasked by the poll until the wait for it to be gone ends
 //! (an op sent to an exiting process fails, and TensorFlow can hand that error to
@@ -28,7 +29,7 @@ use super::drain::{DrainStep, Ended, Outcome, WorkerDrain};
 use super::save_drain::{settle_looks, SaveDrain, SaveStep};
 use super::{
     reconnect, runs_at_save, PollLog, Watch, CALL_TIMEOUT, COORDINATOR_SILENCE, DEFAULT_DRAIN_BOUND, DRAIN_ERROR_WAIT, DRAIN_SETTLE_LOOK,
-    POLL_INTERVAL, PORT_PROBE_TIMEOUT, WORKER_GET_SLICE,
+    JOIN_SLICE, POLL_INTERVAL, PORT_PROBE_TIMEOUT, WORKER_GET_SLICE,
 };
 use crate::retry::{Retry, Verdict};
 
@@ -50,8 +51,11 @@ pub enum Lane {
     Gone(String),
     /// The drain of this worker.
     Drain(usize),
-    /// The save's wait for the closures.
+    /// The handler's save: the wait for the closures, and its steps around it.
     Save,
+    /// A wait of the training thread (`ClusterCoordinator.join()`, a result's
+    /// `fetch()`) that makes the handler's checks between its slices.
+    Join,
 }
 
 /// A task's notice, as its poll's answer gave it.
@@ -632,6 +636,7 @@ impl Coordinator {
             Lane::Gone(task) => self.poll_gone(task, now),
             Lane::Drain(worker) => self.poll_drain(*worker),
             Lane::Save => self.poll_save(),
+            Lane::Join => Action::Done,
         }
     }
 
@@ -850,6 +855,7 @@ impl Coordinator {
             Lane::Gone(task) => self.gone.get(task).map(|l| (l.pause_until - now).max(0.0)),
             Lane::Drain(_) => None,
             Lane::Save => self.save.as_ref().map(|l| l.drain.left(now)),
+            Lane::Join => Some(JOIN_SLICE),
         }
     }
 }
@@ -1419,6 +1425,8 @@ mod tests {
         assert_eq!(c.poll(&Lane::Save, NOW), Action::Done);
         assert_eq!(c.poll(&Lane::Release(PS.into()), NOW), Action::Done);
         assert_eq!(c.poll(&Lane::Gone(PS.into()), NOW), Action::Done);
+        assert_eq!(c.poll(&Lane::Join, NOW), Action::Done);
+        assert_eq!(c.poll_timeout(&Lane::Join, NOW), Some(JOIN_SLICE));
         c.handle(Event::TrainingGoesOn, NOW);
         assert_eq!(c.poll(&Lane::Save, NOW), Action::ResumeAll { runs: None });
         assert_eq!(job_task(W1), ("worker".to_owned(), 1));

@@ -290,7 +290,7 @@ pub enum DrainEnd {
 /// Which of the coordinator's threads asks (`crate::ps_control::coordinator::Lane`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 #[rustfmt::skip]
-pub enum Lane { Poll {}, Release { task: String }, Gone { task: String }, Drain { worker: usize }, Save {} }
+pub enum Lane { Poll {}, Release { task: String }, Gone { task: String }, Drain { worker: usize }, Save {}, Join {} }
 
 impl From<&Lane> for co::Lane {
     fn from(l: &Lane) -> Self {
@@ -300,6 +300,7 @@ impl From<&Lane> for co::Lane {
             Lane::Gone { task } => co::Lane::Gone(task.clone()),
             Lane::Drain { worker } => co::Lane::Drain(*worker),
             Lane::Save {} => co::Lane::Save,
+            Lane::Join {} => co::Lane::Join,
         }
     }
 }
@@ -613,7 +614,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CoordinatorProtocol>()?;
     m.add("CallTimeout", m.py().get_type::<CallTimeout>())?;
     m.add("PS_TOKEN", ps_control::TOKEN)?;
-    m.add("JOIN_SLICE", ps_control::JOIN_SLICE)?;
     m.add("WORKER_GET_SLICE", ps_control::WORKER_GET_SLICE)?;
     m.add("WORKER_SOFT_SLICE", ps_control::WORKER_SOFT_SLICE)?;
     m.add("GRPC_KEEPALIVE", ps_control::grpc_keepalive_options())?;

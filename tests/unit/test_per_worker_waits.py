@@ -26,9 +26,13 @@ from tensorflow.python.distribute.coordinator import values as tf_values  # noqa
 from tensorflow.python.eager import cancellation  # noqa: E402
 from tf_failure_handling._coordinator import join_checks as _join_checks  # noqa: E402
 from tf_failure_handling._coordinator import worker_loop as _worker_loop  # noqa: E402
+from tf_failure_handling._native import CoordinatorProtocol, Lane  # noqa: E402
 
 #: Bound on any wait in these tests: only turns a hang into a failure.
 HANG = 30.0
+#: The coordinator's protocol object the fake checks are registered with (it times the
+#: join waits' slices).
+PROTOCOL = CoordinatorProtocol([])
 RESTART_CODE = 42
 
 
@@ -92,7 +96,7 @@ def _wait_on_a_trainer(wait, remote_value) -> tuple:
     try:
         thread.start()
         check = FakeCheck(thread.ident)
-        _join_checks.register_join(check)
+        _join_checks.register_join(check, PROTOCOL)
         registered.set()
         thread.join(HANG)
         blocked = thread.is_alive()
@@ -171,7 +175,7 @@ def test_tfs_own_worker_keeps_tfs_values_and_waits_beside_ours():
 
     check = FakeCheck(threading.get_ident())
     check.check_in_join = lambda: setattr(check, "checks", check.checks + 1)
-    _join_checks.register_join(check)
+    _join_checks.register_join(check, PROTOCOL)
     try:
         tf_value._status_available_event = RecordingEvent(tf_value)
         assert tf_value.fetch() is None
@@ -180,7 +184,7 @@ def test_tfs_own_worker_keeps_tfs_values_and_waits_beside_ours():
         ours._status_available_event = event = RecordingEvent(ours)
         event.wait = _first_waits_time_out(event, check)
         assert ours.fetch() is None
-        assert check.checks >= 1 and event.timeouts[0] == _join_checks.JOIN_SLICE
+        assert check.checks >= 1 and event.timeouts[0] == PROTOCOL.poll_timeout(Lane.Join()) > 0
     finally:
         _join_checks.unregister_join(check)
 

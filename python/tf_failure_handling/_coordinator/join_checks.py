@@ -12,21 +12,23 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from .._native import JOIN_SLICE
+from .._native import Lane
 
 #: The step checks of the open handlers of a ParameterServerStrategy coordinator in
-#: this process (each has ``closed`` and ``check_in_join()``).
-_join_checks: weakref.WeakSet = weakref.WeakSet()
-# JOIN_SLICE is the core's (src/ps_control.rs).
+#: this process (each has ``closed`` and ``check_in_join()``), each with its
+#: coordinator's protocol object, which times the waits' slices.
+_join_checks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_JOIN = Lane.Join()
 
 
-def register_join(check: Any) -> None:
-    """Called by a coordinator's handler with its step check; see :func:`join`."""
-    _join_checks.add(check)
+def register_join(check: Any, protocol: Any) -> None:
+    """Called by a coordinator's handler with its step check and its
+    ``CoordinatorProtocol``; see :func:`join`."""
+    _join_checks[check] = protocol
 
 
 def unregister_join(check: Any) -> None:
-    _join_checks.discard(check)
+    _join_checks.pop(check, None)
 
 
 def join(queue: Any) -> None:
@@ -36,10 +38,11 @@ def join(queue: Any) -> None:
 
 
 def wait_checked(wait: Callable[..., bool], checks: Optional[list] = None) -> None:
-    """``wait()`` (no timeout) in slices of :data:`JOIN_SLICE`, with the checks of the
-    open handlers (``checks``: those to make, by default every open one) between the
-    slices: a termination notice is acted on while this thread waits -- the checkpoint
-    is saved and the process exits, as at a ``run()``."""
+    """``wait()`` (no timeout) in slices, with the checks of the open handlers
+    (``checks``: those to make, by default every open one) between the slices: a
+    termination notice is acted on while this thread waits -- the checkpoint is saved
+    and the process exits, as at a ``run()``. Each slice is as long as the first
+    check's coordinator protocol says (its join lane's ``poll_timeout``)."""
     while True:
         if checks is None:
             checks_now = [c for c in list(_join_checks) if not c.closed]
@@ -48,7 +51,10 @@ def wait_checked(wait: Callable[..., bool], checks: Optional[list] = None) -> No
         if not checks_now:
             wait()
             return
-        if wait(timeout=JOIN_SLICE):
+        protocol = _join_checks.get(checks_now[0])
+        if protocol is None:  # unregistered meanwhile (its handler closed): look again
+            continue
+        if wait(timeout=protocol.poll_timeout(_JOIN)):
             return
         for check in checks_now:
             check.check_in_join()

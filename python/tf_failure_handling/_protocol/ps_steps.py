@@ -80,7 +80,7 @@ class PsSteps:
         )
         self.poller.start()
         self._join_check = join_check
-        _join_checks.register_join(join_check)
+        _join_checks.register_join(join_check, self.poller.protocol)
         # TF_PSS_ENABLE_COORDINATION_SERVICE: TensorFlow's own coordinator's poller
         # would keep the process from exiting (ours installs this itself).
         _tf_exit.install(self._coordinator())
