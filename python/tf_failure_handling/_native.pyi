@@ -691,7 +691,7 @@ class Action:
         runs: Optional[int]
         finished_after: List[int]
         filled: List[int]
-        error_wait: float
+        error_wait: Optional[float]
 
     class HoldAll(Action):
         strict: bool

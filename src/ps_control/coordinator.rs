@@ -224,12 +224,14 @@ pub enum Action {
     Grant { runs: Vec<u64>, wait: f64 },
     /// The save's wait is over: runs `0..runs` are in the checkpoint (None: the run
     /// count is left as it is), `finished_after` run again, `filled` ran first.
-    /// A closure's error is raised with a wait of `error_wait` seconds on the queue.
+    /// When the held workers left nothing unfinished, a closure's error is raised with
+    /// a wait of `error_wait` seconds on the queue (None: the threads were not held;
+    /// the wait for every closure raised it already).
     Saved {
         runs: Option<u64>,
         finished_after: Vec<u64>,
         filled: Vec<u64>,
-        error_wait: f64,
+        error_wait: Option<f64>,
     },
     /// Hold every worker thread (`strict`: no closure at all; else one while the
     /// queue is full, so that a `schedule()` waiting for room returns).
@@ -301,6 +303,8 @@ struct SaveLane {
     over: bool,
     /// The run count the save recorded.
     saved: Option<u64>,
+    /// Every worker thread was held.
+    held: bool,
 }
 
 /// The coordinator's protocol object ([module docs](self)).
@@ -533,6 +537,7 @@ impl Coordinator {
                     left: None,
                     over: false,
                     saved: None,
+                    held,
                 });
             }
             Event::Unfinished { runs, count } => {
@@ -834,7 +839,7 @@ impl Coordinator {
                     runs,
                     finished_after,
                     filled: lane.drain.filled().to_vec(),
-                    error_wait: DRAIN_ERROR_WAIT,
+                    error_wait: lane.held.then_some(DRAIN_ERROR_WAIT),
                 }
             }
         }
@@ -1352,7 +1357,7 @@ mod tests {
                 runs: Some(8),
                 finished_after: vec![],
                 filled: vec![],
-                error_wait: DRAIN_ERROR_WAIT
+                error_wait: Some(DRAIN_ERROR_WAIT)
             }
         );
         // Run 3 put back by a lost worker: promoted, granted, then all finished.
@@ -1375,7 +1380,7 @@ mod tests {
                 runs: Some(10),
                 finished_after: vec![],
                 filled: vec![3],
-                error_wait: DRAIN_ERROR_WAIT
+                error_wait: Some(DRAIN_ERROR_WAIT)
             }
         );
         // No worker to take the gap: saved at 3, the finished runs after it named.
@@ -1391,7 +1396,7 @@ mod tests {
                 runs: Some(3),
                 finished_after: vec![4, 5],
                 filled: vec![],
-                error_wait: DRAIN_ERROR_WAIT
+                error_wait: Some(DRAIN_ERROR_WAIT)
             }
         );
     }
@@ -1407,7 +1412,7 @@ mod tests {
                 runs: Some(7),
                 finished_after: vec![],
                 filled: vec![],
-                error_wait: DRAIN_ERROR_WAIT
+                error_wait: None
             }
         );
         let actions = save(&mut c, Some(2), false, &[Event::Unfinished { runs: None, count: 3 }]);

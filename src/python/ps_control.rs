@@ -458,7 +458,7 @@ pub enum Action {
     WaitIdle { look: f64, looks: u32 },
     Promote { runs: Vec<u64> },
     Grant { runs: Vec<u64>, wait: f64 },
-    Saved { runs: Option<u64>, finished_after: Vec<u64>, filled: Vec<u64>, error_wait: f64 },
+    Saved { runs: Option<u64>, finished_after: Vec<u64>, filled: Vec<u64>, error_wait: Option<f64> },
     HoldAll { strict: bool },
     ReleaseSaved { task: String, silence: f64 },
     StopWatch {},

@@ -186,7 +186,7 @@ def wait_for_closures(
         left.gap_runs = list(action.filled)
         left.runs, left.finished_after = action.runs, list(action.finished_after)
         error = getattr(queue, "_error", None)
-        if error is not None and not left:
+        if action.error_wait is not None and error is not None and not left:
             # Raises the closure's error, as join() would.
             queue.wait(timeout=action.error_wait)
     return left
