@@ -49,7 +49,6 @@ from ._protocol.retries import (  # noqa: F401 - re-exported: the protocol's ret
     RETRY_FIRST_PAUSE,
     RETRY_MAX_PAUSE,
     Retrier,
-    WriteQueue,
 )
 from ._protocol.save import SaveAndExit
 from ._protocol.state import HandlerState, Settings
@@ -117,7 +116,7 @@ class PreemptionCheckpointHandler(HandlerCore):
     _environment = _view("_state.environment")
     _coordination = _view("_state.coordination")
     _cluster_resolver = _view("_state.cluster_resolver")
-    _peer_timeout = _view("_state.peer_timeout")
+    _peer_timeout = _view("_core.peer_timeout")
     _grace_period = _view("_state.grace_period")
     _clock = _view("_state.clock")
     _closed = _view("_state.closed")
@@ -181,7 +180,6 @@ class PreemptionCheckpointHandler(HandlerCore):
                 if member.local
                 else _coordination.Client(_coordination.current(), write_timeout(peer_timeout)),
                 cluster_resolver=cluster_resolver,
-                peer_timeout=peer_timeout,
                 grace_period=defaults.grace_period,
                 device=defaults.device or environment.device,
             )
@@ -220,7 +218,11 @@ class PreemptionCheckpointHandler(HandlerCore):
         )
         stage.resumed(self._run_counter)
         core.configure(
-            member.worker_id, member.num_workers, float(state.grace_period), member.ps_coordinator
+            member.worker_id,
+            member.num_workers,
+            float(state.grace_period),
+            float(peer_timeout),
+            member.ps_coordinator,
         )
         if exit_reserve is not None:
             core.exit_reserve = exit_reserve
@@ -243,15 +245,14 @@ class PreemptionCheckpointHandler(HandlerCore):
             state.environment, defaults.signals, defaults.watcher_fn, owner=True
         )
         retrier = Retrier(state, core)
-        writes = WriteQueue(retrier, state, core)
         self._errors = errors = ErrorReports(state, core)
         self._ownership = ownership = Ownership(state)
         ownership.sources = sources
         ctx = Context(state, core, errors, stage)
-        self._step_keys = step_keys = StepKeys(ctx, sources, writes, ownership)
+        self._step_keys = step_keys = StepKeys(ctx, sources, retrier, ownership)
         self._ps = ps = PsSteps(state, core, stage, sources)
         self._agreement = agreement = Agreement(state, core, retrier, stage)
-        notices = NoticeResponse(ctx, writes, ownership, ps)
+        notices = NoticeResponse(ctx, ownership, ps)
         self._saver = saver = SaveAndExit(
             ctx,
             self._checkpoints,
@@ -260,7 +261,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             defaults.exit_fn,
             lambda: _platform.after_save(state.environment, platform_options, stage.recorder),
         )
-        self._driver = Driver(ctx, sources, writes, notices, step_keys.acknowledge)
+        self._driver = Driver(ctx, sources, retrier, notices, step_keys.acknowledge)
         self._steps = StepCheck(ctx, agreement, saver)
 
         self._driver.start()

@@ -95,7 +95,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::StepAction>()?;
     m.add_class::<handler::KeyAction>()?;
     m.add_class::<handler::SaveAction>()?;
-    m.add_class::<handler::AckStep>()?;
+    m.add_class::<handler::LeaderAction>()?;
+    m.add_class::<handler::Event>()?;
+    m.add_class::<handler::Action>()?;
     m.add("GRACE_SLACK", crate::grace::SLACK)?;
     m.add("DEFAULT_GRACE_PERIOD", crate::grace::DEFAULT_GRACE_PERIOD)?;
     handler::add_run(m.py())?;

@@ -8,8 +8,8 @@
 //! leading notice's deadline.
 //!
 //! `WriteKind` names the driver's writes, whose schedule is the protocol's
-//! (`ProtocolCore.push_write`, `poll_write`, `write_wait`: [`crate::protocol`]
-//! over [`crate::writes`]); the driver performs them.
+//! (`ProtocolCore.handle`, `poll`, `poll_timeout`: [`crate::protocol`] over
+//! [`crate::writes`]); the driver performs them.
 
 use pyo3::prelude::*;
 
@@ -132,30 +132,6 @@ impl From<writes::Kind> for WriteKind {
     }
 }
 
-/// One of the driver's writes, due now (`ProtocolCore.poll_write`): set `key` to
-/// `value` within `timeout` seconds (the coordination client's `set`, whose False
-/// is a lost claim), then report it with the handle `id`.
-#[pyclass(frozen, get_all, module = "tf_failure_handling._native")]
-pub struct WriteCall {
-    pub id: u64,
-    pub kind: WriteKind,
-    pub key: String,
-    pub value: String,
-    pub timeout: f64,
-}
-
-impl WriteCall {
-    pub(crate) fn of(id: u64, call: &crate::protocol::SetCall) -> Self {
-        WriteCall {
-            id,
-            kind: call.kind.into(),
-            key: call.key.clone(),
-            value: call.value.clone(),
-            timeout: call.timeout,
-        }
-    }
-}
-
 impl From<WriteKind> for writes::Kind {
     fn from(k: WriteKind) -> Self {
         match k {
@@ -170,7 +146,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Retry>()?;
     m.add_class::<RetryVerdict>()?;
     m.add_class::<WriteKind>()?;
-    m.add_class::<WriteCall>()?;
     m.add("RETRY_FIRST_PAUSE", retry::FIRST_PAUSE)?;
     m.add("RETRY_MAX_PAUSE", retry::MAX_PAUSE)?;
     m.add("RETRY_MIN_ATTEMPTS", retry::MIN_ATTEMPTS)?;

@@ -142,7 +142,7 @@ class PsSteps:
                 task,
                 deadline,
                 coordinator=self._coordinator(),
-                peer_timeout=self._state.peer_timeout,
+                peer_timeout=self._core.peer_timeout,
             )
             threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
 
@@ -170,7 +170,7 @@ class PsSteps:
             return
         # The closures may take until the save must start: the deadline less the
         # longest save seen; without one, peer_timeout bounds the wait.
-        bound = self._core.drain_bound(self._state.clock(), self._state.peer_timeout)
+        bound = self._core.drain_bound(self._state.clock())
         start = self._state.clock()
         scheduled = self._core.run_counter
         unfinished = _closure_drain.wait_for_closures(
@@ -285,7 +285,7 @@ class PsSteps:
         if poller is None:
             return
         for task in sorted(self._with_notice):
-            bound = self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
+            bound = self._core.retry_bound(self._state.clock())
             if not poller.release(f"/job:ps/replica:0/task:{task}", "checkpoint saved", bound):
                 log.warning(
                     "ps %d was not released after the save: it leaves on its own once this "

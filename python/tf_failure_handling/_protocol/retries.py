@@ -15,10 +15,10 @@ failures of one call; this module waits and logs, the core decides.
 
 Two threads retry, each its own way:
 
-* the driver never sleeps: its writes are queued in the core's protocol (``Protocol``'s
-  writes, ``src/protocol.rs`` over ``src/writes.rs``), which says which one to attempt
-  now (acknowledgements first), when the next is due and for how long each is retried,
-  and until then the driver takes its inputs (:meth:`WriteQueue.attempt`);
+* the driver never sleeps: its writes are the core's (``ProtocolCore.handle``, ``poll``,
+  ``poll_timeout``; ``src/protocol/driver.rs`` over ``src/writes.rs``), which says which
+  one to attempt now (acknowledgements first), when the next is due, and when one is
+  retried or given up; until then the driver takes its inputs (``driver.py``);
 * the training thread and the readers block between attempts (:meth:`Retrier.call`,
   :meth:`Retrier.wait`).
 """
@@ -37,49 +37,10 @@ from .._native import (  # noqa: F401 - re-exported: the rule's constants
     ProtocolCore,
     Retry,
     RetryVerdict,
-    WriteKind,
 )
 from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
-
-
-class Write:
-    """One coordination-service write of the driver, as the driver's log names it.
-
-    What it sets, when and how often it is attempted, and what follows it (the announce
-    after a won claim) are the core's (``Protocol``'s writes, ``src/protocol.rs``;
-    ``WriteCall``): ``id`` is its handle there. ``subject`` is what it is about, for
-    the log: the notice's source (a claim, an announce), or the step key read
-    (``key=value``, an acknowledgement); ``key`` and ``value`` are what it sets.
-    """
-
-    def __init__(self, what: str, kind: WriteKind, subject: str, key: str, value: str) -> None:
-        self.what = what
-        self.kind = kind
-        self.subject = subject
-        self.key = key
-        self.value = value
-        self.id: int = -1
-
-
-class Attempt:
-    """What one attempt of a write came to: ``finished`` (False: the core retries it
-    later); ``result``, the call's (a claim: True when this worker wrote the key
-    first); ``error``, the named error once the rule gave up, or a bug's; ``then``, the
-    write the core queued after it (the announce of a won claim)."""
-
-    def __init__(
-        self,
-        finished: bool,
-        result: Any = None,
-        error: Optional[BaseException] = None,
-        then: Optional[Write] = None,
-    ) -> None:
-        self.finished = finished
-        self.result = result
-        self.error = error
-        self.then = then
 
 
 class Retrier:
@@ -94,7 +55,7 @@ class Retrier:
         """A run of failures of one call, starting now, retried for the core's bound (the
         transient-failure window, or the peer timeout or the time left before the leading
         notice's deadline, at least 1 s, when shorter)."""
-        return self._core.retry(self._state.clock(), self._state.peer_timeout)
+        return self._core.retry(self._state.clock())
 
     def named(self, error: BaseException, what: str, attempts: int, seconds: float) -> Any:
         """``error``'s type (TF's), its message prefixed with what failed, how often and
@@ -157,107 +118,3 @@ class Retrier:
                 return call()
             except errors.OpError as e:
                 self.wait(retry, what, e)
-
-
-class WriteQueue:
-    """The driver's writes: the core's protocol (``ProtocolCore``: ``push_write``,
-    ``poll_write``, ``write_wait``; ``Protocol``'s writes in ``src/protocol.rs``) says
-    which is due, when the next one is and how long each is retried; this holds each
-    one's call and makes its attempts."""
-
-    def __init__(self, retrier: Retrier, state: HandlerState, core: ProtocolCore) -> None:
-        #: The retry rule the writes are made under (the step-key reader's too).
-        self.retrier = self._retrier = retrier
-        self._state = state
-        self._core = core
-        self._pending: dict = {}
-
-    def push(
-        self,
-        what: str,
-        kind: WriteKind,
-        subject: str,
-        key: str,
-        value: str,
-        announce: Optional[str] = None,
-    ) -> Write:
-        """A write of ``key`` = ``value`` queued in the core, due at once, retried for the
-        core's bound, its call bounded as the core says for its ``kind``. A claim names
-        the message its announce writes once it is won (``announce``)."""
-        write = Write(what, kind, subject, key, value)
-        write.id = self._core.push_write(
-            kind, key, value, self._state.clock(), self._state.peer_timeout, announce=announce
-        )
-        self._pending[write.id] = write
-        return write
-
-    @property
-    def busy(self) -> bool:
-        """A notice's write (claim or announce) is pending: the next notice waits."""
-        return self._core.writes_busy
-
-    def wait(self) -> Optional[float]:
-        """Seconds until the next write is due (0: one is), or None with none pending."""
-        return self._core.write_wait()
-
-    def due(self) -> Optional[Write]:
-        """The write to attempt now (acknowledgements first), if any is due."""
-        call = self._core.poll_write()
-        return None if call is None else self._pending[call.id]
-
-    def abandon(self, write: Write) -> None:
-        """``write``'s attempt raised something the driver hands on: the core forgets it
-        (a claim: this worker does not lead)."""
-        self._core.write_abandoned(write.id)
-
-    def close(self) -> tuple:
-        """The handler closes: ``(last attempts, dropped claim or None)``, as handles."""
-        return self._core.close_writes()
-
-    def pop(self, handle: int) -> Write:
-        return self._pending.pop(handle)
-
-    def discard(self, write: Write) -> None:
-        self._pending.pop(write.id, None)
-
-    def attempt(self, write: Write) -> Attempt:
-        """One attempt of ``write``, reported to the core.
-
-        A coordination-service error (any ``OpError``) goes to the core, which makes
-        the write due again when the rule says; once it gives up, the attempt carries
-        the named error. Anything else is a bug: the write ends with it at once. A claim's
-        result goes to the core (``claim_done``), which queues the announce of a won
-        one: the attempt's ``then``.
-        """
-        core = self._core
-        call = core.write_call(write.id)
-        if call is None:  # not pending (a stale handle): nothing to attempt
-            return Attempt(True)
-        try:
-            result = self._state.coordination.set(call.key, call.value, call.timeout)
-        except _errors.module().OpError as e:
-            verdict = core.write_failed(write.id, closing=self._state.closing.is_set())
-            if verdict is None:  # not pending (a stale handle): nothing to retry
-                return Attempt(True)
-            pause = self._retrier.after(verdict, core.write_attempts(write.id), write.what, e)
-            if isinstance(pause, BaseException):
-                return Attempt(True, error=pause)
-            return Attempt(False)
-        except Exception as e:  # noqa: BLE001 - a bug: handed on at once
-            core.write_abandoned(write.id)
-            return Attempt(True, error=e)
-        if write.kind != WriteKind.Claim:
-            core.write_done(write.id)
-            return Attempt(True, result)
-        then = core.claim_done(write.id, result, self._state.clock(), self._state.peer_timeout)
-        return Attempt(True, result, then=None if then is None else self._follow(then, write))
-
-    def _follow(self, handle: int, claim: Write) -> Write:
-        """The announce the core queued after ``claim`` was won (handle ``handle``)."""
-        call = self._core.write_call(handle)
-        write = Write(
-            f"publishing {call.key}", WriteKind.Announce, claim.subject, call.key, call.value
-        )
-        write.id = handle
-        self._pending[handle] = write
-        return write

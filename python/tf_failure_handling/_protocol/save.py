@@ -94,9 +94,9 @@ class SaveAndExit:
             self._checkpoints.save(self._core.run_counter, args, kwargs, self._state.clock)
         except BaseException as e:
             self._ps.training_goes_on()
-            self._core.save_failed()
+            after = self._core.save_failed(self._checkpoints.shared_by > 1)
             self._records.save_failed(e)
-            if self._checkpoints.shared_by > 1:
+            if after == SaveAction.ExitUnmerged:
                 self._unmerged_exit(e)
             raise
         self._records.save_end(self._checkpoints.write, **self._checkpoints.save_fields())

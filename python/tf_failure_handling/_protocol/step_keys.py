@@ -18,7 +18,7 @@ import threading
 from typing import Optional
 
 from .. import _errors
-from .._native import ACK_VALUE, KeyAction, WriteKind
+from .._native import Event, KeyAction
 from .._platforms.notice_sources import NoticeSources
 from .context import Context
 from .keys import (
@@ -29,7 +29,7 @@ from .keys import (
     THREAD_JOIN_TIMEOUT,
 )
 from .ownership import Ownership
-from .retries import Retry, Write, WriteQueue
+from .retries import Retrier, Retry
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -39,14 +39,13 @@ class StepKeys:
     value it reads (queued for the driver)."""
 
     def __init__(
-        self, ctx: Context, sources: NoticeSources, writes: WriteQueue, ownership: Ownership
+        self, ctx: Context, sources: NoticeSources, retrier: Retrier, ownership: Ownership
     ) -> None:
         self._ctx = ctx
         self._state, self._core = ctx.state, ctx.core
         self._errors, self._records = ctx.errors, ctx.records
         self._sources = sources
-        self._writes = writes
-        self._retrier = writes.retrier
+        self._retrier = retrier
         self._ownership = ownership
         self._reading_key = RUN_TO_CHECKPOINT
         self.thread: Optional[threading.Thread] = None
@@ -59,24 +58,14 @@ class StepKeys:
         )
         self.thread.start()
 
-    def acknowledge(self, round_key: str, value: str) -> Optional[Write]:
-        """A step key the reader posted: the acknowledgement it queues for the driver, if any."""
-        action = self._core.step_key(round_key, value)
-        if isinstance(action, KeyAction.Stop):
-            return None
-        if not self._core.leading:
+    def acknowledge(self, round_key: str, value: str) -> None:
+        """A step key the reader posted, handed to the core, which queues its
+        acknowledgement for the driver (none for ``STOP_WATCHER``, nor once a newer
+        handler of this worker acknowledges)."""
+        superseded = self._ownership.current_owner() is not None
+        action = self._core.handle(Event.StepKey(round_key, value, superseded), self._state.clock())
+        if not isinstance(action, KeyAction.Stop) and not self._core.leading:
             self._records.peer_agreement(round_key, value)
-        if self._ownership.current_owner() is not None:
-            # A newer handler of this worker acknowledges now.
-            return None
-        ack_key = action.ack_key
-        return self._writes.push(
-            f"acknowledging {round_key}={value} with {ack_key}",
-            WriteKind.Acknowledge,
-            f"{round_key}={value}",
-            ack_key,
-            ACK_VALUE,
-        )
 
     def _watch(self) -> None:
         """The step-key reader: reads the keys a leader publishes (one round, or two with
