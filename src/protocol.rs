@@ -30,6 +30,9 @@ pub use driver::{DriverAction, SetCall, WriteEnd};
 /// The leader's round as events in and actions out (`agree.rs`).
 mod agree;
 pub use agree::{LeaderAction, LAST_LOOK_TIMEOUT, READ_BACK_TIMEOUT};
+/// The follower's reader of the step keys as events in and actions out (`reader.rs`).
+mod reader;
+pub use reader::ReaderAction;
 
 /// The handler's configuration, set at construction.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -158,6 +161,8 @@ pub struct Protocol {
     /// The leader's round in progress, from the `before_step` that published
     /// it to its end ([`LeaderAction`]).
     agreeing: Option<agree::Agreeing>,
+    /// The reader of the step keys: the round it reads, its run of failures.
+    reader: reader::Reader,
     /// What each pending write sets ([`SetCall`]), by its handle.
     calls: BTreeMap<WriteId, SetCall>,
     /// The peer timeout ([`Config::peer_timeout`]; the default until configured).
@@ -190,6 +195,7 @@ impl Protocol {
             writes: Writes::new(),
             acks: None,
             agreeing: None,
+            reader: reader::Reader::default(),
             calls: BTreeMap::new(),
             peer_timeout: crate::step_resolution::DEFAULT_PEER_TIMEOUT,
             outbox: std::collections::VecDeque::new(),
@@ -514,6 +520,21 @@ impl Protocol {
     /// The step keys every worker writes `STOP_WATCHER` to at shutdown.
     pub fn shutdown_keys(&self) -> Result<&'static [&'static str], ConfigError> {
         Ok(self.resolver.as_ref().ok_or(ConfigError::NotConfigured)?.shutdown_keys())
+    }
+
+    /// The writes of `STOP_WATCHER` to the step keys at shutdown (which release
+    /// the readers still blocked on them), as blocking writes.
+    pub fn shutdown_writes(&self) -> Result<Vec<LeaderAction>, ConfigError> {
+        Ok(self
+            .shutdown_keys()?
+            .iter()
+            .map(|key| LeaderAction::Set {
+                key: (*key).to_owned(),
+                value: crate::step_resolution::STOP_WATCHER.to_owned(),
+                timeout: crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT,
+                what: format!("releasing {key}"),
+            })
+            .collect())
     }
 
     /// The state for logs and tests.

@@ -76,9 +76,7 @@ class ProtocolCore:
     def shares_merge_start(self, own: float, now: float, min_wait: float) -> MergeStart: ...
     def shares_merged(self, secs: float) -> None: ...
     def drain_bound(self, now: float) -> float: ...
-    def shutdown_keys(self) -> list[str]: ...
-    def round_keys(self) -> list[str]: ...
-    def retry(self, now: float) -> Retry: ...
+    def shutdown_writes(self) -> list[LeaderAction]: ...
     @property
     def writes_busy(self) -> bool: ...
     @property
@@ -364,6 +362,39 @@ class Event:
 
     class CallFailed(Event):
         def __init__(self, closing: bool = False) -> None: ...
+
+    class Reading(Event):
+        def __init__(self) -> None: ...
+
+    class Read(Event):
+        def __init__(self, value: Optional[str] = None) -> None: ...
+
+    class ReadFailed(Event):
+        def __init__(self, closing: bool = False) -> None: ...
+
+class ReaderAction:
+    """What the step-key reader does next (``ProtocolCore.handle``)."""
+
+    class Get(ReaderAction):
+        key: str
+        timeout: float
+
+    class Pause(ReaderAction):
+        seconds: float
+        what: str
+        attempts: int
+        left: float
+
+    class Post(ReaderAction):
+        round_key: str
+        value: str
+
+    class GaveUp(ReaderAction):
+        what: str
+        attempts: int
+        seconds: float
+
+    class Done(ReaderAction): ...
 
 class LeaderAction:
     """What the leader's training thread does next in its round (``ProtocolCore.handle``)."""

@@ -45,11 +45,7 @@ from ._protocol.ownership import Ownership
 from ._protocol.ps_steps import PsSteps
 from ._protocol.records_hooks import StageRecords
 from ._protocol.reporting import ErrorReports
-from ._protocol.retries import (  # noqa: F401 - re-exported: the protocol's retry pauses
-    RETRY_FIRST_PAUSE,
-    RETRY_MAX_PAUSE,
-    Retrier,
-)
+from ._protocol.retries import Retrier
 from ._protocol.save import SaveAndExit
 from ._protocol.state import HandlerState, Settings
 from ._protocol.step_check import StepCheck

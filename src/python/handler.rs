@@ -30,7 +30,7 @@ use pyo3::{ffi, intern, Borrowed};
 
 use super::clock;
 use super::errors;
-use super::retry::{Retry, WriteKind};
+use super::retry::WriteKind;
 use crate::grace::Fit;
 use crate::protocol::{Config, ConfigError, DriverAction, Protocol, SaveFailed, WriteEnd};
 use crate::shares::Waiter;
@@ -143,6 +143,66 @@ pub enum Event {
     /// nothing is retried).
     #[pyo3(constructor = (closing = false))]
     CallFailed { closing: bool },
+    /// The step-key reader goes on: its first read, or the next after a pause
+    /// or a post. `handle` returns the `ReaderAction`, as for the two below.
+    Reading {},
+    /// The reader's `ReaderAction.Get` answered with `value` (None: not set yet).
+    #[pyo3(constructor = (value = None))]
+    Read { value: Option<String> },
+    /// The reader's read failed with a coordination-service error (`closing`:
+    /// the reader stops).
+    #[pyo3(constructor = (closing = false))]
+    ReadFailed { closing: bool },
+}
+
+/// What the step-key reader does next (`ProtocolCore.handle` of `Event.Reading`,
+/// `Read`, `ReadFailed`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum ReaderAction {
+    /// Read `key` for at most `timeout` seconds; report `Event.Read`.
+    Get { key: String, timeout: f64 },
+    /// The last read failed: wait `seconds`, then `Event.Reading`.
+    Pause {
+        seconds: f64,
+        what: String,
+        attempts: u32,
+        left: f64,
+    },
+    /// Post `value` of `round_key` into the driver's inbox, then `Event.Reading`.
+    Post { round_key: String, value: String },
+    /// The retry rule gave up on `what`: raise the last error, named.
+    GaveUp { what: String, attempts: u32, seconds: f64 },
+    /// Nothing more to read.
+    Done {},
+}
+
+impl From<crate::protocol::ReaderAction> for ReaderAction {
+    fn from(a: crate::protocol::ReaderAction) -> Self {
+        use crate::protocol::ReaderAction as R;
+        match a {
+            R::Get { key, timeout } => ReaderAction::Get {
+                key: key.to_owned(),
+                timeout,
+            },
+            R::Pause {
+                seconds,
+                what,
+                attempts,
+                left,
+            } => ReaderAction::Pause {
+                seconds,
+                what,
+                attempts,
+                left,
+            },
+            R::Post { round, value } => ReaderAction::Post {
+                round_key: round.key().to_owned(),
+                value,
+            },
+            R::GaveUp { what, attempts, seconds } => ReaderAction::GaveUp { what, attempts, seconds },
+            R::Done => ReaderAction::Done {},
+        }
+    }
 }
 
 /// What the leader's training thread does next in a round it published
@@ -798,7 +858,16 @@ impl Shared {
             }
             Event::Got { value } => self.leader(py, |p| p.leader_called(value.as_deref(), now, at).map_err(refused)),
             Event::CallFailed { closing } => self.leader(py, |p| Ok(p.leader_call_failed(now, at, *closing))),
+            Event::Reading {} => self.reader(py, Protocol::reader_next),
+            Event::Read { value } => self.reader(py, |p| p.reader_read(value.as_deref())),
+            Event::ReadFailed { closing } => self.reader(py, |p| p.reader_failed(now, at, *closing)),
         }
+    }
+
+    /// The reader's next action, as Python's.
+    fn reader(&self, py: Python<'_>, f: impl FnOnce(&mut Protocol) -> crate::protocol::ReaderAction) -> PyResult<Option<Py<PyAny>>> {
+        let action = ReaderAction::from(f(&mut self.state.lock()));
+        Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
     }
 
     /// The leader's next action, as Python's.
@@ -860,14 +929,6 @@ impl Shared {
             Fit::Unknown => "unknown",
         };
         Some((name, report.left, report.needed))
-    }
-
-    fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
-        Ok(self.state.lock().shutdown_keys().map_err(refused)?.to_vec())
-    }
-
-    fn round_keys(&self) -> PyResult<Vec<&'static str>> {
-        self.state.lock().round_keys().map_err(refused)
     }
 
     fn has_final_round(&self) -> PyResult<bool> {
@@ -1113,13 +1174,6 @@ impl ProtocolCore {
         self.shared.state.lock().retry_bound(now)
     }
 
-    /// A run of failures of one blocking protocol call, starting now: retried
-    /// for the core's retry bound at `now` (the handler's clock), its pauses on
-    /// the binding's clock, as a write's (`push_write`).
-    fn retry(&self, now: f64) -> Retry {
-        Retry::starting_now(self.shared.state.lock().retry_bound(now))
-    }
-
     /// How long the coordinator of a parameter-server cluster lets the
     /// closures in flight finish before its save, from `now`
     /// (`GracePlanner::drain_bound`); the peer timeout when the notice set no
@@ -1198,15 +1252,11 @@ impl ProtocolCore {
         self.shared.state.lock().leading()
     }
 
-    /// The step keys every worker writes `STOP_WATCHER` to at shutdown.
-    fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
-        self.shared.shutdown_keys()
-    }
-
-    /// The rounds' keys in order, the final round's only with a grace period:
-    /// what a follower's reader watches.
-    fn round_keys(&self) -> PyResult<Vec<&'static str>> {
-        self.shared.round_keys()
+    /// The writes of `STOP_WATCHER` every worker makes at shutdown (releasing
+    /// the readers still blocked on the step keys), as `LeaderAction.Set`s.
+    fn shutdown_writes(&self) -> PyResult<Vec<LeaderAction>> {
+        let writes = self.shared.state.lock().shutdown_writes().map_err(refused)?;
+        Ok(writes.into_iter().map(LeaderAction::from).collect())
     }
 
     /// A preemption has a final round (there is a grace period): decided once,

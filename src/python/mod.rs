@@ -96,6 +96,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::KeyAction>()?;
     m.add_class::<handler::SaveAction>()?;
     m.add_class::<handler::LeaderAction>()?;
+    m.add_class::<handler::ReaderAction>()?;
     m.add_class::<handler::Event>()?;
     m.add_class::<handler::Action>()?;
     m.add("GRACE_SLACK", crate::grace::SLACK)?;

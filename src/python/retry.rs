@@ -1,11 +1,11 @@
 //! `Retry` and `RetryVerdict`: the protocol's one retry rule
 //! ([`crate::retry`]) for the Python threads that perform the calls.
 //!
-//! The driver, the reader of the step keys and the training thread each hold
-//! a `Retry` for the call they are repeating; the rule (pauses, bound, when
-//! to give up) is decided here, and Python only waits and logs. The bound
-//! itself comes from `ProtocolCore.retry_bound`, which knows the
-//! leading notice's deadline.
+//! The handler's own calls are retried inside its protocol (the driver's
+//! writes, the leader's round and the step-key reader: `crate::protocol`);
+//! `Retry` is the rule for the other Python loops that repeat a call (the
+//! cluster poller, SLURM's requeue): the rule (pauses, bound, when to give
+//! up) is decided here, and Python only waits and logs.
 //!
 //! `WriteKind` names the driver's writes, whose schedule is the protocol's
 //! (`ProtocolCore.handle`, `poll`, `poll_timeout`: [`crate::protocol`] over
@@ -85,14 +85,6 @@ impl Retry {
     #[getter]
     fn since(&self) -> Option<f64> {
         self.0.since()
-    }
-}
-
-impl Retry {
-    /// A run of failures retried for `bound` seconds, started on the binding's
-    /// clock now (`ProtocolCore.retry`).
-    pub(crate) fn starting_now(bound: f64) -> Self {
-        Retry(retry::Retry::new(bound).started(now_secs()))
     }
 }
 

@@ -1,6 +1,6 @@
 """The protocol's coordination-service keys (TensorFlow's names) and the bounds on its waits.
 
-The retry pauses and the transient-failure window are in ``retries``.
+Every other bound on the protocol's waits is the core's: each comes out of an action.
 """
 
 from __future__ import annotations

@@ -688,3 +688,72 @@ fn a_wait_past_the_peer_timeout_names_who_is_missing() {
         }
     );
 }
+
+/// The reader reads each round's key in slices, posts what it finds, and stops
+/// after the last round or `STOP_WATCHER`.
+#[test]
+fn the_reader_reads_each_rounds_key_and_posts_its_value() {
+    use crate::step_resolution::PEER_WATCH_SLICE;
+    let mut p = worker_1_of_2(60.0);
+    let get = |key| ReaderAction::Get {
+        key,
+        timeout: PEER_WATCH_SLICE,
+    };
+    assert_eq!(p.reader_next(), get(RUN_TO_CHECKPOINT));
+    assert_eq!(p.reader_read(None), get(RUN_TO_CHECKPOINT), "not set yet: read again");
+    assert_eq!(
+        p.reader_read(Some("4")),
+        ReaderAction::Post {
+            round: Round::Initial,
+            value: "4".into()
+        }
+    );
+    assert_eq!(p.reader_next(), get(LAST_RUN_TO_CHECKPOINT), "with a grace period, the final round");
+    assert!(matches!(p.reader_read(Some("9")), ReaderAction::Post { round: Round::Final, .. }));
+    assert_eq!(p.reader_next(), ReaderAction::Done);
+    // STOP_WATCHER ends it at once; no grace period, one round.
+    let mut q = worker_1_of_2(60.0);
+    q.reader_read(Some("STOP_WATCHER"));
+    assert_eq!(q.reader_next(), ReaderAction::Done);
+    let mut r = worker_1_of_2(0.0);
+    r.reader_read(Some("3"));
+    assert_eq!(r.reader_next(), ReaderAction::Done);
+}
+
+/// A failed read is paused by the retry rule from its first failure, a read that
+/// answers ends the run, and the rule gives up; closing ends the reader.
+#[test]
+fn a_failing_read_is_paused_given_up_or_ends_at_close() {
+    let mut p = worker_1_of_2(0.0);
+    p.set_peer_timeout(1.0).unwrap();
+    let ReaderAction::Pause { attempts: 1, what, .. } = p.reader_failed(0.0, 0.0, false) else {
+        panic!("a first failure is retried")
+    };
+    assert_eq!(what, "reading RUN_TO_CHECKPOINT");
+    assert!(matches!(p.reader_read(None), ReaderAction::Get { .. }), "answered: the run ends");
+    assert!(matches!(p.reader_failed(5.0, 5.0, false), ReaderAction::Pause { attempts: 1, .. }));
+    let mut at = 5.0;
+    let gave_up = loop {
+        at += 0.6;
+        match p.reader_failed(at, at, false) {
+            ReaderAction::Pause { .. } => {}
+            other => break other,
+        }
+    };
+    assert!(matches!(gave_up, ReaderAction::GaveUp { attempts, .. } if attempts >= crate::retry::MIN_ATTEMPTS));
+    assert_eq!(p.reader_next(), ReaderAction::Done);
+    let mut q = worker_1_of_2(0.0);
+    assert_eq!(q.reader_failed(0.0, 0.0, true), ReaderAction::Done);
+    assert_eq!(q.reader_next(), ReaderAction::Done);
+}
+
+/// The shutdown's writes release the readers: `STOP_WATCHER` to each step key.
+#[test]
+fn the_shutdown_writes_release_every_step_key() {
+    use crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT;
+    let writes = worker_1_of_2(0.0).shutdown_writes().unwrap();
+    assert_eq!(writes.len(), 2);
+    assert!(matches!(&writes[0], LeaderAction::Set { key, value, timeout, .. }
+        if key == RUN_TO_CHECKPOINT && value == "STOP_WATCHER" && *timeout == SHUTDOWN_WRITE_TIMEOUT));
+    assert!(local(0.0).shutdown_writes().unwrap().is_empty());
+}
