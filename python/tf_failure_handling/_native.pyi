@@ -160,12 +160,7 @@ class Input:
 
     class Stop(Input): ...
 
-GRACE_SLACK: float
 DEFAULT_GRACE_PERIOD: float
-RETRY_FIRST_PAUSE: float
-RETRY_MAX_PAUSE: float
-RETRY_MIN_ATTEMPTS: int
-TRANSIENT_FAILURE_WINDOW: float
 
 class RetryVerdict:
     """What follows a failed attempt (``Retry.failed``; ``src/retry.rs``)."""
@@ -799,8 +794,6 @@ def probe_metadata(
 ) -> bool: ...
 def clouds() -> list[dict[str, Any]]: ...
 
-PEER_WATCH_SLICE: float
-ACK_READ_SLICE: float
 WATCHER_KEY_SLICE: float
 WAIT_SLICE: float
 SERVE_SLICE: float

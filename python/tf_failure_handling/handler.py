@@ -28,17 +28,14 @@ from ._protocol.agreement import Agreement
 from ._protocol.checkpoints import Checkpoints
 from ._protocol.context import Context
 from ._protocol.driver import Driver
-from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys and bounds
+from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys
     EXIT_RESERVE_ENV,
     LAST_RUN_TO_CHECKPOINT,
     PEER_TIMEOUT_ENV,
-    PEER_WATCH_SLICE,
     PREEMPTION_NOTICE_KEY,
     RUN_TO_CHECKPOINT,
-    SHUTDOWN_WRITE_TIMEOUT,
     STOP_WATCHER,
     TERMINATED_WORKER,
-    THREAD_JOIN_TIMEOUT,
 )
 from ._protocol.notices import NoticeResponse
 from ._protocol.ownership import Ownership

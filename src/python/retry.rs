@@ -138,9 +138,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Retry>()?;
     m.add_class::<RetryVerdict>()?;
     m.add_class::<WriteKind>()?;
-    m.add("RETRY_FIRST_PAUSE", retry::FIRST_PAUSE)?;
-    m.add("RETRY_MAX_PAUSE", retry::MAX_PAUSE)?;
-    m.add("RETRY_MIN_ATTEMPTS", retry::MIN_ATTEMPTS)?;
-    m.add("TRANSIENT_FAILURE_WINDOW", retry::TRANSIENT_FAILURE_WINDOW)?;
     Ok(())
 }

@@ -13,6 +13,8 @@ import pytest
 from tf_failure_handling import TerminationConfig, _native
 from tf_failure_handling._platforms import clouds, common, kubernetes, platform, slurm
 
+from . import rust_constants as rust
+
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
 
 
@@ -85,13 +87,13 @@ def test_a_run_past_its_bound_still_makes_its_minimum_of_attempts():
     # Attempts slower than the bound (a loaded machine): 0.7 s each against 1 s.
     retry = _native.Retry(1.0, 0.0)
     now = 0.0
-    for _ in range(_native.RETRY_MIN_ATTEMPTS - 1):
+    for _ in range(rust.RETRY_MIN_ATTEMPTS - 1):
         verdict = retry.failed(now, False)
         assert isinstance(verdict, _native.RetryVerdict.Again), verdict
         now += 0.7
     verdict = retry.failed(now, False)
     assert isinstance(verdict, _native.RetryVerdict.GiveUp)
-    assert verdict.attempts == _native.RETRY_MIN_ATTEMPTS
+    assert verdict.attempts == rust.RETRY_MIN_ATTEMPTS
 
 
 def test_nothing_is_retried_while_closing_or_after_last_attempt():
@@ -157,7 +159,7 @@ def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_
 
 def test_the_retry_bound_is_the_window_until_a_notice_leads():
     core = _core(grace=30.0)
-    assert core.retry_bound(0.0) == _native.TRANSIENT_FAILURE_WINDOW
+    assert core.retry_bound(0.0) == rust.TRANSIENT_FAILURE_WINDOW
     assert _core(grace=30.0, peer_timeout=3.0).retry_bound(0.0) == 3.0
     _notice(core, 100.0, 104.0)  # local mode: this worker leads at once
     assert core.leading
@@ -211,7 +213,7 @@ def test_the_drain_bound_leaves_the_longest_save_before_the_deadline():
     core = _core(grace=60.0, peer_timeout=77.0)
     _notice(core, 0.0, 30.0)
     # The deadline less now, no save measured yet, and the exit's reserve.
-    assert core.drain_bound(10.0) == pytest.approx(20.0 - _native.EXIT_RESERVE)
+    assert core.drain_bound(10.0) == pytest.approx(20.0 - rust.EXIT_RESERVE)
     assert core.drain_bound(40.0) == 0.0
 
 
@@ -227,7 +229,7 @@ def test_the_drivers_writes_through_the_protocol_core():
     a call takes: the schedule counts on the binding's clock."""
     Kind, Action, Event = _native.WriteKind, _native.Action, _native.Event
     peer_timeout = 3.0  # shorter than the transient-failure window: the bound
-    assert peer_timeout < _native.TRANSIENT_FAILURE_WINDOW
+    assert peer_timeout < rust.TRANSIENT_FAILURE_WINDOW
     core = _core(worker_id=0, num_workers=2, peer_timeout=peer_timeout)
     assert core.poll() is None and core.poll_timeout() is None
     assert isinstance(_notice(core, 0.0, source="a source"), _native.NoticeAction.Claim)
@@ -244,7 +246,7 @@ def test_the_drivers_writes_through_the_protocol_core():
     # The pause is the next attempt's time less now, both on the binding's clock: equal
     # to the rule's first pause up to the rounding of that subtraction (a fresh-clone
     # run saw 0.05000000000291038), which depends on the clock's value, not on the rule.
-    assert 0.0 < retrying.pause <= _native.RETRY_FIRST_PAUSE + 1e-9
+    assert 0.0 < retrying.pause <= rust.RETRY_FIRST_PAUSE + 1e-9
     assert retrying.left <= peer_timeout
     assert 0.0 <= core.poll_timeout() <= retrying.pause
     assert isinstance(

@@ -1,6 +1,6 @@
 """What a termination notice of this worker starts, once the driver takes it.
 
-The resolver (``_core.notice``) answers each notice: **claim** ``TERMINATED_WORKER``
+The core (``Event.Notice``) answers each notice: **claim** ``TERMINATED_WORKER``
 (the first worker to write it leads the round; the others stand down), **lead** at once
 (local mode: there is nobody to claim against), or **absorb** it (this handler already
 acts on an earlier one). A won claim, and a lead, **announce** the notice to the
