@@ -53,8 +53,11 @@ class Agreement:
         state, core = self._state, self._core
         #: The last failed call's error: the core's verdict names it.
         last_error: Optional[BaseException] = None
-        action = core.handle(Event.Resume(), state.clock())
-        while not isinstance(action, LeaderAction.Agreed):
+        event: Any = Event.Resume()
+        while True:
+            action = core.handle(event, state.clock())
+            if isinstance(action, LeaderAction.Agreed):
+                return
             if isinstance(action, (LeaderAction.Set, LeaderAction.Get)):
                 event, error = self._call(action)
                 last_error = error or last_error
@@ -89,7 +92,6 @@ class Agreement:
                 ) from last_error
             else:
                 raise self._missing(action, last_error)
-            action = core.handle(event, state.clock())
 
     def _call(self, action: Any) -> tuple:
         """One call the core asked for: the event that reports it, and its error."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from .. import _errors
 from .._native import Event, KeyAction, ReaderAction
@@ -84,8 +84,9 @@ class StepKeys:
         or a newer handler takes over."""
         core, state = self._core, self._state
         last_error: Optional[BaseException] = None
-        action = core.handle(Event.Reading(), state.clock())
+        event: Any = Event.Reading()
         while not state.closing.is_set():
+            action = core.handle(event, state.clock())
             if isinstance(action, ReaderAction.Get):
                 self._reading_key = action.key
                 try:
@@ -118,7 +119,6 @@ class StepKeys:
                 ) from last_error
             else:
                 return
-            action = core.handle(event, state.clock())
 
     def stop_reader(self) -> None:
         """Releases the peer watcher, the step-key reader (``STOP_WATCHER`` on the step
