@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 from . import _errors, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
-from ._native import DEFAULT_PEER_TIMEOUT, HandlerCore, write_timeout
+from ._native import DEFAULT_PEER_TIMEOUT, Event, HandlerCore, write_timeout
 from ._platforms import common as _common
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
@@ -230,7 +230,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             )
         elif restore is not None:
             # Until this process has saved, the restore is its estimate of a save.
-            core.restored(restore)
+            core.handle(Event.Restored(restore))
             log.info("Checkpoint restored in %.3fs: the save estimate until one is timed.", restore)
 
         # The parts, each given what it uses (docs/how-it-works.md, "Who does what").

@@ -153,6 +153,15 @@ pub enum Event {
     /// the reader stops).
     #[pyo3(constructor = (closing = false))]
     ReadFailed { closing: bool },
+    /// The checkpoint read at start took `duration` seconds: the save estimate
+    /// until a save is measured (`GracePlanner::record_restore`).
+    Restored { duration: f64 },
+    /// The save of `round_key` finished after `duration` seconds: `handle`
+    /// returns the `SaveAction` (exit, or count down to the final round).
+    Saved { round_key: String, duration: f64 },
+    /// A save failed (`shares`: written in shares by several workers): `handle`
+    /// returns the `SaveAction` (raise its error, or exit unmerged).
+    SaveFailed { shares: bool },
 }
 
 /// What the step-key reader does next (`ProtocolCore.handle` of `Event.Reading`,
@@ -858,6 +867,18 @@ impl Shared {
             }
             Event::Got { value } => self.leader(py, |p| p.leader_called(value.as_deref(), now, at).map_err(refused)),
             Event::CallFailed { closing } => self.leader(py, |p| Ok(p.leader_call_failed(now, at, *closing))),
+            Event::Restored { duration } => {
+                self.state.lock().handle_restored(*duration);
+                Ok(None)
+            }
+            Event::Saved { round_key, duration } => {
+                let action = self.saved(round_key, *duration)?;
+                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
+            }
+            Event::SaveFailed { shares } => {
+                let action = self.save_failed(*shares)?;
+                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
+            }
             Event::Reading {} => self.reader(py, Protocol::reader_next),
             Event::Read { value } => self.reader(py, |p| p.reader_read(value.as_deref())),
             Event::ReadFailed { closing } => self.reader(py, |p| p.reader_failed(now, at, *closing)),
@@ -1111,11 +1132,19 @@ impl ProtocolCore {
         self.shared.state.lock().set_peer_timeout(secs).map_err(refused)
     }
 
-    /// An input of the protocol driver at `now` (the handler's clock): a notice
-    /// (returns the `NoticeAction`), a step key read (the `KeyAction`), a write's
-    /// outcome, or the close. What it starts comes out of `poll`.
-    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>, now: f64) -> PyResult<Option<Py<PyAny>>> {
-        self.shared.handle(py, event.get(), now)
+    /// An input of the protocol at `now` (the handler's clock). The driver's: a
+    /// notice (returns the `NoticeAction`), a step key read (the `KeyAction`), a
+    /// write's outcome, the close; what they start comes out of `poll`. The
+    /// leader's round and the step-key reader's calls (return the next
+    /// `LeaderAction` / `ReaderAction`). A restore, a save (returns the
+    /// `SaveAction`), a failed save (the `SaveAction`: raise or exit unmerged).
+    ///
+    /// `now` may be left out for an event that is not timed on the handler's
+    /// clock (`Close`, `Restored`, `SaveFailed`): the binding's clock then
+    /// stands for it.
+    #[pyo3(signature = (event, now = None))]
+    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>, now: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
+        self.shared.handle(py, event.get(), now.unwrap_or_else(clock::now_secs))
     }
 
     /// What the driver does now: an `Action` (a write to attempt, or what one came
@@ -1154,17 +1183,6 @@ impl ProtocolCore {
     /// grace planner's `fit`), or None without a notice.
     fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
         self.shared.fit(now)
-    }
-
-    /// The save of `round_key` finished after `duration` seconds: what next.
-    fn saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
-        self.shared.saved(round_key, duration)
-    }
-
-    /// A save failed (`shares`: written in shares by several workers): raise its
-    /// error, or exit with the unmerged code.
-    fn save_failed(&self, shares: bool) -> PyResult<SaveAction> {
-        self.shared.save_failed(shares)
     }
 
     /// How long a failing coordination-service call is retried from `now`
@@ -1221,13 +1239,6 @@ impl ProtocolCore {
         self.shared.state.lock().handle_shares_merged(secs);
     }
 
-    /// True once this worker won the claim (or leads in local mode).
-    /// The checkpoint read at start took `duration` seconds: the save estimate
-    /// until a save is measured (`GracePlanner::record_restore`).
-    fn restored(&self, duration: f64) {
-        self.shared.state.lock().handle_restored(duration);
-    }
-
     /// Seconds kept between the last save and the deadline for the process's exit
     /// (`GracePlanner::set_exit_reserve`; `EXIT_RESERVE` unless configured).
     #[getter]
@@ -1238,18 +1249,6 @@ impl ProtocolCore {
     #[setter]
     fn set_exit_reserve(&self, secs: f64) -> PyResult<()> {
         self.shared.state.lock().set_exit_reserve(secs).map_err(refused)
-    }
-
-    /// Seconds before the deadline the final round starts (save, steps and
-    /// acknowledgements as measured): for the log of a countdown.
-    #[getter]
-    fn margin(&self) -> f64 {
-        self.shared.state.lock().margin()
-    }
-
-    #[getter]
-    fn leading(&self) -> bool {
-        self.shared.state.lock().leading()
     }
 
     /// The writes of `STOP_WATCHER` every worker makes at shutdown (releasing

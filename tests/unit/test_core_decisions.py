@@ -51,7 +51,7 @@ def test_the_protocol_core_and_the_handler_core_are_one_resolver():
     protocol.configure(None, 1, 0.0)
     assert not core._attention and not protocol.attention
     assert isinstance(_notice(protocol, 1.0), _native.NoticeAction.Lead)
-    assert core._attention and protocol.attention and protocol.leading
+    assert core._attention and protocol.attention and protocol.state()["leading"]
     protocol.run_counter = 7
     protocol.step_done()
     assert core._run_counter == protocol.run_counter == 8
@@ -162,7 +162,7 @@ def test_the_retry_bound_is_the_window_until_a_notice_leads():
     assert core.retry_bound(0.0) == rust.TRANSIENT_FAILURE_WINDOW
     assert _core(grace=30.0, peer_timeout=3.0).retry_bound(0.0) == 3.0
     _notice(core, 100.0, 104.0)  # local mode: this worker leads at once
-    assert core.leading
+    assert core.state()["leading"]
     assert core.retry_bound(100.0) == pytest.approx(4.0)
     assert core.retry_bound(103.9) == 1.0  # at least a second
 
@@ -190,7 +190,8 @@ def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
     core.handle(_native.Event.StepKey("RUN_TO_CHECKPOINT", "5"), 100.5)
     core.run_counter = 5
     assert isinstance(core.before_step(101.0), _native.StepAction.Save)
-    assert core.saved("RUN_TO_CHECKPOINT", 0.5) == _native.SaveAction.Countdown
+    saved = core.handle(_native.Event.Saved("RUN_TO_CHECKPOINT", 0.5), 101.5)
+    assert saved == _native.SaveAction.Countdown
     assert isinstance(core.before_step(state["final_round_at"] - 1.0), _native.StepAction.Proceed)
     assert core.state()["published_final"] is False
     action = core.before_step(state["final_round_at"])

@@ -83,7 +83,7 @@ class Agreement:
                     action.value,
                 )
                 # A follower's reader records the key it reads.
-                if action.value is not None and core.leading:
+                if action.value is not None and core.state()["leading"]:
                     self._records.peer_agreement(action.round_key, action.value)
                 return
             elif isinstance(action, LeaderAction.GaveUp):

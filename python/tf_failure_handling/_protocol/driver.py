@@ -244,7 +244,7 @@ class Driver:
         except BaseException as e:  # noqa: BLE001 - closing: logged there
             self._errors.fail_in_background("the protocol driver's last look", e)
         try:
-            self._core.handle(Event.Close(), self._state.clock())
+            self._core.handle(Event.Close())
             while (action := self._core.poll()) is not None:
                 self._act(action)
         except BaseException as e:  # noqa: BLE001 - closing: logged there

@@ -58,7 +58,7 @@ class StepKeys:
         handler of this worker acknowledges)."""
         superseded = self._ownership.current_owner() is not None
         action = self._core.handle(Event.StepKey(round_key, value, superseded), self._state.clock())
-        if not isinstance(action, KeyAction.Stop) and not self._core.leading:
+        if not isinstance(action, KeyAction.Stop) and not self._core.state()["leading"]:
             self._records.peer_agreement(round_key, value)
 
     def _watch(self) -> None:
