@@ -21,11 +21,18 @@ use crate::grace::{Fit, GracePlanner};
 use crate::notice::Notice;
 use crate::retry::Verdict;
 use crate::shares::{self, Waiter};
-use crate::step_resolution::{
-    write_timeout, KeyAction, Membership, NoticeAction, Resolver, Round, SaveAction, SaveError, StepAction, StepKeyError, WriteBound,
-    PREEMPTION_NOTICE_KEY,
-};
-use crate::writes::{self, Busy, Closing, WriteId, Writes};
+use crate::step_resolution::{KeyAction, Membership, NoticeAction, Resolver, Round, SaveAction, SaveError, StepAction, StepKeyError};
+use crate::writes::{WriteId, Writes};
+
+/// The driver's writes as events in and actions out (`driver.rs`).
+mod driver;
+pub use driver::{DriverAction, SetCall, WriteEnd};
+/// The leader's round as events in and actions out (`agree.rs`).
+mod agree;
+pub use agree::{LeaderAction, LAST_LOOK_TIMEOUT, READ_BACK_TIMEOUT};
+/// The follower's reader of the step keys as events in and actions out (`reader.rs`).
+mod reader;
+pub use reader::ReaderAction;
 
 /// The handler's configuration, set at construction.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,6 +46,9 @@ pub struct Config {
     /// Save at the run the notice arrives in, not one later (TF's
     /// `_save_at_current_run` hook).
     pub save_at_current_run: bool,
+    /// Seconds a leader waits for the acknowledgements, and the longest a
+    /// failing coordination-service call is retried (`TerminationConfig.peer_timeout`).
+    pub peer_timeout: f64,
 }
 
 /// A configuration or a value the protocol cannot work with.
@@ -50,6 +60,11 @@ pub enum ConfigError {
     WorkerId { id: u32, num_workers: u32 },
     #[error("the exit reserve must be a non-negative number of seconds, got {0}")]
     ExitReserve(f64),
+    #[error("peer_timeout must be a non-negative number of seconds, got {0}")]
+    PeerTimeout(f64),
+    /// A step key's value the protocol cannot read (another worker's publish).
+    #[error("{0}")]
+    StepKey(String),
     #[error("the handler core is not configured (call configure first)")]
     NotConfigured,
 }
@@ -59,6 +74,9 @@ impl Config {
     pub fn membership(&self) -> Result<Membership, ConfigError> {
         if !self.grace_period.is_finite() || self.grace_period < 0.0 {
             return Err(ConfigError::GracePeriod(self.grace_period));
+        }
+        if !self.peer_timeout.is_finite() || self.peer_timeout < 0.0 {
+            return Err(ConfigError::PeerTimeout(self.peer_timeout));
         }
         match self.worker_id {
             None => Ok(Membership::Local),
@@ -72,6 +90,17 @@ impl Config {
             }),
         }
     }
+}
+
+/// What follows a failed save ([`Protocol::handle_save_failed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveFailed {
+    /// Raise the save's error (reported to every worker); the next step saves
+    /// at the same agreed step again.
+    Raise,
+    /// A save in shares that did not become the checkpoint: the worker exits
+    /// with the unmerged code (not the restart code, which says "saved").
+    ExitUnmerged,
 }
 
 /// How a planned notice fits the time it leaves (`Protocol::fit`).
@@ -129,59 +158,24 @@ pub struct Protocol {
     writes: Writes,
     /// The leader's wait for the acknowledgements of the step it published.
     acks: Option<AckWait>,
+    /// The leader's round in progress, from the `before_step` that published
+    /// it to its end ([`LeaderAction`]).
+    agreeing: Option<agree::Agreeing>,
+    /// The reader of the step keys: the round it reads, its run of failures.
+    reader: reader::Reader,
     /// What each pending write sets ([`SetCall`]), by its handle.
     calls: BTreeMap<WriteId, SetCall>,
+    /// The peer timeout ([`Config::peer_timeout`]; the default until configured).
+    peer_timeout: f64,
+    /// What the driver reports next: the end of a write, a retry to log
+    /// ([`Protocol::poll`]), oldest first.
+    outbox: std::collections::VecDeque<DriverAction>,
     /// The longest merge of the shares this handler measured (its start to the state
     /// file naming the checkpoint): [`shares::merge_estimate`].
     longest_merge: Option<f64>,
     /// A later statement of when the platform ends this process than the notice's
     /// own (a SLURM job this handler requeued: [`Protocol::handle_platform_end`]).
     platform_end: Option<f64>,
-}
-
-/// What one of the driver's writes sets in the coordination service: `key` =
-/// `value`, the call bounded by `timeout` seconds ([`write_timeout`] of its kind).
-/// The driver performs it as it is (`coordination.set`); a claim is lost when
-/// the key exists already.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SetCall {
-    pub kind: writes::Kind,
-    pub key: String,
-    pub value: String,
-    pub timeout: f64,
-    /// A claim's follow-up: the message a won claim announces to the
-    /// `PreemptionWatcher`s ([`Protocol::handle_claim_done`]).
-    pub announce: Option<String>,
-}
-
-impl SetCall {
-    /// The write of `kind` setting `key` to `value`, bounded as its kind is with
-    /// `peer_timeout`.
-    #[must_use]
-    pub fn new(kind: writes::Kind, key: &str, value: &str, peer_timeout: f64) -> Self {
-        let bound = if kind == writes::Kind::Announce {
-            WriteBound::Announce
-        } else {
-            WriteBound::Protocol
-        };
-        SetCall {
-            kind,
-            key: key.to_owned(),
-            value: value.to_owned(),
-            timeout: write_timeout(peer_timeout, bound),
-            announce: None,
-        }
-    }
-
-    /// The claim of `key` = `value` which, when won, announces `message` under
-    /// [`PREEMPTION_NOTICE_KEY`] ([`Protocol::handle_claim_done`]).
-    #[must_use]
-    pub fn claim(key: &str, value: &str, message: &str, peer_timeout: f64) -> Self {
-        SetCall {
-            announce: Some(message.to_owned()),
-            ..SetCall::new(writes::Kind::Claim, key, value, peer_timeout)
-        }
-    }
 }
 
 impl Default for Protocol {
@@ -200,7 +194,11 @@ impl Protocol {
             warmed_up: false,
             writes: Writes::new(),
             acks: None,
+            agreeing: None,
+            reader: reader::Reader::default(),
             calls: BTreeMap::new(),
+            peer_timeout: crate::step_resolution::DEFAULT_PEER_TIMEOUT,
+            outbox: std::collections::VecDeque::new(),
             longest_merge: None,
             platform_end: None,
         }
@@ -215,6 +213,22 @@ impl Protocol {
             resolver.save_at_current_run();
         }
         self.resolver = Some(resolver);
+        self.peer_timeout = config.peer_timeout;
+        Ok(())
+    }
+
+    /// The peer timeout configured ([`Config::peer_timeout`]).
+    #[must_use]
+    pub fn peer_timeout(&self) -> f64 {
+        self.peer_timeout
+    }
+
+    /// Sets the peer timeout alone (the handler's `_peer_timeout`, a view).
+    pub fn set_peer_timeout(&mut self, secs: f64) -> Result<(), ConfigError> {
+        if !secs.is_finite() || secs < 0.0 {
+            return Err(ConfigError::PeerTimeout(secs));
+        }
+        self.peer_timeout = secs;
         Ok(())
     }
 
@@ -283,7 +297,17 @@ impl Protocol {
     pub fn before_step(&mut self, runs: u64, now: f64) -> Result<StepAction, ConfigError> {
         let Protocol { resolver, planner, .. } = self;
         let resolver = resolver.as_mut().ok_or(ConfigError::NotConfigured)?;
-        Ok(resolver.before_step(runs, now, planner))
+        let action = resolver.before_step(runs, now, planner);
+        if let StepAction::Publish {
+            round,
+            step,
+            ack_keys,
+            own_ack_key,
+        } = &action
+        {
+            self.start_round(*round, *step, ack_keys.clone(), own_ack_key.clone(), now);
+        }
+        Ok(action)
     }
 
     /// A save of `round` ended after `duration` seconds.
@@ -295,9 +319,12 @@ impl Protocol {
         Ok(after)
     }
 
-    pub fn handle_save_failed(&mut self) -> Result<(), ConfigError> {
+    /// A save failed. `shares`: it was written in shares by several workers, so
+    /// the checkpoint before it may be half replaced: the worker exits with the
+    /// unmerged code rather than raise and train on ([`SaveFailed`]).
+    pub fn handle_save_failed(&mut self, shares: bool) -> Result<SaveFailed, ConfigError> {
         self.resolver_mut()?.on_save_failed();
-        Ok(())
+        Ok(if shares { SaveFailed::ExitUnmerged } else { SaveFailed::Raise })
     }
 
     /// An agreement (publish to every acknowledgement) took `duration` seconds.
@@ -319,152 +346,12 @@ impl Protocol {
         Ok(())
     }
 
-    // --- the driver's writes ----------------------------------------------
-
-    /// Queues a write of `kind`, due at once and retried for the retry bound
-    /// worked out at `now` ([`retry_bound`](Self::retry_bound): the leading
-    /// notice's deadline may shorten it). Its schedule (when it is due, each
-    /// pause) counts on `at`, the driver's clock.
-    ///
-    /// The two are one clock except in a simulation, whose protocol runs on a
-    /// virtual clock its steps move (`now`) while the driver still waits out
-    /// each pause in real time (`at`): a pause on a clock that only training
-    /// moves would never end while a leader waits for this very write.
-    ///
-    /// # Errors
-    ///
-    /// [`Busy`] for a claim or announce while another notice's write is
-    /// pending.
-    pub fn push_write(&mut self, call: SetCall, now: f64, peer_timeout: f64, at: f64) -> Result<WriteId, Busy> {
-        let bound = self.retry_bound(now, peer_timeout);
-        self.push_write_bounded(call, bound, at)
-    }
-
-    /// Queues `call` retried for `bound` seconds, not the rule's: a test's way
-    /// to hold a write's failures open (the binding's `bound`).
-    ///
-    /// # Errors
-    ///
-    /// [`Busy`], as [`push_write`](Self::push_write).
-    pub fn push_write_bounded(&mut self, call: SetCall, bound: f64, at: f64) -> Result<WriteId, Busy> {
-        let id = self.writes.push(call.kind, bound, at)?;
-        self.calls.insert(id, call);
-        Ok(id)
-    }
-
-    /// The write to attempt at `at` (acknowledgements first), if one is due.
-    #[must_use]
-    pub fn poll_write(&self, at: f64) -> Option<WriteId> {
-        self.writes.poll_action(at)
-    }
-
-    /// What the pending write `id` sets: the driver performs it as it is.
-    #[must_use]
-    pub fn write_call(&self, id: WriteId) -> Option<&SetCall> {
-        self.calls.get(&id)
-    }
-
-    /// When to poll next: the moment the next write is due, on the driver's
-    /// clock; `None` with nothing pending (the driver then waits for an input).
-    #[must_use]
-    pub fn poll_timeout(&self) -> Option<f64> {
-        self.writes.poll_timeout()
-    }
-
-    /// The attempt of `id` succeeded; its kind, `None` for a stale handle.
-    pub fn handle_write_done(&mut self, id: WriteId) -> Option<writes::Kind> {
-        self.calls.remove(&id);
-        self.writes.done(id)
-    }
-
-    /// The claim `id` was written: `won` when this worker wrote the key first.
-    /// The resolver learns the outcome, and a won claim pushed with a message
-    /// ([`SetCall::claim`]) queues its announce, due at once and retried for the
-    /// retry bound at `now`: the announce's handle. `None` when nothing follows
-    /// (lost, no message), and for a stale handle, which changes nothing.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::NotConfigured`] before [`configure`](Self::configure).
-    pub fn handle_claim_done(
-        &mut self,
-        id: WriteId,
-        won: bool,
-        now: f64,
-        peer_timeout: f64,
-        at: f64,
-    ) -> Result<Option<WriteId>, ConfigError> {
-        let Some(call) = self.calls.remove(&id) else {
-            return Ok(None); // a stale handle: its outcome was settled already
-        };
-        self.writes.done(id);
-        self.resolver_mut()?.on_claim(won);
-        let message = match call {
-            SetCall {
-                kind: writes::Kind::Claim,
-                announce: Some(message),
-                ..
-            } if won => message,
-            _ => return Ok(None),
-        };
-        let announce = SetCall::new(writes::Kind::Announce, PREEMPTION_NOTICE_KEY, &message, peer_timeout);
-        // The claim was the one notice write pending, and is done: the announce
-        // cannot be refused as busy.
-        Ok(self.push_write(announce, now, peer_timeout, at).ok())
-    }
-
-    /// The attempt of `id` failed at `at`: when to try again, or give up (the
-    /// write is then forgotten; a claim given up leaves this worker not leading);
-    /// `None` for a stale handle. Nothing is retried while `closing`.
-    pub fn handle_write_failed(&mut self, id: WriteId, at: f64, closing: bool) -> Option<Verdict> {
-        let verdict = self.writes.failed(id, at, closing)?;
-        if !matches!(verdict, Verdict::Again { .. }) {
-            self.forget_call(id);
-        }
-        Some(verdict)
-    }
-
-    /// The write `id` ends without its outcome being known (its attempt raised
-    /// something that is not a coordination-service error): forgotten, and a
-    /// claim leaves this worker not leading. Its kind, `None` for a stale handle.
-    pub fn handle_write_abandoned(&mut self, id: WriteId) -> Option<writes::Kind> {
-        let kind = self.writes.done(id);
-        self.forget_call(id);
-        kind
-    }
-
-    /// Forgets the call of a write that ended unwritten: a claim is lost.
-    fn forget_call(&mut self, id: WriteId) {
-        let call = self.calls.remove(&id);
-        if call.is_some_and(|c| c.kind == writes::Kind::Claim) {
-            if let Some(resolver) = self.resolver.as_mut() {
-                resolver.on_claim(false);
-            }
-        }
-    }
-
-    /// The driver's writes, read-only (how many, whether a notice's is pending).
-    #[must_use]
-    pub fn writes(&self) -> &Writes {
-        &self.writes
-    }
-
-    /// The handler closes at `at`: what gets one last attempt and what is
-    /// dropped ([`Writes::close`]).
-    pub fn close_writes(&mut self, at: f64) -> Closing {
-        let closing = self.writes.close(at);
-        if let Some(dropped) = closing.dropped {
-            self.calls.remove(&dropped);
-        }
-        closing
-    }
-
     // --- the leader's wait for the acknowledgements -------------------------
 
     /// The leader published: it waits for `keys`, from `at` on the driver's
-    /// clock, for at most `peer_timeout` seconds ([`crate::acks`]).
-    pub fn start_ack_wait(&mut self, keys: Vec<String>, peer_timeout: f64, at: f64) {
-        self.acks = Some(AckWait::new(keys, peer_timeout, at));
+    /// clock, for at most the peer timeout ([`crate::acks`]).
+    pub fn start_ack_wait(&mut self, keys: Vec<String>, at: f64) {
+        self.acks = Some(AckWait::new(keys, self.peer_timeout, at));
     }
 
     /// What the leader does at `at`: read a key, or the wait is done or over.
@@ -485,8 +372,8 @@ impl Protocol {
     /// or give up. A run of failures starting now is retried for the retry bound
     /// at `now` on the protocol's clock ([`retry_bound`](Self::retry_bound)).
     /// `None` with no wait started.
-    pub fn handle_ack_read_failed(&mut self, now: f64, peer_timeout: f64, at: f64, closing: bool) -> Option<Verdict> {
-        let bound = self.retry_bound(now, peer_timeout);
+    pub fn handle_ack_read_failed(&mut self, now: f64, at: f64, closing: bool) -> Option<Verdict> {
+        let bound = self.retry_bound(now);
         Some(self.acks.as_mut()?.failed(bound, at, closing))
     }
 
@@ -505,8 +392,8 @@ impl Protocol {
 
     /// How long a failing coordination-service call is retried from `now`
     /// (`retry::bound`): the leading notice's deadline, if any, may shorten it.
-    pub fn retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
-        crate::retry::bound(peer_timeout, self.leading_deadline(), now)
+    pub fn retry_bound(&self, now: f64) -> f64 {
+        crate::retry::bound(self.peer_timeout, self.leading_deadline(), now)
     }
 
     /// When this worker's notice says the machine goes: with a grace period the
@@ -556,13 +443,13 @@ impl Protocol {
     }
 
     /// How long the coordinator of a parameter-server cluster lets the closures
-    /// in flight finish before its save, from `now`; `peer_timeout` when the
+    /// in flight finish before its save, from `now`; the peer timeout when the
     /// notice set no deadline or this worker does not lead.
-    pub fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
+    pub fn drain_bound(&self, now: f64) -> f64 {
         self.resolver
             .as_ref()
             .and_then(|r| r.leading_notice().and_then(|n| self.planner.drain_bound(n, r.grace_period(), now)))
-            .unwrap_or(peer_timeout)
+            .unwrap_or(self.peer_timeout)
     }
 
     /// Seconds a worker that writes a share of the save waits from `now`, after
@@ -633,6 +520,21 @@ impl Protocol {
     /// The step keys every worker writes `STOP_WATCHER` to at shutdown.
     pub fn shutdown_keys(&self) -> Result<&'static [&'static str], ConfigError> {
         Ok(self.resolver.as_ref().ok_or(ConfigError::NotConfigured)?.shutdown_keys())
+    }
+
+    /// The writes of `STOP_WATCHER` to the step keys at shutdown (which release
+    /// the readers still blocked on them), as blocking writes.
+    pub fn shutdown_writes(&self) -> Result<Vec<LeaderAction>, ConfigError> {
+        Ok(self
+            .shutdown_keys()?
+            .iter()
+            .map(|key| LeaderAction::Set {
+                key: (*key).to_owned(),
+                value: crate::step_resolution::STOP_WATCHER.to_owned(),
+                timeout: crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT,
+                what: format!("releasing {key}"),
+            })
+            .collect())
     }
 
     /// The state for logs and tests.

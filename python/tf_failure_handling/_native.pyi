@@ -32,18 +32,6 @@ class HandlerCore:
     def _core_state(self) -> dict[str, Any]: ...
     def _protocol_core(self) -> ProtocolCore: ...
 
-class AckStep:
-    """What the leader waiting for acknowledgements does next (``src/acks.rs``)."""
-
-    class Read(AckStep):
-        key: str
-        timeout: float
-
-    class Done(AckStep): ...
-
-    class Over(AckStep):
-        missing: list[str]
-
 class ProtocolCore:
     """The handler's decisions, shared with its ``HandlerCore`` (``_protocol_core()``)."""
 
@@ -54,11 +42,6 @@ class ProtocolCore:
     def trainer_thread(self) -> int: ...
     @property
     def attention(self) -> bool: ...
-    @property
-    def leading(self) -> bool: ...
-    @property
-    def margin(self) -> float: ...
-    def restored(self, duration: float) -> None: ...
     def begin_step(self) -> bool: ...
     def set_pending(self, pending: bool) -> None: ...
     def after_check(self) -> None: ...
@@ -69,63 +52,26 @@ class ProtocolCore:
         worker_id: Optional[int],
         num_workers: int,
         grace_period: float,
+        peer_timeout: float = 300.0,
         save_at_current_run: bool = False,
     ) -> None: ...
-    def notice(self, now: float, deadline: Optional[float] = None) -> NoticeAction: ...
-    def source_notice(
-        self,
-        now: float,
-        unix_now: float,
-        unix_deadline: Optional[float] = None,
-        unix_kill: Optional[float] = None,
-    ) -> NoticeAction: ...
+    peer_timeout: float
+    def handle(self, event: Event, now: Optional[float] = None) -> Any: ...
+    def poll(self) -> Optional[Action]: ...
+    def poll_timeout(self) -> Optional[float]: ...
     def platform_end(self, now: float, left: float) -> None: ...
-    def claim(self, won: bool) -> None: ...
-    def step_key(self, round_key: str, value: str) -> KeyAction: ...
     def before_step(self, now: float) -> StepAction: ...
-    def publish_lost(self, round_key: str, value: str) -> None: ...
     def fit(self, now: float) -> Optional[tuple[str, float, float]]: ...
-    def saved(self, round_key: str, duration: float) -> SaveAction: ...
-    def save_failed(self) -> None: ...
-    def agreement(self, duration: float) -> None: ...
-    def retry_bound(self, now: float, peer_timeout: float) -> float: ...
+    def retry_bound(self, now: float) -> float: ...
     def kill_deadline(self) -> Optional[float]: ...
     def notice_deadline(self) -> Optional[float]: ...
     def shares_wait_bound(self, own: float, now: float, min_wait: float, chief: bool) -> float: ...
     def shares_merge_start(self, own: float, now: float, min_wait: float) -> MergeStart: ...
     def shares_merged(self, secs: float) -> None: ...
-    def drain_bound(self, now: float, peer_timeout: float) -> float: ...
-    def shutdown_keys(self) -> list[str]: ...
-    def round_keys(self) -> list[str]: ...
-    def retry(self, now: float, peer_timeout: float) -> Retry: ...
-    def await_acks(self, ack_keys: list[str], peer_timeout: float) -> None: ...
-    def ack_next(self) -> AckStep: ...
-    def ack_answered(self, found: bool) -> None: ...
-    def ack_failed(
-        self, now: float, peer_timeout: float, closing: bool = False
-    ) -> Optional[RetryVerdict]: ...
-    def ack_failing(self) -> Optional[tuple[int, float]]: ...
-    def push_write(
-        self,
-        kind: WriteKind,
-        key: str,
-        value: str,
-        now: float,
-        peer_timeout: float,
-        bound: Optional[float] = None,
-        announce: Optional[str] = None,
-    ) -> int: ...
-    def poll_write(self) -> Optional[WriteCall]: ...
-    def write_call(self, id: int) -> Optional[WriteCall]: ...
-    def write_wait(self) -> Optional[float]: ...
-    def write_done(self, id: int) -> bool: ...
-    def claim_done(self, id: int, won: bool, now: float, peer_timeout: float) -> Optional[int]: ...
-    def write_abandoned(self, id: int) -> bool: ...
-    def write_failed(self, id: int, closing: bool = False) -> Optional[RetryVerdict]: ...
-    def write_attempts(self, id: int) -> int: ...
+    def drain_bound(self, now: float) -> float: ...
+    def shutdown_writes(self) -> list[LeaderAction]: ...
     @property
     def writes_busy(self) -> bool: ...
-    def close_writes(self) -> tuple[list[int], Optional[int]]: ...
     @property
     def has_final_round(self) -> bool: ...
     def state(self) -> dict[str, Any]: ...
@@ -171,6 +117,8 @@ class SaveAction:
 
     Exit: SaveAction
     Countdown: SaveAction
+    Raise: SaveAction
+    ExitUnmerged: SaveAction
 
 class SignalWatch:
     """Watches signals from any thread. An ``owner`` (a handler) holds back previously
@@ -205,12 +153,7 @@ class Input:
 
     class Stop(Input): ...
 
-GRACE_SLACK: float
 DEFAULT_GRACE_PERIOD: float
-RETRY_FIRST_PAUSE: float
-RETRY_MAX_PAUSE: float
-RETRY_MIN_ATTEMPTS: int
-TRANSIENT_FAILURE_WINDOW: float
 
 class RetryVerdict:
     """What follows a failed attempt (``Retry.failed``; ``src/retry.rs``)."""
@@ -361,14 +304,177 @@ class WriteKind:
     Claim: WriteKind
     Announce: WriteKind
 
-class WriteCall:
-    """One of the driver's writes: set ``key`` to ``value`` within ``timeout`` s."""
+class Event:
+    """An input of the protocol driver (``ProtocolCore.handle``)."""
 
-    id: int
-    kind: WriteKind
-    key: str
-    value: str
-    timeout: float
+    class Notice(Event):
+        def __init__(
+            self,
+            source: str,
+            message: str,
+            unix_now: float,
+            unix_deadline: Optional[float] = None,
+            unix_kill: Optional[float] = None,
+        ) -> None: ...
+
+    class StepKey(Event):
+        def __init__(self, round_key: str, value: str, superseded: bool = False) -> None: ...
+
+    class Written(Event):
+        def __init__(self, id: int, won: bool = True) -> None: ...
+
+    class Failed(Event):
+        def __init__(self, id: int, closing: bool = False) -> None: ...
+
+    class Raised(Event):
+        def __init__(self, id: int) -> None: ...
+
+    class Close(Event):
+        def __init__(self) -> None: ...
+
+    class Resume(Event):
+        def __init__(self) -> None: ...
+
+    class Set(Event):
+        def __init__(self, written: bool) -> None: ...
+
+    class Got(Event):
+        def __init__(self, value: Optional[str] = None) -> None: ...
+
+    class CallFailed(Event):
+        def __init__(self, closing: bool = False) -> None: ...
+
+    class Reading(Event):
+        def __init__(self) -> None: ...
+
+    class Read(Event):
+        def __init__(self, value: Optional[str] = None) -> None: ...
+
+    class ReadFailed(Event):
+        def __init__(self, closing: bool = False) -> None: ...
+
+    class Restored(Event):
+        def __init__(self, duration: float) -> None: ...
+
+    class Saved(Event):
+        def __init__(self, round_key: str, duration: float) -> None: ...
+
+    class SaveFailed(Event):
+        def __init__(self, shares: bool) -> None: ...
+
+class ReaderAction:
+    """What the step-key reader does next (``ProtocolCore.handle``)."""
+
+    class Get(ReaderAction):
+        key: str
+        timeout: float
+
+    class Pause(ReaderAction):
+        seconds: float
+        what: str
+        attempts: int
+        left: float
+
+    class Post(ReaderAction):
+        round_key: str
+        value: str
+
+    class GaveUp(ReaderAction):
+        what: str
+        attempts: int
+        seconds: float
+
+    class Done(ReaderAction): ...
+
+class LeaderAction:
+    """What the leader's training thread does next in its round (``ProtocolCore.handle``)."""
+
+    class Set(LeaderAction):
+        key: str
+        value: str
+        timeout: float
+        what: str
+
+    class Get(LeaderAction):
+        key: str
+        timeout: float
+        what: str
+        ack: bool
+
+    class Pause(LeaderAction):
+        seconds: float
+        what: str
+        attempts: int
+        left: float
+
+    class Published(LeaderAction):
+        round_key: str
+        step: int
+
+    class Lost(LeaderAction):
+        round_key: str
+        value: Optional[str]
+
+    class Agreed(LeaderAction): ...
+
+    class GaveUp(LeaderAction):
+        what: str
+        attempts: int
+        seconds: float
+
+    class Missing(LeaderAction):
+        round_key: str
+        step: int
+        missing: list[str]
+
+class Action:
+    """What the protocol driver does next (``ProtocolCore.poll``)."""
+
+    class Write(Action):
+        id: int
+        kind: WriteKind
+        key: str
+        value: str
+        timeout: float
+        what: str
+        subject: str
+
+    class Retrying(Action):
+        id: int
+        what: str
+        attempts: int
+        pause: float
+        left: float
+
+    class Written(Action):
+        kind: WriteKind
+        key: str
+        value: str
+        what: str
+        subject: str
+        won: bool
+        ends_notice: bool
+
+    class GaveUp(Action):
+        kind: WriteKind
+        key: str
+        value: str
+        what: str
+        subject: str
+        attempts: int
+        seconds: float
+        ends_notice: bool
+
+    class Raised(Action):
+        kind: WriteKind
+        key: str
+        value: str
+        what: str
+        subject: str
+        ends_notice: bool
+
+    class Dropped(Action):
+        what: str
 
 class Inbox:
     """The protocol driver's inputs in one place (``src/inbox.rs``); ``recv`` releases the GIL."""
@@ -806,8 +912,6 @@ def probe_metadata(
 ) -> bool: ...
 def clouds() -> list[dict[str, Any]]: ...
 
-PEER_WATCH_SLICE: float
-ACK_READ_SLICE: float
 WATCHER_KEY_SLICE: float
 WAIT_SLICE: float
 WORKER_GET_SLICE: float

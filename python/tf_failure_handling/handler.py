@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 from . import _errors, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
-from ._native import DEFAULT_PEER_TIMEOUT, HandlerCore, write_timeout
+from ._native import DEFAULT_PEER_TIMEOUT, Event, HandlerCore, write_timeout
 from ._platforms import common as _common
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
@@ -28,29 +28,21 @@ from ._protocol.agreement import Agreement
 from ._protocol.checkpoints import Checkpoints
 from ._protocol.context import Context
 from ._protocol.driver import Driver
-from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys and bounds
+from ._protocol.keys import (  # noqa: F401 - re-exported: the protocol's keys
     EXIT_RESERVE_ENV,
     LAST_RUN_TO_CHECKPOINT,
     PEER_TIMEOUT_ENV,
-    PEER_WATCH_SLICE,
     PREEMPTION_NOTICE_KEY,
     RUN_TO_CHECKPOINT,
-    SHUTDOWN_WRITE_TIMEOUT,
     STOP_WATCHER,
     TERMINATED_WORKER,
-    THREAD_JOIN_TIMEOUT,
 )
 from ._protocol.notices import NoticeResponse
 from ._protocol.ownership import Ownership
 from ._protocol.ps_steps import PsSteps
 from ._protocol.records_hooks import StageRecords
 from ._protocol.reporting import ErrorReports
-from ._protocol.retries import (  # noqa: F401 - re-exported: the protocol's retry pauses
-    RETRY_FIRST_PAUSE,
-    RETRY_MAX_PAUSE,
-    Retrier,
-    WriteQueue,
-)
+from ._protocol.retries import Retrier
 from ._protocol.save import SaveAndExit
 from ._protocol.state import HandlerState, Settings
 from ._protocol.step_check import StepCheck
@@ -117,7 +109,7 @@ class PreemptionCheckpointHandler(HandlerCore):
     _environment = _view("_state.environment")
     _coordination = _view("_state.coordination")
     _cluster_resolver = _view("_state.cluster_resolver")
-    _peer_timeout = _view("_state.peer_timeout")
+    _peer_timeout = _view("_core.peer_timeout")
     _grace_period = _view("_state.grace_period")
     _clock = _view("_state.clock")
     _closed = _view("_state.closed")
@@ -181,7 +173,6 @@ class PreemptionCheckpointHandler(HandlerCore):
                 if member.local
                 else _coordination.Client(_coordination.current(), write_timeout(peer_timeout)),
                 cluster_resolver=cluster_resolver,
-                peer_timeout=peer_timeout,
                 grace_period=defaults.grace_period,
                 device=defaults.device or environment.device,
             )
@@ -220,7 +211,11 @@ class PreemptionCheckpointHandler(HandlerCore):
         )
         stage.resumed(self._run_counter)
         core.configure(
-            member.worker_id, member.num_workers, float(state.grace_period), member.ps_coordinator
+            member.worker_id,
+            member.num_workers,
+            float(state.grace_period),
+            float(peer_timeout),
+            member.ps_coordinator,
         )
         if exit_reserve is not None:
             core.exit_reserve = exit_reserve
@@ -235,7 +230,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             )
         elif restore is not None:
             # Until this process has saved, the restore is its estimate of a save.
-            core.restored(restore)
+            core.handle(Event.Restored(restore))
             log.info("Checkpoint restored in %.3fs: the save estimate until one is timed.", restore)
 
         # The parts, each given what it uses (docs/how-it-works.md, "Who does what").
@@ -243,15 +238,14 @@ class PreemptionCheckpointHandler(HandlerCore):
             state.environment, defaults.signals, defaults.watcher_fn, owner=True
         )
         retrier = Retrier(state, core)
-        writes = WriteQueue(retrier, state, core)
         self._errors = errors = ErrorReports(state, core)
         self._ownership = ownership = Ownership(state)
         ownership.sources = sources
         ctx = Context(state, core, errors, stage)
-        self._step_keys = step_keys = StepKeys(ctx, sources, writes, ownership)
+        self._step_keys = step_keys = StepKeys(ctx, sources, retrier, ownership)
         self._ps = ps = PsSteps(state, core, stage, sources)
         self._agreement = agreement = Agreement(state, core, retrier, stage)
-        notices = NoticeResponse(ctx, writes, ownership, ps)
+        notices = NoticeResponse(ctx, ownership, ps)
         self._saver = saver = SaveAndExit(
             ctx,
             self._checkpoints,
@@ -260,7 +254,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             defaults.exit_fn,
             lambda: _platform.after_save(state.environment, platform_options, stage.recorder),
         )
-        self._driver = Driver(ctx, sources, writes, notices, step_keys.acknowledge)
+        self._driver = Driver(ctx, sources, retrier, notices, step_keys.acknowledge)
         self._steps = StepCheck(ctx, agreement, saver)
 
         self._driver.start()

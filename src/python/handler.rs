@@ -30,9 +30,9 @@ use pyo3::{ffi, intern, Borrowed};
 
 use super::clock;
 use super::errors;
-use super::retry::{Retry, RetryVerdict, WriteCall, WriteKind};
+use super::retry::WriteKind;
 use crate::grace::Fit;
-use crate::protocol::{Config, ConfigError, Protocol, SetCall};
+use crate::protocol::{Config, ConfigError, DriverAction, Protocol, SaveFailed, WriteEnd};
 use crate::shares::Waiter;
 use crate::step_resolution::{self as core, Notice, Round};
 
@@ -78,17 +78,6 @@ pub enum KeyAction {
     Stop {},
 }
 
-/// What the leader waiting for acknowledgements does next (`ProtocolCore.ack_next`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum AckStep {
-    /// Read `key` for at most `timeout` seconds.
-    Read { key: String, timeout: f64 },
-    /// Every worker acknowledged.
-    Done {},
-    /// The peer timeout passed with the `missing` keys unwritten.
-    Over { missing: Vec<String> },
-}
-
 /// What follows a save (`ProtocolCore.saved`).
 #[pyclass(frozen, eq, eq_int, module = "tf_failure_handling._native")]
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -97,6 +86,335 @@ pub enum SaveAction {
     Exit,
     /// Keep training until the final round of the grace period.
     Countdown,
+    /// A failed save: raise its error (`ProtocolCore.save_failed`).
+    Raise,
+    /// A failed save in shares: exit with the unmerged code.
+    ExitUnmerged,
+}
+
+/// An input of the protocol driver (`ProtocolCore.handle`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum Event {
+    /// A termination notice from `source`, whose deadline and kill (the moment
+    /// the platform stated it ends the process; None: not stated) are Unix
+    /// times read when the wall clock said `unix_now` (`Notice::from_unix`: the
+    /// one conversion). `message` is what its announce tells the
+    /// `PreemptionWatcher`s. `handle` returns the `NoticeAction`, and queues the
+    /// write it starts (a claim; a cluster's announce).
+    #[pyo3(constructor = (source, message, unix_now, unix_deadline = None, unix_kill = None))]
+    Notice {
+        source: String,
+        message: String,
+        unix_now: f64,
+        unix_deadline: Option<f64>,
+        unix_kill: Option<f64>,
+    },
+    /// A step key a leader published, read (`superseded`: a newer handler of
+    /// this worker acknowledges). `handle` returns the `KeyAction`, and queues
+    /// the acknowledgement.
+    #[pyo3(constructor = (round_key, value, superseded = false))]
+    StepKey {
+        round_key: String,
+        value: String,
+        superseded: bool,
+    },
+    /// The attempt of the write `id` succeeded (`won`: a claim written first).
+    #[pyo3(constructor = (id, won = true))]
+    Written { id: u64, won: bool },
+    /// The attempt of `id` failed with a coordination-service error
+    /// (`closing`: the handler is closing, nothing is retried).
+    #[pyo3(constructor = (id, closing = false))]
+    Failed { id: u64, closing: bool },
+    /// The attempt of `id` raised something else (a bug).
+    Raised { id: u64 },
+    /// The handler closes: last attempts, and a claim dropped.
+    Close {},
+    /// The leader's training thread goes on: the first call of the round
+    /// `before_step` published, or the next after a pause or a record.
+    /// `handle` returns the `LeaderAction`, as for the three below.
+    Resume {},
+    /// The leader's `LeaderAction.Set` answered (`written`: False when the key
+    /// existed already).
+    Set { written: bool },
+    /// The leader's `LeaderAction.Get` answered with `value` (None: not set).
+    #[pyo3(constructor = (value = None))]
+    Got { value: Option<String> },
+    /// The leader's call failed with a coordination-service error (`closing`:
+    /// nothing is retried).
+    #[pyo3(constructor = (closing = false))]
+    CallFailed { closing: bool },
+    /// The step-key reader goes on: its first read, or the next after a pause
+    /// or a post. `handle` returns the `ReaderAction`, as for the two below.
+    Reading {},
+    /// The reader's `ReaderAction.Get` answered with `value` (None: not set yet).
+    #[pyo3(constructor = (value = None))]
+    Read { value: Option<String> },
+    /// The reader's read failed with a coordination-service error (`closing`:
+    /// the reader stops).
+    #[pyo3(constructor = (closing = false))]
+    ReadFailed { closing: bool },
+    /// The checkpoint read at start took `duration` seconds: the save estimate
+    /// until a save is measured (`GracePlanner::record_restore`).
+    Restored { duration: f64 },
+    /// The save of `round_key` finished after `duration` seconds: `handle`
+    /// returns the `SaveAction` (exit, or count down to the final round).
+    Saved { round_key: String, duration: f64 },
+    /// A save failed (`shares`: written in shares by several workers): `handle`
+    /// returns the `SaveAction` (raise its error, or exit unmerged).
+    SaveFailed { shares: bool },
+}
+
+/// What the step-key reader does next (`ProtocolCore.handle` of `Event.Reading`,
+/// `Read`, `ReadFailed`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum ReaderAction {
+    /// Read `key` for at most `timeout` seconds; report `Event.Read`.
+    Get { key: String, timeout: f64 },
+    /// The last read failed: wait `seconds`, then `Event.Reading`.
+    Pause {
+        seconds: f64,
+        what: String,
+        attempts: u32,
+        left: f64,
+    },
+    /// Post `value` of `round_key` into the driver's inbox, then `Event.Reading`.
+    Post { round_key: String, value: String },
+    /// The retry rule gave up on `what`: raise the last error, named.
+    GaveUp { what: String, attempts: u32, seconds: f64 },
+    /// Nothing more to read.
+    Done {},
+}
+
+impl From<crate::protocol::ReaderAction> for ReaderAction {
+    fn from(a: crate::protocol::ReaderAction) -> Self {
+        use crate::protocol::ReaderAction as R;
+        match a {
+            R::Get { key, timeout } => ReaderAction::Get {
+                key: key.to_owned(),
+                timeout,
+            },
+            R::Pause {
+                seconds,
+                what,
+                attempts,
+                left,
+            } => ReaderAction::Pause {
+                seconds,
+                what,
+                attempts,
+                left,
+            },
+            R::Post { round, value } => ReaderAction::Post {
+                round_key: round.key().to_owned(),
+                value,
+            },
+            R::GaveUp { what, attempts, seconds } => ReaderAction::GaveUp { what, attempts, seconds },
+            R::Done => ReaderAction::Done {},
+        }
+    }
+}
+
+/// What the leader's training thread does next in a round it published
+/// (`ProtocolCore.handle` of `Event.Resume`, `Set`, `Got`, `CallFailed`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum LeaderAction {
+    /// Set `key` to `value` within `timeout` seconds; report `Event.Set`.
+    Set {
+        key: String,
+        value: String,
+        timeout: f64,
+        what: String,
+    },
+    /// Read `key` for at most `timeout` seconds; report `Event.Got`. `ack`: an
+    /// acknowledgement (logged when found).
+    Get {
+        key: String,
+        timeout: f64,
+        what: String,
+        ack: bool,
+    },
+    /// The last call failed: wait `seconds` (logged: `attempts` failed so far,
+    /// `left` seconds of the bound remain), then `Event.Resume`.
+    Pause {
+        seconds: f64,
+        what: String,
+        attempts: u32,
+        left: f64,
+    },
+    /// The round's step is published: record it, then `Event.Resume`.
+    Published { round_key: String, step: u64 },
+    /// Another worker published the round first: `value` is the agreed step
+    /// (None: the key was gone); nothing is waited for.
+    Lost { round_key: String, value: Option<String> },
+    /// Every worker acknowledged (or local mode): the round is done.
+    Agreed {},
+    /// The retry rule gave up on `what`: raise the last error, named.
+    GaveUp { what: String, attempts: u32, seconds: f64 },
+    /// The peer timeout passed with the `missing` acknowledgements unwritten.
+    Missing {
+        round_key: String,
+        step: u64,
+        missing: Vec<String>,
+    },
+}
+
+impl From<crate::protocol::LeaderAction> for LeaderAction {
+    fn from(a: crate::protocol::LeaderAction) -> Self {
+        use crate::protocol::LeaderAction as L;
+        match a {
+            L::Set { key, value, timeout, what } => LeaderAction::Set { key, value, timeout, what },
+            L::Get { key, timeout, what, ack } => LeaderAction::Get { key, timeout, what, ack },
+            L::Pause {
+                seconds,
+                what,
+                attempts,
+                left,
+            } => LeaderAction::Pause {
+                seconds,
+                what,
+                attempts,
+                left,
+            },
+            L::Published { round, step } => LeaderAction::Published {
+                round_key: round.key().to_owned(),
+                step,
+            },
+            L::Lost { round, value } => LeaderAction::Lost {
+                round_key: round.key().to_owned(),
+                value,
+            },
+            L::Agreed => LeaderAction::Agreed {},
+            L::GaveUp { what, attempts, seconds } => LeaderAction::GaveUp { what, attempts, seconds },
+            L::Missing { round, step, missing } => LeaderAction::Missing {
+                round_key: round.key().to_owned(),
+                step,
+                missing,
+            },
+        }
+    }
+}
+
+/// What the protocol driver does next (`ProtocolCore.poll`).
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub enum Action {
+    /// Set `key` to `value` within `timeout` seconds (the coordination client's
+    /// `set`, whose False is a lost claim); report the outcome as an `Event`
+    /// with the handle `id`. `what` names the write in logs and errors.
+    Write {
+        id: u64,
+        kind: WriteKind,
+        key: String,
+        value: String,
+        timeout: f64,
+        what: String,
+        subject: String,
+    },
+    /// The write `id` failed and is attempted again in `pause` seconds
+    /// (`left` of its bound remained, `attempts` failed so far): for the log.
+    Retrying {
+        id: u64,
+        what: String,
+        attempts: u32,
+        pause: f64,
+        left: f64,
+    },
+    /// The write ended, written (`won`: a claim written first; True for the
+    /// other kinds). `ends_notice`: the notice it was for is done with.
+    Written {
+        kind: WriteKind,
+        key: String,
+        value: String,
+        what: String,
+        subject: String,
+        won: bool,
+        ends_notice: bool,
+    },
+    /// The retry rule gave up on the write after `attempts` failed attempts over
+    /// `seconds`: raise the last error, named.
+    GaveUp {
+        kind: WriteKind,
+        key: String,
+        value: String,
+        what: String,
+        subject: String,
+        attempts: u32,
+        seconds: f64,
+        ends_notice: bool,
+    },
+    /// The write's attempt raised a bug: hand it on as it is.
+    Raised {
+        kind: WriteKind,
+        key: String,
+        value: String,
+        what: String,
+        subject: String,
+        ends_notice: bool,
+    },
+    /// A claim dropped at close (logged).
+    Dropped { what: String },
+}
+
+impl From<DriverAction> for Action {
+    fn from(a: DriverAction) -> Self {
+        match a {
+            DriverAction::Write { id, call } => Action::Write {
+                id,
+                kind: call.kind.into(),
+                what: call.what(),
+                key: call.key,
+                value: call.value,
+                timeout: call.timeout,
+                subject: call.subject,
+            },
+            DriverAction::Retrying {
+                id,
+                call,
+                attempts,
+                pause,
+                left,
+            } => Action::Retrying {
+                id,
+                what: call.what(),
+                attempts,
+                pause,
+                left,
+            },
+            DriverAction::Finished { call, end, ends_notice } => {
+                let (kind, what) = (call.kind.into(), call.what());
+                let (key, value, subject) = (call.key, call.value, call.subject);
+                match end {
+                    WriteEnd::Written { won } => Action::Written {
+                        kind,
+                        key,
+                        value,
+                        what,
+                        subject,
+                        won,
+                        ends_notice,
+                    },
+                    WriteEnd::GaveUp { attempts, seconds } => Action::GaveUp {
+                        kind,
+                        key,
+                        value,
+                        what,
+                        subject,
+                        attempts,
+                        seconds,
+                        ends_notice,
+                    },
+                    WriteEnd::Raised => Action::Raised {
+                        kind,
+                        key,
+                        value,
+                        what,
+                        subject,
+                        ends_notice,
+                    },
+                }
+            }
+            DriverAction::Dropped { call } => Action::Dropped { what: call.what() },
+        }
+    }
 }
 
 pub(crate) fn round_from_key(key: &str) -> PyResult<Round> {
@@ -163,10 +481,9 @@ impl Shared {
         super::exit_guard::training_goes_on();
     }
 
-    /// The resolver's answer to `notice`, in the binding's words.
-    fn notice(&self, notice: Notice) -> PyResult<NoticeAction> {
-        let outcome = self.with_protocol(|p| p.handle_notice(notice).map_err(refused))?;
-        Ok(match outcome {
+    /// The resolver's answer to a notice, in the binding's words.
+    fn notice_action(outcome: core::NoticeAction) -> NoticeAction {
+        match outcome {
             core::NoticeAction::Lead => NoticeAction::Lead {},
             core::NoticeAction::Claim { key, value } => NoticeAction::Claim {
                 key: key.to_string(),
@@ -174,7 +491,7 @@ impl Shared {
             },
             core::NoticeAction::Replan => NoticeAction::Replan {},
             core::NoticeAction::Absorb => NoticeAction::Absorb {},
-        })
+        }
     }
 
     /// Runs `f` on the protocol and mirrors whether the next step needs
@@ -490,35 +807,98 @@ impl Shared {
         Ok(())
     }
 
-    fn configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
-        let config = Config {
-            worker_id,
-            num_workers,
-            grace_period,
-            save_at_current_run,
-        };
+    fn configure(&self, config: Config) -> PyResult<()> {
         self.with_protocol(|p| p.configure(config).map_err(refused))
     }
 
-    fn claim(&self, won: bool) -> PyResult<()> {
-        self.with_protocol(|p| p.handle_claim(won).map_err(refused))
+    /// An input of the driver (`ProtocolCore.handle`): the protocol's answer to
+    /// a notice or a step key, None for the others.
+    fn handle(&self, py: Python<'_>, event: &Event, now: f64) -> PyResult<Option<Py<PyAny>>> {
+        let at = clock::now_secs();
+        match event {
+            Event::Notice {
+                source,
+                message,
+                unix_now,
+                unix_deadline,
+                unix_kill,
+            } => {
+                let notice = Notice::from_unix(now, *unix_now, *unix_deadline, *unix_kill);
+                let outcome = self.with_protocol(|p| p.notice(notice, source, message, now, at).map_err(refused))?;
+                Ok(Some(Self::notice_action(outcome).into_pyobject(py)?.into_any().unbind()))
+            }
+            Event::StepKey {
+                round_key,
+                value,
+                superseded,
+            } => {
+                let round = round_from_key(round_key)?;
+                let outcome = self.with_protocol(|p| Ok(p.step_key(round, value, *superseded, now, at).map_err(refused)??))?;
+                let action = match outcome {
+                    core::KeyAction::Acknowledge { ack_key, next_round } => KeyAction::Acknowledge {
+                        ack_key,
+                        next_round_key: next_round.map(|r| r.key().to_string()),
+                    },
+                    core::KeyAction::Stop => KeyAction::Stop {},
+                };
+                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
+            }
+            // A claim's outcome changes what the next step must look at.
+            Event::Written { id, won } => self.with_protocol(|p| {
+                p.written(*id, *won, now, at);
+                Ok(None)
+            }),
+            Event::Failed { id, closing } => self.with_protocol(|p| {
+                p.write_failed(*id, at, *closing);
+                Ok(None)
+            }),
+            Event::Raised { id } => self.with_protocol(|p| {
+                p.write_raised(*id);
+                Ok(None)
+            }),
+            Event::Close {} => {
+                self.state.lock().close(at);
+                Ok(None)
+            }
+            Event::Resume {} => self.leader(py, |p| Ok(p.leader_next(now, at))),
+            Event::Set { written } => {
+                let value = written.then_some(core::ACK_VALUE);
+                self.leader(py, |p| p.leader_called(value, now, at).map_err(refused))
+            }
+            Event::Got { value } => self.leader(py, |p| p.leader_called(value.as_deref(), now, at).map_err(refused)),
+            Event::CallFailed { closing } => self.leader(py, |p| Ok(p.leader_call_failed(now, at, *closing))),
+            Event::Restored { duration } => {
+                self.state.lock().handle_restored(*duration);
+                Ok(None)
+            }
+            Event::Saved { round_key, duration } => {
+                let action = self.saved(round_key, *duration)?;
+                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
+            }
+            Event::SaveFailed { shares } => {
+                let action = self.save_failed(*shares)?;
+                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
+            }
+            Event::Reading {} => self.reader(py, Protocol::reader_next),
+            Event::Read { value } => self.reader(py, |p| p.reader_read(value.as_deref())),
+            Event::ReadFailed { closing } => self.reader(py, |p| p.reader_failed(now, at, *closing)),
+        }
     }
 
-    fn step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
-        let round = round_from_key(round_key)?;
-        let outcome = self.with_protocol(|p| Ok(p.handle_step_key(round, value).map_err(refused)??))?;
-        Ok(match outcome {
-            core::KeyAction::Acknowledge { ack_key, next_round } => KeyAction::Acknowledge {
-                ack_key,
-                next_round_key: next_round.map(|r| r.key().to_string()),
-            },
-            core::KeyAction::Stop => KeyAction::Stop {},
-        })
+    /// The reader's next action, as Python's.
+    fn reader(&self, py: Python<'_>, f: impl FnOnce(&mut Protocol) -> crate::protocol::ReaderAction) -> PyResult<Option<Py<PyAny>>> {
+        let action = ReaderAction::from(f(&mut self.state.lock()));
+        Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
     }
 
-    fn publish_lost(&self, round_key: &str, value: &str) -> PyResult<()> {
-        let round = round_from_key(round_key)?;
-        self.with_protocol(|p| Ok(p.handle_publish_lost(round, value).map_err(refused)??))
+    /// The leader's next action, as Python's.
+    fn leader(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Protocol) -> PyResult<crate::protocol::LeaderAction>,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let action = LeaderAction::from(self.with_protocol(f)?);
+        Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
     }
 
     fn before_step(&self, now: f64) -> PyResult<StepAction> {
@@ -553,8 +933,12 @@ impl Shared {
         })
     }
 
-    fn save_failed(&self) -> PyResult<()> {
-        self.with_protocol(|p| p.handle_save_failed().map_err(refused))
+    fn save_failed(&self, shares: bool) -> PyResult<SaveAction> {
+        let after = self.with_protocol(|p| p.handle_save_failed(shares).map_err(refused))?;
+        Ok(match after {
+            SaveFailed::Raise => SaveAction::Raise,
+            SaveFailed::ExitUnmerged => SaveAction::ExitUnmerged,
+        })
     }
 
     fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
@@ -566,14 +950,6 @@ impl Shared {
             Fit::Unknown => "unknown",
         };
         Some((name, report.left, report.needed))
-    }
-
-    fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
-        Ok(self.state.lock().shutdown_keys().map_err(refused)?.to_vec())
-    }
-
-    fn round_keys(&self) -> PyResult<Vec<&'static str>> {
-        self.state.lock().round_keys().map_err(refused)
     }
 
     fn has_final_round(&self) -> PyResult<bool> {
@@ -724,45 +1100,77 @@ impl ProtocolCore {
         self.shared.attention.load(Ordering::Acquire)
     }
 
-    /// Sets up the resolver: `worker_id` None for local mode.
-    #[pyo3(signature = (worker_id, num_workers, grace_period, save_at_current_run=false))]
-    fn configure(&self, worker_id: Option<u32>, num_workers: u32, grace_period: f64, save_at_current_run: bool) -> PyResult<()> {
-        self.shared.configure(worker_id, num_workers, grace_period, save_at_current_run)
+    /// Sets up the protocol: `worker_id` None for local mode; `peer_timeout`
+    /// bounds the wait for the acknowledgements and the retries.
+    #[pyo3(signature = (worker_id, num_workers, grace_period, peer_timeout=core::DEFAULT_PEER_TIMEOUT, save_at_current_run=false))]
+    fn configure(
+        &self,
+        worker_id: Option<u32>,
+        num_workers: u32,
+        grace_period: f64,
+        peer_timeout: f64,
+        save_at_current_run: bool,
+    ) -> PyResult<()> {
+        self.shared.configure(Config {
+            worker_id,
+            num_workers,
+            grace_period,
+            save_at_current_run,
+            peer_timeout,
+        })
     }
 
-    /// A termination notice at `now` (with the platform's `deadline`, if it
-    /// announced one, on the same clock as `now`): what to do about it.
-    #[pyo3(signature = (now, deadline=None))]
-    fn notice(&self, now: f64, deadline: Option<f64>) -> PyResult<NoticeAction> {
-        self.shared.notice(Notice::stated(now, deadline))
+    /// The peer timeout (`TerminationConfig.peer_timeout`), set at `configure`;
+    /// settable as the handler's `_peer_timeout` view.
+    #[getter]
+    fn get_peer_timeout(&self) -> f64 {
+        self.shared.state.lock().peer_timeout()
     }
 
-    /// A notice from a source, whose deadline and kill (the moment the platform
-    /// stated it ends the process; None: not stated) are Unix times read when the
-    /// wall clock said `unix_now` (`Notice::from_unix`: the one conversion).
-    #[pyo3(signature = (now, unix_now, unix_deadline=None, unix_kill=None))]
-    fn source_notice(&self, now: f64, unix_now: f64, unix_deadline: Option<f64>, unix_kill: Option<f64>) -> PyResult<NoticeAction> {
-        self.shared.notice(Notice::from_unix(now, unix_now, unix_deadline, unix_kill))
+    #[setter]
+    fn set_peer_timeout(&self, secs: f64) -> PyResult<()> {
+        self.shared.state.lock().set_peer_timeout(secs).map_err(refused)
+    }
+
+    /// An input of the protocol at `now` (the handler's clock). The driver's: a
+    /// notice (returns the `NoticeAction`), a step key read (the `KeyAction`), a
+    /// write's outcome, the close; what they start comes out of `poll`. The
+    /// leader's round and the step-key reader's calls (return the next
+    /// `LeaderAction` / `ReaderAction`). A restore, a save (returns the
+    /// `SaveAction`), a failed save (the `SaveAction`: raise or exit unmerged).
+    ///
+    /// `now` may be left out for an event that is not timed on the handler's
+    /// clock (`Close`, `Restored`, `SaveFailed`): the binding's clock then
+    /// stands for it.
+    #[pyo3(signature = (event, now = None))]
+    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>, now: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
+        self.shared.handle(py, event.get(), now.unwrap_or_else(clock::now_secs))
+    }
+
+    /// What the driver does now: an `Action` (a write to attempt, or what one came
+    /// to), or None.
+    fn poll(&self) -> Option<Action> {
+        let at = clock::now_secs();
+        self.shared.state.lock().poll(at).map(Action::from)
+    }
+
+    /// Seconds until `poll` has something (0: now), or None until an input: how
+    /// long the driver's receive waits.
+    fn poll_timeout(&self) -> Option<f64> {
+        let due = self.shared.state.lock().poll_timeout()?;
+        Some((due - clock::now_secs()).max(0.0))
+    }
+
+    /// A notice's write (claim or announce) is pending: the next notice waits.
+    #[getter]
+    fn writes_busy(&self) -> bool {
+        self.shared.state.lock().writes_busy()
     }
 
     /// The platform stated after the notice that it ends this process `left` seconds
     /// after `now` (a SLURM job this handler requeued): `Protocol::handle_platform_end`.
     fn platform_end(&self, now: f64, left: f64) {
         self.shared.state.lock().handle_platform_end(now + left);
-    }
-
-    /// Whether this worker won the claim of its notice.
-    fn claim(&self, won: bool) -> PyResult<()> {
-        self.shared.claim(won)
-    }
-
-    /// A step key's value, as the peer watcher read it: what to do.
-    ///
-    /// # Errors
-    ///
-    /// `ValueError` for a malformed value or an unknown key.
-    fn step_key(&self, round_key: &str, value: &str) -> PyResult<KeyAction> {
-        self.shared.step_key(round_key, value)
     }
 
     /// The decision before a step at `now`.
@@ -777,197 +1185,19 @@ impl ProtocolCore {
         self.shared.fit(now)
     }
 
-    /// This worker's publish of `round_key` found it set by another worker
-    /// (`value`, read back): that value is the agreed step.
-    ///
-    /// # Errors
-    ///
-    /// `ValueError` for a malformed value or an unknown key.
-    fn publish_lost(&self, round_key: &str, value: &str) -> PyResult<()> {
-        self.shared.publish_lost(round_key, value)
-    }
-
-    /// The save of `round_key` finished after `duration` seconds: what next.
-    fn saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
-        self.shared.saved(round_key, duration)
-    }
-
-    fn save_failed(&self) -> PyResult<()> {
-        self.shared.save_failed()
-    }
-
-    /// A publish waited `duration` seconds for every acknowledgement.
-    fn agreement(&self, duration: f64) -> PyResult<()> {
-        self.shared.state.lock().handle_agreement(duration);
-        Ok(())
-    }
-
     /// How long a failing coordination-service call is retried from `now`
     /// (`crate::retry::bound`): the leading notice's deadline, if any, may
     /// shorten it.
-    fn retry_bound(&self, now: f64, peer_timeout: f64) -> f64 {
-        self.shared.state.lock().retry_bound(now, peer_timeout)
-    }
-
-    /// The leader published: it waits for `ack_keys` for at most
-    /// `peer_timeout` seconds from now, on the binding's clock (`crate::acks`).
-    fn await_acks(&self, ack_keys: Vec<String>, peer_timeout: f64) {
-        self.shared.state.lock().start_ack_wait(ack_keys, peer_timeout, clock::now_secs());
-    }
-
-    /// What the waiting leader does now: read a key for at most a slice, or
-    /// the wait is done, or over (the keys still missing).
-    fn ack_next(&self) -> AckStep {
-        match self.shared.state.lock().ack_next(clock::now_secs()) {
-            crate::acks::AckStep::Read { key, timeout } => AckStep::Read { key, timeout },
-            crate::acks::AckStep::Done => AckStep::Done {},
-            crate::acks::AckStep::Over { missing } => AckStep::Over { missing },
-        }
-    }
-
-    /// The read `ack_next` asked for answered: `found` when the key was written.
-    fn ack_answered(&self, found: bool) {
-        self.shared.state.lock().handle_ack_read(found);
-    }
-
-    /// The read failed now: when to read again (`pause`, never past the wait's
-    /// end) or give up; a run of failures starting now is retried for the core's
-    /// retry bound at `now` (the handler's clock). None with no wait started.
-    #[pyo3(signature = (now, peer_timeout, closing = false))]
-    fn ack_failed(&self, now: f64, peer_timeout: f64, closing: bool) -> Option<RetryVerdict> {
-        let at = clock::now_secs();
-        let verdict = self.shared.state.lock().handle_ack_read_failed(now, peer_timeout, at, closing)?;
-        Some(RetryVerdict::at(verdict, at))
-    }
-
-    /// The run of failed reads still open: `(failed reads, seconds)`, or None
-    /// when the last read answered.
-    fn ack_failing(&self) -> Option<(u32, f64)> {
-        self.shared.state.lock().ack_failing(clock::now_secs())
-    }
-
-    /// A run of failures of one blocking protocol call, starting now: retried
-    /// for the core's retry bound at `now` (the handler's clock), its pauses on
-    /// the binding's clock, as a write's (`push_write`).
-    fn retry(&self, now: f64, peer_timeout: f64) -> Retry {
-        Retry::starting_now(self.shared.state.lock().retry_bound(now, peer_timeout))
-    }
-
-    /// Queues one of the driver's writes: due at once, retried for the core's
-    /// retry bound at `now` (the handler's clock), its schedule on the
-    /// binding's clock (`Protocol::push_write`); its handle. `RuntimeError`
-    /// for a claim or announce while `writes_busy`. `bound` replaces the
-    /// core's retry bound: for a test that holds a write's failures open longer
-    /// than the rule would (the package never passes it).
-    ///
-    /// The write sets `key` to `value`, bounded as its kind is (`WriteCall`).
-    /// A claim may name the message its announce writes once it is won
-    /// (`announce`: `claim_done` queues it); `ValueError` for another kind.
-    #[pyo3(signature = (kind, key, value, now, peer_timeout, bound = None, announce = None))]
-    #[allow(clippy::too_many_arguments)] // the call, its clocks, and the test's override
-    fn push_write(
-        &self,
-        kind: WriteKind,
-        key: &str,
-        value: &str,
-        now: f64,
-        peer_timeout: f64,
-        bound: Option<f64>,
-        announce: Option<&str>,
-    ) -> PyResult<u64> {
-        let at = clock::now_secs();
-        let call = match (kind, announce) {
-            (WriteKind::Claim, Some(message)) => SetCall::claim(key, value, message, peer_timeout),
-            (_, None) => SetCall::new(kind.into(), key, value, peer_timeout),
-            (_, Some(_)) => return Err(errors::bad_value("only a claim is followed by an announce")),
-        };
-        let mut protocol = self.shared.state.lock();
-        Ok(match bound {
-            None => protocol.push_write(call, now, peer_timeout, at)?,
-            Some(bound) => protocol.push_write_bounded(call, bound, at)?,
-        })
-    }
-
-    /// The write to attempt now (acknowledgements first), as the call to
-    /// make, or None.
-    fn poll_write(&self) -> Option<WriteCall> {
-        let at = clock::now_secs();
-        let protocol = self.shared.state.lock();
-        let id = protocol.poll_write(at)?;
-        protocol.write_call(id).map(|call| WriteCall::of(id, call))
-    }
-
-    /// The call the pending write `id` makes, or None for a stale handle.
-    fn write_call(&self, id: u64) -> Option<WriteCall> {
-        self.shared.state.lock().write_call(id).map(|call| WriteCall::of(id, call))
-    }
-
-    /// Seconds until the next write is due (0: one is), or None with none
-    /// pending: how long the driver's receive waits for an input.
-    fn write_wait(&self) -> Option<f64> {
-        let due = self.shared.state.lock().poll_timeout()?;
-        Some((due - clock::now_secs()).max(0.0))
-    }
-
-    /// The attempt of `id` succeeded: forgotten. False for a stale handle.
-    fn write_done(&self, id: u64) -> bool {
-        self.shared.state.lock().handle_write_done(id).is_some()
-    }
-
-    /// The claim `id` was written (`won`: this worker wrote the key first): the
-    /// resolver learns it, and a won claim pushed with an `announce` queues that
-    /// write, retried for the core's bound at `now` (the handler's clock): its
-    /// handle, or None when nothing follows (`Protocol::handle_claim_done`).
-    fn claim_done(&self, id: u64, won: bool, now: f64, peer_timeout: f64) -> PyResult<Option<u64>> {
-        let at = clock::now_secs();
-        self.shared
-            .with_protocol(|p| p.handle_claim_done(id, won, now, peer_timeout, at).map_err(refused))
-    }
-
-    /// The attempt of `id` raised something that is not a coordination-service
-    /// error: forgotten, and a claim leaves this worker not leading. False for a
-    /// stale handle.
-    fn write_abandoned(&self, id: u64) -> bool {
-        // A claim given up changes what the next step must look at.
-        self.shared
-            .with_protocol(|p| Ok(p.handle_write_abandoned(id).is_some()))
-            .unwrap_or(false)
-    }
-
-    /// The attempt of `id` failed now: when to try again (`pause`), or give
-    /// up (the write is then forgotten); None for a stale handle. Nothing is
-    /// retried when `closing`.
-    #[pyo3(signature = (id, closing = false))]
-    fn write_failed(&self, id: u64, closing: bool) -> Option<RetryVerdict> {
-        let at = clock::now_secs();
-        // A claim given up changes what the next step must look at.
-        let verdict = self.shared.with_protocol(|p| Ok(p.handle_write_failed(id, at, closing))).ok()??;
-        Some(RetryVerdict::at(verdict, at))
-    }
-
-    /// Failed attempts of the write `id` so far.
-    fn write_attempts(&self, id: u64) -> u32 {
-        self.shared.state.lock().writes().attempts(id)
-    }
-
-    /// A notice's write (claim or announce) is pending: the next notice waits.
-    #[getter]
-    fn writes_busy(&self) -> bool {
-        self.shared.state.lock().writes().busy()
-    }
-
-    /// The handler closes: `(last attempts, dropped claim or None)`.
-    fn close_writes(&self) -> (Vec<u64>, Option<u64>) {
-        let closing = self.shared.state.lock().close_writes(clock::now_secs());
-        (closing.last_attempts, closing.dropped)
+    fn retry_bound(&self, now: f64) -> f64 {
+        self.shared.state.lock().retry_bound(now)
     }
 
     /// How long the coordinator of a parameter-server cluster lets the
     /// closures in flight finish before its save, from `now`
-    /// (`GracePlanner::drain_bound`); `peer_timeout` when the notice set no
+    /// (`GracePlanner::drain_bound`); the peer timeout when the notice set no
     /// deadline or this worker does not lead.
-    fn drain_bound(&self, now: f64, peer_timeout: f64) -> f64 {
-        self.shared.state.lock().drain_bound(now, peer_timeout)
+    fn drain_bound(&self, now: f64) -> f64 {
+        self.shared.state.lock().drain_bound(now)
     }
 
     /// When the platform ends this process, as it stated it (`Protocol::kill_deadline`),
@@ -1009,13 +1239,6 @@ impl ProtocolCore {
         self.shared.state.lock().handle_shares_merged(secs);
     }
 
-    /// True once this worker won the claim (or leads in local mode).
-    /// The checkpoint read at start took `duration` seconds: the save estimate
-    /// until a save is measured (`GracePlanner::record_restore`).
-    fn restored(&self, duration: f64) {
-        self.shared.state.lock().handle_restored(duration);
-    }
-
     /// Seconds kept between the last save and the deadline for the process's exit
     /// (`GracePlanner::set_exit_reserve`; `EXIT_RESERVE` unless configured).
     #[getter]
@@ -1028,27 +1251,11 @@ impl ProtocolCore {
         self.shared.state.lock().set_exit_reserve(secs).map_err(refused)
     }
 
-    /// Seconds before the deadline the final round starts (save, steps and
-    /// acknowledgements as measured): for the log of a countdown.
-    #[getter]
-    fn margin(&self) -> f64 {
-        self.shared.state.lock().margin()
-    }
-
-    #[getter]
-    fn leading(&self) -> bool {
-        self.shared.state.lock().leading()
-    }
-
-    /// The step keys every worker writes `STOP_WATCHER` to at shutdown.
-    fn shutdown_keys(&self) -> PyResult<Vec<&'static str>> {
-        self.shared.shutdown_keys()
-    }
-
-    /// The rounds' keys in order, the final round's only with a grace period:
-    /// what a follower's reader watches.
-    fn round_keys(&self) -> PyResult<Vec<&'static str>> {
-        self.shared.round_keys()
+    /// The writes of `STOP_WATCHER` every worker makes at shutdown (releasing
+    /// the readers still blocked on the step keys), as `LeaderAction.Set`s.
+    fn shutdown_writes(&self) -> PyResult<Vec<LeaderAction>> {
+        let writes = self.shared.state.lock().shutdown_writes().map_err(refused)?;
+        Ok(writes.into_iter().map(LeaderAction::from).collect())
     }
 
     /// A preemption has a final round (there is a grace period): decided once,

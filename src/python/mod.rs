@@ -70,7 +70,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RUN_TO_CHECKPOINT", crate::step_resolution::RUN_TO_CHECKPOINT)?;
     m.add("LAST_RUN_TO_CHECKPOINT", crate::step_resolution::LAST_RUN_TO_CHECKPOINT)?;
     m.add("TERMINATED_WORKER", crate::step_resolution::TERMINATED_WORKER)?;
-    m.add("EXIT_RESERVE", crate::grace::EXIT_RESERVE)?;
     m.add("ACK_PREFIX", crate::step_resolution::ACK_PREFIX)?;
     m.add("ACK_VALUE", crate::step_resolution::ACK_VALUE)?;
     m.add("STOP_WATCHER", crate::step_resolution::STOP_WATCHER)?;
@@ -81,8 +80,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PEER_PROBE_TIMEOUT", crate::step_resolution::PEER_PROBE_TIMEOUT)?;
     m.add("THREAD_JOIN_TIMEOUT", crate::step_resolution::THREAD_JOIN_TIMEOUT)?;
     m.add("SHUTDOWN_WRITE_TIMEOUT", crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT)?;
-    m.add("PEER_WATCH_SLICE", crate::step_resolution::PEER_WATCH_SLICE)?;
-    m.add("ACK_READ_SLICE", crate::step_resolution::ACK_READ_SLICE)?;
     m.add("WATCHER_KEY_SLICE", crate::step_resolution::WATCHER_KEY_SLICE)?;
     m.add("WAIT_SLICE", blocking::SLICE.as_secs_f64())?;
     m.add_class::<handler::HandlerCore>()?;
@@ -91,8 +88,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::StepAction>()?;
     m.add_class::<handler::KeyAction>()?;
     m.add_class::<handler::SaveAction>()?;
-    m.add_class::<handler::AckStep>()?;
-    m.add("GRACE_SLACK", crate::grace::SLACK)?;
+    m.add_class::<handler::LeaderAction>()?;
+    m.add_class::<handler::ReaderAction>()?;
+    m.add_class::<handler::Event>()?;
+    m.add_class::<handler::Action>()?;
     m.add("DEFAULT_GRACE_PERIOD", crate::grace::DEFAULT_GRACE_PERIOD)?;
     handler::add_run(m.py())?;
     m.add_function(wrap_pyfunction!(handler::write_timeout, m)?)?;

@@ -1,15 +1,15 @@
 //! `Retry` and `RetryVerdict`: the protocol's one retry rule
 //! ([`crate::retry`]) for the Python threads that perform the calls.
 //!
-//! The driver, the reader of the step keys and the training thread each hold
-//! a `Retry` for the call they are repeating; the rule (pauses, bound, when
-//! to give up) is decided here, and Python only waits and logs. The bound
-//! itself comes from `ProtocolCore.retry_bound`, which knows the
-//! leading notice's deadline.
+//! The handler's own calls are retried inside its protocol (the driver's
+//! writes, the leader's round and the step-key reader: `crate::protocol`);
+//! `Retry` is the rule for the other Python loops that repeat a call (the
+//! cluster poller, SLURM's requeue): the rule (pauses, bound, when to give
+//! up) is decided here, and Python only waits and logs.
 //!
 //! `WriteKind` names the driver's writes, whose schedule is the protocol's
-//! (`ProtocolCore.push_write`, `poll_write`, `write_wait`: [`crate::protocol`]
-//! over [`crate::writes`]); the driver performs them.
+//! (`ProtocolCore.handle`, `poll`, `poll_timeout`: [`crate::protocol`] over
+//! [`crate::writes`]); the driver performs them.
 
 use pyo3::prelude::*;
 
@@ -88,14 +88,6 @@ impl Retry {
     }
 }
 
-impl Retry {
-    /// A run of failures retried for `bound` seconds, started on the binding's
-    /// clock now (`ProtocolCore.retry`).
-    pub(crate) fn starting_now(bound: f64) -> Self {
-        Retry(retry::Retry::new(bound).started(now_secs()))
-    }
-}
-
 impl RetryVerdict {
     /// The core's verdict on a failure reported at `now`.
     pub(crate) fn at(v: Verdict, now: f64) -> Self {
@@ -132,30 +124,6 @@ impl From<writes::Kind> for WriteKind {
     }
 }
 
-/// One of the driver's writes, due now (`ProtocolCore.poll_write`): set `key` to
-/// `value` within `timeout` seconds (the coordination client's `set`, whose False
-/// is a lost claim), then report it with the handle `id`.
-#[pyclass(frozen, get_all, module = "tf_failure_handling._native")]
-pub struct WriteCall {
-    pub id: u64,
-    pub kind: WriteKind,
-    pub key: String,
-    pub value: String,
-    pub timeout: f64,
-}
-
-impl WriteCall {
-    pub(crate) fn of(id: u64, call: &crate::protocol::SetCall) -> Self {
-        WriteCall {
-            id,
-            kind: call.kind.into(),
-            key: call.key.clone(),
-            value: call.value.clone(),
-            timeout: call.timeout,
-        }
-    }
-}
-
 impl From<WriteKind> for writes::Kind {
     fn from(k: WriteKind) -> Self {
         match k {
@@ -170,10 +138,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Retry>()?;
     m.add_class::<RetryVerdict>()?;
     m.add_class::<WriteKind>()?;
-    m.add_class::<WriteCall>()?;
-    m.add("RETRY_FIRST_PAUSE", retry::FIRST_PAUSE)?;
-    m.add("RETRY_MAX_PAUSE", retry::MAX_PAUSE)?;
-    m.add("RETRY_MIN_ATTEMPTS", retry::MIN_ATTEMPTS)?;
-    m.add("TRANSIENT_FAILURE_WINDOW", retry::TRANSIENT_FAILURE_WINDOW)?;
     Ok(())
 }

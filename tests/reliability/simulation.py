@@ -113,6 +113,7 @@ import re
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 from tf_failure_handling import TerminationConfig, _errors, _native, testing
@@ -152,10 +153,13 @@ SILENT_PEER_TIMEOUT = 0.15
 #: The handler retries a call after 50 ms, then 100 ms: two failures cost 0.15 s
 #: of pauses against a retry bound of at least 1 s (the bound is 1 s on a leader
 #: whose notice's deadline has come, 10 s elsewhere), and the rule makes at least
-#: ``RETRY_MIN_ATTEMPTS`` (4) attempts however slow the machine, so the burst ends
-#: within the bound on any machine.
+#: ``MIN_ATTEMPTS`` (4, ``src/retry.rs``) attempts however slow the machine, so the
+#: burst ends within the bound on any machine.
 BURST_MAX_CONSECUTIVE = 2
-assert BURST_MAX_CONSECUTIVE < _native.RETRY_MIN_ATTEMPTS
+assert (
+    f"MIN_ATTEMPTS: u32 = {BURST_MAX_CONSECUTIVE + 2};"
+    in (Path(__file__).resolve().parents[2] / "src" / "retry.rs").read_text()
+)
 #: Real seconds after which a worker still running counts as a hang. A bound that
 #: turns a hang into a failure, nothing more: trials take well under a second.
 CLUSTER_TIMEOUT = 120.0

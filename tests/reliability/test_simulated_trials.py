@@ -32,8 +32,8 @@ import logging
 
 import pytest
 from tf_failure_handling import _errors
-from tf_failure_handling._native import Retry
-from tf_failure_handling._protocol.retries import Retrier, WriteQueue
+from tf_failure_handling._protocol.driver import Driver
+from tf_failure_handling._protocol.retries import Retrier
 
 from . import run as long_mode
 from . import simulation
@@ -326,33 +326,19 @@ def test_the_harness_catches_an_error_that_does_not_name_the_fault(monkeypatch):
     )
 
 
-class _NoRetries:
-    """A handler's ``ProtocolCore`` whose writes are retried for 0 s."""
-
-    def __init__(self, core) -> None:
-        self._core = core
-
-    def push_write(self, kind, key, value, now, peer_timeout, announce=None):
-        return self._core.push_write(
-            kind, key, value, now, peer_timeout, bound=0.0, announce=announce
-        )
-
-    def __getattr__(self, name):
-        return getattr(self._core, name)
-
-
 def test_the_harness_catches_a_call_given_up_at_the_first_failure(monkeypatch):
     """A driver that does not retry (a retry bound of 0): one failed claim loses the
     preemption, and the trial says the driver gave up before its bound."""
-    # Every write is pushed with a bound of 0 (the core's override), every blocking
-    # call's retry run too: the first failure gives up.
-    built = WriteQueue.__init__
+    # Every call is retried for 0 s (the core's bound, its peer timeout set to 0 once the
+    # driver is built, as the handler's ``_peer_timeout`` view sets it): the driver's
+    # writes, the leader's and the reader's calls; the first failure gives up.
+    built = Driver.__init__
 
-    def without_retries(self, retrier, state, core):
-        built(self, retrier, state, _NoRetries(core))
+    def without_retries(self, ctx, *args, **kwargs):
+        built(self, ctx, *args, **kwargs)
+        ctx.core.peer_timeout = 0.0
 
-    monkeypatch.setattr(WriteQueue, "__init__", without_retries)
-    monkeypatch.setattr(Retrier, "retry", lambda self: Retry(0.0))
+    monkeypatch.setattr(Driver, "__init__", without_retries)
     result = run_trial(targeted_plan("claim", 2))
     assert result.struck and not result.ok
     assert any("before the retry bound" in v for v in result.violations), result.violations

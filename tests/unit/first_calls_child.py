@@ -114,7 +114,9 @@ def handler_core() -> None:
     assert core.run(lambda x: x + 1, 1) == 2
     protocol.begin_step()
     core._core_state()
-    protocol.notice(0.0, None)
+    protocol.handle(_native.Event.Notice("test", "m", 0.0), 0.0)
+    protocol.poll()
+    protocol.poll_timeout()
 
 
 def inbox() -> None:

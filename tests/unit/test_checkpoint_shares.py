@@ -330,7 +330,8 @@ def test_the_wait_for_the_merge_is_bounded_by_the_notice_s_deadline(shares, tmp_
     core = _native.HandlerCore()._protocol_core()
     core.configure(None, 1, 0.0)
     core.exit_reserve = 5.0
-    core.notice(shares_mod._clock(), shares_mod._clock() + 5.5)
+    now = shares_mod._clock()
+    core.handle(_native.Event.Notice("test", "m", now, now + 5.5, now + 5.5), now)
     other.core = core
     thread, errors = _save_in_thread(other, 3)
     thread.join(JOIN_BOUND)
@@ -440,7 +441,8 @@ def test_a_merge_that_would_not_end_before_the_deadline_is_not_started(shares, t
     core = _native.HandlerCore()._protocol_core()
     core.configure(None, 0, 0.0)
     core.exit_reserve = 5.0
-    core.notice(shares_mod._clock(), shares_mod._clock() + 35.0)
+    now = shares_mod._clock()
+    core.handle(_native.Event.Notice("test", "m", now, now + 35.0, now + 35.0), now)
     if hasattr(core, "shares_merged"):
         core.shares_merged(100.0)
     chief.core = core

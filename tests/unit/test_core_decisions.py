@@ -13,13 +13,24 @@ import pytest
 from tf_failure_handling import TerminationConfig, _native
 from tf_failure_handling._platforms import clouds, common, kubernetes, platform, slurm
 
+from . import rust_constants as rust
+
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
 
 
-def _core(grace: float = 0.0, worker_id=None, num_workers: int = 1) -> _native.ProtocolCore:
+def _core(
+    grace: float = 0.0, worker_id=None, num_workers: int = 1, peer_timeout: float = 300.0
+) -> _native.ProtocolCore:
     core = _native.HandlerCore()._protocol_core()
-    core.configure(worker_id, num_workers, grace)
+    core.configure(worker_id, num_workers, grace, peer_timeout)
     return core
+
+
+def _notice(core, now: float, deadline=None, source: str = "test", message: str = "m"):
+    """A notice at ``now`` whose deadline (on the same clock) the platform stated, so it
+    is the kill too: the wall clock read as ``now`` (``Event.Notice`` takes a source's
+    Unix times)."""
+    return core.handle(_native.Event.Notice(source, message, now, deadline, deadline), now)
 
 
 # ------------------------------------------------------------------ one core, two views
@@ -39,8 +50,8 @@ def test_the_protocol_core_and_the_handler_core_are_one_resolver():
     protocol = core._protocol_core()
     protocol.configure(None, 1, 0.0)
     assert not core._attention and not protocol.attention
-    assert isinstance(protocol.notice(1.0), _native.NoticeAction.Lead)
-    assert core._attention and protocol.attention and protocol.leading
+    assert isinstance(_notice(protocol, 1.0), _native.NoticeAction.Lead)
+    assert core._attention and protocol.attention and protocol.state()["leading"]
     protocol.run_counter = 7
     protocol.step_done()
     assert core._run_counter == protocol.run_counter == 8
@@ -76,13 +87,13 @@ def test_a_run_past_its_bound_still_makes_its_minimum_of_attempts():
     # Attempts slower than the bound (a loaded machine): 0.7 s each against 1 s.
     retry = _native.Retry(1.0, 0.0)
     now = 0.0
-    for _ in range(_native.RETRY_MIN_ATTEMPTS - 1):
+    for _ in range(rust.RETRY_MIN_ATTEMPTS - 1):
         verdict = retry.failed(now, False)
         assert isinstance(verdict, _native.RetryVerdict.Again), verdict
         now += 0.7
     verdict = retry.failed(now, False)
     assert isinstance(verdict, _native.RetryVerdict.GiveUp)
-    assert verdict.attempts == _native.RETRY_MIN_ATTEMPTS
+    assert verdict.attempts == rust.RETRY_MIN_ATTEMPTS
 
 
 def test_nothing_is_retried_while_closing_or_after_last_attempt():
@@ -100,13 +111,13 @@ def test_the_shares_wait_is_bounded_by_the_notice_s_deadline_less_the_exit_s_res
     # No notice, or one that names no time: the rule (4 x own, at least the minimum).
     assert core.shares_wait_bound(1.0, 0.0, 60.0, True) == 60.0
     assert core.shares_wait_bound(1.0, 0.0, 60.0, False) == 120.0
-    core.notice(100.0)
+    _notice(core, 100.0)
     assert core.notice_deadline() is None
     assert core.shares_wait_bound(20.0, 100.0, 60.0, True) == 80.0
     # Kubernetes' 30 s: 3 s gone, the exit's 5 s reserve left.
     core = _core(grace=0.0)
     core.exit_reserve = 5.0
-    core.notice(100.0, 130.0)
+    _notice(core, 100.0, 130.0)
     assert core.notice_deadline() == 130.0
     assert core.shares_wait_bound(1.0, 103.0, 60.0, True) == pytest.approx(22.0)
     assert core.shares_wait_bound(1.0, 103.0, 60.0, False) == pytest.approx(22.0)
@@ -114,7 +125,7 @@ def test_the_shares_wait_is_bounded_by_the_notice_s_deadline_less_the_exit_s_res
     # A grace period names a time too.
     graced = _core(grace=20.0)
     graced.exit_reserve = 5.0
-    graced.notice(100.0)
+    _notice(graced, 100.0)
     assert graced.shares_wait_bound(1.0, 100.0, 60.0, True) == pytest.approx(15.0)
 
 
@@ -128,7 +139,7 @@ def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_
     start = core.shares_merge_start(1.0, 100.0, 60.0)
     assert (start.start, start.bound, start.needed, start.left) == (True, 60.0, None, None)
     # Kubernetes' 30 s, 3 s gone: 22 s left before the reserve.
-    core.notice(100.0, 130.0)
+    _notice(core, 100.0, 130.0)
     fits = core.shares_merge_start(2.0, 103.0, 60.0)
     assert fits.start and fits.bound == pytest.approx(22.0)
     # Its own part took 23 s: a merge that long would not end in time.
@@ -148,18 +159,18 @@ def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_
 
 def test_the_retry_bound_is_the_window_until_a_notice_leads():
     core = _core(grace=30.0)
-    assert core.retry_bound(0.0, 300.0) == _native.TRANSIENT_FAILURE_WINDOW
-    assert core.retry_bound(0.0, 3.0) == 3.0
-    core.notice(100.0, 104.0)  # local mode: this worker leads at once
-    assert core.leading
-    assert core.retry_bound(100.0, 300.0) == pytest.approx(4.0)
-    assert core.retry_bound(103.9, 300.0) == 1.0  # at least a second
+    assert core.retry_bound(0.0) == rust.TRANSIENT_FAILURE_WINDOW
+    assert _core(grace=30.0, peer_timeout=3.0).retry_bound(0.0) == 3.0
+    _notice(core, 100.0, 104.0)  # local mode: this worker leads at once
+    assert core.state()["leading"]
+    assert core.retry_bound(100.0) == pytest.approx(4.0)
+    assert core.retry_bound(103.9) == 1.0  # at least a second
 
 
 def test_a_sources_unix_deadline_is_converted_once_by_the_core():
     core = _core(grace=60.0)
-    core.source_notice(100.0, 1_700_000_000.0, 1_700_000_004.0)
-    assert core.retry_bound(100.0, 300.0) == pytest.approx(4.0)
+    core.handle(_native.Event.Notice("test", "m", 1_700_000_000.0, 1_700_000_004.0), 100.0)
+    assert core.retry_bound(100.0) == pytest.approx(4.0)
     assert core.state()["deadline"] == pytest.approx(104.0)
 
 
@@ -168,17 +179,19 @@ def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
     due, leader or not: its state shows that plan (``final_round_at``) and whether it
     published (``published_final``); ``deadline`` stays the leader's."""
     core = _core(grace=60.0, worker_id=1, num_workers=2)
-    assert isinstance(core.notice(100.0, 130.0), _native.NoticeAction.Claim)
-    core.claim(False)  # worker 0 holds TERMINATED_WORKER
+    assert isinstance(_notice(core, 100.0, 130.0), _native.NoticeAction.Claim)
+    claim = core.poll()
+    core.handle(_native.Event.Written(claim.id, False), 100.0)  # worker 0 holds it
     state = core.state()
     assert not state["leading"] and "deadline" not in state
     assert state["planned_deadline"] == pytest.approx(130.0)
     assert state["final_round_at"] == pytest.approx(130.0 - state["margin"])
     assert state["published_final"] is False
-    core.step_key("RUN_TO_CHECKPOINT", "5")
+    core.handle(_native.Event.StepKey("RUN_TO_CHECKPOINT", "5"), 100.5)
     core.run_counter = 5
     assert isinstance(core.before_step(101.0), _native.StepAction.Save)
-    assert core.saved("RUN_TO_CHECKPOINT", 0.5) == _native.SaveAction.Countdown
+    saved = core.handle(_native.Event.Saved("RUN_TO_CHECKPOINT", 0.5), 101.5)
+    assert saved == _native.SaveAction.Countdown
     assert isinstance(core.before_step(state["final_round_at"] - 1.0), _native.StepAction.Proceed)
     assert core.state()["published_final"] is False
     action = core.before_step(state["final_round_at"])
@@ -191,109 +204,120 @@ def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
 
 
 def test_the_drain_bound_is_the_peer_timeout_without_a_leading_deadline():
-    core = _core()
-    assert core.drain_bound(0.0, 77.0) == 77.0
-    core.notice(10.0, None)  # no grace period, no platform deadline
-    assert core.drain_bound(10.0, 77.0) == 77.0
+    core = _core(peer_timeout=77.0)
+    assert core.drain_bound(0.0) == 77.0
+    _notice(core, 10.0)  # no grace period, no platform deadline
+    assert core.drain_bound(10.0) == 77.0
 
 
 def test_the_drain_bound_leaves_the_longest_save_before_the_deadline():
-    core = _core(grace=60.0)
-    core.notice(0.0, 30.0)
+    core = _core(grace=60.0, peer_timeout=77.0)
+    _notice(core, 0.0, 30.0)
     # The deadline less now, no save measured yet, and the exit's reserve.
-    assert core.drain_bound(10.0, 77.0) == pytest.approx(20.0 - _native.EXIT_RESERVE)
-    assert core.drain_bound(40.0, 77.0) == 0.0
+    assert core.drain_bound(10.0) == pytest.approx(20.0 - rust.EXIT_RESERVE)
+    assert core.drain_bound(40.0) == 0.0
 
 
 # ------------------------------------------------------------------ the driver's writes
 
 
 def test_the_drivers_writes_through_the_protocol_core():
-    """The driver's writes as it makes them, through ``ProtocolCore`` (``src/writes.rs``
-    and ``src/protocol.rs`` have the rows): each retried for the core's bound,
+    """The driver's writes as it makes them, through ``ProtocolCore.handle``/``poll``/
+    ``poll_timeout`` (``src/writes.rs`` and ``src/protocol/driver.rs`` have the rows):
+    each queued by the event that starts it, retried for the core's bound,
     acknowledgements before the notice's write, a failure due again after the rule's
-    pause, and close's last attempts and dropped claim. No assertion depends on how
-    long a call takes: the schedule counts on the binding's clock."""
-    Kind = _native.WriteKind
-    core = _core(worker_id=0, num_workers=2)
+    pause, and close's last attempts and dropped claim. No assertion depends on how long
+    a call takes: the schedule counts on the binding's clock."""
+    Kind, Action, Event = _native.WriteKind, _native.Action, _native.Event
     peer_timeout = 3.0  # shorter than the transient-failure window: the bound
-    assert peer_timeout < _native.TRANSIENT_FAILURE_WINDOW
-    assert core.poll_write() is None and core.write_wait() is None
-    claim = core.push_write(Kind.Claim, "TERMINATED_WORKER", "0", 0.0, peer_timeout)
-    due = core.poll_write()
-    assert core.writes_busy and due.id == claim and core.write_wait() == 0.0
-    # The call is the core's: the key and value pushed, bounded as a claim is.
-    assert (due.kind, due.key, due.value) == (Kind.Claim, "TERMINATED_WORKER", "0")
-    assert due.timeout == _native.write_timeout(peer_timeout)
-    with pytest.raises(RuntimeError, match="already pending"):
-        core.push_write(Kind.Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", 0.0, peer_timeout)
-    verdict = core.write_failed(claim)
-    assert isinstance(verdict, _native.RetryVerdict.Again) and core.write_attempts(claim) == 1
+    assert peer_timeout < rust.TRANSIENT_FAILURE_WINDOW
+    core = _core(worker_id=0, num_workers=2, peer_timeout=peer_timeout)
+    assert core.poll() is None and core.poll_timeout() is None
+    assert isinstance(_notice(core, 0.0, source="a source"), _native.NoticeAction.Claim)
+    claim = core.poll()
+    assert core.writes_busy and isinstance(claim, Action.Write) and core.poll_timeout() == 0.0
+    # The call is the core's: the key and value, bounded as a claim is, named for logs.
+    assert (claim.kind, claim.key, claim.value) == (Kind.Claim, "TERMINATED_WORKER", "0")
+    assert claim.timeout == _native.write_timeout(peer_timeout)
+    assert claim.what == "claiming TERMINATED_WORKER after the notice from a source"
+    assert claim.subject == "a source"
+    core.handle(Event.Failed(claim.id), 0.0)
+    retrying = core.poll()
+    assert isinstance(retrying, Action.Retrying) and retrying.attempts == 1
     # The pause is the next attempt's time less now, both on the binding's clock: equal
     # to the rule's first pause up to the rounding of that subtraction (a fresh-clone
     # run saw 0.05000000000291038), which depends on the clock's value, not on the rule.
-    assert 0.0 < verdict.pause <= _native.RETRY_FIRST_PAUSE + 1e-9
-    assert verdict.left <= peer_timeout
-    assert 0.0 <= core.write_wait() <= verdict.pause
-    ack = core.push_write(
-        Kind.Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0", "1", 0.0, peer_timeout
+    assert 0.0 < retrying.pause <= rust.RETRY_FIRST_PAUSE + 1e-9
+    assert retrying.left <= peer_timeout
+    assert 0.0 <= core.poll_timeout() <= retrying.pause
+    assert isinstance(
+        core.handle(Event.StepKey("RUN_TO_CHECKPOINT", "3"), 0.0), _native.KeyAction.Acknowledge
     )
-    assert core.poll_write().id == ack  # due at once, and first
-    assert core.close_writes() == ([ack], claim)
-    assert core.write_call(claim) is None, "the dropped claim is forgotten"
-    assert not core.writes_busy and core.poll_write().id == ack
-    assert core.write_call(ack).key == "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0"
-    assert isinstance(core.write_failed(ack, closing=True), _native.RetryVerdict.GiveUp)
-    assert core.write_wait() is None and core.write_done(ack) is False
-    assert core.write_failed(ack) is None
+    ack = core.poll()  # due at once, and first
+    assert (ack.kind, ack.key, ack.subject) == (
+        Kind.Acknowledge,
+        "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0",
+        "RUN_TO_CHECKPOINT=3",
+    )
+    core.handle(Event.Close(), 0.0)
+    dropped = core.poll()
+    assert isinstance(dropped, Action.Dropped) and dropped.what == claim.what
+    assert not core.writes_busy and core.poll().id == ack.id
+    core.handle(Event.Failed(ack.id, True), 0.0)
+    gave_up = core.poll()
+    assert isinstance(gave_up, Action.GaveUp) and gave_up.attempts == 1
+    assert not gave_up.ends_notice and gave_up.key == ack.key
+    assert core.poll() is None and core.poll_timeout() is None
+    core.handle(Event.Failed(ack.id), 0.0)
+    assert core.poll() is None, "a stale handle changes nothing"
 
 
 def test_what_follows_a_claim_is_the_cores():
-    """A won claim queues its announce, of the message the claim was pushed with, due at
-    once; a lost one queues nothing; a claim given up or abandoned (a bug in its
-    attempt) leaves the worker not leading. Only a claim may name an announce."""
-    Kind = _native.WriteKind
-    peer_timeout = 3.0
+    """A won claim queues its announce, of the message its notice came with, due at
+    once; a lost one queues nothing; a claim given up or raised (a bug in its attempt)
+    leaves the worker not leading. A superseded handler acknowledges nothing."""
+    Kind, Action, Event = _native.WriteKind, _native.Action, _native.Event
 
     def claimed(won):
         core = _core(worker_id=0, num_workers=2)
-        core.notice(0.0)
-        claim = core.push_write(
-            Kind.Claim, "TERMINATED_WORKER", "0", 0.0, peer_timeout, announce="worker 0: m"
-        )
-        return core, core.claim_done(claim, won, 0.0, peer_timeout)
+        _notice(core, 0.0, message="worker 0: m")
+        claim = core.poll()
+        core.handle(Event.Written(claim.id, won), 0.0)
+        written = core.poll()
+        assert isinstance(written, Action.Written) and written.won is won
+        assert written.ends_notice is not won
+        return core
 
-    core, announce = claimed(True)
-    call = core.poll_write()
-    assert call.id == announce and core.writes_busy
+    core = claimed(True)
+    call = core.poll()
+    assert isinstance(call, Action.Write) and core.writes_busy
     assert (call.kind, call.key, call.value) == (
         Kind.Announce,
         "TF_DEFAULT_PREEMPTION_NOTICE_KEY",
         "worker 0: m",
     )
     assert core.state()["leading"]
-    core, announce = claimed(False)
-    assert announce is None and core.poll_write() is None and not core.state()["leading"]
+    core = claimed(False)
+    assert core.poll() is None and not core.state()["leading"]
 
-    for end in ("give up", "abandon"):
-        core = _core(worker_id=0, num_workers=2)
-        core.notice(0.0)
-        bound = 0.0 if end == "give up" else None
-        claim = core.push_write(
-            Kind.Claim, "TERMINATED_WORKER", "0", 0.0, peer_timeout, bound, announce="m"
-        )
+    for end in ("give up", "raise"):
+        core = _core(worker_id=0, num_workers=2, peer_timeout=0.0 if end == "give up" else 3.0)
+        _notice(core, 0.0)
+        claim = core.poll()
         if end == "give up":
-            assert isinstance(core.write_failed(claim), _native.RetryVerdict.GiveUp)
+            core.handle(Event.Failed(claim.id), 0.0)
+            assert isinstance(core.poll(), Action.GaveUp)
         else:
-            assert core.write_abandoned(claim)
-        assert core.poll_write() is None and not core.writes_busy, end
+            core.handle(Event.Raised(claim.id), 0.0)
+            assert isinstance(core.poll(), Action.Raised)
+        assert core.poll() is None and not core.writes_busy, end
         assert not core.state()["leading"], end
-        assert core.claim_done(claim, True, 0.0, peer_timeout) is None, "a stale handle"
+        core.handle(Event.Written(claim.id, True), 0.0)
+        assert core.poll() is None, "a stale handle"
 
-    with pytest.raises(ValueError, match="only a claim"):
-        _core(worker_id=0, num_workers=2).push_write(
-            Kind.Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0", "1", 0.0, 3.0, announce="m"
-        )
+    core = _core(worker_id=0, num_workers=2)
+    core.handle(Event.StepKey("RUN_TO_CHECKPOINT", "3", True), 0.0)
+    assert core.poll() is None, "a newer handler acknowledges"
 
 
 # ------------------------------------------------------------------ platforms
@@ -414,9 +438,9 @@ def test_the_exit_guard_waits_only_for_a_kill_the_platform_named():
     nothing ending the process then), so the guard is not armed for it."""
     core = _core(grace=60.0)
     assert core.kill_deadline() is None
-    core.notice(100.0)
+    _notice(core, 100.0)
     assert core.kill_deadline() is None
     assert core.notice_deadline() == pytest.approx(160.0)
     core = _core(grace=60.0)
-    core.notice(100.0, 130.0)  # Kubernetes' 30 s, say
+    _notice(core, 100.0, 130.0)  # Kubernetes' 30 s, say
     assert core.kill_deadline() == 130.0

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability.simulation import VirtualClock
-from tf_failure_handling import TerminationConfig, _errors, _native, testing
+from tf_failure_handling import TerminationConfig, _errors, testing
 from tf_failure_handling._protocol.step_keys import StepKeys
 
+from . import rust_constants as rust
 from .conftest import RecordingCheckpoint, wait_until
 
 STEPS = 40
@@ -334,7 +335,7 @@ def test_grace_period_rounds(tmp_path, chief):
     # leader publishes about 12 ticks, the planner's slack and the exit's reserve before
     # it, and everyone runs one step more.
     grace_steps = round(grace / tick)
-    slack_steps = round((_native.GRACE_SLACK + _native.EXIT_RESERVE) / tick)
+    slack_steps = round((rust.GRACE_SLACK + rust.EXIT_RESERVE) / tick)
     assert first + grace_steps - slack_steps - 20 <= last <= first + grace_steps, (first, last)
     for i in range(n):
         ckpt, handler = record[i]

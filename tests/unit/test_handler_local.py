@@ -15,11 +15,11 @@ from tf_failure_handling import (
     PreemptionCheckpointHandler,
     TerminationConfig,
     _errors,
-    _native,
     records,
     testing,
 )
 
+from . import rust_constants as rust
 from .conftest import (
     HANG,
     PublishRecorder,
@@ -660,14 +660,14 @@ def test_watcher_fn_that_raises_is_polled_again(make_handler, tmp_path):
 @pytest.mark.timeout(HANG + 30)
 def test_grace_period_deadline_from_the_notice(make_handler, tmp_path):
     """A notice with a platform deadline plans the final round against that deadline,
-    keeping the exit's reserve before it (``_native.EXIT_RESERVE``)."""
+    keeping the exit's reserve before it (``rust.EXIT_RESERVE``)."""
     clock = VirtualClock()  # each step moves it by 10 ms (see the test above)
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
     h = make_handler(ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=30))
     h._clock = clock.now
     start = clock.now()
-    h._notify_termination(deadline=start + 1.6 + _native.EXIT_RESERVE)
+    h._notify_termination(deadline=start + 1.6 + rust.EXIT_RESERVE)
     wait_for_attention(h)
     with pytest.raises(SystemExit):
         for _ in range(100_000):

@@ -30,9 +30,9 @@ import time
 import pytest
 from reliability.simulation import VirtualClock
 from tf_failure_handling import TerminationConfig, _errors, testing
-from tf_failure_handling._native import RETRY_MIN_ATTEMPTS
 
 from .conftest import wait_until
+from .rust_constants import RETRY_MIN_ATTEMPTS
 from .test_handler_cluster import make_worker
 
 CLUSTER_TIMEOUT = 120.0

@@ -1372,11 +1372,14 @@ class FakeState:
 
 
 class FakeCore:
+    #: The peer timeout the core was configured with (its retry bound's limit).
+    peer_timeout = 30.0
+
     def __init__(self) -> None:
         self.bounds: list = []
 
-    def retry_bound(self, now, peer_timeout):
-        self.bounds.append(peer_timeout)
+    def retry_bound(self, now):
+        self.bounds.append(self.peer_timeout)
         return 10.0
 
 

@@ -7,17 +7,22 @@ it starts that step, so every worker has the step before it can finish it (the s
 collectives keep the workers within one step of each other), and then its own
 acknowledgement, so that its wait never depends on its own reader and driver threads.
 The wait is bounded by the peer timeout; a worker that did not answer is named in a
-``DeadlineExceededError``. The time the round took goes to the grace planner
-(``_core.agreement``).
+``DeadlineExceededError``.
+
+The round is the core's (``src/protocol/agree.rs``): after the ``before_step`` that
+published it, the core says each call to make (``LeaderAction.Set``/``Get``, with its
+timeout), each pause of the retry rule, when the round is recorded, agreed or lost to
+another worker's publish, and what it fails with; this module makes the calls, reports
+their outcomes (``Event.Set``/``Got``/``CallFailed``), waits and logs, and raises.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 from .. import _errors
-from .._native import ACK_VALUE, AckStep, ProtocolCore
+from .._native import Event, LeaderAction, ProtocolCore
 from .keys import LAST_RUN_TO_CHECKPOINT, PEER_TIMEOUT_ENV
 from .records_hooks import StageRecords
 from .retries import Retrier
@@ -37,105 +42,81 @@ class Agreement:
         self._retrier = retrier
         self._records = records
 
-    def publish(
-        self, round_key: str, step: int, ack_keys: list, own_ack_key: Optional[str]
-    ) -> None:
+    def publish(self, round_key: str, step: int) -> None:
+        """The round the last ``before_step`` published, performed as the core says."""
         log.info(
             "Worker %s publishes the %s round: every worker saves after run %d.",
             self._state.membership.id_in_cluster,
             "final" if round_key == LAST_RUN_TO_CHECKPOINT else "first",
             step,
         )
-        if self._state.membership.local:
-            self._records.agreement(round_key, step)
-            return
-        start = self._state.clock()
-        published = self._retrier.call(
-            f"publishing {round_key}={step}",
-            lambda: self._state.coordination.set(round_key, str(step)),
-        )
-        if not published:
-            # Another worker published this round first (a tighter notice of its
-            # own), or a peer shut down (STOP_WATCHER): the key's value is the step.
-            value = self._retrier.call(
-                f"reading {round_key}", lambda: self._state.coordination.get(round_key, 1.0)
-            )
-            log.warning(
-                "%s was already set to %s by another worker; not waiting for acknowledgements.",
-                round_key,
-                value,
-            )
-            if value is not None:
-                self._core.publish_lost(round_key, value)
-                if self._core.leading:  # a follower's reader records the key it reads
-                    self._records.peer_agreement(round_key, value)
-            return
-        if own_ack_key is not None:
-            self._retrier.call(
-                f"acknowledging {round_key}={step} with {own_ack_key}",
-                lambda: self._state.coordination.set(own_ack_key, ACK_VALUE),
-            )
-        self._records.agreement(round_key, step)
-        self._await(round_key, step, ack_keys)
-        self._core.agreement(self._state.clock() - start)
-
-    def _await(self, round_key: str, step: int, ack_keys: list) -> None:
-        """Waits, bounded by the peer timeout, until every worker acknowledged: the core
-        (``ProtocolCore.ack_next``, ``src/acks.rs``) says which key to read and for how
-        long. A failed read counts as "not yet" until reads have failed, without a read
-        that answered, for longer than the core's retry bound (then the named error)."""
-        core, state = self._core, self._state
-        core.await_acks(list(ack_keys), state.peer_timeout)
+        state, core = self._state, self._core
+        #: The last failed call's error: the core's verdict names it.
         last_error: Optional[BaseException] = None
+        event: Any = Event.Resume()
         while True:
-            action = core.ack_next()
-            if isinstance(action, AckStep.Done):
+            action = core.handle(event, state.clock())
+            if isinstance(action, LeaderAction.Agreed):
                 return
-            if isinstance(action, AckStep.Over):
-                pending = list(action.missing)
-                break
-            try:
-                got = state.coordination.get(action.key, action.timeout)
-            except _errors.module().OpError as e:
-                # A failed read is retried like a slow peer, but a failure that lasts
-                # longer than the bound is the service's (a peer reported an error).
-                verdict = core.ack_failed(state.clock(), state.peer_timeout, state.closing.is_set())
-                attempts = (core.ack_failing() or (1, 0.0))[0]
-                pause = self._retrier.after(verdict, attempts, f"reading {action.key}", e)
-                if isinstance(pause, BaseException):
-                    raise pause from e
-                state.closing.wait(pause)
-                last_error = e
-                continue
-            core.ack_answered(got is not None)
-            if got is not None:
-                log.info("Acknowledgement %s received.", action.key)
-        failing = core.ack_failing()
-        if failing is not None and last_error is not None:
-            # The wait ended while reads were failing: the service's error, not a
-            # silent peer, is what to report.
-            attempts, seconds = failing
-            raise self._retrier.named(
-                last_error, f"reading {pending[0]}", attempts, seconds
-            ) from last_error
-        # Name every worker still missing, not only the first one waited on.
-        missing = []
-        for key in pending:
-            try:
-                if self._state.coordination.get(key, 0.001) is None:
-                    missing.append(key)
-            except _errors.module().OpError as e:
-                last_error = e
-                missing.append(key)
-        if not missing:
-            return
+            if isinstance(action, (LeaderAction.Set, LeaderAction.Get)):
+                event, error = self._call(action)
+                last_error = error or last_error
+            elif isinstance(action, LeaderAction.Pause):
+                (log.warning if action.attempts == 1 else log.info)(
+                    "%s failed (%s: %s); retrying in %gs (%.1fs left).",
+                    action.what,
+                    type(last_error).__name__,
+                    last_error,
+                    action.seconds,
+                    action.left,
+                )
+                state.closing.wait(action.seconds)
+                event = Event.Resume()
+            elif isinstance(action, LeaderAction.Published):
+                self._records.agreement(action.round_key, action.step)
+                last_error = None  # the wait for the acknowledgements starts
+                event = Event.Resume()
+            elif isinstance(action, LeaderAction.Lost):
+                log.warning(
+                    "%s was already set to %s by another worker; not waiting for acknowledgements.",
+                    action.round_key,
+                    action.value,
+                )
+                # A follower's reader records the key it reads.
+                if action.value is not None and core.state()["leading"]:
+                    self._records.peer_agreement(action.round_key, action.value)
+                return
+            elif isinstance(action, LeaderAction.GaveUp):
+                raise self._retrier.named(
+                    last_error, action.what, action.attempts, action.seconds
+                ) from last_error
+            else:
+                raise self._missing(action, last_error)
+
+    def _call(self, action: Any) -> tuple:
+        """One call the core asked for: the event that reports it, and its error."""
+        coordination = self._state.coordination
+        try:
+            if isinstance(action, LeaderAction.Set):
+                written = coordination.set(action.key, action.value, action.timeout)
+                return Event.Set(bool(written)), None
+            got = coordination.get(action.key, action.timeout)
+        except _errors.module().OpError as e:
+            return Event.CallFailed(self._state.closing.is_set()), e
+        if got is not None and action.ack:
+            log.info("Acknowledgement %s received.", action.key)
+        return Event.Got(got), None
+
+    def _missing(self, action: Any, last_error: Optional[BaseException]) -> BaseException:
+        """The peer timeout passed with acknowledgements missing: every worker still
+        missing named (``LeaderAction.Missing``)."""
         cause = "" if last_error is None else f" The last read failed: {last_error}."
-        workers = ", ".join(k.rsplit("_", 1)[1] for k in missing)
-        raise _errors.make(
+        workers = ", ".join(k.rsplit("_", 1)[1] for k in action.missing)
+        return _errors.make(
             "DeadlineExceededError",
-            f"Worker {self._state.membership.id_in_cluster} published {round_key}={step} but "
-            f"worker(s) "
-            f"{workers} did not acknowledge within {self._state.peer_timeout:g}s "
-            f"(missing keys: {', '.join(missing)}).{cause} Set "
+            f"Worker {self._state.membership.id_in_cluster} published "
+            f"{action.round_key}={action.step} but worker(s) "
+            f"{workers} did not acknowledge within {self._core.peer_timeout:g}s "
+            f"(missing keys: {', '.join(action.missing)}).{cause} Set "
             f"TerminationConfig(peer_timeout=...) or {PEER_TIMEOUT_ENV} to wait longer.",
         )

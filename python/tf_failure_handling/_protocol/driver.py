@@ -6,11 +6,13 @@ input arrives in one inbox (``_native.Inbox``, ``src/inbox.rs``, behind
 ``NoticeSources``): notices from every termination source (the Rust signal dispatcher and
 metadata pollers post them directly; the watcher-fn poller and ``testing`` from Python),
 the step keys a leader publishes (posted by the reader thread of ``step_keys``), a
-reader's failure, and the stop of ``close()``. One loop (:meth:`Driver._drive`)
-takes them one at a time and makes at most one attempt at one write a turn: the one the
-core's protocol (its writes, ``src/protocol.rs``) polls as due, which also says when to wake for the
-next (it never sleeps). What an input starts is decided elsewhere: a notice in
-``notices``, a step key's acknowledgement in ``step_keys``.
+reader's failure, and the stop of ``close()``. One loop (:meth:`Driver._drive`) takes
+them one at a time, hands each to the core (``ProtocolCore.handle``: a notice, a step
+key, a write's outcome, the close), performs what the core says (``ProtocolCore.poll``:
+at most one attempt at one write a turn, and the report of what a write came to) and
+waits for the next input until ``ProtocolCore.poll_timeout`` (it never sleeps). The
+driver holds no write: what each sets, its call's timeout, when it is retried or given
+up, and what follows it are the core's (``src/protocol/driver.rs``).
 
 This module owns the driver thread (:meth:`Driver.start`, stopped at ``close()`` by
 :meth:`Driver.stop`); the handler starts and stops the reader beside it.
@@ -23,12 +25,13 @@ import threading
 from collections import deque
 from typing import Any, Callable, Optional
 
-from .._native import Input, WriteKind, unix_time_of
+from .. import _errors
+from .._native import Action, Event, Input, WriteKind, unix_time_of
 from .._platforms import notice_sources as _sources
 from .context import Context
 from .keys import THREAD_JOIN_TIMEOUT
 from .notices import NoticeResponse
-from .retries import Attempt, Write, WriteQueue
+from .retries import Retrier
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -40,7 +43,7 @@ class Driver:
         self,
         ctx: Context,
         sources: _sources.NoticeSources,
-        writes: WriteQueue,
+        retrier: Retrier,
         notices: NoticeResponse,
         acknowledge: Callable[[str, str], Any],
     ) -> None:
@@ -48,8 +51,10 @@ class Driver:
         self._state, self._core = ctx.state, ctx.core
         self._errors, self._records = ctx.errors, ctx.records
         self.sources = sources
-        self._writes = writes
+        self._retrier = retrier
         self._notices = notices
+        #: The error of the last attempt that failed: the core's verdict names it.
+        self._last_error: Optional[BaseException] = None
         #: A peer's step key read: its acknowledgement is queued (``StepKeys.acknowledge``).
         self._acknowledge = acknowledge
         self.thread: Optional[threading.Thread] = None
@@ -97,15 +102,15 @@ class Driver:
         step keys and key-read failures, then notices) and makes at most one attempt
         at one write, the most urgent that is due:
 
-        * a **step key** goes to the resolver (``core.step_key``) and, unless it is
+        * a **step key** goes to the core (``Event.StepKey``), which, unless it is
           ``STOP_WATCHER`` or a newer handler owns the notices, queues its
           acknowledgement;
         * a **key-read failure** (the reader gave up) reaches the next ``run()``;
         * a **notice** waits until the one before it is done, then goes to the
-          resolver (``core.notice``): claim ``TERMINATED_WORKER`` (then announce it
+          core (``Event.Notice``): claim ``TERMINATED_WORKER`` (then announce it
           when won), lead (local mode), absorb it, or hand it to a newer handler;
         * a **write** (acknowledge, claim, announce) that fails is retried within the
-          core's rule (``retries``), but never by sleeping: the pause before its
+          core's rule (``src/retry.rs``), but never by sleeping: the pause before its
           next attempt is the deadline of the next receive, so whatever arrives
           meanwhile is taken at once. **Acknowledgements go first**: a leader waits
           for them, bounded by its peer timeout, so one is never queued behind a
@@ -116,11 +121,11 @@ class Driver:
         next ``run()`` (``ErrorReports.fail_in_background``).
         """
         notices: deque = deque()  # notices waiting for the current one
-        writes = self._writes
+        core = self._core
         while True:
             # A notice that waited for the writes before it is started at once
             # when they have ended: no input need come to wake the driver.
-            wait = 0.0 if notices and not writes.busy else writes.wait()
+            wait = 0.0 if notices and not core.writes_busy else core.poll_timeout()
             try:
                 item = self.sources.receive(wait)
             except BaseException as e:  # noqa: BLE001 - handed to the next run()
@@ -130,42 +135,91 @@ class Driver:
                 self._finish(item, notices)
                 return
             self._take(item, notices)
-            while not writes.busy and notices:
-                if self._notices.start(notices.popleft()) is None:
+            while not core.writes_busy and notices:
+                if not self._notices.start(notices.popleft()):
                     self.notices_handled += 1
-            write = self._writes.due()
-            if write is not None:
-                self._attempt_and_follow(write)
+            self._perform()
 
-    def _attempt_and_follow(self, write: Write) -> None:
-        """One attempt of ``write``; once it is finished, what it came to is reported
-        (:meth:`_report`), and a notice whose last write finished is counted as handled
-        (a won claim's is its announce, which the core queued after it)."""
+    def _perform(self) -> None:
+        """Performs what the core says now: every report of what a write came to, and
+        at most one attempt (an input is taken between two attempts)."""
+        attempted = False
+        while True:
+            action = self._core.poll()
+            if action is None or (attempted and isinstance(action, Action.Write)):
+                return
+            attempted = attempted or isinstance(action, Action.Write)
+            self._act(action)
+
+    def _act(self, action: Any) -> None:
+        """One action of the core: attempt a write, or report what one came to."""
         try:
-            attempt = self._writes.attempt(write)
+            if isinstance(action, Action.Write):
+                self._attempt(action)
+            else:
+                self._report(action)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()
-            self._writes.abandon(write)
-            self._errors.fail_in_background(write.what, e)
-            attempt = Attempt(True)
-        if not attempt.finished:
-            return
-        self._writes.discard(write)
-        self._report(write, attempt)
-        if write.kind != WriteKind.Acknowledge and attempt.then is None:
-            self.notices_handled += 1
+            self._errors.fail_in_background(getattr(action, "what", "a write"), e)
 
-    def _report(self, write: Write, attempt: Attempt) -> None:
-        """What a finished write came to, by its kind: a claim's outcome and an announce's
-        local publish (``notices``); an acknowledgement's line, or its error for the next
-        ``run()``."""
-        if write.kind == WriteKind.Claim:
-            self._notices.claimed(write, attempt)
-        elif write.kind == WriteKind.Announce:
-            self._notices.announced(write, attempt.error)
-        elif attempt.error is None:
-            log.info("%s received; acknowledged with %s.", write.subject, write.key)
+    def _attempt(self, write: Any) -> None:
+        """One attempt of ``write`` (``Action.Write``), its outcome reported to the core:
+        written (a claim: True when this worker wrote the key first), failed with a
+        coordination-service error (retried or given up by the core), or raised
+        anything else (a bug, handed on at once)."""
+        try:
+            result = self._state.coordination.set(write.key, write.value, write.timeout)
+        except _errors.module().OpError as e:
+            self._last_error = e
+            event = Event.Failed(write.id, self._state.closing.is_set())
+        except BaseException as e:  # noqa: BLE001 - a bug: handed on at once
+            self._last_error = e
+            event = Event.Raised(write.id)
         else:
-            self._errors.fail_in_background("watching the peers' step keys", attempt.error)
+            event = Event.Written(write.id, bool(result))
+        self._core.handle(event, self._state.clock())
+
+    def _report(self, action: Any) -> None:
+        """What the core says a write came to: a retry (logged), a claim's outcome and an
+        announce's local publish (``notices``), an acknowledgement's line, or the error
+        for the next ``run()``; a claim dropped at close. A notice whose last write
+        ended is counted as handled (a won claim's is its announce)."""
+        if isinstance(action, Action.Retrying):
+            error = self._last_error
+            (log.warning if action.attempts == 1 else log.info)(
+                "%s failed (%s: %s); retrying in %gs (%.1fs left).",
+                action.what,
+                type(error).__name__,
+                error,
+                action.pause,
+                action.left,
+            )
+            return
+        if isinstance(action, Action.Dropped):
+            log.info(
+                "Closing: %s dropped (a notice is not acted on while the handler closes).",
+                action.what,
+            )
+            self.notices_handled += 1
+            return
+        error: Optional[BaseException] = None
+        if isinstance(action, Action.GaveUp):
+            error = self._retrier.named(
+                self._last_error, action.what, action.attempts, action.seconds
+            )
+        elif isinstance(action, Action.Raised):
+            error = self._last_error
+        try:
+            if action.kind == WriteKind.Claim:
+                self._notices.claimed(action, error)
+            elif action.kind == WriteKind.Announce:
+                self._notices.announced(action, error)
+            elif error is None:
+                log.info("%s received; acknowledged with %s.", action.subject, action.key)
+            else:
+                self._errors.fail_in_background("watching the peers' step keys", error)
+        finally:
+            if action.ends_notice:
+                self.notices_handled += 1
 
     def _finish(self, item: Any, notices: deque) -> None:
         """The stop of ``close()``: what arrived with it is dealt with, nothing waits.
@@ -180,7 +234,7 @@ class Driver:
           will never publish a step.
 
         Which writes get the last attempt and which are dropped is the core's
-        (``Protocol::close_writes``).
+        (``Event.Close``).
         """
         try:
             if item is not None and not isinstance(item, Input.Stop):
@@ -189,34 +243,30 @@ class Driver:
                 self._take(later, notices)
         except BaseException as e:  # noqa: BLE001 - closing: logged there
             self._errors.fail_in_background("the protocol driver's last look", e)
-        last_attempts, dropped_claim = self._writes.close()
-        for handle in last_attempts:
-            write = self._writes.pop(handle)
-            try:
-                self._report(write, self._writes.attempt(write))
-            except BaseException as e:  # noqa: BLE001 - closing: logged there
-                self._errors.fail_in_background(write.what, e)
-            if write.kind != WriteKind.Acknowledge:
-                self.notices_handled += 1
-        dropped = [f"the notice from {n.source}" for n in notices]
-        if dropped_claim is not None:
-            dropped.append(self._writes.pop(dropped_claim).what)
-        for what in dropped:
+        try:
+            self._core.handle(Event.Close())
+            while (action := self._core.poll()) is not None:
+                self._act(action)
+        except BaseException as e:  # noqa: BLE001 - closing: logged there
+            self._errors.fail_in_background("the protocol driver's last attempts", e)
+        for notice in notices:
             log.info(
-                "Closing: %s dropped (a notice is not acted on while the handler closes).", what
+                "Closing: the notice from %s dropped (a notice is not acted on while the "
+                "handler closes).",
+                notice.source,
             )
             self.notices_handled += 1
 
     def _take(self, item: Any, notices: deque) -> None:
         """Files one input: a notice waits its turn, a step key may queue an
         acknowledgement, a key-read failure reaches the next ``run()``."""
-        if item is None:  # the deadline of a retry: nothing arrived
+        if item is None:  # a write is due: nothing arrived
             return
         try:
             if isinstance(item, _sources.Notice):
                 notices.append(item)
             elif isinstance(item, Input.StepKey):
-                self._acknowledge(item.round_key, item.value)  # queues it
+                self._acknowledge(item.round_key, item.value)  # the core queues it
             elif isinstance(item, Input.KeyReadFailed):
                 self._errors.fail_in_background("watching the peers' step keys", item.error)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()

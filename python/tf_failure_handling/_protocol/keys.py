@@ -1,13 +1,12 @@
 """The protocol's coordination-service keys (TensorFlow's names) and the bounds on its waits.
 
-The retry pauses and the transient-failure window are in ``retries``.
+Every other bound on the protocol's waits is the core's: each comes out of an action.
 """
 
 from __future__ import annotations
 
 from .._native import (
     LAST_RUN_TO_CHECKPOINT,
-    PEER_WATCH_SLICE,
     PREEMPTION_NOTICE_KEY,
     RUN_TO_CHECKPOINT,
     SHUTDOWN_WRITE_TIMEOUT,
@@ -19,7 +18,6 @@ from .._native import (
 __all__ = [
     "LAST_RUN_TO_CHECKPOINT",
     "PEER_TIMEOUT_ENV",
-    "PEER_WATCH_SLICE",
     "PREEMPTION_NOTICE_KEY",
     "RUN_TO_CHECKPOINT",
     "SHUTDOWN_WRITE_TIMEOUT",
@@ -32,6 +30,5 @@ PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
 #: Seconds kept between the last save and a platform's deadline for the process's own
 #: exit (the core's ``EXIT_RESERVE`` when unset; docs/how-it-works.md).
 EXIT_RESERVE_ENV = "TF_FAILURE_HANDLING_EXIT_RESERVE"
-# PEER_WATCH_SLICE is the core's too (src/step_resolution.rs).
 # THREAD_JOIN_TIMEOUT and SHUTDOWN_WRITE_TIMEOUT are the core's (src/step_resolution.rs
 # says what each means).

@@ -1,6 +1,6 @@
 """What a termination notice of this worker starts, once the driver takes it.
 
-The resolver (``_core.notice``) answers each notice: **claim** ``TERMINATED_WORKER``
+The core (``Event.Notice``) answers each notice: **claim** ``TERMINATED_WORKER``
 (the first worker to write it leads the round; the others stand down), **lead** at once
 (local mode: there is nobody to claim against), or **absorb** it (this handler already
 acts on an earlier one). A won claim, and a lead, **announce** the notice to the
@@ -9,25 +9,25 @@ acts on an earlier one). A won claim, and a lead, **announce** the notice to the
 A notice that a newer handler of the same worker owns is **handed on** to it
 (``ownership``).
 
-The claim and the announce are writes of the driver (``retries.Write``, queued in the
-core's ``Protocol``): a failed one is retried within the bound between the driver's other
-inputs, and the core queues the announce of a won claim itself; the driver reports each
-finished one here (:meth:`NoticeResponse.claimed`, :meth:`NoticeResponse.announced`).
+The claim and the announce are writes the core queues when it answers the notice
+(``Event.Notice``) and the driver performs: a failed one is retried within the bound
+between the driver's other inputs, and the core queues the announce of a won claim
+itself; the driver reports each finished one here (:meth:`NoticeResponse.claimed`,
+:meth:`NoticeResponse.announced`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
-from .._native import NoticeAction, WriteKind, unix_now
+from .._native import Event, NoticeAction, unix_now
 from .._platforms import in_process
 from .._platforms.notice_sources import Notice
 from .context import Context
 from .keys import PREEMPTION_NOTICE_KEY
 from .ownership import Ownership
 from .ps_steps import PsSteps
-from .retries import Attempt, Write, WriteQueue
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -39,17 +39,17 @@ CLAIMED_IN_RUN = ", a run() under way"
 class NoticeResponse:
     """Claim, lead, absorb or hand on a notice of this worker; announce the one it leads."""
 
-    def __init__(self, ctx: Context, writes: WriteQueue, ownership: Ownership, ps: PsSteps) -> None:
+    def __init__(self, ctx: Context, ownership: Ownership, ps: PsSteps) -> None:
         self._ctx = ctx
         self._state, self._core = ctx.state, ctx.core
         self._errors, self._records = ctx.errors, ctx.records
-        self._writes = writes
         self._ownership = ownership
         self._ps = ps
 
-    def start(self, notice: Notice) -> Optional[Write]:
-        """Acts on ``notice``: the write it starts, or None when it is done with
-        (absorbed, handed to a newer handler, or led in local mode)."""
+    def start(self, notice: Notice) -> bool:
+        """Acts on ``notice``: True when the core queued a write for it (a claim, an
+        announce), False when it is done with (absorbed, handed to a newer handler, or
+        led in local mode)."""
         try:
             owner = self._ownership.current_owner()
             if owner is None:
@@ -64,7 +64,7 @@ class NoticeResponse:
                     notice.source,
                     self._state.membership.id_in_cluster,
                 )
-                return None
+                return False
             log.info(
                 "Termination notice from %s handed to the newer handler of worker %s.",
                 notice.source,
@@ -73,9 +73,9 @@ class NoticeResponse:
             owner.hand_on(notice.source, notice.deadline, notice.kill)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()
             self._errors.fail_in_background(f"handling the notice from {notice.source}", e)
-        return None
+        return False
 
-    def _on_own_notice(self, notice: Notice) -> Optional[Write]:
+    def _on_own_notice(self, notice: Notice) -> bool:
         source = notice.source
         # Platforms announce wall-clock times; the core plans on the handler's clock
         # and converts (the wall clock read once, here, for both).
@@ -87,9 +87,14 @@ class NoticeResponse:
                 notice.deadline - wall,
             )
         now = self._state.clock()
+        message = in_process.notice_message(self._state.membership.id_in_cluster, source)
         # The notice's line is written before any line of a stage it leads to.
         with self._records.taking_notice():
-            action = self._core.source_notice(now, wall, notice.deadline, notice.kill)
+            # The core answers, and queues the write the answer starts (the claim; the
+            # announce of a notice this worker leads in a cluster).
+            action = self._core.handle(
+                Event.Notice(source, message, wall, notice.deadline, notice.kill), now
+            )
             # Where training was when the core took the notice: the first step that can
             # save at it is the next run() to start (read after the core took it, so a
             # run() that started in between and saw it is counted as before it).
@@ -104,9 +109,16 @@ class NoticeResponse:
         if isinstance(action, NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
             self._ps.on_notice()
-            return self._announce(source)
+            if self._state.membership.local:
+                # Local mode: this process's watchers only (in a cluster, the announce
+                # the core queued tells the peers' too, then this process's).
+                in_process.publish_local(message)
+            return self._core.writes_busy
         if isinstance(action, NoticeAction.Claim):
-            return self._claim(action.key, action.value, source)
+            # The claim of TERMINATED_WORKER: a failure of the coordination service is
+            # retried within the bound (TF drops the notice at the first failure); after
+            # it, the UnavailableError reaches the next run().
+            return True
         if isinstance(action, NoticeAction.Replan):
             log.warning(
                 "Termination notice from %s ends earlier than the one this worker planned "
@@ -114,12 +126,12 @@ class NoticeResponse:
                 "round itself if the leader would be too late).",
                 source,
             )
-            return None
+            return False
         log.info(
             "Termination notice from %s absorbed: this handler already acts on an earlier one.",
             source,
         )
-        return None
+        return False
 
     def _say_what_fits(self, source: str, now: float) -> Optional[str]:
         """At the notice, what the core says still fits before this worker's earliest
@@ -157,33 +169,15 @@ class NoticeResponse:
             )
         return fit
 
-    def _claim(self, key: str, value: str, source: str) -> Write:
-        """Writes ``TERMINATED_WORKER``; the resolver learns whether this worker got it
-        first, and the core queues the announce of a won claim (:meth:`claimed`).
-
-        A failure of the coordination service is retried within the bound (TF drops
-        the notice at the first failure); after it, the ``UnavailableError`` reaches
-        the next ``run()``.
-        """
-        message = in_process.notice_message(self._state.membership.id_in_cluster, source)
-        return self._writes.push(
-            f"claiming {key} after the notice from {source}",
-            WriteKind.Claim,
-            source,
-            key,
-            value,
-            announce=message,
-        )
-
-    def claimed(self, claim: Write, attempt: Attempt) -> None:
-        """The claim's write finished: won (the core queued the announce, ``attempt.then``),
-        lost, or failed (the core no longer counts on it; the error reaches the next
-        ``run()``)."""
+    def claimed(self, claim: Any, error: Optional[BaseException]) -> None:
+        """The claim's write ended (the core's report, ``Action.Written``, ``GaveUp`` or
+        ``Raised``): won (the core queued the announce), lost, or failed (the core no
+        longer counts on it; ``error`` reaches the next ``run()``)."""
         source, member = claim.subject, claim.value
-        if attempt.error is not None:
-            self._errors.fail_in_background(f"handling the notice from {source}", attempt.error)
+        if error is not None:
+            self._errors.fail_in_background(f"handling the notice from {source}", error)
             return
-        if attempt.result:
+        if claim.won:
             # Where training was when the claim was won: the leader's first check from
             # now on publishes (TF's message, then the run count and whether a run()
             # was under way, its check made; tools read when the step could be agreed
@@ -204,7 +198,7 @@ class NoticeResponse:
             source,
         )
 
-    def announced(self, announce: Write, error: Optional[BaseException]) -> None:
+    def announced(self, announce: Any, error: Optional[BaseException]) -> None:
         """The announce's write finished (or gave up: for ``PreemptionWatcher`` objects
         only, the protocol goes on): this process's watchers get the message now. A
         script that closes and exits when its own watcher reports must not take the
@@ -212,23 +206,3 @@ class NoticeResponse:
         if error is not None:
             log.warning("Could not publish %s: %s", PREEMPTION_NOTICE_KEY, error)
         in_process.publish_local(announce.value)
-
-    def _announce(self, source: str) -> Optional[Write]:
-        """Tells PreemptionWatchers of the notice this worker leads without a claim
-        (local mode: in this process only; otherwise also through the coordination
-        service, the write it starts)."""
-        message = in_process.notice_message(self._state.membership.id_in_cluster, source)
-        if self._state.membership.local:
-            in_process.publish_local(message)
-            return None
-        # Finished at close (peers learn of the notice only from it); its call is no
-        # longer than the protocol's writes, as the core bounds an announce: an
-        # acknowledgement may be waiting behind it ("Why the driver acknowledges" in
-        # step_resolution.rs).
-        return self._writes.push(
-            f"publishing {PREEMPTION_NOTICE_KEY}",
-            WriteKind.Announce,
-            source,
-            PREEMPTION_NOTICE_KEY,
-            message,
-        )

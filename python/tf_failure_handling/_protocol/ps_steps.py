@@ -76,7 +76,7 @@ class PsSteps:
             self._on_cluster_notice,
             on_released=self._records.task_release,
             on_stale_context=self._reconnect,
-            peer_timeout=self._state.peer_timeout,
+            peer_timeout=self._core.peer_timeout,
         )
         self.poller.start()
         self._join_check = join_check
@@ -185,7 +185,7 @@ class PsSteps:
             return
         # The closures may take until the save must start: the deadline less the
         # longest save seen; without one, peer_timeout bounds the wait.
-        bound = self._core.drain_bound(self._state.clock(), self._state.peer_timeout)
+        bound = self._core.drain_bound(self._state.clock())
         start = self._state.clock()
         scheduled = self._core.run_counter
         unfinished = _closure_drain.wait_for_closures(
@@ -297,7 +297,7 @@ class PsSteps:
         """Releases the PS task of ``action`` after the save; a failed release is sent
         again by the core's retry rule, for the handler's retry bound."""
         task = action.task
-        bound = self._core.retry_bound(self._state.clock(), self._state.peer_timeout)
+        bound = self._core.retry_bound(self._state.clock())
         if not self.poller.release(task, "checkpoint saved", bound):
             log.warning(
                 "ps %d was not released after the save: it leaves on its own once this "

@@ -18,7 +18,7 @@ import logging
 from typing import Any, Callable
 
 from .._native import SHARES_UNMERGED_EXIT_CODE as UNMERGED_EXIT_CODE
-from .._native import SaveAction
+from .._native import Event, SaveAction
 from .._platforms import platform as _platform
 from . import exit_guard as _exit_guard
 from .checkpoints import Checkpoints
@@ -94,13 +94,14 @@ class SaveAndExit:
             self._checkpoints.save(self._core.run_counter, args, kwargs, self._state.clock)
         except BaseException as e:
             self._ps.training_goes_on()
-            self._core.save_failed()
+            after = self._core.handle(Event.SaveFailed(self._checkpoints.shared_by > 1))
             self._records.save_failed(e)
-            if self._checkpoints.shared_by > 1:
+            if after == SaveAction.ExitUnmerged:
                 self._unmerged_exit(e)
             raise
         self._records.save_end(self._checkpoints.write, **self._checkpoints.save_fields())
-        after = self._core.saved(round_key, self._state.clock() - start)
+        now = self._state.clock()
+        after = self._core.handle(Event.Saved(round_key, now - start), now)
         if after == SaveAction.Exit:
             # The signal watch stays: until close(), a further notice is absorbed,
             # not handed back to whatever was installed before (which could kill
@@ -130,11 +131,12 @@ class SaveAndExit:
             )
         else:
             self._ps.training_goes_on()
-            if self._core.leading:
+            state = self._core.state()
+            if state["leading"]:
                 log.info(
                     "Continue training for the grace period; the final round starts %.2fs "
                     "before the deadline (save, steps and acknowledgements as measured).",
-                    self._core.margin,
+                    state["margin"],
                 )
             else:
                 log.info("Continue training for the grace period.")

@@ -3,7 +3,7 @@ copied: the clock is read at each call, as a simulation substitutes it after
 construction).
 
 Its configuration (:class:`Settings`: where the worker sits, its platform, the
-coordination service, the peer timeout and the grace period) is worked out once by the
+coordination service and the grace period; the peer timeout is the core's) is worked out once by the
 handler's constructor and set in one assignment (:meth:`HandlerState.configure`); no
 part changes it. Apart from it is the lifecycle (``closing``, ``closed``), which the
 handler's close changes, and the clock, which a simulation may substitute.
@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .._native import DEFAULT_GRACE_PERIOD, DEFAULT_PEER_TIMEOUT, now
+from .._native import DEFAULT_GRACE_PERIOD, now
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,6 @@ class Settings:
     #: The coordination service, bounded (``_cluster.coordination.Client``); None alone.
     coordination: Any = None
     cluster_resolver: Any = None
-    #: The bound of every wait for peers, in seconds.
-    peer_timeout: float = DEFAULT_PEER_TIMEOUT
     #: Seconds from a notice to the machine's end.
     grace_period: float = DEFAULT_GRACE_PERIOD
     #: The platform whose defaults apply (``_platforms.platform.Device``).
@@ -59,7 +57,6 @@ class HandlerState:
     environment = _setting("environment")
     coordination = _setting("coordination")
     cluster_resolver = _setting("cluster_resolver")
-    peer_timeout = _setting("peer_timeout")
     grace_period = _setting("grace_period")
 
     def configure(self, settings: Settings) -> None:

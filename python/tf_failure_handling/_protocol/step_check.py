@@ -62,9 +62,7 @@ class StepCheck:
         for _ in range(2):
             if not isinstance(action, StepAction.Publish):
                 break
-            self._agreement.publish(
-                action.round_key, action.step, action.ack_keys, action.own_ack_key
-            )
+            self._agreement.publish(action.round_key, action.step)
             action = self._core.before_step(self._state.clock())
         if isinstance(action, StepAction.Save):
             self._saver.save_at(action.round_key, action.step, args, kwargs)

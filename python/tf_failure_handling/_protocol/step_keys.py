@@ -2,34 +2,28 @@
 
 A leader publishes ``RUN_TO_CHECKPOINT`` (and, with a grace period,
 ``LAST_RUN_TO_CHECKPOINT``) = the step every worker saves at. On every worker a reader
-thread (``PeerTerminationWatcher-<id>``) blocks on those keys, in slices of
-:data:`~.keys.PEER_WATCH_SLICE`, and posts each value it reads into the driver's inbox;
-it writes nothing. The driver hands the value to the resolver (``_core.step_key``) and
-writes the acknowledgement, ``RECEIVED_SIGNAL_<round>_<id>``, which the leader waits for
-("Why the driver acknowledges" in ``src/step_resolution.rs``). At shutdown, every
-worker writes ``STOP_WATCHER`` to both step keys, which releases the readers still
-blocked on them.
+thread (``PeerTerminationWatcher-<id>``) blocks on those keys, in the slices the core
+gives (``ReaderAction.Get``, ``src/protocol/reader.rs``), and posts each value it reads
+into the driver's inbox; it writes nothing. The driver hands the value to the core
+(``Event.StepKey``), which queues the acknowledgement, ``RECEIVED_SIGNAL_<round>_<id>``,
+which the leader waits for ("Why the driver acknowledges" in ``src/step_resolution.rs``).
+At shutdown, every worker writes ``STOP_WATCHER`` to both step keys (the core's writes,
+``shutdown_writes``), which releases the readers still blocked on them.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from .. import _errors
-from .._native import ACK_VALUE, KeyAction, WriteKind
+from .._native import Event, KeyAction, ReaderAction
 from .._platforms.notice_sources import NoticeSources
 from .context import Context
-from .keys import (
-    PEER_WATCH_SLICE,
-    RUN_TO_CHECKPOINT,
-    SHUTDOWN_WRITE_TIMEOUT,
-    STOP_WATCHER,
-    THREAD_JOIN_TIMEOUT,
-)
+from .keys import RUN_TO_CHECKPOINT, THREAD_JOIN_TIMEOUT
 from .ownership import Ownership
-from .retries import Retry, Write, WriteQueue
+from .retries import Retrier
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -39,14 +33,13 @@ class StepKeys:
     value it reads (queued for the driver)."""
 
     def __init__(
-        self, ctx: Context, sources: NoticeSources, writes: WriteQueue, ownership: Ownership
+        self, ctx: Context, sources: NoticeSources, retrier: Retrier, ownership: Ownership
     ) -> None:
         self._ctx = ctx
         self._state, self._core = ctx.state, ctx.core
         self._errors, self._records = ctx.errors, ctx.records
         self._sources = sources
-        self._writes = writes
-        self._retrier = writes.retrier
+        self._retrier = retrier
         self._ownership = ownership
         self._reading_key = RUN_TO_CHECKPOINT
         self.thread: Optional[threading.Thread] = None
@@ -59,24 +52,14 @@ class StepKeys:
         )
         self.thread.start()
 
-    def acknowledge(self, round_key: str, value: str) -> Optional[Write]:
-        """A step key the reader posted: the acknowledgement it queues for the driver, if any."""
-        action = self._core.step_key(round_key, value)
-        if isinstance(action, KeyAction.Stop):
-            return None
-        if not self._core.leading:
+    def acknowledge(self, round_key: str, value: str) -> None:
+        """A step key the reader posted, handed to the core, which queues its
+        acknowledgement for the driver (none for ``STOP_WATCHER``, nor once a newer
+        handler of this worker acknowledges)."""
+        superseded = self._ownership.current_owner() is not None
+        action = self._core.handle(Event.StepKey(round_key, value, superseded), self._state.clock())
+        if not isinstance(action, KeyAction.Stop) and not self._core.state()["leading"]:
             self._records.peer_agreement(round_key, value)
-        if self._ownership.current_owner() is not None:
-            # A newer handler of this worker acknowledges now.
-            return None
-        ack_key = action.ack_key
-        return self._writes.push(
-            f"acknowledging {round_key}={value} with {ack_key}",
-            WriteKind.Acknowledge,
-            f"{round_key}={value}",
-            ack_key,
-            ACK_VALUE,
-        )
 
     def _watch(self) -> None:
         """The step-key reader: reads the keys a leader publishes (one round, or two with
@@ -96,33 +79,46 @@ class StepKeys:
                 self._errors.fail_in_background("watching the peers' step keys", e)
 
     def _watch_until_done(self) -> None:
-        for round_key in self._core.round_keys():
-            self._reading_key = round_key
-            value = self._read(round_key)
-            if value is None or not self._sources.inbox.post_step_key(round_key, value):
-                return  # closing
-            if value == STOP_WATCHER or self._ownership.current_owner() is not None:
+        """The reads the core asks for (``ReaderAction``: which key, for how long, each
+        pause of the retry rule, what to post and when it is done), made until closing
+        or a newer handler takes over."""
+        core, state = self._core, self._state
+        last_error: Optional[BaseException] = None
+        event: Any = Event.Reading()
+        while not state.closing.is_set():
+            action = core.handle(event, state.clock())
+            if isinstance(action, ReaderAction.Get):
+                self._reading_key = action.key
+                try:
+                    value = state.coordination.get(action.key, action.timeout)
+                except _errors.module().OpError as e:
+                    last_error = e
+                    event = Event.ReadFailed(state.closing.is_set())
+                else:
+                    event = Event.Read(value)
+            elif isinstance(action, ReaderAction.Post):
+                if not self._sources.inbox.post_step_key(action.round_key, action.value):
+                    return  # closing
+                if self._ownership.current_owner() is not None:
+                    return
+                event = Event.Reading()
+            elif isinstance(action, ReaderAction.Pause):
+                (log.warning if action.attempts == 1 else log.info)(
+                    "%s failed (%s: %s); retrying in %gs (%.1fs left).",
+                    action.what,
+                    type(last_error).__name__,
+                    last_error,
+                    action.seconds,
+                    action.left,
+                )
+                state.closing.wait(action.seconds)
+                event = Event.Reading()
+            elif isinstance(action, ReaderAction.GaveUp):
+                raise self._retrier.named(
+                    last_error, action.what, action.attempts, action.seconds
+                ) from last_error
+            else:
                 return
-
-    def _read(self, round_key: str) -> Optional[str]:
-        """The value of ``round_key`` once a leader set it; None once closing. Failed
-        reads are retried by the core's rule, counted from the first failure since the
-        last read that answered."""
-        errors = _errors.module()
-        retry: Optional[Retry] = None
-        while not self._state.closing.is_set():
-            try:
-                value = self._state.coordination.get(round_key, PEER_WATCH_SLICE)
-            except errors.OpError as e:
-                if self._state.closing.is_set():
-                    return None
-                retry = retry or self._retrier.retry()
-                self._retrier.wait(retry, f"reading {round_key}", e)
-                continue
-            retry = None
-            if value is not None:
-                return value
-        return None
 
     def stop_reader(self) -> None:
         """Releases the peer watcher, the step-key reader (``STOP_WATCHER`` on the step
@@ -136,11 +132,11 @@ class StepKeys:
             return
         self.thread = None
         if self._ownership.current_owner() is None:
-            for key in self._core.shutdown_keys():
+            for write in self._core.shutdown_writes():
                 try:
-                    self._state.coordination.set(key, STOP_WATCHER, SHUTDOWN_WRITE_TIMEOUT)
+                    self._state.coordination.set(write.key, write.value, write.timeout)
                 except Exception as e:  # noqa: BLE001 - peers may have exited already
-                    log.info("Ignoring error while releasing %s: %s", key, e)
+                    log.info("Ignoring error while releasing %s: %s", write.key, e)
         if thread is threading.current_thread():
             return
         thread.join(THREAD_JOIN_TIMEOUT)

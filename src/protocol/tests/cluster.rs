@@ -19,7 +19,8 @@ use super::Protocol;
 use crate::grace::GracePlanner;
 use crate::step_resolution::tests::reachable;
 use crate::step_resolution::{
-    KeyAction, Notice, NoticeAction, Phase, Resolver, Round, SaveAction, StepAction, ACK_VALUE, STOP_WATCHER, TERMINATED_WORKER,
+    KeyAction, Notice, NoticeAction, Phase, Resolver, Round, SaveAction, StepAction, ACK_VALUE, DEFAULT_PEER_TIMEOUT, STOP_WATCHER,
+    TERMINATED_WORKER,
 };
 
 // ---------------------------------------------------------------------------
@@ -35,13 +36,14 @@ use crate::step_resolution::{
 /// first interval of a handler's life (`tf.function` tracing), which a
 /// simulated step does not have, so an empty one is spent before t = 0 and
 /// every simulated step is a sample of the planner's step time.
-pub(super) fn simulated_protocol(worker_id: Option<u32>, num_workers: u32, grace_period: f64) -> Protocol {
+pub(super) fn simulated_protocol(worker_id: Option<u32>, num_workers: u32, grace_period: f64, peer_timeout: f64) -> Protocol {
     let mut p = Protocol::new();
     p.configure(super::Config {
         worker_id,
         num_workers,
         grace_period,
         save_at_current_run: false,
+        peer_timeout,
     })
     .expect("a configuration the simulation can run");
     p.set_exit_reserve(0.0).expect("no exit reserve");
@@ -269,7 +271,7 @@ impl<'a> Sim<'a> {
             .map(|i| {
                 let id = (!cfg.local).then(|| u32::try_from(i).unwrap());
                 SimWorker {
-                    p: simulated_protocol(id, u32::try_from(cfg.n).unwrap(), cfg.grace),
+                    p: simulated_protocol(id, u32::try_from(cfg.n).unwrap(), cfg.grace, DEFAULT_PEER_TIMEOUT),
                     runs: 0,
                     main: Main::Ready,
                     watch: if cfg.local { Watch::Off } else { Watch::Blocked(Round::Initial) },
@@ -607,7 +609,7 @@ impl<'a> Sim<'a> {
         let wk = &mut self.workers[w];
         ensure!(wk.main == Main::Saving, "worker {w}: save done while {:?}", wk.main);
         if !ok {
-            wk.p.handle_save_failed().map_err(|e| e.to_string())?;
+            wk.p.handle_save_failed(false).map_err(|e| e.to_string())?;
             wk.main = Main::Ready;
             self.out.failed_saves += 1;
             let t = now + self.jitter();

@@ -21,12 +21,13 @@
 //! * the **driver**: its receive waits for an input until the next write is
 //!   due ([`Protocol::poll_timeout`]); then one input a turn (a reader's
 //!   failure, then step keys, then notices; a notice waits while
-//!   [`Protocol::writes`] is busy), then at most one attempt of the write
-//!   [`Protocol::poll_write`] answers; a write is queued with
-//!   [`Protocol::push_write`] (retried for the protocol's bound); a failure
-//!   goes to [`Protocol::handle_write_failed`], a success to
-//!   [`Protocol::handle_write_done`]; `close()` takes the inputs still
-//!   waiting, then [`Protocol::close_writes`] and its last attempts;
+//!   [`Protocol::writes_busy`]), then at most one attempt of the write
+//!   [`Protocol::poll`] answers; a notice ([`Protocol::notice`]) or a step
+//!   key ([`Protocol::step_key`]) queues its write in the protocol (retried
+//!   for the protocol's bound); a failure goes to [`Protocol::write_failed`],
+//!   a success to [`Protocol::written`], and the next [`Protocol::poll`] says
+//!   what it came to; `close()` takes the inputs still waiting, then
+//!   [`Protocol::close`] and its last attempts;
 //! * the **reader**: reads the round's step key, a failed read retried by a
 //!   [`Retry`] started at the first failure and dropped when a read answers;
 //! * the **training thread**: [`Protocol::before_step`] before every step; a
@@ -46,11 +47,11 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 
 use super::cluster::simulated_protocol;
-use super::{Protocol, SetCall};
+use super::{DriverAction, Protocol, WriteEnd};
 use crate::retry::{self, Retry, Verdict, MAX_PAUSE, MIN_ATTEMPTS, TRANSIENT_FAILURE_WINDOW};
 use crate::step_resolution::{
-    KeyAction, Notice, NoticeAction, Round, SaveAction, StepAction, ACK_VALUE, LAST_RUN_TO_CHECKPOINT, PREEMPTION_NOTICE_KEY,
-    RUN_TO_CHECKPOINT, STOP_WATCHER, TERMINATED_WORKER,
+    KeyAction, Notice, Round, SaveAction, StepAction, ACK_VALUE, LAST_RUN_TO_CHECKPOINT, PREEMPTION_NOTICE_KEY, RUN_TO_CHECKPOINT,
+    STOP_WATCHER, TERMINATED_WORKER,
 };
 use crate::writes::{Kind, WriteId};
 
@@ -330,7 +331,7 @@ impl<'a> Sim<'a> {
         let n = u32::try_from(row.workers).unwrap();
         let ws = (0..n)
             .map(|id| Worker {
-                p: simulated_protocol(Some(id), n, row.grace),
+                p: simulated_protocol(Some(id), n, row.grace, row.peer_timeout),
                 keys: VecDeque::new(),
                 notices: VecDeque::new(),
                 read_failed: None,
@@ -450,7 +451,7 @@ impl<'a> Sim<'a> {
         let call = self.row.call;
         if !self.call(Effect::Read, w, t) {
             let end = t + call;
-            let bound = self.ws[w].p.retry_bound(end, self.row.peer_timeout);
+            let bound = self.ws[w].p.retry_bound(end);
             let ws = &mut self.ws[w];
             let retry = ws.read_retry.get_or_insert_with(|| Retry::new(bound).started(end));
             match retry.failed(end, false) {
@@ -493,7 +494,7 @@ impl<'a> Sim<'a> {
         // at the first turn after those writes end (here the next tick).
         let input = ws.read_failed.is_some() || !ws.keys.is_empty() || !ws.notices.is_empty();
         let write_due = ws.p.poll_timeout().is_some_and(|due| due <= t);
-        let notice_free = !ws.waiting.is_empty() && !ws.p.writes().busy();
+        let notice_free = !ws.waiting.is_empty() && !ws.p.writes_busy();
         if !(input || write_due || notice_free) {
             return;
         }
@@ -504,52 +505,55 @@ impl<'a> Sim<'a> {
         } else if let Some(n) = ws.notices.pop_front() {
             ws.waiting.push_back(n);
         }
-        while !self.ws[w].p.writes().busy() {
+        while !self.ws[w].p.writes_busy() {
             let Some(n) = self.ws[w].waiting.pop_front() else { break };
-            match self.ws[w].p.handle_notice(n).expect("configured") {
-                NoticeAction::Claim { .. } => self.push(w, Op::Claim, t),
-                NoticeAction::Lead | NoticeAction::Replan | NoticeAction::Absorb => {}
-            }
+            // The protocol queues the notice's write itself (a claim here: no
+            // worker of the table leads without one).
+            self.ws[w].p.notice(n, "a source", "notice", t, t).expect("configured");
+            self.track_queued(w, t);
         }
-        if let Some(id) = self.ws[w].p.poll_write(t) {
+        if let Some(DriverAction::Write { id, .. }) = self.ws[w].p.poll(t) {
             self.attempt(w, id, t, false);
         }
     }
 
-    /// `_on_step_key`: the resolver, then the acknowledgement it asks for.
+    /// A write the protocol just queued (the newest pending one), due at `t`:
+    /// the simulation follows it by its handle.
+    fn track_queued(&mut self, w: usize, t: f64) {
+        let ws = &mut self.ws[w];
+        let Some(id) = ws.p.newest_write() else { return };
+        if ws.ops.contains_key(&id) {
+            return;
+        }
+        let call = ws.p.write_call(id).expect("pending");
+        let op = match call.kind {
+            Kind::Claim => Op::Claim,
+            Kind::Announce => Op::Announce,
+            Kind::Acknowledge => Op::Ack(call.key.clone()),
+        };
+        ws.ops.insert(id, op);
+        ws.due.insert(id, t);
+    }
+
+    /// `_on_step_key`: the resolver, which queues the acknowledgement it asks for.
     fn take_key(&mut self, w: usize, round: Round, value: &str, t: f64) {
         let ws = &mut self.ws[w];
         ws.out.keys_taken.push((t, round, value.to_owned()));
         match ws
             .p
-            .handle_step_key(round, value)
+            .step_key(round, value, false, t, t)
             .expect("configured")
             .expect("the simulation writes run counts")
         {
-            KeyAction::Acknowledge { ack_key, .. } => self.push(w, Op::Ack(ack_key), t),
+            KeyAction::Acknowledge { .. } => self.track_queued(w, t),
             KeyAction::Stop => ws.out.stops += 1,
         }
     }
 
-    /// `WriteQueue.push`: a claim (with its announce) or an acknowledgement.
-    fn push(&mut self, w: usize, op: Op, t: f64) {
-        let peer_timeout = self.row.peer_timeout;
-        let call = match &op {
-            Op::Claim => SetCall::claim(TERMINATED_WORKER, &w.to_string(), "notice", peer_timeout),
-            Op::Announce => unreachable!("the protocol queues the announce of a won claim itself"),
-            Op::Ack(ack_key) => SetCall::new(Kind::Acknowledge, ack_key, ACK_VALUE, peer_timeout),
-        };
-        let id = self.ws[w]
-            .p
-            .push_write(call, t, peer_timeout, t)
-            .expect("the driver starts a notice only when not busy");
-        self.ws[w].ops.insert(id, op);
-        self.ws[w].due.insert(id, t);
-    }
-
-    /// The driver's attempt (`WriteQueue.attempt`) and its report to the
-    /// protocol (`claim_done`, `write_done`, `write_failed`), which queues what
-    /// follows. Returns whether the attempt succeeded.
+    /// The driver's attempt of a `DriverAction::Write` and its report to the
+    /// protocol (`written`, `write_failed`), which queues what follows and says
+    /// what the write came to (the next `poll`). Returns whether the attempt
+    /// succeeded.
     fn attempt(&mut self, w: usize, id: WriteId, t: f64, closing: bool) -> bool {
         let op = self.ws[w].ops[&id].clone();
         let end = t + self.row.call;
@@ -561,31 +565,37 @@ impl<'a> Sim<'a> {
             .any(|(other, o)| *other != id && matches!(o, Op::Claim) && ws.due[other] <= t);
         ws.out.write_attempts.push((t, op.effect(), ws.due[&id], claim_due));
         if !self.call(op.effect(), w, t) {
-            let verdict = self.ws[w].p.handle_write_failed(id, end, closing).expect("a pending write");
-            if let Verdict::Again { at, .. } = verdict {
-                self.ws[w].due.insert(id, at);
-            }
-            if let Verdict::GiveUp { attempts, seconds } = verdict {
-                let ws = &mut self.ws[w];
-                ws.ops.remove(&id);
-                ws.due.remove(&id);
-                ws.out.gave_up.push((end, op.effect(), attempts, seconds, closing));
-                let error = Raised::GaveUp {
-                    effect: op.effect(),
-                    attempts,
-                    seconds,
-                };
-                match op {
-                    // The protocol no longer counts on a claim it gave up.
-                    Op::Claim => {
-                        ws.pending.get_or_insert(error);
-                    }
-                    Op::Ack(_) if !closing => {
-                        ws.pending.get_or_insert(error);
-                    }
-                    Op::Ack(_) => ws.out.warnings.push("closing: acknowledgement failed".into()),
-                    Op::Announce => ws.out.warnings.push(format!("could not publish {PREEMPTION_NOTICE_KEY}")),
+            self.ws[w].p.write_failed(id, end, closing);
+            match self.ws[w].p.poll(end) {
+                Some(DriverAction::Retrying { pause, .. }) => {
+                    self.ws[w].due.insert(id, end + pause);
                 }
+                Some(DriverAction::Finished {
+                    end: WriteEnd::GaveUp { attempts, seconds },
+                    ..
+                }) => {
+                    let ws = &mut self.ws[w];
+                    ws.ops.remove(&id);
+                    ws.due.remove(&id);
+                    ws.out.gave_up.push((end, op.effect(), attempts, seconds, closing));
+                    let error = Raised::GaveUp {
+                        effect: op.effect(),
+                        attempts,
+                        seconds,
+                    };
+                    match op {
+                        // The protocol no longer counts on a claim it gave up.
+                        Op::Claim => {
+                            ws.pending.get_or_insert(error);
+                        }
+                        Op::Ack(_) if !closing => {
+                            ws.pending.get_or_insert(error);
+                        }
+                        Op::Ack(_) => ws.out.warnings.push("closing: acknowledgement failed".into()),
+                        Op::Announce => ws.out.warnings.push(format!("could not publish {PREEMPTION_NOTICE_KEY}")),
+                    }
+                }
+                other => panic!("a failed write is retried or given up: {other:?}"),
             }
             return false;
         }
@@ -595,24 +605,19 @@ impl<'a> Sim<'a> {
             Op::Announce => self.set(PREEMPTION_NOTICE_KEY, &id_str, t),
             Op::Ack(key) => self.set(key, ACK_VALUE, t),
         };
-        let peer_timeout = self.row.peer_timeout;
         let ws = &mut self.ws[w];
         ws.ops.remove(&id);
         ws.due.remove(&id);
-        if let Op::Claim = op {
-            // The protocol queues the announce of a won claim itself.
-            if let Some(announce) = ws.p.handle_claim_done(id, written, t, peer_timeout, t).expect("configured") {
-                ws.ops.insert(announce, Op::Announce);
-                ws.due.insert(announce, t);
-            }
-        } else {
-            ws.p.handle_write_done(id).expect("a pending write");
-        }
+        ws.p.written(id, written, t, t);
+        let report = ws.p.poll(t);
+        assert!(matches!(report, Some(DriverAction::Finished { .. })), "{report:?}");
+        // The protocol queues the announce of a won claim itself.
+        self.track_queued(w, t);
         true
     }
 
     /// `close()` (and the exit path): the driver's last look
-    /// (`ProtocolDriver._finish`), then the shutdown writes
+    /// (`Driver._finish`), then the shutdown writes
     /// (`_stop_peer_watcher`). Nothing waits for them.
     fn shut_down(&mut self, w: usize, t: f64) {
         while let Some((round, value)) = self.ws[w].keys.pop_front() {
@@ -621,22 +626,30 @@ impl<'a> Sim<'a> {
         let ws = &mut self.ws[w];
         ws.read_failed = None; // closing: logged
         ws.waiting.extend(ws.notices.drain(..));
-        let closing = ws.p.close_writes(t);
-        for id in &closing.last_attempts {
-            ws.due.insert(*id, t);
-        }
-        for id in closing.last_attempts {
-            let effect = self.ws[w].ops[&id].effect();
-            let ok = self.attempt(w, id, t, true);
-            self.ws[w].out.last_attempts.push((effect, ok));
+        ws.p.close(t);
+        let mut dropped_claim = false;
+        while let Some(action) = self.ws[w].p.poll(t) {
+            match action {
+                DriverAction::Dropped { .. } => dropped_claim = true,
+                DriverAction::Write { id, .. } => {
+                    self.ws[w].due.insert(id, t);
+                    let effect = self.ws[w].ops[&id].effect();
+                    let ok = self.attempt(w, id, t, true);
+                    self.ws[w].out.last_attempts.push((effect, ok));
+                }
+                other => panic!("only last attempts and a dropped claim at close: {other:?}"),
+            }
         }
         let ws = &mut self.ws[w];
         for _ in ws.waiting.drain(..) {
             ws.out.dropped.push("notice");
         }
-        if let Some(id) = closing.dropped {
-            ws.ops.remove(&id);
-            ws.due.remove(&id);
+        if dropped_claim {
+            let claims: Vec<WriteId> = ws.ops.iter().filter(|(_, o)| matches!(o, Op::Claim)).map(|(id, _)| *id).collect();
+            for id in claims {
+                ws.ops.remove(&id);
+                ws.due.remove(&id);
+            }
             ws.out.dropped.push("claim");
         }
         ws.reading = None;
@@ -698,7 +711,7 @@ impl<'a> Sim<'a> {
                         step,
                         ack_keys,
                         own_ack_key,
-                        retry: Retry::new(self.ws[w].p.retry_bound(t, self.row.peer_timeout)).started(t),
+                        retry: Retry::new(self.ws[w].p.retry_bound(t)).started(t),
                         next: t,
                     },
                     StepAction::Save { round, step } => Train::Saving {
@@ -821,7 +834,7 @@ impl<'a> Sim<'a> {
                         next = t;
                     }
                 } else {
-                    let bound = self.ws[w].p.retry_bound(end, self.row.peer_timeout);
+                    let bound = self.ws[w].p.retry_bound(end);
                     let r = retry.get_or_insert_with(|| Retry::new(bound).started(end));
                     match r.failed(end, false) {
                         Verdict::Again { at, .. } => next = at.min(deadline).max(end),
@@ -848,7 +861,7 @@ impl<'a> Sim<'a> {
                 let ws = &mut self.ws[w];
                 if !ok {
                     // `run()` raises the save's error; the script runs again.
-                    ws.p.handle_save_failed().expect("configured");
+                    ws.p.handle_save_failed(false).expect("configured");
                     ws.out.save_failures += 1;
                     ws.train = Train::Ready(t);
                     return;

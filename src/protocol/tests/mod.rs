@@ -4,7 +4,11 @@
 use super::*;
 use crate::grace::EXIT_RESERVE;
 use crate::retry::{MIN_BOUND_BEFORE_DEADLINE, TRANSIENT_FAILURE_WINDOW};
-use crate::step_resolution::{LAST_RUN_TO_CHECKPOINT, RUN_TO_CHECKPOINT};
+use crate::step_resolution::{write_timeout, WriteBound, DEFAULT_PEER_TIMEOUT, LAST_RUN_TO_CHECKPOINT, RUN_TO_CHECKPOINT};
+use crate::writes::Kind;
+
+/// The peer timeout of the protocols these tests configure.
+const PEER: f64 = 100.0;
 
 /// A deterministic MWMS cluster of protocols and the properties its runs keep.
 mod cluster;
@@ -18,6 +22,7 @@ fn local(grace_period: f64) -> Protocol {
         num_workers: 1,
         grace_period,
         save_at_current_run: false,
+        peer_timeout: PEER,
     })
     .unwrap();
     p
@@ -31,6 +36,7 @@ fn worker_1_of_2(grace_period: f64) -> Protocol {
         num_workers: 2,
         grace_period,
         save_at_current_run: false,
+        peer_timeout: PEER,
     })
     .unwrap();
     p
@@ -61,6 +67,7 @@ fn configuration_table() {
             num_workers,
             grace_period,
             save_at_current_run: false,
+            peer_timeout: PEER,
         });
         assert_eq!(&got, want, "{worker_id:?} of {num_workers}, grace {grace_period}");
         assert_eq!(p.resolver().is_some(), got.is_ok());
@@ -71,6 +78,7 @@ fn configuration_table() {
         num_workers: 1,
         grace_period: f64::NAN,
         save_at_current_run: false,
+        peer_timeout: PEER,
     });
     assert!(matches!(nan, Err(ConfigError::GracePeriod(g)) if g.is_nan()));
 }
@@ -81,14 +89,20 @@ fn before_configure_every_event_is_refused_and_every_bound_says_none() {
     assert_eq!(p.handle_notice(notice(0.0, None)), Err(ConfigError::NotConfigured));
     assert_eq!(p.handle_claim(true), Err(ConfigError::NotConfigured));
     assert_eq!(p.before_step(0, 0.0), Err(ConfigError::NotConfigured));
-    assert_eq!(p.handle_save_failed(), Err(ConfigError::NotConfigured));
+    assert_eq!(p.handle_save_failed(false), Err(ConfigError::NotConfigured));
+    let mut q = local(0.0);
+    assert_eq!(q.handle_save_failed(false), Ok(SaveFailed::Raise));
+    assert_eq!(q.handle_save_failed(true), Ok(SaveFailed::ExitUnmerged), "a save in shares");
     assert_eq!(p.shutdown_keys(), Err(ConfigError::NotConfigured));
     assert!(!p.needs_attention());
     assert!(!p.leading());
     assert_eq!(p.notice_deadline(), None);
     assert_eq!(p.fit(0.0), None);
-    assert_eq!(p.drain_bound(0.0, 7.0), 7.0);
-    assert_eq!(p.retry_bound(0.0, 7.0), crate::retry::bound(7.0, None, 0.0));
+    assert_eq!(p.drain_bound(0.0), DEFAULT_PEER_TIMEOUT);
+    assert_eq!(p.retry_bound(0.0), crate::retry::bound(DEFAULT_PEER_TIMEOUT, None, 0.0));
+    assert_eq!(p.set_peer_timeout(-1.0), Err(ConfigError::PeerTimeout(-1.0)));
+    p.set_peer_timeout(7.0).unwrap();
+    assert_eq!((p.peer_timeout(), p.drain_bound(0.0)), (7.0, 7.0));
     assert_eq!(p.snapshot().resolver, None);
     // The planner's measures are taken before: a restore, the exit reserve.
     p.handle_restored(2.0);
@@ -180,24 +194,24 @@ fn a_later_statement_of_the_end_moves_the_kill_earlier_only() {
 
 #[test]
 fn retry_bound_reads_only_the_leading_notice() {
-    let peer = 100.0;
+    let peer = PEER;
     let mut p = worker_1_of_2(60.0);
-    let free = p.retry_bound(0.0, peer);
+    let free = p.retry_bound(0.0);
     assert_eq!(free, peer.min(TRANSIENT_FAILURE_WINDOW));
     // A worker's own notice it has not won the claim for: no deadline of its own yet.
     p.handle_notice(notice(10.0, Some(14.0))).unwrap();
     assert!(!p.leading());
-    assert_eq!(p.retry_bound(10.0, peer), free);
+    assert_eq!(p.retry_bound(10.0), free);
     p.handle_claim(true).unwrap();
     assert!(p.leading());
     // The platform's deadline, earlier than the grace period's end; past it, the floor.
-    assert_eq!(p.retry_bound(10.0, peer), 4.0);
-    assert_eq!(p.retry_bound(20.0, peer), MIN_BOUND_BEFORE_DEADLINE);
+    assert_eq!(p.retry_bound(10.0), 4.0);
+    assert_eq!(p.retry_bound(20.0), MIN_BOUND_BEFORE_DEADLINE);
     // No grace period: the save is due at the notice (`GracePlanner::deadline`),
     // so the retries have the floor.
     let mut q = local(0.0);
     q.handle_notice(notice(10.0, Some(40.0))).unwrap();
-    assert_eq!(q.retry_bound(10.0, peer), MIN_BOUND_BEFORE_DEADLINE);
+    assert_eq!(q.retry_bound(10.0), MIN_BOUND_BEFORE_DEADLINE);
 }
 
 #[test]
@@ -219,7 +233,8 @@ fn drain_bound_table() {
             p.handle_restored(s);
         }
         p.handle_notice(notice(0.0, deadline)).unwrap();
-        let got = p.drain_bound(now, 42.0);
+        p.set_peer_timeout(42.0).unwrap();
+        let got = p.drain_bound(now);
         assert!((got - want).abs() < 1e-9, "{grace} {deadline:?} {now}: {got} != {want}");
     }
 }
@@ -337,141 +352,408 @@ fn rounds_table() {
     assert_eq!(unconfigured.has_final_round(), Err(ConfigError::NotConfigured));
 }
 
-/// A write is retried for the retry bound at its push, worked out on the
+/// A write is retried for the retry bound at its queueing, worked out on the
 /// protocol's clock (`now`), while its schedule counts on the driver's (`at`):
 /// in a simulation the first is virtual and the second real.
 #[test]
-fn a_write_is_retried_for_the_retry_bound_at_its_push() {
-    let peer = 100.0;
+fn a_write_is_retried_for_the_retry_bound_at_its_queueing() {
     let mut p = worker_1_of_2(60.0);
-    // (protocol's now, retry bound): before a notice leads, the window; once
-    // this worker leads a notice with a deadline 4 s away, 4 s.
     let at = 5000.0;
-    let ack = p
-        .push_write(
-            SetCall::new(writes::Kind::Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1", "1", peer),
-            0.0,
-            peer,
-            at,
-        )
-        .unwrap();
-    assert_eq!((p.poll_write(at), p.poll_timeout()), (Some(ack), Some(at)));
-    let Some(Verdict::Again { at: again, left }) = p.handle_write_failed(ack, at, false) else {
+    // Before a notice leads, the window.
+    p.step_key(Round::Initial, "3", false, 0.0, at).unwrap().unwrap();
+    let Some(DriverAction::Write { id: ack, call }) = p.poll(at) else {
+        panic!("the acknowledgement is due at once")
+    };
+    assert_eq!(
+        (call.kind, call.key.as_str(), call.value.as_str(), call.subject.as_str()),
+        (Kind::Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1", "1", "RUN_TO_CHECKPOINT=3")
+    );
+    assert_eq!(
+        call.what(),
+        "acknowledging RUN_TO_CHECKPOINT=3 with RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1"
+    );
+    assert_eq!(call.timeout, write_timeout(PEER, WriteBound::Protocol));
+    assert_eq!(p.poll_timeout(), Some(at));
+    p.write_failed(ack, at, false);
+    assert_eq!(p.poll_timeout(), Some(f64::NEG_INFINITY), "a report waits");
+    let Some(DriverAction::Retrying {
+        id,
+        attempts: 1,
+        pause,
+        left,
+        ..
+    }) = p.poll(at)
+    else {
         panic!("a first failure is retried")
     };
     assert!(
-        again > at && (left - peer.min(TRANSIENT_FAILURE_WINDOW)).abs() < 1e-9,
-        "{again} {left}"
+        id == ack && pause > 0.0 && (left - PEER.min(TRANSIENT_FAILURE_WINDOW)).abs() < 1e-9,
+        "{pause} {left}"
     );
-    assert_eq!(p.poll_write(at), None, "not due before its pause");
-    assert_eq!(p.poll_timeout(), Some(again));
-    assert_eq!(p.poll_write(again), Some(ack));
-    assert_eq!(p.handle_write_done(ack), Some(writes::Kind::Acknowledge));
+    assert_eq!(p.poll(at), None, "not due before its pause");
+    assert_eq!(p.poll_timeout(), Some(at + pause));
+    assert!(matches!(p.poll(at + pause), Some(DriverAction::Write { id, .. }) if id == ack));
+    p.written(ack, true, 0.0, at);
+    assert!(matches!(
+        p.poll(at),
+        Some(DriverAction::Finished {
+            end: WriteEnd::Written { won: true },
+            ends_notice: false,
+            ..
+        })
+    ));
+    assert_eq!((p.poll(at), p.poll_timeout()), (None, None));
 
-    p.handle_notice(notice(10.0, Some(14.0))).unwrap();
-    p.handle_claim(true).unwrap();
-    let announce = p
-        .push_write(
-            SetCall::new(writes::Kind::Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "notice", peer),
-            10.0,
-            peer,
-            at,
-        )
-        .unwrap();
-    assert!(p.writes().busy());
+    // Once this worker leads a notice with a deadline 4 s away, 4 s.
+    let mut p = worker_1_of_2(60.0);
+    p.notice(notice(10.0, Some(14.0)), "a source", "m", 10.0, at).unwrap();
+    let claim = p.newest_write().unwrap();
+    p.written(claim, true, 10.0, at);
+    assert!(matches!(p.poll(at), Some(DriverAction::Finished { .. })));
+    assert!(p.writes_busy(), "a won claim is announced");
+    let Some(DriverAction::Write { id: announce, call }) = p.poll(at) else {
+        panic!("the announce is due at once")
+    };
     assert_eq!(
-        p.push_write(SetCall::new(writes::Kind::Claim, "TERMINATED_WORKER", "1", peer), 10.0, peer, at),
-        Err(Busy)
+        (call.kind, call.value.as_str(), call.what()),
+        (Kind::Announce, "m", "publishing TF_DEFAULT_PREEMPTION_NOTICE_KEY".to_owned())
     );
-    let Some(Verdict::Again { left, .. }) = p.handle_write_failed(announce, at, false) else {
+    p.write_failed(announce, at, false);
+    let Some(DriverAction::Retrying { left, .. }) = p.poll(at) else {
         panic!("a first failure is retried")
     };
     assert!((left - 4.0).abs() < 1e-9, "the leading notice's deadline bounds it: {left}");
-    let closing = p.close_writes(at + 1.0);
-    assert_eq!((closing.last_attempts, closing.dropped), (vec![announce], None));
+    p.close(at + 1.0);
+    assert!(
+        matches!(p.poll(at + 1.0), Some(DriverAction::Write { id, .. }) if id == announce),
+        "its last attempt"
+    );
+    p.write_failed(announce, at + 1.0, false);
+    assert!(matches!(
+        p.poll(at + 1.0),
+        Some(DriverAction::Finished {
+            end: WriteEnd::GaveUp { .. },
+            ends_notice: true,
+            ..
+        })
+    ));
 }
 
-/// A write's call is the protocol's: the key and value it was pushed with, bounded as
-/// its kind is (an announce, which nothing waits for, no longer than the shutdown's
-/// bound), until the write is done, given up or dropped at close.
+/// A write's call is the protocol's until it is written, given up, raised or
+/// dropped at close; a superseded handler acknowledges nothing.
 #[test]
-fn a_writes_call_is_kept_until_it_is_done_given_up_or_dropped() {
-    use crate::step_resolution::{SHUTDOWN_WRITE_TIMEOUT, TERMINATED_WORKER};
-    let peer = 100.0;
-    let mut p = worker_1_of_2(60.0);
+fn a_writes_call_is_kept_until_it_ends() {
+    use crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT;
     let at = 5000.0;
-    let ack_call = SetCall::new(writes::Kind::Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1", "1", peer);
-    assert_eq!(ack_call.timeout, write_timeout(peer, WriteBound::Protocol));
-    let ack = p.push_write(ack_call.clone(), 0.0, peer, at).unwrap();
-    assert_eq!(p.write_call(ack), Some(&ack_call));
-    assert_eq!(p.handle_write_done(ack), Some(writes::Kind::Acknowledge));
-    assert_eq!(p.write_call(ack), None, "done: forgotten");
+    let mut p = worker_1_of_2(60.0);
+    p.step_key(Round::Initial, "3", true, 0.0, at).unwrap().unwrap();
+    assert_eq!(p.poll(at), None, "a newer handler acknowledges");
 
-    // Given up: a bound of 0 retries nothing.
-    let claim = p
-        .push_write_bounded(SetCall::new(writes::Kind::Claim, TERMINATED_WORKER, "1", peer), 0.0, at)
-        .unwrap();
-    assert!(matches!(p.handle_write_failed(claim, at, false), Some(Verdict::GiveUp { .. })));
-    assert_eq!(p.write_call(claim), None, "given up: forgotten");
+    // Given up: a peer timeout of 0 retries nothing.
+    let mut p = worker_1_of_2(60.0);
+    p.set_peer_timeout(0.0).unwrap();
+    p.notice(notice(0.0, None), "s", "m", 0.0, at).unwrap();
+    let Some(DriverAction::Write { id: claim, call }) = p.poll(at) else {
+        panic!("the claim is due")
+    };
+    assert_eq!(call.what(), "claiming TERMINATED_WORKER after the notice from s");
+    p.write_failed(claim, at, false);
+    assert!(matches!(
+        p.poll(at),
+        Some(DriverAction::Finished {
+            end: WriteEnd::GaveUp { attempts: 1, .. },
+            ends_notice: true,
+            ..
+        })
+    ));
+    assert!(p.write_call(claim).is_none() && !p.writes_busy() && !p.leading());
 
-    // Dropped at close: a claim; an announce gets its last attempt, its call kept.
-    let claim = p
-        .push_write(SetCall::new(writes::Kind::Claim, TERMINATED_WORKER, "1", peer), 0.0, peer, at)
-        .unwrap();
-    let closing = p.close_writes(at);
-    assert_eq!(closing.dropped, Some(claim));
-    assert_eq!(p.write_call(claim), None, "dropped: forgotten");
-    let announce_call = SetCall::new(writes::Kind::Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", peer);
+    // Raised: forgotten, a claim not won.
+    let mut p = worker_1_of_2(60.0);
+    p.notice(notice(0.0, None), "s", "m", 0.0, at).unwrap();
+    let claim = p.newest_write().unwrap();
+    p.write_raised(claim);
+    assert!(matches!(p.poll(at), Some(DriverAction::Finished { end: WriteEnd::Raised, .. })));
+    assert!(p.write_call(claim).is_none() && !p.writes_busy() && !p.leading());
+
+    // Dropped at close: a claim; an acknowledgement gets its last attempt.
+    let mut p = worker_1_of_2(60.0);
+    p.notice(notice(0.0, None), "s", "m", 0.0, at).unwrap();
+    let claim = p.newest_write().unwrap();
+    p.step_key(Round::Initial, "3", false, 0.0, at).unwrap().unwrap();
+    let ack = p.newest_write().unwrap();
+    p.close(at);
+    assert!(matches!(p.poll(at), Some(DriverAction::Dropped { call }) if call.kind == Kind::Claim));
+    assert!(p.write_call(claim).is_none());
+    assert!(matches!(p.poll(at), Some(DriverAction::Write { id, .. }) if id == ack));
+    p.write_failed(ack, at, false);
+    assert!(matches!(
+        p.poll(at),
+        Some(DriverAction::Finished {
+            end: WriteEnd::GaveUp { .. },
+            ..
+        })
+    ));
+    assert_eq!(p.poll(at), None, "nothing else");
+    let announce_call = SetCall::new(Kind::Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", "s", PEER);
     assert!(announce_call.timeout <= SHUTDOWN_WRITE_TIMEOUT);
 }
 
 /// A claim's follow-up is the protocol's: won, it queues the announce of the message it
-/// was pushed with; lost, nothing; given up, this worker does not lead.
+/// was queued with; lost, nothing.
 #[test]
-fn a_won_claim_queues_its_announce_and_a_lost_or_given_up_one_does_not() {
-    use crate::step_resolution::{PREEMPTION_NOTICE_KEY, TERMINATED_WORKER};
-    let peer = 100.0;
+fn a_won_claim_queues_its_announce_and_a_lost_one_does_not() {
+    use crate::step_resolution::PREEMPTION_NOTICE_KEY;
     let at = 5000.0;
     let mut p = worker_1_of_2(60.0);
-    p.handle_notice(notice(10.0, None)).unwrap();
-    let claim = p
-        .push_write(SetCall::claim(TERMINATED_WORKER, "1", "worker 1: notice", peer), 10.0, peer, at)
-        .unwrap();
-    let announce = p
-        .handle_claim_done(claim, true, 10.0, peer, at)
-        .unwrap()
-        .expect("a won claim announces");
-    assert_eq!(p.write_call(claim), None, "the claim is done");
-    let call = p.write_call(announce).expect("the announce is pending");
+    assert!(matches!(
+        p.notice(notice(10.0, None), "s", "worker 1: notice", 10.0, at).unwrap(),
+        NoticeAction::Claim { .. }
+    ));
+    let claim = p.newest_write().unwrap();
+    p.written(claim, true, 10.0, at);
+    assert!(matches!(
+        p.poll(at),
+        Some(DriverAction::Finished {
+            end: WriteEnd::Written { won: true },
+            ends_notice: false,
+            ..
+        })
+    ));
+    let Some(DriverAction::Write { call, .. }) = p.poll(at) else {
+        panic!("the announce is due at once")
+    };
     assert_eq!(
         (call.kind, call.key.as_str(), call.value.as_str()),
-        (writes::Kind::Announce, PREEMPTION_NOTICE_KEY, "worker 1: notice")
+        (Kind::Announce, PREEMPTION_NOTICE_KEY, "worker 1: notice")
     );
-    assert_eq!(p.poll_write(at), Some(announce), "due at once");
     assert!(p.leading());
 
     let mut p = worker_1_of_2(60.0);
-    p.handle_notice(notice(10.0, None)).unwrap();
-    let claim = p
-        .push_write(SetCall::claim(TERMINATED_WORKER, "1", "m", peer), 10.0, peer, at)
-        .unwrap();
-    assert_eq!(p.handle_claim_done(claim, false, 10.0, peer, at).unwrap(), None);
-    assert!(!p.writes().busy() && !p.leading());
+    p.notice(notice(10.0, None), "s", "m", 10.0, at).unwrap();
+    let claim = p.newest_write().unwrap();
+    p.written(claim, false, 10.0, at);
+    assert!(matches!(
+        p.poll(at),
+        Some(DriverAction::Finished {
+            end: WriteEnd::Written { won: false },
+            ends_notice: true,
+            ..
+        })
+    ));
+    assert!(!p.writes_busy() && !p.leading() && p.poll(at).is_none());
+    p.written(claim, true, 10.0, at);
+    assert!(p.poll(at).is_none() && !p.leading(), "a stale handle changes nothing");
 
-    let mut p = worker_1_of_2(60.0);
-    p.handle_notice(notice(10.0, None)).unwrap();
-    let claim = p
-        .push_write_bounded(SetCall::claim(TERMINATED_WORKER, "1", "m", peer), 0.0, at)
-        .unwrap();
-    assert!(matches!(p.handle_write_failed(claim, at, false), Some(Verdict::GiveUp { .. })));
-    assert!(!p.writes().busy() && !p.leading());
-    assert_eq!(p.poll_write(at), None, "nothing follows a claim given up");
+    // Local mode leads at once, with nothing to write.
+    let mut q = local(0.0);
+    assert_eq!(q.notice(notice(0.0, None), "s", "m", 0.0, at).unwrap(), NoticeAction::Lead);
+    assert!(q.poll(at).is_none());
+}
 
+/// A leader of worker 1 of 2 whose round `before_step` just published at `now`.
+fn leader_publishing(now: f64) -> Protocol {
+    let mut p = worker_1_of_2(0.0);
+    p.handle_notice(notice(now, None)).unwrap();
+    p.handle_claim(true).unwrap();
+    assert!(matches!(p.before_step(0, now).unwrap(), StepAction::Publish { step: 1, .. }));
+    p
+}
+
+fn set_key(a: &LeaderAction) -> (&str, &str) {
+    match a {
+        LeaderAction::Set { key, value, .. } => (key.as_str(), value.as_str()),
+        other => panic!("expected a write: {other:?}"),
+    }
+}
+
+/// The leader's round: publish, own acknowledgement, recorded, the wait, agreed.
+#[test]
+fn a_leaders_round_publishes_acknowledges_waits_and_is_agreed() {
+    let at = 500.0;
+    let mut p = leader_publishing(10.0);
+    let publish = p.leader_next(10.0, at);
+    assert_eq!(set_key(&publish), (RUN_TO_CHECKPOINT, "1"));
+    assert!(matches!(&publish, LeaderAction::Set { timeout, what, .. }
+        if *timeout == write_timeout(PEER, WriteBound::Protocol) && what == "publishing RUN_TO_CHECKPOINT=1"));
+    let own = p.leader_called(Some("1"), 10.0, at).unwrap();
+    assert_eq!(set_key(&own), ("RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1", "1"));
+    assert_eq!(
+        p.leader_called(Some("1"), 10.0, at).unwrap(),
+        LeaderAction::Published {
+            round: Round::Initial,
+            step: 1
+        }
+    );
+    let LeaderAction::Get {
+        key, ack: true, timeout, ..
+    } = p.leader_next(10.0, at)
+    else {
+        panic!("the wait reads the first key")
+    };
+    assert_eq!(key, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0");
+    assert!(timeout > 0.0 && timeout <= crate::acks::ACK_READ_SLICE);
+    // Not yet, then written; then its own key, written.
+    assert!(matches!(p.leader_called(None, 10.0, at).unwrap(), LeaderAction::Get { .. }));
+    let next = p.leader_called(Some("1"), 10.0, at).unwrap();
+    assert!(matches!(&next, LeaderAction::Get { key, .. } if key == "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1"));
+    assert_eq!(p.leader_called(Some("1"), 12.0, at).unwrap(), LeaderAction::Agreed);
+    assert_eq!(p.leader_next(12.0, at), LeaderAction::Agreed, "nothing in progress");
+}
+
+/// Local mode records the round and is agreed: nothing is written or waited for.
+#[test]
+fn a_local_round_is_recorded_and_agreed() {
+    let mut p = local(0.0);
+    p.handle_notice(notice(0.0, None)).unwrap();
+    assert!(matches!(p.before_step(0, 0.0).unwrap(), StepAction::Publish { .. }));
+    assert!(matches!(p.leader_next(0.0, 0.0), LeaderAction::Published { step: 1, .. }));
+    assert_eq!(p.leader_next(0.0, 0.0), LeaderAction::Agreed);
+}
+
+/// A publish another worker made first: the key read back is the agreed step.
+#[test]
+fn a_lost_publish_reads_the_key_back_and_follows_it() {
+    let mut p = leader_publishing(10.0);
+    p.leader_next(10.0, 0.0);
+    let LeaderAction::Get {
+        key, timeout, ack: false, ..
+    } = p.leader_called(None, 10.0, 0.0).unwrap()
+    else {
+        panic!("the key is read back")
+    };
+    assert_eq!((key.as_str(), timeout), (RUN_TO_CHECKPOINT, READ_BACK_TIMEOUT));
+    assert_eq!(
+        p.leader_called(Some("7"), 10.0, 0.0).unwrap(),
+        LeaderAction::Lost {
+            round: Round::Initial,
+            value: Some("7".into())
+        }
+    );
+    assert_eq!(p.snapshot().resolver.unwrap().agreed_step, Some(7));
+    // A value the protocol cannot read is refused.
+    let mut q = leader_publishing(10.0);
+    q.leader_next(10.0, 0.0);
+    q.leader_called(None, 10.0, 0.0).unwrap();
+    assert!(matches!(q.leader_called(Some("x"), 10.0, 0.0), Err(ConfigError::StepKey(_))));
+}
+
+/// A failing call is paused by the retry rule, and given up when closing.
+#[test]
+fn a_failing_call_of_the_round_is_paused_then_given_up() {
+    let mut p = leader_publishing(10.0);
+    p.leader_next(10.0, 0.0);
+    let LeaderAction::Pause {
+        seconds,
+        attempts: 1,
+        what,
+        ..
+    } = p.leader_call_failed(10.0, 0.0, false)
+    else {
+        panic!("a first failure is retried")
+    };
+    assert!(seconds > 0.0 && what == "publishing RUN_TO_CHECKPOINT=1");
+    assert_eq!(set_key(&p.leader_next(10.0, seconds)), (RUN_TO_CHECKPOINT, "1"));
+    assert!(matches!(
+        p.leader_call_failed(10.0, seconds, true),
+        LeaderAction::GaveUp { attempts: 2, .. }
+    ));
+    assert_eq!(p.leader_next(10.0, seconds), LeaderAction::Agreed, "the round ended");
+}
+
+/// The peer timeout passes: one last read of each missing key, then they are named.
+#[test]
+fn a_wait_past_the_peer_timeout_names_who_is_missing() {
+    let mut p = leader_publishing(10.0);
+    p.set_peer_timeout(5.0).unwrap();
+    p.leader_next(10.0, 0.0);
+    p.leader_called(Some("1"), 10.0, 0.0).unwrap(); // published
+    p.leader_called(Some("1"), 10.0, 0.0).unwrap(); // own acknowledgement
+    assert!(matches!(p.leader_next(10.0, 0.0), LeaderAction::Get { ack: true, .. }));
+    // Past the end: the last look, key by key.
+    let LeaderAction::Get {
+        key, timeout, ack: false, ..
+    } = p.leader_called(None, 20.0, 6.0).unwrap()
+    else {
+        panic!("the last look")
+    };
+    assert_eq!((key.as_str(), timeout), ("RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0", LAST_LOOK_TIMEOUT));
+    assert!(matches!(p.leader_called(None, 20.0, 6.0).unwrap(), LeaderAction::Get { .. }));
+    assert_eq!(
+        p.leader_called(Some("1"), 20.0, 6.0).unwrap(),
+        LeaderAction::Missing {
+            round: Round::Initial,
+            step: 1,
+            missing: vec!["RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0".into()]
+        }
+    );
+}
+
+/// The reader reads each round's key in slices, posts what it finds, and stops
+/// after the last round or `STOP_WATCHER`.
+#[test]
+fn the_reader_reads_each_rounds_key_and_posts_its_value() {
+    use crate::step_resolution::PEER_WATCH_SLICE;
     let mut p = worker_1_of_2(60.0);
-    p.handle_notice(notice(10.0, None)).unwrap();
-    let claim = p
-        .push_write(SetCall::claim(TERMINATED_WORKER, "1", "m", peer), 10.0, peer, at)
-        .unwrap();
-    assert_eq!(p.handle_write_abandoned(claim), Some(writes::Kind::Claim));
-    assert!(!p.writes().busy() && !p.leading());
+    let get = |key| ReaderAction::Get {
+        key,
+        timeout: PEER_WATCH_SLICE,
+    };
+    assert_eq!(p.reader_next(), get(RUN_TO_CHECKPOINT));
+    assert_eq!(p.reader_read(None), get(RUN_TO_CHECKPOINT), "not set yet: read again");
+    assert_eq!(
+        p.reader_read(Some("4")),
+        ReaderAction::Post {
+            round: Round::Initial,
+            value: "4".into()
+        }
+    );
+    assert_eq!(p.reader_next(), get(LAST_RUN_TO_CHECKPOINT), "with a grace period, the final round");
+    assert!(matches!(p.reader_read(Some("9")), ReaderAction::Post { round: Round::Final, .. }));
+    assert_eq!(p.reader_next(), ReaderAction::Done);
+    // STOP_WATCHER ends it at once; no grace period, one round.
+    let mut q = worker_1_of_2(60.0);
+    q.reader_read(Some("STOP_WATCHER"));
+    assert_eq!(q.reader_next(), ReaderAction::Done);
+    let mut r = worker_1_of_2(0.0);
+    r.reader_read(Some("3"));
+    assert_eq!(r.reader_next(), ReaderAction::Done);
+}
+
+/// A failed read is paused by the retry rule from its first failure, a read that
+/// answers ends the run, and the rule gives up; closing ends the reader.
+#[test]
+fn a_failing_read_is_paused_given_up_or_ends_at_close() {
+    let mut p = worker_1_of_2(0.0);
+    p.set_peer_timeout(1.0).unwrap();
+    let ReaderAction::Pause { attempts: 1, what, .. } = p.reader_failed(0.0, 0.0, false) else {
+        panic!("a first failure is retried")
+    };
+    assert_eq!(what, "reading RUN_TO_CHECKPOINT");
+    assert!(matches!(p.reader_read(None), ReaderAction::Get { .. }), "answered: the run ends");
+    assert!(matches!(p.reader_failed(5.0, 5.0, false), ReaderAction::Pause { attempts: 1, .. }));
+    let mut at = 5.0;
+    let gave_up = loop {
+        at += 0.6;
+        match p.reader_failed(at, at, false) {
+            ReaderAction::Pause { .. } => {}
+            other => break other,
+        }
+    };
+    assert!(matches!(gave_up, ReaderAction::GaveUp { attempts, .. } if attempts >= crate::retry::MIN_ATTEMPTS));
+    assert_eq!(p.reader_next(), ReaderAction::Done);
+    let mut q = worker_1_of_2(0.0);
+    assert_eq!(q.reader_failed(0.0, 0.0, true), ReaderAction::Done);
+    assert_eq!(q.reader_next(), ReaderAction::Done);
+}
+
+/// The shutdown's writes release the readers: `STOP_WATCHER` to each step key.
+#[test]
+fn the_shutdown_writes_release_every_step_key() {
+    use crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT;
+    let writes = worker_1_of_2(0.0).shutdown_writes().unwrap();
+    assert_eq!(writes.len(), 2);
+    assert!(matches!(&writes[0], LeaderAction::Set { key, value, timeout, .. }
+        if key == RUN_TO_CHECKPOINT && value == "STOP_WATCHER" && *timeout == SHUTDOWN_WRITE_TIMEOUT));
+    assert!(local(0.0).shutdown_writes().unwrap().is_empty());
 }
