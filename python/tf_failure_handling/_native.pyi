@@ -659,159 +659,159 @@ class Lane:
     class Save(Lane): ...
     class Join(Lane): ...
 
-class Event:
+class CoordinatorEvent:
     """What the coordinator's threads report (``src/ps_control/coordinator.rs``)."""
 
-    class Answered(Event):
+    class Answered(CoordinatorEvent):
         def __init__(self, task: str, answer: Any) -> None: ...
 
-    class PollFailed(Event):
+    class PollFailed(CoordinatorEvent):
         def __init__(self, task: str, error: BaseException) -> None: ...
 
-    class Stop(Event): ...
-    class RoundFailed(Event): ...
+    class Stop(CoordinatorEvent): ...
+    class RoundFailed(CoordinatorEvent): ...
 
-    class ReleaseStart(Event):
+    class ReleaseStart(CoordinatorEvent):
         def __init__(self, task: str, reason: str, bound: Optional[float]) -> None: ...
 
-    class ReleaseAnswered(Event):
+    class ReleaseAnswered(CoordinatorEvent):
         def __init__(self, task: str, answer: Any) -> None: ...
 
-    class ReleaseFailed(Event):
+    class ReleaseFailed(CoordinatorEvent):
         def __init__(self, task: str, error: BaseException, busy: bool) -> None: ...
 
-    class WaitGone(Event):
+    class WaitGone(CoordinatorEvent):
         def __init__(self, task: str, bound: float) -> None: ...
 
-    class Probed(Event):
+    class Probed(CoordinatorEvent):
         def __init__(self, task: str, listening: bool) -> None: ...
 
-    class DrainStart(Event):
+    class DrainStart(CoordinatorEvent):
         def __init__(self, worker: int, deadline: Optional[float], can_hold: bool) -> None: ...
 
-    class Idled(Event):
+    class Idled(CoordinatorEvent):
         def __init__(self, worker: int, idle: bool) -> None: ...
 
-    class DrainReleased(Event):
+    class DrainReleased(CoordinatorEvent):
         def __init__(self, worker: int, ok: bool) -> None: ...
 
-    class DrainWaited(Event):
+    class DrainWaited(CoordinatorEvent):
         def __init__(self, worker: int, gone: bool) -> None: ...
 
-    class SaveStart(Event):
+    class SaveStart(CoordinatorEvent):
         def __init__(self, bound: float, scheduled: Optional[int], held: bool) -> None: ...
 
-    class Unfinished(Event):
+    class Unfinished(CoordinatorEvent):
         def __init__(
             self, count: int, queued: Optional[List[int]], in_flight: Optional[List[int]]
         ) -> None: ...
 
-    class Promotable(Event):
+    class Promotable(CoordinatorEvent):
         def __init__(self, found: List[int], takers: int) -> None: ...
 
-    class Granted(Event): ...
+    class Granted(CoordinatorEvent): ...
 
-    class OwnNotice(Event):
+    class OwnNotice(CoordinatorEvent):
         def __init__(self, final_round: bool) -> None: ...
 
-    class CheckpointSaved(Event): ...
-    class TrainingGoesOn(Event): ...
+    class CheckpointSaved(CoordinatorEvent): ...
+    class TrainingGoesOn(CoordinatorEvent): ...
 
-class Action:
+class CoordinatorAction:
     """What a coordinator's thread does next (``src/ps_control/coordinator.rs``)."""
 
-    class Poll(Action):
+    class Poll(CoordinatorAction):
         task: str
         timeout: float
 
-    class Say(Action):
+    class Say(CoordinatorAction):
         line: PollLog
         task: str
         detail: str
 
-    class Reconnect(Action):
+    class Reconnect(CoordinatorAction):
         task: str
 
-    class Notice(Action):
+    class Notice(CoordinatorAction):
         task: str
         job: str
         index: int
         source: str
         deadline: Optional[float]
 
-    class Release(Action):
+    class Release(CoordinatorAction):
         task: str
         request: dict
         timeout: float
 
-    class Released(Action):
+    class Released(CoordinatorAction):
         task: str
         end: str
         detail: str
 
-    class Probe(Action):
+    class Probe(CoordinatorAction):
         task: str
         timeout: float
 
-    class Pause(Action):
+    class Pause(CoordinatorAction):
         timeout: float
         after: Optional[str]
 
-    class GoneOver(Action):
+    class GoneOver(CoordinatorAction):
         gone: bool
 
-    class Hold(Action):
+    class Hold(CoordinatorAction):
         bound: float
 
-    class DrainRelease(Action):
+    class DrainRelease(CoordinatorAction):
         task: str
         drained: bool
         hold: bool
 
-    class DrainWaitGone(Action):
+    class DrainWaitGone(CoordinatorAction):
         task: str
         bound: float
         holding: Optional[float]
 
-    class DrainOver(Action):
+    class DrainOver(CoordinatorAction):
         held: bool
         why: Optional[DrainEnd]
         bound: float
         outcome: Optional[str]
 
-    class WaitAll(Action):
+    class WaitAll(CoordinatorAction):
         bound: float
 
-    class WaitIdle(Action):
+    class WaitIdle(CoordinatorAction):
         look: float
         looks: int
 
-    class Promote(Action):
+    class Promote(CoordinatorAction):
         runs: List[int]
 
-    class Grant(Action):
+    class Grant(CoordinatorAction):
         runs: List[int]
         wait: float
 
-    class Saved(Action):
+    class Saved(CoordinatorAction):
         runs: Optional[int]
         finished_after: List[int]
         filled: List[int]
         error_wait: Optional[float]
 
-    class HoldAll(Action):
+    class HoldAll(CoordinatorAction):
         strict: bool
 
-    class ReleaseSaved(Action):
+    class ReleaseSaved(CoordinatorAction):
         task: str
         silence: float
 
-    class StopWatch(Action): ...
+    class StopWatch(CoordinatorAction): ...
 
-    class ResumeAll(Action):
+    class ResumeAll(CoordinatorAction):
         runs: Optional[int]
 
-    class Done(Action): ...
+    class Done(CoordinatorAction): ...
 
 class CoordinatorProtocol:
     """The coordinator's protocol object (``src/ps_control/coordinator.rs``)."""
@@ -823,8 +823,8 @@ class CoordinatorProtocol:
         interval: Optional[float] = None,
         call_timeout: Optional[float] = None,
     ) -> None: ...
-    def handle(self, event: Event, now: Optional[float] = None) -> None: ...
-    def poll(self, lane: Lane, now: Optional[float] = None) -> Action: ...
+    def handle(self, event: CoordinatorEvent, now: Optional[float] = None) -> None: ...
+    def poll(self, lane: Lane, now: Optional[float] = None) -> CoordinatorAction: ...
     def poll_timeout(self, lane: Lane, now: Optional[float] = None) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
 

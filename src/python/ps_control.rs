@@ -309,7 +309,7 @@ impl From<&Lane> for co::Lane {
 /// `Answered` takes the poll's answer as it came (anything), `PollFailed` and
 /// `ReleaseFailed` the error raised (`busy`: refused at once, the task's earlier call
 /// has not returned), `ReleaseAnswered` the release's answer.
-#[pyclass(frozen, module = "tf_failure_handling._native")]
+#[pyclass(frozen, name = "CoordinatorEvent", module = "tf_failure_handling._native")]
 #[rustfmt::skip]
 pub enum Event {
     Answered { task: String, answer: Py<PyAny> },
@@ -438,7 +438,7 @@ impl Event {
 /// What a coordinator's thread does next (`crate::ps_control::coordinator::Action`).
 /// `Released.end` is "released", "refused", "no answer" or "gone" (`detail`: why);
 /// `DrainOver.outcome` is "released", "not released" or "no hold" (None: unknown).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
+#[pyclass(frozen, name = "CoordinatorAction", module = "tf_failure_handling._native")]
 #[rustfmt::skip]
 pub enum Action {
     Poll { task: String, timeout: f64 },

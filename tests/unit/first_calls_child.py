@@ -175,7 +175,7 @@ def ps_control() -> None:
     task = threading.current_thread().name
     call, abandoned = _CALLS.start(task, 0.0)
     assert abandoned is None and _CALLS.returned(task, call)
-    event, lane = _native.Event, _native.Lane
+    event, lane = _native.CoordinatorEvent, _native.Lane
     _PROTOCOL.handle(event.PollFailed(task, RuntimeError("Could not find callback")))
     _PROTOCOL.handle(event.Answered(task, {"incarnation": "inc", "notice": {"at": 1.0}}))
     _PROTOCOL.handle(event.ReleaseStart(task, "drained", None))

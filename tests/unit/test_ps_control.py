@@ -27,9 +27,9 @@ from tf_failure_handling._coordinator import (
 )
 from tf_failure_handling._coordinator.worker_loop import Worker, _Holds
 from tf_failure_handling._native import (
-    Action,
+    CoordinatorAction,
+    CoordinatorEvent,
     CoordinatorProtocol,
-    Event,
     Lane,
     TaskAction,
     TaskCalls,
@@ -826,7 +826,7 @@ class FakePoller:
 
     def __init__(self, released=True, gone=True) -> None:
         self.protocol = CoordinatorProtocol([PS, W0, W1], 30.0)
-        self.protocol.handle(Event.Answered(W1, {"incarnation": "inc-1"}))
+        self.protocol.handle(CoordinatorEvent.Answered(W1, {"incarnation": "inc-1"}))
         self.calls: list = []
         self._released = released
         self._gone = gone
@@ -891,7 +891,7 @@ def test_drain_releases_at_its_bound_with_the_closure_still_running(caplog):
 def _first_drain_step(deadline, now, peer_timeout=30.0):
     """The first action of a drain of worker 1 (it can be held) at ``now``."""
     protocol = CoordinatorProtocol([W1], peer_timeout)
-    protocol.handle(Event.DrainStart(1, deadline, True), now)
+    protocol.handle(CoordinatorEvent.DrainStart(1, deadline, True), now)
     return protocol.poll(Lane.Drain(1), now)
 
 
@@ -929,7 +929,7 @@ def test_drain_that_cannot_release_keeps_the_worker_out_until_it_is_gone():
 
 def test_drain_that_cannot_release_resumes_a_new_incarnation():
     def restarted(poller):
-        poller.protocol.handle(Event.Answered(W1, {"incarnation": "inc-2"}))
+        poller.protocol.handle(CoordinatorEvent.Answered(W1, {"incarnation": "inc-2"}))
 
     _, worker, poller, held = _unreleased_drain(False, on_wait=restarted)
     assert poller.calls == [("release", W1, "drained"), ("wait_gone", W1)]
@@ -940,11 +940,11 @@ def test_an_unreleased_worker_is_held_for_as_long_as_it_may_serve():
     """As long as it may serve (its cap, from the coordinator's peer_timeout) and the
     exit wait (30 s)."""
     protocol = CoordinatorProtocol([W1], 30.0)
-    protocol.handle(Event.DrainStart(1, None, True), 0.0)
-    assert isinstance(protocol.poll(Lane.Drain(1), 0.0), Action.Hold)
-    protocol.handle(Event.Idled(1, True), 0.0)
-    assert isinstance(protocol.poll(Lane.Drain(1), 0.0), Action.DrainRelease)
-    protocol.handle(Event.DrainReleased(1, False), 0.0)
+    protocol.handle(CoordinatorEvent.DrainStart(1, None, True), 0.0)
+    assert isinstance(protocol.poll(Lane.Drain(1), 0.0), CoordinatorAction.Hold)
+    protocol.handle(CoordinatorEvent.Idled(1, True), 0.0)
+    assert isinstance(protocol.poll(Lane.Drain(1), 0.0), CoordinatorAction.DrainRelease)
+    protocol.handle(CoordinatorEvent.DrainReleased(1, False), 0.0)
     wait = protocol.poll(Lane.Drain(1), 0.0)
     assert wait.holding == pytest.approx(SERVE_CAP_FACTOR * 30.0 + 30.0)
 
@@ -1472,13 +1472,15 @@ def test_the_save_saves_at_the_first_unfinished_run():
 
     def saved(scheduled, queued, in_flight, takers=0):
         protocol, lane = CoordinatorProtocol([]), Lane.Save()
-        protocol.handle(Event.SaveStart(5.0, scheduled, True))
-        assert isinstance(protocol.poll(lane), Action.WaitIdle)
-        protocol.handle(Event.Unfinished(len(queued) + len(in_flight), queued, in_flight))
+        protocol.handle(CoordinatorEvent.SaveStart(5.0, scheduled, True))
+        assert isinstance(protocol.poll(lane), CoordinatorAction.WaitIdle)
+        protocol.handle(
+            CoordinatorEvent.Unfinished(len(queued) + len(in_flight), queued, in_flight)
+        )
         action = protocol.poll(lane)
-        if isinstance(action, Action.Promote):
+        if isinstance(action, CoordinatorAction.Promote):
             promoted = list(action.runs)
-            protocol.handle(Event.Promotable(promoted, takers))
+            protocol.handle(CoordinatorEvent.Promotable(promoted, takers))
             return promoted, protocol.poll(lane)
         return None, action
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from .._native import Action, CoordinatorProtocol, Event, Lane
+from .._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane
 from .coordinators import workers_of
 
 SAVE_HOLD = "save"
@@ -155,34 +155,36 @@ def wait_for_closures(
     workers = workers_of(coordinator)
     left = Unfinished(0, {}, held)
     lane = Lane.Save()
-    protocol.handle(Event.SaveStart(bound, scheduled, held))
+    protocol.handle(CoordinatorEvent.SaveStart(bound, scheduled, held))
     while True:
         action = protocol.poll(lane)
-        if isinstance(action, Action.WaitAll):
+        if isinstance(action, CoordinatorAction.WaitAll):
             if not queue.wait(timeout=action.bound):
                 unnamed = int(getattr(queue, "inflight_closure_count", 0))
                 left = Unfinished(_qsize(queue), {}, held, unnamed)
-            protocol.handle(Event.Unfinished(left.count, None, None))
-        elif isinstance(action, Action.WaitIdle):
+            protocol.handle(CoordinatorEvent.Unfinished(left.count, None, None))
+        elif isinstance(action, CoordinatorAction.WaitIdle):
             left = _left_behind(queue, workers, protocol, action)
-            protocol.handle(Event.Unfinished(left.count, left.queued_runs, left.in_flight_runs))
-        elif isinstance(action, Action.Promote):
+            protocol.handle(
+                CoordinatorEvent.Unfinished(left.count, left.queued_runs, left.in_flight_runs)
+            )
+        elif isinstance(action, CoordinatorAction.Promote):
             wanted = set(action.runs)
             found = [c for c in queue.queued_closures() if _run_of(c) in wanted]
             takers = [w for w in workers if not w.lost()]
-            protocol.handle(Event.Promotable([_run_of(c) for c in found], len(takers)))
+            protocol.handle(CoordinatorEvent.Promotable([_run_of(c) for c in found], len(takers)))
             by_run = {_run_of(c): c for c in found}
-        elif isinstance(action, Action.Grant):
+        elif isinstance(action, CoordinatorAction.Grant):
             queue.promote([by_run[r] for r in action.runs])
             passes = Passes(len(action.runs))
             for worker in takers:
                 worker.grant(passes)
             # Until the passes are used; the next round waits for the workers to be idle.
             passes.wait_used(action.wait)
-            protocol.handle(Event.Granted())
+            protocol.handle(CoordinatorEvent.Granted())
         else:
             break
-    if isinstance(action, Action.Saved):
+    if isinstance(action, CoordinatorAction.Saved):
         left.gap_runs = list(action.filled)
         left.runs, left.finished_after = action.runs, list(action.finished_after)
         error = getattr(queue, "_error", None)

@@ -16,7 +16,7 @@ import socket
 import threading
 from typing import Any, Callable, Optional
 
-from .._native import Action, CoordinatorProtocol, Event, Lane, PollLog
+from .._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane, PollLog
 from .task_calls import CallRefused, call
 
 log = logging.getLogger("tf_failure_handling")
@@ -82,7 +82,7 @@ class ClusterPoller:
     def stop(self) -> None:
         """Ends the watch; waits for a round in progress, as long as the core says it
         may still take."""
-        self.protocol.handle(Event.Stop())
+        self.protocol.handle(CoordinatorEvent.Stop())
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -111,23 +111,23 @@ class ClusterPoller:
         try:
             answer = self._call(task, {"op": "poll"}, timeout)
         except Exception as e:  # noqa: BLE001 - a task that is down is TF's failure path
-            self.protocol.handle(Event.PollFailed(task, e))
+            self.protocol.handle(CoordinatorEvent.PollFailed(task, e))
             return None
-        self.protocol.handle(Event.Answered(task, answer))
+        self.protocol.handle(CoordinatorEvent.Answered(task, answer))
         return answer
 
     def _perform(self, action: Any) -> bool:
         """Performs one action of the poll lane; False at a pause or the end."""
-        if isinstance(action, Action.Poll):
+        if isinstance(action, CoordinatorAction.Poll):
             self.poll(action.task, action.timeout)
-        elif isinstance(action, Action.Say):
+        elif isinstance(action, CoordinatorAction.Say):
             _say(action)
-        elif isinstance(action, Action.Notice):
+        elif isinstance(action, CoordinatorAction.Notice):
             try:
                 self._on_notice(action.job, action.index, action.source, action.deadline)
             except Exception as e:  # noqa: BLE001 - the watch goes on
                 log.warning("Handling the notice of %s failed: %r", action.task, e)
-        elif isinstance(action, Action.Reconnect):
+        elif isinstance(action, CoordinatorAction.Reconnect):
             if self._on_stale_context is not None:
                 try:
                     self._on_stale_context(action.task)
@@ -144,26 +144,26 @@ class ClusterPoller:
         polled = False
         while True:
             action = self.protocol.poll(Lane.Poll())
-            if isinstance(action, Action.Pause):
+            if isinstance(action, CoordinatorAction.Pause):
                 if polled:
                     return
                 self._stop.wait(action.timeout)
                 continue
             if not self._perform(action):
                 return
-            polled = polled or isinstance(action, Action.Poll)
+            polled = polled or isinstance(action, CoordinatorAction.Poll)
 
     def _loop(self) -> None:
         while True:
             try:
                 action = self.protocol.poll(Lane.Poll())
-                if isinstance(action, Action.Pause):
+                if isinstance(action, CoordinatorAction.Pause):
                     self._stop.wait(action.timeout)
                 elif not self._perform(action):
                     return
             except BaseException as e:  # noqa: BLE001 - the watch must not die silently
                 log.error("The watch over the cluster's notices failed a round: %r", e)
-                self.protocol.handle(Event.RoundFailed())
+                self.protocol.handle(CoordinatorEvent.RoundFailed())
 
     def release(self, task: str, reason: str, bound: Optional[float] = None) -> bool:
         """Tells ``task`` that the coordinator is done with it (it exits); False if it
@@ -171,26 +171,26 @@ class ClusterPoller:
         release that failed is sent again by the core's retry rule for ``bound``
         seconds (None: one call's timeout), unless the watch is stopped."""
         lane = Lane.Release(task)
-        self.protocol.handle(Event.ReleaseStart(task, reason, bound))
+        self.protocol.handle(CoordinatorEvent.ReleaseStart(task, reason, bound))
         while True:
             action = self.protocol.poll(lane)
-            if isinstance(action, Action.Release):
+            if isinstance(action, CoordinatorAction.Release):
                 try:
                     answer = self._call(task, dict(action.request), action.timeout)
                 except CallRefused as e:
-                    self.protocol.handle(Event.ReleaseFailed(task, e, True))
+                    self.protocol.handle(CoordinatorEvent.ReleaseFailed(task, e, True))
                 except Exception as e:  # noqa: BLE001 - the core says what follows
-                    self.protocol.handle(Event.ReleaseFailed(task, e, False))
+                    self.protocol.handle(CoordinatorEvent.ReleaseFailed(task, e, False))
                 else:
-                    self.protocol.handle(Event.ReleaseAnswered(task, answer))
-            elif isinstance(action, Action.Probe):
+                    self.protocol.handle(CoordinatorEvent.ReleaseAnswered(task, answer))
+            elif isinstance(action, CoordinatorAction.Probe):
                 listening = self._listening(task, action.timeout)
-                self.protocol.handle(Event.Probed(task, listening))
-            elif isinstance(action, Action.Pause):
+                self.protocol.handle(CoordinatorEvent.Probed(task, listening))
+            elif isinstance(action, CoordinatorAction.Pause):
                 if action.after is not None:
                     log.info("Releasing %s failed (%s); sending it again.", task, action.after)
                 self._stop.wait(action.timeout)
-            elif isinstance(action, Action.Released):
+            elif isinstance(action, CoordinatorAction.Released):
                 return self._released(task, reason, action)
             else:
                 return False
@@ -222,15 +222,17 @@ class ClusterPoller:
         task meanwhile (see :attr:`leaving`); either way it is asked again afterwards
         (a restarted task is watched like the first)."""
         lane = Lane.Gone(task)
-        self.protocol.handle(Event.WaitGone(task, bound))
+        self.protocol.handle(CoordinatorEvent.WaitGone(task, bound))
         while True:
             action = self.protocol.poll(lane)
-            if isinstance(action, Action.Probe):
-                self.protocol.handle(Event.Probed(task, self._listening(task, action.timeout)))
-            elif isinstance(action, Action.Pause):
+            if isinstance(action, CoordinatorAction.Probe):
+                self.protocol.handle(
+                    CoordinatorEvent.Probed(task, self._listening(task, action.timeout))
+                )
+            elif isinstance(action, CoordinatorAction.Pause):
                 self._stop.wait(action.timeout)
             else:
-                return isinstance(action, Action.GoneOver) and action.gone
+                return isinstance(action, CoordinatorAction.GoneOver) and action.gone
 
     def _port_open(self, task: str, timeout: float) -> bool:
         """Whether ``task``'s gRPC port accepts a TCP connection within ``timeout``

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._native import Action, DrainEnd, Event, Lane
+from .._native import CoordinatorAction, CoordinatorEvent, DrainEnd, Lane
 from .cluster_poller import ClusterPoller
 from .coordinators import find_coordinator, workers_of
 
@@ -47,12 +47,12 @@ class WorkerDrain:
         can_hold = callable(getattr(worker, "hold", None))
         protocol, lane = self.poller.protocol, Lane.Drain(self.index)
         reason = f"drain {self.poller.incarnations.get(_task(self.index))}"
-        protocol.handle(Event.DrainStart(self.index, self.deadline, can_hold))
+        protocol.handle(CoordinatorEvent.DrainStart(self.index, self.deadline, can_hold))
         action, held = None, False
         try:
             while True:
                 action = protocol.poll(lane)
-                if isinstance(action, Action.Hold):
+                if isinstance(action, CoordinatorAction.Hold):
                     log.info(
                         "Worker %d got a termination notice: it gets no new closures; "
                         "waiting up to %.1fs for its closure in flight.",
@@ -72,8 +72,8 @@ class WorkerDrain:
                             worker.in_flight() or "?",
                             action.bound,
                         )
-                    protocol.handle(Event.Idled(self.index, idle))
-                elif isinstance(action, Action.DrainRelease):
+                    protocol.handle(CoordinatorEvent.Idled(self.index, idle))
+                elif isinstance(action, CoordinatorAction.DrainRelease):
                     if not action.hold:
                         log.warning(
                             "Worker %d got a termination notice, but the coordinator is not "
@@ -85,8 +85,8 @@ class WorkerDrain:
                         )
                     why = "drained" if action.hold else "notice; coordinator cannot drain"
                     released = self.poller.release(action.task, why)
-                    protocol.handle(Event.DrainReleased(self.index, released))
-                elif isinstance(action, Action.DrainWaitGone):
+                    protocol.handle(CoordinatorEvent.DrainReleased(self.index, released))
+                elif isinstance(action, CoordinatorAction.DrainWaitGone):
                     if action.holding is not None:
                         log.warning(
                             "Worker %d could not be released: it takes no new closures until "
@@ -95,7 +95,7 @@ class WorkerDrain:
                             action.holding,
                         )
                     gone = self.poller.wait_gone(action.task, action.bound)
-                    protocol.handle(Event.DrainWaited(self.index, gone))
+                    protocol.handle(CoordinatorEvent.DrainWaited(self.index, gone))
                 else:
                     break
         finally:
@@ -105,7 +105,7 @@ class WorkerDrain:
 
     def _end(self, action: Any) -> None:
         """The drain is over: its outcome, and the lines it is worth."""
-        if not isinstance(action, Action.DrainOver):
+        if not isinstance(action, CoordinatorAction.DrainOver):
             return
         self.outcome = action.outcome
         if action.why == DrainEnd.StillAnswers:

@@ -31,7 +31,7 @@ from .._coordinator import grpc_keepalive as _grpc_keepalive
 from .._coordinator import join_checks as _join_checks
 from .._coordinator import worker_drain as _worker_drain
 from .._integrations import tf_exit as _tf_exit
-from .._native import Action, Event, Lane, ProtocolCore
+from .._native import CoordinatorAction, CoordinatorEvent, Lane, ProtocolCore
 from .records_hooks import StageRecords
 from .state import HandlerState
 
@@ -118,7 +118,7 @@ class PsSteps:
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
         hold), which must return to reach the check that saves."""
         if self.poller is not None:
-            self._perform(Event.OwnNotice(self._core.has_final_round))
+            self._perform(CoordinatorEvent.OwnNotice(self._core.has_final_round))
 
     def _perform(self, event: Any) -> None:
         """Reports ``event`` to the coordinator's protocol and performs what it says
@@ -127,17 +127,17 @@ class PsSteps:
         protocol.handle(event)
         while True:
             action = protocol.poll(Lane.Save())
-            if isinstance(action, Action.HoldAll):
+            if isinstance(action, CoordinatorAction.HoldAll):
                 coordinator = self._coordinator()
                 if coordinator is not None and _closure_drain.hold_all(
                     coordinator, strict=action.strict
                 ):
                     log.info("Termination notice: the workers take no new closures until the save.")
-            elif isinstance(action, Action.ReleaseSaved):
+            elif isinstance(action, CoordinatorAction.ReleaseSaved):
                 self._release_saved(action)
-            elif isinstance(action, Action.StopWatch):
+            elif isinstance(action, CoordinatorAction.StopWatch):
                 self.poller.stop()
-            elif isinstance(action, Action.ResumeAll):
+            elif isinstance(action, CoordinatorAction.ResumeAll):
                 if action.runs is not None:
                     self._core.run_counter = action.runs
                 coordinator = self._coordinator()
@@ -291,7 +291,7 @@ class PsSteps:
         (the core's order: until then the tasks see the coordinator ask, and wait for
         it)."""
         if self.poller is not None:
-            self._perform(Event.CheckpointSaved())
+            self._perform(CoordinatorEvent.CheckpointSaved())
 
     def _release_saved(self, action: Any) -> None:
         """Releases the PS task of ``action`` after the save; a failed release is sent
@@ -312,7 +312,7 @@ class PsSteps:
         count again and the workers take closures again (the core's)."""
         self._unfinished = None
         if self.poller is not None:
-            self._perform(Event.TrainingGoesOn())
+            self._perform(CoordinatorEvent.TrainingGoesOn())
 
 
 def _ids(runs: list) -> str:
