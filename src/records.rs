@@ -52,6 +52,18 @@ pub const NOTICE_LINE_BOUND: f64 = 10.0;
 /// the previous ones when its notice comes before they all exited, or within
 /// this many seconds of the first notice when none exited.
 pub const REPORT_GROUP_WINDOW: f64 = 600.0;
+
+/// `report`: whether a task's preemption noticed at `t` belongs to the cluster-wide
+/// preemption before it, which began at `first` and ended (its last exit) at `end`,
+/// None when none of its tasks exited: noticed before that end, or within
+/// [`REPORT_GROUP_WINDOW`] of `first` when there is no end.
+#[must_use]
+pub fn same_preemption(t: f64, first: f64, end: Option<f64>) -> bool {
+    match end {
+        Some(end) => t <= end,
+        None => t - first <= REPORT_GROUP_WINDOW,
+    }
+}
 #[cfg(test)]
 mod tests;
 

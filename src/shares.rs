@@ -123,6 +123,103 @@ pub fn merge_start(needed: f64, own: f64, min_wait: f64, deadline: Option<f64>, 
     }
 }
 
+/// The shortest wait a shares' wait hands out: one whose time is up still asks
+/// once (a coordination-service get of 0 ms would wait for ever).
+pub const MIN_TIMEOUT: f64 = 0.001;
+
+/// The probe of the checkpoint folder at the handler's construction, as one worker
+/// waits in it: the chief for every other worker's answer, the others for the
+/// chief's token ([`PROBE_WAIT`] in all, from its start), then for the probe file
+/// ([`PROBE_LOOK`], looked for every [`PROBE_LOOK_EVERY`]). Never reads a clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Probe {
+    end: f64,
+    looking_until: Option<f64>,
+}
+
+impl Probe {
+    /// A probe starting at `now`.
+    #[must_use]
+    pub fn new(now: f64) -> Self {
+        Probe {
+            end: now + PROBE_WAIT,
+            looking_until: None,
+        }
+    }
+
+    /// Seconds the next wait for an answer (or the token) lasts from `now`: what is
+    /// left of [`PROBE_WAIT`], at least [`MIN_TIMEOUT`].
+    #[must_use]
+    pub fn left(&self, now: f64) -> f64 {
+        (self.end - now).max(MIN_TIMEOUT)
+    }
+
+    /// The probe file was looked for at `now` and `seen` (or not): None, stop looking
+    /// (it was seen, or [`PROBE_LOOK`] passed since the first look); else when to
+    /// look again.
+    pub fn look(&mut self, now: f64, seen: bool) -> Option<f64> {
+        let until = *self.looking_until.get_or_insert(now + PROBE_LOOK);
+        (!seen && now < until).then(|| (now + PROBE_LOOK_EVERY).min(until))
+    }
+}
+
+/// The waits of one save the workers write together, as one worker sees them:
+/// its own part (timed), then the chief's wait for the other parts or a
+/// non-chief's for the merge (until an end the caller's bound set, from
+/// [`wait_bound_at`]), then the chief's merge (until the end [`merge_start`]'s
+/// bound sets). Never reads a clock: each event comes with `now`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SaveWaits {
+    part_began: Option<f64>,
+    own: f64,
+    end: Option<f64>,
+    merge_began: Option<f64>,
+}
+
+impl SaveWaits {
+    /// This worker starts writing its part at `now`.
+    pub fn part_started(&mut self, now: f64) {
+        self.part_began = Some(now);
+    }
+
+    /// Its part is written at `now`: how long it took (0 if its start was not told).
+    pub fn part_written(&mut self, now: f64) -> f64 {
+        self.own = self.part_began.map_or(0.0, |began| (now - began).max(0.0));
+        self.own
+    }
+
+    /// Seconds this worker's own part took.
+    #[must_use]
+    pub fn own(&self) -> f64 {
+        self.own
+    }
+
+    /// The waits that follow end `bound` seconds after `now`.
+    pub fn wait(&mut self, now: f64, bound: f64) {
+        self.end = Some(now + bound.max(0.0));
+    }
+
+    /// The merge starts at `now`, waited for `bound` seconds.
+    pub fn merge_started(&mut self, now: f64, bound: f64) {
+        self.merge_began = Some(now);
+        self.wait(now, bound);
+    }
+
+    /// Seconds the next wait lasts from `now`: what is left until the end, at least
+    /// [`MIN_TIMEOUT`] (the minimum, too, before any end was set).
+    #[must_use]
+    pub fn left(&self, now: f64) -> f64 {
+        self.end.map_or(MIN_TIMEOUT, |end| (end - now).max(MIN_TIMEOUT))
+    }
+
+    /// The merge ended at `now` (the state file names the checkpoint): how long it
+    /// took, None when none started.
+    #[must_use]
+    pub fn merge_took(&self, now: f64) -> Option<f64> {
+        self.merge_began.map(|began| (now - began).max(0.0))
+    }
+}
+
 /// A plan that cannot be made.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SharesError {
@@ -294,6 +391,44 @@ mod tests {
                 "needed {needed} own {own} deadline {deadline:?} now {now} reserve {reserve}"
             );
         }
+    }
+
+    #[test]
+    fn the_probe_waits_what_is_left_of_its_bound_then_looks_for_the_file() {
+        let mut probe = Probe::new(100.0);
+        assert_eq!(probe.left(100.0), PROBE_WAIT);
+        assert_eq!(probe.left(130.0), PROBE_WAIT - 30.0);
+        assert_eq!(probe.left(100.0 + PROBE_WAIT + 5.0), MIN_TIMEOUT, "spent: still one quick ask");
+        // Looks every PROBE_LOOK_EVERY until PROBE_LOOK passed since the first look.
+        assert_eq!(probe.look(200.0, false), Some(200.0 + PROBE_LOOK_EVERY));
+        assert_eq!(
+            probe.look(200.0 + PROBE_LOOK - 0.1, false),
+            Some(200.0 + PROBE_LOOK),
+            "not past the end"
+        );
+        assert_eq!(probe.look(200.0 + PROBE_LOOK, false), None, "given up");
+        let mut probe = Probe::new(0.0);
+        assert_eq!(probe.look(1.0, true), None, "seen: done");
+    }
+
+    #[test]
+    fn a_save_s_waits_end_where_the_bound_set_them() {
+        let mut waits = SaveWaits::default();
+        assert_eq!(waits.left(0.0), MIN_TIMEOUT, "no end set");
+        assert_eq!(waits.part_written(5.0), 0.0, "start not told");
+        waits.part_started(10.0);
+        assert_eq!(waits.part_written(12.5), 2.5);
+        assert_eq!(waits.own(), 2.5);
+        waits.wait(12.5, wait_bound(waits.own(), MIN_WAIT));
+        assert_eq!(waits.left(12.5), MIN_WAIT);
+        assert_eq!(waits.left(42.5), MIN_WAIT - 30.0);
+        assert_eq!(waits.left(100.0), MIN_TIMEOUT, "past the end: one quick ask");
+        assert_eq!(waits.merge_took(50.0), None, "no merge started");
+        waits.merge_started(50.0, 22.0);
+        assert_eq!(waits.left(60.0), 12.0, "the merge's bound replaces the parts'");
+        assert_eq!(waits.merge_took(53.5), Some(3.5));
+        waits.wait(0.0, -1.0);
+        assert_eq!(waits.left(0.0), MIN_TIMEOUT, "a negative bound is none");
     }
 
     #[test]

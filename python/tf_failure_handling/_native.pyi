@@ -12,8 +12,6 @@ STOP_WATCHER: str
 PREEMPTION_NOTICE_KEY: str
 CHECKPOINTED_RUNS: str
 DEFAULT_PEER_TIMEOUT: float
-COORDINATION_WRITE_TIMEOUT: float
-PEER_PROBE_TIMEOUT: float
 THREAD_JOIN_TIMEOUT: float
 SHUTDOWN_WRITE_TIMEOUT: float
 
@@ -64,10 +62,6 @@ class ProtocolCore:
     def fit(self, now: float) -> Optional[tuple[str, float, float]]: ...
     def retry_bound(self, now: float) -> float: ...
     def kill_deadline(self) -> Optional[float]: ...
-    def notice_deadline(self) -> Optional[float]: ...
-    def shares_wait_bound(self, own: float, now: float, min_wait: float, chief: bool) -> float: ...
-    def shares_merge_start(self, own: float, now: float, min_wait: float) -> MergeStart: ...
-    def shares_merged(self, secs: float) -> None: ...
     def drain_bound(self, now: float) -> float: ...
     def shutdown_writes(self) -> list[LeaderAction]: ...
     @property
@@ -612,7 +606,6 @@ COORDINATOR_STOP_LOCK_BOUND: float
 RECORD_FIELDS: tuple[str, ...]
 RECORD_REQUIRED: tuple[str, ...]
 RECORDS_NOTICE_LINE_BOUND: float
-RECORDS_FLUSH_BOUND: float
 
 def read_records(
     sources: list[tuple[str, Optional[bytes]]],
@@ -911,12 +904,20 @@ def probe_metadata(
     cloud: str, base_url: str, timeout: Optional[float] = None, *, terminating: bool = False
 ) -> bool: ...
 def clouds() -> list[dict[str, Any]]: ...
+def key_watch_bounds() -> tuple[float, float]: ...
+def watch_key(
+    get: Callable[[float], Optional[str]], timeout: Optional[float] = None
+) -> Optional[str]: ...
+def peer_probe_bounds() -> tuple[int, float]: ...
+def tf_get_ms(seconds: float) -> int: ...
+def coordination_write_bound(timeout: Optional[float] = None) -> float: ...
 
-WATCHER_KEY_SLICE: float
-WAIT_SLICE: float
 WORKER_GET_SLICE: float
 WORKER_SOFT_SLICE: float
-REPORT_GROUP_WINDOW: float
+
+def report_same_preemption(t: float, first: float, end: Optional[float]) -> bool: ...
+def records_flush_bound(timeout: Optional[float] = None) -> float: ...
+
 INPUT_REPLAY_PROGRESS_EVERY: float
 DEFAULT_EXIT_CODE: int
 SHARES_UNMERGED_EXIT_CODE: int
@@ -929,23 +930,6 @@ def kubernetes_sigterm_deadlines(
 def assign_shares(
     sizes: list[int], pinned: list[bool], workers: int
 ) -> tuple[list[int], list[int]]: ...
-def shares_wait_bound(own: float, min_wait: float) -> float: ...
-def shares_wait_bound_at(
-    own: float,
-    min_wait: float,
-    now: float,
-    deadline: Optional[float] = None,
-    exit_reserve: float = 0.0,
-    chief: bool = True,
-) -> float: ...
-def shares_merge_start_at(
-    own: float,
-    min_wait: float,
-    now: float,
-    measured: Optional[float] = None,
-    deadline: Optional[float] = None,
-    exit_reserve: float = 0.0,
-) -> MergeStart: ...
 
 class MergeStart:
     """Whether the chief starts the merge (src/shares.rs ``MergeStart``)."""
@@ -955,8 +939,21 @@ class MergeStart:
     needed: Optional[float]
     left: Optional[float]
 
-SHARES_MIN_WAIT: float
-SHARES_PROBE_WAIT: float
+def shares_probe_answers(
+    workers: int, ask: Callable[[int, float], Optional[str]]
+) -> Optional[tuple[int, Optional[str], float]]: ...
+def shares_probe_file(
+    ask: Callable[[float], Optional[str]], look: Callable[[str], bool]
+) -> tuple[Optional[str], bool, float, float]: ...
+
+class SharesSave:
+    """The waits of one part of a save in shares (src/shares.rs ``SaveWaits``)."""
+
+    def __init__(self, core: Optional[ProtocolCore] = None) -> None: ...
+    def part_written(self, chief: bool) -> None: ...
+    def left(self, after_failure: bool = False) -> float: ...
+    def merge_start(self) -> MergeStart: ...
+    def merged(self) -> None: ...
 
 # Whether a non-chief's whole copy of a checkpoint may go to memory (src/host_memory.rs).
 def copy_place(
@@ -965,34 +962,41 @@ def copy_place(
     mem_available: Optional[int],
 ) -> tuple[str, int, Optional[int]]: ...
 
-# SLURM's text (src/sources/slurm.rs).
+# SLURM (src/sources/slurm.rs): the job's limits, a notice's deadlines, the requeue.
 def slurm_fields(text: str) -> dict[str, str]: ...
-def slurm_time(text: Optional[str]) -> Optional[float]: ...
-def slurm_seconds(text: Optional[str]) -> Optional[float]: ...
-def slurm_config_value(config: str, key: str) -> Optional[str]: ...
-def slurm_controller_busy(message: str) -> bool: ...
-def slurm_requeue(
-    *,
-    time_limit_signal: bool,
-    preempted: bool,
-    restarts: int,
-    restart_count: int,
-    requeueable: Optional[bool],
-) -> tuple[str, Optional[str]]: ...
 def slurm_decides_requeue(*, under_slurm: bool, enabled: bool, procid: Optional[str]) -> bool: ...
-def slurm_signal_deadlines(
+def slurm_job_read(
+    job_id: str, outputs: list[tuple[Optional[int], str, str]]
+) -> tuple[
+    Optional[tuple[list[str], float]],
+    tuple[
+        Optional[float],
+        Optional[str],
+        Optional[float],
+        Optional[float],
+        Optional[bool],
+        Optional[str],
+    ],
+]: ...
+def slurm_notice(
     unix_now: float,
     *,
     end: Optional[float],
     sigterm: bool,
-    grace_end: Optional[float],
+    srun_step: bool,
+    grace_time: Optional[float],
     kill_wait: Optional[float],
-) -> tuple[Optional[float], Optional[float]]: ...
-def slurm_kill_after_requeue(since: float, kill_wait: Optional[float]) -> Optional[float]: ...
-
-SLURM_REQUEUE_TIMEOUT: float
-SLURM_READ_TIMEOUT: float
-SLURM_NOTICE_READ_TIMEOUT: float
+    job: Optional[dict[str, str]] = None,
+) -> tuple[Optional[float], Optional[float], Optional[float]]: ...
+def slurm_requeue(
+    job_id: str,
+    *,
+    time_limit_signal: bool,
+    restart_count: int,
+    kill_wait: Optional[float],
+    show_job: Callable[[float], dict[str, str]],
+    requeue: Callable[[float], tuple[Optional[int], Optional[str]]],
+) -> tuple[bool, str, Optional[str], Optional[str], float, Optional[float], dict[str, str]]: ...
 
 # exit_guard.rs: after the last save, an exit still running just before the deadline
 # ends with the exit code (grace::exit_guard_delay decides when).

@@ -27,12 +27,8 @@ import time
 from typing import Any, Callable, Optional
 
 from . import _record_paths as _paths
-from ._native import (
-    RECORDS_FLUSH_BOUND,
-)
-from ._native import (
-    claim_resume as _claim_resume,
-)
+from ._native import claim_resume as _claim_resume
+from ._native import records_flush_bound
 from ._record_paths import (  # re-exported: where the records go
     DEFAULT_SUBDIR,
     RECORDS_DIR_ENV,
@@ -55,7 +51,6 @@ from ._record_reading import (  # re-exported: reading the records
 __all__ = [
     "DEFAULT_SUBDIR",
     "FIELDS",
-    "FLUSH_BOUND",
     "RECORDS_DIR_ENV",
     "REQUIRED",
     "SCHEMA_VERSION",
@@ -76,10 +71,9 @@ log = logging.getLogger("tf_failure_handling")
 
 SCHEMA_VERSION = 1
 STAGES = ("notice", "agreement", "save_start", "save_end", "exit", "error", "resumed", "requeue")
-#: Seconds :meth:`Recorder.close` waits for an object store to take the lines still
-#: queued (the ``exit`` line among them) before the process exits without them (the
-#: core's value: ``src/records.rs``).
-FLUSH_BOUND = RECORDS_FLUSH_BOUND
+# How long Recorder.close waits for an object store to take the lines still queued
+# (the ``exit`` line among them) before the process exits without them is the core's:
+# FLUSH_BOUND in src/records.rs (``records_flush_bound``).
 
 
 # --------------------------------------------------------------------- writing
@@ -230,16 +224,15 @@ class _Queue:
         with self._cond:
             return len(self._jobs) + self._busy
 
-    def wait_empty(self, timeout: float) -> bool:
-        """Whether every job ran within ``timeout`` seconds."""
-        end = time.monotonic() + timeout
+    def _empty(self) -> bool:
+        return not self._jobs and not self._busy
+
+    def wait_empty(self, timeout: Optional[float] = None) -> tuple:
+        """Whether every job ran within ``timeout`` seconds (None: the core's bound
+        before the exit), and that bound."""
+        bound = records_flush_bound(timeout)
         with self._cond:
-            while self._jobs or self._busy:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
+            return self._cond.wait_for(self._empty, bound), bound
 
     def stop(self) -> None:
         """The thread ends once the jobs queued before are done."""
@@ -293,7 +286,7 @@ class Recorder:
     def new_preemption(self) -> str:
         with self._lock:
             self._count += 1
-            self.current = f"{self.host}-{self.pid}-{int(time.time() * 1000)}-{self._count}"
+            self.current = f"{self.host}-{self.pid}-{int(stamp() * 1000)}-{self._count}"
             return self.current
 
     def write(self, stage: str, preemption: Optional[str] = None, **fields: Any) -> None:
@@ -306,7 +299,7 @@ class Recorder:
         record = {
             "schema": SCHEMA_VERSION,
             "stage": stage,
-            "time": fields.pop("time", None) or time.time(),
+            "time": fields.pop("time", None) or stamp(),
             "job": job,
             "task": self.task if task is None else task,
             "host": self.host,
@@ -361,25 +354,27 @@ class Recorder:
         except Exception as e:  # noqa: BLE001 - records never stop training
             log.warning("Preemption records: %s failed: %r", getattr(job, "__name__", job), e)
 
-    def flush(self, timeout: float = FLUSH_BOUND) -> bool:
+    def flush(self, timeout: Optional[float] = None) -> bool:
         """Waits until every line written so far is complete (object stores; on a
-        local folder they are already). False when ``timeout`` passed first."""
+        local folder they are already). False when ``timeout`` (None: the core's
+        bound before the exit) passed first."""
         queue = self._queue
-        return queue is None or queue.wait_empty(timeout)
+        return queue is None or queue.wait_empty(timeout)[0]
 
     def close(self, wait: bool = True) -> None:
         """Ends the writing (a later line opens again). With ``wait``, first lets an
-        object store take the queued lines, within :data:`FLUSH_BOUND`."""
+        object store take the queued lines, within the core's bound."""
         with self._lock:
             queue, self._queue = self._queue, None
         if queue is not None:
-            if wait and not queue.wait_empty(FLUSH_BOUND):
+            flushed, bound = queue.wait_empty() if wait else (True, None)
+            if not flushed:
                 log.warning(
                     "Preemption records: %d line(s) not written to %s within %.0f s "
                     "(the store did not answer); going on without them.",
                     queue.pending(),
                     self.folder,
-                    FLUSH_BOUND,
+                    bound,
                 )
             queue.stop()
         with self._lock:

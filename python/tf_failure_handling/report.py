@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import records
-from ._native import REPORT_GROUP_WINDOW as GROUP_WINDOW
-
-# GROUP_WINDOW is the core's (src/records.rs's REPORT_GROUP_WINDOW says what it means).
+from ._native import report_same_preemption
 
 #: What ``report``'s exit code means; anything but 0 comes with one line on stderr.
 EXIT_CODES = {
@@ -79,8 +77,7 @@ def group(found: records.Records) -> list:
         t = p.notice_time or p.save_start or p.exit_time or 0.0
         if rows:
             last = rows[-1]
-            end = last.end
-            if (end is not None and t <= end) or (end is None and t - last.when <= GROUP_WINDOW):
+            if report_same_preemption(t, last.when, last.end):
                 last.tasks.append(p)
                 continue
         rows.append(Row([p]))

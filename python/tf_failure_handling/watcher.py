@@ -18,8 +18,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from . import _errors
 from ._cluster import coordination as _coordination
-from ._native import PREEMPTION_NOTICE_KEY, WAIT_SLICE, Deadline
-from ._native import WATCHER_KEY_SLICE as KEY_WATCH_SLICE
+from ._native import PREEMPTION_NOTICE_KEY, key_watch_bounds, watch_key
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from ._platforms.in_process import notice_message, subscribe, unsubscribe
@@ -29,7 +28,6 @@ log = logging.getLogger("tf_failure_handling")
 #: The key TF's ``block_until_worker_exit`` waits on (never set: the wait ends
 #: when the service goes away with the workers).
 BLOCK_TILL_EXIT_KEY = "BLOCK_TILL_EXIT"
-# KEY_WATCH_SLICE is the core's (src/step_resolution.rs's WATCHER_KEY_SLICE).
 
 
 def _check_signals(signals: Any) -> Optional[tuple]:
@@ -91,6 +89,8 @@ class PreemptionWatcher:
     def __init__(self, *, signals: Optional[Sequence[int]] = None) -> None:
         self._preemption_message: Optional[str] = None
         self._received = threading.Event()
+        #: Set by a notice or by :meth:`close`: what :meth:`wait` waits for.
+        self._done = threading.Event()
         #: Makes "first message wins" and "nothing after close" atomic in ``_receive``.
         self._receive_lock = threading.Lock()
         self._closing = threading.Event()
@@ -147,20 +147,15 @@ class PreemptionWatcher:
     def wait(self, timeout: Optional[float] = None) -> Optional[str]:
         """Blocks until a notice is seen (its message), ``timeout`` seconds pass or the
         watcher is closed (then the message seen so far, or None)."""
-        deadline = Deadline(timeout)
-        while not self._received.is_set() and not self._closing.is_set():
-            if deadline.passed():
-                break
-            # Short slices keep Ctrl-C working on the main thread.
-            self._received.wait(deadline.slice(WAIT_SLICE))
+        self._done.wait(timeout)  # a signal interrupts it on the main thread (Ctrl-C)
         return self._preemption_message
 
     def block_until_worker_exit(self, timeout: Optional[float] = None) -> None:
         """Blocks until the workers exit (Borg TPU only); a no-op elsewhere, as in TF.
 
         On a Borg TPU it waits, as TF does, for the coordination service to go
-        away with the workers, in slices of :data:`KEY_WATCH_SLICE`; ``timeout``
-        bounds it (TF waits forever).
+        away with the workers, in the core's slices (``watch_key``, on this thread);
+        ``timeout`` bounds it (TF waits forever).
         """
         if self._platform is not _platform.PlatformDevice.INTERNAL_TPU:
             return
@@ -168,17 +163,14 @@ class PreemptionWatcher:
         if service is None:
             return
         errors = _errors.module()
-        deadline = Deadline(timeout)
         client = _coordination.Client(service)
-        while not deadline.passed():
-            try:
-                client.get(BLOCK_TILL_EXIT_KEY, KEY_WATCH_SLICE)
-            except errors.InternalError as e:
-                if "Coordination service is not enabled." not in str(e):
-                    raise
-                break
-            except (errors.AbortedError, errors.CancelledError, errors.UnavailableError):
-                break
+        try:
+            watch_key(lambda wait: client.get(BLOCK_TILL_EXIT_KEY, wait), timeout)
+        except errors.InternalError as e:
+            if "Coordination service is not enabled." not in str(e):
+                raise
+        except (errors.AbortedError, errors.CancelledError, errors.UnavailableError):
+            pass
         log.info("Workers exited.")
 
     def close(self) -> None:
@@ -188,11 +180,12 @@ class PreemptionWatcher:
         self._closed = True
         with self._receive_lock:
             self._closing.set()
+            self._done.set()
         unsubscribe(self)
         self._sources.close()
         for t in self._threads:
             if t is not threading.current_thread():
-                t.join(KEY_WATCH_SLICE + 1.0)
+                t.join(key_watch_bounds()[1])
 
     def __enter__(self) -> PreemptionWatcher:
         return self
@@ -213,6 +206,7 @@ class PreemptionWatcher:
                 return
             self._preemption_message = message
             self._received.set()
+            self._done.set()
         log.info("Preemption notice received: %s", message)
 
     def _on_own_notice(self, notice: _sources.Notice) -> None:
@@ -240,9 +234,11 @@ def _watch_key(
     closing: threading.Event,
     received: threading.Event,
 ) -> None:
+    # A daemon thread: the loop stays here (the core's bound on each get).
+    wait, _ = key_watch_bounds()
     while not closing.is_set() and not received.is_set() and ref() is not None:
         try:
-            value = client.get(PREEMPTION_NOTICE_KEY, KEY_WATCH_SLICE)
+            value = client.get(PREEMPTION_NOTICE_KEY, wait)
         except Exception as e:  # noqa: BLE001 - the service went away (workers exiting)
             if not closing.is_set():
                 log.info("Stopped watching %s: %s", PREEMPTION_NOTICE_KEY, e)

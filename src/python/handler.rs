@@ -1207,38 +1207,6 @@ impl ProtocolCore {
         self.shared.state.lock().kill_deadline()
     }
 
-    /// When this worker's notice says the machine goes, on the handler's clock
-    /// (`GracePlanner::deadline` with a grace period, else the platform's deadline),
-    /// or None: no notice, or one that names no time (no platform deadline and no
-    /// grace period).
-    fn notice_deadline(&self) -> Option<f64> {
-        self.shared.state.lock().notice_deadline()
-    }
-
-    /// Seconds a worker that writes a share of the save waits from `now`, after its own
-    /// part took `own` seconds: the chief for the other parts, a non-chief for the
-    /// chief's report of the merge (`shares::wait_bound_at`, with this worker's notice's
-    /// deadline and the exit's reserve).
-    #[pyo3(signature = (own, now, min_wait, chief))]
-    fn shares_wait_bound(&self, own: f64, now: f64, min_wait: f64, chief: bool) -> f64 {
-        let waiter = if chief { Waiter::Chief } else { Waiter::NonChief };
-        self.shared.state.lock().shares_wait_bound(own, now, min_wait, waiter)
-    }
-
-    /// Whether the chief starts the merge of the shares at `now`, after its own part
-    /// took `own` seconds (`Protocol::shares_merge_start`: the longest merge measured,
-    /// else `own`, against the notice's deadline less the exit's reserve).
-    #[pyo3(signature = (own, now, min_wait))]
-    fn shares_merge_start(&self, own: f64, now: f64, min_wait: f64) -> super::shares::PyMergeStart {
-        self.shared.state.lock().shares_merge_start(own, now, min_wait).into()
-    }
-
-    /// A merge of the shares took `secs` seconds, from its start to the state file
-    /// naming the checkpoint (`Protocol::handle_shares_merged`).
-    fn shares_merged(&self, secs: f64) {
-        self.shared.state.lock().handle_shares_merged(secs);
-    }
-
     /// Seconds kept between the last save and the deadline for the process's exit
     /// (`GracePlanner::set_exit_reserve`; `EXIT_RESERVE` unless configured).
     #[getter]
@@ -1268,5 +1236,28 @@ impl ProtocolCore {
     /// A snapshot for logs and tests.
     fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.shared.snapshot(py)
+    }
+}
+
+/// What `SharesSave(core)` asks of the protocol (`src/python/shares.rs`): each wait
+/// of a save in shares bounded by the shares' rule, this worker's notice's deadline
+/// less the exit's reserve, and the merges this handler measured.
+impl ProtocolCore {
+    /// Seconds `waiter` waits from `now` after its own part took `own` seconds.
+    pub(crate) fn shares_bound(&self, own: f64, now: f64, waiter: Waiter) -> f64 {
+        self.shared
+            .state
+            .lock()
+            .shares_wait_bound(own, now, crate::shares::MIN_WAIT, waiter)
+    }
+
+    /// Whether the chief starts the merge at `now`, its own part having taken `own`.
+    pub(crate) fn shares_merge_decision(&self, own: f64, now: f64) -> crate::shares::MergeStart {
+        self.shared.state.lock().shares_merge_start(own, now, crate::shares::MIN_WAIT)
+    }
+
+    /// A merge took `secs` seconds, from its start to the state file naming it.
+    pub(crate) fn shares_took(&self, secs: f64) {
+        self.shared.state.lock().handle_shares_merged(secs);
     }
 }

@@ -54,6 +54,7 @@ mod signals;
 mod slurm;
 mod sources;
 mod store;
+mod watcher;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -76,12 +77,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
     m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
     m.add("DEFAULT_PEER_TIMEOUT", crate::step_resolution::DEFAULT_PEER_TIMEOUT)?;
-    m.add("COORDINATION_WRITE_TIMEOUT", crate::step_resolution::COORDINATION_WRITE_TIMEOUT)?;
-    m.add("PEER_PROBE_TIMEOUT", crate::step_resolution::PEER_PROBE_TIMEOUT)?;
     m.add("THREAD_JOIN_TIMEOUT", crate::step_resolution::THREAD_JOIN_TIMEOUT)?;
     m.add("SHUTDOWN_WRITE_TIMEOUT", crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT)?;
-    m.add("WATCHER_KEY_SLICE", crate::step_resolution::WATCHER_KEY_SLICE)?;
-    m.add("WAIT_SLICE", blocking::SLICE.as_secs_f64())?;
     m.add_class::<handler::HandlerCore>()?;
     m.add_class::<handler::ProtocolCore>()?;
     m.add_class::<handler::NoticeAction>()?;
@@ -111,6 +108,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     input_position::register(m)?;
     sources::register(m)?;
     slurm::register(m)?;
+    watcher::register(m)?;
     exit_guard::register(m)?;
     clock::register(m)?;
     Ok(())

@@ -183,13 +183,30 @@ fn value<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
     })
 }
 
+/// `report`: whether a preemption noticed at `t` belongs to the cluster-wide one that
+/// began at `first` and ended at `end` ([`crate::records::same_preemption`]).
+#[pyfunction]
+#[pyo3(signature = (t, first, end))]
+fn report_same_preemption(t: f64, first: f64, end: Option<f64>) -> bool {
+    crate::records::same_preemption(t, first, end)
+}
+
+/// Seconds `Recorder.close` waits for an object store to take the lines still queued
+/// before the process exits without them: `timeout` when the caller gave one, else
+/// the core's bound before the exit ([`crate::records::FLUSH_BOUND`]).
+#[pyfunction]
+#[pyo3(signature = (timeout = None))]
+fn records_flush_bound(timeout: Option<f64>) -> f64 {
+    timeout.unwrap_or(crate::records::FLUSH_BOUND)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("RECORD_FIELDS", PyTuple::new(py, schema::FIELDS.iter().map(|(name, _)| *name))?)?;
     m.add("RECORD_REQUIRED", PyTuple::new(py, schema::REQUIRED)?)?;
-    m.add("RECORDS_FLUSH_BOUND", crate::records::FLUSH_BOUND)?;
     m.add("RECORDS_NOTICE_LINE_BOUND", crate::records::NOTICE_LINE_BOUND)?;
-    m.add("REPORT_GROUP_WINDOW", crate::records::REPORT_GROUP_WINDOW)?;
+    m.add_function(wrap_pyfunction!(report_same_preemption, m)?)?;
+    m.add_function(wrap_pyfunction!(records_flush_bound, m)?)?;
     m.add_function(wrap_pyfunction!(read_records, m)?)?;
     m.add_function(wrap_pyfunction!(last_exit_record, m)?)?;
     m.add_function(wrap_pyfunction!(valid_record, m)?)?;

@@ -1,9 +1,18 @@
-//! Binding of SLURM's text ([`crate::sources::slurm`]) for `_platforms/slurm.py`.
+//! Binding of SLURM ([`crate::sources::slurm`]) for `_platforms/slurm.py`: the read of
+//! the job's limits ([`JobRead`]), a notice's deadlines and the requeue
+//! ([`RequeueRun`]): the core's steps, which Python performs (`scontrol`), each within
+//! the timeout the step carries. The read runs on a daemon thread, so its loop stays
+//! in Python; the requeue runs on the thread that saved (never a daemon thread), so
+//! its loop is driven here and Python's callbacks only perform.
+
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::sources::slurm;
+use super::blocking;
+use super::clock::{now_secs, At};
+use crate::sources::slurm::{self, Attempt, JobRead, JobShown, RequeueRun, RequeueStep};
 
 /// The `Key=Value` fields of one `scontrol show ... -o` record, as a dict (a key seen
 /// twice keeps its first value).
@@ -16,75 +25,6 @@ fn slurm_fields<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyDict>
     Ok(out)
 }
 
-/// A SLURM timestamp (`2026-11-25T16:43:17`, local time) as Unix seconds; None for
-/// None, `Unknown`, `N/A` or anything else.
-#[pyfunction]
-#[pyo3(signature = (text))]
-fn slurm_time(text: Option<&str>) -> Option<f64> {
-    let [year, month, day, hour, minute, second] = slurm::timestamp(text?)?;
-    // SAFETY: an all-zero `tm` is valid; mktime reads and normalizes it, nothing else.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    tm.tm_year = i32::try_from(year).ok()? - 1900;
-    tm.tm_mon = i32::try_from(month).ok()? - 1;
-    tm.tm_mday = i32::try_from(day).ok()?;
-    tm.tm_hour = i32::try_from(hour).ok()?;
-    tm.tm_min = i32::try_from(minute).ok()?;
-    tm.tm_sec = i32::try_from(second).ok()?;
-    tm.tm_isdst = -1; // the zone's rule decides, as Python's naive datetime.timestamp()
-                      // SAFETY: `tm` is a valid, initialized struct owned by this frame.
-    let seconds = unsafe { libc::mktime(&mut tm) };
-    #[allow(clippy::cast_precision_loss)] // Unix seconds fit an f64 exactly
-    (seconds != -1).then_some(seconds as f64)
-}
-
-/// A SLURM duration (`30 sec`, `00:00:20`, `1-00:00:10`, `20`) as seconds; None for
-/// None, `UNLIMITED` and anything else.
-#[pyfunction]
-#[pyo3(signature = (text))]
-fn slurm_seconds(text: Option<&str>) -> Option<f64> {
-    slurm::seconds(text?)
-}
-
-/// The value of `key` in `scontrol show config`'s output, or None.
-#[pyfunction]
-fn slurm_config_value(config: &str, key: &str) -> Option<String> {
-    slurm::config_value(config, key).map(str::to_owned)
-}
-
-/// Whether `scontrol`'s error message says the controller was busy or unreachable
-/// (worth another try).
-#[pyfunction]
-fn slurm_controller_busy(message: &str) -> bool {
-    slurm::controller_busy(message)
-}
-
-/// The requeue decision after the save ([`slurm::requeue`]): `(what, reason)`, `what`
-/// one of `already`, `no_reason`, `not_requeueable`, `requeue`, and `reason` the
-/// reason's text (None for `no_reason`).
-#[pyfunction]
-#[pyo3(signature = (*, time_limit_signal, preempted, restarts, restart_count, requeueable))]
-fn slurm_requeue(
-    time_limit_signal: bool,
-    preempted: bool,
-    restarts: u64,
-    restart_count: u64,
-    requeueable: Option<bool>,
-) -> (&'static str, Option<&'static str>) {
-    let job = slurm::JobEnd {
-        time_limit_signal,
-        preempted,
-        restarts,
-        restart_count,
-        requeueable,
-    };
-    match slurm::requeue(&job) {
-        slurm::Requeue::Already(r) => ("already", Some(r.text())),
-        slurm::Requeue::NoReason => ("no_reason", None),
-        slurm::Requeue::NotRequeueable(r) => ("not_requeueable", Some(r.text())),
-        slurm::Requeue::Requeue(r) => ("requeue", Some(r.text())),
-    }
-}
-
 /// Whether this process decides about the job's requeue ([`slurm::decides_requeue`]).
 #[pyfunction]
 #[pyo3(signature = (*, under_slurm, enabled, procid))]
@@ -92,39 +32,192 @@ fn slurm_decides_requeue(under_slurm: bool, enabled: bool, procid: Option<&str>)
     slurm::decides_requeue(under_slurm, enabled, procid)
 }
 
-/// A signal's `(deadline, kill)` under SLURM, Unix seconds ([`slurm::signal_deadlines`]
-/// says which is which).
+/// Sleeps until `at`, on [`now_secs`]'s clock (a time a core object named): in
+/// slices, so that signals are handled on the main thread.
+pub(crate) fn wait_until(py: Python<'_>, at: f64) -> PyResult<()> {
+    let left = Duration::try_from_secs_f64((at - now_secs()).max(0.0)).unwrap_or(Duration::MAX);
+    blocking::wait_sliced(py, Some(At::after(left)), |slice| {
+        std::thread::sleep(slice);
+        None::<()>
+    })?;
+    Ok(())
+}
+
+/// A dict of the job's fields (`show_job`'s) as the core reads them.
+fn job_fields(job: &Bound<'_, PyDict>) -> PyResult<Vec<(String, String)>> {
+    job.iter()
+        .filter(|(_, v)| !v.is_none())
+        .map(|(k, v)| Ok((k.str()?.to_string(), v.str()?.to_string())))
+        .collect()
+}
+
+/// An exception as Python's `f"{type(e).__name__}: {e}"` and `f"{e}"` print it.
+fn said(py: Python<'_>, e: &PyErr) -> (String, String) {
+    let value = e.value(py);
+    let name = value.get_type().name().map_or_else(|_| "Exception".to_owned(), |n| n.to_string());
+    let text = value.str().map_or_else(|_| String::new(), |t| t.to_string());
+    (name, text)
+}
+
+/// The job's limits for Python.
+type Facts = (Option<f64>, Option<String>, Option<f64>, Option<f64>, Option<bool>, Option<String>);
+
+/// The read of the job's limits when the handler starts ([`JobRead`]), given what
+/// the calls made so far answered (`outputs`: `(code, stdout, stderr)` each, `code`
+/// None when the call could not be made or did not end in time, `stderr` then says
+/// why). Returns `(call, facts)`: the next `scontrol` call, `(arguments, timeout)`,
+/// None once the read is over; and what was read so far: `(end_time, partition,
+/// grace_time, kill_wait, requeue, error)` (`EndTime` in Unix seconds, `Partition`,
+/// its `GraceTime` and the cluster's `KillWait` in seconds, whether the job is
+/// requeueable, why the read ended early). The caller is a daemon thread: it keeps
+/// the outputs and loops (no Rust frame may be on its stack while `scontrol` runs,
+/// see `blocking::detach`).
 #[pyfunction]
-#[pyo3(signature = (unix_now, *, end, sigterm, grace_end, kill_wait))]
-fn slurm_signal_deadlines(
+fn slurm_job_read(job_id: &str, outputs: Vec<(Option<i32>, String, String)>) -> (Option<(Vec<String>, f64)>, Facts) {
+    let mut read = JobRead::default();
+    for (code, stdout, stderr) in outputs {
+        match code {
+            Some(code) => read.answered(code, &stdout, &stderr),
+            None => read.failed(stderr),
+        }
+    }
+    let call = read.next().map(|(query, timeout)| (query.args(job_id), timeout));
+    let facts = (
+        read.end_time(),
+        read.field("Partition").map(str::to_owned),
+        read.grace_time,
+        read.kill_wait,
+        read.requeueable(),
+        read.error.clone(),
+    );
+    (call, facts)
+}
+
+/// A signal's `(deadline, kill, read_timeout)` under SLURM ([`slurm::signal_deadlines`]:
+/// Unix seconds or None). A new SIGTERM of an `srun` task whose partition has a
+/// `GraceTime` may be a preemption ([`slurm::notice_reads_job`]): without `job`, the
+/// answer then names `read_timeout`, the bound on reading the job (its fields), and
+/// the caller asks again with them (an unreadable job: the answer it has stands).
+///
+/// # Errors
+///
+/// A field that cannot be read as text.
+#[pyfunction]
+#[pyo3(signature = (unix_now, *, end, sigterm, srun_step, grace_time, kill_wait, job = None))]
+#[allow(clippy::too_many_arguments)] // the notice's facts, by name
+fn slurm_notice(
     unix_now: f64,
     end: Option<f64>,
     sigterm: bool,
-    grace_end: Option<f64>,
+    srun_step: bool,
+    grace_time: Option<f64>,
     kill_wait: Option<f64>,
-) -> (Option<f64>, Option<f64>) {
-    slurm::signal_deadlines(unix_now, end, sigterm, grace_end, kill_wait)
+    job: Option<&Bound<'_, PyDict>>,
+) -> PyResult<(Option<f64>, Option<f64>, Option<f64>)> {
+    let reads = slurm::notice_reads_job(sigterm, srun_step, grace_time);
+    let grace_end = match job.filter(|_| reads) {
+        Some(job) => slurm::grace_end_of(&job_fields(job)?, grace_time),
+        None => None,
+    };
+    let (deadline, kill) = slurm::signal_deadlines(unix_now, end, sigterm, grace_end, kill_wait);
+    Ok((deadline, kill, (reads && job.is_none()).then_some(slurm::NOTICE_READ_TIMEOUT)))
 }
 
-/// Seconds from now until the SIGKILL of a job this process requeued, the requeue
-/// started `since` seconds ago ([`slurm::kill_after_requeue`]); None without `KillWait`.
+/// What a requeue did, for Python: `(requeued, message, what, reason, took,
+/// kill_in, job)`.
+type Requeued<'py> = (
+    bool,
+    String,
+    Option<&'static str>,
+    Option<&'static str>,
+    f64,
+    Option<f64>,
+    Bound<'py, PyDict>,
+);
+
+/// The job back in the queue after the save ([`RequeueRun`]): the job read
+/// (`show_job(timeout)`: its fields, raising when unreadable), the decision, then
+/// `scontrol requeue` (`requeue(timeout)`: `(code, said)`, `code` None when it did
+/// not finish in time (`said` None) or could not be started (`said`: why)),
+/// retried while the controller is busy, the pauses waited here. Returns
+/// `(requeued, message, what, reason, took, kill_in, job)`: the outcome and what
+/// scontrol said; the decision (`already`, `no_reason`, `not_requeueable`,
+/// `requeue`) and its reason; the seconds it took; the seconds from now until
+/// SLURM's SIGKILL when this requeued the job ([`RequeueRun::kill_after`], None
+/// otherwise or without `kill_wait`); the job's fields as first read.
+///
+/// # Errors
+///
+/// What a signal handler raised during a pause; a callback's result of the wrong
+/// shape.
 #[pyfunction]
-fn slurm_kill_after_requeue(since: f64, kill_wait: Option<f64>) -> Option<f64> {
-    slurm::kill_after_requeue(since, kill_wait)
+#[pyo3(signature = (job_id, *, time_limit_signal, restart_count, kill_wait, show_job, requeue))]
+fn slurm_requeue<'py>(
+    py: Python<'py>,
+    job_id: &str,
+    time_limit_signal: bool,
+    restart_count: u64,
+    kill_wait: Option<f64>,
+    show_job: &Bound<'py, PyAny>,
+    requeue: &Bound<'py, PyAny>,
+) -> PyResult<Requeued<'py>> {
+    let started = now_secs();
+    let mut run = RequeueRun::new(time_limit_signal, restart_count);
+    let mut first: Option<Bound<'py, PyDict>> = None;
+    loop {
+        match run.poll(now_secs()) {
+            // Each outcome is reported before the next poll: a wait is a pause.
+            RequeueStep::Wait { at } => wait_until(py, at)?,
+            RequeueStep::Show { timeout } => {
+                let job = match show_job.call1((timeout,)) {
+                    Ok(job) => job.cast_into::<PyDict>().map_err(PyErr::from)?,
+                    Err(e) => {
+                        let (_, text) = said(py, &e);
+                        run.shown(now_secs(), Err(format!("scontrol show job failed: {text}")));
+                        first.get_or_insert_with(|| PyDict::new(py));
+                        continue;
+                    }
+                };
+                run.shown(now_secs(), Ok(JobShown::from_fields(&job_fields(&job)?)));
+                first.get_or_insert(job);
+            }
+            RequeueStep::Run { timeout, again } => {
+                if let Some(again) = again {
+                    log::info!(
+                        target: "tf_failure_handling",
+                        "SLURM job {job_id}: scontrol requeue failed ({again}); trying again."
+                    );
+                }
+                let (code, said): (Option<i32>, Option<String>) = requeue.call1((timeout,))?.extract()?;
+                run.ran(match (code, said) {
+                    (Some(code), said) => Attempt::Exited {
+                        code,
+                        said: said.unwrap_or_default(),
+                    },
+                    (None, None) => Attempt::TimedOut,
+                    (None, Some(why)) => Attempt::CouldNotRun(why),
+                });
+            }
+            RequeueStep::Done { requeued, message } => {
+                let (what, reason) = match run.decision() {
+                    Some(slurm::Requeue::Already(r)) => (Some("already"), Some(r.text())),
+                    Some(slurm::Requeue::NoReason) | None => (Some("no_reason"), None),
+                    Some(slurm::Requeue::NotRequeueable(r)) => (Some("not_requeueable"), Some(r.text())),
+                    Some(slurm::Requeue::Requeue(r)) => (Some("requeue"), Some(r.text())),
+                };
+                let now = now_secs();
+                let job = first.unwrap_or_else(|| PyDict::new(py));
+                return Ok((requeued, message, what, reason, now - started, run.kill_after(now, kill_wait), job));
+            }
+        }
+    }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(slurm_signal_deadlines, m)?)?;
-    m.add_function(wrap_pyfunction!(slurm_kill_after_requeue, m)?)?;
+    m.add_function(wrap_pyfunction!(slurm_job_read, m)?)?;
+    m.add_function(wrap_pyfunction!(slurm_notice, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_requeue, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_decides_requeue, m)?)?;
     m.add_function(wrap_pyfunction!(slurm_fields, m)?)?;
-    m.add_function(wrap_pyfunction!(slurm_time, m)?)?;
-    m.add_function(wrap_pyfunction!(slurm_seconds, m)?)?;
-    m.add_function(wrap_pyfunction!(slurm_config_value, m)?)?;
-    m.add_function(wrap_pyfunction!(slurm_controller_busy, m)?)?;
-    m.add("SLURM_REQUEUE_TIMEOUT", slurm::REQUEUE_TIMEOUT)?;
-    m.add("SLURM_READ_TIMEOUT", slurm::READ_TIMEOUT)?;
-    m.add("SLURM_NOTICE_READ_TIMEOUT", slurm::NOTICE_READ_TIMEOUT)?;
     Ok(())
 }

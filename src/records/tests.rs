@@ -509,3 +509,21 @@ proptest! {
         prop_assert_eq!(parse_line(raw.as_bytes()).unwrap().time.as_f64(), Some(t));
     }
 }
+
+#[test]
+fn a_task_s_preemption_joins_the_one_before_until_it_ended_or_within_the_window() {
+    // (t, first, end, same)
+    let rows: [(f64, f64, Option<f64>, bool); 6] = [
+        (150.0, 100.0, Some(200.0), true),
+        (200.0, 100.0, Some(200.0), true),
+        (200.5, 100.0, Some(200.0), false),
+        // No exit yet: the window from the first notice.
+        (100.0 + REPORT_GROUP_WINDOW, 100.0, None, true),
+        (100.5 + REPORT_GROUP_WINDOW, 100.0, None, false),
+        // An end binds even past the window.
+        (5000.0, 100.0, Some(6000.0), true),
+    ];
+    for (t, first, end, same) in rows {
+        assert_eq!(same_preemption(t, first, end), same, "{t} {first} {end:?}");
+    }
+}

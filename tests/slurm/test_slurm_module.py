@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import time
 
@@ -22,16 +23,39 @@ def test_parse_fields_of_scontrol_one_line_output():
     assert f["Command"] == "/x/one node.sbatch" and f["WorkDir"] == "/tmp"
 
 
+_Read = collections.namedtuple("_Read", "end_time partition grace_time kill_wait requeue error")
+
+
+def _read(end: str, grace: str, kill_wait: str):
+    """The core's read of a job whose scontrol prints these (``slurm_job_read``)."""
+    answers = [
+        f"JobId=7 Partition=low EndTime={end} Requeue=1",
+        f"PartitionName=low GraceTime={grace}",
+        f"KillWait                = {kill_wait}\n",
+    ]
+
+    outputs = []
+    while True:
+        call, facts = _slurm.slurm_job_read("7", outputs)
+        if call is None:
+            return _Read(*facts)
+        args, timeout = call
+        assert args[:2] in (["show", "job"], ["show", "partition"], ["show", "config"])
+        assert timeout > 0
+        outputs.append((0, answers.pop(0), ""))
+
+
 def test_parse_time_and_seconds():
+    """SLURM's local timestamps and durations as the core reads them."""
     stamp = "2026-11-25T16:42:37"
-    assert _slurm.parse_time(stamp) == time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
-    for value in ("None", "Unknown", "N/A", "", None):
-        assert _slurm.parse_time(value) is None
-    assert _slurm.parse_seconds("30 sec") == 30
-    assert _slurm.parse_seconds("00:00:20") == 20
-    assert _slurm.parse_seconds("1-00:00:10") == 86410
-    assert _slurm.parse_seconds("20") == 20
-    assert _slurm.parse_seconds("UNLIMITED") is None
+    read = _read(stamp, "30 sec", "00:00:20")
+    assert read.end_time == time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+    assert (read.grace_time, read.kill_wait, read.partition, read.requeue) == (30, 20, "low", True)
+    for value in ("None", "Unknown", "N/A", ""):
+        assert _read(value, "20", "20").end_time is None
+    assert _read(stamp, "1-00:00:10", "UNLIMITED").grace_time == 86410
+    assert _read(stamp, "20", "UNLIMITED").kill_wait is None
+    assert _read(stamp, "20", "UNLIMITED").error is None
 
 
 def test_requeue_switches(monkeypatch):
@@ -177,8 +201,10 @@ class _FakeScontrol:
         code, said = self.answers.pop(0)
         return subprocess.CompletedProcess(args, code, "", said)
 
-    def show_job(self, jid):
-        return {"JobId": jid, "Restarts": self.restarts}
+    def show_job(self, jid, timeout):
+        # Preempted in this run; Restarts as set once scontrol requeue was called.
+        restarts = self.restarts if self.requeues else "0"
+        return {"JobId": jid, "Restarts": restarts, "PreemptTime": "2026-11-25T16:42:37"}
 
 
 BUSY = "slurm_requeue error: Socket timed out on send/recv operation"
@@ -202,19 +228,24 @@ def test_requeue_tries_again_while_the_controller_is_busy(
     monkeypatch.setattr(_slurm, "_scontrol", fake)
     monkeypatch.setattr(_slurm, "show_job", fake.show_job)
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    requeued, message = _slurm._requeue("7")
+    requeued, message, *_ = _slurm._requeue("7", False, None)
     assert (requeued, fake.requeues) == (expected, calls), message
     if restarts == "1":
         assert "all the same" in message
 
 
 def test_requeue_gives_up_on_a_busy_controller_within_its_bound(monkeypatch):
+    """The core's bound (30 s, ``src/sources/slurm.rs``; its table of attempts and
+    pauses is ``RequeueRun``'s Rust tests): a controller that stays busy is given up
+    on once it passed, with scontrol's last message."""
     fake = _FakeScontrol([(1, BUSY)] * 1000)
     monkeypatch.setattr(_slurm, "_scontrol", fake)
     monkeypatch.setattr(_slurm, "show_job", fake.show_job)
-    monkeypatch.setattr(_slurm, "REQUEUE_TIMEOUT", 0.5)
-    requeued, message = _slurm._requeue("7")
-    assert requeued is False and "Socket timed out" in message and fake.requeues >= 2
+    started = time.monotonic()
+    requeued, message, *_ = _slurm._requeue("7", False, None)
+    took = time.monotonic() - started
+    assert requeued is False and "Socket timed out" in message and fake.requeues >= 4
+    assert 29.0 < took < 45.0, took
 
 
 class _Records:
@@ -259,7 +290,7 @@ def test_the_cores_requeue_decision_is_carried_out(
     carries it out: whether ``scontrol requeue`` runs, the outcome, and the record."""
     fake = _FakeScontrol([(0, "")])
     monkeypatch.setattr(_slurm, "_scontrol", fake)
-    monkeypatch.setattr(_slurm, "show_job", lambda jid: {"JobId": jid, **job})
+    monkeypatch.setattr(_slurm, "show_job", lambda jid, timeout: {"JobId": jid, **job})
     monkeypatch.setattr(_slurm, "_deliveries", lambda signum: usr1)
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.delenv("SLURM_PROCID", raising=False)

@@ -14,8 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .. import _errors
 from .._bounded_call import BoundedCall
-from .._native import COORDINATION_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
-from .._native import TF_WAIT_FOREVER_MS
+from .._native import coordination_write_bound, tf_get_ms
 
 _local = threading.local()
 
@@ -41,9 +40,6 @@ def use(service: Any) -> Iterator[Any]:
         _local.service = previous
 
 
-# DEFAULT_WRITE_TIMEOUT is the core's (src/step_resolution.rs says what it means).
-
-
 def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
     """``fn()``, or ``DeadlineExceededError`` if it has not returned after ``timeout`` s.
 
@@ -65,12 +61,13 @@ class Client:
     """Thin adapter: TF's exceptions for "exists" and "timed out" become values.
 
     Writes are bounded by ``write_timeout`` seconds (``DeadlineExceededError``
-    after that); reads are bounded by the timeout each get is given.
+    after that; None: the core's bound, ``coordination_write_bound``); reads are
+    bounded by the timeout each get is given.
     """
 
-    def __init__(self, service: Any, write_timeout: float = DEFAULT_WRITE_TIMEOUT) -> None:
+    def __init__(self, service: Any, write_timeout: Optional[float] = None) -> None:
         self._service = service
-        self._write_timeout = write_timeout
+        self._write_timeout = coordination_write_bound(write_timeout)
 
     @property
     def service(self) -> Any:
@@ -91,10 +88,9 @@ class Client:
 
     def get(self, key: str, timeout: float) -> Optional[str]:
         """The value of ``key``, waiting up to ``timeout`` seconds; None if not set by then."""
-        # TF treats TF_WAIT_FOREVER_MS (0) as "wait forever": never pass it.
-        millis = max(TF_WAIT_FOREVER_MS + 1, int(timeout * 1000))
         try:
-            return self._service.get_config_key_value(key, millis)
+            # TF's milliseconds, never its 0 ("wait forever"): the core converts.
+            return self._service.get_config_key_value(key, tf_get_ms(timeout))
         except _errors.module().DeadlineExceededError:
             return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .._native import PEER_PROBE_TIMEOUT
+from .._native import peer_probe_bounds
 
 _WORKER_TYPES = ("chief", "worker", "evaluator")
 
@@ -101,7 +101,6 @@ def membership(cluster_resolver: Any) -> Membership:
     return Membership(worker_id, num_workers, is_chief, task_type, task_id)
 
 
-# PEER_PROBE_TIMEOUT is the core's (src/step_resolution.rs says what it means).
 #: Error types (by name) that can mean "a peer is gone".
 _LOST_PEER_ERRORS = (
     "UnavailableError",
@@ -142,9 +141,10 @@ def unreachable_peers(
     """``[(label, task, address, why)]`` of the peers that fail a health probe.
 
     None (no probe made) when the error does not look like a lost peer or the
-    service cannot probe (not TF's context). Each probe is bounded by
-    :data:`PEER_PROBE_TIMEOUT` (TF's timeout); TF holds the GIL inside a probe, so the
-    threads do not make them run in parallel, and the join bound cannot cut one short.
+    service cannot probe (not TF's context). Each probe and its thread's join are
+    bounded by the core (``peer_probe_bounds``: TF's timeout for the probe); TF holds
+    the GIL inside a probe, so the threads do not make them run in parallel, and the
+    join bound cannot cut one short.
     """
     import threading
 
@@ -155,10 +155,11 @@ def unreachable_peers(
         return None
     peers = _peer_tasks(cluster_resolver, me)
     answers: dict = {}
+    probe_ms, join = peer_probe_bounds()
 
     def check(task: str) -> None:
         try:
-            probe(task, int(PEER_PROBE_TIMEOUT * 1000))
+            probe(task, probe_ms)
         except Exception as e:  # noqa: BLE001 - the answer is the exception
             answers[task] = type(e).__name__
         else:
@@ -171,7 +172,7 @@ def unreachable_peers(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(PEER_PROBE_TIMEOUT + 1.0)
+        t.join(join)
     return [
         (label, task, address, answers.get(task) or "no answer")
         for label, task, address in peers

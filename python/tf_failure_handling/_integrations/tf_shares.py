@@ -13,10 +13,10 @@ them with ``MergeV2Checkpoints``, as TensorFlow's sharded save does: the checkpo
 returned and its state file, ``checkpoint``, names the checkpoint: a chief that ends
 before that leaves the non-chiefs without the restart code. A merge cannot be
 cancelled once started, so the chief starts it only when the core says it fits before
-the deadline (``ProtocolCore.shares_merge_start``); a save that fails removes its parts
-(and a merge's files the state file does not name). Which worker writes which tensor is
-the core's answer (``assign_shares``), the same on every worker; how long each wait
-lasts is the core's too (``ProtocolCore.shares_wait_bound``), and every wait, file read
+the deadline (``SharesSave.merge_start``); a save that fails removes its parts (and a
+merge's files the state file does not name). Which worker writes which tensor is the
+core's answer (``assign_shares``), the same on every worker; how long each wait lasts
+is the core's too (the plan's ``waits``, a ``SharesSave``), and every wait, file read
 and merge of the chief is bounded by it.
 
 A saver this cannot split (registered savers, tensors of several tasks, graph mode)
@@ -60,12 +60,13 @@ class Plan:
     ``merged(name, value)``: the chief tells the others the save's result (``"ok"``, once
     the state file names the checkpoint, or ``"error <message>"``);
     ``wait_merged(name, seconds)``: a non-chief waits for it, raising unless it is
-    ``"ok"``. ``bound(own, chief)``: the seconds a wait lasts from now, after this
-    worker's own part took ``own`` (the core's ``shares_wait_bound``: the deadline less
-    the exit's reserve binds it). ``merge_start(own)``: whether the chief starts the
-    merge now, and the seconds it waits for it (the core's ``MergeStart``);
-    ``merge_took(seconds)``: the core hears how long a merge took, from its start to
-    the state file naming the checkpoint. ``fallback(why)``: this saver cannot be split
+    ``"ok"``. ``waits()``: the core's ``SharesSave``, made when this worker's part
+    starts and told when it is written (``part_written``), which says how long each
+    wait lasts from now (``left``: the deadline less the exit's reserve binds it),
+    whether the chief starts the merge (``merge_start``), hears that it ended
+    (``merged``) and bounds the removal of a failed save's parts
+    (``left(after_failure=True)``).
+    ``fallback(why)``: this saver cannot be split
     and saves as TensorFlow does. ``where(prefix, why)``: on a non-chief, where that
     whole copy goes (``prefix`` itself, or a folder on the storage when the host's
     memory cannot hold it); None: ``prefix``.
@@ -79,11 +80,8 @@ class Plan:
     wait: Callable[[str, int, str, float], Tuple[int, str]]
     merged: Callable[[str, str], None]
     wait_merged: Callable[[str, float], None]
-    bound: Callable[[float, bool], float]
-    merge_start: Callable[[float], Any]
-    merge_took: Callable[[float], None]
+    waits: Callable[[], Any]
     fallback: Callable[[str], None]
-    clock: Callable[[], float]
     where: Optional[Callable[[str, str], str]] = None
 
 
@@ -97,8 +95,9 @@ class _Save:
     #: This save's parts: ``<prefix>_temp_<token>`` (a folder), or on S3 the parts'
     #: common prefix ``<prefix>.part_<token>``.
     temp: Optional[str] = None
-    #: The chief's merge: when it started (the plan's clock) and its bound (s).
-    merge_began: Optional[float] = None
+    #: The core's ``SharesSave`` of this worker's part, once it started.
+    waits: Any = None
+    #: The chief's merge, once started: its bound (s).
     merge_bound: Optional[float] = None
     #: A merge given up on while it still runs: its files are left to it.
     merge_running: bool = False
@@ -120,7 +119,7 @@ def writing_shares(plan: Plan) -> Iterator[None]:
     with saver_hook.saving_with(hooked):
         try:
             yield
-            if plan.worker == 0 and save.merge_began is not None:
+            if plan.worker == 0 and save.merge_bound is not None:
                 _report_visible(plan, save)
         except BaseException as e:
             if plan.worker == 0 and save.name is not None:
@@ -162,9 +161,8 @@ def _named(directory: str) -> Optional[str]:
 def _report_visible(plan: Plan, save: _Save) -> None:
     """The chief, after ``CheckpointManager.save`` returned: "ok" to the others only
     when the state file names this save's checkpoint (the merge's time to the core)."""
-    left = save.merge_bound - (plan.clock() - save.merge_began)
     what = f"the state file of {plan.directory} (after merging {save.name})"
-    named = _bounded(lambda: _named(plan.directory), max(0.001, left), what)
+    named = _bounded(lambda: _named(plan.directory), save.waits.left(), what)
     if named != save.name:
         raise _errors.make(
             "FailedPreconditionError",
@@ -172,7 +170,7 @@ def _report_visible(plan: Plan, save: _Save) -> None:
             f"{plan.directory}/checkpoint names {named}: it is not the checkpoint a restart "
             f"reads, so it is not used{_SHARED}",
         )
-    plan.merge_took(plan.clock() - save.merge_began)
+    save.waits.merged()
     save.reported = True
     plan.merged(save.name, "ok")
 
@@ -196,7 +194,7 @@ def _failed(plan: Plan, save: _Save, error: BaseException) -> None:
     try:
         _bounded(
             lambda: _remove(plan, save),
-            max(0.001, plan.bound(0.0, True)),
+            (save.waits or plan.waits()).left(after_failure=True),
             f"the removal of {save.name}'s parts ({save.temp})",
         )
     except Exception as e:  # noqa: BLE001 - the save's own error goes on
@@ -312,7 +310,7 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any, save: _S
     count = len(split.parts)
     parts = [f"{temp}-{i:05d}-of-{count:05d}" for i in range(count)]
     mine = split.parts.index(plan.worker) if plan.worker in split.parts else None
-    start = plan.clock()
+    save.waits = plan.waits()
     try:
         if mine is not None:
             # SaveV2 makes only the last folder: the chief's may not exist yet here.
@@ -328,26 +326,25 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any, save: _S
         if plan.worker != 0:
             plan.done(name, f"error {type(e).__name__}: {e}")
         raise  # the chief's: writing_shares reports it
-    own = plan.clock() - start
+    save.waits.part_written(plan.worker == 0)
     if plan.worker != 0:
         plan.done(name, f"ok {split.digest} {size} {digest}")
         # The restart code only once the chief says the state file names the checkpoint.
-        plan.wait_merged(name, max(0.001, plan.bound(own, False)))
+        plan.wait_merged(name, save.waits.left())
         return None
-    _check_and_merge(plan, split, save, parts, own)
+    _check_and_merge(plan, split, save, parts)
     return None
 
 
-def _check_and_merge(plan: Plan, split: _Split, save: _Save, parts: list, own: float) -> None:
+def _check_and_merge(plan: Plan, split: _Split, save: _Save, parts: list) -> None:
     """The chief: every part written (each worker's word), each the one its worker wrote
     (its fingerprint, as the chief sees the file), then ``MergeV2Checkpoints``, when the
     core says it fits before the deadline."""
     errors = _errors.module()
     name = save.name
-    deadline = plan.clock() + plan.bound(own, True)
     wrote = {}
     for worker in range(1, plan.workers):
-        wrote[worker] = plan.wait(name, worker, split.digest, max(0.001, deadline - plan.clock()))
+        wrote[worker] = plan.wait(name, worker, split.digest, save.waits.left())
     for worker, (size, digest) in wrote.items():
         if worker not in split.parts:
             continue
@@ -355,7 +352,7 @@ def _check_and_merge(plan: Plan, split: _Split, save: _Save, parts: list, own: f
         try:
             seen = _bounded(
                 lambda part=part: part_fingerprint(part),
-                max(0.001, deadline - plan.clock()),
+                save.waits.left(),
                 f"the read of worker {worker}'s part {part}",
             )
         except errors.NotFoundError as e:
@@ -370,7 +367,7 @@ def _check_and_merge(plan: Plan, split: _Split, save: _Save, parts: list, own: f
                 f"index {digest}; the chief sees {seen[0]} bytes, index {seen[1]}): nothing "
                 f"is merged{_SHARED}",
             )
-    start = plan.merge_start(own)
+    start = save.waits.merge_start()
     if not start.start:
         raise _errors.make(
             "DeadlineExceededError",
@@ -379,7 +376,7 @@ def _check_and_merge(plan: Plan, split: _Split, save: _Save, parts: list, own: f
             "less the exit's reserve (a merge cannot be cancelled once started). The "
             "checkpoint before it stays.",
         )
-    save.merge_began, save.merge_bound = plan.clock(), start.bound
+    save.merge_bound = start.bound
     if parts:
         _merge(parts, save)
 

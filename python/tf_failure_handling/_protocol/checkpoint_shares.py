@@ -6,8 +6,8 @@ Each save has its own token (the chief's token of the handler and the save's num
 its coordination-service keys (:func:`share_keys`) and paths; the folder is probed at the
 handler's construction (:func:`probe`: every worker sees it, or an error then); the
 chief's wait for the shares and a non-chief's wait for the merge are bounded by the
-core's decision (:func:`wait_bound`), and so is whether the chief starts its merge
-(:func:`merge_start`, from the merges it measured: :func:`merge_took`).
+core's (a ``SharesSave`` of the handler's ``ProtocolCore``, with the notice's
+deadline and the merges the handler measured), and so is whether the chief starts its merge.
 """
 
 from __future__ import annotations
@@ -15,21 +15,11 @@ from __future__ import annotations
 import collections
 import itertools
 import secrets
-import threading
 from typing import Any, Callable, Optional
 
 from .. import _errors
 from .._integrations import tf_shares
-from .._native import (
-    SHARES_MIN_WAIT,  # the chief's shortest wait for the shares (s)
-    SHARES_PROBE_LOOK,  # how long a worker looks for the probe file (s)
-    SHARES_PROBE_LOOK_EVERY,  # the pause between two looks (s)
-    SHARES_PROBE_WAIT,  # the construction's wait for the folder's probe (s)
-    Deadline,
-    now,
-    shares_merge_start_at,
-    shares_wait_bound_at,
-)
+from .._native import SharesSave, shares_probe_answers, shares_probe_file
 from .checkpoint_files import delete_file, make_dirs, read_or_none
 from .non_chief_saves import NON_CHIEF_SAVES_ENV
 
@@ -41,9 +31,6 @@ PROBE_FILE = "tf_failure_handling_probe_"
 #: The shares-mode handlers this process made, by worker: their probe keys, the same on
 #: every worker (the workers of the unit tests share one process).
 _probes: dict = collections.defaultdict(itertools.count)
-#: The clock of a chief's wait for the shares, the handler's (``HandlerState.clock``
-#: unless a simulation substitutes it): the core's planner reads the same.
-_clock = now
 
 
 def share_keys(token: str, number: int) -> str:
@@ -56,12 +43,12 @@ def probe(client: Any, worker: int, workers: int, directory: str) -> str:
     """The chief writes a probe file with a random token into ``directory`` and
     publishes the token; every other worker looks for the file in its own
     ``directory`` and answers; any worker that cannot see it raises
-    ``FailedPreconditionError`` here, and so does the chief. Each wait is bounded
-    (:data:`SHARES_PROBE_WAIT`). Returns the token."""
+    ``FailedPreconditionError`` here, and so does the chief. The core bounds each wait
+    and paces the looks for the file (``shares_probe_answers``, ``shares_probe_file``:
+    this thread builds the handler, never a daemon). Returns the token."""
     from tensorflow.python.lib.io import file_io
 
     key = f"{SHARE_KEY}/probe/{next(_probes[worker])}"
-    bound = SHARES_PROBE_WAIT
     advice = (
         f"with {NON_CHIEF_SAVES_ENV}=shares every worker writes its part of each save "
         "into the chief's checkpoint folder, so it must be one every worker sees "
@@ -74,26 +61,31 @@ def probe(client: Any, worker: int, workers: int, directory: str) -> str:
         file_io.write_string_to_file(probe, token)
         try:
             client.set(key, token)
-            deadline = Deadline(bound)
-            for other in range(1, workers):
-                answer = client.get(f"{key}/{other}", max(0.001, deadline.left()))
-                if answer is None:
-                    raise _errors.make(
-                        "DeadlineExceededError",
-                        f"Waited {bound:g}s at the handler's construction for worker "
-                        f"{other} to say whether it sees the probe file {probe} "
-                        f"({key}/{other}): is it building its handler?",
-                    )
-                if answer != "ok":
-                    raise _errors.make(
-                        "FailedPreconditionError",
-                        f"Worker {other} cannot see the probe file {probe} the chief "
-                        f"wrote ({answer}): {advice}.",
-                    )
+            failed = shares_probe_answers(
+                workers, lambda other, wait: client.get(f"{key}/{other}", wait)
+            )
         finally:
             delete_file(probe)
-        return token
-    token = client.get(key, bound)
+        if failed is None:
+            return token
+        other, answer, bound = failed
+        if answer is None:
+            raise _errors.make(
+                "DeadlineExceededError",
+                f"Waited {bound:g}s at the handler's construction for worker "
+                f"{other} to say whether it sees the probe file {probe} "
+                f"({key}/{other}): is it building its handler?",
+            )
+        raise _errors.make(
+            "FailedPreconditionError",
+            f"Worker {other} cannot see the probe file {probe} the chief "
+            f"wrote ({answer}): {advice}.",
+        )
+
+    def sees(token: str) -> bool:
+        return read_or_none(f"{directory.rstrip('/')}/{PROBE_FILE}{token}") == token
+
+    token, seen, bound, looked = shares_probe_file(lambda wait: client.get(key, wait), sees)
     if token is None:
         raise _errors.make(
             "DeadlineExceededError",
@@ -101,48 +93,15 @@ def probe(client: Any, worker: int, workers: int, directory: str) -> str:
             f"the checkpoint folder ({key}): is the chief building its handler?",
         )
     probe = f"{directory.rstrip('/')}/{PROBE_FILE}{token}"
-    looking = Deadline(SHARES_PROBE_LOOK)
-    pause = threading.Event()  # set by nothing: the pause between two looks
-    while True:
-        seen = read_or_none(probe)
-        if seen == token or looking.passed():
-            break
-        pause.wait(looking.slice(SHARES_PROBE_LOOK_EVERY))
-    if seen != token:
-        client.set(f"{key}/{worker}", f"it looked for {probe} for {SHARES_PROBE_LOOK:g}s")
+    if not seen:
+        client.set(f"{key}/{worker}", f"it looked for {probe} for {looked:g}s")
         raise _errors.make(
             "FailedPreconditionError",
             f"Worker {worker} cannot see the probe file {probe} the chief wrote into its "
-            f"checkpoint folder (looked for it {SHARES_PROBE_LOOK:g}s): {advice}.",
+            f"checkpoint folder (looked for it {looked:g}s): {advice}.",
         )
     client.set(f"{key}/{worker}", "ok")
     return token
-
-
-def wait_bound(core: Any, own: float, chief: bool) -> float:
-    """Seconds a shares wait lasts from now: the core's decision, with the notice's
-    deadline and the exit's reserve when a handler's ``ProtocolCore`` is given."""
-    now = _clock()
-    if core is not None:
-        return core.shares_wait_bound(own, now, SHARES_MIN_WAIT, chief)
-    return shares_wait_bound_at(own, SHARES_MIN_WAIT, now, chief=chief)
-
-
-def merge_start(core: Any, own: float) -> Any:
-    """Whether the chief starts the merge now (a ``MergeStart``): the core's decision,
-    with the longest merge it measured and the notice's deadline less the exit's reserve
-    when a handler's ``ProtocolCore`` is given."""
-    now = _clock()
-    if core is not None:
-        return core.shares_merge_start(own, now, SHARES_MIN_WAIT)
-    return shares_merge_start_at(own, SHARES_MIN_WAIT, now)
-
-
-def merge_took(core: Any, seconds: float) -> None:
-    """The chief's merge took ``seconds``, from its start to the state file naming the
-    checkpoint: the core keeps the longest (none without a handler's core)."""
-    if core is not None:
-        core.shares_merged(seconds)
 
 
 def writing_shares(
@@ -159,8 +118,8 @@ def writing_shares(
     """One save's :class:`tf_shares.Plan` in effect: ``worker`` of ``workers`` writes its
     share into ``directory``, reporting through ``client`` under ``keys`` (the save's
     :func:`share_keys`); ``token`` is the save's; ``core()`` is the handler's
-    ``ProtocolCore`` (or None), which bounds each wait (:func:`wait_bound`) and decides
-    the merge's start (:func:`merge_start`); ``fallback`` hears why the workers could not
+    ``ProtocolCore`` (or None), whose ``SharesSave`` bounds each wait and decides the
+    merge's start; ``fallback`` hears why the workers could not
     write it together; ``where`` (a non-chief's) says where the whole copy then goes."""
 
     def done(name: str, value: str) -> None:
@@ -224,11 +183,8 @@ def writing_shares(
         wait,
         merged,
         wait_merged,
-        lambda own, chief: wait_bound(core(), own, chief),
-        lambda own: merge_start(core(), own),
-        lambda seconds: merge_took(core(), seconds),
+        lambda: SharesSave(core()),
         fallback,
-        _clock,
         where,
     )
     return tf_shares.writing_shares(plan)
