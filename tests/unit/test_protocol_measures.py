@@ -12,19 +12,20 @@ _spec = importlib.util.spec_from_file_location("protocol_measures", _PATH)
 measures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(measures)
 
-#: Issue 61's counts on main at 6bf85ff, the most each may be now. Lower them as the work
-#: lands (never raise them); the goals are the issue's: names ≤ 40, constants ≤ 12, every
-#: other count 0, methods ≤ 80, the binding's ratio ≤ 0.3.
+#: Issue 61's counts on main at abc736f, the most each may be now (at 6bf85ff: 146, 68,
+#: 52, 54, 191, 18, 85, 2, 0.603). Lower them as the work lands (never raise them); the
+#: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
+#: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 146,
-    "native_constants": 68,
-    "native_constants_not_allowed": 52,
-    "native_constant_uses": 54,
-    "binding_methods": 191,
-    "literal_waits": 18,
-    "time_reads": 85,
+    "native_names": 106,
+    "native_constants": 26,
+    "native_constants_not_allowed": 13,
+    "native_constant_uses": 12,
+    "binding_methods": 153,
+    "literal_waits": 2,
+    "time_reads": 36,
     "wide_61": 2,
-    "binding_ratio": 0.603,
+    "binding_ratio": 0.516,
 }
 
 
