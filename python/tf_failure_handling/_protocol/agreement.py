@@ -62,13 +62,8 @@ class Agreement:
                 event, error = self._call(action)
                 last_error = error or last_error
             elif isinstance(action, LeaderAction.Pause):
-                (log.warning if action.attempts == 1 else log.info)(
-                    "%s failed (%s: %s); retrying in %gs (%.1fs left).",
-                    action.what,
-                    type(last_error).__name__,
-                    last_error,
-                    action.seconds,
-                    action.left,
+                self._retrier.retrying(
+                    action.what, last_error, action.attempts, action.seconds, action.left
                 )
                 state.closing.wait(action.seconds)
                 event = Event.Resume()

@@ -184,14 +184,8 @@ class Driver:
         for the next ``run()``; a claim dropped at close. A notice whose last write
         ended is counted as handled (a won claim's is its announce)."""
         if isinstance(action, Action.Retrying):
-            error = self._last_error
-            (log.warning if action.attempts == 1 else log.info)(
-                "%s failed (%s: %s); retrying in %gs (%.1fs left).",
-                action.what,
-                type(error).__name__,
-                error,
-                action.pause,
-                action.left,
+            self._retrier.retrying(
+                action.what, self._last_error, action.attempts, action.pause, action.left
             )
             return
         if isinstance(action, Action.Dropped):

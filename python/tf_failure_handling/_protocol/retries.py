@@ -19,7 +19,7 @@ the driver's writes (``Action``, ``src/protocol/driver.rs``), the leader's round
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Optional
 
 from .. import _errors
 from .._native import ProtocolCore
@@ -50,3 +50,17 @@ class Retrier:
             named = _errors.make("UnavailableError", f"{what} failed: {error!r}")
         named.__cause__ = error
         return named
+
+    def retrying(
+        self, what: str, error: Optional[BaseException], attempts: int, pause: float, left: float
+    ) -> None:
+        """Logs a failed call the core will try again after ``pause`` seconds (``left`` of
+        its bound remained): a warning the first time, then info."""
+        (log.warning if attempts == 1 else log.info)(
+            "%s failed (%s: %s); retrying in %gs (%.1fs left).",
+            what,
+            type(error).__name__,
+            error,
+            pause,
+            left,
+        )

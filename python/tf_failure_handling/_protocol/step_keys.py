@@ -103,13 +103,8 @@ class StepKeys:
                     return
                 event = Event.Reading()
             elif isinstance(action, ReaderAction.Pause):
-                (log.warning if action.attempts == 1 else log.info)(
-                    "%s failed (%s: %s); retrying in %gs (%.1fs left).",
-                    action.what,
-                    type(last_error).__name__,
-                    last_error,
-                    action.seconds,
-                    action.left,
+                self._retrier.retrying(
+                    action.what, last_error, action.attempts, action.seconds, action.left
                 )
                 state.closing.wait(action.seconds)
                 event = Event.Reading()
