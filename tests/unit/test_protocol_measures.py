@@ -17,9 +17,9 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 106,
-    "native_constants": 26,
-    "native_constants_not_allowed": 13,
+    "native_names": 105,
+    "native_constants": 25,
+    "native_constants_not_allowed": 12,
     "native_constant_uses": 12,
     "binding_methods": 153,
     "literal_waits": 2,

@@ -28,12 +28,7 @@ import logging
 import threading
 from typing import Optional
 
-from .._native import (
-    EXIT_GUARD_LEAD,
-    arm_exit_guard,
-    disarm_exit_guard,
-    exit_guard_exiting,
-)
+from .._native import arm_exit_guard, disarm_exit_guard, exit_guard_exiting
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -71,9 +66,8 @@ def arm(deadline: Optional[float], now: float, code: int) -> Optional[float]:
         return None
     if delay is not None:
         log.info(
-            "If this process is still in its exit %.1fs before the deadline (in %.1fs), it "
-            "ends then with exit code %d rather than be killed.",
-            EXIT_GUARD_LEAD,
+            "If this process is still in its exit in %.1fs (shortly before the deadline), "
+            "it ends then with exit code %d rather than be killed.",
             delay,
             code,
         )
