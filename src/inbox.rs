@@ -61,8 +61,9 @@ use crate::step_resolution::Round;
 
 /// Notices that can wait in an inbox; see "Bounds".
 pub const NOTICE_CAPACITY: usize = 1024;
-/// Bound, in seconds, at interpreter exit, on joining the threads that wait in the
-/// inboxes of open notice sources (`_platforms/notice_sources.py`): closing wakes
+/// Bound, in seconds, at interpreter exit, on the wait for every thread to leave the
+/// wait of an inbox or a watcher-fn poll ([`InWait`]; the binding's exit hook, after
+/// `_platforms/notice_sources.py` closed every open notice sources): closing wakes
 /// them at once; the bound only keeps a stuck one from delaying the exit.
 pub const EXIT_JOIN_TIMEOUT: f64 = 2.0;
 
