@@ -140,12 +140,15 @@ class Input:
     class StepKey(Input):
         round_key: str
         value: str
+        def __init__(self, round_key: str, value: str) -> None: ...
 
     class KeyReadFailed(Input):
         round_key: str
         error: BaseException
+        def __init__(self, round_key: str, error: BaseException) -> None: ...
 
-    class Stop(Input): ...
+    class Stop(Input):
+        def __init__(self) -> None: ...
 
 DEFAULT_GRACE_PERIOD: float
 
@@ -477,13 +480,9 @@ class Inbox:
     def post_notice(
         self, source: str, deadline: Optional[float] = None, kill: Optional[float] = None
     ) -> bool: ...
-    def post_step_key(self, round_key: str, value: str) -> bool: ...
-    def post_key_read_failed(self, round_key: str, error: BaseException) -> bool: ...
-    def stop(self) -> None: ...
+    def post(self, input: Input) -> bool: ...
     @property
     def stopped(self) -> bool: ...
-    @property
-    def dropped_notices(self) -> int: ...
     def recv(
         self, timeout: Optional[float] = None, signals: Optional[SignalWatch] = None
     ) -> Optional[Input]: ...
@@ -960,41 +959,65 @@ def copy_place(
     mem_available: Optional[int],
 ) -> tuple[str, int, Optional[int]]: ...
 
-# SLURM (src/sources/slurm.rs): the job's limits, a notice's deadlines, the requeue.
-def slurm_fields(text: str) -> dict[str, str]: ...
-def slurm_decides_requeue(*, under_slurm: bool, enabled: bool, procid: Optional[str]) -> bool: ...
-def slurm_job_read(
-    job_id: str, outputs: list[tuple[Optional[int], str, str]]
-) -> tuple[
-    Optional[tuple[list[str], float]],
-    tuple[
-        Optional[float],
-        Optional[str],
-        Optional[float],
-        Optional[float],
-        Optional[bool],
-        Optional[str],
-    ],
-]: ...
-def slurm_notice(
-    unix_now: float,
-    *,
-    end: Optional[float],
-    sigterm: bool,
-    srun_step: bool,
-    grace_time: Optional[float],
-    kill_wait: Optional[float],
-    job: Optional[dict[str, str]] = None,
-) -> tuple[Optional[float], Optional[float], Optional[float]]: ...
-def slurm_requeue(
-    job_id: str,
-    *,
-    time_limit_signal: bool,
-    restart_count: int,
-    kill_wait: Optional[float],
-    show_job: Callable[[float], dict[str, str]],
-    requeue: Callable[[float], tuple[Optional[int], Optional[str]]],
-) -> tuple[bool, str, Optional[str], Optional[str], float, Optional[float], dict[str, str]]: ...
+# SLURM (src/sources/slurm/job.rs): the job as one protocol object: its read, a
+# notice's deadlines, the requeue after the save.
+class SlurmEvent:
+    """What a thread tells the SLURM job (``SlurmJob.handle``)."""
+
+    class Read(SlurmEvent): ...
+
+    class Notice(SlurmEvent):
+        def __init__(
+            self, at: float, end: Optional[float], sigterms: int, srun_step: bool
+        ) -> None: ...
+
+    class Requeue(SlurmEvent):
+        def __init__(
+            self, enabled: bool, procid: Optional[str], time_limit_signal: bool
+        ) -> None: ...
+
+    class Exited(SlurmEvent):
+        def __init__(self, call: int, code: int, stdout: str, stderr: str) -> None: ...
+
+    class NotRun(SlurmEvent):
+        def __init__(self, call: int, why: str, timed_out: bool) -> None: ...
+
+class SlurmAction:
+    """What the thread that reported does next (``SlurmJob.handle``)."""
+
+    class Scontrol(SlurmAction):
+        call: int
+        args: list[str]
+        timeout: float
+
+    class Read(SlurmAction):
+        end_time: Optional[float]
+        partition: Optional[str]
+        grace_time: Optional[float]
+        kill_wait: Optional[float]
+        requeue: Optional[bool]
+        error: Optional[str]
+
+    class Deadlines(SlurmAction):
+        deadline: Optional[float]
+        kill: Optional[float]
+        unread: Optional[str]
+
+    class Requeued(SlurmAction):
+        requeued: bool
+        message: str
+        what: str
+        reason: Optional[str]
+        took: float
+        kill_in: Optional[float]
+        kill_wait: Optional[float]
+        job_state: Optional[str]
+
+    class Done(SlurmAction): ...
+
+class SlurmJob:
+    def __init__(self, job_id: str, restart_count: int) -> None: ...
+    def handle(self, event: SlurmEvent) -> SlurmAction: ...
 
 # exit_guard.rs: after the last save, an exit still running just before the deadline
 # ends with the exit code (grace::exit_guard_delay decides when).

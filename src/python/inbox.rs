@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use super::blocking::{deadline_after, wait_sliced};
 use super::clock;
 use super::displacement::{warn_displaced, Displacement};
+use super::errors;
 use super::handler::round_from_key;
 use crate::inbox::{InWait, Inbox, Input, Origin, Poster, RecvError};
 
@@ -127,34 +128,36 @@ impl PyInbox {
             .is_ok()
     }
 
-    /// Posts the value read from a step key; False once stopped.
+    /// Posts `input` (an `Input` built in Python): a step key the reader read
+    /// (`Input.StepKey`), the failure that ended the reader
+    /// (`Input.KeyReadFailed`, with its exception), or the stop (`Input.Stop`:
+    /// every receive, blocked or later, returns it; posts return False from then
+    /// on; idempotent, never blocks). A notice is posted with `post_notice`,
+    /// which stamps it. False once stopped.
     ///
     /// # Errors
     ///
-    /// `ValueError` when `round_key` is not a step key.
-    fn post_step_key(&self, round_key: &str, value: String) -> PyResult<bool> {
-        let round = round_from_key(round_key)?;
-        Ok(self.poster.post(Input::StepKey { round, value }).is_ok())
+    /// `ValueError` when a round key is not a step key, or for a notice.
+    fn post(&self, input: &Bound<'_, PyInput>) -> PyResult<bool> {
+        let input = match input.get() {
+            PyInput::StepKey { round_key, value } => Input::StepKey {
+                round: round_from_key(round_key)?,
+                value: value.clone(),
+            },
+            PyInput::KeyReadFailed { round_key, error } => Input::KeyReadFailed {
+                round: round_from_key(round_key)?,
+                error: error.clone_ref(input.py()),
+            },
+            PyInput::Stop {} => {
+                self.inbox.stop();
+                return Ok(true);
+            }
+            PyInput::Notice { .. } => return Err(errors::bad_value("a notice is posted with post_notice")),
+        };
+        Ok(self.poster.post(input).is_ok())
     }
 
-    /// Posts that reading `round_key` failed for good, with the last
-    /// `error`; False once stopped.
-    ///
-    /// # Errors
-    ///
-    /// `ValueError` when `round_key` is not a step key.
-    fn post_key_read_failed(&self, round_key: &str, error: Py<PyAny>) -> PyResult<bool> {
-        let round = round_from_key(round_key)?;
-        Ok(self.poster.post(Input::KeyReadFailed { round, error }).is_ok())
-    }
-
-    /// Stops the inbox: every receive (blocked or later) returns
-    /// `Input.Stop`, posts return False. Idempotent, never blocks.
-    fn stop(&self) {
-        self.inbox.stop();
-    }
-
-    /// Whether `stop()` was called.
+    /// Whether the stop was posted.
     #[getter]
     fn stopped(&self) -> bool {
         self.inbox.stopped()
@@ -164,12 +167,6 @@ impl PyInbox {
     /// arrived before the stop): step keys and failures, then notices.
     fn drain(&self) -> Vec<PyInput> {
         self.inbox.drain().into_iter().map(PyInput::from).collect()
-    }
-
-    /// Notices dropped because too many were waiting.
-    #[getter]
-    fn dropped_notices(&self) -> u64 {
-        self.inbox.dropped_notices()
     }
 
     /// The most urgent input (stop, then step keys and failures, then

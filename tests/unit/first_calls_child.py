@@ -122,10 +122,10 @@ def handler_core() -> None:
 def inbox() -> None:
     box = _native.Inbox()
     box.post_notice("test")
-    box.post_step_key(_native.RUN_TO_CHECKPOINT, "7")
+    box.post(_native.Input.StepKey(_native.RUN_TO_CHECKPOINT, "7"))
     assert box.recv(timeout=5) is not None
     box.drain()
-    box.stop()
+    box.post(_native.Input.Stop())
 
 
 def signal_watch() -> None:
@@ -134,7 +134,7 @@ def signal_watch() -> None:
     assert watch.signals == [signal.SIGUSR2]
     assert box.recv(0, watch) is None
     watch.close()
-    box.stop()
+    box.post(_native.Input.Stop())
     _native.signal_deliveries(signal.SIGUSR2)
 
 

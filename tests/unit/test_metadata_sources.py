@@ -308,7 +308,7 @@ def test_the_notice_is_posted_into_the_inbox(fake, watches, cloud):
         assert (item.source, item.deadline) == w.state["notice"]
         assert item.kill == item.deadline, "a cloud's announced end is the kill"
     finally:
-        inbox.stop()
+        inbox.post(_native.Input.Stop())
 
 
 @pytest.mark.timeout(30)

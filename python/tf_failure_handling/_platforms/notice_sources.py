@@ -241,7 +241,7 @@ class NoticeSources:
         with _open_sources_lock:
             _open_sources.discard(self)
         self._watcher_poll.stop(wait=False)
-        self.inbox.stop()
+        self.inbox.post(Input.Stop())
         self._watch.close()
         if self._metadata is not None:
             self._metadata.close()
