@@ -33,7 +33,9 @@ pub enum PyInput {
     /// A termination notice: `signal` (its number) for a signal, else
     /// `source` (as the source describes itself); `at` when it was seen and
     /// `deadline` when the machine goes away, `kill` when the platform stated it
-    /// ends this process, all Unix seconds.
+    /// ends this process, all Unix seconds (a notice Python posts is stamped
+    /// by `Inbox.post`).
+    #[pyo3(constructor = (source = None, signal = None, at = 0.0, deadline = None, kill = None))]
     Notice {
         source: Option<String>,
         signal: Option<i32>,
@@ -118,26 +120,19 @@ impl PyInbox {
         }
     }
 
-    /// Posts a notice from `source` (Unix `deadline`, if it announced one; Unix
-    /// `kill`, if it stated when this process ends); False once stopped (or when
-    /// too many notices wait: it changes nothing then).
-    #[pyo3(signature = (source, deadline=None, kill=None))]
-    fn post_notice(&self, source: String, deadline: Option<f64>, kill: Option<f64>) -> bool {
-        self.poster
-            .notice(Origin::Source(source), clock::unix_now(), deadline, kill)
-            .is_ok()
-    }
-
-    /// Posts `input` (an `Input` built in Python): a step key the reader read
-    /// (`Input.StepKey`), the failure that ended the reader
+    /// Posts `input` (an `Input` built in Python): a notice from a source
+    /// (`Input.Notice(source, deadline=, kill=)`: Unix `deadline` if it announced
+    /// one, Unix `kill` if it stated when this process ends; stamped now, its
+    /// `at` is not read; refused too when too many notices wait), a step key the
+    /// reader read (`Input.StepKey`), the failure that ended the reader
     /// (`Input.KeyReadFailed`, with its exception), or the stop (`Input.Stop`:
     /// every receive, blocked or later, returns it; posts return False from then
-    /// on; idempotent, never blocks). A notice is posted with `post_notice`,
-    /// which stamps it. False once stopped.
+    /// on; idempotent, never blocks). False once stopped.
     ///
     /// # Errors
     ///
-    /// `ValueError` when a round key is not a step key, or for a notice.
+    /// `ValueError` when a round key is not a step key, or a notice names no
+    /// source.
     fn post(&self, input: &Bound<'_, PyInput>) -> PyResult<bool> {
         let input = match input.get() {
             PyInput::StepKey { round_key, value } => Input::StepKey {
@@ -152,7 +147,17 @@ impl PyInbox {
                 self.inbox.stop();
                 return Ok(true);
             }
-            PyInput::Notice { .. } => return Err(errors::bad_value("a notice is posted with post_notice")),
+            PyInput::Notice {
+                source, deadline, kill, ..
+            } => {
+                let source = source
+                    .clone()
+                    .ok_or_else(|| errors::bad_value("a posted notice names its source"))?;
+                return Ok(self
+                    .poster
+                    .notice(Origin::Source(source), clock::unix_now(), *deadline, *kill)
+                    .is_ok());
+            }
         };
         Ok(self.poster.post(input).is_ok())
     }

@@ -43,7 +43,7 @@ ACK_0 = "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0"
 def test_inbox_order_stop_and_drain_through_the_binding():
     inbox = _native.Inbox()
     assert inbox.recv(0) is None, "an empty inbox answers a zero timeout with None"
-    assert inbox.post_notice("a metadata service", 123.0)
+    assert inbox.post(_native.Input.Notice("a metadata service", deadline=123.0))
     assert inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "7"))
     error = _errors.make("UnavailableError", "the service is gone")
     assert inbox.post(_native.Input.KeyReadFailed("LAST_RUN_TO_CHECKPOINT", error))
@@ -62,12 +62,12 @@ def test_inbox_order_stop_and_drain_through_the_binding():
     with pytest.raises(ValueError, match="not a step key"):
         inbox.post(_native.Input.StepKey("SOME_KEY", "1"))
 
-    assert inbox.post_notice("before the stop")
+    assert inbox.post(_native.Input.Notice("before the stop"))
     assert inbox.post(_native.Input.Stop())
     assert inbox.stopped
     assert isinstance(inbox.recv(), _native.Input.Stop), "stop wins and never blocks"
     assert isinstance(inbox.recv(), _native.Input.Stop), "stop is sticky"
-    assert not inbox.post_notice("after the stop")
+    assert not inbox.post(_native.Input.Notice("after the stop"))
     assert not inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "8"))
     left = inbox.drain()
     assert [type(i) for i in left] == [_native.Input.Notice]

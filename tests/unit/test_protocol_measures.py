@@ -17,7 +17,7 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 101,
+    "native_names": 100,
     "native_constants": 24,
     "native_constants_not_allowed": 11,
     "native_constant_uses": 11,
@@ -25,7 +25,7 @@ AT_MOST = {
     "literal_waits": 2,
     "time_reads": 34,
     "wide_61": 2,
-    "binding_ratio": 0.482,
+    "binding_ratio": 0.479,
 }
 
 

@@ -57,10 +57,8 @@ def _release_all_at_exit() -> None:
         sources = list(_open_sources)
     watched: set = set()
     for s in sources:
-        try:
+        if not s._closed:  # a closed one gave its signals back already
             watched.update(s.signals)
-        except Exception:  # noqa: BLE001 - closed already: its signals are given back
-            pass
         s.close(join=False)
     # The exit has begun: a time-limit warning now would only turn a finished run into
     # a failed one (SLURM's job FAILED, exit 138), so it is ignored from here on.
@@ -130,7 +128,9 @@ class NoticeSources:
         self._closed = False
         #: Where every source posts; a handler's step-key reader posts here too.
         self.inbox = Inbox()
-        self._watch = SignalWatch(signal_numbers(signals), owner=owner, inbox=self.inbox)
+        #: The signals watched (each once).
+        self.signals: list[int] = list(dict.fromkeys(signal_numbers(signals)))
+        self._watch = SignalWatch(self.signals, owner=owner, inbox=self.inbox)
         self._metadata: Optional[MetadataWatch] = None
         if watch_metadata and env.cloud is not None and env.metadata_base is not None:
             try:
@@ -150,10 +150,6 @@ class NoticeSources:
         with _open_sources_lock:
             _open_sources.add(self)
 
-    @property
-    def signals(self) -> list[int]:
-        return self._watch.signals
-
     def trigger(
         self, source: str, deadline: Optional[float] = None, kill: Optional[float] = None
     ) -> bool:
@@ -162,7 +158,7 @@ class NoticeSources:
         with self._lock:
             if self._closed:
                 return False
-        return self.inbox.post_notice(source, deadline, kill)
+        return self.inbox.post(Input.Notice(source, deadline=deadline, kill=kill))
 
     def receive(self, timeout: Optional[float] = None) -> Any:
         """The most urgent input: ``Input.Stop`` once closed, then step keys and key-read
