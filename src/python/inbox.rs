@@ -9,8 +9,9 @@
 //! (the step-key reader, the watcher-fn poller, `testing`, `close()`) post
 //! through the methods below, which never block.
 //!
-//! A key-read failure carries the exception object itself, so the driver
-//! hands on TF's own error type and message.
+//! `Input` is the core's declaration (`crate::inbox::Input`, one `wire!`): a
+//! key-read failure names its round only; the exception stays on the Python
+//! side (`NoticeSources.read_failed`), so the driver hands on TF's own error.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,74 +22,18 @@ use super::blocking::{deadline_after, wait_sliced};
 use super::clock;
 use super::displacement::{warn_displaced, Displacement};
 use super::errors;
-use super::handler::round_from_key;
-use crate::inbox::{InWait, Inbox, Input, Origin, Poster, RecvError};
+use super::wire::py_enum;
+use crate::inbox::{self as core, InWait, Inbox, Poster, RecvError};
+use crate::step_resolution::Round;
 
-/// What the binding's inbox carries for a failed read: the exception.
-pub(crate) type PyPoster = Poster<Py<PyAny>>;
+/// The poster a Rust source (the signal dispatcher, a metadata watch) is given.
+pub(crate) type PyPoster = Poster;
 
-/// One input of the driver, as `Inbox.recv` returns it.
-#[pyclass(frozen, name = "Input", module = "tf_failure_handling._native")]
-pub enum PyInput {
-    /// A termination notice: `signal` (its number) for a signal, else
-    /// `source` (as the source describes itself); `at` when it was seen and
-    /// `deadline` when the machine goes away, `kill` when the platform stated it
-    /// ends this process, all Unix seconds (a notice Python posts is stamped
-    /// by `Inbox.post`).
-    #[pyo3(constructor = (source = None, signal = None, at = 0.0, deadline = None, kill = None))]
-    Notice {
-        source: Option<String>,
-        signal: Option<i32>,
-        at: f64,
-        deadline: Option<f64>,
-        kill: Option<f64>,
-    },
-    /// The step-key reader read `value` from `round_key`.
-    StepKey { round_key: String, value: String },
-    /// Reading `round_key` failed for longer than the bound; `error` is the
-    /// last failure (TF's type). The reader has ended.
-    KeyReadFailed { round_key: String, error: Py<PyAny> },
-    /// `close()`: the driver ends.
-    Stop {},
-}
-
-impl From<Input<Py<PyAny>>> for PyInput {
-    fn from(input: Input<Py<PyAny>>) -> Self {
-        match input {
-            Input::Notice {
-                origin,
-                at,
-                deadline,
-                kill,
-            } => {
-                let (source, signal) = match origin {
-                    Origin::Signal(s) => (None, Some(s)),
-                    Origin::Source(s) => (Some(s), None),
-                };
-                PyInput::Notice {
-                    source,
-                    signal,
-                    at,
-                    deadline,
-                    kill,
-                }
-            }
-            Input::StepKey { round, value } => PyInput::StepKey {
-                round_key: round.key().to_owned(),
-                value,
-            },
-            Input::KeyReadFailed { round, error } => PyInput::KeyReadFailed {
-                round_key: round.key().to_owned(),
-                error,
-            },
-            Input::Stop => PyInput::Stop {},
-        }
-    }
-}
+crate::inbox::input!(py_enum[crate::inbox]);
 
 /// What one slice of [`PyInbox::recv`] found.
 enum Got {
-    Input(Input<Py<PyAny>>),
+    Input(core::Input),
     /// A watched signal's disposition is no longer ours (first time only).
     Displaced(Vec<i32>),
 }
@@ -98,7 +43,7 @@ enum Got {
 /// receive takes them).
 #[pyclass(frozen, name = "Inbox", module = "tf_failure_handling._native")]
 pub struct PyInbox {
-    inbox: Arc<Inbox<Py<PyAny>>>,
+    inbox: Arc<Inbox>,
     poster: PyPoster,
 }
 
@@ -133,31 +78,19 @@ impl PyInbox {
     ///
     /// `ValueError` when a round key is not a step key, or a notice names no
     /// source.
-    fn post(&self, input: &Bound<'_, PyInput>) -> PyResult<bool> {
-        let input = match input.get() {
-            PyInput::StepKey { round_key, value } => Input::StepKey {
-                round: round_from_key(round_key)?,
-                value: value.clone(),
-            },
-            PyInput::KeyReadFailed { round_key, error } => Input::KeyReadFailed {
-                round: round_from_key(round_key)?,
-                error: error.clone_ref(input.py()),
-            },
-            PyInput::Stop {} => {
-                self.inbox.stop();
-                return Ok(true);
-            }
-            PyInput::Notice {
+    fn post(&self, input: &Bound<'_, Input>) -> PyResult<bool> {
+        let input = match core::Input::from(input.get()) {
+            core::Input::Notice { source: None, .. } => return Err(errors::bad_value("a posted notice names its source")),
+            core::Input::Notice {
                 source, deadline, kill, ..
-            } => {
-                let source = source
-                    .clone()
-                    .ok_or_else(|| errors::bad_value("a posted notice names its source"))?;
-                return Ok(self
-                    .poster
-                    .notice(Origin::Source(source), clock::unix_now(), *deadline, *kill)
-                    .is_ok());
-            }
+            } => core::Input::Notice {
+                source,
+                signal: None,
+                at: clock::unix_now(),
+                deadline,
+                kill,
+            },
+            input => input,
         };
         Ok(self.poster.post(input).is_ok())
     }
@@ -170,8 +103,8 @@ impl PyInbox {
 
     /// Every input still queued, without waiting, even once stopped (what
     /// arrived before the stop): step keys and failures, then notices.
-    fn drain(&self) -> Vec<PyInput> {
-        self.inbox.drain().into_iter().map(PyInput::from).collect()
+    fn drain(&self) -> Vec<Input> {
+        self.inbox.drain().into_iter().map(Input::from).collect()
     }
 
     /// The most urgent input (stop, then step keys and failures, then
@@ -185,7 +118,7 @@ impl PyInbox {
     /// `ValueError` for a negative timeout; what a signal handler raised
     /// while the main thread waited (`KeyboardInterrupt`).
     #[pyo3(signature = (timeout=None, signals=None))]
-    fn recv(&self, py: Python<'_>, timeout: Option<f64>, signals: Option<Displacement>) -> PyResult<Option<PyInput>> {
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>, signals: Option<Displacement>) -> PyResult<Option<Input>> {
         let deadline = deadline_after(timeout)?;
         let displacement = signals.unwrap_or_default();
         // What is queued already is taken without releasing the GIL (a
@@ -193,7 +126,7 @@ impl PyInbox {
         // a timeout of 0, for which no slice is left.
         match self.inbox.recv_timeout(Duration::ZERO) {
             Ok(input) => return Ok(Some(input.into())),
-            Err(RecvError::Disconnected) => return Ok(Some(PyInput::Stop {})),
+            Err(RecvError::Disconnected) => return Ok(Some(Input::Stop {})),
             Err(RecvError::Timeout) => {}
         }
         let _counted = InWait::enter();
@@ -204,7 +137,7 @@ impl PyInbox {
                 match inbox.recv_timeout(slice) {
                     Ok(input) => return Some(Got::Input(input)),
                     // Nothing can arrive any more: as good as stopped.
-                    Err(RecvError::Disconnected) => return Some(Got::Input(Input::Stop)),
+                    Err(RecvError::Disconnected) => return Some(Got::Input(core::Input::Stop {})),
                     Err(RecvError::Timeout) => {}
                 }
                 displacement.newly_displaced().map(Got::Displaced)
@@ -221,6 +154,6 @@ impl PyInbox {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyInbox>()?;
-    m.add_class::<PyInput>()?;
+    m.add_class::<Input>()?;
     Ok(())
 }

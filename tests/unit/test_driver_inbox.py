@@ -29,6 +29,8 @@ from tf_failure_handling import (
     _native,
     testing,
 )
+from tf_failure_handling._platforms import notice_sources as _sources
+from tf_failure_handling._platforms import platform as _platform
 from tf_failure_handling._protocol import keys
 
 from .conftest import HANG, wait_until
@@ -45,16 +47,14 @@ def test_inbox_order_stop_and_drain_through_the_binding():
     assert inbox.recv(0) is None, "an empty inbox answers a zero timeout with None"
     assert inbox.post(_native.Input.Notice("a metadata service", deadline=123.0))
     assert inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "7"))
-    error = _errors.make("UnavailableError", "the service is gone")
-    assert inbox.post(_native.Input.KeyReadFailed("LAST_RUN_TO_CHECKPOINT", error))
+    assert inbox.post(_native.Input.KeyReadFailed("LAST_RUN_TO_CHECKPOINT"))
 
     first = inbox.recv(0)  # queued inputs are served even with no time left
     assert isinstance(first, _native.Input.StepKey)
-    assert (first.round_key, first.value) == ("RUN_TO_CHECKPOINT", "7")
+    assert (first.round, first.value) == ("RUN_TO_CHECKPOINT", "7")
     second = inbox.recv(HANG)
     assert isinstance(second, _native.Input.KeyReadFailed)
-    assert second.round_key == "LAST_RUN_TO_CHECKPOINT"
-    assert second.error is error, "the exception object (TF's type) reaches the driver"
+    assert second.round == "LAST_RUN_TO_CHECKPOINT"
     third = inbox.recv(HANG)
     assert isinstance(third, _native.Input.Notice)
     assert (third.source, third.signal, third.deadline) == ("a metadata service", None, 123.0)
@@ -72,6 +72,22 @@ def test_inbox_order_stop_and_drain_through_the_binding():
     left = inbox.drain()
     assert [type(i) for i in left] == [_native.Input.Notice]
     assert left[0].source == "before the stop"
+
+
+def test_a_readers_failure_reaches_the_driver_with_its_exception():
+    """The inbox carries the round; the notice sources hand the driver the exception
+    object itself (TF's type, its message)."""
+    sources = _sources.NoticeSources(_platform.environment(), [], watch_metadata=False)
+    try:
+        error = _errors.make("UnavailableError", "the service is gone")
+        assert sources.read_failed("LAST_RUN_TO_CHECKPOINT", error)
+        failed = sources.receive(HANG)
+        assert isinstance(failed, _sources.KeyReadFailed)
+        assert failed.round_key == "LAST_RUN_TO_CHECKPOINT"
+        assert failed.error is error, "the exception object (TF's type) reaches the driver"
+    finally:
+        sources.close()
+    assert not sources.read_failed("LAST_RUN_TO_CHECKPOINT", error), "closed: refused"
 
 
 def test_stop_from_another_thread_wakes_a_blocked_receive():

@@ -87,6 +87,14 @@ class Notice(NamedTuple):
     kill: Optional[float] = None
 
 
+class KeyReadFailed(NamedTuple):
+    """The step-key reader ended: reading ``round_key`` failed for longer than the
+    bound; ``error`` is the last failure (TF's type, its message intact)."""
+
+    round_key: str
+    error: BaseException
+
+
 def signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -128,6 +136,9 @@ class NoticeSources:
         self._closed = False
         #: Where every source posts; a handler's step-key reader posts here too.
         self.inbox = Inbox()
+        #: The reader's last failure per round key, until the driver takes it (the
+        #: inbox carries the round only).
+        self._read_errors: dict = {}
         #: The signals watched (each once).
         self.signals: list[int] = list(dict.fromkeys(signal_numbers(signals)))
         self._watch = SignalWatch(self.signals, owner=owner, inbox=self.inbox)
@@ -160,6 +171,12 @@ class NoticeSources:
                 return False
         return self.inbox.post(Input.Notice(source, deadline=deadline, kill=kill))
 
+    def read_failed(self, round_key: str, error: BaseException) -> bool:
+        """Posts that the step-key reader ended on ``error`` reading ``round_key``;
+        False once stopped (the driver will not see it)."""
+        self._read_errors[round_key] = error
+        return self.inbox.post(Input.KeyReadFailed(round_key))
+
     def receive(self, timeout: Optional[float] = None) -> Any:
         """The most urgent input: ``Input.Stop`` once closed, then step keys and key-read
         failures (``_native.Input``), then notices (as :class:`Notice`); None after
@@ -172,18 +189,12 @@ class NoticeSources:
         with self._lock:
             if self._closed:
                 return Input.Stop()
-        item = self.inbox.recv(timeout, self._watch)
-        if isinstance(item, Input.Notice):
-            return self._notice_for(item)
-        return item
+        return self._converted(self.inbox.recv(timeout, self._watch))
 
     def drain(self) -> list:
         """Every input still queued, without waiting, even once closed (what arrived
         before the stop), converted as :meth:`receive` does."""
-        return [
-            self._notice_for(item) if isinstance(item, Input.Notice) else item
-            for item in self.inbox.drain()
-        ]
+        return [self._converted(item) for item in self.inbox.drain()]
 
     def wait(self, timeout: Optional[float] = None) -> Optional[Notice]:
         """The next notice, or None after ``timeout`` seconds or once closed: the
@@ -214,6 +225,16 @@ class NoticeSources:
         """Stops polling the watcher fn (a newer handler of the worker polls its own);
         a call under way that fires is dropped. Signals and metadata stay watched."""
         self._watcher_poll.stop(wait=False)
+
+    def _converted(self, item: Any) -> Any:
+        """An input as the driver takes it: a notice as a :class:`Notice`, a reader's
+        failure with its exception (:class:`KeyReadFailed`), anything else as is."""
+        if isinstance(item, Input.Notice):
+            return self._notice_for(item)
+        if isinstance(item, Input.KeyReadFailed):
+            error = self._read_errors.pop(item.round, None)
+            return KeyReadFailed(item.round, error or RuntimeError(f"reading {item.round} failed"))
+        return item
 
     def _notice_for(self, item: Any) -> Notice:
         """A posted ``Input.Notice`` as a :class:`Notice`: a signal is named, and its

@@ -74,7 +74,7 @@ class StepKeys:
         try:
             self._watch_until_done()
         except BaseException as e:  # noqa: BLE001 - handed to the driver
-            if not self._sources.inbox.post(Input.KeyReadFailed(self._reading_key, e)):
+            if not self._sources.read_failed(self._reading_key, e):
                 # The inbox is stopped: closing (ignored there), or the driver is gone.
                 self._errors.fail_in_background("watching the peers' step keys", e)
 
