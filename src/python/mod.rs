@@ -25,7 +25,8 @@
 //! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; the waits' bounds and `MergeStart`, whether the chief starts the merge (`crate::shares`) |
 //! | `slurm.rs` | `SlurmJob`, `SlurmEvent`, `SlurmAction`: the SLURM job's protocol object (`crate::sources::slurm::Job`); the requeue's pauses waited |
 //! | `wire.rs` | `py_enum!`: a core `wire!` declaration (`crate::wire`) expanded into its Python class and conversions, one line per type; the conversions of core field types (a `Round` is its key) |
-//! | `sources.rs` | `MetadataWatch`, `probe_metadata` and `clouds`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the clouds' one table (detection, default grace periods, exit codes); the watcher fn's interval |
+//! | `sources.rs` | `MetadataWatch`, `WatcherFnPoll`, `probe_metadata` and `clouds`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the clouds' one table (detection, default grace periods, exit codes); the watcher fn's schedule |
+//! | `watcher.rs` | `KeyWatch`: `PreemptionWatcher`'s watch of a coordination-service key (`crate::sources::key_watch`); the bounds of the coordination client's calls and of the peer health probes |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and
 //! the GIL before adding a lock, a once-cell or a wait.

@@ -1,9 +1,11 @@
 """SLURM: the job's deadlines, and the job back in the queue after the save.
 
 What SLURM sends and when, the deadline and the kill each notice carries
-(:func:`notice_deadlines`, decided by the core: ``src/sources/slurm.rs``) and when the
-job is requeued (:func:`requeue_after_save`) are told once, in
-docs/getting-started/slurm.md, and checked on a real SLURM by ``tests/slurm``.
+(:func:`notice_deadlines`) and when the job is requeued (:func:`requeue_after_save`)
+are told once, in docs/getting-started/slurm.md, and checked on a real SLURM by
+``tests/slurm``. The job is one protocol object of the core (``SlurmJob``,
+``src/sources/slurm/job.rs``), which decides all of it; each thread here reports an
+event and runs the ``scontrol`` calls it answers with (:func:`_perform`).
 """
 
 from __future__ import annotations
