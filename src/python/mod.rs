@@ -8,7 +8,6 @@
 //! | `inbox.rs` | `Inbox` and `Input`: the protocol driver's inputs in one place; its receive releases the GIL; the bound on joining its waiting threads at exit |
 //! | `signals.rs` | `SignalWatch`: signals from any thread, chained, posted into an `Inbox`; its wait releases the GIL |
 //! | `displacement.rs` | signal handlers someone replaced after ours, which both waits above look for (below both) |
-//! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `closure.rs` | `Closure`, `Event`, `Lock`: what a `schedule()` allocates, at (almost) no cost to the garbage collector |
 //! | `exit_guard.rs` | `arm_exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the kill its platform stated (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL; a step or a new handler stands it down |
@@ -53,7 +52,6 @@ mod shares;
 mod signals;
 mod slurm;
 mod sources;
-mod store;
 mod watcher;
 
 #[pymodule]
@@ -94,7 +92,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(handler::write_timeout, m)?)?;
     signals::register(m)?;
     inbox::register(m)?;
-    m.add_class::<store::KeyValueStore>()?;
     closure_queue::register(m)?;
     closure::register(m)?;
     failure::register(m)?;

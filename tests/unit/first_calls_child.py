@@ -138,15 +138,6 @@ def signal_watch() -> None:
     _native.signal_deliveries(signal.SIGUSR2)
 
 
-def key_value_store() -> None:
-    store = _native.KeyValueStore()
-    name = threading.current_thread().name
-    store.set(name, "1")
-    assert store.get(name, timeout=5) == ("1", None) or store.try_get(name) == "1"
-    store.keys()
-    store.delete(name)
-
-
 def metadata_probe() -> None:
     assert _native.probe_metadata("gce", CLOSED_PORT_URL, 0.5) is False
 
@@ -206,7 +197,6 @@ SCENARIOS = {
         handler_core,
         inbox,
         signal_watch,
-        key_value_store,
         metadata_probe,
         metadata_watch,
         testing_service,
