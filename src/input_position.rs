@@ -17,6 +17,68 @@
 /// Seconds between the lines logged while a resumed input replays to its
 /// position.
 pub const REPLAY_PROGRESS_EVERY: f64 = 5.0;
+/// Seconds the making of earlier iterators (a resume's advance) must take to be
+/// logged: a quick one says nothing.
+pub const ADVANCE_LOGGED_AFTER: f64 = 1.0;
+
+/// What a [`Timing`] times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timed {
+    /// A resumed iterator replaying its skipped batches: a line every
+    /// [`REPLAY_PROGRESS_EVERY`] until the first resumed step.
+    Replay,
+    /// The making of earlier iterators before the resumed one: one line at its end,
+    /// when it took longer than [`ADVANCE_LOGGED_AFTER`].
+    Advance,
+}
+
+/// The timing of a resume's slow parts, and when each is logged. Never reads a
+/// clock: it started at the `now` given to [`Timing::new`], and each call takes `now`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timing {
+    timed: Timed,
+    started: f64,
+    /// When the next line is due.
+    next: f64,
+}
+
+impl Timing {
+    /// `timed` starts at `now`.
+    #[must_use]
+    pub fn new(timed: Timed, now: f64) -> Self {
+        let after = match timed {
+            Timed::Replay => REPLAY_PROGRESS_EVERY,
+            Timed::Advance => ADVANCE_LOGGED_AFTER,
+        };
+        Timing {
+            timed,
+            started: now,
+            next: now + after,
+        }
+    }
+
+    /// Seconds from `now` until the next line is due (0: it is).
+    #[must_use]
+    pub fn poll_timeout(&self, now: f64) -> f64 {
+        (self.next - now).max(0.0)
+    }
+
+    /// The seconds since the start when a line is due at `now` (a replay's next
+    /// line is then due [`REPLAY_PROGRESS_EVERY`] later); None when none is. An
+    /// advance that ends at `now` is logged when it took longer than
+    /// [`ADVANCE_LOGGED_AFTER`].
+    pub fn poll(&mut self, now: f64) -> Option<f64> {
+        let so_far = now - self.started;
+        match self.timed {
+            Timed::Replay if now >= self.next => {
+                self.next = now + REPLAY_PROGRESS_EVERY;
+                Some(so_far)
+            }
+            Timed::Advance if now > self.next => Some(so_far),
+            _ => None,
+        }
+    }
+}
 
 /// The position a checkpoint holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,6 +311,21 @@ mod tests {
         for (name, saved, resuming, expected) in rows {
             assert_eq!(resume(*saved, *resuming), *expected, "{name}");
         }
+    }
+
+    #[test]
+    fn a_replay_logs_every_interval_and_an_advance_only_when_slow() {
+        let mut replay = Timing::new(Timed::Replay, 100.0);
+        assert_eq!(replay.poll_timeout(100.0), REPLAY_PROGRESS_EVERY);
+        assert_eq!(replay.poll(104.0), None, "not yet due");
+        assert_eq!(replay.poll(105.0), Some(5.0));
+        assert_eq!(replay.poll_timeout(105.0), REPLAY_PROGRESS_EVERY, "the next from this line");
+        assert_eq!(replay.poll(106.0), None);
+        assert_eq!(replay.poll(111.5), Some(11.5));
+        let mut quick = Timing::new(Timed::Advance, 10.0);
+        assert_eq!(quick.poll(11.0), None, "exactly the bound: not logged");
+        assert_eq!(quick.poll(11.5), Some(1.5));
+        assert_eq!(quick.poll_timeout(12.0), 0.0);
     }
 
     #[test]

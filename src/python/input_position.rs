@@ -1,9 +1,11 @@
 //! Binding of the input position's decisions ([`crate::input_position`]) for
 //! `_protocol/input_position.py`, which makes the iterators and logs.
 
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 
-use crate::input_position::{self, Resume, Resuming, Saved};
+use super::clock::now_secs;
+use crate::input_position::{self, Resume, Resuming, Saved, Timed, Timing};
 
 /// Where a restarted input resumes: `("fresh", None, None, None)`,
 /// `("at", iteration, batches, advance)` or `("unreachable", iteration, batches, None)`
@@ -48,8 +50,37 @@ fn input_batches_given(start: u64, runs_now: u64, runs_at_made: u64, per_run: u6
     input_position::batches_given(start, runs_now, runs_at_made, per_run)
 }
 
+/// The timing of a resume's slow part ([`Timing`]), from its construction:
+/// `InputTiming(advance=False)` times a replay of skipped batches (a line every
+/// interval), `InputTiming(advance=True)` the making of earlier iterators (a line at
+/// its end when slow). It reads the clock itself.
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub(crate) struct InputTiming(Mutex<Timing>);
+
+#[pymethods]
+impl InputTiming {
+    #[new]
+    #[pyo3(signature = (advance = false))]
+    fn new(advance: bool) -> Self {
+        InputTiming(Mutex::new(Timing::new(
+            if advance { Timed::Advance } else { Timed::Replay },
+            now_secs(),
+        )))
+    }
+
+    /// Seconds until the next line is due.
+    fn poll_timeout(&self) -> f64 {
+        self.0.lock().poll_timeout(now_secs())
+    }
+
+    /// The seconds since the start when a line is due now, else None.
+    fn poll(&self) -> Option<f64> {
+        self.0.lock().poll(now_secs())
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("INPUT_REPLAY_PROGRESS_EVERY", crate::input_position::REPLAY_PROGRESS_EVERY)?;
+    m.add_class::<InputTiming>()?;
     m.add_function(wrap_pyfunction!(input_resume, m)?)?;
     m.add_function(wrap_pyfunction!(input_batches_given, m)?)?;
     Ok(())
