@@ -597,23 +597,20 @@ def failed_ps_instances(message: str) -> set[int]: ...
 DEFAULT_WORKER_RECOVERY_TIMEOUT: float
 COORDINATOR_STOP_LOCK_BOUND: float
 
-# The preemption records read (src/records.rs): bytes in, fields out.
-RECORD_FIELDS: tuple[str, ...]
-RECORD_REQUIRED: tuple[str, ...]
-RECORDS_NOTICE_LINE_BOUND: float
+# The preemption records (src/records.rs): bytes in, JSON text out; lines stamped.
+#: Each field of the records' schema, and whether a line must have it.
+RECORD_FIELDS: dict[str, bool]
 
 def read_records(
-    sources: list[tuple[str, Optional[bytes]]],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, list[int]]]:
-    """``(preemptions, resumes, skipped)``: the fields of each ``records.Preemption``
-    and ``records.Resume`` in the files ``(name, bytes, or None if unreadable)``."""
+    sources: list[tuple[str, Optional[bytes]]], task: Optional[tuple[str, str]] = None
+) -> str:
+    """JSON text: ``{"preemptions", "resumes", "skipped"}`` of the files ``(name, bytes,
+    or None if unreadable)``; with ``task`` ``(job, str(task))``, its last exit or null."""
 
-def last_exit_record(
-    sources: list[tuple[str, Optional[bytes]]], job: str, task: str
-) -> Optional[dict[str, Any]]: ...
-def valid_record(obj: object) -> bool: ...
-def record_field_ok(name: str, value: object) -> bool: ...
+def record_valid(value: object, field: Optional[str] = None) -> bool: ...
 def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) -> bool: ...
+def stamp_record(record: dict[str, Any]) -> int: ...
+def records_bound(timeout: Optional[float] = None, notice_line: bool = False) -> float: ...
 
 TF_WAIT_FOREVER_MS: int
 SIMULATED_CLUSTER_BOUND: float
@@ -911,7 +908,6 @@ WORKER_GET_SLICE: float
 WORKER_SOFT_SLICE: float
 
 def report_same_preemption(t: float, first: float, end: Optional[float]) -> bool: ...
-def records_flush_bound(timeout: Optional[float] = None) -> float: ...
 
 DEFAULT_EXIT_CODE: int
 SHARES_UNMERGED_EXIT_CODE: int

@@ -17,10 +17,10 @@
 //! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait), `TaskProtocol` (a served task's), `TaskCalls` |
 //! | `failure_response.rs` | `failure_response`, `after_recovery_wait`: what a closure's error gets, in TF's order (`crate::failure::response`) |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
-//! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes (`crate::input_position`) |
+//! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes; `InputTiming`: when a slow resume is logged (`crate::input_position`) |
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
-//! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
+//! | `records.rs` | the preemption records (`crate::records`): bytes in, JSON text of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines; each line's wall-clock stamp; the records' waits' bounds |
 //! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; the waits' bounds and `MergeStart`, whether the chief starts the merge (`crate::shares`) |
 //! | `slurm.rs` | `slurm_fields`, `slurm_time`, `slurm_seconds`, `slurm_config_value`: SLURM's text (`crate::sources::slurm`); the bounds on `scontrol` |
 //! | `sources.rs` | `MetadataWatch`, `probe_metadata` and `clouds`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the clouds' one table (detection, default grace periods, exit codes); the watcher fn's interval |
