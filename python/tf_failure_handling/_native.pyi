@@ -378,7 +378,7 @@ class ReaderAction:
         left: float
 
     class Post(ReaderAction):
-        round_key: str
+        round: str
         value: str
 
     class GaveUp(ReaderAction):
@@ -410,11 +410,11 @@ class LeaderAction:
         left: float
 
     class Published(LeaderAction):
-        round_key: str
+        round: str
         step: int
 
     class Lost(LeaderAction):
-        round_key: str
+        round: str
         value: Optional[str]
 
     class Agreed(LeaderAction): ...
@@ -425,7 +425,7 @@ class LeaderAction:
         seconds: float
 
     class Missing(LeaderAction):
-        round_key: str
+        round: str
         step: int
         missing: list[str]
 
