@@ -921,29 +921,36 @@ def assign_shares(
     sizes: list[int], pinned: list[bool], workers: int
 ) -> tuple[list[int], list[int]]: ...
 
-class MergeStart:
-    """Whether the chief starts the merge (src/shares.rs ``MergeStart``)."""
+class SharesAction:
+    """What a worker does next in the shares' waits (src/shares.rs ``SharesAction``)."""
 
-    start: bool
-    bound: Optional[float]
-    needed: Optional[float]
-    left: Optional[float]
+    class Wait(SharesAction):
+        timeout: float
+        bound: float
 
-def shares_probe_answers(
-    workers: int, ask: Callable[[int, float], Optional[str]]
-) -> Optional[tuple[int, Optional[str], float]]: ...
-def shares_probe_file(
-    ask: Callable[[float], Optional[str]], look: Callable[[str], bool]
-) -> tuple[Optional[str], bool, float, float]: ...
+    class Look(SharesAction): ...
 
-class SharesSave:
-    """The waits of one part of a save in shares (src/shares.rs ``SaveWaits``)."""
+    class Looked(SharesAction):
+        seen: bool
+        looked: float
 
-    def __init__(self, core: Optional[ProtocolCore] = None) -> None: ...
-    def part_written(self, chief: bool) -> None: ...
-    def left(self, after_failure: bool = False) -> float: ...
-    def merge_start(self) -> MergeStart: ...
-    def merged(self) -> None: ...
+    class Merge(SharesAction):
+        bound: float
+
+    class Keep(SharesAction):
+        needed: float
+        left: float
+
+class SharesWaits:
+    """Every wait of one worker in the shares: the probe, or one save
+    (src/shares.rs ``Waits``); reads the clock itself."""
+
+    def __init__(
+        self, core: Optional[ProtocolCore] = None, chief: bool = False, probe: bool = False
+    ) -> None: ...
+    def handle(self, event: str, seen: bool = False) -> None: ...
+    def poll(self) -> SharesAction: ...
+    def poll_timeout(self) -> float: ...
 
 # Whether a non-chief's whole copy of a checkpoint may go to memory (src/host_memory.rs).
 def copy_place(

@@ -21,7 +21,7 @@
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `records.rs` | the preemption records (`crate::records`): bytes in, JSON text of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines; each line's wall-clock stamp; the records' waits' bounds |
-//! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; the waits' bounds and `MergeStart`, whether the chief starts the merge (`crate::shares`) |
+//! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; `SharesWaits` and `SharesAction`: every wait of the shares (the probe, a save's waits, whether the chief starts the merge) as events in, actions out (`crate::shares`) |
 //! | `slurm.rs` | `slurm_fields`, `slurm_time`, `slurm_seconds`, `slurm_config_value`: SLURM's text (`crate::sources::slurm`); the bounds on `scontrol` |
 //! | `wire.rs` | `py_enum!`: a core `wire!` declaration (`crate::wire`) expanded into its Python class and conversions, one line per type; the conversions of core field types (a `Round` is its key) |
 //! | `sources.rs` | `MetadataWatch`, `probe_metadata` and `clouds`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the clouds' one table (detection, default grace periods, exit codes); the watcher fn's interval |
