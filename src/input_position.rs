@@ -104,23 +104,26 @@ pub struct Resuming {
     pub first_used: u64,
 }
 
-/// What the restart does with its input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Resume {
-    /// Nothing saved to resume: the input starts at its first element.
-    Fresh,
-    /// The first iterator trained from is iteration `iteration` from batch `batches`;
-    /// `advance` iterators are made and dropped before this process's first.
-    At { iteration: u64, batches: u64, advance: u64 },
-    /// This process makes more iterators before training than the interrupted run
-    /// had made: the position cannot be reached (the input starts at its first element).
-    Unreachable { iteration: u64, batches: u64 },
+crate::wire! {
+    /// What the restart does with its input.
+    pub enum InputResume via input_resume_decl {
+        /// Nothing saved to resume: the input starts at its first element.
+        Fresh {},
+        /// The first iterator trained from is iteration `iteration` from batch
+        /// `batches`; `advance` iterators are made and dropped before this process's
+        /// first.
+        At { iteration: u64, batches: u64, advance: u64 },
+        /// This process makes more iterators before training than the interrupted run
+        /// had made: the position cannot be reached (the input starts at its first
+        /// element).
+        Unreachable { iteration: u64, batches: u64 },
+    }
 }
 
 /// Where the input resumes (module docs).
-pub fn resume(saved: Saved, resuming: Resuming) -> Resume {
+pub fn resume(saved: Saved, resuming: Resuming) -> InputResume {
     if saved.iteration < 0 {
-        return Resume::Fresh;
+        return InputResume::Fresh {};
     }
     let (mut iteration, mut batches) = (saved.iteration as u64, saved.batches);
     // An iterator that has given nothing is not used up, whatever the loop does next
@@ -139,12 +142,12 @@ pub fn resume(saved: Saved, resuming: Resuming) -> Resume {
         batches = 0;
     }
     match iteration.checked_sub(resuming.first_used) {
-        Some(advance) => Resume::At {
+        Some(advance) => InputResume::At {
             iteration,
             batches,
             advance,
         },
-        None => Resume::Unreachable { iteration, batches },
+        None => InputResume::Unreachable { iteration, batches },
     }
 }
 
@@ -171,8 +174,8 @@ mod tests {
     #[test]
     fn resume_table() {
         let none = Resuming::default();
-        let rows: &[(&str, Saved, Resuming, Resume)] = &[
-            ("nothing was made before the save", saved(-1, 0, 0), none, Resume::Fresh),
+        let rows: &[(&str, Saved, Resuming, InputResume)] = &[
+            ("nothing was made before the save", saved(-1, 0, 0), none, InputResume::Fresh {}),
             (
                 "mid-epoch: the same iterator, the next batch",
                 saved(1, 5, 8),
@@ -180,7 +183,7 @@ mod tests {
                     per_iteration: Some(8),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 1,
                     batches: 5,
                     advance: 1,
@@ -193,7 +196,7 @@ mod tests {
                     per_iteration: Some(8),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 2,
                     batches: 0,
                     advance: 2,
@@ -207,7 +210,7 @@ mod tests {
                     steps_per_iteration: Some(4),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 1,
                     batches: 0,
                     advance: 1,
@@ -217,7 +220,7 @@ mod tests {
                 "an unknown length, told by the previous iterator's",
                 saved(3, 4, 4),
                 none,
-                Resume::At {
+                InputResume::At {
                     iteration: 4,
                     batches: 0,
                     advance: 4,
@@ -227,7 +230,7 @@ mod tests {
                 "an unknown length in the first epoch: the same iterator",
                 saved(0, 4, 0),
                 none,
-                Resume::At {
+                InputResume::At {
                     iteration: 0,
                     batches: 4,
                     advance: 0,
@@ -241,7 +244,7 @@ mod tests {
                     new_iteration: Some(false),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 0,
                     batches: 13,
                     advance: 0,
@@ -255,7 +258,7 @@ mod tests {
                     first_used: 1,
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 3,
                     batches: 0,
                     advance: 2,
@@ -269,7 +272,7 @@ mod tests {
                     first_used: 1,
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 2,
                     batches: 3,
                     advance: 1,
@@ -279,7 +282,7 @@ mod tests {
                 "more iterators before training than the interrupted run made",
                 saved(0, 3, 0),
                 Resuming { first_used: 1, ..none },
-                Resume::Unreachable { iteration: 0, batches: 3 },
+                InputResume::Unreachable { iteration: 0, batches: 3 },
             ),
             (
                 "saved before the resumed iterator's first step: fit's new epoch is that one",
@@ -288,7 +291,7 @@ mod tests {
                     new_iteration: Some(true),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 3,
                     batches: 0,
                     advance: 3,
@@ -301,7 +304,7 @@ mod tests {
                     per_iteration: Some(8),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 2,
                     batches: 0,
                     advance: 2,

@@ -191,7 +191,22 @@ def input_resume(
     steps_per_iteration: Optional[int],
     new_iteration: Optional[bool],
     first_used: int,
-) -> tuple[str, Optional[int], Optional[int], Optional[int]]: ...
+) -> InputResume: ...
+
+class InputResume:
+    """Where a restarted input resumes (src/input_position.rs ``InputResume``)."""
+
+    class Fresh(InputResume): ...
+
+    class At(InputResume):
+        iteration: int
+        batches: int
+        advance: int
+
+    class Unreachable(InputResume):
+        iteration: int
+        batches: int
+
 def input_batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
 
 class InputTiming:

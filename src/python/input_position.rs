@@ -5,11 +5,12 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 
 use super::clock::now_secs;
-use crate::input_position::{self, Resume, Resuming, Saved, Timed, Timing};
+use super::wire::py_enum;
+use crate::input_position::{self, Resuming, Saved, Timed, Timing};
 
-/// Where a restarted input resumes: `("fresh", None, None, None)`,
-/// `("at", iteration, batches, advance)` or `("unreachable", iteration, batches, None)`
-/// (module docs of `crate::input_position`).
+crate::input_position::input_resume_decl!(py_enum[crate::input_position]);
+
+/// Where a restarted input resumes (module docs of `crate::input_position`).
 #[pyfunction]
 #[pyo3(signature = (iteration, batches, previous, per_iteration, steps_per_iteration, new_iteration, first_used))]
 #[allow(clippy::too_many_arguments)]
@@ -21,7 +22,7 @@ fn input_resume(
     steps_per_iteration: Option<u64>,
     new_iteration: Option<bool>,
     first_used: u64,
-) -> (&'static str, Option<u64>, Option<u64>, Option<u64>) {
+) -> InputResume {
     let saved = Saved {
         iteration,
         batches,
@@ -33,15 +34,7 @@ fn input_resume(
         new_iteration,
         first_used,
     };
-    match input_position::resume(saved, resuming) {
-        Resume::Fresh => ("fresh", None, None, None),
-        Resume::At {
-            iteration,
-            batches,
-            advance,
-        } => ("at", Some(iteration), Some(batches), Some(advance)),
-        Resume::Unreachable { iteration, batches } => ("unreachable", Some(iteration), Some(batches), None),
-    }
+    input_position::resume(saved, resuming).into()
 }
 
 /// Batches the iterator in use has given (`crate::input_position::batches_given`).
@@ -81,6 +74,7 @@ impl InputTiming {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<InputTiming>()?;
+    m.add_class::<InputResume>()?;
     m.add_function(wrap_pyfunction!(input_resume, m)?)?;
     m.add_function(wrap_pyfunction!(input_batches_given, m)?)?;
     Ok(())

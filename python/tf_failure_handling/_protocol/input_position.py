@@ -21,7 +21,7 @@ import numbers
 from typing import Any, Callable, Optional
 
 from .._integrations import tf_input, tf_keras_fit
-from .._native import InputTiming, input_batches_given, input_resume
+from .._native import InputResume, InputTiming, input_batches_given, input_resume
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -252,7 +252,7 @@ class InputTracker:
                 saved["workers"],
                 self.workers,
             )
-        verdict, iteration, batches, offset = input_resume(
+        resume = input_resume(
             saved["iteration"],
             saved["batches"],
             int(saved.get("previous") or 0),
@@ -261,9 +261,10 @@ class InputTracker:
             new_iteration,
             first_used,
         )
-        if verdict == "fresh":
+        if isinstance(resume, InputResume.Fresh):
             return
-        if verdict == "unreachable":
+        iteration, batches = resume.iteration, resume.batches
+        if isinstance(resume, InputResume.Unreachable):
             log.warning(
                 "The input position (iterator %d, batch %d) cannot be reached: this run "
                 "makes more iterators before training. The input starts at its first element.",
@@ -271,6 +272,7 @@ class InputTracker:
                 batches,
             )
             return
+        offset = resume.advance
         self._offset = offset
         self._advance = 0 if self._builder is not None else offset
         # The iterator before the resumed one, for a later save's "previous".
