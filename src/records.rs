@@ -59,6 +59,39 @@ pub const NOTICE_LINE_BOUND: f64 = 10.0;
 /// this many seconds of the first notice when none exited.
 pub const REPORT_GROUP_WINDOW: f64 = 600.0;
 
+/// `report`: the preemptions of `records` (their indices, in order) grouped into
+/// cluster-wide ones: each joins the group before it when [`same_preemption`] says
+/// so, its time being its notice's (else its save's start, else its exit, else 0),
+/// the group's beginning its tasks' earliest such time and its end their last exit.
+#[must_use]
+pub fn groups(records: &Records) -> Vec<Vec<usize>> {
+    let when = |p: &Preemption| {
+        [&p.notice_time, &p.save_start, &p.exit_time]
+            .into_iter()
+            .flatten()
+            .map(seconds)
+            .find(|&t| t != 0.0)
+            .unwrap_or(0.0)
+    };
+    let mut groups: Vec<(Vec<usize>, f64, Option<f64>)> = Vec::new();
+    for (i, p) in records.preemptions.iter().enumerate() {
+        let t = when(p);
+        let exit = p.exit_time.as_ref().map(seconds);
+        match groups.last_mut() {
+            Some((tasks, first, end)) if same_preemption(t, *first, *end) => {
+                tasks.push(i);
+                *first = first.min(t);
+                *end = match (*end, exit) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            _ => groups.push((vec![i], t, exit)),
+        }
+    }
+    groups.into_iter().map(|(tasks, _, _)| tasks).collect()
+}
+
 /// `report`: whether a task's preemption noticed at `t` belongs to the cluster-wide
 /// preemption before it, which began at `first` and ended (its last exit) at `end`,
 /// None when none of its tasks exited: noticed before that end, or within
@@ -373,14 +406,15 @@ impl Resume {
 
 impl Records {
     /// The text Python's `records.load` reads: `{"preemptions": [...], "resumes":
-    /// [...], "skipped": [[file, [line numbers]], ...]}` (the files in the order
-    /// read).
+    /// [...], "skipped": [[file, [line numbers]], ...], "groups": [[index, ...], ...]}`
+    /// (the files in the order read; [`groups`]).
     #[must_use]
     pub fn to_json(&self) -> String {
         json!({
             "preemptions": self.preemptions.iter().map(Preemption::to_json).collect::<Vec<_>>(),
             "resumes": self.resumes.iter().map(Resume::to_json).collect::<Vec<_>>(),
             "skipped": self.skipped,
+            "groups": groups(self),
         })
         .to_string()
     }

@@ -619,7 +619,7 @@ RECORD_FIELDS: dict[str, bool]
 def read_records(
     sources: list[tuple[str, Optional[bytes]]], task: Optional[tuple[str, str]] = None
 ) -> str:
-    """JSON text: ``{"preemptions", "resumes", "skipped"}`` of the files ``(name, bytes,
+    """JSON text: ``{"preemptions", "resumes", "skipped", "groups"}`` of the files ``(name, bytes,
     or None if unreadable)``; with ``task`` ``(job, str(task))``, its last exit or null."""
 
 def record_valid(value: object, field: Optional[str] = None) -> bool: ...
@@ -921,8 +921,6 @@ def coordination_write_bound(timeout: Optional[float] = None) -> float: ...
 
 WORKER_GET_SLICE: float
 WORKER_SOFT_SLICE: float
-
-def report_same_preemption(t: float, first: float, end: Optional[float]) -> bool: ...
 
 DEFAULT_EXIT_CODE: int
 SHARES_UNMERGED_EXIT_CODE: int

@@ -83,6 +83,9 @@ class Records:
     #: Lines that were skipped, per file (or object): cut off, not JSON, or not of
     #: the schema's shape. Line 0: the file itself could not be read.
     skipped: dict
+    #: The preemptions grouped into cluster-wide ones (their indices, in time order):
+    #: the core's rule, ``records::groups`` in src/records.rs.
+    groups: list = field(default_factory=list)
 
 
 #: The schema: each known field, and a check of a value for it (``FIELDS[name](value)``;
@@ -193,6 +196,7 @@ def load(path: Union[str, os.PathLike]) -> Records:
         [Preemption(**p) for p in found["preemptions"]],
         [Resume(**r) for r in found["resumes"]],
         dict(found["skipped"]),
+        found["groups"],
     )
 
 

@@ -112,14 +112,6 @@ fn stamp_record(record: &Bound<'_, PyDict>) -> PyResult<u64> {
     Ok((now * 1e6) as u64)
 }
 
-/// `report`: whether a preemption noticed at `t` belongs to the cluster-wide one that
-/// began at `first` and ended at `end` ([`crate::records::same_preemption`]).
-#[pyfunction]
-#[pyo3(signature = (t, first, end))]
-fn report_same_preemption(t: f64, first: f64, end: Option<f64>) -> bool {
-    crate::records::same_preemption(t, first, end)
-}
-
 /// Seconds a wait of the records lasts: the caller's `timeout` when it gave one,
 /// else the core's bound: with `notice_line`, a stage's wait for the line of its
 /// notice ([`crate::records::NOTICE_LINE_BOUND`]); else `Recorder.close`'s for an
@@ -141,7 +133,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(record_valid, m)?)?;
     m.add_function(wrap_pyfunction!(claim_resume, m)?)?;
     m.add_function(wrap_pyfunction!(stamp_record, m)?)?;
-    m.add_function(wrap_pyfunction!(report_same_preemption, m)?)?;
     m.add_function(wrap_pyfunction!(records_bound, m)?)?;
     Ok(())
 }

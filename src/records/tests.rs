@@ -551,3 +551,18 @@ fn the_json_for_python_keeps_each_number_s_kind_and_the_files_order() {
     assert_eq!(only, None, "resumed at or after its exit (it has none)");
     assert_eq!(downtime(1_700_000_100.0, 1_700_000_040.0), 60.0);
 }
+
+#[test]
+fn preemptions_group_into_cluster_wide_ones_by_notice_and_last_exit() {
+    let at = |task: u64, stage: &str, t: f64| line(json!({"stage": stage, "time": t, "task": task, "preemption": format!("p{task}")}));
+    let data = file(&[
+        at(0, "notice", 100.0),
+        at(0, "exit", 150.0),
+        at(1, "save_start", 140.0), // no notice: its save's start, before the end
+        at(2, "notice", 151.0),     // after the last exit: a new one
+        at(3, "notice", 160.0),     // none of the new one exited: within the window
+    ]);
+    let found = read_one(&data);
+    assert_eq!(groups(&found), vec![vec![0, 1], vec![2, 3]]);
+    assert_eq!(groups(&Records::default()), Vec::<Vec<usize>>::new());
+}
