@@ -88,25 +88,28 @@ fn shape(value: &Bound<'_, PyAny>) -> Shape {
 
 /// Stamps a record as it is built: its `time` is the wall clock now unless it has
 /// one; an `exited` field (a `resumed` line's exit) becomes its `downtime`
-/// ([`core::downtime`]). Returns the moment it was built in microseconds since the
-/// Unix epoch (an object store's line is named by it).
+/// ([`core::downtime`]; none when either is not a number: a record never fails to be
+/// written for its values). Returns the moment it was built in microseconds since
+/// the Unix epoch (an object store's line is named by it).
 ///
 /// # Errors
 ///
-/// What the dict raised; `TypeError` for a `time` or `exited` that is not a number.
+/// What the dict raised (a plain dict raises nothing).
 #[pyfunction]
 fn stamp_record(record: &Bound<'_, PyDict>) -> PyResult<u64> {
     let now = unix_now();
     let time = match record.get_item("time")? {
-        Some(t) if t.is_truthy()? => t.extract::<f64>()?,
+        Some(t) if t.is_truthy()? => t.extract::<f64>().ok(),
         _ => {
             record.set_item("time", now)?;
-            now
+            Some(now)
         }
     };
     if let Some(exited) = record.get_item("exited")? {
         record.del_item("exited")?;
-        record.set_item("downtime", core::downtime(time, exited.extract()?))?;
+        if let (Some(time), Ok(exited)) = (time, exited.extract::<f64>()) {
+            record.set_item("downtime", core::downtime(time, exited))?;
+        }
     }
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     Ok((now * 1e6) as u64)
