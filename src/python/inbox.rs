@@ -95,12 +95,6 @@ impl PyInbox {
         Ok(self.poster.post(input).is_ok())
     }
 
-    /// Whether the stop was posted.
-    #[getter]
-    fn stopped(&self) -> bool {
-        self.inbox.stopped()
-    }
-
     /// Every input still queued, without waiting, even once stopped (what
     /// arrived before the stop): step keys and failures, then notices.
     fn drain(&self) -> Vec<Input> {

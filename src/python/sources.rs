@@ -48,10 +48,6 @@ use crate::sources::{
 /// Every watch created and not yet dropped, for the `atexit` hook.
 static LIVE: Mutex<Vec<Weak<MetadataWatch>>> = Mutex::new(Vec::new());
 
-fn pair(notice: Notice) -> (String, Option<f64>) {
-    (notice.description, notice.deadline)
-}
-
 /// Stops `watches` and joins their threads, waiting in slices until
 /// [`CLOSE_WAIT`] from now; threads still running then are left to end on
 /// their own (logged).
@@ -131,27 +127,6 @@ impl PyMetadataWatch {
         live.retain(|w| w.strong_count() > 0);
         live.push(Arc::downgrade(&core));
         Ok(PyMetadataWatch { core })
-    }
-
-    /// What the watch has seen, in one dict: `notice` (`(description,
-    /// deadline)` of the first notice seen, deadline in Unix seconds or None
-    /// when the platform did not say; None before one; sticky), `rebalance`
-    /// (the `noticeTime` of AWS's rebalance recommendation once seen, Unix
-    /// seconds: not a termination notice), the counters `requests`,
-    /// `failures`, `malformed` and `notices`, and `closed` (whether `close()`
-    /// was called).
-    #[getter]
-    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        d.set_item("notice", self.core.notice().map(pair))?;
-        d.set_item("rebalance", self.core.rebalance())?;
-        let s = self.core.stats();
-        d.set_item("requests", s.requests)?;
-        d.set_item("failures", s.failures)?;
-        d.set_item("malformed", s.malformed)?;
-        d.set_item("notices", s.notices)?;
-        d.set_item("closed", self.core.closed())?;
-        Ok(d)
     }
 
     /// Stops polling and joins the threads (a blocked request is abandoned

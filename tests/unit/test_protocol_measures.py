@@ -21,11 +21,11 @@ AT_MOST = {
     "native_constants": 21,
     "native_constants_not_allowed": 9,
     "native_constant_uses": 9,
-    "binding_methods": 146,
+    "binding_methods": 144,
     "literal_waits": 1,
     "time_reads": 30,
     "wide_61": 2,
-    "binding_ratio": 0.437,
+    "binding_ratio": 0.434,
 }
 
 
