@@ -26,8 +26,7 @@
 //! attach (to log) while the interpreter finalizes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -41,9 +40,7 @@ use super::inbox::{PyInbox, PyPoster};
 use super::logs;
 use crate::inbox::{InWait, Origin};
 use crate::sources::http::BaseUrl;
-use crate::sources::{
-    self, gce_terminating, probe, Cloud, MetadataWatch, Notice, SysfsLine, Wake, WatchConfig, WatcherFnNext, WatcherFnPoll, CLOSE_WAIT,
-};
+use crate::sources::{self, Cloud, MetadataWatch, Notice, Probing, SysfsLine, Wake, WatchConfig, WatcherFnNext, WatcherFnPoll, CLOSE_WAIT};
 
 /// Every watch created and not yet dropped, for the `atexit` hook.
 static LIVE: Mutex<Vec<Weak<MetadataWatch>>> = Mutex::new(Vec::new());
@@ -138,11 +135,6 @@ impl PyMetadataWatch {
     }
 }
 
-/// How long an interrupted `probe_metadata` waits for its probe thread to
-/// end: the probe notices its stop flag within
-/// [`http::SLICE`](crate::sources::http::SLICE).
-const PROBE_STOP_WAIT: Duration = Duration::from_secs(1);
-
 /// Whether `cloud`'s metadata server answers at `base_url`: one detection
 /// request (two for AWS IMDSv1), all within `timeout` seconds (None:
 /// [`METADATA_TIMEOUT`](sources::METADATA_TIMEOUT)), GIL released. False on
@@ -150,11 +142,11 @@ const PROBE_STOP_WAIT: Duration = Duration::from_secs(1);
 /// whether GCE's maintenance event says the VM terminates: TensorFlow's GCE
 /// termination watcher (`sources::gce_terminating`).
 ///
-/// The probe runs on its own thread; this one waits in slices with the GIL
-/// released and runs signal handlers between them. When one raises
-/// (Ctrl-C), the probe is stopped, given up to [`PROBE_STOP_WAIT`]
-/// (detached; it takes about one [`http::SLICE`](crate::sources::http::SLICE)) to
-/// end, and the exception propagates.
+/// The probe runs on its own thread (`sources::Probing`); this one waits in
+/// slices with the GIL released and runs signal handlers between them. When
+/// one raises (Ctrl-C), the probe is stopped, given up to
+/// [`PROBE_STOP_WAIT`](sources::PROBE_STOP_WAIT) (detached) to end, and the
+/// exception propagates.
 #[pyfunction]
 #[pyo3(signature = (cloud, base_url, timeout=None, *, terminating=false))]
 fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: Option<f64>, terminating: bool) -> PyResult<bool> {
@@ -171,42 +163,12 @@ fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: Option<f
         return Err(errors::bad_timeout(timeout));
     }
     let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = mpsc::channel();
-    let thread_stop = Arc::clone(&stop);
-    let probing = std::thread::Builder::new()
-        .name("tfh-probe".into())
-        .spawn(move || {
-            let stop = Some(&*thread_stop);
-            let _ = tx.send(if terminating {
-                gce_terminating(&base, timeout, stop)
-            } else {
-                probe(cloud, &base, timeout, stop)
-            });
-        })
-        .map_err(|e| errors::misuse(format!("cannot start the probe thread: {e}")))?;
-    // `Some(None)`: the thread ended without an answer (it panicked).
-    let mut receive = move |slice: Duration| match rx.recv_timeout(slice) {
-        Ok(found) => Some(Some(found)),
-        Err(mpsc::RecvTimeoutError::Timeout) => None,
-        Err(mpsc::RecvTimeoutError::Disconnected) => Some(None),
-    };
+    let mut probing = Probing::start(cloud, base, timeout, terminating)?;
     // No deadline of its own: the probe is bounded by `timeout`.
-    match wait_sliced(py, None, &mut receive) {
-        Ok(found) => {
-            // It has sent its answer (or died): joining cannot block on it.
-            let _ = detach(py, move || probing.join());
-            Ok(found.flatten().unwrap_or(false))
-        }
+    match wait_sliced(py, None, |slice| probing.answer(slice)) {
+        Ok(found) => Ok(found.unwrap_or(false)),
         Err(e) => {
-            stop.store(true, Ordering::SeqCst);
-            // Detached and bounded: a stopped probe ends within a slice and
-            // logs nothing, but it may be in the middle of a log record.
-            detach(py, move || {
-                if receive(PROBE_STOP_WAIT).is_some() {
-                    let _ = probing.join();
-                }
-            });
+            detach(py, move || probing.stop());
             Err(e)
         }
     }

@@ -25,7 +25,7 @@ AT_MOST = {
     "literal_waits": 1,
     "time_reads": 30,
     "wide_61": 2,
-    "binding_ratio": 0.434,
+    "binding_ratio": 0.428,
 }
 
 
