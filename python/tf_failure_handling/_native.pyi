@@ -911,7 +911,12 @@ class MetadataWatch:
     def close(self) -> None: ...
 
 def probe_metadata(
-    cloud: str, base_url: str, timeout: Optional[float] = None, *, terminating: bool = False
+    cloud: str,
+    base_url: str,
+    timeout: Optional[float] = None,
+    *,
+    terminating: bool = False,
+    sysfs: Optional[str] = None,
 ) -> bool: ...
 def clouds() -> list[dict[str, Any]]: ...
 def peer_probe_bounds() -> tuple[int, float]: ...

@@ -26,6 +26,7 @@
 //! attach (to log) while the interpreter finalizes.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -40,7 +41,7 @@ use super::inbox::{PyInbox, PyPoster};
 use super::logs;
 use crate::inbox::{InWait, Origin};
 use crate::sources::http::BaseUrl;
-use crate::sources::{self, Cloud, MetadataWatch, Notice, Probing, SysfsLine, Wake, WatchConfig, WatcherFnNext, WatcherFnPoll, CLOSE_WAIT};
+use crate::sources::{self, Cloud, MetadataWatch, Notice, Probing, Wake, WatchConfig, WatcherFnNext, WatcherFnPoll, CLOSE_WAIT};
 
 /// Every watch created and not yet dropped, for the `atexit` hook.
 static LIVE: Mutex<Vec<Weak<MetadataWatch>>> = Mutex::new(Vec::new());
@@ -140,7 +141,10 @@ impl PyMetadataWatch {
 /// [`METADATA_TIMEOUT`](sources::METADATA_TIMEOUT)), GIL released. False on
 /// anything but the expected answer. With `terminating` (GCE only), instead
 /// whether GCE's maintenance event says the VM terminates: TensorFlow's GCE
-/// termination watcher (`sources::gce_terminating`).
+/// termination watcher (`sources::gce_terminating`). With `sysfs` (the
+/// kernel's `/sys`, or a test's copy), the probe is made only when the lines
+/// there name the cloud's machines (`sources::Cloud::named`; else False, no
+/// request).
 ///
 /// The probe runs on its own thread (`sources::Probing`); this one waits in
 /// slices with the GIL released and runs signal handlers between them. When
@@ -148,8 +152,15 @@ impl PyMetadataWatch {
 /// [`PROBE_STOP_WAIT`](sources::PROBE_STOP_WAIT) (detached) to end, and the
 /// exception propagates.
 #[pyfunction]
-#[pyo3(signature = (cloud, base_url, timeout=None, *, terminating=false))]
-fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: Option<f64>, terminating: bool) -> PyResult<bool> {
+#[pyo3(signature = (cloud, base_url, timeout=None, *, terminating=false, sysfs=None))]
+fn probe_metadata(
+    py: Python<'_>,
+    cloud: &str,
+    base_url: &str,
+    timeout: Option<f64>,
+    terminating: bool,
+    sysfs: Option<PathBuf>,
+) -> PyResult<bool> {
     let timeout = timeout.unwrap_or(sources::METADATA_TIMEOUT);
     let cloud: Cloud = cloud.parse()?;
     if terminating && cloud != Cloud::Gce {
@@ -163,6 +174,9 @@ fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: Option<f
         return Err(errors::bad_timeout(timeout));
     }
     let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX);
+    if sysfs.is_some_and(|sysfs| !detach(py, || cloud.named(&sysfs))) {
+        return Ok(false);
+    }
     let mut probing = Probing::start(cloud, base, timeout, terminating)?;
     // No deadline of its own: the probe is bounded by `timeout`.
     match wait_sliced(py, None, |slice| probing.answer(slice)) {
@@ -271,10 +285,7 @@ fn at_exit(py: Python<'_>) -> PyResult<()> {
 /// The clouds' table (`sources::Cloud::row`), one dict per cloud in detection
 /// order: `name`, `variable` (the one naming its metadata service), `host_port`
 /// (whether that variable is `host[:port]`, TensorFlow's `GCE_METADATA_IP`,
-/// rather than `[http://]host[:port]`), `default_base`, `named_by` (None:
-/// always probed; else alternatives of `(path below /sys, "is" | "contains" |
-/// "starts", text)` lines that must all match for a probe without the
-/// variable), `exit_code` and `grace_period` (`{True: on a GPU machine,
+/// rather than `[http://]host[:port]`), `default_base`, `exit_code` and `grace_period` (`{True: on a GPU machine,
 /// False: on others}`).
 #[pyfunction]
 fn clouds(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
@@ -286,13 +297,6 @@ fn clouds(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
             d.set_item("variable", row.variable.0)?;
             d.set_item("host_port", row.variable.1)?;
             d.set_item("default_base", row.default_base)?;
-            let named_by = row.named_by.map(|alternatives| {
-                alternatives
-                    .iter()
-                    .map(|lines| lines.iter().map(SysfsLine::parts).collect::<Vec<_>>())
-                    .collect::<Vec<_>>()
-            });
-            d.set_item("named_by", named_by)?;
             d.set_item("exit_code", row.exit_code)?;
             d.set_item(
                 "grace_period",
