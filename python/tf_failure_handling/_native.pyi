@@ -599,9 +599,6 @@ def is_ps_failure(e: object) -> bool: ...
 def classify_failure(e: object) -> tuple[bool, bool]: ...
 def failed_ps_instances(message: str) -> set[int]: ...
 
-DEFAULT_WORKER_RECOVERY_TIMEOUT: float
-COORDINATOR_STOP_LOCK_BOUND: float
-
 # The preemption records read (src/records.rs): bytes in, fields out.
 RECORD_FIELDS: tuple[str, ...]
 RECORD_REQUIRED: tuple[str, ...]
@@ -652,6 +649,12 @@ class Lane:
     class Save(Lane): ...
     class Join(Lane): ...
 
+    class Failure(Lane):
+        thread: int
+        def __init__(self, thread: int) -> None: ...
+
+    class Stop(Lane): ...
+
 class CoordinatorEvent:
     """What the coordinator's threads report (``src/ps_control/coordinator.rs``)."""
 
@@ -680,7 +683,7 @@ class CoordinatorEvent:
         def __init__(self, task: str, listening: bool) -> None: ...
 
     class DrainStart(CoordinatorEvent):
-        def __init__(self, worker: int, deadline: Optional[float], can_hold: bool) -> None: ...
+        def __init__(self, worker: int, can_hold: bool) -> None: ...
 
     class Idled(CoordinatorEvent):
         def __init__(self, worker: int, idle: bool) -> None: ...
@@ -709,6 +712,15 @@ class CoordinatorEvent:
 
     class CheckpointSaved(CoordinatorEvent): ...
     class TrainingGoesOn(CoordinatorEvent): ...
+
+    class ClosureFailed(CoordinatorEvent):
+        def __init__(self, thread: int) -> None: ...
+
+    class FailureAnswered(CoordinatorEvent):
+        def __init__(self, thread: int, yes: bool) -> None: ...
+
+    class RecoveryWaited(CoordinatorEvent):
+        def __init__(self, thread: int, running: bool, recovered: bool) -> None: ...
 
 class CoordinatorAction:
     """What a coordinator's thread does next (``src/ps_control/coordinator.rs``)."""
@@ -791,6 +803,7 @@ class CoordinatorAction:
         finished_after: List[int]
         filled: List[int]
         error_wait: Optional[float]
+        took: float
 
     class HoldAll(CoordinatorAction):
         strict: bool
@@ -798,11 +811,32 @@ class CoordinatorAction:
     class ReleaseSaved(CoordinatorAction):
         task: str
         silence: float
+        bound: float
 
     class StopWatch(CoordinatorAction): ...
 
     class ResumeAll(CoordinatorAction):
         runs: Optional[int]
+
+    class Ask(CoordinatorAction):
+        question: FailureQuestion
+
+    class Retry(CoordinatorAction):
+        why: FailureQuestion
+
+    class Raise(CoordinatorAction): ...
+
+    class Recover(CoordinatorAction):
+        timeout: float
+
+    class AfterRecovery(CoordinatorAction):
+        stopped: bool
+        timed_out: bool
+        timeout: float
+
+    class StopRecovery(CoordinatorAction):
+        timeout: float
+        def __init__(self, timeout: float) -> None: ...
 
     class Done(CoordinatorAction): ...
 
@@ -815,10 +849,13 @@ class CoordinatorProtocol:
         peer_timeout: Optional[float] = None,
         interval: Optional[float] = None,
         call_timeout: Optional[float] = None,
+        *,
+        recovery_timeout: Optional[float] = None,
+        clock: Optional[Callable[[], float]] = None,
     ) -> None: ...
-    def handle(self, event: CoordinatorEvent, now: Optional[float] = None) -> None: ...
-    def poll(self, lane: Lane, now: Optional[float] = None) -> CoordinatorAction: ...
-    def poll_timeout(self, lane: Lane, now: Optional[float] = None) -> Optional[float]: ...
+    def handle(self, event: CoordinatorEvent) -> None: ...
+    def poll(self, lane: Lane) -> CoordinatorAction: ...
+    def poll_timeout(self, lane: Lane) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
 
 class FailureQuestion:
@@ -828,31 +865,6 @@ class FailureQuestion:
     TransientTimeout: FailureQuestion
     DerivedCancellation: FailureQuestion
     WorkerFailure: FailureQuestion
-
-class FailureResponse:
-    """What ``failure_response`` says next."""
-
-    class Ask(FailureResponse):
-        question: FailureQuestion
-
-    class Retry(FailureResponse):
-        why: FailureQuestion
-
-    class Raise(FailureResponse): ...
-    class Recover(FailureResponse): ...
-
-def failure_response(
-    answered: Optional[FailureQuestion] = None, yes: bool = False
-) -> FailureResponse: ...
-
-class AfterRecoveryWait:
-    """What follows the wait for a failed worker's recovery."""
-
-    Stopped: AfterRecoveryWait
-    Recovered: AfterRecoveryWait
-    TimedOut: AfterRecoveryWait
-
-def after_recovery_wait(running: bool, recovered: bool) -> AfterRecoveryWait: ...
 
 class TransientFailures:
     """TF's ``Cluster`` transient-failure tolerances (PS strikes per task, timeouts)."""

@@ -15,13 +15,18 @@
 //! | [`Lane::Drain`] | a worker's drain | the drain of a worker with a notice ([`super::drain`]) |
 //! | [`Lane::Save`] | the handler's save | the wait for the closures before the save ([`super::save_drain`]) and the run count it saves |
 //! | [`Lane::Join`] | the training thread's waits | how long each slice of a `join()` (or a result's wait) lasts before the handler's checks |
+//! | [`Lane::Failure`] | a worker thread whose closure raised | TF's questions about the error, in TF's order ([`crate::failure::response`]), what to do, the bound of the wait for the worker's recovery and what follows it |
+//! | [`Lane::Stop`] | whoever stops the failure handling | how long the stop waits for the worker-recovery thread to let go of the cluster, and then for the thread to end |
 //!
 //! A task released stays unasked by the poll until the wait for it to be gone ends
 //! (an op sent to an exiting process fails, and TensorFlow can hand that error to
 //! another thread's op).
 //!
-//! Times: one clock, the caller's `now` in Unix seconds (a notice's deadline is a
-//! Unix time, as the task reported it).
+//! Times: one clock, the caller's monotonic `now` (the binding's object owns it: set
+//! at construction). A notice's deadline is a Unix time, as the task reported it: it
+//! is handed on as such ([`Action::Notice`]) and placed on the monotonic clock when
+//! its answer arrives ([`NoticeSeen::wall`], [`crate::notice::monotonic`]), for the
+//! drain of that worker.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -31,6 +36,8 @@ use super::{
     reconnect, runs_at_save, PollLog, Watch, CALL_TIMEOUT, COORDINATOR_SILENCE, DEFAULT_DRAIN_BOUND, DRAIN_ERROR_WAIT, DRAIN_SETTLE_LOOK,
     JOIN_SLICE, POLL_INTERVAL, PORT_PROBE_TIMEOUT, WORKER_GET_SLICE,
 };
+use crate::failure::response::{self as failure_response, AfterWait, Question, Response};
+use crate::failure::{DEFAULT_WORKER_RECOVERY_TIMEOUT, STOP_LOCK_BOUND};
 use crate::retry::{Retry, Verdict};
 
 /// Seconds between two probes of a released task's port while the coordinator
@@ -56,6 +63,10 @@ pub enum Lane {
     /// A wait of the training thread (`ClusterCoordinator.join()`, a result's
     /// `fetch()`) that makes the handler's checks between its slices.
     Join,
+    /// The response of this worker thread (its id) to its closure's error.
+    Failure(u64),
+    /// The stop of the worker-failure handling (its recovery thread).
+    Stop,
 }
 
 /// A task's notice, as its poll's answer gave it.
@@ -67,6 +78,9 @@ pub struct NoticeSeen {
     pub source: String,
     /// When the machine goes (Unix seconds), if the notice says.
     pub deadline: Option<f64>,
+    /// The wall clock (Unix seconds) when the answer came: where `deadline` is
+    /// placed on the coordinator's clock.
+    pub wall: f64,
 }
 
 /// What a release's call came to.
@@ -124,12 +138,9 @@ pub enum Event {
     WaitGone { task: String, bound: f64 },
     /// A probe of `task`'s port: `listening` when it accepted a connection.
     Probed { task: String, listening: bool },
-    /// Drain `worker`, whose notice names `deadline`; `can_hold`: its thread can be held.
-    DrainStart {
-        worker: usize,
-        deadline: Option<f64>,
-        can_hold: bool,
-    },
+    /// Drain `worker` (until its last notice's deadline, if it named one); `can_hold`:
+    /// its thread can be held.
+    DrainStart { worker: usize, can_hold: bool },
     /// The wait for `worker`'s closure in flight ended (`idle`: it finished).
     Idled { worker: usize, idle: bool },
     /// `worker`'s release ended (`ok`: accepted).
@@ -154,6 +165,14 @@ pub enum Event {
     /// Training goes on in this process after the save (a grace period's countdown, a
     /// save that raised, an `exit_fn` that returned).
     TrainingGoesOn,
+    /// A closure's error on worker thread `thread` ([`Lane::Failure`]): its response
+    /// starts.
+    ClosureFailed { thread: u64 },
+    /// The question [`Action::Ask`] asked of thread `thread` was answered `yes`.
+    FailureAnswered { thread: u64, yes: bool },
+    /// Thread `thread`'s wait for its worker's recovery ended: `running` whether the
+    /// failure handling still runs, `recovered` whether the worker is back.
+    RecoveryWaited { thread: u64, running: bool, recovered: bool },
 }
 
 /// What the caller does next ([`Coordinator::poll`]).
@@ -227,11 +246,13 @@ pub enum Action {
     /// When the held workers left nothing unfinished, a closure's error is raised with
     /// a wait of `error_wait` seconds on the queue (None: the threads were not held;
     /// the wait for every closure raised it already).
+    /// `took`: seconds the wait took.
     Saved {
         runs: Option<u64>,
         finished_after: Vec<u64>,
         filled: Vec<u64>,
         error_wait: Option<f64>,
+        took: f64,
     },
     /// Hold every worker thread (`strict`: no closure at all; else one while the
     /// queue is full, so that a `schedule()` waiting for room returns).
@@ -239,12 +260,33 @@ pub enum Action {
     /// Release this PS task: the checkpoint its notice asked for is written. Not
     /// released, it leaves on its own `silence` seconds after the coordinator stops
     /// asking it (or at its notice's deadline).
-    ReleaseSaved { task: String, silence: f64 },
+    /// A failed release is sent again for `bound` seconds (the core's retry rule, within
+    /// the task's notice's deadline).
+    ReleaseSaved { task: String, silence: f64, bound: f64 },
     /// Stop the watch (the poller and every lane).
     StopWatch,
     /// Resume every worker thread; the handler's run count is `runs` again when Some
     /// (the save had taken its unfinished runs off it).
     ResumeAll { runs: Option<u64> },
+    /// Answer this question about the closure's error (TF's own call), then report
+    /// [`Event::FailureAnswered`].
+    Ask { question: Question },
+    /// Put the closure back in the queue: the error is transient (the question answered
+    /// yes says why).
+    Retry { why: Question },
+    /// The error is the closure's: re-raise it.
+    Raise,
+    /// A worker failed: put the closure back and wait for its recovery, at most
+    /// `timeout` seconds; report [`Event::RecoveryWaited`].
+    Recover { timeout: f64 },
+    /// What follows the recovery wait: run the recovery function unless `stopped` (the
+    /// failure handling stopped: the thread ends); `timed_out`: the worker did not come
+    /// back within `timeout` seconds (its closures run on the workers that are up).
+    AfterRecovery { stopped: bool, timed_out: bool, timeout: f64 },
+    /// Stop the failure handling: take the recovery thread's lock within `timeout`
+    /// seconds (it holds it while a lost worker is away) to wake the waits; a wait for
+    /// that thread to end gets what is left of it ([`Coordinator::poll_timeout`]).
+    StopRecovery { timeout: f64 },
     /// Nothing to do in this lane: it ended (or never started).
     Done,
 }
@@ -305,6 +347,8 @@ struct SaveLane {
     saved: Option<u64>,
     /// Every worker thread was held.
     held: bool,
+    /// When the save's wait started.
+    started: f64,
 }
 
 /// The coordinator's protocol object ([module docs](self)).
@@ -326,6 +370,24 @@ pub struct Coordinator {
     handler: VecDeque<Action>,
     /// PS tasks whose notice was handed on: released once the checkpoint is written.
     ps_noticed: BTreeSet<String>,
+    /// Each task's last notice's deadline, on the coordinator's clock (its drain's).
+    deadlines: BTreeMap<String, Option<f64>>,
+    /// The bound of a worker thread's wait for its worker's recovery.
+    recovery_timeout: f64,
+    /// Each worker thread's response to its closure's error.
+    failures: BTreeMap<u64, FailureLane>,
+    /// When the stop of the failure handling started.
+    stop: Option<f64>,
+}
+
+/// One worker thread's response to its closure's error.
+#[derive(Debug)]
+struct FailureLane {
+    /// The question asked last (None: none yet).
+    asked: Option<Question>,
+    next: Response,
+    /// What followed the recovery wait, once it ended.
+    after: Option<AfterWait>,
 }
 
 /// `("worker", 1)` of `/job:worker/replica:0/task:1`.
@@ -370,7 +432,19 @@ impl Coordinator {
             save: None,
             handler: VecDeque::new(),
             ps_noticed: BTreeSet::new(),
+            deadlines: BTreeMap::new(),
+            recovery_timeout: DEFAULT_WORKER_RECOVERY_TIMEOUT,
+            failures: BTreeMap::new(),
+            stop: None,
         }
+    }
+
+    /// The bound of a worker thread's wait for its worker's recovery (None:
+    /// [`DEFAULT_WORKER_RECOVERY_TIMEOUT`], TensorFlow's).
+    #[must_use]
+    pub fn with_recovery_timeout(mut self, timeout: Option<f64>) -> Self {
+        self.recovery_timeout = timeout.unwrap_or(DEFAULT_WORKER_RECOVERY_TIMEOUT);
+        self
     }
 
     /// Whether [`Event::Stop`] came.
@@ -411,6 +485,8 @@ impl Coordinator {
                     });
                 }
                 if let Some(n) = notice {
+                    let deadline = n.deadline.map(|d| crate::notice::monotonic(now, n.wall, d));
+                    self.deadlines.insert(task.clone(), deadline);
                     if self.watch.hand_on(&task) {
                         let (job, index) = job_task(&task);
                         if job == "ps" {
@@ -485,11 +561,8 @@ impl Coordinator {
                     lane.probed = Some(listening);
                 }
             }
-            Event::DrainStart {
-                worker,
-                deadline,
-                can_hold,
-            } => {
+            Event::DrainStart { worker, can_hold } => {
+                let deadline = self.deadlines.get(&worker_task(worker)).copied().flatten();
                 let mut drain = WorkerDrain::new(deadline, self.peer_timeout);
                 let next = drain.start(can_hold, now);
                 let incarnation = self
@@ -538,6 +611,7 @@ impl Coordinator {
                     over: false,
                     saved: None,
                     held,
+                    started: now,
                 });
             }
             Event::Unfinished { runs, count } => {
@@ -570,9 +644,11 @@ impl Coordinator {
                 let mut noticed: Vec<String> = std::mem::take(&mut self.ps_noticed).into_iter().collect();
                 noticed.sort_by_key(|t| job_task(t).1);
                 for task in noticed {
+                    let deadline = self.deadlines.get(&task).copied().flatten();
                     self.handler.push_back(Action::ReleaseSaved {
                         task,
                         silence: COORDINATOR_SILENCE,
+                        bound: crate::retry::bound(self.peer_timeout, deadline, now),
                     });
                 }
                 self.handler.push_back(Action::StopWatch);
@@ -584,6 +660,30 @@ impl Coordinator {
                     _ => None,
                 });
                 self.handler.push_back(Action::ResumeAll { runs });
+            }
+            Event::ClosureFailed { thread } => {
+                self.failures.insert(
+                    thread,
+                    FailureLane {
+                        asked: None,
+                        next: failure_response::respond(None, false),
+                        after: None,
+                    },
+                );
+            }
+            Event::FailureAnswered { thread, yes } => {
+                if let Some(lane) = self.failures.get_mut(&thread) {
+                    lane.next = failure_response::respond(lane.asked, yes);
+                }
+            }
+            Event::RecoveryWaited {
+                thread,
+                running,
+                recovered,
+            } => {
+                if let Some(lane) = self.failures.get_mut(&thread) {
+                    lane.after = Some(failure_response::after_recovery_wait(running, recovered));
+                }
             }
         }
     }
@@ -640,9 +740,48 @@ impl Coordinator {
             Lane::Release(task) => self.poll_release(task, now),
             Lane::Gone(task) => self.poll_gone(task, now),
             Lane::Drain(worker) => self.poll_drain(*worker),
-            Lane::Save => self.poll_save(),
+            Lane::Save => self.poll_save(now),
             Lane::Join => Action::Done,
+            Lane::Failure(thread) => self.poll_failure(*thread),
+            Lane::Stop => self.poll_stop(now),
         }
+    }
+
+    fn poll_failure(&mut self, thread: u64) -> Action {
+        let Some(lane) = self.failures.get_mut(&thread) else {
+            return Action::Done;
+        };
+        let timeout = self.recovery_timeout;
+        if let Some(after) = lane.after {
+            self.failures.remove(&thread);
+            return Action::AfterRecovery {
+                stopped: after == AfterWait::Stopped,
+                timed_out: after == AfterWait::TimedOut,
+                timeout,
+            };
+        }
+        match lane.next {
+            Response::Ask(question) => {
+                lane.asked = Some(question);
+                Action::Ask { question }
+            }
+            Response::Recover => Action::Recover { timeout },
+            Response::Retry(why) => {
+                self.failures.remove(&thread);
+                Action::Retry { why }
+            }
+            Response::Raise => {
+                self.failures.remove(&thread);
+                Action::Raise
+            }
+        }
+    }
+
+    /// The stop: the lock within [`STOP_LOCK_BOUND`] (the thread's end within what is
+    /// left of it, [`Coordinator::poll_timeout`]).
+    fn poll_stop(&mut self, now: f64) -> Action {
+        self.stop = Some(now);
+        Action::StopRecovery { timeout: STOP_LOCK_BOUND }
     }
 
     fn poll_round(&mut self, now: f64) -> Action {
@@ -803,7 +942,7 @@ impl Coordinator {
         }
     }
 
-    fn poll_save(&mut self) -> Action {
+    fn poll_save(&mut self, now: f64) -> Action {
         if let Some(action) = self.handler.pop_front() {
             return action;
         }
@@ -840,6 +979,7 @@ impl Coordinator {
                     finished_after,
                     filled: lane.drain.filled().to_vec(),
                     error_wait: lane.held.then_some(DRAIN_ERROR_WAIT),
+                    took: now - lane.started,
                 }
             }
         }
@@ -861,6 +1001,8 @@ impl Coordinator {
             Lane::Drain(_) => None,
             Lane::Save => self.save.as_ref().map(|l| l.drain.left(now)),
             Lane::Join => Some(JOIN_SLICE),
+            Lane::Failure(_) => None,
+            Lane::Stop => self.stop.map(|at| (at + STOP_LOCK_BOUND - now).max(0.0)),
         }
     }
 }
@@ -879,6 +1021,11 @@ mod tests {
     }
 
     fn answered(task: &str, incarnation: &str, notice: Option<(f64, Option<f64>)>) -> Event {
+        answered_at(task, incarnation, notice, NOW)
+    }
+
+    /// An answer that came when the wall clock said `wall`.
+    fn answered_at(task: &str, incarnation: &str, notice: Option<(f64, Option<f64>)>, wall: f64) -> Event {
         Event::Answered {
             task: task.into(),
             incarnation: incarnation.into(),
@@ -886,6 +1033,7 @@ mod tests {
                 at: Some(at),
                 source: "signal SIGTERM".into(),
                 deadline,
+                wall,
             }),
         }
     }
@@ -1204,14 +1352,10 @@ mod tests {
     #[test]
     fn a_drain_holds_releases_waits_and_resumes() {
         let mut c = coordinator();
-        c.handle(
-            Event::DrainStart {
-                worker: 1,
-                deadline: Some(NOW + 31.0),
-                can_hold: true,
-            },
-            NOW,
-        );
+        // The notice's deadline (a Unix time) is placed on the coordinator's clock as
+        // its answer arrives: 31 s on.
+        c.handle(answered_at(W1, "inc-1", Some((1.0, Some(1_700_000_031.0))), 1_700_000_000.0), NOW);
+        c.handle(Event::DrainStart { worker: 1, can_hold: true }, NOW);
         let actions = drain_to_end(&mut c, 1, true, true, &[true], NOW);
         assert_eq!(actions[0], Action::Hold { bound: 30.0 });
         assert_eq!(
@@ -1236,7 +1380,6 @@ mod tests {
         c.handle(
             Event::DrainStart {
                 worker: 1,
-                deadline: None,
                 can_hold: false,
             },
             NOW,
@@ -1264,14 +1407,7 @@ mod tests {
     fn an_unreleased_worker_is_held_until_gone_or_a_new_incarnation_answers() {
         let mut c = coordinator();
         c.handle(answered(W1, "inc-1", None), NOW);
-        c.handle(
-            Event::DrainStart {
-                worker: 1,
-                deadline: None,
-                can_hold: true,
-            },
-            NOW,
-        );
+        c.handle(Event::DrainStart { worker: 1, can_hold: true }, NOW);
         let actions = drain_to_end(&mut c, 1, true, false, &[false, false, true], NOW);
         let hold = super::super::unreleased_hold_bound(None, 30.0, super::super::EXIT_WAIT, NOW);
         assert!(matches!(actions[2], Action::DrainWaitGone { holding: Some(h), .. } if h == hold));
@@ -1285,14 +1421,7 @@ mod tests {
             }
         );
         // The poll sees a new incarnation meanwhile: resumed.
-        c.handle(
-            Event::DrainStart {
-                worker: 1,
-                deadline: None,
-                can_hold: true,
-            },
-            NOW,
-        );
+        c.handle(Event::DrainStart { worker: 1, can_hold: true }, NOW);
         c.poll(&Lane::Drain(1), NOW);
         c.handle(Event::Idled { worker: 1, idle: true }, NOW);
         c.poll(&Lane::Drain(1), NOW);
@@ -1321,13 +1450,15 @@ mod tests {
         );
         let mut actions = Vec::new();
         let mut reports = reports.to_vec();
+        let mut at = NOW;
         loop {
-            let action = c.poll(&Lane::Save, NOW);
+            let action = c.poll(&Lane::Save, at);
             actions.push(action.clone());
             if matches!(action, Action::Saved { .. } | Action::Done) {
                 return actions;
             }
             c.handle(reports.remove(0), NOW + 1.0);
+            at = NOW + 1.0;
         }
     }
 
@@ -1357,7 +1488,8 @@ mod tests {
                 runs: Some(8),
                 finished_after: vec![],
                 filled: vec![],
-                error_wait: Some(DRAIN_ERROR_WAIT)
+                error_wait: Some(DRAIN_ERROR_WAIT),
+                took: 1.0
             }
         );
         // Run 3 put back by a lost worker: promoted, granted, then all finished.
@@ -1380,7 +1512,8 @@ mod tests {
                 runs: Some(10),
                 finished_after: vec![],
                 filled: vec![3],
-                error_wait: Some(DRAIN_ERROR_WAIT)
+                error_wait: Some(DRAIN_ERROR_WAIT),
+                took: 1.0
             }
         );
         // No worker to take the gap: saved at 3, the finished runs after it named.
@@ -1396,7 +1529,8 @@ mod tests {
                 runs: Some(3),
                 finished_after: vec![4, 5],
                 filled: vec![],
-                error_wait: Some(DRAIN_ERROR_WAIT)
+                error_wait: Some(DRAIN_ERROR_WAIT),
+                took: 1.0
             }
         );
     }
@@ -1412,7 +1546,8 @@ mod tests {
                 runs: Some(7),
                 finished_after: vec![],
                 filled: vec![],
-                error_wait: None
+                error_wait: None,
+                took: 1.0
             }
         );
         let actions = save(&mut c, Some(2), false, &[Event::Unfinished { runs: None, count: 3 }]);
@@ -1468,6 +1603,7 @@ mod tests {
         let saved = |task: &str| Action::ReleaseSaved {
             task: task.into(),
             silence: COORDINATOR_SILENCE,
+            bound: crate::retry::bound(DEFAULT_DRAIN_BOUND, None, NOW),
         };
         assert_eq!(
             released,
@@ -1493,5 +1629,125 @@ mod tests {
         save(&mut c, Some(10), true, &[unfinished(&[], &[])]);
         c.handle(Event::TrainingGoesOn, NOW);
         assert_eq!(c.poll(&Lane::Save, NOW), Action::ResumeAll { runs: None });
+    }
+
+    /// Every path of a closure's error through TF's questions, as a worker thread
+    /// performs them: the answers given, the questions asked, the outcome.
+    #[test]
+    fn a_closures_error_meets_tfs_questions_one_at_a_time() {
+        use Question::{DerivedCancellation, TransientPsFailure, TransientTimeout, WorkerFailure};
+        let rows: &[(&[bool], &[Question], Action)] = &[
+            (&[true], &[TransientPsFailure], Action::Retry { why: TransientPsFailure }),
+            (
+                &[false, true],
+                &[TransientPsFailure, TransientTimeout],
+                Action::Retry { why: TransientTimeout },
+            ),
+            (
+                &[false, false, true],
+                &[TransientPsFailure, TransientTimeout, DerivedCancellation],
+                Action::Retry { why: DerivedCancellation },
+            ),
+            (
+                &[false, false, false, false],
+                &[TransientPsFailure, TransientTimeout, DerivedCancellation, WorkerFailure],
+                Action::Raise,
+            ),
+            (
+                &[false, false, false, true],
+                &[TransientPsFailure, TransientTimeout, DerivedCancellation, WorkerFailure],
+                Action::Recover { timeout: 7.0 },
+            ),
+        ];
+        for (answers, want_asked, want) in rows {
+            let mut c = coordinator().with_recovery_timeout(Some(7.0));
+            let lane = Lane::Failure(3);
+            c.handle(Event::ClosureFailed { thread: 3 }, NOW);
+            let mut answers = answers.iter();
+            let mut asked = Vec::new();
+            let end = loop {
+                match c.poll(&lane, NOW) {
+                    Action::Ask { question } => {
+                        asked.push(question);
+                        let yes = *answers.next().expect("asked more than the row answers");
+                        c.handle(Event::FailureAnswered { thread: 3, yes }, NOW);
+                    }
+                    other => break other,
+                }
+            };
+            assert_eq!((&asked[..], &end), (*want_asked, want));
+            assert!(answers.next().is_none());
+            if end == Action::Raise || matches!(end, Action::Retry { .. }) {
+                assert_eq!(c.poll(&lane, NOW), Action::Done, "the lane ends with its outcome");
+            }
+        }
+    }
+
+    #[test]
+    fn after_the_recovery_wait_a_stop_wins() {
+        // (running, recovered, stopped, timed out)
+        let rows = [
+            (false, false, true, false),
+            (false, true, true, false),
+            (true, true, false, false),
+            (true, false, false, true),
+        ];
+        for (running, recovered, stopped, timed_out) in rows {
+            let mut c = coordinator();
+            c.handle(Event::ClosureFailed { thread: 1 }, NOW);
+            for _ in 0..3 {
+                c.poll(&Lane::Failure(1), NOW);
+                c.handle(Event::FailureAnswered { thread: 1, yes: false }, NOW);
+            }
+            c.poll(&Lane::Failure(1), NOW);
+            c.handle(Event::FailureAnswered { thread: 1, yes: true }, NOW);
+            assert_eq!(
+                c.poll(&Lane::Failure(1), NOW),
+                Action::Recover {
+                    timeout: DEFAULT_WORKER_RECOVERY_TIMEOUT
+                }
+            );
+            c.handle(
+                Event::RecoveryWaited {
+                    thread: 1,
+                    running,
+                    recovered,
+                },
+                NOW,
+            );
+            assert_eq!(
+                c.poll(&Lane::Failure(1), NOW),
+                Action::AfterRecovery {
+                    stopped,
+                    timed_out,
+                    timeout: DEFAULT_WORKER_RECOVERY_TIMEOUT
+                }
+            );
+            assert_eq!(c.poll(&Lane::Failure(1), NOW), Action::Done);
+        }
+    }
+
+    #[test]
+    fn the_stop_waits_for_the_recovery_thread_within_one_bound() {
+        let mut c = coordinator();
+        assert_eq!(c.poll_timeout(&Lane::Stop, NOW), None);
+        assert_eq!(c.poll(&Lane::Stop, NOW), Action::StopRecovery { timeout: STOP_LOCK_BOUND });
+        assert_eq!(c.poll_timeout(&Lane::Stop, NOW + 2.0), Some(STOP_LOCK_BOUND - 2.0));
+        assert_eq!(c.poll_timeout(&Lane::Stop, NOW + 60.0), Some(0.0));
+    }
+
+    #[test]
+    fn a_ps_released_after_the_save_is_retried_within_its_notices_deadline() {
+        let mut c = coordinator();
+        c.handle(answered_at(PS, "a", Some((1.0, Some(1_700_000_004.0))), 1_700_000_000.0), NOW);
+        c.handle(Event::CheckpointSaved, NOW + 1.0);
+        assert_eq!(
+            c.poll(&Lane::Save, NOW + 1.0),
+            Action::ReleaseSaved {
+                task: PS.into(),
+                silence: COORDINATOR_SILENCE,
+                bound: crate::retry::bound(30.0, Some(NOW + 4.0), NOW + 1.0),
+            }
+        );
     }
 }

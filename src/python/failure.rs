@@ -655,7 +655,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(classify_failure, m)?)?;
     m.add_function(wrap_pyfunction!(failed_ps_instances, m)?)?;
     m.add_class::<TransientFailures>()?;
-    m.add("DEFAULT_WORKER_RECOVERY_TIMEOUT", core::DEFAULT_WORKER_RECOVERY_TIMEOUT)?;
-    m.add("COORDINATOR_STOP_LOCK_BOUND", core::STOP_LOCK_BOUND)?;
     Ok(())
 }

@@ -21,8 +21,9 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::clock::unix_now;
+use super::clock::{now_secs, unix_now};
 use super::errors::CallTimeout;
+use super::failure_response::FailureQuestion;
 use crate::ps_control::coordinator::{self as co, Action as CoreAction, Event as CoreEvent};
 use crate::ps_control::{self, task, CallId, Calls};
 
@@ -290,7 +291,7 @@ pub enum DrainEnd {
 /// Which of the coordinator's threads asks (`crate::ps_control::coordinator::Lane`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 #[rustfmt::skip]
-pub enum Lane { Poll {}, Release { task: String }, Gone { task: String }, Drain { worker: usize }, Save {}, Join {} }
+pub enum Lane { Poll {}, Release { task: String }, Gone { task: String }, Drain { worker: usize }, Save {}, Join {}, Failure { thread: u64 }, Stop {} }
 
 impl From<&Lane> for co::Lane {
     fn from(l: &Lane) -> Self {
@@ -301,6 +302,8 @@ impl From<&Lane> for co::Lane {
             Lane::Drain { worker } => co::Lane::Drain(*worker),
             Lane::Save {} => co::Lane::Save,
             Lane::Join {} => co::Lane::Join,
+            Lane::Failure { thread } => co::Lane::Failure(*thread),
+            Lane::Stop {} => co::Lane::Stop,
         }
     }
 }
@@ -321,7 +324,7 @@ pub enum Event {
     ReleaseFailed { task: String, error: Py<PyAny>, busy: bool },
     WaitGone { task: String, bound: f64 },
     Probed { task: String, listening: bool },
-    DrainStart { worker: usize, deadline: Option<f64>, can_hold: bool },
+    DrainStart { worker: usize, can_hold: bool },
     Idled { worker: usize, idle: bool },
     DrainReleased { worker: usize, ok: bool },
     DrainWaited { worker: usize, gone: bool },
@@ -332,6 +335,9 @@ pub enum Event {
     OwnNotice { final_round: bool },
     CheckpointSaved {},
     TrainingGoesOn {},
+    ClosureFailed { thread: u64 },
+    FailureAnswered { thread: u64, yes: bool },
+    RecoveryWaited { thread: u64, running: bool, recovered: bool },
 }
 
 /// `key` of `dict` (None when absent, or not a dict).
@@ -372,6 +378,7 @@ impl Event {
                         at: item(&n, "at").and_then(|a| a.extract().ok()),
                         source: item(&n, "source").map_or(Ok("None".to_owned()), |s| text(&s))?,
                         deadline: item(&n, "deadline").and_then(|d| d.extract().ok()),
+                        wall: unix_now(),
                     }),
                     None => None,
                 };
@@ -428,9 +435,10 @@ impl Event {
             Event::TrainingGoesOn {} => co::Event::TrainingGoesOn,
             other => same_fields!(other, Event => CoreEvent:
                 ReleaseStart { task, reason, bound }, WaitGone { task, bound }, Probed { task, listening },
-                DrainStart { worker, deadline, can_hold }, Idled { worker, idle },
+                DrainStart { worker, can_hold }, Idled { worker, idle },
                 DrainReleased { worker, ok }, DrainWaited { worker, gone },
-                SaveStart { bound, scheduled, held }, Promotable { found, takers }, OwnNotice { final_round }),
+                SaveStart { bound, scheduled, held }, Promotable { found, takers }, OwnNotice { final_round },
+                ClosureFailed { thread }, FailureAnswered { thread, yes }, RecoveryWaited { thread, running, recovered }),
         })
     }
 }
@@ -458,11 +466,17 @@ pub enum Action {
     WaitIdle { look: f64, looks: u32 },
     Promote { runs: Vec<u64> },
     Grant { runs: Vec<u64>, wait: f64 },
-    Saved { runs: Option<u64>, finished_after: Vec<u64>, filled: Vec<u64>, error_wait: Option<f64> },
+    Saved { runs: Option<u64>, finished_after: Vec<u64>, filled: Vec<u64>, error_wait: Option<f64>, took: f64 },
     HoldAll { strict: bool },
-    ReleaseSaved { task: String, silence: f64 },
+    ReleaseSaved { task: String, silence: f64, bound: f64 },
     StopWatch {},
     ResumeAll { runs: Option<u64> },
+    Ask { question: FailureQuestion },
+    Retry { why: FailureQuestion },
+    Raise {},
+    Recover { timeout: f64 },
+    AfterRecovery { stopped: bool, timed_out: bool, timeout: f64 },
+    StopRecovery { timeout: f64 },
     Done {},
 }
 
@@ -528,60 +542,87 @@ impl Action {
                 Action::DrainOver { held, why, bound, outcome }
             }
             co::Action::Done => Action::Done {},
+            co::Action::Raise => Action::Raise {},
+            co::Action::Ask { question } => Action::Ask { question: question.into() },
+            co::Action::Retry { why } => Action::Retry { why: why.into() },
             co::Action::StopWatch => Action::StopWatch {},
             other => same_fields!(other, CoreAction => Action:
                 Poll { task, timeout }, Reconnect { task }, Notice { task, job, index, source, deadline },
                 Probe { task, timeout }, Pause { timeout, after }, GoneOver { gone }, Hold { bound },
                 DrainRelease { task, drained, hold }, DrainWaitGone { task, bound, holding },
                 WaitAll { bound }, WaitIdle { look, looks }, Promote { runs }, Grant { runs, wait },
-                Saved { runs, finished_after, filled, error_wait }, HoldAll { strict }, ReleaseSaved { task, silence },
-                ResumeAll { runs }),
+                Saved { runs, finished_after, filled, error_wait, took }, HoldAll { strict }, ReleaseSaved { task, silence, bound },
+                ResumeAll { runs }, Recover { timeout }, AfterRecovery { stopped, timed_out, timeout },
+                StopRecovery { timeout }),
         })
     }
 }
 
 /// The coordinator's protocol object (`crate::ps_control::coordinator::Coordinator`):
-/// `handle(event)`, `poll(lane) -> Action`, `poll_timeout(lane)`. Each `now` is
-/// optional: without it the binding reads the wall clock (the clock of a notice's
-/// deadline). Shared by the coordinator's threads; its lock is never held while
-/// Python runs (events are read before, actions converted after).
+/// `handle(event)`, `poll(lane) -> Action`, `poll_timeout(lane)`, on its own clock
+/// (`clock`: a function of no arguments returning monotonic seconds; None: the
+/// binding's). Shared by the coordinator's threads; its lock is never held while
+/// Python runs (events are read, and the clock, before; actions converted after).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
-pub struct CoordinatorProtocol(Mutex<co::Coordinator>);
+pub struct CoordinatorProtocol {
+    core: Mutex<co::Coordinator>,
+    clock: Option<Py<PyAny>>,
+}
+
+impl CoordinatorProtocol {
+    fn now(&self, py: Python<'_>) -> PyResult<f64> {
+        match &self.clock {
+            Some(clock) => clock.call1(py, ())?.extract(py),
+            None => Ok(now_secs()),
+        }
+    }
+}
 
 #[pymethods]
 impl CoordinatorProtocol {
     #[new]
-    #[pyo3(signature = (tasks, peer_timeout = None, interval = None, call_timeout = None))]
-    fn new(tasks: Vec<String>, peer_timeout: Option<f64>, interval: Option<f64>, call_timeout: Option<f64>) -> Self {
-        CoordinatorProtocol(Mutex::new(co::Coordinator::new(tasks, peer_timeout, interval, call_timeout)))
+    #[pyo3(signature = (tasks, peer_timeout = None, interval = None, call_timeout = None, *, recovery_timeout = None, clock = None))]
+    fn new(
+        tasks: Vec<String>,
+        peer_timeout: Option<f64>,
+        interval: Option<f64>,
+        call_timeout: Option<f64>,
+        recovery_timeout: Option<f64>,
+        clock: Option<Py<PyAny>>,
+    ) -> Self {
+        let core = co::Coordinator::new(tasks, peer_timeout, interval, call_timeout).with_recovery_timeout(recovery_timeout);
+        CoordinatorProtocol {
+            core: Mutex::new(core),
+            clock,
+        }
     }
 
-    /// An event at `now`.
-    #[pyo3(signature = (event, now = None))]
-    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>, now: Option<f64>) -> PyResult<()> {
+    /// An event, now.
+    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>) -> PyResult<()> {
         let event = event.get().to_core(py)?;
-        self.0.lock().handle(event, now.unwrap_or_else(unix_now));
+        let now = self.now(py)?;
+        self.core.lock().handle(event, now);
         Ok(())
     }
 
-    /// The next action of `lane` at `now`.
-    #[pyo3(signature = (lane, now = None))]
-    fn poll(&self, py: Python<'_>, lane: &Bound<'_, Lane>, now: Option<f64>) -> PyResult<Action> {
-        let action = self.0.lock().poll(&lane.get().into(), now.unwrap_or_else(unix_now));
+    /// The next action of `lane`.
+    fn poll(&self, py: Python<'_>, lane: &Bound<'_, Lane>) -> PyResult<Action> {
+        let now = self.now(py)?;
+        let action = self.core.lock().poll(&lane.get().into(), now);
         Action::from_core(py, action)
     }
 
-    /// Seconds `lane` may wait from `now` (None: until an event).
-    #[pyo3(signature = (lane, now = None))]
-    fn poll_timeout(&self, lane: &Bound<'_, Lane>, now: Option<f64>) -> Option<f64> {
-        self.0.lock().poll_timeout(&lane.get().into(), now.unwrap_or_else(unix_now))
+    /// Seconds `lane` may wait from now (None: until an event).
+    fn poll_timeout(&self, py: Python<'_>, lane: &Bound<'_, Lane>) -> PyResult<Option<f64>> {
+        let now = self.now(py)?;
+        Ok(self.core.lock().poll_timeout(&lane.get().into(), now))
     }
 
     /// For logs and tests: the tasks, each task's last incarnation, the unanswered
     /// ones (why), those leaving, whether stopped.
     fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (tasks, incarnations, unanswered, leaving, stopped) = {
-            let c = self.0.lock();
+            let c = self.core.lock();
             (
                 c.tasks().to_vec(),
                 c.watch().incarnations().into_iter().collect::<BTreeMap<_, _>>(),

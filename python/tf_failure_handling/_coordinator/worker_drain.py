@@ -22,18 +22,12 @@ log = logging.getLogger("tf_failure_handling")
 class WorkerDrain:
     """Takes worker ``index`` out of the coordinator's rotation and lets it go, in its own
     thread: hold the worker's closure thread, release the worker process, wait until it
-    is gone, resume the thread (docs/getting-started/parameter-server.md)."""
+    is gone, resume the thread (docs/getting-started/parameter-server.md). Its bounds are
+    the core's, from the deadline of the worker's last notice the poll saw."""
 
-    def __init__(
-        self,
-        poller: ClusterPoller,
-        index: int,
-        deadline: Optional[float],
-        coordinator: Any = None,
-    ) -> None:
+    def __init__(self, poller: ClusterPoller, index: int, coordinator: Any = None) -> None:
         self.poller = poller
         self.index = index
-        self.deadline = deadline
         self._coordinator = coordinator
         #: What happened, for tests and the log: "released", "not released", "no hold".
         self.outcome: Optional[str] = None
@@ -47,7 +41,7 @@ class WorkerDrain:
         can_hold = callable(getattr(worker, "hold", None))
         protocol, lane = self.poller.protocol, Lane.Drain(self.index)
         reason = f"drain {self.poller.incarnations.get(_task(self.index))}"
-        protocol.handle(CoordinatorEvent.DrainStart(self.index, self.deadline, can_hold))
+        protocol.handle(CoordinatorEvent.DrainStart(self.index, can_hold))
         action, held = None, False
         try:
             while True:
