@@ -229,12 +229,17 @@ class TaskProtocol:
     """A served task's protocol object (``src/ps_control/task.rs``)."""
 
     def __init__(
-        self, job: str, task: int, incarnation: str, peer_timeout: Optional[float] = None
+        self,
+        job: str,
+        task: int,
+        incarnation: str,
+        peer_timeout: Optional[float] = None,
+        *,
+        clock: Optional[Callable[[], float]] = None,
     ) -> None: ...
-    def handle(self, event: TaskEvent, now: Optional[float] = None) -> None: ...
-    def poll(self, now: Optional[float] = None) -> TaskAction: ...
-    def poll_timeout(self, now: Optional[float] = None) -> float: ...
-    def answer(self, request: Any, now: Optional[float] = None) -> dict[str, Any]: ...
+    def handle(self, event: TaskEvent) -> None: ...
+    def poll(self) -> TaskAction: ...
+    def answer(self, request: Any) -> dict[str, Any]: ...
     def state(self) -> dict[str, Any]: ...
 
 def write_timeout(peer_timeout: float, announce: bool = False) -> float:
@@ -282,14 +287,6 @@ class TaskCalls:
     ) -> None: ...
     def start(self, task: str, now: Optional[float] = None) -> tuple[int, Optional[Abandoned]]: ...
     def returned(self, task: str, id: int) -> bool: ...
-
-class PollLog:
-    """A line of the poll's log (``src/ps_control/watch.rs``)."""
-
-    NotServed: PollLog
-    DoesNotAnswer: PollLog
-    AnswersAgain: PollLog
-    NewIncarnation: PollLog
 
 class WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
@@ -620,15 +617,6 @@ def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) ->
 TF_WAIT_FOREVER_MS: int
 SIMULATED_CLUSTER_BOUND: float
 
-class DrainEnd:
-    """Why a drain that held the worker's thread ends (``src/ps_control/drain.rs``)."""
-
-    Gone: DrainEnd
-    StillAnswers: DrainEnd
-    NewIncarnation: DrainEnd
-    Stopped: DrainEnd
-    HoldBoundPassed: DrainEnd
-
 class Lane:
     """Which of the coordinator's threads asks (``src/ps_control/coordinator.rs``)."""
 
@@ -730,7 +718,7 @@ class CoordinatorAction:
         timeout: float
 
     class Say(CoordinatorAction):
-        line: PollLog
+        line: str
         task: str
         detail: str
 
@@ -746,7 +734,9 @@ class CoordinatorAction:
 
     class Release(CoordinatorAction):
         task: str
-        request: dict
+        reason: str
+        incarnation: Optional[str]
+        notice_at: Optional[float]
         timeout: float
 
     class Released(CoordinatorAction):
@@ -780,7 +770,7 @@ class CoordinatorAction:
 
     class DrainOver(CoordinatorAction):
         held: bool
-        why: Optional[DrainEnd]
+        why: Optional[str]
         bound: float
         outcome: Optional[str]
 
@@ -819,10 +809,10 @@ class CoordinatorAction:
         runs: Optional[int]
 
     class Ask(CoordinatorAction):
-        question: FailureQuestion
+        question: str
 
     class Retry(CoordinatorAction):
-        why: FailureQuestion
+        why: str
 
     class Raise(CoordinatorAction): ...
 
@@ -857,14 +847,6 @@ class CoordinatorProtocol:
     def poll(self, lane: Lane) -> CoordinatorAction: ...
     def poll_timeout(self, lane: Lane) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
-
-class FailureQuestion:
-    """A question about a closure's error, in TF's order (``src/failure/response.rs``)."""
-
-    TransientPsFailure: FailureQuestion
-    TransientTimeout: FailureQuestion
-    DerivedCancellation: FailureQuestion
-    WorkerFailure: FailureQuestion
 
 class TransientFailures:
     """TF's ``Cluster`` transient-failure tolerances (PS strikes per task, timeouts)."""

@@ -31,7 +31,7 @@ from ._coordinator import worker_loop as _worker_loop
 from ._coordinator.closure_queue import ClosureQueue
 from ._integrations import tf_exit as _tf_exit
 from ._integrations import tf_versions as _tf_versions
-from ._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, FailureQuestion, Lane
+from ._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -174,11 +174,11 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         protocol.handle(CoordinatorEvent.ClosureFailed(thread))
         while isinstance(action := protocol.poll(lane), CoordinatorAction.Ask):
             question = action.question
-            if question == FailureQuestion.TransientPsFailure:
+            if question == "transient ps failure":
                 yes = cluster._record_and_ignore_transient_ps_failure(e, ps_failure=ps_failure)
-            elif question == FailureQuestion.TransientTimeout:
+            elif question == "transient timeout":
                 yes = cluster._record_and_ignore_transient_timeouts(e)
-            elif question == FailureQuestion.DerivedCancellation:
+            elif question == "derived cancellation":
                 yes = isinstance(e, _tf_errors.CancelledError) and "/job:" in str(e)
             else:
                 try:
@@ -190,7 +190,7 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
                 yes = True
             protocol.handle(CoordinatorEvent.FailureAnswered(thread, yes))
         if isinstance(action, CoordinatorAction.Retry):
-            derived = action.why == FailureQuestion.DerivedCancellation
+            derived = action.why == "derived cancellation"
             log.error(
                 "Remote function on worker %s failed with %r:%s; %s",
                 worker_device_name,

@@ -18,39 +18,41 @@ use super::{
     SERVE_SLICE,
 };
 
-/// What the task's threads report.
-#[derive(Clone, Debug, PartialEq)]
-pub enum TaskEvent {
-    /// The task's termination notice, from `source`, naming `deadline` (Unix seconds);
-    /// `grace_period` is the task's then (the platform's is known once probed; None:
-    /// none).
-    Notice {
-        source: String,
-        deadline: Option<f64>,
-        grace_period: Option<f64>,
-    },
-    /// The coordinator called (a poll or a release).
-    Asked,
+crate::wire! {
+    /// What the task's threads report.
+    pub enum TaskEvent via task_event {
+        /// The task's termination notice, from `source`, naming `deadline` (Unix seconds);
+        /// `grace_period` is the task's then (the platform's is known once probed; None:
+        /// none).
+        Notice {
+            source: String,
+            deadline: Option<f64>,
+            grace_period: Option<f64>,
+        },
+        /// The coordinator called (a poll or a release).
+        Asked {},
+    }
 }
 
-/// What the serving thread does next.
-#[derive(Clone, Debug, PartialEq)]
-pub enum TaskAction {
-    /// Wait for a notice from the sources, at most `timeout` seconds.
-    WaitNotice { timeout: f64 },
-    /// Say how long the task serves: `own` seconds (from `from`), at most `at_most`.
-    Serving { own: f64, from: ServeBound, at_most: f64 },
-    /// Serve (wait for the release) at most `timeout` seconds, then poll again.
-    Serve { timeout: f64 },
-    /// Leave now: released (`reason`), or not (`why`), `after` seconds after the notice.
-    /// `silence` and `cap_factor` are the bounds the reasons name.
-    Leave {
-        why: Leave,
-        reason: Option<String>,
-        after: f64,
-        silence: f64,
-        cap_factor: f64,
-    },
+crate::wire! {
+    /// What the serving thread does next.
+    pub enum TaskAction via task_action {
+        /// Wait for a notice from the sources, at most `timeout` seconds.
+        WaitNotice { timeout: f64 },
+        /// Say how long the task serves: `own` seconds (from `source`), at most `at_most`.
+        Serving { own: f64, source: ServeBound, at_most: f64 },
+        /// Serve (wait for the release) at most `timeout` seconds, then poll again.
+        Serve { timeout: f64 },
+        /// Leave now: released (`reason`), or not (`why`), `after` seconds after the notice.
+        /// `silence` and `cap_factor` are the bounds the reasons name.
+        Leave {
+            why: Leave,
+            reason: Option<String>,
+            after: f64,
+            silence: f64,
+            cap_factor: f64,
+        },
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -128,7 +130,7 @@ impl Task {
                     self.grace_period = grace_period.unwrap_or(0.0);
                 }
             }
-            TaskEvent::Asked => self.last_asked = Some(now),
+            TaskEvent::Asked {} => self.last_asked = Some(now),
         }
     }
 
@@ -153,7 +155,11 @@ impl Task {
         if !self.said {
             self.said = true;
             let at_most = if notice.deadline.is_some() { own } else { own * SERVE_CAP_FACTOR };
-            return TaskAction::Serving { own, from, at_most };
+            return TaskAction::Serving {
+                own,
+                source: from,
+                at_most,
+            };
         }
         // The core decides: released, the deadline, or this task's own bound and then
         // the coordinator's asks (its save may still be under way).
@@ -214,7 +220,7 @@ mod tests {
             t.poll(AT),
             TaskAction::Serving {
                 own: 30.0,
-                from: ServeBound::PeerTimeout,
+                source: ServeBound::PeerTimeout,
                 at_most: 30.0 * SERVE_CAP_FACTOR
             }
         );
@@ -264,8 +270,8 @@ mod tests {
     #[test]
     fn past_its_bound_a_task_serves_while_the_coordinator_asks() {
         let mut t = noticed(None, 20.0);
-        assert!(matches!(t.poll(AT), TaskAction::Serving { own, from: ServeBound::GracePeriod, .. } if own == 20.0));
-        t.handle(TaskEvent::Asked, AT + 19.0);
+        assert!(matches!(t.poll(AT), TaskAction::Serving { own, source: ServeBound::GracePeriod, .. } if own == 20.0));
+        t.handle(TaskEvent::Asked {}, AT + 19.0);
         assert_eq!(t.last_asked(), Some(AT + 19.0));
         assert!(matches!(t.poll(AT + 21.0), TaskAction::Serve { .. }));
         assert_eq!(t.poll_timeout(AT + 21.0), SERVE_SLICE);
@@ -279,7 +285,7 @@ mod tests {
         ));
         // A deadline: served until it, said as such.
         let mut t = noticed(Some(AT + 10.0), 20.0);
-        assert!(matches!(t.poll(AT), TaskAction::Serving { own, from: ServeBound::Deadline, at_most } if own == 10.0 && at_most == 10.0));
+        assert!(matches!(t.poll(AT), TaskAction::Serving { own, source: ServeBound::Deadline, at_most } if own == 10.0 && at_most == 10.0));
         assert!(matches!(t.poll(AT + 10.0), TaskAction::Leave { why: Leave::Deadline, .. }));
     }
 }

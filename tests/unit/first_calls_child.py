@@ -180,16 +180,16 @@ def ps_control() -> None:
     _PROTOCOL.handle(event.Answered(task, {"incarnation": "inc", "notice": {"at": 1.0}}))
     _PROTOCOL.handle(event.ReleaseStart(task, "drained", None))
     release = _PROTOCOL.poll(lane.Release(task))
-    assert release.request["incarnation"] == "inc" and release.request["notice_at"] == 1.0
+    assert release.incarnation == "inc" and release.notice_at == 1.0
     _PROTOCOL.handle(event.ReleaseAnswered(task, {"released": True}))
     assert _PROTOCOL.poll(lane.Release(task)).end == "released"
     _PROTOCOL.poll_timeout(lane.Poll())
     _PROTOCOL.state()
     served = _native.TaskProtocol("ps", 0, task, 30.0)
-    served.handle(_native.TaskEvent.Notice("signal SIGTERM", None, 0.0), 1.0)
-    assert served.answer({"op": "release", "incarnation": task, "notice_at": 1.0})["released"]
+    served.handle(_native.TaskEvent.Notice("signal SIGTERM", None, 0.0))
+    at = served.answer({"op": "poll"})["notice"]["at"]
+    assert served.answer({"op": "release", "incarnation": task, "notice_at": at})["released"]
     served.poll()
-    served.poll_timeout()
     served.state()
 
 

@@ -1427,17 +1427,21 @@ def test_a_served_task_waits_while_the_coordinator_asks():
     asked = serving_at = notice + bound + 1.0
 
     def serving(deadline, last_asked, released, now):
-        """The serving thread's action at ``now`` (its own bound said before)."""
-        task = TaskProtocol("ps", 0, "inc", bound)
-        task.handle(TaskEvent.Notice("signal SIGTERM", deadline, 0.0), notice)
-        assert isinstance(task.poll(notice), TaskAction.Serving)
-        if last_asked is not None:
-            task.handle(TaskEvent.Asked(), last_asked)
+        """The serving thread's action at ``now`` (its own bound said before), on the
+        task's clock (``clock[0]``)."""
+        clock = [notice]
+        task = TaskProtocol("ps", 0, "inc", bound, clock=lambda: clock[0])
+        task.handle(TaskEvent.Notice("signal SIGTERM", deadline, 0.0))
+        assert isinstance(task.poll(), TaskAction.Serving)
         if released:
-            at = task.answer({"op": "poll"}, notice)["notice"]["at"]
+            at = task.answer({"op": "poll"})["notice"]["at"]
             release = {"op": "release", "incarnation": "inc", "notice_at": at}
-            assert task.answer(release, last_asked)["released"]
-        return task.poll(now)
+            assert task.answer(release)["released"]
+        if last_asked is not None:
+            clock[0] = last_asked
+            task.handle(TaskEvent.Asked())
+        clock[0] = now
+        return task.poll()
 
     decision = serving(None, asked - 1.0, False, serving_at)
     assert isinstance(decision, TaskAction.Serve) and decision.timeout > 0

@@ -16,7 +16,7 @@ import socket
 import threading
 from typing import Any, Callable, Optional
 
-from .._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane, PollLog
+from .._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane
 from .task_calls import CallRefused, call
 
 log = logging.getLogger("tf_failure_handling")
@@ -176,7 +176,13 @@ class ClusterPoller:
             action = self.protocol.poll(lane)
             if isinstance(action, CoordinatorAction.Release):
                 try:
-                    answer = self._call(task, dict(action.request), action.timeout)
+                    request = {
+                        "op": "release",
+                        "reason": action.reason,
+                        "incarnation": action.incarnation,
+                        "notice_at": action.notice_at,
+                    }
+                    answer = self._call(task, request, action.timeout)
                 except CallRefused as e:
                     self.protocol.handle(CoordinatorEvent.ReleaseFailed(task, e, True))
                 except Exception as e:  # noqa: BLE001 - the core says what follows
@@ -256,16 +262,16 @@ def _job_task(device: str) -> tuple:
 def _say(action: Any) -> None:
     """The line of the poll's log the core chose."""
     task, detail = action.task, action.detail
-    if action.line == PollLog.NotServed:
+    if action.line == "not served":
         log.info(
             "%s does not run tf_failure_handling.serve(server) (yet): its termination "
             "notices are watched once it does; until then it is handled as a failure "
             "when it goes.",
             task,
         )
-    elif action.line == PollLog.DoesNotAnswer:
+    elif action.line == "does not answer":
         log.info("%s does not answer (%s): asked again next round.", task, detail)
-    elif action.line == PollLog.NewIncarnation:
+    elif action.line == "new incarnation":
         log.info("%s answers as a new incarnation (%s): watched like the first.", task, detail)
-    elif action.line == PollLog.AnswersAgain:
+    elif action.line == "answers again":
         log.info("%s answers again.", task)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._native import CoordinatorAction, CoordinatorEvent, DrainEnd, Lane
+from .._native import CoordinatorAction, CoordinatorEvent, Lane
 from .cluster_poller import ClusterPoller
 from .coordinators import find_coordinator, workers_of
 
@@ -102,11 +102,11 @@ class WorkerDrain:
         if not isinstance(action, CoordinatorAction.DrainOver):
             return
         self.outcome = action.outcome
-        if action.why == DrainEnd.StillAnswers:
+        if action.why == "still answers":
             log.warning(
                 "Worker %d still answers %.0fs after its release.", self.index, action.bound
             )
-        elif action.why == DrainEnd.HoldBoundPassed:
+        elif action.why == "hold bound passed":
             log.warning(
                 "Worker %d still serves %.0fs after its release failed; it takes closures again.",
                 self.index,
