@@ -66,7 +66,7 @@ pub mod task;
 mod watch;
 
 pub use calls::{Abandoned, CallId, Calls, Refused};
-pub use keepalive::{grpc_keepalive_options, GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT};
+pub use keepalive::{grpc_keepalive_options, with_keepalive, GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT};
 pub use watch::{reconnect, PollLog, Watch, STALE_CONTEXT};
 
 /// The key of the task control in TensorFlow's `py_func` registry of a

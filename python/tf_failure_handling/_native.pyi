@@ -178,7 +178,8 @@ class Retry:
     def since(self) -> Optional[float]: ...
 
 PS_TOKEN: str
-GRPC_KEEPALIVE: list[tuple[str, int]]
+
+def grpc_options_with_keepalive(current: str) -> Optional[str]: ...
 
 class CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""

@@ -500,6 +500,13 @@ impl CoordinatorProtocol {
     }
 }
 
+/// `TF_GRPC_DEFAULT_OPTIONS` (`current`) with the package's keepalive options it does
+/// not name added (`crate::ps_control::with_keepalive`); None when it names them all.
+#[pyfunction]
+fn grpc_options_with_keepalive(current: &str) -> Option<String> {
+    ps_control::with_keepalive(current)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TaskEvent>()?;
     m.add_class::<TaskAction>()?;
@@ -514,6 +521,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PS_TOKEN", ps_control::TOKEN)?;
     m.add("WORKER_GET_SLICE", ps_control::WORKER_GET_SLICE)?;
     m.add("WORKER_SOFT_SLICE", ps_control::WORKER_SOFT_SLICE)?;
-    m.add("GRPC_KEEPALIVE", ps_control::grpc_keepalive_options())?;
+    m.add_function(wrap_pyfunction!(grpc_options_with_keepalive, m)?)?;
     Ok(())
 }

@@ -1210,9 +1210,16 @@ def test_keepalive_is_added_to_an_empty_environment():
     env = {"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "1"}
     value = grpc_keepalive.add_grpc_keepalive(env)
     assert value == env["TF_GRPC_DEFAULT_OPTIONS"]
-    assert value.split(",") == [f"{k}={v}" for k, v in grpc_keepalive.GRPC_KEEPALIVE]
-    ping_every = dict(grpc_keepalive.GRPC_KEEPALIVE)["grpc.keepalive_time_ms"] / 1000.0
-    assert grpc_keepalive.grpc_keepalive_time(env) == ping_every == 5.0
+    assert value.split(",") == [
+        f"{name}=5000"
+        for name in (
+            "grpc.keepalive_time_ms",
+            "grpc.keepalive_timeout_ms",
+            "grpc.http2.ping_timeout_ms",
+            "grpc.min_reconnect_backoff_ms",
+        )
+    ]
+    assert grpc_keepalive.grpc_keepalive_time(env) == 5.0
 
 
 def test_keepalive_keeps_the_users_options_and_values():
@@ -1231,7 +1238,7 @@ def test_keepalive_keeps_the_users_options_and_values():
 
 
 def test_keepalive_adds_nothing_when_every_option_is_set_or_it_is_turned_off():
-    full = ",".join(f"{k}={v}" for k, v in grpc_keepalive.GRPC_KEEPALIVE)
+    full = grpc_keepalive.add_grpc_keepalive({"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "1"})
     env = {"TF_GRPC_DEFAULT_OPTIONS": full, "TF_CONFIG": PS_TF_CONFIG}
     assert grpc_keepalive.add_grpc_keepalive(env) is None and env["TF_GRPC_DEFAULT_OPTIONS"] == full
     off = {"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "0"}
