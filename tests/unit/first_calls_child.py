@@ -85,7 +85,7 @@ def transient_failures() -> None:
     t = _native.TransientFailures(1, 8)
     t.record_and_ignore_transient_ps_failure(_error())
     t.record_and_ignore_transient_timeouts(_errors.make("DeadlineExceededError", "late"))
-    repr(t)
+    t.state()
 
 
 def closure_queue() -> None:
