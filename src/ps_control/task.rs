@@ -55,6 +55,38 @@ crate::wire! {
     }
 }
 
+/// A call of the coordinator to the task (its JSON object, as the binding read it).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskRequest {
+    /// `{"op": "poll"}`: the task's incarnation and notice.
+    Poll,
+    /// `{"op": "release", ...}`: exit, for the incarnation and the notice's time the
+    /// coordinator saw, for `reason` (None: "released").
+    Release {
+        incarnation: Option<String>,
+        notice_at: Option<f64>,
+        reason: Option<String>,
+    },
+    /// Another op (this one, as Python writes it), or none.
+    Unknown(String),
+    /// Not a JSON object.
+    NotAnObject,
+}
+
+/// What the task answers a call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskReply {
+    /// Its incarnation and its notice (source, time, deadline), if any.
+    Poll {
+        incarnation: String,
+        notice: Option<(String, f64, Option<f64>)>,
+    },
+    /// The release was accepted (None) or refused, and why.
+    Release(Option<Refusal>),
+    /// The request is no call of the coordinator's.
+    Error(String),
+}
+
 #[derive(Clone, Debug)]
 struct Notice {
     source: String,
@@ -136,12 +168,33 @@ impl Task {
 
     /// The coordinator asks this task to exit, naming the incarnation and the notice's
     /// time it saw, for `reason`: accepted (None) or refused, and why.
-    pub fn release(&mut self, incarnation: Option<&str>, notice_at: Option<f64>, reason: String) -> Option<Refusal> {
+    fn release(&mut self, incarnation: Option<&str>, notice_at: Option<f64>, reason: String) -> Option<Refusal> {
         let refused = release_refused(&self.incarnation, self.notice.as_ref().map(|n| n.at), incarnation, notice_at);
         if refused.is_none() {
             self.released = Some(reason);
         }
         refused
+    }
+
+    /// The answer to the coordinator's `request` at `now`. Any request object counts
+    /// as the coordinator asking.
+    pub fn answer(&mut self, request: TaskRequest, now: f64) -> TaskReply {
+        if request != TaskRequest::NotAnObject {
+            self.handle(TaskEvent::Asked {}, now);
+        }
+        match request {
+            TaskRequest::Poll => TaskReply::Poll {
+                incarnation: self.incarnation.clone(),
+                notice: self.notice.as_ref().map(|n| (n.source.clone(), n.at, n.deadline)),
+            },
+            TaskRequest::Release {
+                incarnation,
+                notice_at,
+                reason,
+            } => TaskReply::Release(self.release(incarnation.as_deref(), notice_at, reason.unwrap_or_else(|| "released".to_owned()))),
+            TaskRequest::Unknown(op) => TaskReply::Error(format!("unknown op {op}")),
+            TaskRequest::NotAnObject => TaskReply::Error("not a JSON object".to_owned()),
+        }
     }
 
     /// The next action of the serving thread at `now`.
@@ -198,6 +251,41 @@ mod tests {
     use super::*;
 
     const AT: f64 = 1_000.0;
+
+    #[test]
+    fn the_task_answers_the_coordinators_calls() {
+        let mut t = Task::new("inc".into(), None);
+        assert_eq!(t.answer(TaskRequest::NotAnObject, AT), TaskReply::Error("not a JSON object".into()));
+        assert_eq!(t.last_asked(), None, "a request that is no object is no call");
+        assert_eq!(
+            t.answer(TaskRequest::Unknown("'exit'".into()), AT),
+            TaskReply::Error("unknown op 'exit'".into())
+        );
+        assert_eq!(
+            t.answer(TaskRequest::Poll, AT + 1.0),
+            TaskReply::Poll {
+                incarnation: "inc".into(),
+                notice: None
+            }
+        );
+        assert_eq!(t.last_asked(), Some(AT + 1.0));
+        let release = |at| TaskRequest::Release {
+            incarnation: Some("inc".into()),
+            notice_at: at,
+            reason: None,
+        };
+        assert_eq!(t.answer(release(None), AT), TaskReply::Release(Some(Refusal::NoNotice)));
+        t.handle(
+            TaskEvent::Notice {
+                source: "signal SIGTERM".into(),
+                deadline: None,
+                grace_period: None,
+            },
+            AT + 2.0,
+        );
+        assert_eq!(t.answer(release(Some(AT + 2.0)), AT + 3.0), TaskReply::Release(None));
+        assert_eq!(t.released(), Some("released"));
+    }
 
     fn noticed(deadline: Option<f64>, grace: f64) -> Task {
         let mut t = Task::new("inc".into(), Some(30.0));

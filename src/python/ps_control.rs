@@ -38,7 +38,8 @@ use super::wire::py_enum;
 use crate::failure::response::Question;
 use crate::ps_control::coordinator::{self as co, CallError, DrainEnd, NoticeSeen, PollAnswer, ReleaseEnd, ReleaseReply};
 use crate::ps_control::drain::Outcome;
-use crate::ps_control::{self, task, CallId, Calls, Leave, PollLog, ServeBound};
+use crate::ps_control::task::{self, TaskReply, TaskRequest};
+use crate::ps_control::{self, CallId, Calls, Leave, PollLog, ServeBound};
 
 crate::ps_control::coordinator::lane!(py_enum[crate::ps_control::coordinator]);
 crate::ps_control::coordinator::coordinator_event!(py_enum[crate::ps_control::coordinator]);
@@ -175,16 +176,6 @@ impl<'py> IntoPyObject<'py> for &PollAnswer {
     }
 }
 
-impl<'py> IntoPyObject<'py> for PollAnswer {
-    type Target = PyAny;
-    type Output = Bound<'py, PyAny>;
-    type Error = PyErr;
-
-    fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
-        (&self).into_pyobject(py)
-    }
-}
-
 /// A release's answer: accepted when its `released` is true, else refused (its `why`).
 impl FromPyObject<'_, '_> for ReleaseReply {
     type Error = PyErr;
@@ -213,16 +204,6 @@ impl<'py> IntoPyObject<'py> for &ReleaseReply {
     }
 }
 
-impl<'py> IntoPyObject<'py> for ReleaseReply {
-    type Target = PyDict;
-    type Output = Bound<'py, PyDict>;
-    type Error = PyErr;
-
-    fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
-        (&self).into_pyobject(py)
-    }
-}
-
 /// The error a call raised: its type's name, its message, whether it is the call's
 /// bound (`CallTimeout`).
 impl FromPyObject<'_, '_> for CallError {
@@ -247,15 +228,23 @@ impl<'py> IntoPyObject<'py> for &CallError {
     }
 }
 
-impl<'py> IntoPyObject<'py> for CallError {
-    type Target = PyString;
-    type Output = Bound<'py, PyString>;
-    type Error = Infallible;
+/// `IntoPyObject` of the owned value, through the reference's (a getter of an event's
+/// field).
+macro_rules! by_ref {
+    ($($ty:ty),*) => {$(
+        impl<'py> IntoPyObject<'py> for $ty {
+            type Target = PyAny;
+            type Output = Bound<'py, PyAny>;
+            type Error = PyErr;
 
-    fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, Self::Error> {
-        (&self).into_pyobject(py)
-    }
+            fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
+                Ok((&self).into_pyobject(py)?.into_any())
+            }
+        }
+    )*};
 }
+
+by_ref!(PollAnswer, ReleaseReply, CallError);
 
 /// A protocol object's clock: a function of no arguments returning seconds, or
 /// the binding's `read` (None).
@@ -312,34 +301,28 @@ impl TaskProtocol {
 
     /// The answer to the coordinator's `request` (its decoded JSON): a poll's
     /// (incarnation, job, task, notice), a release's (`released`, or why not), or an
-    /// error. Any request object counts as the coordinator asking.
+    /// error (`crate::ps_control::task::Task::answer`).
     fn answer<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
-        let answer = PyDict::new(py);
-        let Ok(request) = request.cast::<PyDict>() else {
-            answer.set_item("error", "not a JSON object")?;
-            return Ok(answer);
-        };
-        let now = self.clock.now(py)?;
-        let op = request.get_item("op")?;
-        let text = |key: &str| -> PyResult<Option<String>> { Ok(request.get_item(key)?.and_then(|v| v.extract().ok())) };
-        let (incarnation, reason) = (text("incarnation")?, text("reason")?);
-        let notice_at: Option<f64> = request.get_item("notice_at")?.and_then(|v| v.extract().ok());
-        let mut core = self.core.lock();
-        core.handle(task::TaskEvent::Asked {}, now);
-        match op.as_ref().and_then(|o| o.extract::<String>().ok()).as_deref() {
-            Some("release") => {
-                let reason = reason.unwrap_or_else(|| "released".to_owned());
-                let refused = core.release(incarnation.as_deref(), notice_at, reason);
-                drop(core);
-                answer.set_item("released", refused.is_none())?;
-                if let Some(why) = refused {
-                    answer.set_item("why", why.to_string())?;
+        let request = match request.cast::<PyDict>() {
+            Err(_) => TaskRequest::NotAnObject,
+            Ok(r) => {
+                let text = |key: &str| item(r, key).and_then(|v| v.extract::<String>().ok());
+                match text("op").as_deref() {
+                    Some("poll") => TaskRequest::Poll,
+                    Some("release") => TaskRequest::Release {
+                        incarnation: text("incarnation"),
+                        notice_at: item(r, "notice_at").and_then(|v| v.extract().ok()),
+                        reason: text("reason"),
+                    },
+                    _ => TaskRequest::Unknown(item(r, "op").map_or(Ok("None".to_owned()), |o| Ok::<_, PyErr>(o.repr()?.to_string()))?),
                 }
             }
-            Some("poll") => {
-                let notice = core.notice().map(|(source, at, deadline)| (source.to_owned(), at, deadline));
-                let incarnation = core.incarnation().to_owned();
-                drop(core);
+        };
+        let now = self.clock.now(py)?;
+        let reply = self.core.lock().answer(request, now);
+        let answer = PyDict::new(py);
+        match reply {
+            TaskReply::Poll { incarnation, notice } => {
                 answer.set_item("incarnation", incarnation)?;
                 answer.set_item("job", &self.job)?;
                 answer.set_item("task", self.task)?;
@@ -355,14 +338,13 @@ impl TaskProtocol {
                 };
                 answer.set_item("notice", notice)?;
             }
-            _ => {
-                drop(core);
-                let op = match op {
-                    Some(o) => o.repr()?.to_string(),
-                    None => "None".to_owned(),
-                };
-                answer.set_item("error", format!("unknown op {op}"))?;
+            TaskReply::Release(refused) => {
+                answer.set_item("released", refused.is_none())?;
+                if let Some(why) = refused {
+                    answer.set_item("why", why.to_string())?;
+                }
             }
+            TaskReply::Error(error) => answer.set_item("error", error)?,
         }
         Ok(answer)
     }
