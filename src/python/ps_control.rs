@@ -374,26 +374,23 @@ pub struct Abandoned {
 }
 
 /// The outstanding and abandoned calls to the tasks
-/// ([`crate::ps_control::Calls`]).
+/// ([`crate::ps_control::Calls`], with its bounds), on the monotonic clock or `clock`.
 #[pyclass(frozen, module = "tf_failure_handling._native")]
-pub struct TaskCalls(Mutex<Calls>);
+pub struct TaskCalls(Mutex<Calls>, Clock);
 
 #[pymethods]
 impl TaskCalls {
     #[new]
-    #[pyo3(signature = (abandon_after = None, max_abandoned = None))]
-    fn new(abandon_after: Option<f64>, max_abandoned: Option<usize>) -> Self {
-        TaskCalls(Mutex::new(Calls::new(
-            abandon_after.unwrap_or(ps_control::ABANDON_AFTER),
-            max_abandoned.unwrap_or(ps_control::MAX_ABANDONED),
-        )))
+    #[pyo3(signature = (*, clock = None))]
+    fn new(clock: Option<Py<PyAny>>) -> Self {
+        let calls = Calls::new(ps_control::ABANDON_AFTER, ps_control::MAX_ABANDONED);
+        TaskCalls(Mutex::new(calls), Clock(clock, now_secs))
     }
 
-    /// A call to `task` starts at `now`: its handle, and the earlier call it
-    /// abandons or None. `CallTimeout` while an earlier call holds the task up.
-    #[pyo3(signature = (task, now = None))]
-    fn start(&self, task: &str, now: Option<f64>) -> PyResult<(CallId, Option<Abandoned>)> {
-        let now = now.unwrap_or_else(now_secs);
+    /// A call to `task` starts now: its handle, and the earlier call it abandons or
+    /// None. `CallTimeout` while an earlier call holds the task up.
+    fn start(&self, py: Python<'_>, task: &str) -> PyResult<(CallId, Option<Abandoned>)> {
+        let now = self.1.now(py)?;
         let started = self.0.lock().start(task, now);
         let (id, abandoned) = started?;
         let abandoned = abandoned.map(|a| Abandoned {

@@ -167,13 +167,13 @@ def testing_service() -> None:
 
 
 #: Shared by the threads, as the poller's and the calls' cores are in a coordinator.
-_CALLS = _native.TaskCalls(30.0, 4)
+_CALLS = _native.TaskCalls()
 _PROTOCOL = _native.CoordinatorProtocol([])
 
 
 def ps_control() -> None:
     task = threading.current_thread().name
-    call, abandoned = _CALLS.start(task, 0.0)
+    call, abandoned = _CALLS.start(task)
     assert abandoned is None and _CALLS.returned(task, call)
     event, lane = _native.CoordinatorEvent, _native.Lane
     _PROTOCOL.handle(event.PollFailed(task, RuntimeError("Could not find callback")))

@@ -166,18 +166,10 @@ def test_call_to_a_task_that_does_not_answer_gives_up_at_its_bound():
             time.sleep(0.01)
 
 
-class ClockedCalls:
-    """The core's ``TaskCalls`` on the test's clock (``now[0]``)."""
-
-    def __init__(self, now: list, abandon_after: float, max_abandoned=None) -> None:
-        self._now = now
-        self._calls = TaskCalls(abandon_after, max_abandoned)
-
-    def start(self, task):
-        return self._calls.start(task, self._now[0])
-
-    def returned(self, task, call):
-        return self._calls.returned(task, call)
+def clocked_calls(now: list) -> TaskCalls:
+    """The core's ``TaskCalls`` (its bounds: a call is abandoned after 30 s, at most 4
+    per task) on the test's clock (``now[0]``)."""
+    return TaskCalls(clock=lambda: now[0])
 
 
 def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog):
@@ -194,7 +186,7 @@ def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog)
             stuck.wait(BOUND)  # the first call does not return in this test
         return {"task": task, "n": len(calls)}
 
-    caller = task_calls._Caller(transport, ClockedCalls(now, 30.0))
+    caller = task_calls._Caller(transport, clocked_calls(now))
     try:
         with pytest.raises(task_calls.CallTimeout, match="did not answer"):
             caller("w", {"op": "poll"}, 0.05)
@@ -212,7 +204,7 @@ def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog)
 
 
 def test_abandoned_calls_are_bounded_per_task():
-    """A task whose every call hangs (a stopped process) holds ``max_abandoned`` + 1
+    """A task whose every call hangs (a stopped process) holds ``max_abandoned`` (4) + 1
     threads at most, however long it stays stopped."""
     now = [0.0]
     stopped = threading.Event()
@@ -221,17 +213,17 @@ def test_abandoned_calls_are_bounded_per_task():
         stopped.wait(BOUND)
         return {"task": task}
 
-    caller = task_calls._Caller(transport, ClockedCalls(now, 1.0, 2))
+    caller = task_calls._Caller(transport, clocked_calls(now))
     try:
-        for _ in range(3):  # the first call, then two abandoned ones replaced
+        for _ in range(5):  # the first call, then four abandoned ones replaced
             with pytest.raises(task_calls.CallTimeout, match="did not answer"):
                 caller("stopped", {"op": "poll"}, 0.05)
-            now[0] += 1.0
+            now[0] += 30.0
         threads = threading.active_count()
-        with pytest.raises(task_calls.CallTimeout, match="2 abandoned call"):
+        with pytest.raises(task_calls.CallTimeout, match="4 abandoned call"):
             caller("stopped", {"op": "poll"}, BOUND)
         now[0] += 100.0
-        with pytest.raises(task_calls.CallTimeout, match="2 abandoned call"):
+        with pytest.raises(task_calls.CallTimeout, match="4 abandoned call"):
             caller("stopped", {"op": "poll"}, BOUND)
         assert threading.active_count() == threads
     finally:
