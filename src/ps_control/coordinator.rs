@@ -226,7 +226,7 @@ crate::wire! {
     /// What the caller does next ([`Coordinator::poll`]).
     pub enum CoordinatorAction via coordinator_action {
         /// Ask `task` for its incarnation and notice, within `timeout` seconds; report
-        /// [`Event::Answered`], [`Event::PollFailed`] or [`Event::BadAnswer`].
+        /// [`Event::Answered`] or [`Event::PollFailed`].
         Poll { task: String, timeout: f64 },
         /// Log this line about `task` (`detail`: the error, or the incarnation).
         Say { line: PollLog, task: String, detail: String },
