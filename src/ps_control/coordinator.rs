@@ -164,6 +164,10 @@ crate::wire! {
         Answered { task: String, answer: PollAnswer },
         /// `task`'s poll raised `error`.
         PollFailed { task: String, error: CallError },
+        /// The coordinator watches `tasks` (asked in this order each round) for a
+        /// handler whose peer timeout is `peer_timeout` (None: [`DEFAULT_DRAIN_BOUND`]):
+        /// its poll starts over (the failure handling's object takes on the watch).
+        Watch { tasks: Vec<String>, peer_timeout: Option<f64> },
         /// The coordinator stops watching: every lane ends.
         Stop {},
         /// The poll lane's round failed (an error its caller did not expect): the round
@@ -570,6 +574,12 @@ impl Coordinator {
                 if reconnect(&task, &message) {
                     self.poll.out.push_back(Action::Reconnect { task });
                 }
+            }
+            Event::Watch { tasks, peer_timeout } => {
+                self.tasks = tasks;
+                self.peer_timeout = peer_timeout.unwrap_or(DEFAULT_DRAIN_BOUND);
+                self.stopped = false;
+                self.poll = PollLane::default();
             }
             Event::Stop {} => self.stopped = true,
             Event::RoundFailed {} => {
@@ -1917,5 +1927,30 @@ mod tests {
                 bound: crate::retry::bound(30.0, Some(NOW + 4.0), NOW + 1.0),
             }
         );
+    }
+
+    #[test]
+    fn the_failure_handlings_object_takes_on_a_watch_and_a_second_one() {
+        let mut c = Coordinator::new(Vec::new(), None, None, None);
+        assert_eq!(
+            c.poll(&Lane::Poll {}, NOW),
+            Action::Pause {
+                timeout: POLL_INTERVAL,
+                after: None
+            }
+        );
+        for _ in 0..2 {
+            c.handle(
+                Event::Watch {
+                    tasks: vec![PS.into(), W1.into()],
+                    peer_timeout: Some(30.0),
+                },
+                NOW,
+            );
+            let (asked, _) = round(&mut c, NOW, &|t| answered(t, "a", None));
+            assert_eq!(asked, [PS, W1]);
+            c.handle(Event::Stop {}, NOW);
+            assert_eq!(c.poll(&Lane::Poll {}, NOW), Action::Done {});
+        }
     }
 }

@@ -27,8 +27,10 @@ class ClusterPoller:
 
     ``on_notice(job, task, source, deadline)`` is called once per task incarnation
     with a notice, from the poller's thread. Every task is asked every round,
-    whatever it answered before: down, stopped, not (yet) serving. ``interval`` and
-    ``call_timeout`` (None: the core's) and ``peer_timeout`` configure the protocol.
+    whatever it answered before: down, stopped, not (yet) serving. ``protocol``: the
+    coordinator's protocol object, which then watches the tasks too (one object for
+    the coordinator's role); None: one of the poller's own, with ``interval`` and
+    ``call_timeout`` (None: the core's). ``peer_timeout`` is the handler's.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class ClusterPoller:
         listening: Optional[Callable[[str, float], bool]] = None,
         on_stale_context: Optional[Callable[[str], None]] = None,
         peer_timeout: Optional[float] = None,
+        protocol: Any = None,
     ) -> None:
         self._on_released = on_released
         #: Called (the poller's thread) with a worker task whose poll failed because it
@@ -62,7 +65,11 @@ class ClusterPoller:
         #: Set by :meth:`stop`: wakes every pause of the lanes.
         self._stop = threading.Event()
         #: The coordinator's protocol object: every decision about the tasks.
-        self.protocol = CoordinatorProtocol(tasks, peer_timeout, interval, call_timeout)
+        if protocol is None:
+            protocol = CoordinatorProtocol(tasks, peer_timeout, interval, call_timeout)
+        else:
+            protocol.handle(CoordinatorEvent.Watch(tasks, peer_timeout))
+        self.protocol = protocol
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:

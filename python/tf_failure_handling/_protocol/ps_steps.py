@@ -77,6 +77,8 @@ class PsSteps:
             on_released=self._records.task_release,
             on_stale_context=self._reconnect,
             peer_timeout=self._core.peer_timeout,
+            # Ours has one: its failure handling's, which then watches the tasks too.
+            protocol=_coordinators.protocol_of(self._coordinator()),
         )
         self.poller.start()
         self._join_check = join_check
