@@ -186,7 +186,8 @@ class Retry:
     def since(self) -> Optional[float]: ...
 
 PS_TOKEN: str
-GRPC_KEEPALIVE: list[tuple[str, int]]
+
+def grpc_options_with_keepalive(current: str) -> Optional[str]: ...
 
 class CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
@@ -260,12 +261,17 @@ class TaskProtocol:
     """A served task's protocol object (``src/ps_control/task.rs``)."""
 
     def __init__(
-        self, job: str, task: int, incarnation: str, peer_timeout: Optional[float] = None
+        self,
+        job: str,
+        task: int,
+        incarnation: str,
+        peer_timeout: Optional[float] = None,
+        *,
+        clock: Optional[Callable[[], float]] = None,
     ) -> None: ...
-    def handle(self, event: TaskEvent, now: Optional[float] = None) -> None: ...
-    def poll(self, now: Optional[float] = None) -> TaskAction: ...
-    def poll_timeout(self, now: Optional[float] = None) -> float: ...
-    def answer(self, request: Any, now: Optional[float] = None) -> dict[str, Any]: ...
+    def handle(self, event: TaskEvent) -> None: ...
+    def poll(self) -> TaskAction: ...
+    def answer(self, request: Any) -> dict[str, Any]: ...
     def state(self) -> dict[str, Any]: ...
 
 def write_timeout(peer_timeout: float, announce: bool = False) -> float:
@@ -308,19 +314,9 @@ class Abandoned:
 class TaskCalls:
     """Which call to a task may start now (``src/ps_control/calls.rs``)."""
 
-    def __init__(
-        self, abandon_after: Optional[float] = None, max_abandoned: Optional[int] = None
-    ) -> None: ...
-    def start(self, task: str, now: Optional[float] = None) -> tuple[int, Optional[Abandoned]]: ...
+    def __init__(self, *, clock: Optional[Callable[[], float]] = None) -> None: ...
+    def start(self, task: str) -> tuple[int, Optional[Abandoned]]: ...
     def returned(self, task: str, id: int) -> bool: ...
-
-class PollLog:
-    """A line of the poll's log (``src/ps_control/watch.rs``)."""
-
-    NotServed: PollLog
-    DoesNotAnswer: PollLog
-    AnswersAgain: PollLog
-    NewIncarnation: PollLog
 
 class WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
@@ -608,9 +604,6 @@ def is_ps_failure(e: object) -> bool: ...
 def classify_failure(e: object) -> tuple[bool, bool]: ...
 def failed_ps_instances(message: str) -> set[int]: ...
 
-DEFAULT_WORKER_RECOVERY_TIMEOUT: float
-COORDINATOR_STOP_LOCK_BOUND: float
-
 # The preemption records (src/records.rs): bytes in, JSON text out; lines stamped.
 #: Each field of the records' schema, and whether a line must have it.
 RECORD_FIELDS: dict[str, bool]
@@ -628,15 +621,6 @@ def records_bound(timeout: Optional[float] = None, notice_line: bool = False) ->
 
 TF_WAIT_FOREVER_MS: int
 SIMULATED_CLUSTER_BOUND: float
-
-class DrainEnd:
-    """Why a drain that held the worker's thread ends (``src/ps_control/drain.rs``)."""
-
-    Gone: DrainEnd
-    StillAnswers: DrainEnd
-    NewIncarnation: DrainEnd
-    Stopped: DrainEnd
-    HoldBoundPassed: DrainEnd
 
 class Lane:
     """Which of the coordinator's threads asks (``src/ps_control/coordinator.rs``)."""
@@ -658,6 +642,12 @@ class Lane:
     class Save(Lane): ...
     class Join(Lane): ...
 
+    class Failure(Lane):
+        thread: int
+        def __init__(self, thread: int) -> None: ...
+
+    class Stop(Lane): ...
+
 class CoordinatorEvent:
     """What the coordinator's threads report (``src/ps_control/coordinator.rs``)."""
 
@@ -666,6 +656,9 @@ class CoordinatorEvent:
 
     class PollFailed(CoordinatorEvent):
         def __init__(self, task: str, error: BaseException) -> None: ...
+
+    class Watch(CoordinatorEvent):
+        def __init__(self, tasks: List[str], peer_timeout: Optional[float]) -> None: ...
 
     class Stop(CoordinatorEvent): ...
     class RoundFailed(CoordinatorEvent): ...
@@ -686,7 +679,7 @@ class CoordinatorEvent:
         def __init__(self, task: str, listening: bool) -> None: ...
 
     class DrainStart(CoordinatorEvent):
-        def __init__(self, worker: int, deadline: Optional[float], can_hold: bool) -> None: ...
+        def __init__(self, worker: int, can_hold: bool) -> None: ...
 
     class Idled(CoordinatorEvent):
         def __init__(self, worker: int, idle: bool) -> None: ...
@@ -716,6 +709,15 @@ class CoordinatorEvent:
     class CheckpointSaved(CoordinatorEvent): ...
     class TrainingGoesOn(CoordinatorEvent): ...
 
+    class ClosureFailed(CoordinatorEvent):
+        def __init__(self, thread: int) -> None: ...
+
+    class FailureAnswered(CoordinatorEvent):
+        def __init__(self, thread: int, yes: bool) -> None: ...
+
+    class RecoveryWaited(CoordinatorEvent):
+        def __init__(self, thread: int, running: bool, recovered: bool) -> None: ...
+
 class CoordinatorAction:
     """What a coordinator's thread does next (``src/ps_control/coordinator.rs``)."""
 
@@ -724,7 +726,7 @@ class CoordinatorAction:
         timeout: float
 
     class Say(CoordinatorAction):
-        line: PollLog
+        line: str
         task: str
         detail: str
 
@@ -740,7 +742,9 @@ class CoordinatorAction:
 
     class Release(CoordinatorAction):
         task: str
-        request: dict
+        reason: str
+        incarnation: Optional[str]
+        notice_at: Optional[float]
         timeout: float
 
     class Released(CoordinatorAction):
@@ -774,7 +778,7 @@ class CoordinatorAction:
 
     class DrainOver(CoordinatorAction):
         held: bool
-        why: Optional[DrainEnd]
+        why: Optional[str]
         bound: float
         outcome: Optional[str]
 
@@ -797,6 +801,7 @@ class CoordinatorAction:
         finished_after: List[int]
         filled: List[int]
         error_wait: Optional[float]
+        took: float
 
     class HoldAll(CoordinatorAction):
         strict: bool
@@ -804,11 +809,32 @@ class CoordinatorAction:
     class ReleaseSaved(CoordinatorAction):
         task: str
         silence: float
+        bound: float
 
     class StopWatch(CoordinatorAction): ...
 
     class ResumeAll(CoordinatorAction):
         runs: Optional[int]
+
+    class Ask(CoordinatorAction):
+        question: str
+
+    class Retry(CoordinatorAction):
+        why: str
+
+    class Raise(CoordinatorAction): ...
+
+    class Recover(CoordinatorAction):
+        timeout: float
+
+    class AfterRecovery(CoordinatorAction):
+        stopped: bool
+        timed_out: bool
+        timeout: float
+
+    class StopRecovery(CoordinatorAction):
+        timeout: float
+        def __init__(self, timeout: float) -> None: ...
 
     class Done(CoordinatorAction): ...
 
@@ -821,44 +847,14 @@ class CoordinatorProtocol:
         peer_timeout: Optional[float] = None,
         interval: Optional[float] = None,
         call_timeout: Optional[float] = None,
+        *,
+        recovery_timeout: Optional[float] = None,
+        clock: Optional[Callable[[], float]] = None,
     ) -> None: ...
-    def handle(self, event: CoordinatorEvent, now: Optional[float] = None) -> None: ...
-    def poll(self, lane: Lane, now: Optional[float] = None) -> CoordinatorAction: ...
-    def poll_timeout(self, lane: Lane, now: Optional[float] = None) -> Optional[float]: ...
+    def handle(self, event: CoordinatorEvent) -> None: ...
+    def poll(self, lane: Lane) -> CoordinatorAction: ...
+    def poll_timeout(self, lane: Lane) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
-
-class FailureQuestion:
-    """A question about a closure's error, in TF's order (``src/failure/response.rs``)."""
-
-    TransientPsFailure: FailureQuestion
-    TransientTimeout: FailureQuestion
-    DerivedCancellation: FailureQuestion
-    WorkerFailure: FailureQuestion
-
-class FailureResponse:
-    """What ``failure_response`` says next."""
-
-    class Ask(FailureResponse):
-        question: FailureQuestion
-
-    class Retry(FailureResponse):
-        why: FailureQuestion
-
-    class Raise(FailureResponse): ...
-    class Recover(FailureResponse): ...
-
-def failure_response(
-    answered: Optional[FailureQuestion] = None, yes: bool = False
-) -> FailureResponse: ...
-
-class AfterRecoveryWait:
-    """What follows the wait for a failed worker's recovery."""
-
-    Stopped: AfterRecoveryWait
-    Recovered: AfterRecoveryWait
-    TimedOut: AfterRecoveryWait
-
-def after_recovery_wait(running: bool, recovered: bool) -> AfterRecoveryWait: ...
 
 class TransientFailures:
     """TF's ``Cluster`` transient-failure tolerances (PS strikes per task, timeouts)."""
@@ -875,14 +871,7 @@ class TransientFailures:
         self, e: BaseException, *, ps_failure: Optional[bool] = None
     ) -> bool: ...
     def record_and_ignore_transient_timeouts(self, e: BaseException) -> bool: ...
-    @property
-    def ps_threshold(self) -> int: ...
-    @property
-    def timeouts_threshold(self) -> int: ...
-    @property
-    def ps_failure_counts(self) -> list[int]: ...
-    @property
-    def timeouts_count(self) -> int: ...
+    def state(self) -> dict[str, Any]: ...
 
 class WatcherFnPoll:
     def __init__(self, inbox: Inbox, *, interval: float = ..., slow: float = ...) -> None: ...

@@ -14,8 +14,7 @@
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |
 //! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `WriteKind`: what a write of the driver is (its schedule is `ProtocolCore`'s, `crate::protocol`) |
-//! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait), `TaskProtocol` (a served task's), `TaskCalls` |
-//! | `failure_response.rs` | `failure_response`, `after_recovery_wait`: what a closure's error gets, in TF's order (`crate::failure::response`) |
+//! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait, a closure's error in TF's order), `TaskProtocol` (a served task's), `TaskCalls` |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
 //! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes; `InputTiming`: when a slow resume is logged (`crate::input_position`) |
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
@@ -40,7 +39,6 @@ mod displacement;
 mod errors;
 mod exit_guard;
 mod failure;
-mod failure_response;
 mod handler;
 mod host_memory;
 mod inbox;
@@ -98,7 +96,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     closure_queue::register(m)?;
     closure::register(m)?;
     failure::register(m)?;
-    failure_response::register(m)?;
     layout::register(m)?;
     records::register(m)?;
     retry::register(m)?;

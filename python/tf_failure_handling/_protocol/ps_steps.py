@@ -77,6 +77,8 @@ class PsSteps:
             on_released=self._records.task_release,
             on_stale_context=self._reconnect,
             peer_timeout=self._core.peer_timeout,
+            # Ours has one: its failure handling's, which then watches the tasks too.
+            protocol=_coordinators.protocol_of(self._coordinator()),
         )
         self.poller.start()
         self._join_check = join_check
@@ -112,13 +114,16 @@ class PsSteps:
         if coordinator is not None:
             _coordinators.request_reconnect(coordinator, task)
 
-    def on_notice(self) -> None:
+    def on_notice(self, final_round: Optional[bool] = None) -> None:
         """A notice this coordinator acts on (its own or a PS's; the driver's thread):
         with no grace period the save comes next, so from now on no worker takes a new
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
-        hold), which must return to reach the check that saves."""
+        hold), which must return to reach the check that saves. ``final_round``: the
+        handler's final save round is under way (None: asked of the handler's core)."""
         if self.poller is not None:
-            self._perform(CoordinatorEvent.OwnNotice(self._core.has_final_round))
+            if final_round is None:
+                final_round = self._core.has_final_round
+            self._perform(CoordinatorEvent.OwnNotice(final_round))
 
     def _perform(self, event: Any) -> None:
         """Reports ``event`` to the coordinator's protocol and performs what it says
@@ -156,15 +161,14 @@ class PsSteps:
             if self._sources is not None:
                 self._sources.trigger(f"ps {task}: {source}", deadline)
         elif job == "worker" and self.poller is not None:
-            drain = _worker_drain.WorkerDrain(
-                self.poller, task, deadline, coordinator=self._coordinator()
-            )
+            drain = _worker_drain.WorkerDrain(self.poller, task, coordinator=self._coordinator())
             threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
 
-    def before_save(self) -> None:
-        """Holds every worker and lets the closures in flight finish (bounded by the
-        notice's deadline), so that the saved run count is the number of closures whose
-        effect is in the variables.
+    def before_save(self, bound: float) -> None:
+        """Holds every worker and lets the closures in flight finish within ``bound``
+        seconds (the handler's core's: the notice's deadline less the longest save seen;
+        without one, peer_timeout), so that the saved run count is the number of closures
+        whose effect is in the variables.
 
         Closures still queued at the bound never ran: they are not counted and run after
         the restart. A closure still in flight at the bound keeps running during the
@@ -183,10 +187,6 @@ class PsSteps:
                 "checkpoint's strategy): saving without waiting for closures."
             )
             return
-        # The closures may take until the save must start: the deadline less the
-        # longest save seen; without one, peer_timeout bounds the wait.
-        bound = self._core.drain_bound(self._state.clock())
-        start = self._state.clock()
         scheduled = self._core.run_counter
         unfinished = _closure_drain.wait_for_closures(
             coordinator, bound, scheduled=scheduled, protocol=self.poller.protocol
@@ -201,7 +201,7 @@ class PsSteps:
         if not unfinished:
             log.info(
                 "All scheduled closures finished in %.3fs; saving at run %d.",
-                self._state.clock() - start,
+                unfinished.took,
                 scheduled,
             )
             return
@@ -295,10 +295,9 @@ class PsSteps:
 
     def _release_saved(self, action: Any) -> None:
         """Releases the PS task of ``action`` after the save; a failed release is sent
-        again by the core's retry rule, for the handler's retry bound."""
+        again by the core's retry rule, within the action's bound."""
         task = action.task
-        bound = self._core.retry_bound(self._state.clock())
-        if not self.poller.release(task, "checkpoint saved", bound):
+        if not self.poller.release(task, "checkpoint saved", action.bound):
             log.warning(
                 "ps %d was not released after the save: it leaves on its own once this "
                 "coordinator stops asking it (%.0fs later) or at its notice's deadline.",

@@ -86,7 +86,7 @@ class SaveAndExit:
         raise SystemExit(UNMERGED_EXIT_CODE) from error
 
     def save_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
-        self._ps.before_save()
+        self._ps.before_save(self._core.drain_bound(self._state.clock()))
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
         self._records.save_start(round_key, self._core.run_counter, **self._ps.save_fields())
         start = self._state.clock()
