@@ -120,6 +120,10 @@ pub struct Snapshot {
     pub step_samples: usize,
     pub longest_save: Option<f64>,
     pub margin: f64,
+    /// The peer timeout in force ([`Config::peer_timeout`]).
+    pub peer_timeout: f64,
+    /// Seconds kept between the last save and the deadline for the exit.
+    pub exit_reserve: f64,
     /// None until configured.
     pub resolver: Option<ResolverView>,
 }
@@ -176,6 +180,14 @@ pub struct Protocol {
     /// A later statement of when the platform ends this process than the notice's
     /// own (a SLURM job this handler requeued: [`Protocol::handle_platform_end`]).
     platform_end: Option<f64>,
+    /// The configuration set last ([`Protocol::configure`]); None until then.
+    config: Option<Config>,
+    /// When the timed operation in progress (a save, a restore) started
+    /// ([`Protocol::handle_timing`]).
+    timing: Option<f64>,
+    /// How long the last timed operation took ([`Protocol::handle_timed`]): a save's
+    /// duration for [`Protocol::handle_saved`], a restore's for the estimate.
+    timed: Option<f64>,
 }
 
 impl Default for Protocol {
@@ -201,6 +213,9 @@ impl Protocol {
             outbox: std::collections::VecDeque::new(),
             longest_merge: None,
             platform_end: None,
+            config: None,
+            timing: None,
+            timed: None,
         }
     }
 
@@ -214,7 +229,68 @@ impl Protocol {
         }
         self.resolver = Some(resolver);
         self.peer_timeout = config.peer_timeout;
+        self.config = Some(config);
         Ok(())
+    }
+
+    /// The configuration set last, or the one a handler starts from (local mode, no
+    /// grace period, the peer timeout in force): what a partial reconfiguration
+    /// (the handler's views) changes.
+    #[must_use]
+    pub fn config(&self) -> Config {
+        self.config.map_or(
+            Config {
+                worker_id: None,
+                num_workers: 1,
+                grace_period: 0.0,
+                save_at_current_run: false,
+                peer_timeout: self.peer_timeout,
+            },
+            |c| Config {
+                peer_timeout: self.peer_timeout,
+                ..c
+            },
+        )
+    }
+
+    // --- timed operations ------------------------------------------------
+
+    /// A timed operation (a save, a restore) starts at `now`.
+    pub fn handle_timing(&mut self, now: f64) {
+        self.timing = Some(now);
+    }
+
+    /// The timed operation ends at `now`: the seconds it took (0 with none started),
+    /// kept as the duration [`handle_saved_timed`](Self::handle_saved_timed) and
+    /// [`handle_restored_timed`](Self::handle_restored_timed) record.
+    pub fn handle_timed(&mut self, now: f64) -> f64 {
+        let took = self.timing.take().map_or(0.0, |start| (now - start).max(0.0));
+        self.timed = Some(took);
+        took
+    }
+
+    /// The save of `round` ended; its duration is the last timed operation's.
+    pub fn handle_saved_timed(&mut self, round: Round) -> Result<Result<SaveAction, SaveError>, ConfigError> {
+        let took = self.timed.unwrap_or(0.0);
+        self.handle_saved(round, took)
+    }
+
+    /// The checkpoint read at start ended; its duration is the last timed operation's.
+    pub fn handle_restored_timed(&mut self) {
+        if let Some(took) = self.timed {
+            self.handle_restored(took);
+        }
+    }
+
+    /// The process exits at `now`; the platform stated, after the notice, that it ends
+    /// the process `ends_in` seconds from now (a SLURM job this handler requeued), or
+    /// nothing more. The seconds until the platform ends it ([`kill_deadline`](Self::kill_deadline)),
+    /// None when it stated no moment: what the exit guard waits for.
+    pub fn handle_exiting(&mut self, now: f64, ends_in: Option<f64>) -> Option<f64> {
+        if let Some(left) = ends_in {
+            self.handle_platform_end(now + left);
+        }
+        self.kill_deadline().map(|k| k - now)
     }
 
     /// The peer timeout configured ([`Config::peer_timeout`]).
@@ -561,6 +637,8 @@ impl Protocol {
             step_samples: planner.samples(),
             longest_save: planner.longest_save(),
             margin: planner.margin(),
+            peer_timeout: self.peer_timeout,
+            exit_reserve: planner.exit_reserve(),
             resolver,
         }
     }

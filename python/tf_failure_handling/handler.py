@@ -77,7 +77,7 @@ _open: set = set()
 
 
 def _view(path: str) -> property:
-    """The handler's attribute as a view of ``path`` (``"_state.clock"``): TensorFlow's
+    """The handler's attribute as a view of ``path`` (``"_state.grace_period"``): TensorFlow's
     names, and those tests and other libraries read or set, as on TensorFlow's handler."""
     *owners, name = path.split(".")
 
@@ -95,6 +95,19 @@ def _view(path: str) -> property:
     return property(get, set_, doc=f"``{path}``.")
 
 
+def _core_view(name: str) -> property:
+    """The handler's attribute as a view of its protocol object's configuration
+    option ``name``: read from its state, set with ``configure``."""
+
+    def get(self: Any) -> Any:
+        return self._core.state()[name]
+
+    def set_(self: Any, value: Any) -> None:
+        self._core.configure(**{name: value})
+
+    return property(get, set_, doc=f"``_core``'s ``{name}``.")
+
+
 class PreemptionCheckpointHandler(HandlerCore):
     """Saves a checkpoint at one agreed step when any worker gets a termination notice.
 
@@ -109,10 +122,10 @@ class PreemptionCheckpointHandler(HandlerCore):
     _environment = _view("_state.environment")
     _coordination = _view("_state.coordination")
     _cluster_resolver = _view("_state.cluster_resolver")
-    _peer_timeout = _view("_core.peer_timeout")
+    _peer_timeout = _core_view("peer_timeout")
     _grace_period = _view("_state.grace_period")
-    _clock = _view("_state.clock")
     _closed = _view("_state.closed")
+    _attention = _view("_core.attention")
     _thread_error = _view("_errors.pending")
     _notices_handled = _view("_driver.notices_handled")
     _local_mode = _view("_state.membership.local")
@@ -189,6 +202,8 @@ class PreemptionCheckpointHandler(HandlerCore):
             state.coordination,
         )
 
+        # The core times the restore (and each save) on its clock.
+        self._checkpoints.core = core
         self._run_counter = self._checkpoints.restore()
         self._records = records.Recorder(
             records.folder_for(
@@ -210,17 +225,15 @@ class PreemptionCheckpointHandler(HandlerCore):
             f"{member.task_type} {member.task_id}" if member.task_type else "local 0",
         )
         stage.resumed(self._run_counter)
+        options = {} if exit_reserve is None else {"exit_reserve": exit_reserve}
         core.configure(
-            member.worker_id,
-            member.num_workers,
-            float(state.grace_period),
-            float(peer_timeout),
-            member.ps_coordinator,
+            worker_id=member.worker_id,
+            num_workers=member.num_workers,
+            grace_period=float(state.grace_period),
+            peer_timeout=float(peer_timeout),
+            save_at_current_run=member.ps_coordinator,
+            **options,
         )
-        if exit_reserve is not None:
-            core.exit_reserve = exit_reserve
-        # The shares' waits end before the notice's deadline less the exit's reserve.
-        self._checkpoints.core = core
         restore = self._checkpoints.restore_seconds
         if restore is not None and self._checkpoints.restore_deferred:
             log.info(
@@ -230,7 +243,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             )
         elif restore is not None:
             # Until this process has saved, the restore is its estimate of a save.
-            core.handle(Event.Restored(restore))
+            core.handle(Event.Restored())
             log.info("Checkpoint restored in %.3fs: the save estimate until one is timed.", restore)
 
         # The parts, each given what it uses (docs/how-it-works.md, "Who does what").
@@ -263,7 +276,9 @@ class PreemptionCheckpointHandler(HandlerCore):
         _open.add(self)
         ownership.take_over()
         if member.ps_coordinator:
-            ps.start_watch(cluster_resolver, checkpoint_or_checkpoint_manager, self._steps)
+            ps.start_watch(
+                cluster_resolver, checkpoint_or_checkpoint_manager, self._steps, peer_timeout
+            )
         #: The input whose position is saved (``track_input``, or tf_keras fit's own).
         self._input_tracker: Optional[_input.InputTracker] = _input.track_tf_keras_fit(
             self._checkpoints, max(1, member.num_workers or 1), lambda: self._run_counter
@@ -440,7 +455,11 @@ class PreemptionCheckpointHandler(HandlerCore):
 
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Saves now, recording the run count (TF's private method of this name)."""
-        self._checkpoints.save(self._run_counter, args, kwargs, self._state.clock)
+        self._checkpoints.save(self._run_counter, args, kwargs)
+
+    def _core_state(self) -> dict:
+        """The protocol object's state, for logs and tests."""
+        return self._core.state()
 
     def _propagate_error(self, error: BaseException) -> Optional[BaseException]:
         """Reports a step's ``OpError`` to every worker (keras.py calls it)."""
@@ -448,7 +467,8 @@ class PreemptionCheckpointHandler(HandlerCore):
 
     def _notify_termination(self, deadline: Optional[float] = None) -> None:
         """Delivers a notice as a termination source would (used by ``testing``);
-        ``deadline`` is on the handler's clock."""
+        ``deadline`` is on the handler's clock (the protocol object's: ``time.monotonic``
+        unless a simulation substituted its own with ``_core.configure(clock=...)``)."""
         self._driver.notify(deadline)
 
     # The native run() calls these three on the slow path.

@@ -100,12 +100,13 @@ fn py_unix_now() -> f64 {
     unix_now()
 }
 
-/// The wall-clock time of `moment`, a time on the clock `now` was read
-/// from (the handler's: a simulation's own): the clock conversion of a
-/// deadline handed to the termination sources, which take wall-clock ones.
+/// The wall-clock time of `moment`, a time on `core`'s clock (the handler's: a
+/// simulation's own), read now: the clock conversion of a deadline handed to the
+/// termination sources, which take wall-clock ones.
 #[pyfunction]
-fn unix_time_of(moment: f64, now: f64) -> f64 {
-    unix_now() + (moment - now)
+fn unix_time_of(py: Python<'_>, moment: f64, core: &Bound<'_, super::handler::ProtocolCore>) -> PyResult<f64> {
+    let now = core.get().now(py)?;
+    Ok(unix_now() + (moment - now))
 }
 
 /// A wait of at most `seconds` from now (None: unbounded), on [`now_secs`]:

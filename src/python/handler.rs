@@ -32,7 +32,7 @@ use super::clock;
 use super::errors;
 use super::retry::WriteKind;
 use crate::grace::Fit;
-use crate::protocol::{Config, ConfigError, DriverAction, Protocol, SaveFailed, WriteEnd};
+use crate::protocol::{ConfigError, DriverAction, Protocol, SaveFailed, WriteEnd};
 use crate::shares::Waiter;
 use crate::step_resolution::{self as core, Notice, Round};
 
@@ -40,7 +40,10 @@ use crate::step_resolution::{self as core, Notice, Round};
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 pub enum NoticeAction {
     /// Local mode, or a worker that already won the claim: lead the response.
-    Lead {},
+    /// `final_round`: the preemption has a final round (a grace period), so
+    /// training goes on after the first save. `writes`: the announce of it is
+    /// queued (in a cluster), the notice is done with when it ends.
+    Lead { final_round: bool, writes: bool },
     /// Claim `key` (TERMINATED_WORKER) with `value` (this worker's id); the
     /// outcome goes back through `ProtocolCore.claim`.
     Claim { key: String, value: String },
@@ -50,6 +53,10 @@ pub enum NoticeAction {
     /// A notice is already being handled (or was, and the handler exited),
     /// and this one ends no earlier: absorbed.
     Absorb {},
+    /// The write of the notice before it (a claim, an announce) is pending: the
+    /// notice was not taken; hand it in again once that write has ended (the
+    /// driver's receive wakes for it: `poll_timeout(waiting=True)`).
+    Wait {},
 }
 
 /// What to do before the next step (`ProtocolCore.before_step`).
@@ -65,8 +72,10 @@ pub enum StepAction {
         ack_keys: Vec<String>,
         own_ack_key: Option<String>,
     },
-    /// The agreed `step` of `round_key` is reached: save now.
-    Save { round_key: String, step: u64 },
+    /// The agreed `step` of `round_key` is reached: save now. `drain`: the seconds a
+    /// parameter-server coordinator lets the closures in flight finish first
+    /// (`Protocol::drain_bound`).
+    Save { round_key: String, step: u64, drain: f64 },
 }
 
 /// What to do with a step key a leader published (`ProtocolCore.step_key`).
@@ -92,20 +101,21 @@ pub enum SaveAction {
     ExitUnmerged,
 }
 
-/// An input of the protocol driver (`ProtocolCore.handle`).
+/// An input of the protocol (`ProtocolCore.handle`), taken at the moment the
+/// protocol's own clock says (`configure(clock=...)`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 pub enum Event {
     /// A termination notice from `source`, whose deadline and kill (the moment
     /// the platform stated it ends the process; None: not stated) are Unix
-    /// times read when the wall clock said `unix_now` (`Notice::from_unix`: the
-    /// one conversion). `message` is what its announce tells the
-    /// `PreemptionWatcher`s. `handle` returns the `NoticeAction`, and queues the
-    /// write it starts (a claim; a cluster's announce).
-    #[pyo3(constructor = (source, message, unix_now, unix_deadline = None, unix_kill = None))]
+    /// times, converted to the protocol's clock when it is handled
+    /// (`Notice::from_unix`: the one conversion, the wall clock read then).
+    /// `message` is what its announce tells the `PreemptionWatcher`s. `handle`
+    /// returns the `NoticeAction`, and queues the write it starts (a claim; a
+    /// cluster's announce).
+    #[pyo3(constructor = (source, message, unix_deadline = None, unix_kill = None))]
     Notice {
         source: String,
         message: String,
-        unix_now: f64,
         unix_deadline: Option<f64>,
         unix_kill: Option<f64>,
     },
@@ -153,15 +163,43 @@ pub enum Event {
     /// the reader stops).
     #[pyo3(constructor = (closing = false))]
     ReadFailed { closing: bool },
-    /// The checkpoint read at start took `duration` seconds: the save estimate
-    /// until a save is measured (`GracePlanner::record_restore`).
-    Restored { duration: f64 },
-    /// The save of `round_key` finished after `duration` seconds: `handle`
-    /// returns the `SaveAction` (exit, or count down to the final round).
-    Saved { round_key: String, duration: f64 },
+    /// A timed operation (a save, the checkpoint's read at start) starts.
+    Timing {},
+    /// The timed operation ended: `handle` returns the seconds it took.
+    Timed {},
+    /// The checkpoint read at start, timed last, is the save estimate until a save is
+    /// measured (`GracePlanner::record_restore`).
+    Restored {},
+    /// The save of `round_key`, timed last, finished: `handle` returns the
+    /// `SaveAction` (exit, or count down to the final round).
+    Saved { round_key: String },
     /// A save failed (`shares`: written in shares by several workers): `handle`
     /// returns the `SaveAction` (raise its error, or exit unmerged).
     SaveFailed { shares: bool },
+    /// The check before a step: `handle` returns the `StepAction`.
+    BeforeStep {},
+    /// The check before a step ended (a publish or a save is not step time: the
+    /// interval restarts now).
+    ChecksDone {},
+    /// The step failed: it is not counted, and not a step duration.
+    StepFailed {},
+    /// Whether the next step must take the slow path for something other than
+    /// the resolver (a background thread's error).
+    Pending { pending: bool },
+    /// After a notice: `handle` returns what still fits before this worker's
+    /// earliest deadline, `(fit, seconds left, seconds needed, final_round)` with `fit`
+    /// one of "both", "one_save", "neither", "unknown" (the grace planner's), or None
+    /// without a notice planned.
+    Fit {},
+    /// The process exits; the platform stated, after the notice, that it ends the
+    /// process `ends_in` seconds from now (a SLURM job this handler requeued), or
+    /// None. `handle` returns the seconds until the platform ends the process as it
+    /// stated it (`Protocol::kill_deadline`; None: nothing stated): the exit guard's.
+    #[pyo3(constructor = (ends_in = None))]
+    Exiting { ends_in: Option<f64> },
+    /// Shutdown: `handle` returns the writes of `STOP_WATCHER` every worker makes
+    /// (releasing the readers still blocked on the step keys), as `LeaderAction.Set`s.
+    Shutdown {},
 }
 
 /// What the step-key reader does next (`ProtocolCore.handle` of `Event.Reading`,
@@ -455,6 +493,11 @@ struct Shared {
     run_thread: AtomicU64,
     /// The protocol: resolver, planner, step timing and every bound from them.
     state: Mutex<Protocol>,
+    /// The clock the protocol's events are taken on (`configure(clock=...)`): None
+    /// for the binding's monotonic clock ([`clock::now_secs`]), or a simulation's
+    /// callable returning seconds. The hot path's step timing and the driver's write
+    /// retries stay on the monotonic clock (waits for peers are real).
+    clock: Mutex<Option<Py<PyAny>>>,
 }
 
 /// Native base of `PreemptionCheckpointHandler`.
@@ -482,9 +525,9 @@ impl Shared {
     }
 
     /// The resolver's answer to a notice, in the binding's words.
-    fn notice_action(outcome: core::NoticeAction) -> NoticeAction {
+    fn notice_action(outcome: core::NoticeAction, final_round: bool, writes: bool) -> NoticeAction {
         match outcome {
-            core::NoticeAction::Lead => NoticeAction::Lead {},
+            core::NoticeAction::Lead => NoticeAction::Lead { final_round, writes },
             core::NoticeAction::Claim { key, value } => NoticeAction::Claim {
                 key: key.to_string(),
                 value,
@@ -769,6 +812,7 @@ impl Shared {
             run_counter: AtomicU64::new(0),
             run_thread: AtomicU64::new(0),
             state: Mutex::new(Protocol::new()),
+            clock: Mutex::new(None),
         }
     }
 
@@ -777,17 +821,9 @@ impl Shared {
         self.attention.load(Ordering::Acquire) || self.pending.load(Ordering::Acquire)
     }
 
-    fn set_pending(&self, pending: bool) {
-        self.pending.store(pending, Ordering::Release);
-    }
-
     fn after_check(&self) {
         let now = clock::now_secs();
         self.state.lock().checks_done(now);
-    }
-
-    fn step_failed(&self) {
-        self.state.lock().step_failed();
     }
 
     fn step_done(&self) {
@@ -807,25 +843,81 @@ impl Shared {
         Ok(())
     }
 
-    fn configure(&self, config: Config) -> PyResult<()> {
-        self.with_protocol(|p| p.configure(config).map_err(refused))
+    /// `ProtocolCore.configure`: each option given is set; an unknown option or a value
+    /// the protocol refuses raises.
+    fn configure(&self, options: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        let mut clock = None;
+        let mut exit_reserve = None;
+        let mut resolver = false;
+        let mut config = self.state.lock().config();
+        for (key, value) in options.into_iter().flat_map(|o| o.iter()) {
+            let key: String = key.extract()?;
+            match key.as_str() {
+                "worker_id" => config.worker_id = value.extract()?,
+                "num_workers" => config.num_workers = value.extract()?,
+                "grace_period" => config.grace_period = value.extract()?,
+                "save_at_current_run" => config.save_at_current_run = value.extract()?,
+                "peer_timeout" => config.peer_timeout = value.extract()?,
+                "exit_reserve" => exit_reserve = Some(value.extract::<f64>()?),
+                "clock" => clock = Some((!value.is_none()).then(|| value.clone().unbind())),
+                other => {
+                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                        "configure() got an unexpected option {other:?}"
+                    )))
+                }
+            }
+            resolver |= matches!(key.as_str(), "worker_id" | "num_workers" | "grace_period" | "save_at_current_run");
+        }
+        self.with_protocol(|p| {
+            if resolver {
+                p.configure(config).map_err(refused)?;
+            } else {
+                p.set_peer_timeout(config.peer_timeout).map_err(refused)?;
+            }
+            if let Some(secs) = exit_reserve {
+                p.set_exit_reserve(secs).map_err(refused)?;
+            }
+            Ok(())
+        })?;
+        if let Some(clock) = clock {
+            *self.clock.lock() = clock;
+        }
+        Ok(())
     }
 
-    /// An input of the driver (`ProtocolCore.handle`): the protocol's answer to
-    /// a notice or a step key, None for the others.
-    fn handle(&self, py: Python<'_>, event: &Event, now: f64) -> PyResult<Option<Py<PyAny>>> {
+    /// Seconds on the protocol's clock now: the simulation's, when one was
+    /// configured (called without the lock held), else the monotonic clock.
+    fn now(&self, py: Python<'_>) -> PyResult<f64> {
+        let substitute = self.clock.lock().as_ref().map(|c| c.clone_ref(py));
+        match substitute {
+            None => Ok(clock::now_secs()),
+            Some(c) => c.call0(py)?.extract(py),
+        }
+    }
+
+    /// An input of the protocol (`ProtocolCore.handle`), taken now on its clock:
+    /// the protocol's answer, None for the events that have none.
+    fn handle(&self, py: Python<'_>, event: &Event) -> PyResult<Option<Py<PyAny>>> {
+        let now = self.now(py)?;
         let at = clock::now_secs();
+        let answer = |value: Bound<'_, PyAny>| Ok(Some(value.unbind()));
         match event {
             Event::Notice {
                 source,
                 message,
-                unix_now,
                 unix_deadline,
                 unix_kill,
             } => {
-                let notice = Notice::from_unix(now, *unix_now, *unix_deadline, *unix_kill);
-                let outcome = self.with_protocol(|p| p.notice(notice, source, message, now, at).map_err(refused))?;
-                Ok(Some(Self::notice_action(outcome).into_pyobject(py)?.into_any().unbind()))
+                let notice = Notice::from_unix(now, clock::unix_now(), *unix_deadline, *unix_kill);
+                let action = self.with_protocol(|p| {
+                    if p.writes_busy() {
+                        return Ok(NoticeAction::Wait {});
+                    }
+                    let outcome = p.notice(notice, source, message, now, at).map_err(refused)?;
+                    let final_round = p.has_final_round().map_err(refused)?;
+                    Ok(Self::notice_action(outcome, final_round, p.writes_busy()))
+                })?;
+                answer(action.into_pyobject(py)?.into_any())
             }
             Event::StepKey {
                 round_key,
@@ -841,7 +933,7 @@ impl Shared {
                     },
                     core::KeyAction::Stop => KeyAction::Stop {},
                 };
-                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
+                answer(action.into_pyobject(py)?.into_any())
             }
             // A claim's outcome changes what the next step must look at.
             Event::Written { id, won } => self.with_protocol(|p| {
@@ -867,21 +959,40 @@ impl Shared {
             }
             Event::Got { value } => self.leader(py, |p| p.leader_called(value.as_deref(), now, at).map_err(refused)),
             Event::CallFailed { closing } => self.leader(py, |p| Ok(p.leader_call_failed(now, at, *closing))),
-            Event::Restored { duration } => {
-                self.state.lock().handle_restored(*duration);
-                Ok(None)
-            }
-            Event::Saved { round_key, duration } => {
-                let action = self.saved(round_key, *duration)?;
-                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
-            }
-            Event::SaveFailed { shares } => {
-                let action = self.save_failed(*shares)?;
-                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
-            }
             Event::Reading {} => self.reader(py, Protocol::reader_next),
             Event::Read { value } => self.reader(py, |p| p.reader_read(value.as_deref())),
             Event::ReadFailed { closing } => self.reader(py, |p| p.reader_failed(now, at, *closing)),
+            Event::Timing {} => {
+                self.state.lock().handle_timing(now);
+                Ok(None)
+            }
+            Event::Timed {} => answer(self.state.lock().handle_timed(now).into_pyobject(py)?.into_any()),
+            Event::Restored {} => {
+                self.state.lock().handle_restored_timed();
+                Ok(None)
+            }
+            Event::Saved { round_key } => answer(self.saved(round_key)?.into_pyobject(py)?.into_any()),
+            Event::SaveFailed { shares } => answer(self.save_failed(*shares)?.into_pyobject(py)?.into_any()),
+            Event::BeforeStep {} => answer(self.before_step(now)?.into_pyobject(py)?.into_any()),
+            Event::ChecksDone {} => {
+                self.after_check();
+                Ok(None)
+            }
+            Event::StepFailed {} => {
+                self.state.lock().step_failed();
+                Ok(None)
+            }
+            Event::Pending { pending } => {
+                self.pending.store(*pending, Ordering::Release);
+                Ok(None)
+            }
+            Event::Fit {} => answer(self.fit(now)?.into_pyobject(py)?.into_any()),
+            Event::Exiting { ends_in } => answer(self.state.lock().handle_exiting(now, *ends_in).into_pyobject(py)?.into_any()),
+            Event::Shutdown {} => {
+                let writes = self.state.lock().shutdown_writes().map_err(refused)?;
+                let writes: Vec<LeaderAction> = writes.into_iter().map(LeaderAction::from).collect();
+                answer(writes.into_pyobject(py)?.into_any())
+            }
         }
     }
 
@@ -920,13 +1031,14 @@ impl Shared {
             core::StepAction::Save { round, step } => StepAction::Save {
                 round_key: round.key().to_string(),
                 step,
+                drain: self.state.lock().drain_bound(now),
             },
         })
     }
 
-    fn saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
+    fn saved(&self, round_key: &str) -> PyResult<SaveAction> {
         let round = round_from_key(round_key)?;
-        let after = self.with_protocol(|p| Ok(p.handle_saved(round, duration).map_err(refused)??))?;
+        let after = self.with_protocol(|p| Ok(p.handle_saved_timed(round).map_err(refused)??))?;
         Ok(match after {
             core::SaveAction::Exit => SaveAction::Exit,
             core::SaveAction::Countdown => SaveAction::Countdown,
@@ -941,19 +1053,19 @@ impl Shared {
         })
     }
 
-    fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
-        let report = self.state.lock().fit(now)?;
+    fn fit(&self, now: f64) -> PyResult<Option<(&'static str, f64, f64, bool)>> {
+        let protocol = self.state.lock();
+        let Some(report) = protocol.fit(now) else {
+            return Ok(None);
+        };
         let name = match report.fit {
             Fit::Both => "both",
             Fit::OneSave => "one_save",
             Fit::Neither => "neither",
             Fit::Unknown => "unknown",
         };
-        Some((name, report.left, report.needed))
-    }
-
-    fn has_final_round(&self) -> PyResult<bool> {
-        self.state.lock().has_final_round().map_err(refused)
+        let final_round = protocol.has_final_round().map_err(refused)?;
+        Ok(Some((name, report.left, report.needed, final_round)))
     }
 
     /// A snapshot for logs and tests: read under the lock, turned into Python
@@ -965,6 +1077,8 @@ impl Shared {
         d.set_item("step_estimate", snap.step_estimate)?;
         d.set_item("longest_save", snap.longest_save)?;
         d.set_item("margin", snap.margin)?;
+        d.set_item("peer_timeout", snap.peer_timeout)?;
+        d.set_item("exit_reserve", snap.exit_reserve)?;
         if let Some(r) = snap.resolver {
             // This worker's own earliest deadline and the final round it plans
             // for it, leading or not: any worker with a notice of its own
@@ -1018,18 +1132,6 @@ impl HandlerCore {
     fn set_run_counter(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         self.shared.set_run_counter(value)
     }
-
-    /// Whether a step key, a leading notice or the countdown needs the
-    /// training thread's attention before the next step.
-    #[getter(_attention)]
-    fn attention(&self) -> bool {
-        self.shared.attention.load(Ordering::Acquire)
-    }
-
-    /// A snapshot for logs and tests.
-    fn _core_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.shared.snapshot(py)
-    }
 }
 
 #[pymethods]
@@ -1039,23 +1141,6 @@ impl ProtocolCore {
     /// agreed step needs the check before the step.
     fn begin_step(&self) -> bool {
         self.shared.begin_step()
-    }
-
-    /// Whether the next step must take the slow path for something other
-    /// than the resolver (a background thread's error).
-    fn set_pending(&self, pending: bool) {
-        self.shared.set_pending(pending)
-    }
-
-    /// The check before a step ended (a publish or a save is not step time:
-    /// the interval restarts now).
-    fn after_check(&self) {
-        self.shared.after_check()
-    }
-
-    /// The step failed: it is not counted, and not a step duration.
-    fn step_failed(&self) {
-        self.shared.step_failed()
     }
 
     /// The step completed: one more run.
@@ -1074,23 +1159,14 @@ impl ProtocolCore {
         self.shared.set_run_counter(value)
     }
 
-    /// The thread whose `run()` is calling its function now (as
-    /// `threading.get_ident()`), 0 when none.
+    /// `(running, trainer)`: the thread whose `run()` is calling its function now
+    /// (as `threading.get_ident()`, 0 when none), and the thread that called `run()`
+    /// last (0 before the first `run()`).
     #[getter]
-    fn running_thread(&self) -> u64 {
+    fn threads(&self) -> (u64, u64) {
         let word = self.shared.run_thread.load(Ordering::Relaxed);
-        if word & IN_RUN == 0 {
-            0
-        } else {
-            word & !IN_RUN
-        }
-    }
-
-    /// The thread that called `run()` last (as `threading.get_ident()`), 0
-    /// before the first `run()`.
-    #[getter]
-    fn trainer_thread(&self) -> u64 {
-        self.shared.run_thread.load(Ordering::Relaxed) & !IN_RUN
+        let running = if word & IN_RUN == 0 { 0 } else { word & !IN_RUN };
+        (running, word & !IN_RUN)
     }
 
     /// Whether a step key, a leading notice or the countdown needs the
@@ -1100,51 +1176,28 @@ impl ProtocolCore {
         self.shared.attention.load(Ordering::Acquire)
     }
 
-    /// Sets up the protocol: `worker_id` None for local mode; `peer_timeout`
-    /// bounds the wait for the acknowledgements and the retries.
-    #[pyo3(signature = (worker_id, num_workers, grace_period, peer_timeout=core::DEFAULT_PEER_TIMEOUT, save_at_current_run=false))]
-    fn configure(
-        &self,
-        worker_id: Option<u32>,
-        num_workers: u32,
-        grace_period: f64,
-        peer_timeout: f64,
-        save_at_current_run: bool,
-    ) -> PyResult<()> {
-        self.shared.configure(Config {
-            worker_id,
-            num_workers,
-            grace_period,
-            save_at_current_run,
-            peer_timeout,
-        })
+    /// Sets up the protocol, or changes part of its configuration (the handler's
+    /// views): each option given is set, the others stay. `worker_id` (None: local
+    /// mode), `num_workers`, `grace_period` and `save_at_current_run` start a new
+    /// resolver; `peer_timeout` bounds the wait for the acknowledgements and the
+    /// retries; `exit_reserve` is kept between the last save and the deadline;
+    /// `clock` (a callable returning seconds, None: the monotonic clock) is the
+    /// clock the protocol's events are taken on, a simulation's own.
+    #[pyo3(signature = (**options))]
+    fn configure(&self, options: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        self.shared.configure(options)
     }
 
-    /// The peer timeout (`TerminationConfig.peer_timeout`), set at `configure`;
-    /// settable as the handler's `_peer_timeout` view.
-    #[getter]
-    fn get_peer_timeout(&self) -> f64 {
-        self.shared.state.lock().peer_timeout()
-    }
-
-    #[setter]
-    fn set_peer_timeout(&self, secs: f64) -> PyResult<()> {
-        self.shared.state.lock().set_peer_timeout(secs).map_err(refused)
-    }
-
-    /// An input of the protocol at `now` (the handler's clock). The driver's: a
-    /// notice (returns the `NoticeAction`), a step key read (the `KeyAction`), a
-    /// write's outcome, the close; what they start comes out of `poll`. The
-    /// leader's round and the step-key reader's calls (return the next
-    /// `LeaderAction` / `ReaderAction`). A restore, a save (returns the
-    /// `SaveAction`), a failed save (the `SaveAction`: raise or exit unmerged).
-    ///
-    /// `now` may be left out for an event that is not timed on the handler's
-    /// clock (`Close`, `Restored`, `SaveFailed`): the binding's clock then
-    /// stands for it.
-    #[pyo3(signature = (event, now = None))]
-    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>, now: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
-        self.shared.handle(py, event.get(), now.unwrap_or_else(clock::now_secs))
+    /// An input of the protocol, taken now on its clock. The driver's: a notice
+    /// (returns the `NoticeAction`), a step key read (the `KeyAction`), a write's
+    /// outcome, the close; what they start comes out of `poll`. The leader's round
+    /// and the step-key reader's calls (return the next `LeaderAction` /
+    /// `ReaderAction`). The training thread's: the check before a step (the
+    /// `StepAction`), a timed save or restore, a save's end (the `SaveAction`), a
+    /// failed save (the `SaveAction`: raise or exit unmerged), the exit. `Event`
+    /// says what each returns.
+    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>) -> PyResult<Option<Py<PyAny>>> {
+        self.shared.handle(py, event.get())
     }
 
     /// What the driver does now: an `Action` (a write to attempt, or what one came
@@ -1155,82 +1208,24 @@ impl ProtocolCore {
     }
 
     /// Seconds until `poll` has something (0: now), or None until an input: how
-    /// long the driver's receive waits.
-    fn poll_timeout(&self) -> Option<f64> {
-        let due = self.shared.state.lock().poll_timeout()?;
+    /// long the driver's receive waits. 0 as well while a notice waits for the
+    /// writes of the one before it to end (`waiting`) and they have.
+    #[pyo3(signature = (waiting = false))]
+    fn poll_timeout(&self, waiting: bool) -> Option<f64> {
+        let protocol = self.shared.state.lock();
+        if waiting && !protocol.writes_busy() {
+            return Some(0.0);
+        }
+        let due = protocol.poll_timeout()?;
         Some((due - clock::now_secs()).max(0.0))
     }
 
-    /// A notice's write (claim or announce) is pending: the next notice waits.
-    #[getter]
-    fn writes_busy(&self) -> bool {
-        self.shared.state.lock().writes_busy()
-    }
-
-    /// The platform stated after the notice that it ends this process `left` seconds
-    /// after `now` (a SLURM job this handler requeued): `Protocol::handle_platform_end`.
-    fn platform_end(&self, now: f64, left: f64) {
-        self.shared.state.lock().handle_platform_end(now + left);
-    }
-
-    /// The decision before a step at `now`.
-    fn before_step(&self, now: f64) -> PyResult<StepAction> {
-        self.shared.before_step(now)
-    }
-
-    /// What still fits before this worker's earliest deadline at `now`:
-    /// `("both" | "one_save" | "neither" | "unknown", seconds left, seconds needed)` (the
-    /// grace planner's `fit`), or None without a notice.
-    fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
-        self.shared.fit(now)
-    }
-
-    /// How long a failing coordination-service call is retried from `now`
-    /// (`crate::retry::bound`): the leading notice's deadline, if any, may
-    /// shorten it.
-    fn retry_bound(&self, now: f64) -> f64 {
-        self.shared.state.lock().retry_bound(now)
-    }
-
-    /// How long the coordinator of a parameter-server cluster lets the
-    /// closures in flight finish before its save, from `now`
-    /// (`GracePlanner::drain_bound`); the peer timeout when the notice set no
-    /// deadline or this worker does not lead.
-    fn drain_bound(&self, now: f64) -> f64 {
-        self.shared.state.lock().drain_bound(now)
-    }
-
-    /// When the platform ends this process, as it stated it (`Protocol::kill_deadline`),
-    /// on the handler's clock; None when it stated none (a grace period alone, an
-    /// assumed deadline).
-    fn kill_deadline(&self) -> Option<f64> {
-        self.shared.state.lock().kill_deadline()
-    }
-
-    /// Seconds kept between the last save and the deadline for the process's exit
-    /// (`GracePlanner::set_exit_reserve`; `EXIT_RESERVE` unless configured).
-    #[getter]
-    fn get_exit_reserve(&self) -> f64 {
-        self.shared.state.lock().exit_reserve()
-    }
-
-    #[setter]
-    fn set_exit_reserve(&self, secs: f64) -> PyResult<()> {
-        self.shared.state.lock().set_exit_reserve(secs).map_err(refused)
-    }
-
-    /// The writes of `STOP_WATCHER` every worker makes at shutdown (releasing
-    /// the readers still blocked on the step keys), as `LeaderAction.Set`s.
-    fn shutdown_writes(&self) -> PyResult<Vec<LeaderAction>> {
-        let writes = self.shared.state.lock().shutdown_writes().map_err(refused)?;
-        Ok(writes.into_iter().map(LeaderAction::from).collect())
-    }
-
-    /// A preemption has a final round (there is a grace period): decided once,
-    /// at configuration.
-    #[getter]
-    fn has_final_round(&self) -> PyResult<bool> {
-        self.shared.has_final_round()
+    /// How long a failing coordination-service call is retried from now on the
+    /// protocol's clock (`crate::retry::bound`): the leading notice's deadline, if
+    /// any, may shorten it.
+    fn retry_bound(&self, py: Python<'_>) -> PyResult<f64> {
+        let now = self.shared.now(py)?;
+        Ok(self.shared.state.lock().retry_bound(now))
     }
 
     /// A snapshot for logs and tests.
@@ -1243,6 +1238,11 @@ impl ProtocolCore {
 /// of a save in shares bounded by the shares' rule, this worker's notice's deadline
 /// less the exit's reserve, and the merges this handler measured.
 impl ProtocolCore {
+    /// Seconds on the protocol's clock now (`configure(clock=...)`).
+    pub(crate) fn now(&self, py: Python<'_>) -> PyResult<f64> {
+        self.shared.now(py)
+    }
+
     /// Seconds `waiter` waits from `now` after its own part took `own` seconds.
     pub(crate) fn shares_bound(&self, own: f64, now: f64, waiter: Waiter) -> f64 {
         self.shared

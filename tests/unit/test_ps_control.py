@@ -1378,7 +1378,7 @@ class FakeCore:
     def __init__(self) -> None:
         self.bounds: list = []
 
-    def retry_bound(self, now):
+    def retry_bound(self):
         self.bounds.append(self.peer_timeout)
         return 10.0
 
@@ -1409,7 +1409,7 @@ def test_the_ps_release_after_the_save_is_sent_again_before_the_watch_stops():
     core = FakeCore()
     steps = PsSteps(FakeState(), core, None, None)
     steps.poller = poller
-    steps.after_save()
+    steps.after_save(core.retry_bound())  # the save's exit passes the core's bound
     assert control.released.is_set(), "the PS was not released after the save"
     assert failures == [] and core.bounds == [30.0] and poller.stopped
 

@@ -78,7 +78,7 @@ class Driver:
         the platform and states it, so it is the kill too. A notice after the handler
         exited or was closed is ignored, as a signal would be.
         """
-        unix_deadline = None if deadline is None else unix_time_of(deadline, self._state.clock())
+        unix_deadline = None if deadline is None else unix_time_of(deadline, self._core)
         if self._state.closing.is_set() or not self.sources.trigger(
             "a termination source", unix_deadline, unix_deadline
         ):
@@ -125,7 +125,7 @@ class Driver:
         while True:
             # A notice that waited for the writes before it is started at once
             # when they have ended: no input need come to wake the driver.
-            wait = 0.0 if notices and not core.writes_busy else core.poll_timeout()
+            wait = core.poll_timeout(bool(notices))
             try:
                 item = self.sources.receive(wait)
             except BaseException as e:  # noqa: BLE001 - handed to the next run()
@@ -135,8 +135,12 @@ class Driver:
                 self._finish(item, notices)
                 return
             self._take(item, notices)
-            while not core.writes_busy and notices:
-                if not self._notices.start(notices.popleft()):
+            while notices:
+                started = self._notices.start(notices[0])
+                if started is None:  # the writes of the notice before it go on
+                    break
+                notices.popleft()
+                if not started:
                     self.notices_handled += 1
             self._perform()
 
@@ -176,7 +180,7 @@ class Driver:
             event = Event.Raised(write.id)
         else:
             event = Event.Written(write.id, bool(result))
-        self._core.handle(event, self._state.clock())
+        self._core.handle(event)
 
     def _report(self, action: Any) -> None:
         """What the core says a write came to: a retry (logged), a claim's outcome and an

@@ -58,6 +58,9 @@ class PsSteps:
         #: The finished runs after the last save's first unfinished one: they run again.
         self._finished_after: list = []
         self._join_check: Any = None
+        #: How long a failed release after the save is retried (``after_save``: the
+        #: core's bound, None until then).
+        self._retry_bound: Optional[float] = None
 
     @property
     def active(self) -> bool:
@@ -65,7 +68,9 @@ class PsSteps:
         that publishes the agreed step also saves at it, before scheduling anything more."""
         return self.poller is not None
 
-    def start_watch(self, cluster_resolver: Any, checkpoint: Any, join_check: Any) -> None:
+    def start_watch(
+        self, cluster_resolver: Any, checkpoint: Any, join_check: Any, peer_timeout: float
+    ) -> None:
         """Starts polling the PS and worker tasks for notices, and makes ``join_check``
         (the handler's step check) the one ``ClusterCoordinator.join()`` makes. The
         strategy of the checkpoint's variables is kept: TensorFlow's own coordinator is
@@ -76,7 +81,7 @@ class PsSteps:
             self._on_cluster_notice,
             on_released=self._records.task_release,
             on_stale_context=self._reconnect,
-            peer_timeout=self._core.peer_timeout,
+            peer_timeout=peer_timeout,
         )
         self.poller.start()
         self._join_check = join_check
@@ -112,13 +117,13 @@ class PsSteps:
         if coordinator is not None:
             _coordinators.request_reconnect(coordinator, task)
 
-    def on_notice(self) -> None:
+    def on_notice(self, final_round: bool) -> None:
         """A notice this coordinator acts on (its own or a PS's; the driver's thread):
         with no grace period the save comes next, so from now on no worker takes a new
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
         hold), which must return to reach the check that saves."""
         if self.poller is not None:
-            self._perform(CoordinatorEvent.OwnNotice(self._core.has_final_round))
+            self._perform(CoordinatorEvent.OwnNotice(final_round))
 
     def _perform(self, event: Any) -> None:
         """Reports ``event`` to the coordinator's protocol and performs what it says
@@ -161,7 +166,7 @@ class PsSteps:
             )
             threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
 
-    def before_save(self) -> None:
+    def before_save(self, bound: float) -> None:
         """Holds every worker and lets the closures in flight finish (bounded by the
         notice's deadline), so that the saved run count is the number of closures whose
         effect is in the variables.
@@ -183,10 +188,8 @@ class PsSteps:
                 "checkpoint's strategy): saving without waiting for closures."
             )
             return
-        # The closures may take until the save must start: the deadline less the
-        # longest save seen; without one, peer_timeout bounds the wait.
-        bound = self._core.drain_bound(self._state.clock())
-        start = self._state.clock()
+        # The closures may take until the save must start (``bound``, the core's: the
+        # deadline less the longest save seen; without one, peer_timeout bounds the wait).
         scheduled = self._core.run_counter
         unfinished = _closure_drain.wait_for_closures(
             coordinator, bound, scheduled=scheduled, protocol=self.poller.protocol
@@ -200,8 +203,7 @@ class PsSteps:
             )
         if not unfinished:
             log.info(
-                "All scheduled closures finished in %.3fs; saving at run %d.",
-                self._state.clock() - start,
+                "All scheduled closures finished; saving at run %d.",
                 scheduled,
             )
             return
@@ -286,10 +288,11 @@ class PsSteps:
             }
         return fields
 
-    def after_save(self) -> None:
+    def after_save(self, retry_bound: float) -> None:
         """Releases the PS tasks whose notice this save answered, then stops the watch
         (the core's order: until then the tasks see the coordinator ask, and wait for
-        it)."""
+        it); a failed release is retried for ``retry_bound`` seconds (the core's)."""
+        self._retry_bound = retry_bound
         if self.poller is not None:
             self._perform(CoordinatorEvent.CheckpointSaved())
 
@@ -297,7 +300,7 @@ class PsSteps:
         """Releases the PS task of ``action`` after the save; a failed release is sent
         again by the core's retry rule, for the handler's retry bound."""
         task = action.task
-        bound = self._core.retry_bound(self._state.clock())
+        bound = self._retry_bound
         if not self.poller.release(task, "checkpoint saved", bound):
             log.warning(
                 "ps %d was not released after the save: it leaves on its own once this "

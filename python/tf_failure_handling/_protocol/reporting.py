@@ -18,7 +18,7 @@ from typing import Optional
 
 from .. import _errors
 from .._cluster import membership as _membership
-from .._native import ProtocolCore
+from .._native import Event, ProtocolCore
 from .keys import SHUTDOWN_WRITE_TIMEOUT
 from .state import HandlerState
 
@@ -40,7 +40,7 @@ class ErrorReports:
         error = self.pending
         if error is not None:
             self.pending = None
-            self._core.set_pending(False)
+            self._core.handle(Event.Pending(False))
             raise error
 
     def reported(self, error: BaseException) -> Optional[BaseException]:
@@ -117,4 +117,4 @@ class ErrorReports:
             raised.__cause__ = error
         if self.pending is None:
             self.pending = raised
-        self._core.set_pending(True)
+        self._core.handle(Event.Pending(True))

@@ -57,7 +57,7 @@ class StepKeys:
         acknowledgement for the driver (none for ``STOP_WATCHER``, nor once a newer
         handler of this worker acknowledges)."""
         superseded = self._ownership.current_owner() is not None
-        action = self._core.handle(Event.StepKey(round_key, value, superseded), self._state.clock())
+        action = self._core.handle(Event.StepKey(round_key, value, superseded))
         if not isinstance(action, KeyAction.Stop) and not self._core.state()["leading"]:
             self._records.peer_agreement(round_key, value)
 
@@ -86,7 +86,7 @@ class StepKeys:
         last_error: Optional[BaseException] = None
         event: Any = Event.Reading()
         while not state.closing.is_set():
-            action = core.handle(event, state.clock())
+            action = core.handle(event)
             if isinstance(action, ReaderAction.Get):
                 self._reading_key = action.key
                 try:
@@ -127,7 +127,7 @@ class StepKeys:
             return
         self.thread = None
         if self._ownership.current_owner() is None:
-            for write in self._core.shutdown_writes():
+            for write in self._core.handle(Event.Shutdown()):
                 try:
                     self._state.coordination.set(write.key, write.value, write.timeout)
                 except Exception as e:  # noqa: BLE001 - peers may have exited already

@@ -308,6 +308,63 @@ fn a_save_is_timed_only_when_the_resolver_accepts_it() {
 }
 
 #[test]
+fn a_timed_save_and_restore_record_what_the_protocol_timed() {
+    let mut p = local(0.0);
+    // A restore timed from 10 to 13: the save estimate until a save is measured.
+    p.handle_timing(10.0);
+    assert_eq!(p.handle_timed(13.0), 3.0);
+    p.handle_restored_timed();
+    assert_eq!(p.snapshot().longest_save, None, "a restore is no save measured");
+    assert_eq!(p.planner.save_estimate(), 3.0);
+    // Nothing started: no time passed (and a clock that went back is no negative time).
+    assert_eq!(p.handle_timed(20.0), 0.0);
+    p.handle_timing(30.0);
+    assert_eq!(p.handle_timed(29.0), 0.0);
+    // A save agreed and timed from 40 to 45: the longest save.
+    p.handle_notice(notice(0.0, None)).unwrap();
+    if matches!(p.before_step(5, 1.0).unwrap(), StepAction::Publish { .. }) {
+        p.before_step(6, 1.1).unwrap();
+    }
+    p.handle_timing(40.0);
+    assert_eq!(p.handle_timed(45.0), 5.0);
+    assert_eq!(p.handle_saved_timed(Round::Initial).unwrap(), Ok(SaveAction::Exit));
+    assert_eq!(p.snapshot().longest_save, Some(5.0));
+}
+
+#[test]
+fn the_exit_learns_the_seconds_until_the_platform_ends_the_process() {
+    let mut p = local(0.0);
+    assert_eq!(p.handle_exiting(100.0, None), None, "no notice: nothing stated");
+    p.handle_notice(Notice {
+        at: 100.0,
+        deadline: Some(130.0),
+        kill: Some(160.0),
+    })
+    .unwrap();
+    assert_eq!(p.handle_exiting(110.0, None), Some(50.0));
+    // A requeue that ends the process 30 s from now moves the kill earlier.
+    assert_eq!(p.handle_exiting(110.0, Some(30.0)), Some(30.0));
+    assert_eq!(p.kill_deadline(), Some(140.0));
+}
+
+#[test]
+fn a_partial_configuration_starts_from_the_last_one() {
+    let mut p = Protocol::new();
+    let start = p.config();
+    assert_eq!((start.worker_id, start.num_workers, start.grace_period), (None, 1, 0.0));
+    assert_eq!(start.peer_timeout, DEFAULT_PEER_TIMEOUT);
+    p.configure(Config {
+        worker_id: Some(1),
+        num_workers: 2,
+        ..start
+    })
+    .unwrap();
+    p.set_peer_timeout(7.0).unwrap();
+    let now = p.config();
+    assert_eq!((now.worker_id, now.num_workers, now.peer_timeout), (Some(1), 2, 7.0));
+}
+
+#[test]
 fn snapshot_names_the_deadlines_once_configured() {
     let mut p = local(60.0);
     let before = p.snapshot().resolver.unwrap();
