@@ -137,34 +137,6 @@ class Input:
 
 DEFAULT_GRACE_PERIOD: float
 
-class RetryVerdict:
-    """What follows a failed attempt (``Retry.failed``; ``src/retry.rs``)."""
-
-    class Again(RetryVerdict):
-        at: float
-        left: float
-        pause: float
-
-    class GiveUp(RetryVerdict):
-        attempts: int
-        seconds: float
-
-class Retry:
-    """One run of failures of one call, retried for ``bound`` seconds from ``now``
-    (each ``now`` defaults to the binding's clock, :func:`now`)."""
-
-    def __init__(self, bound: float, now: Optional[float] = None) -> None: ...
-    def attempt(self, now: Optional[float] = None) -> None: ...
-    def failed(self, now: Optional[float] = None, closing: bool = False) -> RetryVerdict: ...
-    def elapsed(self, now: Optional[float] = None) -> float: ...
-    def last_attempt(self) -> None: ...
-    @property
-    def bound(self) -> float: ...
-    @property
-    def attempts(self) -> int: ...
-    @property
-    def since(self) -> Optional[float]: ...
-
 PS_TOKEN: str
 GRPC_KEEPALIVE: list[tuple[str, int]]
 

@@ -14,7 +14,7 @@
 //! | `exit_guard.rs` | `arm_exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the kill its platform stated (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL; a step or a new handler stands it down |
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |
-//! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `WriteKind`: what a write of the driver is (its schedule is `ProtocolCore`'s, `crate::protocol`) |
+//! | `retry.rs` | `WriteKind`: what a write of the driver is (its schedule, and the retry rule's, are `ProtocolCore`'s, `crate::protocol`) |
 //! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait), `TaskProtocol` (a served task's), `TaskCalls` |
 //! | `failure_response.rs` | `failure_response`, `after_recovery_wait`: what a closure's error gets, in TF's order (`crate::failure::response`) |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |

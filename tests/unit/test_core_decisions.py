@@ -1,6 +1,6 @@
-"""Decisions the Rust core makes for the Python threads: the retry rule (``src/retry.rs``)
-and the bounds that depend on the leading notice (``ProtocolCore.retry_bound``,
-``ProtocolCore.drain_bound``), and the platforms reached only through one dispatch."""
+"""Decisions the Rust core makes for the Python threads: the bounds that depend on the
+leading notice (``ProtocolCore.retry_bound``, the drain bound of ``StepAction.Save``),
+the driver's writes, and the platforms reached only through one dispatch."""
 
 from __future__ import annotations
 
@@ -78,41 +78,9 @@ def test_the_protocol_core_and_the_handler_core_are_one_resolver():
 
 
 # ------------------------------------------------------------------ the retry rule
-
-
-def test_a_run_of_failures_pauses_doubling_and_gives_up_at_its_bound():
-    retry = _native.Retry(2.0, 100.0)
-    now, pauses = 100.0, []
-    while True:
-        verdict = retry.failed(now, False)
-        if isinstance(verdict, _native.RetryVerdict.GiveUp):
-            break
-        pauses.append(round(verdict.at - now, 6))
-        now = verdict.at
-    assert pauses[:5] == [0.05, 0.1, 0.2, 0.4, 0.8]
-    assert now == pytest.approx(102.0)
-    assert verdict.attempts == len(pauses) + 1
-    assert verdict.seconds == pytest.approx(2.0)
-
-
-def test_a_run_past_its_bound_still_makes_its_minimum_of_attempts():
-    # Attempts slower than the bound (a loaded machine): 0.7 s each against 1 s.
-    retry = _native.Retry(1.0, 0.0)
-    now = 0.0
-    for _ in range(rust.RETRY_MIN_ATTEMPTS - 1):
-        verdict = retry.failed(now, False)
-        assert isinstance(verdict, _native.RetryVerdict.Again), verdict
-        now += 0.7
-    verdict = retry.failed(now, False)
-    assert isinstance(verdict, _native.RetryVerdict.GiveUp)
-    assert verdict.attempts == rust.RETRY_MIN_ATTEMPTS
-
-
-def test_nothing_is_retried_while_closing_or_after_last_attempt():
-    assert isinstance(_native.Retry(10.0, 0.0).failed(0.1, True), _native.RetryVerdict.GiveUp)
-    retry = _native.Retry(10.0, 0.0)
-    retry.last_attempt()
-    assert isinstance(retry.failed(0.1, False), _native.RetryVerdict.GiveUp)
+# Its table tests are the core's (src/retry.rs: the pauses doubling to the bound, the
+# minimum of attempts past it, closing and a last attempt); the handler's calls are
+# retried inside the protocol object (test_the_drivers_writes_through_the_protocol_core).
 
 
 def _shares_wait(core, chief: bool) -> float:

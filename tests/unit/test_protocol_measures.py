@@ -21,11 +21,11 @@ AT_MOST = {
     "native_constants": 25,
     "native_constants_not_allowed": 12,
     "native_constant_uses": 12,
-    "binding_methods": 135,
+    "binding_methods": 127,
     "literal_waits": 2,
     "time_reads": 11,
     "wide_61": 2,
-    "binding_ratio": 0.515,
+    "binding_ratio": 0.507,
 }
 
 
