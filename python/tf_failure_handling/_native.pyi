@@ -11,9 +11,6 @@ ACK_VALUE: str
 STOP_WATCHER: str
 PREEMPTION_NOTICE_KEY: str
 CHECKPOINTED_RUNS: str
-DEFAULT_PEER_TIMEOUT: float
-THREAD_JOIN_TIMEOUT: float
-SHUTDOWN_WRITE_TIMEOUT: float
 
 _T = TypeVar("_T")
 
@@ -47,7 +44,7 @@ class ProtocolCore:
         save_at_current_run: bool = ...,
         exit_reserve: float = ...,
         clock: Optional[Callable[[], float]] = ...,
-    ) -> None: ...
+    ) -> float: ...
     def handle(self, event: Event) -> Any: ...
     def poll(self) -> Optional[Action]: ...
     def poll_timeout(self, waiting: bool = False) -> Optional[float]: ...
@@ -197,9 +194,6 @@ class TaskProtocol:
     def answer(self, request: Any, now: Optional[float] = None) -> dict[str, Any]: ...
     def state(self) -> dict[str, Any]: ...
 
-def write_timeout(peer_timeout: float, announce: bool = False) -> float:
-    """The bound on one coordination-service call of the protocol (``src/step_resolution.rs``)."""
-
 def now() -> float:
     """The package's one monotonic clock (``CLOCK_MONOTONIC``), in seconds."""
 
@@ -340,6 +334,9 @@ class Event:
         def __init__(self, ends_in: Optional[float] = None) -> None: ...
 
     class Shutdown(Event):
+        def __init__(self) -> None: ...
+
+    class ErrorReport(Event):
         def __init__(self) -> None: ...
 
 class ReaderAction:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 from . import _errors, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
-from ._native import DEFAULT_PEER_TIMEOUT, Event, HandlerCore, write_timeout
+from ._native import Event, HandlerCore
 from ._platforms import common as _common
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
@@ -52,13 +52,11 @@ from ._termination_config import TerminationConfig, _check_seconds
 log = logging.getLogger("tf_failure_handling")
 
 
-# DEFAULT_PEER_TIMEOUT (imported above): seconds the leader waits for every worker to
-# acknowledge a step key, unless ``TerminationConfig(peer_timeout=...)`` or
-# ``TF_FAILURE_HANDLING_PEER_TIMEOUT`` says otherwise (the core's value:
-# ``src/step_resolution.rs``).
-
-
-def _peer_timeout(config: TerminationConfig) -> float:
+def _peer_timeout(config: TerminationConfig) -> Optional[float]:
+    """The peer timeout ``TerminationConfig(peer_timeout=...)`` or
+    ``TF_FAILURE_HANDLING_PEER_TIMEOUT`` sets; None: the core's default
+    (``DEFAULT_PEER_TIMEOUT``, ``src/step_resolution.rs``), the seconds the leader waits
+    for every worker to acknowledge a step key."""
     if config.peer_timeout is not None:
         return config.peer_timeout
     raw = os.environ.get(PEER_TIMEOUT_ENV)
@@ -68,7 +66,7 @@ def _peer_timeout(config: TerminationConfig) -> float:
         except ValueError as e:
             raise ValueError(f"{PEER_TIMEOUT_ENV}={raw!r} is not a number of seconds") from e
         return _check_seconds(PEER_TIMEOUT_ENV, value)
-    return DEFAULT_PEER_TIMEOUT
+    return None
 
 
 #: Open handlers: a handler stays alive until ``close()`` even when the script drops it
@@ -178,13 +176,25 @@ class PreemptionCheckpointHandler(HandlerCore):
         exit_reserve = _common.seconds(EXIT_RESERVE_ENV, minimum=0.0)
         # Each scheduler's options (SLURM's requeue), for its step after the save.
         platform_options = _platform.attach(environment, config)
+        options: dict = {} if exit_reserve is None else {"exit_reserve": exit_reserve}
+        if peer_timeout is not None:
+            options["peer_timeout"] = float(peer_timeout)
+        # The protocol object, configured: it answers with the bound on one of its
+        # coordination-service writes, the client's default.
+        write_bound = core.configure(
+            worker_id=member.worker_id,
+            num_workers=member.num_workers,
+            grace_period=float(defaults.grace_period),
+            save_at_current_run=member.ps_coordinator,
+            **options,
+        )
         state.configure(
             Settings(
                 membership=member,
                 environment=environment,
                 coordination=None
                 if member.local
-                else _coordination.Client(_coordination.current(), write_timeout(peer_timeout)),
+                else _coordination.Client(_coordination.current(), write_bound),
                 cluster_resolver=cluster_resolver,
                 grace_period=defaults.grace_period,
                 device=defaults.device or environment.device,
@@ -225,15 +235,6 @@ class PreemptionCheckpointHandler(HandlerCore):
             f"{member.task_type} {member.task_id}" if member.task_type else "local 0",
         )
         stage.resumed(self._run_counter)
-        options = {} if exit_reserve is None else {"exit_reserve": exit_reserve}
-        core.configure(
-            worker_id=member.worker_id,
-            num_workers=member.num_workers,
-            grace_period=float(state.grace_period),
-            peer_timeout=float(peer_timeout),
-            save_at_current_run=member.ps_coordinator,
-            **options,
-        )
         restore = self._checkpoints.restore_seconds
         if restore is not None and self._checkpoints.restore_deferred:
             log.info(

@@ -197,9 +197,15 @@ pub enum Event {
     /// stated it (`Protocol::kill_deadline`; None: nothing stated): the exit guard's.
     #[pyo3(constructor = (ends_in = None))]
     Exiting { ends_in: Option<f64> },
-    /// Shutdown: `handle` returns the writes of `STOP_WATCHER` every worker makes
-    /// (releasing the readers still blocked on the step keys), as `LeaderAction.Set`s.
+    /// Shutdown: `handle` returns `(writes, join)`: the writes of `STOP_WATCHER` every
+    /// worker makes (releasing the readers still blocked on the step keys), as
+    /// `LeaderAction.Set`s, and the seconds each of the handler's threads is waited
+    /// for (`THREAD_JOIN_TIMEOUT`).
     Shutdown {},
+    /// A step's error is reported to the cluster: `handle` returns the seconds the
+    /// report may block (`SHUTDOWN_WRITE_TIMEOUT`: TF's report waits for the
+    /// service's leader).
+    ErrorReport {},
 }
 
 /// What the step-key reader does next (`ProtocolCore.handle` of `Event.Reading`,
@@ -782,20 +788,6 @@ static RUN_DEF: MethodDef = MethodDef(UnsafeCell::new(ffi::PyMethodDef {
     ml_doc: c"run(distributed_train_function, *args, **kwargs)\n--\n\nRuns the function with preemption and error handling; see PreemptionCheckpointHandler.run.".as_ptr(),
 }));
 
-/// The bound on one coordination-service call of the protocol, from the
-/// peer timeout ([`crate::step_resolution::write_timeout`]); `announce` for the
-/// announce of a notice to `PreemptionWatcher`s.
-#[pyfunction]
-#[pyo3(signature = (peer_timeout, announce = false))]
-pub(crate) fn write_timeout(peer_timeout: f64, announce: bool) -> f64 {
-    let write = if announce {
-        core::WriteBound::Announce
-    } else {
-        core::WriteBound::Protocol
-    };
-    core::write_timeout(peer_timeout, write)
-}
-
 /// Puts `run` (a method descriptor over [`run_fastcall`]) on `HandlerCore`.
 pub(crate) fn add_run(py: Python<'_>) -> PyResult<()> {
     let ty = py.get_type::<HandlerCore>();
@@ -991,8 +983,9 @@ impl Shared {
             Event::Shutdown {} => {
                 let writes = self.state.lock().shutdown_writes().map_err(refused)?;
                 let writes: Vec<LeaderAction> = writes.into_iter().map(LeaderAction::from).collect();
-                answer(writes.into_pyobject(py)?.into_any())
+                answer((writes, core::THREAD_JOIN_TIMEOUT).into_pyobject(py)?.into_any())
             }
+            Event::ErrorReport {} => answer(core::SHUTDOWN_WRITE_TIMEOUT.into_pyobject(py)?.into_any()),
         }
     }
 
@@ -1182,10 +1175,14 @@ impl ProtocolCore {
     /// resolver; `peer_timeout` bounds the wait for the acknowledgements and the
     /// retries; `exit_reserve` is kept between the last save and the deadline;
     /// `clock` (a callable returning seconds, None: the monotonic clock) is the
-    /// clock the protocol's events are taken on, a simulation's own.
+    /// clock the protocol's events are taken on, a simulation's own. Returns the
+    /// bound on one coordination-service write of the protocol under the peer
+    /// timeout now in force (`write_timeout`): the coordination client's default.
     #[pyo3(signature = (**options))]
-    fn configure(&self, options: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-        self.shared.configure(options)
+    fn configure(&self, options: Option<&Bound<'_, PyDict>>) -> PyResult<f64> {
+        self.shared.configure(options)?;
+        let peer_timeout = self.shared.state.lock().peer_timeout();
+        Ok(core::write_timeout(peer_timeout, core::WriteBound::Protocol))
     }
 
     /// An input of the protocol, taken now on its clock. The driver's: a notice

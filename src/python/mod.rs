@@ -76,9 +76,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STOP_WATCHER", crate::step_resolution::STOP_WATCHER)?;
     m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
     m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
-    m.add("DEFAULT_PEER_TIMEOUT", crate::step_resolution::DEFAULT_PEER_TIMEOUT)?;
-    m.add("THREAD_JOIN_TIMEOUT", crate::step_resolution::THREAD_JOIN_TIMEOUT)?;
-    m.add("SHUTDOWN_WRITE_TIMEOUT", crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT)?;
     m.add_class::<handler::HandlerCore>()?;
     m.add_class::<handler::ProtocolCore>()?;
     m.add_class::<handler::NoticeAction>()?;
@@ -91,7 +88,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::Action>()?;
     m.add("DEFAULT_GRACE_PERIOD", crate::grace::DEFAULT_GRACE_PERIOD)?;
     handler::add_run(m.py())?;
-    m.add_function(wrap_pyfunction!(handler::write_timeout, m)?)?;
     signals::register(m)?;
     inbox::register(m)?;
     m.add_class::<store::KeyValueStore>()?;

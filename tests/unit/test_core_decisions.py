@@ -259,7 +259,8 @@ def test_the_drivers_writes_through_the_protocol_core():
     assert isinstance(_notice(core, 0.0), _native.NoticeAction.Wait)
     # The call is the core's: the key and value, bounded as a claim is, named for logs.
     assert (claim.kind, claim.key, claim.value) == (Kind.Claim, "TERMINATED_WORKER", "0")
-    assert claim.timeout == _native.write_timeout(peer_timeout)
+    # (``configure`` answers with that bound: the coordination client's default.)
+    assert claim.timeout == core.configure(peer_timeout=peer_timeout) == peer_timeout
     assert claim.what == "claiming TERMINATED_WORKER after the notice from a source"
     assert claim.subject == "a source"
     core.handle(Event.Failed(claim.id))

@@ -17,15 +17,15 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 104,
-    "native_constants": 25,
-    "native_constants_not_allowed": 12,
-    "native_constant_uses": 12,
+    "native_names": 100,
+    "native_constants": 22,
+    "native_constants_not_allowed": 9,
+    "native_constant_uses": 11,
     "binding_methods": 127,
-    "literal_waits": 2,
+    "literal_waits": 1,
     "time_reads": 11,
     "wide_61": 2,
-    "binding_ratio": 0.507,
+    "binding_ratio": 0.506,
 }
 
 

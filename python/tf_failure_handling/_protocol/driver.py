@@ -29,7 +29,6 @@ from .. import _errors
 from .._native import Action, Event, Input, WriteKind, unix_time_of
 from .._platforms import notice_sources as _sources
 from .context import Context
-from .keys import THREAD_JOIN_TIMEOUT
 from .notices import NoticeResponse
 from .retries import Retrier
 
@@ -58,8 +57,10 @@ class Driver:
         #: A peer's step key read: its acknowledgement is queued (``StepKeys.acknowledge``).
         self._acknowledge = acknowledge
         self.thread: Optional[threading.Thread] = None
-        #: Notices finished with (acted on, absorbed, handed on or dropped at close).
+        #: Notices finished with (acted on, absorbed, handed on or dropped at close),
+        #: under :attr:`_handled_changed`, notified at each one and at the stop.
         self.notices_handled = 0
+        self._handled_changed = threading.Condition()
 
     def start(self) -> None:
         """Starts the driver thread (the handler starts the step-key reader)."""
@@ -84,15 +85,33 @@ class Driver:
         ):
             log.info("Termination notice after shutdown ignored.")
 
+    def _handled(self) -> None:
+        """One more notice finished with: its waiters (:meth:`wait_handled`) wake."""
+        with self._handled_changed:
+            self.notices_handled += 1
+            self._handled_changed.notify_all()
+
+    def wait_handled(self, before: int, timeout: float) -> bool:
+        """Until more than ``before`` notices were finished with, or the handler closes
+        (True), or ``timeout`` seconds pass (False)."""
+        with self._handled_changed:
+            return self._handled_changed.wait_for(
+                lambda: self.notices_handled > before or self._state.closing.is_set(), timeout
+            )
+
     def stop(self, join: bool = True) -> None:
-        """``close()``: stops the inbox (the driver takes ``Stop``) and joins the threads;
-        ``__del__`` passes ``join=False`` and nothing is joined or written."""
+        """``close()``: stops the inbox (the driver takes ``Stop``) and joins the threads,
+        for as long as the core's shutdown says; ``__del__`` passes ``join=False`` and
+        nothing is joined or written."""
         self._state.closing.set()
+        with self._handled_changed:
+            self._handled_changed.notify_all()
         self.sources.close(join=join)
         if not join:
             return
         if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join(THREAD_JOIN_TIMEOUT)
+            _, bound = self._core.handle(Event.Shutdown())
+            self.thread.join(bound)
         self.thread = None
 
     def _drive(self) -> None:
@@ -141,7 +160,7 @@ class Driver:
                     break
                 notices.popleft()
                 if not started:
-                    self.notices_handled += 1
+                    self._handled()
             self._perform()
 
     def _perform(self) -> None:
@@ -197,7 +216,7 @@ class Driver:
                 "Closing: %s dropped (a notice is not acted on while the handler closes).",
                 action.what,
             )
-            self.notices_handled += 1
+            self._handled()
             return
         error: Optional[BaseException] = None
         if isinstance(action, Action.GaveUp):
@@ -217,7 +236,7 @@ class Driver:
                 self._errors.fail_in_background("watching the peers' step keys", error)
         finally:
             if action.ends_notice:
-                self.notices_handled += 1
+                self._handled()
 
     def _finish(self, item: Any, notices: deque) -> None:
         """The stop of ``close()``: what arrived with it is dealt with, nothing waits.
@@ -253,7 +272,7 @@ class Driver:
                 "handler closes).",
                 notice.source,
             )
-            self.notices_handled += 1
+            self._handled()
 
     def _take(self, item: Any, notices: deque) -> None:
         """Files one input: a notice waits its turn, a step key may queue an

@@ -19,7 +19,6 @@ from typing import Optional
 from .. import _errors
 from .._cluster import membership as _membership
 from .._native import Event, ProtocolCore
-from .keys import SHUTDOWN_WRITE_TIMEOUT
 from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
@@ -91,7 +90,7 @@ class ErrorReports:
         log.info("Propagating error to cluster: %r: %s", error, error)
         try:
             self._state.coordination.report_error(
-                error.error_code, error.message, SHUTDOWN_WRITE_TIMEOUT
+                error.error_code, error.message, self._core.handle(Event.ErrorReport())
             )
         except Exception as e:  # noqa: BLE001 - the step's own error matters more
             log.warning("Could not report the error to the cluster: %r: %s", e, e)
