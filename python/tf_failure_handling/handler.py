@@ -198,6 +198,8 @@ class PreemptionCheckpointHandler(HandlerCore):
                 cluster_resolver=cluster_resolver,
                 grace_period=defaults.grace_period,
                 device=defaults.device or environment.device,
+                exit_fn=defaults.exit_fn,
+                platform_options=platform_options,
             )
         )
 
@@ -251,7 +253,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         sources = _sources.NoticeSources(
             state.environment, defaults.signals, defaults.watcher_fn, owner=True
         )
-        retrier = Retrier(state, core)
+        retrier = Retrier(state, core)  # the reader's and the leader's; the driver makes its own
         self._errors = errors = ErrorReports(state, core)
         self._ownership = ownership = Ownership(state)
         ownership.sources = sources
@@ -260,15 +262,8 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._ps = ps = PsSteps(state, core, stage, sources)
         self._agreement = agreement = Agreement(state, core, retrier, stage)
         notices = NoticeResponse(ctx, ownership, ps)
-        self._saver = saver = SaveAndExit(
-            ctx,
-            self._checkpoints,
-            ps,
-            step_keys,
-            defaults.exit_fn,
-            lambda: _platform.after_save(state.environment, platform_options, stage.recorder),
-        )
-        self._driver = Driver(ctx, sources, retrier, notices, step_keys.acknowledge)
+        self._saver = saver = SaveAndExit(ctx, self._checkpoints, ps, step_keys)
+        self._driver = Driver(ctx, sources, notices, step_keys.acknowledge)
         self._steps = StepCheck(ctx, agreement, saver)
 
         self._driver.start()

@@ -24,7 +24,7 @@ AT_MOST = {
     "binding_methods": 127,
     "literal_waits": 1,
     "time_reads": 11,
-    "wide_61": 2,
+    "wide_61": 0,
     "binding_ratio": 0.506,
 }
 

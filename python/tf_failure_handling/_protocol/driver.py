@@ -42,7 +42,6 @@ class Driver:
         self,
         ctx: Context,
         sources: _sources.NoticeSources,
-        retrier: Retrier,
         notices: NoticeResponse,
         acknowledge: Callable[[str, str], Any],
     ) -> None:
@@ -50,7 +49,8 @@ class Driver:
         self._state, self._core = ctx.state, ctx.core
         self._errors, self._records = ctx.errors, ctx.records
         self.sources = sources
-        self._retrier = retrier
+        #: Names a write's error when the core gives up on it, and logs its retries.
+        self._retrier = Retrier(ctx.state, ctx.core)
         self._notices = notices
         #: The error of the last attempt that failed: the core's verdict names it.
         self._last_error: Optional[BaseException] = None

@@ -44,8 +44,6 @@ class SaveAndExit:
         checkpoints: Checkpoints,
         ps: PsSteps,
         step_keys: StepKeys,
-        exit_fn: Callable[[], Any],
-        scheduler_step: Callable[[], Any],
     ) -> None:
         self._ctx = ctx
         self._state, self._core = ctx.state, ctx.core
@@ -53,9 +51,17 @@ class SaveAndExit:
         self._checkpoints = checkpoints
         self._ps = ps
         self._step_keys = step_keys
-        #: The handler's ``_exit_fn`` (a view: set there, it is the one called).
-        self.exit_fn = exit_fn
-        self._scheduler_step = scheduler_step
+        #: The handler's ``_exit_fn`` (a view: set there, it is the one called); the
+        #: configured one (or the platform's default) until then.
+        self.exit_fn: Callable[[], Any] = ctx.state.settings.exit_fn
+
+    def _scheduler_step(self) -> Any:
+        """The scheduler's step after the save (SLURM: the job back in the queue): the
+        seconds from now until the scheduler ends this process, or None."""
+        state = self._state
+        return _platform.after_save(
+            state.environment, state.settings.platform_options, self._records.recorder
+        )
 
     def _guard_exit(self, code: int, ends_in: Optional[float] = None) -> None:
         """Arms the exit guard for the moment the platform ends this worker, as the

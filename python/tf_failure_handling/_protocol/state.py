@@ -33,6 +33,12 @@ class Settings:
     grace_period: float = DEFAULT_GRACE_PERIOD
     #: The platform whose defaults apply (``_platforms.platform.Device``).
     device: Any = None
+    #: The ``exit_fn`` configured (or the platform's default): the saver's, until the
+    #: handler's ``_exit_fn`` view sets another.
+    exit_fn: Any = None
+    #: Each scheduler's options (SLURM's requeue), for its step after the save
+    #: (``_platforms.platform.attach``).
+    platform_options: Any = None
 
 
 def _setting(name: str) -> property:
