@@ -29,10 +29,21 @@ mod driver;
 pub use driver::{DriverAction, SetCall, WriteEnd};
 /// The leader's round as events in and actions out (`agree.rs`).
 mod agree;
+#[allow(unused_imports)]
+pub(crate) use agree::leader_action;
 pub use agree::{LeaderAction, LAST_LOOK_TIMEOUT, READ_BACK_TIMEOUT};
 /// The follower's reader of the step keys as events in and actions out (`reader.rs`).
 mod reader;
+#[allow(unused_imports)]
+pub(crate) use reader::reader_action;
 pub use reader::ReaderAction;
+/// What the protocol answers its events with, declared once (`answer.rs`).
+pub mod answer;
+/// The protocol's inputs, declared once (`event.rs`).
+mod event;
+#[allow(unused_imports)]
+pub(crate) use event::event;
+pub use event::Event;
 
 /// The handler's configuration, set at construction.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -384,6 +395,19 @@ impl Protocol {
             self.start_round(*round, *step, ack_keys.clone(), own_ack_key.clone(), now);
         }
         Ok(action)
+    }
+
+    /// The check before the step that follows `runs` completed runs, at `now`: the
+    /// resolver's decision ([`before_step`](Self::before_step)), a save with the
+    /// seconds the closures in flight get first ([`drain_bound`](Self::drain_bound)).
+    pub fn step_check(&mut self, runs: u64, now: f64) -> Result<answer::StepAction, ConfigError> {
+        let action = self.before_step(runs, now)?;
+        Ok(answer::StepAction::of(action, self.drain_bound(now)))
+    }
+
+    /// The end of the save of `round`, timed last: exit, or count down.
+    pub fn saved(&mut self, round: Round) -> Result<Result<answer::SaveAction, SaveError>, ConfigError> {
+        Ok(self.handle_saved_timed(round)?.map(answer::SaveAction::from))
     }
 
     /// A save of `round` ended after `duration` seconds.

@@ -72,13 +72,13 @@ class StepAction:
     class Proceed(StepAction): ...
 
     class Publish(StepAction):
-        round_key: str
+        round: str
         step: int
         ack_keys: list[str]
         own_ack_key: Optional[str]
 
     class Save(StepAction):
-        round_key: str
+        round: str
         step: int
         drain: float
 
@@ -87,17 +87,17 @@ class KeyAction:
 
     class Acknowledge(KeyAction):
         ack_key: str
-        next_round_key: Optional[str]
+        next_round: Optional[str]
 
     class Stop(KeyAction): ...
 
 class SaveAction:
     """What follows a save."""
 
-    Exit: SaveAction
-    Countdown: SaveAction
-    Raise: SaveAction
-    ExitUnmerged: SaveAction
+    class Exit(SaveAction): ...
+    class Countdown(SaveAction): ...
+    class Raise(SaveAction): ...
+    class ExitUnmerged(SaveAction): ...
 
 class SignalWatch:
     """Watches signals from any thread. An ``owner`` (a handler) holds back previously
@@ -265,7 +265,7 @@ class Event:
         ) -> None: ...
 
     class StepKey(Event):
-        def __init__(self, round_key: str, value: str, superseded: bool = False) -> None: ...
+        def __init__(self, round: str, value: str, superseded: bool = False) -> None: ...
 
     class Written(Event):
         def __init__(self, id: int, won: bool = True) -> None: ...
@@ -310,7 +310,7 @@ class Event:
         def __init__(self) -> None: ...
 
     class Saved(Event):
-        def __init__(self, round_key: str) -> None: ...
+        def __init__(self, round: str) -> None: ...
 
     class SaveFailed(Event):
         def __init__(self, shares: bool) -> None: ...
@@ -353,7 +353,7 @@ class ReaderAction:
         left: float
 
     class Post(ReaderAction):
-        round_key: str
+        round: str
         value: str
 
     class GaveUp(ReaderAction):
@@ -385,11 +385,11 @@ class LeaderAction:
         left: float
 
     class Published(LeaderAction):
-        round_key: str
+        round: str
         step: int
 
     class Lost(LeaderAction):
-        round_key: str
+        round: str
         value: Optional[str]
 
     class Agreed(LeaderAction): ...
@@ -400,7 +400,7 @@ class LeaderAction:
         seconds: float
 
     class Missing(LeaderAction):
-        round_key: str
+        round: str
         step: int
         missing: list[str]
 
@@ -471,8 +471,6 @@ class Inbox:
         self, timeout: Optional[float] = None, signals: Optional[SignalWatch] = None
     ) -> Optional[Input]: ...
     def drain(self) -> list[Input]: ...
-
-INBOX_EXIT_JOIN_TIMEOUT: float
 
 class KeyValueStore:
     """In-memory coordination-service store with blocking gets (releases the GIL)."""
@@ -984,8 +982,6 @@ def slurm_requeue(
 # exit_guard.rs: after the last save, an exit still running just before the deadline
 # ends with the exit code (grace::exit_guard_delay decides when).
 def arm_exit_guard(deadline: Optional[float], now: float, code: int) -> Optional[float]: ...
-def exit_guard_exiting() -> None: ...
 def disarm_exit_guard() -> None: ...
-def exit_guards_waiting() -> int: ...
 
 EXIT_GUARD_LEAD: float

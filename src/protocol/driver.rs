@@ -16,7 +16,7 @@
 //! protocol runs on a virtual clock its steps move while the driver still
 //! waits out each pause in real time.
 
-use super::{ConfigError, Protocol};
+use super::{answer, ConfigError, Protocol};
 use crate::notice::Notice;
 use crate::retry::Verdict;
 use crate::step_resolution::{
@@ -158,6 +158,30 @@ impl Protocol {
             let _ = self.queue(call, now, at);
         }
         Ok(action)
+    }
+
+    /// A notice taken at `now` (`at` on the driver's clock), as the protocol answers
+    /// it ([`notice`](Self::notice)): `Wait` while the write of the notice before it
+    /// is pending (the notice is not taken), else the resolver's answer with whether
+    /// the preemption has a final round and whether a write was queued.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::NotConfigured`] before [`configure`](Self::configure).
+    pub fn take_notice(
+        &mut self,
+        notice: Notice,
+        source: &str,
+        message: &str,
+        now: f64,
+        at: f64,
+    ) -> Result<answer::NoticeAction, ConfigError> {
+        if self.writes_busy() {
+            return Ok(answer::NoticeAction::Wait {});
+        }
+        let action = self.notice(notice, source, message, now, at)?;
+        let final_round = self.has_final_round()?;
+        Ok(answer::NoticeAction::of(action, final_round, self.writes_busy()))
     }
 
     /// A step key a leader published, read: the resolver's answer, and, for an

@@ -31,312 +31,19 @@ use pyo3::{ffi, intern, Borrowed};
 use super::clock;
 use super::errors;
 use super::retry::WriteKind;
+use super::wire::py_enum;
 use crate::grace::Fit;
-use crate::protocol::{ConfigError, DriverAction, Protocol, SaveFailed, WriteEnd};
+use crate::protocol::{ConfigError, DriverAction, Protocol, WriteEnd};
 use crate::shares::Waiter;
 use crate::step_resolution::{self as core, Notice, Round};
 
-/// What to do about a termination notice (`ProtocolCore.notice`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum NoticeAction {
-    /// Local mode, or a worker that already won the claim: lead the response.
-    /// `final_round`: the preemption has a final round (a grace period), so
-    /// training goes on after the first save. `writes`: the announce of it is
-    /// queued (in a cluster), the notice is done with when it ends.
-    Lead { final_round: bool, writes: bool },
-    /// Claim `key` (TERMINATED_WORKER) with `value` (this worker's id); the
-    /// outcome goes back through `ProtocolCore.claim`.
-    Claim { key: String, value: String },
-    /// A tighter deadline while a notice is being handled: the final round is
-    /// planned for it from now on; nothing to write.
-    Replan {},
-    /// A notice is already being handled (or was, and the handler exited),
-    /// and this one ends no earlier: absorbed.
-    Absorb {},
-    /// The write of the notice before it (a claim, an announce) is pending: the
-    /// notice was not taken; hand it in again once that write has ended (the
-    /// driver's receive wakes for it: `poll_timeout(waiting=True)`).
-    Wait {},
-}
-
-/// What to do before the next step (`ProtocolCore.before_step`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum StepAction {
-    /// Nothing to do: run the step.
-    Proceed {},
-    /// This worker leads: publish `round_key` = `step`, write its own
-    /// `own_ack_key` (None in local mode), and wait for every key in `ack_keys`.
-    Publish {
-        round_key: String,
-        step: u64,
-        ack_keys: Vec<String>,
-        own_ack_key: Option<String>,
-    },
-    /// The agreed `step` of `round_key` is reached: save now. `drain`: the seconds a
-    /// parameter-server coordinator lets the closures in flight finish first
-    /// (`Protocol::drain_bound`).
-    Save { round_key: String, step: u64, drain: f64 },
-}
-
-/// What to do with a step key a leader published (`ProtocolCore.step_key`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum KeyAction {
-    /// Write `ack_key`; then watch `next_round_key` (the final round), if any.
-    Acknowledge { ack_key: String, next_round_key: Option<String> },
-    /// `STOP_WATCHER`: the protocol is over for this watcher.
-    Stop {},
-}
-
-/// What follows a save (`ProtocolCore.saved`).
-#[pyclass(frozen, eq, eq_int, module = "tf_failure_handling._native")]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum SaveAction {
-    /// Clean up and call `exit_fn`.
-    Exit,
-    /// Keep training until the final round of the grace period.
-    Countdown,
-    /// A failed save: raise its error (`ProtocolCore.save_failed`).
-    Raise,
-    /// A failed save in shares: exit with the unmerged code.
-    ExitUnmerged,
-}
-
-/// An input of the protocol (`ProtocolCore.handle`), taken at the moment the
-/// protocol's own clock says (`configure(clock=...)`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum Event {
-    /// A termination notice from `source`, whose deadline and kill (the moment
-    /// the platform stated it ends the process; None: not stated) are Unix
-    /// times, converted to the protocol's clock when it is handled
-    /// (`Notice::from_unix`: the one conversion, the wall clock read then).
-    /// `message` is what its announce tells the `PreemptionWatcher`s. `handle`
-    /// returns the `NoticeAction`, and queues the write it starts (a claim; a
-    /// cluster's announce).
-    #[pyo3(constructor = (source, message, unix_deadline = None, unix_kill = None))]
-    Notice {
-        source: String,
-        message: String,
-        unix_deadline: Option<f64>,
-        unix_kill: Option<f64>,
-    },
-    /// A step key a leader published, read (`superseded`: a newer handler of
-    /// this worker acknowledges). `handle` returns the `KeyAction`, and queues
-    /// the acknowledgement.
-    #[pyo3(constructor = (round_key, value, superseded = false))]
-    StepKey {
-        round_key: String,
-        value: String,
-        superseded: bool,
-    },
-    /// The attempt of the write `id` succeeded (`won`: a claim written first).
-    #[pyo3(constructor = (id, won = true))]
-    Written { id: u64, won: bool },
-    /// The attempt of `id` failed with a coordination-service error
-    /// (`closing`: the handler is closing, nothing is retried).
-    #[pyo3(constructor = (id, closing = false))]
-    Failed { id: u64, closing: bool },
-    /// The attempt of `id` raised something else (a bug).
-    Raised { id: u64 },
-    /// The handler closes: last attempts, and a claim dropped.
-    Close {},
-    /// The leader's training thread goes on: the first call of the round
-    /// `before_step` published, or the next after a pause or a record.
-    /// `handle` returns the `LeaderAction`, as for the three below.
-    Resume {},
-    /// The leader's `LeaderAction.Set` answered (`written`: False when the key
-    /// existed already).
-    Set { written: bool },
-    /// The leader's `LeaderAction.Get` answered with `value` (None: not set).
-    #[pyo3(constructor = (value = None))]
-    Got { value: Option<String> },
-    /// The leader's call failed with a coordination-service error (`closing`:
-    /// nothing is retried).
-    #[pyo3(constructor = (closing = false))]
-    CallFailed { closing: bool },
-    /// The step-key reader goes on: its first read, or the next after a pause
-    /// or a post. `handle` returns the `ReaderAction`, as for the two below.
-    Reading {},
-    /// The reader's `ReaderAction.Get` answered with `value` (None: not set yet).
-    #[pyo3(constructor = (value = None))]
-    Read { value: Option<String> },
-    /// The reader's read failed with a coordination-service error (`closing`:
-    /// the reader stops).
-    #[pyo3(constructor = (closing = false))]
-    ReadFailed { closing: bool },
-    /// A timed operation (a save, the checkpoint's read at start) starts.
-    Timing {},
-    /// The timed operation ended: `handle` returns the seconds it took.
-    Timed {},
-    /// The checkpoint read at start, timed last, is the save estimate until a save is
-    /// measured (`GracePlanner::record_restore`).
-    Restored {},
-    /// The save of `round_key`, timed last, finished: `handle` returns the
-    /// `SaveAction` (exit, or count down to the final round).
-    Saved { round_key: String },
-    /// A save failed (`shares`: written in shares by several workers): `handle`
-    /// returns the `SaveAction` (raise its error, or exit unmerged).
-    SaveFailed { shares: bool },
-    /// The check before a step: `handle` returns the `StepAction`.
-    BeforeStep {},
-    /// The check before a step ended (a publish or a save is not step time: the
-    /// interval restarts now).
-    ChecksDone {},
-    /// The step failed: it is not counted, and not a step duration.
-    StepFailed {},
-    /// Whether the next step must take the slow path for something other than
-    /// the resolver (a background thread's error).
-    Pending { pending: bool },
-    /// After a notice: `handle` returns what still fits before this worker's
-    /// earliest deadline, `(fit, seconds left, seconds needed, final_round)` with `fit`
-    /// one of "both", "one_save", "neither", "unknown" (the grace planner's), or None
-    /// without a notice planned.
-    Fit {},
-    /// The process exits; the platform stated, after the notice, that it ends the
-    /// process `ends_in` seconds from now (a SLURM job this handler requeued), or
-    /// None. `handle` returns the seconds until the platform ends the process as it
-    /// stated it (`Protocol::kill_deadline`; None: nothing stated): the exit guard's.
-    #[pyo3(constructor = (ends_in = None))]
-    Exiting { ends_in: Option<f64> },
-    /// Shutdown: `handle` returns `(writes, join)`: the writes of `STOP_WATCHER` every
-    /// worker makes (releasing the readers still blocked on the step keys), as
-    /// `LeaderAction.Set`s, and the seconds each of the handler's threads is waited
-    /// for (`THREAD_JOIN_TIMEOUT`).
-    Shutdown {},
-    /// A step's error is reported to the cluster: `handle` returns the seconds the
-    /// report may block (`SHUTDOWN_WRITE_TIMEOUT`: TF's report waits for the
-    /// service's leader).
-    ErrorReport {},
-}
-
-/// What the step-key reader does next (`ProtocolCore.handle` of `Event.Reading`,
-/// `Read`, `ReadFailed`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum ReaderAction {
-    /// Read `key` for at most `timeout` seconds; report `Event.Read`.
-    Get { key: String, timeout: f64 },
-    /// The last read failed: wait `seconds`, then `Event.Reading`.
-    Pause {
-        seconds: f64,
-        what: String,
-        attempts: u32,
-        left: f64,
-    },
-    /// Post `value` of `round_key` into the driver's inbox, then `Event.Reading`.
-    Post { round_key: String, value: String },
-    /// The retry rule gave up on `what`: raise the last error, named.
-    GaveUp { what: String, attempts: u32, seconds: f64 },
-    /// Nothing more to read.
-    Done {},
-}
-
-impl From<crate::protocol::ReaderAction> for ReaderAction {
-    fn from(a: crate::protocol::ReaderAction) -> Self {
-        use crate::protocol::ReaderAction as R;
-        match a {
-            R::Get { key, timeout } => ReaderAction::Get {
-                key: key.to_owned(),
-                timeout,
-            },
-            R::Pause {
-                seconds,
-                what,
-                attempts,
-                left,
-            } => ReaderAction::Pause {
-                seconds,
-                what,
-                attempts,
-                left,
-            },
-            R::Post { round, value } => ReaderAction::Post {
-                round_key: round.key().to_owned(),
-                value,
-            },
-            R::GaveUp { what, attempts, seconds } => ReaderAction::GaveUp { what, attempts, seconds },
-            R::Done => ReaderAction::Done {},
-        }
-    }
-}
-
-/// What the leader's training thread does next in a round it published
-/// (`ProtocolCore.handle` of `Event.Resume`, `Set`, `Got`, `CallFailed`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum LeaderAction {
-    /// Set `key` to `value` within `timeout` seconds; report `Event.Set`.
-    Set {
-        key: String,
-        value: String,
-        timeout: f64,
-        what: String,
-    },
-    /// Read `key` for at most `timeout` seconds; report `Event.Got`. `ack`: an
-    /// acknowledgement (logged when found).
-    Get {
-        key: String,
-        timeout: f64,
-        what: String,
-        ack: bool,
-    },
-    /// The last call failed: wait `seconds` (logged: `attempts` failed so far,
-    /// `left` seconds of the bound remain), then `Event.Resume`.
-    Pause {
-        seconds: f64,
-        what: String,
-        attempts: u32,
-        left: f64,
-    },
-    /// The round's step is published: record it, then `Event.Resume`.
-    Published { round_key: String, step: u64 },
-    /// Another worker published the round first: `value` is the agreed step
-    /// (None: the key was gone); nothing is waited for.
-    Lost { round_key: String, value: Option<String> },
-    /// Every worker acknowledged (or local mode): the round is done.
-    Agreed {},
-    /// The retry rule gave up on `what`: raise the last error, named.
-    GaveUp { what: String, attempts: u32, seconds: f64 },
-    /// The peer timeout passed with the `missing` acknowledgements unwritten.
-    Missing {
-        round_key: String,
-        step: u64,
-        missing: Vec<String>,
-    },
-}
-
-impl From<crate::protocol::LeaderAction> for LeaderAction {
-    fn from(a: crate::protocol::LeaderAction) -> Self {
-        use crate::protocol::LeaderAction as L;
-        match a {
-            L::Set { key, value, timeout, what } => LeaderAction::Set { key, value, timeout, what },
-            L::Get { key, timeout, what, ack } => LeaderAction::Get { key, timeout, what, ack },
-            L::Pause {
-                seconds,
-                what,
-                attempts,
-                left,
-            } => LeaderAction::Pause {
-                seconds,
-                what,
-                attempts,
-                left,
-            },
-            L::Published { round, step } => LeaderAction::Published {
-                round_key: round.key().to_owned(),
-                step,
-            },
-            L::Lost { round, value } => LeaderAction::Lost {
-                round_key: round.key().to_owned(),
-                value,
-            },
-            L::Agreed => LeaderAction::Agreed {},
-            L::GaveUp { what, attempts, seconds } => LeaderAction::GaveUp { what, attempts, seconds },
-            L::Missing { round, step, missing } => LeaderAction::Missing {
-                round_key: round.key().to_owned(),
-                step,
-                missing,
-            },
-        }
-    }
-}
+crate::protocol::answer::notice_action!(py_enum[crate::protocol::answer]);
+crate::protocol::answer::step_action!(py_enum[crate::protocol::answer]);
+crate::protocol::answer::key_action!(py_enum[crate::protocol::answer]);
+crate::protocol::answer::save_action!(py_enum[crate::protocol::answer]);
+crate::protocol::event!(py_enum[crate::protocol]);
+crate::protocol::reader_action!(py_enum[crate::protocol]);
+crate::protocol::leader_action!(py_enum[crate::protocol]);
 
 /// What the protocol driver does next (`ProtocolCore.poll`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
@@ -461,14 +168,6 @@ impl From<DriverAction> for Action {
     }
 }
 
-pub(crate) fn round_from_key(key: &str) -> PyResult<Round> {
-    match key {
-        k if k == Round::Initial.key() => Ok(Round::Initial),
-        k if k == Round::Final.key() => Ok(Round::Final),
-        other => Err(errors::bad_value(format!("{other:?} is not a step key"))),
-    }
-}
-
 /// A refusal of the core's [`Protocol`], as TensorFlow's error types say it.
 fn refused(e: ConfigError) -> PyErr {
     match e {
@@ -528,19 +227,6 @@ impl Shared {
         // A step after an exit guard was armed: its SystemExit was caught and training
         // went on, so no later exit is the one it was armed for.
         super::exit_guard::training_goes_on();
-    }
-
-    /// The resolver's answer to a notice, in the binding's words.
-    fn notice_action(outcome: core::NoticeAction, final_round: bool, writes: bool) -> NoticeAction {
-        match outcome {
-            core::NoticeAction::Lead => NoticeAction::Lead { final_round, writes },
-            core::NoticeAction::Claim { key, value } => NoticeAction::Claim {
-                key: key.to_string(),
-                value,
-            },
-            core::NoticeAction::Replan => NoticeAction::Replan {},
-            core::NoticeAction::Absorb => NoticeAction::Absorb {},
-        }
     }
 
     /// Runs `f` on the protocol and mirrors whether the next step needs
@@ -890,102 +576,100 @@ impl Shared {
     /// An input of the protocol (`ProtocolCore.handle`), taken now on its clock:
     /// the protocol's answer, None for the events that have none.
     fn handle(&self, py: Python<'_>, event: &Event) -> PyResult<Option<Py<PyAny>>> {
+        use crate::protocol::Event as E;
         let now = self.now(py)?;
         let at = clock::now_secs();
         let answer = |value: Bound<'_, PyAny>| Ok(Some(value.unbind()));
-        match event {
-            Event::Notice {
+        match E::from(event) {
+            E::Notice {
                 source,
                 message,
                 unix_deadline,
                 unix_kill,
             } => {
-                let notice = Notice::from_unix(now, clock::unix_now(), *unix_deadline, *unix_kill);
-                let action = self.with_protocol(|p| {
-                    if p.writes_busy() {
-                        return Ok(NoticeAction::Wait {});
-                    }
-                    let outcome = p.notice(notice, source, message, now, at).map_err(refused)?;
-                    let final_round = p.has_final_round().map_err(refused)?;
-                    Ok(Self::notice_action(outcome, final_round, p.writes_busy()))
-                })?;
+                let notice = Notice::from_unix(now, clock::unix_now(), unix_deadline, unix_kill);
+                let action = self.with_protocol(|p| p.take_notice(notice, &source, &message, now, at).map_err(refused))?;
+                let action = NoticeAction::from(action);
                 answer(action.into_pyobject(py)?.into_any())
             }
-            Event::StepKey {
-                round_key,
-                value,
-                superseded,
-            } => {
-                let round = round_from_key(round_key)?;
-                let outcome = self.with_protocol(|p| Ok(p.step_key(round, value, *superseded, now, at).map_err(refused)??))?;
-                let action = match outcome {
-                    core::KeyAction::Acknowledge { ack_key, next_round } => KeyAction::Acknowledge {
-                        ack_key,
-                        next_round_key: next_round.map(|r| r.key().to_string()),
-                    },
-                    core::KeyAction::Stop => KeyAction::Stop {},
-                };
+            E::StepKey { round, value, superseded } => {
+                let outcome = self.with_protocol(|p| Ok(p.step_key(round, &value, superseded, now, at).map_err(refused)??))?;
+                let action = KeyAction::from(crate::protocol::answer::KeyAction::from(outcome));
                 answer(action.into_pyobject(py)?.into_any())
             }
             // A claim's outcome changes what the next step must look at.
-            Event::Written { id, won } => self.with_protocol(|p| {
-                p.written(*id, *won, now, at);
+            E::Written { id, won } => self.with_protocol(|p| {
+                p.written(id, won, now, at);
                 Ok(None)
             }),
-            Event::Failed { id, closing } => self.with_protocol(|p| {
-                p.write_failed(*id, at, *closing);
+            E::Failed { id, closing } => self.with_protocol(|p| {
+                p.write_failed(id, at, closing);
                 Ok(None)
             }),
-            Event::Raised { id } => self.with_protocol(|p| {
-                p.write_raised(*id);
+            E::Raised { id } => self.with_protocol(|p| {
+                p.write_raised(id);
                 Ok(None)
             }),
-            Event::Close {} => {
+            E::Close {} => {
                 self.state.lock().close(at);
                 Ok(None)
             }
-            Event::Resume {} => self.leader(py, |p| Ok(p.leader_next(now, at))),
-            Event::Set { written } => {
+            E::Resume {} => self.leader(py, |p| Ok(p.leader_next(now, at))),
+            E::Set { written } => {
                 let value = written.then_some(core::ACK_VALUE);
                 self.leader(py, |p| p.leader_called(value, now, at).map_err(refused))
             }
-            Event::Got { value } => self.leader(py, |p| p.leader_called(value.as_deref(), now, at).map_err(refused)),
-            Event::CallFailed { closing } => self.leader(py, |p| Ok(p.leader_call_failed(now, at, *closing))),
-            Event::Reading {} => self.reader(py, Protocol::reader_next),
-            Event::Read { value } => self.reader(py, |p| p.reader_read(value.as_deref())),
-            Event::ReadFailed { closing } => self.reader(py, |p| p.reader_failed(now, at, *closing)),
-            Event::Timing {} => {
+            E::Got { value } => self.leader(py, |p| p.leader_called(value.as_deref(), now, at).map_err(refused)),
+            E::CallFailed { closing } => self.leader(py, |p| Ok(p.leader_call_failed(now, at, closing))),
+            E::Reading {} => self.reader(py, Protocol::reader_next),
+            E::Read { value } => self.reader(py, |p| p.reader_read(value.as_deref())),
+            E::ReadFailed { closing } => self.reader(py, |p| p.reader_failed(now, at, closing)),
+            E::Timing {} => {
                 self.state.lock().handle_timing(now);
                 Ok(None)
             }
-            Event::Timed {} => answer(self.state.lock().handle_timed(now).into_pyobject(py)?.into_any()),
-            Event::Restored {} => {
+            E::Timed {} => answer(self.state.lock().handle_timed(now).into_pyobject(py)?.into_any()),
+            E::Restored {} => {
                 self.state.lock().handle_restored_timed();
                 Ok(None)
             }
-            Event::Saved { round_key } => answer(self.saved(round_key)?.into_pyobject(py)?.into_any()),
-            Event::SaveFailed { shares } => answer(self.save_failed(*shares)?.into_pyobject(py)?.into_any()),
-            Event::BeforeStep {} => answer(self.before_step(now)?.into_pyobject(py)?.into_any()),
-            Event::ChecksDone {} => {
+            E::Saved { round } => {
+                let after = self.with_protocol(|p| Ok(p.saved(round).map_err(refused)??))?;
+                answer(SaveAction::from(after).into_pyobject(py)?.into_any())
+            }
+            E::SaveFailed { shares } => {
+                let after = self.with_protocol(|p| p.handle_save_failed(shares).map_err(refused))?;
+                answer(
+                    SaveAction::from(crate::protocol::answer::SaveAction::from(after))
+                        .into_pyobject(py)?
+                        .into_any(),
+                )
+            }
+            E::BeforeStep {} => {
+                let runs = self.run_counter.load(Ordering::Relaxed);
+                let action = self.with_protocol(|p| p.step_check(runs, now).map_err(refused))?;
+                answer(StepAction::from(action).into_pyobject(py)?.into_any())
+            }
+            E::ChecksDone {} => {
                 self.after_check();
                 Ok(None)
             }
-            Event::StepFailed {} => {
+            E::StepFailed {} => {
                 self.state.lock().step_failed();
                 Ok(None)
             }
-            Event::Pending { pending } => {
-                self.pending.store(*pending, Ordering::Release);
+            E::Pending { pending } => {
+                self.pending.store(pending, Ordering::Release);
                 Ok(None)
             }
-            Event::Fit {} => answer(self.fit(now)?.into_pyobject(py)?.into_any()),
-            Event::Exiting { ends_in } => answer(self.state.lock().handle_exiting(now, *ends_in).into_pyobject(py)?.into_any()),
-            Event::Shutdown {} => {
+            E::Fit {} => answer(self.fit(now)?.into_pyobject(py)?.into_any()),
+            E::Exiting { ends_in } => answer(self.state.lock().handle_exiting(now, ends_in).into_pyobject(py)?.into_any()),
+            E::Shutdown {} => {
                 let writes = self.state.lock().shutdown_writes().map_err(refused)?;
                 let writes: Vec<LeaderAction> = writes.into_iter().map(LeaderAction::from).collect();
                 answer((writes, core::THREAD_JOIN_TIMEOUT).into_pyobject(py)?.into_any())
             }
-            Event::ErrorReport {} => answer(core::SHUTDOWN_WRITE_TIMEOUT.into_pyobject(py)?.into_any()),
+            E::ErrorReport {} => answer(core::SHUTDOWN_WRITE_TIMEOUT.into_pyobject(py)?.into_any()),
         }
     }
 
@@ -1003,47 +687,6 @@ impl Shared {
     ) -> PyResult<Option<Py<PyAny>>> {
         let action = LeaderAction::from(self.with_protocol(f)?);
         Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
-    }
-
-    fn before_step(&self, now: f64) -> PyResult<StepAction> {
-        let runs = self.run_counter.load(Ordering::Relaxed);
-        let decision = self.with_protocol(|p| p.before_step(runs, now).map_err(refused))?;
-        Ok(match decision {
-            core::StepAction::Proceed => StepAction::Proceed {},
-            core::StepAction::Publish {
-                round,
-                step,
-                ack_keys,
-                own_ack_key,
-            } => StepAction::Publish {
-                round_key: round.key().to_string(),
-                step,
-                ack_keys,
-                own_ack_key,
-            },
-            core::StepAction::Save { round, step } => StepAction::Save {
-                round_key: round.key().to_string(),
-                step,
-                drain: self.state.lock().drain_bound(now),
-            },
-        })
-    }
-
-    fn saved(&self, round_key: &str) -> PyResult<SaveAction> {
-        let round = round_from_key(round_key)?;
-        let after = self.with_protocol(|p| Ok(p.handle_saved_timed(round).map_err(refused)??))?;
-        Ok(match after {
-            core::SaveAction::Exit => SaveAction::Exit,
-            core::SaveAction::Countdown => SaveAction::Countdown,
-        })
-    }
-
-    fn save_failed(&self, shares: bool) -> PyResult<SaveAction> {
-        let after = self.with_protocol(|p| p.handle_save_failed(shares).map_err(refused))?;
-        Ok(match after {
-            SaveFailed::Raise => SaveAction::Raise,
-            SaveFailed::ExitUnmerged => SaveAction::ExitUnmerged,
-        })
     }
 
     fn fit(&self, now: f64) -> PyResult<Option<(&'static str, f64, f64, bool)>> {

@@ -20,8 +20,7 @@ use pyo3::prelude::*;
 use super::blocking::{deadline_after, wait_sliced};
 use super::clock;
 use super::displacement::{warn_displaced, Displacement};
-use super::handler::round_from_key;
-use crate::inbox::{Inbox, Input, Origin, Poster, RecvError};
+use crate::inbox::{InWait, Inbox, Input, Origin, Poster, RecvError};
 
 /// What the binding's inbox carries for a failed read: the exception.
 pub(crate) type PyPoster = Poster<Py<PyAny>>;
@@ -132,8 +131,8 @@ impl PyInbox {
     /// # Errors
     ///
     /// `ValueError` when `round_key` is not a step key.
-    fn post_step_key(&self, round_key: &str, value: String) -> PyResult<bool> {
-        let round = round_from_key(round_key)?;
+    fn post_step_key(&self, round_key: crate::step_resolution::Round, value: String) -> PyResult<bool> {
+        let round = round_key;
         Ok(self.poster.post(Input::StepKey { round, value }).is_ok())
     }
 
@@ -143,8 +142,8 @@ impl PyInbox {
     /// # Errors
     ///
     /// `ValueError` when `round_key` is not a step key.
-    fn post_key_read_failed(&self, round_key: &str, error: Py<PyAny>) -> PyResult<bool> {
-        let round = round_from_key(round_key)?;
+    fn post_key_read_failed(&self, round_key: crate::step_resolution::Round, error: Py<PyAny>) -> PyResult<bool> {
+        let round = round_key;
         Ok(self.poster.post(Input::KeyReadFailed { round, error }).is_ok())
     }
 
@@ -194,6 +193,7 @@ impl PyInbox {
             Err(RecvError::Disconnected) => return Ok(Some(PyInput::Stop {})),
             Err(RecvError::Timeout) => {}
         }
+        let _counted = InWait::enter();
         loop {
             let inbox = Arc::clone(&self.inbox);
             let displacement = displacement.clone();
@@ -219,6 +219,5 @@ impl PyInbox {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyInbox>()?;
     m.add_class::<PyInput>()?;
-    m.add("INBOX_EXIT_JOIN_TIMEOUT", crate::inbox::EXIT_JOIN_TIMEOUT)?;
     Ok(())
 }

@@ -193,14 +193,14 @@ def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
     _at(core, 101.0).handle(Event.Timing())
     assert _at(core, 101.5).handle(Event.Timed()) == 0.5
     saved = core.handle(_native.Event.Saved("RUN_TO_CHECKPOINT"))
-    assert saved == _native.SaveAction.Countdown
+    assert isinstance(saved, _native.SaveAction.Countdown)
     assert core.state()["longest_save"] == 0.5, "the save the core timed"
     early = _at(core, state["final_round_at"] - 1.0).handle(Event.BeforeStep())
     assert isinstance(early, _native.StepAction.Proceed)
     assert core.state()["published_final"] is False
     action = _at(core, state["final_round_at"]).handle(Event.BeforeStep())
     assert isinstance(action, _native.StepAction.Publish)
-    assert action.round_key == "LAST_RUN_TO_CHECKPOINT"
+    assert action.round == "LAST_RUN_TO_CHECKPOINT"
     assert core.state()["published_final"] is True
 
 

@@ -78,7 +78,7 @@ class NoticeResponse:
 
     def _on_own_notice(self, notice: Notice) -> Optional[bool]:
         source = notice.source
-        message = in_process.notice_message(self._state.membership.id_in_cluster, source)
+        message = in_process.notice_message(self._state.membership.id_in_cluster, source, notice.at)
         # The notice's line is written before any line of a stage it leads to.
         with self._records.taking_notice():
             # The core answers, and queues the write the answer starts (the claim; the

@@ -95,7 +95,7 @@ class SaveAndExit:
     def save_at(self, action: Any, args: tuple, kwargs: dict) -> None:
         """The save the core asked for (``StepAction.Save``: its round, step, and how
         long a PS coordinator's closures in flight may take first)."""
-        round_key, step = action.round_key, action.step
+        round_key, step = action.round, action.step
         self._ps.before_save(action.drain)
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
         self._records.save_start(round_key, self._core.run_counter, **self._ps.save_fields())
@@ -105,12 +105,12 @@ class SaveAndExit:
             self._ps.training_goes_on()
             after = self._core.handle(Event.SaveFailed(self._checkpoints.shared_by > 1))
             self._records.save_failed(e)
-            if after == SaveAction.ExitUnmerged:
+            if isinstance(after, SaveAction.ExitUnmerged):
                 self._unmerged_exit(e)
             raise
         self._records.save_end(self._checkpoints.write, **self._checkpoints.save_fields())
         after = self._core.handle(Event.Saved(round_key))
-        if after == SaveAction.Exit:
+        if isinstance(after, SaveAction.Exit):
             # The signal watch stays: until close(), a further notice is absorbed,
             # not handed back to whatever was installed before (which could kill
             # a worker that exit_fn chose to keep running).

@@ -62,7 +62,7 @@ class StepCheck:
         for _ in range(2):
             if not isinstance(action, StepAction.Publish):
                 break
-            self._agreement.publish(action.round_key, action.step)
+            self._agreement.publish(action.round, action.step)
             action = self._core.handle(Event.BeforeStep())
         if isinstance(action, StepAction.Save):
             self._saver.save_at(action, args, kwargs)
