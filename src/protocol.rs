@@ -26,7 +26,9 @@ use crate::writes::{WriteId, Writes};
 
 /// The driver's writes as events in and actions out (`driver.rs`).
 mod driver;
-pub use driver::{DriverAction, SetCall, WriteEnd};
+#[allow(unused_imports)]
+pub(crate) use driver::action;
+pub use driver::{Action, DriverAction, SetCall, WriteEnd};
 /// The leader's round as events in and actions out (`agree.rs`).
 mod agree;
 #[allow(unused_imports)]

@@ -119,6 +119,93 @@ pub enum DriverAction {
     Dropped { call: SetCall },
 }
 
+crate::wire! {
+    /// What the protocol driver does next (`ProtocolCore.poll`), flat: a
+    /// [`DriverAction`] with its call's fields.
+    pub enum Action via action {
+        /// Set `key` to `value` within `timeout` seconds (the coordination client's
+        /// `set`, whose False is a lost claim); report the outcome as an `Event`
+        /// with the handle `id`. `what` names the write in logs and errors.
+        Write { id: u64, kind: crate::writes::Kind, key: String, value: String, timeout: f64, what: String, subject: String },
+        /// The write `id` failed and is attempted again in `pause` seconds
+        /// (`left` of its bound remained, `attempts` failed so far): for the log.
+        Retrying { id: u64, what: String, attempts: u32, pause: f64, left: f64 },
+        /// The write ended, written (`won`: a claim written first; True for the
+        /// other kinds). `ends_notice`: the notice it was for is done with.
+        Written { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, won: bool, ends_notice: bool },
+        /// The retry rule gave up on the write after `attempts` failed attempts over
+        /// `seconds`: raise the last error, named.
+        GaveUp { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, attempts: u32, seconds: f64, ends_notice: bool },
+        /// The write's attempt raised a bug: hand it on as it is.
+        Raised { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, ends_notice: bool },
+        /// A claim dropped at close (logged).
+        Dropped { what: String },
+    }
+}
+
+impl From<DriverAction> for Action {
+    fn from(a: DriverAction) -> Self {
+        match a {
+            DriverAction::Write { id, call } => Action::Write {
+                id,
+                kind: call.kind,
+                what: call.what(),
+                key: call.key,
+                value: call.value,
+                timeout: call.timeout,
+                subject: call.subject,
+            },
+            DriverAction::Retrying {
+                id,
+                call,
+                attempts,
+                pause,
+                left,
+            } => Action::Retrying {
+                id,
+                what: call.what(),
+                attempts,
+                pause,
+                left,
+            },
+            DriverAction::Finished { call, end, ends_notice } => {
+                let (kind, what) = (call.kind, call.what());
+                let (key, value, subject) = (call.key, call.value, call.subject);
+                match end {
+                    WriteEnd::Written { won } => Action::Written {
+                        kind,
+                        key,
+                        value,
+                        what,
+                        subject,
+                        won,
+                        ends_notice,
+                    },
+                    WriteEnd::GaveUp { attempts, seconds } => Action::GaveUp {
+                        kind,
+                        key,
+                        value,
+                        what,
+                        subject,
+                        attempts,
+                        seconds,
+                        ends_notice,
+                    },
+                    WriteEnd::Raised => Action::Raised {
+                        kind,
+                        key,
+                        value,
+                        what,
+                        subject,
+                        ends_notice,
+                    },
+                }
+            }
+            DriverAction::Dropped { call } => Action::Dropped { what: call.what() },
+        }
+    }
+}
+
 impl Protocol {
     /// Queues `call`, due at once, retried for the retry bound at `now` (the
     /// leading notice's deadline may shorten it), scheduled on `at`.

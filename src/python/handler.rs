@@ -30,10 +30,9 @@ use pyo3::{ffi, intern, Borrowed};
 
 use super::clock;
 use super::errors;
-use super::retry::WriteKind;
 use super::wire::py_enum;
 use crate::grace::Fit;
-use crate::protocol::{ConfigError, DriverAction, Protocol, WriteEnd};
+use crate::protocol::{ConfigError, Protocol};
 use crate::shares::Waiter;
 use crate::step_resolution::{self as core, Notice, Round};
 
@@ -45,128 +44,7 @@ crate::protocol::event!(py_enum[crate::protocol]);
 crate::protocol::reader_action!(py_enum[crate::protocol]);
 crate::protocol::leader_action!(py_enum[crate::protocol]);
 
-/// What the protocol driver does next (`ProtocolCore.poll`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum Action {
-    /// Set `key` to `value` within `timeout` seconds (the coordination client's
-    /// `set`, whose False is a lost claim); report the outcome as an `Event`
-    /// with the handle `id`. `what` names the write in logs and errors.
-    Write {
-        id: u64,
-        kind: WriteKind,
-        key: String,
-        value: String,
-        timeout: f64,
-        what: String,
-        subject: String,
-    },
-    /// The write `id` failed and is attempted again in `pause` seconds
-    /// (`left` of its bound remained, `attempts` failed so far): for the log.
-    Retrying {
-        id: u64,
-        what: String,
-        attempts: u32,
-        pause: f64,
-        left: f64,
-    },
-    /// The write ended, written (`won`: a claim written first; True for the
-    /// other kinds). `ends_notice`: the notice it was for is done with.
-    Written {
-        kind: WriteKind,
-        key: String,
-        value: String,
-        what: String,
-        subject: String,
-        won: bool,
-        ends_notice: bool,
-    },
-    /// The retry rule gave up on the write after `attempts` failed attempts over
-    /// `seconds`: raise the last error, named.
-    GaveUp {
-        kind: WriteKind,
-        key: String,
-        value: String,
-        what: String,
-        subject: String,
-        attempts: u32,
-        seconds: f64,
-        ends_notice: bool,
-    },
-    /// The write's attempt raised a bug: hand it on as it is.
-    Raised {
-        kind: WriteKind,
-        key: String,
-        value: String,
-        what: String,
-        subject: String,
-        ends_notice: bool,
-    },
-    /// A claim dropped at close (logged).
-    Dropped { what: String },
-}
-
-impl From<DriverAction> for Action {
-    fn from(a: DriverAction) -> Self {
-        match a {
-            DriverAction::Write { id, call } => Action::Write {
-                id,
-                kind: call.kind.into(),
-                what: call.what(),
-                key: call.key,
-                value: call.value,
-                timeout: call.timeout,
-                subject: call.subject,
-            },
-            DriverAction::Retrying {
-                id,
-                call,
-                attempts,
-                pause,
-                left,
-            } => Action::Retrying {
-                id,
-                what: call.what(),
-                attempts,
-                pause,
-                left,
-            },
-            DriverAction::Finished { call, end, ends_notice } => {
-                let (kind, what) = (call.kind.into(), call.what());
-                let (key, value, subject) = (call.key, call.value, call.subject);
-                match end {
-                    WriteEnd::Written { won } => Action::Written {
-                        kind,
-                        key,
-                        value,
-                        what,
-                        subject,
-                        won,
-                        ends_notice,
-                    },
-                    WriteEnd::GaveUp { attempts, seconds } => Action::GaveUp {
-                        kind,
-                        key,
-                        value,
-                        what,
-                        subject,
-                        attempts,
-                        seconds,
-                        ends_notice,
-                    },
-                    WriteEnd::Raised => Action::Raised {
-                        kind,
-                        key,
-                        value,
-                        what,
-                        subject,
-                        ends_notice,
-                    },
-                }
-            }
-            DriverAction::Dropped { call } => Action::Dropped { what: call.what() },
-        }
-    }
-}
+crate::protocol::action!(py_enum[crate::protocol]);
 
 /// A refusal of the core's [`Protocol`], as TensorFlow's error types say it.
 fn refused(e: ConfigError) -> PyErr {
@@ -844,7 +722,11 @@ impl ProtocolCore {
     /// to), or None.
     fn poll(&self) -> Option<Action> {
         let at = clock::now_secs();
-        self.shared.state.lock().poll(at).map(Action::from)
+        self.shared
+            .state
+            .lock()
+            .poll(at)
+            .map(|a| Action::from(crate::protocol::Action::from(a)))
     }
 
     /// Seconds until `poll` has something (0: now), or None until an input: how

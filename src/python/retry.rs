@@ -33,6 +33,35 @@ impl From<writes::Kind> for WriteKind {
     }
 }
 
+/// A write's kind is its `WriteKind` in Python (a field of `Action`).
+impl<'py> IntoPyObject<'py> for writes::Kind {
+    type Target = WriteKind;
+    type Output = Bound<'py, WriteKind>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
+        Bound::new(py, WriteKind::from(self))
+    }
+}
+
+impl<'py> IntoPyObject<'py> for &writes::Kind {
+    type Target = WriteKind;
+    type Output = Bound<'py, WriteKind>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
+        Bound::new(py, WriteKind::from(*self))
+    }
+}
+
+impl FromPyObject<'_, '_> for writes::Kind {
+    type Error = PyErr;
+
+    fn extract(ob: Borrowed<'_, '_, PyAny>) -> PyResult<Self> {
+        Ok(ob.extract::<WriteKind>()?.into())
+    }
+}
+
 impl From<WriteKind> for writes::Kind {
     fn from(k: WriteKind) -> Self {
         match k {
