@@ -248,9 +248,9 @@ class PollLog:
 class WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
 
-    Acknowledge: WriteKind
-    Claim: WriteKind
-    Announce: WriteKind
+    class Acknowledge(WriteKind): ...
+    class Claim(WriteKind): ...
+    class Announce(WriteKind): ...
 
 class Event:
     """An input of the protocol driver (``ProtocolCore.handle``)."""

@@ -47,7 +47,7 @@ impl SetCall {
     /// its kind is with `peer_timeout`.
     #[must_use]
     pub fn new(kind: Kind, key: &str, value: &str, subject: &str, peer_timeout: f64) -> Self {
-        let bound = if kind == Kind::Announce {
+        let bound = if matches!(kind, Kind::Announce {}) {
             WriteBound::Announce
         } else {
             WriteBound::Protocol
@@ -68,7 +68,7 @@ impl SetCall {
     pub fn claim(key: &str, value: &str, source: &str, message: &str, peer_timeout: f64) -> Self {
         SetCall {
             announce: Some(message.to_owned()),
-            ..SetCall::new(Kind::Claim, key, value, source, peer_timeout)
+            ..SetCall::new(Kind::Claim {}, key, value, source, peer_timeout)
         }
     }
 
@@ -76,9 +76,9 @@ impl SetCall {
     #[must_use]
     pub fn what(&self) -> String {
         match self.kind {
-            Kind::Claim => format!("claiming {} after the notice from {}", self.key, self.subject),
-            Kind::Announce => format!("publishing {}", self.key),
-            Kind::Acknowledge => format!("acknowledging {} with {}", self.subject, self.key),
+            Kind::Claim {} => format!("claiming {} after the notice from {}", self.key, self.subject),
+            Kind::Announce {} => format!("publishing {}", self.key),
+            Kind::Acknowledge {} => format!("acknowledging {} with {}", self.subject, self.key),
         }
     }
 }
@@ -148,7 +148,7 @@ impl From<DriverAction> for Action {
         match a {
             DriverAction::Write { id, call } => Action::Write {
                 id,
-                kind: call.kind,
+                kind: call.kind.clone(),
                 what: call.what(),
                 key: call.key,
                 value: call.value,
@@ -169,7 +169,7 @@ impl From<DriverAction> for Action {
                 left,
             },
             DriverAction::Finished { call, end, ends_notice } => {
-                let (kind, what) = (call.kind, call.what());
+                let (kind, what) = (call.kind.clone(), call.what());
                 let (key, value, subject) = (call.key, call.value, call.subject);
                 match end {
                     WriteEnd::Written { won } => Action::Written {
@@ -211,7 +211,7 @@ impl Protocol {
     /// leading notice's deadline may shorten it), scheduled on `at`.
     fn queue(&mut self, call: SetCall, now: f64, at: f64) -> Result<WriteId, Busy> {
         let bound = self.retry_bound(now);
-        let id = self.writes.push(call.kind, bound, at)?;
+        let id = self.writes.push(call.kind.clone(), bound, at)?;
         self.calls.insert(id, call);
         Ok(id)
     }
@@ -231,7 +231,7 @@ impl Protocol {
         let call = match &action {
             NoticeAction::Claim { key, value } => Some(SetCall::claim(key, value, source, message, self.peer_timeout)),
             NoticeAction::Lead if !local => Some(SetCall::new(
-                Kind::Announce,
+                Kind::Announce {},
                 PREEMPTION_NOTICE_KEY,
                 message,
                 source,
@@ -290,7 +290,7 @@ impl Protocol {
         if let Ok(KeyAction::Acknowledge { ack_key, .. }) = &action {
             if !superseded {
                 let subject = format!("{}={value}", round.key());
-                let call = SetCall::new(Kind::Acknowledge, ack_key, ACK_VALUE, &subject, self.peer_timeout);
+                let call = SetCall::new(Kind::Acknowledge {}, ack_key, ACK_VALUE, &subject, self.peer_timeout);
                 // An acknowledgement is never refused.
                 let _ = self.queue(call, now, at);
             }
@@ -307,18 +307,18 @@ impl Protocol {
             return; // a stale handle: its outcome was settled already
         };
         self.writes.done(id);
-        let mut ends_notice = call.kind != Kind::Acknowledge;
-        if call.kind == Kind::Claim {
+        let mut ends_notice = !matches!(call.kind, Kind::Acknowledge {});
+        if matches!(call.kind, Kind::Claim {}) {
             if let Some(r) = self.resolver.as_mut() {
                 r.on_claim(won);
             }
             if let (true, Some(message)) = (won, &call.announce) {
-                let announce = SetCall::new(Kind::Announce, PREEMPTION_NOTICE_KEY, message, &call.subject, self.peer_timeout);
+                let announce = SetCall::new(Kind::Announce {}, PREEMPTION_NOTICE_KEY, message, &call.subject, self.peer_timeout);
                 // The claim was the one notice write pending, and is done.
                 ends_notice = self.queue(announce, now, at).is_err();
             }
         }
-        let won = won || call.kind != Kind::Claim;
+        let won = won || !matches!(call.kind, Kind::Claim {});
         self.outbox.push_back(DriverAction::Finished {
             call,
             end: WriteEnd::Written { won },
@@ -361,12 +361,12 @@ impl Protocol {
 
     fn end_unwritten(&mut self, id: WriteId, end: WriteEnd) {
         let Some(call) = self.calls.remove(&id) else { return };
-        if call.kind == Kind::Claim {
+        if matches!(call.kind, Kind::Claim {}) {
             if let Some(r) = self.resolver.as_mut() {
                 r.on_claim(false);
             }
         }
-        let ends_notice = call.kind != Kind::Acknowledge;
+        let ends_notice = !matches!(call.kind, Kind::Acknowledge {});
         self.outbox.push_back(DriverAction::Finished { call, end, ends_notice });
     }
 

@@ -1,6 +1,7 @@
-//! `WriteKind`: what a write of the driver is, whose schedule is the protocol's
+//! `WriteKind`: what a write of the driver is (a field of `Action`), declared once
+//! in the core ([`crate::writes::WriteKind`]); its schedule is the protocol's
 //! (`ProtocolCore.handle`, `poll`, `poll_timeout`: [`crate::protocol`] over
-//! [`crate::writes`]); the driver performs them.
+//! [`crate::writes`]), and the driver performs it.
 //!
 //! The protocol's one retry rule ([`crate::retry`]) has no class of its own here: the
 //! handler's calls are retried inside its protocol (the driver's writes, the leader's
@@ -9,66 +10,38 @@
 
 use pyo3::prelude::*;
 
+use super::wire::py_enum;
 use crate::writes;
 
-/// What a write of the driver is (`Writes.push`).
-#[pyclass(eq, eq_int, frozen, from_py_object, module = "tf_failure_handling._native")]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum WriteKind {
-    /// The acknowledgement of a step key: goes first.
-    Acknowledge,
-    /// A notice's claim: dropped at `close`.
-    Claim,
-    /// A notice's announce: one last attempt at `close`.
-    Announce,
-}
-
-impl From<writes::Kind> for WriteKind {
-    fn from(k: writes::Kind) -> Self {
-        match k {
-            writes::Kind::Acknowledge => WriteKind::Acknowledge,
-            writes::Kind::Claim => WriteKind::Claim,
-            writes::Kind::Announce => WriteKind::Announce,
-        }
-    }
-}
+crate::writes::write_kind!(py_enum[crate::writes]);
 
 /// A write's kind is its `WriteKind` in Python (a field of `Action`).
-impl<'py> IntoPyObject<'py> for writes::Kind {
+impl<'py> IntoPyObject<'py> for writes::WriteKind {
     type Target = WriteKind;
     type Output = Bound<'py, WriteKind>;
     type Error = PyErr;
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
-        Bound::new(py, WriteKind::from(self))
+        WriteKind::from(self).into_pyobject(py)
     }
 }
 
-impl<'py> IntoPyObject<'py> for &writes::Kind {
+impl<'py> IntoPyObject<'py> for &writes::WriteKind {
     type Target = WriteKind;
     type Output = Bound<'py, WriteKind>;
     type Error = PyErr;
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
-        Bound::new(py, WriteKind::from(*self))
+        WriteKind::from(self.clone()).into_pyobject(py)
     }
 }
 
-impl FromPyObject<'_, '_> for writes::Kind {
+impl FromPyObject<'_, '_> for writes::WriteKind {
     type Error = PyErr;
 
     fn extract(ob: Borrowed<'_, '_, PyAny>) -> PyResult<Self> {
-        Ok(ob.extract::<WriteKind>()?.into())
-    }
-}
-
-impl From<WriteKind> for writes::Kind {
-    fn from(k: WriteKind) -> Self {
-        match k {
-            WriteKind::Acknowledge => writes::Kind::Acknowledge,
-            WriteKind::Claim => writes::Kind::Claim,
-            WriteKind::Announce => writes::Kind::Announce,
-        }
+        let kind = ob.cast::<WriteKind>()?;
+        Ok(writes::WriteKind::from(kind.get()))
     }
 }
 

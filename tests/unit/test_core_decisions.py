@@ -258,7 +258,8 @@ def test_the_drivers_writes_through_the_protocol_core():
     # Its write pending, a second notice is not taken yet.
     assert isinstance(_notice(core, 0.0), _native.NoticeAction.Wait)
     # The call is the core's: the key and value, bounded as a claim is, named for logs.
-    assert (claim.kind, claim.key, claim.value) == (Kind.Claim, "TERMINATED_WORKER", "0")
+    assert isinstance(claim.kind, Kind.Claim)
+    assert (claim.key, claim.value) == ("TERMINATED_WORKER", "0")
     # (``configure`` answers with that bound: the coordination client's default.)
     assert claim.timeout == core.configure(peer_timeout=peer_timeout) == peer_timeout
     assert claim.what == "claiming TERMINATED_WORKER after the notice from a source"
@@ -276,8 +277,8 @@ def test_the_drivers_writes_through_the_protocol_core():
         core.handle(Event.StepKey("RUN_TO_CHECKPOINT", "3")), _native.KeyAction.Acknowledge
     )
     ack = core.poll()  # due at once, and first
-    assert (ack.kind, ack.key, ack.subject) == (
-        Kind.Acknowledge,
+    assert isinstance(ack.kind, Kind.Acknowledge)
+    assert (ack.key, ack.subject) == (
         "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0",
         "RUN_TO_CHECKPOINT=3",
     )
@@ -314,8 +315,8 @@ def test_what_follows_a_claim_is_the_cores():
     call = core.poll()
     assert isinstance(call, Action.Write)
     assert isinstance(_notice(core, 0.0), _native.NoticeAction.Wait)
-    assert (call.kind, call.key, call.value) == (
-        Kind.Announce,
+    assert isinstance(call.kind, Kind.Announce)
+    assert (call.key, call.value) == (
         "TF_DEFAULT_PREEMPTION_NOTICE_KEY",
         "worker 0: m",
     )

@@ -25,7 +25,7 @@ AT_MOST = {
     "literal_waits": 1,
     "time_reads": 9,
     "wide_61": 0,
-    "binding_ratio": 0.476,
+    "binding_ratio": 0.460,
 }
 
 

@@ -226,9 +226,9 @@ class Driver:
         elif isinstance(action, Action.Raised):
             error = self._last_error
         try:
-            if action.kind == WriteKind.Claim:
+            if isinstance(action.kind, WriteKind.Claim):
                 self._notices.claimed(action, error)
-            elif action.kind == WriteKind.Announce:
+            elif isinstance(action.kind, WriteKind.Announce):
                 self._notices.announced(action, error)
             elif error is None:
                 log.info("%s received; acknowledged with %s.", action.subject, action.key)

@@ -422,8 +422,13 @@ fn a_write_is_retried_for_the_retry_bound_at_its_queueing() {
         panic!("the acknowledgement is due at once")
     };
     assert_eq!(
-        (call.kind, call.key.as_str(), call.value.as_str(), call.subject.as_str()),
-        (Kind::Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1", "1", "RUN_TO_CHECKPOINT=3")
+        (call.kind.clone(), call.key.as_str(), call.value.as_str(), call.subject.as_str()),
+        (
+            Kind::Acknowledge {},
+            "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1",
+            "1",
+            "RUN_TO_CHECKPOINT=3"
+        )
     );
     assert_eq!(
         call.what(),
@@ -472,8 +477,8 @@ fn a_write_is_retried_for_the_retry_bound_at_its_queueing() {
         panic!("the announce is due at once")
     };
     assert_eq!(
-        (call.kind, call.value.as_str(), call.what()),
-        (Kind::Announce, "m", "publishing TF_DEFAULT_PREEMPTION_NOTICE_KEY".to_owned())
+        (call.kind.clone(), call.value.as_str(), call.what()),
+        (Kind::Announce {}, "m", "publishing TF_DEFAULT_PREEMPTION_NOTICE_KEY".to_owned())
     );
     p.write_failed(announce, at, false);
     let Some(DriverAction::Retrying { left, .. }) = p.poll(at) else {
@@ -540,7 +545,7 @@ fn a_writes_call_is_kept_until_it_ends() {
     p.step_key(Round::Initial, "3", false, 0.0, at).unwrap().unwrap();
     let ack = p.newest_write().unwrap();
     p.close(at);
-    assert!(matches!(p.poll(at), Some(DriverAction::Dropped { call }) if call.kind == Kind::Claim));
+    assert!(matches!(p.poll(at), Some(DriverAction::Dropped { call }) if call.kind == Kind::Claim {}));
     assert!(p.write_call(claim).is_none());
     assert!(matches!(p.poll(at), Some(DriverAction::Write { id, .. }) if id == ack));
     p.write_failed(ack, at, false);
@@ -552,7 +557,7 @@ fn a_writes_call_is_kept_until_it_ends() {
         })
     ));
     assert_eq!(p.poll(at), None, "nothing else");
-    let announce_call = SetCall::new(Kind::Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", "s", PEER);
+    let announce_call = SetCall::new(Kind::Announce {}, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", "s", PEER);
     assert!(announce_call.timeout <= SHUTDOWN_WRITE_TIMEOUT);
 }
 
@@ -582,7 +587,7 @@ fn a_won_claim_queues_its_announce_and_a_lost_one_does_not() {
     };
     assert_eq!(
         (call.kind, call.key.as_str(), call.value.as_str()),
-        (Kind::Announce, PREEMPTION_NOTICE_KEY, "worker 1: notice")
+        (Kind::Announce {}, PREEMPTION_NOTICE_KEY, "worker 1: notice")
     );
     assert!(p.leading());
 
