@@ -201,6 +201,9 @@ pub struct Protocol {
     /// How long the last timed operation took ([`Protocol::handle_timed`]): a save's
     /// duration for [`Protocol::handle_saved`], a restore's for the estimate.
     timed: Option<f64>,
+    /// When (Unix time) this handler took over its worker's notices
+    /// ([`Protocol::handle_take_over`]); None until it did.
+    took_over: Option<f64>,
 }
 
 impl Default for Protocol {
@@ -229,6 +232,7 @@ impl Protocol {
             config: None,
             timing: None,
             timed: None,
+            took_over: None,
         }
     }
 
@@ -264,6 +268,26 @@ impl Protocol {
                 ..c
             },
         )
+    }
+
+    // --- the handler's notices --------------------------------------------
+
+    /// This handler takes over its worker's notices when the wall clock says
+    /// `unix_now` (an older handler of the same worker still open hands it every
+    /// notice it sees from now on).
+    pub fn handle_take_over(&mut self, unix_now: f64) {
+        self.took_over = Some(unix_now);
+    }
+
+    /// Whether a notice that arrived at `at` (Unix time; None: not known) came after
+    /// this handler took over: one that came before reached the handlers open then,
+    /// as TensorFlow's signal handlers, and is not this one's.
+    #[must_use]
+    pub fn came_after(&self, at: Option<f64>) -> bool {
+        match (at, self.took_over) {
+            (Some(at), Some(took_over)) => at >= took_over,
+            _ => true,
+        }
     }
 
     // --- timed operations ------------------------------------------------

@@ -194,12 +194,6 @@ class TaskProtocol:
     def answer(self, request: Any, now: Optional[float] = None) -> dict[str, Any]: ...
     def state(self) -> dict[str, Any]: ...
 
-def now() -> float:
-    """The package's one monotonic clock (``CLOCK_MONOTONIC``), in seconds."""
-
-def unix_now() -> float:
-    """The wall clock, for stamps another process or a record reads."""
-
 def unix_time_of(moment: float, core: ProtocolCore) -> float:
     """The wall-clock time of ``moment``, a time on ``core``'s clock, read now."""
 

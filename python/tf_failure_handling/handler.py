@@ -255,7 +255,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         )
         retrier = Retrier(state, core)  # the reader's and the leader's; the driver makes its own
         self._errors = errors = ErrorReports(state, core)
-        self._ownership = ownership = Ownership(state)
+        self._ownership = ownership = Ownership(state, core)
         ownership.sources = sources
         ctx = Context(state, core, errors, stage)
         self._step_keys = step_keys = StepKeys(ctx, sources, retrier, ownership)

@@ -93,5 +93,12 @@ crate::wire! {
         /// the report may block (`SHUTDOWN_WRITE_TIMEOUT`: TF's report waits for
         /// the service's leader).
         ErrorReport {},
+        /// This handler takes over its worker's notices now (the wall clock read
+        /// then): an older handler still open hands it every notice it sees.
+        TakeOver {},
+        /// A notice that arrived at `at` (Unix time, the inbox's stamp; None: not
+        /// known) reached an older handler: `handle` returns whether it came after
+        /// this (newer) handler took over, and so is this one's.
+        Arrived { at: Option<f64> = None },
     }
 }

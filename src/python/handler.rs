@@ -548,6 +548,11 @@ impl Shared {
                 answer((writes, core::THREAD_JOIN_TIMEOUT).into_pyobject(py)?.into_any())
             }
             E::ErrorReport {} => answer(core::SHUTDOWN_WRITE_TIMEOUT.into_pyobject(py)?.into_any()),
+            E::TakeOver {} => {
+                self.state.lock().handle_take_over(clock::unix_now());
+                Ok(None)
+            }
+            E::Arrived { at } => answer(self.state.lock().came_after(at).into_pyobject(py)?.to_owned().into_any()),
         }
     }
 

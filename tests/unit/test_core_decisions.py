@@ -101,24 +101,24 @@ def test_the_shares_wait_is_bounded_by_the_notice_s_deadline_less_the_exit_s_res
     assert _shares_wait(core, True) == near(60.0, abs=0.5)
     assert _shares_wait(core, False) == near(120.0, abs=0.5)
     assert _shares_wait(None, True) == near(60.0, abs=0.5)
-    _notice(core, _native.now())  # a notice that names no time
+    _notice(core, time.monotonic())  # a notice that names no time
     assert _shares_wait(core, True) == near(60.0, abs=0.5)
     # Kubernetes' 30 s: 3 s gone, the exit's 5 s reserve left.
     core = _core(grace=0.0)
     core.configure(exit_reserve=5.0)
-    t = _native.now()
+    t = time.monotonic()
     _notice(core, t - 3.0, t + 27.0)
     assert _shares_wait(core, True) == near(22.0, abs=0.5)
     assert _shares_wait(core, False) == near(22.0, abs=0.5)
     # Into the reserve: the quickest wait there is (one ask, then the error).
     core = _core(grace=0.0)
     core.configure(exit_reserve=5.0)
-    _notice(core, _native.now(), _native.now() + 2.0)
+    _notice(core, time.monotonic(), time.monotonic() + 2.0)
     assert _shares_wait(core, True) == 0.001
     # A grace period names a time too.
     graced = _core(grace=20.0)
     graced.configure(exit_reserve=5.0)
-    _notice(graced, _native.now())
+    _notice(graced, time.monotonic())
     assert _shares_wait(graced, True) == near(15.0, abs=0.5)
 
 
@@ -137,14 +137,14 @@ def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_
     assert save.left() == pytest.approx(60.0, abs=0.5), "the merge's bound"
     save.merged()
     # Kubernetes' 30 s, 3 s gone: 22 s left before the reserve.
-    t = _native.now()
+    t = time.monotonic()
     _notice(core, t - 3.0, t + 27.0)
     fits = _native.SharesSave(core).merge_start()
     assert fits.start and fits.bound == pytest.approx(22.0, abs=0.5)
     # Into the reserve: not started, nothing left.
     late = _core(grace=0.0)
     late.configure(exit_reserve=5.0)
-    _notice(late, _native.now(), _native.now() + 4.0)
+    _notice(late, time.monotonic(), time.monotonic() + 4.0)
     kept = _native.SharesSave(late).merge_start()
     assert not kept.start and kept.bound is None and kept.left == 0.0
     # Without a handler's core: the rule alone.

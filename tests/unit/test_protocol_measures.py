@@ -17,15 +17,15 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 98,
+    "native_names": 97,
     "native_constants": 21,
     "native_constants_not_allowed": 8,
     "native_constant_uses": 10,
     "binding_methods": 127,
     "literal_waits": 1,
-    "time_reads": 9,
+    "time_reads": 8,
     "wide_61": 0,
-    "binding_ratio": 0.460,
+    "binding_ratio": 0.459,
 }
 
 

@@ -348,6 +348,16 @@ fn the_exit_learns_the_seconds_until_the_platform_ends_the_process() {
 }
 
 #[test]
+fn a_notice_is_a_newer_handlers_only_when_it_arrived_after_the_take_over() {
+    let mut p = Protocol::new();
+    assert!(p.came_after(Some(5.0)), "no take-over: every notice is this handler's");
+    p.handle_take_over(100.0);
+    assert!(!p.came_after(Some(99.5)));
+    assert!(p.came_after(Some(100.0)) && p.came_after(Some(101.0)));
+    assert!(p.came_after(None), "an arrival not known counts as after");
+}
+
+#[test]
 fn a_partial_configuration_starts_from_the_last_one() {
     let mut p = Protocol::new();
     let start = p.config();
