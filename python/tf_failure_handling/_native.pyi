@@ -148,8 +148,31 @@ def input_resume(
     steps_per_iteration: Optional[int],
     new_iteration: Optional[bool],
     first_used: int,
-) -> tuple[str, Optional[int], Optional[int], Optional[int]]: ...
+) -> InputResume: ...
+
+class InputResume:
+    """Where a restarted input resumes (src/input_position.rs ``InputResume``)."""
+
+    class Fresh(InputResume): ...
+
+    class At(InputResume):
+        iteration: int
+        batches: int
+        advance: int
+
+    class Unreachable(InputResume):
+        iteration: int
+        batches: int
+
 def input_batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
+
+class InputTiming:
+    """The timing of a resume's slow part (a replay, or with ``advance`` the making of
+    earlier iterators) and when each is logged; reads the clock itself."""
+
+    def __init__(self, advance: bool = False) -> None: ...
+    def poll_timeout(self) -> float: ...
+    def poll(self) -> Optional[float]: ...
 
 class TaskEvent:
     """What a served task's threads report (``src/ps_control/task.rs``)."""
@@ -466,19 +489,6 @@ class Inbox:
     ) -> Optional[Input]: ...
     def drain(self) -> list[Input]: ...
 
-class KeyValueStore:
-    """In-memory coordination-service store with blocking gets (releases the GIL)."""
-
-    def __init__(self) -> None: ...
-    def set(self, key: str, value: str) -> bool: ...
-    def get(self, key: str, timeout: Optional[float] = None) -> tuple[str, Any]: ...
-    def try_get(self, key: str) -> Optional[str]: ...
-    def delete(self, key: str) -> bool: ...
-    def keys(self) -> list[str]: ...
-    def report_error(self, code: int, message: str) -> None: ...
-    @property
-    def error(self) -> Optional[tuple[int, str]]: ...
-
 def signal_deliveries(signal: int) -> int: ...
 def ignore_warnings_at_exit(signals: list[int]) -> list[int]: ...
 
@@ -577,23 +587,20 @@ def failed_ps_instances(message: str) -> set[int]: ...
 DEFAULT_WORKER_RECOVERY_TIMEOUT: float
 COORDINATOR_STOP_LOCK_BOUND: float
 
-# The preemption records read (src/records.rs): bytes in, fields out.
-RECORD_FIELDS: tuple[str, ...]
-RECORD_REQUIRED: tuple[str, ...]
-RECORDS_NOTICE_LINE_BOUND: float
+# The preemption records (src/records.rs): bytes in, JSON text out; lines stamped.
+#: Each field of the records' schema, and whether a line must have it.
+RECORD_FIELDS: dict[str, bool]
 
 def read_records(
-    sources: list[tuple[str, Optional[bytes]]],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, list[int]]]:
-    """``(preemptions, resumes, skipped)``: the fields of each ``records.Preemption``
-    and ``records.Resume`` in the files ``(name, bytes, or None if unreadable)``."""
+    sources: list[tuple[str, Optional[bytes]]], task: Optional[tuple[str, str]] = None
+) -> str:
+    """JSON text: ``{"preemptions", "resumes", "skipped", "groups"}`` of the files ``(name, bytes,
+    or None if unreadable)``; with ``task`` ``(job, str(task))``, its last exit or null."""
 
-def last_exit_record(
-    sources: list[tuple[str, Optional[bytes]]], job: str, task: str
-) -> Optional[dict[str, Any]]: ...
-def valid_record(obj: object) -> bool: ...
-def record_field_ok(name: str, value: object) -> bool: ...
+def record_valid(value: object, field: Optional[str] = None) -> bool: ...
 def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) -> bool: ...
+def stamp_record(record: dict[str, Any]) -> int: ...
+def records_bound(timeout: Optional[float] = None, notice_line: bool = False) -> float: ...
 
 TF_WAIT_FOREVER_MS: int
 SIMULATED_CLUSTER_BOUND: float
@@ -890,10 +897,6 @@ def coordination_write_bound(timeout: Optional[float] = None) -> float: ...
 WORKER_GET_SLICE: float
 WORKER_SOFT_SLICE: float
 
-def report_same_preemption(t: float, first: float, end: Optional[float]) -> bool: ...
-def records_flush_bound(timeout: Optional[float] = None) -> float: ...
-
-INPUT_REPLAY_PROGRESS_EVERY: float
 DEFAULT_EXIT_CODE: int
 SHARES_UNMERGED_EXIT_CODE: int
 
@@ -906,29 +909,36 @@ def assign_shares(
     sizes: list[int], pinned: list[bool], workers: int
 ) -> tuple[list[int], list[int]]: ...
 
-class MergeStart:
-    """Whether the chief starts the merge (src/shares.rs ``MergeStart``)."""
+class SharesAction:
+    """What a worker does next in the shares' waits (src/shares.rs ``SharesAction``)."""
 
-    start: bool
-    bound: Optional[float]
-    needed: Optional[float]
-    left: Optional[float]
+    class Wait(SharesAction):
+        timeout: float
+        bound: float
 
-def shares_probe_answers(
-    workers: int, ask: Callable[[int, float], Optional[str]]
-) -> Optional[tuple[int, Optional[str], float]]: ...
-def shares_probe_file(
-    ask: Callable[[float], Optional[str]], look: Callable[[str], bool]
-) -> tuple[Optional[str], bool, float, float]: ...
+    class Look(SharesAction): ...
 
-class SharesSave:
-    """The waits of one part of a save in shares (src/shares.rs ``SaveWaits``)."""
+    class Looked(SharesAction):
+        seen: bool
+        looked: float
 
-    def __init__(self, core: Optional[ProtocolCore] = None) -> None: ...
-    def part_written(self, chief: bool) -> None: ...
-    def left(self, after_failure: bool = False) -> float: ...
-    def merge_start(self) -> MergeStart: ...
-    def merged(self) -> None: ...
+    class Merge(SharesAction):
+        bound: float
+
+    class Keep(SharesAction):
+        needed: float
+        left: float
+
+class SharesWaits:
+    """Every wait of one worker in the shares: the probe, or one save
+    (src/shares.rs ``Waits``); reads the clock itself."""
+
+    def __init__(
+        self, core: Optional[ProtocolCore] = None, chief: bool = False, probe: bool = False
+    ) -> None: ...
+    def handle(self, event: str, seen: bool = False) -> None: ...
+    def poll(self) -> SharesAction: ...
+    def poll_timeout(self) -> float: ...
 
 # Whether a non-chief's whole copy of a checkpoint may go to memory (src/host_memory.rs).
 def copy_place(

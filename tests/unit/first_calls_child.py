@@ -138,15 +138,6 @@ def signal_watch() -> None:
     _native.signal_deliveries(signal.SIGUSR2)
 
 
-def key_value_store() -> None:
-    store = _native.KeyValueStore()
-    name = threading.current_thread().name
-    store.set(name, "1")
-    assert store.get(name, timeout=5) == ("1", None) or store.try_get(name) == "1"
-    store.keys()
-    store.delete(name)
-
-
 def metadata_probe() -> None:
     assert _native.probe_metadata("gce", CLOSED_PORT_URL, 0.5) is False
 
@@ -193,6 +184,30 @@ def ps_control() -> None:
     served.state()
 
 
+def records_and_shares() -> None:
+    """The records' reading (detached), stamping and claims; the shares' waits, whose
+    poll waits (detached, no lock held) for the pause before a look; the input's
+    timing."""
+    line = b'{"schema": 1, "stage": "exit", "time": 5.0, "job": "w", "task": 0}\n'
+    name = threading.current_thread().name
+    assert '"preemptions"' in _native.read_records([(name, line), (name + "x", None)])
+    assert _native.read_records([(name, line)], ("w", "0")) != "null"
+    assert _native.record_valid({"stage": "exit", "time": 1.0, "job": "w", "task": 0})
+    assert _native.stamp_record({"stage": "exit"}) > 0
+    _native.claim_resume(name, "w", "0", None)
+    probe = _native.SharesWaits(probe=True)
+    assert probe.poll().timeout > 0
+    probe.handle("token")
+    probe.handle("looked", seen=False)
+    assert isinstance(probe.poll(), _native.SharesAction.Look), "after the pause"
+    save = _native.SharesWaits(chief=True)
+    save.handle("part_written")
+    save.handle("parts_checked")
+    assert isinstance(save.poll(), _native.SharesAction.Merge)
+    save.handle("merged")
+    assert _native.InputTiming(advance=True).poll_timeout() >= 0
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -206,11 +221,11 @@ SCENARIOS = {
         handler_core,
         inbox,
         signal_watch,
-        key_value_store,
         metadata_probe,
         metadata_watch,
         testing_service,
         ps_control,
+        records_and_shares,
     )
 }
 

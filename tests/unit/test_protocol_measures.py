@@ -17,15 +17,15 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 97,
-    "native_constants": 21,
-    "native_constants_not_allowed": 8,
-    "native_constant_uses": 10,
-    "binding_methods": 127,
-    "literal_waits": 1,
-    "time_reads": 8,
+    "native_names": 92,
+    "native_constants": 18,
+    "native_constants_not_allowed": 6,
+    "native_constant_uses": 8,
+    "binding_methods": 121,
+    "literal_waits": 0,
+    "time_reads": 4,
     "wide_61": 0,
-    "binding_ratio": 0.459,
+    "binding_ratio": 0.424,
 }
 
 
