@@ -11,9 +11,6 @@ ACK_VALUE: str
 STOP_WATCHER: str
 PREEMPTION_NOTICE_KEY: str
 CHECKPOINTED_RUNS: str
-DEFAULT_PEER_TIMEOUT: float
-THREAD_JOIN_TIMEOUT: float
-SHUTDOWN_WRITE_TIMEOUT: float
 
 _T = TypeVar("_T")
 
@@ -21,13 +18,10 @@ class HandlerCore:
     """Native base of ``PreemptionCheckpointHandler``: the hot path and the step resolver."""
 
     _run_counter: int
-    @property
-    def _attention(self) -> bool: ...
     def __new__(cls, *args: Any, **kwargs: Any) -> HandlerCore: ...
     def run(
         self, distributed_train_function: Callable[..., _T], *args: Any, **kwargs: Any
     ) -> _T: ...
-    def _core_state(self) -> dict[str, Any]: ...
     def _protocol_core(self) -> ProtocolCore: ...
 
 class ProtocolCore:
@@ -35,45 +29,33 @@ class ProtocolCore:
 
     run_counter: int
     @property
-    def running_thread(self) -> int: ...
-    @property
-    def trainer_thread(self) -> int: ...
+    def threads(self) -> tuple[int, int]: ...
     @property
     def attention(self) -> bool: ...
     def begin_step(self) -> bool: ...
-    def set_pending(self, pending: bool) -> None: ...
-    def after_check(self) -> None: ...
-    def step_failed(self) -> None: ...
     def step_done(self) -> None: ...
     def configure(
         self,
-        worker_id: Optional[int],
-        num_workers: int,
-        grace_period: float,
-        peer_timeout: float = 300.0,
-        save_at_current_run: bool = False,
-    ) -> None: ...
-    peer_timeout: float
-    def handle(self, event: Event, now: Optional[float] = None) -> Any: ...
+        *,
+        worker_id: Optional[int] = ...,
+        num_workers: int = ...,
+        grace_period: float = ...,
+        peer_timeout: float = ...,
+        save_at_current_run: bool = ...,
+        exit_reserve: float = ...,
+        clock: Optional[Callable[[], float]] = ...,
+    ) -> float: ...
+    def handle(self, event: Event) -> Any: ...
     def poll(self) -> Optional[Action]: ...
-    def poll_timeout(self) -> Optional[float]: ...
-    def platform_end(self, now: float, left: float) -> None: ...
-    def before_step(self, now: float) -> StepAction: ...
-    def fit(self, now: float) -> Optional[tuple[str, float, float]]: ...
-    def retry_bound(self, now: float) -> float: ...
-    def kill_deadline(self) -> Optional[float]: ...
-    def drain_bound(self, now: float) -> float: ...
-    def shutdown_writes(self) -> list[LeaderAction]: ...
-    @property
-    def writes_busy(self) -> bool: ...
-    @property
-    def has_final_round(self) -> bool: ...
+    def poll_timeout(self, waiting: bool = False) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
 
 class NoticeAction:
     """What to do about a termination notice."""
 
-    class Lead(NoticeAction): ...
+    class Lead(NoticeAction):
+        final_round: bool
+        writes: bool
 
     class Claim(NoticeAction):
         key: str
@@ -81,6 +63,7 @@ class NoticeAction:
 
     class Replan(NoticeAction): ...
     class Absorb(NoticeAction): ...
+    class Wait(NoticeAction): ...
 
 class StepAction:
     """What to do before the next step."""
@@ -88,31 +71,32 @@ class StepAction:
     class Proceed(StepAction): ...
 
     class Publish(StepAction):
-        round_key: str
+        round: str
         step: int
         ack_keys: list[str]
         own_ack_key: Optional[str]
 
     class Save(StepAction):
-        round_key: str
+        round: str
         step: int
+        drain: float
 
 class KeyAction:
     """What to do with a step key a leader published."""
 
     class Acknowledge(KeyAction):
         ack_key: str
-        next_round_key: Optional[str]
+        next_round: Optional[str]
 
     class Stop(KeyAction): ...
 
 class SaveAction:
     """What follows a save."""
 
-    Exit: SaveAction
-    Countdown: SaveAction
-    Raise: SaveAction
-    ExitUnmerged: SaveAction
+    class Exit(SaveAction): ...
+    class Countdown(SaveAction): ...
+    class Raise(SaveAction): ...
+    class ExitUnmerged(SaveAction): ...
 
 class SignalWatch:
     """Watches signals from any thread. An ``owner`` (a handler) holds back previously
@@ -156,34 +140,6 @@ class Input:
         def __init__(self) -> None: ...
 
 DEFAULT_GRACE_PERIOD: float
-
-class RetryVerdict:
-    """What follows a failed attempt (``Retry.failed``; ``src/retry.rs``)."""
-
-    class Again(RetryVerdict):
-        at: float
-        left: float
-        pause: float
-
-    class GiveUp(RetryVerdict):
-        attempts: int
-        seconds: float
-
-class Retry:
-    """One run of failures of one call, retried for ``bound`` seconds from ``now``
-    (each ``now`` defaults to the binding's clock, :func:`now`)."""
-
-    def __init__(self, bound: float, now: Optional[float] = None) -> None: ...
-    def attempt(self, now: Optional[float] = None) -> None: ...
-    def failed(self, now: Optional[float] = None, closing: bool = False) -> RetryVerdict: ...
-    def elapsed(self, now: Optional[float] = None) -> float: ...
-    def last_attempt(self) -> None: ...
-    @property
-    def bound(self) -> float: ...
-    @property
-    def attempts(self) -> int: ...
-    @property
-    def since(self) -> Optional[float]: ...
 
 PS_TOKEN: str
 
@@ -274,17 +230,8 @@ class TaskProtocol:
     def answer(self, request: Any) -> dict[str, Any]: ...
     def state(self) -> dict[str, Any]: ...
 
-def write_timeout(peer_timeout: float, announce: bool = False) -> float:
-    """The bound on one coordination-service call of the protocol (``src/step_resolution.rs``)."""
-
-def now() -> float:
-    """The package's one monotonic clock (``CLOCK_MONOTONIC``), in seconds."""
-
-def unix_now() -> float:
-    """The wall clock, for stamps another process or a record reads."""
-
-def unix_time_of(moment: float, now: float) -> float:
-    """The wall-clock time of ``moment``, a time on the clock ``now`` was read from."""
+def unix_time_of(moment: float, core: ProtocolCore) -> float:
+    """The wall-clock time of ``moment``, a time on ``core``'s clock, read now."""
 
 class Deadline:
     """A wait of at most ``seconds`` from now (None: unbounded; ``src/deadline.rs``)."""
@@ -321,9 +268,9 @@ class TaskCalls:
 class WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
 
-    Acknowledge: WriteKind
-    Claim: WriteKind
-    Announce: WriteKind
+    class Acknowledge(WriteKind): ...
+    class Claim(WriteKind): ...
+    class Announce(WriteKind): ...
 
 class Event:
     """An input of the protocol driver (``ProtocolCore.handle``)."""
@@ -333,13 +280,12 @@ class Event:
             self,
             source: str,
             message: str,
-            unix_now: float,
             unix_deadline: Optional[float] = None,
             unix_kill: Optional[float] = None,
         ) -> None: ...
 
     class StepKey(Event):
-        def __init__(self, round_key: str, value: str, superseded: bool = False) -> None: ...
+        def __init__(self, round: str, value: str, superseded: bool = False) -> None: ...
 
     class Written(Event):
         def __init__(self, id: int, won: bool = True) -> None: ...
@@ -374,14 +320,44 @@ class Event:
     class ReadFailed(Event):
         def __init__(self, closing: bool = False) -> None: ...
 
+    class Timing(Event):
+        def __init__(self) -> None: ...
+
+    class Timed(Event):
+        def __init__(self) -> None: ...
+
     class Restored(Event):
-        def __init__(self, duration: float) -> None: ...
+        def __init__(self) -> None: ...
 
     class Saved(Event):
-        def __init__(self, round_key: str, duration: float) -> None: ...
+        def __init__(self, round: str) -> None: ...
 
     class SaveFailed(Event):
         def __init__(self, shares: bool) -> None: ...
+
+    class BeforeStep(Event):
+        def __init__(self) -> None: ...
+
+    class ChecksDone(Event):
+        def __init__(self) -> None: ...
+
+    class StepFailed(Event):
+        def __init__(self) -> None: ...
+
+    class Pending(Event):
+        def __init__(self, pending: bool) -> None: ...
+
+    class Fit(Event):
+        def __init__(self) -> None: ...
+
+    class Exiting(Event):
+        def __init__(self, ends_in: Optional[float] = None) -> None: ...
+
+    class Shutdown(Event):
+        def __init__(self) -> None: ...
+
+    class ErrorReport(Event):
+        def __init__(self) -> None: ...
 
 class ReaderAction:
     """What the step-key reader does next (``ProtocolCore.handle``)."""

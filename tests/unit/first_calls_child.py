@@ -110,11 +110,11 @@ def closure_queue() -> None:
 def handler_core() -> None:
     core = _native.HandlerCore()
     protocol = core._protocol_core()
-    protocol.configure(0, 2, 0.0)
+    protocol.configure(worker_id=0, num_workers=2, grace_period=0.0)
     assert core.run(lambda x: x + 1, 1) == 2
     protocol.begin_step()
-    core._core_state()
-    protocol.handle(_native.Event.Notice("test", "m", 0.0), 0.0)
+    protocol.state()
+    protocol.handle(_native.Event.Notice("test", "m"))
     protocol.poll()
     protocol.poll_timeout()
 

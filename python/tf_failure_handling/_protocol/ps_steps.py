@@ -58,6 +58,8 @@ class PsSteps:
         #: The finished runs after the last save's first unfinished one: they run again.
         self._finished_after: list = []
         self._join_check: Any = None
+        #: How long a failed release after the save is retried (``after_save``: the
+        #: core's bound, None until then).
 
     @property
     def active(self) -> bool:
@@ -65,7 +67,9 @@ class PsSteps:
         that publishes the agreed step also saves at it, before scheduling anything more."""
         return self.poller is not None
 
-    def start_watch(self, cluster_resolver: Any, checkpoint: Any, join_check: Any) -> None:
+    def start_watch(
+        self, cluster_resolver: Any, checkpoint: Any, join_check: Any, peer_timeout: float
+    ) -> None:
         """Starts polling the PS and worker tasks for notices, and makes ``join_check``
         (the handler's step check) the one ``ClusterCoordinator.join()`` makes. The
         strategy of the checkpoint's variables is kept: TensorFlow's own coordinator is
@@ -76,7 +80,7 @@ class PsSteps:
             self._on_cluster_notice,
             on_released=self._records.task_release,
             on_stale_context=self._reconnect,
-            peer_timeout=self._core.peer_timeout,
+            peer_timeout=peer_timeout,
             # Ours has one: its failure handling's, which then watches the tasks too.
             protocol=_coordinators.protocol_of(self._coordinator()),
         )
@@ -114,15 +118,13 @@ class PsSteps:
         if coordinator is not None:
             _coordinators.request_reconnect(coordinator, task)
 
-    def on_notice(self, final_round: Optional[bool] = None) -> None:
+    def on_notice(self, final_round: bool) -> None:
         """A notice this coordinator acts on (its own or a PS's; the driver's thread):
         with no grace period the save comes next, so from now on no worker takes a new
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
         hold), which must return to reach the check that saves. ``final_round``: the
-        handler's final save round is under way (None: asked of the handler's core)."""
+        handler's final save round is under way (the core's ``NoticeAction.Lead``)."""
         if self.poller is not None:
-            if final_round is None:
-                final_round = self._core.has_final_round
             self._perform(CoordinatorEvent.OwnNotice(final_round))
 
     def _perform(self, event: Any) -> None:
@@ -289,7 +291,7 @@ class PsSteps:
     def after_save(self) -> None:
         """Releases the PS tasks whose notice this save answered, then stops the watch
         (the core's order: until then the tasks see the coordinator ask, and wait for
-        it)."""
+        it); a failed release is retried within the bound each release action carries."""
         if self.poller is not None:
             self._perform(CoordinatorEvent.CheckpointSaved())
 
