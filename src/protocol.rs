@@ -26,7 +26,9 @@ use crate::writes::{WriteId, Writes};
 
 /// The driver's writes as events in and actions out (`driver.rs`).
 mod driver;
-pub use driver::{DriverAction, SetCall, WriteEnd};
+#[allow(unused_imports)]
+pub(crate) use driver::action;
+pub use driver::{Action, DriverAction, SetCall, WriteEnd};
 /// The leader's round as events in and actions out (`agree.rs`).
 mod agree;
 #[allow(unused_imports)]
@@ -37,6 +39,13 @@ mod reader;
 #[allow(unused_imports)]
 pub(crate) use reader::reader_action;
 pub use reader::ReaderAction;
+/// What the protocol answers its events with, declared once (`answer.rs`).
+pub mod answer;
+/// The protocol's inputs, declared once (`event.rs`).
+mod event;
+#[allow(unused_imports)]
+pub(crate) use event::event;
+pub use event::Event;
 
 /// The handler's configuration, set at construction.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -124,6 +133,10 @@ pub struct Snapshot {
     pub step_samples: usize,
     pub longest_save: Option<f64>,
     pub margin: f64,
+    /// The peer timeout in force ([`Config::peer_timeout`]).
+    pub peer_timeout: f64,
+    /// Seconds kept between the last save and the deadline for the exit.
+    pub exit_reserve: f64,
     /// None until configured.
     pub resolver: Option<ResolverView>,
 }
@@ -180,6 +193,17 @@ pub struct Protocol {
     /// A later statement of when the platform ends this process than the notice's
     /// own (a SLURM job this handler requeued: [`Protocol::handle_platform_end`]).
     platform_end: Option<f64>,
+    /// The configuration set last ([`Protocol::configure`]); None until then.
+    config: Option<Config>,
+    /// When the timed operation in progress (a save, a restore) started
+    /// ([`Protocol::handle_timing`]).
+    timing: Option<f64>,
+    /// How long the last timed operation took ([`Protocol::handle_timed`]): a save's
+    /// duration for [`Protocol::handle_saved`], a restore's for the estimate.
+    timed: Option<f64>,
+    /// When (Unix time) this handler took over its worker's notices
+    /// ([`Protocol::handle_take_over`]); None until it did.
+    took_over: Option<f64>,
 }
 
 impl Default for Protocol {
@@ -205,6 +229,10 @@ impl Protocol {
             outbox: std::collections::VecDeque::new(),
             longest_merge: None,
             platform_end: None,
+            config: None,
+            timing: None,
+            timed: None,
+            took_over: None,
         }
     }
 
@@ -218,7 +246,88 @@ impl Protocol {
         }
         self.resolver = Some(resolver);
         self.peer_timeout = config.peer_timeout;
+        self.config = Some(config);
         Ok(())
+    }
+
+    /// The configuration set last, or the one a handler starts from (local mode, no
+    /// grace period, the peer timeout in force): what a partial reconfiguration
+    /// (the handler's views) changes.
+    #[must_use]
+    pub fn config(&self) -> Config {
+        self.config.map_or(
+            Config {
+                worker_id: None,
+                num_workers: 1,
+                grace_period: 0.0,
+                save_at_current_run: false,
+                peer_timeout: self.peer_timeout,
+            },
+            |c| Config {
+                peer_timeout: self.peer_timeout,
+                ..c
+            },
+        )
+    }
+
+    // --- the handler's notices --------------------------------------------
+
+    /// This handler takes over its worker's notices when the wall clock says
+    /// `unix_now` (an older handler of the same worker still open hands it every
+    /// notice it sees from now on).
+    pub fn handle_take_over(&mut self, unix_now: f64) {
+        self.took_over = Some(unix_now);
+    }
+
+    /// Whether a notice that arrived at `at` (Unix time; None: not known) came after
+    /// this handler took over: one that came before reached the handlers open then,
+    /// as TensorFlow's signal handlers, and is not this one's.
+    #[must_use]
+    pub fn came_after(&self, at: Option<f64>) -> bool {
+        match (at, self.took_over) {
+            (Some(at), Some(took_over)) => at >= took_over,
+            _ => true,
+        }
+    }
+
+    // --- timed operations ------------------------------------------------
+
+    /// A timed operation (a save, a restore) starts at `now`.
+    pub fn handle_timing(&mut self, now: f64) {
+        self.timing = Some(now);
+    }
+
+    /// The timed operation ends at `now`: the seconds it took (0 with none started),
+    /// kept as the duration [`handle_saved_timed`](Self::handle_saved_timed) and
+    /// [`handle_restored_timed`](Self::handle_restored_timed) record.
+    pub fn handle_timed(&mut self, now: f64) -> f64 {
+        let took = self.timing.take().map_or(0.0, |start| (now - start).max(0.0));
+        self.timed = Some(took);
+        took
+    }
+
+    /// The save of `round` ended; its duration is the last timed operation's.
+    pub fn handle_saved_timed(&mut self, round: Round) -> Result<Result<SaveAction, SaveError>, ConfigError> {
+        let took = self.timed.unwrap_or(0.0);
+        self.handle_saved(round, took)
+    }
+
+    /// The checkpoint read at start ended; its duration is the last timed operation's.
+    pub fn handle_restored_timed(&mut self) {
+        if let Some(took) = self.timed {
+            self.handle_restored(took);
+        }
+    }
+
+    /// The process exits at `now`; the platform stated, after the notice, that it ends
+    /// the process `ends_in` seconds from now (a SLURM job this handler requeued), or
+    /// nothing more. The seconds until the platform ends it ([`kill_deadline`](Self::kill_deadline)),
+    /// None when it stated no moment: what the exit guard waits for.
+    pub fn handle_exiting(&mut self, now: f64, ends_in: Option<f64>) -> Option<f64> {
+        if let Some(left) = ends_in {
+            self.handle_platform_end(now + left);
+        }
+        self.kill_deadline().map(|k| k - now)
     }
 
     /// The peer timeout configured ([`Config::peer_timeout`]).
@@ -312,6 +421,19 @@ impl Protocol {
             self.start_round(*round, *step, ack_keys.clone(), own_ack_key.clone(), now);
         }
         Ok(action)
+    }
+
+    /// The check before the step that follows `runs` completed runs, at `now`: the
+    /// resolver's decision ([`before_step`](Self::before_step)), a save with the
+    /// seconds the closures in flight get first ([`drain_bound`](Self::drain_bound)).
+    pub fn step_check(&mut self, runs: u64, now: f64) -> Result<answer::StepAction, ConfigError> {
+        let action = self.before_step(runs, now)?;
+        Ok(answer::StepAction::of(action, self.drain_bound(now)))
+    }
+
+    /// The end of the save of `round`, timed last: exit, or count down.
+    pub fn saved(&mut self, round: Round) -> Result<Result<answer::SaveAction, SaveError>, ConfigError> {
+        Ok(self.handle_saved_timed(round)?.map(answer::SaveAction::from))
     }
 
     /// A save of `round` ended after `duration` seconds.
@@ -565,6 +687,8 @@ impl Protocol {
             step_samples: planner.samples(),
             longest_save: planner.longest_save(),
             margin: planner.margin(),
+            peer_timeout: self.peer_timeout,
+            exit_reserve: planner.exit_reserve(),
             resolver,
         }
     }

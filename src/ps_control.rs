@@ -11,12 +11,14 @@
 //! [`CALL_TIMEOUT`], so that one task that does not answer holds up no other.
 //!
 //! Each role has one protocol object, which Python only performs (events in with
-//! `now`, actions out, each with its timeout):
+//! `now`, actions out, each with its timeout; the binding's object reads its clock):
 //!
 //! * [`coordinator::Coordinator`] (`coordinator.rs`): the coordinator's. Its lanes,
 //!   one per thread that performs them: the poll rounds, a release and its retries,
 //!   the wait for a released task to be gone, a worker's drain, the handler's save
-//!   (the wait for the closures, the run count saved, the PS releases after it);
+//!   (the wait for the closures, the run count saved, the PS releases after it), a
+//!   worker thread's response to its closure's error (TF's order,
+//!   [`crate::failure::response`]) and the stop of that failure handling;
 //! * [`task::Task`] (`task.rs`): a served PS or worker task's: its answers to the
 //!   coordinator and how long it serves after its notice.
 //!
@@ -50,9 +52,11 @@
 //!   as a state machine (wait within the bound, run the gaps first, within the same
 //!   bound).
 //!
-//! Times are seconds on the caller's clock: monotonic for [`Calls`], the Unix
-//! clock for [`worker_drain_bound`] (a notice's deadline is a Unix time, as the task
-//! reported it; this is the one place it meets `now`).
+//! Times are seconds on the caller's clock: monotonic for [`Calls`] and the
+//! coordinator (a notice's deadline, a Unix time as the task reported it, is placed on
+//! the coordinator's clock when the poll's answer arrives: [`crate::notice::monotonic`]),
+//! the Unix clock for a served task (its notice's time and deadline are what it
+//! reports to the coordinator).
 //!
 //! The gRPC keepalive the package adds to TensorFlow's channels, so that a call
 //! to a stopped task fails instead of stalling, is in `keepalive.rs`.
@@ -66,7 +70,7 @@ pub mod task;
 mod watch;
 
 pub use calls::{Abandoned, CallId, Calls, Refused};
-pub use keepalive::{grpc_keepalive_options, GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT};
+pub use keepalive::{grpc_keepalive_options, with_keepalive, GRPC_CONNECT_TIMEOUT, GRPC_PING_EVERY, GRPC_PING_TIMEOUT};
 pub use watch::{reconnect, PollLog, Watch, STALE_CONTEXT};
 
 /// The key of the task control in TensorFlow's `py_func` registry of a
@@ -313,9 +317,9 @@ pub fn release_refused(
 }
 
 /// Seconds a worker's closure in flight may run before the worker is
-/// released anyway: up to [`DRAIN_MARGIN`] before the notice's `deadline`
-/// (Unix seconds), never negative, or [`DEFAULT_DRAIN_BOUND`] without one.
-/// `now` is the Unix time.
+/// released anyway: up to [`DRAIN_MARGIN`] before the notice's `deadline`, never
+/// negative, or [`DEFAULT_DRAIN_BOUND`] without one (`deadline` and `now` on one
+/// clock).
 #[must_use]
 pub fn worker_drain_bound(deadline: Option<f64>, now: f64) -> f64 {
     match deadline {

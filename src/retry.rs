@@ -345,11 +345,57 @@ mod tests {
         );
     }
 
+    // Ported from tests/unit/test_core_decisions.py (the rule through the binding's
+    // `Retry`, which served only that test): a run of failures pauses doubling and gives
+    // up at its bound, with its attempts and seconds.
+    #[test]
+    fn a_run_of_failures_pauses_doubling_and_gives_up_at_its_bound() {
+        let mut r = Retry::new(2.0).started(100.0);
+        let (mut now, mut pauses) = (100.0, Vec::new());
+        let verdict = loop {
+            match r.failed(now, false) {
+                Verdict::Again { at, .. } => {
+                    pauses.push(at - now);
+                    now = at;
+                }
+                end @ Verdict::GiveUp { .. } => break end,
+            }
+        };
+        for (pause, want) in pauses.iter().zip([0.05, 0.1, 0.2, 0.4, 0.8]) {
+            assert!((pause - want).abs() < 1e-9, "{pauses:?}");
+        }
+        assert!((now - 102.0).abs() < 1e-9);
+        let Verdict::GiveUp { attempts, seconds } = verdict else {
+            unreachable!()
+        };
+        assert_eq!(attempts as usize, pauses.len() + 1);
+        assert!((seconds - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_run_past_its_bound_makes_exactly_its_minimum_of_attempts() {
+        // Attempts slower than the bound (a loaded machine): 0.7 s each against 1 s.
+        let mut r = Retry::new(1.0).started(0.0);
+        let mut now = 0.0;
+        for _ in 1..MIN_ATTEMPTS {
+            again(r.failed(now, false));
+            now += 0.7;
+        }
+        assert!(matches!(r.failed(now, false), Verdict::GiveUp { attempts, .. } if attempts == MIN_ATTEMPTS));
+    }
+
     // Closing, and bounds that are not positive.
     #[test]
     fn nothing_is_retried_while_closing() {
         let mut r = Retry::new(10.0).started(0.0);
         assert_eq!(r.failed(0.1, true), Verdict::GiveUp { attempts: 1, seconds: 0.1 });
+    }
+
+    #[test]
+    fn closing_or_a_last_attempt_gives_up_at_the_first_failure() {
+        let mut r = Retry::new(10.0).started(0.0);
+        r.last_attempt();
+        assert!(matches!(r.failed(0.1, false), Verdict::GiveUp { attempts: 1, .. }));
     }
 
     #[test]

@@ -185,12 +185,13 @@ pub const COORDINATION_WRITE_TIMEOUT: f64 = 60.0;
 /// `_cluster/membership.py` run one at a time, not in parallel.
 pub const PEER_PROBE_TIMEOUT: f64 = 2.0;
 /// Bound, in seconds, on joining a watcher thread (the step-key reader, the
-/// driver) at shutdown.
+/// driver) at shutdown: the handler's `Event.Shutdown` answers with it.
 pub const THREAD_JOIN_TIMEOUT: f64 = 10.0;
 /// Bound, in seconds, on one coordination-service write that nothing waits for
 /// (releasing blocked readers at shutdown, reporting an error, announcing a
-/// notice). The protocol's own writes are bounded by the peer timeout (60 s at
-/// most).
+/// notice): the `LeaderAction.Set`s of `Event.Shutdown` and the answer to
+/// `Event.ErrorReport` carry it. The protocol's own writes are bounded by the peer
+/// timeout (60 s at most).
 pub const SHUTDOWN_WRITE_TIMEOUT: f64 = 10.0;
 
 /// Longest single blocking get of the step-key reader, in seconds; it looks

@@ -49,17 +49,21 @@ use crate::retry::{Retry, Verdict};
 /// A write's handle, given when it is queued and used to report each attempt.
 pub type WriteId = u64;
 
-/// What a write is to the driver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// The acknowledgement of a step key: a leader waits for it.
-    Acknowledge,
-    /// The write of the notice in hand: a claim (dropped at close).
-    Claim,
-    /// The write of the notice in hand that must be finished: an announce
-    /// (one last attempt at close).
-    Announce,
+crate::wire! {
+    /// What a write is to the driver (`Action.kind` in Python).
+    pub enum WriteKind via write_kind {
+        /// The acknowledgement of a step key: a leader waits for it.
+        Acknowledge {},
+        /// The write of the notice in hand: a claim (dropped at close).
+        Claim {},
+        /// The write of the notice in hand that must be finished: an announce
+        /// (one last attempt at close).
+        Announce {},
+    }
 }
+
+/// The core's name for a write's kind.
+pub type Kind = WriteKind;
 
 #[derive(Debug)]
 struct Pending {
@@ -103,7 +107,7 @@ impl Writes {
     /// pending: the driver keeps later notices waiting until [`Writes::busy`]
     /// is false.
     pub fn push(&mut self, kind: Kind, bound: f64, now: f64) -> Result<WriteId, Busy> {
-        if kind != Kind::Acknowledge && self.notice.is_some() {
+        if !matches!(kind, Kind::Acknowledge {}) && self.notice.is_some() {
             return Err(Busy);
         }
         let id = self.next_id;
@@ -113,7 +117,7 @@ impl Writes {
             retry: Retry::new(bound).started(now),
             due: now,
         };
-        if kind == Kind::Acknowledge {
+        if matches!(kind, Kind::Acknowledge {}) {
             self.acks.push_back(pending);
         } else {
             self.notice = Some((kind, pending));
@@ -194,7 +198,7 @@ impl Writes {
     /// (forgotten). See the module documentation for why.
     pub fn close(&mut self, now: f64) -> Closing {
         let mut closing = Closing::default();
-        if let Some((Kind::Claim, _)) = &self.notice {
+        if let Some((Kind::Claim {}, _)) = &self.notice {
             closing.dropped = self.notice.take().map(|(_, p)| p.id);
         }
         for pending in self.acks.iter_mut().chain(self.notice.iter_mut().map(|(_, p)| p)) {
@@ -218,7 +222,7 @@ impl Writes {
 
     fn take(&mut self, id: WriteId) -> Option<(Kind, Pending)> {
         if let Some(i) = self.acks.iter().position(|p| p.id == id) {
-            return self.acks.remove(i).map(|p| (Kind::Acknowledge, p));
+            return self.acks.remove(i).map(|p| (Kind::Acknowledge {}, p));
         }
         if self.notice.as_ref().is_some_and(|(_, p)| p.id == id) {
             return self.notice.take();
@@ -258,7 +262,7 @@ mod tests {
     #[test]
     fn a_queued_write_is_due_at_once() {
         let mut w = Writes::new();
-        let claim = w.push(Kind::Claim, BOUND, 5.0).unwrap();
+        let claim = w.push(Kind::Claim {}, BOUND, 5.0).unwrap();
         assert_eq!(w.poll_timeout(), Some(5.0));
         assert_eq!(w.poll_action(5.0), Some(claim));
         assert!(w.busy());
@@ -267,18 +271,18 @@ mod tests {
     #[test]
     fn an_acknowledgement_goes_before_the_notices_write() {
         let mut w = Writes::new();
-        let claim = w.push(Kind::Claim, BOUND, 0.0).unwrap();
-        let ack = w.push(Kind::Acknowledge, BOUND, 0.1).unwrap();
+        let claim = w.push(Kind::Claim {}, BOUND, 0.0).unwrap();
+        let ack = w.push(Kind::Acknowledge {}, BOUND, 0.1).unwrap();
         assert_eq!(w.poll_action(0.1), Some(ack));
-        assert_eq!(w.done(ack), Some(Kind::Acknowledge));
+        assert_eq!(w.done(ack), Some(Kind::Acknowledge {}));
         assert_eq!(w.poll_action(0.1), Some(claim));
     }
 
     #[test]
     fn acknowledgements_go_oldest_first() {
         let mut w = Writes::new();
-        let first = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
-        let second = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
+        let first = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
+        let second = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
         assert_eq!(w.poll_action(0.0), Some(first));
         w.done(first);
         assert_eq!(w.poll_action(0.0), Some(second));
@@ -287,13 +291,13 @@ mod tests {
     #[test]
     fn an_acknowledgement_never_waits_behind_a_failing_claim() {
         let mut w = Writes::new();
-        let claim = w.push(Kind::Claim, BOUND, 0.0).unwrap();
+        let claim = w.push(Kind::Claim {}, BOUND, 0.0).unwrap();
         let at = again_at(w.failed(claim, 0.0, false));
         assert!((at - FIRST_PAUSE).abs() < 1e-12);
         // The claim is not due; an acknowledgement that arrives is.
         assert_eq!(w.poll_action(0.01), None);
         assert_eq!(w.poll_timeout(), Some(at));
-        let ack = w.push(Kind::Acknowledge, BOUND, 0.01).unwrap();
+        let ack = w.push(Kind::Acknowledge {}, BOUND, 0.01).unwrap();
         assert_eq!(w.poll_action(0.01), Some(ack));
         assert_eq!(w.poll_timeout(), Some(0.01));
     }
@@ -301,8 +305,8 @@ mod tests {
     #[test]
     fn a_failing_acknowledgement_lets_a_due_one_after_it_go() {
         let mut w = Writes::new();
-        let first = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
-        let second = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
+        let first = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
+        let second = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
         again_at(w.failed(first, 0.0, false));
         assert_eq!(w.poll_action(0.0), Some(second));
     }
@@ -310,7 +314,7 @@ mod tests {
     #[test]
     fn a_failed_attempt_is_due_after_the_rules_pause_and_never_before() {
         let mut w = Writes::new();
-        let ack = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
+        let ack = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
         let at = again_at(w.failed(ack, 1.0, false));
         assert_eq!(w.poll_action(at - 1e-9), None);
         assert_eq!(w.poll_action(at), Some(ack));
@@ -320,7 +324,7 @@ mod tests {
     #[test]
     fn a_write_is_given_up_by_the_rule_and_forgotten() {
         let mut w = Writes::new();
-        let claim = w.push(Kind::Claim, 1.0, 0.0).unwrap();
+        let claim = w.push(Kind::Claim {}, 1.0, 0.0).unwrap();
         let mut now = 0.0;
         let verdict = loop {
             match w.failed(claim, now, false) {
@@ -341,28 +345,28 @@ mod tests {
     fn a_burst_shorter_than_the_minimum_survives_attempts_slower_than_the_bound() {
         // A loaded machine: each attempt ends 0.7 s after the last, against 1 s.
         let mut w = Writes::new();
-        let claim = w.push(Kind::Claim, 1.0, 0.0).unwrap();
+        let claim = w.push(Kind::Claim {}, 1.0, 0.0).unwrap();
         for i in 1..MIN_ATTEMPTS {
             again_at(w.failed(claim, 0.7 * f64::from(i), false));
         }
-        assert_eq!(w.done(claim), Some(Kind::Claim));
+        assert_eq!(w.done(claim), Some(Kind::Claim {}));
     }
 
     #[test]
     fn the_next_notice_waits_for_the_notices_write() {
         let mut w = Writes::new();
-        let claim = w.push(Kind::Claim, BOUND, 0.0).unwrap();
-        assert_eq!(w.push(Kind::Claim, BOUND, 0.0), Err(Busy));
-        assert_eq!(w.push(Kind::Announce, BOUND, 0.0), Err(Busy));
+        let claim = w.push(Kind::Claim {}, BOUND, 0.0).unwrap();
+        assert_eq!(w.push(Kind::Claim {}, BOUND, 0.0), Err(Busy));
+        assert_eq!(w.push(Kind::Announce {}, BOUND, 0.0), Err(Busy));
         w.done(claim);
         assert!(!w.busy());
-        assert!(w.push(Kind::Announce, BOUND, 0.0).is_ok());
+        assert!(w.push(Kind::Announce {}, BOUND, 0.0).is_ok());
     }
 
     #[test]
     fn nothing_is_retried_while_closing() {
         let mut w = Writes::new();
-        let ack = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
+        let ack = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
         assert!(matches!(w.failed(ack, 0.1, true), Some(Verdict::GiveUp { attempts: 1, .. })));
         assert!(w.is_empty());
     }
@@ -370,9 +374,9 @@ mod tests {
     #[test]
     fn close_gives_acknowledgements_and_an_announce_one_last_attempt() {
         let mut w = Writes::new();
-        let first = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
-        let announce = w.push(Kind::Announce, BOUND, 0.0).unwrap();
-        let second = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
+        let first = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
+        let announce = w.push(Kind::Announce {}, BOUND, 0.0).unwrap();
+        let second = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
         // Not due before the close (a failure's pause): due at once after it.
         again_at(w.failed(second, 0.0, false));
         let closing = w.close(0.01);
@@ -388,8 +392,8 @@ mod tests {
     #[test]
     fn close_drops_a_claim() {
         let mut w = Writes::new();
-        let ack = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
-        let claim = w.push(Kind::Claim, BOUND, 0.0).unwrap();
+        let ack = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
+        let claim = w.push(Kind::Claim {}, BOUND, 0.0).unwrap();
         let closing = w.close(0.0);
         assert_eq!(closing.last_attempts, vec![ack]);
         assert_eq!(closing.dropped, Some(claim));
@@ -399,8 +403,8 @@ mod tests {
     #[test]
     fn a_stale_handle_changes_nothing() {
         let mut w = Writes::new();
-        let ack = w.push(Kind::Acknowledge, BOUND, 0.0).unwrap();
-        assert_eq!(w.done(ack), Some(Kind::Acknowledge));
+        let ack = w.push(Kind::Acknowledge {}, BOUND, 0.0).unwrap();
+        assert_eq!(w.done(ack), Some(Kind::Acknowledge {}));
         assert_eq!(w.done(ack), None);
         assert_eq!(w.failed(ack, 0.0, false), None);
         assert_eq!(w.attempts(ack), 0);

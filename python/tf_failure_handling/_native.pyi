@@ -11,9 +11,6 @@ ACK_VALUE: str
 STOP_WATCHER: str
 PREEMPTION_NOTICE_KEY: str
 CHECKPOINTED_RUNS: str
-DEFAULT_PEER_TIMEOUT: float
-THREAD_JOIN_TIMEOUT: float
-SHUTDOWN_WRITE_TIMEOUT: float
 
 _T = TypeVar("_T")
 
@@ -21,13 +18,10 @@ class HandlerCore:
     """Native base of ``PreemptionCheckpointHandler``: the hot path and the step resolver."""
 
     _run_counter: int
-    @property
-    def _attention(self) -> bool: ...
     def __new__(cls, *args: Any, **kwargs: Any) -> HandlerCore: ...
     def run(
         self, distributed_train_function: Callable[..., _T], *args: Any, **kwargs: Any
     ) -> _T: ...
-    def _core_state(self) -> dict[str, Any]: ...
     def _protocol_core(self) -> ProtocolCore: ...
 
 class ProtocolCore:
@@ -35,45 +29,33 @@ class ProtocolCore:
 
     run_counter: int
     @property
-    def running_thread(self) -> int: ...
-    @property
-    def trainer_thread(self) -> int: ...
+    def threads(self) -> tuple[int, int]: ...
     @property
     def attention(self) -> bool: ...
     def begin_step(self) -> bool: ...
-    def set_pending(self, pending: bool) -> None: ...
-    def after_check(self) -> None: ...
-    def step_failed(self) -> None: ...
     def step_done(self) -> None: ...
     def configure(
         self,
-        worker_id: Optional[int],
-        num_workers: int,
-        grace_period: float,
-        peer_timeout: float = 300.0,
-        save_at_current_run: bool = False,
-    ) -> None: ...
-    peer_timeout: float
-    def handle(self, event: Event, now: Optional[float] = None) -> Any: ...
+        *,
+        worker_id: Optional[int] = ...,
+        num_workers: int = ...,
+        grace_period: float = ...,
+        peer_timeout: float = ...,
+        save_at_current_run: bool = ...,
+        exit_reserve: float = ...,
+        clock: Optional[Callable[[], float]] = ...,
+    ) -> float: ...
+    def handle(self, event: Event) -> Any: ...
     def poll(self) -> Optional[Action]: ...
-    def poll_timeout(self) -> Optional[float]: ...
-    def platform_end(self, now: float, left: float) -> None: ...
-    def before_step(self, now: float) -> StepAction: ...
-    def fit(self, now: float) -> Optional[tuple[str, float, float]]: ...
-    def retry_bound(self, now: float) -> float: ...
-    def kill_deadline(self) -> Optional[float]: ...
-    def drain_bound(self, now: float) -> float: ...
-    def shutdown_writes(self) -> list[LeaderAction]: ...
-    @property
-    def writes_busy(self) -> bool: ...
-    @property
-    def has_final_round(self) -> bool: ...
+    def poll_timeout(self, waiting: bool = False) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
 
 class NoticeAction:
     """What to do about a termination notice."""
 
-    class Lead(NoticeAction): ...
+    class Lead(NoticeAction):
+        final_round: bool
+        writes: bool
 
     class Claim(NoticeAction):
         key: str
@@ -81,6 +63,7 @@ class NoticeAction:
 
     class Replan(NoticeAction): ...
     class Absorb(NoticeAction): ...
+    class Wait(NoticeAction): ...
 
 class StepAction:
     """What to do before the next step."""
@@ -88,31 +71,32 @@ class StepAction:
     class Proceed(StepAction): ...
 
     class Publish(StepAction):
-        round_key: str
+        round: str
         step: int
         ack_keys: list[str]
         own_ack_key: Optional[str]
 
     class Save(StepAction):
-        round_key: str
+        round: str
         step: int
+        drain: float
 
 class KeyAction:
     """What to do with a step key a leader published."""
 
     class Acknowledge(KeyAction):
         ack_key: str
-        next_round_key: Optional[str]
+        next_round: Optional[str]
 
     class Stop(KeyAction): ...
 
 class SaveAction:
     """What follows a save."""
 
-    Exit: SaveAction
-    Countdown: SaveAction
-    Raise: SaveAction
-    ExitUnmerged: SaveAction
+    class Exit(SaveAction): ...
+    class Countdown(SaveAction): ...
+    class Raise(SaveAction): ...
+    class ExitUnmerged(SaveAction): ...
 
 class SignalWatch:
     """Watches signals from any thread. An ``owner`` (a handler) holds back previously
@@ -157,36 +141,9 @@ class Input:
 
 DEFAULT_GRACE_PERIOD: float
 
-class RetryVerdict:
-    """What follows a failed attempt (``Retry.failed``; ``src/retry.rs``)."""
-
-    class Again(RetryVerdict):
-        at: float
-        left: float
-        pause: float
-
-    class GiveUp(RetryVerdict):
-        attempts: int
-        seconds: float
-
-class Retry:
-    """One run of failures of one call, retried for ``bound`` seconds from ``now``
-    (each ``now`` defaults to the binding's clock, :func:`now`)."""
-
-    def __init__(self, bound: float, now: Optional[float] = None) -> None: ...
-    def attempt(self, now: Optional[float] = None) -> None: ...
-    def failed(self, now: Optional[float] = None, closing: bool = False) -> RetryVerdict: ...
-    def elapsed(self, now: Optional[float] = None) -> float: ...
-    def last_attempt(self) -> None: ...
-    @property
-    def bound(self) -> float: ...
-    @property
-    def attempts(self) -> int: ...
-    @property
-    def since(self) -> Optional[float]: ...
-
 PS_TOKEN: str
-GRPC_KEEPALIVE: list[tuple[str, int]]
+
+def grpc_options_with_keepalive(current: str) -> Optional[str]: ...
 
 class CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
@@ -260,25 +217,21 @@ class TaskProtocol:
     """A served task's protocol object (``src/ps_control/task.rs``)."""
 
     def __init__(
-        self, job: str, task: int, incarnation: str, peer_timeout: Optional[float] = None
+        self,
+        job: str,
+        task: int,
+        incarnation: str,
+        peer_timeout: Optional[float] = None,
+        *,
+        clock: Optional[Callable[[], float]] = None,
     ) -> None: ...
-    def handle(self, event: TaskEvent, now: Optional[float] = None) -> None: ...
-    def poll(self, now: Optional[float] = None) -> TaskAction: ...
-    def poll_timeout(self, now: Optional[float] = None) -> float: ...
-    def answer(self, request: Any, now: Optional[float] = None) -> dict[str, Any]: ...
+    def handle(self, event: TaskEvent) -> None: ...
+    def poll(self) -> TaskAction: ...
+    def answer(self, request: Any) -> dict[str, Any]: ...
     def state(self) -> dict[str, Any]: ...
 
-def write_timeout(peer_timeout: float, announce: bool = False) -> float:
-    """The bound on one coordination-service call of the protocol (``src/step_resolution.rs``)."""
-
-def now() -> float:
-    """The package's one monotonic clock (``CLOCK_MONOTONIC``), in seconds."""
-
-def unix_now() -> float:
-    """The wall clock, for stamps another process or a record reads."""
-
-def unix_time_of(moment: float, now: float) -> float:
-    """The wall-clock time of ``moment``, a time on the clock ``now`` was read from."""
+def unix_time_of(moment: float, core: ProtocolCore) -> float:
+    """The wall-clock time of ``moment``, a time on ``core``'s clock, read now."""
 
 class Deadline:
     """A wait of at most ``seconds`` from now (None: unbounded; ``src/deadline.rs``)."""
@@ -308,26 +261,16 @@ class Abandoned:
 class TaskCalls:
     """Which call to a task may start now (``src/ps_control/calls.rs``)."""
 
-    def __init__(
-        self, abandon_after: Optional[float] = None, max_abandoned: Optional[int] = None
-    ) -> None: ...
-    def start(self, task: str, now: Optional[float] = None) -> tuple[int, Optional[Abandoned]]: ...
+    def __init__(self, *, clock: Optional[Callable[[], float]] = None) -> None: ...
+    def start(self, task: str) -> tuple[int, Optional[Abandoned]]: ...
     def returned(self, task: str, id: int) -> bool: ...
-
-class PollLog:
-    """A line of the poll's log (``src/ps_control/watch.rs``)."""
-
-    NotServed: PollLog
-    DoesNotAnswer: PollLog
-    AnswersAgain: PollLog
-    NewIncarnation: PollLog
 
 class WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
 
-    Acknowledge: WriteKind
-    Claim: WriteKind
-    Announce: WriteKind
+    class Acknowledge(WriteKind): ...
+    class Claim(WriteKind): ...
+    class Announce(WriteKind): ...
 
 class Event:
     """An input of the protocol driver (``ProtocolCore.handle``)."""
@@ -337,13 +280,12 @@ class Event:
             self,
             source: str,
             message: str,
-            unix_now: float,
             unix_deadline: Optional[float] = None,
             unix_kill: Optional[float] = None,
         ) -> None: ...
 
     class StepKey(Event):
-        def __init__(self, round_key: str, value: str, superseded: bool = False) -> None: ...
+        def __init__(self, round: str, value: str, superseded: bool = False) -> None: ...
 
     class Written(Event):
         def __init__(self, id: int, won: bool = True) -> None: ...
@@ -378,14 +320,44 @@ class Event:
     class ReadFailed(Event):
         def __init__(self, closing: bool = False) -> None: ...
 
+    class Timing(Event):
+        def __init__(self) -> None: ...
+
+    class Timed(Event):
+        def __init__(self) -> None: ...
+
     class Restored(Event):
-        def __init__(self, duration: float) -> None: ...
+        def __init__(self) -> None: ...
 
     class Saved(Event):
-        def __init__(self, round_key: str, duration: float) -> None: ...
+        def __init__(self, round: str) -> None: ...
 
     class SaveFailed(Event):
         def __init__(self, shares: bool) -> None: ...
+
+    class BeforeStep(Event):
+        def __init__(self) -> None: ...
+
+    class ChecksDone(Event):
+        def __init__(self) -> None: ...
+
+    class StepFailed(Event):
+        def __init__(self) -> None: ...
+
+    class Pending(Event):
+        def __init__(self, pending: bool) -> None: ...
+
+    class Fit(Event):
+        def __init__(self) -> None: ...
+
+    class Exiting(Event):
+        def __init__(self, ends_in: Optional[float] = None) -> None: ...
+
+    class Shutdown(Event):
+        def __init__(self) -> None: ...
+
+    class ErrorReport(Event):
+        def __init__(self) -> None: ...
 
 class ReaderAction:
     """What the step-key reader does next (``ProtocolCore.handle``)."""
@@ -606,9 +578,6 @@ def is_ps_failure(e: object) -> bool: ...
 def classify_failure(e: object) -> tuple[bool, bool]: ...
 def failed_ps_instances(message: str) -> set[int]: ...
 
-DEFAULT_WORKER_RECOVERY_TIMEOUT: float
-COORDINATOR_STOP_LOCK_BOUND: float
-
 # The preemption records (src/records.rs): bytes in, JSON text out; lines stamped.
 #: Each field of the records' schema, and whether a line must have it.
 RECORD_FIELDS: dict[str, bool]
@@ -626,15 +595,6 @@ def records_bound(timeout: Optional[float] = None, notice_line: bool = False) ->
 
 TF_WAIT_FOREVER_MS: int
 SIMULATED_CLUSTER_BOUND: float
-
-class DrainEnd:
-    """Why a drain that held the worker's thread ends (``src/ps_control/drain.rs``)."""
-
-    Gone: DrainEnd
-    StillAnswers: DrainEnd
-    NewIncarnation: DrainEnd
-    Stopped: DrainEnd
-    HoldBoundPassed: DrainEnd
 
 class Lane:
     """Which of the coordinator's threads asks (``src/ps_control/coordinator.rs``)."""
@@ -656,6 +616,12 @@ class Lane:
     class Save(Lane): ...
     class Join(Lane): ...
 
+    class Failure(Lane):
+        thread: int
+        def __init__(self, thread: int) -> None: ...
+
+    class Stop(Lane): ...
+
 class CoordinatorEvent:
     """What the coordinator's threads report (``src/ps_control/coordinator.rs``)."""
 
@@ -664,6 +630,9 @@ class CoordinatorEvent:
 
     class PollFailed(CoordinatorEvent):
         def __init__(self, task: str, error: BaseException) -> None: ...
+
+    class Watch(CoordinatorEvent):
+        def __init__(self, tasks: List[str], peer_timeout: Optional[float]) -> None: ...
 
     class Stop(CoordinatorEvent): ...
     class RoundFailed(CoordinatorEvent): ...
@@ -684,7 +653,7 @@ class CoordinatorEvent:
         def __init__(self, task: str, listening: bool) -> None: ...
 
     class DrainStart(CoordinatorEvent):
-        def __init__(self, worker: int, deadline: Optional[float], can_hold: bool) -> None: ...
+        def __init__(self, worker: int, can_hold: bool) -> None: ...
 
     class Idled(CoordinatorEvent):
         def __init__(self, worker: int, idle: bool) -> None: ...
@@ -714,6 +683,15 @@ class CoordinatorEvent:
     class CheckpointSaved(CoordinatorEvent): ...
     class TrainingGoesOn(CoordinatorEvent): ...
 
+    class ClosureFailed(CoordinatorEvent):
+        def __init__(self, thread: int) -> None: ...
+
+    class FailureAnswered(CoordinatorEvent):
+        def __init__(self, thread: int, yes: bool) -> None: ...
+
+    class RecoveryWaited(CoordinatorEvent):
+        def __init__(self, thread: int, running: bool, recovered: bool) -> None: ...
+
 class CoordinatorAction:
     """What a coordinator's thread does next (``src/ps_control/coordinator.rs``)."""
 
@@ -722,7 +700,7 @@ class CoordinatorAction:
         timeout: float
 
     class Say(CoordinatorAction):
-        line: PollLog
+        line: str
         task: str
         detail: str
 
@@ -738,7 +716,9 @@ class CoordinatorAction:
 
     class Release(CoordinatorAction):
         task: str
-        request: dict
+        reason: str
+        incarnation: Optional[str]
+        notice_at: Optional[float]
         timeout: float
 
     class Released(CoordinatorAction):
@@ -772,7 +752,7 @@ class CoordinatorAction:
 
     class DrainOver(CoordinatorAction):
         held: bool
-        why: Optional[DrainEnd]
+        why: Optional[str]
         bound: float
         outcome: Optional[str]
 
@@ -795,6 +775,7 @@ class CoordinatorAction:
         finished_after: List[int]
         filled: List[int]
         error_wait: Optional[float]
+        took: float
 
     class HoldAll(CoordinatorAction):
         strict: bool
@@ -802,11 +783,32 @@ class CoordinatorAction:
     class ReleaseSaved(CoordinatorAction):
         task: str
         silence: float
+        bound: float
 
     class StopWatch(CoordinatorAction): ...
 
     class ResumeAll(CoordinatorAction):
         runs: Optional[int]
+
+    class Ask(CoordinatorAction):
+        question: str
+
+    class Retry(CoordinatorAction):
+        why: str
+
+    class Raise(CoordinatorAction): ...
+
+    class Recover(CoordinatorAction):
+        timeout: float
+
+    class AfterRecovery(CoordinatorAction):
+        stopped: bool
+        timed_out: bool
+        timeout: float
+
+    class StopRecovery(CoordinatorAction):
+        timeout: float
+        def __init__(self, timeout: float) -> None: ...
 
     class Done(CoordinatorAction): ...
 
@@ -819,44 +821,14 @@ class CoordinatorProtocol:
         peer_timeout: Optional[float] = None,
         interval: Optional[float] = None,
         call_timeout: Optional[float] = None,
+        *,
+        recovery_timeout: Optional[float] = None,
+        clock: Optional[Callable[[], float]] = None,
     ) -> None: ...
-    def handle(self, event: CoordinatorEvent, now: Optional[float] = None) -> None: ...
-    def poll(self, lane: Lane, now: Optional[float] = None) -> CoordinatorAction: ...
-    def poll_timeout(self, lane: Lane, now: Optional[float] = None) -> Optional[float]: ...
+    def handle(self, event: CoordinatorEvent) -> None: ...
+    def poll(self, lane: Lane) -> CoordinatorAction: ...
+    def poll_timeout(self, lane: Lane) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
-
-class FailureQuestion:
-    """A question about a closure's error, in TF's order (``src/failure/response.rs``)."""
-
-    TransientPsFailure: FailureQuestion
-    TransientTimeout: FailureQuestion
-    DerivedCancellation: FailureQuestion
-    WorkerFailure: FailureQuestion
-
-class FailureResponse:
-    """What ``failure_response`` says next."""
-
-    class Ask(FailureResponse):
-        question: FailureQuestion
-
-    class Retry(FailureResponse):
-        why: FailureQuestion
-
-    class Raise(FailureResponse): ...
-    class Recover(FailureResponse): ...
-
-def failure_response(
-    answered: Optional[FailureQuestion] = None, yes: bool = False
-) -> FailureResponse: ...
-
-class AfterRecoveryWait:
-    """What follows the wait for a failed worker's recovery."""
-
-    Stopped: AfterRecoveryWait
-    Recovered: AfterRecoveryWait
-    TimedOut: AfterRecoveryWait
-
-def after_recovery_wait(running: bool, recovered: bool) -> AfterRecoveryWait: ...
 
 class TransientFailures:
     """TF's ``Cluster`` transient-failure tolerances (PS strikes per task, timeouts)."""
@@ -873,14 +845,7 @@ class TransientFailures:
         self, e: BaseException, *, ps_failure: Optional[bool] = None
     ) -> bool: ...
     def record_and_ignore_transient_timeouts(self, e: BaseException) -> bool: ...
-    @property
-    def ps_threshold(self) -> int: ...
-    @property
-    def timeouts_threshold(self) -> int: ...
-    @property
-    def ps_failure_counts(self) -> list[int]: ...
-    @property
-    def timeouts_count(self) -> int: ...
+    def state(self) -> dict[str, Any]: ...
 
 class WatcherFnPoll:
     def __init__(self, inbox: Inbox, *, interval: float = ..., slow: float = ...) -> None: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from typing import Any, Optional
 
 from tensorflow.python.distribute.coordinator import cluster_coordinator as _tf_cc
@@ -30,20 +31,10 @@ from ._coordinator import worker_loop as _worker_loop
 from ._coordinator.closure_queue import ClosureQueue
 from ._integrations import tf_exit as _tf_exit
 from ._integrations import tf_versions as _tf_versions
-from ._native import COORDINATOR_STOP_LOCK_BOUND as STOP_LOCK_BOUND
-from ._native import (
-    DEFAULT_WORKER_RECOVERY_TIMEOUT,
-    AfterRecoveryWait,
-    FailureQuestion,
-    FailureResponse,
-    after_recovery_wait,
-    failure_response,
-)
+from ._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane
 
 log = logging.getLogger("tf_failure_handling")
 
-# DEFAULT_WORKER_RECOVERY_TIMEOUT and STOP_LOCK_BOUND are the core's (src/failure.rs
-# says what each means).
 WORKER_RECOVERY_TIMEOUT_ENV = "TF_FAILURE_HANDLING_WORKER_RECOVERY_TIMEOUT"
 
 RemoteValue = _remote_value.RemoteValue
@@ -71,12 +62,14 @@ class NotParameterServerStrategyError(ValueError, AttributeError):
     """
 
 
-def _recovery_timeout(value: Optional[float]) -> float:
+def _recovery_timeout(value: Optional[float]) -> Optional[float]:
+    """The ``worker_recovery_timeout`` given, else the environment's, checked; None:
+    neither (the core's default, TensorFlow's hour)."""
     name = "worker_recovery_timeout"
     if value is None:
         raw = os.environ.get(WORKER_RECOVERY_TIMEOUT_ENV)
         if not raw:
-            return DEFAULT_WORKER_RECOVERY_TIMEOUT
+            return None
         try:
             value = float(raw)
         except ValueError as e:
@@ -99,10 +92,16 @@ _STOPPED_BEFORE_RECOVERY = (
 
 
 class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
-    """TF's worker-failure handling with the native classifier and a bounded, settable wait."""
+    """TF's worker-failure handling with the native classifier and a bounded, settable
+    wait: what to do about a closure's error, how long to wait for the worker's
+    recovery and what follows, and how long a stop waits, are the coordinator's
+    protocol object's (``CoordinatorProtocol``'s failure and stop lanes)."""
 
-    def __init__(self, server_def: Any, cluster: _Cluster, recovery_timeout: float) -> None:
-        self._recovery_timeout = recovery_timeout
+    def __init__(
+        self, server_def: Any, cluster: _Cluster, recovery_timeout: Optional[float]
+    ) -> None:
+        #: The coordinator's protocol object for its worker failures.
+        self._protocol = CoordinatorProtocol([], recovery_timeout=recovery_timeout)
         super().__init__(server_def, cluster)
 
     def stop(self) -> None:
@@ -119,7 +118,8 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         (``worker_loop.HandlerStopped``). If the lock is not had within the bound, they
         wake when the recovery thread, done with its update, notifies them."""
         self._should_preemption_thread_run = False
-        if self._cluster_update_lock.acquire(timeout=STOP_LOCK_BOUND):
+        bound = self._protocol.poll(Lane.Stop()).timeout
+        if self._cluster_update_lock.acquire(timeout=bound):
             try:
                 self._cluster_due_for_update_or_finish.set()
                 self._worker_up_cond.notify_all()
@@ -129,7 +129,7 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         log.warning(
             "ClusterCoordinator: the worker-recovery thread did not let go of the cluster "
             "within %gs (it waits for a lost worker to come back); stopping without it.",
-            STOP_LOCK_BOUND,
+            bound,
         )
         self._cluster_due_for_update_or_finish.set()
 
@@ -162,29 +162,35 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         ):
             yield
 
-    def _respond(self, e: BaseException, worker_device_name: str) -> Any:
-        """Answers the core's questions about ``e`` in its order, each with TF's own
-        call (two of them count what they see), until it says what to do: ``Retry``
-        (logged here) or ``Recover``; an error that is the closure's is raised by TF's
-        ``_validate_preemption_failure``."""
-        cluster = self._cluster
+    def _respond(self, e: BaseException, lane: Any, worker_device_name: str) -> Any:
+        """Answers the core's questions about ``e`` in its order (its failure lane
+        ``lane``), each with TF's own call (two of them count what they see), until it
+        says what to do: ``Retry`` (logged here) or ``Recover``; an error that is the
+        closure's is raised by TF's ``_validate_preemption_failure``."""
+        cluster, protocol = self._cluster, self._protocol
         # Both of TF's questions (_is_ps_failure, _is_worker_failure) in one call.
         ps_failure, worker_failure = _failure.classify_failure(e)
-        response = failure_response()
-        while isinstance(response, FailureResponse.Ask):
-            question = response.question
-            if question == FailureQuestion.TransientPsFailure:
+        thread = lane.thread
+        protocol.handle(CoordinatorEvent.ClosureFailed(thread))
+        while isinstance(action := protocol.poll(lane), CoordinatorAction.Ask):
+            question = action.question
+            if question == "transient ps failure":
                 yes = cluster._record_and_ignore_transient_ps_failure(e, ps_failure=ps_failure)
-            elif question == FailureQuestion.TransientTimeout:
+            elif question == "transient timeout":
                 yes = cluster._record_and_ignore_transient_timeouts(e)
-            elif question == FailureQuestion.DerivedCancellation:
+            elif question == "derived cancellation":
                 yes = isinstance(e, _tf_errors.CancelledError) and "/job:" in str(e)
             else:
-                self._validate_preemption_failure(e, worker_failure)  # raises when not
+                try:
+                    self._validate_preemption_failure(e, worker_failure)  # raises when not
+                except BaseException:
+                    protocol.handle(CoordinatorEvent.FailureAnswered(thread, False))
+                    protocol.poll(lane)  # Raise: the lane ends
+                    raise
                 yes = True
-            response = failure_response(question, yes)
-        if isinstance(response, FailureResponse.Retry):
-            derived = response.why == FailureQuestion.DerivedCancellation
+            protocol.handle(CoordinatorEvent.FailureAnswered(thread, yes))
+        if isinstance(action, CoordinatorAction.Retry):
+            derived = action.why == "derived cancellation"
             log.error(
                 "Remote function on worker %s failed with %r:%s; %s",
                 worker_device_name,
@@ -194,7 +200,7 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
                 if derived
                 else "treated as a transient failure and retried.",
             )
-        return response
+        return action
 
     @contextlib.contextmanager
     def handle_failure(
@@ -225,8 +231,9 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
         except (_tf_errors.OpError, ClosureInputError, ClosureAbortedError, TypeError) as e:
             # The core says which question comes next and what to do (TF's order,
             # src/failure/response.rs); each answer is TF's own call.
-            response = self._respond(e, worker_device_name)
-            if isinstance(response, FailureResponse.Retry):
+            protocol, lane = self._protocol, Lane.Failure(threading.get_ident())
+            action = self._respond(e, lane, worker_device_name)
+            if isinstance(action, CoordinatorAction.Retry):
                 if on_transient_failure_fn:
                     on_transient_failure_fn()
                 return
@@ -240,23 +247,28 @@ class _WorkerPreemptionHandler(_tf_cc.WorkerPreemptionHandler):
                 if not self._should_preemption_thread_run:
                     raise _worker_loop.HandlerStopped(_STOPPED_BEFORE_RECOVERY) from e
                 self._cluster_due_for_update_or_finish.set()
-                recovered = self._worker_up_cond.wait(self._recovery_timeout)
+                recovered = self._worker_up_cond.wait(action.timeout)
                 if self._error_from_recovery:
                     try:
                         raise self._error_from_recovery
                     finally:
                         self._error_from_recovery = None
-            after = after_recovery_wait(self._should_preemption_thread_run, recovered)
-            if after == AfterRecoveryWait.Stopped:
+            protocol.handle(
+                CoordinatorEvent.RecoveryWaited(
+                    lane.thread, self._should_preemption_thread_run, recovered
+                )
+            )
+            after = protocol.poll(lane)
+            if after.stopped:
                 raise _worker_loop.HandlerStopped(_STOPPED_BEFORE_RECOVERY) from e
-            if after == AfterRecoveryWait.Recovered:
+            if not after.timed_out:
                 log.info("Worker %s has been recovered.", worker_device_name)
             else:
                 log.warning(
                     "Worker %s did not come back within %gs (worker_recovery_timeout); "
                     "its closures are retried on the workers that are up.",
                     worker_device_name,
-                    self._recovery_timeout,
+                    after.timeout,
                 )
 
             if on_recovery_fn:
@@ -277,7 +289,7 @@ class _Cluster(_tf_cc.Cluster):
     TF's own queue. Everything it sets up is set up here, in the same order.
     """
 
-    def __init__(self, strategy: Any, recovery_timeout: float) -> None:
+    def __init__(self, strategy: Any, recovery_timeout: Optional[float]) -> None:
         self._num_workers = strategy._num_workers
         self._num_ps = strategy._num_ps
         self._transient = _failure.TransientFailures(self._num_ps, self._num_workers)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 from . import _errors, records
 from ._cluster import coordination as _coordination
 from ._cluster import membership as _membership
-from ._native import DEFAULT_PEER_TIMEOUT, Event, HandlerCore, write_timeout
+from ._native import Event, HandlerCore
 from ._platforms import common as _common
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
@@ -52,13 +52,11 @@ from ._termination_config import TerminationConfig, _check_seconds
 log = logging.getLogger("tf_failure_handling")
 
 
-# DEFAULT_PEER_TIMEOUT (imported above): seconds the leader waits for every worker to
-# acknowledge a step key, unless ``TerminationConfig(peer_timeout=...)`` or
-# ``TF_FAILURE_HANDLING_PEER_TIMEOUT`` says otherwise (the core's value:
-# ``src/step_resolution.rs``).
-
-
-def _peer_timeout(config: TerminationConfig) -> float:
+def _peer_timeout(config: TerminationConfig) -> Optional[float]:
+    """The peer timeout ``TerminationConfig(peer_timeout=...)`` or
+    ``TF_FAILURE_HANDLING_PEER_TIMEOUT`` sets; None: the core's default
+    (``DEFAULT_PEER_TIMEOUT``, ``src/step_resolution.rs``), the seconds the leader waits
+    for every worker to acknowledge a step key."""
     if config.peer_timeout is not None:
         return config.peer_timeout
     raw = os.environ.get(PEER_TIMEOUT_ENV)
@@ -68,7 +66,7 @@ def _peer_timeout(config: TerminationConfig) -> float:
         except ValueError as e:
             raise ValueError(f"{PEER_TIMEOUT_ENV}={raw!r} is not a number of seconds") from e
         return _check_seconds(PEER_TIMEOUT_ENV, value)
-    return DEFAULT_PEER_TIMEOUT
+    return None
 
 
 #: Open handlers: a handler stays alive until ``close()`` even when the script drops it
@@ -77,7 +75,7 @@ _open: set = set()
 
 
 def _view(path: str) -> property:
-    """The handler's attribute as a view of ``path`` (``"_state.clock"``): TensorFlow's
+    """The handler's attribute as a view of ``path`` (``"_state.grace_period"``): TensorFlow's
     names, and those tests and other libraries read or set, as on TensorFlow's handler."""
     *owners, name = path.split(".")
 
@@ -95,6 +93,19 @@ def _view(path: str) -> property:
     return property(get, set_, doc=f"``{path}``.")
 
 
+def _core_view(name: str) -> property:
+    """The handler's attribute as a view of its protocol object's configuration
+    option ``name``: read from its state, set with ``configure``."""
+
+    def get(self: Any) -> Any:
+        return self._core.state()[name]
+
+    def set_(self: Any, value: Any) -> None:
+        self._core.configure(**{name: value})
+
+    return property(get, set_, doc=f"``_core``'s ``{name}``.")
+
+
 class PreemptionCheckpointHandler(HandlerCore):
     """Saves a checkpoint at one agreed step when any worker gets a termination notice.
 
@@ -109,10 +120,10 @@ class PreemptionCheckpointHandler(HandlerCore):
     _environment = _view("_state.environment")
     _coordination = _view("_state.coordination")
     _cluster_resolver = _view("_state.cluster_resolver")
-    _peer_timeout = _view("_core.peer_timeout")
+    _peer_timeout = _core_view("peer_timeout")
     _grace_period = _view("_state.grace_period")
-    _clock = _view("_state.clock")
     _closed = _view("_state.closed")
+    _attention = _view("_core.attention")
     _thread_error = _view("_errors.pending")
     _notices_handled = _view("_driver.notices_handled")
     _local_mode = _view("_state.membership.local")
@@ -165,16 +176,30 @@ class PreemptionCheckpointHandler(HandlerCore):
         exit_reserve = _common.seconds(EXIT_RESERVE_ENV, minimum=0.0)
         # Each scheduler's options (SLURM's requeue), for its step after the save.
         platform_options = _platform.attach(environment, config)
+        options: dict = {} if exit_reserve is None else {"exit_reserve": exit_reserve}
+        if peer_timeout is not None:
+            options["peer_timeout"] = float(peer_timeout)
+        # The protocol object, configured: it answers with the bound on one of its
+        # coordination-service writes, the client's default.
+        write_bound = core.configure(
+            worker_id=member.worker_id,
+            num_workers=member.num_workers,
+            grace_period=float(defaults.grace_period),
+            save_at_current_run=member.ps_coordinator,
+            **options,
+        )
         state.configure(
             Settings(
                 membership=member,
                 environment=environment,
                 coordination=None
                 if member.local
-                else _coordination.Client(_coordination.current(), write_timeout(peer_timeout)),
+                else _coordination.Client(_coordination.current(), write_bound),
                 cluster_resolver=cluster_resolver,
                 grace_period=defaults.grace_period,
                 device=defaults.device or environment.device,
+                exit_fn=defaults.exit_fn,
+                platform_options=platform_options,
             )
         )
 
@@ -189,6 +214,8 @@ class PreemptionCheckpointHandler(HandlerCore):
             state.coordination,
         )
 
+        # The core times the restore (and each save) on its clock.
+        self._checkpoints.core = core
         self._run_counter = self._checkpoints.restore()
         self._records = records.Recorder(
             records.folder_for(
@@ -210,17 +237,6 @@ class PreemptionCheckpointHandler(HandlerCore):
             f"{member.task_type} {member.task_id}" if member.task_type else "local 0",
         )
         stage.resumed(self._run_counter)
-        core.configure(
-            member.worker_id,
-            member.num_workers,
-            float(state.grace_period),
-            float(peer_timeout),
-            member.ps_coordinator,
-        )
-        if exit_reserve is not None:
-            core.exit_reserve = exit_reserve
-        # The shares' waits end before the notice's deadline less the exit's reserve.
-        self._checkpoints.core = core
         restore = self._checkpoints.restore_seconds
         if restore is not None and self._checkpoints.restore_deferred:
             log.info(
@@ -230,31 +246,24 @@ class PreemptionCheckpointHandler(HandlerCore):
             )
         elif restore is not None:
             # Until this process has saved, the restore is its estimate of a save.
-            core.handle(Event.Restored(restore))
+            core.handle(Event.Restored())
             log.info("Checkpoint restored in %.3fs: the save estimate until one is timed.", restore)
 
         # The parts, each given what it uses (docs/how-it-works.md, "Who does what").
         sources = _sources.NoticeSources(
             state.environment, defaults.signals, defaults.watcher_fn, owner=True
         )
-        retrier = Retrier(state, core)
+        retrier = Retrier(state, core)  # the reader's and the leader's; the driver makes its own
         self._errors = errors = ErrorReports(state, core)
-        self._ownership = ownership = Ownership(state)
+        self._ownership = ownership = Ownership(state, core)
         ownership.sources = sources
         ctx = Context(state, core, errors, stage)
         self._step_keys = step_keys = StepKeys(ctx, sources, retrier, ownership)
         self._ps = ps = PsSteps(state, core, stage, sources)
         self._agreement = agreement = Agreement(state, core, retrier, stage)
         notices = NoticeResponse(ctx, ownership, ps)
-        self._saver = saver = SaveAndExit(
-            ctx,
-            self._checkpoints,
-            ps,
-            step_keys,
-            defaults.exit_fn,
-            lambda: _platform.after_save(state.environment, platform_options, stage.recorder),
-        )
-        self._driver = Driver(ctx, sources, retrier, notices, step_keys.acknowledge)
+        self._saver = saver = SaveAndExit(ctx, self._checkpoints, ps, step_keys)
+        self._driver = Driver(ctx, sources, notices, step_keys.acknowledge)
         self._steps = StepCheck(ctx, agreement, saver)
 
         self._driver.start()
@@ -263,7 +272,9 @@ class PreemptionCheckpointHandler(HandlerCore):
         _open.add(self)
         ownership.take_over()
         if member.ps_coordinator:
-            ps.start_watch(cluster_resolver, checkpoint_or_checkpoint_manager, self._steps)
+            ps.start_watch(
+                cluster_resolver, checkpoint_or_checkpoint_manager, self._steps, peer_timeout
+            )
         #: The input whose position is saved (``track_input``, or tf_keras fit's own).
         self._input_tracker: Optional[_input.InputTracker] = _input.track_tf_keras_fit(
             self._checkpoints, max(1, member.num_workers or 1), lambda: self._run_counter
@@ -440,7 +451,11 @@ class PreemptionCheckpointHandler(HandlerCore):
 
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Saves now, recording the run count (TF's private method of this name)."""
-        self._checkpoints.save(self._run_counter, args, kwargs, self._state.clock)
+        self._checkpoints.save(self._run_counter, args, kwargs)
+
+    def _core_state(self) -> dict:
+        """The protocol object's state, for logs and tests."""
+        return self._core.state()
 
     def _propagate_error(self, error: BaseException) -> Optional[BaseException]:
         """Reports a step's ``OpError`` to every worker (keras.py calls it)."""
@@ -448,7 +463,8 @@ class PreemptionCheckpointHandler(HandlerCore):
 
     def _notify_termination(self, deadline: Optional[float] = None) -> None:
         """Delivers a notice as a termination source would (used by ``testing``);
-        ``deadline`` is on the handler's clock."""
+        ``deadline`` is on the handler's clock (the protocol object's: ``time.monotonic``
+        unless a simulation substituted its own with ``_core.configure(clock=...)``)."""
         self._driver.notify(deadline)
 
     # The native run() calls these three on the slow path.

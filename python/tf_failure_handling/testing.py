@@ -240,13 +240,11 @@ class SimulatedCluster:
                 return
         before = handler._notices_handled
         handler._notify_termination(deadline)
-        end = time.monotonic() + self.timeout
-        while handler._notices_handled == before and not handler._closed:
-            if time.monotonic() > end:
-                raise TimeoutError(
-                    f"worker {index}'s handler did not handle the notice within {self.timeout:g}s"
-                )
-            time.sleep(0.001)
+        # The driver counts each notice it finished with, and wakes its waiters.
+        if not handler._driver.wait_handled(before, self.timeout):
+            raise TimeoutError(
+                f"worker {index}'s handler did not handle the notice within {self.timeout:g}s"
+            )
 
     def _handler_ready(self, index: int, handler: Any) -> None:
         with self._lock:

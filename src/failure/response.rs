@@ -5,11 +5,13 @@
 //! Two of the questions have effects (a strike counted against a PS task, a timeout
 //! counted against the cluster), and TF asks the second only when the first said no,
 //! so the answers cannot be gathered up front. [`respond`] takes the last question
-//! and its answer and says what to ask next or what to do; the caller answers each
-//! question (the Python coordinator calls TF's own `Cluster` methods, which tests and
-//! other libraries patch) and carries out the outcome. After a worker failure the
-//! thread waits for the worker's recovery; [`after_recovery_wait`] says what follows
-//! the wait.
+//! and its answer and says what to ask next or what to do. The coordinator's protocol
+//! object asks them, one failure lane per worker thread
+//! (`crate::ps_control::coordinator`, `Lane::Failure`); the Python coordinator answers
+//! each question (with TF's own `Cluster` methods, which tests and other libraries
+//! patch) and carries out the outcome. After a worker failure the thread waits for the
+//! worker's recovery, within the lane's bound; [`after_recovery_wait`] says what
+//! follows the wait.
 //!
 //! ```text
 //!  start ─▶ TransientPsFailure ─yes─▶ Retry(TransientPsFailure)

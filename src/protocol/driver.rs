@@ -16,7 +16,7 @@
 //! protocol runs on a virtual clock its steps move while the driver still
 //! waits out each pause in real time.
 
-use super::{ConfigError, Protocol};
+use super::{answer, ConfigError, Protocol};
 use crate::notice::Notice;
 use crate::retry::Verdict;
 use crate::step_resolution::{
@@ -47,7 +47,7 @@ impl SetCall {
     /// its kind is with `peer_timeout`.
     #[must_use]
     pub fn new(kind: Kind, key: &str, value: &str, subject: &str, peer_timeout: f64) -> Self {
-        let bound = if kind == Kind::Announce {
+        let bound = if matches!(kind, Kind::Announce {}) {
             WriteBound::Announce
         } else {
             WriteBound::Protocol
@@ -68,7 +68,7 @@ impl SetCall {
     pub fn claim(key: &str, value: &str, source: &str, message: &str, peer_timeout: f64) -> Self {
         SetCall {
             announce: Some(message.to_owned()),
-            ..SetCall::new(Kind::Claim, key, value, source, peer_timeout)
+            ..SetCall::new(Kind::Claim {}, key, value, source, peer_timeout)
         }
     }
 
@@ -76,9 +76,9 @@ impl SetCall {
     #[must_use]
     pub fn what(&self) -> String {
         match self.kind {
-            Kind::Claim => format!("claiming {} after the notice from {}", self.key, self.subject),
-            Kind::Announce => format!("publishing {}", self.key),
-            Kind::Acknowledge => format!("acknowledging {} with {}", self.subject, self.key),
+            Kind::Claim {} => format!("claiming {} after the notice from {}", self.key, self.subject),
+            Kind::Announce {} => format!("publishing {}", self.key),
+            Kind::Acknowledge {} => format!("acknowledging {} with {}", self.subject, self.key),
         }
     }
 }
@@ -119,12 +119,99 @@ pub enum DriverAction {
     Dropped { call: SetCall },
 }
 
+crate::wire! {
+    /// What the protocol driver does next (`ProtocolCore.poll`), flat: a
+    /// [`DriverAction`] with its call's fields.
+    pub enum Action via action {
+        /// Set `key` to `value` within `timeout` seconds (the coordination client's
+        /// `set`, whose False is a lost claim); report the outcome as an `Event`
+        /// with the handle `id`. `what` names the write in logs and errors.
+        Write { id: u64, kind: crate::writes::Kind, key: String, value: String, timeout: f64, what: String, subject: String },
+        /// The write `id` failed and is attempted again in `pause` seconds
+        /// (`left` of its bound remained, `attempts` failed so far): for the log.
+        Retrying { id: u64, what: String, attempts: u32, pause: f64, left: f64 },
+        /// The write ended, written (`won`: a claim written first; True for the
+        /// other kinds). `ends_notice`: the notice it was for is done with.
+        Written { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, won: bool, ends_notice: bool },
+        /// The retry rule gave up on the write after `attempts` failed attempts over
+        /// `seconds`: raise the last error, named.
+        GaveUp { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, attempts: u32, seconds: f64, ends_notice: bool },
+        /// The write's attempt raised a bug: hand it on as it is.
+        Raised { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, ends_notice: bool },
+        /// A claim dropped at close (logged).
+        Dropped { what: String },
+    }
+}
+
+impl From<DriverAction> for Action {
+    fn from(a: DriverAction) -> Self {
+        match a {
+            DriverAction::Write { id, call } => Action::Write {
+                id,
+                kind: call.kind.clone(),
+                what: call.what(),
+                key: call.key,
+                value: call.value,
+                timeout: call.timeout,
+                subject: call.subject,
+            },
+            DriverAction::Retrying {
+                id,
+                call,
+                attempts,
+                pause,
+                left,
+            } => Action::Retrying {
+                id,
+                what: call.what(),
+                attempts,
+                pause,
+                left,
+            },
+            DriverAction::Finished { call, end, ends_notice } => {
+                let (kind, what) = (call.kind.clone(), call.what());
+                let (key, value, subject) = (call.key, call.value, call.subject);
+                match end {
+                    WriteEnd::Written { won } => Action::Written {
+                        kind,
+                        key,
+                        value,
+                        what,
+                        subject,
+                        won,
+                        ends_notice,
+                    },
+                    WriteEnd::GaveUp { attempts, seconds } => Action::GaveUp {
+                        kind,
+                        key,
+                        value,
+                        what,
+                        subject,
+                        attempts,
+                        seconds,
+                        ends_notice,
+                    },
+                    WriteEnd::Raised => Action::Raised {
+                        kind,
+                        key,
+                        value,
+                        what,
+                        subject,
+                        ends_notice,
+                    },
+                }
+            }
+            DriverAction::Dropped { call } => Action::Dropped { what: call.what() },
+        }
+    }
+}
+
 impl Protocol {
     /// Queues `call`, due at once, retried for the retry bound at `now` (the
     /// leading notice's deadline may shorten it), scheduled on `at`.
     fn queue(&mut self, call: SetCall, now: f64, at: f64) -> Result<WriteId, Busy> {
         let bound = self.retry_bound(now);
-        let id = self.writes.push(call.kind, bound, at)?;
+        let id = self.writes.push(call.kind.clone(), bound, at)?;
         self.calls.insert(id, call);
         Ok(id)
     }
@@ -144,7 +231,7 @@ impl Protocol {
         let call = match &action {
             NoticeAction::Claim { key, value } => Some(SetCall::claim(key, value, source, message, self.peer_timeout)),
             NoticeAction::Lead if !local => Some(SetCall::new(
-                Kind::Announce,
+                Kind::Announce {},
                 PREEMPTION_NOTICE_KEY,
                 message,
                 source,
@@ -158,6 +245,30 @@ impl Protocol {
             let _ = self.queue(call, now, at);
         }
         Ok(action)
+    }
+
+    /// A notice taken at `now` (`at` on the driver's clock), as the protocol answers
+    /// it ([`notice`](Self::notice)): `Wait` while the write of the notice before it
+    /// is pending (the notice is not taken), else the resolver's answer with whether
+    /// the preemption has a final round and whether a write was queued.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::NotConfigured`] before [`configure`](Self::configure).
+    pub fn take_notice(
+        &mut self,
+        notice: Notice,
+        source: &str,
+        message: &str,
+        now: f64,
+        at: f64,
+    ) -> Result<answer::NoticeAction, ConfigError> {
+        if self.writes_busy() {
+            return Ok(answer::NoticeAction::Wait {});
+        }
+        let action = self.notice(notice, source, message, now, at)?;
+        let final_round = self.has_final_round()?;
+        Ok(answer::NoticeAction::of(action, final_round, self.writes_busy()))
     }
 
     /// A step key a leader published, read: the resolver's answer, and, for an
@@ -179,7 +290,7 @@ impl Protocol {
         if let Ok(KeyAction::Acknowledge { ack_key, .. }) = &action {
             if !superseded {
                 let subject = format!("{}={value}", round.key());
-                let call = SetCall::new(Kind::Acknowledge, ack_key, ACK_VALUE, &subject, self.peer_timeout);
+                let call = SetCall::new(Kind::Acknowledge {}, ack_key, ACK_VALUE, &subject, self.peer_timeout);
                 // An acknowledgement is never refused.
                 let _ = self.queue(call, now, at);
             }
@@ -196,18 +307,18 @@ impl Protocol {
             return; // a stale handle: its outcome was settled already
         };
         self.writes.done(id);
-        let mut ends_notice = call.kind != Kind::Acknowledge;
-        if call.kind == Kind::Claim {
+        let mut ends_notice = !matches!(call.kind, Kind::Acknowledge {});
+        if matches!(call.kind, Kind::Claim {}) {
             if let Some(r) = self.resolver.as_mut() {
                 r.on_claim(won);
             }
             if let (true, Some(message)) = (won, &call.announce) {
-                let announce = SetCall::new(Kind::Announce, PREEMPTION_NOTICE_KEY, message, &call.subject, self.peer_timeout);
+                let announce = SetCall::new(Kind::Announce {}, PREEMPTION_NOTICE_KEY, message, &call.subject, self.peer_timeout);
                 // The claim was the one notice write pending, and is done.
                 ends_notice = self.queue(announce, now, at).is_err();
             }
         }
-        let won = won || call.kind != Kind::Claim;
+        let won = won || !matches!(call.kind, Kind::Claim {});
         self.outbox.push_back(DriverAction::Finished {
             call,
             end: WriteEnd::Written { won },
@@ -250,12 +361,12 @@ impl Protocol {
 
     fn end_unwritten(&mut self, id: WriteId, end: WriteEnd) {
         let Some(call) = self.calls.remove(&id) else { return };
-        if call.kind == Kind::Claim {
+        if matches!(call.kind, Kind::Claim {}) {
             if let Some(r) = self.resolver.as_mut() {
                 r.on_claim(false);
             }
         }
-        let ends_notice = call.kind != Kind::Acknowledge;
+        let ends_notice = !matches!(call.kind, Kind::Acknowledge {});
         self.outbox.push_back(DriverAction::Finished { call, end, ends_notice });
     }
 

@@ -25,8 +25,9 @@
 //! coordinator, which cannot hold a worker, released it the first time and never
 //! the second).
 //!
-//! Times are the caller's `now` in Unix seconds, the clock of the notice's deadline
-//! (as [`super::worker_drain_bound`]).
+//! Times are the caller's `now`, on the clock of the notice's deadline (the
+//! coordinator's monotonic clock, where the deadline was placed when the poll's
+//! answer arrived).
 
 use super::{unreleased_hold_bound, worker_drain_bound, EXIT_WAIT};
 
@@ -106,7 +107,7 @@ pub struct WorkerDrain {
 }
 
 impl WorkerDrain {
-    /// The drain of a worker whose notice names `deadline` (Unix seconds, None: none);
+    /// The drain of a worker whose notice names `deadline` (on the caller's clock, None: none);
     /// `peer_timeout` is the coordinator's, the bound of a served worker's own wait.
     #[must_use]
     pub fn new(deadline: Option<f64>, peer_timeout: f64) -> Self {

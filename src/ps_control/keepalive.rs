@@ -1,10 +1,11 @@
 //! The gRPC keepalive this package adds to TensorFlow's channels in a
 //! ParameterServerStrategy process: a connection to a stopped task fails its
 //! calls after a ping timeout instead of stalling them.
-//! `_coordinator/grpc_keepalive.py` writes these, in milliseconds, into
-//! `TF_GRPC_DEFAULT_OPTIONS` (the options of every channel TensorFlow creates in
-//! the process) unless the user set them there; when they apply and their
-//! limits: docs/getting-started/parameter-server.md.
+//! [`with_keepalive`] adds these, in milliseconds, to `TF_GRPC_DEFAULT_OPTIONS`
+//! (the options of every channel TensorFlow creates in the process) unless the
+//! user set them there; `_coordinator/grpc_keepalive.py` reads and writes the
+//! variable. When they apply and their limits:
+//! docs/getting-started/parameter-server.md.
 
 /// Seconds between two keepalive pings on a connection with a call outstanding
 /// (`grpc.keepalive_time_ms`). gRPC's default of at most 2 pings without data
@@ -38,4 +39,46 @@ pub fn grpc_keepalive_options() -> Vec<(&'static str, u64)> {
         ("grpc.http2.ping_timeout_ms", ms(GRPC_PING_TIMEOUT)),
         ("grpc.min_reconnect_backoff_ms", ms(GRPC_CONNECT_TIMEOUT)),
     ]
+}
+
+/// `TF_GRPC_DEFAULT_OPTIONS` (`current`: TF's format, `name=value` pairs separated by
+/// commas) with the options of [`grpc_keepalive_options`] that it does not name
+/// added after the user's; None when it names them all.
+#[must_use]
+pub fn with_keepalive(current: &str) -> Option<String> {
+    let named: Vec<&str> = current
+        .split(',')
+        .filter(|item| !item.trim().is_empty())
+        .map(|item| item.split('=').next().unwrap_or("").trim())
+        .collect();
+    let added: Vec<String> = grpc_keepalive_options()
+        .into_iter()
+        .filter(|(name, _)| !named.contains(name))
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    if added.is_empty() {
+        return None;
+    }
+    let kept = current.trim().trim_matches(',');
+    let kept = (!current.trim().is_empty()).then_some(kept);
+    Some(kept.into_iter().map(str::to_owned).chain(added).collect::<Vec<_>>().join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_keepalive_is_added_after_the_users_options_and_never_twice() {
+        let all = "grpc.keepalive_time_ms=5000,grpc.keepalive_timeout_ms=5000,\
+                   grpc.http2.ping_timeout_ms=5000,grpc.min_reconnect_backoff_ms=5000";
+        assert_eq!(with_keepalive("").as_deref(), Some(all));
+        assert_eq!(with_keepalive(all), None);
+        let mine = with_keepalive("grpc.keepalive_time_ms=60000,grpc.foo=1,").expect("added");
+        assert!(
+            mine.starts_with("grpc.keepalive_time_ms=60000,grpc.foo=1,grpc.keepalive_timeout_ms=5000"),
+            "{mine}"
+        );
+        assert_eq!(mine.matches("grpc.keepalive_time_ms").count(), 1);
+    }
 }

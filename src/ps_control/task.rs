@@ -18,39 +18,73 @@ use super::{
     SERVE_SLICE,
 };
 
-/// What the task's threads report.
-#[derive(Clone, Debug, PartialEq)]
-pub enum TaskEvent {
-    /// The task's termination notice, from `source`, naming `deadline` (Unix seconds);
-    /// `grace_period` is the task's then (the platform's is known once probed; None:
-    /// none).
-    Notice {
-        source: String,
-        deadline: Option<f64>,
-        grace_period: Option<f64>,
-    },
-    /// The coordinator called (a poll or a release).
-    Asked,
+crate::wire! {
+    /// What the task's threads report.
+    pub enum TaskEvent via task_event {
+        /// The task's termination notice, from `source`, naming `deadline` (Unix seconds);
+        /// `grace_period` is the task's then (the platform's is known once probed; None:
+        /// none).
+        Notice {
+            source: String,
+            deadline: Option<f64>,
+            grace_period: Option<f64>,
+        },
+        /// The coordinator called (a poll or a release).
+        Asked {},
+    }
 }
 
-/// What the serving thread does next.
+crate::wire! {
+    /// What the serving thread does next.
+    pub enum TaskAction via task_action {
+        /// Wait for a notice from the sources, at most `timeout` seconds.
+        WaitNotice { timeout: f64 },
+        /// Say how long the task serves: `own` seconds (from `source`), at most `at_most`.
+        Serving { own: f64, source: ServeBound, at_most: f64 },
+        /// Serve (wait for the release) at most `timeout` seconds, then poll again.
+        Serve { timeout: f64 },
+        /// Leave now: released (`reason`), or not (`why`), `after` seconds after the notice.
+        /// `silence` and `cap_factor` are the bounds the reasons name.
+        Leave {
+            why: Leave,
+            reason: Option<String>,
+            after: f64,
+            silence: f64,
+            cap_factor: f64,
+        },
+    }
+}
+
+/// A call of the coordinator to the task (its JSON object, as the binding read it).
 #[derive(Clone, Debug, PartialEq)]
-pub enum TaskAction {
-    /// Wait for a notice from the sources, at most `timeout` seconds.
-    WaitNotice { timeout: f64 },
-    /// Say how long the task serves: `own` seconds (from `from`), at most `at_most`.
-    Serving { own: f64, from: ServeBound, at_most: f64 },
-    /// Serve (wait for the release) at most `timeout` seconds, then poll again.
-    Serve { timeout: f64 },
-    /// Leave now: released (`reason`), or not (`why`), `after` seconds after the notice.
-    /// `silence` and `cap_factor` are the bounds the reasons name.
-    Leave {
-        why: Leave,
+pub enum TaskRequest {
+    /// `{"op": "poll"}`: the task's incarnation and notice.
+    Poll,
+    /// `{"op": "release", ...}`: exit, for the incarnation and the notice's time the
+    /// coordinator saw, for `reason` (None: "released").
+    Release {
+        incarnation: Option<String>,
+        notice_at: Option<f64>,
         reason: Option<String>,
-        after: f64,
-        silence: f64,
-        cap_factor: f64,
     },
+    /// Another op (this one, as Python writes it), or none.
+    Unknown(String),
+    /// Not a JSON object.
+    NotAnObject,
+}
+
+/// What the task answers a call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskReply {
+    /// Its incarnation and its notice (source, time, deadline), if any.
+    Poll {
+        incarnation: String,
+        notice: Option<(String, f64, Option<f64>)>,
+    },
+    /// The release was accepted (None) or refused, and why.
+    Release(Option<Refusal>),
+    /// The request is no call of the coordinator's.
+    Error(String),
 }
 
 #[derive(Clone, Debug)]
@@ -128,18 +162,39 @@ impl Task {
                     self.grace_period = grace_period.unwrap_or(0.0);
                 }
             }
-            TaskEvent::Asked => self.last_asked = Some(now),
+            TaskEvent::Asked {} => self.last_asked = Some(now),
         }
     }
 
     /// The coordinator asks this task to exit, naming the incarnation and the notice's
     /// time it saw, for `reason`: accepted (None) or refused, and why.
-    pub fn release(&mut self, incarnation: Option<&str>, notice_at: Option<f64>, reason: String) -> Option<Refusal> {
+    fn release(&mut self, incarnation: Option<&str>, notice_at: Option<f64>, reason: String) -> Option<Refusal> {
         let refused = release_refused(&self.incarnation, self.notice.as_ref().map(|n| n.at), incarnation, notice_at);
         if refused.is_none() {
             self.released = Some(reason);
         }
         refused
+    }
+
+    /// The answer to the coordinator's `request` at `now`. Any request object counts
+    /// as the coordinator asking.
+    pub fn answer(&mut self, request: TaskRequest, now: f64) -> TaskReply {
+        if request != TaskRequest::NotAnObject {
+            self.handle(TaskEvent::Asked {}, now);
+        }
+        match request {
+            TaskRequest::Poll => TaskReply::Poll {
+                incarnation: self.incarnation.clone(),
+                notice: self.notice.as_ref().map(|n| (n.source.clone(), n.at, n.deadline)),
+            },
+            TaskRequest::Release {
+                incarnation,
+                notice_at,
+                reason,
+            } => TaskReply::Release(self.release(incarnation.as_deref(), notice_at, reason.unwrap_or_else(|| "released".to_owned()))),
+            TaskRequest::Unknown(op) => TaskReply::Error(format!("unknown op {op}")),
+            TaskRequest::NotAnObject => TaskReply::Error("not a JSON object".to_owned()),
+        }
     }
 
     /// The next action of the serving thread at `now`.
@@ -153,7 +208,11 @@ impl Task {
         if !self.said {
             self.said = true;
             let at_most = if notice.deadline.is_some() { own } else { own * SERVE_CAP_FACTOR };
-            return TaskAction::Serving { own, from, at_most };
+            return TaskAction::Serving {
+                own,
+                source: from,
+                at_most,
+            };
         }
         // The core decides: released, the deadline, or this task's own bound and then
         // the coordinator's asks (its save may still be under way).
@@ -193,6 +252,41 @@ mod tests {
 
     const AT: f64 = 1_000.0;
 
+    #[test]
+    fn the_task_answers_the_coordinators_calls() {
+        let mut t = Task::new("inc".into(), None);
+        assert_eq!(t.answer(TaskRequest::NotAnObject, AT), TaskReply::Error("not a JSON object".into()));
+        assert_eq!(t.last_asked(), None, "a request that is no object is no call");
+        assert_eq!(
+            t.answer(TaskRequest::Unknown("'exit'".into()), AT),
+            TaskReply::Error("unknown op 'exit'".into())
+        );
+        assert_eq!(
+            t.answer(TaskRequest::Poll, AT + 1.0),
+            TaskReply::Poll {
+                incarnation: "inc".into(),
+                notice: None
+            }
+        );
+        assert_eq!(t.last_asked(), Some(AT + 1.0));
+        let release = |at| TaskRequest::Release {
+            incarnation: Some("inc".into()),
+            notice_at: at,
+            reason: None,
+        };
+        assert_eq!(t.answer(release(None), AT), TaskReply::Release(Some(Refusal::NoNotice)));
+        t.handle(
+            TaskEvent::Notice {
+                source: "signal SIGTERM".into(),
+                deadline: None,
+                grace_period: None,
+            },
+            AT + 2.0,
+        );
+        assert_eq!(t.answer(release(Some(AT + 2.0)), AT + 3.0), TaskReply::Release(None));
+        assert_eq!(t.released(), Some("released"));
+    }
+
     fn noticed(deadline: Option<f64>, grace: f64) -> Task {
         let mut t = Task::new("inc".into(), Some(30.0));
         assert_eq!(t.poll(AT - 1.0), TaskAction::WaitNotice { timeout: SERVE_SLICE });
@@ -214,7 +308,7 @@ mod tests {
             t.poll(AT),
             TaskAction::Serving {
                 own: 30.0,
-                from: ServeBound::PeerTimeout,
+                source: ServeBound::PeerTimeout,
                 at_most: 30.0 * SERVE_CAP_FACTOR
             }
         );
@@ -264,8 +358,8 @@ mod tests {
     #[test]
     fn past_its_bound_a_task_serves_while_the_coordinator_asks() {
         let mut t = noticed(None, 20.0);
-        assert!(matches!(t.poll(AT), TaskAction::Serving { own, from: ServeBound::GracePeriod, .. } if own == 20.0));
-        t.handle(TaskEvent::Asked, AT + 19.0);
+        assert!(matches!(t.poll(AT), TaskAction::Serving { own, source: ServeBound::GracePeriod, .. } if own == 20.0));
+        t.handle(TaskEvent::Asked {}, AT + 19.0);
         assert_eq!(t.last_asked(), Some(AT + 19.0));
         assert!(matches!(t.poll(AT + 21.0), TaskAction::Serve { .. }));
         assert_eq!(t.poll_timeout(AT + 21.0), SERVE_SLICE);
@@ -279,7 +373,7 @@ mod tests {
         ));
         // A deadline: served until it, said as such.
         let mut t = noticed(Some(AT + 10.0), 20.0);
-        assert!(matches!(t.poll(AT), TaskAction::Serving { own, from: ServeBound::Deadline, at_most } if own == 10.0 && at_most == 10.0));
+        assert!(matches!(t.poll(AT), TaskAction::Serving { own, source: ServeBound::Deadline, at_most } if own == 10.0 && at_most == 10.0));
         assert!(matches!(t.poll(AT + 10.0), TaskAction::Leave { why: Leave::Deadline, .. }));
     }
 }

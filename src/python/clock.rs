@@ -5,11 +5,13 @@
 //! `time.monotonic` reads on Linux) in seconds: every deadline the binding works
 //! out is a time on it ([`At`]), every wait slice is cut from what is left of
 //! one, and every step time is measured on it; it is the `now` the core's
-//! [`crate::protocol::Protocol`] takes, on the scale of the times Python passes
-//! it. The binding hands the core's blocking calls durations, never instants.
+//! [`crate::protocol::Protocol`] takes (unless a simulation configured its own
+//! clock: `ProtocolCore.configure(clock=...)`). The binding hands the core's
+//! blocking calls durations, never instants; Python reads no clock of the
+//! binding's.
 //!
 //! [`unix_now`] reads the wall clock (`CLOCK_REALTIME`), only for stamps another
-//! process or a record reads (a notice's moment; a task's last call, which
+//! process or a record reads (a notice's moment, a handler's take-over; a task's last call, which
 //! `ps_control.rs`'s `serving` compares with the wall clock now) and for the
 //! conversion of a platform's wall-clock deadline ([`unix_time_of`]). It is read
 //! afresh each time rather than moved on from a monotonic reading: a platform's
@@ -86,26 +88,13 @@ impl At {
     }
 }
 
-/// The package's one monotonic clock, for the reading a simulation may
-/// substitute (`HandlerState.clock`): seconds on [`now_secs`]'s scale.
-#[pyfunction(name = "now")]
-fn py_now() -> f64 {
-    now_secs()
-}
-
-/// The wall clock, for a stamp another process or a record reads (a
-/// notice's moment, a task's last call): seconds since the Unix epoch.
-#[pyfunction(name = "unix_now")]
-fn py_unix_now() -> f64 {
-    unix_now()
-}
-
-/// The wall-clock time of `moment`, a time on the clock `now` was read
-/// from (the handler's: a simulation's own): the clock conversion of a
-/// deadline handed to the termination sources, which take wall-clock ones.
+/// The wall-clock time of `moment`, a time on `core`'s clock (the handler's: a
+/// simulation's own), read now: the clock conversion of a deadline handed to the
+/// termination sources, which take wall-clock ones.
 #[pyfunction]
-fn unix_time_of(moment: f64, now: f64) -> f64 {
-    unix_now() + (moment - now)
+fn unix_time_of(py: Python<'_>, moment: f64, core: &Bound<'_, super::handler::ProtocolCore>) -> PyResult<f64> {
+    let now = core.get().now(py)?;
+    Ok(unix_now() + (moment - now))
 }
 
 /// A wait of at most `seconds` from now (None: unbounded), on [`now_secs`]:
@@ -167,8 +156,6 @@ impl Stopwatch {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(py_now, m)?)?;
-    m.add_function(wrap_pyfunction!(py_unix_now, m)?)?;
     m.add_function(wrap_pyfunction!(unix_time_of, m)?)?;
     m.add_class::<Deadline>()?;
     m.add_class::<Stopwatch>()?;

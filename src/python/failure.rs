@@ -44,7 +44,7 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyInt, PySet, PyString, PyTuple, PyType};
+use pyo3::types::{PyDict, PyInt, PySet, PyString, PyTuple, PyType};
 
 use super::{errors, layout};
 use crate::failure::{self as core, ErrorKind, Gate, Kinds, Stage, Verdict};
@@ -612,40 +612,21 @@ impl TransientFailures {
         Ok(self.state.lock().record_timeout())
     }
 
-    /// TF's `_transient_ps_failures_threshold`.
-    #[getter]
-    fn ps_threshold(&self) -> i64 {
-        self.state.lock().ps_threshold()
-    }
-
-    /// TF's `_transient_timeouts_threshold`.
-    #[getter]
-    fn timeouts_threshold(&self) -> i64 {
-        self.state.lock().timeouts_threshold()
-    }
-
-    /// TF's `_potential_ps_failures_count`: strikes per PS task.
-    #[getter]
-    fn ps_failure_counts(&self) -> Vec<u64> {
-        self.state.lock().ps_counts().to_vec()
-    }
-
-    /// TF's `_transient_timeouts_count`.
-    #[getter]
-    fn timeouts_count(&self) -> u64 {
-        self.state.lock().timeouts()
-    }
-
-    fn __repr__(&self) -> String {
-        let s = self.state.lock();
-        format!(
-            "TransientFailures(ps_threshold={}, ps_failure_counts={:?}, timeouts_threshold={}, \
-             timeouts_count={})",
-            s.ps_threshold(),
-            s.ps_counts(),
-            s.timeouts_threshold(),
-            s.timeouts()
-        )
+    /// For logs and tests: TF's `_transient_ps_failures_threshold`
+    /// (`ps_threshold`), `_transient_timeouts_threshold` (`timeouts_threshold`),
+    /// `_potential_ps_failures_count` (`ps_failure_counts`: strikes per PS task) and
+    /// `_transient_timeouts_count` (`timeouts_count`).
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (ps_threshold, timeouts_threshold, counts, timeouts) = {
+            let s = self.state.lock();
+            (s.ps_threshold(), s.timeouts_threshold(), s.ps_counts().to_vec(), s.timeouts())
+        };
+        let state = PyDict::new(py);
+        state.set_item("ps_threshold", ps_threshold)?;
+        state.set_item("timeouts_threshold", timeouts_threshold)?;
+        state.set_item("ps_failure_counts", counts)?;
+        state.set_item("timeouts_count", timeouts)?;
+        Ok(state)
     }
 }
 
@@ -655,7 +636,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(classify_failure, m)?)?;
     m.add_function(wrap_pyfunction!(failed_ps_instances, m)?)?;
     m.add_class::<TransientFailures>()?;
-    m.add("DEFAULT_WORKER_RECOVERY_TIMEOUT", core::DEFAULT_WORKER_RECOVERY_TIMEOUT)?;
-    m.add("COORDINATOR_STOP_LOCK_BOUND", core::STOP_LOCK_BOUND)?;
     Ok(())
 }

@@ -30,274 +30,21 @@ use pyo3::{ffi, intern, Borrowed};
 
 use super::clock;
 use super::errors;
-use super::retry::WriteKind;
 use super::wire::py_enum;
 use crate::grace::Fit;
-use crate::protocol::{Config, ConfigError, DriverAction, Protocol, SaveFailed, WriteEnd};
+use crate::protocol::{ConfigError, Protocol};
 use crate::shares::Waiter;
 use crate::step_resolution::{self as core, Notice, Round};
 
-/// What to do about a termination notice (`ProtocolCore.notice`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum NoticeAction {
-    /// Local mode, or a worker that already won the claim: lead the response.
-    Lead {},
-    /// Claim `key` (TERMINATED_WORKER) with `value` (this worker's id); the
-    /// outcome goes back through `ProtocolCore.claim`.
-    Claim { key: String, value: String },
-    /// A tighter deadline while a notice is being handled: the final round is
-    /// planned for it from now on; nothing to write.
-    Replan {},
-    /// A notice is already being handled (or was, and the handler exited),
-    /// and this one ends no earlier: absorbed.
-    Absorb {},
-}
-
-/// What to do before the next step (`ProtocolCore.before_step`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum StepAction {
-    /// Nothing to do: run the step.
-    Proceed {},
-    /// This worker leads: publish `round_key` = `step`, write its own
-    /// `own_ack_key` (None in local mode), and wait for every key in `ack_keys`.
-    Publish {
-        round_key: String,
-        step: u64,
-        ack_keys: Vec<String>,
-        own_ack_key: Option<String>,
-    },
-    /// The agreed `step` of `round_key` is reached: save now.
-    Save { round_key: String, step: u64 },
-}
-
-/// What to do with a step key a leader published (`ProtocolCore.step_key`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum KeyAction {
-    /// Write `ack_key`; then watch `next_round_key` (the final round), if any.
-    Acknowledge { ack_key: String, next_round_key: Option<String> },
-    /// `STOP_WATCHER`: the protocol is over for this watcher.
-    Stop {},
-}
-
-/// What follows a save (`ProtocolCore.saved`).
-#[pyclass(frozen, eq, eq_int, module = "tf_failure_handling._native")]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum SaveAction {
-    /// Clean up and call `exit_fn`.
-    Exit,
-    /// Keep training until the final round of the grace period.
-    Countdown,
-    /// A failed save: raise its error (`ProtocolCore.save_failed`).
-    Raise,
-    /// A failed save in shares: exit with the unmerged code.
-    ExitUnmerged,
-}
-
-/// An input of the protocol driver (`ProtocolCore.handle`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum Event {
-    /// A termination notice from `source`, whose deadline and kill (the moment
-    /// the platform stated it ends the process; None: not stated) are Unix
-    /// times read when the wall clock said `unix_now` (`Notice::from_unix`: the
-    /// one conversion). `message` is what its announce tells the
-    /// `PreemptionWatcher`s. `handle` returns the `NoticeAction`, and queues the
-    /// write it starts (a claim; a cluster's announce).
-    #[pyo3(constructor = (source, message, unix_now, unix_deadline = None, unix_kill = None))]
-    Notice {
-        source: String,
-        message: String,
-        unix_now: f64,
-        unix_deadline: Option<f64>,
-        unix_kill: Option<f64>,
-    },
-    /// A step key a leader published, read (`superseded`: a newer handler of
-    /// this worker acknowledges). `handle` returns the `KeyAction`, and queues
-    /// the acknowledgement.
-    #[pyo3(constructor = (round_key, value, superseded = false))]
-    StepKey {
-        round_key: String,
-        value: String,
-        superseded: bool,
-    },
-    /// The attempt of the write `id` succeeded (`won`: a claim written first).
-    #[pyo3(constructor = (id, won = true))]
-    Written { id: u64, won: bool },
-    /// The attempt of `id` failed with a coordination-service error
-    /// (`closing`: the handler is closing, nothing is retried).
-    #[pyo3(constructor = (id, closing = false))]
-    Failed { id: u64, closing: bool },
-    /// The attempt of `id` raised something else (a bug).
-    Raised { id: u64 },
-    /// The handler closes: last attempts, and a claim dropped.
-    Close {},
-    /// The leader's training thread goes on: the first call of the round
-    /// `before_step` published, or the next after a pause or a record.
-    /// `handle` returns the `LeaderAction`, as for the three below.
-    Resume {},
-    /// The leader's `LeaderAction.Set` answered (`written`: False when the key
-    /// existed already).
-    Set { written: bool },
-    /// The leader's `LeaderAction.Get` answered with `value` (None: not set).
-    #[pyo3(constructor = (value = None))]
-    Got { value: Option<String> },
-    /// The leader's call failed with a coordination-service error (`closing`:
-    /// nothing is retried).
-    #[pyo3(constructor = (closing = false))]
-    CallFailed { closing: bool },
-    /// The step-key reader goes on: its first read, or the next after a pause
-    /// or a post. `handle` returns the `ReaderAction`, as for the two below.
-    Reading {},
-    /// The reader's `ReaderAction.Get` answered with `value` (None: not set yet).
-    #[pyo3(constructor = (value = None))]
-    Read { value: Option<String> },
-    /// The reader's read failed with a coordination-service error (`closing`:
-    /// the reader stops).
-    #[pyo3(constructor = (closing = false))]
-    ReadFailed { closing: bool },
-    /// The checkpoint read at start took `duration` seconds: the save estimate
-    /// until a save is measured (`GracePlanner::record_restore`).
-    Restored { duration: f64 },
-    /// The save of `round_key` finished after `duration` seconds: `handle`
-    /// returns the `SaveAction` (exit, or count down to the final round).
-    Saved { round_key: String, duration: f64 },
-    /// A save failed (`shares`: written in shares by several workers): `handle`
-    /// returns the `SaveAction` (raise its error, or exit unmerged).
-    SaveFailed { shares: bool },
-}
-
+crate::protocol::answer::notice_action!(py_enum[crate::protocol::answer]);
+crate::protocol::answer::step_action!(py_enum[crate::protocol::answer]);
+crate::protocol::answer::key_action!(py_enum[crate::protocol::answer]);
+crate::protocol::answer::save_action!(py_enum[crate::protocol::answer]);
+crate::protocol::event!(py_enum[crate::protocol]);
 crate::protocol::reader_action!(py_enum[crate::protocol]);
 crate::protocol::leader_action!(py_enum[crate::protocol]);
 
-/// What the protocol driver does next (`ProtocolCore.poll`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum Action {
-    /// Set `key` to `value` within `timeout` seconds (the coordination client's
-    /// `set`, whose False is a lost claim); report the outcome as an `Event`
-    /// with the handle `id`. `what` names the write in logs and errors.
-    Write {
-        id: u64,
-        kind: WriteKind,
-        key: String,
-        value: String,
-        timeout: f64,
-        what: String,
-        subject: String,
-    },
-    /// The write `id` failed and is attempted again in `pause` seconds
-    /// (`left` of its bound remained, `attempts` failed so far): for the log.
-    Retrying {
-        id: u64,
-        what: String,
-        attempts: u32,
-        pause: f64,
-        left: f64,
-    },
-    /// The write ended, written (`won`: a claim written first; True for the
-    /// other kinds). `ends_notice`: the notice it was for is done with.
-    Written {
-        kind: WriteKind,
-        key: String,
-        value: String,
-        what: String,
-        subject: String,
-        won: bool,
-        ends_notice: bool,
-    },
-    /// The retry rule gave up on the write after `attempts` failed attempts over
-    /// `seconds`: raise the last error, named.
-    GaveUp {
-        kind: WriteKind,
-        key: String,
-        value: String,
-        what: String,
-        subject: String,
-        attempts: u32,
-        seconds: f64,
-        ends_notice: bool,
-    },
-    /// The write's attempt raised a bug: hand it on as it is.
-    Raised {
-        kind: WriteKind,
-        key: String,
-        value: String,
-        what: String,
-        subject: String,
-        ends_notice: bool,
-    },
-    /// A claim dropped at close (logged).
-    Dropped { what: String },
-}
-
-impl From<DriverAction> for Action {
-    fn from(a: DriverAction) -> Self {
-        match a {
-            DriverAction::Write { id, call } => Action::Write {
-                id,
-                kind: call.kind.into(),
-                what: call.what(),
-                key: call.key,
-                value: call.value,
-                timeout: call.timeout,
-                subject: call.subject,
-            },
-            DriverAction::Retrying {
-                id,
-                call,
-                attempts,
-                pause,
-                left,
-            } => Action::Retrying {
-                id,
-                what: call.what(),
-                attempts,
-                pause,
-                left,
-            },
-            DriverAction::Finished { call, end, ends_notice } => {
-                let (kind, what) = (call.kind.into(), call.what());
-                let (key, value, subject) = (call.key, call.value, call.subject);
-                match end {
-                    WriteEnd::Written { won } => Action::Written {
-                        kind,
-                        key,
-                        value,
-                        what,
-                        subject,
-                        won,
-                        ends_notice,
-                    },
-                    WriteEnd::GaveUp { attempts, seconds } => Action::GaveUp {
-                        kind,
-                        key,
-                        value,
-                        what,
-                        subject,
-                        attempts,
-                        seconds,
-                        ends_notice,
-                    },
-                    WriteEnd::Raised => Action::Raised {
-                        kind,
-                        key,
-                        value,
-                        what,
-                        subject,
-                        ends_notice,
-                    },
-                }
-            }
-            DriverAction::Dropped { call } => Action::Dropped { what: call.what() },
-        }
-    }
-}
-
-pub(crate) fn round_from_key(key: &str) -> PyResult<Round> {
-    match key {
-        k if k == Round::Initial.key() => Ok(Round::Initial),
-        k if k == Round::Final.key() => Ok(Round::Final),
-        other => Err(errors::bad_value(format!("{other:?} is not a step key"))),
-    }
-}
+crate::protocol::action!(py_enum[crate::protocol]);
 
 /// A refusal of the core's [`Protocol`], as TensorFlow's error types say it.
 fn refused(e: ConfigError) -> PyErr {
@@ -329,6 +76,11 @@ struct Shared {
     run_thread: AtomicU64,
     /// The protocol: resolver, planner, step timing and every bound from them.
     state: Mutex<Protocol>,
+    /// The clock the protocol's events are taken on (`configure(clock=...)`): None
+    /// for the binding's monotonic clock ([`clock::now_secs`]), or a simulation's
+    /// callable returning seconds. The hot path's step timing and the driver's write
+    /// retries stay on the monotonic clock (waits for peers are real).
+    clock: Mutex<Option<Py<PyAny>>>,
 }
 
 /// Native base of `PreemptionCheckpointHandler`.
@@ -353,19 +105,6 @@ impl Shared {
         // A step after an exit guard was armed: its SystemExit was caught and training
         // went on, so no later exit is the one it was armed for.
         super::exit_guard::training_goes_on();
-    }
-
-    /// The resolver's answer to a notice, in the binding's words.
-    fn notice_action(outcome: core::NoticeAction) -> NoticeAction {
-        match outcome {
-            core::NoticeAction::Lead => NoticeAction::Lead {},
-            core::NoticeAction::Claim { key, value } => NoticeAction::Claim {
-                key: key.to_string(),
-                value,
-            },
-            core::NoticeAction::Replan => NoticeAction::Replan {},
-            core::NoticeAction::Absorb => NoticeAction::Absorb {},
-        }
     }
 
     /// Runs `f` on the protocol and mirrors whether the next step needs
@@ -613,20 +352,6 @@ static RUN_DEF: MethodDef = MethodDef(UnsafeCell::new(ffi::PyMethodDef {
     ml_doc: c"run(distributed_train_function, *args, **kwargs)\n--\n\nRuns the function with preemption and error handling; see PreemptionCheckpointHandler.run.".as_ptr(),
 }));
 
-/// The bound on one coordination-service call of the protocol, from the
-/// peer timeout ([`crate::step_resolution::write_timeout`]); `announce` for the
-/// announce of a notice to `PreemptionWatcher`s.
-#[pyfunction]
-#[pyo3(signature = (peer_timeout, announce = false))]
-pub(crate) fn write_timeout(peer_timeout: f64, announce: bool) -> f64 {
-    let write = if announce {
-        core::WriteBound::Announce
-    } else {
-        core::WriteBound::Protocol
-    };
-    core::write_timeout(peer_timeout, write)
-}
-
 /// Puts `run` (a method descriptor over [`run_fastcall`]) on `HandlerCore`.
 pub(crate) fn add_run(py: Python<'_>) -> PyResult<()> {
     let ty = py.get_type::<HandlerCore>();
@@ -643,6 +368,7 @@ impl Shared {
             run_counter: AtomicU64::new(0),
             run_thread: AtomicU64::new(0),
             state: Mutex::new(Protocol::new()),
+            clock: Mutex::new(None),
         }
     }
 
@@ -651,17 +377,9 @@ impl Shared {
         self.attention.load(Ordering::Acquire) || self.pending.load(Ordering::Acquire)
     }
 
-    fn set_pending(&self, pending: bool) {
-        self.pending.store(pending, Ordering::Release);
-    }
-
     fn after_check(&self) {
         let now = clock::now_secs();
         self.state.lock().checks_done(now);
-    }
-
-    fn step_failed(&self) {
-        self.state.lock().step_failed();
     }
 
     fn step_done(&self) {
@@ -681,81 +399,160 @@ impl Shared {
         Ok(())
     }
 
-    fn configure(&self, config: Config) -> PyResult<()> {
-        self.with_protocol(|p| p.configure(config).map_err(refused))
+    /// `ProtocolCore.configure`: each option given is set; an unknown option or a value
+    /// the protocol refuses raises.
+    fn configure(&self, options: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        let mut clock = None;
+        let mut exit_reserve = None;
+        let mut resolver = false;
+        let mut config = self.state.lock().config();
+        for (key, value) in options.into_iter().flat_map(|o| o.iter()) {
+            let key: String = key.extract()?;
+            match key.as_str() {
+                "worker_id" => config.worker_id = value.extract()?,
+                "num_workers" => config.num_workers = value.extract()?,
+                "grace_period" => config.grace_period = value.extract()?,
+                "save_at_current_run" => config.save_at_current_run = value.extract()?,
+                "peer_timeout" => config.peer_timeout = value.extract()?,
+                "exit_reserve" => exit_reserve = Some(value.extract::<f64>()?),
+                "clock" => clock = Some((!value.is_none()).then(|| value.clone().unbind())),
+                other => {
+                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                        "configure() got an unexpected option {other:?}"
+                    )))
+                }
+            }
+            resolver |= matches!(key.as_str(), "worker_id" | "num_workers" | "grace_period" | "save_at_current_run");
+        }
+        self.with_protocol(|p| {
+            if resolver {
+                p.configure(config).map_err(refused)?;
+            } else {
+                p.set_peer_timeout(config.peer_timeout).map_err(refused)?;
+            }
+            if let Some(secs) = exit_reserve {
+                p.set_exit_reserve(secs).map_err(refused)?;
+            }
+            Ok(())
+        })?;
+        if let Some(clock) = clock {
+            *self.clock.lock() = clock;
+        }
+        Ok(())
     }
 
-    /// An input of the driver (`ProtocolCore.handle`): the protocol's answer to
-    /// a notice or a step key, None for the others.
-    fn handle(&self, py: Python<'_>, event: &Event, now: f64) -> PyResult<Option<Py<PyAny>>> {
+    /// Seconds on the protocol's clock now: the simulation's, when one was
+    /// configured (called without the lock held), else the monotonic clock.
+    fn now(&self, py: Python<'_>) -> PyResult<f64> {
+        let substitute = self.clock.lock().as_ref().map(|c| c.clone_ref(py));
+        match substitute {
+            None => Ok(clock::now_secs()),
+            Some(c) => c.call0(py)?.extract(py),
+        }
+    }
+
+    /// An input of the protocol (`ProtocolCore.handle`), taken now on its clock:
+    /// the protocol's answer, None for the events that have none.
+    fn handle(&self, py: Python<'_>, event: &Event) -> PyResult<Option<Py<PyAny>>> {
+        use crate::protocol::Event as E;
+        let now = self.now(py)?;
         let at = clock::now_secs();
-        match event {
-            Event::Notice {
+        let answer = |value: Bound<'_, PyAny>| Ok(Some(value.unbind()));
+        match E::from(event) {
+            E::Notice {
                 source,
                 message,
-                unix_now,
                 unix_deadline,
                 unix_kill,
             } => {
-                let notice = Notice::from_unix(now, *unix_now, *unix_deadline, *unix_kill);
-                let outcome = self.with_protocol(|p| p.notice(notice, source, message, now, at).map_err(refused))?;
-                Ok(Some(Self::notice_action(outcome).into_pyobject(py)?.into_any().unbind()))
+                let notice = Notice::from_unix(now, clock::unix_now(), unix_deadline, unix_kill);
+                let action = self.with_protocol(|p| p.take_notice(notice, &source, &message, now, at).map_err(refused))?;
+                let action = NoticeAction::from(action);
+                answer(action.into_pyobject(py)?.into_any())
             }
-            Event::StepKey {
-                round_key,
-                value,
-                superseded,
-            } => {
-                let round = round_from_key(round_key)?;
-                let outcome = self.with_protocol(|p| Ok(p.step_key(round, value, *superseded, now, at).map_err(refused)??))?;
-                let action = match outcome {
-                    core::KeyAction::Acknowledge { ack_key, next_round } => KeyAction::Acknowledge {
-                        ack_key,
-                        next_round_key: next_round.map(|r| r.key().to_string()),
-                    },
-                    core::KeyAction::Stop => KeyAction::Stop {},
-                };
-                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
+            E::StepKey { round, value, superseded } => {
+                let outcome = self.with_protocol(|p| Ok(p.step_key(round, &value, superseded, now, at).map_err(refused)??))?;
+                let action = KeyAction::from(crate::protocol::answer::KeyAction::from(outcome));
+                answer(action.into_pyobject(py)?.into_any())
             }
             // A claim's outcome changes what the next step must look at.
-            Event::Written { id, won } => self.with_protocol(|p| {
-                p.written(*id, *won, now, at);
+            E::Written { id, won } => self.with_protocol(|p| {
+                p.written(id, won, now, at);
                 Ok(None)
             }),
-            Event::Failed { id, closing } => self.with_protocol(|p| {
-                p.write_failed(*id, at, *closing);
+            E::Failed { id, closing } => self.with_protocol(|p| {
+                p.write_failed(id, at, closing);
                 Ok(None)
             }),
-            Event::Raised { id } => self.with_protocol(|p| {
-                p.write_raised(*id);
+            E::Raised { id } => self.with_protocol(|p| {
+                p.write_raised(id);
                 Ok(None)
             }),
-            Event::Close {} => {
+            E::Close {} => {
                 self.state.lock().close(at);
                 Ok(None)
             }
-            Event::Resume {} => self.leader(py, |p| Ok(p.leader_next(now, at))),
-            Event::Set { written } => {
+            E::Resume {} => self.leader(py, |p| Ok(p.leader_next(now, at))),
+            E::Set { written } => {
                 let value = written.then_some(core::ACK_VALUE);
                 self.leader(py, |p| p.leader_called(value, now, at).map_err(refused))
             }
-            Event::Got { value } => self.leader(py, |p| p.leader_called(value.as_deref(), now, at).map_err(refused)),
-            Event::CallFailed { closing } => self.leader(py, |p| Ok(p.leader_call_failed(now, at, *closing))),
-            Event::Restored { duration } => {
-                self.state.lock().handle_restored(*duration);
+            E::Got { value } => self.leader(py, |p| p.leader_called(value.as_deref(), now, at).map_err(refused)),
+            E::CallFailed { closing } => self.leader(py, |p| Ok(p.leader_call_failed(now, at, closing))),
+            E::Reading {} => self.reader(py, Protocol::reader_next),
+            E::Read { value } => self.reader(py, |p| p.reader_read(value.as_deref())),
+            E::ReadFailed { closing } => self.reader(py, |p| p.reader_failed(now, at, closing)),
+            E::Timing {} => {
+                self.state.lock().handle_timing(now);
                 Ok(None)
             }
-            Event::Saved { round_key, duration } => {
-                let action = self.saved(round_key, *duration)?;
-                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
+            E::Timed {} => answer(self.state.lock().handle_timed(now).into_pyobject(py)?.into_any()),
+            E::Restored {} => {
+                self.state.lock().handle_restored_timed();
+                Ok(None)
             }
-            Event::SaveFailed { shares } => {
-                let action = self.save_failed(*shares)?;
-                Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
+            E::Saved { round } => {
+                let after = self.with_protocol(|p| Ok(p.saved(round).map_err(refused)??))?;
+                answer(SaveAction::from(after).into_pyobject(py)?.into_any())
             }
-            Event::Reading {} => self.reader(py, Protocol::reader_next),
-            Event::Read { value } => self.reader(py, |p| p.reader_read(value.as_deref())),
-            Event::ReadFailed { closing } => self.reader(py, |p| p.reader_failed(now, at, *closing)),
+            E::SaveFailed { shares } => {
+                let after = self.with_protocol(|p| p.handle_save_failed(shares).map_err(refused))?;
+                answer(
+                    SaveAction::from(crate::protocol::answer::SaveAction::from(after))
+                        .into_pyobject(py)?
+                        .into_any(),
+                )
+            }
+            E::BeforeStep {} => {
+                let runs = self.run_counter.load(Ordering::Relaxed);
+                let action = self.with_protocol(|p| p.step_check(runs, now).map_err(refused))?;
+                answer(StepAction::from(action).into_pyobject(py)?.into_any())
+            }
+            E::ChecksDone {} => {
+                self.after_check();
+                Ok(None)
+            }
+            E::StepFailed {} => {
+                self.state.lock().step_failed();
+                Ok(None)
+            }
+            E::Pending { pending } => {
+                self.pending.store(pending, Ordering::Release);
+                Ok(None)
+            }
+            E::Fit {} => answer(self.fit(now)?.into_pyobject(py)?.into_any()),
+            E::Exiting { ends_in } => answer(self.state.lock().handle_exiting(now, ends_in).into_pyobject(py)?.into_any()),
+            E::Shutdown {} => {
+                let writes = self.state.lock().shutdown_writes().map_err(refused)?;
+                let writes: Vec<LeaderAction> = writes.into_iter().map(LeaderAction::from).collect();
+                answer((writes, core::THREAD_JOIN_TIMEOUT).into_pyobject(py)?.into_any())
+            }
+            E::ErrorReport {} => answer(core::SHUTDOWN_WRITE_TIMEOUT.into_pyobject(py)?.into_any()),
+            E::TakeOver {} => {
+                self.state.lock().handle_take_over(clock::unix_now());
+                Ok(None)
+            }
+            E::Arrived { at } => answer(self.state.lock().came_after(at).into_pyobject(py)?.to_owned().into_any()),
         }
     }
 
@@ -775,59 +572,19 @@ impl Shared {
         Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
     }
 
-    fn before_step(&self, now: f64) -> PyResult<StepAction> {
-        let runs = self.run_counter.load(Ordering::Relaxed);
-        let decision = self.with_protocol(|p| p.before_step(runs, now).map_err(refused))?;
-        Ok(match decision {
-            core::StepAction::Proceed => StepAction::Proceed {},
-            core::StepAction::Publish {
-                round,
-                step,
-                ack_keys,
-                own_ack_key,
-            } => StepAction::Publish {
-                round_key: round.key().to_string(),
-                step,
-                ack_keys,
-                own_ack_key,
-            },
-            core::StepAction::Save { round, step } => StepAction::Save {
-                round_key: round.key().to_string(),
-                step,
-            },
-        })
-    }
-
-    fn saved(&self, round_key: &str, duration: f64) -> PyResult<SaveAction> {
-        let round = round_from_key(round_key)?;
-        let after = self.with_protocol(|p| Ok(p.handle_saved(round, duration).map_err(refused)??))?;
-        Ok(match after {
-            core::SaveAction::Exit => SaveAction::Exit,
-            core::SaveAction::Countdown => SaveAction::Countdown,
-        })
-    }
-
-    fn save_failed(&self, shares: bool) -> PyResult<SaveAction> {
-        let after = self.with_protocol(|p| p.handle_save_failed(shares).map_err(refused))?;
-        Ok(match after {
-            SaveFailed::Raise => SaveAction::Raise,
-            SaveFailed::ExitUnmerged => SaveAction::ExitUnmerged,
-        })
-    }
-
-    fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
-        let report = self.state.lock().fit(now)?;
+    fn fit(&self, now: f64) -> PyResult<Option<(&'static str, f64, f64, bool)>> {
+        let protocol = self.state.lock();
+        let Some(report) = protocol.fit(now) else {
+            return Ok(None);
+        };
         let name = match report.fit {
             Fit::Both => "both",
             Fit::OneSave => "one_save",
             Fit::Neither => "neither",
             Fit::Unknown => "unknown",
         };
-        Some((name, report.left, report.needed))
-    }
-
-    fn has_final_round(&self) -> PyResult<bool> {
-        self.state.lock().has_final_round().map_err(refused)
+        let final_round = protocol.has_final_round().map_err(refused)?;
+        Ok(Some((name, report.left, report.needed, final_round)))
     }
 
     /// A snapshot for logs and tests: read under the lock, turned into Python
@@ -839,6 +596,8 @@ impl Shared {
         d.set_item("step_estimate", snap.step_estimate)?;
         d.set_item("longest_save", snap.longest_save)?;
         d.set_item("margin", snap.margin)?;
+        d.set_item("peer_timeout", snap.peer_timeout)?;
+        d.set_item("exit_reserve", snap.exit_reserve)?;
         if let Some(r) = snap.resolver {
             // This worker's own earliest deadline and the final round it plans
             // for it, leading or not: any worker with a notice of its own
@@ -892,18 +651,6 @@ impl HandlerCore {
     fn set_run_counter(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         self.shared.set_run_counter(value)
     }
-
-    /// Whether a step key, a leading notice or the countdown needs the
-    /// training thread's attention before the next step.
-    #[getter(_attention)]
-    fn attention(&self) -> bool {
-        self.shared.attention.load(Ordering::Acquire)
-    }
-
-    /// A snapshot for logs and tests.
-    fn _core_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.shared.snapshot(py)
-    }
 }
 
 #[pymethods]
@@ -913,23 +660,6 @@ impl ProtocolCore {
     /// agreed step needs the check before the step.
     fn begin_step(&self) -> bool {
         self.shared.begin_step()
-    }
-
-    /// Whether the next step must take the slow path for something other
-    /// than the resolver (a background thread's error).
-    fn set_pending(&self, pending: bool) {
-        self.shared.set_pending(pending)
-    }
-
-    /// The check before a step ended (a publish or a save is not step time:
-    /// the interval restarts now).
-    fn after_check(&self) {
-        self.shared.after_check()
-    }
-
-    /// The step failed: it is not counted, and not a step duration.
-    fn step_failed(&self) {
-        self.shared.step_failed()
     }
 
     /// The step completed: one more run.
@@ -948,23 +678,14 @@ impl ProtocolCore {
         self.shared.set_run_counter(value)
     }
 
-    /// The thread whose `run()` is calling its function now (as
-    /// `threading.get_ident()`), 0 when none.
+    /// `(running, trainer)`: the thread whose `run()` is calling its function now
+    /// (as `threading.get_ident()`, 0 when none), and the thread that called `run()`
+    /// last (0 before the first `run()`).
     #[getter]
-    fn running_thread(&self) -> u64 {
+    fn threads(&self) -> (u64, u64) {
         let word = self.shared.run_thread.load(Ordering::Relaxed);
-        if word & IN_RUN == 0 {
-            0
-        } else {
-            word & !IN_RUN
-        }
-    }
-
-    /// The thread that called `run()` last (as `threading.get_ident()`), 0
-    /// before the first `run()`.
-    #[getter]
-    fn trainer_thread(&self) -> u64 {
-        self.shared.run_thread.load(Ordering::Relaxed) & !IN_RUN
+        let running = if word & IN_RUN == 0 { 0 } else { word & !IN_RUN };
+        (running, word & !IN_RUN)
     }
 
     /// Whether a step key, a leading notice or the countdown needs the
@@ -974,137 +695,56 @@ impl ProtocolCore {
         self.shared.attention.load(Ordering::Acquire)
     }
 
-    /// Sets up the protocol: `worker_id` None for local mode; `peer_timeout`
-    /// bounds the wait for the acknowledgements and the retries.
-    #[pyo3(signature = (worker_id, num_workers, grace_period, peer_timeout=core::DEFAULT_PEER_TIMEOUT, save_at_current_run=false))]
-    fn configure(
-        &self,
-        worker_id: Option<u32>,
-        num_workers: u32,
-        grace_period: f64,
-        peer_timeout: f64,
-        save_at_current_run: bool,
-    ) -> PyResult<()> {
-        self.shared.configure(Config {
-            worker_id,
-            num_workers,
-            grace_period,
-            save_at_current_run,
-            peer_timeout,
-        })
+    /// Sets up the protocol, or changes part of its configuration (the handler's
+    /// views): each option given is set, the others stay. `worker_id` (None: local
+    /// mode), `num_workers`, `grace_period` and `save_at_current_run` start a new
+    /// resolver; `peer_timeout` bounds the wait for the acknowledgements and the
+    /// retries; `exit_reserve` is kept between the last save and the deadline;
+    /// `clock` (a callable returning seconds, None: the monotonic clock) is the
+    /// clock the protocol's events are taken on, a simulation's own. Returns the
+    /// bound on one coordination-service write of the protocol under the peer
+    /// timeout now in force (`write_timeout`): the coordination client's default.
+    #[pyo3(signature = (**options))]
+    fn configure(&self, options: Option<&Bound<'_, PyDict>>) -> PyResult<f64> {
+        self.shared.configure(options)?;
+        let peer_timeout = self.shared.state.lock().peer_timeout();
+        Ok(core::write_timeout(peer_timeout, core::WriteBound::Protocol))
     }
 
-    /// The peer timeout (`TerminationConfig.peer_timeout`), set at `configure`;
-    /// settable as the handler's `_peer_timeout` view.
-    #[getter]
-    fn get_peer_timeout(&self) -> f64 {
-        self.shared.state.lock().peer_timeout()
-    }
-
-    #[setter]
-    fn set_peer_timeout(&self, secs: f64) -> PyResult<()> {
-        self.shared.state.lock().set_peer_timeout(secs).map_err(refused)
-    }
-
-    /// An input of the protocol at `now` (the handler's clock). The driver's: a
-    /// notice (returns the `NoticeAction`), a step key read (the `KeyAction`), a
-    /// write's outcome, the close; what they start comes out of `poll`. The
-    /// leader's round and the step-key reader's calls (return the next
-    /// `LeaderAction` / `ReaderAction`). A restore, a save (returns the
-    /// `SaveAction`), a failed save (the `SaveAction`: raise or exit unmerged).
-    ///
-    /// `now` may be left out for an event that is not timed on the handler's
-    /// clock (`Close`, `Restored`, `SaveFailed`): the binding's clock then
-    /// stands for it.
-    #[pyo3(signature = (event, now = None))]
-    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>, now: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
-        self.shared.handle(py, event.get(), now.unwrap_or_else(clock::now_secs))
+    /// An input of the protocol, taken now on its clock. The driver's: a notice
+    /// (returns the `NoticeAction`), a step key read (the `KeyAction`), a write's
+    /// outcome, the close; what they start comes out of `poll`. The leader's round
+    /// and the step-key reader's calls (return the next `LeaderAction` /
+    /// `ReaderAction`). The training thread's: the check before a step (the
+    /// `StepAction`), a timed save or restore, a save's end (the `SaveAction`), a
+    /// failed save (the `SaveAction`: raise or exit unmerged), the exit. `Event`
+    /// says what each returns.
+    fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>) -> PyResult<Option<Py<PyAny>>> {
+        self.shared.handle(py, event.get())
     }
 
     /// What the driver does now: an `Action` (a write to attempt, or what one came
     /// to), or None.
     fn poll(&self) -> Option<Action> {
         let at = clock::now_secs();
-        self.shared.state.lock().poll(at).map(Action::from)
+        self.shared
+            .state
+            .lock()
+            .poll(at)
+            .map(|a| Action::from(crate::protocol::Action::from(a)))
     }
 
     /// Seconds until `poll` has something (0: now), or None until an input: how
-    /// long the driver's receive waits.
-    fn poll_timeout(&self) -> Option<f64> {
-        let due = self.shared.state.lock().poll_timeout()?;
+    /// long the driver's receive waits. 0 as well while a notice waits for the
+    /// writes of the one before it to end (`waiting`) and they have.
+    #[pyo3(signature = (waiting = false))]
+    fn poll_timeout(&self, waiting: bool) -> Option<f64> {
+        let protocol = self.shared.state.lock();
+        if waiting && !protocol.writes_busy() {
+            return Some(0.0);
+        }
+        let due = protocol.poll_timeout()?;
         Some((due - clock::now_secs()).max(0.0))
-    }
-
-    /// A notice's write (claim or announce) is pending: the next notice waits.
-    #[getter]
-    fn writes_busy(&self) -> bool {
-        self.shared.state.lock().writes_busy()
-    }
-
-    /// The platform stated after the notice that it ends this process `left` seconds
-    /// after `now` (a SLURM job this handler requeued): `Protocol::handle_platform_end`.
-    fn platform_end(&self, now: f64, left: f64) {
-        self.shared.state.lock().handle_platform_end(now + left);
-    }
-
-    /// The decision before a step at `now`.
-    fn before_step(&self, now: f64) -> PyResult<StepAction> {
-        self.shared.before_step(now)
-    }
-
-    /// What still fits before this worker's earliest deadline at `now`:
-    /// `("both" | "one_save" | "neither" | "unknown", seconds left, seconds needed)` (the
-    /// grace planner's `fit`), or None without a notice.
-    fn fit(&self, now: f64) -> Option<(&'static str, f64, f64)> {
-        self.shared.fit(now)
-    }
-
-    /// How long a failing coordination-service call is retried from `now`
-    /// (`crate::retry::bound`): the leading notice's deadline, if any, may
-    /// shorten it.
-    fn retry_bound(&self, now: f64) -> f64 {
-        self.shared.state.lock().retry_bound(now)
-    }
-
-    /// How long the coordinator of a parameter-server cluster lets the
-    /// closures in flight finish before its save, from `now`
-    /// (`GracePlanner::drain_bound`); the peer timeout when the notice set no
-    /// deadline or this worker does not lead.
-    fn drain_bound(&self, now: f64) -> f64 {
-        self.shared.state.lock().drain_bound(now)
-    }
-
-    /// When the platform ends this process, as it stated it (`Protocol::kill_deadline`),
-    /// on the handler's clock; None when it stated none (a grace period alone, an
-    /// assumed deadline).
-    fn kill_deadline(&self) -> Option<f64> {
-        self.shared.state.lock().kill_deadline()
-    }
-
-    /// Seconds kept between the last save and the deadline for the process's exit
-    /// (`GracePlanner::set_exit_reserve`; `EXIT_RESERVE` unless configured).
-    #[getter]
-    fn get_exit_reserve(&self) -> f64 {
-        self.shared.state.lock().exit_reserve()
-    }
-
-    #[setter]
-    fn set_exit_reserve(&self, secs: f64) -> PyResult<()> {
-        self.shared.state.lock().set_exit_reserve(secs).map_err(refused)
-    }
-
-    /// The writes of `STOP_WATCHER` every worker makes at shutdown (releasing
-    /// the readers still blocked on the step keys), as `LeaderAction.Set`s.
-    fn shutdown_writes(&self) -> PyResult<Vec<LeaderAction>> {
-        let writes = self.shared.state.lock().shutdown_writes().map_err(refused)?;
-        Ok(writes.into_iter().map(LeaderAction::from).collect())
-    }
-
-    /// A preemption has a final round (there is a grace period): decided once,
-    /// at configuration.
-    #[getter]
-    fn has_final_round(&self) -> PyResult<bool> {
-        self.shared.has_final_round()
     }
 
     /// A snapshot for logs and tests.
@@ -1117,6 +757,11 @@ impl ProtocolCore {
 /// of a save in shares bounded by the shares' rule, this worker's notice's deadline
 /// less the exit's reserve, and the merges this handler measured.
 impl ProtocolCore {
+    /// Seconds on the protocol's clock now (`configure(clock=...)`).
+    pub(crate) fn now(&self, py: Python<'_>) -> PyResult<f64> {
+        self.shared.now(py)
+    }
+
     /// Seconds `waiter` waits from `now` after its own part took `own` seconds.
     pub(crate) fn shares_bound(&self, own: f64, now: f64, waiter: Waiter) -> f64 {
         self.shared

@@ -13,9 +13,8 @@
 //! | `exit_guard.rs` | `arm_exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the kill its platform stated (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL; a step or a new handler stands it down |
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |
-//! | `retry.rs` | `Retry` and `RetryVerdict`: the protocol's one retry rule (`crate::retry`) for the threads that repeat a call; `WriteKind`: what a write of the driver is (its schedule is `ProtocolCore`'s, `crate::protocol`) |
-//! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait), `TaskProtocol` (a served task's), `TaskCalls` |
-//! | `failure_response.rs` | `failure_response`, `after_recovery_wait`: what a closure's error gets, in TF's order (`crate::failure::response`) |
+//! | `retry.rs` | `WriteKind`: what a write of the driver is (its schedule, and the retry rule's, are `ProtocolCore`'s, `crate::protocol`) |
+//! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait, a closure's error in TF's order), `TaskProtocol` (a served task's), `TaskCalls` |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
 //! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes; `InputTiming`: when a slow resume is logged (`crate::input_position`) |
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
@@ -40,7 +39,6 @@ mod displacement;
 mod errors;
 mod exit_guard;
 mod failure;
-mod failure_response;
 mod handler;
 mod host_memory;
 mod inbox;
@@ -77,9 +75,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STOP_WATCHER", crate::step_resolution::STOP_WATCHER)?;
     m.add("PREEMPTION_NOTICE_KEY", crate::step_resolution::PREEMPTION_NOTICE_KEY)?;
     m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
-    m.add("DEFAULT_PEER_TIMEOUT", crate::step_resolution::DEFAULT_PEER_TIMEOUT)?;
-    m.add("THREAD_JOIN_TIMEOUT", crate::step_resolution::THREAD_JOIN_TIMEOUT)?;
-    m.add("SHUTDOWN_WRITE_TIMEOUT", crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT)?;
     m.add_class::<handler::HandlerCore>()?;
     m.add_class::<handler::ProtocolCore>()?;
     m.add_class::<handler::NoticeAction>()?;
@@ -92,13 +87,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::Action>()?;
     m.add("DEFAULT_GRACE_PERIOD", crate::grace::DEFAULT_GRACE_PERIOD)?;
     handler::add_run(m.py())?;
-    m.add_function(wrap_pyfunction!(handler::write_timeout, m)?)?;
     signals::register(m)?;
     inbox::register(m)?;
     closure_queue::register(m)?;
     closure::register(m)?;
     failure::register(m)?;
-    failure_response::register(m)?;
     layout::register(m)?;
     records::register(m)?;
     retry::register(m)?;

@@ -421,7 +421,7 @@ def handler_plan():
     if state is None:
         return None
     plan = {k: v for k, v in state().items() if k in PLAN_KEYS}
-    plan["clock"] = handler._clock()
+    plan["clock"] = time.monotonic()
     return plan
 
 

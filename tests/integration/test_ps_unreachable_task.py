@@ -20,7 +20,7 @@ What counts as success:
   trains to the end (runs == counter == 120);
 * every process is reaped (the fixture sends SIGCONT, then kills what is left).
 
-Before the package set gRPC keepalive (``grpc_keepalive.GRPC_KEEPALIVE``), the coordinator's
+Before the package set gRPC keepalive (``src/ps_control/keepalive.rs``), the coordinator's
 save blocked for as long as the worker stayed stopped (more than 200 s measured; it
 ends only when the task runs again or its socket closes):
 ``TF_FAILURE_HANDLING_GRPC_KEEPALIVE=0`` reproduces that, and this test then fails at

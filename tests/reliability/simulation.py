@@ -9,7 +9,7 @@ coordination service), restarts the cluster from its checkpoints, and checks the
 invariants. A failing trial prints its seed; ``run_trial(make_plan(seed))``
 replays it.
 
-Time: each handler reads a per-worker virtual clock (``handler._clock``) that a
+Time: each handler reads a per-worker virtual clock (``handler._core.configure(clock=...)``) that a
 step advances by its planned duration and a save by its own, so grace periods of
 minutes cost no wall time. Waits for peers stay real. No verdict depends on how
 fast the machine is: a worker that is alive answers well within the handler's
@@ -880,7 +880,7 @@ def _worker(trial: Optional[_Trial], plan: Plan, sabotage: Sabotage):
                 handler = ctx.handler(checkpoint, ctx.checkpoint_dir, config)
         clock = None if trial is None else trial.clocks[ctx.index]
         if clock is not None:
-            handler._clock = clock.now
+            handler._core.configure(clock=clock.now)
             trial.handlers[ctx.index] = handler
         if trial is None and sabotage.resume_ahead == ctx.index:
             handler._run_counter += 1

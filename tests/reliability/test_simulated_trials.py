@@ -336,7 +336,7 @@ def test_the_harness_catches_a_call_given_up_at_the_first_failure(monkeypatch):
 
     def without_retries(self, ctx, *args, **kwargs):
         built(self, ctx, *args, **kwargs)
-        ctx.core.peer_timeout = 0.0
+        ctx.core.configure(peer_timeout=0.0)
 
     monkeypatch.setattr(Driver, "__init__", without_retries)
     result = run_trial(targeted_plan("claim", 2))

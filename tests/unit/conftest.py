@@ -153,15 +153,17 @@ class PublishRecorder(PreemptionCheckpointHandler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.publishes: list = []
-        #: The handler's clock and plan (``_core_state()``) at each publish.
+        #: The handler's clock and plan (``_core_state()``) at each publish; the clock is
+        #: the one the test configured the protocol object with (``publish_clock``).
         self.publish_times: list = []
+        self.publish_clock: Any = time.monotonic
         self.publish_plans: list = []
         super().__init__(*args, **kwargs)
         publish = self._agreement.publish
 
         def recorded(round_key: str, step: int, *keys: Any) -> None:
             self.publishes.append((self._run_counter, step, round_key))
-            self.publish_times.append(self._clock())
+            self.publish_times.append(self.publish_clock())
             self.publish_plans.append(self._core_state())
             publish(round_key, step, *keys)
 

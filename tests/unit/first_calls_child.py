@@ -85,7 +85,7 @@ def transient_failures() -> None:
     t = _native.TransientFailures(1, 8)
     t.record_and_ignore_transient_ps_failure(_error())
     t.record_and_ignore_transient_timeouts(_errors.make("DeadlineExceededError", "late"))
-    repr(t)
+    t.state()
 
 
 def closure_queue() -> None:
@@ -110,11 +110,11 @@ def closure_queue() -> None:
 def handler_core() -> None:
     core = _native.HandlerCore()
     protocol = core._protocol_core()
-    protocol.configure(0, 2, 0.0)
+    protocol.configure(worker_id=0, num_workers=2, grace_period=0.0)
     assert core.run(lambda x: x + 1, 1) == 2
     protocol.begin_step()
-    core._core_state()
-    protocol.handle(_native.Event.Notice("test", "m", 0.0), 0.0)
+    protocol.state()
+    protocol.handle(_native.Event.Notice("test", "m"))
     protocol.poll()
     protocol.poll_timeout()
 
@@ -155,29 +155,29 @@ def testing_service() -> None:
 
 
 #: Shared by the threads, as the poller's and the calls' cores are in a coordinator.
-_CALLS = _native.TaskCalls(30.0, 4)
+_CALLS = _native.TaskCalls()
 _PROTOCOL = _native.CoordinatorProtocol([])
 
 
 def ps_control() -> None:
     task = threading.current_thread().name
-    call, abandoned = _CALLS.start(task, 0.0)
+    call, abandoned = _CALLS.start(task)
     assert abandoned is None and _CALLS.returned(task, call)
     event, lane = _native.CoordinatorEvent, _native.Lane
     _PROTOCOL.handle(event.PollFailed(task, RuntimeError("Could not find callback")))
     _PROTOCOL.handle(event.Answered(task, {"incarnation": "inc", "notice": {"at": 1.0}}))
     _PROTOCOL.handle(event.ReleaseStart(task, "drained", None))
     release = _PROTOCOL.poll(lane.Release(task))
-    assert release.request["incarnation"] == "inc" and release.request["notice_at"] == 1.0
+    assert release.incarnation == "inc" and release.notice_at == 1.0
     _PROTOCOL.handle(event.ReleaseAnswered(task, {"released": True}))
     assert _PROTOCOL.poll(lane.Release(task)).end == "released"
     _PROTOCOL.poll_timeout(lane.Poll())
     _PROTOCOL.state()
     served = _native.TaskProtocol("ps", 0, task, 30.0)
-    served.handle(_native.TaskEvent.Notice("signal SIGTERM", None, 0.0), 1.0)
-    assert served.answer({"op": "release", "incarnation": task, "notice_at": 1.0})["released"]
+    served.handle(_native.TaskEvent.Notice("signal SIGTERM", None, 0.0))
+    at = served.answer({"op": "poll"})["notice"]["at"]
+    assert served.answer({"op": "release", "incarnation": task, "notice_at": at})["released"]
     served.poll()
-    served.poll_timeout()
     served.state()
 
 

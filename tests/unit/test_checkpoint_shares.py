@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -69,7 +70,7 @@ def _save_in_thread(saves: ck.Checkpoints, run_count: int) -> tuple:
 
     def save():
         try:
-            saves.save(run_count, (), {}, clock=lambda: 0.0)
+            saves.save(run_count, (), {})
         except BaseException as e:  # noqa: BLE001 - handed to the test
             errors.append(e)
 
@@ -90,11 +91,10 @@ def _core_with_deadline(worker: int, left: float):
     from tf_failure_handling import _native
 
     core = _native.HandlerCore()._protocol_core()
-    core.configure(None, worker, 0.0)
-    core.exit_reserve = 5.0
+    core.configure(worker_id=None, num_workers=worker, grace_period=0.0, exit_reserve=5.0)
     if left is not None:
-        now = _native.now()
-        core.handle(_native.Event.Notice("test", "m", now, now + 5.0 + left, now + 5.0 + left), now)
+        end = time.time() + 5.0 + left  # a platform's deadline: Unix time
+        core.handle(_native.Event.Notice("test", "m", end, end))
     return core
 
 
@@ -110,7 +110,7 @@ def test_each_worker_writes_a_share_and_the_chief_merges_them(shares, tmp_path):
     chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint(0.5))
     assert chief.shared_by == other.shared_by == 2
     thread, errors = _save_in_thread(other, 7)
-    chief.save(7, (), {}, clock=lambda: 0.0)
+    chief.save(7, (), {})
     thread.join(JOIN_BOUND)
     assert not thread.is_alive() and errors == []
     assert sorted(p.name for p in ckpt_dir.iterdir()) == [
@@ -130,7 +130,7 @@ def test_each_worker_writes_a_share_and_the_chief_merges_them(shares, tmp_path):
     assert int(restored.checkpointed_runs.numpy()) == 7
     # A second save replaces the first (max_to_keep=1), still in two parts.
     thread, errors = _save_in_thread(other, 9)
-    chief.save(9, (), {}, clock=lambda: 0.0)
+    chief.save(9, (), {})
     thread.join(JOIN_BOUND)
     assert errors == []
     assert sorted(p.name for p in ckpt_dir.glob("ckpt-*")) == [
@@ -149,7 +149,7 @@ def test_a_share_that_never_comes_leaves_the_last_checkpoint_as_it_was(shares, t
         tf.errors.DeadlineExceededError,
         match=r"Worker 1's share of checkpoint ckpt-1 .* was not written",
     ):
-        chief.save(7, (), {}, clock=lambda: 0.0)
+        chief.save(7, (), {})
     assert not list(ckpt_dir.glob("ckpt-*.index")), "no checkpoint without every share"
     assert tf.train.latest_checkpoint(str(ckpt_dir)) is None
 
@@ -163,7 +163,7 @@ def test_a_worker_whose_share_failed_fails_the_chief_at_once(shares, tmp_path):
     with pytest.raises(
         tf.errors.AbortedError, match=r"Worker 1's share .* could not be written: .*no room"
     ):
-        chief.save(7, (), {}, clock=lambda: 0.0)
+        chief.save(7, (), {})
     assert not list(ckpt_dir.glob("ckpt-*.index"))
 
 
@@ -176,7 +176,7 @@ def test_workers_with_other_variables_cannot_write_together(shares, tmp_path):
     with pytest.raises(
         tf.errors.FailedPreconditionError, match="holds other tensors than the chief's"
     ):
-        chief.save(7, (), {}, clock=lambda: 0.0)
+        chief.save(7, (), {})
     thread.join(JOIN_BOUND)
     assert not list(ckpt_dir.glob("ckpt-*.index"))
 
@@ -208,7 +208,7 @@ def test_the_restored_tensors_are_every_worker_s_save(shares, tmp_path):
     thread, errors = _save_in_thread(other, 3)
     key = f"{chief.share_keys(1)}/ckpt-1/1"
     assert shares.get_config_key_value(key, int(JOIN_BOUND * 1000)).startswith("ok "), errors
-    chief.save(3, (), {}, clock=lambda: 0.0)
+    chief.save(3, (), {})
     thread.join(JOIN_BOUND)
     assert errors == []
     reader = tf.train.load_checkpoint(str(ckpt_dir / "ckpt-1"))
@@ -253,7 +253,7 @@ def test_a_part_that_is_not_the_one_its_worker_wrote_is_not_merged(shares, tmp_p
     ckpt_dir = tmp_path / "ckpt"
     chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
     thread, errors = _save_in_thread(other, 3)
-    chief.save(3, (), {}, clock=lambda: 0.0)
+    chief.save(3, (), {})
     thread.join(JOIN_BOUND)
     assert errors == [] and tf.train.latest_checkpoint(str(ckpt_dir)).endswith("ckpt-1")
 
@@ -262,7 +262,7 @@ def test_a_part_that_is_not_the_one_its_worker_wrote_is_not_merged(shares, tmp_p
     (index,) = ckpt_dir.glob("ckpt-2_temp*/part-00001-of-00002.index")
     _restale(str(index)[: -len(".index")])
     with pytest.raises(tf.errors.FailedPreconditionError, match="is not the one it wrote"):
-        chief.save(5, (), {}, clock=lambda: 0.0)
+        chief.save(5, (), {})
     thread.join(JOIN_BOUND)
     assert not thread.is_alive()
     assert [type(e).__name__ for e in errors] == ["AbortedError"], errors
@@ -282,7 +282,7 @@ def test_a_leftover_part_of_an_earlier_attempt_is_never_one_of_this_save_s(share
     old.write(str(leftover))
     chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint(0.5))
     thread, errors = _save_in_thread(other, 3)
-    chief.save(3, (), {}, clock=lambda: 0.0)
+    chief.save(3, (), {})
     thread.join(JOIN_BOUND)
     assert errors == []
     reader = tf.train.load_checkpoint(str(ckpt_dir / "ckpt-1"))
@@ -335,7 +335,7 @@ def test_a_part_missing_at_the_merge_gets_the_shared_folder_message(shares, tmp_
     monkeypatch.setattr(gen_io_ops, "merge_v2_checkpoints", merge_without_worker_1_s_part)
     thread, errors = _save_in_thread(other, 3)
     with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.NotFoundError)) as raised:
-        chief.save(3, (), {}, clock=lambda: 0.0)
+        chief.save(3, (), {})
     thread.join(JOIN_BOUND)
     assert "every worker sees" in str(raised.value), raised.value
     assert [type(e).__name__ for e in errors] == ["AbortedError"], errors
@@ -376,7 +376,7 @@ def test_a_saver_that_cannot_be_split_puts_the_non_chief_s_copy_where_the_host_c
     ckpt_dir = tmp_path / "ckpt"
     chief, other = _workers(ckpt_dir, shares, _checkpoint(), _checkpoint())
     thread, errors = _save_in_thread(other, 7)
-    chief.save(7, (), {}, clock=lambda: 0.0)
+    chief.save(7, (), {})
     thread.join(JOIN_BOUND)
     assert not thread.is_alive() and errors == []
     # The chief's checkpoint is TensorFlow's whole one.
@@ -433,7 +433,7 @@ def test_the_others_hear_merged_only_once_the_state_file_names_the_checkpoint(
 
     monkeypatch.setattr(checkpoint_management.CheckpointManager, "_record_state", watched)
     thread, errors = _save_in_thread(other, 3)
-    chief.save(3, (), {}, clock=lambda: 0.0)
+    chief.save(3, (), {})
     thread.join(JOIN_BOUND)
     assert errors == [] and not thread.is_alive()
     assert seen and seen[0] is None, seen
@@ -464,15 +464,15 @@ def test_a_merge_that_would_not_end_before_the_deadline_is_not_started(
 
     monkeypatch.setattr(gen_io_ops, "merge_v2_checkpoints", slow_merge)
     thread, errors = _save_in_thread(other, 3)
-    chief.save(3, (), {}, clock=lambda: 0.0)
+    chief.save(3, (), {})
     thread.join(JOIN_BOUND)
     assert errors == []
 
-    now = _native.now()
-    core.handle(_native.Event.Notice("test", "m", now, now + 7.0, now + 7.0), now)
+    end = time.time() + 7.0
+    core.handle(_native.Event.Notice("test", "m", end, end))
     thread, errors = _save_in_thread(other, 5)
     with pytest.raises(tf.errors.DeadlineExceededError, match="was not started") as raised:
-        chief.save(5, (), {}, clock=lambda: 0.0)
+        chief.save(5, (), {})
     thread.join(JOIN_BOUND)
     needed = float(re.search(r"expected to take ([0-9.]+)s", str(raised.value)).group(1))
     assert needed >= 3.0 and "stays" in str(raised.value), raised.value
@@ -499,7 +499,7 @@ def test_a_failed_merge_removes_its_parts(shares, tmp_path, monkeypatch):
     monkeypatch.setattr(gen_io_ops, "merge_v2_checkpoints", merge_a_cut_part)
     thread, errors = _save_in_thread(other, 3)
     with pytest.raises(tf.errors.DataLossError):
-        chief.save(3, (), {}, clock=lambda: 0.0)
+        chief.save(3, (), {})
     thread.join(JOIN_BOUND)
     assert [type(e).__name__ for e in errors] == ["AbortedError"], errors
     assert sorted(p.name for p in ckpt_dir.iterdir()) == [], "the save left its parts"
@@ -539,7 +539,7 @@ def test_the_chief_s_reads_of_the_parts_and_its_merge_are_bounded(
     thread, errors = _save_in_thread(other, 3)
     try:
         with pytest.raises(tf.errors.DeadlineExceededError, match=said):
-            chief.save(3, (), {}, clock=lambda: 0.0)
+            chief.save(3, (), {})
         thread.join(JOIN_BOUND)
         assert [type(e).__name__ for e in errors] == ["AbortedError"], errors
         assert tf.train.latest_checkpoint(str(ckpt_dir)) is None

@@ -36,9 +36,23 @@ def test_recovery_timeout_must_be_a_number(bad):
         coordinator._recovery_timeout(bad)
 
 
+def _recovery_wait(recovery_timeout):
+    """The bound of a worker thread's wait for its worker's recovery, as the coordinator's
+    protocol object configured with ``recovery_timeout`` says it."""
+    from tf_failure_handling._native import CoordinatorEvent, CoordinatorProtocol, Lane
+
+    protocol, lane = CoordinatorProtocol([], recovery_timeout=recovery_timeout), Lane.Failure(1)
+    protocol.handle(CoordinatorEvent.ClosureFailed(1))
+    for yes in (False, False, False, True):  # a worker failure, after TF's three questions
+        protocol.poll(lane)
+        protocol.handle(CoordinatorEvent.FailureAnswered(1, yes))
+    return protocol.poll(lane).timeout
+
+
 def test_recovery_timeout_defaults_to_tfs_and_reads_the_environment(monkeypatch):
     monkeypatch.delenv(coordinator.WORKER_RECOVERY_TIMEOUT_ENV, raising=False)
-    assert coordinator._recovery_timeout(None) == 3600.0
+    assert coordinator._recovery_timeout(None) is None
+    assert _recovery_wait(coordinator._recovery_timeout(None)) == 3600.0  # TF's hour
     monkeypatch.setenv(coordinator.WORKER_RECOVERY_TIMEOUT_ENV, "12.5")
     assert coordinator._recovery_timeout(None) == 12.5
     assert coordinator._recovery_timeout(7) == 7.0  # the argument wins
@@ -110,7 +124,25 @@ def _recovery_handler():
     handler._cluster_due_for_update_or_finish = threading.Event()
     handler._worker_up_cond = threading.Condition(handler._cluster_update_lock)
     handler._should_preemption_thread_run = True
+    handler._protocol = coordinator.CoordinatorProtocol([])
     return handler
+
+
+class StopWithin:
+    """The coordinator's protocol object with a stop bound of ``bound`` seconds (the
+    core's is seconds long): the stop's lock wait, as the core's action gives it."""
+
+    def __init__(self, protocol, bound: float) -> None:
+        self._protocol, self._bound = protocol, bound
+
+    def poll(self, lane):
+        action = self._protocol.poll(lane)
+        if isinstance(action, coordinator.CoordinatorAction.StopRecovery):
+            return coordinator.CoordinatorAction.StopRecovery(self._bound)
+        return action
+
+    def __getattr__(self, name):
+        return getattr(self._protocol, name)
 
 
 def test_stop_wakes_the_recovery_thread():
@@ -124,8 +156,8 @@ def test_stop_wakes_the_recovery_thread():
 def test_stop_does_not_wait_forever_for_a_recovery_that_holds_the_cluster(monkeypatch, caplog):
     # The recovery thread holds the lock while update_server_def waits for a lost worker
     # (or is frozen at interpreter exit): TF's stop waited on it for good.
-    monkeypatch.setattr(coordinator, "STOP_LOCK_BOUND", 0.1)
     handler = _recovery_handler()
+    handler._protocol = StopWithin(handler._protocol, 0.1)
     assert handler._cluster_update_lock.acquire()
     handler.stop()
     assert handler._cluster_due_for_update_or_finish.is_set()

@@ -1,12 +1,13 @@
-"""Decisions the Rust core makes for the Python threads: the retry rule (``src/retry.rs``)
-and the bounds that depend on the leading notice (``ProtocolCore.retry_bound``,
-``ProtocolCore.drain_bound``), and the platforms reached only through one dispatch."""
+"""Decisions the Rust core makes for the Python threads: the bounds that depend on the
+leading notice (the drain bound of ``StepAction.Save``),
+the driver's writes, and the platforms reached only through one dispatch."""
 
 from __future__ import annotations
 
 import ast
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tf_failure_handling._platforms import clouds, common, kubernetes, platform,
 
 from . import rust_constants as rust
 
+Event = _native.Event
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "tf_failure_handling"
 
 
@@ -22,15 +24,24 @@ def _core(
     grace: float = 0.0, worker_id=None, num_workers: int = 1, peer_timeout: float = 300.0
 ) -> _native.ProtocolCore:
     core = _native.HandlerCore()._protocol_core()
-    core.configure(worker_id, num_workers, grace, peer_timeout)
+    core.configure(
+        worker_id=worker_id, num_workers=num_workers, grace_period=grace, peer_timeout=peer_timeout
+    )
+    return core
+
+
+def _at(core, now: float):
+    """Stops ``core``'s clock at ``now`` (``configure(clock=...)``); returns ``core``."""
+    core.configure(clock=lambda: now)
     return core
 
 
 def _notice(core, now: float, deadline=None, source: str = "test", message: str = "m"):
     """A notice at ``now`` whose deadline (on the same clock) the platform stated, so it
-    is the kill too: the wall clock read as ``now`` (``Event.Notice`` takes a source's
-    Unix times)."""
-    return core.handle(_native.Event.Notice(source, message, now, deadline, deadline), now)
+    is the kill too: a source states Unix times, which the core converts as it takes the
+    notice (the wall clock read then)."""
+    unix = None if deadline is None else time.time() + (deadline - now)
+    return _at(core, now).handle(_native.Event.Notice(source, message, unix, unix))
 
 
 # ------------------------------------------------------------------ one core, two views
@@ -48,17 +59,18 @@ def test_the_protocol_core_and_the_handler_core_are_one_resolver():
 
     core = Handler()
     protocol = core._protocol_core()
-    protocol.configure(None, 1, 0.0)
-    assert not core._attention and not protocol.attention
+    protocol.configure(worker_id=None, num_workers=1, grace_period=0.0)
+    other = core._protocol_core()
+    assert not other.attention and not protocol.attention
     assert isinstance(_notice(protocol, 1.0), _native.NoticeAction.Lead)
-    assert core._attention and protocol.attention and protocol.state()["leading"]
+    assert other.attention and protocol.attention and protocol.state()["leading"]
     protocol.run_counter = 7
     protocol.step_done()
     assert core._run_counter == protocol.run_counter == 8
-    action = protocol.before_step(2.0)
+    action = protocol.handle(_native.Event.BeforeStep())
     # The agreed step is the next one (TF: the largest run count + 1).
     assert isinstance(action, _native.StepAction.Publish) and action.step == 9
-    assert core._core_state() == protocol.state()
+    assert other.state() == protocol.state()
     ref = weakref.ref(core)
     del core
     gc.collect()
@@ -66,41 +78,9 @@ def test_the_protocol_core_and_the_handler_core_are_one_resolver():
 
 
 # ------------------------------------------------------------------ the retry rule
-
-
-def test_a_run_of_failures_pauses_doubling_and_gives_up_at_its_bound():
-    retry = _native.Retry(2.0, 100.0)
-    now, pauses = 100.0, []
-    while True:
-        verdict = retry.failed(now, False)
-        if isinstance(verdict, _native.RetryVerdict.GiveUp):
-            break
-        pauses.append(round(verdict.at - now, 6))
-        now = verdict.at
-    assert pauses[:5] == [0.05, 0.1, 0.2, 0.4, 0.8]
-    assert now == pytest.approx(102.0)
-    assert verdict.attempts == len(pauses) + 1
-    assert verdict.seconds == pytest.approx(2.0)
-
-
-def test_a_run_past_its_bound_still_makes_its_minimum_of_attempts():
-    # Attempts slower than the bound (a loaded machine): 0.7 s each against 1 s.
-    retry = _native.Retry(1.0, 0.0)
-    now = 0.0
-    for _ in range(rust.RETRY_MIN_ATTEMPTS - 1):
-        verdict = retry.failed(now, False)
-        assert isinstance(verdict, _native.RetryVerdict.Again), verdict
-        now += 0.7
-    verdict = retry.failed(now, False)
-    assert isinstance(verdict, _native.RetryVerdict.GiveUp)
-    assert verdict.attempts == rust.RETRY_MIN_ATTEMPTS
-
-
-def test_nothing_is_retried_while_closing_or_after_last_attempt():
-    assert isinstance(_native.Retry(10.0, 0.0).failed(0.1, True), _native.RetryVerdict.GiveUp)
-    retry = _native.Retry(10.0, 0.0)
-    retry.last_attempt()
-    assert isinstance(retry.failed(0.1, False), _native.RetryVerdict.GiveUp)
+# Its table tests are the core's (src/retry.rs: the pauses doubling to the bound, the
+# minimum of attempts past it, closing and a last attempt); the handler's calls are
+# retried inside the protocol object (test_the_drivers_writes_through_the_protocol_core).
 
 
 def _shares_wait(core, chief: bool) -> float:
@@ -122,29 +102,29 @@ def test_the_shares_wait_is_bounded_by_the_notice_s_deadline_less_the_exit_s_res
     ``src/shares.rs``; the core's clock is read by ``SharesWaits`` itself.)"""
     near = pytest.approx
     core = _core(grace=0.0)
-    core.exit_reserve = 5.0
+    core.configure(exit_reserve=5.0)
     # No notice, or one that names no time: the rule (4 x own, at least the minimum).
     assert _shares_wait(core, True) == near(60.0, abs=0.5)
     assert _shares_wait(core, False) == near(120.0, abs=0.5)
     assert _shares_wait(None, True) == near(60.0, abs=0.5)
-    _notice(core, _native.now())  # a notice that names no time
+    _notice(core, time.monotonic())  # a notice that names no time
     assert _shares_wait(core, True) == near(60.0, abs=0.5)
     # Kubernetes' 30 s: 3 s gone, the exit's 5 s reserve left.
     core = _core(grace=0.0)
-    core.exit_reserve = 5.0
-    t = _native.now()
+    core.configure(exit_reserve=5.0)
+    t = time.monotonic()
     _notice(core, t - 3.0, t + 27.0)
     assert _shares_wait(core, True) == near(22.0, abs=0.5)
     assert _shares_wait(core, False) == near(22.0, abs=0.5)
     # Into the reserve: the quickest wait there is (one ask, then the error).
     core = _core(grace=0.0)
-    core.exit_reserve = 5.0
-    _notice(core, _native.now(), _native.now() + 2.0)
+    core.configure(exit_reserve=5.0)
+    _notice(core, time.monotonic(), time.monotonic() + 2.0)
     assert _shares_wait(core, True) == 0.001
     # A grace period names a time too.
     graced = _core(grace=20.0)
-    graced.exit_reserve = 5.0
-    _notice(graced, _native.now())
+    graced.configure(exit_reserve=5.0)
+    _notice(graced, time.monotonic())
     assert _shares_wait(graced, True) == near(15.0, abs=0.5)
 
 
@@ -153,7 +133,7 @@ def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_
     whatever the time left. (The estimate, the chief's own part until a merge is
     measured, then the longest measured: ``src/protocol/tests/mod.rs``.)"""
     core = _core(grace=0.0)
-    core.exit_reserve = 5.0
+    core.configure(exit_reserve=5.0)
     # No notice: it starts, waited for as the chief waits for the parts.
     save = _native.SharesWaits(core, chief=True)
     save.handle("part_written")
@@ -163,36 +143,29 @@ def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_
     assert save.poll_timeout() == pytest.approx(60.0, abs=0.5), "the merge's bound"
     save.handle("merged")
     # Kubernetes' 30 s, 3 s gone: 22 s left before the reserve.
-    t = _native.now()
+    t = time.monotonic()
     _notice(core, t - 3.0, t + 27.0)
     fits = _merge_start(_native.SharesWaits(core, chief=True))
     assert isinstance(fits, _native.SharesAction.Merge)
     assert fits.bound == pytest.approx(22.0, abs=0.5)
     # Into the reserve: not started, nothing left.
     late = _core(grace=0.0)
-    late.exit_reserve = 5.0
-    _notice(late, _native.now(), _native.now() + 4.0)
+    late.configure(exit_reserve=5.0)
+    _notice(late, time.monotonic(), time.monotonic() + 4.0)
     kept = _merge_start(_native.SharesWaits(late, chief=True))
     assert isinstance(kept, _native.SharesAction.Keep) and kept.left == 0.0
     # Without a handler's core: the rule alone.
     assert isinstance(_merge_start(_native.SharesWaits(chief=True)), _native.SharesAction.Merge)
 
 
-def test_the_retry_bound_is_the_window_until_a_notice_leads():
-    core = _core(grace=30.0)
-    assert core.retry_bound(0.0) == rust.TRANSIENT_FAILURE_WINDOW
-    assert _core(grace=30.0, peer_timeout=3.0).retry_bound(0.0) == 3.0
-    _notice(core, 100.0, 104.0)  # local mode: this worker leads at once
-    assert core.state()["leading"]
-    assert core.retry_bound(100.0) == pytest.approx(4.0)
-    assert core.retry_bound(103.9) == 1.0  # at least a second
-
-
 def test_a_sources_unix_deadline_is_converted_once_by_the_core():
-    core = _core(grace=60.0)
-    core.handle(_native.Event.Notice("test", "m", 1_700_000_000.0, 1_700_000_004.0), 100.0)
-    assert core.retry_bound(100.0) == pytest.approx(4.0)
-    assert core.state()["deadline"] == pytest.approx(104.0)
+    """A source's Unix deadline is converted when the core takes the notice, on its
+    clock (the wall clock read then)."""
+    core = _at(_core(grace=60.0), 100.0)
+    core.handle(_native.Event.Notice("test", "m", time.time() + 4.0))
+    assert core.state()["deadline"] == pytest.approx(104.0, abs=0.01)
+    # The conversion the other way (a deadline on the core's clock for the sources).
+    assert _native.unix_time_of(104.0, core) == pytest.approx(time.time() + 4.0, abs=0.01)
 
 
 def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
@@ -202,41 +175,62 @@ def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
     core = _core(grace=60.0, worker_id=1, num_workers=2)
     assert isinstance(_notice(core, 100.0, 130.0), _native.NoticeAction.Claim)
     claim = core.poll()
-    core.handle(_native.Event.Written(claim.id, False), 100.0)  # worker 0 holds it
+    core.handle(_native.Event.Written(claim.id, False))  # worker 0 holds it
     state = core.state()
     assert not state["leading"] and "deadline" not in state
-    assert state["planned_deadline"] == pytest.approx(130.0)
+    assert state["planned_deadline"] == pytest.approx(130.0, abs=0.01)
     assert state["final_round_at"] == pytest.approx(130.0 - state["margin"])
     assert state["published_final"] is False
-    core.handle(_native.Event.StepKey("RUN_TO_CHECKPOINT", "5"), 100.5)
+    _at(core, 100.5).handle(_native.Event.StepKey("RUN_TO_CHECKPOINT", "5"))
     core.run_counter = 5
-    assert isinstance(core.before_step(101.0), _native.StepAction.Save)
-    saved = core.handle(_native.Event.Saved("RUN_TO_CHECKPOINT", 0.5), 101.5)
-    assert saved == _native.SaveAction.Countdown
-    assert isinstance(core.before_step(state["final_round_at"] - 1.0), _native.StepAction.Proceed)
+    save = _at(core, 101.0).handle(Event.BeforeStep())
+    # Not leading: a PS coordinator's closures would get the peer timeout.
+    assert isinstance(save, _native.StepAction.Save) and save.drain == 300.0
+    _at(core, 101.0).handle(Event.Timing())
+    assert _at(core, 101.5).handle(Event.Timed()) == 0.5
+    saved = core.handle(_native.Event.Saved("RUN_TO_CHECKPOINT"))
+    assert isinstance(saved, _native.SaveAction.Countdown)
+    assert core.state()["longest_save"] == 0.5, "the save the core timed"
+    early = _at(core, state["final_round_at"] - 1.0).handle(Event.BeforeStep())
+    assert isinstance(early, _native.StepAction.Proceed)
     assert core.state()["published_final"] is False
-    action = core.before_step(state["final_round_at"])
+    action = _at(core, state["final_round_at"]).handle(Event.BeforeStep())
     assert isinstance(action, _native.StepAction.Publish)
-    assert action.round_key == "LAST_RUN_TO_CHECKPOINT"
+    assert action.round == "LAST_RUN_TO_CHECKPOINT"
     assert core.state()["published_final"] is True
 
 
 # ------------------------------------------------------------------ the PS drain bound
 
 
+def _drain(core, now: float) -> float:
+    """The drain bound of the save the core asks for at ``now`` (``StepAction.Save``),
+    after the local round it publishes first."""
+    action = _at(core, now).handle(Event.BeforeStep())
+    if isinstance(action, _native.StepAction.Publish):
+        answer = core.handle(Event.Resume())
+        while not isinstance(answer, _native.LeaderAction.Agreed):
+            answer = core.handle(Event.Resume())
+        core.run_counter = action.step
+        action = core.handle(Event.BeforeStep())
+    assert isinstance(action, _native.StepAction.Save), action
+    return action.drain
+
+
 def test_the_drain_bound_is_the_peer_timeout_without_a_leading_deadline():
     core = _core(peer_timeout=77.0)
-    assert core.drain_bound(0.0) == 77.0
     _notice(core, 10.0)  # no grace period, no platform deadline
-    assert core.drain_bound(10.0) == 77.0
+    assert _drain(core, 10.0) == 77.0
 
 
 def test_the_drain_bound_leaves_the_longest_save_before_the_deadline():
+    # The deadline less now, no save measured yet, and the exit's reserve.
     core = _core(grace=60.0, peer_timeout=77.0)
     _notice(core, 0.0, 30.0)
-    # The deadline less now, no save measured yet, and the exit's reserve.
-    assert core.drain_bound(10.0) == pytest.approx(20.0 - rust.EXIT_RESERVE)
-    assert core.drain_bound(40.0) == 0.0
+    assert _drain(core, 10.0) == pytest.approx(20.0 - rust.EXIT_RESERVE, abs=0.01)
+    late = _core(grace=60.0, peer_timeout=77.0)
+    _notice(late, 0.0, 30.0)
+    assert _drain(late, 40.0) == 0.0
 
 
 # ------------------------------------------------------------------ the driver's writes
@@ -256,13 +250,17 @@ def test_the_drivers_writes_through_the_protocol_core():
     assert core.poll() is None and core.poll_timeout() is None
     assert isinstance(_notice(core, 0.0, source="a source"), _native.NoticeAction.Claim)
     claim = core.poll()
-    assert core.writes_busy and isinstance(claim, Action.Write) and core.poll_timeout() == 0.0
+    assert isinstance(claim, Action.Write) and core.poll_timeout() == 0.0
+    # Its write pending, a second notice is not taken yet.
+    assert isinstance(_notice(core, 0.0), _native.NoticeAction.Wait)
     # The call is the core's: the key and value, bounded as a claim is, named for logs.
-    assert (claim.kind, claim.key, claim.value) == (Kind.Claim, "TERMINATED_WORKER", "0")
-    assert claim.timeout == _native.write_timeout(peer_timeout)
+    assert isinstance(claim.kind, Kind.Claim)
+    assert (claim.key, claim.value) == ("TERMINATED_WORKER", "0")
+    # (``configure`` answers with that bound: the coordination client's default.)
+    assert claim.timeout == core.configure(peer_timeout=peer_timeout) == peer_timeout
     assert claim.what == "claiming TERMINATED_WORKER after the notice from a source"
     assert claim.subject == "a source"
-    core.handle(Event.Failed(claim.id), 0.0)
+    core.handle(Event.Failed(claim.id))
     retrying = core.poll()
     assert isinstance(retrying, Action.Retrying) and retrying.attempts == 1
     # The pause is the next attempt's time less now, both on the binding's clock: equal
@@ -272,24 +270,24 @@ def test_the_drivers_writes_through_the_protocol_core():
     assert retrying.left <= peer_timeout
     assert 0.0 <= core.poll_timeout() <= retrying.pause
     assert isinstance(
-        core.handle(Event.StepKey("RUN_TO_CHECKPOINT", "3"), 0.0), _native.KeyAction.Acknowledge
+        core.handle(Event.StepKey("RUN_TO_CHECKPOINT", "3")), _native.KeyAction.Acknowledge
     )
     ack = core.poll()  # due at once, and first
-    assert (ack.kind, ack.key, ack.subject) == (
-        Kind.Acknowledge,
+    assert isinstance(ack.kind, Kind.Acknowledge)
+    assert (ack.key, ack.subject) == (
         "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0",
         "RUN_TO_CHECKPOINT=3",
     )
-    core.handle(Event.Close(), 0.0)
+    core.handle(Event.Close())
     dropped = core.poll()
     assert isinstance(dropped, Action.Dropped) and dropped.what == claim.what
-    assert not core.writes_busy and core.poll().id == ack.id
-    core.handle(Event.Failed(ack.id, True), 0.0)
+    assert core.poll_timeout(True) == 0.0 and core.poll().id == ack.id
+    core.handle(Event.Failed(ack.id, True))
     gave_up = core.poll()
     assert isinstance(gave_up, Action.GaveUp) and gave_up.attempts == 1
     assert not gave_up.ends_notice and gave_up.key == ack.key
     assert core.poll() is None and core.poll_timeout() is None
-    core.handle(Event.Failed(ack.id), 0.0)
+    core.handle(Event.Failed(ack.id))
     assert core.poll() is None, "a stale handle changes nothing"
 
 
@@ -303,7 +301,7 @@ def test_what_follows_a_claim_is_the_cores():
         core = _core(worker_id=0, num_workers=2)
         _notice(core, 0.0, message="worker 0: m")
         claim = core.poll()
-        core.handle(Event.Written(claim.id, won), 0.0)
+        core.handle(Event.Written(claim.id, won))
         written = core.poll()
         assert isinstance(written, Action.Written) and written.won is won
         assert written.ends_notice is not won
@@ -311,9 +309,10 @@ def test_what_follows_a_claim_is_the_cores():
 
     core = claimed(True)
     call = core.poll()
-    assert isinstance(call, Action.Write) and core.writes_busy
-    assert (call.kind, call.key, call.value) == (
-        Kind.Announce,
+    assert isinstance(call, Action.Write)
+    assert isinstance(_notice(core, 0.0), _native.NoticeAction.Wait)
+    assert isinstance(call.kind, Kind.Announce)
+    assert (call.key, call.value) == (
         "TF_DEFAULT_PREEMPTION_NOTICE_KEY",
         "worker 0: m",
     )
@@ -326,18 +325,18 @@ def test_what_follows_a_claim_is_the_cores():
         _notice(core, 0.0)
         claim = core.poll()
         if end == "give up":
-            core.handle(Event.Failed(claim.id), 0.0)
+            core.handle(Event.Failed(claim.id))
             assert isinstance(core.poll(), Action.GaveUp)
         else:
-            core.handle(Event.Raised(claim.id), 0.0)
+            core.handle(Event.Raised(claim.id))
             assert isinstance(core.poll(), Action.Raised)
-        assert core.poll() is None and not core.writes_busy, end
+        assert core.poll() is None and core.poll_timeout(True) == 0.0, end
         assert not core.state()["leading"], end
-        core.handle(Event.Written(claim.id, True), 0.0)
+        core.handle(Event.Written(claim.id, True))
         assert core.poll() is None, "a stale handle"
 
     core = _core(worker_id=0, num_workers=2)
-    core.handle(Event.StepKey("RUN_TO_CHECKPOINT", "3", True), 0.0)
+    core.handle(Event.StepKey("RUN_TO_CHECKPOINT", "3", True))
     assert core.poll() is None, "a newer handler acknowledges"
 
 
@@ -454,14 +453,18 @@ def test_the_handler_knows_no_platform_by_name(path):
 
 
 def test_the_exit_guard_waits_only_for_a_kill_the_platform_named():
-    """``kill_deadline`` (what ``SaveAndExit`` arms the exit guard for) is the notice's
-    own deadline: a grace period alone names no kill (TensorFlow's tests set one with
-    nothing ending the process then), so the guard is not armed for it."""
+    """The kill the core names at the exit (``Event.Exiting``: what ``SaveAndExit`` arms
+    the exit guard for, in seconds from now) is the notice's own deadline: a grace period
+    alone names no kill (TensorFlow's tests set one with nothing ending the process
+    then), so the guard is not armed for it. A scheduler's later statement moves it."""
     core = _core(grace=60.0)
-    assert core.kill_deadline() is None
+    assert core.handle(Event.Exiting()) is None
     _notice(core, 100.0)
-    assert core.kill_deadline() is None
-    assert core.fit(100.0)[1] == pytest.approx(60.0), "the grace period's deadline, 160"
+    assert core.handle(Event.Exiting()) is None
+    fit = core.handle(Event.Fit())
+    assert fit[1] == pytest.approx(60.0), "the grace period's deadline, 160"
+    assert fit[3] is True, "a grace period: a final round"
     core = _core(grace=60.0)
     _notice(core, 100.0, 130.0)  # Kubernetes' 30 s, say
-    assert core.kill_deadline() == 130.0
+    assert core.handle(Event.Exiting()) == pytest.approx(30.0, abs=0.01)
+    assert _at(core, 110.0).handle(Event.Exiting(5.0)) == pytest.approx(5.0)

@@ -20,6 +20,7 @@ until the test has posted what it needs; timeouts only turn a hang into a failur
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from tf_failure_handling import (
@@ -188,7 +189,7 @@ def test_a_notice_that_waited_for_the_writes_before_it_is_taken_once_they_end(
     h = _worker_0(make_handler, tmp_path, service)
     h._notify_termination()
     assert service.entered.wait(HANG), "the claim never started"
-    h._notify_termination(deadline=h._clock() + 3600.0)  # queued behind the claim
+    h._notify_termination(deadline=time.monotonic() + 3600.0)  # queued behind the claim
     service.released.set()
     wait_until(lambda: h._notices_handled == 2, what="the second notice to be handled")
     assert service.value("TERMINATED_WORKER") == "0"

@@ -457,7 +457,8 @@ def tf_state(c: Any) -> tuple:
 
 
 def our_state(t: Any) -> tuple:
-    return (t.ps_failure_counts, t.timeouts_count)
+    state = t.state()
+    return (state["ps_failure_counts"], state["timeouts_count"])
 
 
 TRANSIENT_ENVS = [
@@ -485,8 +486,8 @@ def test_transient_counters_match_tf(tf, monkeypatch, ps_env, timeouts_env, num_
             monkeypatch.setenv(name, value)
     theirs = tf_cluster(10, num_workers)
     ours = _failure.TransientFailures(10, num_workers)
-    assert ours.ps_threshold == theirs._transient_ps_failures_threshold
-    assert ours.timeouts_threshold == theirs._transient_timeouts_threshold
+    assert ours.state()["ps_threshold"] == theirs._transient_ps_failures_threshold
+    assert ours.state()["timeouts_threshold"] == theirs._transient_timeouts_threshold
     pool = transient_pool(tf)
     rng = random.Random(f"{ps_env}-{timeouts_env}-{num_workers}")
     cluster = tf.cc.Cluster
@@ -512,11 +513,11 @@ def test_transient_thresholds_override_and_malformed_env(monkeypatch):
     monkeypatch.setenv("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "lots")
     with pytest.raises(ValueError):
         _failure.TransientFailures(2, 4)
-    t = _failure.TransientFailures(2, 4, ps_threshold=7, timeouts_threshold=1)
-    assert (t.ps_threshold, t.timeouts_threshold) == (7, 1)
+    state = _failure.TransientFailures(2, 4, ps_threshold=7, timeouts_threshold=1).state()
+    assert (state["ps_threshold"], state["timeouts_threshold"]) == (7, 1)
     monkeypatch.setenv("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "9" * 30)
-    assert _failure.TransientFailures(2, 4).ps_threshold == 2**63 - 1
-    assert "ps_failure_counts=[0, 0]" in repr(_failure.TransientFailures(2, 4))
+    state = _failure.TransientFailures(2, 4).state()
+    assert state["ps_threshold"] == 2**63 - 1 and state["ps_failure_counts"] == [0, 0]
 
 
 def test_transient_timeouts_thread_safe():
@@ -532,7 +533,7 @@ def test_transient_timeouts_thread_safe():
         th.start()
     for th in threads:
         th.join()
-    assert t.timeouts_count == 16000
+    assert t.state()["timeouts_count"] == 16000
 
 
 # ------------------------------------------------------------ without TensorFlow

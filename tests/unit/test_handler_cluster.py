@@ -311,7 +311,7 @@ def test_grace_period_rounds(tmp_path, chief):
     noticed_at = {}
 
     def before_step(ctx, handler, step):
-        handler._clock = clock.now
+        handler._core.configure(clock=clock.now)
         if ctx.index == 1:
             if step == 5:
                 noticed_at["t"] = clock.now()

@@ -18,6 +18,7 @@ from tf_failure_handling import (
     records,
     testing,
 )
+from tf_failure_handling._native import Event
 
 from . import rust_constants as rust
 from .conftest import (
@@ -536,7 +537,8 @@ def test_grace_period_in_local_mode_saves_twice_before_the_deadline(make_handler
     h = make_handler(
         ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=grace), cls=PublishRecorder
     )
-    h._clock = clock.now
+    h._core.configure(clock=clock.now)
+    h.publish_clock = clock.now
 
     def step():
         w.assign_add(1)
@@ -582,7 +584,7 @@ def _grace_run(make_handler, tmp_path, grace, step_seconds, save_seconds=0.0, re
     h = make_handler(
         ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=grace, save_fn=save_fn)
     )
-    h._clock = clock.now
+    h._core.configure(clock=clock.now)
     h._run_counter = restored
 
     def step():
@@ -665,7 +667,7 @@ def test_grace_period_deadline_from_the_notice(make_handler, tmp_path):
     w = testing.FakeVariable(0)
     ckpt = RecordingCheckpoint(w=w)
     h = make_handler(ckpt, tmp_path / "ckpt", TerminationConfig(grace_period=30))
-    h._clock = clock.now
+    h._core.configure(clock=clock.now)
     start = clock.now()
     h._notify_termination(deadline=start + 1.6 + rust.EXIT_RESERVE)
     wait_for_attention(h)
@@ -711,18 +713,25 @@ def test_before_any_save_the_restore_is_the_save_estimate(
 ):
     """A notice before this process has saved: the restore of the checkpoint at start
     stands in for the save time (issue 36, part 3). The restore "takes" 2 s here (the
-    module's clock for it, patched for the construction only); a deadline 2.5 s away leaves
-    room for a step and the slack, not for a save that long: said at the notice."""
-    from tf_failure_handling._protocol import checkpoints
-
+    protocol object's clock, substituted for the construction only: it times the
+    restore); a deadline 2.5 s away leaves room for a step and the slack, not for a save
+    that long: said at the notice."""
     w = testing.FakeVariable(0)
     first = testing.FakeCheckpoint(w=w)
     first.make_manager(os.fspath(tmp_path / "ckpt")).save()
     caplog.set_level(logging.INFO, logger="tf_failure_handling")
     ticks = iter([100.0, 102.0])
-    monkeypatch.setattr(checkpoints, "_clock", lambda: next(ticks))
+    made = PreemptionCheckpointHandler._protocol_core
+
+    def with_clock(handler):
+        core = made(handler)
+        core.configure(clock=lambda: next(ticks, 102.0))
+        return core
+
+    monkeypatch.setattr(PreemptionCheckpointHandler, "_protocol_core", with_clock)
     h = make_handler(testing.FakeCheckpoint(w=w), tmp_path / "ckpt")
     monkeypatch.undo()
+    h._core.configure(clock=None)
     assert h._checkpoints.restore_seconds == 2.0
     assert any("restored in 2.000s" in r.getMessage() for r in caplog.records)
     h._notify_termination(deadline=time.monotonic() + 2.5)
@@ -1029,10 +1038,10 @@ def test_a_restore_that_waits_for_variables_is_no_save_estimate(tmp_path, caplog
         assert any("waits for variables not made yet" in r.getMessage() for r in caplog.records)
         later.v = tf.Variable(tf.ones([1000]))  # restored now, from the waiting value
         assert float(later.v.numpy().sum()) == 0.0
-        assert h._core.fit(time.monotonic()) is None, "no notice yet"
+        assert h._core.handle(Event.Fit()) is None, "no notice yet"
         h._notify_termination(deadline=time.monotonic() + 30)
         wait_for_attention(h)
-        assert h._core.fit(time.monotonic())[0] == "unknown"
+        assert h._core.handle(Event.Fit())[0] == "unknown"
         said = [r.getMessage() for r in caplog.records]
         assert any("no save has been timed" in m for m in said), "said at the notice"
     finally:

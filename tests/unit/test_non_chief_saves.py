@@ -42,7 +42,7 @@ def test_a_non_chief_reads_every_tensor_writes_no_copy_and_its_folder_goes_at_th
     directory = saves.write.directory
     assert re.fullmatch(r"ram://tf_failure_handling/\d+-\d+/workertemp_1/ckpt", directory)
     for n in (1, 2):
-        saves.save(7, (), {}, clock=lambda: 0.0)
+        saves.save(7, (), {})
         assert [f.rsplit("/", 1)[-1] for f in _files_under(directory)] == ["checkpoint"]
         assert saves.write.latest_checkpoint.endswith(f"/ckpt-{n}")
         fields = saves.save_fields()
@@ -64,7 +64,7 @@ def test_a_whole_copy_that_fits_goes_to_memory(monkeypatch, tmp_path):
     monkeypatch.delenv(ENV, raising=False)
     _whole_copies(monkeypatch, ([(None, None, None)], 8 << 30))
     saves = ck.Checkpoints(_checkpoint(), str(tmp_path / "ckpt"), is_chief=False, task_id=1)
-    saves.save(7, (), {}, clock=lambda: 0.0)
+    saves.save(7, (), {})
     assert sorted(f.rsplit("/", 1)[-1] for f in _files_under(saves.write.directory)) == [
         "checkpoint",
         "ckpt-1.data-00000-of-00001",
@@ -96,7 +96,7 @@ def test_a_whole_copy_that_does_not_fit_goes_to_the_storage_and_says_so(
     _whole_copies(monkeypatch, memory)
     saves = ck.Checkpoints(_checkpoint(), str(tmp_path / "ckpt"), is_chief=False, task_id=1)
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
-        saves.save(7, (), {}, clock=lambda: 0.0)
+        saves.save(7, (), {})
     copy = tmp_path / "workertemp_1" / "ckpt"
     assert sorted(p.name for p in copy.iterdir()) == [
         "ckpt-1.data-00000-of-00001",
@@ -117,7 +117,7 @@ def test_a_whole_copy_that_does_not_fit_goes_to_the_storage_and_says_so(
     assert stage == "save_end" and line["copy"] == "storage", line
     assert line["copy_needed"] == fields["copy_needed"] and line["path"].endswith("ckpt-1")
     # A second save (a grace period's final round) leaves one copy there, as TF's does.
-    saves.save(8, (), {}, clock=lambda: 0.0)
+    saves.save(8, (), {})
     assert sorted(p.name for p in copy.iterdir()) == [
         "ckpt-2.data-00000-of-00001",
         "ckpt-2.index",
@@ -129,11 +129,11 @@ def test_a_whole_copy_that_does_not_fit_goes_to_the_storage_and_says_so(
 def test_storage_and_the_chief_write_no_copy_fields(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV, "storage")
     saves = ck.Checkpoints(_checkpoint(), str(tmp_path / "ckpt"), is_chief=False, task_id=1)
-    saves.save(7, (), {}, clock=lambda: 0.0)
+    saves.save(7, (), {})
     assert saves.save_fields() == {} and not saves.reads_only
     monkeypatch.delenv(ENV)
     chief = ck.Checkpoints(_checkpoint(), str(tmp_path / "ckpt"), is_chief=True, task_id=0)
-    chief.save(7, (), {}, clock=lambda: 0.0)
+    chief.save(7, (), {})
     assert chief.save_fields() == {} and not chief.reads_only
 
 
@@ -149,7 +149,7 @@ def test_storage_gives_tfs_layout(monkeypatch, tmp_path, value):
     monkeypatch.setenv(ENV, value)
     saves = ck.Checkpoints(_checkpoint(), str(tmp_path / "ckpt"), is_chief=False, task_id=1)
     assert saves.write.directory == str(tmp_path / "workertemp_1" / "ckpt")
-    saves.save(7, (), {}, clock=lambda: 0.0)
+    saves.save(7, (), {})
     assert (tmp_path / "workertemp_1" / "ckpt" / "ckpt-1.index").is_file()
     saves.remove_worker_temp(is_chief=False)
     assert not (tmp_path / "workertemp_1").exists()

@@ -14,13 +14,13 @@ No verdict depends on the machine's speed. A burst is counted in attempts: it is
 failure fewer than the retry rule's minimum of attempts (``RETRY_MIN_ATTEMPTS``), which
 the rule makes whatever the load, even when a loaded machine's pauses outlast the bound
 in real time (the bound is 1 s for the leader's calls when there is no grace period).
-And every handler plans on one ``VirtualClock`` (``handler._clock``), which the noticed
-worker advances by ``TICK`` before each of its steps: a grace period is ``GRACE / TICK``
-of its steps, however long a step takes. The planner's step estimate is the one thing it
-measures in real time (the native check times steps itself): the grace period is long
-enough that only steps of about 10 s each, a hang rather than a slow machine, could make
-the final round due at the first round's step (one save where two are checked). With
-3 s, one step of 0.7 s did that under ``make test``'s load.
+And every handler plans on one ``VirtualClock`` (``handler._core.configure(clock=...)``),
+which the noticed worker advances by ``TICK`` before each of its steps: a grace period
+is ``GRACE / TICK`` of its steps, however long a step takes. The planner's step
+estimate is the one thing it measures in real time (the native check times steps
+itself): the grace period is long enough that only steps of about 10 s each, a hang
+rather than a slow machine, could make the final round due at the first round's step
+(one save where two are checked). With 3 s, one step of 0.7 s did that under ``make test``'s load.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _run(tmp_path, n, fault, failures, peer_timeout, clock=None):
 
     def before_step(ctx, handler, step):
         if clock is not None:
-            handler._clock = clock.now
+            handler._core.configure(clock=clock.now)
             if ctx.index == NOTICED:
                 clock.advance(TICK)
 

@@ -166,18 +166,10 @@ def test_call_to_a_task_that_does_not_answer_gives_up_at_its_bound():
             time.sleep(0.01)
 
 
-class ClockedCalls:
-    """The core's ``TaskCalls`` on the test's clock (``now[0]``)."""
-
-    def __init__(self, now: list, abandon_after: float, max_abandoned=None) -> None:
-        self._now = now
-        self._calls = TaskCalls(abandon_after, max_abandoned)
-
-    def start(self, task):
-        return self._calls.start(task, self._now[0])
-
-    def returned(self, task, call):
-        return self._calls.returned(task, call)
+def clocked_calls(now: list) -> TaskCalls:
+    """The core's ``TaskCalls`` (its bounds: a call is abandoned after 30 s, at most 4
+    per task) on the test's clock (``now[0]``)."""
+    return TaskCalls(clock=lambda: now[0])
 
 
 def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog):
@@ -194,7 +186,7 @@ def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog)
             stuck.wait(BOUND)  # the first call does not return in this test
         return {"task": task, "n": len(calls)}
 
-    caller = task_calls._Caller(transport, ClockedCalls(now, 30.0))
+    caller = task_calls._Caller(transport, clocked_calls(now))
     try:
         with pytest.raises(task_calls.CallTimeout, match="did not answer"):
             caller("w", {"op": "poll"}, 0.05)
@@ -212,7 +204,7 @@ def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog)
 
 
 def test_abandoned_calls_are_bounded_per_task():
-    """A task whose every call hangs (a stopped process) holds ``max_abandoned`` + 1
+    """A task whose every call hangs (a stopped process) holds ``max_abandoned`` (4) + 1
     threads at most, however long it stays stopped."""
     now = [0.0]
     stopped = threading.Event()
@@ -221,17 +213,17 @@ def test_abandoned_calls_are_bounded_per_task():
         stopped.wait(BOUND)
         return {"task": task}
 
-    caller = task_calls._Caller(transport, ClockedCalls(now, 1.0, 2))
+    caller = task_calls._Caller(transport, clocked_calls(now))
     try:
-        for _ in range(3):  # the first call, then two abandoned ones replaced
+        for _ in range(5):  # the first call, then four abandoned ones replaced
             with pytest.raises(task_calls.CallTimeout, match="did not answer"):
                 caller("stopped", {"op": "poll"}, 0.05)
-            now[0] += 1.0
+            now[0] += 30.0
         threads = threading.active_count()
-        with pytest.raises(task_calls.CallTimeout, match="2 abandoned call"):
+        with pytest.raises(task_calls.CallTimeout, match="4 abandoned call"):
             caller("stopped", {"op": "poll"}, BOUND)
         now[0] += 100.0
-        with pytest.raises(task_calls.CallTimeout, match="2 abandoned call"):
+        with pytest.raises(task_calls.CallTimeout, match="4 abandoned call"):
             caller("stopped", {"op": "poll"}, BOUND)
         assert threading.active_count() == threads
     finally:
@@ -824,9 +816,12 @@ class FakePoller:
     """``gone``: what each ``wait_gone`` answers (a list: one answer per call, in turn).
     ``protocol``: the coordinator's, which has seen worker 1 answer as ``inc-1``."""
 
-    def __init__(self, released=True, gone=True) -> None:
+    def __init__(self, released=True, gone=True, deadline=None) -> None:
         self.protocol = CoordinatorProtocol([PS, W0, W1], 30.0)
-        self.protocol.handle(CoordinatorEvent.Answered(W1, {"incarnation": "inc-1"}))
+        answer = {"incarnation": "inc-1"}
+        if deadline is not None:  # worker 1's notice, naming this Unix deadline
+            answer["notice"] = {"at": 1.0, "source": "signal SIGTERM", "deadline": deadline}
+        self.protocol.handle(CoordinatorEvent.Answered(W1, answer))
         self.calls: list = []
         self._released = released
         self._gone = gone
@@ -849,7 +844,7 @@ def test_drain_holds_waits_releases_waits_for_the_exit_then_resumes():
     worker.running = "train_step"
     poller = FakePoller()
     drain = worker_drain.WorkerDrain(
-        poller, 1, None, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
+        poller, 1, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
     )
     released = []
     original = poller.release
@@ -872,14 +867,12 @@ def test_drain_holds_waits_releases_waits_for_the_exit_then_resumes():
 def test_drain_releases_at_its_bound_with_the_closure_still_running(caplog):
     worker = FakeWorker(1)
     worker.running = "train_step"
-    poller = FakePoller()
+    # 1.1 s to the deadline, less the 1 s margin.
+    poller = FakePoller(deadline=time.time() + 1.1)
     drain = worker_drain.WorkerDrain(
-        poller,
-        1,
-        deadline=time.time() + 1.1,  # 1.1 s to the deadline, less the 1 s margin
-        coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue()),
+        poller, 1, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
     )
-    assert _first_drain_step(100.0, now=98.9).bound == pytest.approx(0.1)
+    assert _first_drain_step(1.1).bound == pytest.approx(0.1, abs=0.05)
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
         drain.run()
     assert re.search(r"train_step did not finish within 0\.[01]s", caplog.text)
@@ -888,11 +881,17 @@ def test_drain_releases_at_its_bound_with_the_closure_still_running(caplog):
     assert not worker.holds.held()
 
 
-def _first_drain_step(deadline, now, peer_timeout=30.0):
-    """The first action of a drain of worker 1 (it can be held) at ``now``."""
+def _first_drain_step(left, peer_timeout=30.0):
+    """The first action of a drain of worker 1 (it can be held) whose notice's deadline
+    is ``left`` seconds away (a Unix time, placed on the coordinator's clock as its
+    answer arrives; None: no deadline)."""
     protocol = CoordinatorProtocol([W1], peer_timeout)
-    protocol.handle(CoordinatorEvent.DrainStart(1, deadline, True), now)
-    return protocol.poll(Lane.Drain(1), now)
+    notice = {"at": 1.0, "source": "signal SIGTERM", "deadline": None}
+    if left is not None:
+        notice["deadline"] = time.time() + left
+    protocol.handle(CoordinatorEvent.Answered(W1, {"incarnation": "i", "notice": notice}))
+    protocol.handle(CoordinatorEvent.DrainStart(1, True))
+    return protocol.poll(Lane.Drain(1))
 
 
 def _unreleased_drain(gone, on_wait=None):
@@ -911,7 +910,7 @@ def _unreleased_drain(gone, on_wait=None):
 
     poller.wait_gone = observed
     drain = worker_drain.WorkerDrain(
-        poller, 1, None, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
+        poller, 1, coordinator=FakeCoordinator([FakeWorker(0), worker], FakeQueue())
     )
     drain.run()
     return drain, worker, poller, held
@@ -940,12 +939,12 @@ def test_an_unreleased_worker_is_held_for_as_long_as_it_may_serve():
     """As long as it may serve (its cap, from the coordinator's peer_timeout) and the
     exit wait (30 s)."""
     protocol = CoordinatorProtocol([W1], 30.0)
-    protocol.handle(CoordinatorEvent.DrainStart(1, None, True), 0.0)
-    assert isinstance(protocol.poll(Lane.Drain(1), 0.0), CoordinatorAction.Hold)
-    protocol.handle(CoordinatorEvent.Idled(1, True), 0.0)
-    assert isinstance(protocol.poll(Lane.Drain(1), 0.0), CoordinatorAction.DrainRelease)
-    protocol.handle(CoordinatorEvent.DrainReleased(1, False), 0.0)
-    wait = protocol.poll(Lane.Drain(1), 0.0)
+    protocol.handle(CoordinatorEvent.DrainStart(1, True))
+    assert isinstance(protocol.poll(Lane.Drain(1)), CoordinatorAction.Hold)
+    protocol.handle(CoordinatorEvent.Idled(1, True))
+    assert isinstance(protocol.poll(Lane.Drain(1)), CoordinatorAction.DrainRelease)
+    protocol.handle(CoordinatorEvent.DrainReleased(1, False))
+    wait = protocol.poll(Lane.Drain(1))
     assert wait.holding == pytest.approx(SERVE_CAP_FACTOR * 30.0 + 30.0)
 
 
@@ -955,7 +954,7 @@ def test_drain_with_a_coordinator_that_cannot_hold_releases_at_once(caplog):
 
     poller = FakePoller()
     drain = worker_drain.WorkerDrain(
-        poller, 1, None, coordinator=FakeCoordinator([TfWorker(), TfWorker()], FakeQueue())
+        poller, 1, coordinator=FakeCoordinator([TfWorker(), TfWorker()], FakeQueue())
     )
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
         drain.run()
@@ -987,7 +986,7 @@ def test_a_restarted_workers_second_notice_is_released_with_tensorflows_coordina
         notices.append((job, index, source, deadline))
         # The drain runs in the poller's thread here; its wait_gone ends once the
         # worker's port refuses (the test's exit of that incarnation below).
-        drain = worker_drain.WorkerDrain(poller, index, deadline, coordinator=coordinator)
+        drain = worker_drain.WorkerDrain(poller, index, coordinator=coordinator)
         listening[W1] = False  # the released incarnation exits
         drain.run()
         drains.append(drain.outcome)
@@ -1020,8 +1019,8 @@ def test_a_restarted_workers_second_notice_is_released_with_tensorflows_coordina
 def test_drain_bound_without_a_deadline_is_the_default():
     """The core's plan gives the closure in flight the default bound when the notice
     names no deadline, and nothing once the deadline passed."""
-    assert _first_drain_step(None, now=10.0).bound == 300.0
-    assert _first_drain_step(5.0, now=10.0).bound == 0.0
+    assert _first_drain_step(None).bound == 300.0
+    assert _first_drain_step(-5.0).bound == 0.0
 
 
 # ------------------------------------------------------------- the worker's thread
@@ -1203,9 +1202,16 @@ def test_keepalive_is_added_to_an_empty_environment():
     env = {"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "1"}
     value = grpc_keepalive.add_grpc_keepalive(env)
     assert value == env["TF_GRPC_DEFAULT_OPTIONS"]
-    assert value.split(",") == [f"{k}={v}" for k, v in grpc_keepalive.GRPC_KEEPALIVE]
-    ping_every = dict(grpc_keepalive.GRPC_KEEPALIVE)["grpc.keepalive_time_ms"] / 1000.0
-    assert grpc_keepalive.grpc_keepalive_time(env) == ping_every == 5.0
+    assert value.split(",") == [
+        f"{name}=5000"
+        for name in (
+            "grpc.keepalive_time_ms",
+            "grpc.keepalive_timeout_ms",
+            "grpc.http2.ping_timeout_ms",
+            "grpc.min_reconnect_backoff_ms",
+        )
+    ]
+    assert grpc_keepalive.grpc_keepalive_time(env) == 5.0
 
 
 def test_keepalive_keeps_the_users_options_and_values():
@@ -1224,7 +1230,7 @@ def test_keepalive_keeps_the_users_options_and_values():
 
 
 def test_keepalive_adds_nothing_when_every_option_is_set_or_it_is_turned_off():
-    full = ",".join(f"{k}={v}" for k, v in grpc_keepalive.GRPC_KEEPALIVE)
+    full = grpc_keepalive.add_grpc_keepalive({"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "1"})
     env = {"TF_GRPC_DEFAULT_OPTIONS": full, "TF_CONFIG": PS_TF_CONFIG}
     assert grpc_keepalive.add_grpc_keepalive(env) is None and env["TF_GRPC_DEFAULT_OPTIONS"] == full
     off = {"TF_FAILURE_HANDLING_GRPC_KEEPALIVE": "0"}
@@ -1368,19 +1374,11 @@ def test_a_lost_workers_closure_counts_once_and_its_thread_holds_up_no_save():
 class FakeState:
     peer_timeout = 30.0
     grace_period = 0.0
-    clock = staticmethod(time.monotonic)
 
 
 class FakeCore:
-    #: The peer timeout the core was configured with (its retry bound's limit).
+    #: The peer timeout the core was configured with.
     peer_timeout = 30.0
-
-    def __init__(self) -> None:
-        self.bounds: list = []
-
-    def retry_bound(self, now):
-        self.bounds.append(self.peer_timeout)
-        return 10.0
 
 
 def test_the_ps_release_after_the_save_is_sent_again_before_the_watch_stops():
@@ -1406,12 +1404,19 @@ def test_the_ps_release_after_the_save_is_sent_again_before_the_watch_stops():
         SPEC, lambda *n: None, interval=0.01, caller=caller, listening=lambda task, timeout: True
     )
     poller.poll_once()
-    core = FakeCore()
-    steps = PsSteps(FakeState(), core, None, None)
+    bounds, release = [], poller.release
+
+    def bounded_release(task, reason, bound=None):
+        bounds.append(bound)
+        return release(task, reason, bound)
+
+    poller.release = bounded_release
+    steps = PsSteps(FakeState(), FakeCore(), None, None)
     steps.poller = poller
     steps.after_save()
     assert control.released.is_set(), "the PS was not released after the save"
-    assert failures == [] and core.bounds == [30.0] and poller.stopped
+    # The core's retry rule: its window (the notice names no deadline).
+    assert failures == [] and bounds == [10.0] and poller.stopped
 
 
 def test_a_served_task_waits_while_the_coordinator_asks():
@@ -1421,17 +1426,21 @@ def test_a_served_task_waits_while_the_coordinator_asks():
     asked = serving_at = notice + bound + 1.0
 
     def serving(deadline, last_asked, released, now):
-        """The serving thread's action at ``now`` (its own bound said before)."""
-        task = TaskProtocol("ps", 0, "inc", bound)
-        task.handle(TaskEvent.Notice("signal SIGTERM", deadline, 0.0), notice)
-        assert isinstance(task.poll(notice), TaskAction.Serving)
-        if last_asked is not None:
-            task.handle(TaskEvent.Asked(), last_asked)
+        """The serving thread's action at ``now`` (its own bound said before), on the
+        task's clock (``clock[0]``)."""
+        clock = [notice]
+        task = TaskProtocol("ps", 0, "inc", bound, clock=lambda: clock[0])
+        task.handle(TaskEvent.Notice("signal SIGTERM", deadline, 0.0))
+        assert isinstance(task.poll(), TaskAction.Serving)
         if released:
-            at = task.answer({"op": "poll"}, notice)["notice"]["at"]
+            at = task.answer({"op": "poll"})["notice"]["at"]
             release = {"op": "release", "incarnation": "inc", "notice_at": at}
-            assert task.answer(release, last_asked)["released"]
-        return task.poll(now)
+            assert task.answer(release)["released"]
+        if last_asked is not None:
+            clock[0] = last_asked
+            task.handle(TaskEvent.Asked())
+        clock[0] = now
+        return task.poll()
 
     decision = serving(None, asked - 1.0, False, serving_at)
     assert isinstance(decision, TaskAction.Serve) and decision.timeout > 0

@@ -167,7 +167,7 @@ def test_memory_on_a_tensorflow_without_a_name_saves_as_tensorflow_does(
     ours = []
     monkeypatch.setattr(tf_reads_only, "_save", lambda *a: ours.append(a))
     for n in (1, 2):
-        saves.save(7, (), {}, clock=lambda: 0.0)
+        saves.save(7, (), {})
         assert (copy / f"ckpt-{n}.index").is_file()
     assert ours == [] and saves.save_fields() == {}
     assert calls == ["memory"], "decided once, when the mode is installed"
@@ -209,7 +209,7 @@ def test_shares_on_a_tensorflow_without_a_name_saves_as_tensorflow_does(
     _check_warning(caplog, mode, name, workers=2)
     assert other.write.directory == str(tmp_path / "workertemp_1" / "ckpt")
     thread, errors = _save_in_thread(other, 7)
-    chief.save(7, (), {}, clock=lambda: 0.0)
+    chief.save(7, (), {})
     thread.join(JOIN_BOUND)
     assert not thread.is_alive() and errors == []
     assert sorted(p.name for p in ckpt_dir.glob("ckpt-1*")) == [

@@ -29,7 +29,7 @@ import pytest
 
 pytest.importorskip("tensorflow", reason="TF's WorkerPreemptionHandler is the subject")
 
-from tf_failure_handling._native import COORDINATOR_STOP_LOCK_BOUND
+from tf_failure_handling._native import CoordinatorProtocol, Lane
 
 #: Bound on the child (TensorFlow's import on a loaded machine included): only turns a
 #: hang at exit into a failure.
@@ -104,7 +104,9 @@ CHILD = textwrap.dedent(
 
 
 ENDED = "Stopped TensorFlow's worker-recovery thread so the process can exit."
-GIVEN_UP = f"was still rebuilding the cluster after {COORDINATOR_STOP_LOCK_BOUND:g}s"
+# The stop's bound, as the coordinator's protocol object gives it.
+STOP_BOUND = CoordinatorProtocol([]).poll(Lane.Stop()).timeout
+GIVEN_UP = f"was still rebuilding the cluster after {STOP_BOUND:g}s"
 
 
 @pytest.mark.parametrize(

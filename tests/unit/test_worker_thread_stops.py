@@ -156,13 +156,33 @@ def _handler(queue):
     handler._worker_up_cond = threading.Condition(handler._cluster_update_lock)
     handler._error_from_recovery = None
     handler._should_preemption_thread_run = True
-    handler._recovery_timeout = 10 * HANG  # longer than any bound here: never the reason
+    # A recovery bound longer than any here: never the reason.
+    handler._protocol = coordinator.CoordinatorProtocol([], recovery_timeout=10 * HANG)
     handler._cluster = types.SimpleNamespace(
         closure_queue=queue,
         _record_and_ignore_transient_ps_failure=lambda e, ps_failure=None: False,
         _record_and_ignore_transient_timeouts=lambda e: False,
     )
     return handler
+
+
+class StopWithin:
+    """The coordinator's protocol object with a stop bound of ``bound`` seconds (the
+    core's is seconds long): the stop's lock wait, as the core's action gives it."""
+
+    def __init__(self, protocol, bound: float) -> None:
+        self._protocol, self._bound = protocol, bound
+
+    def poll(self, lane):
+        from tf_failure_handling import coordinator
+
+        action = self._protocol.poll(lane)
+        if isinstance(action, coordinator.CoordinatorAction.StopRecovery):
+            return coordinator.CoordinatorAction.StopRecovery(self._bound)
+        return action
+
+    def __getattr__(self, name):
+        return getattr(self._protocol, name)
 
 
 def _waiting_for_recovery(other_threads: int):
@@ -199,14 +219,13 @@ def test_a_recovery_that_ends_after_the_stop_ends_the_thread_quietly(monkeypatch
     in flight) and the thread died; ours reported that as an unexpected stop (a pending
     InternalError) and gave the closure, already put back and run elsewhere, the
     AssertionError. Now: the thread ends, nothing is failed, nothing pending."""
-    from tf_failure_handling import coordinator
 
     queue, handler, worker, closure = _waiting_for_recovery(other_threads=1)
     thread = _thread_of(worker)
     # Another thread runs the closure that went back.
     assert queue.get(timeout=HANG) is closure
     queue.mark_finished()
-    monkeypatch.setattr(coordinator, "STOP_LOCK_BOUND", 0.01)
+    handler._protocol = StopWithin(handler._protocol, 0.01)
     with handler._cluster_update_lock:  # the recovery thread, in update_server_def
         handler.stop()  # cannot take the lock: gives up after its bound
         handler._worker_up_cond.notify_all()  # "Cluster successfully recovered."

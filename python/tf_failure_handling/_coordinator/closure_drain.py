@@ -72,6 +72,8 @@ class Unfinished:
         self.gap_runs = gap_runs or []
         self.runs: Optional[int] = None
         self.finished_after: list = []
+        #: Seconds the wait took (the core's clock).
+        self.took = 0.0
         #: Worker index -> the handler's run it had in flight at the bound (our
         #: coordinator's; the log names each run with its worker).
         self.in_flight_runs_by_worker: dict = {}
@@ -187,6 +189,7 @@ def wait_for_closures(
     if isinstance(action, CoordinatorAction.Saved):
         left.gap_runs = list(action.filled)
         left.runs, left.finished_after = action.runs, list(action.finished_after)
+        left.took = action.took
         error = getattr(queue, "_error", None)
         if action.error_wait is not None and error is not None and not left:
             # Raises the closure's error, as join() would.

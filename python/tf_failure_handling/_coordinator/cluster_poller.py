@@ -16,7 +16,7 @@ import socket
 import threading
 from typing import Any, Callable, Optional
 
-from .._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane, PollLog
+from .._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane
 from .task_calls import CallRefused, call
 
 log = logging.getLogger("tf_failure_handling")
@@ -27,8 +27,10 @@ class ClusterPoller:
 
     ``on_notice(job, task, source, deadline)`` is called once per task incarnation
     with a notice, from the poller's thread. Every task is asked every round,
-    whatever it answered before: down, stopped, not (yet) serving. ``interval`` and
-    ``call_timeout`` (None: the core's) and ``peer_timeout`` configure the protocol.
+    whatever it answered before: down, stopped, not (yet) serving. ``protocol``: the
+    coordinator's protocol object, which then watches the tasks too (one object for
+    the coordinator's role); None: one of the poller's own, with ``interval`` and
+    ``call_timeout`` (None: the core's). ``peer_timeout`` is the handler's.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class ClusterPoller:
         listening: Optional[Callable[[str, float], bool]] = None,
         on_stale_context: Optional[Callable[[str], None]] = None,
         peer_timeout: Optional[float] = None,
+        protocol: Any = None,
     ) -> None:
         self._on_released = on_released
         #: Called (the poller's thread) with a worker task whose poll failed because it
@@ -62,7 +65,11 @@ class ClusterPoller:
         #: Set by :meth:`stop`: wakes every pause of the lanes.
         self._stop = threading.Event()
         #: The coordinator's protocol object: every decision about the tasks.
-        self.protocol = CoordinatorProtocol(tasks, peer_timeout, interval, call_timeout)
+        if protocol is None:
+            protocol = CoordinatorProtocol(tasks, peer_timeout, interval, call_timeout)
+        else:
+            protocol.handle(CoordinatorEvent.Watch(tasks, peer_timeout))
+        self.protocol = protocol
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
@@ -176,7 +183,13 @@ class ClusterPoller:
             action = self.protocol.poll(lane)
             if isinstance(action, CoordinatorAction.Release):
                 try:
-                    answer = self._call(task, dict(action.request), action.timeout)
+                    request = {
+                        "op": "release",
+                        "reason": action.reason,
+                        "incarnation": action.incarnation,
+                        "notice_at": action.notice_at,
+                    }
+                    answer = self._call(task, request, action.timeout)
                 except CallRefused as e:
                     self.protocol.handle(CoordinatorEvent.ReleaseFailed(task, e, True))
                 except Exception as e:  # noqa: BLE001 - the core says what follows
@@ -256,16 +269,16 @@ def _job_task(device: str) -> tuple:
 def _say(action: Any) -> None:
     """The line of the poll's log the core chose."""
     task, detail = action.task, action.detail
-    if action.line == PollLog.NotServed:
+    if action.line == "not served":
         log.info(
             "%s does not run tf_failure_handling.serve(server) (yet): its termination "
             "notices are watched once it does; until then it is handled as a failure "
             "when it goes.",
             task,
         )
-    elif action.line == PollLog.DoesNotAnswer:
+    elif action.line == "does not answer":
         log.info("%s does not answer (%s): asked again next round.", task, detail)
-    elif action.line == PollLog.NewIncarnation:
+    elif action.line == "new incarnation":
         log.info("%s answers as a new incarnation (%s): watched like the first.", task, detail)
-    elif action.line == PollLog.AnswersAgain:
+    elif action.line == "answers again":
         log.info("%s answers again.", task)

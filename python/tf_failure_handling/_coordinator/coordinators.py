@@ -68,6 +68,14 @@ def workers_of(coordinator: Any) -> list:
     return list(getattr(getattr(coordinator, "_cluster", None), "workers", None) or [])
 
 
+def protocol_of(coordinator: Any) -> Any:
+    """The protocol object of ``coordinator``'s worker-failure handling (ours: the
+    coordinator's ``CoordinatorProtocol``, which its watch then shares), or None (TF's
+    coordinator, or none)."""
+    handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
+    return getattr(handler, "_protocol", None)
+
+
 def request_reconnect(coordinator: Any, task: str) -> bool:
     """Asks ``coordinator``'s worker-recovery thread (TensorFlow's
     ``WorkerPreemptionHandler``, ours or TF's) to rebuild the cluster's context, as a

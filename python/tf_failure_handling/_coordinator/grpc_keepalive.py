@@ -12,13 +12,11 @@ import json
 import os
 from typing import Any, Optional
 
-from .._native import GRPC_KEEPALIVE as _OPTIONS
+from .._native import grpc_options_with_keepalive
 
-#: gRPC channel options this package adds to ``TF_GRPC_DEFAULT_OPTIONS`` (the options of
-#: every channel TensorFlow creates in this process) unless the user set them there: the
-#: core's table (src/ps_control/keepalive.rs says what each value means).
-GRPC_KEEPALIVE = tuple(tuple(option) for option in _OPTIONS)
-#: ``1``: add :data:`GRPC_KEEPALIVE` in any process; ``0``: never. Unset: only in a
+#: ``1``: add the core's keepalive options (src/ps_control/keepalive.rs says what each
+#: value means) to ``TF_GRPC_DEFAULT_OPTIONS`` (the options of every channel TensorFlow
+#: creates in this process) in any process; ``0``: never. Unset: only in a
 #: process whose ``TF_CONFIG`` names a ``ps`` job (a ParameterServerStrategy cluster: a
 #: MultiWorkerMirroredStrategy process keeps TensorFlow's channels as they are).
 GRPC_KEEPALIVE_ENV = "TF_FAILURE_HANDLING_GRPC_KEEPALIVE"
@@ -26,7 +24,7 @@ GRPC_OPTIONS_ENV = "TF_GRPC_DEFAULT_OPTIONS"
 
 
 def keepalive_wanted(environ: Any = None) -> bool:
-    """Whether this process should get :data:`GRPC_KEEPALIVE` (:data:`GRPC_KEEPALIVE_ENV`)."""
+    """Whether this process should get the keepalive (:data:`GRPC_KEEPALIVE_ENV`)."""
     environ = os.environ if environ is None else environ
     flag = environ.get(GRPC_KEEPALIVE_ENV, "").strip().lower()
     if flag in ("0", "false", "no", "off"):
@@ -41,20 +39,15 @@ def keepalive_wanted(environ: Any = None) -> bool:
 
 
 def add_grpc_keepalive(environ: Any = None) -> Optional[str]:
-    """Adds the options of :data:`GRPC_KEEPALIVE` that ``TF_GRPC_DEFAULT_OPTIONS`` does not
-    name (TF's format: ``name=value`` pairs separated by commas), when
+    """Adds the core's keepalive options that ``TF_GRPC_DEFAULT_OPTIONS`` does not name
+    (TF's format: ``name=value`` pairs separated by commas), when
     :func:`keepalive_wanted`; returns the new value, or None when nothing was added."""
     environ = os.environ if environ is None else environ
     if not keepalive_wanted(environ):
         return None
-    current = environ.get(GRPC_OPTIONS_ENV, "")
-    named = {item.split("=", 1)[0].strip() for item in current.split(",") if item.strip()}
-    added = [f"{name}={value}" for name, value in GRPC_KEEPALIVE if name not in named]
-    if not added:
-        return None
-    kept = [current.strip().strip(",")] if current.strip() else []
-    value = ",".join(kept + added)
-    environ[GRPC_OPTIONS_ENV] = value
+    value = grpc_options_with_keepalive(environ.get(GRPC_OPTIONS_ENV, ""))
+    if value is not None:
+        environ[GRPC_OPTIONS_ENV] = value
     return value
 
 

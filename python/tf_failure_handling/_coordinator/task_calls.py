@@ -127,7 +127,7 @@ class CallRefused(CallTimeout):
 class _Caller:
     """Bounded calls to the tasks (:class:`BoundedCall`), each within the ``timeout``
     its action gives. Whether a call may start, and which unreturned one it abandons,
-    is the core's (``calls``: a ``TaskCalls``, by default with the core's bounds); a
+    is the core's (``calls``: a ``TaskCalls``, by default on the monotonic clock); a
     refused call raises :class:`CallRefused` at once."""
 
     def __init__(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._native import CoordinatorAction, CoordinatorEvent, DrainEnd, Lane
+from .._native import CoordinatorAction, CoordinatorEvent, Lane
 from .cluster_poller import ClusterPoller
 from .coordinators import find_coordinator, workers_of
 
@@ -22,18 +22,12 @@ log = logging.getLogger("tf_failure_handling")
 class WorkerDrain:
     """Takes worker ``index`` out of the coordinator's rotation and lets it go, in its own
     thread: hold the worker's closure thread, release the worker process, wait until it
-    is gone, resume the thread (docs/getting-started/parameter-server.md)."""
+    is gone, resume the thread (docs/getting-started/parameter-server.md). Its bounds are
+    the core's, from the deadline of the worker's last notice the poll saw."""
 
-    def __init__(
-        self,
-        poller: ClusterPoller,
-        index: int,
-        deadline: Optional[float],
-        coordinator: Any = None,
-    ) -> None:
+    def __init__(self, poller: ClusterPoller, index: int, coordinator: Any = None) -> None:
         self.poller = poller
         self.index = index
-        self.deadline = deadline
         self._coordinator = coordinator
         #: What happened, for tests and the log: "released", "not released", "no hold".
         self.outcome: Optional[str] = None
@@ -47,7 +41,7 @@ class WorkerDrain:
         can_hold = callable(getattr(worker, "hold", None))
         protocol, lane = self.poller.protocol, Lane.Drain(self.index)
         reason = f"drain {self.poller.incarnations.get(_task(self.index))}"
-        protocol.handle(CoordinatorEvent.DrainStart(self.index, self.deadline, can_hold))
+        protocol.handle(CoordinatorEvent.DrainStart(self.index, can_hold))
         action, held = None, False
         try:
             while True:
@@ -108,11 +102,11 @@ class WorkerDrain:
         if not isinstance(action, CoordinatorAction.DrainOver):
             return
         self.outcome = action.outcome
-        if action.why == DrainEnd.StillAnswers:
+        if action.why == "still answers":
             log.warning(
                 "Worker %d still answers %.0fs after its release.", self.index, action.bound
             )
-        elif action.why == DrainEnd.HoldBoundPassed:
+        elif action.why == "hold bound passed":
             log.warning(
                 "Worker %d still serves %.0fs after its release failed; it takes closures again.",
                 self.index,

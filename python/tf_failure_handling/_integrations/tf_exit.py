@@ -18,8 +18,7 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from .._native import COORDINATOR_STOP_LOCK_BOUND as STOP_LOCK_BOUND
-from .._native import Deadline
+from .._native import CoordinatorProtocol, Lane
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -196,12 +195,12 @@ def _recoveries_of_live_threads() -> list[Any]:
 
 def stop_recoveries() -> None:
     """:func:`stop_recovery` of every handler :func:`install` kept or the live threads
-    show, each within :data:`STOP_LOCK_BOUND`. Called by ``atexit``: after the
+    show, each within the core's bound. Called by ``atexit``: after the
     non-daemon threads are joined, before the interpreter freezes the daemon ones.
     Never raises."""
     try:
         for handler in _kept_and_live(_recoveries, _recoveries_of_live_threads):
-            stop_recovery(handler, STOP_LOCK_BOUND)
+            stop_recovery(handler)
     except Exception:  # the shutdown goes on whatever happens here
         log.debug("Stopping TF's worker-recovery thread failed", exc_info=True)
 
@@ -210,9 +209,10 @@ def _stopped() -> None:
     """Stands in for the ``stop`` of a handler :func:`stop_recovery` stopped."""
 
 
-def stop_recovery(handler: Any, bound: float) -> bool:
-    """Stops TensorFlow's ``WorkerPreemptionHandler`` as its ``stop()`` does, waiting at
-    most ``bound`` seconds for its recovery thread; True if that thread ended.
+def stop_recovery(handler: Any) -> bool:
+    """Stops TensorFlow's ``WorkerPreemptionHandler`` as its ``stop()`` does, waiting for
+    its recovery thread as long as the coordinator's protocol object says (its stop
+    lane: the lock, then the thread's end, within one bound); True if that thread ended.
 
     Its recovery thread (a daemon) holds ``_cluster_update_lock`` while it rebuilds the
     cluster (``update_server_def``: a worker that restarted, or is away). TF's
@@ -220,12 +220,13 @@ def stop_recovery(handler: Any, bound: float) -> bool:
     when the interpreter collects the coordinator at exit, after daemon threads are
     frozen: a recovery under way then never lets go, and the process hung at exit
     (a worker restarted near the end of training). Here, before they freeze: the thread
-    is told to stop, a rebuild under way gets ``bound`` seconds to end (then the thread
+    is told to stop, a rebuild under way gets the bound to end (then the thread
     ends), and the handler's ``stop`` becomes a no-op: its work (the flag, the event) is
     done, and nothing at exit waits on the lock any more."""
     thread = getattr(handler, "_preemption_handler_thread", None)
     lock = handler._cluster_update_lock
-    deadline = Deadline(bound)
+    protocol = CoordinatorProtocol([])
+    bound = protocol.poll(Lane.Stop()).timeout
     handler._should_preemption_thread_run = False
     if lock.acquire(timeout=bound):
         try:
@@ -235,7 +236,7 @@ def stop_recovery(handler: Any, bound: float) -> bool:
     else:
         handler._cluster_due_for_update_or_finish.set()
     if thread is not None:
-        thread.join(deadline.left())
+        thread.join(protocol.poll_timeout(Lane.Stop()))
     handler.stop = _stopped
     ended = thread is None or not thread.is_alive()
     if ended:

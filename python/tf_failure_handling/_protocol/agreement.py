@@ -55,7 +55,7 @@ class Agreement:
         last_error: Optional[BaseException] = None
         event: Any = Event.Resume()
         while True:
-            action = core.handle(event, state.clock())
+            action = core.handle(event)
             if isinstance(action, LeaderAction.Agreed):
                 return
             if isinstance(action, (LeaderAction.Set, LeaderAction.Get)):
@@ -111,7 +111,7 @@ class Agreement:
             "DeadlineExceededError",
             f"Worker {self._state.membership.id_in_cluster} published "
             f"{action.round}={action.step} but worker(s) "
-            f"{workers} did not acknowledge within {self._core.peer_timeout:g}s "
+            f"{workers} did not acknowledge within {self._core.state()['peer_timeout']:g}s "
             f"(missing keys: {', '.join(action.missing)}).{cause} Set "
             f"TerminationConfig(peer_timeout=...) or {PEER_TIMEOUT_ENV} to wait longer.",
         )

@@ -36,7 +36,7 @@ import os
 from typing import Any, Optional
 
 from .. import _errors
-from .._native import now
+from .._native import Event
 from . import checkpoint_shares
 from .checkpoint_files import delete_recursively, writable_dir
 from .non_chief_saves import (
@@ -54,8 +54,6 @@ from .non_chief_saves import (
 log = logging.getLogger("tf_failure_handling")
 
 COUNTER_NAME = "checkpointed_runs"
-#: The clock a restore is timed on (the package's one: ``_native.now``).
-_clock = now
 
 
 def _tf_classes():
@@ -137,9 +135,10 @@ class Checkpoints:
         self._saves = itertools.count(1)
         #: The chief's token of this handler (shares): in every save's keys and paths.
         self._token = ""
-        #: The handler's ``ProtocolCore`` (None: no notice, no deadline): its
-        #: ``shares_wait_bound`` bounds the shares' waits by the notice's deadline, its
-        #: ``shares_merge_start`` decides whether the chief starts a merge.
+        #: The handler's ``ProtocolCore`` (None: no notice, no deadline, nothing timed):
+        #: it times the restore and each save (``Event.Timing``/``Timed``, on its clock),
+        #: its ``shares_wait_bound`` bounds the shares' waits by the notice's deadline,
+        #: its ``shares_merge_start`` decides whether the chief starts a merge.
         self.core: Any = None
         self._fell_back = False
         #: Seconds the last save took (TF's ``_checkpoint_time``).
@@ -258,7 +257,7 @@ class Checkpoints:
         path in the message; nothing in the directory is changed or deleted.
         """
         errors = _errors.module()
-        start = _clock()
+        self._timing()
         try:
             restored = self.read.restore_or_initialize()
         except errors.OpError as e:
@@ -274,26 +273,36 @@ class Checkpoints:
                 raise e from None
             raise clearer from e
         if restored:
-            self.restore_seconds = _clock() - start
+            self.restore_seconds = self._timed()
             self.restored_path = getattr(self.read, "latest_checkpoint", None)
             self.restore_deferred = _waits_for_variables(getattr(self.read, "_checkpoint", None))
         return int(self.counter.numpy())
 
-    def save(self, run_count: int, args: tuple, kwargs: dict, clock: Any) -> None:
+    def _timing(self) -> None:
+        """A save or the restore starts: the core times it on its clock."""
+        if self.core is not None:
+            self.core.handle(Event.Timing())
+
+    def _timed(self) -> Optional[float]:
+        """The seconds the save or restore took, as the core timed it (None: no core)."""
+        return None if self.core is None else self.core.handle(Event.Timed())
+
+    def save(self, run_count: int, args: tuple, kwargs: dict) -> None:
         """Records ``run_count`` in the counter and saves through ``save_fn`` or the
-        write manager; the time it took (on ``clock``) is ``last_save_seconds``."""
-        start = clock()
+        write manager; the time it took (the core's timing, which a round's
+        ``Event.Saved`` records) is ``last_save_seconds``."""
+        self._timing()
         self.counter.assign(run_count)
         with _preemption_save_context(), self._sharing(), self._reading_only():
             if self.save_fn is not None:
                 self.save_fn(*args, **kwargs)
             else:
                 self.write.save(*args, **kwargs)
-        self.last_save_seconds = clock() - start
+        self.last_save_seconds = self._timed()
         log.info(
             "Checkpoint finished at path %s in %.3fs.",
             self.write.directory,
-            self.last_save_seconds,
+            self.last_save_seconds or 0.0,
         )
 
     def _sharing(self) -> Any:

@@ -1,5 +1,5 @@
 """What every part of a handler reads and reports to, passed to each as one
-:class:`Context`: the shared state (configuration, lifecycle, clock), the Rust core's
+:class:`Context`: the shared state (configuration, lifecycle), the Rust core's
 protocol object, the error reports and the preemption records' stages.
 
 A part's constructor takes the context and at most four other parts, the ones it calls
@@ -18,9 +18,9 @@ from .state import HandlerState
 
 @dataclass(frozen=True)
 class Context:
-    #: Configuration (set once), lifecycle and the clock.
+    #: Configuration (set once) and lifecycle.
     state: HandlerState
-    #: The protocol object: every decision, bound and round.
+    #: The protocol object: every decision, bound and round, on its own clock.
     core: ProtocolCore
     #: Where a background thread's error goes (raised by the next ``run()``).
     errors: ErrorReports

@@ -29,7 +29,6 @@ from .. import _errors
 from .._native import Action, Event, Input, WriteKind, unix_time_of
 from .._platforms import notice_sources as _sources
 from .context import Context
-from .keys import THREAD_JOIN_TIMEOUT
 from .notices import NoticeResponse
 from .retries import Retrier
 
@@ -43,7 +42,6 @@ class Driver:
         self,
         ctx: Context,
         sources: _sources.NoticeSources,
-        retrier: Retrier,
         notices: NoticeResponse,
         acknowledge: Callable[[str, str], Any],
     ) -> None:
@@ -51,15 +49,18 @@ class Driver:
         self._state, self._core = ctx.state, ctx.core
         self._errors, self._records = ctx.errors, ctx.records
         self.sources = sources
-        self._retrier = retrier
+        #: Names a write's error when the core gives up on it, and logs its retries.
+        self._retrier = Retrier(ctx.state, ctx.core)
         self._notices = notices
         #: The error of the last attempt that failed: the core's verdict names it.
         self._last_error: Optional[BaseException] = None
         #: A peer's step key read: its acknowledgement is queued (``StepKeys.acknowledge``).
         self._acknowledge = acknowledge
         self.thread: Optional[threading.Thread] = None
-        #: Notices finished with (acted on, absorbed, handed on or dropped at close).
+        #: Notices finished with (acted on, absorbed, handed on or dropped at close),
+        #: under :attr:`_handled_changed`, notified at each one and at the stop.
         self.notices_handled = 0
+        self._handled_changed = threading.Condition()
 
     def start(self) -> None:
         """Starts the driver thread (the handler starts the step-key reader)."""
@@ -78,21 +79,39 @@ class Driver:
         the platform and states it, so it is the kill too. A notice after the handler
         exited or was closed is ignored, as a signal would be.
         """
-        unix_deadline = None if deadline is None else unix_time_of(deadline, self._state.clock())
+        unix_deadline = None if deadline is None else unix_time_of(deadline, self._core)
         if self._state.closing.is_set() or not self.sources.trigger(
             "a termination source", unix_deadline, unix_deadline
         ):
             log.info("Termination notice after shutdown ignored.")
 
+    def _handled(self) -> None:
+        """One more notice finished with: its waiters (:meth:`wait_handled`) wake."""
+        with self._handled_changed:
+            self.notices_handled += 1
+            self._handled_changed.notify_all()
+
+    def wait_handled(self, before: int, timeout: float) -> bool:
+        """Until more than ``before`` notices were finished with, or the handler closes
+        (True), or ``timeout`` seconds pass (False)."""
+        with self._handled_changed:
+            return self._handled_changed.wait_for(
+                lambda: self.notices_handled > before or self._state.closing.is_set(), timeout
+            )
+
     def stop(self, join: bool = True) -> None:
-        """``close()``: stops the inbox (the driver takes ``Stop``) and joins the threads;
-        ``__del__`` passes ``join=False`` and nothing is joined or written."""
+        """``close()``: stops the inbox (the driver takes ``Stop``) and joins the threads,
+        for as long as the core's shutdown says; ``__del__`` passes ``join=False`` and
+        nothing is joined or written."""
         self._state.closing.set()
+        with self._handled_changed:
+            self._handled_changed.notify_all()
         self.sources.close(join=join)
         if not join:
             return
         if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join(THREAD_JOIN_TIMEOUT)
+            _, bound = self._core.handle(Event.Shutdown())
+            self.thread.join(bound)
         self.thread = None
 
     def _drive(self) -> None:
@@ -125,7 +144,7 @@ class Driver:
         while True:
             # A notice that waited for the writes before it is started at once
             # when they have ended: no input need come to wake the driver.
-            wait = 0.0 if notices and not core.writes_busy else core.poll_timeout()
+            wait = core.poll_timeout(bool(notices))
             try:
                 item = self.sources.receive(wait)
             except BaseException as e:  # noqa: BLE001 - handed to the next run()
@@ -135,9 +154,13 @@ class Driver:
                 self._finish(item, notices)
                 return
             self._take(item, notices)
-            while not core.writes_busy and notices:
-                if not self._notices.start(notices.popleft()):
-                    self.notices_handled += 1
+            while notices:
+                started = self._notices.start(notices[0])
+                if started is None:  # the writes of the notice before it go on
+                    break
+                notices.popleft()
+                if not started:
+                    self._handled()
             self._perform()
 
     def _perform(self) -> None:
@@ -176,7 +199,7 @@ class Driver:
             event = Event.Raised(write.id)
         else:
             event = Event.Written(write.id, bool(result))
-        self._core.handle(event, self._state.clock())
+        self._core.handle(event)
 
     def _report(self, action: Any) -> None:
         """What the core says a write came to: a retry (logged), a claim's outcome and an
@@ -193,7 +216,7 @@ class Driver:
                 "Closing: %s dropped (a notice is not acted on while the handler closes).",
                 action.what,
             )
-            self.notices_handled += 1
+            self._handled()
             return
         error: Optional[BaseException] = None
         if isinstance(action, Action.GaveUp):
@@ -203,9 +226,9 @@ class Driver:
         elif isinstance(action, Action.Raised):
             error = self._last_error
         try:
-            if action.kind == WriteKind.Claim:
+            if isinstance(action.kind, WriteKind.Claim):
                 self._notices.claimed(action, error)
-            elif action.kind == WriteKind.Announce:
+            elif isinstance(action.kind, WriteKind.Announce):
                 self._notices.announced(action, error)
             elif error is None:
                 log.info("%s received; acknowledged with %s.", action.subject, action.key)
@@ -213,7 +236,7 @@ class Driver:
                 self._errors.fail_in_background("watching the peers' step keys", error)
         finally:
             if action.ends_notice:
-                self.notices_handled += 1
+                self._handled()
 
     def _finish(self, item: Any, notices: deque) -> None:
         """The stop of ``close()``: what arrived with it is dealt with, nothing waits.
@@ -249,7 +272,7 @@ class Driver:
                 "handler closes).",
                 notice.source,
             )
-            self.notices_handled += 1
+            self._handled()
 
     def _take(self, item: Any, notices: deque) -> None:
         """Files one input: a notice waits its turn, a step key may queue an

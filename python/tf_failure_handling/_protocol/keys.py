@@ -1,6 +1,7 @@
-"""The protocol's coordination-service keys (TensorFlow's names) and the bounds on its waits.
+"""The protocol's coordination-service keys (TensorFlow's names).
 
-Every other bound on the protocol's waits is the core's: each comes out of an action.
+Every bound on the protocol's waits is the core's: each comes out of an action or an
+event's answer (``ProtocolCore.handle``).
 """
 
 from __future__ import annotations
@@ -9,10 +10,8 @@ from .._native import (
     LAST_RUN_TO_CHECKPOINT,
     PREEMPTION_NOTICE_KEY,
     RUN_TO_CHECKPOINT,
-    SHUTDOWN_WRITE_TIMEOUT,
     STOP_WATCHER,
     TERMINATED_WORKER,
-    THREAD_JOIN_TIMEOUT,
 )
 
 __all__ = [
@@ -20,15 +19,11 @@ __all__ = [
     "PEER_TIMEOUT_ENV",
     "PREEMPTION_NOTICE_KEY",
     "RUN_TO_CHECKPOINT",
-    "SHUTDOWN_WRITE_TIMEOUT",
     "STOP_WATCHER",
     "TERMINATED_WORKER",
-    "THREAD_JOIN_TIMEOUT",
 ]
 
 PEER_TIMEOUT_ENV = "TF_FAILURE_HANDLING_PEER_TIMEOUT"
 #: Seconds kept between the last save and a platform's deadline for the process's own
 #: exit (the core's ``EXIT_RESERVE`` when unset; docs/how-it-works.md).
 EXIT_RESERVE_ENV = "TF_FAILURE_HANDLING_EXIT_RESERVE"
-# THREAD_JOIN_TIMEOUT and SHUTDOWN_WRITE_TIMEOUT are the core's (src/step_resolution.rs
-# says what each means).

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._native import Event, NoticeAction, unix_now
+from .._native import Event, NoticeAction
 from .._platforms import in_process
 from .._platforms.notice_sources import Notice
 from .context import Context
@@ -46,10 +46,11 @@ class NoticeResponse:
         self._ownership = ownership
         self._ps = ps
 
-    def start(self, notice: Notice) -> bool:
+    def start(self, notice: Notice) -> Optional[bool]:
         """Acts on ``notice``: True when the core queued a write for it (a claim, an
         announce), False when it is done with (absorbed, handed to a newer handler, or
-        led in local mode)."""
+        led in local mode), None when the core did not take it yet (the write of the
+        notice before it is pending: ``NoticeAction.Wait``)."""
         try:
             owner = self._ownership.current_owner()
             if owner is None:
@@ -75,45 +76,42 @@ class NoticeResponse:
             self._errors.fail_in_background(f"handling the notice from {notice.source}", e)
         return False
 
-    def _on_own_notice(self, notice: Notice) -> bool:
+    def _on_own_notice(self, notice: Notice) -> Optional[bool]:
         source = notice.source
-        # Platforms announce wall-clock times; the core plans on the handler's clock
-        # and converts (the wall clock read once, here, for both).
-        wall = unix_now()
-        if notice.deadline is not None:
-            log.info(
-                "The notice from %s gives %.1fs until the machine goes away.",
-                source,
-                notice.deadline - wall,
-            )
-        now = self._state.clock()
         message = in_process.notice_message(self._state.membership.id_in_cluster, source, notice.at)
         # The notice's line is written before any line of a stage it leads to.
         with self._records.taking_notice():
             # The core answers, and queues the write the answer starts (the claim; the
-            # announce of a notice this worker leads in a cluster).
-            action = self._core.handle(
-                Event.Notice(source, message, wall, notice.deadline, notice.kill), now
-            )
+            # announce of a notice this worker leads in a cluster). Platforms announce
+            # wall-clock times; the core converts them to its clock as it takes them.
+            action = self._core.handle(Event.Notice(source, message, notice.deadline, notice.kill))
+            if isinstance(action, NoticeAction.Wait):
+                return None
+            if notice.deadline is not None and notice.at is not None:
+                log.info(
+                    "The notice from %s gives %.1fs until the machine goes away.",
+                    source,
+                    notice.deadline - notice.at,
+                )
             # Where training was when the core took the notice: the first step that can
             # save at it is the next run() to start (read after the core took it, so a
             # run() that started in between and saw it is counted as before it).
             runs = self._core.run_counter
-            in_run = self._core.running_thread != 0
+            in_run = self._core.threads[0] != 0
             absorbed = isinstance(action, NoticeAction.Absorb)
-            fit = None if absorbed else self._say_what_fits(source, now)
+            fit = None if absorbed else self._say_what_fits(source)
             replan = isinstance(action, NoticeAction.Replan)
             self._records.notice(
                 source, notice.deadline, fit, replan=replan, runs=runs, in_run=in_run
             )
         if isinstance(action, NoticeAction.Lead):
             log.info("Received termination notice from %s.", source)
-            self._ps.on_notice()
+            self._ps.on_notice(action.final_round)
             if self._state.membership.local:
                 # Local mode: this process's watchers only (in a cluster, the announce
                 # the core queued tells the peers' too, then this process's).
                 in_process.publish_local(message)
-            return self._core.writes_busy
+            return action.writes
         if isinstance(action, NoticeAction.Claim):
             # The claim of TERMINATED_WORKER: a failure of the coordination service is
             # retried within the bound (TF drops the notice at the first failure); after
@@ -133,14 +131,14 @@ class NoticeResponse:
         )
         return False
 
-    def _say_what_fits(self, source: str, now: float) -> Optional[str]:
+    def _say_what_fits(self, source: str) -> Optional[str]:
         """At the notice, what the core says still fits before this worker's earliest
         deadline; a warning at once when the grace period's second save or even one save
         does not (the fastest path, one save at once, is taken all the same)."""
-        answer = self._core.fit(now)
+        answer = self._core.handle(Event.Fit())
         if answer is None:
             return None
-        fit, left, needed = answer
+        fit, left, needed, final_round = answer
         if fit == "unknown":
             leaves = "sets no deadline" if left == float("inf") else f"leaves {left:.1f}s"
             log.warning(
@@ -159,7 +157,7 @@ class NoticeResponse:
                 left,
                 needed,
             )
-        elif fit == "one_save" and self._core.has_final_round:
+        elif fit == "one_save" and final_round:
             log.warning(
                 "The notice from %s leaves %.1fs, not the %.1fs two saves need: the first "
                 "save is the last (no training through the grace period).",
@@ -182,7 +180,7 @@ class NoticeResponse:
             # now on publishes (TF's message, then the run count and whether a run()
             # was under way, its check made; tools read when the step could be agreed
             # from it).
-            runs, in_run = self._core.run_counter, self._core.running_thread != 0
+            runs, in_run = self._core.run_counter, self._core.threads[0] != 0
             log.info(
                 "Member %s has received termination notice (%s); claimed at run count %d%s.",
                 member,

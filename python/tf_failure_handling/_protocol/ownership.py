@@ -18,7 +18,7 @@ import threading
 import weakref
 from typing import Any, Optional
 
-from .._native import unix_now
+from .._native import Event, ProtocolCore
 from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
@@ -34,12 +34,13 @@ class Ownership:
     """Which handler of a worker owns its notices: this one, or a newer one it hands
     them to (``successor``). ``sources`` is this handler's inbox, set once built."""
 
-    def __init__(self, state: HandlerState) -> None:
+    def __init__(self, state: HandlerState, core: ProtocolCore) -> None:
         self._state = state
+        #: This handler's protocol object: it stamps the take-over and tells a notice
+        #: that came after it (:meth:`came_after`).
+        self._core = core
         self.successor: Optional[weakref.ref] = None
         self.sources: Any = None
-        #: Unix time this handler took over its worker's notices (None: not yet).
-        self.took_over_at: Optional[float] = None
 
     def _key(self) -> tuple:
         coordination = self._state.coordination
@@ -57,7 +58,7 @@ class Ownership:
         key = self._key()
         # Stamped before any older handler learns of this one: a notice that arrived
         # before it is the older one's (:meth:`came_after`).
-        self.took_over_at = unix_now()
+        self._core.handle(Event.TakeOver())
         with _owners_lock:
             ref = _owners.get(key)
             _owners[key] = weakref.ref(self)
@@ -98,7 +99,7 @@ class Ownership:
         """Whether a notice that arrived at ``at`` (Unix time; None: not known) came
         after this handler took over: one that came before reached the handlers open
         then, as TensorFlow's signal handlers, and is not this one's."""
-        return at is None or self.took_over_at is None or at >= self.took_over_at
+        return self._core.handle(Event.Arrived(at))
 
     def hand_on(self, source: str, deadline: Optional[float], kill: Optional[float]) -> None:
         """A notice this (older) handler saw goes to the owner's inbox, with its kill."""

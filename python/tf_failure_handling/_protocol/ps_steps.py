@@ -58,6 +58,8 @@ class PsSteps:
         #: The finished runs after the last save's first unfinished one: they run again.
         self._finished_after: list = []
         self._join_check: Any = None
+        #: How long a failed release after the save is retried (``after_save``: the
+        #: core's bound, None until then).
 
     @property
     def active(self) -> bool:
@@ -65,7 +67,9 @@ class PsSteps:
         that publishes the agreed step also saves at it, before scheduling anything more."""
         return self.poller is not None
 
-    def start_watch(self, cluster_resolver: Any, checkpoint: Any, join_check: Any) -> None:
+    def start_watch(
+        self, cluster_resolver: Any, checkpoint: Any, join_check: Any, peer_timeout: float
+    ) -> None:
         """Starts polling the PS and worker tasks for notices, and makes ``join_check``
         (the handler's step check) the one ``ClusterCoordinator.join()`` makes. The
         strategy of the checkpoint's variables is kept: TensorFlow's own coordinator is
@@ -76,7 +80,9 @@ class PsSteps:
             self._on_cluster_notice,
             on_released=self._records.task_release,
             on_stale_context=self._reconnect,
-            peer_timeout=self._core.peer_timeout,
+            peer_timeout=peer_timeout,
+            # Ours has one: its failure handling's, which then watches the tasks too.
+            protocol=_coordinators.protocol_of(self._coordinator()),
         )
         self.poller.start()
         self._join_check = join_check
@@ -112,13 +118,14 @@ class PsSteps:
         if coordinator is not None:
             _coordinators.request_reconnect(coordinator, task)
 
-    def on_notice(self) -> None:
+    def on_notice(self, final_round: bool) -> None:
         """A notice this coordinator acts on (its own or a PS's; the driver's thread):
         with no grace period the save comes next, so from now on no worker takes a new
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
-        hold), which must return to reach the check that saves."""
+        hold), which must return to reach the check that saves. ``final_round``: the
+        handler's final save round is under way (the core's ``NoticeAction.Lead``)."""
         if self.poller is not None:
-            self._perform(CoordinatorEvent.OwnNotice(self._core.has_final_round))
+            self._perform(CoordinatorEvent.OwnNotice(final_round))
 
     def _perform(self, event: Any) -> None:
         """Reports ``event`` to the coordinator's protocol and performs what it says
@@ -156,15 +163,14 @@ class PsSteps:
             if self._sources is not None:
                 self._sources.trigger(f"ps {task}: {source}", deadline)
         elif job == "worker" and self.poller is not None:
-            drain = _worker_drain.WorkerDrain(
-                self.poller, task, deadline, coordinator=self._coordinator()
-            )
+            drain = _worker_drain.WorkerDrain(self.poller, task, coordinator=self._coordinator())
             threading.Thread(target=drain.run, name=f"WorkerDrain-{task}", daemon=True).start()
 
-    def before_save(self) -> None:
-        """Holds every worker and lets the closures in flight finish (bounded by the
-        notice's deadline), so that the saved run count is the number of closures whose
-        effect is in the variables.
+    def before_save(self, bound: float) -> None:
+        """Holds every worker and lets the closures in flight finish within ``bound``
+        seconds (the handler's core's: the notice's deadline less the longest save seen;
+        without one, peer_timeout), so that the saved run count is the number of closures
+        whose effect is in the variables.
 
         Closures still queued at the bound never ran: they are not counted and run after
         the restart. A closure still in flight at the bound keeps running during the
@@ -183,10 +189,6 @@ class PsSteps:
                 "checkpoint's strategy): saving without waiting for closures."
             )
             return
-        # The closures may take until the save must start: the deadline less the
-        # longest save seen; without one, peer_timeout bounds the wait.
-        bound = self._core.drain_bound(self._state.clock())
-        start = self._state.clock()
         scheduled = self._core.run_counter
         unfinished = _closure_drain.wait_for_closures(
             coordinator, bound, scheduled=scheduled, protocol=self.poller.protocol
@@ -201,7 +203,7 @@ class PsSteps:
         if not unfinished:
             log.info(
                 "All scheduled closures finished in %.3fs; saving at run %d.",
-                self._state.clock() - start,
+                unfinished.took,
                 scheduled,
             )
             return
@@ -289,16 +291,15 @@ class PsSteps:
     def after_save(self) -> None:
         """Releases the PS tasks whose notice this save answered, then stops the watch
         (the core's order: until then the tasks see the coordinator ask, and wait for
-        it)."""
+        it); a failed release is retried within the bound each release action carries."""
         if self.poller is not None:
             self._perform(CoordinatorEvent.CheckpointSaved())
 
     def _release_saved(self, action: Any) -> None:
         """Releases the PS task of ``action`` after the save; a failed release is sent
-        again by the core's retry rule, for the handler's retry bound."""
+        again by the core's retry rule, within the action's bound."""
         task = action.task
-        bound = self._core.retry_bound(self._state.clock())
-        if not self.poller.release(task, "checkpoint saved", bound):
+        if not self.poller.release(task, "checkpoint saved", action.bound):
             log.warning(
                 "ps %d was not released after the save: it leaves on its own once this "
                 "coordinator stops asking it (%.0fs later) or at its notice's deadline.",

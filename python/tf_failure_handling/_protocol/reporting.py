@@ -18,8 +18,7 @@ from typing import Optional
 
 from .. import _errors
 from .._cluster import membership as _membership
-from .._native import ProtocolCore
-from .keys import SHUTDOWN_WRITE_TIMEOUT
+from .._native import Event, ProtocolCore
 from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
@@ -40,7 +39,7 @@ class ErrorReports:
         error = self.pending
         if error is not None:
             self.pending = None
-            self._core.set_pending(False)
+            self._core.handle(Event.Pending(False))
             raise error
 
     def reported(self, error: BaseException) -> Optional[BaseException]:
@@ -91,7 +90,7 @@ class ErrorReports:
         log.info("Propagating error to cluster: %r: %s", error, error)
         try:
             self._state.coordination.report_error(
-                error.error_code, error.message, SHUTDOWN_WRITE_TIMEOUT
+                error.error_code, error.message, self._core.handle(Event.ErrorReport())
             )
         except Exception as e:  # noqa: BLE001 - the step's own error matters more
             log.warning("Could not report the error to the cluster: %r: %s", e, e)
@@ -117,4 +116,4 @@ class ErrorReports:
             raised.__cause__ = error
         if self.pending is None:
             self.pending = raised
-        self._core.set_pending(True)
+        self._core.handle(Event.Pending(True))

@@ -3,7 +3,7 @@
 Runs on the training thread, in the check before the agreed step (``step_check``). A
 parameter-server coordinator first lets the scheduled closures finish (``ps_steps``);
 then the checkpoint is saved (``Checkpoints.save``) and
-the resolver says what follows (``_core.saved``): **exit**, after the last round, or
+the resolver says what follows (``Event.Saved``): **exit**, after the last round, or
 **countdown**, training on through the grace period until the final round. The exit
 stops the step-key reader, removes a non-chief's temporary checkpoint folder, releases
 the parameter servers, writes the ``exit`` record, puts a SLURM job back in the queue,
@@ -15,7 +15,7 @@ with the code) and calls ``exit_fn``. Each stage is recorded through ``StageReco
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from .._native import SHARES_UNMERGED_EXIT_CODE as UNMERGED_EXIT_CODE
 from .._native import Event, SaveAction
@@ -44,8 +44,6 @@ class SaveAndExit:
         checkpoints: Checkpoints,
         ps: PsSteps,
         step_keys: StepKeys,
-        exit_fn: Callable[[], Any],
-        scheduler_step: Callable[[], Any],
     ) -> None:
         self._ctx = ctx
         self._state, self._core = ctx.state, ctx.core
@@ -53,16 +51,25 @@ class SaveAndExit:
         self._checkpoints = checkpoints
         self._ps = ps
         self._step_keys = step_keys
-        #: The handler's ``_exit_fn`` (a view: set there, it is the one called).
-        self.exit_fn = exit_fn
-        self._scheduler_step = scheduler_step
+        #: The handler's ``_exit_fn`` (a view: set there, it is the one called); the
+        #: configured one (or the platform's default) until then.
+        self.exit_fn: Callable[[], Any] = ctx.state.settings.exit_fn
 
-    def _guard_exit(self, code: int) -> None:
+    def _scheduler_step(self) -> Any:
+        """The scheduler's step after the save (SLURM: the job back in the queue): the
+        seconds from now until the scheduler ends this process, or None."""
+        state = self._state
+        return _platform.after_save(
+            state.environment, state.settings.platform_options, self._records.recorder
+        )
+
+    def _guard_exit(self, code: int, ends_in: Optional[float] = None) -> None:
         """Arms the exit guard for the moment the platform ends this worker, as the
-        platform stated it (``kill_deadline``; ``exit_guard``). A grace period alone or
-        an assumed deadline (Kubernetes without the pod's grace period) arms nothing:
-        nothing is known to end the process then."""
-        _exit_guard.arm(self._core.kill_deadline(), self._state.clock(), code)
+        platform stated it (the core's answer to ``Event.Exiting``, in seconds from now;
+        ``ends_in``: the scheduler's later statement; ``exit_guard``). A grace period
+        alone or an assumed deadline (Kubernetes without the pod's grace period) arms
+        nothing: nothing is known to end the process then."""
+        _exit_guard.arm(self._core.handle(Event.Exiting(ends_in)), 0.0, code)
 
     def _unmerged_exit(self, error: BaseException) -> None:
         """A worker whose save in shares did not become the checkpoint the state file
@@ -85,24 +92,25 @@ class SaveAndExit:
         self._guard_exit(UNMERGED_EXIT_CODE)
         raise SystemExit(UNMERGED_EXIT_CODE) from error
 
-    def save_at(self, round_key: str, step: int, args: tuple, kwargs: dict) -> None:
-        self._ps.before_save()
+    def save_at(self, action: Any, args: tuple, kwargs: dict) -> None:
+        """The save the core asked for (``StepAction.Save``: its round, step, and how
+        long a PS coordinator's closures in flight may take first)."""
+        round_key, step = action.round, action.step
+        self._ps.before_save(action.drain)
         log.info("Saving a checkpoint at the agreed step %d (%s).", step, round_key)
         self._records.save_start(round_key, self._core.run_counter, **self._ps.save_fields())
-        start = self._state.clock()
         try:
-            self._checkpoints.save(self._core.run_counter, args, kwargs, self._state.clock)
+            self._checkpoints.save(self._core.run_counter, args, kwargs)
         except BaseException as e:
             self._ps.training_goes_on()
             after = self._core.handle(Event.SaveFailed(self._checkpoints.shared_by > 1))
             self._records.save_failed(e)
-            if after == SaveAction.ExitUnmerged:
+            if isinstance(after, SaveAction.ExitUnmerged):
                 self._unmerged_exit(e)
             raise
         self._records.save_end(self._checkpoints.write, **self._checkpoints.save_fields())
-        now = self._state.clock()
-        after = self._core.handle(Event.Saved(round_key, now - start), now)
-        if after == SaveAction.Exit:
+        after = self._core.handle(Event.Saved(round_key))
+        if isinstance(after, SaveAction.Exit):
             # The signal watch stays: until close(), a further notice is absorbed,
             # not handed back to whatever was installed before (which could kill
             # a worker that exit_fn chose to keep running).
@@ -116,10 +124,10 @@ class SaveAndExit:
             # The scheduler's step (SLURM: the job back in the queue, which moves the
             # moment SLURM ends this process: the guard's, below).
             ends_in = self._scheduler_step()
-            if ends_in is not None:
-                self._core.platform_end(self._state.clock(), ends_in)
             if code is not None:  # a default exit_fn: its code is the records'
-                self._guard_exit(code)
+                self._guard_exit(code, ends_in)
+            elif ends_in is not None:
+                self._core.handle(Event.Exiting(ends_in))
             self.exit_fn()
             self._ps.training_goes_on()
             # TF carries on silently here; say what state the worker is in.

@@ -1,21 +1,21 @@
 """What the handler's parts share: one object, built first and read by every part (never
-copied: the clock is read at each call, as a simulation substitutes it after
-construction).
+copied).
 
 Its configuration (:class:`Settings`: where the worker sits, its platform, the
 coordination service and the grace period; the peer timeout is the core's) is worked out once by the
 handler's constructor and set in one assignment (:meth:`HandlerState.configure`); no
 part changes it. Apart from it is the lifecycle (``closing``, ``closed``), which the
-handler's close changes, and the clock, which a simulation may substitute.
+handler's close changes. The clock is the protocol object's (``ProtocolCore``: every
+event is taken on it; a simulation substitutes its own with ``configure(clock=...)``).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from .._native import DEFAULT_GRACE_PERIOD, now
+from .._native import DEFAULT_GRACE_PERIOD
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,12 @@ class Settings:
     grace_period: float = DEFAULT_GRACE_PERIOD
     #: The platform whose defaults apply (``_platforms.platform.Device``).
     device: Any = None
+    #: The ``exit_fn`` configured (or the platform's default): the saver's, until the
+    #: handler's ``_exit_fn`` view sets another.
+    exit_fn: Any = None
+    #: Each scheduler's options (SLURM's requeue), for its step after the save
+    #: (``_platforms.platform.attach``).
+    platform_options: Any = None
 
 
 def _setting(name: str) -> property:
@@ -43,11 +49,6 @@ def _setting(name: str) -> property:
 class HandlerState:
     #: The configuration, set once (:meth:`configure`).
     settings: Settings = field(default_factory=Settings)
-    #: The clock the protocol reads: notice times, deadlines, save and agreement
-    #: durations; the package's one clock (``_native.now``, the binding's, on which
-    #: every ``Deadline``, ``Retry`` and ``Writes`` of the package also counts).
-    #: Simulations substitute a virtual one; waits for peers stay real.
-    clock: Callable[[], float] = now
     #: Set when the handler closes: the driver and reader stop.
     closing: threading.Event = field(default_factory=threading.Event)
     closed: bool = False

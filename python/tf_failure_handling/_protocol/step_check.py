@@ -4,7 +4,7 @@
 with nothing pending it only times the step and calls ``fn``. When a notice needs
 attention, a round was agreed, a background thread failed, or the step raised, it calls
 back here. The check raises a background thread's error, then asks the resolver
-(``_core.before_step``) what this step does: proceed, **publish** the agreed step (the
+(``Event.BeforeStep``) what this step does: proceed, **publish** the agreed step (the
 leader, ``agreement``), or **save** at it (``save``). ``save_checkpoint_if_preempted``
 and the hook tf_keras calls (``_check_preemption_and_maybe_checkpoint``) make the same
 check. As in TensorFlow, the check and the step are inside the error-reporting scope
@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from .._native import StepAction
+from .._native import Event, StepAction
 from .agreement import Agreement
 from .context import Context
 from .save import SaveAndExit
@@ -40,7 +40,7 @@ class StepCheck:
     def running_thread(self) -> int:
         """The thread inside this handler's ``run()`` now (``threading.get_ident()``), 0
         when none."""
-        return self._core.running_thread
+        return self._core.threads[0]
 
     @property
     def run_index(self) -> int:
@@ -50,22 +50,22 @@ class StepCheck:
     def is_trainer(self, thread: int) -> bool:
         """Whether ``thread`` is this handler's training thread: the one that called
         ``run()`` last (before the first ``run()``, the main thread)."""
-        trainer = self._core.trainer_thread
+        trainer = self._core.threads[1]
         return thread == (trainer or threading.main_thread().ident)
 
     def _act(self, args: tuple, kwargs: dict) -> None:
         """The check before a step: raise a background thread's error, publish, or save."""
         self._errors.raise_pending()
-        action = self._core.before_step(self._state.clock())
+        action = self._core.handle(Event.BeforeStep())
         # After a publish the core is asked again: a PS coordinator saves at the step
         # it published, and a final round may be due already (both rounds at once).
         for _ in range(2):
             if not isinstance(action, StepAction.Publish):
                 break
-            self._agreement.publish(action.round_key, action.step)
-            action = self._core.before_step(self._state.clock())
+            self._agreement.publish(action.round, action.step)
+            action = self._core.handle(Event.BeforeStep())
         if isinstance(action, StepAction.Save):
-            self._saver.save_at(action.round_key, action.step, args, kwargs)
+            self._saver.save_at(action, args, kwargs)
 
     def check(self, args: tuple, kwargs: Optional[dict]) -> None:
         """The check before a step of ``run()`` or ``save_checkpoint_if_preempted``, which
@@ -73,7 +73,7 @@ class StepCheck:
         try:
             self._act(args, kwargs or {})
         finally:
-            self._core.after_check()
+            self._core.handle(Event.ChecksDone())
 
     def check_now(self, args: tuple = (), kwargs: Optional[dict] = None) -> None:
         """The check of a library that counts its own steps (tf_keras), or of
@@ -101,7 +101,7 @@ class StepCheck:
 
     def run_failed(self, error: BaseException) -> BaseException:
         """``run()``'s step raised ``error``: not counted, reported; returns what to raise."""
-        self._core.step_failed()
+        self._core.handle(Event.StepFailed())
         replacement = self._errors.reported(error)
         if replacement is None:
             return error

@@ -21,7 +21,7 @@ from .. import _errors
 from .._native import Event, Input, KeyAction, ReaderAction
 from .._platforms.notice_sources import NoticeSources
 from .context import Context
-from .keys import RUN_TO_CHECKPOINT, THREAD_JOIN_TIMEOUT
+from .keys import RUN_TO_CHECKPOINT
 from .ownership import Ownership
 from .retries import Retrier
 
@@ -57,7 +57,7 @@ class StepKeys:
         acknowledgement for the driver (none for ``STOP_WATCHER``, nor once a newer
         handler of this worker acknowledges)."""
         superseded = self._ownership.current_owner() is not None
-        action = self._core.handle(Event.StepKey(round_key, value, superseded), self._state.clock())
+        action = self._core.handle(Event.StepKey(round_key, value, superseded))
         if not isinstance(action, KeyAction.Stop) and not self._core.state()["leading"]:
             self._records.peer_agreement(round_key, value)
 
@@ -86,7 +86,7 @@ class StepKeys:
         last_error: Optional[BaseException] = None
         event: Any = Event.Reading()
         while not state.closing.is_set():
-            action = core.handle(event, state.clock())
+            action = core.handle(event)
             if isinstance(action, ReaderAction.Get):
                 self._reading_key = action.key
                 try:
@@ -126,17 +126,18 @@ class StepKeys:
         if thread is None:
             return
         self.thread = None
+        writes, bound = self._core.handle(Event.Shutdown())
         if self._ownership.current_owner() is None:
-            for write in self._core.shutdown_writes():
+            for write in writes:
                 try:
                     self._state.coordination.set(write.key, write.value, write.timeout)
                 except Exception as e:  # noqa: BLE001 - peers may have exited already
                     log.info("Ignoring error while releasing %s: %s", write.key, e)
         if thread is threading.current_thread():
             return
-        thread.join(THREAD_JOIN_TIMEOUT)
+        thread.join(bound)
         if thread.is_alive():
             log.warning(
                 "The peer watcher did not stop within %gs; leaving it (daemon thread).",
-                THREAD_JOIN_TIMEOUT,
+                bound,
             )

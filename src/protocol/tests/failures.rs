@@ -527,9 +527,9 @@ impl<'a> Sim<'a> {
         }
         let call = ws.p.write_call(id).expect("pending");
         let op = match call.kind {
-            Kind::Claim => Op::Claim,
-            Kind::Announce => Op::Announce,
-            Kind::Acknowledge => Op::Ack(call.key.clone()),
+            Kind::Claim {} => Op::Claim,
+            Kind::Announce {} => Op::Announce,
+            Kind::Acknowledge {} => Op::Ack(call.key.clone()),
         };
         ws.ops.insert(id, op);
         ws.due.insert(id, t);

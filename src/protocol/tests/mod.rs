@@ -308,6 +308,73 @@ fn a_save_is_timed_only_when_the_resolver_accepts_it() {
 }
 
 #[test]
+fn a_timed_save_and_restore_record_what_the_protocol_timed() {
+    let mut p = local(0.0);
+    // A restore timed from 10 to 13: the save estimate until a save is measured.
+    p.handle_timing(10.0);
+    assert_eq!(p.handle_timed(13.0), 3.0);
+    p.handle_restored_timed();
+    assert_eq!(p.snapshot().longest_save, None, "a restore is no save measured");
+    assert_eq!(p.planner.save_estimate(), 3.0);
+    // Nothing started: no time passed (and a clock that went back is no negative time).
+    assert_eq!(p.handle_timed(20.0), 0.0);
+    p.handle_timing(30.0);
+    assert_eq!(p.handle_timed(29.0), 0.0);
+    // A save agreed and timed from 40 to 45: the longest save.
+    p.handle_notice(notice(0.0, None)).unwrap();
+    if matches!(p.before_step(5, 1.0).unwrap(), StepAction::Publish { .. }) {
+        p.before_step(6, 1.1).unwrap();
+    }
+    p.handle_timing(40.0);
+    assert_eq!(p.handle_timed(45.0), 5.0);
+    assert_eq!(p.handle_saved_timed(Round::Initial).unwrap(), Ok(SaveAction::Exit));
+    assert_eq!(p.snapshot().longest_save, Some(5.0));
+}
+
+#[test]
+fn the_exit_learns_the_seconds_until_the_platform_ends_the_process() {
+    let mut p = local(0.0);
+    assert_eq!(p.handle_exiting(100.0, None), None, "no notice: nothing stated");
+    p.handle_notice(Notice {
+        at: 100.0,
+        deadline: Some(130.0),
+        kill: Some(160.0),
+    })
+    .unwrap();
+    assert_eq!(p.handle_exiting(110.0, None), Some(50.0));
+    // A requeue that ends the process 30 s from now moves the kill earlier.
+    assert_eq!(p.handle_exiting(110.0, Some(30.0)), Some(30.0));
+    assert_eq!(p.kill_deadline(), Some(140.0));
+}
+
+#[test]
+fn a_notice_is_a_newer_handlers_only_when_it_arrived_after_the_take_over() {
+    let mut p = Protocol::new();
+    assert!(p.came_after(Some(5.0)), "no take-over: every notice is this handler's");
+    p.handle_take_over(100.0);
+    assert!(!p.came_after(Some(99.5)));
+    assert!(p.came_after(Some(100.0)) && p.came_after(Some(101.0)));
+    assert!(p.came_after(None), "an arrival not known counts as after");
+}
+
+#[test]
+fn a_partial_configuration_starts_from_the_last_one() {
+    let mut p = Protocol::new();
+    let start = p.config();
+    assert_eq!((start.worker_id, start.num_workers, start.grace_period), (None, 1, 0.0));
+    assert_eq!(start.peer_timeout, DEFAULT_PEER_TIMEOUT);
+    p.configure(Config {
+        worker_id: Some(1),
+        num_workers: 2,
+        ..start
+    })
+    .unwrap();
+    p.set_peer_timeout(7.0).unwrap();
+    let now = p.config();
+    assert_eq!((now.worker_id, now.num_workers, now.peer_timeout), (Some(1), 2, 7.0));
+}
+
+#[test]
 fn snapshot_names_the_deadlines_once_configured() {
     let mut p = local(60.0);
     let before = p.snapshot().resolver.unwrap();
@@ -365,8 +432,13 @@ fn a_write_is_retried_for_the_retry_bound_at_its_queueing() {
         panic!("the acknowledgement is due at once")
     };
     assert_eq!(
-        (call.kind, call.key.as_str(), call.value.as_str(), call.subject.as_str()),
-        (Kind::Acknowledge, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1", "1", "RUN_TO_CHECKPOINT=3")
+        (call.kind.clone(), call.key.as_str(), call.value.as_str(), call.subject.as_str()),
+        (
+            Kind::Acknowledge {},
+            "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1",
+            "1",
+            "RUN_TO_CHECKPOINT=3"
+        )
     );
     assert_eq!(
         call.what(),
@@ -415,8 +487,8 @@ fn a_write_is_retried_for_the_retry_bound_at_its_queueing() {
         panic!("the announce is due at once")
     };
     assert_eq!(
-        (call.kind, call.value.as_str(), call.what()),
-        (Kind::Announce, "m", "publishing TF_DEFAULT_PREEMPTION_NOTICE_KEY".to_owned())
+        (call.kind.clone(), call.value.as_str(), call.what()),
+        (Kind::Announce {}, "m", "publishing TF_DEFAULT_PREEMPTION_NOTICE_KEY".to_owned())
     );
     p.write_failed(announce, at, false);
     let Some(DriverAction::Retrying { left, .. }) = p.poll(at) else {
@@ -483,7 +555,7 @@ fn a_writes_call_is_kept_until_it_ends() {
     p.step_key(Round::Initial, "3", false, 0.0, at).unwrap().unwrap();
     let ack = p.newest_write().unwrap();
     p.close(at);
-    assert!(matches!(p.poll(at), Some(DriverAction::Dropped { call }) if call.kind == Kind::Claim));
+    assert!(matches!(p.poll(at), Some(DriverAction::Dropped { call }) if call.kind == Kind::Claim {}));
     assert!(p.write_call(claim).is_none());
     assert!(matches!(p.poll(at), Some(DriverAction::Write { id, .. }) if id == ack));
     p.write_failed(ack, at, false);
@@ -495,7 +567,7 @@ fn a_writes_call_is_kept_until_it_ends() {
         })
     ));
     assert_eq!(p.poll(at), None, "nothing else");
-    let announce_call = SetCall::new(Kind::Announce, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", "s", PEER);
+    let announce_call = SetCall::new(Kind::Announce {}, "TF_DEFAULT_PREEMPTION_NOTICE_KEY", "m", "s", PEER);
     assert!(announce_call.timeout <= SHUTDOWN_WRITE_TIMEOUT);
 }
 
@@ -525,7 +597,7 @@ fn a_won_claim_queues_its_announce_and_a_lost_one_does_not() {
     };
     assert_eq!(
         (call.kind, call.key.as_str(), call.value.as_str()),
-        (Kind::Announce, PREEMPTION_NOTICE_KEY, "worker 1: notice")
+        (Kind::Announce {}, PREEMPTION_NOTICE_KEY, "worker 1: notice")
     );
     assert!(p.leading());
 
