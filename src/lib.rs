@@ -25,6 +25,7 @@
 //! | [`ps_control`] | the parameter-server task control: which release a task accepts, which call to a task may start, what a poll's answer leads to, a worker's drain bound |
 //! | [`input_position`] | where a restarted input resumes: which iterator and batch, how many iterators to make first |
 //! | [`inbox`] | the driver's inputs (notices, step keys, stop) in one `crossbeam-channel` inbox |
+//! | [`wire`] | one declaration for each event and action type that crosses to Python (`wire!`); the binding expands the same declaration into its classes |
 //!
 //! The PyO3 binding (`python` feature, on when built by maturin) is the only
 //! module that knows about Python; `cargo test` needs no Python.
@@ -45,6 +46,7 @@ pub mod retry;
 pub mod shares;
 pub mod sources;
 pub mod step_resolution;
+pub mod wire;
 pub mod writes;
 
 #[cfg(feature = "python")]

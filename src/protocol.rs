@@ -29,9 +29,13 @@ mod driver;
 pub use driver::{DriverAction, SetCall, WriteEnd};
 /// The leader's round as events in and actions out (`agree.rs`).
 mod agree;
+#[allow(unused_imports)]
+pub(crate) use agree::leader_action;
 pub use agree::{LeaderAction, LAST_LOOK_TIMEOUT, READ_BACK_TIMEOUT};
 /// The follower's reader of the step keys as events in and actions out (`reader.rs`).
 mod reader;
+#[allow(unused_imports)]
+pub(crate) use reader::reader_action;
 pub use reader::ReaderAction;
 
 /// The handler's configuration, set at construction.

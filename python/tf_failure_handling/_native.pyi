@@ -370,7 +370,7 @@ class ReaderAction:
         left: float
 
     class Post(ReaderAction):
-        round_key: str
+        round: str
         value: str
 
     class GaveUp(ReaderAction):
@@ -402,11 +402,11 @@ class LeaderAction:
         left: float
 
     class Published(LeaderAction):
-        round_key: str
+        round: str
         step: int
 
     class Lost(LeaderAction):
-        round_key: str
+        round: str
         value: Optional[str]
 
     class Agreed(LeaderAction): ...
@@ -417,7 +417,7 @@ class LeaderAction:
         seconds: float
 
     class Missing(LeaderAction):
-        round_key: str
+        round: str
         step: int
         missing: list[str]
 

@@ -19,7 +19,7 @@
 //! | publish | the key was set already | read it back ([`READ_BACK_TIMEOUT`]); its value is the agreed step: [`LeaderAction::Lost`] |
 //! | publish, read back, own acknowledgement | failed | a pause by the retry rule, or [`LeaderAction::GaveUp`] |
 //! | own acknowledgement | written | [`LeaderAction::Published`] (recorded), then the wait |
-//! | wait | every key read | [`LeaderAction::Agreed`] (its duration goes to the planner) |
+//! | wait | every key read | [`LeaderAction::Agreed {}`] (its duration goes to the planner) |
 //! | wait | a read failed | a pause (never past the wait's end), or given up |
 //! | wait | the peer timeout passed while reads fail | [`LeaderAction::GaveUp`]: the service's error, not a silent peer |
 //! | wait | the peer timeout passed | one last read of each missing key ([`LAST_LOOK_TIMEOUT`]), then [`LeaderAction::Missing`], or agreed when none is |
@@ -37,46 +37,36 @@ pub const READ_BACK_TIMEOUT: f64 = 1.0;
 /// written or not by now, nothing is waited for.
 pub const LAST_LOOK_TIMEOUT: f64 = 0.001;
 
-/// What the leader's training thread does next ([`Protocol::leader_next`]).
-#[derive(Clone, Debug, PartialEq)]
-pub enum LeaderAction {
-    /// Set `key` to `value` within `timeout` seconds; report whether it was
-    /// written ([`Protocol::leader_called`] with `Some("1")` / `None`).
-    Set {
-        key: String,
-        value: String,
-        timeout: f64,
-        what: String,
-    },
-    /// Read `key` for at most `timeout` seconds; report its value. `ack`: an
-    /// acknowledgement (logged when found).
-    Get {
-        key: String,
-        timeout: f64,
-        what: String,
-        ack: bool,
-    },
-    /// The last call failed: wait `seconds` (the retry rule's pause; `left` of
-    /// its bound remained, `attempts` failed so far), then resume.
-    Pause {
-        seconds: f64,
-        what: String,
-        attempts: u32,
-        left: f64,
-    },
-    /// The round's step is published (and this worker acknowledged it): record
-    /// it, then resume.
-    Published { round: Round, step: u64 },
-    /// Another worker published the round first: `value` (read back; None when
-    /// it was gone) is the agreed step, and no acknowledgement is waited for.
-    Lost { round: Round, value: Option<String> },
-    /// Every worker acknowledged: the round is agreed.
-    Agreed,
-    /// The retry rule gave up on `what` after `attempts` failures over
-    /// `seconds`: raise the last error, named.
-    GaveUp { what: String, attempts: u32, seconds: f64 },
-    /// The peer timeout passed with the `missing` acknowledgements unwritten.
-    Missing { round: Round, step: u64, missing: Vec<String> },
+crate::wire! {
+    /// What the leader's training thread does next in a round it published
+    /// ([`Protocol::leader_next`]; `Event.Resume`, `Set`, `Got`, `CallFailed`
+    /// in, this out).
+    pub enum LeaderAction via leader_action {
+        /// Set `key` to `value` within `timeout` seconds; report whether it was
+        /// written (`Event.Set`).
+        Set { key: String, value: String, timeout: f64, what: String },
+        /// Read `key` for at most `timeout` seconds; report its value
+        /// (`Event.Got`). `ack`: an acknowledgement (logged when found).
+        Get { key: String, timeout: f64, what: String, ack: bool },
+        /// The last call failed: wait `seconds` (the retry rule's pause; `left`
+        /// of its bound remained, `attempts` failed so far), then resume.
+        Pause { seconds: f64, what: String, attempts: u32, left: f64 },
+        /// The round's step is published (and this worker acknowledged it):
+        /// record it, then resume.
+        Published { round: Round, step: u64 },
+        /// Another worker published the round first: `value` (read back; None
+        /// when it was gone) is the agreed step, and no acknowledgement is
+        /// waited for.
+        Lost { round: Round, value: Option<String> },
+        /// Every worker acknowledged (or local mode): the round is agreed.
+        Agreed {},
+        /// The retry rule gave up on `what` after `attempts` failures over
+        /// `seconds`: raise the last error, named.
+        GaveUp { what: String, attempts: u32, seconds: f64 },
+        /// The peer timeout passed with the `missing` acknowledgements
+        /// unwritten.
+        Missing { round: Round, step: u64, missing: Vec<String> },
+    }
 }
 
 #[derive(Debug)]
@@ -144,10 +134,10 @@ impl Protocol {
     /// What the leader's training thread does now (`now` on the protocol's
     /// clock, `at` on the driver's): the first call of the round published by
     /// the last [`before_step`](Self::before_step), or the one after a pause or
-    /// a record. [`LeaderAction::Agreed`] with no round in progress.
+    /// a record. [`LeaderAction::Agreed {}`] with no round in progress.
     pub fn leader_next(&mut self, now: f64, at: f64) -> LeaderAction {
         let Some(mut agreeing) = self.agreeing.take() else {
-            return LeaderAction::Agreed;
+            return LeaderAction::Agreed {};
         };
         let action = match &mut agreeing.phase {
             Phase::Start => {
@@ -163,7 +153,7 @@ impl Protocol {
                     step: agreeing.step,
                 }
             }
-            Phase::LocalDone => return LeaderAction::Agreed,
+            Phase::LocalDone => return LeaderAction::Agreed {},
             Phase::Publish(retry) | Phase::OwnAck(retry) | Phase::ReadBack(retry) => {
                 retry.attempt(at);
                 self.call_of(&agreeing)
@@ -274,7 +264,7 @@ impl Protocol {
     fn agreed(&mut self, agreeing: &Agreeing, now: f64) -> LeaderAction {
         self.acks = None;
         self.handle_agreement((now - agreeing.started).max(0.0));
-        LeaderAction::Agreed
+        LeaderAction::Agreed {}
     }
 
     /// The leader's call answered: `value` is what a read found, or for a write
@@ -285,7 +275,7 @@ impl Protocol {
     /// A malformed value another worker published first, or no configuration.
     pub fn leader_called(&mut self, value: Option<&str>, now: f64, at: f64) -> Result<LeaderAction, ConfigError> {
         let Some(mut agreeing) = self.agreeing.take() else {
-            return Ok(LeaderAction::Agreed);
+            return Ok(LeaderAction::Agreed {});
         };
         match &mut agreeing.phase {
             Phase::Publish(_) if value.is_none() => {
@@ -349,7 +339,7 @@ impl Protocol {
     /// (`closing`: nothing is retried): a pause, or given up.
     pub fn leader_call_failed(&mut self, now: f64, at: f64, closing: bool) -> LeaderAction {
         let Some(mut agreeing) = self.agreeing.take() else {
-            return LeaderAction::Agreed;
+            return LeaderAction::Agreed {};
         };
         let what = match &mut agreeing.phase {
             Phase::Publish(_) | Phase::OwnAck(_) | Phase::ReadBack(_) => match self.call_of(&agreeing) {
@@ -378,7 +368,7 @@ impl Protocol {
                             seconds,
                         }
                     }
-                    None => LeaderAction::Agreed,
+                    None => LeaderAction::Agreed {},
                 };
             }
             Phase::LastLook { pending, missing } => {

@@ -17,25 +17,23 @@ use super::Protocol;
 use crate::retry::{Retry, Verdict};
 use crate::step_resolution::{Round, PEER_WATCH_SLICE, STOP_WATCHER};
 
-/// What the reader thread does next.
-#[derive(Clone, Debug, PartialEq)]
-pub enum ReaderAction {
-    /// Read `key` for at most `timeout` seconds; report its value.
-    Get { key: &'static str, timeout: f64 },
-    /// The last read failed: wait `seconds` (`attempts` failed so far, `left`
-    /// seconds of the bound remain), then go on.
-    Pause {
-        seconds: f64,
-        what: String,
-        attempts: u32,
-        left: f64,
-    },
-    /// Post `value` of `round`'s key into the driver's inbox, then go on.
-    Post { round: Round, value: String },
-    /// The retry rule gave up on `what`: raise the last error, named.
-    GaveUp { what: String, attempts: u32, seconds: f64 },
-    /// Nothing more to read.
-    Done,
+crate::wire! {
+    /// What the step-key reader thread does next (`Event.Reading`, `Read`,
+    /// `ReadFailed` in; this out).
+    pub enum ReaderAction via reader_action {
+        /// Read `key` for at most `timeout` seconds; report its value
+        /// (`Event.Read`).
+        Get { key: String, timeout: f64 },
+        /// The last read failed: wait `seconds` (`attempts` failed so far,
+        /// `left` seconds of the bound remain), then go on (`Event.Reading`).
+        Pause { seconds: f64, what: String, attempts: u32, left: f64 },
+        /// Post `value` of `round`'s key into the driver's inbox, then go on.
+        Post { round: Round, value: String },
+        /// The retry rule gave up on `what`: raise the last error, named.
+        GaveUp { what: String, attempts: u32, seconds: f64 },
+        /// Nothing more to read.
+        Done {},
+    }
 }
 
 /// The reader's place: which round's key it reads, and its run of failures.
@@ -58,10 +56,10 @@ impl Protocol {
     pub fn reader_next(&mut self) -> ReaderAction {
         match self.reader_key() {
             Some(round) => ReaderAction::Get {
-                key: round.key(),
+                key: round.key().to_owned(),
                 timeout: PEER_WATCH_SLICE,
             },
-            None => ReaderAction::Done,
+            None => ReaderAction::Done {},
         }
     }
 
@@ -69,7 +67,7 @@ impl Protocol {
     pub fn reader_read(&mut self, value: Option<&str>) -> ReaderAction {
         self.reader.failing = None;
         let Some(round) = self.reader_key() else {
-            return ReaderAction::Done;
+            return ReaderAction::Done {};
         };
         let Some(value) = value else {
             return self.reader_next();
@@ -86,11 +84,11 @@ impl Protocol {
     /// now is retried for the retry bound at `now`.
     pub fn reader_failed(&mut self, now: f64, at: f64, closing: bool) -> ReaderAction {
         let Some(round) = self.reader_key() else {
-            return ReaderAction::Done;
+            return ReaderAction::Done {};
         };
         if closing {
             self.reader.stopped = true;
-            return ReaderAction::Done;
+            return ReaderAction::Done {};
         }
         let bound = self.retry_bound(now);
         let retry = self.reader.failing.get_or_insert_with(|| Retry::new(bound).started(at));

@@ -31,6 +31,7 @@ use pyo3::{ffi, intern, Borrowed};
 use super::clock;
 use super::errors;
 use super::retry::WriteKind;
+use super::wire::py_enum;
 use crate::grace::Fit;
 use crate::protocol::{Config, ConfigError, DriverAction, Protocol, SaveFailed, WriteEnd};
 use crate::shares::Waiter;
@@ -164,135 +165,8 @@ pub enum Event {
     SaveFailed { shares: bool },
 }
 
-/// What the step-key reader does next (`ProtocolCore.handle` of `Event.Reading`,
-/// `Read`, `ReadFailed`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum ReaderAction {
-    /// Read `key` for at most `timeout` seconds; report `Event.Read`.
-    Get { key: String, timeout: f64 },
-    /// The last read failed: wait `seconds`, then `Event.Reading`.
-    Pause {
-        seconds: f64,
-        what: String,
-        attempts: u32,
-        left: f64,
-    },
-    /// Post `value` of `round_key` into the driver's inbox, then `Event.Reading`.
-    Post { round_key: String, value: String },
-    /// The retry rule gave up on `what`: raise the last error, named.
-    GaveUp { what: String, attempts: u32, seconds: f64 },
-    /// Nothing more to read.
-    Done {},
-}
-
-impl From<crate::protocol::ReaderAction> for ReaderAction {
-    fn from(a: crate::protocol::ReaderAction) -> Self {
-        use crate::protocol::ReaderAction as R;
-        match a {
-            R::Get { key, timeout } => ReaderAction::Get {
-                key: key.to_owned(),
-                timeout,
-            },
-            R::Pause {
-                seconds,
-                what,
-                attempts,
-                left,
-            } => ReaderAction::Pause {
-                seconds,
-                what,
-                attempts,
-                left,
-            },
-            R::Post { round, value } => ReaderAction::Post {
-                round_key: round.key().to_owned(),
-                value,
-            },
-            R::GaveUp { what, attempts, seconds } => ReaderAction::GaveUp { what, attempts, seconds },
-            R::Done => ReaderAction::Done {},
-        }
-    }
-}
-
-/// What the leader's training thread does next in a round it published
-/// (`ProtocolCore.handle` of `Event.Resume`, `Set`, `Got`, `CallFailed`).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub enum LeaderAction {
-    /// Set `key` to `value` within `timeout` seconds; report `Event.Set`.
-    Set {
-        key: String,
-        value: String,
-        timeout: f64,
-        what: String,
-    },
-    /// Read `key` for at most `timeout` seconds; report `Event.Got`. `ack`: an
-    /// acknowledgement (logged when found).
-    Get {
-        key: String,
-        timeout: f64,
-        what: String,
-        ack: bool,
-    },
-    /// The last call failed: wait `seconds` (logged: `attempts` failed so far,
-    /// `left` seconds of the bound remain), then `Event.Resume`.
-    Pause {
-        seconds: f64,
-        what: String,
-        attempts: u32,
-        left: f64,
-    },
-    /// The round's step is published: record it, then `Event.Resume`.
-    Published { round_key: String, step: u64 },
-    /// Another worker published the round first: `value` is the agreed step
-    /// (None: the key was gone); nothing is waited for.
-    Lost { round_key: String, value: Option<String> },
-    /// Every worker acknowledged (or local mode): the round is done.
-    Agreed {},
-    /// The retry rule gave up on `what`: raise the last error, named.
-    GaveUp { what: String, attempts: u32, seconds: f64 },
-    /// The peer timeout passed with the `missing` acknowledgements unwritten.
-    Missing {
-        round_key: String,
-        step: u64,
-        missing: Vec<String>,
-    },
-}
-
-impl From<crate::protocol::LeaderAction> for LeaderAction {
-    fn from(a: crate::protocol::LeaderAction) -> Self {
-        use crate::protocol::LeaderAction as L;
-        match a {
-            L::Set { key, value, timeout, what } => LeaderAction::Set { key, value, timeout, what },
-            L::Get { key, timeout, what, ack } => LeaderAction::Get { key, timeout, what, ack },
-            L::Pause {
-                seconds,
-                what,
-                attempts,
-                left,
-            } => LeaderAction::Pause {
-                seconds,
-                what,
-                attempts,
-                left,
-            },
-            L::Published { round, step } => LeaderAction::Published {
-                round_key: round.key().to_owned(),
-                step,
-            },
-            L::Lost { round, value } => LeaderAction::Lost {
-                round_key: round.key().to_owned(),
-                value,
-            },
-            L::Agreed => LeaderAction::Agreed {},
-            L::GaveUp { what, attempts, seconds } => LeaderAction::GaveUp { what, attempts, seconds },
-            L::Missing { round, step, missing } => LeaderAction::Missing {
-                round_key: round.key().to_owned(),
-                step,
-                missing,
-            },
-        }
-    }
-}
+crate::protocol::reader_action!(py_enum[crate::protocol]);
+crate::protocol::leader_action!(py_enum[crate::protocol]);
 
 /// What the protocol driver does next (`ProtocolCore.poll`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]

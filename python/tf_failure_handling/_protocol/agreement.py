@@ -68,18 +68,18 @@ class Agreement:
                 state.closing.wait(action.seconds)
                 event = Event.Resume()
             elif isinstance(action, LeaderAction.Published):
-                self._records.agreement(action.round_key, action.step)
+                self._records.agreement(action.round, action.step)
                 last_error = None  # the wait for the acknowledgements starts
                 event = Event.Resume()
             elif isinstance(action, LeaderAction.Lost):
                 log.warning(
                     "%s was already set to %s by another worker; not waiting for acknowledgements.",
-                    action.round_key,
+                    action.round,
                     action.value,
                 )
                 # A follower's reader records the key it reads.
                 if action.value is not None and core.state()["leading"]:
-                    self._records.peer_agreement(action.round_key, action.value)
+                    self._records.peer_agreement(action.round, action.value)
                 return
             elif isinstance(action, LeaderAction.GaveUp):
                 raise self._retrier.named(
@@ -110,7 +110,7 @@ class Agreement:
         return _errors.make(
             "DeadlineExceededError",
             f"Worker {self._state.membership.id_in_cluster} published "
-            f"{action.round_key}={action.step} but worker(s) "
+            f"{action.round}={action.step} but worker(s) "
             f"{workers} did not acknowledge within {self._core.peer_timeout:g}s "
             f"(missing keys: {', '.join(action.missing)}).{cause} Set "
             f"TerminationConfig(peer_timeout=...) or {PEER_TIMEOUT_ENV} to wait longer.",

@@ -97,7 +97,7 @@ class StepKeys:
                 else:
                     event = Event.Read(value)
             elif isinstance(action, ReaderAction.Post):
-                if not self._sources.inbox.post_step_key(action.round_key, action.value):
+                if not self._sources.inbox.post_step_key(action.round, action.value):
                     return  # closing
                 if self._ownership.current_owner() is not None:
                     return

@@ -597,8 +597,8 @@ fn a_leaders_round_publishes_acknowledges_waits_and_is_agreed() {
     assert!(matches!(p.leader_called(None, 10.0, at).unwrap(), LeaderAction::Get { .. }));
     let next = p.leader_called(Some("1"), 10.0, at).unwrap();
     assert!(matches!(&next, LeaderAction::Get { key, .. } if key == "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1"));
-    assert_eq!(p.leader_called(Some("1"), 12.0, at).unwrap(), LeaderAction::Agreed);
-    assert_eq!(p.leader_next(12.0, at), LeaderAction::Agreed, "nothing in progress");
+    assert_eq!(p.leader_called(Some("1"), 12.0, at).unwrap(), LeaderAction::Agreed {});
+    assert_eq!(p.leader_next(12.0, at), LeaderAction::Agreed {}, "nothing in progress");
 }
 
 /// Local mode records the round and is agreed: nothing is written or waited for.
@@ -608,7 +608,7 @@ fn a_local_round_is_recorded_and_agreed() {
     p.handle_notice(notice(0.0, None)).unwrap();
     assert!(matches!(p.before_step(0, 0.0).unwrap(), StepAction::Publish { .. }));
     assert!(matches!(p.leader_next(0.0, 0.0), LeaderAction::Published { step: 1, .. }));
-    assert_eq!(p.leader_next(0.0, 0.0), LeaderAction::Agreed);
+    assert_eq!(p.leader_next(0.0, 0.0), LeaderAction::Agreed {});
 }
 
 /// A publish another worker made first: the key read back is the agreed step.
@@ -658,7 +658,7 @@ fn a_failing_call_of_the_round_is_paused_then_given_up() {
         p.leader_call_failed(10.0, seconds, true),
         LeaderAction::GaveUp { attempts: 2, .. }
     ));
-    assert_eq!(p.leader_next(10.0, seconds), LeaderAction::Agreed, "the round ended");
+    assert_eq!(p.leader_next(10.0, seconds), LeaderAction::Agreed {}, "the round ended");
 }
 
 /// The peer timeout passes: one last read of each missing key, then they are named.
@@ -695,8 +695,8 @@ fn a_wait_past_the_peer_timeout_names_who_is_missing() {
 fn the_reader_reads_each_rounds_key_and_posts_its_value() {
     use crate::step_resolution::PEER_WATCH_SLICE;
     let mut p = worker_1_of_2(60.0);
-    let get = |key| ReaderAction::Get {
-        key,
+    let get = |key: &str| ReaderAction::Get {
+        key: key.to_owned(),
         timeout: PEER_WATCH_SLICE,
     };
     assert_eq!(p.reader_next(), get(RUN_TO_CHECKPOINT));
@@ -710,14 +710,14 @@ fn the_reader_reads_each_rounds_key_and_posts_its_value() {
     );
     assert_eq!(p.reader_next(), get(LAST_RUN_TO_CHECKPOINT), "with a grace period, the final round");
     assert!(matches!(p.reader_read(Some("9")), ReaderAction::Post { round: Round::Final, .. }));
-    assert_eq!(p.reader_next(), ReaderAction::Done);
+    assert_eq!(p.reader_next(), ReaderAction::Done {});
     // STOP_WATCHER ends it at once; no grace period, one round.
     let mut q = worker_1_of_2(60.0);
     q.reader_read(Some("STOP_WATCHER"));
-    assert_eq!(q.reader_next(), ReaderAction::Done);
+    assert_eq!(q.reader_next(), ReaderAction::Done {});
     let mut r = worker_1_of_2(0.0);
     r.reader_read(Some("3"));
-    assert_eq!(r.reader_next(), ReaderAction::Done);
+    assert_eq!(r.reader_next(), ReaderAction::Done {});
 }
 
 /// A failed read is paused by the retry rule from its first failure, a read that
@@ -741,10 +741,10 @@ fn a_failing_read_is_paused_given_up_or_ends_at_close() {
         }
     };
     assert!(matches!(gave_up, ReaderAction::GaveUp { attempts, .. } if attempts >= crate::retry::MIN_ATTEMPTS));
-    assert_eq!(p.reader_next(), ReaderAction::Done);
+    assert_eq!(p.reader_next(), ReaderAction::Done {});
     let mut q = worker_1_of_2(0.0);
-    assert_eq!(q.reader_failed(0.0, 0.0, true), ReaderAction::Done);
-    assert_eq!(q.reader_next(), ReaderAction::Done);
+    assert_eq!(q.reader_failed(0.0, 0.0, true), ReaderAction::Done {});
+    assert_eq!(q.reader_next(), ReaderAction::Done {});
 }
 
 /// The shutdown's writes release the readers: `STOP_WATCHER` to each step key.
