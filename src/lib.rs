@@ -21,6 +21,7 @@
 //! | [`host_memory`] | whether a non-chief's whole copy of a checkpoint may be held in the host's memory (the cgroup's room, `MemAvailable`) |
 //! | [`closure_queue`] | the `ClusterCoordinator`'s queue: in-flight counting, tags, put-back, errors, cancellation |
 //! | [`failure`] | which errors mean "a worker failed" or "a parameter server failed" (one table) |
+//! | [`type_layout`] | CPython's type and exception layout up to three fields the stable ABI hides, and the check that the running interpreter has it (the classifier's fast paths) |
 //! | [`sources`] | the termination sources: signals ([`sources::signals`]: one wake-up per delivery, from any thread) and the metadata services of GCE, AWS and Azure (sans-IO pollers, the threads that run them, their bounded HTTP client [`sources::http`]) |
 //! | [`ps_control`] | the parameter-server task control: which release a task accepts, which call to a task may start, what a poll's answer leads to, a worker's drain bound |
 //! | [`input_position`] | where a restarted input resumes: which iterator and batch, how many iterators to make first |
@@ -46,6 +47,7 @@ pub mod retry;
 pub mod shares;
 pub mod sources;
 pub mod step_resolution;
+pub mod type_layout;
 pub mod wire;
 pub mod writes;
 

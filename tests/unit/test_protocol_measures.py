@@ -25,7 +25,7 @@ AT_MOST = {
     "literal_waits": 2,
     "time_reads": 33,
     "wide_61": 2,
-    "binding_ratio": 0.488,
+    "binding_ratio": 0.469,
 }
 
 
