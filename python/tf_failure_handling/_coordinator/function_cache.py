@@ -226,8 +226,13 @@ class Closure:
 
     def __init__(self, entry: _Entry, cancellation_mgr: Any, args: Any = None, kwargs: Any = None):
         self._entry = entry
-        #: What the worker calls: the concrete function wrapped by the manager.
-        self._function = entry.cancelable_function(cancellation_mgr)
+        #: What the worker calls: the concrete function wrapped by the manager (the
+        #: entry's, made once per manager).
+        pair = entry._cancelable
+        if pair is not None and pair[0] is cancellation_mgr:
+            self._function = pair[1]
+        else:
+            self._function = entry.cancelable_function(cancellation_mgr)
         self._args = args or ()
         # None for no keyword arguments: a call without them allocates no dict.
         self._kwargs_given = kwargs or None
@@ -274,7 +279,7 @@ class Closure:
         """The output ``RemoteValue`` while the closure holds it and its caller still
         refers to it, else None."""
         output = self._output
-        if output is _NOT_BUILT or output is None or sys.getrefcount(output) <= _HELD_ALONE:
+        if output is _NOT_BUILT or output is None or _refcount(output) <= _HELD_ALONE:
             return None
         return output
 
@@ -294,7 +299,8 @@ class Closure:
 
     def _release_output_remote_value(self) -> None:
         """Lets the output ``RemoteValue`` go (the closure succeeded; its values are set)."""
-        self._release()
+        if self._output is not _NOT_BUILT:
+            self._output = None
 
     def mark_cancelled(self) -> None:
         """TF's: the output ``RemoteValue``, if still wanted, gets TF's CancelledError."""
@@ -312,6 +318,9 @@ class Closure:
         self._entry.execute_on(self, worker)
 
 
+_refcount = sys.getrefcount
+
+
 def _held_alone() -> int:
     """What ``sys.getrefcount`` says, in :meth:`Closure._output_remote_value`, of an
     output that only its closure refers to (read the same way, on this interpreter)."""
@@ -321,7 +330,7 @@ def _held_alone() -> int:
 
         def count(self) -> int:
             output = self._output
-            return sys.getrefcount(output)
+            return _refcount(output)
 
     probe = Probe()
     probe._output = object()
@@ -335,7 +344,7 @@ _HELD_ALONE = _held_alone()
 def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
     """Calls ``closure._function`` on ``worker``'s slice of the arguments; returns its
     outputs. ``per_worker``: as :func:`argument_key` gives it."""
-    args, kwargs = closure._args, closure._kwargs
+    args, kwargs = closure._args, closure._kwargs_given or _NO_KWARGS
     index = worker.worker_index
     if per_worker is None:
         # TF's execute_on, step by step.

@@ -322,7 +322,7 @@ class Worker(_tf_cc.Worker):
 
     def _execute(self, closure: Closure) -> None:
         """One of our closures: TF's ``execute_on`` and the copy of its outputs."""
-        output_values = run_on(closure, closure._per_worker, self)
+        output_values = run_on(closure, closure._entry.per_worker, self)
         remote_value = closure._output_remote_value()
         if remote_value is not None:
             timed(metric_cell("remote_value_fetch"), complete, remote_value, output_values)
