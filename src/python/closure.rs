@@ -1,5 +1,5 @@
-//! `Completions`: what the coordinator's `RemoteValue`s wait on, and `timed`,
-//! the call that feeds TensorFlow's coordinator metrics.
+//! `Completions`: what the coordinator's `RemoteValue`s wait on, and `Timed`,
+//! what times TensorFlow's coordinator metrics.
 //!
 //! Why a `schedule()` leaves two objects rather than TensorFlow's twenty is
 //! told in `docs/how-it-works.md` ("Two objects per `schedule()`"): the
@@ -10,8 +10,8 @@
 //! the process.
 
 use parking_lot::{Condvar, Mutex};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
 
 use super::blocking::{threading_deadline, wait_sliced};
 use super::clock::now_secs;
@@ -25,15 +25,21 @@ pub struct PyCompletions {
     count: Mutex<u64>,
     /// Notified at every advance: what `wait` waits for.
     advanced: Condvar,
+    /// The status of a `RemoteValue` that is not ready (TensorFlow's
+    /// `RemoteValueStatus.NOT_READY`).
+    not_ready: Py<PyAny>,
 }
 
 #[pymethods]
 impl PyCompletions {
+    /// The count for `RemoteValue`s whose `_status` is `not_ready` until
+    /// they are set.
     #[new]
-    fn new() -> Self {
+    fn new(not_ready: Py<PyAny>) -> Self {
         PyCompletions {
             count: Mutex::new(0),
             advanced: Condvar::new(),
+            not_ready,
         }
     }
 
@@ -45,17 +51,21 @@ impl PyCompletions {
         self.advanced.notify_all();
     }
 
-    /// Blocks until `ready()` is true (True) or `timeout` seconds pass
-    /// (False, unless `ready()` became true meanwhile; None: no limit, ≤ 0:
-    /// no wait). `ready()` is asked once at first, then each time the count
-    /// moves. Releases the GIL between; on the main thread it answers
-    /// Ctrl-C.
-    #[pyo3(signature = (ready, timeout=None))]
-    fn wait(&self, py: Python<'_>, ready: Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<bool> {
+    /// Blocks until `remote_value._status` is no longer `not_ready` (True) or
+    /// `timeout` seconds pass (False, unless it became ready meanwhile; None:
+    /// no limit, ≤ 0: no wait). The status is read at first, then each time
+    /// the count moves: a plain attribute read, no Python code runs from here
+    /// (a daemon thread must not be inside a native frame when it re-attaches
+    /// at exit: `blocking::detach`). Releases the GIL between; on the main
+    /// thread it answers Ctrl-C.
+    #[pyo3(signature = (remote_value, timeout=None))]
+    fn wait(&self, py: Python<'_>, remote_value: Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<bool> {
+        let status = intern!(py, "_status");
+        let ready = || -> PyResult<bool> { Ok(!remote_value.getattr(status)?.is(&self.not_ready)) };
         let deadline = threading_deadline(timeout);
         loop {
             let seen = *self.count.lock();
-            if ready.call0()?.is_truthy()? {
+            if ready()? {
                 return Ok(true);
             }
             let moved = wait_sliced(py, deadline, |slice| {
@@ -66,35 +76,40 @@ impl PyCompletions {
                 (*count != seen).then_some(())
             })?;
             if moved.is_none() {
-                return ready.call0()?.is_truthy();
+                return ready();
             }
         }
     }
 }
 
-/// `timed(cell, function, *args, **kwargs)`: `function(*args, **kwargs)`,
-/// whose duration in seconds is added to `cell` (a TensorFlow metric cell's
-/// `add`) when it returns; with `cell` None, only the call. What TensorFlow's
-/// `metric_utils.monitored_timer` measures, without its context manager.
-#[pyfunction]
-#[pyo3(signature = (cell, function, *args, **kwargs))]
-fn timed<'py>(
-    cell: Option<Bound<'py, PyAny>>,
-    function: Bound<'py, PyAny>,
-    args: Bound<'py, PyTuple>,
-    kwargs: Option<Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let Some(cell) = cell else {
-        return function.call(args, kwargs.as_ref());
-    };
-    let start = now_secs();
-    let out = function.call(args, kwargs.as_ref())?;
-    cell.call_method1(pyo3::intern!(cell.py(), "add"), ((now_secs() - start).max(0.0),))?;
-    Ok(out)
+/// `Timed(cell)` starts timing; `.add()` adds the seconds since to `cell` (a
+/// TensorFlow coordinator metric's cell): what TensorFlow's
+/// `metric_utils.monitored_timer` measures, without its context manager, and
+/// without a time in Python. The timed call runs in Python between the two
+/// (not under a native frame: a worker thread may be inside it when the
+/// interpreter exits).
+#[pyclass(frozen, name = "Timed", module = "tf_failure_handling._native")]
+pub struct PyTimed {
+    cell: Py<PyAny>,
+    start: f64,
+}
+
+#[pymethods]
+impl PyTimed {
+    #[new]
+    fn new(cell: Py<PyAny>) -> Self {
+        PyTimed { cell, start: now_secs() }
+    }
+
+    /// Adds the seconds since the start to the cell.
+    fn add(&self, py: Python<'_>) -> PyResult<()> {
+        let seconds = (now_secs() - self.start).max(0.0);
+        self.cell.call_method1(py, intern!(py, "add"), (seconds,)).map(drop)
+    }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCompletions>()?;
-    m.add_function(wrap_pyfunction!(timed, m)?)?;
+    m.add_class::<PyTimed>()?;
     Ok(())
 }

@@ -317,33 +317,47 @@ def test_get_waits_then_raises_or_returns_as_tfs():
     assert rv._fetch_lock is None  # fetched with the values: no lock made
 
 
-def test_completions_wait_asks_ready_at_first_and_at_each_advance():
-    completions = _native.Completions()
-    asked = []
-    state = {"ready": False}
+def test_completions_wait_reads_the_status_at_first_and_at_each_advance():
+    not_ready = object()
+    completions = _native.Completions(not_ready)
 
-    def ready():
-        asked.append(1)
-        return state["ready"]
+    class Value:
+        _status = not_ready
 
-    assert completions.wait(ready, 0) is False
-    assert completions.wait(ready, -1) is False  # no wait, as threading.Event
-    assert completions.wait(ready, 0.01) is False
-    state["ready"] = True
-    assert completions.wait(ready) is True  # ready: no wait
-    state["ready"] = False
-    asked.clear()
-    woke = threading.Event()
+    value = Value()
+    value._status = not_ready
+    assert completions.wait(value, 0) is False
+    assert completions.wait(value, -1) is False  # no wait, as threading.Event
+    assert completions.wait(value, 0.01) is False
+    value._status = "ready"
+    assert completions.wait(value) is True  # ready: no wait
+    value._status = not_ready
+    started = threading.Event()
+    woke = []
 
     def waiter():
-        assert completions.wait(ready, HANG) is True
-        woke.set()
+        started.set()
+        woke.append(completions.wait(value, HANG))
 
     t = threading.Thread(target=waiter)
     t.start()
-    while not asked:  # the waiter asked once and waits for an advance
-        t.join(0.001)
-    state["ready"] = True
+    assert started.wait(HANG)
+    completions.advance()  # a wake-up for another value: it waits on
+    value._status = "ready"
     completions.advance()
     t.join(HANG)
-    assert woke.is_set()
+    assert woke == [True]
+
+
+def test_timed_adds_the_seconds_to_its_cell():
+    class Cell:
+        def __init__(self):
+            self.added = []
+
+        def add(self, seconds):
+            self.added.append(seconds)
+
+    cell = Cell()
+    timer = _native.Timed(cell)
+    timer.add()
+    assert len(cell.added) == 1 and 0 <= cell.added[0] < HANG

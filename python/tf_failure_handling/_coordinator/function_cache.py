@@ -22,7 +22,7 @@ from tensorflow.python.framework import ops as _ops
 from tensorflow.python.saved_model import save_context as _save_context
 from tensorflow.python.util import nest as _nest
 
-from .._native import timed
+from .._native import Timed
 from .remote_values import DT_RESOURCE, DT_VARIANT, ClosureRemoteValue, EagerTensor, metric_cell
 
 #: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
@@ -375,7 +375,12 @@ def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
     with _ops.device(worker.device_name):
         with _eager_context.executor_scope(worker.executor):
             with _context.with_dispatch_context(worker):
-                return timed(metric_cell("closure_execution"), function, *args, **kwargs)
+                cell = metric_cell("closure_execution")
+                timer = None if cell is None else Timed(cell)
+                output_values = function(*args, **kwargs)
+                if timer is not None:
+                    timer.add()
+    return output_values
 
 
 def is_schedulable(fn: Any) -> bool:

@@ -41,7 +41,7 @@ def metric_cell(name: str) -> Any:
 
 
 #: What every :class:`ClosureRemoteValue`'s waiters wait on (``src/python/closure.rs``).
-_COMPLETIONS = Completions()
+_COMPLETIONS = Completions(_NOT_READY)
 #: Guards the making of a :class:`ClosureRemoteValue`'s fetch lock (on first need).
 _MAKING_FETCH_LOCK = threading.Lock()
 
@@ -101,10 +101,7 @@ class ClosureRemoteValue(_values.RemoteValueImpl):
     def _wait_unchecked(self, timeout: Optional[float] = None) -> bool:
         if self._status is not _NOT_READY:
             return True
-        return _COMPLETIONS.wait(self._is_ready, timeout)
-
-    def _is_ready(self) -> bool:
-        return self._status is not _NOT_READY
+        return _COMPLETIONS.wait(self, timeout)
 
     def _finish(self, status: Any, values: Any, error: Any) -> None:
         self._values = values

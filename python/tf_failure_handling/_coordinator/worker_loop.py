@@ -13,7 +13,7 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator as _tf_
 from tensorflow.python.framework import errors as _tf_errors
 from tensorflow.python.platform import tf_logging as _tf_logging
 
-from .._native import timed
+from .._native import Timed
 from .closure_queue import MAX_SIZE as MAX_QUEUE_SIZE
 from .closure_queue import ClosureQueue
 from .function_cache import Closure, run_on
@@ -325,7 +325,11 @@ class Worker(_tf_cc.Worker):
         output_values = run_on(closure, closure._entry.per_worker, self)
         remote_value = closure._output_remote_value()
         if remote_value is not None:
-            timed(metric_cell("remote_value_fetch"), complete, remote_value, output_values)
+            cell = metric_cell("remote_value_fetch")
+            timer = None if cell is None else Timed(cell)
+            complete(remote_value, output_values)
+            if timer is not None:
+                timer.add()
             del remote_value
         del output_values
         # Only now: a copy that failed with the worker is retried with the same
