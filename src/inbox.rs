@@ -49,7 +49,7 @@
 //! [`RecvError::Disconnected`]: nothing can arrive any more. The Python
 //! binding keeps a poster until [`Inbox::stop`], so its receiver sees `Stop`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -61,10 +61,43 @@ use crate::step_resolution::Round;
 
 /// Notices that can wait in an inbox; see "Bounds".
 pub const NOTICE_CAPACITY: usize = 1024;
-/// Bound, in seconds, at interpreter exit, on joining the threads that wait in the
-/// inboxes of open notice sources (`_platforms/notice_sources.py`): closing wakes
+/// Bound, in seconds, at interpreter exit, on the wait for every thread to leave the
+/// wait of an inbox or a watcher-fn poll ([`InWait`]; the binding's exit hook, after
+/// `_platforms/notice_sources.py` closed every open notice sources): closing wakes
 /// them at once; the bound only keeps a stuck one from delaying the exit.
 pub const EXIT_JOIN_TIMEOUT: f64 = 2.0;
+
+/// Threads inside a wait of an inbox or a watcher-fn poll, as the binding counts them:
+/// the interpreter's exit waits for none to be left (`src/python/sources.rs`,
+/// `at_exit`), since a daemon thread still in one when the interpreter finalizes would
+/// abort the process.
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts its thread in [`WAITING`] while it lives (the binding drops it once the
+/// thread holds the GIL again, so the thread is back in Python when the count says it
+/// left).
+pub struct InWait;
+
+impl InWait {
+    /// Counts this thread until the guard is dropped.
+    #[must_use]
+    pub fn enter() -> Self {
+        WAITING.fetch_add(1, Ordering::SeqCst);
+        InWait
+    }
+
+    /// Whether no thread is inside a native wait of an inbox or poll.
+    #[must_use]
+    pub fn none() -> bool {
+        WAITING.load(Ordering::SeqCst) == 0
+    }
+}
+
+impl Drop for InWait {
+    fn drop(&mut self) {
+        WAITING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// Where a notice came from.
 #[derive(Clone, Debug, PartialEq, Eq)]

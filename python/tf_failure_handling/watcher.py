@@ -212,7 +212,7 @@ class PreemptionWatcher:
     def _on_own_notice(self, notice: _sources.Notice) -> None:
         if self._closing.is_set():
             return
-        message = notice_message(self._label, notice.source)
+        message = notice_message(self._label, notice.source, notice.at)
         self._receive(message)
         if self._coordination is not None:
             try:

@@ -21,7 +21,7 @@ use super::blocking::{deadline_after, wait_sliced};
 use super::clock;
 use super::displacement::{warn_displaced, Displacement};
 use super::handler::round_from_key;
-use crate::inbox::{Inbox, Input, Origin, Poster, RecvError};
+use crate::inbox::{InWait, Inbox, Input, Origin, Poster, RecvError};
 
 /// What the binding's inbox carries for a failed read: the exception.
 pub(crate) type PyPoster = Poster<Py<PyAny>>;
@@ -194,6 +194,7 @@ impl PyInbox {
             Err(RecvError::Disconnected) => return Ok(Some(PyInput::Stop {})),
             Err(RecvError::Timeout) => {}
         }
+        let _counted = InWait::enter();
         loop {
             let inbox = Arc::clone(&self.inbox);
             let displacement = displacement.clone();
@@ -219,6 +220,5 @@ impl PyInbox {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyInbox>()?;
     m.add_class::<PyInput>()?;
-    m.add("INBOX_EXIT_JOIN_TIMEOUT", crate::inbox::EXIT_JOIN_TIMEOUT)?;
     Ok(())
 }

@@ -74,13 +74,7 @@ type Facts = (Option<f64>, Option<String>, Option<f64>, Option<f64>, Option<bool
 /// see `blocking::detach`).
 #[pyfunction]
 fn slurm_job_read(job_id: &str, outputs: Vec<(Option<i32>, String, String)>) -> (Option<(Vec<String>, f64)>, Facts) {
-    let mut read = JobRead::default();
-    for (code, stdout, stderr) in outputs {
-        match code {
-            Some(code) => read.answered(code, &stdout, &stderr),
-            None => read.failed(stderr),
-        }
-    }
+    let read = JobRead::replay(outputs);
     let call = read.next().map(|(query, timeout)| (query.args(job_id), timeout));
     let facts = (
         read.end_time(),
@@ -114,13 +108,14 @@ fn slurm_notice(
     kill_wait: Option<f64>,
     job: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(Option<f64>, Option<f64>, Option<f64>)> {
-    let reads = slurm::notice_reads_job(sigterm, srun_step, grace_time);
-    let grace_end = match job.filter(|_| reads) {
-        Some(job) => slurm::grace_end_of(&job_fields(job)?, grace_time),
-        None => None,
-    };
-    let (deadline, kill) = slurm::signal_deadlines(unix_now, end, sigterm, grace_end, kill_wait);
-    Ok((deadline, kill, (reads && job.is_none()).then_some(slurm::NOTICE_READ_TIMEOUT)))
+    let job = job.map(job_fields).transpose()?;
+    Ok(slurm::notice(
+        unix_now,
+        end,
+        (sigterm, srun_step),
+        (grace_time, kill_wait),
+        job.as_deref(),
+    ))
 }
 
 /// What a requeue did, for Python: `(requeued, message, what, reason, took,
@@ -199,15 +194,18 @@ fn slurm_requeue<'py>(
                 });
             }
             RequeueStep::Done { requeued, message } => {
-                let (what, reason) = match run.decision() {
-                    Some(slurm::Requeue::Already(r)) => (Some("already"), Some(r.text())),
-                    Some(slurm::Requeue::NoReason) | None => (Some("no_reason"), None),
-                    Some(slurm::Requeue::NotRequeueable(r)) => (Some("not_requeueable"), Some(r.text())),
-                    Some(slurm::Requeue::Requeue(r)) => (Some("requeue"), Some(r.text())),
-                };
+                let (what, reason) = run.decision().map_or(("no_reason", None), slurm::Requeue::names);
                 let now = now_secs();
                 let job = first.unwrap_or_else(|| PyDict::new(py));
-                return Ok((requeued, message, what, reason, now - started, run.kill_after(now, kill_wait), job));
+                return Ok((
+                    requeued,
+                    message,
+                    Some(what),
+                    reason,
+                    now - started,
+                    run.kill_after(now, kill_wait),
+                    job,
+                ));
             }
         }
     }

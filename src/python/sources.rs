@@ -39,7 +39,7 @@ use super::clock::{unix_now, At};
 use super::errors;
 use super::inbox::{PyInbox, PyPoster};
 use super::logs;
-use crate::inbox::Origin;
+use crate::inbox::{InWait, Origin};
 use crate::sources::http::BaseUrl;
 use crate::sources::{
     self, gce_terminating, probe, Cloud, MetadataWatch, Notice, SysfsLine, Wake, WatchConfig, WatcherFnNext, WatcherFnPoll, CLOSE_WAIT,
@@ -300,6 +300,7 @@ impl PyWatcherFnPoll {
             None => {}
         }
         let core = &self.core;
+        let _counted = InWait::enter();
         let next = wait_sliced(py, None, |slice| core.wait_due(slice))?;
         Ok(next == Some(WatcherFnNext::Call))
     }
@@ -323,16 +324,29 @@ impl PyWatcherFnPoll {
     }
 }
 
-/// Closes every watch still alive; registered with `atexit` (not a name of
-/// the module: nothing else calls it).
+/// At the interpreter's exit (registered with `atexit` when the module loads, so it
+/// runs after `_platforms/notice_sources.py`'s hook, which closes every open notice
+/// sources): closes every watch still alive, then waits, GIL released and at most
+/// [`EXIT_JOIN_TIMEOUT`](crate::inbox::EXIT_JOIN_TIMEOUT), until no thread is left
+/// inside the wait of an inbox or a watcher-fn poll (closing woke them). Not a name
+/// of the module: nothing else calls it.
 ///
 /// # Errors
 ///
 /// Whatever a signal handler raised while it waited (the watches are
 /// stopped then; their threads end on their own).
-fn close_metadata_watches(py: Python<'_>) -> PyResult<()> {
+fn at_exit(py: Python<'_>) -> PyResult<()> {
     let live: Vec<Arc<MetadataWatch>> = LIVE.lock().drain(..).filter_map(|w| w.upgrade()).collect();
-    stop_and_join(py, &live)
+    stop_and_join(py, &live)?;
+    let bound = Duration::try_from_secs_f64(crate::inbox::EXIT_JOIN_TIMEOUT).unwrap_or(Duration::ZERO);
+    wait_sliced(py, Some(At::after(bound)), |slice| {
+        // The waiters need the GIL to leave; this thread waits detached.
+        InWait::none().then_some(()).or_else(|| {
+            std::thread::sleep(slice.min(Duration::from_millis(5)));
+            None
+        })
+    })?;
+    Ok(())
 }
 
 /// The clouds' table (`sources::Cloud::row`), one dict per cloud in detection
@@ -382,9 +396,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWatcherFnPoll>()?;
     m.add_function(wrap_pyfunction!(kubernetes_sigterm_deadlines, m)?)?;
     m.add_function(wrap_pyfunction!(probe_metadata, m)?)?;
-    let hook = PyCFunction::new_closure(m.py(), Some(c"close_metadata_watches"), None, |args, _| {
-        close_metadata_watches(args.py())
-    })?;
+    let hook = PyCFunction::new_closure(m.py(), Some(c"close_notice_sources"), None, |args, _| at_exit(args.py()))?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
     m.add_function(wrap_pyfunction!(clouds, m)?)?;
     m.add("DEFAULT_EXIT_CODE", sources::DEFAULT_EXIT_CODE)?;

@@ -272,6 +272,20 @@ pub fn requeue(job: &JobEnd) -> Requeue {
     }
 }
 
+impl Requeue {
+    /// The decision and its reason as the records name them: `already`, `no_reason`,
+    /// `not_requeueable` or `requeue`.
+    #[must_use]
+    pub fn names(self) -> (&'static str, Option<&'static str>) {
+        match self {
+            Requeue::Already(r) => ("already", Some(r.text())),
+            Requeue::NoReason => ("no_reason", None),
+            Requeue::NotRequeueable(r) => ("not_requeueable", Some(r.text())),
+            Requeue::Requeue(r) => ("requeue", Some(r.text())),
+        }
+    }
+}
+
 /// Whether this process decides about the job's requeue: under SLURM, with requeue
 /// on, and as the job's task 0 (`SLURM_PROCID` 0, empty or unset: one task per job
 /// requeues it).
@@ -398,6 +412,21 @@ impl JobRead {
         };
     }
 
+    /// The read after the calls made so far answered `outputs` (`(code, stdout,
+    /// stderr)` each, `code` None when the call could not be made or did not end in
+    /// time, `stderr` then says why).
+    #[must_use]
+    pub fn replay(outputs: Vec<(Option<i32>, String, String)>) -> Self {
+        let mut read = JobRead::default();
+        for (code, stdout, stderr) in outputs {
+            match code {
+                Some(code) => read.answered(code, &stdout, &stderr),
+                None => read.failed(stderr),
+            }
+        }
+        read
+    }
+
     /// The call could not be made or did not end in time: `why`. The read ends.
     pub fn failed(&mut self, why: String) {
         if self.next.take().is_some() {
@@ -450,6 +479,25 @@ pub fn unix_time(text: &str) -> Option<f64> {
 pub fn grace_end_of(job: &[(String, String)], grace_time: Option<f64>) -> Option<f64> {
     let time = |key: &str| job.iter().find(|(k, _)| k == key).and_then(|(_, v)| unix_time(v));
     grace_end(time("PreemptTime"), time("StartTime"), grace_time)
+}
+
+/// A signal's `(deadline, kill, read_timeout)` under SLURM ([`signal_deadlines`]). A
+/// new SIGTERM of an `srun` task whose partition has a `GraceTime` may be a preemption
+/// ([`notice_reads_job`]): without `job` (its fields), the answer then names
+/// `read_timeout`, the bound on reading the job, and the caller asks again with them
+/// (an unreadable job: the answer it has stands).
+#[must_use]
+pub fn notice(
+    unix_now: f64,
+    end: Option<f64>,
+    (sigterm, srun_step): (bool, bool),
+    (grace_time, kill_wait): (Option<f64>, Option<f64>),
+    job: Option<&[(String, String)]>,
+) -> (Option<f64>, Option<f64>, Option<f64>) {
+    let reads = notice_reads_job(sigterm, srun_step, grace_time);
+    let grace_end = job.filter(|_| reads).and_then(|job| grace_end_of(job, grace_time));
+    let (deadline, kill) = signal_deadlines(unix_now, end, sigterm, grace_end, kill_wait);
+    (deadline, kill, (reads && job.is_none()).then_some(NOTICE_READ_TIMEOUT))
 }
 
 /// The job's `Restarts` field as a count (0 when absent, negative or not a number).

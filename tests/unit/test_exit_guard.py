@@ -21,13 +21,35 @@ from tf_failure_handling._protocol import exit_guard
 #: Bounds a child that the guard fails to end (then the test fails, saying so).
 CHILD_BOUND = 120.0
 
-PRELUDE = """
+#: Counts the guards still waiting, from outside the binding (no test-only entry point).
+GUARDS_WAITING = """
+def guards_waiting():
+    # The exit guard's threads still alive: Rust threads named tfh-exit-guard (each
+    # ends once it stood down or its moment passed).
+    import os
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return names.count("tfh-exit-guard")
+"""
+_guards: dict = {}
+exec(GUARDS_WAITING, _guards)
+guards_waiting = _guards["guards_waiting"]
+
+PRELUDE = (
+    """
 import atexit, sys, threading, time
 from tf_failure_handling import _native
 from tf_failure_handling._protocol import exit_guard
 # The deadline 3 s from now on the handler's clock (monotonic), as after a last save.
 now = time.monotonic()
 """
+    + GUARDS_WAITING
+)
 
 
 def _child(body: str) -> subprocess.CompletedProcess:
@@ -66,7 +88,7 @@ def test_a_process_that_trains_on_is_left_alone():
         """
         assert exit_guard.arm(now + 2.0, now, 42) is not None
         start = time.monotonic()
-        while _native.exit_guards_waiting():
+        while guards_waiting():
             assert time.monotonic() - start < 60, "the guard never stood down"
             time.sleep(0.05)
         # Its moment has passed: a slow exit now is the process's own.
@@ -88,7 +110,7 @@ def test_a_new_handler_stands_the_guard_down():
         exit_guard.disarm()
         def slow_exit():
             start = time.monotonic()
-            while _native.exit_guards_waiting():
+            while guards_waiting():
                 assert time.monotonic() - start < 60, "the guard never stood down"
                 time.sleep(0.05)
         atexit.register(slow_exit)
@@ -103,9 +125,9 @@ def test_a_new_handler_stands_the_guard_down():
     "deadline, now", [(None, 0.0), (10.0, 10.0 - _native.EXIT_GUARD_LEAD), (10.0, 12.0)]
 )
 def test_no_deadline_or_one_too_close_arms_nothing(deadline, now):
-    before = _native.exit_guards_waiting()
+    before = guards_waiting()
     assert exit_guard.arm(deadline, now, 42) is None
-    assert _native.exit_guards_waiting() == before
+    assert guards_waiting() == before
 
 
 def test_the_handler_constructor_disarms(make_handler, tmp_path, monkeypatch):
@@ -133,7 +155,9 @@ def test_a_process_that_catches_the_exit_trains_on_and_ends_by_itself_keeps_its_
 
     rc, events, proc = run_script(
         tmp_path,
-        """
+        GUARDS_WAITING
+        + textwrap.dedent(
+            """
         import atexit
 
         os.environ["KUBERNETES_SERVICE_HOST"] = "10.0.0.1"
@@ -146,14 +170,14 @@ def test_a_process_that_catches_the_exit_trains_on_and_ends_by_itself_keeps_its_
         try:
             train_until_exit(h)
         except SystemExit as e:
-            emit("caught", code=e.code, waiting=_native.exit_guards_waiting())
+            emit("caught", code=e.code, waiting=guards_waiting())
         for _ in range(5):  # training goes on, and ends by itself
             h.run(step)
 
 
         def exit_waits_for_the_guards():
             bound = time.monotonic() + 60
-            while _native.exit_guards_waiting():
+            while guards_waiting():
                 if time.monotonic() > bound:
                     emit("guard_never_stood_down")
                     os._exit(3)
@@ -162,7 +186,8 @@ def test_a_process_that_catches_the_exit_trains_on_and_ends_by_itself_keeps_its_
 
         atexit.register(exit_waits_for_the_guards)
         sys.exit(0)
-        """,
+        """
+        ),
         timeout=CHILD_BOUND,
     )
     details = f"rc={rc}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"

@@ -28,6 +28,7 @@ import textwrap
 
 import pytest
 
+from .test_exit_guard import GUARDS_WAITING
 from .test_signals import _details, run_script
 
 #: Seconds from the child's start to the job's end (SLURM) or of the pod's grace period.
@@ -38,7 +39,9 @@ KILL_WAIT = 300.0
 TOLERANCE = 5.0
 GRACE_ENV = "TF_FAILURE_HANDLING_KUBERNETES_GRACE_PERIOD"
 
-RECORD_ARMING = """
+RECORD_ARMING = (
+    GUARDS_WAITING
+    + """
 from tf_failure_handling._protocol import exit_guard as _exit_guard
 
 ARMED = []
@@ -58,10 +61,11 @@ def saved_and_exited(h):
     try:
         train_until_exit(h)
     except SystemExit as e:
-        emit("exit", code=e.code, armed=ARMED, waiting=_native.exit_guards_waiting())
+        emit("exit", code=e.code, armed=ARMED, waiting=guards_waiting())
     sys.stdout.flush()
     os._exit(0)
 """
+)
 
 
 def _arming(rc, events, proc) -> dict:

@@ -17,15 +17,15 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 103,
-    "native_constants": 23,
-    "native_constants_not_allowed": 10,
-    "native_constant_uses": 9,
+    "native_names": 101,
+    "native_constants": 22,
+    "native_constants_not_allowed": 9,
+    "native_constant_uses": 8,
     "binding_methods": 125,
     "literal_waits": 2,
-    "time_reads": 33,
+    "time_reads": 31,
     "wide_61": 2,
-    "binding_ratio": 0.470,
+    "binding_ratio": 0.469,
 }
 
 

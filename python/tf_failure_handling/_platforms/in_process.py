@@ -17,10 +17,11 @@ _subscribers_lock = threading.Lock()
 _subscribers: weakref.WeakSet = weakref.WeakSet()
 
 
-def notice_message(worker: str, source: str) -> str:
-    """The preemption message this package writes: who, what, and when (UTC)."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return f"worker {worker}: termination notice from {source} at {now}"
+def notice_message(worker: str, source: str, at: float) -> str:
+    """The preemption message this package writes: who, what, and when (UTC): ``at``, the
+    Unix time the notice arrived (the inbox's stamp, ``Notice.at``)."""
+    when = datetime.datetime.fromtimestamp(at, datetime.timezone.utc)
+    return f"worker {worker}: termination notice from {source} at {when:%Y-%m-%dT%H:%M:%S.%fZ}"
 
 
 def subscribe(watcher: Any) -> None:

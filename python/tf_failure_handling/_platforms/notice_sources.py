@@ -11,9 +11,10 @@ everything from it. Deadlines are Unix times here; the core converts them once
 (``Notice::from_unix``). A handler's sources *own* their signals (``owner=True``): a
 handler installed before them is not called while they are open.
 
-At interpreter exit every open ``NoticeSources`` is closed and its waiting threads
-joined: a daemon thread caught in the native wait during finalization would abort the
-process instead of letting it exit with the code it asked for. The warning signals they
+At interpreter exit every open ``NoticeSources`` is closed; the binding's own exit hook,
+which runs after this module's, then waits (bounded by the core) for every thread to
+leave the native waits: a daemon thread caught in one during finalization would abort
+the process instead of letting it exit with the code it asked for. The warning signals they
 watched (SIGUSR1, SIGUSR2: SLURM's time-limit warning) are then ignored rather than
 given back their default action, which would end a process whose work is done with
 128 + the signal's number (``_native.ignore_warnings_at_exit``).
@@ -28,9 +29,7 @@ import threading
 import weakref
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-from .._native import INBOX_EXIT_JOIN_TIMEOUT as EXIT_JOIN_TIMEOUT
 from .._native import (
-    Deadline,
     Inbox,
     Input,
     MetadataWatch,
@@ -42,24 +41,22 @@ from . import platform as _platform
 
 log = logging.getLogger("tf_failure_handling")
 
-# EXIT_JOIN_TIMEOUT (src/inbox.rs) is the core's: that file says what it means.
-
 #: Every open NoticeSources, for the exit hook.
 _open_sources: weakref.WeakSet = weakref.WeakSet()
 _open_sources_lock = threading.RLock()  # RLock: __del__ (GC, any moment) takes it too
 
 
 def _release_all_at_exit() -> None:
-    """Closes every open NoticeSources and joins the threads waiting in them, before
-    finalization: CPython ends a daemon thread that re-takes the GIL during
-    finalization with ``pthread_exit``, and one caught inside the native wait would
-    abort the process instead of letting it exit with the code it asked for."""
+    """Closes every open NoticeSources before finalization, which wakes the threads
+    waiting in them; the binding's exit hook (registered when ``_native`` loaded, so it
+    runs after this one) waits for them to leave the native waits (``src/python/
+    sources.rs``, ``at_exit``): CPython ends a daemon thread that re-takes the GIL
+    during finalization with ``pthread_exit``, and one caught inside the native wait
+    would abort the process instead of letting it exit with the code it asked for."""
     with _open_sources_lock:
         sources = list(_open_sources)
-    waiters = []
     watched: set = set()
     for s in sources:
-        waiters.extend(s._waiting_threads())
         try:
             watched.update(s.signals)
         except Exception:  # noqa: BLE001 - closed already: its signals are given back
@@ -73,10 +70,6 @@ def _release_all_at_exit() -> None:
             "At exit, %s ignored (a warning now would end the process with 128 + its number).",
             ", ".join(signal_name(n) for n in ignored),
         )
-    joining = Deadline(EXIT_JOIN_TIMEOUT)
-    for t in waiters:
-        if t is not threading.current_thread():
-            t.join(joining.left())
 
 
 atexit.register(_release_all_at_exit)
@@ -135,8 +128,6 @@ class NoticeSources:
         self.watcher_fn = watcher_fn
         self._lock = threading.RLock()  # close() may run from __del__ (GC) on any thread
         self._closed = False
-        #: Threads inside :meth:`receive` (joined at interpreter exit).
-        self._waiters: set = set()
         #: Where every source posts; a handler's step-key reader posts here too.
         self.inbox = Inbox()
         self._watch = SignalWatch(signal_numbers(signals), owner=owner, inbox=self.inbox)
@@ -151,8 +142,6 @@ class NoticeSources:
         #: When the watcher fn is called, and its notice (the core's schedule).
         self._watcher_poll = WatcherFnPoll(self.inbox)
         self._poller: Optional[threading.Thread] = None
-        #: Whether the poller is inside a call of the watcher fn.
-        self._calling = False
         if watcher_fn is not None:
             self._poller = threading.Thread(
                 target=self._poll_watcher_fn, name="TerminationWatcherFnPoller", daemon=True
@@ -184,16 +173,10 @@ class NoticeSources:
         still works). Logs a warning, once, when someone replaced the handler of a
         watched signal.
         """
-        me = threading.current_thread()
         with self._lock:
             if self._closed:
                 return Input.Stop()
-            self._waiters.add(me)
-        try:
-            item = self.inbox.recv(timeout, self._watch)
-        finally:
-            with self._lock:
-                self._waiters.discard(me)
+        item = self.inbox.recv(timeout, self._watch)
         if isinstance(item, Input.Notice):
             return self._notice_for(item)
         return item
@@ -213,16 +196,6 @@ class NoticeSources:
         item = self.receive(timeout)
         return item if isinstance(item, Notice) else None
 
-    def _waiting_threads(self) -> list:
-        """The threads inside a native wait of these sources: :meth:`receive`'s, and the
-        watcher-fn poller unless it is calling the fn (a call is not waited out)."""
-        with self._lock:
-            waiting = list(self._waiters)
-        poller = self._poller
-        if poller is not None and poller.is_alive() and not self._calling:
-            waiting.append(poller)
-        return waiting
-
     def _poll_watcher_fn(self) -> None:
         """Calls the watcher fn whenever the core's schedule says (TF: once a second)
         until it fires or the poll stops; the core times the calls, reports a slow one
@@ -235,14 +208,11 @@ class NoticeSources:
         fn = self.watcher_fn
         fired = False
         while self._watcher_poll.next(fired):
-            self._calling = True
             try:
                 fired = bool(fn())
             except Exception as e:  # noqa: BLE001 - see the docstring
                 log.warning("termination_watcher_fn raised %r; polling it again later.", e)
                 fired = False
-            finally:
-                self._calling = False
 
     def stop_watcher_fn(self) -> None:
         """Stops polling the watcher fn (a newer handler of the worker polls its own);

@@ -11,8 +11,8 @@ So ``SaveAndExit`` arms a guard before it calls the default ``exit_fn``: a Rust 
 (``_native.arm_exit_guard``) that, at ``EXIT_GUARD_LEAD`` seconds before the moment the
 platform kills the process, ends it with the same code (``_exit``; the checkpoint and
 the records' ``exit`` line are written by then) when the process is in its exit by then.
-Python's threading shutdown tells it so (``exit_guard_exiting``), or the interpreter's
-finalizing flag does. ``_exit`` skips what is left of the exit (``atexit`` handlers,
+Python's threading shutdown tells it so (a hook the first arming registers), or the
+interpreter's finalizing flag does. ``_exit`` skips what is left of the exit (``atexit`` handlers,
 logging's flush, non-daemon threads, TensorFlow's teardown), so the moment must be one
 the platform stated (``ProtocolCore.kill_deadline``: a notice's kill, never an assumed
 deadline; the core decides, ``grace::exit_guard_delay``): none, or one too close, arms
@@ -23,35 +23,12 @@ guard down at once.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
 from typing import Optional
 
-from .._native import arm_exit_guard, disarm_exit_guard, exit_guard_exiting
+from .._native import arm_exit_guard, disarm_exit_guard
 
 log = logging.getLogger("tf_failure_handling")
-
-_registered = False
-
-
-def _register_exiting() -> None:
-    """Tells the guard when the process's exit begins: Python's threading shutdown (the
-    main thread has ended, before non-daemon threads are joined and ``atexit`` runs),
-    and ``atexit`` as well where that private hook is missing."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        try:
-            register(exit_guard_exiting)
-            return
-        except RuntimeError:  # the shutdown has begun already
-            exit_guard_exiting()
-            return
-    atexit.register(exit_guard_exiting)
 
 
 def arm(deadline: Optional[float], now: float, code: int) -> Optional[float]:
@@ -59,7 +36,6 @@ def arm(deadline: Optional[float], now: float, code: int) -> Optional[float]:
     the seconds it waits, or None when nothing is armed. Never raises: without the guard
     the exit goes on as TensorFlow's does."""
     try:
-        _register_exiting()
         delay = arm_exit_guard(deadline, now, code)
     except Exception as e:  # noqa: BLE001 - the exit goes on unguarded, as TF's
         log.warning("The exit guard could not be armed (%s); the exit is not guarded.", e)

@@ -87,7 +87,7 @@ class NoticeResponse:
                 notice.deadline - wall,
             )
         now = self._state.clock()
-        message = in_process.notice_message(self._state.membership.id_in_cluster, source)
+        message = in_process.notice_message(self._state.membership.id_in_cluster, source, notice.at)
         # The notice's line is written before any line of a stage it leads to.
         with self._records.taking_notice():
             # The core answers, and queues the write the answer starts (the claim; the
