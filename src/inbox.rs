@@ -109,43 +109,33 @@ pub enum Origin {
     Source(String),
 }
 
-/// One input of the driver. `E` is how a key-read failure is carried: the
-/// Python binding carries the exception object itself (TF's type, with its
-/// message), tests a string.
-#[derive(Debug, PartialEq)]
-pub enum Input<E> {
-    /// The machine is going away.
-    Notice {
-        /// The source.
-        origin: Origin,
-        /// When the source saw it, in Unix seconds.
-        at: f64,
-        /// When the platform takes the machine away (Unix seconds), if the
-        /// source knows.
-        deadline: Option<f64>,
-        /// When the platform ends this process (Unix seconds), if the source
-        /// stated it (`crate::notice::Notice::kill`): a cloud's announced end, a
-        /// notice handed on with its own; None for a signal (its platform says,
-        /// when it is taken) and for a deadline that is not this process's end.
-        kill: Option<f64>,
-    },
-    /// The reader read `value` from `round`'s step key.
-    StepKey {
-        /// The round whose key was read.
-        round: Round,
-        /// What it held (a run count, or `STOP_WATCHER`).
-        value: String,
-    },
-    /// Reading `round`'s step key failed for longer than the bound; the
-    /// reader has ended.
-    KeyReadFailed {
-        /// The round whose key could not be read.
-        round: Round,
-        /// The last failure.
-        error: E,
-    },
-    /// `close()`: the driver ends.
-    Stop,
+crate::wire! {
+    /// One input of the driver. A key-read failure names its round; the error
+    /// itself stays with whoever read (the Python side keeps TF's exception).
+    pub enum Input via input {
+        /// The machine is going away: a notice from `signal` (its number) for a
+        /// signal, else from `source` (as the source describes itself); `at` when
+        /// the source saw it, `deadline` when the platform takes the machine away,
+        /// `kill` when the platform stated it ends this process
+        /// (`crate::notice::Notice::kill`: a cloud's announced end, a notice
+        /// handed on with its own; None for a signal, whose platform says when
+        /// it is taken), all Unix seconds.
+        Notice {
+            source: Option<String> = None,
+            signal: Option<i32> = None,
+            at: f64 = 0.0,
+            deadline: Option<f64> = None,
+            kill: Option<f64> = None,
+        },
+        /// The reader read `value` (a run count, or `STOP_WATCHER`) from
+        /// `round`'s step key.
+        StepKey { round: Round, value: String },
+        /// Reading `round`'s step key failed for longer than the bound; the
+        /// reader has ended.
+        KeyReadFailed { round: Round },
+        /// `close()`: the driver ends.
+        Stop {},
+    }
 }
 
 /// Why a [`Poster::post`] did not queue its input.
@@ -195,13 +185,13 @@ impl Shared {
 
 /// A handle to post into an [`Inbox`]; cheap to clone, one per source.
 #[derive(Debug)]
-pub struct Poster<E> {
-    keys: Sender<Input<E>>,
-    notices: Sender<Input<E>>,
+pub struct Poster {
+    keys: Sender<Input>,
+    notices: Sender<Input>,
     shared: Arc<Shared>,
 }
 
-impl<E> Clone for Poster<E> {
+impl Clone for Poster {
     fn clone(&self) -> Self {
         Poster {
             keys: self.keys.clone(),
@@ -211,7 +201,7 @@ impl<E> Clone for Poster<E> {
     }
 }
 
-impl<E> Poster<E> {
+impl Poster {
     /// Queues `input` without blocking. Posting [`Input::Stop`] is
     /// [`Inbox::stop`].
     ///
@@ -221,14 +211,14 @@ impl<E> Poster<E> {
     /// [`PostError::Full`] when [`NOTICE_CAPACITY`] notices are waiting
     /// (counted, see [`Inbox::dropped_notices`]), and
     /// [`PostError::Disconnected`] when the inbox is gone.
-    pub fn post(&self, input: Input<E>) -> Result<(), PostError> {
+    pub fn post(&self, input: Input) -> Result<(), PostError> {
         if self.shared.stopped.load(Ordering::SeqCst) {
             return Err(PostError::Stopped);
         }
         let channel = match input {
             Input::Notice { .. } => &self.notices,
             Input::StepKey { .. } | Input::KeyReadFailed { .. } => &self.keys,
-            Input::Stop => {
+            Input::Stop {} => {
                 self.shared.stop();
                 return Ok(());
             }
@@ -249,8 +239,13 @@ impl<E> Poster<E> {
     ///
     /// As [`Poster::post`].
     pub fn notice(&self, origin: Origin, at: f64, deadline: Option<f64>, kill: Option<f64>) -> Result<(), PostError> {
+        let (source, signal) = match origin {
+            Origin::Signal(signal) => (None, Some(signal)),
+            Origin::Source(source) => (Some(source), None),
+        };
         self.post(Input::Notice {
-            origin,
+            source,
+            signal,
             at,
             deadline,
             kill,
@@ -260,18 +255,18 @@ impl<E> Poster<E> {
 
 /// The receiving end: one per handler (or watcher), read by one driver.
 #[derive(Debug)]
-pub struct Inbox<E> {
-    keys: Receiver<Input<E>>,
-    notices: Receiver<Input<E>>,
+pub struct Inbox {
+    keys: Receiver<Input>,
+    notices: Receiver<Input>,
     /// Disconnected by [`Inbox::stop`] (see [`Shared`]).
     stop: Receiver<()>,
     shared: Arc<Shared>,
 }
 
-impl<E> Inbox<E> {
+impl Inbox {
     /// An empty inbox and the first poster (clone it for every source).
     #[must_use]
-    pub fn new() -> (Self, Poster<E>) {
+    pub fn new() -> (Self, Poster) {
         let (keys_tx, keys) = unbounded();
         let (notices_tx, notices) = bounded(NOTICE_CAPACITY);
         let (stopper, stop) = bounded(0);
@@ -323,15 +318,15 @@ impl<E> Inbox<E> {
     /// [`RecvError::Timeout`] when `deadline` passes first (at once when it
     /// has passed and nothing is queued); [`RecvError::Disconnected`] when
     /// every poster is gone and nothing is queued.
-    pub fn recv_deadline(&self, deadline: Option<Instant>) -> Result<Input<E>, RecvError> {
+    pub fn recv_deadline(&self, deadline: Option<Instant>) -> Result<Input, RecvError> {
         if self.stopped() {
-            return Ok(Input::Stop);
+            return Ok(Input::Stop {});
         }
         // The deadline is one more channel: it fires last, so an input that
         // is already queued wins over a deadline that has already passed.
         let timer = deadline.map_or_else(never, at);
         select_biased! {
-            recv(self.stop) -> _ => Ok(Input::Stop),
+            recv(self.stop) -> _ => Ok(Input::Stop {}),
             recv(self.keys) -> key => match key {
                 Ok(input) => Ok(input),
                 // Every poster is gone; a notice may still be queued.
@@ -350,8 +345,8 @@ impl<E> Inbox<E> {
     /// once stopped: what arrived before a stop can still be dealt with
     /// (the driver acknowledges a step key on its way out).
     #[must_use]
-    pub fn drain(&self) -> Vec<Input<E>> {
-        let mut out: Vec<Input<E>> = self.keys.try_iter().collect();
+    pub fn drain(&self) -> Vec<Input> {
+        let mut out: Vec<Input> = self.keys.try_iter().collect();
         out.extend(self.notices.try_iter());
         out
     }
@@ -361,7 +356,7 @@ impl<E> Inbox<E> {
     /// # Errors
     ///
     /// As [`Inbox::recv_deadline`].
-    pub fn recv_timeout(&self, timeout: std::time::Duration) -> Result<Input<E>, RecvError> {
+    pub fn recv_timeout(&self, timeout: std::time::Duration) -> Result<Input, RecvError> {
         // A timeout too long to represent waits as long as it takes.
         self.recv_deadline(Instant::now().checked_add(timeout))
     }

@@ -17,6 +17,68 @@
 /// Seconds between the lines logged while a resumed input replays to its
 /// position.
 pub const REPLAY_PROGRESS_EVERY: f64 = 5.0;
+/// Seconds the making of earlier iterators (a resume's advance) must take to be
+/// logged: a quick one says nothing.
+pub const ADVANCE_LOGGED_AFTER: f64 = 1.0;
+
+/// What a [`Timing`] times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timed {
+    /// A resumed iterator replaying its skipped batches: a line every
+    /// [`REPLAY_PROGRESS_EVERY`] until the first resumed step.
+    Replay,
+    /// The making of earlier iterators before the resumed one: one line at its end,
+    /// when it took longer than [`ADVANCE_LOGGED_AFTER`].
+    Advance,
+}
+
+/// The timing of a resume's slow parts, and when each is logged. Never reads a
+/// clock: it started at the `now` given to [`Timing::new`], and each call takes `now`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timing {
+    timed: Timed,
+    started: f64,
+    /// When the next line is due.
+    next: f64,
+}
+
+impl Timing {
+    /// `timed` starts at `now`.
+    #[must_use]
+    pub fn new(timed: Timed, now: f64) -> Self {
+        let after = match timed {
+            Timed::Replay => REPLAY_PROGRESS_EVERY,
+            Timed::Advance => ADVANCE_LOGGED_AFTER,
+        };
+        Timing {
+            timed,
+            started: now,
+            next: now + after,
+        }
+    }
+
+    /// Seconds from `now` until the next line is due (0: it is).
+    #[must_use]
+    pub fn poll_timeout(&self, now: f64) -> f64 {
+        (self.next - now).max(0.0)
+    }
+
+    /// The seconds since the start when a line is due at `now` (a replay's next
+    /// line is then due [`REPLAY_PROGRESS_EVERY`] later); None when none is. An
+    /// advance that ends at `now` is logged when it took longer than
+    /// [`ADVANCE_LOGGED_AFTER`].
+    pub fn poll(&mut self, now: f64) -> Option<f64> {
+        let so_far = now - self.started;
+        match self.timed {
+            Timed::Replay if now >= self.next => {
+                self.next = now + REPLAY_PROGRESS_EVERY;
+                Some(so_far)
+            }
+            Timed::Advance if now > self.next => Some(so_far),
+            _ => None,
+        }
+    }
+}
 
 /// The position a checkpoint holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,23 +104,26 @@ pub struct Resuming {
     pub first_used: u64,
 }
 
-/// What the restart does with its input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Resume {
-    /// Nothing saved to resume: the input starts at its first element.
-    Fresh,
-    /// The first iterator trained from is iteration `iteration` from batch `batches`;
-    /// `advance` iterators are made and dropped before this process's first.
-    At { iteration: u64, batches: u64, advance: u64 },
-    /// This process makes more iterators before training than the interrupted run
-    /// had made: the position cannot be reached (the input starts at its first element).
-    Unreachable { iteration: u64, batches: u64 },
+crate::wire! {
+    /// What the restart does with its input.
+    pub enum InputResume via input_resume_decl {
+        /// Nothing saved to resume: the input starts at its first element.
+        Fresh {},
+        /// The first iterator trained from is iteration `iteration` from batch
+        /// `batches`; `advance` iterators are made and dropped before this process's
+        /// first.
+        At { iteration: u64, batches: u64, advance: u64 },
+        /// This process makes more iterators before training than the interrupted run
+        /// had made: the position cannot be reached (the input starts at its first
+        /// element).
+        Unreachable { iteration: u64, batches: u64 },
+    }
 }
 
 /// Where the input resumes (module docs).
-pub fn resume(saved: Saved, resuming: Resuming) -> Resume {
+pub fn resume(saved: Saved, resuming: Resuming) -> InputResume {
     if saved.iteration < 0 {
-        return Resume::Fresh;
+        return InputResume::Fresh {};
     }
     let (mut iteration, mut batches) = (saved.iteration as u64, saved.batches);
     // An iterator that has given nothing is not used up, whatever the loop does next
@@ -77,12 +142,12 @@ pub fn resume(saved: Saved, resuming: Resuming) -> Resume {
         batches = 0;
     }
     match iteration.checked_sub(resuming.first_used) {
-        Some(advance) => Resume::At {
+        Some(advance) => InputResume::At {
             iteration,
             batches,
             advance,
         },
-        None => Resume::Unreachable { iteration, batches },
+        None => InputResume::Unreachable { iteration, batches },
     }
 }
 
@@ -109,8 +174,8 @@ mod tests {
     #[test]
     fn resume_table() {
         let none = Resuming::default();
-        let rows: &[(&str, Saved, Resuming, Resume)] = &[
-            ("nothing was made before the save", saved(-1, 0, 0), none, Resume::Fresh),
+        let rows: &[(&str, Saved, Resuming, InputResume)] = &[
+            ("nothing was made before the save", saved(-1, 0, 0), none, InputResume::Fresh {}),
             (
                 "mid-epoch: the same iterator, the next batch",
                 saved(1, 5, 8),
@@ -118,7 +183,7 @@ mod tests {
                     per_iteration: Some(8),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 1,
                     batches: 5,
                     advance: 1,
@@ -131,7 +196,7 @@ mod tests {
                     per_iteration: Some(8),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 2,
                     batches: 0,
                     advance: 2,
@@ -145,7 +210,7 @@ mod tests {
                     steps_per_iteration: Some(4),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 1,
                     batches: 0,
                     advance: 1,
@@ -155,7 +220,7 @@ mod tests {
                 "an unknown length, told by the previous iterator's",
                 saved(3, 4, 4),
                 none,
-                Resume::At {
+                InputResume::At {
                     iteration: 4,
                     batches: 0,
                     advance: 4,
@@ -165,7 +230,7 @@ mod tests {
                 "an unknown length in the first epoch: the same iterator",
                 saved(0, 4, 0),
                 none,
-                Resume::At {
+                InputResume::At {
                     iteration: 0,
                     batches: 4,
                     advance: 0,
@@ -179,7 +244,7 @@ mod tests {
                     new_iteration: Some(false),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 0,
                     batches: 13,
                     advance: 0,
@@ -193,7 +258,7 @@ mod tests {
                     first_used: 1,
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 3,
                     batches: 0,
                     advance: 2,
@@ -207,7 +272,7 @@ mod tests {
                     first_used: 1,
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 2,
                     batches: 3,
                     advance: 1,
@@ -217,7 +282,7 @@ mod tests {
                 "more iterators before training than the interrupted run made",
                 saved(0, 3, 0),
                 Resuming { first_used: 1, ..none },
-                Resume::Unreachable { iteration: 0, batches: 3 },
+                InputResume::Unreachable { iteration: 0, batches: 3 },
             ),
             (
                 "saved before the resumed iterator's first step: fit's new epoch is that one",
@@ -226,7 +291,7 @@ mod tests {
                     new_iteration: Some(true),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 3,
                     batches: 0,
                     advance: 3,
@@ -239,7 +304,7 @@ mod tests {
                     per_iteration: Some(8),
                     ..none
                 },
-                Resume::At {
+                InputResume::At {
                     iteration: 2,
                     batches: 0,
                     advance: 2,
@@ -249,6 +314,21 @@ mod tests {
         for (name, saved, resuming, expected) in rows {
             assert_eq!(resume(*saved, *resuming), *expected, "{name}");
         }
+    }
+
+    #[test]
+    fn a_replay_logs_every_interval_and_an_advance_only_when_slow() {
+        let mut replay = Timing::new(Timed::Replay, 100.0);
+        assert_eq!(replay.poll_timeout(100.0), REPLAY_PROGRESS_EVERY);
+        assert_eq!(replay.poll(104.0), None, "not yet due");
+        assert_eq!(replay.poll(105.0), Some(5.0));
+        assert_eq!(replay.poll_timeout(105.0), REPLAY_PROGRESS_EVERY, "the next from this line");
+        assert_eq!(replay.poll(106.0), None);
+        assert_eq!(replay.poll(111.5), Some(11.5));
+        let mut quick = Timing::new(Timed::Advance, 10.0);
+        assert_eq!(quick.poll(11.0), None, "exactly the bound: not logged");
+        assert_eq!(quick.poll(11.5), Some(1.5));
+        assert_eq!(quick.poll_timeout(12.0), 0.0);
     }
 
     #[test]

@@ -30,11 +30,17 @@
 //!   lines it wrote for its PS and worker tasks, which are not its own.
 //! * **One `resumed` line a preemption** ([`Claims`]): a second handler of the
 //!   same run (tf_keras makes several) claims the same preemption in vain.
+//! * **What goes back to Python** ([`Records::to_json`], [`Preemption::to_json`]):
+//!   JSON text whose numbers are the lines' own (an integer stays an integer, a
+//!   float a float, as Python's `json` reads them).
+//! * **A line's stamps** ([`downtime`]): the writer stamps each line with the wall
+//!   clock when the binding builds it; a `resumed` line's downtime is its time less
+//!   the exit it resumes from.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
 
-use serde_json::{Map, Number, Value};
+use serde_json::{json, Map, Number, Value};
 
 pub mod schema;
 
@@ -53,6 +59,39 @@ pub const NOTICE_LINE_BOUND: f64 = 10.0;
 /// this many seconds of the first notice when none exited.
 pub const REPORT_GROUP_WINDOW: f64 = 600.0;
 
+/// `report`: the preemptions of `records` (their indices, in order) grouped into
+/// cluster-wide ones: each joins the group before it when [`same_preemption`] says
+/// so, its time being its notice's (else its save's start, else its exit, else 0),
+/// the group's beginning its tasks' earliest such time and its end their last exit.
+#[must_use]
+pub fn groups(records: &Records) -> Vec<Vec<usize>> {
+    let when = |p: &Preemption| {
+        [&p.notice_time, &p.save_start, &p.exit_time]
+            .into_iter()
+            .flatten()
+            .map(seconds)
+            .find(|&t| t != 0.0)
+            .unwrap_or(0.0)
+    };
+    let mut groups: Vec<(Vec<usize>, f64, Option<f64>)> = Vec::new();
+    for (i, p) in records.preemptions.iter().enumerate() {
+        let t = when(p);
+        let exit = p.exit_time.as_ref().map(seconds);
+        match groups.last_mut() {
+            Some((tasks, first, end)) if same_preemption(t, *first, *end) => {
+                tasks.push(i);
+                *first = first.min(t);
+                *end = match (*end, exit) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            _ => groups.push((vec![i], t, exit)),
+        }
+    }
+    groups.into_iter().map(|(tasks, _, _)| tasks).collect()
+}
+
 /// `report`: whether a task's preemption noticed at `t` belongs to the cluster-wide
 /// preemption before it, which began at `first` and ended (its last exit) at `end`,
 /// None when none of its tasks exited: noticed before that end, or within
@@ -64,6 +103,13 @@ pub fn same_preemption(t: f64, first: f64, end: Option<f64>) -> bool {
         None => t - first <= REPORT_GROUP_WINDOW,
     }
 }
+/// A `resumed` line's downtime: the seconds from the exit it resumes from,
+/// `exited`, to its own `time` (both wall-clock stamps).
+#[must_use]
+pub fn downtime(time: f64, exited: f64) -> f64 {
+    time - exited
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -297,6 +343,81 @@ pub fn last_exit<'r>(records: &'r Records, job: &str, task: &str) -> Option<&'r 
     let (last, exit) = last?;
     let resumed = records.resumes.iter().any(|r| own(&r.job, &r.task) && seconds(&r.time) >= exit);
     (!resumed).then_some(last)
+}
+
+fn opt(n: Option<&Number>) -> Value {
+    n.map_or(Value::Null, |n| Value::Number(n.clone()))
+}
+
+impl IntOrStr {
+    fn to_json(&self) -> Value {
+        match self {
+            IntOrStr::Int(n) => Value::Number(n.clone()),
+            IntOrStr::Str(s) => Value::String(s.clone()),
+        }
+    }
+}
+
+impl Preemption {
+    /// Its fields, named as Python's `records.Preemption`'s.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        json!({
+            "job": self.job,
+            "task": self.task.to_json(),
+            "host": self.host,
+            "pid": opt(self.pid.as_ref()),
+            "id": self.id,
+            "platform": self.platform,
+            "source": self.source,
+            "notice_time": opt(self.notice_time.as_ref()),
+            "deadline": opt(self.deadline.as_ref()),
+            "grace_period": opt(self.grace_period.as_ref()),
+            "agreed_step": opt(self.agreed_step.as_ref()),
+            "proposer": self.proposer,
+            "agreement_time": opt(self.agreement_time.as_ref()),
+            "save_start": opt(self.save_start.as_ref()),
+            "save_end": opt(self.save_end.as_ref()),
+            "checkpoint_path": self.checkpoint_path,
+            "exit_code": self.exit_code.as_ref().map_or(Value::Null, IntOrStr::to_json),
+            "exit_time": opt(self.exit_time.as_ref()),
+            "error": self.error,
+            "extra": self.extra,
+        })
+    }
+}
+
+impl Resume {
+    /// Its fields, named as Python's `records.Resume`'s.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        json!({
+            "job": self.job,
+            "task": self.task.to_json(),
+            "time": self.time,
+            "step": opt(self.step.as_ref()),
+            "lost": opt(self.lost.as_ref()),
+            "downtime": opt(self.downtime.as_ref()),
+            "host": self.host,
+            "extra": self.extra,
+        })
+    }
+}
+
+impl Records {
+    /// The text Python's `records.load` reads: `{"preemptions": [...], "resumes":
+    /// [...], "skipped": [[file, [line numbers]], ...], "groups": [[index, ...], ...]}`
+    /// (the files in the order read; [`groups`]).
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        json!({
+            "preemptions": self.preemptions.iter().map(Preemption::to_json).collect::<Vec<_>>(),
+            "resumes": self.resumes.iter().map(Resume::to_json).collect::<Vec<_>>(),
+            "skipped": self.skipped,
+            "groups": groups(self),
+        })
+        .to_string()
+    }
 }
 
 /// The preemptions a `resumed` line was claimed for, in this process: the

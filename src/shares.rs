@@ -220,6 +220,195 @@ impl SaveWaits {
     }
 }
 
+crate::wire! {
+    /// What one worker does next in the waits of the checkpoint's shares
+    /// ([`Waits::poll`]).
+    pub enum SharesAction via shares_action {
+        /// Wait (at the construction, for the chief's token or a worker's answer; in a
+        /// save, for a part, a file, the merge's report or a removal) at most `timeout`
+        /// seconds; `bound`: the whole wait's, which a message names.
+        Wait { timeout: f64, bound: f64 },
+        /// Look for the probe file (the pause since the last look is over).
+        Look {},
+        /// Stop looking for the probe file: it was `seen`, or not within `looked`
+        /// seconds.
+        Looked { seen: bool, looked: f64 },
+        /// Start the merge of the parts; it and the state file are waited for at most
+        /// `bound` seconds.
+        Merge { bound: f64 },
+        /// Do not start the merge: it is expected to take `needed` seconds and `left`
+        /// are left before the notice's deadline less the exit's reserve (a merge cannot
+        /// be cancelled once started). The checkpoint before it stays.
+        Keep { needed: f64, left: f64 },
+    }
+}
+
+/// What a worker tells its [`Waits`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharesEvent {
+    /// The chief's token came (a non-chief's probe): it looks for the file next.
+    Token,
+    /// The probe file was looked for, and `seen` or not.
+    Looked { seen: bool },
+    /// This worker's part is written: the waits that follow (the chief's for the
+    /// other parts, a non-chief's for the merge) end at the bound from now.
+    PartWritten,
+    /// The chief has every part, each the one its worker wrote: it decides the merge
+    /// next.
+    PartsChecked,
+    /// The merge ended: the state file names the checkpoint.
+    Merged,
+    /// The chief's save failed: it removes the save's parts next, in a wait of its own.
+    Failed,
+}
+
+/// Where a save's bounds come from: a handler's protocol (its notice's deadline less
+/// the exit's reserve, and the merges it measured: `crate::protocol`), or the rule
+/// alone ([`Rule`]).
+pub trait Bounds {
+    /// How long `waiter` waits from `now`, its own part having taken `own` seconds
+    /// ([`wait_bound_at`]).
+    fn wait_bound(&mut self, own: f64, now: f64, waiter: Waiter) -> f64;
+    /// Whether the chief starts the merge at `now` ([`merge_start`]).
+    fn merge_start(&mut self, own: f64, now: f64) -> MergeStart;
+    /// A merge took `took` seconds, to the state file naming the checkpoint.
+    fn merged(&mut self, took: f64);
+}
+
+/// The rule alone: no notice, no merge measured, no reserve.
+pub struct Rule;
+
+impl Bounds for Rule {
+    fn wait_bound(&mut self, own: f64, now: f64, waiter: Waiter) -> f64 {
+        wait_bound_at(own, MIN_WAIT, None, now, 0.0, waiter)
+    }
+
+    fn merge_start(&mut self, own: f64, now: f64) -> MergeStart {
+        merge_start(merge_estimate(None, own), own, MIN_WAIT, None, now, 0.0)
+    }
+
+    fn merged(&mut self, _took: f64) {}
+}
+
+/// What [`Waits::poll`] answers next.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Next {
+    /// The current wait (the probe's, or the save's until its end).
+    Wait,
+    /// Look for the probe file at `at`.
+    Look { at: f64 },
+    /// Stop looking: it was `seen` (or not).
+    Looked { seen: bool },
+    /// The chief decides the merge.
+    Decide,
+}
+
+/// Every wait of one worker in the shares: the probe at the handler's construction
+/// ([`Probe`]), or one save ([`SaveWaits`], its own part started at the
+/// construction). Events go in ([`Waits::handle`]), actions come out
+/// ([`Waits::poll`]), each with `now`; the bounds come from [`Bounds`]. Never reads a
+/// clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waits {
+    chief: bool,
+    probe: Option<Probe>,
+    save: SaveWaits,
+    /// The bound of the current wait, for messages.
+    bound: f64,
+    next: Next,
+}
+
+impl Waits {
+    /// The probe of the checkpoint folder, from `now`.
+    #[must_use]
+    pub fn probe(now: f64) -> Self {
+        Waits {
+            chief: false,
+            probe: Some(Probe::new(now)),
+            save: SaveWaits::default(),
+            bound: PROBE_WAIT,
+            next: Next::Wait,
+        }
+    }
+
+    /// One save, this worker's part (the `chief`'s or not) starting at `now`.
+    #[must_use]
+    pub fn save(chief: bool, now: f64) -> Self {
+        let mut save = SaveWaits::default();
+        save.part_started(now);
+        Waits {
+            chief,
+            probe: None,
+            save,
+            bound: MIN_TIMEOUT,
+            next: Next::Wait,
+        }
+    }
+
+    /// `event` at `now`.
+    pub fn handle(&mut self, event: SharesEvent, now: f64, bounds: &mut dyn Bounds) {
+        match event {
+            SharesEvent::Token => self.next = Next::Look { at: now },
+            SharesEvent::Looked { seen } => {
+                let again = self.probe.as_mut().and_then(|p| p.look(now, seen));
+                self.next = again.map_or(Next::Looked { seen }, |at| Next::Look { at });
+            }
+            SharesEvent::PartWritten => {
+                let own = self.save.part_written(now);
+                let waiter = if self.chief { Waiter::Chief } else { Waiter::NonChief };
+                self.wait(now, bounds.wait_bound(own, now, waiter));
+            }
+            SharesEvent::PartsChecked => self.next = Next::Decide,
+            SharesEvent::Merged => {
+                if let Some(took) = self.save.merge_took(now) {
+                    bounds.merged(took);
+                }
+            }
+            SharesEvent::Failed => self.wait(now, bounds.wait_bound(0.0, now, Waiter::Chief).max(MIN_TIMEOUT)),
+        }
+    }
+
+    fn wait(&mut self, now: f64, bound: f64) {
+        self.save.wait(now, bound);
+        self.bound = bound;
+        self.next = Next::Wait;
+    }
+
+    /// What to do at `now`; None when nothing is due before [`Waits::poll_timeout`]
+    /// (the pause before the next look for the probe file).
+    pub fn poll(&mut self, now: f64, bounds: &mut dyn Bounds) -> Option<SharesAction> {
+        Some(match self.next {
+            Next::Wait => SharesAction::Wait {
+                timeout: self.poll_timeout(now),
+                bound: self.bound,
+            },
+            Next::Look { at } if now < at => return None,
+            Next::Look { .. } => SharesAction::Look {},
+            Next::Looked { seen } => SharesAction::Looked { seen, looked: PROBE_LOOK },
+            Next::Decide => match bounds.merge_start(self.save.own(), now) {
+                MergeStart::Start { bound } => {
+                    self.save.merge_started(now, bound);
+                    self.bound = bound;
+                    self.next = Next::Wait;
+                    SharesAction::Merge { bound }
+                }
+                MergeStart::Keep { needed, left } => SharesAction::Keep { needed, left },
+            },
+        })
+    }
+
+    /// Seconds from `now` the current wait lasts (at least [`MIN_TIMEOUT`]), or until
+    /// the next look for the probe file (0: one is due).
+    #[must_use]
+    pub fn poll_timeout(&self, now: f64) -> f64 {
+        match (self.next, &self.probe) {
+            (Next::Look { at }, _) => (at - now).max(0.0),
+            (_, Some(probe)) => probe.left(now),
+            _ => self.save.left(now),
+        }
+    }
+}
+
 /// A plan that cannot be made.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SharesError {
@@ -429,6 +618,112 @@ mod tests {
         assert_eq!(waits.merge_took(53.5), Some(3.5));
         waits.wait(0.0, -1.0);
         assert_eq!(waits.left(0.0), MIN_TIMEOUT, "a negative bound is none");
+    }
+
+    /// Bounds that record what they were asked.
+    #[derive(Default)]
+    struct Fixed {
+        merged: Vec<f64>,
+    }
+
+    impl Bounds for Fixed {
+        fn wait_bound(&mut self, own: f64, _now: f64, waiter: Waiter) -> f64 {
+            own + if waiter == Waiter::Chief { 10.0 } else { 20.0 }
+        }
+
+        fn merge_start(&mut self, own: f64, _now: f64) -> MergeStart {
+            if own < 5.0 {
+                MergeStart::Start { bound: 30.0 }
+            } else {
+                MergeStart::Keep { needed: own, left: 1.0 }
+            }
+        }
+
+        fn merged(&mut self, took: f64) {
+            self.merged.push(took);
+        }
+    }
+
+    #[test]
+    fn a_probe_waits_its_bound_then_looks_with_pauses_until_seen_or_too_long() {
+        let b = &mut Fixed::default();
+        let mut w = Waits::probe(100.0);
+        assert_eq!(
+            w.poll(100.0, b),
+            Some(SharesAction::Wait {
+                timeout: PROBE_WAIT,
+                bound: PROBE_WAIT
+            })
+        );
+        assert_eq!(
+            w.poll(130.0, b),
+            Some(SharesAction::Wait {
+                timeout: 30.0,
+                bound: PROBE_WAIT
+            })
+        );
+        w.handle(SharesEvent::Token, 131.0, b);
+        assert_eq!(w.poll(131.0, b), Some(SharesAction::Look {}));
+        w.handle(SharesEvent::Looked { seen: false }, 131.0, b);
+        assert_eq!(w.poll(131.1, b), None, "a pause before the next look");
+        assert!((w.poll_timeout(131.1) - (PROBE_LOOK_EVERY - 0.1)).abs() < 1e-9);
+        assert_eq!(w.poll(131.0 + PROBE_LOOK_EVERY, b), Some(SharesAction::Look {}));
+        w.handle(SharesEvent::Looked { seen: true }, 131.5, b);
+        assert_eq!(
+            w.poll(131.5, b),
+            Some(SharesAction::Looked {
+                seen: true,
+                looked: PROBE_LOOK
+            })
+        );
+        let mut never = Waits::probe(0.0);
+        never.handle(SharesEvent::Token, 1.0, b);
+        never.handle(SharesEvent::Looked { seen: false }, 1.0, b);
+        never.handle(SharesEvent::Looked { seen: false }, 1.0 + PROBE_LOOK, b);
+        assert_eq!(
+            never.poll(1.0 + PROBE_LOOK, b),
+            Some(SharesAction::Looked {
+                seen: false,
+                looked: PROBE_LOOK
+            })
+        );
+    }
+
+    #[test]
+    fn a_save_s_waits_end_at_the_bounds_and_the_merge_is_decided_once_the_parts_are_in() {
+        let b = &mut Fixed::default();
+        let mut chief = Waits::save(true, 0.0);
+        assert_eq!(chief.poll_timeout(0.0), MIN_TIMEOUT, "no end before its part is written");
+        chief.handle(SharesEvent::PartWritten, 2.0, b);
+        assert_eq!(
+            chief.poll(2.0, b),
+            Some(SharesAction::Wait {
+                timeout: 12.0,
+                bound: 12.0
+            })
+        );
+        assert_eq!(chief.poll_timeout(10.0), 4.0);
+        chief.handle(SharesEvent::PartsChecked, 4.0, b);
+        assert_eq!(chief.poll(4.0, b), Some(SharesAction::Merge { bound: 30.0 }));
+        assert_eq!(
+            chief.poll(4.0, b),
+            Some(SharesAction::Wait {
+                timeout: 30.0,
+                bound: 30.0
+            })
+        );
+        chief.handle(SharesEvent::Merged, 9.0, b);
+        assert_eq!(b.merged, vec![5.0], "the merge's time goes to the bounds");
+        chief.handle(SharesEvent::Failed, 9.0, b);
+        assert_eq!(chief.poll_timeout(9.0), 10.0, "a removal's own wait");
+        let mut slow = Waits::save(true, 0.0);
+        slow.handle(SharesEvent::PartWritten, 6.0, b);
+        slow.handle(SharesEvent::PartsChecked, 6.0, b);
+        assert_eq!(slow.poll(6.0, b), Some(SharesAction::Keep { needed: 6.0, left: 1.0 }));
+        let mut other = Waits::save(false, 0.0);
+        other.handle(SharesEvent::PartWritten, 1.0, b);
+        assert_eq!(other.poll_timeout(1.0), 21.0, "a non-chief's wait for the merge");
+        assert_eq!(Rule.wait_bound(1.0, 0.0, Waiter::NonChief), 2.0 * MIN_WAIT);
     }
 
     #[test]

@@ -123,8 +123,6 @@ class SignalWatch:
     def __init__(
         self, signals: list[int], owner: bool = False, inbox: Optional[Inbox] = None
     ) -> None: ...
-    @property
-    def signals(self) -> list[int]: ...
     def close(self) -> None: ...
 
 class Input:
@@ -136,16 +134,26 @@ class Input:
         at: float
         deadline: Optional[float]
         kill: Optional[float]
+        def __init__(
+            self,
+            source: Optional[str] = None,
+            signal: Optional[int] = None,
+            at: float = 0.0,
+            deadline: Optional[float] = None,
+            kill: Optional[float] = None,
+        ) -> None: ...
 
     class StepKey(Input):
-        round_key: str
+        round: str
         value: str
+        def __init__(self, round: str, value: str) -> None: ...
 
     class KeyReadFailed(Input):
-        round_key: str
-        error: BaseException
+        round: str
+        def __init__(self, round: str) -> None: ...
 
-    class Stop(Input): ...
+    class Stop(Input):
+        def __init__(self) -> None: ...
 
 DEFAULT_GRACE_PERIOD: float
 
@@ -191,8 +199,31 @@ def input_resume(
     steps_per_iteration: Optional[int],
     new_iteration: Optional[bool],
     first_used: int,
-) -> tuple[str, Optional[int], Optional[int], Optional[int]]: ...
+) -> InputResume: ...
+
+class InputResume:
+    """Where a restarted input resumes (src/input_position.rs ``InputResume``)."""
+
+    class Fresh(InputResume): ...
+
+    class At(InputResume):
+        iteration: int
+        batches: int
+        advance: int
+
+    class Unreachable(InputResume):
+        iteration: int
+        batches: int
+
 def input_batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
+
+class InputTiming:
+    """The timing of a resume's slow part (a replay, or with ``advance`` the making of
+    earlier iterators) and when each is logged; reads the clock itself."""
+
+    def __init__(self, advance: bool = False) -> None: ...
+    def poll_timeout(self) -> float: ...
+    def poll(self) -> Optional[float]: ...
 
 class TaskEvent:
     """What a served task's threads report (``src/ps_control/task.rs``)."""
@@ -474,33 +505,13 @@ class Inbox:
     """The protocol driver's inputs in one place (``src/inbox.rs``); ``recv`` releases the GIL."""
 
     def __init__(self) -> None: ...
-    def post_notice(
-        self, source: str, deadline: Optional[float] = None, kill: Optional[float] = None
-    ) -> bool: ...
-    def post_step_key(self, round_key: str, value: str) -> bool: ...
-    def post_key_read_failed(self, round_key: str, error: BaseException) -> bool: ...
-    def stop(self) -> None: ...
+    def post(self, input: Input) -> bool: ...
     @property
     def stopped(self) -> bool: ...
-    @property
-    def dropped_notices(self) -> int: ...
     def recv(
         self, timeout: Optional[float] = None, signals: Optional[SignalWatch] = None
     ) -> Optional[Input]: ...
     def drain(self) -> list[Input]: ...
-
-class KeyValueStore:
-    """In-memory coordination-service store with blocking gets (releases the GIL)."""
-
-    def __init__(self) -> None: ...
-    def set(self, key: str, value: str) -> bool: ...
-    def get(self, key: str, timeout: Optional[float] = None) -> tuple[str, Any]: ...
-    def try_get(self, key: str) -> Optional[str]: ...
-    def delete(self, key: str) -> bool: ...
-    def keys(self) -> list[str]: ...
-    def report_error(self, code: int, message: str) -> None: ...
-    @property
-    def error(self) -> Optional[tuple[int, str]]: ...
 
 def signal_deliveries(signal: int) -> int: ...
 def ignore_warnings_at_exit(signals: list[int]) -> list[int]: ...
@@ -559,23 +570,20 @@ def failed_ps_instances(message: str) -> set[int]: ...
 DEFAULT_WORKER_RECOVERY_TIMEOUT: float
 COORDINATOR_STOP_LOCK_BOUND: float
 
-# The preemption records read (src/records.rs): bytes in, fields out.
-RECORD_FIELDS: tuple[str, ...]
-RECORD_REQUIRED: tuple[str, ...]
-RECORDS_NOTICE_LINE_BOUND: float
+# The preemption records (src/records.rs): bytes in, JSON text out; lines stamped.
+#: Each field of the records' schema, and whether a line must have it.
+RECORD_FIELDS: dict[str, bool]
 
 def read_records(
-    sources: list[tuple[str, Optional[bytes]]],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, list[int]]]:
-    """``(preemptions, resumes, skipped)``: the fields of each ``records.Preemption``
-    and ``records.Resume`` in the files ``(name, bytes, or None if unreadable)``."""
+    sources: list[tuple[str, Optional[bytes]]], task: Optional[tuple[str, str]] = None
+) -> str:
+    """JSON text: ``{"preemptions", "resumes", "skipped", "groups"}`` of the files ``(name, bytes,
+    or None if unreadable)``; with ``task`` ``(job, str(task))``, its last exit or null."""
 
-def last_exit_record(
-    sources: list[tuple[str, Optional[bytes]]], job: str, task: str
-) -> Optional[dict[str, Any]]: ...
-def valid_record(obj: object) -> bool: ...
-def record_field_ok(name: str, value: object) -> bool: ...
+def record_valid(value: object, field: Optional[str] = None) -> bool: ...
 def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) -> bool: ...
+def stamp_record(record: dict[str, Any]) -> int: ...
+def records_bound(timeout: Optional[float] = None, notice_line: bool = False) -> float: ...
 
 TF_WAIT_FOREVER_MS: int
 SIMULATED_CLUSTER_BOUND: float
@@ -840,6 +848,15 @@ class WatcherFnPoll:
     def next(self, fired: bool) -> bool: ...
     def stop(self, wait: bool = True) -> None: ...
 
+class KeyWatch:
+    """The watch of one coordination-service key (``src/sources/key_watch.rs``): each
+    blocking get for ``next()`` seconds until it answers None; ``close()`` answers the
+    bound on joining the watching thread."""
+
+    def __init__(self, timeout: Optional[float] = None) -> None: ...
+    def next(self) -> Optional[float]: ...
+    def close(self) -> float: ...
+
 class MetadataWatch:
     """Polls a cloud's metadata service (GCE, AWS, Azure) for termination notices."""
 
@@ -852,7 +869,6 @@ class MetadataWatch:
         interval: float = 0.5,
         request_timeout: float = 1.0,
     ) -> None: ...
-    def wait(self, timeout: Optional[float] = None) -> Optional[tuple[str, Optional[float]]]: ...
     @property
     def state(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
@@ -861,10 +877,6 @@ def probe_metadata(
     cloud: str, base_url: str, timeout: Optional[float] = None, *, terminating: bool = False
 ) -> bool: ...
 def clouds() -> list[dict[str, Any]]: ...
-def key_watch_bounds() -> tuple[float, float]: ...
-def watch_key(
-    get: Callable[[float], Optional[str]], timeout: Optional[float] = None
-) -> Optional[str]: ...
 def peer_probe_bounds() -> tuple[int, float]: ...
 def tf_get_ms(seconds: float) -> int: ...
 def coordination_write_bound(timeout: Optional[float] = None) -> float: ...
@@ -872,10 +884,6 @@ def coordination_write_bound(timeout: Optional[float] = None) -> float: ...
 WORKER_GET_SLICE: float
 WORKER_SOFT_SLICE: float
 
-def report_same_preemption(t: float, first: float, end: Optional[float]) -> bool: ...
-def records_flush_bound(timeout: Optional[float] = None) -> float: ...
-
-INPUT_REPLAY_PROGRESS_EVERY: float
 DEFAULT_EXIT_CODE: int
 SHARES_UNMERGED_EXIT_CODE: int
 
@@ -888,29 +896,36 @@ def assign_shares(
     sizes: list[int], pinned: list[bool], workers: int
 ) -> tuple[list[int], list[int]]: ...
 
-class MergeStart:
-    """Whether the chief starts the merge (src/shares.rs ``MergeStart``)."""
+class SharesAction:
+    """What a worker does next in the shares' waits (src/shares.rs ``SharesAction``)."""
 
-    start: bool
-    bound: Optional[float]
-    needed: Optional[float]
-    left: Optional[float]
+    class Wait(SharesAction):
+        timeout: float
+        bound: float
 
-def shares_probe_answers(
-    workers: int, ask: Callable[[int, float], Optional[str]]
-) -> Optional[tuple[int, Optional[str], float]]: ...
-def shares_probe_file(
-    ask: Callable[[float], Optional[str]], look: Callable[[str], bool]
-) -> tuple[Optional[str], bool, float, float]: ...
+    class Look(SharesAction): ...
 
-class SharesSave:
-    """The waits of one part of a save in shares (src/shares.rs ``SaveWaits``)."""
+    class Looked(SharesAction):
+        seen: bool
+        looked: float
 
-    def __init__(self, core: Optional[ProtocolCore] = None) -> None: ...
-    def part_written(self, chief: bool) -> None: ...
-    def left(self, after_failure: bool = False) -> float: ...
-    def merge_start(self) -> MergeStart: ...
-    def merged(self) -> None: ...
+    class Merge(SharesAction):
+        bound: float
+
+    class Keep(SharesAction):
+        needed: float
+        left: float
+
+class SharesWaits:
+    """Every wait of one worker in the shares: the probe, or one save
+    (src/shares.rs ``Waits``); reads the clock itself."""
+
+    def __init__(
+        self, core: Optional[ProtocolCore] = None, chief: bool = False, probe: bool = False
+    ) -> None: ...
+    def handle(self, event: str, seen: bool = False) -> None: ...
+    def poll(self) -> SharesAction: ...
+    def poll_timeout(self) -> float: ...
 
 # Whether a non-chief's whole copy of a checkpoint may go to memory (src/host_memory.rs).
 def copy_place(
@@ -919,41 +934,65 @@ def copy_place(
     mem_available: Optional[int],
 ) -> tuple[str, int, Optional[int]]: ...
 
-# SLURM (src/sources/slurm.rs): the job's limits, a notice's deadlines, the requeue.
-def slurm_fields(text: str) -> dict[str, str]: ...
-def slurm_decides_requeue(*, under_slurm: bool, enabled: bool, procid: Optional[str]) -> bool: ...
-def slurm_job_read(
-    job_id: str, outputs: list[tuple[Optional[int], str, str]]
-) -> tuple[
-    Optional[tuple[list[str], float]],
-    tuple[
-        Optional[float],
-        Optional[str],
-        Optional[float],
-        Optional[float],
-        Optional[bool],
-        Optional[str],
-    ],
-]: ...
-def slurm_notice(
-    unix_now: float,
-    *,
-    end: Optional[float],
-    sigterm: bool,
-    srun_step: bool,
-    grace_time: Optional[float],
-    kill_wait: Optional[float],
-    job: Optional[dict[str, str]] = None,
-) -> tuple[Optional[float], Optional[float], Optional[float]]: ...
-def slurm_requeue(
-    job_id: str,
-    *,
-    time_limit_signal: bool,
-    restart_count: int,
-    kill_wait: Optional[float],
-    show_job: Callable[[float], dict[str, str]],
-    requeue: Callable[[float], tuple[Optional[int], Optional[str]]],
-) -> tuple[bool, str, Optional[str], Optional[str], float, Optional[float], dict[str, str]]: ...
+# SLURM (src/sources/slurm/job.rs): the job as one protocol object: its read, a
+# notice's deadlines, the requeue after the save.
+class SlurmEvent:
+    """What a thread tells the SLURM job (``SlurmJob.handle``)."""
+
+    class Read(SlurmEvent): ...
+
+    class Notice(SlurmEvent):
+        def __init__(
+            self, at: float, end: Optional[float], sigterms: int, srun_step: bool
+        ) -> None: ...
+
+    class Requeue(SlurmEvent):
+        def __init__(
+            self, enabled: bool, procid: Optional[str], time_limit_signal: bool
+        ) -> None: ...
+
+    class Exited(SlurmEvent):
+        def __init__(self, call: int, code: int, stdout: str, stderr: str) -> None: ...
+
+    class NotRun(SlurmEvent):
+        def __init__(self, call: int, why: str, timed_out: bool) -> None: ...
+
+class SlurmAction:
+    """What the thread that reported does next (``SlurmJob.handle``)."""
+
+    class Scontrol(SlurmAction):
+        call: int
+        args: list[str]
+        timeout: float
+
+    class Read(SlurmAction):
+        end_time: Optional[float]
+        partition: Optional[str]
+        grace_time: Optional[float]
+        kill_wait: Optional[float]
+        requeue: Optional[bool]
+        error: Optional[str]
+
+    class Deadlines(SlurmAction):
+        deadline: Optional[float]
+        kill: Optional[float]
+        unread: Optional[str]
+
+    class Requeued(SlurmAction):
+        requeued: bool
+        message: str
+        what: str
+        reason: Optional[str]
+        took: float
+        kill_in: Optional[float]
+        kill_wait: Optional[float]
+        job_state: Optional[str]
+
+    class Done(SlurmAction): ...
+
+class SlurmJob:
+    def __init__(self, job_id: str, restart_count: int) -> None: ...
+    def handle(self, event: SlurmEvent) -> SlurmAction: ...
 
 # exit_guard.rs: after the last save, an exit still running just before the deadline
 # ends with the exit code (grace::exit_guard_delay decides when).

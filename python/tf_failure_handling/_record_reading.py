@@ -8,20 +8,14 @@ schema and folds them into :class:`Preemption` and :class:`Resume` objects.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import stat
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from . import _record_paths as _paths
-from ._native import (
-    RECORD_FIELDS,
-    RECORD_REQUIRED,
-    last_exit_record,
-    read_records,
-    record_field_ok,
-    valid_record,
-)
+from ._native import RECORD_FIELDS, read_records, record_valid
 from ._record_paths import DEFAULT_SUBDIR, _join, _local, is_local
 
 
@@ -89,18 +83,21 @@ class Records:
     #: Lines that were skipped, per file (or object): cut off, not JSON, or not of
     #: the schema's shape. Line 0: the file itself could not be read.
     skipped: dict
+    #: The preemptions grouped into cluster-wide ones (their indices, in time order):
+    #: the core's rule, ``records::groups`` in src/records.rs.
+    groups: list = field(default_factory=list)
 
 
 #: The schema: each known field, and a check of a value for it (``FIELDS[name](value)``;
 #: ``null`` is the same as absent). A line must have :data:`REQUIRED`; any other field is
 #: kept in ``extra`` whatever its value. The rules (docs/records.md) are in the Rust core.
-FIELDS: dict = {n: functools.partial(record_field_ok, n) for n in RECORD_FIELDS}
-REQUIRED = RECORD_REQUIRED
+FIELDS: dict = {n: functools.partial(record_valid, field=n) for n in RECORD_FIELDS}
+REQUIRED = tuple(n for n, required in RECORD_FIELDS.items() if required)
 
 
 def valid(obj: Any) -> bool:
     """Whether ``obj`` (a parsed line) is of the schema's shape."""
-    return valid_record(obj)
+    return record_valid(obj)
 
 
 class _Reader:
@@ -194,8 +191,13 @@ def load(path: Union[str, os.PathLike]) -> Records:
     """
     path = os.fspath(path)
     reader = _Reader(path)
-    preemptions, resumes, skipped = read_records(_read(reader, _sources(reader, path)))
-    return Records([Preemption(**p) for p in preemptions], [Resume(**r) for r in resumes], skipped)
+    found = json.loads(read_records(_read(reader, _sources(reader, path))))
+    return Records(
+        [Preemption(**p) for p in found["preemptions"]],
+        [Resume(**r) for r in found["resumes"]],
+        dict(found["skipped"]),
+        found["groups"],
+    )
 
 
 def _task_sources(reader: _Reader, folder: str, job: str, task: Any) -> list:
@@ -225,5 +227,5 @@ def last_exit(folder: Optional[str], job: str, task: Any) -> Optional[Preemption
         sources = _read(reader, _task_sources(reader, folder, job, task))
     except OSError:
         return None
-    found = last_exit_record(sources, job, str(task))
+    found = json.loads(read_records(sources, (job, str(task))))
     return None if found is None else Preemption(**found)

@@ -21,14 +21,14 @@ import errno
 import json
 import logging
 import os
+import secrets
 import socket
 import threading
-import time
 from typing import Any, Callable, Optional
 
 from . import _record_paths as _paths
 from ._native import claim_resume as _claim_resume
-from ._native import records_flush_bound
+from ._native import records_bound, stamp_record
 from ._record_paths import (  # re-exported: where the records go
     DEFAULT_SUBDIR,
     RECORDS_DIR_ENV,
@@ -73,21 +73,22 @@ SCHEMA_VERSION = 1
 STAGES = ("notice", "agreement", "save_start", "save_end", "exit", "error", "resumed", "requeue")
 # How long Recorder.close waits for an object store to take the lines still queued
 # (the ``exit`` line among them) before the process exits without them is the core's:
-# FLUSH_BOUND in src/records.rs (``records_flush_bound``).
+# FLUSH_BOUND in src/records.rs (``records_bound``). The wall-clock time a line carries
+# (seconds since the Unix epoch: the clock a reader compares across hosts and
+# restarts) is stamped by the binding as the line is built (``stamp_record``).
 
 
 # --------------------------------------------------------------------- writing
 
 
-def stamp() -> float:
-    """The wall-clock time a record line carries (seconds since the Unix epoch): the
-    records' clock, the one a reader compares across hosts and restarts."""
-    return time.time()
+def _token() -> str:
+    """The random part of a preemption's id: unique across processes and restarts."""
+    return secrets.token_hex(6)
 
 
 def task_preemption(job: str, task: Any) -> str:
     """The id of a PS or worker task's preemption its coordinator records."""
-    return f"{job}-{task}-{int(stamp() * 1000)}"
+    return f"{job}-{task}-{_token()}"
 
 
 class _File:
@@ -123,7 +124,7 @@ class _File:
             raise
         self._fd = fd
 
-    def append(self, line: bytes, stage: str) -> None:
+    def append(self, line: bytes, stage: str, stamp: int) -> None:
         """Raises ``OSError`` when the line could not be written whole."""
         if self._fd is None:
             self._open()
@@ -161,13 +162,15 @@ class _Objects:
         self._count = 0
         self._made = False
 
-    def append(self, line: bytes, stage: str) -> None:
+    def append(self, line: bytes, stage: str, stamp: int) -> None:
+        """``stamp``: when the line was built, in microseconds since the Unix epoch (the
+        objects' names sort in the order of their lines)."""
         gfile = _paths._gfile()
         if not self._made:
             gfile.makedirs(self.path)
             self._made = True
         self._count += 1
-        name = f"{time.time_ns() // 1000:017d}-{self._pid:07d}-{self._count:05d}-{stage}.json"
+        name = f"{stamp:017d}-{self._pid:07d}-{self._count:05d}-{stage}.json"
         with gfile.GFile(_join(self.path, name), "wb") as f:
             f.write(line)
 
@@ -230,7 +233,7 @@ class _Queue:
     def wait_empty(self, timeout: Optional[float] = None) -> tuple:
         """Whether every job ran within ``timeout`` seconds (None: the core's bound
         before the exit), and that bound."""
-        bound = records_flush_bound(timeout)
+        bound = records_bound(timeout)
         with self._cond:
             return self._cond.wait_for(self._empty, bound), bound
 
@@ -286,12 +289,14 @@ class Recorder:
     def new_preemption(self) -> str:
         with self._lock:
             self._count += 1
-            self.current = f"{self.host}-{self.pid}-{int(stamp() * 1000)}-{self._count}"
+            self.current = f"{self.host}-{self.pid}-{_token()}-{self._count}"
             return self.current
 
     def write(self, stage: str, preemption: Optional[str] = None, **fields: Any) -> None:
         """Writes one line (and logs it at INFO, with the same fields): on a local
-        folder it is on the disk when this returns; on an object store it is queued."""
+        folder it is on the disk when this returns; on an object store it is queued.
+        Its ``time`` is now unless ``time`` is given; ``exited`` (a ``resumed`` line's
+        exit) makes its ``downtime``."""
         # The coordinator of a PS cluster writes its PS and worker tasks' lines
         # (as_job / as_task) into its own file.
         job = fields.pop("as_job", None) or self.job
@@ -299,7 +304,7 @@ class Recorder:
         record = {
             "schema": SCHEMA_VERSION,
             "stage": stage,
-            "time": fields.pop("time", None) or stamp(),
+            "time": fields.pop("time", None),
             "job": job,
             "task": self.task if task is None else task,
             "host": self.host,
@@ -309,17 +314,18 @@ class Recorder:
         }
         if stage == "notice" and self.platform is not None and job == self.job:
             record.setdefault("platform", self.platform)
+        stamp = stamp_record(record)
         line = json.dumps(record, sort_keys=True, default=str)
         log.info("Preemption %s: %s", stage, line)
         data = (line + "\n").encode()
         if self.remote:
-            self._later(lambda: self._sink_for_writing().append(data, stage))
+            self._later(lambda: self._sink_for_writing().append(data, stage, stamp))
             return
         with self._lock:
             if self._failed:
                 return
             try:
-                self._sink_for_writing().append(data, stage)
+                self._sink_for_writing().append(data, stage, stamp)
                 return
             except OSError as e:
                 error = e

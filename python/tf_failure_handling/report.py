@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import records
-from ._native import report_same_preemption
 
 #: What ``report``'s exit code means; anything but 0 comes with one line on stderr.
 EXIT_CODES = {
@@ -71,17 +70,9 @@ class Row:
 
 
 def group(found: records.Records) -> list:
-    """Task-level preemptions grouped into cluster-wide ones, in time order."""
-    rows: list = []
-    for p in found.preemptions:
-        t = p.notice_time or p.save_start or p.exit_time or 0.0
-        if rows:
-            last = rows[-1]
-            if report_same_preemption(t, last.when, last.end):
-                last.tasks.append(p)
-                continue
-        rows.append(Row([p]))
-    return rows
+    """Task-level preemptions grouped into cluster-wide ones, in time order (the core's
+    grouping, ``found.groups``)."""
+    return [Row([found.preemptions[i] for i in tasks]) for tasks in found.groups]
 
 
 def _when(t: float) -> str:

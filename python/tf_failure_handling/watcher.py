@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from . import _errors
 from ._cluster import coordination as _coordination
-from ._native import PREEMPTION_NOTICE_KEY, key_watch_bounds, watch_key
+from ._native import PREEMPTION_NOTICE_KEY, KeyWatch
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from ._platforms.in_process import notice_message, subscribe, unsubscribe
@@ -94,6 +94,8 @@ class PreemptionWatcher:
         #: Makes "first message wins" and "nothing after close" atomic in ``_receive``.
         self._receive_lock = threading.Lock()
         self._closing = threading.Event()
+        #: The notice key's watch (the core's slices; its close bounds the joins).
+        self._key_watch = KeyWatch()
         self._closed = False
         signals = _check_signals(signals)
         self._environment = _platform.environment()
@@ -119,7 +121,7 @@ class PreemptionWatcher:
             self._threads.append(
                 threading.Thread(
                     target=_watch_key,
-                    args=(me, self._coordination, self._closing, self._received),
+                    args=(me, self._coordination, self._key_watch, self._closing, self._received),
                     name="PreemptionWatcher-key",
                     daemon=True,
                 )
@@ -154,7 +156,7 @@ class PreemptionWatcher:
         """Blocks until the workers exit (Borg TPU only); a no-op elsewhere, as in TF.
 
         On a Borg TPU it waits, as TF does, for the coordination service to go
-        away with the workers, in the core's slices (``watch_key``, on this thread);
+        away with the workers, in the core's slices (``KeyWatch``, on this thread);
         ``timeout`` bounds it (TF waits forever).
         """
         if self._platform is not _platform.PlatformDevice.INTERNAL_TPU:
@@ -164,8 +166,11 @@ class PreemptionWatcher:
             return
         errors = _errors.module()
         client = _coordination.Client(service)
+        watch = KeyWatch(timeout)
         try:
-            watch_key(lambda wait: client.get(BLOCK_TILL_EXIT_KEY, wait), timeout)
+            while (wait := watch.next()) is not None:
+                if client.get(BLOCK_TILL_EXIT_KEY, wait) is not None:
+                    break
         except errors.InternalError as e:
             if "Coordination service is not enabled." not in str(e):
                 raise
@@ -183,9 +188,10 @@ class PreemptionWatcher:
             self._done.set()
         unsubscribe(self)
         self._sources.close()
+        join = self._key_watch.close()
         for t in self._threads:
             if t is not threading.current_thread():
-                t.join(key_watch_bounds()[1])
+                t.join(join)
 
     def __enter__(self) -> PreemptionWatcher:
         return self
@@ -231,12 +237,12 @@ def _watch_sources(ref: weakref.ref, sources: _sources.NoticeSources) -> None:
 def _watch_key(
     ref: weakref.ref,
     client: _coordination.Client,
+    watch: KeyWatch,
     closing: threading.Event,
     received: threading.Event,
 ) -> None:
-    # A daemon thread: the loop stays here (the core's bound on each get).
-    wait, _ = key_watch_bounds()
-    while not closing.is_set() and not received.is_set() and ref() is not None:
+    # A daemon thread: each get as long as the watch says, until it is closed.
+    while (wait := watch.next()) is not None and not received.is_set() and ref() is not None:
         try:
             value = client.get(PREEMPTION_NOTICE_KEY, wait)
         except Exception as e:  # noqa: BLE001 - the service went away (workers exiting)

@@ -4,18 +4,17 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
-type Inbox = super::Inbox<String>;
-
-fn notice(source: &str) -> Input<String> {
+fn notice(source: &str) -> Input {
     Input::Notice {
-        origin: Origin::Source(source.to_owned()),
+        source: Some(source.to_owned()),
+        signal: None,
         at: 1.0,
         deadline: None,
         kill: None,
     }
 }
 
-fn key(round: Round, value: &str) -> Input<String> {
+fn key(round: Round, value: &str) -> Input {
     Input::StepKey {
         round,
         value: value.to_owned(),
@@ -35,26 +34,19 @@ fn each_kind_is_first_in_first_out_and_step_keys_come_before_notices() {
     poster.post(notice("first")).unwrap();
     poster.post(notice("second")).unwrap();
     poster.post(key(Round::Initial, "7")).unwrap();
-    poster
-        .post(Input::KeyReadFailed {
-            round: Round::Final,
-            error: "unavailable".into(),
-        })
-        .unwrap();
+    poster.post(Input::KeyReadFailed { round: Round::Final }).unwrap();
     poster.notice(Origin::Signal(15), 2.0, Some(3.0), None).unwrap();
-    let order: Vec<Input<String>> = (0..5).map(|_| inbox.recv_deadline(soon()).unwrap()).collect();
+    let order: Vec<Input> = (0..5).map(|_| inbox.recv_deadline(soon()).unwrap()).collect();
     assert_eq!(
         order,
         vec![
             key(Round::Initial, "7"),
-            Input::KeyReadFailed {
-                round: Round::Final,
-                error: "unavailable".into()
-            },
+            Input::KeyReadFailed { round: Round::Final },
             notice("first"),
             notice("second"),
             Input::Notice {
-                origin: Origin::Signal(15),
+                source: None,
+                signal: Some(15),
                 at: 2.0,
                 deadline: Some(3.0),
                 kill: None,
@@ -101,13 +93,13 @@ fn stop_wins_over_queued_inputs_is_sticky_and_refuses_posts() {
     inbox.stop(); // idempotent
     assert!(inbox.stopped());
     for _ in 0..3 {
-        assert_eq!(inbox.recv_deadline(Some(Instant::now())), Ok(Input::Stop));
+        assert_eq!(inbox.recv_deadline(Some(Instant::now())), Ok(Input::Stop {}));
     }
     assert_eq!(poster.post(notice("after")), Err(PostError::Stopped));
     // What arrived before the stop is still there for a last look.
     assert_eq!(inbox.drain(), vec![key(Round::Initial, "3"), notice("queued")]);
     assert_eq!(inbox.drain(), vec![]);
-    assert_eq!(inbox.recv_deadline(None), Ok(Input::Stop));
+    assert_eq!(inbox.recv_deadline(None), Ok(Input::Stop {}));
 }
 
 #[test]
@@ -122,9 +114,9 @@ fn stop_wakes_every_blocked_receive_and_a_poster_can_post_it() {
         .collect();
     std::thread::sleep(Duration::from_millis(20));
     // `close()` posts Stop through the same handle every source has.
-    poster.post(Input::Stop).unwrap();
+    poster.post(Input::Stop {}).unwrap();
     for w in waiters {
-        assert_eq!(w.join().unwrap(), Ok(Input::Stop));
+        assert_eq!(w.join().unwrap(), Ok(Input::Stop {}));
     }
     assert!(inbox.stopped());
 }

@@ -37,7 +37,7 @@
 //!   `handler.rs`, also filled in the module's init);
 //! * a Rust lock is taken attached only when none of its holders ever runs
 //!   Python, logs, drops a Python object or waits for the GIL while holding
-//!   it (the closure queue's core, the handler's state, the store); a wait
+//!   it (the closure queue's core, the handler's state); a wait
 //!   that can last (a condvar, a channel, a full queue) is detached
 //!   ([`detach`], [`wait_sliced`]);
 //! * log records are emitted after every Rust lock is released.

@@ -1113,7 +1113,7 @@ impl ProtocolCore {
     }
 }
 
-/// What `SharesSave(core)` asks of the protocol (`src/python/shares.rs`): each wait
+/// What `SharesWaits(core)` asks of the protocol (`src/python/shares.rs`): each wait
 /// of a save in shares bounded by the shares' rule, this worker's notice's deadline
 /// less the exit's reserve, and the merges this handler measured.
 impl ProtocolCore {

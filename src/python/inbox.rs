@@ -9,8 +9,9 @@
 //! (the step-key reader, the watcher-fn poller, `testing`, `close()`) post
 //! through the methods below, which never block.
 //!
-//! A key-read failure carries the exception object itself, so the driver
-//! hands on TF's own error type and message.
+//! `Input` is the core's declaration (`crate::inbox::Input`, one `wire!`): a
+//! key-read failure names its round only; the exception stays on the Python
+//! side (`NoticeSources.read_failed`), so the driver hands on TF's own error.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,72 +21,19 @@ use pyo3::prelude::*;
 use super::blocking::{deadline_after, wait_sliced};
 use super::clock;
 use super::displacement::{warn_displaced, Displacement};
-use super::handler::round_from_key;
-use crate::inbox::{InWait, Inbox, Input, Origin, Poster, RecvError};
+use super::errors;
+use super::wire::py_enum;
+use crate::inbox::{self as core, InWait, Inbox, Poster, RecvError};
+use crate::step_resolution::Round;
 
-/// What the binding's inbox carries for a failed read: the exception.
-pub(crate) type PyPoster = Poster<Py<PyAny>>;
+/// The poster a Rust source (the signal dispatcher, a metadata watch) is given.
+pub(crate) type PyPoster = Poster;
 
-/// One input of the driver, as `Inbox.recv` returns it.
-#[pyclass(frozen, name = "Input", module = "tf_failure_handling._native")]
-pub enum PyInput {
-    /// A termination notice: `signal` (its number) for a signal, else
-    /// `source` (as the source describes itself); `at` when it was seen and
-    /// `deadline` when the machine goes away, `kill` when the platform stated it
-    /// ends this process, all Unix seconds.
-    Notice {
-        source: Option<String>,
-        signal: Option<i32>,
-        at: f64,
-        deadline: Option<f64>,
-        kill: Option<f64>,
-    },
-    /// The step-key reader read `value` from `round_key`.
-    StepKey { round_key: String, value: String },
-    /// Reading `round_key` failed for longer than the bound; `error` is the
-    /// last failure (TF's type). The reader has ended.
-    KeyReadFailed { round_key: String, error: Py<PyAny> },
-    /// `close()`: the driver ends.
-    Stop {},
-}
-
-impl From<Input<Py<PyAny>>> for PyInput {
-    fn from(input: Input<Py<PyAny>>) -> Self {
-        match input {
-            Input::Notice {
-                origin,
-                at,
-                deadline,
-                kill,
-            } => {
-                let (source, signal) = match origin {
-                    Origin::Signal(s) => (None, Some(s)),
-                    Origin::Source(s) => (Some(s), None),
-                };
-                PyInput::Notice {
-                    source,
-                    signal,
-                    at,
-                    deadline,
-                    kill,
-                }
-            }
-            Input::StepKey { round, value } => PyInput::StepKey {
-                round_key: round.key().to_owned(),
-                value,
-            },
-            Input::KeyReadFailed { round, error } => PyInput::KeyReadFailed {
-                round_key: round.key().to_owned(),
-                error,
-            },
-            Input::Stop => PyInput::Stop {},
-        }
-    }
-}
+crate::inbox::input!(py_enum[crate::inbox]);
 
 /// What one slice of [`PyInbox::recv`] found.
 enum Got {
-    Input(Input<Py<PyAny>>),
+    Input(core::Input),
     /// A watched signal's disposition is no longer ours (first time only).
     Displaced(Vec<i32>),
 }
@@ -95,7 +43,7 @@ enum Got {
 /// receive takes them).
 #[pyclass(frozen, name = "Inbox", module = "tf_failure_handling._native")]
 pub struct PyInbox {
-    inbox: Arc<Inbox<Py<PyAny>>>,
+    inbox: Arc<Inbox>,
     poster: PyPoster,
 }
 
@@ -117,44 +65,37 @@ impl PyInbox {
         }
     }
 
-    /// Posts a notice from `source` (Unix `deadline`, if it announced one; Unix
-    /// `kill`, if it stated when this process ends); False once stopped (or when
-    /// too many notices wait: it changes nothing then).
-    #[pyo3(signature = (source, deadline=None, kill=None))]
-    fn post_notice(&self, source: String, deadline: Option<f64>, kill: Option<f64>) -> bool {
-        self.poster
-            .notice(Origin::Source(source), clock::unix_now(), deadline, kill)
-            .is_ok()
-    }
-
-    /// Posts the value read from a step key; False once stopped.
+    /// Posts `input` (an `Input` built in Python): a notice from a source
+    /// (`Input.Notice(source, deadline=, kill=)`: Unix `deadline` if it announced
+    /// one, Unix `kill` if it stated when this process ends; stamped now, its
+    /// `at` is not read; refused too when too many notices wait), a step key the
+    /// reader read (`Input.StepKey`), the failure that ended the reader
+    /// (`Input.KeyReadFailed`, with its exception), or the stop (`Input.Stop`:
+    /// every receive, blocked or later, returns it; posts return False from then
+    /// on; idempotent, never blocks). False once stopped.
     ///
     /// # Errors
     ///
-    /// `ValueError` when `round_key` is not a step key.
-    fn post_step_key(&self, round_key: &str, value: String) -> PyResult<bool> {
-        let round = round_from_key(round_key)?;
-        Ok(self.poster.post(Input::StepKey { round, value }).is_ok())
+    /// `ValueError` when a round key is not a step key, or a notice names no
+    /// source.
+    fn post(&self, input: &Bound<'_, Input>) -> PyResult<bool> {
+        let input = match core::Input::from(input.get()) {
+            core::Input::Notice { source: None, .. } => return Err(errors::bad_value("a posted notice names its source")),
+            core::Input::Notice {
+                source, deadline, kill, ..
+            } => core::Input::Notice {
+                source,
+                signal: None,
+                at: clock::unix_now(),
+                deadline,
+                kill,
+            },
+            input => input,
+        };
+        Ok(self.poster.post(input).is_ok())
     }
 
-    /// Posts that reading `round_key` failed for good, with the last
-    /// `error`; False once stopped.
-    ///
-    /// # Errors
-    ///
-    /// `ValueError` when `round_key` is not a step key.
-    fn post_key_read_failed(&self, round_key: &str, error: Py<PyAny>) -> PyResult<bool> {
-        let round = round_from_key(round_key)?;
-        Ok(self.poster.post(Input::KeyReadFailed { round, error }).is_ok())
-    }
-
-    /// Stops the inbox: every receive (blocked or later) returns
-    /// `Input.Stop`, posts return False. Idempotent, never blocks.
-    fn stop(&self) {
-        self.inbox.stop();
-    }
-
-    /// Whether `stop()` was called.
+    /// Whether the stop was posted.
     #[getter]
     fn stopped(&self) -> bool {
         self.inbox.stopped()
@@ -162,14 +103,8 @@ impl PyInbox {
 
     /// Every input still queued, without waiting, even once stopped (what
     /// arrived before the stop): step keys and failures, then notices.
-    fn drain(&self) -> Vec<PyInput> {
-        self.inbox.drain().into_iter().map(PyInput::from).collect()
-    }
-
-    /// Notices dropped because too many were waiting.
-    #[getter]
-    fn dropped_notices(&self) -> u64 {
-        self.inbox.dropped_notices()
+    fn drain(&self) -> Vec<Input> {
+        self.inbox.drain().into_iter().map(Input::from).collect()
     }
 
     /// The most urgent input (stop, then step keys and failures, then
@@ -183,7 +118,7 @@ impl PyInbox {
     /// `ValueError` for a negative timeout; what a signal handler raised
     /// while the main thread waited (`KeyboardInterrupt`).
     #[pyo3(signature = (timeout=None, signals=None))]
-    fn recv(&self, py: Python<'_>, timeout: Option<f64>, signals: Option<Displacement>) -> PyResult<Option<PyInput>> {
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>, signals: Option<Displacement>) -> PyResult<Option<Input>> {
         let deadline = deadline_after(timeout)?;
         let displacement = signals.unwrap_or_default();
         // What is queued already is taken without releasing the GIL (a
@@ -191,7 +126,7 @@ impl PyInbox {
         // a timeout of 0, for which no slice is left.
         match self.inbox.recv_timeout(Duration::ZERO) {
             Ok(input) => return Ok(Some(input.into())),
-            Err(RecvError::Disconnected) => return Ok(Some(PyInput::Stop {})),
+            Err(RecvError::Disconnected) => return Ok(Some(Input::Stop {})),
             Err(RecvError::Timeout) => {}
         }
         let _counted = InWait::enter();
@@ -202,7 +137,7 @@ impl PyInbox {
                 match inbox.recv_timeout(slice) {
                     Ok(input) => return Some(Got::Input(input)),
                     // Nothing can arrive any more: as good as stopped.
-                    Err(RecvError::Disconnected) => return Some(Got::Input(Input::Stop)),
+                    Err(RecvError::Disconnected) => return Some(Got::Input(core::Input::Stop {})),
                     Err(RecvError::Timeout) => {}
                 }
                 displacement.newly_displaced().map(Got::Displaced)
@@ -219,6 +154,6 @@ impl PyInbox {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyInbox>()?;
-    m.add_class::<PyInput>()?;
+    m.add_class::<Input>()?;
     Ok(())
 }

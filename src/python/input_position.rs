@@ -1,13 +1,16 @@
 //! Binding of the input position's decisions ([`crate::input_position`]) for
 //! `_protocol/input_position.py`, which makes the iterators and logs.
 
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 
-use crate::input_position::{self, Resume, Resuming, Saved};
+use super::clock::now_secs;
+use super::wire::py_enum;
+use crate::input_position::{self, Resuming, Saved, Timed, Timing};
 
-/// Where a restarted input resumes: `("fresh", None, None, None)`,
-/// `("at", iteration, batches, advance)` or `("unreachable", iteration, batches, None)`
-/// (module docs of `crate::input_position`).
+crate::input_position::input_resume_decl!(py_enum[crate::input_position]);
+
+/// Where a restarted input resumes (module docs of `crate::input_position`).
 #[pyfunction]
 #[pyo3(signature = (iteration, batches, previous, per_iteration, steps_per_iteration, new_iteration, first_used))]
 #[allow(clippy::too_many_arguments)]
@@ -19,7 +22,7 @@ fn input_resume(
     steps_per_iteration: Option<u64>,
     new_iteration: Option<bool>,
     first_used: u64,
-) -> (&'static str, Option<u64>, Option<u64>, Option<u64>) {
+) -> InputResume {
     let saved = Saved {
         iteration,
         batches,
@@ -31,15 +34,7 @@ fn input_resume(
         new_iteration,
         first_used,
     };
-    match input_position::resume(saved, resuming) {
-        Resume::Fresh => ("fresh", None, None, None),
-        Resume::At {
-            iteration,
-            batches,
-            advance,
-        } => ("at", Some(iteration), Some(batches), Some(advance)),
-        Resume::Unreachable { iteration, batches } => ("unreachable", Some(iteration), Some(batches), None),
-    }
+    input_position::resume(saved, resuming).into()
 }
 
 /// Batches the iterator in use has given (`crate::input_position::batches_given`).
@@ -48,8 +43,38 @@ fn input_batches_given(start: u64, runs_now: u64, runs_at_made: u64, per_run: u6
     input_position::batches_given(start, runs_now, runs_at_made, per_run)
 }
 
+/// The timing of a resume's slow part ([`Timing`]), from its construction:
+/// `InputTiming(advance=False)` times a replay of skipped batches (a line every
+/// interval), `InputTiming(advance=True)` the making of earlier iterators (a line at
+/// its end when slow). It reads the clock itself.
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub(crate) struct InputTiming(Mutex<Timing>);
+
+#[pymethods]
+impl InputTiming {
+    #[new]
+    #[pyo3(signature = (advance = false))]
+    fn new(advance: bool) -> Self {
+        InputTiming(Mutex::new(Timing::new(
+            if advance { Timed::Advance } else { Timed::Replay },
+            now_secs(),
+        )))
+    }
+
+    /// Seconds until the next line is due.
+    fn poll_timeout(&self) -> f64 {
+        self.0.lock().poll_timeout(now_secs())
+    }
+
+    /// The seconds since the start when a line is due now, else None.
+    fn poll(&self) -> Option<f64> {
+        self.0.lock().poll(now_secs())
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("INPUT_REPLAY_PROGRESS_EVERY", crate::input_position::REPLAY_PROGRESS_EVERY)?;
+    m.add_class::<InputTiming>()?;
+    m.add_class::<InputResume>()?;
     m.add_function(wrap_pyfunction!(input_resume, m)?)?;
     m.add_function(wrap_pyfunction!(input_batches_given, m)?)?;
     Ok(())

@@ -8,7 +8,6 @@
 //! | `inbox.rs` | `Inbox` and `Input`: the protocol driver's inputs in one place; its receive releases the GIL; the bound on joining its waiting threads at exit |
 //! | `signals.rs` | `SignalWatch`: signals from any thread, chained, posted into an `Inbox`; its wait releases the GIL |
 //! | `displacement.rs` | signal handlers someone replaced after ours, which both waits above look for (below both) |
-//! | `store.rs` | `KeyValueStore`: the in-memory coordination service behind `tf_failure_handling.testing` |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `closure.rs` | `Completions`, what the coordinator's `RemoteValue`s wait on; `timed`, the call that feeds TF's coordinator metrics |
 //! | `exit_guard.rs` | `arm_exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the kill its platform stated (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL; a step or a new handler stands it down |
@@ -18,14 +17,15 @@
 //! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait), `TaskProtocol` (a served task's), `TaskCalls` |
 //! | `failure_response.rs` | `failure_response`, `after_recovery_wait`: what a closure's error gets, in TF's order (`crate::failure::response`) |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
-//! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes (`crate::input_position`) |
+//! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes; `InputTiming`: when a slow resume is logged (`crate::input_position`) |
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
-//! | `records.rs` | the preemption records read (`crate::records`): bytes in, the fields of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines |
-//! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; the waits' bounds and `MergeStart`, whether the chief starts the merge (`crate::shares`) |
-//! | `slurm.rs` | `slurm_fields`, `slurm_time`, `slurm_seconds`, `slurm_config_value`: SLURM's text (`crate::sources::slurm`); the bounds on `scontrol` |
+//! | `records.rs` | the preemption records (`crate::records`): bytes in, JSON text of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines; each line's wall-clock stamp; the records' waits' bounds |
+//! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; `SharesWaits` and `SharesAction`: every wait of the shares (the probe, a save's waits, whether the chief starts the merge) as events in, actions out (`crate::shares`) |
+//! | `slurm.rs` | `SlurmJob`, `SlurmEvent`, `SlurmAction`: the SLURM job's protocol object (`crate::sources::slurm::Job`); the requeue's pauses waited |
 //! | `wire.rs` | `py_enum!`: a core `wire!` declaration (`crate::wire`) expanded into its Python class and conversions, one line per type; the conversions of core field types (a `Round` is its key) |
-//! | `sources.rs` | `MetadataWatch`, `probe_metadata` and `clouds`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the clouds' one table (detection, default grace periods, exit codes); the watcher fn's interval |
+//! | `sources.rs` | `MetadataWatch`, `WatcherFnPoll`, `probe_metadata` and `clouds`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the clouds' one table (detection, default grace periods, exit codes); the watcher fn's schedule |
+//! | `watcher.rs` | `KeyWatch`: `PreemptionWatcher`'s watch of a coordination-service key (`crate::sources::key_watch`); the bounds of the coordination client's calls and of the peer health probes |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and
 //! the GIL before adding a lock, a once-cell or a wait.
@@ -54,7 +54,6 @@ mod shares;
 mod signals;
 mod slurm;
 mod sources;
-mod store;
 mod watcher;
 mod wire;
 
@@ -96,7 +95,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(handler::write_timeout, m)?)?;
     signals::register(m)?;
     inbox::register(m)?;
-    m.add_class::<store::KeyValueStore>()?;
     closure_queue::register(m)?;
     closure::register(m)?;
     failure::register(m)?;

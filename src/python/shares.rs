@@ -1,12 +1,20 @@
 //! Binding of the checkpoint's shares ([`crate::shares`]): which worker writes which
-//! tensor when the workers write one checkpoint together.
+//! tensor when the workers write one checkpoint together, and every wait of it
+//! (`SharesWaits`: the probe at the handler's construction, one save).
+
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 
-use super::clock::now_secs;
+use super::blocking::wait_sliced;
+use super::clock::{now_secs, At};
+use super::errors;
 use super::handler::ProtocolCore;
-use crate::shares::{self, Waiter};
+use super::wire::py_enum;
+use crate::shares::{self, Bounds, MergeStart, SharesEvent, Waiter, Waits};
+
+crate::shares::shares_action!(py_enum[crate::shares]);
 
 /// `(owner, parts)` for tensors of `sizes` bytes over `workers` workers: `owner[t]` is
 /// the worker that writes tensor `t`, `parts` the workers that write a part, in part
@@ -17,174 +25,103 @@ fn assign_shares(sizes: Vec<u64>, pinned: Vec<bool>, workers: usize) -> PyResult
     Ok((plan.owner, plan.parts))
 }
 
-/// Whether the chief starts the merge of the parts (`shares::MergeStart`): `start`;
-/// when it does, `bound`, the seconds it waits for the merge and the state file; when
-/// it does not, `needed` (the seconds the merge is expected to take) and `left` (the
-/// seconds left before the deadline less the exit's reserve).
-#[pyclass(frozen, module = "tf_failure_handling._native", name = "MergeStart")]
-pub(crate) struct PyMergeStart {
-    #[pyo3(get)]
-    start: bool,
-    #[pyo3(get)]
-    bound: Option<f64>,
-    #[pyo3(get)]
-    needed: Option<f64>,
-    #[pyo3(get)]
-    left: Option<f64>,
-}
+/// A handler's protocol as the bounds of a save: its notice's deadline less the
+/// exit's reserve, and the merges it measured.
+struct Handler<'a>(&'a ProtocolCore);
 
-impl From<shares::MergeStart> for PyMergeStart {
-    fn from(decision: shares::MergeStart) -> Self {
-        match decision {
-            shares::MergeStart::Start { bound } => PyMergeStart {
-                start: true,
-                bound: Some(bound),
-                needed: None,
-                left: None,
-            },
-            shares::MergeStart::Keep { needed, left } => PyMergeStart {
-                start: false,
-                bound: None,
-                needed: Some(needed),
-                left: Some(left),
-            },
-        }
+impl Bounds for Handler<'_> {
+    fn wait_bound(&mut self, own: f64, now: f64, waiter: Waiter) -> f64 {
+        self.0.shares_bound(own, now, waiter)
+    }
+
+    fn merge_start(&mut self, own: f64, now: f64) -> MergeStart {
+        self.0.shares_merge_decision(own, now)
+    }
+
+    fn merged(&mut self, took: f64) {
+        self.0.shares_took(took);
     }
 }
 
-/// The chief's wait, at the handler's construction, for each other worker's answer to
-/// the probe of the checkpoint folder ([`shares::Probe`]): `ask(worker, seconds)` is
-/// one wait for `worker`'s answer, bounded by what is left of [`shares::PROBE_WAIT`].
-/// Returns `(worker, answer, bound)` for the first answer that is not `ok` (None: it
-/// did not come), None when all are; `bound` is the probe's, for the message.
-///
-/// # Errors
-///
-/// What `ask` raised.
-#[pyfunction]
-fn shares_probe_answers(workers: usize, ask: &Bound<'_, PyAny>) -> PyResult<Option<(usize, Option<String>, f64)>> {
-    let probe = shares::Probe::new(now_secs());
-    for worker in 1..workers {
-        let answer: Option<String> = ask.call1((worker, probe.left(now_secs())))?.extract()?;
-        if answer.as_deref() != Some("ok") {
-            return Ok(Some((worker, answer, shares::PROBE_WAIT)));
-        }
-    }
-    Ok(None)
-}
-
-/// A non-chief's part of the probe: `ask(seconds)` waits for the chief's token
-/// (within [`shares::PROBE_WAIT`]); then `look(token)` says whether the probe file
-/// holds it, asked again after each pause until it does or [`shares::PROBE_LOOK`]
-/// passed (the pauses are waited here). Returns `(token, seen, bound, look_bound)`:
-/// the token (None: it did not come), whether the file was seen, and both bounds for
-/// the messages.
-///
-/// # Errors
-///
-/// What `ask` or `look` raised; what a signal handler raised during a pause.
-#[pyfunction]
-fn shares_probe_file(py: Python<'_>, ask: &Bound<'_, PyAny>, look: &Bound<'_, PyAny>) -> PyResult<(Option<String>, bool, f64, f64)> {
-    let mut probe = shares::Probe::new(now_secs());
-    let bounds = (shares::PROBE_WAIT, shares::PROBE_LOOK);
-    let token: Option<String> = ask.call1((probe.left(now_secs()),))?.extract()?;
-    let Some(token) = token else {
-        return Ok((None, false, bounds.0, bounds.1));
-    };
-    loop {
-        let seen: bool = look.call1((&token,))?.extract()?;
-        match probe.look(now_secs(), seen) {
-            Some(at) => super::slurm::wait_until(py, at)?,
-            None => return Ok((Some(token), seen, bounds.0, bounds.1)),
-        }
-    }
-}
-
-/// The waits of one worker's part of a save the workers write together
-/// ([`shares::SaveWaits`]), from the moment its part starts (its construction), each
-/// bounded by the core: with a handler's `ProtocolCore` (`SharesSave(core)`), by its
-/// notice's deadline less the exit's reserve too, and the merges it measured;
-/// without one (`SharesSave()`), by the rule alone. Every method reads the clock
-/// itself.
-#[pyclass(frozen, module = "tf_failure_handling._native", name = "SharesSave")]
-pub(crate) struct PySharesSave {
+/// The waits of one worker in the shares ([`Waits`]), from its construction: the
+/// probe of the checkpoint folder (`SharesWaits(probe=True)`), or one save of the
+/// `chief` or not, bounded by a handler's `ProtocolCore` (`core`) or by the rule
+/// alone. `handle(event)` takes `"token"`, `"looked"` (with `seen`),
+/// `"part_written"`, `"parts_checked"`, `"merged"` or `"failed"`; `poll()` answers a
+/// `SharesAction`, waiting (the GIL released) for the pause before a look;
+/// `poll_timeout()` is what is left of the current wait. It reads the clock itself.
+#[pyclass(frozen, module = "tf_failure_handling._native", name = "SharesWaits")]
+pub(crate) struct PySharesWaits {
     core: Option<Py<ProtocolCore>>,
-    waits: Mutex<shares::SaveWaits>,
+    waits: Mutex<Waits>,
 }
 
-impl PySharesSave {
-    fn bound(&self, own: f64, now: f64, waiter: Waiter) -> f64 {
+impl PySharesWaits {
+    /// `f` with the waits and their bounds (the waits' lock, then the handler's state
+    /// lock inside it; neither is held while Python runs).
+    fn with<T>(&self, f: impl FnOnce(&mut Waits, &mut dyn Bounds) -> T) -> T {
+        let mut waits = self.waits.lock();
         match &self.core {
-            Some(core) => core.get().shares_bound(own, now, waiter),
-            None => shares::wait_bound_at(own, shares::MIN_WAIT, None, now, 0.0, waiter),
+            Some(core) => f(&mut waits, &mut Handler(core.get())),
+            None => f(&mut waits, &mut shares::Rule),
         }
     }
 }
 
 #[pymethods]
-impl PySharesSave {
+impl PySharesWaits {
     #[new]
-    #[pyo3(signature = (core = None))]
-    fn new(core: Option<Py<ProtocolCore>>) -> Self {
-        let mut waits = shares::SaveWaits::default();
-        waits.part_started(now_secs());
-        PySharesSave {
+    #[pyo3(signature = (core = None, chief = false, probe = false))]
+    fn new(core: Option<Py<ProtocolCore>>, chief: bool, probe: bool) -> Self {
+        let now = now_secs();
+        let waits = if probe { Waits::probe(now) } else { Waits::save(chief, now) };
+        PySharesWaits {
             core,
             waits: Mutex::new(waits),
         }
     }
 
-    /// Its part is written: the waits that follow (the chief's for the other parts,
-    /// a non-chief's for the merge) end at the core's bound from now.
-    fn part_written(&self, chief: bool) {
-        let now = now_secs();
-        let own = self.waits.lock().part_written(now);
-        let bound = self.bound(own, now, if chief { Waiter::Chief } else { Waiter::NonChief });
-        self.waits.lock().wait(now, bound);
-    }
-
-    /// Seconds the next wait lasts: what is left until the end the core set; with
-    /// `after_failure`, a fresh wait: the chief's removal of a failed save's parts.
-    #[pyo3(signature = (after_failure = false))]
-    fn left(&self, after_failure: bool) -> f64 {
-        let now = now_secs();
-        if after_failure {
-            return self.bound(0.0, now, Waiter::Chief).max(shares::MIN_TIMEOUT);
-        }
-        self.waits.lock().left(now)
-    }
-
-    /// Whether the chief starts the merge now (the core's decision); when it does,
-    /// the waits that follow end at its bound.
-    fn merge_start(&self) -> PyMergeStart {
-        let now = now_secs();
-        let own = self.waits.lock().own();
-        let decision = match &self.core {
-            Some(core) => core.get().shares_merge_decision(own, now),
-            None => shares::merge_start(shares::merge_estimate(None, own), own, shares::MIN_WAIT, None, now, 0.0),
+    #[pyo3(signature = (event, seen = false))]
+    fn handle(&self, event: &str, seen: bool) -> PyResult<()> {
+        let event = match event {
+            "token" => SharesEvent::Token,
+            "looked" => SharesEvent::Looked { seen },
+            "part_written" => SharesEvent::PartWritten,
+            "parts_checked" => SharesEvent::PartsChecked,
+            "merged" => SharesEvent::Merged,
+            "failed" => SharesEvent::Failed,
+            other => return Err(errors::bad_value(format!("not an event of the shares' waits: {other:?}"))),
         };
-        if let shares::MergeStart::Start { bound } = decision {
-            self.waits.lock().merge_started(now, bound);
-        }
-        decision.into()
+        self.with(|waits, bounds| waits.handle(event, now_secs(), bounds));
+        Ok(())
     }
 
-    /// The merge ended: the state file names the checkpoint. The core keeps how
-    /// long it took.
-    fn merged(&self) {
-        let took = self.waits.lock().merge_took(now_secs());
-        if let (Some(core), Some(took)) = (&self.core, took) {
-            core.get().shares_took(took);
+    fn poll(&self, py: Python<'_>) -> PyResult<SharesAction> {
+        loop {
+            let (action, pause) = self.with(|waits, bounds| {
+                let now = now_secs();
+                (waits.poll(now, bounds), waits.poll_timeout(now))
+            });
+            if let Some(action) = action {
+                return Ok(action.into());
+            }
+            let until = At::after(Duration::try_from_secs_f64(pause).unwrap_or(Duration::ZERO));
+            wait_sliced(py, Some(until), |slice| {
+                std::thread::sleep(slice);
+                None::<()>
+            })?;
         }
+    }
+
+    fn poll_timeout(&self) -> f64 {
+        self.waits.lock().poll_timeout(now_secs())
     }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(assign_shares, m)?)?;
-    m.add_class::<PyMergeStart>()?;
-    m.add_function(wrap_pyfunction!(shares_probe_answers, m)?)?;
-    m.add_function(wrap_pyfunction!(shares_probe_file, m)?)?;
-    m.add_class::<PySharesSave>()?;
+    m.add_class::<PySharesWaits>()?;
+    m.add_class::<SharesAction>()?;
     m.add("SHARES_UNMERGED_EXIT_CODE", shares::UNMERGED_EXIT_CODE)?;
     Ok(())
 }

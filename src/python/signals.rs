@@ -10,7 +10,6 @@ use pyo3::prelude::*;
 
 use super::clock::unix_now;
 use super::displacement::Displacement;
-use super::errors;
 use super::inbox::PyInbox;
 use crate::inbox::Origin;
 use crate::sources::signals::{Role, SignalWatch, Sink};
@@ -24,13 +23,6 @@ pub struct PySignalWatch {
 }
 
 impl PySignalWatch {
-    fn inner(&self) -> PyResult<Arc<SignalWatch>> {
-        self.inner
-            .lock()
-            .clone()
-            .ok_or_else(|| errors::misuse("the signal watch is closed"))
-    }
-
     /// Where a wait looks for this watch's displaced handlers (nothing once
     /// closed).
     fn displacement(&self) -> Displacement {
@@ -78,12 +70,6 @@ impl PySignalWatch {
             inner: Mutex::new(Some(Arc::new(watch))),
             displaced_warned: Arc::new(AtomicBool::new(false)),
         })
-    }
-
-    /// The signals watched.
-    #[getter]
-    fn signals(&self) -> PyResult<Vec<i32>> {
-        Ok(self.inner()?.signals().to_vec())
     }
 
     /// Uninstalls (restoring previous handlers once nothing else watches);

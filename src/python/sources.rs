@@ -133,24 +133,6 @@ impl PyMetadataWatch {
         Ok(PyMetadataWatch { core })
     }
 
-    /// Blocks up to `timeout` seconds (None: until a notice) for the first
-    /// notice and returns it; at once if already seen. None on timeout or
-    /// once closed.
-    #[pyo3(signature = (timeout=None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<(String, Option<f64>)>> {
-        let deadline = deadline_after(timeout)?;
-        if let Some(notice) = self.core.notice() {
-            return Ok(Some(pair(notice)));
-        }
-        let core = &self.core;
-        // `Some(None)`: closed meanwhile.
-        let found = wait_sliced(py, deadline, |slice| match core.wait(slice) {
-            Some(notice) => Some(Some(notice)),
-            None => core.closed().then_some(None),
-        })?;
-        Ok(found.flatten().map(pair))
-    }
-
     /// What the watch has seen, in one dict: `notice` (`(description,
     /// deadline)` of the first notice seen, deadline in Unix seconds or None
     /// when the platform did not say; None before one; sticky), `rebalance`

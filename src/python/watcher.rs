@@ -1,46 +1,46 @@
-//! The waits of `PreemptionWatcher` (`watcher.py`), of the coordination client
-//! (`_cluster/coordination.py`) and of the peer health probes
+//! The waits of `PreemptionWatcher` (`watcher.py`: `KeyWatch`), of the coordination
+//! client (`_cluster/coordination.py`) and of the peer health probes
 //! (`_cluster/membership.py`): the core says how long each blocking call lasts, so
 //! Python holds no slice, bound or margin of its own.
 
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 
 use super::clock::now_secs;
-use crate::deadline::{Deadline, TF_WAIT_FOREVER_MS};
-use crate::step_resolution::{COORDINATION_WRITE_TIMEOUT, PEER_PROBE_TIMEOUT, WATCHER_KEY_SLICE};
+use crate::deadline::TF_WAIT_FOREVER_MS;
+use crate::sources::key_watch::{self, JOIN_MARGIN};
+use crate::step_resolution::{COORDINATION_WRITE_TIMEOUT, PEER_PROBE_TIMEOUT};
 
-/// Seconds a join of a thread that waits in a blocking call may last beyond that
-/// call's own bound: the call returns at its bound, the thread then ends.
-pub const JOIN_MARGIN: f64 = 1.0;
-
-/// The watch of a coordination-service key by a daemon thread (the loop stays in
-/// Python: no Rust frame may be on its stack while it waits in a get, see
-/// `blocking::detach`): `(get, join)`, the seconds each blocking get lasts (a
-/// closing is seen between two) and a join of the thread at most (its get, and the
-/// margin to end).
-#[pyfunction]
-fn key_watch_bounds() -> (f64, f64) {
-    (WATCHER_KEY_SLICE, WATCHER_KEY_SLICE + JOIN_MARGIN)
+/// The watch of one coordination-service key (`crate::sources::key_watch`):
+/// the caller makes each blocking get for `next()` seconds until it answers
+/// None (the bound passed, or `close()`d); `close()` answers how long the
+/// watching thread may still take.
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub struct KeyWatch {
+    core: Mutex<key_watch::KeyWatch>,
 }
 
-/// Watches one coordination-service key for at most `timeout` seconds (None: for
-/// ever) from the caller's own thread: `get(seconds)` is each blocking get, one
-/// [`WATCHER_KEY_SLICE`] long. Returns the first value that is not None, else None.
-///
-/// # Errors
-///
-/// What `get` raised.
-#[pyfunction]
-#[pyo3(signature = (get, timeout = None))]
-fn watch_key(get: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
-    let deadline = Deadline::new(now_secs(), timeout);
-    while !deadline.passed(now_secs()) {
-        let value = get.call1((WATCHER_KEY_SLICE,))?;
-        if !value.is_none() {
-            return Ok(Some(value.unbind()));
+#[pymethods]
+impl KeyWatch {
+    /// A watch from now for at most `timeout` seconds (None: until closed).
+    #[new]
+    #[pyo3(signature = (timeout = None))]
+    fn new(timeout: Option<f64>) -> Self {
+        KeyWatch {
+            core: Mutex::new(key_watch::KeyWatch::new(now_secs(), timeout)),
         }
     }
-    Ok(None)
+
+    /// Seconds of the next blocking get, None once the watch is over.
+    fn next(&self) -> Option<f64> {
+        self.core.lock().next(now_secs())
+    }
+
+    /// Ends the watch; the seconds the thread that watches may still take (the
+    /// bound on joining it).
+    fn close(&self) -> f64 {
+        self.core.lock().close()
+    }
 }
 
 /// The bounds of the peer health probes: `(probe_ms, join)`: each probe's timeout in
@@ -70,8 +70,7 @@ fn coordination_write_bound(timeout: Option<f64>) -> f64 {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(key_watch_bounds, m)?)?;
-    m.add_function(wrap_pyfunction!(watch_key, m)?)?;
+    m.add_class::<KeyWatch>()?;
     m.add_function(wrap_pyfunction!(peer_probe_bounds, m)?)?;
     m.add_function(wrap_pyfunction!(tf_get_ms, m)?)?;
     m.add_function(wrap_pyfunction!(coordination_write_bound, m)?)?;

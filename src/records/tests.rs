@@ -527,3 +527,42 @@ fn a_task_s_preemption_joins_the_one_before_until_it_ended_or_within_the_window(
         assert_eq!(same_preemption(t, first, end), same, "{t} {first} {end:?}");
     }
 }
+
+#[test]
+fn the_json_for_python_keeps_each_number_s_kind_and_the_files_order() {
+    let data = file(&[
+        line(json!({"stage": "notice", "time": 1_700_000_000.5, "deadline": 1_700_000_030, "task": "1", "x": {"n": [1, 2.0]}})),
+        line(json!({"stage": "resumed", "time": 1_700_000_100, "step": 7, "downtime": 99.5})),
+    ]);
+    let found = read([("b", Some(&data[..])), ("a", None)]);
+    let back: Value = serde_json::from_str(&found.to_json()).unwrap();
+    let p = &back["preemptions"][0];
+    assert_eq!(p["task"], json!("1"), "a task written as text stays text");
+    assert_eq!(p["notice_time"], json!(1_700_000_000.5));
+    assert!(p["deadline"].is_u64(), "an integer stays an integer");
+    assert_eq!(p["extra"], json!({"x": {"n": [1, 2.0]}}));
+    assert!(p["extra"]["x"]["n"][1].is_f64(), "2.0 stays a float");
+    assert_eq!(p["exit_code"], Value::Null);
+    let r = &back["resumes"][0];
+    assert!(r["time"].is_u64());
+    assert_eq!((r["step"].clone(), r["downtime"].clone()), (json!(7), json!(99.5)));
+    assert_eq!(back["skipped"], json!([["a", [0]]]), "pairs, in the order read");
+    let only = last_exit(&found, "worker", "1").map(Preemption::to_json);
+    assert_eq!(only, None, "resumed at or after its exit (it has none)");
+    assert_eq!(downtime(1_700_000_100.0, 1_700_000_040.0), 60.0);
+}
+
+#[test]
+fn preemptions_group_into_cluster_wide_ones_by_notice_and_last_exit() {
+    let at = |task: u64, stage: &str, t: f64| line(json!({"stage": stage, "time": t, "task": task, "preemption": format!("p{task}")}));
+    let data = file(&[
+        at(0, "notice", 100.0),
+        at(0, "exit", 150.0),
+        at(1, "save_start", 140.0), // no notice: its save's start, before the end
+        at(2, "notice", 151.0),     // after the last exit: a new one
+        at(3, "notice", 160.0),     // none of the new one exited: within the window
+    ]);
+    let found = read_one(&data);
+    assert_eq!(groups(&found), vec![vec![0, 1], vec![2, 3]]);
+    assert_eq!(groups(&Records::default()), Vec::<Vec<usize>>::new());
+}

@@ -120,6 +120,7 @@ mod clouds;
 mod dates;
 mod gce;
 pub mod http;
+pub mod key_watch;
 mod kubernetes;
 mod shared;
 pub mod signals;

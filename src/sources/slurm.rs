@@ -1,6 +1,15 @@
-//! SLURM's text as `scontrol` prints it: `Key=Value` fields, local timestamps and
-//! durations, and whether an error is worth another try. The deadlines they lead to are told in docs/getting-started/slurm.md;
-//! `_platforms/slurm.py` runs `scontrol` and asks these, within the bounds below.
+//! SLURM: the job as one protocol object ([`Job`], in `slurm/job.rs`: its read, a
+//! notice's deadlines, the requeue after the save), and what it decides by: SLURM's
+//! text as `scontrol` prints it (`Key=Value` fields, local timestamps and durations),
+//! whether an error is worth another try, the requeue's decision and its retries
+//! ([`RequeueRun`]). The deadlines they lead to are told in
+//! docs/getting-started/slurm.md; `_platforms/slurm.py` runs `scontrol` as [`Job`]
+//! says, within the bounds below.
+
+mod job;
+#[allow(unused_imports)] // by the binding (src/python/slurm.rs)
+pub(crate) use job::{slurm_action, slurm_event};
+pub use job::{Job, SlurmAction, SlurmEvent, Step};
 
 /// Bound, in seconds, on `scontrol requeue`, its retries included (while the
 /// controller reads as too busy to answer).
@@ -412,21 +421,6 @@ impl JobRead {
         };
     }
 
-    /// The read after the calls made so far answered `outputs` (`(code, stdout,
-    /// stderr)` each, `code` None when the call could not be made or did not end in
-    /// time, `stderr` then says why).
-    #[must_use]
-    pub fn replay(outputs: Vec<(Option<i32>, String, String)>) -> Self {
-        let mut read = JobRead::default();
-        for (code, stdout, stderr) in outputs {
-            match code {
-                Some(code) => read.answered(code, &stdout, &stderr),
-                None => read.failed(stderr),
-            }
-        }
-        read
-    }
-
     /// The call could not be made or did not end in time: `why`. The read ends.
     pub fn failed(&mut self, why: String) {
         if self.next.take().is_some() {
@@ -479,25 +473,6 @@ pub fn unix_time(text: &str) -> Option<f64> {
 pub fn grace_end_of(job: &[(String, String)], grace_time: Option<f64>) -> Option<f64> {
     let time = |key: &str| job.iter().find(|(k, _)| k == key).and_then(|(_, v)| unix_time(v));
     grace_end(time("PreemptTime"), time("StartTime"), grace_time)
-}
-
-/// A signal's `(deadline, kill, read_timeout)` under SLURM ([`signal_deadlines`]). A
-/// new SIGTERM of an `srun` task whose partition has a `GraceTime` may be a preemption
-/// ([`notice_reads_job`]): without `job` (its fields), the answer then names
-/// `read_timeout`, the bound on reading the job, and the caller asks again with them
-/// (an unreadable job: the answer it has stands).
-#[must_use]
-pub fn notice(
-    unix_now: f64,
-    end: Option<f64>,
-    (sigterm, srun_step): (bool, bool),
-    (grace_time, kill_wait): (Option<f64>, Option<f64>),
-    job: Option<&[(String, String)]>,
-) -> (Option<f64>, Option<f64>, Option<f64>) {
-    let reads = notice_reads_job(sigterm, srun_step, grace_time);
-    let grace_end = job.filter(|_| reads).and_then(|job| grace_end_of(job, grace_time));
-    let (deadline, kill) = signal_deadlines(unix_now, end, sigterm, grace_end, kill_wait);
-    (deadline, kill, (reads && job.is_none()).then_some(NOTICE_READ_TIMEOUT))
 }
 
 /// The job's `Restarts` field as a count (0 when absent, negative or not a number).

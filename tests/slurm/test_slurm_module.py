@@ -1,8 +1,8 @@
-"""``tf_failure_handling._slurm`` without a SLURM: parsing, the switches, who requeues."""
+"""``_platforms/slurm.py`` and the core's SLURM job (``src/sources/slurm/job.rs``)
+without a SLURM: the read, the notices, the switches, who requeues and how."""
 
 from __future__ import annotations
 
-import collections
 import subprocess
 import time
 
@@ -11,51 +11,105 @@ from tf_failure_handling._platforms import slurm as _slurm
 from tf_failure_handling.handler import TerminationConfig
 
 
-def test_parse_fields_of_scontrol_one_line_output():
-    line = (
-        "JobId=7 JobName=tfh train UserId=root(0) JobState=RUNNING Reason=None "
-        "Requeue=1 Restarts=2 EndTime=2026-11-25T16:42:37 PreemptTime=None "
-        "Command=/x/one node.sbatch WorkDir=/tmp"
-    )
-    f = _slurm.parse_fields(line)
-    assert f["JobId"] == "7" and f["JobName"] == "tfh train"
-    assert f["Requeue"] == "1" and f["Restarts"] == "2" and f["PreemptTime"] == "None"
-    assert f["Command"] == "/x/one node.sbatch" and f["WorkDir"] == "/tmp"
+class _FakeScontrol:
+    """``scontrol`` answering from a script: ``show job`` prints ``job`` (its
+    ``Restarts`` as ``restarts`` once ``requeue`` was called; an exception is
+    raised), ``show partition`` its ``GraceTime`` (none when None), ``show config``
+    its ``KillWait``, and ``requeue`` the next of ``answers`` (``(code, said)``)."""
+
+    def __init__(self, job=None, answers=(), restarts=None, grace="20", kill_wait="10 sec"):
+        self.job = {"JobId": "7", "Partition": "low"} if job is None else job
+        self.answers = list(answers)
+        self.restarts = restarts
+        self.grace, self.kill_wait = grace, kill_wait
+        self.requeues = 0
+        self.calls = []
+
+    def __call__(self, *args, timeout):
+        assert timeout > 0
+        self.calls.append((args, timeout))
+        out = ""
+        if args[:2] == ("show", "job"):
+            if isinstance(self.job, Exception):
+                raise self.job
+            job = dict(self.job)
+            if self.restarts is not None and self.requeues:
+                job["Restarts"] = self.restarts
+            out = " ".join(f"{k}={v}" for k, v in job.items()) + "\n"
+        elif args[:2] == ("show", "partition"):
+            grace = "" if self.grace is None else f" GraceTime={self.grace}"
+            out = f"PartitionName={args[-1]}{grace} State=UP"
+        elif args[:2] == ("show", "config"):
+            out = f"KillWait                = {self.kill_wait}\n"
+        else:
+            assert args[0] == "requeue" and timeout >= 1.0
+            self.requeues += 1
+            code, said = self.answers.pop(0)
+            return subprocess.CompletedProcess(args, code, "", said)
+        return subprocess.CompletedProcess(args, 0, out, "")
 
 
-_Read = collections.namedtuple("_Read", "end_time partition grace_time kill_wait requeue error")
+def _job(monkeypatch, fake, read=True):
+    """The process's job (``SLURM_JOB_ID`` 7) performed against ``fake``, its limits
+    read first when ``read``."""
+    monkeypatch.setattr(_slurm, "_scontrol", fake)
+    monkeypatch.setattr(_slurm, "_job", None)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    job = _slurm.the_job()
+    if read:
+        job._read()
+    return job
 
 
-def _read(end: str, grace: str, kill_wait: str):
-    """The core's read of a job whose scontrol prints these (``slurm_job_read``)."""
-    answers = [
-        f"JobId=7 Partition=low EndTime={end} Requeue=1",
-        f"PartitionName=low GraceTime={grace}",
-        f"KillWait                = {kill_wait}\n",
+def test_fields_of_scontrol_one_line_output(monkeypatch):
+    """A value runs up to the next ``Key=`` (it may hold spaces): the core's read of
+    the job's fields."""
+    job = {
+        "JobId": "7",
+        "JobName": "tfh train",
+        "UserId": "root(0)",
+        "JobState": "RUNNING",
+        "Requeue": "1",
+        "Partition": "low",
+        "Command": "/x/one node.sbatch",
+        "EndTime": "None",
+    }
+    fake = _FakeScontrol(job)
+    read = _job(monkeypatch, fake).limits
+    assert (read.partition, read.requeue, read.end_time, read.error) == ("low", True, None, None)
+    assert [args for args, _ in fake.calls] == [
+        ("show", "job", "-o", "7"),
+        ("show", "partition", "-o", "low"),
+        ("show", "config"),
     ]
 
-    outputs = []
-    while True:
-        call, facts = _slurm.slurm_job_read("7", outputs)
-        if call is None:
-            return _Read(*facts)
-        args, timeout = call
-        assert args[:2] in (["show", "job"], ["show", "partition"], ["show", "config"])
-        assert timeout > 0
-        outputs.append((0, answers.pop(0), ""))
+
+def _read(monkeypatch, end: str, grace: str, kill_wait: str):
+    """The core's read of a job whose scontrol prints these."""
+    fake = _FakeScontrol({"JobId": "7", "Partition": "low", "EndTime": end, "Requeue": "1"})
+    fake.grace, fake.kill_wait = grace, kill_wait
+    return _job(monkeypatch, fake).limits
 
 
-def test_parse_time_and_seconds():
+def test_parse_time_and_seconds(monkeypatch):
     """SLURM's local timestamps and durations as the core reads them."""
     stamp = "2026-11-25T16:42:37"
-    read = _read(stamp, "30 sec", "00:00:20")
+    read = _read(monkeypatch, stamp, "30 sec", "00:00:20")
     assert read.end_time == time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
     assert (read.grace_time, read.kill_wait, read.partition, read.requeue) == (30, 20, "low", True)
     for value in ("None", "Unknown", "N/A", ""):
-        assert _read(value, "20", "20").end_time is None
-    assert _read(stamp, "1-00:00:10", "UNLIMITED").grace_time == 86410
-    assert _read(stamp, "20", "UNLIMITED").kill_wait is None
-    assert _read(stamp, "20", "UNLIMITED").error is None
+        assert _read(monkeypatch, value, "20", "20").end_time is None
+    assert _read(monkeypatch, stamp, "1-00:00:10", "UNLIMITED").grace_time == 86410
+    assert _read(monkeypatch, stamp, "20", "UNLIMITED").kill_wait is None
+    assert _read(monkeypatch, stamp, "20", "UNLIMITED").error is None
+
+
+def test_a_job_that_cannot_be_read_ends_the_read(monkeypatch):
+    """The job refused or its call failing: the read ends, naming why; no deadline
+    comes of it."""
+    read = _job(monkeypatch, _FakeScontrol(OSError("no scontrol"))).limits
+    assert read.error == "OSError: no scontrol" and read.end_time is None
 
 
 def test_requeue_switches(monkeypatch):
@@ -84,10 +138,12 @@ def test_no_requeue_without_slurm_when_off_or_on_other_tasks(monkeypatch):
 
 def test_notice_deadline_is_the_end_time_when_nothing_was_read(monkeypatch):
     """Nothing read of the job: no KillWait, so no kill is stated (none is assumed)."""
-    monkeypatch.setattr(_slurm, "_info", None)
+    _job(monkeypatch, _FakeScontrol(), read=False)
     now = time.time()
     assert _slurm.notice_deadlines(now + 50, now) == (now + 50, None)
     assert _slurm.notice_deadlines(now - 1, now) == (None, None)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert _slurm.notice_deadlines(now + 50, now) == (now + 50, None), "not under SLURM"
 
 
 def test_a_bad_requeue_variable_is_an_error_at_construction(monkeypatch, tmp_path):
@@ -104,16 +160,18 @@ def test_a_bad_requeue_variable_is_an_error_at_construction(monkeypatch, tmp_pat
         assert _slurm.requeue_from_env() is expected
 
 
-def _read_job(grace=20.0, kill_wait=10.0, end=None):
-    info = _slurm.JobInfo("7")
-    info.grace_time, info.kill_wait, info.end_time = grace, kill_wait, end
-    info.done.set()
-    return info
+def _read_job(monkeypatch, grace="20", kill_wait="10", end=None):
+    """The job read with these limits; its ``show job`` prints ``fake.job`` after."""
+    stamp = "Unknown" if end is None else _stamp(end)
+    fake = _FakeScontrol({"JobId": "7", "Partition": "low", "EndTime": stamp}, grace=grace)
+    fake.kill_wait = "UNLIMITED" if kill_wait is None else kill_wait
+    _job(monkeypatch, fake)
+    return fake
 
 
 @pytest.fixture
 def sigterms(monkeypatch):
-    """A new SIGTERM for each notice_deadlines call; the job as read is settable."""
+    """A new SIGTERM for each notice_deadlines call."""
     count = {"term": 0}
 
     def deliveries(signum):
@@ -123,7 +181,6 @@ def sigterms(monkeypatch):
         return 0
 
     monkeypatch.setattr(_slurm, "_deliveries", deliveries)
-    monkeypatch.setattr(_slurm, "_seen_term", 0)
     return monkeypatch
 
 
@@ -133,9 +190,8 @@ def _stamp(unix: float) -> str:
 
 def test_sigterm_deadline_per_launch_form_and_cause(sigterms):
     now = float(int(time.time()))
-    shown = {}
-    sigterms.setattr(_slurm, "show_job", lambda jid, timeout: dict(shown))
-    sigterms.setattr(_slurm, "_info", _read_job(grace=20.0, kill_wait=10.0))
+    fake = _read_job(sigterms, grace="20", kill_wait="10")
+    shown = fake.job = {"JobId": "7"}
 
     # The batch step: SIGTERM comes when the grace time is over; KillWait is left.
     sigterms.delenv("SLURM_STEP_ID", raising=False)
@@ -147,6 +203,9 @@ def test_sigterm_deadline_per_launch_form_and_cause(sigterms):
     shown.update(PreemptTime=_stamp(now), StartTime=_stamp(now - 100))
     # SLURM's second SIGTERM ends the grace time; its SIGKILL comes KillWait later.
     assert _slurm.notice_deadlines(None, now) == (now + 20, now + 30)
+    # ... read within the core's short bound.
+    (args, timeout) = fake.calls[-1]
+    assert args == ("show", "job", "-o", "7") and 0 < timeout <= 2
     # ... capped by the job's end (and its SIGKILL, KillWait after it).
     assert _slurm.notice_deadlines(now + 15, now) == (now + 15, now + 25)
 
@@ -157,25 +216,35 @@ def test_sigterm_deadline_per_launch_form_and_cause(sigterms):
     assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
 
     # The job cannot be read in time: KillWait, the bound that always holds.
-    def unreadable(jid, timeout):
-        raise TimeoutError("scontrol show job")
-
-    sigterms.setattr(_slurm, "show_job", unreadable)
+    fake.job = subprocess.TimeoutExpired("scontrol show job", 2)
     assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
 
     # A partition without a GraceTime is not read at all.
-    sigterms.setattr(_slurm, "_info", _read_job(grace=None, kill_wait=10.0))
+    fake = _read_job(sigterms, grace=None, kill_wait="10")
+    calls = len(fake.calls)
     assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
+    assert len(fake.calls) == calls
+
+
+def test_a_sigterm_seen_before_is_no_new_notice(sigterms):
+    """The same SIGTERM count twice: the second notice is not a SIGTERM's (the job's
+    end only)."""
+    now = float(int(time.time()))
+    _read_job(sigterms, end=now + 90)
+    sigterms.delenv("SLURM_STEP_ID", raising=False)
+    sigterms.setattr(_slurm, "_deliveries", lambda signum: 1)
+    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
+    assert _slurm.notice_deadlines(None, now) == (now + 90, now + 100)
 
 
 def test_sigusr1_deadline_is_the_job_end(sigterms):
-    now = time.time()
-    sigterms.setattr(_slurm, "_info", _read_job(end=now + 90))
+    now = float(int(time.time()))
+    _read_job(sigterms, end=now + 90)
     sigterms.setattr(_slurm, "_deliveries", lambda signum: 0)
     # SLURM's SIGKILL comes KillWait (10 s) after the job's end: the kill.
     assert _slurm.notice_deadlines(None, now) == (now + 90, now + 100)
     assert _slurm.notice_deadlines(now + 60, now) == (now + 60, now + 70)  # SLURM_JOB_END_TIME wins
-    sigterms.setattr(_slurm, "_info", _read_job(end=now + 90, kill_wait=None))
+    _read_job(sigterms, end=now + 90, kill_wait=None)
     assert _slurm.notice_deadlines(None, now) == (now + 90, None), "no KillWait: no kill"
 
 
@@ -187,27 +256,16 @@ def test_resume_fields_name_the_restart(monkeypatch):
     assert _slurm.PLATFORM.resume_fields(None) == {"slurm_job_id": "12", "slurm_restart_count": 2}
 
 
-class _FakeScontrol:
-    """``scontrol requeue`` answering from a script; ``show_job`` from ``restarts``."""
-
-    def __init__(self, answers, restarts="0"):
-        self.answers = list(answers)
-        self.restarts = restarts
-        self.requeues = 0
-
-    def __call__(self, *args, timeout):
-        assert args[0] == "requeue" and timeout >= 1.0
-        self.requeues += 1
-        code, said = self.answers.pop(0)
-        return subprocess.CompletedProcess(args, code, "", said)
-
-    def show_job(self, jid, timeout):
-        # Preempted in this run; Restarts as set once scontrol requeue was called.
-        restarts = self.restarts if self.requeues else "0"
-        return {"JobId": jid, "Restarts": restarts, "PreemptTime": "2026-11-25T16:42:37"}
-
-
 BUSY = "slurm_requeue error: Socket timed out on send/recv operation"
+#: Preempted in this run.
+PREEMPTED = {"JobId": "7", "Restarts": "0", "PreemptTime": "2026-11-25T16:42:37"}
+
+
+def _requeue(monkeypatch, fake):
+    """The core's requeue by task 0 (no time-limit signal), performed against
+    ``fake``: the ``Requeued`` outcome."""
+    job = _job(monkeypatch, fake, read=False)
+    return _slurm._perform(job.core, _slurm.SlurmEvent.Requeue(True, None, False))
 
 
 @pytest.mark.parametrize(
@@ -224,28 +282,39 @@ BUSY = "slurm_requeue error: Socket timed out on send/recv operation"
 def test_requeue_tries_again_while_the_controller_is_busy(
     monkeypatch, answers, restarts, expected, calls
 ):
-    fake = _FakeScontrol(answers, restarts)
-    monkeypatch.setattr(_slurm, "_scontrol", fake)
-    monkeypatch.setattr(_slurm, "show_job", fake.show_job)
-    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    requeued, message, *_ = _slurm._requeue("7", False, None)
-    assert (requeued, fake.requeues) == (expected, calls), message
+    fake = _FakeScontrol(dict(PREEMPTED), answers, restarts)
+    done = _requeue(monkeypatch, fake)
+    assert (done.requeued, fake.requeues) == (expected, calls), done.message
     if restarts == "1":
-        assert "all the same" in message
+        assert "all the same" in done.message
 
 
 def test_requeue_gives_up_on_a_busy_controller_within_its_bound(monkeypatch):
     """The core's bound (30 s, ``src/sources/slurm.rs``; its table of attempts and
     pauses is ``RequeueRun``'s Rust tests): a controller that stays busy is given up
     on once it passed, with scontrol's last message."""
-    fake = _FakeScontrol([(1, BUSY)] * 1000)
-    monkeypatch.setattr(_slurm, "_scontrol", fake)
-    monkeypatch.setattr(_slurm, "show_job", fake.show_job)
+    fake = _FakeScontrol(dict(PREEMPTED), [(1, BUSY)] * 1000, "0")
     started = time.monotonic()
-    requeued, message, *_ = _slurm._requeue("7", False, None)
+    done = _requeue(monkeypatch, fake)
     took = time.monotonic() - started
-    assert requeued is False and "Socket timed out" in message and fake.requeues >= 4
+    assert done.requeued is False and "Socket timed out" in done.message and fake.requeues >= 4
     assert 29.0 < took < 45.0, took
+
+
+def test_a_requeue_that_cannot_run_is_not_tried_again(monkeypatch):
+    """``scontrol`` cannot be started: not requeued, once."""
+
+    class Missing(_FakeScontrol):
+        def __call__(self, *args, timeout):
+            if args[0] == "requeue":
+                self.requeues += 1
+                raise FileNotFoundError("scontrol is not on PATH")
+            return super().__call__(*args, timeout=timeout)
+
+    fake = Missing(dict(PREEMPTED))
+    done = _requeue(monkeypatch, fake)
+    assert (done.requeued, fake.requeues) == (False, 1)
+    assert "could not run" in done.message and "not on PATH" in done.message
 
 
 class _Records:
@@ -288,13 +357,10 @@ def test_the_cores_requeue_decision_is_carried_out(
 ):
     """Each decision of the core (``src/sources/slurm.rs``, ``requeue``) as task 0
     carries it out: whether ``scontrol requeue`` runs, the outcome, and the record."""
-    fake = _FakeScontrol([(0, "")])
-    monkeypatch.setattr(_slurm, "_scontrol", fake)
-    monkeypatch.setattr(_slurm, "show_job", lambda jid, timeout: {"JobId": jid, **job})
+    fake = _FakeScontrol({"JobId": "7", "JobState": "RUNNING", **job}, [(0, "")])
+    _job(monkeypatch, fake, read=False)
     monkeypatch.setattr(_slurm, "_deliveries", lambda signum: usr1)
-    monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.delenv("SLURM_PROCID", raising=False)
-    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     monkeypatch.delenv(_slurm.REQUEUE_ENV, raising=False)
     records = _Records()
     assert _slurm.requeue_after_save(None, records) is expected
@@ -302,3 +368,4 @@ def test_the_cores_requeue_decision_is_carried_out(
     ((kind, fields),) = records.lines
     assert kind == "requeue" and fields["requeued"] is expected and fields["reason"] == reason
     assert said in (fields["message"] or "")
+    assert fields["job_state"] == "RUNNING"

@@ -121,30 +121,20 @@ def handler_core() -> None:
 
 def inbox() -> None:
     box = _native.Inbox()
-    box.post_notice("test")
-    box.post_step_key(_native.RUN_TO_CHECKPOINT, "7")
+    box.post(_native.Input.Notice("test"))
+    box.post(_native.Input.StepKey(_native.RUN_TO_CHECKPOINT, "7"))
     assert box.recv(timeout=5) is not None
     box.drain()
-    box.stop()
+    box.post(_native.Input.Stop())
 
 
 def signal_watch() -> None:
     box = _native.Inbox()
     watch = _native.SignalWatch([signal.SIGUSR2], inbox=box)
-    assert watch.signals == [signal.SIGUSR2]
     assert box.recv(0, watch) is None
     watch.close()
-    box.stop()
+    box.post(_native.Input.Stop())
     _native.signal_deliveries(signal.SIGUSR2)
-
-
-def key_value_store() -> None:
-    store = _native.KeyValueStore()
-    name = threading.current_thread().name
-    store.set(name, "1")
-    assert store.get(name, timeout=5) == ("1", None) or store.try_get(name) == "1"
-    store.keys()
-    store.delete(name)
 
 
 def metadata_probe() -> None:
@@ -153,7 +143,6 @@ def metadata_probe() -> None:
 
 def metadata_watch() -> None:
     watch = _native.MetadataWatch("aws", CLOSED_PORT_URL, interval=0.05, request_timeout=0.2)
-    watch.wait(timeout=0.1)
     watch.state  # noqa: B018
     watch.close()
 
@@ -193,6 +182,30 @@ def ps_control() -> None:
     served.state()
 
 
+def records_and_shares() -> None:
+    """The records' reading (detached), stamping and claims; the shares' waits, whose
+    poll waits (detached, no lock held) for the pause before a look; the input's
+    timing."""
+    line = b'{"schema": 1, "stage": "exit", "time": 5.0, "job": "w", "task": 0}\n'
+    name = threading.current_thread().name
+    assert '"preemptions"' in _native.read_records([(name, line), (name + "x", None)])
+    assert _native.read_records([(name, line)], ("w", "0")) != "null"
+    assert _native.record_valid({"stage": "exit", "time": 1.0, "job": "w", "task": 0})
+    assert _native.stamp_record({"stage": "exit"}) > 0
+    _native.claim_resume(name, "w", "0", None)
+    probe = _native.SharesWaits(probe=True)
+    assert probe.poll().timeout > 0
+    probe.handle("token")
+    probe.handle("looked", seen=False)
+    assert isinstance(probe.poll(), _native.SharesAction.Look), "after the pause"
+    save = _native.SharesWaits(chief=True)
+    save.handle("part_written")
+    save.handle("parts_checked")
+    assert isinstance(save.poll(), _native.SharesAction.Merge)
+    save.handle("merged")
+    assert _native.InputTiming(advance=True).poll_timeout() >= 0
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -206,11 +219,11 @@ SCENARIOS = {
         handler_core,
         inbox,
         signal_watch,
-        key_value_store,
         metadata_probe,
         metadata_watch,
         testing_service,
         ps_control,
+        records_and_shares,
     )
 }
 

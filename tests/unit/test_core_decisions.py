@@ -105,15 +105,21 @@ def test_nothing_is_retried_while_closing_or_after_last_attempt():
 
 def _shares_wait(core, chief: bool) -> float:
     """Seconds a worker's first shares wait lasts, its own part written at once."""
-    save = _native.SharesSave(core)
-    save.part_written(chief)
-    return save.left()
+    save = _native.SharesWaits(core, chief=chief)
+    save.handle("part_written")
+    return save.poll_timeout()
+
+
+def _merge_start(save):
+    """The chief's decision on the merge, its parts all in."""
+    save.handle("parts_checked")
+    return save.poll()
 
 
 def test_the_shares_wait_is_bounded_by_the_notice_s_deadline_less_the_exit_s_reserve():
     """Issue 50: the chief's wait for the parts (and a non-chief's for the merge) was at
     least 60 s whatever the notice's deadline. (Its table, with the rule's 4 x own part:
-    ``src/shares.rs``; the core's clock is read by ``SharesSave`` itself.)"""
+    ``src/shares.rs``; the core's clock is read by ``SharesWaits`` itself.)"""
     near = pytest.approx
     core = _core(grace=0.0)
     core.exit_reserve = 5.0
@@ -149,26 +155,27 @@ def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_
     core = _core(grace=0.0)
     core.exit_reserve = 5.0
     # No notice: it starts, waited for as the chief waits for the parts.
-    save = _native.SharesSave(core)
-    save.part_written(True)
-    start = save.merge_start()
-    assert (start.start, start.needed, start.left) == (True, None, None)
+    save = _native.SharesWaits(core, chief=True)
+    save.handle("part_written")
+    start = _merge_start(save)
+    assert isinstance(start, _native.SharesAction.Merge)
     assert start.bound == pytest.approx(60.0, abs=0.5)
-    assert save.left() == pytest.approx(60.0, abs=0.5), "the merge's bound"
-    save.merged()
+    assert save.poll_timeout() == pytest.approx(60.0, abs=0.5), "the merge's bound"
+    save.handle("merged")
     # Kubernetes' 30 s, 3 s gone: 22 s left before the reserve.
     t = _native.now()
     _notice(core, t - 3.0, t + 27.0)
-    fits = _native.SharesSave(core).merge_start()
-    assert fits.start and fits.bound == pytest.approx(22.0, abs=0.5)
+    fits = _merge_start(_native.SharesWaits(core, chief=True))
+    assert isinstance(fits, _native.SharesAction.Merge)
+    assert fits.bound == pytest.approx(22.0, abs=0.5)
     # Into the reserve: not started, nothing left.
     late = _core(grace=0.0)
     late.exit_reserve = 5.0
     _notice(late, _native.now(), _native.now() + 4.0)
-    kept = _native.SharesSave(late).merge_start()
-    assert not kept.start and kept.bound is None and kept.left == 0.0
+    kept = _merge_start(_native.SharesWaits(late, chief=True))
+    assert isinstance(kept, _native.SharesAction.Keep) and kept.left == 0.0
     # Without a handler's core: the rule alone.
-    assert _native.SharesSave().merge_start().start
+    assert isinstance(_merge_start(_native.SharesWaits(chief=True)), _native.SharesAction.Merge)
 
 
 def test_the_retry_bound_is_the_window_until_a_notice_leads():

@@ -29,6 +29,8 @@ from tf_failure_handling import (
     _native,
     testing,
 )
+from tf_failure_handling._platforms import notice_sources as _sources
+from tf_failure_handling._platforms import platform as _platform
 from tf_failure_handling._protocol import keys
 
 from .conftest import HANG, wait_until
@@ -43,35 +45,49 @@ ACK_0 = "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0"
 def test_inbox_order_stop_and_drain_through_the_binding():
     inbox = _native.Inbox()
     assert inbox.recv(0) is None, "an empty inbox answers a zero timeout with None"
-    assert inbox.post_notice("a metadata service", 123.0)
-    assert inbox.post_step_key("RUN_TO_CHECKPOINT", "7")
-    error = _errors.make("UnavailableError", "the service is gone")
-    assert inbox.post_key_read_failed("LAST_RUN_TO_CHECKPOINT", error)
+    assert inbox.post(_native.Input.Notice("a metadata service", deadline=123.0))
+    assert inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "7"))
+    assert inbox.post(_native.Input.KeyReadFailed("LAST_RUN_TO_CHECKPOINT"))
 
     first = inbox.recv(0)  # queued inputs are served even with no time left
     assert isinstance(first, _native.Input.StepKey)
-    assert (first.round_key, first.value) == ("RUN_TO_CHECKPOINT", "7")
+    assert (first.round, first.value) == ("RUN_TO_CHECKPOINT", "7")
     second = inbox.recv(HANG)
     assert isinstance(second, _native.Input.KeyReadFailed)
-    assert second.round_key == "LAST_RUN_TO_CHECKPOINT"
-    assert second.error is error, "the exception object (TF's type) reaches the driver"
+    assert second.round == "LAST_RUN_TO_CHECKPOINT"
     third = inbox.recv(HANG)
     assert isinstance(third, _native.Input.Notice)
     assert (third.source, third.signal, third.deadline) == ("a metadata service", None, 123.0)
 
     with pytest.raises(ValueError, match="not a step key"):
-        inbox.post_step_key("SOME_KEY", "1")
+        inbox.post(_native.Input.StepKey("SOME_KEY", "1"))
 
-    assert inbox.post_notice("before the stop")
-    inbox.stop()
+    assert inbox.post(_native.Input.Notice("before the stop"))
+    assert inbox.post(_native.Input.Stop())
     assert inbox.stopped
     assert isinstance(inbox.recv(), _native.Input.Stop), "stop wins and never blocks"
     assert isinstance(inbox.recv(), _native.Input.Stop), "stop is sticky"
-    assert not inbox.post_notice("after the stop")
-    assert not inbox.post_step_key("RUN_TO_CHECKPOINT", "8")
+    assert not inbox.post(_native.Input.Notice("after the stop"))
+    assert not inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "8"))
     left = inbox.drain()
     assert [type(i) for i in left] == [_native.Input.Notice]
     assert left[0].source == "before the stop"
+
+
+def test_a_readers_failure_reaches_the_driver_with_its_exception():
+    """The inbox carries the round; the notice sources hand the driver the exception
+    object itself (TF's type, its message)."""
+    sources = _sources.NoticeSources(_platform.environment(), [], watch_metadata=False)
+    try:
+        error = _errors.make("UnavailableError", "the service is gone")
+        assert sources.read_failed("LAST_RUN_TO_CHECKPOINT", error)
+        failed = sources.receive(HANG)
+        assert isinstance(failed, _sources.KeyReadFailed)
+        assert failed.round_key == "LAST_RUN_TO_CHECKPOINT"
+        assert failed.error is error, "the exception object (TF's type) reaches the driver"
+    finally:
+        sources.close()
+    assert not sources.read_failed("LAST_RUN_TO_CHECKPOINT", error), "closed: refused"
 
 
 def test_stop_from_another_thread_wakes_a_blocked_receive():
@@ -79,7 +95,7 @@ def test_stop_from_another_thread_wakes_a_blocked_receive():
     got = []
     receiver = threading.Thread(target=lambda: got.append(inbox.recv()))
     receiver.start()
-    inbox.stop()
+    assert inbox.post(_native.Input.Stop())
     receiver.join(HANG)
     assert not receiver.is_alive(), "stop did not wake the receive"
     assert isinstance(got[0], _native.Input.Stop)
@@ -134,7 +150,7 @@ def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_h
     # ...while a second notice, a step key (as the reader posts it) and the stop of
     # close() arrive together.
     h._notify_termination()
-    assert h._driver.sources.inbox.post_step_key("RUN_TO_CHECKPOINT", "7")
+    assert h._driver.sources.inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "7"))
     closer = threading.Thread(target=h.close)
     closer.start()
     wait_until(lambda: h._driver.sources.inbox.stopped, what="close() to stop the inbox")
@@ -229,7 +245,7 @@ def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(make_handler, 
     h._notify_termination()
     assert service.entered.wait(HANG), "the claim never started"
     # A leader (worker 1) published while this worker's claim is being retried.
-    assert h._driver.sources.inbox.post_step_key("RUN_TO_CHECKPOINT", "5")
+    assert h._driver.sources.inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "5"))
     wait_until(lambda: service.value(ACK_0) == "1", what="the acknowledgement")
     assert "TERMINATED_WORKER" not in service.writes, "the claim was let through early"
     assert service.failures >= 1

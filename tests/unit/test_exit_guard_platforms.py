@@ -165,10 +165,10 @@ def _slurm_child(tmp_path, monkeypatch, *, requeue: bool, kill_wait: bool):
             for _ in range(3):
                 h.run(step)
             read_by = time.monotonic() + 60
-            while _slurm.job_info() is None:
+            while _slurm.job_limits() is None:
                 assert time.monotonic() < read_by, "the handler never read the job"
                 time.sleep(0.01)
-            emit("job", end=END, kill_wait=_slurm.job_info().kill_wait)
+            emit("job", end=END, kill_wait=_slurm.job_limits().kill_wait)
             os.kill(os.getpid(), signal.SIGUSR1)
             wait_for_attention(h)
             saved_and_exited(h)

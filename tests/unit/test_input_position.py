@@ -278,7 +278,23 @@ def test_a_builder_is_called_at_the_saved_iteration_and_batch_and_then_the_next(
 
 
 def test_a_long_replay_logs_a_progress_line_until_the_first_resumed_run(caplog, monkeypatch):
-    monkeypatch.setattr(input_position, "PROGRESS_EVERY", 0.02)
+    class Quick:
+        """The core's InputTiming of a replay, with a line every 0.02 s."""
+
+        def __init__(self, advance: bool = False) -> None:
+            self.start, self.next = time.monotonic(), time.monotonic() + 0.02
+
+        def poll_timeout(self) -> float:
+            return max(0.0, self.next - time.monotonic())
+
+        def poll(self):
+            now = time.monotonic()
+            if now < self.next:
+                return None
+            self.next = now + 0.02
+            return now - self.start
+
+    monkeypatch.setattr(input_position, "InputTiming", Quick)
     caplog.set_level(logging.INFO, logger="tf_failure_handling")
     runs = Runs()
     made = tracker(shuffled(), runs)

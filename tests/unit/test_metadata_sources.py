@@ -198,6 +198,17 @@ def _watch(cloud: str, fake: FakeMetadata, wake: Any = None, **timing: float) ->
     return _native.MetadataWatch(cloud, fake.base, wake, **timing)
 
 
+def _notice(watch: Any, timeout: float) -> Optional[tuple]:
+    """The watch's first notice, ``(description, deadline)`` (sticky: ``state``),
+    waiting up to ``timeout`` seconds for it; None if none by then."""
+    end = time.monotonic() + timeout
+    while True:
+        notice = watch.state["notice"]
+        if notice is not None or time.monotonic() >= end:
+            return notice
+        time.sleep(0.005)
+
+
 def _until(predicate: Any, what: str) -> None:
     deadline = time.monotonic() + SEEN_WITHIN
     while not predicate():
@@ -277,9 +288,9 @@ NOTICE_CASES = [
 def test_notice_is_seen_with_its_deadline(fake, watches, cloud, kind):
     w = watches(cloud, fake)
     _polled(w)
-    assert w.wait(0) is None and w.state["notice"] is None
+    assert _notice(w, 0) is None and w.state["notice"] is None
     expected, approx, published = _publish(fake, cloud, kind)
-    notice = w.wait(SEEN_WITHIN)
+    notice = _notice(w, SEEN_WITHIN)
     seen_after = time.monotonic() - published
     assert notice is not None
     assert seen_after < SEEN_WITHIN, f"seen {seen_after:.3f}s after it appeared"
@@ -290,7 +301,7 @@ def test_notice_is_seen_with_its_deadline(fake, watches, cloud, kind):
     else:
         assert deadline == pytest.approx(expected, abs=approx)
     assert w.state["notice"] == notice
-    assert w.wait(0) == notice, "the notice is sticky"
+    assert _notice(w, 0) == notice, "the notice is sticky"
     assert _stats(w)["notices"] >= 1
 
 
@@ -308,7 +319,7 @@ def test_the_notice_is_posted_into_the_inbox(fake, watches, cloud):
         assert (item.source, item.deadline) == w.state["notice"]
         assert item.kill == item.deadline, "a cloud's announced end is the kill"
     finally:
-        inbox.stop()
+        inbox.post(_native.Input.Stop())
 
 
 @pytest.mark.timeout(30)
@@ -318,7 +329,7 @@ def test_gce_long_polls_with_the_etag(fake, watches):
         lambda: any(f"last_etag={etag('NONE')}" in p for _, p, _ in fake.requests),
         "a long poll with the ETag",
     )
-    assert w.wait(QUIET) is None
+    assert _notice(w, QUIET) is None
     polls = [p for _, p, _ in fake.requests if "wait_for_change=true" in p]
     assert polls, fake.requests
     assert all(h.get("metadata-flavor") == "Google" for _, _, h in fake.requests)
@@ -347,7 +358,7 @@ def test_aws_uses_an_imdsv2_token_and_renews_it_on_401(fake, watches):
     (renewed,) = renewed_tokens
     assert renewed != token
     _, _, published = _publish(fake, "aws")
-    assert w.wait(SEEN_WITHIN) is not None
+    assert _notice(w, SEEN_WITHIN) is not None
     assert time.monotonic() - published < SEEN_WITHIN
     last = [h for m, p, h in fake.requests if p == AWS_INSTANCE_ACTION][-1]
     assert last["x-aws-ec2-metadata-token"] == renewed
@@ -359,11 +370,11 @@ def test_aws_falls_back_to_imdsv1(fake, watches):
     fake.aws_imdsv1 = True
     w = watches("aws", fake)
     assert fake.wait_for_requests(AWS_INSTANCE_ACTION, 1, SEEN_WITHIN)
-    assert w.wait(0) is None
+    assert _notice(w, 0) is None
     gets = [h for m, p, h in fake.requests if p == AWS_INSTANCE_ACTION]
     assert gets and all("x-aws-ec2-metadata-token" not in h for h in gets)
     deadline, _, published = _publish(fake, "aws")
-    notice = w.wait(SEEN_WITHIN)
+    notice = _notice(w, SEEN_WITHIN)
     assert notice is not None and notice[1] == deadline
     assert time.monotonic() - published < SEEN_WITHIN
 
@@ -377,7 +388,7 @@ def test_aws_rebalance_is_not_a_notice(fake, watches):
     while w.state["rebalance"] is None and time.monotonic() - start < SEEN_WITHIN:
         time.sleep(0.02)
     assert w.state["rebalance"] == pytest.approx(_aws_deadline({"time": doc["noticeTime"]}))
-    assert w.wait(QUIET) is None
+    assert _notice(w, QUIET) is None
     assert w.state["notice"] is None
 
 
@@ -399,7 +410,7 @@ def test_azure_events_that_do_not_terminate_this_vm(fake, watches, events):
     fake.azure_events = events
     w = watches("azure", fake, interval=0.1)
     assert fake.wait_for_requests(AZURE_EVENTS, 4, REQUESTS_WITHIN)
-    assert w.wait(0.1) is None
+    assert _notice(w, 0.1) is None
     assert w.state["notice"] is None
     assert _stats(w)["failures"] == _stats(w)["malformed"] == 0
 
@@ -411,7 +422,7 @@ def test_azure_terminating_event_for_this_vm(fake, watches, event_type):
     w = watches("azure", fake)
     event = azure_event(event_type, ("trainer-1", "trainer-7"), 45.0)
     fake.azure_events = [azure_event("Reboot", ("trainer-7",)), event]
-    notice = w.wait(SEEN_WITHIN)
+    notice = _notice(w, SEEN_WITHIN)
     assert notice is not None
     assert notice[1] == pytest.approx(_azure_deadline(event), abs=1e-6)
 
@@ -419,9 +430,9 @@ def test_azure_terminating_event_for_this_vm(fake, watches, event_type):
 @pytest.mark.timeout(30)
 def test_azure_empty_not_before_means_now(fake, watches):
     w = watches("azure", fake)
-    assert w.wait(0.6) is None
+    assert _notice(w, 0.6) is None
     fake.azure_events = [azure_event("Preempt", ("vm0",), not_before_in=None)]
-    notice = w.wait(SEEN_WITHIN)
+    notice = _notice(w, SEEN_WITHIN)
     assert notice is not None
     assert notice[1] == pytest.approx(time.time(), abs=2.0)
 
@@ -430,12 +441,12 @@ def test_azure_empty_not_before_means_now(fake, watches):
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_close_is_prompt_and_idempotent(fake, watches, cloud):
     w = watches(cloud, fake)
-    assert w.wait(0.3) is None
-    w.close()
-    w.close()
+    assert _notice(w, 0.3) is None
     start = time.monotonic()
-    assert w.wait(SEEN_WITHIN) is None
-    assert time.monotonic() - start < SEEN_WITHIN / 2, "wait returns at once once closed"
+    w.close()
+    w.close()
+    assert time.monotonic() - start < SEEN_WITHIN / 2, "close is prompt"
+    assert w.state["closed"] and w.state["notice"] is None
 
 
 @pytest.mark.parametrize(
@@ -470,11 +481,11 @@ def test_hostile_server(fake, watches, cloud, fault):
     # 200s with bodies that do not parse are "malformed"; the rest are failed requests.
     counter = "malformed" if fault in ("garbage", "hostile_json") else "failures"
     _polled(w, requests=2, **{counter: 1})
-    assert w.wait(0) is None and w.state["notice"] is None, "a false notice"
+    assert _notice(w, 0) is None and w.state["notice"] is None, "a false notice"
     doomed.close()  # returns while a request hangs (a hang would fail the test)
     fake.fault = None
     expected, approx, _ = _publish(fake, cloud)
-    notice = w.wait(SEEN_WITHIN)
+    notice = _notice(w, SEEN_WITHIN)
     assert notice is not None, f"polling did not survive {fault!r}: {_stats(w)}"
     if expected is not None:
         assert notice[1] == pytest.approx(expected, abs=approx)

@@ -182,12 +182,13 @@ def test_sigint_during_wait_while_polling_threads_log_then_close_is_prompt(tmp_p
         tmp_path,
         """
         base = server(hang_up)
-        watch = _native.MetadataWatch("aws", base, interval=0.02, request_timeout=1.0)
+        box = _native.Inbox()
+        watch = _native.MetadataWatch("aws", base, box, interval=0.02, request_timeout=1.0)
         while watch.state["failures"] < 2:  # polls fail, and log, while we wait
             time.sleep(0.01)
         try:
             sent = interrupt_after(0.2)
-            watch.wait(BLOCKED)
+            box.recv(BLOCKED)  # the wait for the notice the watch would post
         except KeyboardInterrupt:
             report("interrupted", after=time.monotonic() - sent[0])
         failures = watch.state["failures"]

@@ -388,7 +388,7 @@ def test_an_object_store_line_never_waits_and_close_waits_for_it(store, caplog, 
     # A store that never answers: close gives up at its bound and says so.
     store.gate = threading.Event()
     # The core's bound is 10 s (src/records.rs): the test's wait is cut to 0.2 s.
-    monkeypatch.setattr(records, "records_flush_bound", lambda timeout=None: 0.2)
+    monkeypatch.setattr(records, "records_bound", lambda timeout=None: 0.2)
     rec.write("exit", code=42)
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
         rec.close()
@@ -578,3 +578,21 @@ def test_report_reads_past_whatever_else_is_in_the_records_folder(make_handler, 
     done = _report(folder)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines() == ["report: skipped 5 unreadable line(s) in 5 file(s)"]
+
+
+def test_a_line_is_stamped_as_it_is_built_and_a_resumed_line_gets_its_downtime(tmp_path):
+    """The binding stamps each line (Python reads no time): its ``time`` is the wall
+    clock then unless given, a ``resumed`` line's ``downtime`` the seconds from the exit
+    it names (``exited``); a value that is not a number never stops the line."""
+    rec = records.Recorder(str(tmp_path), "worker", 0)
+    rec.new_preemption()
+    before = time.time()
+    rec.write("notice", source="SIGTERM")
+    rec.write("resumed", step=3, exited=before - 50.0)
+    rec.write("error", time="not a number", exited=1.0, error="x")
+    rec.close()
+    lines = [json.loads(x) for x in (tmp_path / "worker-0.jsonl").read_text().splitlines()]
+    assert before <= lines[0]["time"] <= time.time()
+    assert lines[1]["downtime"] == pytest.approx(lines[1]["time"] - (before - 50.0))
+    assert "exited" not in lines[1] and "exited" not in lines[2]
+    assert lines[2]["time"] == "not a number" and "downtime" not in lines[2]

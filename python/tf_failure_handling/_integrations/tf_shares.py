@@ -13,11 +13,11 @@ them with ``MergeV2Checkpoints``, as TensorFlow's sharded save does: the checkpo
 returned and its state file, ``checkpoint``, names the checkpoint: a chief that ends
 before that leaves the non-chiefs without the restart code. A merge cannot be
 cancelled once started, so the chief starts it only when the core says it fits before
-the deadline (``SharesSave.merge_start``); a save that fails removes its parts (and a
-merge's files the state file does not name). Which worker writes which tensor is the
-core's answer (``assign_shares``), the same on every worker; how long each wait lasts
-is the core's too (the plan's ``waits``, a ``SharesSave``), and every wait, file read
-and merge of the chief is bounded by it.
+the deadline (the ``Merge`` or ``Keep`` of the save's ``SharesWaits``); a save that
+fails removes its parts (and a merge's files the state file does not name). Which worker
+writes which tensor is the core's answer (``assign_shares``), the same on every worker;
+how long each wait lasts is the core's too (the plan's ``waits``, a ``SharesWaits``),
+and every wait, file read and merge of the chief is bounded by it.
 
 A saver this cannot split (registered savers, tensors of several tasks, graph mode)
 saves as TensorFlow does, on every worker: the plan's ``fallback`` is told once, and
@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 
 from .. import _errors
 from .._bounded_call import BoundedCall
-from .._native import assign_shares
+from .._native import SharesAction, assign_shares
 from . import saver_hook, tf_reads_only
 
 log = logging.getLogger("tf_failure_handling")
@@ -60,12 +60,13 @@ class Plan:
     ``merged(name, value)``: the chief tells the others the save's result (``"ok"``, once
     the state file names the checkpoint, or ``"error <message>"``);
     ``wait_merged(name, seconds)``: a non-chief waits for it, raising unless it is
-    ``"ok"``. ``waits()``: the core's ``SharesSave``, made when this worker's part
-    starts and told when it is written (``part_written``), which says how long each
-    wait lasts from now (``left``: the deadline less the exit's reserve binds it),
-    whether the chief starts the merge (``merge_start``), hears that it ended
-    (``merged``) and bounds the removal of a failed save's parts
-    (``left(after_failure=True)``).
+    ``"ok"``. ``waits()``: the core's ``SharesWaits``, made when this worker's part
+    starts and told when it is written (``handle("part_written")``), which says how
+    long each wait lasts from now (``poll_timeout()``: the deadline less the exit's
+    reserve binds it), whether the chief starts the merge once it has the parts
+    (``handle("parts_checked")``, then ``poll()``: ``Merge`` or ``Keep``), hears that
+    it ended (``handle("merged")``) and bounds the removal of a failed save's parts
+    (``handle("failed")``).
     ``fallback(why)``: this saver cannot be split
     and saves as TensorFlow does. ``where(prefix, why)``: on a non-chief, where that
     whole copy goes (``prefix`` itself, or a folder on the storage when the host's
@@ -95,7 +96,7 @@ class _Save:
     #: This save's parts: ``<prefix>_temp_<token>`` (a folder), or on S3 the parts'
     #: common prefix ``<prefix>.part_<token>``.
     temp: Optional[str] = None
-    #: The core's ``SharesSave`` of this worker's part, once it started.
+    #: The core's ``SharesWaits`` of this worker's part, once it started.
     waits: Any = None
     #: The chief's merge, once started: its bound (s).
     merge_bound: Optional[float] = None
@@ -162,7 +163,7 @@ def _report_visible(plan: Plan, save: _Save) -> None:
     """The chief, after ``CheckpointManager.save`` returned: "ok" to the others only
     when the state file names this save's checkpoint (the merge's time to the core)."""
     what = f"the state file of {plan.directory} (after merging {save.name})"
-    named = _bounded(lambda: _named(plan.directory), save.waits.left(), what)
+    named = _bounded(lambda: _named(plan.directory), save.waits.poll_timeout(), what)
     if named != save.name:
         raise _errors.make(
             "FailedPreconditionError",
@@ -170,7 +171,7 @@ def _report_visible(plan: Plan, save: _Save) -> None:
             f"{plan.directory}/checkpoint names {named}: it is not the checkpoint a restart "
             f"reads, so it is not used{_SHARED}",
         )
-    save.waits.merged()
+    save.waits.handle("merged")
     save.reported = True
     plan.merged(save.name, "ok")
 
@@ -191,10 +192,12 @@ def _failed(plan: Plan, save: _Save, error: BaseException) -> None:
             save.temp,
         )
         return
+    waits = save.waits or plan.waits()
+    waits.handle("failed")
     try:
         _bounded(
             lambda: _remove(plan, save),
-            (save.waits or plan.waits()).left(after_failure=True),
+            waits.poll_timeout(),
             f"the removal of {save.name}'s parts ({save.temp})",
         )
     except Exception as e:  # noqa: BLE001 - the save's own error goes on
@@ -326,11 +329,11 @@ def _save_share(saver: Any, plan: Plan, file_prefix: str, options: Any, save: _S
         if plan.worker != 0:
             plan.done(name, f"error {type(e).__name__}: {e}")
         raise  # the chief's: writing_shares reports it
-    save.waits.part_written(plan.worker == 0)
+    save.waits.handle("part_written")
     if plan.worker != 0:
         plan.done(name, f"ok {split.digest} {size} {digest}")
         # The restart code only once the chief says the state file names the checkpoint.
-        plan.wait_merged(name, save.waits.left())
+        plan.wait_merged(name, save.waits.poll_timeout())
         return None
     _check_and_merge(plan, split, save, parts)
     return None
@@ -344,7 +347,7 @@ def _check_and_merge(plan: Plan, split: _Split, save: _Save, parts: list) -> Non
     name = save.name
     wrote = {}
     for worker in range(1, plan.workers):
-        wrote[worker] = plan.wait(name, worker, split.digest, save.waits.left())
+        wrote[worker] = plan.wait(name, worker, split.digest, save.waits.poll_timeout())
     for worker, (size, digest) in wrote.items():
         if worker not in split.parts:
             continue
@@ -352,7 +355,7 @@ def _check_and_merge(plan: Plan, split: _Split, save: _Save, parts: list) -> Non
         try:
             seen = _bounded(
                 lambda part=part: part_fingerprint(part),
-                save.waits.left(),
+                save.waits.poll_timeout(),
                 f"the read of worker {worker}'s part {part}",
             )
         except errors.NotFoundError as e:
@@ -367,8 +370,9 @@ def _check_and_merge(plan: Plan, split: _Split, save: _Save, parts: list) -> Non
                 f"index {digest}; the chief sees {seen[0]} bytes, index {seen[1]}): nothing "
                 f"is merged{_SHARED}",
             )
-    start = save.waits.merge_start()
-    if not start.start:
+    save.waits.handle("parts_checked")
+    start = save.waits.poll()
+    if isinstance(start, SharesAction.Keep):
         raise _errors.make(
             "DeadlineExceededError",
             f"The merge of checkpoint {name} was not started: it is expected to take "

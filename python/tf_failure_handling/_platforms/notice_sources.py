@@ -57,10 +57,8 @@ def _release_all_at_exit() -> None:
         sources = list(_open_sources)
     watched: set = set()
     for s in sources:
-        try:
+        if not s._closed:  # a closed one gave its signals back already
             watched.update(s.signals)
-        except Exception:  # noqa: BLE001 - closed already: its signals are given back
-            pass
         s.close(join=False)
     # The exit has begun: a time-limit warning now would only turn a finished run into
     # a failed one (SLURM's job FAILED, exit 138), so it is ignored from here on.
@@ -87,6 +85,14 @@ class Notice(NamedTuple):
     #: state one (an assumed deadline, a signal with no scheduler behind it): the exit
     #: guard waits for this alone.
     kill: Optional[float] = None
+
+
+class KeyReadFailed(NamedTuple):
+    """The step-key reader ended: reading ``round_key`` failed for longer than the
+    bound; ``error`` is the last failure (TF's type, its message intact)."""
+
+    round_key: str
+    error: BaseException
 
 
 def signal_name(signum: int) -> str:
@@ -130,7 +136,12 @@ class NoticeSources:
         self._closed = False
         #: Where every source posts; a handler's step-key reader posts here too.
         self.inbox = Inbox()
-        self._watch = SignalWatch(signal_numbers(signals), owner=owner, inbox=self.inbox)
+        #: The reader's last failure per round key, until the driver takes it (the
+        #: inbox carries the round only).
+        self._read_errors: dict = {}
+        #: The signals watched (each once).
+        self.signals: list[int] = list(dict.fromkeys(signal_numbers(signals)))
+        self._watch = SignalWatch(self.signals, owner=owner, inbox=self.inbox)
         self._metadata: Optional[MetadataWatch] = None
         if watch_metadata and env.cloud is not None and env.metadata_base is not None:
             try:
@@ -150,10 +161,6 @@ class NoticeSources:
         with _open_sources_lock:
             _open_sources.add(self)
 
-    @property
-    def signals(self) -> list[int]:
-        return self._watch.signals
-
     def trigger(
         self, source: str, deadline: Optional[float] = None, kill: Optional[float] = None
     ) -> bool:
@@ -162,7 +169,13 @@ class NoticeSources:
         with self._lock:
             if self._closed:
                 return False
-        return self.inbox.post_notice(source, deadline, kill)
+        return self.inbox.post(Input.Notice(source, deadline=deadline, kill=kill))
+
+    def read_failed(self, round_key: str, error: BaseException) -> bool:
+        """Posts that the step-key reader ended on ``error`` reading ``round_key``;
+        False once stopped (the driver will not see it)."""
+        self._read_errors[round_key] = error
+        return self.inbox.post(Input.KeyReadFailed(round_key))
 
     def receive(self, timeout: Optional[float] = None) -> Any:
         """The most urgent input: ``Input.Stop`` once closed, then step keys and key-read
@@ -176,18 +189,12 @@ class NoticeSources:
         with self._lock:
             if self._closed:
                 return Input.Stop()
-        item = self.inbox.recv(timeout, self._watch)
-        if isinstance(item, Input.Notice):
-            return self._notice_for(item)
-        return item
+        return self._converted(self.inbox.recv(timeout, self._watch))
 
     def drain(self) -> list:
         """Every input still queued, without waiting, even once closed (what arrived
         before the stop), converted as :meth:`receive` does."""
-        return [
-            self._notice_for(item) if isinstance(item, Input.Notice) else item
-            for item in self.inbox.drain()
-        ]
+        return [self._converted(item) for item in self.inbox.drain()]
 
     def wait(self, timeout: Optional[float] = None) -> Optional[Notice]:
         """The next notice, or None after ``timeout`` seconds or once closed: the
@@ -219,6 +226,16 @@ class NoticeSources:
         a call under way that fires is dropped. Signals and metadata stay watched."""
         self._watcher_poll.stop(wait=False)
 
+    def _converted(self, item: Any) -> Any:
+        """An input as the driver takes it: a notice as a :class:`Notice`, a reader's
+        failure with its exception (:class:`KeyReadFailed`), anything else as is."""
+        if isinstance(item, Input.Notice):
+            return self._notice_for(item)
+        if isinstance(item, Input.KeyReadFailed):
+            error = self._read_errors.pop(item.round, None)
+            return KeyReadFailed(item.round, error or RuntimeError(f"reading {item.round} failed"))
+        return item
+
     def _notice_for(self, item: Any) -> Notice:
         """A posted ``Input.Notice`` as a :class:`Notice`: a signal is named, and its
         deadline and kill are where the scheduler says (``_platform.signal_deadlines``)."""
@@ -241,7 +258,7 @@ class NoticeSources:
         with _open_sources_lock:
             _open_sources.discard(self)
         self._watcher_poll.stop(wait=False)
-        self.inbox.stop()
+        self.inbox.post(Input.Stop())
         self._watch.close()
         if self._metadata is not None:
             self._metadata.close()

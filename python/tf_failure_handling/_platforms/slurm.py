@@ -1,9 +1,11 @@
 """SLURM: the job's deadlines, and the job back in the queue after the save.
 
 What SLURM sends and when, the deadline and the kill each notice carries
-(:func:`notice_deadlines`, decided by the core: ``src/sources/slurm.rs``) and when the
-job is requeued (:func:`requeue_after_save`) are told once, in
-docs/getting-started/slurm.md, and checked on a real SLURM by ``tests/slurm``.
+(:func:`notice_deadlines`) and when the job is requeued (:func:`requeue_after_save`)
+are told once, in docs/getting-started/slurm.md, and checked on a real SLURM by
+``tests/slurm``. The job is one protocol object of the core (``SlurmJob``,
+``src/sources/slurm/job.rs``), which decides all of it; each thread here reports an
+event and runs the ``scontrol`` calls it answers with (:func:`_perform`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import subprocess
 import threading
 from typing import Any, Optional
 
-from .._native import slurm_decides_requeue, slurm_job_read, slurm_notice, slurm_requeue
-from .._native import slurm_fields as parse_fields
+from .._native import SlurmAction, SlurmEvent, SlurmJob
 from . import common
 
 log = logging.getLogger("tf_failure_handling")
@@ -53,98 +54,89 @@ def _scontrol(*args: str, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
-def show_job(jid: str, timeout: float) -> dict:
-    """``scontrol show job -o JOB`` as a dict, within ``timeout`` seconds (the core's
-    bound of the step that asks for it). Raises OSError, TimeoutExpired, or
-    RuntimeError (scontrol's message) when it cannot be read."""
-    out = _scontrol("show", "job", "-o", str(jid), timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError((out.stderr or out.stdout).strip() or f"exit {out.returncode}")
-    return parse_fields(out.stdout.splitlines()[0] if out.stdout else "")
+def _perform(job: SlurmJob, event: Any) -> Any:
+    """This thread's loop with the job (``src/sources/slurm/job.rs``): reports
+    ``event``, runs each ``scontrol`` call the core answers with, within the timeout
+    it carries, and reports how it ended, until the answer is an outcome (which it
+    returns). The requeue's pauses are waited inside ``handle``."""
+    while True:
+        action = job.handle(event)
+        if not isinstance(action, SlurmAction.Scontrol):
+            return action
+        try:
+            out = _scontrol(*action.args, timeout=action.timeout)
+        except Exception as e:  # noqa: BLE001 - reported: the core decides what it means
+            why = f"{type(e).__name__}: {e}"
+            timed_out = isinstance(e, subprocess.TimeoutExpired)
+            event = SlurmEvent.NotRun(action.call, why, timed_out)
+        else:
+            event = SlurmEvent.Exited(
+                action.call, out.returncode, out.stdout or "", out.stderr or ""
+            )
 
 
-class JobInfo:
-    """What ``scontrol`` says about this job, read once in a daemon thread."""
+class _Job:
+    """The job this process runs in: the core's object (``SlurmJob``) and the daemon
+    thread that reads its limits when the handler starts."""
 
     def __init__(self, jid: str) -> None:
-        self.job_id = jid
-        self.done = threading.Event()
-        #: ``EndTime`` (Unix seconds), None when unlimited or unknown.
-        self.end_time: Optional[float] = None
-        self.partition: Optional[str] = None
-        #: The partition's ``GraceTime`` and the cluster's ``KillWait``, seconds.
-        self.grace_time: Optional[float] = None
-        self.kill_wait: Optional[float] = None
-        self.requeue: Optional[bool] = None
-        self.error: Optional[str] = None
-        self._thread = threading.Thread(target=self._read, name="tfh-slurm-job", daemon=True)
+        self.id = jid
+        self.core = SlurmJob(jid, max(0, restart_count()))
+        #: The read's outcome (``SlurmAction.Read``) once over: for its log line.
+        self.limits: Any = None
+        self._reader: Optional[threading.Thread] = None
 
-    def start(self) -> JobInfo:
-        self._thread.start()
-        return self
+    def start_reading(self) -> None:
+        if self._reader is None:
+            self._reader = threading.Thread(target=self._read, name="tfh-slurm-job", daemon=True)
+            self._reader.start()
 
     def _read(self) -> None:
-        """Performs the core's read (``slurm_job_read``: which ``scontrol`` calls, their
-        bounds, what their output says); a call that raises ends it (a job we cannot
-        read has no deadline)."""
-        outputs: list = []
-        try:
-            while True:
-                call, facts = slurm_job_read(self.job_id, outputs)
-                (
-                    self.end_time,
-                    self.partition,
-                    self.grace_time,
-                    self.kill_wait,
-                    self.requeue,
-                    self.error,
-                ) = facts
-                if call is None:
-                    break
-                args, timeout = call
-                try:
-                    out = _scontrol(*args, timeout=timeout)
-                except Exception as e:  # noqa: BLE001 - reported: the read ends
-                    outputs.append((None, "", f"{type(e).__name__}: {e}"))
-                else:
-                    outputs.append((out.returncode, out.stdout or "", out.stderr or ""))
-            if self.error is not None:
-                log.info("SLURM job %s: cannot read its EndTime (%s).", self.job_id, self.error)
-        finally:
-            self.done.set()
+        read = _perform(self.core, SlurmEvent.Read())
+        if read.error is not None:
+            log.info("SLURM job %s: cannot read its EndTime (%s).", self.id, read.error)
+        self.limits = read
         # Info: the limits every later deadline comes from (tests/slurm waits for it).
         log.info(
             "SLURM job %s read: EndTime %s, partition %s (GraceTime %s), KillWait %s.",
-            self.job_id,
-            self.end_time,
-            self.partition,
-            self.grace_time,
-            self.kill_wait,
+            self.id,
+            read.end_time,
+            read.partition,
+            read.grace_time,
+            read.kill_wait,
         )
 
 
 _lock = threading.Lock()
-_info: Optional[JobInfo] = None
-#: Signal deliveries already accounted for by :func:`notice_deadlines`.
-_seen_term = 0
+_job: Optional[_Job] = None
 
 
-def start_reading_job() -> Optional[JobInfo]:
-    """Starts (once per process and job) the daemon thread that reads the job."""
-    global _info
+def the_job() -> Optional[_Job]:
+    """The job this process runs in (one per process and job), None when not under
+    SLURM."""
+    global _job
     jid = job_id()
     if jid is None:
         return None
     with _lock:
-        if _info is None or _info.job_id != jid:
-            _info = JobInfo(jid).start()
-        return _info
+        if _job is None or _job.id != jid:
+            _job = _Job(jid)
+        return _job
 
 
-def job_info() -> Optional[JobInfo]:
-    """The job's information once read, else None (never waits)."""
-    info = _info
-    return info if info is not None and info.done.is_set() else None
+def start_reading_job() -> Optional[_Job]:
+    """Starts (once per process and job) the daemon thread that reads the job."""
+    job = the_job()
+    if job is not None:
+        job.start_reading()
+    return job
+
+
+def job_limits() -> Any:
+    """The read of the job's limits (``SlurmAction.Read``) once over, else None (never
+    waits)."""
+    job = _job
+    return job.limits if job is not None else None
 
 
 def _deliveries(signum: int) -> int:
@@ -162,38 +154,25 @@ def in_srun_step() -> bool:
     return os.environ.get("SLURM_STEP_ID", "").strip().isdigit()
 
 
-def notice_deadlines(end_time: Optional[float], unix_now: float) -> tuple:
-    """``(deadline, kill)`` of the signal that just arrived, Unix times or None
-    (docs/getting-started/slurm.md has the rule per launch form; the core decides:
-    ``slurm_notice``, which may first ask for the job's ``PreemptTime``, read within
-    its bound). ``end_time`` is ``SLURM_JOB_END_TIME`` if set, else the
-    job's ``EndTime`` once read. The kill needs ``KillWait``: none is assumed. Never
+def notice_deadlines(end_time: Optional[float], at: float) -> tuple:
+    """``(deadline, kill)`` of the signal that arrived at ``at``, Unix times or None
+    (docs/getting-started/slurm.md has the rule per launch form; the core decides,
+    and may first have the job's ``PreemptTime`` read, within its bound).
+    ``end_time`` is ``SLURM_JOB_END_TIME`` if set (else the core uses the job's
+    ``EndTime`` once read). The kill needs ``KillWait``: none is assumed. Never
     raises.
     """
-    global _seen_term
     try:
-        info = job_info()
-        term = _deliveries(signal.SIGTERM)
-        new_term = term > _seen_term
-        _seen_term = term
-        facts = {
-            "end": end_time if end_time is not None else (info.end_time if info else None),
-            "sigterm": new_term and info is not None,
-            "srun_step": in_srun_step(),
-            "grace_time": info.grace_time if info else None,
-            "kill_wait": info.kill_wait if info else None,
-        }
-        deadline, kill, read = slurm_notice(unix_now, **facts)
-        if read is not None:
-            try:
-                job = show_job(info.job_id, timeout=read)
-            except Exception as e:  # noqa: BLE001 - unreadable: treated as no preemption
-                log.info("SLURM job %s: cannot read its PreemptTime (%s).", info.job_id, e)
-            else:
-                deadline, kill, _ = slurm_notice(unix_now, **facts, job=job)
-        return deadline, kill
+        job = the_job()
+        if job is None:
+            raise LookupError("not under SLURM")
+        event = SlurmEvent.Notice(at, end_time, _deliveries(signal.SIGTERM), in_srun_step())
+        told = _perform(job.core, event)
+        if told.unread is not None:
+            log.info("SLURM job %s: cannot read its PreemptTime (%s).", job_id(), told.unread)
+        return told.deadline, told.kill
     except Exception:  # noqa: BLE001 - see the docstring
-        return (end_time if end_time is not None and end_time > unix_now else None), None
+        return (end_time if end_time is not None and end_time > at else None), None
 
 
 # ------------------------------------------------------------------ requeue
@@ -229,78 +208,46 @@ def requeue_after_save(option: Optional[bool], recorder: Any) -> Optional[bool]:
 def requeue_and_kill(option: Optional[bool], recorder: Any) -> tuple:
     """:func:`requeue_after_save`, and the seconds from now until SLURM's SIGKILL when
     this process requeued the job: the requeue ends the job's steps, ``KillWait``
-    after it (the core's ``slurm_requeue``); None when not requeued here or
+    after it (the core's ``Requeued.kill_in``); None when not requeued here or
     ``KillWait`` is unknown. Never raises."""
     try:
-        requeued, left = _requeue_after_save(option, recorder)
+        return _requeue_after_save(option, recorder)
     except Exception as e:  # noqa: BLE001 - the exit must happen whatever goes wrong here
         log.warning("SLURM requeue: unexpected error %r; exiting without requeue.", e)
         return False, None
-    info = job_info()
-    if left is not None and info is not None:
-        log.info(
-            "SLURM job %s: the requeue ends this run's tasks; SLURM's SIGKILL comes %.1fs "
-            "from now at the soonest (KillWait %s after the requeue).",
-            info.job_id,
-            left,
-            info.kill_wait,
-        )
-    return requeued, left
-
-
-def _requeue(jid: str, time_limit_signal: bool, kill_wait: Optional[float]) -> tuple:
-    """Performs the core's requeue (``slurm_requeue``: ``src/sources/slurm.rs``'s
-    ``RequeueRun`` decides, retries a busy controller, pauses between attempts and
-    gives up): ``scontrol show job`` and ``scontrol requeue jid``, each within the
-    timeout the core gives. Returns ``(requeued, message, what, reason, took, kill_in,
-    job)`` (``slurm_requeue`` says what each is)."""
-
-    def requeue(timeout: float) -> tuple:
-        try:
-            out = _scontrol("requeue", jid, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None, None
-        except OSError as e:
-            return None, str(e)
-        return out.returncode, (out.stderr or out.stdout).strip()
-
-    return slurm_requeue(
-        jid,
-        time_limit_signal=time_limit_signal,
-        restart_count=max(0, restart_count()),
-        kill_wait=kill_wait,
-        show_job=lambda timeout: show_job(jid, timeout),
-        requeue=requeue,
-    )
 
 
 def _requeue_after_save(option: Optional[bool], records: Any) -> tuple:
-    """Carries out the core's requeue (``src/sources/slurm.rs``, ``decides_requeue``,
-    ``requeue`` and ``RequeueRun``): whether the job was requeued, and the seconds
+    """Carries out the core's requeue (``src/sources/slurm/job.rs``: whether this
+    task decides, the decision, ``scontrol requeue`` retried while the controller is
+    busy, the pauses and the give-up): whether the job was requeued, and the seconds
     until SLURM's SIGKILL when this process's ``scontrol requeue`` did it."""
     jid = job_id()
     enabled = requeue_enabled(option)
     if jid is not None and not enabled:
         log.info("SLURM job %s: requeue turned off; not requeued.", jid)
-    procid = os.environ.get("SLURM_PROCID")
-    if not slurm_decides_requeue(under_slurm=jid is not None, enabled=enabled, procid=procid):
+    job = the_job()
+    if job is None:
         return None, None
-    info = job_info()
-    requeued, message, what, reason, took, kill_in, job = _requeue(
-        jid, _deliveries(signal.SIGUSR1) > 0, info.kill_wait if info is not None else None
+    event = SlurmEvent.Requeue(
+        enabled, os.environ.get("SLURM_PROCID"), _deliveries(signal.SIGUSR1) > 0
     )
-    if what == "already":
+    done = _perform(job.core, event)
+    if not isinstance(done, SlurmAction.Requeued):
+        return None, None
+    requeued, message, reason = done.requeued, done.message, done.reason
+    if done.what == "already":
         log.info("SLURM job %s (%s): %s.", jid, reason, message)
-    elif what == "no_reason":
+    elif done.what == "no_reason":
         log.info("SLURM job %s: not requeued: %s (a user's scancel?).", jid, message)
-    elif what == "not_requeueable":
+    elif done.what == "not_requeueable":
         log.warning("SLURM job %s (%s): not requeued: %s.", jid, reason, message)
     elif requeued:
         log.info(
             "SLURM job %s (%s): requeued after the checkpoint (scontrol requeue, %.2f s).",
             jid,
             reason,
-            took,
+            done.took,
         )
     else:
         log.warning(
@@ -318,10 +265,18 @@ def _requeue_after_save(option: Optional[bool], records: Any) -> tuple:
             reason=reason,
             message=message or None,
             restart_count=restart_count(),
-            job_state=job.get("JobState"),
+            job_state=done.job_state,
         )
         records.close()
-    return requeued, kill_in
+    if done.kill_in is not None:
+        log.info(
+            "SLURM job %s: the requeue ends this run's tasks; SLURM's SIGKILL comes %.1fs "
+            "from now at the soonest (KillWait %s after the requeue).",
+            jid,
+            done.kill_in,
+            done.kill_wait,
+        )
+    return requeued, done.kill_in
 
 
 class Slurm(common.Platform):

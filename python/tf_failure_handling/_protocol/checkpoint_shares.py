@@ -6,7 +6,7 @@ Each save has its own token (the chief's token of the handler and the save's num
 its coordination-service keys (:func:`share_keys`) and paths; the folder is probed at the
 handler's construction (:func:`probe`: every worker sees it, or an error then); the
 chief's wait for the shares and a non-chief's wait for the merge are bounded by the
-core's (a ``SharesSave`` of the handler's ``ProtocolCore``, with the notice's
+core's (a save's ``SharesWaits`` of the handler's ``ProtocolCore``, with the notice's
 deadline and the merges the handler measured), and so is whether the chief starts its merge.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from .. import _errors
 from .._integrations import tf_shares
-from .._native import SharesSave, shares_probe_answers, shares_probe_file
+from .._native import SharesAction, SharesWaits
 from .checkpoint_files import delete_file, make_dirs, read_or_none
 from .non_chief_saves import NON_CHIEF_SAVES_ENV
 
@@ -44,8 +44,8 @@ def probe(client: Any, worker: int, workers: int, directory: str) -> str:
     publishes the token; every other worker looks for the file in its own
     ``directory`` and answers; any worker that cannot see it raises
     ``FailedPreconditionError`` here, and so does the chief. The core bounds each wait
-    and paces the looks for the file (``shares_probe_answers``, ``shares_probe_file``:
-    this thread builds the handler, never a daemon). Returns the token."""
+    and paces the looks for the file (the probe's ``SharesWaits``: this thread builds the
+    handler, never a daemon). Returns the token."""
     from tensorflow.python.lib.io import file_io
 
     key = f"{SHARE_KEY}/probe/{next(_probes[worker])}"
@@ -54,25 +54,28 @@ def probe(client: Any, worker: int, workers: int, directory: str) -> str:
         "into the chief's checkpoint folder, so it must be one every worker sees "
         f"(gs://, s3://, a shared file system); or set {NON_CHIEF_SAVES_ENV}=memory"
     )
+    waits = SharesWaits(probe=True)
     if worker == 0:
         token = secrets.token_hex(8)
         probe = f"{directory.rstrip('/')}/{PROBE_FILE}{token}"
         make_dirs(directory)
         file_io.write_string_to_file(probe, token)
+        answer = "ok"
         try:
             client.set(key, token)
-            failed = shares_probe_answers(
-                workers, lambda other, wait: client.get(f"{key}/{other}", wait)
-            )
+            for other in range(1, workers):
+                wait = waits.poll()
+                answer = client.get(f"{key}/{other}", wait.timeout)
+                if answer != "ok":
+                    break
         finally:
             delete_file(probe)
-        if failed is None:
+        if answer == "ok":
             return token
-        other, answer, bound = failed
         if answer is None:
             raise _errors.make(
                 "DeadlineExceededError",
-                f"Waited {bound:g}s at the handler's construction for worker "
+                f"Waited {wait.bound:g}s at the handler's construction for worker "
                 f"{other} to say whether it sees the probe file {probe} "
                 f"({key}/{other}): is it building its handler?",
             )
@@ -82,17 +85,20 @@ def probe(client: Any, worker: int, workers: int, directory: str) -> str:
             f"wrote ({answer}): {advice}.",
         )
 
-    def sees(token: str) -> bool:
-        return read_or_none(f"{directory.rstrip('/')}/{PROBE_FILE}{token}") == token
-
-    token, seen, bound, looked = shares_probe_file(lambda wait: client.get(key, wait), sees)
+    wait = waits.poll()
+    token = client.get(key, wait.timeout)
     if token is None:
         raise _errors.make(
             "DeadlineExceededError",
-            f"Waited {bound:g}s at the handler's construction for the chief's probe of "
+            f"Waited {wait.bound:g}s at the handler's construction for the chief's probe of "
             f"the checkpoint folder ({key}): is the chief building its handler?",
         )
     probe = f"{directory.rstrip('/')}/{PROBE_FILE}{token}"
+    waits.handle("token")
+    # The core paces the looks: a shared file system may show the file a little later.
+    while isinstance(look := waits.poll(), SharesAction.Look):
+        waits.handle("looked", seen=read_or_none(probe) == token)
+    seen, looked = look.seen, look.looked
     if not seen:
         client.set(f"{key}/{worker}", f"it looked for {probe} for {looked:g}s")
         raise _errors.make(
@@ -118,7 +124,7 @@ def writing_shares(
     """One save's :class:`tf_shares.Plan` in effect: ``worker`` of ``workers`` writes its
     share into ``directory``, reporting through ``client`` under ``keys`` (the save's
     :func:`share_keys`); ``token`` is the save's; ``core()`` is the handler's
-    ``ProtocolCore`` (or None), whose ``SharesSave`` bounds each wait and decides the
+    ``ProtocolCore`` (or None), whose ``SharesWaits`` bounds each wait and decides the
     merge's start; ``fallback`` hears why the workers could not
     write it together; ``where`` (a non-chief's) says where the whole copy then goes."""
 
@@ -183,7 +189,7 @@ def writing_shares(
         wait,
         merged,
         wait_merged,
-        lambda: SharesSave(core()),
+        lambda: SharesWaits(core(), chief=worker == 0),
         fallback,
         where,
     )

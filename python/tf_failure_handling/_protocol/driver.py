@@ -260,8 +260,8 @@ class Driver:
             if isinstance(item, _sources.Notice):
                 notices.append(item)
             elif isinstance(item, Input.StepKey):
-                self._acknowledge(item.round_key, item.value)  # the core queues it
-            elif isinstance(item, Input.KeyReadFailed):
+                self._acknowledge(item.round, item.value)  # the core queues it
+            elif isinstance(item, _sources.KeyReadFailed):
                 self._errors.fail_in_background("watching the peers' step keys", item.error)
         except BaseException as e:  # noqa: BLE001 - handed to the next run()
             self._errors.fail_in_background("watching the peers' step keys", e)

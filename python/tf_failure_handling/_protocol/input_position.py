@@ -21,8 +21,7 @@ import numbers
 from typing import Any, Callable, Optional
 
 from .._integrations import tf_input, tf_keras_fit
-from .._native import INPUT_REPLAY_PROGRESS_EVERY as PROGRESS_EVERY
-from .._native import Stopwatch, input_batches_given, input_resume
+from .._native import InputResume, InputTiming, input_batches_given, input_resume
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -33,7 +32,9 @@ FORMAT = 1
 STATE_NAME = "tf_failure_handling_input"
 #: Its key in the checkpoint file.
 STATE_KEY = f"{STATE_NAME}/.ATTRIBUTES/py_state"
-# PROGRESS_EVERY is the core's (src/input_position.rs's REPLAY_PROGRESS_EVERY).
+# How often a replay is logged, and how slow an advance must be to be logged, are the
+# core's (src/input_position.rs: REPLAY_PROGRESS_EVERY, ADVANCE_LOGGED_AFTER; the
+# InputTiming of each).
 
 
 def parse(value: Any) -> dict:
@@ -251,7 +252,7 @@ class InputTracker:
                 saved["workers"],
                 self.workers,
             )
-        verdict, iteration, batches, offset = input_resume(
+        resume = input_resume(
             saved["iteration"],
             saved["batches"],
             int(saved.get("previous") or 0),
@@ -260,9 +261,10 @@ class InputTracker:
             new_iteration,
             first_used,
         )
-        if verdict == "fresh":
+        if isinstance(resume, InputResume.Fresh):
             return
-        if verdict == "unreachable":
+        iteration, batches = resume.iteration, resume.batches
+        if isinstance(resume, InputResume.Unreachable):
             log.warning(
                 "The input position (iterator %d, batch %d) cannot be reached: this run "
                 "makes more iterators before training. The input starts at its first element.",
@@ -270,6 +272,7 @@ class InputTracker:
                 batches,
             )
             return
+        offset = resume.advance
         self._offset = offset
         self._advance = 0 if self._builder is not None else offset
         # The iterator before the resumed one, for a later save's "previous".
@@ -331,8 +334,9 @@ class BuiltInput:
 
 
 class _Progress:
-    """Logs every :data:`PROGRESS_EVERY` seconds while a resumed iterator replays its
-    skipped batches (TensorFlow skips them inside the first step: nothing to count)."""
+    """Logs a line every interval of the core's (``InputTiming``) while a resumed
+    iterator replays its skipped batches (TensorFlow skips them inside the first step:
+    nothing to count)."""
 
     def __init__(self, tracker: InputTracker, iteration: int, skip: int) -> None:
         import threading
@@ -350,28 +354,30 @@ class _Progress:
         return not self._thread.is_alive()
 
     def _log(self) -> None:
-        replaying = Stopwatch()
-        while not self._stopped.wait(PROGRESS_EVERY):
+        replay = InputTiming()
+        while not self._stopped.wait(replay.poll_timeout()):
             try:
                 moved = self._tracker._runs() != self._runs
             except Exception:  # noqa: BLE001 - a closed handler: nothing more to report
                 return
             if moved:
                 return
-            log.info(
-                "Replaying the input to %s: %.0fs so far (the first resumed step starts "
-                "when it is reached).",
-                self._what,
-                replaying.seconds(),
-            )
+            so_far = replay.poll()
+            if so_far is not None:
+                log.info(
+                    "Replaying the input to %s: %.0fs so far (the first resumed step starts "
+                    "when it is reached).",
+                    self._what,
+                    so_far,
+                )
 
 
 def _timed_advance(dataset: Any, count: int) -> None:
-    making = Stopwatch()
+    making = InputTiming(advance=True)
     tf_input.advance(dataset, count)
-    seconds = making.seconds()
-    if seconds > 1.0:
-        log.info("Made %d earlier iterator(s) of the input in %.1fs.", count, seconds)
+    took = making.poll()  # None: too quick to be worth a line
+    if took is not None:
+        log.info("Made %d earlier iterator(s) of the input in %.1fs.", count, took)
 
 
 def track_tf_keras_fit(

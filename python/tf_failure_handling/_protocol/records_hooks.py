@@ -15,15 +15,15 @@ import threading
 from typing import Any, Iterator, Optional
 
 from .. import records
-from .._native import RECORDS_NOTICE_LINE_BOUND as NOTICE_LINE_BOUND
+from .._native import records_bound
 from .._platforms import platform as _platform
 from .state import HandlerState
 
 log = logging.getLogger("tf_failure_handling")
 
-# NOTICE_LINE_BOUND (src/records.rs): how long a stage of the training thread waits for
-# the notice line being written (the core took the notice, the notice thread writes its
-# line) before it writes its own.
+# How long a stage of the training thread waits for the notice line being written (the
+# core took the notice, the notice thread writes its line) before it writes its own is
+# the core's: NOTICE_LINE_BOUND in src/records.rs (``records_bound(notice_line=True)``).
 
 
 class StageRecords:
@@ -52,13 +52,14 @@ class StageRecords:
 
     def _open(self) -> None:
         """Opens a preemption unless one is open, after the notice line being written."""
-        if self._notice_line.acquire(timeout=NOTICE_LINE_BOUND):
+        bound = records_bound(notice_line=True)
+        if self._notice_line.acquire(timeout=bound):
             self._notice_line.release()
         else:
             log.warning(
                 "The notice's record line was not written within %gs; the next line is "
                 "written before it.",
-                NOTICE_LINE_BOUND,
+                bound,
             )
         if self.recorder.current is None:
             self.recorder.new_preemption()
@@ -69,9 +70,10 @@ class StageRecords:
         resumed since (a second handler of the same run writes nothing). The records
         are read on the writer thread of an object store (construction never waits
         for a bucket), at once on a local folder; a record file that cannot be read
-        or makes no sense writes nothing and never stops the handler."""
+        or makes no sense writes nothing and never stops the handler. The line's time
+        is when it is built (then: the records are read), its downtime the seconds
+        from the exit to then."""
         rec = self.recorder
-        built = records.stamp()
         environment = self._state.environment
 
         def resume() -> None:
@@ -83,8 +85,7 @@ class StageRecords:
                 preemption=last.id,
                 step=step,
                 lost=None if last.agreed_step is None else last.agreed_step - step,
-                downtime=built - last.exit_time,
-                time=built,
+                exited=last.exit_time,
                 **_platform.resume_fields(environment),
             )
 

@@ -18,7 +18,7 @@ import threading
 from typing import Any, Optional
 
 from .. import _errors
-from .._native import Event, KeyAction, ReaderAction
+from .._native import Event, Input, KeyAction, ReaderAction
 from .._platforms.notice_sources import NoticeSources
 from .context import Context
 from .keys import RUN_TO_CHECKPOINT, THREAD_JOIN_TIMEOUT
@@ -74,7 +74,7 @@ class StepKeys:
         try:
             self._watch_until_done()
         except BaseException as e:  # noqa: BLE001 - handed to the driver
-            if not self._sources.inbox.post_key_read_failed(self._reading_key, e):
+            if not self._sources.read_failed(self._reading_key, e):
                 # The inbox is stopped: closing (ignored there), or the driver is gone.
                 self._errors.fail_in_background("watching the peers' step keys", e)
 
@@ -97,7 +97,7 @@ class StepKeys:
                 else:
                     event = Event.Read(value)
             elif isinstance(action, ReaderAction.Post):
-                if not self._sources.inbox.post_step_key(action.round, action.value):
+                if not self._sources.inbox.post(Input.StepKey(action.round, action.value)):
                     return  # closing
                 if self._ownership.current_owner() is not None:
                     return

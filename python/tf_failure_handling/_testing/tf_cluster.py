@@ -10,7 +10,66 @@ import threading
 from typing import Callable, Optional
 
 from .. import _errors
-from .._native import TF_WAIT_FOREVER_MS, KeyValueStore
+from .._native import TF_WAIT_FOREVER_MS
+
+
+class _Store:
+    """The coordination service's key-value store, in memory, with TensorFlow's semantics:
+    a set of an existing key fails, a get blocks until the key is set, and an error
+    reported to the cluster fails every get (those blocked and those to come)."""
+
+    def __init__(self) -> None:
+        self._values: dict = {}
+        #: The first error reported to the cluster: ``(code, message)``.
+        self.error: Optional[tuple] = None
+        #: Notified on every set, delete and error report: what blocked gets wait for.
+        self._changed = threading.Condition()
+
+    def set(self, key: str, value: str) -> bool:
+        """Sets ``key``; False (and nothing changes) when it already exists."""
+        with self._changed:
+            if key in self._values:
+                return False
+            self._values[key] = value
+            self._changed.notify_all()
+            return True
+
+    def get(self, key: str, timeout: Optional[float]) -> tuple:
+        """Blocks until ``key`` is set, an error is reported, or ``timeout`` seconds
+        (None: no limit) pass: ``("ok", value)``, ``("error", (code, message))`` or
+        ``("timeout", None)``."""
+
+        def found() -> bool:
+            return self.error is not None or key in self._values
+
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:
+            timeout = None  # too long for a lock's wait: no limit
+        with self._changed:
+            if not self._changed.wait_for(found, timeout):
+                return "timeout", None
+            if self.error is not None:
+                return "error", self.error
+            return "ok", self._values[key]
+
+    def try_get(self, key: str) -> Optional[str]:
+        with self._changed:
+            return self._values.get(key)
+
+    def delete(self, key: str) -> None:
+        with self._changed:
+            self._values.pop(key, None)
+            self._changed.notify_all()
+
+    def keys(self) -> list:
+        with self._changed:
+            return sorted(self._values)
+
+    def report_error(self, code: int, message: str) -> None:
+        """Records an error for the whole cluster (the first one wins)."""
+        with self._changed:
+            if self.error is None:
+                self.error = (code, message)
+            self._changed.notify_all()
 
 
 class InMemoryCoordinationService:
@@ -27,7 +86,7 @@ class InMemoryCoordinationService:
 
     def __init__(self) -> None:
         _errors.module()  # resolve TF's error classes in this thread, once
-        self._store = KeyValueStore()
+        self._store = _Store()
         self._error_listeners: list = []
         self._faults_lock = threading.Lock()
         self._set_faults: dict = {}
@@ -43,7 +102,7 @@ class InMemoryCoordinationService:
     def get_config_key_value(self, key: str, timeout_in_ms: int = TF_WAIT_FOREVER_MS) -> str:
         """Blocks until ``key`` is set; ``timeout_in_ms`` 0 means forever, as in TF."""
         self._maybe_fail(self._get_faults, key, "get")
-        timeout = None if not timeout_in_ms else timeout_in_ms / 1000.0
+        timeout = None if not timeout_in_ms else timeout_in_ms / 1000
         status, payload = self._store.get(str(key), timeout)
         if status == "ok":
             return payload
