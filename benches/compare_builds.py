@@ -18,7 +18,7 @@ the abi3 wheel installed (``make build`` restores the editable build).
 a change) instead of this checkout's two builds; the table is printed, not written.
 
 ``--micro`` runs, instead of the three benches, two loops with nothing around them
-(no TensorFlow): ``put``+``get``+``mark_finished`` on the native queue and
+(no TensorFlow): ``put``+``get``+``mark_finished`` on the closure queue (each a native call) and
 ``is_worker_failure`` on a ``ValueError``, each the minimum over 15 loops of 100,000
 calls, which is what a busy machine disturbs least.
 """
@@ -74,6 +74,7 @@ ROWS = {
 MICRO = """
 import time
 from tf_failure_handling import _native
+from tf_failure_handling._coordinator.closure_queue import ClosureQueue
 
 
 class Closure:
@@ -84,7 +85,7 @@ def best(loop):
     return min(loop(100_000) for _ in range(15))
 
 
-def queue(n, q=_native.ClosureQueue(), closure=Closure()):
+def queue(n, q=ClosureQueue(), closure=Closure()):
     put, get, finish = q.put, q.get, q.mark_finished
     start = time.perf_counter_ns()
     for _ in range(n):

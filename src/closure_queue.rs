@@ -215,6 +215,36 @@ pub enum PutBack<'q, T, E, K> {
     },
 }
 
+/// How a worker reports a closure it took: the one event
+/// [`ClosureQueue::finish`] takes (TensorFlow's `mark_finished`,
+/// `mark_failed` and `put_back`, and the error of a worker thread that
+/// stopped outside a closure).
+pub enum Outcome<T, E> {
+    /// The in-flight closure finished ([`ClosureQueue::mark_finished`]).
+    Finished,
+    /// The in-flight closure failed with this error ([`ClosureQueue::mark_failed`]).
+    Failed(E),
+    /// The in-flight closure goes back to the queue ([`ClosureQueue::put_back`]).
+    PutBack(T),
+    /// A worker thread stopped with this error and no closure in flight to
+    /// report ([`ClosureQueue::fail`]).
+    Stopped(E),
+}
+
+/// Seconds a worker thread of this package waits on the queue, or on its
+/// holds, before it looks at its holds again: on the queue (`held` None), on
+/// a strict hold (`Some(true)`), or on a hold that lets it take a closure
+/// while the main queue is full (`Some(false)`: it looks at the queue's size
+/// that often).
+#[must_use]
+pub fn worker_poll_timeout(held: Option<bool>) -> Duration {
+    use crate::ps_control::{WORKER_GET_SLICE, WORKER_SOFT_SLICE};
+    Duration::from_secs_f64(match held {
+        None | Some(true) => WORKER_GET_SLICE,
+        Some(false) => WORKER_SOFT_SLICE.min(WORKER_GET_SLICE),
+    })
+}
+
 /// How a wait ended.
 #[must_use]
 pub enum Settled<'q, T, E, K> {
@@ -519,6 +549,28 @@ impl<T, E, K: Eq + Hash> ClosureQueue<T, E, K> {
         self.stop_waiting.notify_all();
         self.admitted.notify_all();
         drop(unused);
+    }
+
+    /// Reports a closure as `outcome` says: [`ClosureQueue::mark_finished`],
+    /// [`ClosureQueue::mark_failed`], [`ClosureQueue::put_back`] or
+    /// [`ClosureQueue::fail`]. What a put-back hands back for cancelling
+    /// comes back as [`PutBack::Cancel`]; everything else as
+    /// [`PutBack::Queued`].
+    ///
+    /// # Errors
+    ///
+    /// [`CompletionError::NothingInFlight`] when the outcome is of an
+    /// in-flight closure and nothing is in flight.
+    pub fn finish(&self, outcome: Outcome<T, E>) -> Result<PutBack<'_, T, E, K>, CompletionError> {
+        match outcome {
+            Outcome::Finished => self.mark_finished().map(|()| PutBack::Queued),
+            Outcome::Failed(error) => self.mark_failed(error).map(|()| PutBack::Queued),
+            Outcome::PutBack(item) => self.put_back(item),
+            Outcome::Stopped(error) => {
+                self.fail(error);
+                Ok(PutBack::Queued)
+            }
+        }
     }
 
     /// Registers a wait: closes the gate to untagged puts until the
@@ -1783,5 +1835,58 @@ mod tests {
         let cancelled = c.try_finish().unwrap();
         assert_eq!(cancelled.error, "boom");
         assert_eq!(q.with_error(|e| e.copied()), None, "raised: no longer pending");
+    }
+
+    #[test]
+    fn finish_reports_each_outcome_as_its_own_operation() {
+        let q = Q::new(0);
+        for item in 1..=3 {
+            assert!(matches!(q.try_put(item).unwrap(), Put::Queued));
+        }
+        for _ in 0..3 {
+            q.try_get(None).unwrap();
+        }
+        assert!(matches!(q.finish(Outcome::Finished), Ok(PutBack::Queued)));
+        assert!(matches!(q.finish(Outcome::PutBack(2)), Ok(PutBack::Queued)));
+        assert_eq!((q.inflight(), q.queued()), (1, 1), "put back at the tail");
+        assert!(matches!(q.finish(Outcome::Failed("first")), Ok(PutBack::Queued)));
+        assert_eq!(q.inflight(), 0);
+        assert!(matches!(
+            q.finish(Outcome::Finished),
+            Err(CompletionError::NothingInFlight(Completion::MarkFinished))
+        ));
+        assert!(matches!(
+            q.finish(Outcome::Failed("late")),
+            Err(CompletionError::NothingInFlight(Completion::MarkFailed))
+        ));
+        assert!(matches!(
+            q.finish(Outcome::PutBack(9)),
+            Err(CompletionError::NothingInFlight(Completion::PutBack))
+        ));
+        // A stopped worker's error needs nothing in flight; the first error stays.
+        assert!(matches!(q.finish(Outcome::Stopped("stopped")), Ok(PutBack::Queued)));
+        assert_eq!(q.with_error(|e| e.copied()), Some("first"));
+        q.try_get(None).unwrap();
+        let Ok(PutBack::Cancel { item, slot }) = q.finish(Outcome::PutBack(2)) else {
+            panic!("an error is pending: the closure is handed back to be cancelled")
+        };
+        assert_eq!((item, q.inflight()), (2, 1));
+        drop(slot);
+        assert_eq!(q.inflight(), 0);
+    }
+
+    #[test]
+    fn a_fresh_queue_takes_a_stopped_workers_error() {
+        let q = Q::new(0);
+        assert!(matches!(q.finish(Outcome::Stopped("stopped")), Ok(PutBack::Queued)));
+        assert!(matches!(q.done(), Done::Failed(_)));
+    }
+
+    #[test]
+    fn a_worker_looks_at_a_soft_hold_more_often_than_at_the_queue() {
+        let on_queue = worker_poll_timeout(None);
+        assert_eq!(worker_poll_timeout(Some(true)), on_queue);
+        assert!(worker_poll_timeout(Some(false)) < on_queue);
+        assert!(!worker_poll_timeout(Some(false)).is_zero());
     }
 }

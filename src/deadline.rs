@@ -3,10 +3,9 @@
 //! seconds on the one clock the caller reads (the binding's `clock::now_secs`,
 //! `CLOCK_MONOTONIC`).
 //!
-//! The Python package never works out `end - now` itself: each of its waits
-//! holds a [`Deadline`] (through the binding's `Deadline` and `Stopwatch`)
-//! and asks it for the time left, so a bound is added to a clock reading in
-//! one place.
+//! The Python package never works out `end - now` itself, nor reads the time:
+//! the protocol objects hold their waits' [`Deadline`]s (an acknowledgement
+//! wait, a key watch) and hand Python each wait's timeout.
 
 /// Milliseconds TensorFlow's `get_config_key_value(key, timeout_in_ms)` takes to
 /// mean "wait forever": its default, kept by the testing service's signature, and

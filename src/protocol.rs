@@ -259,7 +259,7 @@ impl Protocol {
             Config {
                 worker_id: None,
                 num_workers: 1,
-                grace_period: 0.0,
+                grace_period: crate::grace::DEFAULT_GRACE_PERIOD,
                 save_at_current_run: false,
                 peer_timeout: self.peer_timeout,
             },

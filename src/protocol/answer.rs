@@ -66,8 +66,9 @@ crate::wire! {
         Countdown {},
         /// A failed save: raise its error.
         Raise {},
-        /// A failed save in shares: exit with the unmerged code.
-        ExitUnmerged {},
+        /// A failed save in shares: exit with `code`, the unmerged exit code
+        /// (`crate::shares::UNMERGED_EXIT_CODE`).
+        ExitUnmerged { code: i32 },
     }
 }
 
@@ -133,7 +134,9 @@ impl From<super::SaveFailed> for SaveAction {
     fn from(action: super::SaveFailed) -> Self {
         match action {
             super::SaveFailed::Raise => SaveAction::Raise {},
-            super::SaveFailed::ExitUnmerged => SaveAction::ExitUnmerged {},
+            super::SaveFailed::ExitUnmerged => SaveAction::ExitUnmerged {
+                code: crate::shares::UNMERGED_EXIT_CODE,
+            },
         }
     }
 }
@@ -174,7 +177,9 @@ mod tests {
         assert_eq!(SaveAction::from(resolver::SaveAction::Countdown), SaveAction::Countdown {});
         assert_eq!(
             SaveAction::from(super::super::SaveFailed::ExitUnmerged),
-            SaveAction::ExitUnmerged {}
+            SaveAction::ExitUnmerged {
+                code: crate::shares::UNMERGED_EXIT_CODE
+            }
         );
     }
 }

@@ -97,68 +97,8 @@ fn unix_time_of(py: Python<'_>, moment: f64, core: &Bound<'_, super::handler::Pr
     Ok(unix_now() + (moment - now))
 }
 
-/// A wait of at most `seconds` from now (None: unbounded), on [`now_secs`]:
-/// the package's waits ask it what is left rather than subtract clock
-/// readings ([`crate::deadline`]).
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub struct Deadline(deadline::Deadline);
-
-#[pymethods]
-impl Deadline {
-    #[new]
-    fn new(seconds: Option<f64>) -> Self {
-        Deadline(deadline::Deadline::new(now_secs(), seconds))
-    }
-
-    /// Seconds left (never below 0), or None for an unbounded wait.
-    fn left(&self) -> Option<f64> {
-        self.0.left(now_secs())
-    }
-
-    /// The bound has passed (never, unbounded).
-    fn passed(&self) -> bool {
-        self.0.passed(now_secs())
-    }
-
-    /// The next slice of the wait: at most `longest` seconds and what is left.
-    fn slice(&self, longest: f64) -> f64 {
-        self.0.slice(now_secs(), longest)
-    }
-
-    /// Seconds since it started.
-    fn elapsed(&self) -> f64 {
-        self.0.elapsed(now_secs())
-    }
-
-    fn __repr__(&self) -> String {
-        match self.0.left(now_secs()) {
-            Some(left) => format!("Deadline({left:.3}s left)"),
-            None => "Deadline(unbounded)".to_owned(),
-        }
-    }
-}
-
-/// How long something took: seconds since it was made, on [`now_secs`].
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub struct Stopwatch(deadline::Deadline);
-
-#[pymethods]
-impl Stopwatch {
-    #[new]
-    fn new() -> Self {
-        Stopwatch(deadline::Deadline::new(now_secs(), None))
-    }
-
-    /// Seconds since it was made.
-    fn seconds(&self) -> f64 {
-        self.0.elapsed(now_secs())
-    }
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(unix_time_of, m)?)?;
-    m.add_class::<Deadline>()?;
-    m.add_class::<Stopwatch>()?;
     m.add("TF_WAIT_FOREVER_MS", deadline::TF_WAIT_FOREVER_MS)?;
     m.add("SIMULATED_CLUSTER_BOUND", deadline::SIMULATED_CLUSTER_BOUND)?;
     Ok(())

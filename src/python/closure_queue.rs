@@ -1,16 +1,18 @@
 //! `ClosureQueue`: [`crate::closure_queue::ClosureQueue`] for Python, with
-//! TensorFlow's `_CoordinatedClosureQueue` interface. Closures and errors are
-//! opaque Python objects; tags are ints (TensorFlow's worker indices).
+//! TensorFlow's `_CoordinatedClosureQueue` interface (the Python subclass,
+//! `_coordinator.closure_queue.ClosureQueue`, adds TensorFlow's names that
+//! are not hot: `mark_failed`, `put_back`, `done`, and the cancellation
+//! manager). Closures and errors are opaque Python objects; tags are ints
+//! (TensorFlow's worker indices).
 //!
 //! Fast path: an operation that does not have to wait runs attached, with
 //! one uncontended lock (its holders never wait for the GIL, so taking it
-//! attached cannot deadlock). Only an operation that must block detaches, for
-//! at most [`SLICE`] at a time, then runs pending signal handlers (Ctrl-C)
-//! and checks its deadline.
+//! attached cannot deadlock). Only an operation that must block detaches
+//! ([`wait_sliced`]: in slices on the main thread, which answers Ctrl-C).
 //!
 //! Cancellation follows the core's two phases; the Python side is reached
-//! through two hook methods that the shim's subclass overrides (here they do
-//! nothing): `_start_cancel()` before waiting for in-flight closures, and
+//! through two hook methods, when the class has them (the subclass does):
+//! `_start_cancel()` before waiting for in-flight closures, and
 //! `_cancel_done()` after the queued closures are marked cancelled.
 //!
 //! No Python object is dropped and no Python code runs under the core's lock:
@@ -18,11 +20,12 @@
 
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 use pyo3::{intern, PyTraverseError};
 
-use super::blocking::{self, next_slice, threading_deadline, SLICE};
+use super::blocking::{threading_deadline, wait_sliced};
 use super::errors;
-use crate::closure_queue::{Cancellation, ClosureQueue, Done, GetError, Put, PutBack, Settled, DEFAULT_CAPACITY};
+use crate::closure_queue::{self as core, Cancellation, ClosureQueue, GetError, Outcome, Put, PutBack, Settled, DEFAULT_CAPACITY};
 
 type Core = ClosureQueue<Py<PyAny>, Py<PyAny>, i64>;
 type CoreCancellation<'q> = Cancellation<'q, Py<PyAny>, Py<PyAny>, i64>;
@@ -36,25 +39,27 @@ pub struct PyClosureQueue {
 }
 
 impl PyClosureQueue {
+    /// Calls the hook `name` if the (sub)class has one.
+    fn hook(slf: &Bound<'_, Self>, name: &Bound<'_, PyString>) -> PyResult<()> {
+        match slf.getattr(name) {
+            Ok(hook) => hook.call0().map(drop),
+            Err(_) => Ok(()),
+        }
+    }
+
     /// Runs a cancellation to its end and returns the exception to raise:
     /// the pending error (the same object `mark_failed` received), or the
     /// first exception a hook or a `mark_cancelled()` raised.
     fn cancel_all(slf: &Bound<'_, Self>, mut cancellation: CoreCancellation<'_>) -> PyErr {
         let py = slf.py();
         // Phase 2: abort running closures; no Rust lock held.
-        if let Err(e) = slf.call_method0(intern!(py, "_start_cancel")) {
+        if let Err(e) = Self::hook(slf, intern!(py, "_start_cancel")) {
             return e; // Abandoned: the error stays pending.
         }
-        // Phase 3: wait for in-flight closures, in slices.
-        let cancelled = loop {
-            match blocking::detach(py, || cancellation.finish_timeout(SLICE)) {
-                Ok(c) => break c,
-                Err(_) => {
-                    if let Err(e) = py.check_signals() {
-                        return e;
-                    }
-                }
-            }
+        // Phase 3: wait for in-flight closures.
+        let cancelled = match wait_sliced(py, None, |slice| cancellation.finish_timeout(slice).ok()) {
+            Ok(c) => c.expect("a wait without a deadline ends with its value"),
+            Err(e) => return e,
         };
         drop(cancellation);
         // Phase 4: mark the drained closures cancelled, then let the shim
@@ -65,7 +70,7 @@ impl PyClosureQueue {
                 first.get_or_insert(e);
             }
         }
-        if let Err(e) = slf.call_method0(intern!(py, "_cancel_done")) {
+        if let Err(e) = Self::hook(slf, intern!(py, "_cancel_done")) {
             first.get_or_insert(e);
         }
         first.unwrap_or_else(|| PyErr::from_value(cancelled.error.into_bound(py)))
@@ -101,14 +106,17 @@ impl PyClosureQueue {
         let outcome = match core.try_put(closure.unbind()) {
             Ok(outcome) => outcome,
             Err(full) => {
-                let mut item = full.into_inner();
-                loop {
-                    match blocking::detach(py, || core.put_timeout(item, SLICE)) {
-                        Ok(outcome) => break outcome,
-                        Err(full) => item = full.into_inner(),
+                let mut item = Some(full.into_inner());
+                let put = wait_sliced(py, None, |slice| {
+                    match core.put_timeout(item.take().expect("held between slices"), slice) {
+                        Ok(outcome) => Some(outcome),
+                        Err(full) => {
+                            item = Some(full.into_inner());
+                            None
+                        }
                     }
-                    py.check_signals()?;
-                }
+                })?;
+                put.expect("a wait without a deadline ends with its value")
             }
         };
         match outcome {
@@ -128,31 +136,34 @@ impl PyClosureQueue {
             Err(GetError::Stopped) => return Ok(None),
             Err(GetError::Timeout) => {}
         }
-        let deadline = threading_deadline(timeout);
-        loop {
-            let Some(slice) = next_slice(deadline) else { return Ok(None) };
-            match blocking::detach(py, || self.core.get_timeout(tag, slice)) {
-                Ok(item) => return Ok(Some(item)),
-                Err(GetError::Stopped) => return Ok(None),
-                Err(GetError::Timeout) => py.check_signals()?,
-            }
-        }
+        let got = wait_sliced(py, threading_deadline(timeout), |slice| match self.core.get_timeout(tag, slice) {
+            Ok(item) => Some(Some(item)),
+            Err(GetError::Stopped) => Some(None),
+            Err(GetError::Timeout) => None,
+        })?;
+        Ok(got.flatten())
     }
 
-    /// Reports an in-flight closure as finished; AssertionError when none is.
-    fn mark_finished(&self) -> PyResult<()> {
-        Ok(self.core.mark_finished()?)
-    }
-
-    /// Returns an in-flight closure to the tail of the main queue, or marks
-    /// it cancelled when an error is pending. AssertionError when nothing is
-    /// in flight or the closure is tagged.
-    fn put_back(&self, closure: Bound<'_, PyAny>) -> PyResult<()> {
-        let py = closure.py();
-        if !closure.getattr(intern!(py, "tag"))?.is_none() {
-            return Err(errors::assertion());
-        }
-        match self.core.put_back(closure.unbind())? {
+    /// Reports a closure a worker took (the subclass names it TensorFlow's
+    /// way): `finish()` it finished (`mark_finished`), `finish(e)` it failed
+    /// with `e` (`mark_failed`: the first error is kept and wakes `wait()`),
+    /// `finish(put_back=closure)` it goes back to the tail of the main queue
+    /// (`put_back`; marked cancelled instead when an error is pending).
+    /// AssertionError when nothing is in flight, or for a tagged closure put
+    /// back. `finish(e, in_flight=False)`: a worker thread stopped outside
+    /// a closure; `e` becomes the pending error all the same, so that the
+    /// next put, `wait()` or `done()` raises it.
+    #[pyo3(signature = (error=None, *, put_back=None, in_flight=true))]
+    fn finish(&self, py: Python<'_>, error: Option<Py<PyAny>>, put_back: Option<Bound<'_, PyAny>>, in_flight: bool) -> PyResult<()> {
+        let outcome = match (error, put_back) {
+            // The hot path (every closure that ran): straight to the core.
+            (None, None) => return Ok(self.core.mark_finished()?),
+            (Some(e), None) if in_flight => Outcome::Failed(e),
+            (Some(e), None) => Outcome::Stopped(e),
+            (None, Some(closure)) if closure.getattr(intern!(py, "tag"))?.is_none() => Outcome::PutBack(closure.unbind()),
+            _ => return Err(errors::assertion()),
+        };
+        match self.core.finish(outcome)? {
             PutBack::Queued => Ok(()),
             PutBack::Cancel { item, slot } => {
                 let marked = item.call_method0(py, intern!(py, "mark_cancelled"));
@@ -162,50 +173,22 @@ impl PyClosureQueue {
         }
     }
 
-    /// Reports an in-flight closure as failed with `e` (the first error is
-    /// kept) and wakes `wait()`. AssertionError when nothing is in flight.
-    fn mark_failed(&self, e: Py<PyAny>) -> PyResult<()> {
-        Ok(self.core.mark_failed(e)?)
-    }
-
-    /// Makes `e` the pending error (the first is kept) without an in-flight
-    /// closure: a worker thread that stopped outside a closure reports it so
-    /// that the next put, `wait()` or `done()` raises it.
-    fn _fail(&self, e: Py<PyAny>) {
-        self.core.fail(e);
-    }
-
     /// Blocks until nothing is queued or in flight (True), or `timeout`
-    /// seconds pass (False), or raises the pending error after cancelling
-    /// what is queued. Untagged puts wait meanwhile.
+    /// seconds pass (False; ≤ 0: no wait, `done()`), or raises the pending
+    /// error after cancelling what is queued. Untagged puts wait meanwhile.
     #[pyo3(signature = (timeout=None))]
     fn wait(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<bool> {
         let py = slf.py();
         let deadline = threading_deadline(timeout);
         let mut waiter = slf.get().core.waiter();
-        let mut settled = waiter.try_wait();
-        loop {
-            if let Ok(s) = settled {
-                return match s {
-                    Settled::Done => Ok(true),
-                    Settled::Failed(c) => Err(Self::cancel_all(slf, c)),
-                };
-            }
-            let Some(slice) = next_slice(deadline) else { return Ok(false) };
-            settled = blocking::detach(py, || waiter.wait_timeout(slice));
-            if settled.is_err() {
-                py.check_signals()?;
-            }
-        }
-    }
-
-    /// True when nothing is queued or in flight; raises the pending error
-    /// (after cancelling what is queued) like TensorFlow.
-    fn done(slf: &Bound<'_, Self>) -> PyResult<bool> {
-        match slf.get().core.done() {
-            Done::Yes => Ok(true),
-            Done::No => Ok(false),
-            Done::Failed(c) => Err(Self::cancel_all(slf, c)),
+        let settled = match waiter.try_wait() {
+            Ok(settled) => Some(settled),
+            Err(_) => wait_sliced(py, deadline, |slice| waiter.wait_timeout(slice).ok())?,
+        };
+        match settled {
+            None => Ok(false),
+            Some(Settled::Done) => Ok(true),
+            Some(Settled::Failed(c)) => Err(Self::cancel_all(slf, c)),
         }
     }
 
@@ -214,40 +197,34 @@ impl PyClosureQueue {
         self.core.stop();
     }
 
-    /// Drops the closures queued under `tag` (TensorFlow's
-    /// `clear_tag_unlocked`; they are not cancelled).
-    fn clear_tag(&self, tag: i64) {
+    /// Drops the closures queued under `tag` (not cancelled, as TensorFlow's).
+    fn clear_tag_unlocked(&self, tag: i64) {
         drop(self.core.clear_tag(&tag));
     }
 
-    /// Closures taken from the main queue and not yet reported.
+    /// Closures taken from the main queue and not yet reported. Settable, as
+    /// TensorFlow's (its tests add 1 to hold a `join()` open).
     #[getter]
     fn inflight_closure_count(&self) -> usize {
         self.core.inflight()
     }
 
-    /// Sets the count `wait()` and a cancellation wait for (TensorFlow's
-    /// setter, which its tests use to hold a `join()` open).
     #[setter]
     fn set_inflight_closure_count(&self, count: usize) {
         self.core.set_inflight(count);
     }
 
-    /// The pending error (TensorFlow's `_error`): what the next put, wait
-    /// or done raises; None when there is none.
+    /// The pending error (TensorFlow's `_error`, which its fault-tolerance
+    /// tests poll): what the next put, wait or done raises; None when there
+    /// is none.
     #[getter]
     fn _error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         // A new reference, taken under the queue's lock; no Python runs.
         self.core.with_error(|e| e.map(|e| e.clone_ref(py)))
     }
 
-    /// Whether `stop()` was called (every get returns None).
-    #[getter]
-    fn stopped(&self) -> bool {
-        self.core.is_stopped()
-    }
-
-    /// Closures in the main queue.
+    /// Closures in the main queue (a worker held softly takes one while it
+    /// is full; the coordinator's save counts them).
     fn qsize(&self) -> usize {
         self.core.queued()
     }
@@ -268,11 +245,15 @@ impl PyClosureQueue {
         found
     }
 
-    /// Hook: called before waiting for in-flight closures when cancelling.
-    fn _start_cancel(&self) {}
-
-    /// Hook: called after queued closures were marked cancelled.
-    fn _cancel_done(&self) {}
+    /// Seconds a worker thread of this package waits on `get`, or on its
+    /// holds, before it looks at its holds again (`held`: None on the queue,
+    /// True on a strict hold, False on a hold that lets it take a closure
+    /// while the queue is full).
+    #[staticmethod]
+    #[pyo3(signature = (held=None))]
+    fn poll_timeout(held: Option<bool>) -> f64 {
+        core::worker_poll_timeout(held).as_secs_f64()
+    }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         self.core.try_visit(|item| visit.call(item), |error| visit.call(error)).map(drop)

@@ -1,97 +1,19 @@
-//! Three fields the stable ABI hides, read where their layout is known.
-//!
-//! The wheel is built against PyO3's stable ABI (`abi3-py310`: one wheel for
-//! CPython 3.10-3.13, README "Install"). Two fast paths of the failure
-//! classifier need what the limited API does not expose: a type's
-//! `tp_version_tag` (the key of its per-type cache), its `tp_dictoffset`, and
-//! the `__dict__` slot of a `BaseException` instance. `PyTypeObject` and
-//! `PyBaseExceptionObject` have had the same layout up to those fields in every
-//! CPython from 3.8 to 3.13 (non-free-threaded builds), so this module reads
-//! them through its own `#[repr(C)]` prefixes, but only after [`check`] has
-//! compared what the prefixes read with what the interpreter reports through
-//! the stable ABI (`tp_name`, `__basicsize__`, `__dictoffset__`,
-//! `PyType_GetFlags`, `PyType_GetSlot(Py_tp_getattro)`) on built-in and
-//! user-defined exception types. On any other interpreter (3.14, free-threaded)
-//! the check fails and the classifier takes its slow path: right, only slower.
+//! Three fields the stable ABI hides, read where their layout is known
+//! ([`crate::type_layout`], which holds CPython's layout and the check): here
+//! the interpreter's reports for that check, gathered once, and the reads for
+//! the failure classifier.
 
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
-use std::ffi::{c_char, c_uint, c_ulong, c_void, CStr};
+use std::ffi::c_void;
 
-/// `PyObject_HEAD`: reference count and type.
-#[repr(C)]
-struct ObjectHead {
-    ob_refcnt: isize,
-    ob_type: *mut c_void,
-}
+use crate::type_layout::{self as core, Reported};
 
-/// `PyTypeObject` up to `tp_version_tag` (CPython 3.8-3.13).
-#[repr(C)]
-struct TypePrefix {
-    head: ObjectHead,
-    ob_size: isize,
-    tp_name: *const c_char,
-    tp_basicsize: isize,
-    tp_itemsize: isize,
-    tp_dealloc: *mut c_void,
-    tp_vectorcall_offset: isize,
-    tp_getattr: *mut c_void,
-    tp_setattr: *mut c_void,
-    tp_as_async: *mut c_void,
-    tp_repr: *mut c_void,
-    tp_as_number: *mut c_void,
-    tp_as_sequence: *mut c_void,
-    tp_as_mapping: *mut c_void,
-    tp_hash: *mut c_void,
-    tp_call: *mut c_void,
-    tp_str: *mut c_void,
-    tp_getattro: *mut c_void,
-    tp_setattro: *mut c_void,
-    tp_as_buffer: *mut c_void,
-    tp_flags: c_ulong,
-    tp_doc: *const c_char,
-    tp_traverse: *mut c_void,
-    tp_clear: *mut c_void,
-    tp_richcompare: *mut c_void,
-    tp_weaklistoffset: isize,
-    tp_iter: *mut c_void,
-    tp_iternext: *mut c_void,
-    tp_methods: *mut c_void,
-    tp_members: *mut c_void,
-    tp_getset: *mut c_void,
-    tp_base: *mut c_void,
-    tp_dict: *mut c_void,
-    tp_descr_get: *mut c_void,
-    tp_descr_set: *mut c_void,
-    tp_dictoffset: isize,
-    tp_init: *mut c_void,
-    tp_alloc: *mut c_void,
-    tp_new: *mut c_void,
-    tp_free: *mut c_void,
-    tp_is_gc: *mut c_void,
-    tp_bases: *mut c_void,
-    tp_mro: *mut c_void,
-    tp_cache: *mut c_void,
-    tp_subclasses: *mut c_void,
-    tp_weaklist: *mut c_void,
-    tp_del: *mut c_void,
-    tp_version_tag: c_uint,
-}
+pub(crate) use crate::type_layout::EXCEPTION_DICT_OFFSET;
 
-/// `PyBaseExceptionObject` up to its `dict`.
-#[repr(C)]
-struct BaseExceptionPrefix {
-    head: ObjectHead,
-    dict: *mut ffi::PyObject,
-}
-
-/// The offset of a `BaseException`'s `__dict__` slot: what
-/// `__dictoffset__` is for a type whose instances keep their dict there.
-pub(crate) const EXCEPTION_DICT_OFFSET: isize = std::mem::offset_of!(BaseExceptionPrefix, dict) as isize;
-
-/// Whether the prefixes match the running interpreter ([`check`], once).
+/// Whether the layout is the running interpreter's ([`check`], once).
 ///
 /// A `PyOnceLock`, not a `std::sync::OnceLock`: [`check`] runs Python
 /// (`py.import`, `py.run`), which may switch threads. With a std `OnceLock`,
@@ -118,16 +40,13 @@ fn known(py: Python<'_>) -> bool {
     })
 }
 
-/// Compares what [`TypePrefix`] reads with what the stable ABI reports, on a
-/// built-in exception type, a user-defined one and a user-defined one with
-/// `__slots__` (another `__dictoffset__`).
+/// Asks the core's check on a built-in exception type, a user-defined one
+/// and a user-defined one with `__slots__` (another `__dictoffset__`).
 fn check(py: Python<'_>) -> PyResult<bool> {
-    if py.version_info() < (3, 8) || py.version_info() >= (3, 14) {
-        return Ok(false);
-    }
     let sys = py.import("sys")?;
-    // A free-threaded build has another object head.
-    if sys.hasattr("_is_gil_enabled")? && !sys.call_method0("_is_gil_enabled")?.extract::<bool>()? {
+    let gil = !sys.hasattr("_is_gil_enabled")? || sys.call_method0("_is_gil_enabled")?.extract::<bool>()?;
+    let (major, minor) = (py.version_info().major, py.version_info().minor);
+    if !core::may_apply((major, minor), gil) {
         return Ok(false);
     }
     let namespace = pyo3::types::PyDict::new(py);
@@ -136,49 +55,41 @@ fn check(py: Python<'_>) -> PyResult<bool> {
         None,
         Some(&namespace),
     )?;
-    let builtins = py.import("builtins")?;
     let types = [
-        builtins.getattr("ValueError")?,
+        py.import("builtins")?.getattr("ValueError")?,
         namespace.get_item("Plain")?.expect("defined above"),
         namespace.get_item("Slotted")?.expect("defined above"),
     ];
     for ty in types {
         let ty = ty.cast_into::<PyType>()?;
         let ptr = ty.as_type_ptr();
-        // SAFETY: `ty` is a live type object, whose layout begins with `TypePrefix`
-        // on the interpreters this checks for; only plain fields are read.
-        let prefix = unsafe { &*ptr.cast::<TypePrefix>() };
-        // SAFETY: `tp_name` of a live type is a NUL-terminated string.
-        let name = unsafe { CStr::from_ptr(prefix.tp_name) }.to_string_lossy();
-        let qualname: String = ty.getattr("__name__")?.extract()?;
-        let basicsize: isize = ty.getattr("__basicsize__")?.extract()?;
-        let dictoffset: isize = ty.getattr("__dictoffset__")?.extract()?;
-        // SAFETY: a live type object.
-        let flags = unsafe { ffi::PyType_GetFlags(ptr) };
-        // SAFETY: a live type object; `Py_tp_getattro` is a valid slot (3.10+
-        // answers for static types too).
-        let getattro = unsafe { ffi::PyType_GetSlot(ptr, ffi::Py_tp_getattro) };
-        let same = name.rsplit('.').next() == Some(qualname.as_str())
-            && prefix.head.ob_type == ty.get_type().as_ptr().cast()
-            && prefix.tp_basicsize == basicsize
-            && prefix.tp_dictoffset == dictoffset
-            && prefix.tp_flags == flags
-            && (py.version_info() < (3, 10) || prefix.tp_getattro == getattro);
-        if !same {
+        let reported = Reported {
+            name: ty.getattr("__name__")?.extract()?,
+            metatype: ty.get_type().as_ptr().cast_const().cast(),
+            basicsize: ty.getattr("__basicsize__")?.extract()?,
+            dictoffset: ty.getattr("__dictoffset__")?.extract()?,
+            // SAFETY: a live type object.
+            flags: unsafe { ffi::PyType_GetFlags(ptr) },
+            // SAFETY: a live type object; `Py_tp_getattro` is a valid slot
+            // (3.10+ answers for static types too).
+            getattro: (py.version_info() >= (3, 10)).then(|| unsafe { ffi::PyType_GetSlot(ptr, ffi::Py_tp_getattro) }.cast_const()),
+        };
+        // SAFETY: `ty` is a live type object and `may_apply` held.
+        if !unsafe { core::matches(type_ptr(&ty), &reported) } {
             return Ok(false);
         }
     }
     Ok(true)
 }
 
+fn type_ptr(ty: &Bound<'_, PyType>) -> *const c_void {
+    ty.as_type_ptr().cast_const().cast()
+}
+
 /// `tp_getattro` and `tp_dictoffset` of `ty`, where the layout is known.
 pub(crate) fn getattro_and_dictoffset(ty: &Bound<'_, PyType>) -> Option<(*const (), isize)> {
-    if !known(ty.py()) {
-        return None;
-    }
-    // SAFETY: `known` checked the prefix against this interpreter; `ty` is live.
-    let prefix = unsafe { &*ty.as_type_ptr().cast::<TypePrefix>() };
-    Some((prefix.tp_getattro.cast_const().cast(), prefix.tp_dictoffset))
+    // SAFETY: `known` checked the layout on this interpreter; `ty` is live.
+    known(ty.py()).then(|| unsafe { core::getattro_and_dictoffset(type_ptr(ty)) })
 }
 
 /// `tp_version_tag` of `ty`, or 0 (never cached) where the layout is unknown.
@@ -186,8 +97,8 @@ pub(crate) fn version_tag(ty: &Bound<'_, PyType>) -> u32 {
     if !known(ty.py()) {
         return 0;
     }
-    // SAFETY: `known` checked the prefix against this interpreter; `ty` is live.
-    unsafe { (*ty.as_type_ptr().cast::<TypePrefix>()).tp_version_tag }
+    // SAFETY: `known` checked the layout on this interpreter; `ty` is live.
+    unsafe { core::version_tag(type_ptr(ty)) }
 }
 
 /// The `__dict__` slot of an exception instance whose type's `__dictoffset__`
@@ -199,7 +110,7 @@ pub(crate) fn version_tag(ty: &Bound<'_, PyType>) -> u32 {
 /// caller got the offset from [`getattro_and_dictoffset`]).
 pub(crate) unsafe fn exception_dict(obj: &Bound<'_, PyAny>) -> *mut ffi::PyObject {
     // SAFETY: the caller's contract.
-    unsafe { (*obj.as_ptr().cast::<BaseExceptionPrefix>()).dict }
+    unsafe { core::exception_dict(obj.as_ptr().cast_const().cast()) }.cast()
 }
 
 /// `_native._type_layout_known()`: whether the classifier's fast paths are on

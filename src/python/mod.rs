@@ -9,7 +9,7 @@
 //! | `signals.rs` | `SignalWatch`: signals from any thread, chained, posted into an `Inbox`; its wait releases the GIL |
 //! | `displacement.rs` | signal handlers someone replaced after ours, which both waits above look for (below both) |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
-//! | `closure.rs` | `Closure`, `Event`, `Lock`: what a `schedule()` allocates, at (almost) no cost to the garbage collector |
+//! | `closure.rs` | `Completions`, what the coordinator's `RemoteValue`s wait on; `timed`, the call that feeds TF's coordinator metrics |
 //! | `exit_guard.rs` | `arm_exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the kill its platform stated (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL; a step or a new handler stands it down |
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |

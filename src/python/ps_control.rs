@@ -498,8 +498,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CoordinatorProtocol>()?;
     m.add("CallTimeout", m.py().get_type::<CallTimeout>())?;
     m.add("PS_TOKEN", ps_control::TOKEN)?;
-    m.add("WORKER_GET_SLICE", ps_control::WORKER_GET_SLICE)?;
-    m.add("WORKER_SOFT_SLICE", ps_control::WORKER_SOFT_SLICE)?;
     m.add_function(wrap_pyfunction!(grpc_options_with_keepalive, m)?)?;
     Ok(())
 }

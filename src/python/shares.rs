@@ -122,6 +122,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(assign_shares, m)?)?;
     m.add_class::<PySharesWaits>()?;
     m.add_class::<SharesAction>()?;
-    m.add("SHARES_UNMERGED_EXIT_CODE", shares::UNMERGED_EXIT_CODE)?;
     Ok(())
 }

@@ -8,10 +8,10 @@ how often that happens inside a loop of ``schedule()`` calls (issue 24, item 5).
 
 Here, without a cluster: the closure and ``RemoteValue`` our ``schedule()`` makes
 (``_coordinator/function_cache.py``, ``_coordinator/remote_values.py``,
-``src/python/closure.rs``) against TF's own ``Closure`` and
+``src/python/closure.rs``'s completion count) against TF's own ``Closure`` and
 ``RemoteValueImpl``, counted the way the collector sees them; the ``RemoteValue``'s
 waits on the native completion count against ``threading.Event``'s contract; and
-the native closure's references, which the collector must still see so that cycles
+the closure's references, which the collector must still see so that cycles
 through the user's arguments are collected. On a real cluster:
 ``benches/bench_coordinator.py``.
 """
@@ -119,7 +119,7 @@ def test_a_schedule_leaves_two_tracked_objects_where_tfs_leaves_many():
 
     ours_per_call, ours_types = tracked_per_call(ours)
     tf_per_call, tf_types = tracked_per_call(theirs)
-    # The native closure and the RemoteValue, nothing else. Python 3.10 keeps an
+    # The closure and the RemoteValue, nothing else. Python 3.10 keeps an
     # instance's attributes in a dict object of its own (3.11 and later keep them in
     # the instance), so there the RemoteValue (TF's class, which has no __slots__)
     # brings its attribute dict.
@@ -317,11 +317,47 @@ def test_get_waits_then_raises_or_returns_as_tfs():
     assert rv._fetch_lock is None  # fetched with the values: no lock made
 
 
-def test_completions_count_and_wait():
-    completions = _native.Completions()
-    seen = completions.count()
-    assert completions.wait(seen, 0) is False
-    assert completions.wait(seen, 0.01) is False
+def test_completions_wait_reads_the_status_at_first_and_at_each_advance():
+    not_ready = object()
+    completions = _native.Completions(not_ready)
+
+    class Value:
+        _status = not_ready
+
+    value = Value()
+    value._status = not_ready
+    assert completions.wait(value, 0) is False
+    assert completions.wait(value, -1) is False  # no wait, as threading.Event
+    assert completions.wait(value, 0.01) is False
+    value._status = "ready"
+    assert completions.wait(value) is True  # ready: no wait
+    value._status = not_ready
+    started = threading.Event()
+    woke = []
+
+    def waiter():
+        started.set()
+        woke.append(completions.wait(value, HANG))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert started.wait(HANG)
+    completions.advance()  # a wake-up for another value: it waits on
+    value._status = "ready"
     completions.advance()
-    assert completions.count() == seen + 1
-    assert completions.wait(seen) is True  # moved: no wait
+    t.join(HANG)
+    assert woke == [True]
+
+
+def test_timed_adds_the_seconds_to_its_cell():
+    class Cell:
+        def __init__(self):
+            self.added = []
+
+        def add(self, seconds):
+            self.added.append(seconds)
+
+    cell = Cell()
+    timer = _native.Timed(cell)
+    timer.add()
+    assert len(cell.added) == 1 and 0 <= cell.added[0] < HANG

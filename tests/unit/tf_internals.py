@@ -80,7 +80,7 @@ RELIED_ON = {
         "subclassed; three methods overridden; TF's own stopped at exit by tf_exit.stop_recovery"
     ),
     f"{_CC}:Worker": "subclassed by _closures.Worker (_process_queue, _process_closure overridden)",
-    f"{_CC}:Closure": "re-created by the native Closure (src/python/closure.rs)",
+    f"{_CC}:Closure": "re-created by _coordinator.function_cache.Closure",
     f"{_CC}:_select_worker_slice": "called by _closures.run_on",
     f"{_CC}:_get_error_from_remote_values": "called by _closures.run_on",
     f"{_CC}:_maybe_as_type_spec": "mirrored by _closures.argument_key",

@@ -62,10 +62,30 @@ class ClosureQueue(_NativeClosureQueue):
     ``Start cancelling closures due to error ...`` at ERROR. Blocking calls release the
     GIL and answer Ctrl-C; where the timeouts, ``put_back``, ``put`` and ``done()``
     differ from TF's: docs/differences.md.
+
+    The three reports of a closure a worker took are the native ``finish``:
+    ``mark_finished()`` is ``finish()`` and ``mark_failed(e)`` is ``finish(e)`` (the
+    same method, so the worker's hot path is one native call).
     """
+
+    #: TF's ``mark_finished()``: the closure taken last by a worker finished.
+    mark_finished = _NativeClosureQueue.finish
+    #: TF's ``mark_failed(e)``: a closure taken by a worker failed with ``e``.
+    mark_failed = _NativeClosureQueue.finish
+    #: Whether :meth:`stop` was called (every ``get`` returns None since).
+    stopped = False
 
     def __init__(self, max_size: int = MAX_SIZE) -> None:
         self._cancellation_mgr = _new_cancellation_manager()
+
+    def put_back(self, closure: Any) -> None:
+        """TF's: the closure a worker took goes back to the tail of the main queue
+        (cancelled instead when an error is pending)."""
+        self.finish(put_back=closure)
+
+    def done(self) -> bool:
+        """TF's: whether nothing is queued or in flight; raises the pending error."""
+        return self.wait(0)
 
     @property
     def _inflight_closure_count(self) -> int:
@@ -94,9 +114,6 @@ class ClosureQueue(_NativeClosureQueue):
 
     def stop(self) -> None:
         """Releases every ``get`` (they return None) and cancels running closures."""
+        self.stopped = True
         super().stop()
         self._cancellation_mgr.start_cancel()
-
-    def clear_tag_unlocked(self, tag: int) -> None:
-        """Drops the closures queued for worker ``tag`` (not cancelled, as in TF)."""
-        self.clear_tag(tag)

@@ -1,5 +1,5 @@
 """The concrete-function cache ``schedule()`` looks a call's arguments up in, its
-entries, the native closure made from one, and the run of a closure on a worker.
+entries, the closure made from one, and the run of a closure on a worker.
 
 What the cache spares TensorFlow's ``schedule()``, and when two calls share an entry:
 docs/how-it-works.md, "The coordinator" (the cache's key).
@@ -7,6 +7,7 @@ docs/how-it-works.md, "The coordinator" (the cache's key).
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from typing import Any, Optional
@@ -21,8 +22,7 @@ from tensorflow.python.framework import ops as _ops
 from tensorflow.python.saved_model import save_context as _save_context
 from tensorflow.python.util import nest as _nest
 
-from .._native import Closure as _NativeClosure
-from .._native import Stopwatch
+from .._native import Timed
 from .remote_values import DT_RESOURCE, DT_VARIANT, ClosureRemoteValue, EagerTensor, metric_cell
 
 #: Entries kept per ``tf.function`` (argument structures); the oldest goes first.
@@ -205,18 +205,146 @@ class ConcreteFunctionCache:
             self._by_function.clear()
 
 
-#: A scheduled call, built from an :class:`_Entry`: ``Closure(entry, cancellation_mgr,
-#: args, kwargs)``, with TF's ``Closure`` attributes (``_args``, ``_kwargs``,
-#: ``_function``, ``_concrete_function``, ``_output_type_spec``, ``tag``) and methods
-#: (``build_output_remote_value``, ``execute_on``, ``mark_cancelled``,
-#: ``maybe_call_with_output_remote_value``). Native: see ``src/python/closure.rs``.
-Closure = _NativeClosure
+#: What :class:`Closure` holds for an output ``RemoteValue`` not built yet.
+_NOT_BUILT = object()
+
+
+class Closure:
+    """A scheduled call: TF's ``Closure`` as data (its attributes and methods, by TF's
+    names), made from an :class:`_Entry`, which holds what every closure of one argument
+    structure shares and runs it.
+
+    One object for the garbage collector (``__slots__``, no ``__dict__``, no weak
+    reference): why it matters, docs/how-it-works.md, "Two objects per ``schedule()``".
+    TF holds the output ``RemoteValue`` through a weak reference (one more object); this
+    closure holds it strongly until it is finished (values or error set, or cancelled)
+    and answers "is it still wanted" from its reference count, as the weak reference
+    would: a ``RemoteValue`` the caller dropped is neither filled nor fetched.
+    """
+
+    __slots__ = ("_args", "_entry", "_function", "_kwargs_given", "_output", "_tfh_run", "tag")
+
+    def __init__(self, entry: _Entry, cancellation_mgr: Any, args: Any = None, kwargs: Any = None):
+        self._entry = entry
+        #: What the worker calls: the concrete function wrapped by the manager (the
+        #: entry's, made once per manager).
+        pair = entry._cancelable
+        if pair is not None and pair[0] is cancellation_mgr:
+            self._function = pair[1]
+        else:
+            self._function = entry.cancelable_function(cancellation_mgr)
+        self._args = args or ()
+        # None for no keyword arguments: a call without them allocates no dict.
+        self._kwargs_given = kwargs or None
+        #: The queue's tag (a worker index, or None), set by ``ClosureQueue.put``.
+        self.tag = None
+        #: The index of the handler's ``run()`` that scheduled it, or None.
+        self._tfh_run: Optional[int] = None
+        # _NOT_BUILT, the RemoteValue (held until finished), or None (finished).
+        self._output: Any = _NOT_BUILT
+
+    @property
+    def _kwargs(self) -> dict:
+        kwargs = self._kwargs_given
+        return {} if kwargs is None else kwargs  # TF's fresh {} for none
+
+    @property
+    def _concrete_function(self) -> Any:
+        return self._entry.concrete_function
+
+    @property
+    def _output_type_spec(self) -> Any:
+        return self._entry.output_type_spec
+
+    @property
+    def _per_worker(self) -> Optional[tuple]:
+        """Where the ``PerWorkerValues`` are among the arguments (:func:`argument_key`)."""
+        return self._entry.per_worker
+
+    @property
+    def _output_remote_value_ref(self) -> Any:
+        """TF's attribute: a weak reference to the output ``RemoteValue`` while the
+        closure holds it, else None."""
+        output = self._output
+        return None if output is _NOT_BUILT or output is None else weakref.ref(output)
+
+    def build_output_remote_value(self) -> Any:
+        """The ``RemoteValue`` the outputs go to; ValueError the second time, as TF."""
+        if self._output is not _NOT_BUILT:
+            raise ValueError("The output of the Closure cannot be built more than once.")
+        output = self._output = self._entry.new_remote_value()
+        return output
+
+    def _output_remote_value(self) -> Any:
+        """The output ``RemoteValue`` while the closure holds it and its caller still
+        refers to it, else None."""
+        output = self._output
+        if output is _NOT_BUILT or output is None or _refcount(output) <= _HELD_ALONE:
+            return None
+        return output
+
+    def _release(self) -> Any:
+        """Lets the output ``RemoteValue`` go; returns it if it is still wanted."""
+        output = self._output_remote_value()
+        if self._output is not _NOT_BUILT:
+            self._output = None
+        return output
+
+    def _set_output_error(self, e: BaseException) -> None:
+        """Finishes with error ``e``: the output ``RemoteValue`` (if still wanted) gets
+        it, and the closure lets it go (an error's traceback may refer to the closure)."""
+        output = self._release()
+        if output is not None:
+            output._set_error(e)
+
+    def _release_output_remote_value(self) -> None:
+        """Lets the output ``RemoteValue`` go (the closure succeeded; its values are set)."""
+        if self._output is not _NOT_BUILT:
+            self._output = None
+
+    def mark_cancelled(self) -> None:
+        """TF's: the output ``RemoteValue``, if still wanted, gets TF's CancelledError."""
+        output = self._release()
+        if output is not None:
+            output._mark_cancelled()
+
+    def maybe_call_with_output_remote_value(self, method: Any) -> Any:
+        """TF's: ``method(remote_value)`` if the output is still wanted, else None."""
+        output = self._output_remote_value()
+        return None if output is None else method(output)
+
+    def execute_on(self, worker: Any) -> None:
+        """TF's: runs the closure on ``worker`` and sets its outputs."""
+        self._entry.execute_on(self, worker)
+
+
+_refcount = sys.getrefcount
+
+
+def _held_alone() -> int:
+    """What ``sys.getrefcount`` says, in :meth:`Closure._output_remote_value`, of an
+    output that only its closure refers to (read the same way, on this interpreter)."""
+
+    class Probe:
+        __slots__ = ("_output",)
+
+        def count(self) -> int:
+            output = self._output
+            return _refcount(output)
+
+    probe = Probe()
+    probe._output = object()
+    return probe.count()
+
+
+#: See :func:`_held_alone`.
+_HELD_ALONE = _held_alone()
 
 
 def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
     """Calls ``closure._function`` on ``worker``'s slice of the arguments; returns its
     outputs. ``per_worker``: as :func:`argument_key` gives it."""
-    args, kwargs = closure._args, closure._kwargs
+    args, kwargs = closure._args, closure._kwargs_given or _NO_KWARGS
     index = worker.worker_index
     if per_worker is None:
         # TF's execute_on, step by step.
@@ -248,10 +376,10 @@ def run_on(closure: Any, per_worker: Optional[tuple], worker: Any) -> Any:
         with _eager_context.executor_scope(worker.executor):
             with _context.with_dispatch_context(worker):
                 cell = metric_cell("closure_execution")
-                timing = None if cell is None else Stopwatch()
+                timer = None if cell is None else Timed(cell)
                 output_values = function(*args, **kwargs)
-                if timing is not None:
-                    cell.add(timing.seconds())
+                if timer is not None:
+                    timer.add()
     return output_values
 
 

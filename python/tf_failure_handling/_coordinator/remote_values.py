@@ -19,7 +19,7 @@ from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import array_ops as _array_ops
 from tensorflow.python.util import nest as _nest
 
-from .._native import Completions, Deadline
+from .._native import Completions
 from . import join_checks as _join_checks
 
 EagerTensor = _ops.EagerTensor
@@ -41,7 +41,7 @@ def metric_cell(name: str) -> Any:
 
 
 #: What every :class:`ClosureRemoteValue`'s waiters wait on (``src/python/closure.rs``).
-_COMPLETIONS = Completions()
+_COMPLETIONS = Completions(_NOT_READY)
 #: Guards the making of a :class:`ClosureRemoteValue`'s fetch lock (on first need).
 _MAKING_FETCH_LOCK = threading.Lock()
 
@@ -101,14 +101,7 @@ class ClosureRemoteValue(_values.RemoteValueImpl):
     def _wait_unchecked(self, timeout: Optional[float] = None) -> bool:
         if self._status is not _NOT_READY:
             return True
-        deadline = Deadline(timeout)
-        while True:
-            seen = _COMPLETIONS.count()
-            if self._status is not _NOT_READY:
-                return True
-            if deadline.passed():
-                return False
-            _COMPLETIONS.wait(seen, deadline.left())
+        return _COMPLETIONS.wait(self, timeout)
 
     def _finish(self, status: Any, values: Any, error: Any) -> None:
         self._values = values

@@ -13,8 +13,9 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator as _tf_
 from tensorflow.python.framework import errors as _tf_errors
 from tensorflow.python.platform import tf_logging as _tf_logging
 
-from .._native import WORKER_GET_SLICE, WORKER_SOFT_SLICE, Stopwatch
+from .._native import Timed
 from .closure_queue import MAX_SIZE as MAX_QUEUE_SIZE
+from .closure_queue import ClosureQueue
 from .function_cache import Closure, run_on
 from .remote_values import complete, copy_to_local, metric_cell
 from .resource_values import PerWorkerVariableClosure, ResourceClosure, resource_closure
@@ -42,8 +43,6 @@ class _Holds:
     ``is_lost``: the thread put its closure back on its worker's failure and waits for
     the worker's recovery."""
 
-    #: Seconds between two looks at the queue while only non-strict holds are set.
-    SOFT_SLICE = WORKER_SOFT_SLICE
     #: What :meth:`wait_turn` answers.
     WAIT, TAKE, TAKE_GRANTED = 0, 1, 2
 
@@ -92,8 +91,9 @@ class _Holds:
 
     def wait_turn(self, queue: Any, slice_: float) -> int:
         """TAKE (or TAKE_GRANTED, on a pass): the thread may take a closure now. WAIT
-        after waiting (without spinning) up to ``slice_`` seconds for the holds to be
-        lifted or a pass granted."""
+        after waiting (without spinning) for the holds to be lifted or a pass granted: up
+        to ``slice_`` seconds on a strict hold, and on a non-strict one the core's
+        shorter look at the queue's size (``ClosureQueue.poll_timeout(False)``)."""
         with self._lock:
             self.is_lost = False
             strict = any(self._reasons.values())
@@ -108,7 +108,7 @@ class _Holds:
                 self._passes = None  # used up: wait on the holds again
                 self.go.clear()
             self.idle.set()
-        self.go.wait(slice_ if strict else min(slice_, self.SOFT_SLICE))
+        self.go.wait(slice_ if strict else ClosureQueue.poll_timeout(False))
         return self.WAIT
 
 
@@ -124,9 +124,6 @@ class Worker(_tf_cc.Worker):
     """TF's ``Worker`` whose closure loop enters TF's ``wait_on_failure`` (same
     callbacks: TF's retry, recovery and reporting) only when a closure raised, and
     that can be held (:meth:`hold`)."""
-
-    #: Seconds a worker thread waits for a closure before it looks at its holds again.
-    GET_SLICE = WORKER_GET_SLICE
 
     def create_resource(self, function: Any, args: Any = None, kwargs: Any = None) -> Any:
         """TF's: a per-worker resource (a dataset, an iterator, a table's copy), whose
@@ -228,8 +225,8 @@ class Worker(_tf_cc.Worker):
             ]
         if others or getattr(queue, "stopped", True):
             return
-        fail = getattr(queue, "_fail", None)
-        if fail is not None:
+        finish = getattr(queue, "finish", None)
+        if finish is not None:
             error = _tf_errors.InternalError(
                 None,
                 None,
@@ -237,7 +234,7 @@ class Worker(_tf_cc.Worker):
                 f"stopped while they waited for a worker's recovery ({stopped})",
             )
             error.__cause__ = stopped
-            fail(error)
+            finish(error, in_flight=False)
 
     def _report_stopped(self, e: BaseException) -> None:
         message = (
@@ -261,19 +258,22 @@ class Worker(_tf_cc.Worker):
                 return
             except AssertionError:  # it was reported before the error: nothing in flight
                 pass
-        fail = getattr(queue, "_fail", None)
-        if fail is not None:
-            fail(error)
+        finish = getattr(queue, "finish", None)
+        if finish is not None:
+            finish(error, in_flight=False)
 
     def _take_closures(self) -> None:
         self._maybe_delay()
         holds = self._holds()
         queue = self._cluster.closure_queue
+        # How long the thread waits on the queue or a hold before it looks at its holds
+        # (and whether it should still run) again: the core's.
+        look = ClosureQueue.poll_timeout()
         while self._should_worker_thread_run:
-            turn = holds.wait_turn(queue, self.GET_SLICE)
+            turn = holds.wait_turn(queue, look)
             if turn == _Holds.WAIT:
                 continue
-            closure = queue.get(timeout=self.GET_SLICE, tag=self.worker_index)
+            closure = queue.get(timeout=look, tag=self.worker_index)
             if closure is None:
                 if queue.stopped or not self._should_worker_thread_run:
                     return
@@ -321,15 +321,15 @@ class Worker(_tf_cc.Worker):
             queue.mark_failed(e)
 
     def _execute(self, closure: Closure) -> None:
-        """A native closure: TF's ``execute_on`` and the copy of its outputs."""
-        output_values = run_on(closure, closure._per_worker, self)
+        """One of our closures: TF's ``execute_on`` and the copy of its outputs."""
+        output_values = run_on(closure, closure._entry.per_worker, self)
         remote_value = closure._output_remote_value()
         if remote_value is not None:
             cell = metric_cell("remote_value_fetch")
-            timing = None if cell is None else Stopwatch()
+            timer = None if cell is None else Timed(cell)
             complete(remote_value, output_values)
-            if timing is not None:
-                cell.add(timing.seconds())
+            if timer is not None:
+                timer.add()
             del remote_value
         del output_values
         # Only now: a copy that failed with the worker is retried with the same

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
-from .._native import SHARES_UNMERGED_EXIT_CODE as UNMERGED_EXIT_CODE
 from .._native import Event, SaveAction
 from .._platforms import platform as _platform
 from . import exit_guard as _exit_guard
@@ -71,11 +70,12 @@ class SaveAndExit:
         nothing: nothing is known to end the process then."""
         _exit_guard.arm(self._core.handle(Event.Exiting(ends_in)), 0.0, code)
 
-    def _unmerged_exit(self, error: BaseException) -> None:
+    def _unmerged_exit(self, error: BaseException, code: int) -> None:
         """A worker whose save in shares did not become the checkpoint the state file
         names (a part or the merge failed, the merge was not started in time, or the
         chief did not report it): not the restart code, which says "checkpoint saved",
-        but :data:`UNMERGED_EXIT_CODE`, on the chief as on the others."""
+        but ``code`` (``SaveAction.ExitUnmerged``'s, the core's unmerged exit code), on
+        the chief as on the others."""
         if isinstance(error, (SystemExit, KeyboardInterrupt)):
             return
         self._step_keys.stop_reader()
@@ -84,13 +84,11 @@ class SaveAndExit:
             "The checkpoint the workers wrote in shares was not saved (%s): the checkpoint "
             "before it stays; exiting with %d, not the restart code.",
             error,
-            UNMERGED_EXIT_CODE,
+            code,
         )
-        self._records.exit(
-            UNMERGED_EXIT_CODE, reason=f"shares not merged: {type(error).__name__}: {error}"
-        )
-        self._guard_exit(UNMERGED_EXIT_CODE)
-        raise SystemExit(UNMERGED_EXIT_CODE) from error
+        self._records.exit(code, reason=f"shares not merged: {type(error).__name__}: {error}")
+        self._guard_exit(code)
+        raise SystemExit(code) from error
 
     def save_at(self, action: Any, args: tuple, kwargs: dict) -> None:
         """The save the core asked for (``StepAction.Save``: its round, step, and how
@@ -106,7 +104,7 @@ class SaveAndExit:
             after = self._core.handle(Event.SaveFailed(self._checkpoints.shared_by > 1))
             self._records.save_failed(e)
             if isinstance(after, SaveAction.ExitUnmerged):
-                self._unmerged_exit(e)
+                self._unmerged_exit(e, after.code)
             raise
         self._records.save_end(self._checkpoints.write, **self._checkpoints.save_fields())
         after = self._core.handle(Event.Saved(round_key))
