@@ -43,15 +43,6 @@ impl KeyWatch {
     }
 }
 
-/// The bounds of the peer health probes: `(probe_ms, join)`: each probe's timeout in
-/// milliseconds (TensorFlow's argument), and the join of each probe's thread.
-#[pyfunction]
-fn peer_probe_bounds() -> (u64, f64) {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 2 s
-    let millis = (PEER_PROBE_TIMEOUT * 1000.0) as u64;
-    (millis, PEER_PROBE_TIMEOUT + JOIN_MARGIN)
-}
-
 /// TensorFlow's `timeout_in_ms` for a coordination-service get of at most `seconds`:
 /// never [`TF_WAIT_FOREVER_MS`], which TensorFlow reads as "wait for ever".
 #[pyfunction]
@@ -61,18 +52,22 @@ fn tf_get_ms(seconds: f64) -> u64 {
     millis.max(TF_WAIT_FOREVER_MS + 1)
 }
 
-/// Seconds one write of a coordination client lasts at most: `timeout` when its
-/// owner gave one, else [`COORDINATION_WRITE_TIMEOUT`].
+/// The bounds of a coordination client's calls, read once by their owner:
+/// `(write, probe_ms, probe_join)`: the seconds one write lasts at most (the owner's
+/// `write_timeout`, else [`COORDINATION_WRITE_TIMEOUT`]), each peer health probe's
+/// timeout in milliseconds (TensorFlow's argument) and the join of its thread.
 #[pyfunction]
-#[pyo3(signature = (timeout = None))]
-fn coordination_write_bound(timeout: Option<f64>) -> f64 {
-    timeout.unwrap_or(COORDINATION_WRITE_TIMEOUT)
+#[pyo3(signature = (write_timeout = None))]
+fn coordination_bounds(write_timeout: Option<f64>) -> (f64, u64, f64) {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 2 s
+    let probe_ms = (PEER_PROBE_TIMEOUT * 1000.0) as u64;
+    let write = write_timeout.unwrap_or(COORDINATION_WRITE_TIMEOUT);
+    (write, probe_ms, PEER_PROBE_TIMEOUT + JOIN_MARGIN)
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<KeyWatch>()?;
-    m.add_function(wrap_pyfunction!(peer_probe_bounds, m)?)?;
+    m.add_function(wrap_pyfunction!(coordination_bounds, m)?)?;
     m.add_function(wrap_pyfunction!(tf_get_ms, m)?)?;
-    m.add_function(wrap_pyfunction!(coordination_write_bound, m)?)?;
     Ok(())
 }

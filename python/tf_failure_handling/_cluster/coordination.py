@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .. import _errors
 from .._bounded_call import BoundedCall
-from .._native import coordination_write_bound, tf_get_ms
+from .._native import coordination_bounds, tf_get_ms
 
 _local = threading.local()
 
@@ -61,13 +61,13 @@ class Client:
     """Thin adapter: TF's exceptions for "exists" and "timed out" become values.
 
     Writes are bounded by ``write_timeout`` seconds (``DeadlineExceededError``
-    after that; None: the core's bound, ``coordination_write_bound``); reads are
+    after that; None: the core's bound, ``coordination_bounds``); reads are
     bounded by the timeout each get is given.
     """
 
     def __init__(self, service: Any, write_timeout: Optional[float] = None) -> None:
         self._service = service
-        self._write_timeout = coordination_write_bound(write_timeout)
+        self._write_timeout, _, _ = coordination_bounds(write_timeout)
 
     @property
     def service(self) -> Any:

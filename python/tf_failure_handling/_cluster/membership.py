@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .._native import peer_probe_bounds
+from .._native import coordination_bounds
 
 _WORKER_TYPES = ("chief", "worker", "evaluator")
 
@@ -142,7 +142,7 @@ def unreachable_peers(
 
     None (no probe made) when the error does not look like a lost peer or the
     service cannot probe (not TF's context). Each probe and its thread's join are
-    bounded by the core (``peer_probe_bounds``: TF's timeout for the probe); TF holds
+    bounded by the core (``coordination_bounds``: TF's timeout for the probe); TF holds
     the GIL inside a probe, so the threads do not make them run in parallel, and the
     join bound cannot cut one short.
     """
@@ -155,7 +155,7 @@ def unreachable_peers(
         return None
     peers = _peer_tasks(cluster_resolver, me)
     answers: dict = {}
-    probe_ms, join = peer_probe_bounds()
+    _, probe_ms, join = coordination_bounds()
 
     def check(task: str) -> None:
         try:
