@@ -66,20 +66,22 @@ impl PySignalWatch {
     }
 
     /// Uninstalls (restoring previous handlers once nothing else watches);
-    /// a waiter is woken first. Idempotent.
-    fn close(&self) {
-        if let Some(w) = self.inner.lock().take() {
-            w.trigger();
-        }
+    /// a waiter is woken first. Idempotent. With `at_exit` (the process's
+    /// exit), the warning signals it watched (SIGUSR1, SIGUSR2) are ignored
+    /// from now on instead of ending the process by their default action
+    /// (`crate::sources::signals::ignore_warnings_at_exit`); returns those
+    /// (none when it was closed already).
+    #[pyo3(signature = (at_exit=false))]
+    fn close(&self, at_exit: bool) -> Vec<i32> {
+        let Some(w) = self.inner.lock().take() else { return Vec::new() };
+        let ignored = if at_exit {
+            crate::sources::signals::ignore_warnings_at_exit(w.signals())
+        } else {
+            Vec::new()
+        };
+        w.trigger();
+        ignored
     }
-}
-
-/// At the process's exit: the warning signals among `signals` (SIGUSR1, SIGUSR2)
-/// are ignored from now on instead of ending the process by their default
-/// action (`crate::sources::signals::ignore_warnings_at_exit`); returns those.
-#[pyfunction]
-fn ignore_warnings_at_exit(signals: Vec<i32>) -> Vec<i32> {
-    crate::sources::signals::ignore_warnings_at_exit(&signals)
 }
 
 /// Number of times `signal` was delivered to this process.
@@ -91,6 +93,5 @@ fn signal_deliveries(signal: i32) -> u64 {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySignalWatch>()?;
     m.add_function(wrap_pyfunction!(signal_deliveries, m)?)?;
-    m.add_function(wrap_pyfunction!(ignore_warnings_at_exit, m)?)?;
     Ok(())
 }

@@ -17,7 +17,7 @@ leave the native waits: a daemon thread caught in one during finalization would 
 the process instead of letting it exit with the code it asked for. The warning signals they
 watched (SIGUSR1, SIGUSR2: SLURM's time-limit warning) are then ignored rather than
 given back their default action, which would end a process whose work is done with
-128 + the signal's number (``_native.ignore_warnings_at_exit``).
+128 + the signal's number (``_native.SignalWatch.close(at_exit=True)``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from .._native import (
     MetadataWatch,
     SignalWatch,
     WatcherFnPoll,
-    ignore_warnings_at_exit,
 )
 from . import platform as _platform
 
@@ -55,14 +54,10 @@ def _release_all_at_exit() -> None:
     would abort the process instead of letting it exit with the code it asked for."""
     with _open_sources_lock:
         sources = list(_open_sources)
-    watched: set = set()
-    for s in sources:
-        if not s._closed:  # a closed one gave its signals back already
-            watched.update(s.signals)
-        s.close(join=False)
     # The exit has begun: a time-limit warning now would only turn a finished run into
-    # a failed one (SLURM's job FAILED, exit 138), so it is ignored from here on.
-    ignored = ignore_warnings_at_exit(sorted(watched))
+    # a failed one (SLURM's job FAILED, exit 138), so it is ignored from here on (a
+    # closed one gave its signals back already).
+    ignored = sorted({n for s in sources for n in s.close(join=False, at_exit=True)})
     if ignored:
         log.debug(
             "At exit, %s ignored (a warning now would end the process with 128 + its number).",
@@ -244,22 +239,23 @@ class NoticeSources:
             return Notice(f"signal {signal_name(item.signal)}", deadline, item.at, kill)
         return Notice(item.source, item.deadline, item.at, item.kill)
 
-    def close(self, join: bool = True) -> None:
+    def close(self, join: bool = True, at_exit: bool = False) -> list:
         """Stops the inbox (every receive returns ``Input.Stop``), the metadata probes
         and the watcher-fn poller, and restores the signal handlers. Idempotent.
 
         ``join=False`` (``__del__``, interpreter exit) does not wait for the
-        watcher-fn thread and starts nothing.
+        watcher-fn thread and starts nothing. ``at_exit`` (the exit hook): the warning
+        signals watched are ignored from now on; returns those (``SignalWatch.close``).
         """
         with self._lock:
             if self._closed:
-                return
+                return []
             self._closed = True
         with _open_sources_lock:
             _open_sources.discard(self)
         self._watcher_poll.stop(wait=False)
         self.inbox.post(Input.Stop())
-        self._watch.close()
+        ignored = self._watch.close(at_exit)
         if self._metadata is not None:
             self._metadata.close()
         poller = self._poller
@@ -267,3 +263,4 @@ class NoticeSources:
             # A watcher fn blocked in a call cannot be interrupted: the core waits for a
             # call under way, bounded; then its daemon thread is left.
             self._watcher_poll.stop()
+        return ignored
