@@ -470,8 +470,6 @@ class Inbox:
     ) -> Optional[Input]: ...
     def drain(self) -> list[Input]: ...
 
-def signal_deliveries(signal: int) -> int: ...
-
 CLOSURE_QUEUE_MAX_SIZE: int
 
 class ClosureQueue:
@@ -890,12 +888,12 @@ class SlurmEvent:
 
     class Notice(SlurmEvent):
         def __init__(
-            self, at: float, end: Optional[float], sigterms: int, srun_step: bool
+            self, at: float, end: Optional[float], sigterms: Optional[int], srun_step: bool
         ) -> None: ...
 
     class Requeue(SlurmEvent):
         def __init__(
-            self, enabled: bool, procid: Optional[str], time_limit_signal: bool
+            self, enabled: bool, procid: Optional[str], time_limit_signal: Optional[bool]
         ) -> None: ...
 
     class Exited(SlurmEvent):

@@ -84,14 +84,7 @@ impl PySignalWatch {
     }
 }
 
-/// Number of times `signal` was delivered to this process.
-#[pyfunction]
-fn signal_deliveries(signal: i32) -> u64 {
-    crate::sources::signals::delivered(signal)
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySignalWatch>()?;
-    m.add_function(wrap_pyfunction!(signal_deliveries, m)?)?;
     Ok(())
 }

@@ -134,7 +134,6 @@ def signal_watch() -> None:
     assert box.recv(0, watch) is None
     watch.close()
     box.post(_native.Input.Stop())
-    _native.signal_deliveries(signal.SIGUSR2)
 
 
 def metadata_probe() -> None:

@@ -27,13 +27,15 @@ crate::wire! {
         /// Read the job's limits (once, when the handler starts).
         Read {},
         /// A signal arrived at `at` (Unix seconds). `end`: `SLURM_JOB_END_TIME`
-        /// when set; `sigterms`: the SIGTERMs this process caught so far;
+        /// when set; `sigterms`: the SIGTERMs this process caught so far (None:
+        /// the core's count, `signals::delivered`; a test states one);
         /// `srun_step`: this process is a task `srun` started.
-        Notice { at: f64, end: Option<f64>, sigterms: u64, srun_step: bool },
+        Notice { at: f64, end: Option<f64>, sigterms: Option<u64>, srun_step: bool },
         /// The save is done: put the job back in the queue if this process
         /// decides so (`enabled`: the requeue option; `procid`: `SLURM_PROCID`;
-        /// `time_limit_signal`: SIGUSR1, the time limit's warning, was caught).
-        Requeue { enabled: bool, procid: Option<String>, time_limit_signal: bool },
+        /// `time_limit_signal`: SIGUSR1, the time limit's warning, was caught;
+        /// None: whether the core counted one, `signals::delivered`).
+        Requeue { enabled: bool, procid: Option<String>, time_limit_signal: Option<bool> },
         /// The call numbered `call` exited with `code`, printing these.
         Exited { call: u64, code: i32, stdout: String, stderr: String },
         /// The call numbered `call` could not be started, or did not end within
@@ -224,7 +226,10 @@ impl Job {
                 end,
                 sigterms,
                 srun_step,
-            } => self.notice(at, end, sigterms, srun_step),
+            } => {
+                let sigterms = sigterms.unwrap_or_else(|| crate::sources::signals::delivered(libc::SIGTERM));
+                self.notice(at, end, sigterms, srun_step)
+            }
             SlurmEvent::Requeue {
                 enabled,
                 procid,
@@ -234,7 +239,10 @@ impl Job {
                     return Step::Do(SlurmAction::Done {});
                 }
                 self.requeue = Some(Requeuing {
-                    run: RequeueRun::new(time_limit_signal, self.restart_count),
+                    run: RequeueRun::new(
+                        time_limit_signal.unwrap_or_else(|| crate::sources::signals::delivered(libc::SIGUSR1) > 0),
+                        self.restart_count,
+                    ),
                     started: now,
                     first: None,
                 });
@@ -458,7 +466,7 @@ mod tests {
         SlurmEvent::Notice {
             at,
             end: None,
-            sigterms,
+            sigterms: Some(sigterms),
             srun_step,
         }
     }
@@ -486,7 +494,7 @@ mod tests {
         let end = SlurmEvent::Notice {
             at: 1000.0,
             end: Some(1600.0),
-            sigterms: 1,
+            sigterms: Some(1),
             srun_step: true,
         };
         assert_eq!(deadlines(job.handle(end, 0.0)), (Some(1600.0), None, None));
@@ -521,13 +529,13 @@ mod tests {
         let off = SlurmEvent::Requeue {
             enabled: false,
             procid: None,
-            time_limit_signal: true,
+            time_limit_signal: Some(true),
         };
         assert_eq!(job.handle(off, 0.0), Step::Do(SlurmAction::Done {}));
         let task_one = SlurmEvent::Requeue {
             enabled: true,
             procid: Some("1".into()),
-            time_limit_signal: true,
+            time_limit_signal: Some(true),
         };
         assert_eq!(job.handle(task_one, 0.0), Step::Do(SlurmAction::Done {}));
         assert_eq!(job.poll(0.0), Step::Do(SlurmAction::Done {}), "no requeue under way");
@@ -544,7 +552,7 @@ mod tests {
         let requeue = SlurmEvent::Requeue {
             enabled: true,
             procid: Some("0".into()),
-            time_limit_signal: true,
+            time_limit_signal: Some(true),
         };
         let (call, args, _) = scontrol(job.handle(requeue, 100.0));
         assert_eq!(args.join(" "), "show job -o 7");
@@ -589,7 +597,7 @@ mod tests {
             let requeue = SlurmEvent::Requeue {
                 enabled: true,
                 procid: None,
-                time_limit_signal: true,
+                time_limit_signal: Some(true),
             };
             let (call, ..) = scontrol(job.handle(requeue, 0.0));
             let unread = SlurmEvent::NotRun {
