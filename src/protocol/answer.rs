@@ -1,8 +1,11 @@
-//! What the protocol object answers an [`Event`](super::Event) with, for the
-//! training thread and the driver: each type declared once for the core and the
-//! binding (`crate::wire`), flat (every field a plain value or a [`Round`]), and
-//! built here from the resolver's own decisions with what the protocol adds to
-//! them (the final round, the drain bound, whether a write is pending).
+//! What the protocol object answers an [`Event`](super::Event) with, whichever
+//! thread asks (the driver, the training thread, the leader's round, the
+//! step-key reader): one [`Action`], declared once for the core and the binding
+//! (`crate::wire`), flat (every field a plain value or a [`Round`]). The answers
+//! to a notice, a step key, a step check and a save are built here from the
+//! resolver's own decisions with what the protocol adds to them (the final
+//! round, the drain bound, whether a write is pending); the leader's, the
+//! reader's and the driver's in `agree.rs`, `reader.rs` and `driver.rs`.
 
 use crate::step_resolution::{self as resolver, Round};
 
