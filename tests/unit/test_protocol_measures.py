@@ -17,7 +17,7 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 72,
+    "native_names": 66,
     "native_constants": 12,
     "native_constants_not_allowed": 1,
     "native_constant_uses": 1,
@@ -25,7 +25,7 @@ AT_MOST = {
     "literal_waits": 0,
     "time_reads": 0,
     "wide_61": 0,
-    "binding_ratio": 0.307,
+    "binding_ratio": 0.306,
 }
 
 
