@@ -13,7 +13,7 @@
 //! [`unix_now`] reads the wall clock (`CLOCK_REALTIME`), only for stamps another
 //! process or a record reads (a notice's moment, a handler's take-over; a task's last call, which
 //! `ps_control.rs`'s `serving` compares with the wall clock now) and for the
-//! conversion of a platform's wall-clock deadline ([`unix_time_of`]). It is read
+//! conversion of a platform's wall-clock deadline (`handler.rs`'s `unix_time_of`). It is read
 //! afresh each time rather than moved on from a monotonic reading: a platform's
 //! deadline is a wall-clock time, and a VM's wall clock is corrected (by NTP,
 //! after a live migration) while the monotonic clock is not;
@@ -88,17 +88,7 @@ impl At {
     }
 }
 
-/// The wall-clock time of `moment`, a time on `core`'s clock (the handler's: a
-/// simulation's own), read now: the clock conversion of a deadline handed to the
-/// termination sources, which take wall-clock ones.
-#[pyfunction]
-fn unix_time_of(py: Python<'_>, moment: f64, core: &Bound<'_, super::handler::ProtocolCore>) -> PyResult<f64> {
-    let now = core.get().now(py)?;
-    Ok(unix_now() + (moment - now))
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(unix_time_of, m)?)?;
     m.add("TF_WAIT_FOREVER_MS", deadline::TF_WAIT_FOREVER_MS)?;
     m.add("SIMULATED_CLUSTER_BOUND", deadline::SIMULATED_CLUSTER_BOUND)?;
     Ok(())

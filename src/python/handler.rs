@@ -763,3 +763,12 @@ impl ProtocolCore {
         self.shared.state.lock().handle_shares_merged(secs);
     }
 }
+
+/// The wall-clock time of `moment`, a time on `core`'s clock (the handler's: a
+/// simulation's own), read now: the clock conversion of a deadline handed to the
+/// termination sources, which take wall-clock ones.
+#[pyfunction]
+pub(crate) fn unix_time_of(py: Python<'_>, moment: f64, core: &Bound<'_, ProtocolCore>) -> PyResult<f64> {
+    let now = core.get().now(py)?;
+    Ok(clock::unix_now() + (moment - now))
+}
