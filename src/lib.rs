@@ -49,6 +49,7 @@ pub mod sources;
 pub mod step_resolution;
 pub mod type_layout;
 pub mod wire;
+pub mod words;
 pub mod writes;
 
 #[cfg(feature = "python")]
