@@ -34,6 +34,7 @@
 pub mod acks;
 pub mod closure_queue;
 pub mod deadline;
+pub mod exit_guard;
 pub mod failure;
 pub mod grace;
 pub mod host_memory;
