@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 
 use super::blocking::{deadline_after, wait_sliced};
 use super::clock;
-use super::displacement::{warn_displaced, Displacement};
+use super::displacement::Displacement;
 use super::errors;
 use super::wire::py_enum;
 use crate::inbox::{self as core, InWait, Inbox, Poster, RecvError};
@@ -95,12 +95,6 @@ impl PyInbox {
         Ok(self.poster.post(input).is_ok())
     }
 
-    /// Whether the stop was posted.
-    #[getter]
-    fn stopped(&self) -> bool {
-        self.inbox.stopped()
-    }
-
     /// Every input still queued, without waiting, even once stopped (what
     /// arrived before the stop): step keys and failures, then notices.
     fn drain(&self) -> Vec<Input> {
@@ -146,7 +140,7 @@ impl PyInbox {
                 None => return Ok(None),
                 Some(Got::Input(input)) => return Ok(Some(input.into())),
                 // Logged with no lock held and the GIL taken again.
-                Some(Got::Displaced(signals)) => warn_displaced(&signals),
+                Some(Got::Displaced(signals)) => crate::sources::signals::warn_displaced(&signals),
             }
         }
     }

@@ -2,7 +2,6 @@
 //! `Inbox`; the inbox's wait (`Inbox.recv(signals=)`) looks for displaced
 //! handlers.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -18,18 +17,13 @@ use crate::sources::signals::{Role, SignalWatch, Sink};
 #[pyclass(frozen, name = "SignalWatch", module = "tf_failure_handling._native")]
 pub struct PySignalWatch {
     inner: Mutex<Option<Arc<SignalWatch>>>,
-    /// Set once the "someone replaced our handler" warning was logged.
-    displaced_warned: Arc<AtomicBool>,
 }
 
 impl PySignalWatch {
     /// Where a wait looks for this watch's displaced handlers (nothing once
     /// closed).
     fn displacement(&self) -> Displacement {
-        match self.inner.lock().clone() {
-            Some(watch) => Displacement::new(watch, Arc::clone(&self.displaced_warned)),
-            None => Displacement::default(),
-        }
+        Displacement(self.inner.lock().clone())
     }
 }
 
@@ -68,7 +62,6 @@ impl PySignalWatch {
         }?;
         Ok(PySignalWatch {
             inner: Mutex::new(Some(Arc::new(watch))),
-            displaced_warned: Arc::new(AtomicBool::new(false)),
         })
     }
 

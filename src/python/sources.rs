@@ -26,8 +26,8 @@
 //! attach (to log) while the interpreter finalizes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Weak};
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -41,16 +41,10 @@ use super::inbox::{PyInbox, PyPoster};
 use super::logs;
 use crate::inbox::{InWait, Origin};
 use crate::sources::http::BaseUrl;
-use crate::sources::{
-    self, gce_terminating, probe, Cloud, MetadataWatch, Notice, SysfsLine, Wake, WatchConfig, WatcherFnNext, WatcherFnPoll, CLOSE_WAIT,
-};
+use crate::sources::{self, Cloud, MetadataWatch, Notice, Probing, Wake, WatchConfig, WatcherFnNext, WatcherFnPoll, CLOSE_WAIT};
 
 /// Every watch created and not yet dropped, for the `atexit` hook.
 static LIVE: Mutex<Vec<Weak<MetadataWatch>>> = Mutex::new(Vec::new());
-
-fn pair(notice: Notice) -> (String, Option<f64>) {
-    (notice.description, notice.deadline)
-}
 
 /// Stops `watches` and joins their threads, waiting in slices until
 /// [`CLOSE_WAIT`] from now; threads still running then are left to end on
@@ -133,27 +127,6 @@ impl PyMetadataWatch {
         Ok(PyMetadataWatch { core })
     }
 
-    /// What the watch has seen, in one dict: `notice` (`(description,
-    /// deadline)` of the first notice seen, deadline in Unix seconds or None
-    /// when the platform did not say; None before one; sticky), `rebalance`
-    /// (the `noticeTime` of AWS's rebalance recommendation once seen, Unix
-    /// seconds: not a termination notice), the counters `requests`,
-    /// `failures`, `malformed` and `notices`, and `closed` (whether `close()`
-    /// was called).
-    #[getter]
-    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        d.set_item("notice", self.core.notice().map(pair))?;
-        d.set_item("rebalance", self.core.rebalance())?;
-        let s = self.core.stats();
-        d.set_item("requests", s.requests)?;
-        d.set_item("failures", s.failures)?;
-        d.set_item("malformed", s.malformed)?;
-        d.set_item("notices", s.notices)?;
-        d.set_item("closed", self.core.closed())?;
-        Ok(d)
-    }
-
     /// Stops polling and joins the threads (a blocked request is abandoned
     /// within a fraction of a second; a thread still running after two
     /// seconds is left to end on its own). Idempotent. Interruptible: a
@@ -163,26 +136,31 @@ impl PyMetadataWatch {
     }
 }
 
-/// How long an interrupted `probe_metadata` waits for its probe thread to
-/// end: the probe notices its stop flag within
-/// [`http::SLICE`](crate::sources::http::SLICE).
-const PROBE_STOP_WAIT: Duration = Duration::from_secs(1);
-
 /// Whether `cloud`'s metadata server answers at `base_url`: one detection
 /// request (two for AWS IMDSv1), all within `timeout` seconds (None:
 /// [`METADATA_TIMEOUT`](sources::METADATA_TIMEOUT)), GIL released. False on
 /// anything but the expected answer. With `terminating` (GCE only), instead
 /// whether GCE's maintenance event says the VM terminates: TensorFlow's GCE
-/// termination watcher (`sources::gce_terminating`).
+/// termination watcher (`sources::gce_terminating`). With `sysfs` (the
+/// kernel's `/sys`, or a test's copy), the probe is made only when the lines
+/// there name the cloud's machines (`sources::Cloud::named`; else False, no
+/// request).
 ///
-/// The probe runs on its own thread; this one waits in slices with the GIL
-/// released and runs signal handlers between them. When one raises
-/// (Ctrl-C), the probe is stopped, given up to [`PROBE_STOP_WAIT`]
-/// (detached; it takes about one [`http::SLICE`](crate::sources::http::SLICE)) to
-/// end, and the exception propagates.
+/// The probe runs on its own thread (`sources::Probing`); this one waits in
+/// slices with the GIL released and runs signal handlers between them. When
+/// one raises (Ctrl-C), the probe is stopped, given up to
+/// [`PROBE_STOP_WAIT`](sources::PROBE_STOP_WAIT) (detached) to end, and the
+/// exception propagates.
 #[pyfunction]
-#[pyo3(signature = (cloud, base_url, timeout=None, *, terminating=false))]
-fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: Option<f64>, terminating: bool) -> PyResult<bool> {
+#[pyo3(signature = (cloud, base_url, timeout=None, *, terminating=false, sysfs=None))]
+fn probe_metadata(
+    py: Python<'_>,
+    cloud: &str,
+    base_url: &str,
+    timeout: Option<f64>,
+    terminating: bool,
+    sysfs: Option<PathBuf>,
+) -> PyResult<bool> {
     let timeout = timeout.unwrap_or(sources::METADATA_TIMEOUT);
     let cloud: Cloud = cloud.parse()?;
     if terminating && cloud != Cloud::Gce {
@@ -196,42 +174,15 @@ fn probe_metadata(py: Python<'_>, cloud: &str, base_url: &str, timeout: Option<f
         return Err(errors::bad_timeout(timeout));
     }
     let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = mpsc::channel();
-    let thread_stop = Arc::clone(&stop);
-    let probing = std::thread::Builder::new()
-        .name("tfh-probe".into())
-        .spawn(move || {
-            let stop = Some(&*thread_stop);
-            let _ = tx.send(if terminating {
-                gce_terminating(&base, timeout, stop)
-            } else {
-                probe(cloud, &base, timeout, stop)
-            });
-        })
-        .map_err(|e| errors::misuse(format!("cannot start the probe thread: {e}")))?;
-    // `Some(None)`: the thread ended without an answer (it panicked).
-    let mut receive = move |slice: Duration| match rx.recv_timeout(slice) {
-        Ok(found) => Some(Some(found)),
-        Err(mpsc::RecvTimeoutError::Timeout) => None,
-        Err(mpsc::RecvTimeoutError::Disconnected) => Some(None),
-    };
+    if sysfs.is_some_and(|sysfs| !detach(py, || cloud.named(&sysfs))) {
+        return Ok(false);
+    }
+    let mut probing = Probing::start(cloud, base, timeout, terminating)?;
     // No deadline of its own: the probe is bounded by `timeout`.
-    match wait_sliced(py, None, &mut receive) {
-        Ok(found) => {
-            // It has sent its answer (or died): joining cannot block on it.
-            let _ = detach(py, move || probing.join());
-            Ok(found.flatten().unwrap_or(false))
-        }
+    match wait_sliced(py, None, |slice| probing.answer(slice)) {
+        Ok(found) => Ok(found.unwrap_or(false)),
         Err(e) => {
-            stop.store(true, Ordering::SeqCst);
-            // Detached and bounded: a stopped probe ends within a slice and
-            // logs nothing, but it may be in the middle of a log record.
-            detach(py, move || {
-                if receive(PROBE_STOP_WAIT).is_some() {
-                    let _ = probing.join();
-                }
-            });
+            detach(py, move || probing.stop());
             Err(e)
         }
     }
@@ -334,10 +285,7 @@ fn at_exit(py: Python<'_>) -> PyResult<()> {
 /// The clouds' table (`sources::Cloud::row`), one dict per cloud in detection
 /// order: `name`, `variable` (the one naming its metadata service), `host_port`
 /// (whether that variable is `host[:port]`, TensorFlow's `GCE_METADATA_IP`,
-/// rather than `[http://]host[:port]`), `default_base`, `named_by` (None:
-/// always probed; else alternatives of `(path below /sys, "is" | "contains" |
-/// "starts", text)` lines that must all match for a probe without the
-/// variable), `exit_code` and `grace_period` (`{True: on a GPU machine,
+/// rather than `[http://]host[:port]`), `default_base`, `exit_code` and `grace_period` (`{True: on a GPU machine,
 /// False: on others}`).
 #[pyfunction]
 fn clouds(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
@@ -349,13 +297,6 @@ fn clouds(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
             d.set_item("variable", row.variable.0)?;
             d.set_item("host_port", row.variable.1)?;
             d.set_item("default_base", row.default_base)?;
-            let named_by = row.named_by.map(|alternatives| {
-                alternatives
-                    .iter()
-                    .map(|lines| lines.iter().map(SysfsLine::parts).collect::<Vec<_>>())
-                    .collect::<Vec<_>>()
-            });
-            d.set_item("named_by", named_by)?;
             d.set_item("exit_code", row.exit_code)?;
             d.set_item(
                 "grace_period",

@@ -8,6 +8,8 @@
 //! its own (its poller, `pollers` and `probe`), a [`Cloud`] variant and its
 //! row in [`CLOUDS`].
 
+use std::io::Read;
+use std::path::Path;
 use std::str::FromStr;
 
 use super::shared::{NamedPoller, ProbeStatus, Timing, WatchError};
@@ -200,9 +202,6 @@ pub struct Row {
     pub variable: (&'static str, bool),
     /// Its metadata service when the variable is unset.
     pub default_base: &'static str,
-    /// `None`: probed always; else probed without its variable only when one
-    /// of these alternatives of sysfs lines all match.
-    pub named_by: Option<&'static [&'static [Line]]>,
     pub exit_code: i32,
     /// Its default grace period on a GPU machine, and on others.
     pub grace_period: (f64, f64),
@@ -214,9 +213,44 @@ impl Line {
     pub fn parts(&self) -> (&'static str, &'static str, &'static str) {
         (self.path, self.test.name(), self.text)
     }
+
+    /// Whether the line below `sysfs` (its first line, stripped; an empty one
+    /// when it cannot be read) matches.
+    fn holds(&self, sysfs: &Path) -> bool {
+        let line = first_line(&sysfs.join(self.path)).unwrap_or_default();
+        match self.test {
+            Test::Is => line == self.text,
+            Test::Contains => line.to_lowercase().contains(self.text),
+            Test::StartsWith => line.to_lowercase().starts_with(self.text),
+        }
+    }
+}
+
+/// The most of a sysfs line that is read.
+const LINE_MAX: usize = 4096;
+
+/// The stripped first line of a small file (at most [`LINE_MAX`] bytes of it,
+/// undecodable bytes replaced); None when it cannot be read.
+fn first_line(path: &Path) -> Option<String> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).ok()?.take(LINE_MAX as u64).read_to_end(&mut bytes).ok()?;
+    let line = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    Some(String::from_utf8_lossy(line).trim().to_owned())
 }
 
 impl Cloud {
+    /// Whether the sysfs lines below `sysfs` (the kernel's `/sys`, or a
+    /// test's copy) name this cloud's machines: any one of its row's
+    /// alternatives whose lines all match. True when its row names none
+    /// (TensorFlow's GCE: probed always).
+    #[must_use]
+    pub fn named(self, sysfs: &Path) -> bool {
+        match self.parts().named_by {
+            None => true,
+            Some(alternatives) => alternatives.iter().any(|lines| lines.iter().all(|line| line.holds(sysfs))),
+        }
+    }
+
     /// Its row, for Python's platforms.
     #[must_use]
     pub fn row(self) -> Row {
@@ -225,7 +259,6 @@ impl Cloud {
             name: parts.name,
             variable: (parts.variable, parts.host_port),
             default_base: parts.default_base,
-            named_by: parts.named_by,
             exit_code: parts.exit_code,
             grace_period: (parts.grace_period.gpu, parts.grace_period.other),
         }
@@ -313,8 +346,9 @@ mod tests {
                 (row.name, row.variable, row.default_base),
                 (cloud.name(), (variable, host_port), base)
             );
-            assert_eq!(row.named_by.map(<[_]>::len), alternatives, "{cloud:?}");
-            for lines in row.named_by.unwrap_or_default() {
+            let named_by = cloud.parts().named_by;
+            assert_eq!(named_by.map(<[_]>::len), alternatives, "{cloud:?}");
+            for lines in named_by.unwrap_or_default() {
                 assert!(!lines.is_empty());
                 for line in *lines {
                     let (path, test, text) = line.parts();
@@ -324,5 +358,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_sysfs_lines_name_a_cloud_s_machines() {
+        let root = std::env::temp_dir().join(format!("tfh-sysfs-{}", std::process::id()));
+        let write = |path: &str, text: &str| {
+            let file = root.join(path);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(file, text).unwrap();
+        };
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        // Nothing readable: only the cloud probed always.
+        assert!(Cloud::Gce.named(&root));
+        assert!(!Cloud::Aws.named(&root) && !Cloud::Azure.named(&root));
+        // "contains" and "starts" in any case, on the first line only.
+        write("class/dmi/id/sys_vendor", "  Amazon EC2\nother\n");
+        assert!(Cloud::Aws.named(&root) && !Cloud::Azure.named(&root));
+        std::fs::remove_file(root.join("class/dmi/id/sys_vendor")).unwrap();
+        write("hypervisor/uuid", "EC2abcd\n");
+        assert!(Cloud::Aws.named(&root));
+        write("hypervisor/uuid", "xec2\n");
+        assert!(!Cloud::Aws.named(&root));
+        // "is": exact; an alternative needs all its lines.
+        write("class/dmi/id/sys_vendor", "Microsoft Corporation\n");
+        assert!(!Cloud::Azure.named(&root));
+        write("class/dmi/id/product_name", "Virtual Machine\n");
+        assert!(Cloud::Azure.named(&root));
+        write("class/dmi/id/product_name", "virtual machine\n");
+        assert!(!Cloud::Azure.named(&root));
+        write("class/dmi/id/chassis_asset_tag", "7783-7084-3265-9085-8269-3286-77\n");
+        assert!(Cloud::Azure.named(&root));
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -102,7 +102,7 @@
 //! | `clouds.rs` | the one table of the clouds: [`Cloud`], each one's name, [`pollers`] and detection request |
 //! | `kubernetes.rs` | a SIGTERM's deadline and kill: the pod's grace period when stated, else Kubernetes' default for the deadline and no kill (nothing to poll: the pod gets SIGTERM) |
 //! | `watcher_fn.rs` | how often a user's `termination_watcher_fn` is called, and the bound on its thread's join |
-//! | `watch.rs` | the I/O shell: [`MetadataWatch`] and [`probe`] |
+//! | `watch.rs` | the I/O shell: [`MetadataWatch`], [`probe`] and [`Probing`] (a probe on its own thread, for a caller that waits in slices) |
 //! | `http.rs` | the minimal, strictly bounded HTTP/1.1 client `watch.rs` polls with |
 //! | `slurm.rs` | SLURM's text as `scontrol` prints it: `Key=Value` fields, timestamps, durations, a config value (`_platforms/slurm.py` runs `scontrol`) |
 //! | `signals.rs` | signals: `sigaction` from any thread, who owns a notice, one wake-up per delivery (not a poller: the process-wide plumbing) |
@@ -138,7 +138,7 @@ pub use shared::{
     Action, Event, Notice, Poller, Request, Response, Timing, Trouble, WatchError, METADATA_TIMEOUT, MIN_INTERVAL, WATCH_INTERVAL,
     WATCH_REQUEST_TIMEOUT,
 };
-pub use watch::{gce_terminating, probe, MetadataWatch, Stats, Wake, WatchConfig, CLOSE_WAIT};
+pub use watch::{gce_terminating, probe, MetadataWatch, Probing, Stats, Wake, WatchConfig, CLOSE_WAIT, PROBE_STOP_WAIT};
 pub use watcher_fn::{Next as WatcherFnNext, WatcherFnPoll, SLOW_WATCHER_FN, WATCHER_FN_INTERVAL, WATCHER_FN_JOIN_TIMEOUT};
 
 #[cfg(test)]

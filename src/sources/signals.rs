@@ -541,6 +541,8 @@ pub struct SignalWatch {
     pid: i32,
     seen: Mutex<Vec<u64>>,
     triggered: Arc<AtomicBool>,
+    /// Set once [`SignalWatch::newly_displaced`] reported displaced handlers.
+    displaced_reported: AtomicBool,
     /// Present for a watch made with [`SignalWatch::with_sink`]; dropping it
     /// ends the posting (the dispatcher holds it only weakly).
     _subscription: Option<Arc<Subscription>>,
@@ -607,6 +609,7 @@ impl SignalWatch {
             pid: current_pid(),
             seen: Mutex::new(seen),
             triggered: Arc::new(AtomicBool::new(false)),
+            displaced_reported: AtomicBool::new(false),
             _subscription: subscription,
         })
     }
@@ -639,6 +642,21 @@ impl SignalWatch {
                 }
             })
             .collect()
+    }
+
+    /// The watched signals whose handler was replaced ([`SignalWatch::displaced`]),
+    /// the first time any is found; None before and after: each wait on the
+    /// watch checks it between its slices, and the warning
+    /// ([`warn_displaced`]) is given once per watch.
+    pub fn newly_displaced(&self) -> Option<Vec<i32>> {
+        if self.displaced_reported.load(Ordering::Relaxed) {
+            return None;
+        }
+        let displaced = self.displaced();
+        (!displaced.is_empty()).then(|| {
+            self.displaced_reported.store(true, Ordering::Relaxed);
+            displaced
+        })
     }
 
     /// Wakes the waiter as if a notice arrived (a termination source that is
@@ -695,6 +713,19 @@ impl Drop for SignalWatch {
             uninstall(s, self.role);
         }
     }
+}
+
+/// The warning for [`SignalWatch::newly_displaced`]'s signals. It may attach
+/// to the interpreter (pyo3-log): the binding gives it with no lock held.
+pub fn warn_displaced(signals: &[i32]) {
+    let names: Vec<String> = signals.iter().map(|s| format!("signal {s}")).collect();
+    log::warn!(
+        target: "tf_failure_handling",
+        "The handler of {} was replaced after tf_failure_handling installed its own (a later \
+         signal.signal or sigaction call): that signal no longer reaches the preemption handler or \
+         watcher. Install your handler before building them, or close them first.",
+        names.join(", ")
+    );
 }
 
 #[cfg(test)]
@@ -844,8 +875,12 @@ mod tests {
     #[test]
     fn a_later_handler_displaces_ours_and_chains_do_not_loop() {
         let first = SignalWatch::new(&[libc::SIGURG], Role::Observer).unwrap();
+        assert_eq!(first.newly_displaced(), None, "ours is in place");
         install_third_party(libc::SIGURG);
         assert_eq!(first.displaced(), vec![libc::SIGURG]);
+        assert_eq!(first.newly_displaced(), Some(vec![libc::SIGURG]), "reported once...");
+        assert_eq!(first.newly_displaced(), None, "...per watch");
+        assert_eq!(first.displaced(), vec![libc::SIGURG], "while it stays displaced");
         drop(first);
         assert_eq!(current_handler(libc::SIGURG), third_party as *const () as usize, "theirs stays");
 

@@ -484,3 +484,71 @@ fn ask(base: &BaseUrl, timeout: Duration, stop: Option<&AtomicBool>, what: &str,
     };
     requests(&mut answer)
 }
+
+/// How long a stopped [`Probing`] is waited for: the probe notices its stop
+/// flag within [`http::SLICE`](crate::sources::http::SLICE).
+pub const PROBE_STOP_WAIT: Duration = Duration::from_secs(1);
+
+/// One [`probe`] (or, `terminating`, one [`gce_terminating`] ask) on a thread of
+/// its own, for a caller that waits for the answer in slices (the binding runs
+/// signal handlers between them) and may give up: [`Probing::stop`].
+pub struct Probing {
+    stop: Arc<AtomicBool>,
+    answer: mpsc::Receiver<bool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Probing {
+    /// Starts the probe of `cloud` at `base`, bounded by `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`WatchError::Spawn`] when its thread cannot start.
+    pub fn start(cloud: Cloud, base: BaseUrl, timeout: Duration, terminating: bool) -> Result<Self, WatchError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, answer) = mpsc::channel();
+        let thread_stop = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("tfh-probe".into())
+            .spawn(move || {
+                let stop = Some(&*thread_stop);
+                let _ = tx.send(if terminating {
+                    gce_terminating(&base, timeout, stop)
+                } else {
+                    probe(cloud, &base, timeout, stop)
+                });
+            })
+            .map_err(WatchError::Spawn)?;
+        Ok(Probing {
+            stop,
+            answer,
+            thread: Some(thread),
+        })
+    }
+
+    /// The answer, waiting up to `slice` for it: `Some(found)` once it came
+    /// (false when the probe's thread ended without one: it panicked), None
+    /// while the probe goes on. The thread is joined once it answered.
+    pub fn answer(&mut self, slice: Duration) -> Option<bool> {
+        let found = match self.answer.recv_timeout(slice) {
+            Ok(found) => found,
+            Err(mpsc::RecvTimeoutError::Timeout) => return None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => false,
+        };
+        // It has sent its answer (or died): joining cannot block on it.
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        Some(found)
+    }
+
+    /// Stops the probe and waits up to [`PROBE_STOP_WAIT`] for its thread to
+    /// end (a stopped probe logs nothing, but it may be in the middle of a log
+    /// record); a thread still running then is left to end on its own.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if self.thread.is_some() {
+            let _ = self.answer(PROBE_STOP_WAIT);
+        }
+    }
+}

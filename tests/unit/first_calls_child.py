@@ -143,7 +143,6 @@ def metadata_probe() -> None:
 
 def metadata_watch() -> None:
     watch = _native.MetadataWatch("aws", CLOSED_PORT_URL, interval=0.05, request_timeout=0.2)
-    watch.state  # noqa: B018
     watch.close()
 
 

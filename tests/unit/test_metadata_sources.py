@@ -194,19 +194,33 @@ def test_fake_stops_at_once_with_clients_parked(fake):
 # ------------------------------------------------------------ the native watcher
 
 
-def _watch(cloud: str, fake: FakeMetadata, wake: Any = None, **timing: float) -> Any:
-    return _native.MetadataWatch(cloud, fake.base, wake, **timing)
+class _Watched:
+    """A ``MetadataWatch`` and the inbox it posts into (``wake``, or its own): what a
+    caller of the watch can see of it."""
+
+    def __init__(self, cloud: str, fake: FakeMetadata, wake: Any = None, **timing: float):
+        self.inbox = wake if wake is not None else _native.Inbox()
+        self.watch = _native.MetadataWatch(cloud, fake.base, self.inbox, **timing)
+        self.fake = fake
+        self.posted: list = []  # (description, deadline) of each notice posted
+
+    def close(self) -> None:
+        self.watch.close()
 
 
-def _notice(watch: Any, timeout: float) -> Optional[tuple]:
-    """The watch's first notice, ``(description, deadline)`` (sticky: ``state``),
+def _watch(cloud: str, fake: FakeMetadata, wake: Any = None, **timing: float) -> _Watched:
+    return _Watched(cloud, fake, wake, **timing)
+
+
+def _notice(w: _Watched, timeout: float) -> Optional[tuple]:
+    """The first notice ``w`` posted into its inbox, ``(description, deadline)``,
     waiting up to ``timeout`` seconds for it; None if none by then."""
-    end = time.monotonic() + timeout
-    while True:
-        notice = watch.state["notice"]
-        if notice is not None or time.monotonic() >= end:
-            return notice
-        time.sleep(0.005)
+    if not w.posted:
+        item = w.inbox.recv(timeout)
+        if item is not None:
+            assert isinstance(item, _native.Input.Notice), item
+            w.posted.append((item.source, item.deadline))
+    return w.posted[0] if w.posted else None
 
 
 def _until(predicate: Any, what: str) -> None:
@@ -216,17 +230,19 @@ def _until(predicate: Any, what: str) -> None:
         time.sleep(0.005)
 
 
-def _polled(watch: Any, **at_least: int) -> dict:
-    """Waits until the watch's counters reach ``at_least`` (default: one request); its stats."""
-    at_least = at_least or {"requests": 1}
-    _until(lambda: all(_stats(watch)[k] >= v for k, v in at_least.items()), f"stats >= {at_least}")
-    return _stats(watch)
+def _polled(w: _Watched, requests: int = 1) -> None:
+    """Waits until the fake has answered ``requests`` requests (of every watch on it)."""
+    _until(lambda: len(w.fake.requests) >= requests, f"{requests} requests")
 
 
-def _stats(watch: Any) -> dict:
-    """The watch's counters (``requests``, ``failures``, ``malformed``, ``notices``)."""
-    state = watch.state
-    return {k: state[k] for k in ("requests", "failures", "malformed", "notices")}
+def _warnings(caplog: Any, kind: str) -> list:
+    """The watches' warnings of a failed poll of ``kind`` (``"request failed"`` or
+    ``"unexpected answer"``: a body that does not parse); one per endpoint and kind."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and f": {kind}: " in r.getMessage()
+    ]
 
 
 @pytest.fixture
@@ -288,7 +304,7 @@ NOTICE_CASES = [
 def test_notice_is_seen_with_its_deadline(fake, watches, cloud, kind):
     w = watches(cloud, fake)
     _polled(w)
-    assert _notice(w, 0) is None and w.state["notice"] is None
+    assert _notice(w, 0) is None
     expected, approx, published = _publish(fake, cloud, kind)
     notice = _notice(w, SEEN_WITHIN)
     seen_after = time.monotonic() - published
@@ -300,9 +316,6 @@ def test_notice_is_seen_with_its_deadline(fake, watches, cloud, kind):
         assert deadline is None
     else:
         assert deadline == pytest.approx(expected, abs=approx)
-    assert w.state["notice"] == notice
-    assert _notice(w, 0) == notice, "the notice is sticky"
-    assert _stats(w)["notices"] >= 1
 
 
 @pytest.mark.timeout(30)
@@ -310,13 +323,17 @@ def test_notice_is_seen_with_its_deadline(fake, watches, cloud, kind):
 def test_the_notice_is_posted_into_the_inbox(fake, watches, cloud):
     inbox = _native.Inbox()
     try:
-        w = watches(cloud, fake, inbox)
+        watches(cloud, fake, inbox)
         assert inbox.recv(0.6) is None
-        _, _, published = _publish(fake, cloud)
+        expected, approx, published = _publish(fake, cloud)
         item = inbox.recv(SEEN_WITHIN)
         assert time.monotonic() - published < SEEN_WITHIN
         assert isinstance(item, _native.Input.Notice), item
-        assert (item.source, item.deadline) == w.state["notice"]
+        assert isinstance(item.source, str) and item.source
+        if expected is None:
+            assert item.deadline is None
+        else:
+            assert item.deadline == pytest.approx(expected, abs=approx)
         assert item.kill == item.deadline, "a cloud's announced end is the kill"
     finally:
         inbox.post(_native.Input.Stop())
@@ -380,16 +397,16 @@ def test_aws_falls_back_to_imdsv1(fake, watches):
 
 
 @pytest.mark.timeout(30)
-def test_aws_rebalance_is_not_a_notice(fake, watches):
+def test_aws_rebalance_is_not_a_notice(fake, watches, caplog):
     w = watches("aws", fake)
     doc = aws_rebalance_notice(0)
     fake.aws_rebalance = doc
-    start = time.monotonic()
-    while w.state["rebalance"] is None and time.monotonic() - start < SEEN_WITHIN:
-        time.sleep(0.02)
-    assert w.state["rebalance"] == pytest.approx(_aws_deadline({"time": doc["noticeTime"]}))
+    seen = f"(noticeTime {_aws_deadline({'time': doc['noticeTime']}):.0f} Unix seconds)"
+    _until(
+        lambda: any("AWS recommends rebalancing" in m and seen in m for m in caplog.messages),
+        "the rebalance recommendation's warning",
+    )
     assert _notice(w, QUIET) is None
-    assert w.state["notice"] is None
 
 
 # Backstop above its own bounds in sequence: the request wait, a 0.1 s wait (+ 30 s).
@@ -406,13 +423,12 @@ def test_aws_rebalance_is_not_a_notice(fake, watches):
     ],
     ids=["preempt-other", "terminate-others", "reboot", "redeploy", "freeze", "mixed"],
 )
-def test_azure_events_that_do_not_terminate_this_vm(fake, watches, events):
+def test_azure_events_that_do_not_terminate_this_vm(fake, watches, events, caplog):
     fake.azure_events = events
     w = watches("azure", fake, interval=0.1)
     assert fake.wait_for_requests(AZURE_EVENTS, 4, REQUESTS_WITHIN)
     assert _notice(w, 0.1) is None
-    assert w.state["notice"] is None
-    assert _stats(w)["failures"] == _stats(w)["malformed"] == 0
+    assert _warnings(caplog, "request failed") == _warnings(caplog, "unexpected answer") == []
 
 
 @pytest.mark.timeout(30)
@@ -446,7 +462,10 @@ def test_close_is_prompt_and_idempotent(fake, watches, cloud):
     w.close()
     w.close()
     assert time.monotonic() - start < SEEN_WITHIN / 2, "close is prompt"
-    assert w.state["closed"] and w.state["notice"] is None
+    asked = len(fake.requests)
+    _publish(fake, cloud)
+    assert _notice(w, QUIET) is None, "a closed watch posts nothing"
+    assert len(fake.requests) == asked, "a closed watch polls no more"
 
 
 @pytest.mark.parametrize(
@@ -473,20 +492,21 @@ def test_bad_arguments_are_value_errors(args, kwargs):
 @pytest.mark.timeout(2 * SEEN_WITHIN + 2 * 2 + 30)
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("cloud", CLOUDS)
-def test_hostile_server(fake, watches, cloud, fault):
+def test_hostile_server(fake, watches, cloud, fault, caplog):
     """No exception, no false notice, prompt close(); polling survives the fault."""
     fake.fault = fault
     w = watches(cloud, fake, **FAULT_TIMING)
     doomed = watches(cloud, fake, **FAULT_TIMING)  # closed while the fault is on
     # 200s with bodies that do not parse are "malformed"; the rest are failed requests.
-    counter = "malformed" if fault in ("garbage", "hostile_json") else "failures"
-    _polled(w, requests=2, **{counter: 1})
-    assert _notice(w, 0) is None and w.state["notice"] is None, "a false notice"
+    kind = "unexpected answer" if fault in ("garbage", "hostile_json") else "request failed"
+    _polled(w, requests=4)  # two of each watch at least
+    _until(lambda: _warnings(caplog, kind), f"a warning: {kind}")
+    assert _notice(w, 0) is None, "a false notice"
     doomed.close()  # returns while a request hangs (a hang would fail the test)
     fake.fault = None
     expected, approx, _ = _publish(fake, cloud)
     notice = _notice(w, SEEN_WITHIN)
-    assert notice is not None, f"polling did not survive {fault!r}: {_stats(w)}"
+    assert notice is not None, f"polling did not survive {fault!r}: {fake.requests}"
     if expected is not None:
         assert notice[1] == pytest.approx(expected, abs=approx)
     w.close()

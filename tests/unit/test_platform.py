@@ -603,29 +603,37 @@ OTHER_DMI = [
 ]
 
 
+def _named(cloud: str, fake) -> bool:
+    """Whether the lines below ``clouds.SYSFS`` name ``cloud``'s machines: then the core
+    probes its metadata service (the fake answers as every cloud), else it makes no
+    request and says no."""
+    return PRODUCTION_PROBE(cloud, fake.base, ANSWERING_TIMEOUT, sysfs=clouds.SYSFS)
+
+
 @pytest.mark.parametrize("entries", AWS_DMI + AZURE_DMI + OTHER_DMI)
-def test_dmi_classification(dmi, entries):
+def test_dmi_classification(dmi, fake, entries):
     dmi(**entries)
-    assert clouds.AWS.named() is (entries in AWS_DMI)
-    assert clouds.AZURE.named() is (entries in AZURE_DMI)
+    assert _named("aws", fake) is (entries in AWS_DMI)
+    assert _named("azure", fake) is (entries in AZURE_DMI)
 
 
 @pytest.mark.parametrize(
     ("uuid", "on_aws"),
     [("ec2e1916-9099-7caf-fd21-012345abcdef", True), ("EC2E1916-9099", True), ("4c4c4544", False)],
 )
-def test_xen_hypervisor_uuid(monkeypatch, tmp_path, uuid, on_aws):
+def test_xen_hypervisor_uuid(monkeypatch, tmp_path, fake, uuid, on_aws):
     path = tmp_path / "sys" / "hypervisor" / "uuid"  # below the fixture's sysfs
     path.parent.mkdir()
     path.write_text(uuid + "\n")
-    assert clouds.AWS.named() is on_aws
+    assert _named("aws", fake) is on_aws
 
 
-def test_unreadable_dmi_is_no_cloud(monkeypatch, tmp_path):
+def test_unreadable_dmi_is_no_cloud(monkeypatch, tmp_path, fake):
     monkeypatch.setattr(clouds, "SYSFS", str(tmp_path / "missing"))
     (tmp_path / "missing" / "hypervisor" / "uuid").mkdir(parents=True)  # reading it fails
-    assert clouds.AWS.named() is False
-    assert clouds.AZURE.named() is False
+    assert _named("aws", fake) is False
+    assert _named("azure", fake) is False
+    assert fake.requests == [], "probed a cloud its machine lines do not name"
 
 
 @pytest.mark.parametrize(
@@ -669,18 +677,24 @@ def test_a_probe_that_raises_is_not_that_cloud(monkeypatch, dmi):
 def test_probe_gets_the_cloud_and_base_and_leaves_the_timeout_to_the_core(monkeypatch, dmi):
     calls = []
     monkeypatch.setattr(
-        _native, "probe_metadata", lambda *a: calls.append(a) or a[0] == "azure", raising=False
+        _native,
+        "probe_metadata",
+        lambda *a, **kw: calls.append((*a, kw)) or a[0] == "azure",
+        raising=False,
     )
     dmi(sys_vendor="Amazon EC2")
     monkeypatch.setenv(clouds.AZURE.variable, "127.0.0.1:9")
     env = _platform.environment()
     assert (env.cloud, env.metadata_base) == ("azure", "http://127.0.0.1:9")
     # GCE first, through the same native probe (one detection per platform); no
-    # timeout: the core's METADATA_TIMEOUT (the bounded tests above measure it).
+    # timeout: the core's METADATA_TIMEOUT (the bounded tests above measure it). A
+    # cloud without its variable is probed only where the machine's sysfs lines name
+    # it: the core reads them (GCE's row names none: always; here its variable is set).
+    gce_sysfs = None if clouds.GCE.check() is not None else clouds.SYSFS
     assert calls == [
-        ("gce", clouds.gce_base()),
-        ("aws", clouds.AWS.default_base),
-        ("azure", "http://127.0.0.1:9"),
+        ("gce", clouds.gce_base(), {"sysfs": gce_sysfs}),
+        ("aws", clouds.AWS.default_base, {"sysfs": clouds.SYSFS}),
+        ("azure", "http://127.0.0.1:9", {"sysfs": None}),
     ]
 
 

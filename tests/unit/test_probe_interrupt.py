@@ -181,17 +181,23 @@ def test_sigint_during_wait_while_polling_threads_log_then_close_is_prompt(tmp_p
     results, proc = run(
         tmp_path,
         """
-        base = server(hang_up)
+        hung = []  # one per request the server hung up on: a failed poll
+
+        def counted(conn):
+            hung.append(conn)
+            hang_up(conn)
+
+        base = server(counted)
         box = _native.Inbox()
         watch = _native.MetadataWatch("aws", base, box, interval=0.02, request_timeout=1.0)
-        while watch.state["failures"] < 2:  # polls fail, and log, while we wait
+        while len(hung) < 2:  # polls fail, and log, while we wait
             time.sleep(0.01)
         try:
             sent = interrupt_after(0.2)
             box.recv(BLOCKED)  # the wait for the notice the watch would post
         except KeyboardInterrupt:
             report("interrupted", after=time.monotonic() - sent[0])
-        failures = watch.state["failures"]
+        failures = len(hung)
         started = time.monotonic()
         watch.close()
         report("closed", took=time.monotonic() - started, failures=failures)
@@ -225,7 +231,13 @@ def test_sigint_interrupts_close_while_a_polling_thread_is_inside_a_slow_log_han
         # slow record. At DEBUG each failure also logs a debug line first, so the thread
         # could be in the handler twice in a row (3 s), past the second close's 2 s.
         logging.getLogger("tf_failure_handling").setLevel(logging.WARNING)
-        base = server(hang_up)
+        hung = []  # one per request the server hung up on
+
+        def counted(conn):
+            hung.append(conn)
+            hang_up(conn)
+
+        base = server(counted)
         watch = _native.MetadataWatch("aws", base, interval=0.02, request_timeout=1.0)
         assert entered.wait(30.0)
         started = time.monotonic()
@@ -236,9 +248,11 @@ def test_sigint_interrupts_close_while_a_polling_thread_is_inside_a_slow_log_han
             report("interrupted", after=time.monotonic() - sent[0])
         else:
             report("closed", took=time.monotonic() - started)
-        assert watch.state["closed"]
         watch.close()
-        report("joined", requests=watch.state["requests"])
+        requests = len(hung)
+        time.sleep(0.1)  # five intervals: a watch still polling would ask again
+        assert len(hung) == requests, "polling went on after close()"
+        report("joined", requests=requests)
         """,
         "no-logging-config",
     )
@@ -278,7 +292,13 @@ def test_a_thread_left_inside_a_slow_log_handler_does_not_abort_the_exit(tmp_pat
 
         logging.getLogger("tf_failure_handling").addHandler(Slow())
         logging.getLogger("tf_failure_handling").setLevel(logging.DEBUG)
-        base = server(hang_up)
+        hung = []  # one per request the server hung up on
+
+        def counted(conn):
+            hung.append(conn)
+            hang_up(conn)
+
+        base = server(counted)
         watch = _native.MetadataWatch("aws", base, interval=0.02, request_timeout=1.0)
         assert entered.wait(30.0)
         started = time.monotonic()

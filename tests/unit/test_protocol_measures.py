@@ -21,11 +21,11 @@ AT_MOST = {
     "native_constants": 12,
     "native_constants_not_allowed": 1,
     "native_constant_uses": 1,
-    "binding_methods": 78,
+    "binding_methods": 76,
     "literal_waits": 0,
     "time_reads": 0,
     "wide_61": 0,
-    "binding_ratio": 0.319,
+    "binding_ratio": 0.308,
 }
 
 

@@ -1,8 +1,9 @@
 """The clouds (GCE and Cloud TPU VMs, Amazon EC2, Azure): one :class:`Cloud` per row of
 the core's table (``src/sources/clouds.rs``: the variable naming its metadata service,
-its default base, the sysfs lines that name its machines, its exit code and grace
-periods), and TF's GCE ``termination_watcher`` for users who pass it. Their notices
-are the core's too (``_native.MetadataWatch``); the page: docs/getting-started/clouds.md.
+its default base, its exit code and grace periods; the sysfs lines that name its
+machines are checked there, with its probe), and TF's GCE ``termination_watcher``
+for users who pass it. Their notices are the core's too (``_native.MetadataWatch``);
+the page: docs/getting-started/clouds.md.
 """
 
 from __future__ import annotations
@@ -17,25 +18,8 @@ from . import common
 log = logging.getLogger("tf_failure_handling")
 
 #: Where the kernel shows the machine (the DMI tables, Xen's hypervisor uuid): the
-#: table's sysfs lines are below it.
+#: core's sysfs lines for each cloud are below it.
 SYSFS = "/sys"
-
-
-def read_line(path: str) -> Optional[str]:
-    """The stripped first line of a small sysfs file; None if it cannot be read."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.readline(4096).strip()
-    except OSError:
-        return None
-
-
-def _holds(path: str, test: str, text: str) -> bool:
-    line = read_line(os.path.join(SYSFS, path)) or ""
-    if test == "is":
-        return line == text
-    line = line.lower()
-    return text in line if test == "contains" else line.startswith(text)
 
 
 class Cloud(common.Platform):
@@ -53,7 +37,6 @@ class Cloud(common.Platform):
         self._host_port = row["host_port"]
         #: Its metadata service when the variable is unset.
         self.default_base = row["default_base"]
-        self._named_by = row["named_by"]
         #: Its default ``exit_fn`` (its row's exit code).
         self.exit_fn = common.exit_for(row["exit_code"])
         self._grace_period = row["grace_period"]
@@ -70,17 +53,11 @@ class Cloud(common.Platform):
             raise common.bad(self.variable, os.environ[self.variable], f"host[:port] ({problem})")
         return "http://" + raw.rstrip("/")
 
-    def named(self) -> bool:
-        """Whether the sysfs lines name this cloud's machines (True when its row names
-        none: probed always)."""
-        if self._named_by is None:
-            return True
-        return any(all(_holds(*line) for line in lines) for lines in self._named_by)
-
     def detect(self, checked: Optional[str]) -> bool:
-        return (checked is not None or self.named()) and common.probe(
-            self.NAME, self.metadata_base(checked)
-        )
+        """Its probe; without its variable, only when :data:`SYSFS` names its machines
+        (the core's lines; TensorFlow's GCE: always)."""
+        sysfs = None if checked is not None else SYSFS
+        return common.probe(self.NAME, self.metadata_base(checked), sysfs)
 
     def metadata_base(self, checked: Optional[str]) -> str:
         return checked or self.default_base

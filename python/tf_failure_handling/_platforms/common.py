@@ -207,12 +207,13 @@ def metadata_url(name: str) -> Optional[str]:
     return url.rstrip("/")
 
 
-def probe(cloud: str, base: str) -> bool:
-    """``_native.probe_metadata``, with any failure meaning "not that cloud"."""
+def probe(cloud: str, base: str, sysfs: Optional[str] = None) -> bool:
+    """``_native.probe_metadata`` (with ``sysfs``: only when the lines there name the
+    cloud's machines), with any failure meaning "not that cloud"."""
     try:
         from .._native import probe_metadata
 
-        return bool(probe_metadata(cloud, base))
+        return bool(probe_metadata(cloud, base, sysfs=sysfs))
     except Exception as e:  # noqa: BLE001 - off that cloud anything can come back
         log.debug("not on %s (%s): %s", cloud, base, e)
         return False

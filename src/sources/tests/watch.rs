@@ -394,3 +394,33 @@ fn join_waits_for_stopped_threads_and_is_idempotent() {
     watch.close();
     watch.abandon();
 }
+
+#[test]
+fn a_probing_answers_in_slices_and_a_stopped_one_ends() {
+    let (base, _) = fake_server(|method, path, head| match (method, path) {
+        ("GET", "/computeMetadata/v1/instance/hostname") if head.contains("Metadata-Flavor: Google\r\n") => ok(200, "h"),
+        _ => ok(404, ""),
+    });
+    let base = BaseUrl::parse(&base).unwrap();
+    let mut probing = Probing::start(Cloud::Gce, base.clone(), HANG_BOUND, false).unwrap();
+    let start = Instant::now();
+    let found = loop {
+        if let Some(found) = probing.answer(Duration::from_millis(10)) {
+            break found;
+        }
+        assert!(start.elapsed() < HANG_BOUND, "no answer after {HANG_BOUND:?}");
+    };
+    assert!(found, "GCE answered as GCE");
+    probing.stop(); // after the answer: nothing left to wait for
+
+    // A silent server and a request timeout beyond the bound: only the stop ends it.
+    let (silent, _) = fake_server(|_, _, _| Reply::Hang);
+    let silent = BaseUrl::parse(&silent).unwrap();
+    let mut probing = Probing::start(Cloud::Azure, silent, Duration::from_secs_f64(BEYOND_THE_BOUND), false).unwrap();
+    assert_eq!(
+        probing.answer(Duration::from_millis(50)),
+        None,
+        "a silent server gives no answer yet"
+    );
+    returns("a stopped probe of a silent server", move || probing.stop());
+}
