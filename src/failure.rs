@@ -98,7 +98,6 @@
 //!   tasks visited before it were counted.
 
 pub mod response;
-pub mod type_cache;
 
 use std::collections::BTreeSet;
 use std::sync::OnceLock;

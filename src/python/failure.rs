@@ -12,7 +12,7 @@
 //!   exception and classes whose metaclass is `type`, "the class is in
 //!   `type(e).__mro__`": one MRO walk instead of eleven calls (each of which
 //!   would also look up `__class__`). The answer, with the facts below, is
-//!   cached per type in [`TYPE_CACHE`] (the core's [`TypeCache`]), keyed by the type's
+//!   cached per type in [`TYPE_CACHE`], keyed by the type's
 //!   `tp_version_tag`, which CPython renews whenever the type or a base
 //!   changes. Objects that are not exceptions (mocks that set `__class__`)
 //!   get `PyObject_IsInstance`, every time.
@@ -37,6 +37,8 @@
 //! CPython only (the fast paths read `PyTypeObject` and `BaseException`
 //! fields).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::Mutex;
 use pyo3::ffi;
 use pyo3::intern;
@@ -45,7 +47,6 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyInt, PySet, PyString, PyTuple, PyType};
 
 use super::{errors, layout};
-use crate::failure::type_cache::{TypeCache, TypeFacts};
 use crate::failure::{self as core, ErrorKind, Gate, Kinds, Stage, Verdict};
 
 /// The classes of [`ErrorKind::ALL`], resolved once by
@@ -117,6 +118,44 @@ fn op_error_str(py: Python<'_>) -> PyResult<Option<(Py<PyAny>, Py<PyAny>)>> {
     Ok((first && second).then(|| (str_fn.unbind(), message.unbind())))
 }
 
+/// What the classifier needs to know about an error's type.
+#[derive(Clone, Copy, Default)]
+struct TypeFacts {
+    /// Every kind of the table an instance is an instance of.
+    kinds: Kinds,
+    /// `str()` of an instance whose `__dict__` has `_op = None` is the `str`
+    /// in its `__dict__["_message"]`: a [plain-dict](plain_dict) type with
+    /// TF's `OpError.__str__` and `message`, and no `_op`/`_message` on the
+    /// class.
+    dict_message: bool,
+    /// `obj.original_exception` is `obj.__dict__["original_exception"]` when
+    /// there: a [plain-dict](plain_dict) type without that class attribute.
+    dict_original: bool,
+}
+
+impl TypeFacts {
+    const DICT_MESSAGE: u64 = 1 << 16;
+    const DICT_ORIGINAL: u64 = 1 << 17;
+
+    /// `tag` in the high half, the facts in the low half.
+    fn pack(self, tag: u32) -> u64 {
+        (u64::from(tag) << 32)
+            | u64::from(self.kinds.bits())
+            | if self.dict_message { Self::DICT_MESSAGE } else { 0 }
+            | if self.dict_original { Self::DICT_ORIGINAL } else { 0 }
+    }
+
+    fn unpack(entry: u64, tag: u32) -> Option<TypeFacts> {
+        (tag != 0 && entry >> 32 == u64::from(tag)).then(|| TypeFacts {
+            // Truncation intended: the low 16 bits are the kinds.
+            #[allow(clippy::cast_possible_truncation)]
+            kinds: Kinds::from_bits(entry as u16),
+            dict_message: entry & Self::DICT_MESSAGE != 0,
+            dict_original: entry & Self::DICT_ORIGINAL != 0,
+        })
+    }
+}
+
 /// Whether attribute reads of `ty`'s instances are `object.__getattribute__`
 /// over the `__dict__` in `BaseException`'s slot: metaclass `type`, no
 /// `__getattribute__`/`__getattr__`, `__dict__` where `BaseException` keeps it.
@@ -151,9 +190,25 @@ fn dict_item<'py>(obj: &Bound<'py, PyAny>, key: &Bound<'py, PyString>) -> PyResu
     }
 }
 
-/// Facts of recently seen exception types, keyed by `tp_version_tag`
-/// ([`TypeCache`]).
-static TYPE_CACHE: TypeCache = TypeCache::new();
+/// Slots of [`TYPE_CACHE`].
+const TYPE_CACHE_SLOTS: usize = 256;
+
+/// Facts of recently seen exception types, keyed by `tp_version_tag` alone
+/// (entry `tag << 32 | facts`, in slot `tag % TYPE_CACHE_SLOTS` or the next
+/// one, so that a wrapper and its inner error rarely evict each other).
+///
+/// `CPython` gives a type a new tag whenever it or one of its bases is
+/// modified (`__bases__`, `__str__`, `message`, …) and never gives the same
+/// tag to two types of an interpreter, so a hit describes the type as it is
+/// now; tag 0 (none assigned) is never cached. One atomic word per entry: no
+/// lock, no torn entry, nothing per thread.
+static TYPE_CACHE: [AtomicU64; TYPE_CACHE_SLOTS] = [const { AtomicU64::new(0) }; TYPE_CACHE_SLOTS];
+
+/// The two slots where the facts of the type with `tag` may be.
+fn cache_slots(tag: u32) -> [&'static AtomicU64; 2] {
+    let home = tag as usize % TYPE_CACHE_SLOTS;
+    [&TYPE_CACHE[home], &TYPE_CACHE[(home + 1) % TYPE_CACHE_SLOTS]]
+}
 
 fn version_tag(ty: &Bound<'_, PyType>) -> u32 {
     layout::version_tag(ty)
@@ -182,8 +237,10 @@ fn type_facts(obj: &Bound<'_, PyAny>, classes: &Classes) -> PyResult<TypeFacts> 
     }
     let ty = obj.get_type();
     let tag = version_tag(&ty);
-    if let Some(facts) = TYPE_CACHE.get(tag) {
-        return Ok(facts);
+    for slot in cache_slots(tag) {
+        if let Some(facts) = TypeFacts::unpack(slot.load(Ordering::Relaxed), tag) {
+            return Ok(facts);
+        }
     }
     // `isinstance(obj, cls)` for a plain class is "cls is in type(obj).__mro__"
     // (its `__class__` fallback serves objects that lie about their type,
@@ -214,7 +271,14 @@ fn type_facts(obj: &Bound<'_, PyAny>, classes: &Classes) -> PyResult<TypeFacts> 
         dict_original,
     };
     // The lookups above assign a tag if there was none.
-    TYPE_CACHE.put(version_tag(&ty), facts);
+    let tag = version_tag(&ty);
+    if tag != 0 {
+        let [home, next] = cache_slots(tag);
+        // Keep the home slot's entry if it is still someone's; the next one takes the new one.
+        let home_entry = home.load(Ordering::Relaxed);
+        let slot = if home_entry == 0 { home } else { next };
+        slot.store(facts.pack(tag), Ordering::Relaxed);
+    }
     Ok(facts)
 }
 
