@@ -26,21 +26,17 @@ use crate::writes::{WriteId, Writes};
 
 /// The driver's writes as events in and actions out (`driver.rs`).
 mod driver;
-#[allow(unused_imports)]
-pub(crate) use driver::action;
-pub use driver::{Action, DriverAction, SetCall, WriteEnd};
+pub use driver::{DriverAction, SetCall, WriteEnd};
 /// The leader's round as events in and actions out (`agree.rs`).
 mod agree;
-#[allow(unused_imports)]
-pub(crate) use agree::leader_action;
-pub use agree::{LeaderAction, LAST_LOOK_TIMEOUT, READ_BACK_TIMEOUT};
+pub use agree::{LAST_LOOK_TIMEOUT, READ_BACK_TIMEOUT};
+/// What the protocol answers its events with: one `Action`, declared once (`answer.rs`).
+pub mod answer;
 /// The follower's reader of the step keys as events in and actions out (`reader.rs`).
 mod reader;
 #[allow(unused_imports)]
-pub(crate) use reader::reader_action;
-pub use reader::ReaderAction;
-/// What the protocol answers its events with, declared once (`answer.rs`).
-pub mod answer;
+pub(crate) use answer::action;
+pub use answer::Action;
 /// The protocol's inputs, declared once (`event.rs`).
 mod event;
 #[allow(unused_imports)]
@@ -176,7 +172,7 @@ pub struct Protocol {
     /// The leader's wait for the acknowledgements of the step it published.
     acks: Option<AckWait>,
     /// The leader's round in progress, from the `before_step` that published
-    /// it to its end ([`LeaderAction`]).
+    /// it to its end ([`Action`]).
     agreeing: Option<agree::Agreeing>,
     /// The reader of the step keys: the round it reads, its run of failures.
     reader: reader::Reader,
@@ -426,14 +422,14 @@ impl Protocol {
     /// The check before the step that follows `runs` completed runs, at `now`: the
     /// resolver's decision ([`before_step`](Self::before_step)), a save with the
     /// seconds the closures in flight get first ([`drain_bound`](Self::drain_bound)).
-    pub fn step_check(&mut self, runs: u64, now: f64) -> Result<answer::StepAction, ConfigError> {
+    pub fn step_check(&mut self, runs: u64, now: f64) -> Result<Action, ConfigError> {
         let action = self.before_step(runs, now)?;
-        Ok(answer::StepAction::of(action, self.drain_bound(now)))
+        Ok(Action::step(action, self.drain_bound(now)))
     }
 
     /// The end of the save of `round`, timed last: exit, or count down.
-    pub fn saved(&mut self, round: Round) -> Result<Result<answer::SaveAction, SaveError>, ConfigError> {
-        Ok(self.handle_saved_timed(round)?.map(answer::SaveAction::from))
+    pub fn saved(&mut self, round: Round) -> Result<Result<Action, SaveError>, ConfigError> {
+        Ok(self.handle_saved_timed(round)?.map(Action::from))
     }
 
     /// A save of `round` ended after `duration` seconds.
@@ -650,11 +646,11 @@ impl Protocol {
 
     /// The writes of `STOP_WATCHER` to the step keys at shutdown (which release
     /// the readers still blocked on them), as blocking writes.
-    pub fn shutdown_writes(&self) -> Result<Vec<LeaderAction>, ConfigError> {
+    pub fn shutdown_writes(&self) -> Result<Vec<Action>, ConfigError> {
         Ok(self
             .shutdown_keys()?
             .iter()
-            .map(|key| LeaderAction::Set {
+            .map(|key| Action::Set {
                 key: (*key).to_owned(),
                 value: crate::step_resolution::STOP_WATCHER.to_owned(),
                 timeout: crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT,

@@ -189,7 +189,7 @@ pub const PEER_PROBE_TIMEOUT: f64 = 2.0;
 pub const THREAD_JOIN_TIMEOUT: f64 = 10.0;
 /// Bound, in seconds, on one coordination-service write that nothing waits for
 /// (releasing blocked readers at shutdown, reporting an error, announcing a
-/// notice): the `LeaderAction.Set`s of `Event.Shutdown` and the answer to
+/// notice): the `Action.Set`s of `Event.Shutdown` and the answer to
 /// `Event.ErrorReport` carry it. The protocol's own writes are bounded by the peer
 /// timeout (60 s at most).
 pub const SHUTDOWN_WRITE_TIMEOUT: f64 = 10.0;

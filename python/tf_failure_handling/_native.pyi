@@ -50,55 +50,6 @@ class ProtocolCore:
     def poll_timeout(self, waiting: bool = False) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
 
-class NoticeAction:
-    """What to do about a termination notice."""
-
-    class Lead(NoticeAction):
-        final_round: bool
-        writes: bool
-
-    class Claim(NoticeAction):
-        key: str
-        value: str
-
-    class Replan(NoticeAction): ...
-    class Absorb(NoticeAction): ...
-    class Wait(NoticeAction): ...
-
-class StepAction:
-    """What to do before the next step."""
-
-    class Proceed(StepAction): ...
-
-    class Publish(StepAction):
-        round: str
-        step: int
-        ack_keys: list[str]
-        own_ack_key: Optional[str]
-
-    class Save(StepAction):
-        round: str
-        step: int
-        drain: float
-
-class KeyAction:
-    """What to do with a step key a leader published."""
-
-    class Acknowledge(KeyAction):
-        ack_key: str
-        next_round: Optional[str]
-
-    class Stop(KeyAction): ...
-
-class SaveAction:
-    """What follows a save."""
-
-    class Exit(SaveAction): ...
-    class Countdown(SaveAction): ...
-    class Raise(SaveAction): ...
-    class ExitUnmerged(SaveAction):
-        code: int
-
 class SignalWatch:
     """Watches signals from any thread. An ``owner`` (a handler) holds back previously
     installed handlers while it lives; an observer chains them. With ``inbox``, the signal
@@ -345,74 +296,107 @@ class Event:
     class ErrorReport(Event):
         def __init__(self) -> None: ...
 
-class ReaderAction:
-    """What the step-key reader does next (``ProtocolCore.handle``)."""
+class Action:
+    """What the handler's protocol object tells Python to do (``ProtocolCore.handle``
+    and ``ProtocolCore.poll``): one type, each variant the answer to one event."""
 
-    class Get(ReaderAction):
+    # A termination notice (Event.Notice).
+    class Lead(Action):
+        final_round: bool
+        writes: bool
+
+    class Claim(Action):
         key: str
-        timeout: float
+        value: str
 
-    class Pause(ReaderAction):
-        seconds: float
-        what: str
-        attempts: int
-        left: float
+    class Replan(Action): ...
+    class Absorb(Action): ...
+    class Wait(Action): ...
 
-    class Post(ReaderAction):
+    # The check before a step (Event.BeforeStep).
+    class Proceed(Action): ...
+
+    class Publish(Action):
         round: str
-        value: str
+        step: int
+        ack_keys: list[str]
+        own_ack_key: Optional[str]
 
-    class GaveUp(ReaderAction):
-        what: str
-        attempts: int
-        seconds: float
+    class Save(Action):
+        round: str
+        step: int
+        drain: float
 
-    class Done(ReaderAction): ...
+    # A step key a leader published (Event.StepKey).
+    class Acknowledge(Action):
+        ack_key: str
+        next_round: Optional[str]
 
-class LeaderAction:
-    """What the leader's training thread does next in its round (``ProtocolCore.handle``)."""
+    class Stop(Action): ...
 
-    class Set(LeaderAction):
+    # A save's end (Event.Saved, Event.SaveFailed).
+    class Exit(Action): ...
+    class Countdown(Action): ...
+    class Raise(Action): ...
+
+    class ExitUnmerged(Action):
+        code: int
+
+    # The leader's round (Event.Resume, Set, Got, CallFailed).
+    class Set(Action):
         key: str
         value: str
         timeout: float
         what: str
 
-    class Get(LeaderAction):
+    class Get(Action):
         key: str
         timeout: float
         what: str
         ack: bool
 
-    class Pause(LeaderAction):
+    class Pause(Action):
+        """The leader's or the reader's last call failed: wait, then resume."""
+
         seconds: float
         what: str
         attempts: int
         left: float
 
-    class Published(LeaderAction):
+    class Published(Action):
         round: str
         step: int
 
-    class Lost(LeaderAction):
+    class Lost(Action):
         round: str
         value: Optional[str]
 
-    class Agreed(LeaderAction): ...
+    class Agreed(Action): ...
 
-    class GaveUp(LeaderAction):
+    class GaveUp(Action):
+        """The leader's or the reader's retries gave up."""
+
         what: str
         attempts: int
         seconds: float
 
-    class Missing(LeaderAction):
+    class Missing(Action):
         round: str
         step: int
         missing: list[str]
 
-class Action:
-    """What the protocol driver does next (``ProtocolCore.poll``)."""
+    # The step-key reader (Event.Reading, Read, ReadFailed).
+    class Read(Action):
+        key: str
+        timeout: float
 
+    class Post(Action):
+        round: str
+        value: str
+
+    class Done(Action): ...
+
+    # The driver's writes (ProtocolCore.poll).
     class Write(Action):
         id: int
         kind: WriteKind
@@ -438,7 +422,7 @@ class Action:
         won: bool
         ends_notice: bool
 
-    class GaveUp(Action):
+    class WriteGaveUp(Action):
         kind: WriteKind
         key: str
         value: str

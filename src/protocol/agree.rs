@@ -1,10 +1,10 @@
 //! The leader's round, as events in and actions out: publish the agreed step,
 //! write its own acknowledgement, wait for everyone else's, name who is
 //! missing. The training thread (`_protocol/agreement.py`) performs each call
-//! the protocol asks for ([`LeaderAction::Set`], [`LeaderAction::Get`]),
+//! the protocol asks for ([`Action::Set`], [`Action::Get`]),
 //! reports its outcome ([`Protocol::leader_called`],
 //! [`Protocol::leader_call_failed`]), waits the pauses it is given
-//! ([`LeaderAction::Pause`]) and raises what the round ends with.
+//! ([`Action::Pause`]) and raises what the round ends with.
 //!
 //! Every decision is here: each call's timeout, the retry rule over a failing
 //! call (the bound from the leading notice's deadline, the pauses, when to
@@ -16,17 +16,17 @@
 //! | phase | outcome | next |
 //! | --- | --- | --- |
 //! | publish | written | own acknowledgement (a cluster), else recorded |
-//! | publish | the key was set already | read it back ([`READ_BACK_TIMEOUT`]); its value is the agreed step: [`LeaderAction::Lost`] |
-//! | publish, read back, own acknowledgement | failed | a pause by the retry rule, or [`LeaderAction::GaveUp`] |
-//! | own acknowledgement | written | [`LeaderAction::Published`] (recorded), then the wait |
-//! | wait | every key read | [`LeaderAction::Agreed {}`] (its duration goes to the planner) |
+//! | publish | the key was set already | read it back ([`READ_BACK_TIMEOUT`]); its value is the agreed step: [`Action::Lost`] |
+//! | publish, read back, own acknowledgement | failed | a pause by the retry rule, or [`Action::GaveUp`] |
+//! | own acknowledgement | written | [`Action::Published`] (recorded), then the wait |
+//! | wait | every key read | [`Action::Agreed {}`] (its duration goes to the planner) |
 //! | wait | a read failed | a pause (never past the wait's end), or given up |
-//! | wait | the peer timeout passed while reads fail | [`LeaderAction::GaveUp`]: the service's error, not a silent peer |
-//! | wait | the peer timeout passed | one last read of each missing key ([`LAST_LOOK_TIMEOUT`]), then [`LeaderAction::Missing`], or agreed when none is |
+//! | wait | the peer timeout passed while reads fail | [`Action::GaveUp`]: the service's error, not a silent peer |
+//! | wait | the peer timeout passed | one last read of each missing key ([`LAST_LOOK_TIMEOUT`]), then [`Action::Missing`], or agreed when none is |
 
 use std::collections::VecDeque;
 
-use super::{ConfigError, Protocol};
+use super::{Action, ConfigError, Protocol};
 use crate::acks::AckStep;
 use crate::retry::{Retry, Verdict};
 use crate::step_resolution::{write_timeout, Round, StepKeyError, WriteBound, ACK_VALUE};
@@ -36,38 +36,6 @@ pub const READ_BACK_TIMEOUT: f64 = 1.0;
 /// Seconds each last read of a missing acknowledgement may take: the key is
 /// written or not by now, nothing is waited for.
 pub const LAST_LOOK_TIMEOUT: f64 = 0.001;
-
-crate::wire! {
-    /// What the leader's training thread does next in a round it published
-    /// ([`Protocol::leader_next`]; `Event.Resume`, `Set`, `Got`, `CallFailed`
-    /// in, this out).
-    pub enum LeaderAction via leader_action {
-        /// Set `key` to `value` within `timeout` seconds; report whether it was
-        /// written (`Event.Set`).
-        Set { key: String, value: String, timeout: f64, what: String },
-        /// Read `key` for at most `timeout` seconds; report its value
-        /// (`Event.Got`). `ack`: an acknowledgement (logged when found).
-        Get { key: String, timeout: f64, what: String, ack: bool },
-        /// The last call failed: wait `seconds` (the retry rule's pause; `left`
-        /// of its bound remained, `attempts` failed so far), then resume.
-        Pause { seconds: f64, what: String, attempts: u32, left: f64 },
-        /// The round's step is published (and this worker acknowledged it):
-        /// record it, then resume.
-        Published { round: Round, step: u64 },
-        /// Another worker published the round first: `value` (read back; None
-        /// when it was gone) is the agreed step, and no acknowledgement is
-        /// waited for.
-        Lost { round: Round, value: Option<String> },
-        /// Every worker acknowledged (or local mode): the round is agreed.
-        Agreed {},
-        /// The retry rule gave up on `what` after `attempts` failures over
-        /// `seconds`: raise the last error, named.
-        GaveUp { what: String, attempts: u32, seconds: f64 },
-        /// The peer timeout passed with the `missing` acknowledgements
-        /// unwritten.
-        Missing { round: Round, step: u64, missing: Vec<String> },
-    }
-}
 
 #[derive(Debug)]
 enum Phase {
@@ -134,10 +102,10 @@ impl Protocol {
     /// What the leader's training thread does now (`now` on the protocol's
     /// clock, `at` on the driver's): the first call of the round published by
     /// the last [`before_step`](Self::before_step), or the one after a pause or
-    /// a record. [`LeaderAction::Agreed {}`] with no round in progress.
-    pub fn leader_next(&mut self, now: f64, at: f64) -> LeaderAction {
+    /// a record. [`Action::Agreed {}`] with no round in progress.
+    pub fn leader_next(&mut self, now: f64, at: f64) -> Action {
         let Some(mut agreeing) = self.agreeing.take() else {
-            return LeaderAction::Agreed {};
+            return Action::Agreed {};
         };
         let action = match &mut agreeing.phase {
             Phase::Start => {
@@ -148,12 +116,12 @@ impl Protocol {
             }
             Phase::Record => {
                 agreeing.phase = Phase::LocalDone;
-                LeaderAction::Published {
+                Action::Published {
                     round: agreeing.round,
                     step: agreeing.step,
                 }
             }
-            Phase::LocalDone => return LeaderAction::Agreed {},
+            Phase::LocalDone => return Action::Agreed {},
             Phase::Publish(retry) | Phase::OwnAck(retry) | Phase::ReadBack(retry) => {
                 retry.attempt(at);
                 self.call_of(&agreeing)
@@ -173,16 +141,16 @@ impl Protocol {
     }
 
     /// The call of a publishing phase.
-    fn call_of(&self, agreeing: &Agreeing) -> LeaderAction {
+    fn call_of(&self, agreeing: &Agreeing) -> Action {
         let key = agreeing.round.key();
         match &agreeing.phase {
-            Phase::Publish(_) => LeaderAction::Set {
+            Phase::Publish(_) => Action::Set {
                 key: key.to_owned(),
                 value: agreeing.step.to_string(),
                 timeout: self.write_call_timeout(),
                 what: format!("publishing {key}={}", agreeing.step),
             },
-            Phase::ReadBack(_) => LeaderAction::Get {
+            Phase::ReadBack(_) => Action::Get {
                 key: key.to_owned(),
                 timeout: READ_BACK_TIMEOUT,
                 what: format!("reading {key}"),
@@ -190,7 +158,7 @@ impl Protocol {
             },
             _ => {
                 let own = agreeing.own_ack_key.clone().unwrap_or_default();
-                LeaderAction::Set {
+                Action::Set {
                     what: format!("acknowledging {key}={} with {own}", agreeing.step),
                     key: own,
                     value: ACK_VALUE.to_owned(),
@@ -201,11 +169,11 @@ impl Protocol {
     }
 
     /// The wait for the acknowledgements, at `at`.
-    fn ack_step(&mut self, mut agreeing: Agreeing, now: f64, at: f64) -> LeaderAction {
+    fn ack_step(&mut self, mut agreeing: Agreeing, now: f64, at: f64) -> Action {
         match self.ack_next(at) {
             AckStep::Read { key, timeout } => {
                 agreeing.reading.clone_from(&key);
-                let action = LeaderAction::Get {
+                let action = Action::Get {
                     what: format!("reading {key}"),
                     key,
                     timeout,
@@ -220,7 +188,7 @@ impl Protocol {
                     // The wait ended while reads were failing: the service's
                     // error, not a silent peer, is what to report.
                     self.acks = None;
-                    return LeaderAction::GaveUp {
+                    return Action::GaveUp {
                         what: format!("reading {}", missing[0]),
                         attempts,
                         seconds,
@@ -236,12 +204,12 @@ impl Protocol {
     }
 
     /// The last look at the keys still missing: the next read, or the end.
-    fn last_look(&mut self, mut agreeing: Agreeing, now: f64) -> LeaderAction {
+    fn last_look(&mut self, mut agreeing: Agreeing, now: f64) -> Action {
         let Phase::LastLook { pending, missing } = &mut agreeing.phase else {
             unreachable!("only in the last look")
         };
         if let Some(key) = pending.front() {
-            let action = LeaderAction::Get {
+            let action = Action::Get {
                 what: format!("reading {key}"),
                 key: key.clone(),
                 timeout: LAST_LOOK_TIMEOUT,
@@ -254,17 +222,17 @@ impl Protocol {
             return self.agreed(&agreeing, now);
         }
         self.acks = None;
-        LeaderAction::Missing {
+        Action::Missing {
             round: agreeing.round,
             step: agreeing.step,
             missing: std::mem::take(missing),
         }
     }
 
-    fn agreed(&mut self, agreeing: &Agreeing, now: f64) -> LeaderAction {
+    fn agreed(&mut self, agreeing: &Agreeing, now: f64) -> Action {
         self.acks = None;
         self.handle_agreement((now - agreeing.started).max(0.0));
-        LeaderAction::Agreed {}
+        Action::Agreed {}
     }
 
     /// The leader's call answered: `value` is what a read found, or for a write
@@ -273,9 +241,9 @@ impl Protocol {
     /// # Errors
     ///
     /// A malformed value another worker published first, or no configuration.
-    pub fn leader_called(&mut self, value: Option<&str>, now: f64, at: f64) -> Result<LeaderAction, ConfigError> {
+    pub fn leader_called(&mut self, value: Option<&str>, now: f64, at: f64) -> Result<Action, ConfigError> {
         let Some(mut agreeing) = self.agreeing.take() else {
-            return Ok(LeaderAction::Agreed {});
+            return Ok(Action::Agreed {});
         };
         match &mut agreeing.phase {
             Phase::Publish(_) if value.is_none() => {
@@ -288,7 +256,7 @@ impl Protocol {
                 Some(_) => agreeing.phase = Phase::OwnAck(self.blocking_retry(now, at)),
                 None => {
                     agreeing.phase = Phase::Published;
-                    let action = LeaderAction::Published {
+                    let action = Action::Published {
                         round: agreeing.round,
                         step: agreeing.step,
                     };
@@ -303,14 +271,14 @@ impl Protocol {
                         .map_err(|e: StepKeyError| ConfigError::StepKey(e.to_string()))?;
                 }
                 self.agreeing = None;
-                return Ok(LeaderAction::Lost {
+                return Ok(Action::Lost {
                     round,
                     value: value.map(str::to_owned),
                 });
             }
             Phase::OwnAck(_) => {
                 agreeing.phase = Phase::Published;
-                let action = LeaderAction::Published {
+                let action = Action::Published {
                     round: agreeing.round,
                     step: agreeing.step,
                 };
@@ -337,13 +305,13 @@ impl Protocol {
 
     /// The leader's call failed with a coordination-service error at `at`
     /// (`closing`: nothing is retried): a pause, or given up.
-    pub fn leader_call_failed(&mut self, now: f64, at: f64, closing: bool) -> LeaderAction {
+    pub fn leader_call_failed(&mut self, now: f64, at: f64, closing: bool) -> Action {
         let Some(mut agreeing) = self.agreeing.take() else {
-            return LeaderAction::Agreed {};
+            return Action::Agreed {};
         };
         let what = match &mut agreeing.phase {
             Phase::Publish(_) | Phase::OwnAck(_) | Phase::ReadBack(_) => match self.call_of(&agreeing) {
-                LeaderAction::Set { what, .. } | LeaderAction::Get { what, .. } => what,
+                Action::Set { what, .. } | Action::Get { what, .. } => what,
                 _ => String::new(),
             },
             Phase::Acks => {
@@ -353,7 +321,7 @@ impl Protocol {
                 return match verdict {
                     Some(Verdict::Again { at: next, left }) => {
                         self.agreeing = Some(agreeing);
-                        LeaderAction::Pause {
+                        Action::Pause {
                             seconds: (next - at).max(0.0),
                             what: format!("reading {key}"),
                             attempts,
@@ -362,13 +330,13 @@ impl Protocol {
                     }
                     Some(Verdict::GiveUp { attempts, seconds }) => {
                         self.acks = None;
-                        LeaderAction::GaveUp {
+                        Action::GaveUp {
                             what: format!("reading {key}"),
                             attempts,
                             seconds,
                         }
                     }
-                    None => LeaderAction::Agreed {},
+                    None => Action::Agreed {},
                 };
             }
             Phase::LastLook { pending, missing } => {
@@ -394,14 +362,14 @@ impl Protocol {
                     _ => 1,
                 };
                 self.agreeing = Some(agreeing);
-                LeaderAction::Pause {
+                Action::Pause {
                     seconds: (next - at).max(0.0),
                     what,
                     attempts,
                     left,
                 }
             }
-            Verdict::GiveUp { attempts, seconds } => LeaderAction::GaveUp { what, attempts, seconds },
+            Verdict::GiveUp { attempts, seconds } => Action::GaveUp { what, attempts, seconds },
         }
     }
 

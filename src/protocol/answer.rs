@@ -1,14 +1,20 @@
-//! What the protocol object answers an [`Event`](super::Event) with, for the
-//! training thread and the driver: each type declared once for the core and the
-//! binding (`crate::wire`), flat (every field a plain value or a [`Round`]), and
-//! built here from the resolver's own decisions with what the protocol adds to
-//! them (the final round, the drain bound, whether a write is pending).
+//! What the protocol object answers an [`Event`](super::Event) with, whichever
+//! thread asks (the driver, the training thread, the leader's round, the
+//! step-key reader): one [`Action`], declared once for the core and the binding
+//! (`crate::wire`), flat (every field a plain value or a [`Round`]). The answers
+//! to a notice, a step key, a step check and a save are built here from the
+//! resolver's own decisions with what the protocol adds to them (the final
+//! round, the drain bound, whether a write is pending); the leader's, the
+//! reader's and the driver's in `agree.rs`, `reader.rs` and `driver.rs`.
 
 use crate::step_resolution::{self as resolver, Round};
 
 crate::wire! {
-    /// What to do about a termination notice (`Event.Notice`'s answer).
-    pub enum NoticeAction via notice_action {
+    /// What the handler's protocol object tells Python to do: the one answer of
+    /// `ProtocolCore.handle` and `ProtocolCore.poll`, whichever thread asks. Each
+    /// variant says which event it answers.
+    pub enum Action via action {
+        // A termination notice (`Event.Notice`).
         /// Local mode, or a worker that already won the claim: lead the response.
         /// `final_round`: the preemption has a final round (a grace period), so
         /// training goes on after the first save. `writes`: the announce of it is
@@ -27,39 +33,27 @@ crate::wire! {
         /// notice was not taken; hand it in again once that write has ended (the
         /// driver's receive wakes for it: `poll_timeout(waiting=True)`).
         Wait {},
-    }
-}
 
-crate::wire! {
-    /// What to do before the next step (`Event.BeforeStep`'s answer).
-    pub enum StepAction via step_action {
+        // The check before a step (`Event.BeforeStep`).
         /// Nothing to do: run the step.
         Proceed {},
         /// This worker leads: publish `round`'s key = `step`, write its own
         /// `own_ack_key` (None in local mode), and wait for every key in `ack_keys`
-        /// (the round's calls are the `LeaderAction`s of `Event.Resume`).
+        /// (the round's calls are the answers to `Event.Resume`).
         Publish { round: Round, step: u64, ack_keys: Vec<String>, own_ack_key: Option<String> },
         /// The agreed `step` of `round` is reached: save now. `drain`: the seconds a
         /// parameter-server coordinator lets the closures in flight finish first
         /// (`Protocol::drain_bound`).
         Save { round: Round, step: u64, drain: f64 },
-    }
-}
 
-crate::wire! {
-    /// What to do with a step key a leader published (`Event.StepKey`'s answer).
-    pub enum KeyAction via key_action {
+        // A step key a leader published (`Event.StepKey`).
         /// Write `ack_key` (queued: the driver's); then watch `next_round`'s key
         /// (the final round), if any.
         Acknowledge { ack_key: String, next_round: Option<Round> },
         /// `STOP_WATCHER`: the protocol is over for this watcher.
         Stop {},
-    }
-}
 
-crate::wire! {
-    /// What follows a save (`Event.Saved`'s and `Event.SaveFailed`'s answer).
-    pub enum SaveAction via save_action {
+        // A save's end (`Event.Saved`, `Event.SaveFailed`).
         /// Clean up and call `exit_fn`.
         Exit {},
         /// Keep training until the final round of the grace period.
@@ -69,72 +63,128 @@ crate::wire! {
         /// A failed save in shares: exit with `code`, the unmerged exit code
         /// (`crate::shares::UNMERGED_EXIT_CODE`).
         ExitUnmerged { code: i32 },
+
+        // The leader's round (`Event.Resume`, `Set`, `Got`, `CallFailed`;
+        // [`Protocol::leader_next`](super::Protocol::leader_next)).
+        /// Set `key` to `value` within `timeout` seconds; report whether it was
+        /// written (`Event.Set`).
+        Set { key: String, value: String, timeout: f64, what: String },
+        /// Read `key` for at most `timeout` seconds; report its value
+        /// (`Event.Got`). `ack`: an acknowledgement (logged when found).
+        Get { key: String, timeout: f64, what: String, ack: bool },
+        /// The last call (the leader's or the reader's) failed: wait `seconds`
+        /// (the retry rule's pause; `left` of its bound remained, `attempts`
+        /// failed so far), then resume (`Event.Resume`, `Event.Reading`).
+        Pause { seconds: f64, what: String, attempts: u32, left: f64 },
+        /// The round's step is published (and this worker acknowledged it):
+        /// record it, then resume.
+        Published { round: Round, step: u64 },
+        /// Another worker published the round first: `value` (read back; None
+        /// when it was gone) is the agreed step, and no acknowledgement is
+        /// waited for.
+        Lost { round: Round, value: Option<String> },
+        /// Every worker acknowledged (or local mode): the round is agreed.
+        Agreed {},
+        /// The retry rule gave up on the leader's or the reader's `what` after
+        /// `attempts` failures over `seconds`: raise the last error, named.
+        GaveUp { what: String, attempts: u32, seconds: f64 },
+        /// The peer timeout passed with the `missing` acknowledgements
+        /// unwritten.
+        Missing { round: Round, step: u64, missing: Vec<String> },
+
+        // The step-key reader (`Event.Reading`, `Read`, `ReadFailed`).
+        /// Read `key` for at most `timeout` seconds; report its value
+        /// (`Event.Read`).
+        Read { key: String, timeout: f64 },
+        /// Post `value` of `round`'s key into the driver's inbox, then go on.
+        Post { round: Round, value: String },
+        /// Nothing more to read.
+        Done {},
+
+        // The driver's writes (`ProtocolCore.poll`; a
+        // [`DriverAction`](super::DriverAction) with its call's fields).
+        /// Set `key` to `value` within `timeout` seconds (the coordination client's
+        /// `set`, whose False is a lost claim); report the outcome as an `Event`
+        /// with the handle `id`. `what` names the write in logs and errors.
+        Write { id: u64, kind: crate::writes::Kind, key: String, value: String, timeout: f64, what: String, subject: String },
+        /// The write `id` failed and is attempted again in `pause` seconds
+        /// (`left` of its bound remained, `attempts` failed so far): for the log.
+        Retrying { id: u64, what: String, attempts: u32, pause: f64, left: f64 },
+        /// The write ended, written (`won`: a claim written first; True for the
+        /// other kinds). `ends_notice`: the notice it was for is done with.
+        Written { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, won: bool, ends_notice: bool },
+        /// The retry rule gave up on the write after `attempts` failed attempts over
+        /// `seconds`: raise the last error, named.
+        WriteGaveUp { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, attempts: u32, seconds: f64, ends_notice: bool },
+        /// The write's attempt raised a bug: hand it on as it is.
+        Raised { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, ends_notice: bool },
+        /// A claim dropped at close (logged).
+        Dropped { what: String },
     }
 }
 
-impl NoticeAction {
-    /// The resolver's answer, with what the protocol adds to a lead: whether the
-    /// preemption has a final round, and whether the answer queued a write.
+impl Action {
+    /// The resolver's answer to a notice, with what the protocol adds to a lead:
+    /// whether the preemption has a final round, and whether the answer queued a
+    /// write.
     #[must_use]
-    pub fn of(action: resolver::NoticeAction, final_round: bool, writes: bool) -> Self {
+    pub fn notice(action: resolver::NoticeAction, final_round: bool, writes: bool) -> Self {
         match action {
-            resolver::NoticeAction::Lead => NoticeAction::Lead { final_round, writes },
-            resolver::NoticeAction::Claim { key, value } => NoticeAction::Claim {
+            resolver::NoticeAction::Lead => Action::Lead { final_round, writes },
+            resolver::NoticeAction::Claim { key, value } => Action::Claim {
                 key: key.to_owned(),
                 value,
             },
-            resolver::NoticeAction::Replan => NoticeAction::Replan {},
-            resolver::NoticeAction::Absorb => NoticeAction::Absorb {},
+            resolver::NoticeAction::Replan => Action::Replan {},
+            resolver::NoticeAction::Absorb => Action::Absorb {},
         }
     }
-}
 
-impl StepAction {
     /// The resolver's decision before a step, a save with the seconds the closures in
     /// flight get first (`drain`).
     #[must_use]
-    pub fn of(action: resolver::StepAction, drain: f64) -> Self {
+    pub fn step(action: resolver::StepAction, drain: f64) -> Self {
         match action {
-            resolver::StepAction::Proceed => StepAction::Proceed {},
+            resolver::StepAction::Proceed => Action::Proceed {},
             resolver::StepAction::Publish {
                 round,
                 step,
                 ack_keys,
                 own_ack_key,
-            } => StepAction::Publish {
+            } => Action::Publish {
                 round,
                 step,
                 ack_keys,
                 own_ack_key,
             },
-            resolver::StepAction::Save { round, step } => StepAction::Save { round, step, drain },
+            resolver::StepAction::Save { round, step } => Action::Save { round, step, drain },
         }
     }
 }
 
-impl From<resolver::KeyAction> for KeyAction {
+impl From<resolver::KeyAction> for Action {
     fn from(action: resolver::KeyAction) -> Self {
         match action {
-            resolver::KeyAction::Acknowledge { ack_key, next_round } => KeyAction::Acknowledge { ack_key, next_round },
-            resolver::KeyAction::Stop => KeyAction::Stop {},
+            resolver::KeyAction::Acknowledge { ack_key, next_round } => Action::Acknowledge { ack_key, next_round },
+            resolver::KeyAction::Stop => Action::Stop {},
         }
     }
 }
 
-impl From<resolver::SaveAction> for SaveAction {
+impl From<resolver::SaveAction> for Action {
     fn from(action: resolver::SaveAction) -> Self {
         match action {
-            resolver::SaveAction::Exit => SaveAction::Exit {},
-            resolver::SaveAction::Countdown => SaveAction::Countdown {},
+            resolver::SaveAction::Exit => Action::Exit {},
+            resolver::SaveAction::Countdown => Action::Countdown {},
         }
     }
 }
 
-impl From<super::SaveFailed> for SaveAction {
+impl From<super::SaveFailed> for Action {
     fn from(action: super::SaveFailed) -> Self {
         match action {
-            super::SaveFailed::Raise => SaveAction::Raise {},
-            super::SaveFailed::ExitUnmerged => SaveAction::ExitUnmerged {
+            super::SaveFailed::Raise => Action::Raise {},
+            super::SaveFailed::ExitUnmerged => Action::ExitUnmerged {
                 code: crate::shares::UNMERGED_EXIT_CODE,
             },
         }
@@ -148,17 +198,14 @@ mod tests {
     #[test]
     fn the_answers_carry_the_resolvers_decisions_and_what_the_protocol_adds() {
         assert_eq!(
-            NoticeAction::of(resolver::NoticeAction::Lead, true, false),
-            NoticeAction::Lead {
+            Action::notice(resolver::NoticeAction::Lead, true, false),
+            Action::Lead {
                 final_round: true,
                 writes: false
             }
         );
-        assert_eq!(
-            NoticeAction::of(resolver::NoticeAction::Absorb, true, true),
-            NoticeAction::Absorb {}
-        );
-        let save = StepAction::of(
+        assert_eq!(Action::notice(resolver::NoticeAction::Absorb, true, true), Action::Absorb {});
+        let save = Action::step(
             resolver::StepAction::Save {
                 round: Round::Final,
                 step: 9,
@@ -167,17 +214,17 @@ mod tests {
         );
         assert_eq!(
             save,
-            StepAction::Save {
+            Action::Save {
                 round: Round::Final,
                 step: 9,
                 drain: 4.5
             }
         );
-        assert_eq!(KeyAction::from(resolver::KeyAction::Stop), KeyAction::Stop {});
-        assert_eq!(SaveAction::from(resolver::SaveAction::Countdown), SaveAction::Countdown {});
+        assert_eq!(Action::from(resolver::KeyAction::Stop), Action::Stop {});
+        assert_eq!(Action::from(resolver::SaveAction::Countdown), Action::Countdown {});
         assert_eq!(
-            SaveAction::from(super::super::SaveFailed::ExitUnmerged),
-            SaveAction::ExitUnmerged {
+            Action::from(super::super::SaveFailed::ExitUnmerged),
+            Action::ExitUnmerged {
                 code: crate::shares::UNMERGED_EXIT_CODE
             }
         );

@@ -16,7 +16,7 @@
 //! protocol runs on a virtual clock its steps move while the driver still
 //! waits out each pause in real time.
 
-use super::{answer, ConfigError, Protocol};
+use super::{Action, ConfigError, Protocol};
 use crate::notice::Notice;
 use crate::retry::Verdict;
 use crate::step_resolution::{
@@ -119,30 +119,6 @@ pub enum DriverAction {
     Dropped { call: SetCall },
 }
 
-crate::wire! {
-    /// What the protocol driver does next (`ProtocolCore.poll`), flat: a
-    /// [`DriverAction`] with its call's fields.
-    pub enum Action via action {
-        /// Set `key` to `value` within `timeout` seconds (the coordination client's
-        /// `set`, whose False is a lost claim); report the outcome as an `Event`
-        /// with the handle `id`. `what` names the write in logs and errors.
-        Write { id: u64, kind: crate::writes::Kind, key: String, value: String, timeout: f64, what: String, subject: String },
-        /// The write `id` failed and is attempted again in `pause` seconds
-        /// (`left` of its bound remained, `attempts` failed so far): for the log.
-        Retrying { id: u64, what: String, attempts: u32, pause: f64, left: f64 },
-        /// The write ended, written (`won`: a claim written first; True for the
-        /// other kinds). `ends_notice`: the notice it was for is done with.
-        Written { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, won: bool, ends_notice: bool },
-        /// The retry rule gave up on the write after `attempts` failed attempts over
-        /// `seconds`: raise the last error, named.
-        GaveUp { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, attempts: u32, seconds: f64, ends_notice: bool },
-        /// The write's attempt raised a bug: hand it on as it is.
-        Raised { kind: crate::writes::Kind, key: String, value: String, what: String, subject: String, ends_notice: bool },
-        /// A claim dropped at close (logged).
-        Dropped { what: String },
-    }
-}
-
 impl From<DriverAction> for Action {
     fn from(a: DriverAction) -> Self {
         match a {
@@ -181,7 +157,7 @@ impl From<DriverAction> for Action {
                         won,
                         ends_notice,
                     },
-                    WriteEnd::GaveUp { attempts, seconds } => Action::GaveUp {
+                    WriteEnd::GaveUp { attempts, seconds } => Action::WriteGaveUp {
                         kind,
                         key,
                         value,
@@ -255,20 +231,13 @@ impl Protocol {
     /// # Errors
     ///
     /// [`ConfigError::NotConfigured`] before [`configure`](Self::configure).
-    pub fn take_notice(
-        &mut self,
-        notice: Notice,
-        source: &str,
-        message: &str,
-        now: f64,
-        at: f64,
-    ) -> Result<answer::NoticeAction, ConfigError> {
+    pub fn take_notice(&mut self, notice: Notice, source: &str, message: &str, now: f64, at: f64) -> Result<Action, ConfigError> {
         if self.writes_busy() {
-            return Ok(answer::NoticeAction::Wait {});
+            return Ok(Action::Wait {});
         }
         let action = self.notice(notice, source, message, now, at)?;
         let final_round = self.has_final_round()?;
-        Ok(answer::NoticeAction::of(action, final_round, self.writes_busy()))
+        Ok(Action::notice(action, final_round, self.writes_busy()))
     }
 
     /// A step key a leader published, read: the resolver's answer, and, for an

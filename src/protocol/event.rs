@@ -14,11 +14,11 @@ crate::wire! {
         /// times, converted to the protocol's clock when it is handled
         /// (`Notice::from_unix`: the one conversion, the wall clock read then).
         /// `message` is what its announce tells the `PreemptionWatcher`s. `handle`
-        /// returns the `NoticeAction`, and queues the write it starts (a claim; a
+        /// returns an `Action` (`Lead`, `Claim`, `Replan`, `Absorb`, `Wait`), and queues the write it starts (a claim; a
         /// cluster's announce).
         Notice { source: String, message: String, unix_deadline: Option<f64> = None, unix_kill: Option<f64> = None },
         /// The key of `round` a leader published, read (`superseded`: a newer
-        /// handler of this worker acknowledges). `handle` returns the `KeyAction`,
+        /// handler of this worker acknowledges). `handle` returns `Action.Acknowledge` or `Stop`,
         /// and queues the acknowledgement.
         StepKey { round: Round, value: String, superseded: bool = false },
         /// The attempt of the write `id` succeeded (`won`: a claim written first).
@@ -32,20 +32,20 @@ crate::wire! {
         Close {},
         /// The leader's training thread goes on: the first call of the round
         /// `BeforeStep` published, or the next after a pause or a record.
-        /// `handle` returns the `LeaderAction`, as for the three below.
+        /// `handle` returns the leader's next `Action`, as for the three below.
         Resume {},
-        /// The leader's `LeaderAction.Set` answered (`written`: False when the key
+        /// The leader's `Action.Set` answered (`written`: False when the key
         /// existed already).
         Set { written: bool },
-        /// The leader's `LeaderAction.Get` answered with `value` (None: not set).
+        /// The leader's `Action.Get` answered with `value` (None: not set).
         Got { value: Option<String> = None },
         /// The leader's call failed with a coordination-service error (`closing`:
         /// nothing is retried).
         CallFailed { closing: bool = false },
         /// The step-key reader goes on: its first read, or the next after a pause
-        /// or a post. `handle` returns the `ReaderAction`, as for the two below.
+        /// or a post. `handle` returns the reader's next `Action`, as for the two below.
         Reading {},
-        /// The reader's `ReaderAction.Get` answered with `value` (None: not set yet).
+        /// The reader's `Action.Read` answered with `value` (None: not set yet).
         Read { value: Option<String> = None },
         /// The reader's read failed with a coordination-service error (`closing`:
         /// the reader stops).
@@ -58,12 +58,12 @@ crate::wire! {
         /// save is measured (`GracePlanner::record_restore`).
         Restored {},
         /// The save of `round`, timed last, finished: `handle` returns the
-        /// `SaveAction` (exit, or count down to the final round).
+        /// `Action` (`Exit`, or `Countdown` to the final round).
         Saved { round: Round },
         /// A save failed (`shares`: written in shares by several workers): `handle`
-        /// returns the `SaveAction` (raise its error, or exit unmerged).
+        /// returns the `Action` (`Raise` its error, or `ExitUnmerged`).
         SaveFailed { shares: bool },
-        /// The check before a step: `handle` returns the `StepAction`.
+        /// The check before a step: `handle` returns `Action.Proceed`, `Publish` or `Save`.
         BeforeStep {},
         /// The check before a step ended (a publish or a save is not step time:
         /// the interval restarts now).
@@ -86,7 +86,7 @@ crate::wire! {
         Exiting { ends_in: Option<f64> = None },
         /// Shutdown: `handle` returns `(writes, join)`: the writes of `STOP_WATCHER`
         /// every worker makes (releasing the readers still blocked on the step
-        /// keys), as `LeaderAction.Set`s, and the seconds each of the handler's
+        /// keys), as `Action.Set`s, and the seconds each of the handler's
         /// threads is waited for (`THREAD_JOIN_TIMEOUT`).
         Shutdown {},
         /// A step's error is reported to the cluster: `handle` returns the seconds

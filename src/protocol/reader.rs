@@ -1,8 +1,8 @@
 //! The follower's reader of the step keys, as events in and actions out: the
 //! reader thread (`_protocol/step_keys.py`) reads the key the protocol names
-//! for as long as it says ([`ReaderAction::Get`]), posts each value it is
-//! told to ([`ReaderAction::Post`]) into the driver's inbox, waits the pauses
-//! of the retry rule ([`ReaderAction::Pause`]) and raises what it ends with.
+//! for as long as it says ([`Action::Read`]), posts each value it is
+//! told to ([`Action::Post`]) into the driver's inbox, waits the pauses
+//! of the retry rule ([`Action::Pause`]) and raises what it ends with.
 //!
 //! | state | event | next |
 //! | --- | --- | --- |
@@ -13,28 +13,9 @@
 //! | reading | a failed read while closing | done |
 //! | every round read | [`Protocol::reader_next`] | done |
 
-use super::Protocol;
+use super::{Action, Protocol};
 use crate::retry::{Retry, Verdict};
 use crate::step_resolution::{Round, PEER_WATCH_SLICE, STOP_WATCHER};
-
-crate::wire! {
-    /// What the step-key reader thread does next (`Event.Reading`, `Read`,
-    /// `ReadFailed` in; this out).
-    pub enum ReaderAction via reader_action {
-        /// Read `key` for at most `timeout` seconds; report its value
-        /// (`Event.Read`).
-        Get { key: String, timeout: f64 },
-        /// The last read failed: wait `seconds` (`attempts` failed so far,
-        /// `left` seconds of the bound remain), then go on (`Event.Reading`).
-        Pause { seconds: f64, what: String, attempts: u32, left: f64 },
-        /// Post `value` of `round`'s key into the driver's inbox, then go on.
-        Post { round: Round, value: String },
-        /// The retry rule gave up on `what`: raise the last error, named.
-        GaveUp { what: String, attempts: u32, seconds: f64 },
-        /// Nothing more to read.
-        Done {},
-    }
-}
 
 /// The reader's place: which round's key it reads, and its run of failures.
 #[derive(Debug, Default)]
@@ -53,28 +34,28 @@ impl Protocol {
     }
 
     /// What the reader does now: read the key of the round it is at, or done.
-    pub fn reader_next(&mut self) -> ReaderAction {
+    pub fn reader_next(&mut self) -> Action {
         match self.reader_key() {
-            Some(round) => ReaderAction::Get {
+            Some(round) => Action::Read {
                 key: round.key().to_owned(),
                 timeout: PEER_WATCH_SLICE,
             },
-            None => ReaderAction::Done {},
+            None => Action::Done {},
         }
     }
 
     /// The read answered: `value`, or None while the key is not set.
-    pub fn reader_read(&mut self, value: Option<&str>) -> ReaderAction {
+    pub fn reader_read(&mut self, value: Option<&str>) -> Action {
         self.reader.failing = None;
         let Some(round) = self.reader_key() else {
-            return ReaderAction::Done {};
+            return Action::Done {};
         };
         let Some(value) = value else {
             return self.reader_next();
         };
         self.reader.round += 1;
         self.reader.stopped = value == STOP_WATCHER;
-        ReaderAction::Post {
+        Action::Post {
             round,
             value: value.to_owned(),
         }
@@ -82,19 +63,19 @@ impl Protocol {
 
     /// The read failed at `at` (`closing`: done); a run of failures starting
     /// now is retried for the retry bound at `now`.
-    pub fn reader_failed(&mut self, now: f64, at: f64, closing: bool) -> ReaderAction {
+    pub fn reader_failed(&mut self, now: f64, at: f64, closing: bool) -> Action {
         let Some(round) = self.reader_key() else {
-            return ReaderAction::Done {};
+            return Action::Done {};
         };
         if closing {
             self.reader.stopped = true;
-            return ReaderAction::Done {};
+            return Action::Done {};
         }
         let bound = self.retry_bound(now);
         let retry = self.reader.failing.get_or_insert_with(|| Retry::new(bound).started(at));
         let what = format!("reading {}", round.key());
         match retry.failed(at, false) {
-            Verdict::Again { at: next, left } => ReaderAction::Pause {
+            Verdict::Again { at: next, left } => Action::Pause {
                 seconds: (next - at).max(0.0),
                 what,
                 attempts: retry.attempts(),
@@ -102,7 +83,7 @@ impl Protocol {
             },
             Verdict::GiveUp { attempts, seconds } => {
                 self.reader.stopped = true;
-                ReaderAction::GaveUp { what, attempts, seconds }
+                Action::GaveUp { what, attempts, seconds }
             }
         }
     }

@@ -36,14 +36,7 @@ use crate::protocol::{ConfigError, Protocol};
 use crate::shares::Waiter;
 use crate::step_resolution::{self as core, Notice, Round};
 
-crate::protocol::answer::notice_action!(py_enum[crate::protocol::answer]);
-crate::protocol::answer::step_action!(py_enum[crate::protocol::answer]);
-crate::protocol::answer::key_action!(py_enum[crate::protocol::answer]);
-crate::protocol::answer::save_action!(py_enum[crate::protocol::answer]);
 crate::protocol::event!(py_enum[crate::protocol]);
-crate::protocol::reader_action!(py_enum[crate::protocol]);
-crate::protocol::leader_action!(py_enum[crate::protocol]);
-
 crate::protocol::action!(py_enum[crate::protocol]);
 
 /// A refusal of the core's [`Protocol`], as TensorFlow's error types say it.
@@ -467,13 +460,11 @@ impl Shared {
             } => {
                 let notice = Notice::from_unix(now, clock::unix_now(), unix_deadline, unix_kill);
                 let action = self.with_protocol(|p| p.take_notice(notice, &source, &message, now, at).map_err(refused))?;
-                let action = NoticeAction::from(action);
-                answer(action.into_pyobject(py)?.into_any())
+                answer(Action::from(action).into_pyobject(py)?.into_any())
             }
             E::StepKey { round, value, superseded } => {
                 let outcome = self.with_protocol(|p| Ok(p.step_key(round, &value, superseded, now, at).map_err(refused)??))?;
-                let action = KeyAction::from(crate::protocol::answer::KeyAction::from(outcome));
-                answer(action.into_pyobject(py)?.into_any())
+                answer(Action::from(crate::protocol::Action::from(outcome)).into_pyobject(py)?.into_any())
             }
             // A claim's outcome changes what the next step must look at.
             E::Written { id, won } => self.with_protocol(|p| {
@@ -513,20 +504,16 @@ impl Shared {
             }
             E::Saved { round } => {
                 let after = self.with_protocol(|p| Ok(p.saved(round).map_err(refused)??))?;
-                answer(SaveAction::from(after).into_pyobject(py)?.into_any())
+                answer(Action::from(after).into_pyobject(py)?.into_any())
             }
             E::SaveFailed { shares } => {
                 let after = self.with_protocol(|p| p.handle_save_failed(shares).map_err(refused))?;
-                answer(
-                    SaveAction::from(crate::protocol::answer::SaveAction::from(after))
-                        .into_pyobject(py)?
-                        .into_any(),
-                )
+                answer(Action::from(crate::protocol::Action::from(after)).into_pyobject(py)?.into_any())
             }
             E::BeforeStep {} => {
                 let runs = self.run_counter.load(Ordering::Relaxed);
                 let action = self.with_protocol(|p| p.step_check(runs, now).map_err(refused))?;
-                answer(StepAction::from(action).into_pyobject(py)?.into_any())
+                answer(Action::from(action).into_pyobject(py)?.into_any())
             }
             E::ChecksDone {} => {
                 self.after_check();
@@ -544,7 +531,7 @@ impl Shared {
             E::Exiting { ends_in } => answer(self.state.lock().handle_exiting(now, ends_in).into_pyobject(py)?.into_any()),
             E::Shutdown {} => {
                 let writes = self.state.lock().shutdown_writes().map_err(refused)?;
-                let writes: Vec<LeaderAction> = writes.into_iter().map(LeaderAction::from).collect();
+                let writes: Vec<Action> = writes.into_iter().map(Action::from).collect();
                 answer((writes, core::THREAD_JOIN_TIMEOUT).into_pyobject(py)?.into_any())
             }
             E::ErrorReport {} => answer(core::SHUTDOWN_WRITE_TIMEOUT.into_pyobject(py)?.into_any()),
@@ -557,18 +544,14 @@ impl Shared {
     }
 
     /// The reader's next action, as Python's.
-    fn reader(&self, py: Python<'_>, f: impl FnOnce(&mut Protocol) -> crate::protocol::ReaderAction) -> PyResult<Option<Py<PyAny>>> {
-        let action = ReaderAction::from(f(&mut self.state.lock()));
+    fn reader(&self, py: Python<'_>, f: impl FnOnce(&mut Protocol) -> crate::protocol::Action) -> PyResult<Option<Py<PyAny>>> {
+        let action = Action::from(f(&mut self.state.lock()));
         Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
     }
 
     /// The leader's next action, as Python's.
-    fn leader(
-        &self,
-        py: Python<'_>,
-        f: impl FnOnce(&mut Protocol) -> PyResult<crate::protocol::LeaderAction>,
-    ) -> PyResult<Option<Py<PyAny>>> {
-        let action = LeaderAction::from(self.with_protocol(f)?);
+    fn leader(&self, py: Python<'_>, f: impl FnOnce(&mut Protocol) -> PyResult<crate::protocol::Action>) -> PyResult<Option<Py<PyAny>>> {
+        let action = Action::from(self.with_protocol(f)?);
         Ok(Some(action.into_pyobject(py)?.into_any().unbind()))
     }
 
@@ -711,14 +694,14 @@ impl ProtocolCore {
         Ok(core::write_timeout(peer_timeout, core::WriteBound::Protocol))
     }
 
-    /// An input of the protocol, taken now on its clock. The driver's: a notice
-    /// (returns the `NoticeAction`), a step key read (the `KeyAction`), a write's
-    /// outcome, the close; what they start comes out of `poll`. The leader's round
-    /// and the step-key reader's calls (return the next `LeaderAction` /
-    /// `ReaderAction`). The training thread's: the check before a step (the
-    /// `StepAction`), a timed save or restore, a save's end (the `SaveAction`), a
-    /// failed save (the `SaveAction`: raise or exit unmerged), the exit. `Event`
-    /// says what each returns.
+    /// An input of the protocol, taken now on its clock; its answer, when it has
+    /// one, is an `Action`. The driver's: a notice (`Action.Lead`, `Claim`, ...), a
+    /// step key read (`Acknowledge`, `Stop`), a write's outcome, the close; what
+    /// they start comes out of `poll`. The leader's round and the step-key
+    /// reader's calls (the next call, pause or end). The training thread's: the
+    /// check before a step (`Proceed`, `Publish`, `Save`), a timed save or
+    /// restore, a save's end (`Exit`, `Countdown`), a failed save (`Raise`,
+    /// `ExitUnmerged`), the exit. `Event` says what each returns.
     fn handle(&self, py: Python<'_>, event: &Bound<'_, Event>) -> PyResult<Option<Py<PyAny>>> {
         self.shared.handle(py, event.get())
     }

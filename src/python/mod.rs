@@ -77,12 +77,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CHECKPOINTED_RUNS", crate::step_resolution::CHECKPOINTED_RUNS)?;
     m.add_class::<handler::HandlerCore>()?;
     m.add_class::<handler::ProtocolCore>()?;
-    m.add_class::<handler::NoticeAction>()?;
-    m.add_class::<handler::StepAction>()?;
-    m.add_class::<handler::KeyAction>()?;
-    m.add_class::<handler::SaveAction>()?;
-    m.add_class::<handler::LeaderAction>()?;
-    m.add_class::<handler::ReaderAction>()?;
     m.add_class::<handler::Event>()?;
     m.add_class::<handler::Action>()?;
     m.add("DEFAULT_GRACE_PERIOD", crate::grace::DEFAULT_GRACE_PERIOD)?;

@@ -1,5 +1,5 @@
 """Decisions the Rust core makes for the Python threads: the bounds that depend on the
-leading notice (the drain bound of ``StepAction.Save``),
+leading notice (the drain bound of ``Action.Save``),
 the driver's writes, and the platforms reached only through one dispatch."""
 
 from __future__ import annotations
@@ -62,14 +62,14 @@ def test_the_protocol_core_and_the_handler_core_are_one_resolver():
     protocol.configure(worker_id=None, num_workers=1, grace_period=0.0)
     other = core._protocol_core()
     assert not other.attention and not protocol.attention
-    assert isinstance(_notice(protocol, 1.0), _native.NoticeAction.Lead)
+    assert isinstance(_notice(protocol, 1.0), _native.Action.Lead)
     assert other.attention and protocol.attention and protocol.state()["leading"]
     protocol.run_counter = 7
     protocol.step_done()
     assert core._run_counter == protocol.run_counter == 8
     action = protocol.handle(_native.Event.BeforeStep())
     # The agreed step is the next one (TF: the largest run count + 1).
-    assert isinstance(action, _native.StepAction.Publish) and action.step == 9
+    assert isinstance(action, _native.Action.Publish) and action.step == 9
     assert other.state() == protocol.state()
     ref = weakref.ref(core)
     del core
@@ -173,7 +173,7 @@ def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
     due, leader or not: its state shows that plan (``final_round_at``) and whether it
     published (``published_final``); ``deadline`` stays the leader's."""
     core = _core(grace=60.0, worker_id=1, num_workers=2)
-    assert isinstance(_notice(core, 100.0, 130.0), _native.NoticeAction.Claim)
+    assert isinstance(_notice(core, 100.0, 130.0), _native.Action.Claim)
     claim = core.poll()
     core.handle(_native.Event.Written(claim.id, False))  # worker 0 holds it
     state = core.state()
@@ -185,17 +185,17 @@ def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
     core.run_counter = 5
     save = _at(core, 101.0).handle(Event.BeforeStep())
     # Not leading: a PS coordinator's closures would get the peer timeout.
-    assert isinstance(save, _native.StepAction.Save) and save.drain == 300.0
+    assert isinstance(save, _native.Action.Save) and save.drain == 300.0
     _at(core, 101.0).handle(Event.Timing())
     assert _at(core, 101.5).handle(Event.Timed()) == 0.5
     saved = core.handle(_native.Event.Saved("RUN_TO_CHECKPOINT"))
-    assert isinstance(saved, _native.SaveAction.Countdown)
+    assert isinstance(saved, _native.Action.Countdown)
     assert core.state()["longest_save"] == 0.5, "the save the core timed"
     early = _at(core, state["final_round_at"] - 1.0).handle(Event.BeforeStep())
-    assert isinstance(early, _native.StepAction.Proceed)
+    assert isinstance(early, _native.Action.Proceed)
     assert core.state()["published_final"] is False
     action = _at(core, state["final_round_at"]).handle(Event.BeforeStep())
-    assert isinstance(action, _native.StepAction.Publish)
+    assert isinstance(action, _native.Action.Publish)
     assert action.round == "LAST_RUN_TO_CHECKPOINT"
     assert core.state()["published_final"] is True
 
@@ -204,16 +204,16 @@ def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
 
 
 def _drain(core, now: float) -> float:
-    """The drain bound of the save the core asks for at ``now`` (``StepAction.Save``),
+    """The drain bound of the save the core asks for at ``now`` (``Action.Save``),
     after the local round it publishes first."""
     action = _at(core, now).handle(Event.BeforeStep())
-    if isinstance(action, _native.StepAction.Publish):
+    if isinstance(action, _native.Action.Publish):
         answer = core.handle(Event.Resume())
-        while not isinstance(answer, _native.LeaderAction.Agreed):
+        while not isinstance(answer, _native.Action.Agreed):
             answer = core.handle(Event.Resume())
         core.run_counter = action.step
         action = core.handle(Event.BeforeStep())
-    assert isinstance(action, _native.StepAction.Save), action
+    assert isinstance(action, _native.Action.Save), action
     return action.drain
 
 
@@ -248,11 +248,11 @@ def test_the_drivers_writes_through_the_protocol_core():
     assert peer_timeout < rust.TRANSIENT_FAILURE_WINDOW
     core = _core(worker_id=0, num_workers=2, peer_timeout=peer_timeout)
     assert core.poll() is None and core.poll_timeout() is None
-    assert isinstance(_notice(core, 0.0, source="a source"), _native.NoticeAction.Claim)
+    assert isinstance(_notice(core, 0.0, source="a source"), _native.Action.Claim)
     claim = core.poll()
     assert isinstance(claim, Action.Write) and core.poll_timeout() == 0.0
     # Its write pending, a second notice is not taken yet.
-    assert isinstance(_notice(core, 0.0), _native.NoticeAction.Wait)
+    assert isinstance(_notice(core, 0.0), _native.Action.Wait)
     # The call is the core's: the key and value, bounded as a claim is, named for logs.
     assert isinstance(claim.kind, Kind.Claim)
     assert (claim.key, claim.value) == ("TERMINATED_WORKER", "0")
@@ -270,7 +270,7 @@ def test_the_drivers_writes_through_the_protocol_core():
     assert retrying.left <= peer_timeout
     assert 0.0 <= core.poll_timeout() <= retrying.pause
     assert isinstance(
-        core.handle(Event.StepKey("RUN_TO_CHECKPOINT", "3")), _native.KeyAction.Acknowledge
+        core.handle(Event.StepKey("RUN_TO_CHECKPOINT", "3")), _native.Action.Acknowledge
     )
     ack = core.poll()  # due at once, and first
     assert isinstance(ack.kind, Kind.Acknowledge)
@@ -284,7 +284,7 @@ def test_the_drivers_writes_through_the_protocol_core():
     assert core.poll_timeout(True) == 0.0 and core.poll().id == ack.id
     core.handle(Event.Failed(ack.id, True))
     gave_up = core.poll()
-    assert isinstance(gave_up, Action.GaveUp) and gave_up.attempts == 1
+    assert isinstance(gave_up, Action.WriteGaveUp) and gave_up.attempts == 1
     assert not gave_up.ends_notice and gave_up.key == ack.key
     assert core.poll() is None and core.poll_timeout() is None
     core.handle(Event.Failed(ack.id))
@@ -310,7 +310,7 @@ def test_what_follows_a_claim_is_the_cores():
     core = claimed(True)
     call = core.poll()
     assert isinstance(call, Action.Write)
-    assert isinstance(_notice(core, 0.0), _native.NoticeAction.Wait)
+    assert isinstance(_notice(core, 0.0), _native.Action.Wait)
     assert isinstance(call.kind, Kind.Announce)
     assert (call.key, call.value) == (
         "TF_DEFAULT_PREEMPTION_NOTICE_KEY",
@@ -326,7 +326,7 @@ def test_what_follows_a_claim_is_the_cores():
         claim = core.poll()
         if end == "give up":
             core.handle(Event.Failed(claim.id))
-            assert isinstance(core.poll(), Action.GaveUp)
+            assert isinstance(core.poll(), Action.WriteGaveUp)
         else:
             core.handle(Event.Raised(claim.id))
             assert isinstance(core.poll(), Action.Raised)

@@ -10,7 +10,7 @@ The wait is bounded by the peer timeout; a worker that did not answer is named i
 ``DeadlineExceededError``.
 
 The round is the core's (``src/protocol/agree.rs``): after the ``before_step`` that
-published it, the core says each call to make (``LeaderAction.Set``/``Get``, with its
+published it, the core says each call to make (``Action.Set``/``Get``, with its
 timeout), each pause of the retry rule, when the round is recorded, agreed or lost to
 another worker's publish, and what it fails with; this module makes the calls, reports
 their outcomes (``Event.Set``/``Got``/``CallFailed``), waits and logs, and raises.
@@ -22,7 +22,7 @@ import logging
 from typing import Any, Optional
 
 from .. import _errors
-from .._native import Event, LeaderAction, ProtocolCore
+from .._native import Action, Event, ProtocolCore
 from .keys import LAST_RUN_TO_CHECKPOINT, PEER_TIMEOUT_ENV
 from .records_hooks import StageRecords
 from .retries import Retrier
@@ -56,22 +56,22 @@ class Agreement:
         event: Any = Event.Resume()
         while True:
             action = core.handle(event)
-            if isinstance(action, LeaderAction.Agreed):
+            if isinstance(action, Action.Agreed):
                 return
-            if isinstance(action, (LeaderAction.Set, LeaderAction.Get)):
+            if isinstance(action, (Action.Set, Action.Get)):
                 event, error = self._call(action)
                 last_error = error or last_error
-            elif isinstance(action, LeaderAction.Pause):
+            elif isinstance(action, Action.Pause):
                 self._retrier.retrying(
                     action.what, last_error, action.attempts, action.seconds, action.left
                 )
                 state.closing.wait(action.seconds)
                 event = Event.Resume()
-            elif isinstance(action, LeaderAction.Published):
+            elif isinstance(action, Action.Published):
                 self._records.agreement(action.round, action.step)
                 last_error = None  # the wait for the acknowledgements starts
                 event = Event.Resume()
-            elif isinstance(action, LeaderAction.Lost):
+            elif isinstance(action, Action.Lost):
                 log.warning(
                     "%s was already set to %s by another worker; not waiting for acknowledgements.",
                     action.round,
@@ -81,7 +81,7 @@ class Agreement:
                 if action.value is not None and core.state()["leading"]:
                     self._records.peer_agreement(action.round, action.value)
                 return
-            elif isinstance(action, LeaderAction.GaveUp):
+            elif isinstance(action, Action.GaveUp):
                 raise self._retrier.named(
                     last_error, action.what, action.attempts, action.seconds
                 ) from last_error
@@ -92,7 +92,7 @@ class Agreement:
         """One call the core asked for: the event that reports it, and its error."""
         coordination = self._state.coordination
         try:
-            if isinstance(action, LeaderAction.Set):
+            if isinstance(action, Action.Set):
                 written = coordination.set(action.key, action.value, action.timeout)
                 return Event.Set(bool(written)), None
             got = coordination.get(action.key, action.timeout)
@@ -104,7 +104,7 @@ class Agreement:
 
     def _missing(self, action: Any, last_error: Optional[BaseException]) -> BaseException:
         """The peer timeout passed with acknowledgements missing: every worker still
-        missing named (``LeaderAction.Missing``)."""
+        missing named (``Action.Missing``)."""
         cause = "" if last_error is None else f" The last read failed: {last_error}."
         workers = ", ".join(k.rsplit("_", 1)[1] for k in action.missing)
         return _errors.make(

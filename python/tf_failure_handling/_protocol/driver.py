@@ -219,7 +219,7 @@ class Driver:
             self._handled()
             return
         error: Optional[BaseException] = None
-        if isinstance(action, Action.GaveUp):
+        if isinstance(action, Action.WriteGaveUp):
             error = self._retrier.named(
                 self._last_error, action.what, action.attempts, action.seconds
             )

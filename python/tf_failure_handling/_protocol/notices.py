@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._native import Event, NoticeAction
+from .._native import Action, Event
 from .._platforms import in_process
 from .._platforms.notice_sources import Notice
 from .context import Context
@@ -50,7 +50,7 @@ class NoticeResponse:
         """Acts on ``notice``: True when the core queued a write for it (a claim, an
         announce), False when it is done with (absorbed, handed to a newer handler, or
         led in local mode), None when the core did not take it yet (the write of the
-        notice before it is pending: ``NoticeAction.Wait``)."""
+        notice before it is pending: ``Action.Wait``)."""
         try:
             owner = self._ownership.current_owner()
             if owner is None:
@@ -85,7 +85,7 @@ class NoticeResponse:
             # announce of a notice this worker leads in a cluster). Platforms announce
             # wall-clock times; the core converts them to its clock as it takes them.
             action = self._core.handle(Event.Notice(source, message, notice.deadline, notice.kill))
-            if isinstance(action, NoticeAction.Wait):
+            if isinstance(action, Action.Wait):
                 return None
             if notice.deadline is not None and notice.at is not None:
                 log.info(
@@ -98,13 +98,13 @@ class NoticeResponse:
             # run() that started in between and saw it is counted as before it).
             runs = self._core.run_counter
             in_run = self._core.threads[0] != 0
-            absorbed = isinstance(action, NoticeAction.Absorb)
+            absorbed = isinstance(action, Action.Absorb)
             fit = None if absorbed else self._say_what_fits(source)
-            replan = isinstance(action, NoticeAction.Replan)
+            replan = isinstance(action, Action.Replan)
             self._records.notice(
                 source, notice.deadline, fit, replan=replan, runs=runs, in_run=in_run
             )
-        if isinstance(action, NoticeAction.Lead):
+        if isinstance(action, Action.Lead):
             log.info("Received termination notice from %s.", source)
             self._ps.on_notice(action.final_round)
             if self._state.membership.local:
@@ -112,12 +112,12 @@ class NoticeResponse:
                 # the core queued tells the peers' too, then this process's).
                 in_process.publish_local(message)
             return action.writes
-        if isinstance(action, NoticeAction.Claim):
+        if isinstance(action, Action.Claim):
             # The claim of TERMINATED_WORKER: a failure of the coordination service is
             # retried within the bound (TF drops the notice at the first failure); after
             # it, the UnavailableError reaches the next run().
             return True
-        if isinstance(action, NoticeAction.Replan):
+        if isinstance(action, Action.Replan):
             log.warning(
                 "Termination notice from %s ends earlier than the one this worker planned "
                 "for: the final save is planned for it now (this worker publishes the final "
@@ -168,7 +168,7 @@ class NoticeResponse:
         return fit
 
     def claimed(self, claim: Any, error: Optional[BaseException]) -> None:
-        """The claim's write ended (the core's report, ``Action.Written``, ``GaveUp`` or
+        """The claim's write ended (the core's report, ``Action.Written``, ``WriteGaveUp`` or
         ``Raised``): won (the core queued the announce), lost, or failed (the core no
         longer counts on it; ``error`` reaches the next ``run()``)."""
         source, member = claim.subject, claim.value

@@ -123,7 +123,7 @@ class PsSteps:
         with no grace period the save comes next, so from now on no worker takes a new
         closure -- unless a ``schedule()`` waits for room in a full queue (a non-strict
         hold), which must return to reach the check that saves. ``final_round``: the
-        handler's final save round is under way (the core's ``NoticeAction.Lead``)."""
+        handler's final save round is under way (the core's ``Action.Lead``)."""
         if self.poller is not None:
             self._perform(CoordinatorEvent.OwnNotice(final_round))
 

@@ -10,10 +10,12 @@ number a minimum of attempts, or one attempt took the whole bound by itself; the
 last error is raised again, of its own type, naming what failed, how often and for how
 long (:meth:`Retrier.named`). Anything else is a bug and is not retried.
 
-Each thread's calls are the core's actions, and so are their pauses and the verdict:
-the driver's writes (``Action``, ``src/protocol/driver.rs``), the leader's round
-(``LeaderAction``, ``src/protocol/agree.rs``) and the step-key reader
-(``ReaderAction``, ``src/protocol/reader.rs``). Python waits, logs and raises.
+Each thread's calls are the core's actions (one ``Action`` type,
+``src/protocol/answer.rs``), and so are their pauses and the verdict: the driver's
+writes (``Action.Write``/``Retrying``/``WriteGaveUp``, ``src/protocol/driver.rs``), the
+leader's round (``Action.Set``/``Get``/``Pause``/``GaveUp``, ``src/protocol/agree.rs``)
+and the step-key reader (``Action.Read``/``Pause``/``GaveUp``,
+``src/protocol/reader.rs``). Python waits, logs and raises.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
-from .._native import Event, SaveAction
+from .._native import Action, Event
 from .._platforms import platform as _platform
 from . import exit_guard as _exit_guard
 from .checkpoints import Checkpoints
@@ -74,7 +74,7 @@ class SaveAndExit:
         """A worker whose save in shares did not become the checkpoint the state file
         names (a part or the merge failed, the merge was not started in time, or the
         chief did not report it): not the restart code, which says "checkpoint saved",
-        but ``code`` (``SaveAction.ExitUnmerged``'s, the core's unmerged exit code), on
+        but ``code`` (``Action.ExitUnmerged``'s, the core's unmerged exit code), on
         the chief as on the others."""
         if isinstance(error, (SystemExit, KeyboardInterrupt)):
             return
@@ -91,7 +91,7 @@ class SaveAndExit:
         raise SystemExit(code) from error
 
     def save_at(self, action: Any, args: tuple, kwargs: dict) -> None:
-        """The save the core asked for (``StepAction.Save``: its round, step, and how
+        """The save the core asked for (``Action.Save``: its round, step, and how
         long a PS coordinator's closures in flight may take first)."""
         round_key, step = action.round, action.step
         self._ps.before_save(action.drain)
@@ -103,12 +103,12 @@ class SaveAndExit:
             self._ps.training_goes_on()
             after = self._core.handle(Event.SaveFailed(self._checkpoints.shared_by > 1))
             self._records.save_failed(e)
-            if isinstance(after, SaveAction.ExitUnmerged):
+            if isinstance(after, Action.ExitUnmerged):
                 self._unmerged_exit(e, after.code)
             raise
         self._records.save_end(self._checkpoints.write, **self._checkpoints.save_fields())
         after = self._core.handle(Event.Saved(round_key))
-        if isinstance(after, SaveAction.Exit):
+        if isinstance(after, Action.Exit):
             # The signal watch stays: until close(), a further notice is absorbed,
             # not handed back to whatever was installed before (which could kill
             # a worker that exit_fn chose to keep running).

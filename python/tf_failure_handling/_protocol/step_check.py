@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from .._native import Event, StepAction
+from .._native import Action, Event
 from .agreement import Agreement
 from .context import Context
 from .save import SaveAndExit
@@ -60,11 +60,11 @@ class StepCheck:
         # After a publish the core is asked again: a PS coordinator saves at the step
         # it published, and a final round may be due already (both rounds at once).
         for _ in range(2):
-            if not isinstance(action, StepAction.Publish):
+            if not isinstance(action, Action.Publish):
                 break
             self._agreement.publish(action.round, action.step)
             action = self._core.handle(Event.BeforeStep())
-        if isinstance(action, StepAction.Save):
+        if isinstance(action, Action.Save):
             self._saver.save_at(action, args, kwargs)
 
     def check(self, args: tuple, kwargs: Optional[dict]) -> None:

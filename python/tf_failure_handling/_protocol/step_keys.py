@@ -3,7 +3,7 @@
 A leader publishes ``RUN_TO_CHECKPOINT`` (and, with a grace period,
 ``LAST_RUN_TO_CHECKPOINT``) = the step every worker saves at. On every worker a reader
 thread (``PeerTerminationWatcher-<id>``) blocks on those keys, in the slices the core
-gives (``ReaderAction.Get``, ``src/protocol/reader.rs``), and posts each value it reads
+gives (``Action.Read``, ``src/protocol/reader.rs``), and posts each value it reads
 into the driver's inbox; it writes nothing. The driver hands the value to the core
 (``Event.StepKey``), which queues the acknowledgement, ``RECEIVED_SIGNAL_<round>_<id>``,
 which the leader waits for ("Why the driver acknowledges" in ``src/step_resolution.rs``).
@@ -18,7 +18,7 @@ import threading
 from typing import Any, Optional
 
 from .. import _errors
-from .._native import Event, Input, KeyAction, ReaderAction
+from .._native import Action, Event, Input
 from .._platforms.notice_sources import NoticeSources
 from .context import Context
 from .keys import RUN_TO_CHECKPOINT
@@ -58,7 +58,7 @@ class StepKeys:
         handler of this worker acknowledges)."""
         superseded = self._ownership.current_owner() is not None
         action = self._core.handle(Event.StepKey(round_key, value, superseded))
-        if not isinstance(action, KeyAction.Stop) and not self._core.state()["leading"]:
+        if not isinstance(action, Action.Stop) and not self._core.state()["leading"]:
             self._records.peer_agreement(round_key, value)
 
     def _watch(self) -> None:
@@ -79,7 +79,7 @@ class StepKeys:
                 self._errors.fail_in_background("watching the peers' step keys", e)
 
     def _watch_until_done(self) -> None:
-        """The reads the core asks for (``ReaderAction``: which key, for how long, each
+        """The reads the core asks for (``Action.Read``: which key, for how long, each
         pause of the retry rule, what to post and when it is done), made until closing
         or a newer handler takes over."""
         core, state = self._core, self._state
@@ -87,7 +87,7 @@ class StepKeys:
         event: Any = Event.Reading()
         while not state.closing.is_set():
             action = core.handle(event)
-            if isinstance(action, ReaderAction.Get):
+            if isinstance(action, Action.Read):
                 self._reading_key = action.key
                 try:
                     value = state.coordination.get(action.key, action.timeout)
@@ -96,19 +96,19 @@ class StepKeys:
                     event = Event.ReadFailed(state.closing.is_set())
                 else:
                     event = Event.Read(value)
-            elif isinstance(action, ReaderAction.Post):
+            elif isinstance(action, Action.Post):
                 if not self._sources.inbox.post(Input.StepKey(action.round, action.value)):
                     return  # closing
                 if self._ownership.current_owner() is not None:
                     return
                 event = Event.Reading()
-            elif isinstance(action, ReaderAction.Pause):
+            elif isinstance(action, Action.Pause):
                 self._retrier.retrying(
                     action.what, last_error, action.attempts, action.seconds, action.left
                 )
                 state.closing.wait(action.seconds)
                 event = Event.Reading()
-            elif isinstance(action, ReaderAction.GaveUp):
+            elif isinstance(action, Action.GaveUp):
                 raise self._retrier.named(
                     last_error, action.what, action.attempts, action.seconds
                 ) from last_error

@@ -632,9 +632,9 @@ fn leader_publishing(now: f64) -> Protocol {
     p
 }
 
-fn set_key(a: &LeaderAction) -> (&str, &str) {
+fn set_key(a: &Action) -> (&str, &str) {
     match a {
-        LeaderAction::Set { key, value, .. } => (key.as_str(), value.as_str()),
+        Action::Set { key, value, .. } => (key.as_str(), value.as_str()),
         other => panic!("expected a write: {other:?}"),
     }
 }
@@ -646,18 +646,18 @@ fn a_leaders_round_publishes_acknowledges_waits_and_is_agreed() {
     let mut p = leader_publishing(10.0);
     let publish = p.leader_next(10.0, at);
     assert_eq!(set_key(&publish), (RUN_TO_CHECKPOINT, "1"));
-    assert!(matches!(&publish, LeaderAction::Set { timeout, what, .. }
+    assert!(matches!(&publish, Action::Set { timeout, what, .. }
         if *timeout == write_timeout(PEER, WriteBound::Protocol) && what == "publishing RUN_TO_CHECKPOINT=1"));
     let own = p.leader_called(Some("1"), 10.0, at).unwrap();
     assert_eq!(set_key(&own), ("RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1", "1"));
     assert_eq!(
         p.leader_called(Some("1"), 10.0, at).unwrap(),
-        LeaderAction::Published {
+        Action::Published {
             round: Round::Initial,
             step: 1
         }
     );
-    let LeaderAction::Get {
+    let Action::Get {
         key, ack: true, timeout, ..
     } = p.leader_next(10.0, at)
     else {
@@ -666,11 +666,11 @@ fn a_leaders_round_publishes_acknowledges_waits_and_is_agreed() {
     assert_eq!(key, "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0");
     assert!(timeout > 0.0 && timeout <= crate::acks::ACK_READ_SLICE);
     // Not yet, then written; then its own key, written.
-    assert!(matches!(p.leader_called(None, 10.0, at).unwrap(), LeaderAction::Get { .. }));
+    assert!(matches!(p.leader_called(None, 10.0, at).unwrap(), Action::Get { .. }));
     let next = p.leader_called(Some("1"), 10.0, at).unwrap();
-    assert!(matches!(&next, LeaderAction::Get { key, .. } if key == "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1"));
-    assert_eq!(p.leader_called(Some("1"), 12.0, at).unwrap(), LeaderAction::Agreed {});
-    assert_eq!(p.leader_next(12.0, at), LeaderAction::Agreed {}, "nothing in progress");
+    assert!(matches!(&next, Action::Get { key, .. } if key == "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_1"));
+    assert_eq!(p.leader_called(Some("1"), 12.0, at).unwrap(), Action::Agreed {});
+    assert_eq!(p.leader_next(12.0, at), Action::Agreed {}, "nothing in progress");
 }
 
 /// Local mode records the round and is agreed: nothing is written or waited for.
@@ -679,8 +679,8 @@ fn a_local_round_is_recorded_and_agreed() {
     let mut p = local(0.0);
     p.handle_notice(notice(0.0, None)).unwrap();
     assert!(matches!(p.before_step(0, 0.0).unwrap(), StepAction::Publish { .. }));
-    assert!(matches!(p.leader_next(0.0, 0.0), LeaderAction::Published { step: 1, .. }));
-    assert_eq!(p.leader_next(0.0, 0.0), LeaderAction::Agreed {});
+    assert!(matches!(p.leader_next(0.0, 0.0), Action::Published { step: 1, .. }));
+    assert_eq!(p.leader_next(0.0, 0.0), Action::Agreed {});
 }
 
 /// A publish another worker made first: the key read back is the agreed step.
@@ -688,7 +688,7 @@ fn a_local_round_is_recorded_and_agreed() {
 fn a_lost_publish_reads_the_key_back_and_follows_it() {
     let mut p = leader_publishing(10.0);
     p.leader_next(10.0, 0.0);
-    let LeaderAction::Get {
+    let Action::Get {
         key, timeout, ack: false, ..
     } = p.leader_called(None, 10.0, 0.0).unwrap()
     else {
@@ -697,7 +697,7 @@ fn a_lost_publish_reads_the_key_back_and_follows_it() {
     assert_eq!((key.as_str(), timeout), (RUN_TO_CHECKPOINT, READ_BACK_TIMEOUT));
     assert_eq!(
         p.leader_called(Some("7"), 10.0, 0.0).unwrap(),
-        LeaderAction::Lost {
+        Action::Lost {
             round: Round::Initial,
             value: Some("7".into())
         }
@@ -715,7 +715,7 @@ fn a_lost_publish_reads_the_key_back_and_follows_it() {
 fn a_failing_call_of_the_round_is_paused_then_given_up() {
     let mut p = leader_publishing(10.0);
     p.leader_next(10.0, 0.0);
-    let LeaderAction::Pause {
+    let Action::Pause {
         seconds,
         attempts: 1,
         what,
@@ -728,9 +728,9 @@ fn a_failing_call_of_the_round_is_paused_then_given_up() {
     assert_eq!(set_key(&p.leader_next(10.0, seconds)), (RUN_TO_CHECKPOINT, "1"));
     assert!(matches!(
         p.leader_call_failed(10.0, seconds, true),
-        LeaderAction::GaveUp { attempts: 2, .. }
+        Action::GaveUp { attempts: 2, .. }
     ));
-    assert_eq!(p.leader_next(10.0, seconds), LeaderAction::Agreed {}, "the round ended");
+    assert_eq!(p.leader_next(10.0, seconds), Action::Agreed {}, "the round ended");
 }
 
 /// The peer timeout passes: one last read of each missing key, then they are named.
@@ -741,19 +741,19 @@ fn a_wait_past_the_peer_timeout_names_who_is_missing() {
     p.leader_next(10.0, 0.0);
     p.leader_called(Some("1"), 10.0, 0.0).unwrap(); // published
     p.leader_called(Some("1"), 10.0, 0.0).unwrap(); // own acknowledgement
-    assert!(matches!(p.leader_next(10.0, 0.0), LeaderAction::Get { ack: true, .. }));
+    assert!(matches!(p.leader_next(10.0, 0.0), Action::Get { ack: true, .. }));
     // Past the end: the last look, key by key.
-    let LeaderAction::Get {
+    let Action::Get {
         key, timeout, ack: false, ..
     } = p.leader_called(None, 20.0, 6.0).unwrap()
     else {
         panic!("the last look")
     };
     assert_eq!((key.as_str(), timeout), ("RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0", LAST_LOOK_TIMEOUT));
-    assert!(matches!(p.leader_called(None, 20.0, 6.0).unwrap(), LeaderAction::Get { .. }));
+    assert!(matches!(p.leader_called(None, 20.0, 6.0).unwrap(), Action::Get { .. }));
     assert_eq!(
         p.leader_called(Some("1"), 20.0, 6.0).unwrap(),
-        LeaderAction::Missing {
+        Action::Missing {
             round: Round::Initial,
             step: 1,
             missing: vec!["RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0".into()]
@@ -767,7 +767,7 @@ fn a_wait_past_the_peer_timeout_names_who_is_missing() {
 fn the_reader_reads_each_rounds_key_and_posts_its_value() {
     use crate::step_resolution::PEER_WATCH_SLICE;
     let mut p = worker_1_of_2(60.0);
-    let get = |key: &str| ReaderAction::Get {
+    let get = |key: &str| Action::Read {
         key: key.to_owned(),
         timeout: PEER_WATCH_SLICE,
     };
@@ -775,21 +775,21 @@ fn the_reader_reads_each_rounds_key_and_posts_its_value() {
     assert_eq!(p.reader_read(None), get(RUN_TO_CHECKPOINT), "not set yet: read again");
     assert_eq!(
         p.reader_read(Some("4")),
-        ReaderAction::Post {
+        Action::Post {
             round: Round::Initial,
             value: "4".into()
         }
     );
     assert_eq!(p.reader_next(), get(LAST_RUN_TO_CHECKPOINT), "with a grace period, the final round");
-    assert!(matches!(p.reader_read(Some("9")), ReaderAction::Post { round: Round::Final, .. }));
-    assert_eq!(p.reader_next(), ReaderAction::Done {});
+    assert!(matches!(p.reader_read(Some("9")), Action::Post { round: Round::Final, .. }));
+    assert_eq!(p.reader_next(), Action::Done {});
     // STOP_WATCHER ends it at once; no grace period, one round.
     let mut q = worker_1_of_2(60.0);
     q.reader_read(Some("STOP_WATCHER"));
-    assert_eq!(q.reader_next(), ReaderAction::Done {});
+    assert_eq!(q.reader_next(), Action::Done {});
     let mut r = worker_1_of_2(0.0);
     r.reader_read(Some("3"));
-    assert_eq!(r.reader_next(), ReaderAction::Done {});
+    assert_eq!(r.reader_next(), Action::Done {});
 }
 
 /// A failed read is paused by the retry rule from its first failure, a read that
@@ -798,25 +798,25 @@ fn the_reader_reads_each_rounds_key_and_posts_its_value() {
 fn a_failing_read_is_paused_given_up_or_ends_at_close() {
     let mut p = worker_1_of_2(0.0);
     p.set_peer_timeout(1.0).unwrap();
-    let ReaderAction::Pause { attempts: 1, what, .. } = p.reader_failed(0.0, 0.0, false) else {
+    let Action::Pause { attempts: 1, what, .. } = p.reader_failed(0.0, 0.0, false) else {
         panic!("a first failure is retried")
     };
     assert_eq!(what, "reading RUN_TO_CHECKPOINT");
-    assert!(matches!(p.reader_read(None), ReaderAction::Get { .. }), "answered: the run ends");
-    assert!(matches!(p.reader_failed(5.0, 5.0, false), ReaderAction::Pause { attempts: 1, .. }));
+    assert!(matches!(p.reader_read(None), Action::Read { .. }), "answered: the run ends");
+    assert!(matches!(p.reader_failed(5.0, 5.0, false), Action::Pause { attempts: 1, .. }));
     let mut at = 5.0;
     let gave_up = loop {
         at += 0.6;
         match p.reader_failed(at, at, false) {
-            ReaderAction::Pause { .. } => {}
+            Action::Pause { .. } => {}
             other => break other,
         }
     };
-    assert!(matches!(gave_up, ReaderAction::GaveUp { attempts, .. } if attempts >= crate::retry::MIN_ATTEMPTS));
-    assert_eq!(p.reader_next(), ReaderAction::Done {});
+    assert!(matches!(gave_up, Action::GaveUp { attempts, .. } if attempts >= crate::retry::MIN_ATTEMPTS));
+    assert_eq!(p.reader_next(), Action::Done {});
     let mut q = worker_1_of_2(0.0);
-    assert_eq!(q.reader_failed(0.0, 0.0, true), ReaderAction::Done {});
-    assert_eq!(q.reader_next(), ReaderAction::Done {});
+    assert_eq!(q.reader_failed(0.0, 0.0, true), Action::Done {});
+    assert_eq!(q.reader_next(), Action::Done {});
 }
 
 /// The shutdown's writes release the readers: `STOP_WATCHER` to each step key.
@@ -825,7 +825,7 @@ fn the_shutdown_writes_release_every_step_key() {
     use crate::step_resolution::SHUTDOWN_WRITE_TIMEOUT;
     let writes = worker_1_of_2(0.0).shutdown_writes().unwrap();
     assert_eq!(writes.len(), 2);
-    assert!(matches!(&writes[0], LeaderAction::Set { key, value, timeout, .. }
+    assert!(matches!(&writes[0], Action::Set { key, value, timeout, .. }
         if key == RUN_TO_CHECKPOINT && value == "STOP_WATCHER" && *timeout == SHUTDOWN_WRITE_TIMEOUT));
     assert!(local(0.0).shutdown_writes().unwrap().is_empty());
 }
