@@ -830,6 +830,32 @@ impl TransientFailures {
         }
     }
 
+    /// Counters as TF's `Cluster.__init__` sets them up: each threshold given, else
+    /// read from its variable by `env(name, default)` (TF's
+    /// `int(os.environ.get(name, default))`), with [`DEFAULT_TRANSIENT_PS_FAILURES`]
+    /// and [`default_transient_timeouts`] as the defaults.
+    ///
+    /// # Errors
+    ///
+    /// What `env` returns (a variable that is not an integer).
+    pub fn configured<E>(
+        num_ps: usize,
+        num_workers: usize,
+        ps_threshold: Option<i64>,
+        timeouts_threshold: Option<i64>,
+        mut env: impl FnMut(&str, i64) -> Result<i64, E>,
+    ) -> Result<Self, E> {
+        let ps_threshold = match ps_threshold {
+            Some(t) => t,
+            None => env(IGNORE_TRANSIENT_PS_FAILURES_ENV, DEFAULT_TRANSIENT_PS_FAILURES)?,
+        };
+        let timeouts_threshold = match timeouts_threshold {
+            Some(t) => t,
+            None => env(IGNORE_TRANSIENT_TIMEOUTS_ENV, default_transient_timeouts(num_workers))?,
+        };
+        Ok(TransientFailures::new(num_ps, ps_threshold, timeouts_threshold))
+    }
+
     /// The PS threshold.
     #[must_use]
     pub fn ps_threshold(&self) -> i64 {
@@ -916,6 +942,28 @@ mod tests {
     use proptest::prelude::Strategy;
 
     use super::*;
+
+    #[test]
+    fn thresholds_given_win_over_the_environment_and_its_defaults() {
+        let mut asked = Vec::new();
+        let mut env = |name: &str, default: i64| -> Result<i64, ()> {
+            asked.push((name.to_owned(), default));
+            Ok(if name == IGNORE_TRANSIENT_PS_FAILURES_ENV { 7 } else { default })
+        };
+        let t = TransientFailures::configured(2, 35, None, None, &mut env).unwrap();
+        assert_eq!((t.ps_threshold(), t.timeouts_threshold(), t.ps_counts().len()), (7, 3, 2));
+        let given = TransientFailures::configured(1, 35, Some(0), Some(-1), &mut env).unwrap();
+        assert_eq!((given.ps_threshold(), given.timeouts_threshold()), (0, -1));
+        assert_eq!(
+            asked,
+            [
+                (IGNORE_TRANSIENT_PS_FAILURES_ENV.to_owned(), DEFAULT_TRANSIENT_PS_FAILURES),
+                (IGNORE_TRANSIENT_TIMEOUTS_ENV.to_owned(), 3),
+            ]
+        );
+        let failed = TransientFailures::configured(1, 0, None, Some(1), |_, _| Err("not an int"));
+        assert_eq!(failed.err(), Some("not an int"));
+    }
 
     const PS: &str = "GRPC error information from remote target /job:ps/replica:0/task:1";
     const W: &str = "/job:worker/replica:0/task:0";

@@ -34,6 +34,7 @@
 pub mod acks;
 pub mod closure_queue;
 pub mod deadline;
+pub mod exit_guard;
 pub mod failure;
 pub mod grace;
 pub mod host_memory;
@@ -49,6 +50,7 @@ pub mod sources;
 pub mod step_resolution;
 pub mod type_layout;
 pub mod wire;
+pub mod words;
 pub mod writes;
 
 #[cfg(feature = "python")]

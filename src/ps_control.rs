@@ -149,6 +149,14 @@ pub enum Leave {
     Cap,
 }
 
+// The words of the log lines and records (the binding's `str`s).
+crate::words!(Leave {
+    Leave::Released => "released",
+    Leave::Deadline => "deadline",
+    Leave::CoordinatorSilent => "coordinator silent",
+    Leave::Cap => "cap",
+});
+
 /// What a served task with a notice does now.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Serving {
@@ -169,6 +177,13 @@ pub enum ServeBound {
     /// Neither: the coordinator's `peer_timeout`.
     PeerTimeout,
 }
+
+// The words of the log lines and records (the binding's `str`s).
+crate::words!(ServeBound {
+    ServeBound::Deadline => "the notice's deadline",
+    ServeBound::GracePeriod => "the grace period",
+    ServeBound::PeerTimeout => "peer_timeout",
+});
 
 /// A served task's own bound from its notice at `notice_at` (Unix seconds):
 /// until the notice's `deadline` when it names one, else its grace period

@@ -46,6 +46,14 @@ pub enum Question {
     WorkerFailure,
 }
 
+// The words of the log lines and records (the binding's `str`s).
+crate::words!(Question {
+    Question::TransientPsFailure => "transient ps failure",
+    Question::TransientTimeout => "transient timeout",
+    Question::DerivedCancellation => "derived cancellation",
+    Question::WorkerFailure => "worker failure",
+});
+
 /// What [`respond`] says next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Response {

@@ -141,6 +141,14 @@ pub enum ReleaseEnd {
     Gone,
 }
 
+// The words of the log lines and records (the binding's `str`s).
+crate::words!(ReleaseEnd {
+    ReleaseEnd::Released => "released",
+    ReleaseEnd::Refused => "refused",
+    ReleaseEnd::NoAnswer => "no answer",
+    ReleaseEnd::Gone => "gone",
+});
+
 /// Why a drain that held the worker's thread ends ([`Action::DrainOver`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DrainEnd {
@@ -156,6 +164,15 @@ pub enum DrainEnd {
     /// action's `bound`).
     HoldBoundPassed,
 }
+
+// The words of the log lines and records (the binding's `str`s).
+crate::words!(DrainEnd {
+    DrainEnd::Gone => "gone",
+    DrainEnd::StillAnswers => "still answers",
+    DrainEnd::NewIncarnation => "new incarnation",
+    DrainEnd::Stopped => "stopped",
+    DrainEnd::HoldBoundPassed => "hold bound passed",
+});
 
 crate::wire! {
     /// What the caller reports ([`Coordinator::handle`]).

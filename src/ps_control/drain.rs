@@ -80,6 +80,13 @@ pub enum Outcome {
     NoHold,
 }
 
+// The words of the log lines and records (the binding's `str`s).
+crate::words!(Outcome {
+    Outcome::Released => "released",
+    Outcome::NotReleased => "not released",
+    Outcome::NoHold => "no hold",
+});
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
     Start,

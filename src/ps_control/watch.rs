@@ -60,6 +60,14 @@ pub enum PollLog {
     NewIncarnation,
 }
 
+// The words of the log lines and records (the binding's `str`s).
+crate::words!(PollLog {
+    PollLog::NotServed => "not served",
+    PollLog::DoesNotAnswer => "does not answer",
+    PollLog::AnswersAgain => "answers again",
+    PollLog::NewIncarnation => "new incarnation",
+});
+
 #[derive(Debug, Default)]
 struct Task {
     /// The incarnation of the last answer.

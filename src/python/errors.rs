@@ -14,7 +14,7 @@
 //! | [`UrlError`], [`WatchError`] (a bad cloud, URL or duration) | `ValueError`; a thread that cannot start: `RuntimeError` | an argument; the system |
 //! | [`bad_value`], [`bad_type`], [`misuse`], [`bad_timeout`] | `ValueError`, `TypeError`, `RuntimeError` | an argument or a call out of order |
 //!
-//! A new core error gets a `From` arm here, and the `?` operator does the
+//! A new core error gets a row in `raises!` here, and the `?` operator does the
 //! rest; a binding module never calls `new_err` itself.
 
 use pyo3::exceptions::{PyAssertionError, PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
@@ -38,58 +38,28 @@ pyo3::create_exception!(
      too busy to answer)."
 );
 
-impl From<Refused> for PyErr {
-    fn from(e: Refused) -> Self {
-        CallTimeout::new_err(e.to_string())
-    }
+/// `From<error> for PyErr` of each core error: the Python exception named beside it,
+/// with the error's message (the table above).
+macro_rules! raises {
+    ($($error:ty => $exception:ty),* $(,)?) => {$(
+        impl From<$error> for PyErr {
+            fn from(e: $error) -> Self {
+                <$exception>::new_err(e.to_string())
+            }
+        }
+    )*};
 }
 
-impl From<SharesError> for PyErr {
-    fn from(e: SharesError) -> Self {
-        PyValueError::new_err(e.to_string())
-    }
-}
-
-impl From<StepKeyError> for PyErr {
-    fn from(e: StepKeyError) -> Self {
-        PyValueError::new_err(e.to_string())
-    }
-}
-
-impl From<SaveError> for PyErr {
-    fn from(e: SaveError) -> Self {
-        PyRuntimeError::new_err(e.to_string())
-    }
-}
-
-impl From<Busy> for PyErr {
-    fn from(e: Busy) -> Self {
-        PyRuntimeError::new_err(e.to_string())
-    }
-}
-
-impl From<CompletionError> for PyErr {
-    fn from(e: CompletionError) -> Self {
-        PyAssertionError::new_err(e.to_string())
-    }
-}
-
-impl From<TransientError> for PyErr {
-    fn from(e: TransientError) -> Self {
-        PyIndexError::new_err(e.to_string())
-    }
-}
-
-impl From<InstallError> for PyErr {
-    fn from(e: InstallError) -> Self {
-        PyValueError::new_err(e.to_string())
-    }
-}
-
-impl From<UrlError> for PyErr {
-    fn from(e: UrlError) -> Self {
-        PyValueError::new_err(e.to_string())
-    }
+raises! {
+    Refused => CallTimeout,
+    SharesError => PyValueError,
+    StepKeyError => PyValueError,
+    SaveError => PyRuntimeError,
+    Busy => PyRuntimeError,
+    CompletionError => PyAssertionError,
+    TransientError => PyIndexError,
+    InstallError => PyValueError,
+    UrlError => PyValueError,
 }
 
 impl From<WatchError> for PyErr {

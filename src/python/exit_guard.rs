@@ -2,7 +2,9 @@
 //! deadline ends with the exit code its records already hold, not with the platform's
 //! SIGKILL (137 on Kubernetes, where a Job's `podFailurePolicy` matches the code).
 //!
-//! The guard is a Rust thread, not a Python one: the slow part of an exit is often
+//! The guard's thread and its stand-down are the core's ([`crate::exit_guard`]);
+//! this module tells it when Python's exit begins and whether the interpreter
+//! finalizes. The guard is a Rust thread, not a Python one: the slow part of an exit is often
 //! TensorFlow's teardown while the interpreter finalizes, when no Python thread runs.
 //! It acts only when the process is in its exit: Python's threading shutdown has begun
 //! (a hook the first arming registers, [`register_exiting`]) or the interpreter is
@@ -16,28 +18,14 @@
 //! It says what it does on standard error with `write(2)`: at that moment Python's
 //! logging cannot run.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyCFunction;
 
-use super::clock::At;
 use super::{blocking, errors};
-
-/// Set once Python's threading shutdown has begun (the main thread has ended).
-static EXITING: AtomicBool = AtomicBool::new(false);
-/// Bumped by [`disarm_exit_guard`]: a guard armed under an older value stands down.
-static GENERATION: AtomicU64 = AtomicU64::new(0);
-/// Guards still waiting for their moment.
-static WAITING: AtomicU64 = AtomicU64::new(0);
-/// Held while [`GENERATION`] is bumped and while a guard checks it before it waits:
-/// a stand-down is never missed.
-static LOCK: Mutex<()> = Mutex::new(());
-/// Wakes the waiting guards when they are stood down.
-static STOOD_DOWN: Condvar = Condvar::new();
+pub(crate) use crate::exit_guard::training_goes_on;
 
 /// Tells the guard, once registered, when the process's exit begins: Python's threading
 /// shutdown (the main thread has ended, before non-daemon threads are joined and `atexit`
@@ -49,12 +37,12 @@ fn register_exiting(py: Python<'_>) -> PyResult<()> {
         return Ok(());
     }
     let hook = PyCFunction::new_closure(py, Some(c"exit_guard_exiting"), None, |_, _| -> PyResult<()> {
-        EXITING.store(true, Ordering::SeqCst);
+        crate::exit_guard::set_exiting();
         Ok(())
     })?;
     match py.import("threading")?.getattr("_register_atexit") {
         Ok(register) => match register.call1((hook,)) {
-            Err(e) if e.is_instance_of::<PyRuntimeError>(py) => EXITING.store(true, Ordering::SeqCst),
+            Err(e) if e.is_instance_of::<PyRuntimeError>(py) => crate::exit_guard::set_exiting(),
             done => drop(done?),
         },
         Err(_) => drop(py.import("atexit")?.call_method1("register", (hook,))?),
@@ -78,64 +66,15 @@ fn arm_exit_guard(py: Python<'_>, deadline: Option<f64>, now: f64, code: i32) ->
     let Some(delay) = crate::grace::exit_guard_delay(deadline, now) else {
         return Ok(None);
     };
-    let generation = GENERATION.load(Ordering::SeqCst);
-    let wake = At::after(Duration::from_secs_f64(delay));
-    WAITING.fetch_add(1, Ordering::SeqCst);
-    // Returns once the guard runs (named, as `/proc` shows it): it never needs the GIL.
-    let (started, running) = std::sync::mpsc::channel::<()>();
-    let spawned = std::thread::Builder::new().name("tfh-exit-guard".into()).spawn(move || {
-        drop(started);
-        let mut held = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
-        while GENERATION.load(Ordering::SeqCst) == generation {
-            let left = wake.left();
-            if left.is_zero() {
-                break;
-            }
-            held = STOOD_DOWN.wait_timeout(held, left).unwrap_or_else(PoisonError::into_inner).0;
-        }
-        drop(held);
-        let current = GENERATION.load(Ordering::SeqCst) == generation;
-        if current && (EXITING.load(Ordering::SeqCst) || blocking::interpreter_finalizing()) {
-            let line = format!(
-                "tf_failure_handling: the process is still in its exit {lead:.1}s before the \
-                 deadline, after its last save; ending it now with exit code {code} (its \
-                 records already say so), before the platform kills it\n",
-                lead = crate::grace::EXIT_GUARD_LEAD,
-            );
-            // SAFETY: write(2) of an owned buffer to fd 2, then _exit(2): neither runs
-            // anything of the process's own (no atexit, no destructors, no Python).
-            unsafe {
-                libc::write(2, line.as_ptr().cast(), line.len());
-                libc::_exit(code);
-            }
-        }
-        WAITING.fetch_sub(1, Ordering::SeqCst);
-    });
-    if let Err(e) = spawned {
-        WAITING.fetch_sub(1, Ordering::SeqCst);
-        return Err(errors::misuse(format!("could not start the exit guard's thread: {e}")));
-    }
-    let _ = running.recv();
+    crate::exit_guard::arm(delay, code, blocking::interpreter_finalizing)
+        .map_err(|e| errors::misuse(format!("could not start the exit guard's thread: {e}")))?;
     Ok(Some(delay))
 }
 
 /// Stands every waiting guard down, at once (a new handler: the process trains on).
 #[pyfunction]
 fn disarm_exit_guard() {
-    let held = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
-    GENERATION.fetch_add(1, Ordering::SeqCst);
-    EXITING.store(false, Ordering::SeqCst);
-    drop(held);
-    STOOD_DOWN.notify_all();
-}
-
-/// A step began (any handler's `run()` or `save_checkpoint_if_preempted`): a guard
-/// armed before it was armed for a `SystemExit` that was caught, and the process trains
-/// on, so every waiting guard stands down. One atomic read when none waits.
-pub(crate) fn training_goes_on() {
-    if WAITING.load(Ordering::SeqCst) > 0 {
-        disarm_exit_guard();
-    }
+    crate::exit_guard::disarm();
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -553,21 +553,10 @@ impl TransientFailures {
         ps_threshold: Option<i64>,
         timeouts_threshold: Option<i64>,
     ) -> PyResult<Self> {
-        let ps_threshold = match ps_threshold {
-            Some(t) => t,
-            None => env_threshold(py, core::IGNORE_TRANSIENT_PS_FAILURES_ENV, core::DEFAULT_TRANSIENT_PS_FAILURES)?,
-        };
-        let timeouts_threshold = match timeouts_threshold {
-            Some(t) => t,
-            None => env_threshold(
-                py,
-                core::IGNORE_TRANSIENT_TIMEOUTS_ENV,
-                core::default_transient_timeouts(num_workers),
-            )?,
-        };
-        Ok(TransientFailures {
-            state: Mutex::new(core::TransientFailures::new(num_ps, ps_threshold, timeouts_threshold)),
-        })
+        let core = core::TransientFailures::configured(num_ps, num_workers, ps_threshold, timeouts_threshold, |name, default| {
+            env_threshold(py, name, default)
+        })?;
+        Ok(TransientFailures { state: Mutex::new(core) })
     }
 
     /// `Cluster._record_and_ignore_transient_ps_failure(e)`: whether to ignore

@@ -40,6 +40,7 @@ use crate::ps_control::coordinator::{self as co, CallError, DrainEnd, NoticeSeen
 use crate::ps_control::drain::Outcome;
 use crate::ps_control::task::{self, TaskReply, TaskRequest};
 use crate::ps_control::{self, CallId, Calls, Leave, PollLog, ServeBound};
+use crate::words::Words;
 
 crate::ps_control::coordinator::lane!(py_enum[crate::ps_control::coordinator]);
 crate::ps_control::coordinator::coordinator_event!(py_enum[crate::ps_control::coordinator]);
@@ -47,16 +48,17 @@ crate::ps_control::coordinator::coordinator_action!(py_enum[crate::ps_control::c
 crate::ps_control::task::task_event!(py_enum[crate::ps_control::task]);
 crate::ps_control::task::task_action!(py_enum[crate::ps_control::task]);
 
-/// A core type whose values are words in Python: each variant and its string.
+/// Core types whose values are words in Python: each variant's word is the core's
+/// ([`Words`]).
 macro_rules! py_words {
-    ($ty:ty { $($variant:path => $word:literal),* $(,)? }) => {
+    ($($ty:ty),*) => {$(
         impl<'py> IntoPyObject<'py> for $ty {
             type Target = PyString;
             type Output = Bound<'py, PyString>;
             type Error = Infallible;
 
             fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, Self::Error> {
-                Ok(PyString::new(py, match self { $($variant => $word),* }))
+                Ok(PyString::new(py, self.word()))
             }
         }
 
@@ -75,56 +77,13 @@ macro_rules! py_words {
 
             fn extract(ob: Borrowed<'_, '_, PyAny>) -> PyResult<Self> {
                 let word: String = ob.extract()?;
-                match word.as_str() {
-                    $($word => Ok($variant),)*
-                    _ => Err(PyValueError::new_err(format!("{word:?} is not a {}", stringify!($ty)))),
-                }
+                <$ty>::from_word(&word).ok_or_else(|| PyValueError::new_err(format!("{word:?} is not a {}", stringify!($ty))))
             }
         }
-    };
+    )*};
 }
 
-py_words!(PollLog {
-    PollLog::NotServed => "not served",
-    PollLog::DoesNotAnswer => "does not answer",
-    PollLog::AnswersAgain => "answers again",
-    PollLog::NewIncarnation => "new incarnation",
-});
-py_words!(ReleaseEnd {
-    ReleaseEnd::Released => "released",
-    ReleaseEnd::Refused => "refused",
-    ReleaseEnd::NoAnswer => "no answer",
-    ReleaseEnd::Gone => "gone",
-});
-py_words!(DrainEnd {
-    DrainEnd::Gone => "gone",
-    DrainEnd::StillAnswers => "still answers",
-    DrainEnd::NewIncarnation => "new incarnation",
-    DrainEnd::Stopped => "stopped",
-    DrainEnd::HoldBoundPassed => "hold bound passed",
-});
-py_words!(Outcome {
-    Outcome::Released => "released",
-    Outcome::NotReleased => "not released",
-    Outcome::NoHold => "no hold",
-});
-py_words!(Question {
-    Question::TransientPsFailure => "transient ps failure",
-    Question::TransientTimeout => "transient timeout",
-    Question::DerivedCancellation => "derived cancellation",
-    Question::WorkerFailure => "worker failure",
-});
-py_words!(ServeBound {
-    ServeBound::Deadline => "the notice's deadline",
-    ServeBound::GracePeriod => "the grace period",
-    ServeBound::PeerTimeout => "peer_timeout",
-});
-py_words!(Leave {
-    Leave::Released => "released",
-    Leave::Deadline => "deadline",
-    Leave::CoordinatorSilent => "coordinator silent",
-    Leave::Cap => "cap",
-});
+py_words!(PollLog, ReleaseEnd, DrainEnd, Outcome, Question, ServeBound, Leave);
 
 /// `key` of `dict` (None when absent, or not a dict).
 fn item<'py>(dict: &Bound<'py, PyAny>, key: &str) -> Option<Bound<'py, PyAny>> {

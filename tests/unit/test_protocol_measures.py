@@ -25,7 +25,7 @@ AT_MOST = {
     "literal_waits": 0,
     "time_reads": 0,
     "wide_61": 0,
-    "binding_ratio": 0.306,
+    "binding_ratio": 0.289,
 }
 
 
