@@ -8,6 +8,8 @@ tf = pytest.importorskip("tensorflow", reason="ClusterCoordinator wraps TensorFl
 import tf_failure_handling as tfh  # noqa: E402
 from tf_failure_handling import coordinator  # noqa: E402
 
+from .stop_within import StopWithin  # noqa: E402
+
 
 @pytest.mark.parametrize(
     "make_strategy",
@@ -126,23 +128,6 @@ def _recovery_handler():
     handler._should_preemption_thread_run = True
     handler._protocol = coordinator.CoordinatorProtocol([])
     return handler
-
-
-class StopWithin:
-    """The coordinator's protocol object with a stop bound of ``bound`` seconds (the
-    core's is seconds long): the stop's lock wait, as the core's action gives it."""
-
-    def __init__(self, protocol, bound: float) -> None:
-        self._protocol, self._bound = protocol, bound
-
-    def poll(self, lane):
-        action = self._protocol.poll(lane)
-        if isinstance(action, coordinator.CoordinatorAction.StopRecovery):
-            return coordinator.CoordinatorAction.StopRecovery(self._bound)
-        return action
-
-    def __getattr__(self, name):
-        return getattr(self._protocol, name)
 
 
 def test_stop_wakes_the_recovery_thread():

@@ -22,6 +22,8 @@ from tensorflow.python.framework import errors  # noqa: E402
 from tf_failure_handling._coordinator.closure_queue import ClosureQueue  # noqa: E402
 from tf_failure_handling._coordinator.worker_loop import Worker  # noqa: E402
 
+from .stop_within import StopWithin  # noqa: E402
+
 #: Bound on any wait: only turns a hang into a failure.
 HANG = 30.0
 
@@ -164,25 +166,6 @@ def _handler(queue):
         _record_and_ignore_transient_timeouts=lambda e: False,
     )
     return handler
-
-
-class StopWithin:
-    """The coordinator's protocol object with a stop bound of ``bound`` seconds (the
-    core's is seconds long): the stop's lock wait, as the core's action gives it."""
-
-    def __init__(self, protocol, bound: float) -> None:
-        self._protocol, self._bound = protocol, bound
-
-    def poll(self, lane):
-        from tf_failure_handling import coordinator
-
-        action = self._protocol.poll(lane)
-        if isinstance(action, coordinator.CoordinatorAction.StopRecovery):
-            return coordinator.CoordinatorAction.StopRecovery(self._bound)
-        return action
-
-    def __getattr__(self, name):
-        return getattr(self._protocol, name)
 
 
 def _waiting_for_recovery(other_threads: int):
