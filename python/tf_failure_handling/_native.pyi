@@ -97,7 +97,7 @@ PS_TOKEN: str
 
 def grpc_options_with_keepalive(current: str) -> Optional[str]: ...
 
-class CallTimeout(Exception):
+class _CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
 
 def input_resume(
@@ -134,31 +134,31 @@ class InputTiming:
     def poll_timeout(self) -> float: ...
     def poll(self) -> Optional[float]: ...
 
-class TaskEvent:
+class _TaskEvent:
     """What a served task's threads report (``src/ps_control/task.rs``)."""
 
-    class Notice(TaskEvent):
+    class Notice(_TaskEvent):
         def __init__(
             self, source: str, deadline: Optional[float], grace_period: Optional[float]
         ) -> None: ...
 
-    class Asked(TaskEvent): ...
+    class Asked(_TaskEvent): ...
 
-class TaskAction:
+class _TaskAction:
     """What a served task's serving thread does next (``src/ps_control/task.rs``)."""
 
-    class WaitNotice(TaskAction):
+    class WaitNotice(_TaskAction):
         timeout: float
 
-    class Serving(TaskAction):
+    class Serving(_TaskAction):
         own: float
         source: str
         at_most: float
 
-    class Serve(TaskAction):
+    class Serve(_TaskAction):
         timeout: float
 
-    class Leave(TaskAction):
+    class Leave(_TaskAction):
         why: str
         reason: Optional[str]
         after: float
@@ -177,8 +177,11 @@ class TaskProtocol:
         *,
         clock: Optional[Callable[[], float]] = None,
     ) -> None: ...
-    def handle(self, event: TaskEvent) -> None: ...
-    def poll(self) -> TaskAction: ...
+    Event: type[_TaskEvent]
+    Action: type[_TaskAction]
+
+    def handle(self, event: _TaskEvent) -> None: ...
+    def poll(self) -> _TaskAction: ...
     def answer(self, request: Any) -> dict[str, Any]: ...
     def state(self) -> dict[str, Any]: ...
 
@@ -186,7 +189,7 @@ def unix_time_of(moment: float, core: ProtocolCore) -> float:
     """The wall-clock time of ``moment``, a time on ``core``'s clock, read now."""
 
 class Abandoned:
-    """A call abandoned so that a new one could start (``TaskCalls.start``)."""
+    """A call abandoned so that a new one could start (``CoordinatorProtocol.start_call``)."""
 
     @property
     def age(self) -> float: ...
@@ -194,13 +197,6 @@ class Abandoned:
     def count(self) -> int: ...
     @property
     def max(self) -> int: ...
-
-class TaskCalls:
-    """Which call to a task may start now (``src/ps_control/calls.rs``)."""
-
-    def __init__(self, *, clock: Optional[Callable[[], float]] = None) -> None: ...
-    def start(self, task: str) -> tuple[int, Optional[Abandoned]]: ...
-    def returned(self, task: str, id: int) -> bool: ...
 
 class WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
@@ -522,221 +518,221 @@ def records_bound(timeout: Optional[float] = None, notice_line: bool = False) ->
 TF_WAIT_FOREVER_MS: int
 SIMULATED_CLUSTER_BOUND: float
 
-class Lane:
+class _Lane:
     """Which of the coordinator's threads asks (``src/ps_control/coordinator.rs``)."""
 
-    class Poll(Lane): ...
+    class Poll(_Lane): ...
 
-    class Release(Lane):
+    class Release(_Lane):
         task: str
         def __init__(self, task: str) -> None: ...
 
-    class Gone(Lane):
+    class Gone(_Lane):
         task: str
         def __init__(self, task: str) -> None: ...
 
-    class Drain(Lane):
+    class Drain(_Lane):
         worker: int
         def __init__(self, worker: int) -> None: ...
 
-    class Save(Lane): ...
-    class Join(Lane): ...
+    class Save(_Lane): ...
+    class Join(_Lane): ...
 
-    class Failure(Lane):
+    class Failure(_Lane):
         thread: int
         def __init__(self, thread: int) -> None: ...
 
-    class Stop(Lane): ...
+    class Stop(_Lane): ...
 
-class CoordinatorEvent:
+class _CoordinatorEvent:
     """What the coordinator's threads report (``src/ps_control/coordinator.rs``)."""
 
-    class Answered(CoordinatorEvent):
+    class Answered(_CoordinatorEvent):
         def __init__(self, task: str, answer: Any) -> None: ...
 
-    class PollFailed(CoordinatorEvent):
+    class PollFailed(_CoordinatorEvent):
         def __init__(self, task: str, error: BaseException) -> None: ...
 
-    class Watch(CoordinatorEvent):
+    class Watch(_CoordinatorEvent):
         def __init__(self, tasks: List[str], peer_timeout: Optional[float]) -> None: ...
 
-    class Stop(CoordinatorEvent): ...
-    class RoundFailed(CoordinatorEvent): ...
+    class Stop(_CoordinatorEvent): ...
+    class RoundFailed(_CoordinatorEvent): ...
 
-    class ReleaseStart(CoordinatorEvent):
+    class ReleaseStart(_CoordinatorEvent):
         def __init__(self, task: str, reason: str, bound: Optional[float]) -> None: ...
 
-    class ReleaseAnswered(CoordinatorEvent):
+    class ReleaseAnswered(_CoordinatorEvent):
         def __init__(self, task: str, answer: Any) -> None: ...
 
-    class ReleaseFailed(CoordinatorEvent):
+    class ReleaseFailed(_CoordinatorEvent):
         def __init__(self, task: str, error: BaseException, busy: bool) -> None: ...
 
-    class WaitGone(CoordinatorEvent):
+    class WaitGone(_CoordinatorEvent):
         def __init__(self, task: str, bound: float) -> None: ...
 
-    class Probed(CoordinatorEvent):
+    class Probed(_CoordinatorEvent):
         def __init__(self, task: str, listening: bool) -> None: ...
 
-    class DrainStart(CoordinatorEvent):
+    class DrainStart(_CoordinatorEvent):
         def __init__(self, worker: int, can_hold: bool) -> None: ...
 
-    class Idled(CoordinatorEvent):
+    class Idled(_CoordinatorEvent):
         def __init__(self, worker: int, idle: bool) -> None: ...
 
-    class DrainReleased(CoordinatorEvent):
+    class DrainReleased(_CoordinatorEvent):
         def __init__(self, worker: int, ok: bool) -> None: ...
 
-    class DrainWaited(CoordinatorEvent):
+    class DrainWaited(_CoordinatorEvent):
         def __init__(self, worker: int, gone: bool) -> None: ...
 
-    class SaveStart(CoordinatorEvent):
+    class SaveStart(_CoordinatorEvent):
         def __init__(self, bound: float, scheduled: Optional[int], held: bool) -> None: ...
 
-    class Unfinished(CoordinatorEvent):
+    class Unfinished(_CoordinatorEvent):
         def __init__(
             self, count: int, queued: Optional[List[int]], in_flight: Optional[List[int]]
         ) -> None: ...
 
-    class Promotable(CoordinatorEvent):
+    class Promotable(_CoordinatorEvent):
         def __init__(self, found: List[int], takers: int) -> None: ...
 
-    class Granted(CoordinatorEvent): ...
+    class Granted(_CoordinatorEvent): ...
 
-    class OwnNotice(CoordinatorEvent):
+    class OwnNotice(_CoordinatorEvent):
         def __init__(self, final_round: bool) -> None: ...
 
-    class CheckpointSaved(CoordinatorEvent): ...
-    class TrainingGoesOn(CoordinatorEvent): ...
+    class CheckpointSaved(_CoordinatorEvent): ...
+    class TrainingGoesOn(_CoordinatorEvent): ...
 
-    class ClosureFailed(CoordinatorEvent):
+    class ClosureFailed(_CoordinatorEvent):
         def __init__(self, thread: int) -> None: ...
 
-    class FailureAnswered(CoordinatorEvent):
+    class FailureAnswered(_CoordinatorEvent):
         def __init__(self, thread: int, yes: bool) -> None: ...
 
-    class RecoveryWaited(CoordinatorEvent):
+    class RecoveryWaited(_CoordinatorEvent):
         def __init__(self, thread: int, running: bool, recovered: bool) -> None: ...
 
-class CoordinatorAction:
+class _CoordinatorAction:
     """What a coordinator's thread does next (``src/ps_control/coordinator.rs``)."""
 
-    class Poll(CoordinatorAction):
+    class Poll(_CoordinatorAction):
         task: str
         timeout: float
 
-    class Say(CoordinatorAction):
+    class Say(_CoordinatorAction):
         line: str
         task: str
         detail: str
 
-    class Reconnect(CoordinatorAction):
+    class Reconnect(_CoordinatorAction):
         task: str
 
-    class Notice(CoordinatorAction):
+    class Notice(_CoordinatorAction):
         task: str
         job: str
         index: int
         source: str
         deadline: Optional[float]
 
-    class Release(CoordinatorAction):
+    class Release(_CoordinatorAction):
         task: str
         reason: str
         incarnation: Optional[str]
         notice_at: Optional[float]
         timeout: float
 
-    class Released(CoordinatorAction):
+    class Released(_CoordinatorAction):
         task: str
         end: str
         detail: str
 
-    class Probe(CoordinatorAction):
+    class Probe(_CoordinatorAction):
         task: str
         timeout: float
 
-    class Pause(CoordinatorAction):
+    class Pause(_CoordinatorAction):
         timeout: float
         after: Optional[str]
 
-    class GoneOver(CoordinatorAction):
+    class GoneOver(_CoordinatorAction):
         gone: bool
 
-    class Hold(CoordinatorAction):
+    class Hold(_CoordinatorAction):
         bound: float
 
-    class DrainRelease(CoordinatorAction):
+    class DrainRelease(_CoordinatorAction):
         task: str
         drained: bool
         hold: bool
 
-    class DrainWaitGone(CoordinatorAction):
+    class DrainWaitGone(_CoordinatorAction):
         task: str
         bound: float
         holding: Optional[float]
 
-    class DrainOver(CoordinatorAction):
+    class DrainOver(_CoordinatorAction):
         held: bool
         why: Optional[str]
         bound: float
         outcome: Optional[str]
 
-    class WaitAll(CoordinatorAction):
+    class WaitAll(_CoordinatorAction):
         bound: float
 
-    class WaitIdle(CoordinatorAction):
+    class WaitIdle(_CoordinatorAction):
         look: float
         looks: int
 
-    class Promote(CoordinatorAction):
+    class Promote(_CoordinatorAction):
         runs: List[int]
 
-    class Grant(CoordinatorAction):
+    class Grant(_CoordinatorAction):
         runs: List[int]
         wait: float
 
-    class Saved(CoordinatorAction):
+    class Saved(_CoordinatorAction):
         runs: Optional[int]
         finished_after: List[int]
         filled: List[int]
         error_wait: Optional[float]
         took: float
 
-    class HoldAll(CoordinatorAction):
+    class HoldAll(_CoordinatorAction):
         strict: bool
 
-    class ReleaseSaved(CoordinatorAction):
+    class ReleaseSaved(_CoordinatorAction):
         task: str
         silence: float
         bound: float
 
-    class StopWatch(CoordinatorAction): ...
+    class StopWatch(_CoordinatorAction): ...
 
-    class ResumeAll(CoordinatorAction):
+    class ResumeAll(_CoordinatorAction):
         runs: Optional[int]
 
-    class Ask(CoordinatorAction):
+    class Ask(_CoordinatorAction):
         question: str
 
-    class Retry(CoordinatorAction):
+    class Retry(_CoordinatorAction):
         why: str
 
-    class Raise(CoordinatorAction): ...
+    class Raise(_CoordinatorAction): ...
 
-    class Recover(CoordinatorAction):
+    class Recover(_CoordinatorAction):
         timeout: float
 
-    class AfterRecovery(CoordinatorAction):
+    class AfterRecovery(_CoordinatorAction):
         stopped: bool
         timed_out: bool
         timeout: float
 
-    class StopRecovery(CoordinatorAction):
+    class StopRecovery(_CoordinatorAction):
         timeout: float
         def __init__(self, timeout: float) -> None: ...
 
-    class Done(CoordinatorAction): ...
+    class Done(_CoordinatorAction): ...
 
 class CoordinatorProtocol:
     """The coordinator's protocol object (``src/ps_control/coordinator.rs``)."""
@@ -751,9 +747,18 @@ class CoordinatorProtocol:
         recovery_timeout: Optional[float] = None,
         clock: Optional[Callable[[], float]] = None,
     ) -> None: ...
-    def handle(self, event: CoordinatorEvent) -> None: ...
-    def poll(self, lane: Lane) -> CoordinatorAction: ...
-    def poll_timeout(self, lane: Lane) -> Optional[float]: ...
+    Event: type[_CoordinatorEvent]
+    Action: type[_CoordinatorAction]
+    Lane: type[_Lane]
+    CallTimeout: type[_CallTimeout]
+
+    def handle(self, event: _CoordinatorEvent) -> None: ...
+    def poll(self, lane: _Lane) -> _CoordinatorAction: ...
+    def poll_timeout(self, lane: _Lane) -> Optional[float]: ...
+    def start_call(self, task: str) -> tuple[int, Optional[Abandoned]]:
+        """A call to ``task`` starts now: its handle, and the earlier call it abandons
+        (or None); raises ``CallTimeout`` while an earlier call holds the task up."""
+    def call_returned(self, task: str, id: int) -> bool: ...
     def state(self) -> dict[str, Any]: ...
 
 class TransientFailures:

@@ -31,7 +31,11 @@ from ._coordinator import worker_loop as _worker_loop
 from ._coordinator.closure_queue import ClosureQueue
 from ._integrations import tf_exit as _tf_exit
 from ._integrations import tf_versions as _tf_versions
-from ._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane
+from ._native import CoordinatorProtocol
+
+CoordinatorAction = CoordinatorProtocol.Action
+CoordinatorEvent = CoordinatorProtocol.Event
+Lane = CoordinatorProtocol.Lane
 
 log = logging.getLogger("tf_failure_handling")
 

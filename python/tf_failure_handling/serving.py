@@ -11,10 +11,12 @@ import logging
 from typing import Any, Optional
 
 from ._coordinator import task_calls as _task_calls
-from ._native import TaskAction
+from ._native import TaskProtocol
 from ._platforms import notice_sources as _sources
 from ._platforms import platform as _platform
 from .handler import TerminationConfig, _peer_timeout
+
+TaskAction = TaskProtocol.Action
 
 log = logging.getLogger("tf_failure_handling")
 

@@ -18,6 +18,11 @@
 //! | [`Lane::Failure`] | a worker thread whose closure raised | TF's questions about the error, in TF's order ([`crate::failure::response`]), what to do, the bound of the wait for the worker's recovery and what follows it |
 //! | [`Lane::Stop`] | whoever stops the failure handling | how long the stop waits for the worker-recovery thread to let go of the cluster, and then for the thread to end |
 //!
+//! Every call to a task, whichever lane makes it, first asks the object whether it
+//! may start ([`Coordinator::start_call`], [`super::Calls`]: at most one outstanding
+//! call per task, the abandoned ones bounded) and reports its return
+//! ([`Coordinator::call_returned`]).
+//!
 //! A task released stays unasked by the poll until the wait for it to be gone ends
 //! (an op sent to an exiting process fails, and TensorFlow can hand that error to
 //! another thread's op).
@@ -33,8 +38,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use super::drain::{DrainStep, Ended, Outcome, WorkerDrain};
 use super::save_drain::{settle_looks, SaveDrain, SaveStep};
 use super::{
-    reconnect, runs_at_save, PollLog, Watch, CALL_TIMEOUT, COORDINATOR_SILENCE, DEFAULT_DRAIN_BOUND, DRAIN_ERROR_WAIT, DRAIN_SETTLE_LOOK,
-    EXIT_WAIT, JOIN_SLICE, POLL_INTERVAL, PORT_PROBE_TIMEOUT, WORKER_GET_SLICE,
+    reconnect, runs_at_save, Abandoned, CallId, Calls, PollLog, Refused, Watch, ABANDON_AFTER, CALL_TIMEOUT, COORDINATOR_SILENCE,
+    DEFAULT_DRAIN_BOUND, DRAIN_ERROR_WAIT, DRAIN_SETTLE_LOOK, EXIT_WAIT, JOIN_SLICE, MAX_ABANDONED, POLL_INTERVAL, PORT_PROBE_TIMEOUT,
+    WORKER_GET_SLICE,
 };
 use crate::failure::response::{self as failure_response, AfterWait, Question, Response};
 use crate::failure::{DEFAULT_WORKER_RECOVERY_TIMEOUT, STOP_LOCK_BOUND};
@@ -446,6 +452,8 @@ pub struct Coordinator {
     failures: BTreeMap<u64, FailureLane>,
     /// When the stop of the failure handling started.
     stop: Option<f64>,
+    /// The outstanding and abandoned calls to the tasks.
+    calls: Calls,
 }
 
 /// One worker thread's response to its closure's error.
@@ -504,7 +512,24 @@ impl Coordinator {
             recovery_timeout: DEFAULT_WORKER_RECOVERY_TIMEOUT,
             failures: BTreeMap::new(),
             stop: None,
+            calls: Calls::new(ABANDON_AFTER, MAX_ABANDONED),
         }
+    }
+
+    /// A call to `task` is to start at `now`: its handle, and the earlier call it
+    /// abandons, if any ([`Calls::start`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Refused`] while the task's earlier call holds up the next ones.
+    pub fn start_call(&mut self, task: &str, now: f64) -> Result<(CallId, Option<Abandoned>), Refused> {
+        self.calls.start(task, now)
+    }
+
+    /// Call `id` to `task` returned (an answer or an error); false when it was
+    /// reported before ([`Calls::returned`]).
+    pub fn call_returned(&mut self, task: &str, id: CallId) -> bool {
+        self.calls.returned(task, id)
     }
 
     /// The bound of a worker thread's wait for its worker's recovery (None:
@@ -1969,5 +1994,19 @@ mod tests {
             c.handle(Event::Stop {}, NOW);
             assert_eq!(c.poll(&Lane::Poll {}, NOW), Action::Done {});
         }
+    }
+
+    #[test]
+    fn the_coordinator_decides_which_call_to_a_task_may_start() {
+        let mut c = coordinator();
+        let (first, abandoned) = c.start_call(PS, NOW).unwrap();
+        assert!(abandoned.is_none());
+        assert!(matches!(c.start_call(PS, NOW + 1.0), Err(Refused::Outstanding { .. })));
+        // Another task is not held up by this one's call.
+        assert!(c.start_call(W0, NOW + 1.0).is_ok());
+        let (_, abandoned) = c.start_call(PS, NOW + ABANDON_AFTER).unwrap();
+        assert_eq!(abandoned.map(|a| (a.count, a.max)), Some((1, MAX_ABANDONED)));
+        assert!(c.call_returned(PS, first));
+        assert!(!c.call_returned(PS, first));
     }
 }

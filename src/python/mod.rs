@@ -14,7 +14,7 @@
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |
 //! | `retry.rs` | `WriteKind`: what a write of the driver is (its schedule, and the retry rule's, are `ProtocolCore`'s, `crate::protocol`) |
-//! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait, a closure's error in TF's order), `TaskProtocol` (a served task's), `TaskCalls` |
+//! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait, a closure's error in TF's order), `TaskProtocol` (a served task's); each with its event and action types nested (`CoordinatorProtocol.Event`) |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
 //! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes; `InputTiming`: when a slow resume is logged (`crate::input_position`) |
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |

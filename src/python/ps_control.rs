@@ -3,16 +3,15 @@
 //! `PyFunc` ops on threads of their own), the port probes, the holds, the waits and
 //! the logging.
 //!
-//! * `CoordinatorProtocol` with its `Lane`, `CoordinatorEvent` and
-//!   `CoordinatorAction`: the coordinator's protocol object
-//!   ([`crate::ps_control::coordinator`]): its poll of the tasks, their releases, the
-//!   waits for them to be gone, the workers' drains, the save's wait for the closures,
-//!   the response to a closure's error and the stop of the failure handling;
-//! * `TaskProtocol` with its `TaskEvent` and `TaskAction`: a served task's protocol
+//! * `CoordinatorProtocol` with its `.Lane`, `.Event` and `.Action`: the
+//!   coordinator's protocol object ([`crate::ps_control::coordinator`]): its poll of
+//!   the tasks, their releases, the waits for them to be gone, the workers' drains,
+//!   the save's wait for the closures, the response to a closure's error, the stop of
+//!   the failure handling, and whether a call to a task may start now and which
+//!   earlier call it abandons (its `.CallTimeout` otherwise);
+//! * `TaskProtocol` with its `.Event` and `.Action`: a served task's protocol
 //!   object ([`crate::ps_control::task`]): its answers to the coordinator, how long it
-//!   serves after its notice;
-//! * `TaskCalls`: whether a call to a task may start now, which earlier call
-//!   it abandons (`CallTimeout` otherwise).
+//!   serves after its notice.
 //!
 //! The event and action types are the core's declarations (`crate::wire`), expanded
 //! here in one line each. What their fields hold that is not a plain value is
@@ -34,12 +33,12 @@ use pyo3::types::{PyDict, PyString};
 
 use super::clock::{now_secs, unix_now};
 use super::errors::CallTimeout;
-use super::wire::py_enum;
+use super::wire::{nest, py_enum};
 use crate::failure::response::Question;
 use crate::ps_control::coordinator::{self as co, CallError, DrainEnd, NoticeSeen, PollAnswer, ReleaseEnd, ReleaseReply};
 use crate::ps_control::drain::Outcome;
 use crate::ps_control::task::{self, TaskReply, TaskRequest};
-use crate::ps_control::{self, CallId, Calls, Leave, PollLog, ServeBound};
+use crate::ps_control::{self, CallId, Leave, PollLog, ServeBound};
 use crate::words::Words;
 
 crate::ps_control::coordinator::lane!(py_enum[crate::ps_control::coordinator]);
@@ -321,7 +320,7 @@ impl TaskProtocol {
     }
 }
 
-/// A call abandoned so that a new one could start (`TaskCalls.start`).
+/// A call abandoned so that a new one could start (`CoordinatorProtocol.start_call`).
 #[pyclass(frozen, get_all, module = "tf_failure_handling._native")]
 pub struct Abandoned {
     /// Seconds since the abandoned call started.
@@ -330,41 +329,6 @@ pub struct Abandoned {
     count: usize,
     /// The most that may be.
     max: usize,
-}
-
-/// The outstanding and abandoned calls to the tasks
-/// ([`crate::ps_control::Calls`], with its bounds), on the monotonic clock or `clock`.
-#[pyclass(frozen, module = "tf_failure_handling._native")]
-pub struct TaskCalls(Mutex<Calls>, Clock);
-
-#[pymethods]
-impl TaskCalls {
-    #[new]
-    #[pyo3(signature = (*, clock = None))]
-    fn new(clock: Option<Py<PyAny>>) -> Self {
-        let calls = Calls::new(ps_control::ABANDON_AFTER, ps_control::MAX_ABANDONED);
-        TaskCalls(Mutex::new(calls), Clock(clock, now_secs))
-    }
-
-    /// A call to `task` starts now: its handle, and the earlier call it abandons or
-    /// None. `CallTimeout` while an earlier call holds the task up.
-    fn start(&self, py: Python<'_>, task: &str) -> PyResult<(CallId, Option<Abandoned>)> {
-        let now = self.1.now(py)?;
-        let started = self.0.lock().start(task, now);
-        let (id, abandoned) = started?;
-        let abandoned = abandoned.map(|a| Abandoned {
-            age: a.age,
-            count: a.count,
-            max: a.max,
-        });
-        Ok((id, abandoned))
-    }
-
-    /// Call `id` to `task` returned, with an answer or an error (reported by
-    /// the call's thread); False if it was reported before.
-    fn returned(&self, task: &str, id: CallId) -> bool {
-        self.0.lock().returned(task, id)
-    }
 }
 
 /// The coordinator's protocol object (`crate::ps_control::coordinator::Coordinator`):
@@ -409,6 +373,26 @@ impl CoordinatorProtocol {
         Ok(self.core.lock().poll(&lane.get().into(), now).into())
     }
 
+    /// A call to `task` starts now: its handle, and the earlier call it abandons or
+    /// None. `CoordinatorProtocol.CallTimeout` while an earlier call holds the task up.
+    fn start_call(&self, py: Python<'_>, task: &str) -> PyResult<(CallId, Option<Abandoned>)> {
+        let now = self.clock.now(py)?;
+        let started = self.core.lock().start_call(task, now);
+        let (id, abandoned) = started?;
+        let abandoned = abandoned.map(|a| Abandoned {
+            age: a.age,
+            count: a.count,
+            max: a.max,
+        });
+        Ok((id, abandoned))
+    }
+
+    /// Call `id` to `task` returned, with an answer or an error (reported by the
+    /// call's thread); False if it was reported before.
+    fn call_returned(&self, task: &str, id: CallId) -> bool {
+        self.core.lock().call_returned(task, id)
+    }
+
     /// Seconds `lane` may wait from now (None: until an event).
     fn poll_timeout(&self, py: Python<'_>, lane: &Bound<'_, Lane>) -> PyResult<Option<f64>> {
         let now = self.clock.now(py)?;
@@ -445,17 +429,19 @@ fn grpc_options_with_keepalive(current: &str) -> Option<String> {
     ps_control::with_keepalive(current)
 }
 
+/// Each protocol object with its own vocabulary nested in it (`TaskProtocol.Event`,
+/// `CoordinatorProtocol.Lane`, its calls' `CoordinatorProtocol.CallTimeout`).
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<TaskEvent>()?;
-    m.add_class::<TaskAction>()?;
+    let py = m.py();
     m.add_class::<TaskProtocol>()?;
+    nest::<TaskProtocol, TaskEvent>(py, "Event")?;
+    nest::<TaskProtocol, TaskAction>(py, "Action")?;
     m.add_class::<Abandoned>()?;
-    m.add_class::<TaskCalls>()?;
-    m.add_class::<Lane>()?;
-    m.add_class::<CoordinatorEvent>()?;
-    m.add_class::<CoordinatorAction>()?;
     m.add_class::<CoordinatorProtocol>()?;
-    m.add("CallTimeout", m.py().get_type::<CallTimeout>())?;
+    nest::<CoordinatorProtocol, Lane>(py, "Lane")?;
+    nest::<CoordinatorProtocol, CoordinatorEvent>(py, "Event")?;
+    nest::<CoordinatorProtocol, CoordinatorAction>(py, "Action")?;
+    nest::<CoordinatorProtocol, CallTimeout>(py, "CallTimeout")?;
     m.add("PS_TOKEN", ps_control::TOKEN)?;
     m.add_function(wrap_pyfunction!(grpc_options_with_keepalive, m)?)?;
     Ok(())

@@ -19,6 +19,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
+use pyo3::PyTypeInfo;
 
 use crate::step_resolution::Round;
 
@@ -99,4 +100,14 @@ impl FromPyObject<'_, '_> for Round {
             .find(|round| round.key() == key)
             .ok_or_else(|| PyValueError::new_err(format!("{key:?} is not a step key")))
     }
+}
+
+/// Attaches type `T` to the protocol object `Owner` as `Owner.<name>` (an object's own
+/// event, action or error type is reached through it, not as a module-level name), its
+/// `__qualname__` saying so.
+pub(crate) fn nest<Owner: PyTypeInfo, T: PyTypeInfo>(py: Python<'_>, name: &str) -> PyResult<()> {
+    let owner = py.get_type::<Owner>();
+    let ty = py.get_type::<T>();
+    ty.setattr("__qualname__", format!("{}.{name}", owner.qualname()?))?;
+    owner.setattr(name, ty)
 }

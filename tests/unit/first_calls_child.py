@@ -154,15 +154,14 @@ def testing_service() -> None:
 
 
 #: Shared by the threads, as the poller's and the calls' cores are in a coordinator.
-_CALLS = _native.TaskCalls()
 _PROTOCOL = _native.CoordinatorProtocol([])
 
 
 def ps_control() -> None:
     task = threading.current_thread().name
-    call, abandoned = _CALLS.start(task)
-    assert abandoned is None and _CALLS.returned(task, call)
-    event, lane = _native.CoordinatorEvent, _native.Lane
+    call, abandoned = _PROTOCOL.start_call(task)
+    assert abandoned is None and _PROTOCOL.call_returned(task, call)
+    event, lane = _native.CoordinatorProtocol.Event, _native.CoordinatorProtocol.Lane
     _PROTOCOL.handle(event.PollFailed(task, RuntimeError("Could not find callback")))
     _PROTOCOL.handle(event.Answered(task, {"incarnation": "inc", "notice": {"at": 1.0}}))
     _PROTOCOL.handle(event.ReleaseStart(task, "drained", None))
@@ -173,7 +172,7 @@ def ps_control() -> None:
     _PROTOCOL.poll_timeout(lane.Poll())
     _PROTOCOL.state()
     served = _native.TaskProtocol("ps", 0, task, 30.0)
-    served.handle(_native.TaskEvent.Notice("signal SIGTERM", None, 0.0))
+    served.handle(_native.TaskProtocol.Event.Notice("signal SIGTERM", None, 0.0))
     at = served.answer({"op": "poll"})["notice"]["at"]
     assert served.answer({"op": "release", "incarnation": task, "notice_at": at})["released"]
     served.poll()

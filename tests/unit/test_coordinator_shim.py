@@ -41,8 +41,9 @@ def test_recovery_timeout_must_be_a_number(bad):
 def _recovery_wait(recovery_timeout):
     """The bound of a worker thread's wait for its worker's recovery, as the coordinator's
     protocol object configured with ``recovery_timeout`` says it."""
-    from tf_failure_handling._native import CoordinatorEvent, CoordinatorProtocol, Lane
+    from tf_failure_handling._native import CoordinatorProtocol
 
+    CoordinatorEvent, Lane = CoordinatorProtocol.Event, CoordinatorProtocol.Lane
     protocol, lane = CoordinatorProtocol([], recovery_timeout=recovery_timeout), Lane.Failure(1)
     protocol.handle(CoordinatorEvent.ClosureFailed(1))
     for yes in (False, False, False, True):  # a worker failure, after TF's three questions

@@ -26,7 +26,9 @@ from tensorflow.python.distribute.coordinator import values as tf_values  # noqa
 from tensorflow.python.eager import cancellation  # noqa: E402
 from tf_failure_handling._coordinator import join_checks as _join_checks  # noqa: E402
 from tf_failure_handling._coordinator import worker_loop as _worker_loop  # noqa: E402
-from tf_failure_handling._native import CoordinatorProtocol, Lane  # noqa: E402
+from tf_failure_handling._native import CoordinatorProtocol  # noqa: E402
+
+Lane = CoordinatorProtocol.Lane
 
 #: Bound on any wait in these tests: only turns a hang into a failure.
 HANG = 30.0

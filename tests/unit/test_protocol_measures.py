@@ -17,15 +17,15 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 66,
+    "native_names": 59,
     "native_constants": 12,
     "native_constants_not_allowed": 1,
     "native_constant_uses": 1,
-    "binding_methods": 76,
+    "binding_methods": 75,
     "literal_waits": 0,
     "time_reads": 0,
     "wide_61": 0,
-    "binding_ratio": 0.289,
+    "binding_ratio": 0.288,
 }
 
 

@@ -26,16 +26,13 @@ from tf_failure_handling._coordinator import (
     worker_drain,
 )
 from tf_failure_handling._coordinator.worker_loop import Worker, _Holds
-from tf_failure_handling._native import (
-    CoordinatorAction,
-    CoordinatorEvent,
-    CoordinatorProtocol,
-    Lane,
-    TaskAction,
-    TaskCalls,
-    TaskEvent,
-    TaskProtocol,
-)
+from tf_failure_handling._native import CoordinatorProtocol, TaskProtocol
+
+CoordinatorAction = CoordinatorProtocol.Action
+CoordinatorEvent = CoordinatorProtocol.Event
+Lane = CoordinatorProtocol.Lane
+TaskAction = TaskProtocol.Action
+TaskEvent = TaskProtocol.Event
 
 BOUND = 10.0  # turns a hang into a failure
 #: A served task serves at most this many times its own bound (src/ps_control.rs).
@@ -166,10 +163,11 @@ def test_call_to_a_task_that_does_not_answer_gives_up_at_its_bound():
             time.sleep(0.01)
 
 
-def clocked_calls(now: list) -> TaskCalls:
-    """The core's ``TaskCalls`` (its bounds: a call is abandoned after 30 s, at most 4
-    per task) on the test's clock (``now[0]``)."""
-    return TaskCalls(clock=lambda: now[0])
+def clocked_calls(now: list) -> CoordinatorProtocol:
+    """The coordinator's protocol object, which decides whether a call to a task may
+    start (its bounds: a call is abandoned after 30 s, at most 4 per task), on the
+    test's clock (``now[0]``)."""
+    return CoordinatorProtocol([], clock=lambda: now[0])
 
 
 def test_a_call_that_never_returns_is_abandoned_and_the_task_asked_again(caplog):

@@ -29,7 +29,9 @@ import pytest
 
 pytest.importorskip("tensorflow", reason="TF's WorkerPreemptionHandler is the subject")
 
-from tf_failure_handling._native import CoordinatorProtocol, Lane
+from tf_failure_handling._native import CoordinatorProtocol
+
+Lane = CoordinatorProtocol.Lane
 
 #: Bound on the child (TensorFlow's import on a loaded machine included): only turns a
 #: hang at exit into a failure.

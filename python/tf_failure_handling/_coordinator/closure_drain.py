@@ -11,8 +11,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from .._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane
+from .._native import CoordinatorProtocol
 from .coordinators import workers_of
+
+CoordinatorAction = CoordinatorProtocol.Action
+CoordinatorEvent = CoordinatorProtocol.Event
+Lane = CoordinatorProtocol.Lane
 
 SAVE_HOLD = "save"
 

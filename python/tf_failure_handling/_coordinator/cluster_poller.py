@@ -16,8 +16,12 @@ import socket
 import threading
 from typing import Any, Callable, Optional
 
-from .._native import CoordinatorAction, CoordinatorEvent, CoordinatorProtocol, Lane
-from .task_calls import CallRefused, call
+from .._native import CoordinatorProtocol
+from .task_calls import CallRefused, _Caller
+
+CoordinatorAction = CoordinatorProtocol.Action
+CoordinatorEvent = CoordinatorProtocol.Event
+Lane = CoordinatorProtocol.Lane
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -61,15 +65,16 @@ class ClusterPoller:
                 self.addresses[task] = str(address)
         self._listening = self._port_open if listening is None else listening
         self._on_notice = on_notice
-        self._call = call if caller is None else caller
         #: Set by :meth:`stop`: wakes every pause of the lanes.
         self._stop = threading.Event()
-        #: The coordinator's protocol object: every decision about the tasks.
+        #: The coordinator's protocol object: every decision about the tasks, and
+        #: whether a call to one may start.
         if protocol is None:
             protocol = CoordinatorProtocol(tasks, peer_timeout, interval, call_timeout)
         else:
             protocol.handle(CoordinatorEvent.Watch(tasks, peer_timeout))
         self.protocol = protocol
+        self._call = _Caller(protocol=protocol) if caller is None else caller
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:

@@ -12,7 +12,9 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from .._native import Lane
+from .._native import CoordinatorProtocol
+
+Lane = CoordinatorProtocol.Lane
 
 #: The step checks of the open handlers of a ParameterServerStrategy coordinator in
 #: this process (each has ``closed`` and ``check_in_join()``), each with its

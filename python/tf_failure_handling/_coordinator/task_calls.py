@@ -2,7 +2,7 @@
 
 :class:`TaskControl` is what ``serve()`` registers in TF's ``py_func`` registry; the
 coordinator runs a ``PyFunc`` op on each task's CPU (:func:`remote_call`) to ask it, each
-call bounded (:data:`call`). The requests and the bounds: docs/getting-started/
+call bounded (:class:`_Caller`). The requests and the bounds: docs/getting-started/
 parameter-server.md, "Preemption under ParameterServerStrategy".
 """
 
@@ -17,11 +17,15 @@ from typing import Any, Callable, Optional
 
 from .._bounded_call import BoundedCall
 from .._native import PS_TOKEN as TOKEN
-from .._native import CallTimeout, TaskCalls, TaskEvent, TaskProtocol
+from .._native import CoordinatorProtocol, TaskProtocol
 
 # Imported for what it does at import: the keepalive is in TF_GRPC_DEFAULT_OPTIONS before
 # TensorFlow creates a channel, so a call to a stopped task fails instead of stalling.
 from . import grpc_keepalive  # noqa: F401
+
+#: A call to a task did not return within its bound (the coordinator's protocol
+#: object's error: its calls' bounds are its decisions).
+CallTimeout = CoordinatorProtocol.CallTimeout
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -66,7 +70,7 @@ class TaskControl:
         self, source: str, deadline: Optional[float], grace_period: Optional[float] = None
     ) -> None:
         """The task's notice (the first counts), with the grace period then in effect."""
-        self.protocol.handle(TaskEvent.Notice(source, deadline, grace_period))
+        self.protocol.handle(TaskProtocol.Event.Notice(source, deadline, grace_period))
 
     def __call__(self, request: Any) -> bytes:
         """The body of the ``PyFunc`` op the coordinator runs on this task."""
@@ -98,7 +102,7 @@ class TaskControl:
 
 def remote_call(task: str, request: dict) -> dict:
     """Runs ``request`` against :class:`TaskControl` of ``task`` (``/job:ps/replica:0/task:0``),
-    unbounded (:func:`call` bounds it); raises what TF raises (naming :data:`TOKEN` when the
+    unbounded (:class:`_Caller` bounds it); raises what TF raises (naming :data:`TOKEN` when the
     task does not run ``serve()``)."""
     from tensorflow.python.eager import context
     from tensorflow.python.framework import constant_op, dtypes, ops
@@ -120,25 +124,27 @@ def remote_call(task: str, request: dict) -> dict:
 
 
 class CallRefused(CallTimeout):
-    """A call not started: the task's earlier call has not returned (the core's
-    ``TaskCalls``). A :class:`CallTimeout`, so callers that do not care see one."""
+    """A call not started: the task's earlier call has not returned (the coordinator's
+    protocol object's ``start_call``). A :class:`CallTimeout`, so callers that do not
+    care see one."""
 
 
 class _Caller:
     """Bounded calls to the tasks (:class:`BoundedCall`), each within the ``timeout``
     its action gives. Whether a call may start, and which unreturned one it abandons,
-    is the core's (``calls``: a ``TaskCalls``, by default on the monotonic clock); a
-    refused call raises :class:`CallRefused` at once."""
+    is the coordinator's protocol object's (``protocol``, a ``CoordinatorProtocol``;
+    None: one of the caller's own, on the monotonic clock); a refused call raises
+    :class:`CallRefused` at once."""
 
     def __init__(
-        self, transport: Callable[[str, dict], dict] = remote_call, calls: Any = None
+        self, transport: Callable[[str, dict], dict] = remote_call, protocol: Any = None
     ) -> None:
         self._transport = transport
-        self._calls = TaskCalls() if calls is None else calls
+        self._calls = CoordinatorProtocol([]) if protocol is None else protocol
 
     def __call__(self, task: str, request: dict, timeout: float) -> dict:
         try:
-            call, abandoned = self._calls.start(task)
+            call, abandoned = self._calls.start_call(task)
         except CallTimeout as e:
             raise CallRefused(str(e)) from None
         if abandoned is not None:
@@ -155,7 +161,7 @@ class _Caller:
             returned = bounded.wait(timeout)
         except BaseException:
             if not bounded.thread.is_alive():
-                self._calls.returned(task, call)  # never started: nothing will report it
+                self._calls.call_returned(task, call)  # never started: nothing will report it
             raise
         if not returned:
             raise CallTimeout(f"{task} did not answer {request.get('op')!r} within {timeout:.1f}s")
@@ -165,8 +171,4 @@ class _Caller:
         try:
             return self._transport(task, request)
         finally:
-            self._calls.returned(task, call)
-
-
-#: The process's bounded calls to the tasks.
-call = _Caller()
+            self._calls.call_returned(task, call)

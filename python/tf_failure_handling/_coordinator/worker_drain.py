@@ -12,9 +12,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._native import CoordinatorAction, CoordinatorEvent, Lane
+from .._native import CoordinatorProtocol
 from .cluster_poller import ClusterPoller
 from .coordinators import find_coordinator, workers_of
+
+CoordinatorAction = CoordinatorProtocol.Action
+CoordinatorEvent = CoordinatorProtocol.Event
+Lane = CoordinatorProtocol.Lane
 
 log = logging.getLogger("tf_failure_handling")
 

@@ -18,7 +18,9 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from .._native import CoordinatorProtocol, Lane
+from .._native import CoordinatorProtocol
+
+Lane = CoordinatorProtocol.Lane
 
 log = logging.getLogger("tf_failure_handling")
 

@@ -31,9 +31,13 @@ from .._coordinator import grpc_keepalive as _grpc_keepalive
 from .._coordinator import join_checks as _join_checks
 from .._coordinator import worker_drain as _worker_drain
 from .._integrations import tf_exit as _tf_exit
-from .._native import CoordinatorAction, CoordinatorEvent, Lane, ProtocolCore
+from .._native import CoordinatorProtocol, ProtocolCore
 from .records_hooks import StageRecords
 from .state import HandlerState
+
+CoordinatorAction = CoordinatorProtocol.Action
+CoordinatorEvent = CoordinatorProtocol.Event
+Lane = CoordinatorProtocol.Lane
 
 log = logging.getLogger("tf_failure_handling")
 
