@@ -95,8 +95,6 @@ DEFAULT_GRACE_PERIOD: float
 
 PS_TOKEN: str
 
-def grpc_options_with_keepalive(current: str) -> Optional[str]: ...
-
 class _CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
 
@@ -759,6 +757,10 @@ class CoordinatorProtocol:
         """A call to ``task`` starts now: its handle, and the earlier call it abandons
         (or None); raises ``CallTimeout`` while an earlier call holds the task up."""
     def call_returned(self, task: str, id: int) -> bool: ...
+    @staticmethod
+    def grpc_options_with_keepalive(current: str) -> Optional[str]:
+        """``TF_GRPC_DEFAULT_OPTIONS`` with the keepalive options it does not name added
+        (``src/ps_control/keepalive.rs``); None when it names them all."""
     def state(self) -> dict[str, Any]: ...
 
 class TransientFailures:

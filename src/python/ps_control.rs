@@ -8,7 +8,8 @@
 //!   the tasks, their releases, the waits for them to be gone, the workers' drains,
 //!   the save's wait for the closures, the response to a closure's error, the stop of
 //!   the failure handling, and whether a call to a task may start now and which
-//!   earlier call it abandons (its `.CallTimeout` otherwise);
+//!   earlier call it abandons (its `.CallTimeout` otherwise), and the gRPC keepalive
+//!   that bounds those calls at the transport;
 //! * `TaskProtocol` with its `.Event` and `.Action`: a served task's protocol
 //!   object ([`crate::ps_control::task`]): its answers to the coordinator, how long it
 //!   serves after its notice.
@@ -393,6 +394,17 @@ impl CoordinatorProtocol {
         self.core.lock().call_returned(task, id)
     }
 
+    /// `TF_GRPC_DEFAULT_OPTIONS` (`current`) with the keepalive options it does not
+    /// name added (`crate::ps_control::with_keepalive`); None when it names them all.
+    /// The third bound of the coordinator's calls to its tasks, beside a call's timeout
+    /// and the abandoned calls': a call to a stopped task fails after a ping timeout
+    /// instead of stalling. Static: it is set in the environment before TensorFlow
+    /// creates a channel, before any coordinator exists.
+    #[staticmethod]
+    fn grpc_options_with_keepalive(current: &str) -> Option<String> {
+        ps_control::with_keepalive(current)
+    }
+
     /// Seconds `lane` may wait from now (None: until an event).
     fn poll_timeout(&self, py: Python<'_>, lane: &Bound<'_, Lane>) -> PyResult<Option<f64>> {
         let now = self.clock.now(py)?;
@@ -422,13 +434,6 @@ impl CoordinatorProtocol {
     }
 }
 
-/// `TF_GRPC_DEFAULT_OPTIONS` (`current`) with the package's keepalive options it does
-/// not name added (`crate::ps_control::with_keepalive`); None when it names them all.
-#[pyfunction]
-fn grpc_options_with_keepalive(current: &str) -> Option<String> {
-    ps_control::with_keepalive(current)
-}
-
 /// Each protocol object with its own vocabulary nested in it (`TaskProtocol.Event`,
 /// `CoordinatorProtocol.Lane`, its calls' `CoordinatorProtocol.CallTimeout`).
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -443,6 +448,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     nest::<CoordinatorProtocol, CoordinatorAction>(py, "Action")?;
     nest::<CoordinatorProtocol, CallTimeout>(py, "CallTimeout")?;
     m.add("PS_TOKEN", ps_control::TOKEN)?;
-    m.add_function(wrap_pyfunction!(grpc_options_with_keepalive, m)?)?;
     Ok(())
 }

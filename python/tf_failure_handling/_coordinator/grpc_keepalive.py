@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Optional
 
-from .._native import grpc_options_with_keepalive
+from .._native import CoordinatorProtocol
 
 #: ``1``: add the core's keepalive options (src/ps_control/keepalive.rs says what each
 #: value means) to ``TF_GRPC_DEFAULT_OPTIONS`` (the options of every channel TensorFlow
@@ -39,13 +39,14 @@ def keepalive_wanted(environ: Any = None) -> bool:
 
 
 def add_grpc_keepalive(environ: Any = None) -> Optional[str]:
-    """Adds the core's keepalive options that ``TF_GRPC_DEFAULT_OPTIONS`` does not name
+    """Adds the core's keepalive options (the coordinator's protocol object's: a bound
+    of its calls to the tasks) that ``TF_GRPC_DEFAULT_OPTIONS`` does not name
     (TF's format: ``name=value`` pairs separated by commas), when
     :func:`keepalive_wanted`; returns the new value, or None when nothing was added."""
     environ = os.environ if environ is None else environ
     if not keepalive_wanted(environ):
         return None
-    value = grpc_options_with_keepalive(environ.get(GRPC_OPTIONS_ENV, ""))
+    value = CoordinatorProtocol.grpc_options_with_keepalive(environ.get(GRPC_OPTIONS_ENV, ""))
     if value is not None:
         environ[GRPC_OPTIONS_ENV] = value
     return value
