@@ -93,8 +93,6 @@ class Input:
 
 DEFAULT_GRACE_PERIOD: float
 
-PS_TOKEN: str
-
 class _CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
 
@@ -175,6 +173,9 @@ class TaskProtocol:
         *,
         clock: Optional[Callable[[], float]] = None,
     ) -> None: ...
+    #: The key a served task's control is registered under in TF's ``py_func``
+    #: registry, which the coordinator's calls name (``src/ps_control.rs``).
+    TOKEN: str
     Event: type[_TaskEvent]
     Action: type[_TaskAction]
 

@@ -439,6 +439,9 @@ impl CoordinatorProtocol {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<TaskProtocol>()?;
+    // The key a served task's control is registered under in TF's `py_func` registry,
+    // which the coordinator's calls name.
+    py.get_type::<TaskProtocol>().setattr("TOKEN", ps_control::TOKEN)?;
     nest::<TaskProtocol, TaskEvent>(py, "Event")?;
     nest::<TaskProtocol, TaskAction>(py, "Action")?;
     m.add_class::<Abandoned>()?;
@@ -447,6 +450,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     nest::<CoordinatorProtocol, CoordinatorEvent>(py, "Event")?;
     nest::<CoordinatorProtocol, CoordinatorAction>(py, "Action")?;
     nest::<CoordinatorProtocol, CallTimeout>(py, "CallTimeout")?;
-    m.add("PS_TOKEN", ps_control::TOKEN)?;
     Ok(())
 }

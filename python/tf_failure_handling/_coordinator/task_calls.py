@@ -16,7 +16,6 @@ import threading
 from typing import Any, Callable, Optional
 
 from .._bounded_call import BoundedCall
-from .._native import PS_TOKEN as TOKEN
 from .._native import CoordinatorProtocol, TaskProtocol
 
 # Imported for what it does at import: the keepalive is in TF_GRPC_DEFAULT_OPTIONS before
@@ -29,8 +28,9 @@ CallTimeout = CoordinatorProtocol.CallTimeout
 
 log = logging.getLogger("tf_failure_handling")
 
-# TOKEN (the key of TaskControl in TF's py_func registry) is the core's
-# (src/ps_control.rs).
+#: The key of :class:`TaskControl` in TF's ``py_func`` registry: the served task's
+#: protocol object's (src/ps_control.rs).
+TOKEN = TaskProtocol.TOKEN
 
 #: The control of this process (strongly referenced: TF's registry holds weak ones).
 _installed: Optional[TaskControl] = None
