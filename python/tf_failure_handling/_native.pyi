@@ -448,10 +448,11 @@ class Inbox:
     ) -> Optional[Input]: ...
     def drain(self) -> list[Input]: ...
 
-CLOSURE_QUEUE_MAX_SIZE: int
-
 class ClosureQueue:
     """TF's ``_CoordinatedClosureQueue`` on a native core; blocking calls release the GIL."""
+
+    #: TF's ``_CLOSURE_QUEUE_MAX_SIZE``: the default ``max_size``.
+    MAX_SIZE: int
 
     def __new__(cls, max_size: int = 262144, *args: Any, **kwargs: Any) -> ClosureQueue: ...
     def put(self, closure: Any, tag: Optional[int] = None) -> None: ...

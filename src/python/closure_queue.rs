@@ -266,6 +266,7 @@ impl PyClosureQueue {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyClosureQueue>()?;
-    m.add("CLOSURE_QUEUE_MAX_SIZE", DEFAULT_CAPACITY)?;
+    // TF's `_CLOSURE_QUEUE_MAX_SIZE`: the queue's default capacity, on the queue.
+    m.py().get_type::<PyClosureQueue>().setattr("MAX_SIZE", DEFAULT_CAPACITY)?;
     Ok(())
 }

@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
-from .._native import CLOSURE_QUEUE_MAX_SIZE
 from .._native import ClosureQueue as _NativeClosureQueue
 
 log = logging.getLogger("tf_failure_handling")
 
 #: TensorFlow's ``_CLOSURE_QUEUE_MAX_SIZE``.
-MAX_SIZE: int = CLOSURE_QUEUE_MAX_SIZE
+MAX_SIZE: int = _NativeClosureQueue.MAX_SIZE
 
 _manager_factory: Optional[Callable[[], Any]] = None
 
