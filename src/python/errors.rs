@@ -9,7 +9,7 @@
 //! | [`TransientError`] (a PS task the cluster does not have) | `IndexError` | TensorFlow's `Cluster` raises `IndexError` here |
 //! | [`InstallError`] (a signal that cannot be watched) | `ValueError` | an argument |
 //! | [`Busy`] (a notice's write queued while another is pending) | `RuntimeError` | a misuse of the driver's writes by the caller |
-//! | [`Refused`] (a call to a task held up by its earlier, unreturned one) | [`CallTimeout`] (an `Exception`, defined here) | the parameter-server control's own: the task counts as unanswered |
+//! | [`Refused`] (a call to a task held up by its earlier, unreturned one) | [`CallTimeout`] (an `Exception`, defined here; Python reaches it as `CoordinatorProtocol.CallTimeout`) | the parameter-server control's own: the task counts as unanswered |
 //! | [`SharesError`] (no worker, or sizes and flags of different lengths) | `ValueError` | an argument |
 //! | [`UrlError`], [`WatchError`] (a bad cloud, URL or duration) | `ValueError`; a thread that cannot start: `RuntimeError` | an argument; the system |
 //! | [`bad_value`], [`bad_type`], [`misuse`], [`bad_timeout`] | `ValueError`, `TypeError`, `RuntimeError` | an argument or a call out of order |
