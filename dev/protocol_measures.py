@@ -768,15 +768,18 @@ def binding_methods(text: str) -> list:
     return found
 
 
-_ATTACHED = re.compile(r'\.setattr\(\s*"(\w+)"\s*,\s*(?:wrap_pyfunction!|descr\b)')
+_ATTACHED = re.compile(r'\.setattr\(\s*"(x+)"\s*,\s*(?:wrap_pyfunction!|descr\b)')
 
 
 def attached_methods(text: str) -> list:
     """``(line, name)`` of each function or descriptor the binding sets on a class as an
     attribute (``ty.setattr("name", wrap_pyfunction!(f, m)?)``): a method by another
     road, so counted with the ``#[pymethods]``."""
-    code = rust_code(text)
-    return [(code.count("\n", 0, m.start()) + 1, m.group(1)) for m in _ATTACHED.finditer(code)]
+    code = rust_code(text)  # same length as text: names are read from text
+    return [
+        (code.count("\n", 0, m.start()) + 1, text[m.start(1) : m.end(1)])
+        for m in _ATTACHED.finditer(code)
+    ]
 
 
 def binding_functions(text: str) -> list:
