@@ -89,7 +89,6 @@ impl At {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("TF_WAIT_FOREVER_MS", deadline::TF_WAIT_FOREVER_MS)?;
     m.add("SIMULATED_CLUSTER_BOUND", deadline::SIMULATED_CLUSTER_BOUND)?;
     Ok(())
 }

@@ -11,7 +11,7 @@ use super::blocking::wait_sliced;
 use super::clock::{now_secs, At};
 use super::errors;
 use super::handler::ProtocolCore;
-use super::wire::py_enum;
+use super::wire::{nest, py_enum};
 use crate::shares::{self, Bounds, MergeStart, SharesEvent, Waiter, Waits};
 
 crate::shares::shares_action!(py_enum[crate::shares]);
@@ -48,7 +48,7 @@ impl Bounds for Handler<'_> {
 /// `chief` or not, bounded by a handler's `ProtocolCore` (`core`) or by the rule
 /// alone. `handle(event)` takes `"token"`, `"looked"` (with `seen`),
 /// `"part_written"`, `"parts_checked"`, `"merged"` or `"failed"`; `poll()` answers a
-/// `SharesAction`, waiting (the GIL released) for the pause before a look;
+/// `SharesWaits.Action`, waiting (the GIL released) for the pause before a look;
 /// `poll_timeout()` is what is left of the current wait. It reads the clock itself.
 #[pyclass(frozen, module = "tf_failure_handling._native", name = "SharesWaits")]
 pub(crate) struct PySharesWaits {
@@ -121,6 +121,5 @@ impl PySharesWaits {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(assign_shares, m)?)?;
     m.add_class::<PySharesWaits>()?;
-    m.add_class::<SharesAction>()?;
-    Ok(())
+    nest::<SharesAction>(&m.py().get_type::<PySharesWaits>(), "Action")
 }

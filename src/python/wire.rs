@@ -100,3 +100,21 @@ impl FromPyObject<'_, '_> for Round {
             .ok_or_else(|| PyValueError::new_err(format!("{key:?} is not a step key")))
     }
 }
+
+/// Attaches `Inner` to the class `outer` as `outer.name` (a protocol object's own
+/// event or action type), with the qualified names that say so (its variants'
+/// too: `SlurmJob.Action.Scontrol`).
+pub(crate) fn nest<Inner: pyo3::PyTypeInfo>(outer: &Bound<'_, pyo3::types::PyType>, name: &str) -> PyResult<()> {
+    let py = outer.py();
+    let inner = py.get_type::<Inner>();
+    let qualname = format!("{}.{name}", outer.qualname()?);
+    for variant in inner.call_method0("__subclasses__")?.try_iter()? {
+        let variant = variant?;
+        let own = variant.getattr("__name__")?;
+        let own: &str = own.extract()?;
+        let own = own.rsplit('_').next().unwrap_or(own).to_owned();
+        variant.setattr("__qualname__", format!("{qualname}.{own}"))?;
+    }
+    inner.setattr("__qualname__", &qualname)?;
+    outer.setattr(name, inner)
+}
