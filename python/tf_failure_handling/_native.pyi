@@ -800,24 +800,18 @@ class MetadataWatch:
     ) -> None: ...
     def close(self) -> None: ...
 
-def probe_metadata(
-    cloud: str,
-    base_url: str,
-    timeout: Optional[float] = None,
-    *,
-    terminating: bool = False,
-    sysfs: Optional[str] = None,
-) -> bool: ...
-def clouds() -> list[dict[str, Any]]: ...
+def platforms() -> list[dict[str, Any]]:
+    """The platforms' table: each cloud's row (``name``, ``kind`` ``"cloud"``,
+    ``variable``, ``host_port``, ``default_base``, ``exit_code``, ``grace_period`` and
+    ``probe(base_url, timeout=None, *, terminating=False, sysfs=None) -> bool``), in
+    detection order, then Kubernetes' (``name``, ``kind`` ``"scheduler"`` and
+    ``sigterm_deadlines(unix_now, grace) -> (deadline, kill)``)."""
+
 def coordination_bounds(
     write_timeout: Optional[float] = None, get: Optional[float] = None
 ) -> tuple[float, int, float, Optional[int]]: ...
 
 DEFAULT_EXIT_CODE: int
-
-def kubernetes_sigterm_deadlines(
-    unix_now: float, grace: Optional[float]
-) -> tuple[Optional[float], Optional[float]]: ...
 
 # Checkpoint shares (src/shares.rs): which worker writes which tensor.
 def assign_shares(

@@ -23,7 +23,7 @@
 //! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; `SharesWaits` (with its `Action`): every wait of the shares (the probe, a save's waits, whether the chief starts the merge) as events in, actions out (`crate::shares`) |
 //! | `slurm.rs` | `SlurmJob` (with its `Event` and `Action`): the SLURM job's protocol object (`crate::sources::slurm::Job`); the requeue's pauses waited |
 //! | `wire.rs` | `py_enum!`: a core `wire!` declaration (`crate::wire`) expanded into its Python class and conversions, one line per type; the conversions of core field types (a `Round` is its key) |
-//! | `sources.rs` | `MetadataWatch`, `WatcherFnPoll`, `probe_metadata` and `clouds`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the clouds' one table (detection, default grace periods, exit codes); the watcher fn's schedule |
+//! | `sources.rs` | `MetadataWatch`, `WatcherFnPoll` and `platforms`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the platforms' one table (each cloud's detection and probe, default grace periods, exit codes; Kubernetes' SIGTERM deadlines); the watcher fn's schedule |
 //! | `watcher.rs` | `KeyWatch`: `PreemptionWatcher`'s watch of a coordination-service key (`crate::sources::key_watch`); the bounds of the coordination client's calls and of the peer health probes |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and

@@ -2,15 +2,13 @@
 //! tensor when the workers write one checkpoint together, and every wait of it
 //! (`SharesWaits`: the probe at the handler's construction, one save).
 
-use std::time::Duration;
-
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 
-use super::blocking::wait_sliced;
-use super::clock::{now_secs, At};
+use super::clock::now_secs;
 use super::errors;
 use super::handler::ProtocolCore;
+use super::slurm::wait_until;
 use super::wire::{nest, py_enum};
 use crate::shares::{self, Bounds, MergeStart, SharesEvent, Waiter, Waits};
 
@@ -105,11 +103,7 @@ impl PySharesWaits {
             if let Some(action) = action {
                 return Ok(action.into());
             }
-            let until = At::after(Duration::try_from_secs_f64(pause).unwrap_or(Duration::ZERO));
-            wait_sliced(py, Some(until), |slice| {
-                std::thread::sleep(slice);
-                None::<()>
-            })?;
+            wait_until(py, now_secs() + pause)?;
         }
     }
 

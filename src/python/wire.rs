@@ -110,9 +110,7 @@ pub(crate) fn nest<Inner: pyo3::PyTypeInfo>(outer: &Bound<'_, pyo3::types::PyTyp
     let qualname = format!("{}.{name}", outer.qualname()?);
     for variant in inner.call_method0("__subclasses__")?.try_iter()? {
         let variant = variant?;
-        let own = variant.getattr("__name__")?;
-        let own: &str = own.extract()?;
-        let own = own.rsplit('_').next().unwrap_or(own).to_owned();
+        let own: String = variant.getattr("__name__")?.extract()?;
         variant.setattr("__qualname__", format!("{qualname}.{own}"))?;
     }
     inner.setattr("__qualname__", &qualname)?;

@@ -137,7 +137,8 @@ def signal_watch() -> None:
 
 
 def metadata_probe() -> None:
-    assert _native.probe_metadata("gce", CLOSED_PORT_URL, 0.5) is False
+    gce = next(row["probe"] for row in _native.platforms() if row["name"] == "gce")
+    assert gce(CLOSED_PORT_URL, 0.5) is False
 
 
 def metadata_watch() -> None:

@@ -17,7 +17,7 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 60,
+    "native_names": 58,
     "native_constants": 11,
     "native_constants_not_allowed": 1,
     "native_constant_uses": 1,
