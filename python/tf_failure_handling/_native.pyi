@@ -519,8 +519,6 @@ def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) ->
 def stamp_record(record: dict[str, Any]) -> int: ...
 def records_bound(timeout: Optional[float] = None, notice_line: bool = False) -> float: ...
 
-SIMULATED_CLUSTER_BOUND: float
-
 class Lane:
     """Which of the coordinator's threads asks (``src/ps_control/coordinator.rs``)."""
 
@@ -808,8 +806,10 @@ def platforms() -> list[dict[str, Any]]:
     ``sigterm_deadlines(unix_now, grace) -> (deadline, kill)``)."""
 
 def coordination_bounds(
-    write_timeout: Optional[float] = None, get: Optional[float] = None
-) -> tuple[float, int, float, Optional[int]]: ...
+    write_timeout: Optional[float] = None,
+    get: Optional[float] = None,
+    cluster: Optional[float] = None,
+) -> tuple[float, int, float, Optional[int], float]: ...
 
 DEFAULT_EXIT_CODE: int
 

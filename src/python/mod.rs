@@ -98,6 +98,5 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     slurm::register(m)?;
     watcher::register(m)?;
     exit_guard::register(m)?;
-    clock::register(m)?;
     Ok(())
 }
