@@ -21,7 +21,7 @@ AT_MOST = {
     "native_constants": 10,
     "native_constants_not_allowed": 0,
     "native_constant_uses": 0,
-    "binding_methods": 76,
+    "binding_methods": 77,
     "literal_waits": 0,
     "time_reads": 0,
     "wide_61": 0,
@@ -230,6 +230,20 @@ def test_the_binding_s_methods_are_the_fns_of_its_pymethods_blocks():
     found = [(cls, fn) for _, cls, fn in measures.binding_methods(_RUST)]
     assert found == [("Watch", "new"), ("Watch", "value"), ("Watch", "__repr__")]
     assert [fn for _, fn in measures.binding_functions(_RUST)] == ["add", "other_fn"]
+
+
+def test_a_function_set_on_a_class_is_counted_as_a_method():
+    text = """
+    fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        let t = m.py().get_type::<Records>();
+        t.setattr("FIELDS", fields)?; // a value, not a method
+        t.setattr("read", wrap_pyfunction!(read, m)?)?;
+        ty.setattr("run", descr)?;
+        // t.setattr("gone", wrap_pyfunction!(gone, m)?)?;
+        Ok(())
+    }
+    """
+    assert [fn for _, fn in measures.attached_methods(text)] == ["read", "run"]
 
 
 def test_code_lines_leave_out_blanks_comments_and_tests():
