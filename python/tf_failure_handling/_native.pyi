@@ -515,9 +515,6 @@ def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) ->
 def stamp_record(record: dict[str, Any]) -> int: ...
 def records_bound(timeout: Optional[float] = None, notice_line: bool = False) -> float: ...
 
-TF_WAIT_FOREVER_MS: int
-SIMULATED_CLUSTER_BOUND: float
-
 class _Lane:
     """Which of the coordinator's threads asks (``src/ps_control/coordinator.rs``)."""
 
@@ -810,46 +807,44 @@ class MetadataWatch:
     ) -> None: ...
     def close(self) -> None: ...
 
-def probe_metadata(
-    cloud: str,
-    base_url: str,
-    timeout: Optional[float] = None,
-    *,
-    terminating: bool = False,
-    sysfs: Optional[str] = None,
-) -> bool: ...
-def clouds() -> list[dict[str, Any]]: ...
-def coordination_bounds(write_timeout: Optional[float] = None) -> tuple[float, int, float]: ...
-def tf_get_ms(seconds: float) -> int: ...
+def platforms() -> list[dict[str, Any]]:
+    """The platforms' table: each cloud's row (``name``, ``kind`` ``"cloud"``,
+    ``variable``, ``host_port``, ``default_base``, ``exit_code``, ``grace_period`` and
+    ``probe(base_url, timeout=None, *, terminating=False, sysfs=None) -> bool``), in
+    detection order, then Kubernetes' (``name``, ``kind`` ``"scheduler"`` and
+    ``sigterm_deadlines(unix_now, grace) -> (deadline, kill)``)."""
+
+def coordination_bounds(
+    write_timeout: Optional[float] = None,
+    get: Optional[float] = None,
+    cluster: Optional[float] = None,
+) -> tuple[float, int, float, Optional[int], float]: ...
 
 DEFAULT_EXIT_CODE: int
-
-def kubernetes_sigterm_deadlines(
-    unix_now: float, grace: Optional[float]
-) -> tuple[Optional[float], Optional[float]]: ...
 
 # Checkpoint shares (src/shares.rs): which worker writes which tensor.
 def assign_shares(
     sizes: list[int], pinned: list[bool], workers: int
 ) -> tuple[list[int], list[int]]: ...
 
-class SharesAction:
-    """What a worker does next in the shares' waits (src/shares.rs ``SharesAction``)."""
+class _SharesAction:
+    """What a worker does next in the shares' waits (``SharesWaits.Action``; src/shares.rs
+    ``SharesAction``)."""
 
-    class Wait(SharesAction):
+    class Wait(_SharesAction):
         timeout: float
         bound: float
 
-    class Look(SharesAction): ...
+    class Look(_SharesAction): ...
 
-    class Looked(SharesAction):
+    class Looked(_SharesAction):
         seen: bool
         looked: float
 
-    class Merge(SharesAction):
+    class Merge(_SharesAction):
         bound: float
 
-    class Keep(SharesAction):
+    class Keep(_SharesAction):
         needed: float
         left: float
 
@@ -857,11 +852,13 @@ class SharesWaits:
     """Every wait of one worker in the shares: the probe, or one save
     (src/shares.rs ``Waits``); reads the clock itself."""
 
+    Action = _SharesAction
+
     def __init__(
         self, core: Optional[ProtocolCore] = None, chief: bool = False, probe: bool = False
     ) -> None: ...
     def handle(self, event: str, seen: bool = False) -> None: ...
-    def poll(self) -> SharesAction: ...
+    def poll(self) -> _SharesAction: ...
     def poll_timeout(self) -> float: ...
 
 # Whether a non-chief's whole copy of a checkpoint may go to memory (src/host_memory.rs).
@@ -873,36 +870,36 @@ def copy_place(
 
 # SLURM (src/sources/slurm/job.rs): the job as one protocol object: its read, a
 # notice's deadlines, the requeue after the save.
-class SlurmEvent:
-    """What a thread tells the SLURM job (``SlurmJob.handle``)."""
+class _SlurmEvent:
+    """What a thread tells the SLURM job (``SlurmJob.Event``, to ``SlurmJob.handle``)."""
 
-    class Read(SlurmEvent): ...
+    class Read(_SlurmEvent): ...
 
-    class Notice(SlurmEvent):
+    class Notice(_SlurmEvent):
         def __init__(
             self, at: float, end: Optional[float], sigterms: Optional[int], srun_step: bool
         ) -> None: ...
 
-    class Requeue(SlurmEvent):
+    class Requeue(_SlurmEvent):
         def __init__(
             self, enabled: bool, procid: Optional[str], time_limit_signal: Optional[bool]
         ) -> None: ...
 
-    class Exited(SlurmEvent):
+    class Exited(_SlurmEvent):
         def __init__(self, call: int, code: int, stdout: str, stderr: str) -> None: ...
 
-    class NotRun(SlurmEvent):
+    class NotRun(_SlurmEvent):
         def __init__(self, call: int, why: str, timed_out: bool) -> None: ...
 
-class SlurmAction:
-    """What the thread that reported does next (``SlurmJob.handle``)."""
+class _SlurmAction:
+    """What the thread that reported does next (``SlurmJob.Action``, from ``SlurmJob.handle``)."""
 
-    class Scontrol(SlurmAction):
+    class Scontrol(_SlurmAction):
         call: int
         args: list[str]
         timeout: float
 
-    class Read(SlurmAction):
+    class Read(_SlurmAction):
         end_time: Optional[float]
         partition: Optional[str]
         grace_time: Optional[float]
@@ -910,12 +907,12 @@ class SlurmAction:
         requeue: Optional[bool]
         error: Optional[str]
 
-    class Deadlines(SlurmAction):
+    class Deadlines(_SlurmAction):
         deadline: Optional[float]
         kill: Optional[float]
         unread: Optional[str]
 
-    class Requeued(SlurmAction):
+    class Requeued(_SlurmAction):
         requeued: bool
         message: str
         what: str
@@ -925,15 +922,21 @@ class SlurmAction:
         kill_wait: Optional[float]
         job_state: Optional[str]
 
-    class Done(SlurmAction): ...
+    class Done(_SlurmAction): ...
 
 class SlurmJob:
+    Event = _SlurmEvent
+    Action = _SlurmAction
+
     def __init__(self, job_id: str, restart_count: int) -> None: ...
-    def handle(self, event: SlurmEvent) -> SlurmAction: ...
+    def handle(self, event: _SlurmEvent) -> _SlurmAction: ...
 
 # exit_guard.rs: after the last save, an exit still running just before the deadline
 # ends with the exit code (grace::exit_guard_delay decides when).
-def arm_exit_guard(deadline: Optional[float], now: float, code: int) -> Optional[float]: ...
-def disarm_exit_guard() -> None: ...
+def exit_guard(
+    deadline: Optional[float] = None, now: float = 0.0, code: Optional[int] = None
+) -> Optional[float]:
+    """With ``code``: arms the guard (the seconds it waits, or None: not armed);
+    without: stands every waiting guard down."""
 
 EXIT_GUARD_LEAD: float

@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import _errors
 from ._cluster import coordination as _coordination
-from ._native import SIMULATED_CLUSTER_BOUND
+from ._native import coordination_bounds
 from ._testing.checkpoints import FakeCheckpoint, FakeCheckpointManager, FakeVariable
 from ._testing.tf_cluster import InMemoryCoordinationService, SimpleClusterResolver
 
@@ -178,8 +178,8 @@ class SimulatedCluster:
 
     Each :meth:`run` is one life of the cluster: a fresh service and fresh
     workers, with checkpoints kept under ``root`` between runs, as after a
-    restart. Every wait is bounded by ``timeout`` seconds; a worker that is
-    still running then is reported by name. ``service_factory`` makes each
+    restart. Every wait is bounded by ``timeout`` seconds (None: the core's bound,
+    60 s); a worker that is still running then is reported by name. ``service_factory`` makes each
     run's service (an :class:`InMemoryCoordinationService` subclass that
     observes or faults the protocol, say).
     """
@@ -188,7 +188,7 @@ class SimulatedCluster:
         self,
         num_workers: int,
         root: Optional[os.PathLike] = None,
-        timeout: float = SIMULATED_CLUSTER_BOUND,
+        timeout: Optional[float] = None,
         chief: bool = False,
         service_factory: Optional[Callable[[], InMemoryCoordinationService]] = None,
     ) -> None:
@@ -197,7 +197,7 @@ class SimulatedCluster:
         _errors.module()  # resolve TF's error classes here, not racing in worker threads
         self.num_workers = num_workers
         self.root = os.fspath(root) if root is not None else None
-        self.timeout = timeout
+        self.timeout = coordination_bounds(cluster=timeout)[4]
         self._chief = chief
         #: Makes each run's service (a subclass can observe or fault the protocol).
         self._service_factory = service_factory or InMemoryCoordinationService

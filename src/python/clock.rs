@@ -21,11 +21,6 @@
 //! notice, on the wall clock's own scale.
 
 use std::time::Duration;
-
-use pyo3::prelude::*;
-
-use crate::deadline;
-
 /// The one clock read of the binding: `id`'s reading now in seconds (0 if the
 /// read fails).
 fn read(id: libc::clockid_t) -> f64 {
@@ -86,10 +81,4 @@ impl At {
     pub(crate) fn passed(self) -> bool {
         now_secs() >= self.0
     }
-}
-
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("TF_WAIT_FOREVER_MS", deadline::TF_WAIT_FOREVER_MS)?;
-    m.add("SIMULATED_CLUSTER_BOUND", deadline::SIMULATED_CLUSTER_BOUND)?;
-    Ok(())
 }

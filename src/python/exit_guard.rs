@@ -10,7 +10,7 @@
 //! (a hook the first arming registers, [`register_exiting`]) or the interpreter is
 //! finalizing. A process that caught the `SystemExit` and trains on is left alone:
 //! its next step through any handler ([`training_goes_on`], from the binding's step
-//! start) or a new handler ([`disarm_exit_guard`]) stands every waiting guard down at
+//! start) or a new handler ([`exit_guard`] without a code) stands every waiting guard down at
 //! once, so an exit that comes later, when training has ended by itself, keeps its own
 //! code. The moment is the core's decision (`crate::grace::exit_guard_delay`): only a
 //! deadline the platform stated arms it.
@@ -50,18 +50,24 @@ fn register_exiting(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
-/// Arms the guard for a deadline on the handler's clock (`deadline`, with `now` read
-/// from the same clock): at [`crate::grace::EXIT_GUARD_LEAD`] before it, a process in
-/// its exit ends with `code`. Returns the seconds the guard waits, or None when it is
-/// not armed (no deadline, or too late to tell an exit from training that goes on).
+/// With a `code`, arms the guard for a deadline on the handler's clock (`deadline`,
+/// with `now` read from the same clock): at [`crate::grace::EXIT_GUARD_LEAD`] before
+/// it, a process in its exit ends with `code`. Returns the seconds the guard waits, or
+/// None when it is not armed (no deadline, or too late to tell an exit from training
+/// that goes on). Without a `code`, stands every waiting guard down, at once (a new
+/// handler: the process trains on).
 ///
 /// # Errors
 ///
 /// The hook that tells the guard of the exit could not be registered, or its thread
 /// could not start.
 #[pyfunction]
-#[pyo3(signature = (deadline, now, code))]
-fn arm_exit_guard(py: Python<'_>, deadline: Option<f64>, now: f64, code: i32) -> PyResult<Option<f64>> {
+#[pyo3(signature = (deadline = None, now = 0.0, code = None))]
+fn exit_guard(py: Python<'_>, deadline: Option<f64>, now: f64, code: Option<i32>) -> PyResult<Option<f64>> {
+    let Some(code) = code else {
+        crate::exit_guard::disarm();
+        return Ok(None);
+    };
     register_exiting(py)?;
     let Some(delay) = crate::grace::exit_guard_delay(deadline, now) else {
         return Ok(None);
@@ -71,15 +77,8 @@ fn arm_exit_guard(py: Python<'_>, deadline: Option<f64>, now: f64, code: i32) ->
     Ok(Some(delay))
 }
 
-/// Stands every waiting guard down, at once (a new handler: the process trains on).
-#[pyfunction]
-fn disarm_exit_guard() {
-    crate::exit_guard::disarm();
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(arm_exit_guard, m)?)?;
-    m.add_function(wrap_pyfunction!(disarm_exit_guard, m)?)?;
+    m.add_function(wrap_pyfunction!(exit_guard, m)?)?;
     m.add("EXIT_GUARD_LEAD", crate::grace::EXIT_GUARD_LEAD)?;
     Ok(())
 }

@@ -10,7 +10,7 @@
 //! | `displacement.rs` | signal handlers someone replaced after ours, which both waits above look for (below both) |
 //! | `closure_queue.rs` | `ClosureQueue`: the coordinator's closure queue |
 //! | `closure.rs` | `Completions`, what the coordinator's `RemoteValue`s wait on; `timed`, the call that feeds TF's coordinator metrics |
-//! | `exit_guard.rs` | `arm_exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the kill its platform stated (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL; a step or a new handler stands it down |
+//! | `exit_guard.rs` | `exit_guard`: after the last save, a Rust thread that ends a process still in its exit shortly before the kill its platform stated (`crate::grace::exit_guard_delay`) with its exit code, not the platform's SIGKILL; a step or a new handler (`exit_guard()` without a code) stands it down |
 //! | `errors.rs` | the one map from the core's errors (and bad arguments) to Python's exceptions |
 //! | `failure.rs` | the worker/PS failure classifier; the bounds on a worker's recovery and on the coordinator's stop |
 //! | `retry.rs` | `WriteKind`: what a write of the driver is (its schedule, and the retry rule's, are `ProtocolCore`'s, `crate::protocol`) |
@@ -20,10 +20,10 @@
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `records.rs` | the preemption records (`crate::records`): bytes in, JSON text of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines; each line's wall-clock stamp; the records' waits' bounds |
-//! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; `SharesWaits` and `SharesAction`: every wait of the shares (the probe, a save's waits, whether the chief starts the merge) as events in, actions out (`crate::shares`) |
-//! | `slurm.rs` | `SlurmJob`, `SlurmEvent`, `SlurmAction`: the SLURM job's protocol object (`crate::sources::slurm::Job`); the requeue's pauses waited |
+//! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; `SharesWaits` (with its `Action`): every wait of the shares (the probe, a save's waits, whether the chief starts the merge) as events in, actions out (`crate::shares`) |
+//! | `slurm.rs` | `SlurmJob` (with its `Event` and `Action`): the SLURM job's protocol object (`crate::sources::slurm::Job`); the requeue's pauses waited |
 //! | `wire.rs` | `py_enum!`: a core `wire!` declaration (`crate::wire`) expanded into its Python class and conversions, one line per type; the conversions of core field types (a `Round` is its key) |
-//! | `sources.rs` | `MetadataWatch`, `WatcherFnPoll`, `probe_metadata` and `clouds`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the clouds' one table (detection, default grace periods, exit codes); the watcher fn's schedule |
+//! | `sources.rs` | `MetadataWatch`, `WatcherFnPoll` and `platforms`: GCE/AWS/Azure metadata termination notices, polled on Rust threads; the platforms' one table (each cloud's detection and probe, default grace periods, exit codes; Kubernetes' SIGTERM deadlines); the watcher fn's schedule |
 //! | `watcher.rs` | `KeyWatch`: `PreemptionWatcher`'s watch of a coordination-service key (`crate::sources::key_watch`); the bounds of the coordination client's calls and of the peer health probes |
 //!
 //! Every blocking call goes through `blocking.rs`; read its rule on locks and
@@ -98,6 +98,5 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     slurm::register(m)?;
     watcher::register(m)?;
     exit_guard::register(m)?;
-    clock::register(m)?;
     Ok(())
 }

@@ -2,16 +2,14 @@
 //! tensor when the workers write one checkpoint together, and every wait of it
 //! (`SharesWaits`: the probe at the handler's construction, one save).
 
-use std::time::Duration;
-
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 
-use super::blocking::wait_sliced;
-use super::clock::{now_secs, At};
+use super::clock::now_secs;
 use super::errors;
 use super::handler::ProtocolCore;
-use super::wire::py_enum;
+use super::slurm::wait_until;
+use super::wire::{nest, py_enum};
 use crate::shares::{self, Bounds, MergeStart, SharesEvent, Waiter, Waits};
 
 crate::shares::shares_action!(py_enum[crate::shares]);
@@ -48,7 +46,7 @@ impl Bounds for Handler<'_> {
 /// `chief` or not, bounded by a handler's `ProtocolCore` (`core`) or by the rule
 /// alone. `handle(event)` takes `"token"`, `"looked"` (with `seen`),
 /// `"part_written"`, `"parts_checked"`, `"merged"` or `"failed"`; `poll()` answers a
-/// `SharesAction`, waiting (the GIL released) for the pause before a look;
+/// `SharesWaits.Action`, waiting (the GIL released) for the pause before a look;
 /// `poll_timeout()` is what is left of the current wait. It reads the clock itself.
 #[pyclass(frozen, module = "tf_failure_handling._native", name = "SharesWaits")]
 pub(crate) struct PySharesWaits {
@@ -105,11 +103,7 @@ impl PySharesWaits {
             if let Some(action) = action {
                 return Ok(action.into());
             }
-            let until = At::after(Duration::try_from_secs_f64(pause).unwrap_or(Duration::ZERO));
-            wait_sliced(py, Some(until), |slice| {
-                std::thread::sleep(slice);
-                None::<()>
-            })?;
+            wait_until(py, now_secs() + pause)?;
         }
     }
 
@@ -121,6 +115,5 @@ impl PySharesWaits {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(assign_shares, m)?)?;
     m.add_class::<PySharesWaits>()?;
-    m.add_class::<SharesAction>()?;
-    Ok(())
+    nest::<PySharesWaits, SharesAction>(m.py(), "Action")
 }

@@ -1,6 +1,6 @@
 //! Binding of the SLURM job ([`crate::sources::slurm::Job`]) for
 //! `_platforms/slurm.py`: `SlurmJob.handle(event)` answers the reporting
-//! thread's next action (`SlurmEvent`, `SlurmAction`: the core's declarations),
+//! thread's next action (`SlurmJob.Event`, `SlurmJob.Action`: the core's declarations),
 //! which Python performs (`scontrol`, within the timeout the action carries).
 //! The requeue's pauses between attempts are waited here, in slices that let
 //! signals through: nothing but the time ends them.
@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 
 use super::blocking;
 use super::clock::{now_secs, At};
-use super::wire::py_enum;
+use super::wire::{nest, py_enum};
 use crate::sources::slurm::{Job, Step};
 
 crate::sources::slurm::slurm_event!(py_enum[crate::sources::slurm]);
@@ -30,7 +30,7 @@ pub(crate) fn wait_until(py: Python<'_>, at: f64) -> PyResult<()> {
 }
 
 /// The SLURM job this process runs in (`crate::sources::slurm::Job`): each
-/// thread reports a `SlurmEvent` and performs the `SlurmAction` it gets back,
+/// thread reports a `SlurmJob.Event` and performs the `SlurmJob.Action` it gets back,
 /// until that is an outcome (`Read`, `Deadlines`, `Requeued`, `Done`).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 pub struct SlurmJob {
@@ -68,7 +68,6 @@ impl SlurmJob {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SlurmJob>()?;
-    m.add_class::<SlurmEvent>()?;
-    m.add_class::<SlurmAction>()?;
-    Ok(())
+    nest::<SlurmJob, SlurmEvent>(m.py(), "Event")?;
+    nest::<SlurmJob, SlurmAction>(m.py(), "Action")
 }

@@ -1,4 +1,5 @@
-//! `MetadataWatch`, `probe_metadata` and `clouds` (the clouds' table): [`crate::sources`] for Python.
+//! `MetadataWatch`, `WatcherFnPoll` and `platforms` (the platforms' table, each cloud's
+//! probe in its row): [`crate::sources`] for Python.
 //!
 //! The polling runs on Rust threads that never touch Python objects; they
 //! reach Python only through `log` (pyo3-log attaches to emit a record) and
@@ -136,7 +137,8 @@ impl PyMetadataWatch {
     }
 }
 
-/// Whether `cloud`'s metadata server answers at `base_url`: one detection
+/// Whether `cloud`'s metadata server answers at `base_url` (a cloud's row's `probe`, in
+/// [`platforms`]): one detection
 /// request (two for AWS IMDSv1), all within `timeout` seconds (None:
 /// [`METADATA_TIMEOUT`](sources::METADATA_TIMEOUT)), GIL released. False on
 /// anything but the expected answer. With `terminating` (GCE only), instead
@@ -282,18 +284,26 @@ fn at_exit(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
-/// The clouds' table (`sources::Cloud::row`), one dict per cloud in detection
-/// order: `name`, `variable` (the one naming its metadata service), `host_port`
-/// (whether that variable is `host[:port]`, TensorFlow's `GCE_METADATA_IP`,
-/// rather than `[http://]host[:port]`), `default_base`, `exit_code` and `grace_period` (`{True: on a GPU machine,
-/// False: on others}`).
+/// The platforms' table, one dict per platform: each cloud (`sources::Cloud::row`), in
+/// detection order, then Kubernetes. A cloud's row: `name`, `kind` (`"cloud"`),
+/// `variable` (the one naming its metadata service), `host_port` (whether that variable
+/// is `host[:port]`, TensorFlow's `GCE_METADATA_IP`, rather than
+/// `[http://]host[:port]`), `default_base`, `exit_code`, `grace_period` (`{True: on a
+/// GPU machine, False: on others}`) and `probe` ([`probe_metadata`] for this cloud:
+/// `probe(base_url, timeout=None, *, terminating=False, sysfs=None)`). Kubernetes' row:
+/// `name`, `kind` (`"scheduler"`) and `sigterm_deadlines(unix_now, grace)`: a SIGTERM's
+/// `(deadline, kill)`, Unix seconds, with the pod's grace period as stated (None: not
+/// given; `sources::kubernetes_sigterm_deadlines`).
 #[pyfunction]
-fn clouds(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
-    Cloud::all()
+fn platforms(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    let partial = py.import("functools")?.getattr("partial")?;
+    let probe = wrap_pyfunction!(probe_metadata, py)?;
+    let mut rows = Cloud::all()
         .map(|cloud| {
             let row = cloud.row();
             let d = PyDict::new(py);
             d.set_item("name", row.name)?;
+            d.set_item("kind", "cloud")?;
             d.set_item("variable", row.variable.0)?;
             d.set_item("host_port", row.variable.1)?;
             d.set_item("default_base", row.default_base)?;
@@ -302,13 +312,19 @@ fn clouds(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
                 "grace_period",
                 HashMap::from([(true, row.grace_period.0), (false, row.grace_period.1)]),
             )?;
+            d.set_item("probe", partial.call1((&probe, row.name))?)?;
             Ok(d)
         })
-        .collect()
+        .collect::<PyResult<Vec<_>>>()?;
+    let kubernetes = PyDict::new(py);
+    kubernetes.set_item("name", "kubernetes")?;
+    kubernetes.set_item("kind", "scheduler")?;
+    kubernetes.set_item("sigterm_deadlines", wrap_pyfunction!(kubernetes_sigterm_deadlines, py)?)?;
+    rows.push(kubernetes);
+    Ok(rows)
 }
 
-/// A SIGTERM's `(deadline, kill)` in a Kubernetes pod, Unix seconds, with the pod's
-/// grace period as stated (None: not given; `sources::kubernetes_sigterm_deadlines`).
+/// Kubernetes' row's `sigterm_deadlines` (see [`platforms`]).
 #[pyfunction]
 fn kubernetes_sigterm_deadlines(unix_now: f64, grace: Option<f64>) -> (Option<f64>, Option<f64>) {
     sources::kubernetes_sigterm_deadlines(unix_now, grace)
@@ -317,11 +333,9 @@ fn kubernetes_sigterm_deadlines(unix_now: f64, grace: Option<f64>) -> (Option<f6
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMetadataWatch>()?;
     m.add_class::<PyWatcherFnPoll>()?;
-    m.add_function(wrap_pyfunction!(kubernetes_sigterm_deadlines, m)?)?;
-    m.add_function(wrap_pyfunction!(probe_metadata, m)?)?;
     let hook = PyCFunction::new_closure(m.py(), Some(c"close_notice_sources"), None, |args, _| at_exit(args.py()))?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
-    m.add_function(wrap_pyfunction!(clouds, m)?)?;
+    m.add_function(wrap_pyfunction!(platforms, m)?)?;
     m.add("DEFAULT_EXIT_CODE", sources::DEFAULT_EXIT_CODE)?;
     Ok(())
 }

@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 
 use super::clock::now_secs;
-use crate::deadline::TF_WAIT_FOREVER_MS;
+use crate::deadline::{SIMULATED_CLUSTER_BOUND, TF_WAIT_FOREVER_MS};
 use crate::sources::key_watch::{self, JOIN_MARGIN};
 use crate::step_resolution::{COORDINATION_WRITE_TIMEOUT, PEER_PROBE_TIMEOUT};
 
@@ -43,31 +43,32 @@ impl KeyWatch {
     }
 }
 
-/// TensorFlow's `timeout_in_ms` for a coordination-service get of at most `seconds`:
-/// never [`TF_WAIT_FOREVER_MS`], which TensorFlow reads as "wait for ever".
-#[pyfunction]
-fn tf_get_ms(seconds: f64) -> u64 {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturates
-    let millis = (seconds * 1000.0) as u64;
-    millis.max(TF_WAIT_FOREVER_MS + 1)
-}
-
-/// The bounds of a coordination client's calls, read once by their owner:
-/// `(write, probe_ms, probe_join)`: the seconds one write lasts at most (the owner's
+/// The bounds of a coordination client's calls: `(write, probe_ms, probe_join,
+/// get_ms, cluster)`: the seconds one write lasts at most (the owner's
 /// `write_timeout`, else [`COORDINATION_WRITE_TIMEOUT`]), each peer health probe's
-/// timeout in milliseconds (TensorFlow's argument) and the join of its thread.
+/// timeout in milliseconds (TensorFlow's argument) and the join of its thread,
+/// TensorFlow's `timeout_in_ms` for a get of at most `get` seconds (None without
+/// `get`): never [`TF_WAIT_FOREVER_MS`], which TensorFlow reads as "wait for ever"),
+/// and the bound of each wait of a simulated cluster (`testing.SimulatedCluster`'s
+/// `cluster` timeout, else [`SIMULATED_CLUSTER_BOUND`]).
 #[pyfunction]
-#[pyo3(signature = (write_timeout = None))]
-fn coordination_bounds(write_timeout: Option<f64>) -> (f64, u64, f64) {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 2 s
-    let probe_ms = (PEER_PROBE_TIMEOUT * 1000.0) as u64;
+#[pyo3(signature = (write_timeout = None, get = None, cluster = None))]
+fn coordination_bounds(write_timeout: Option<f64>, get: Option<f64>, cluster: Option<f64>) -> (f64, u64, f64, Option<u64>, f64) {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturates
+    let millis = |seconds: f64| ((seconds * 1000.0) as u64).max(TF_WAIT_FOREVER_MS + 1);
     let write = write_timeout.unwrap_or(COORDINATION_WRITE_TIMEOUT);
-    (write, probe_ms, PEER_PROBE_TIMEOUT + JOIN_MARGIN)
+    let cluster = cluster.unwrap_or(SIMULATED_CLUSTER_BOUND);
+    (
+        write,
+        millis(PEER_PROBE_TIMEOUT),
+        PEER_PROBE_TIMEOUT + JOIN_MARGIN,
+        get.map(millis),
+        cluster,
+    )
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<KeyWatch>()?;
     m.add_function(wrap_pyfunction!(coordination_bounds, m)?)?;
-    m.add_function(wrap_pyfunction!(tf_get_ms, m)?)?;
     Ok(())
 }

@@ -103,11 +103,17 @@ impl FromPyObject<'_, '_> for Round {
 }
 
 /// Attaches type `T` to the protocol object `Owner` as `Owner.<name>` (an object's own
-/// event, action or error type is reached through it, not as a module-level name), its
-/// `__qualname__` saying so.
+/// event, action or error type is reached through it, not as a module-level name), with
+/// the qualified names that say so (its variants' too: `SlurmJob.Action.Scontrol`).
 pub(crate) fn nest<Owner: PyTypeInfo, T: PyTypeInfo>(py: Python<'_>, name: &str) -> PyResult<()> {
     let owner = py.get_type::<Owner>();
     let ty = py.get_type::<T>();
-    ty.setattr("__qualname__", format!("{}.{name}", owner.qualname()?))?;
+    let qualname = format!("{}.{name}", owner.qualname()?);
+    for variant in ty.call_method0("__subclasses__")?.try_iter()? {
+        let variant = variant?;
+        let own: String = variant.getattr("__name__")?.extract()?;
+        variant.setattr("__qualname__", format!("{qualname}.{own}"))?;
+    }
+    ty.setattr("__qualname__", &qualname)?;
     owner.setattr(name, ty)
 }

@@ -137,7 +137,8 @@ def signal_watch() -> None:
 
 
 def metadata_probe() -> None:
-    assert _native.probe_metadata("gce", CLOSED_PORT_URL, 0.5) is False
+    gce = next(row["probe"] for row in _native.platforms() if row["name"] == "gce")
+    assert gce(CLOSED_PORT_URL, 0.5) is False
 
 
 def metadata_watch() -> None:
@@ -194,11 +195,11 @@ def records_and_shares() -> None:
     assert probe.poll().timeout > 0
     probe.handle("token")
     probe.handle("looked", seen=False)
-    assert isinstance(probe.poll(), _native.SharesAction.Look), "after the pause"
+    assert isinstance(probe.poll(), _native.SharesWaits.Action.Look), "after the pause"
     save = _native.SharesWaits(chief=True)
     save.handle("part_written")
     save.handle("parts_checked")
-    assert isinstance(save.poll(), _native.SharesAction.Merge)
+    assert isinstance(save.poll(), _native.SharesWaits.Action.Merge)
     save.handle("merged")
     assert _native.InputTiming(advance=True).poll_timeout() >= 0
 

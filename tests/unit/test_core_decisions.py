@@ -138,7 +138,7 @@ def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_
     save = _native.SharesWaits(core, chief=True)
     save.handle("part_written")
     start = _merge_start(save)
-    assert isinstance(start, _native.SharesAction.Merge)
+    assert isinstance(start, _native.SharesWaits.Action.Merge)
     assert start.bound == pytest.approx(60.0, abs=0.5)
     assert save.poll_timeout() == pytest.approx(60.0, abs=0.5), "the merge's bound"
     save.handle("merged")
@@ -146,16 +146,18 @@ def test_the_shares_merge_starts_only_when_it_fits_before_the_deadline_less_the_
     t = time.monotonic()
     _notice(core, t - 3.0, t + 27.0)
     fits = _merge_start(_native.SharesWaits(core, chief=True))
-    assert isinstance(fits, _native.SharesAction.Merge)
+    assert isinstance(fits, _native.SharesWaits.Action.Merge)
     assert fits.bound == pytest.approx(22.0, abs=0.5)
     # Into the reserve: not started, nothing left.
     late = _core(grace=0.0)
     late.configure(exit_reserve=5.0)
     _notice(late, time.monotonic(), time.monotonic() + 4.0)
     kept = _merge_start(_native.SharesWaits(late, chief=True))
-    assert isinstance(kept, _native.SharesAction.Keep) and kept.left == 0.0
+    assert isinstance(kept, _native.SharesWaits.Action.Keep) and kept.left == 0.0
     # Without a handler's core: the rule alone.
-    assert isinstance(_merge_start(_native.SharesWaits(chief=True)), _native.SharesAction.Merge)
+    assert isinstance(
+        _merge_start(_native.SharesWaits(chief=True)), _native.SharesWaits.Action.Merge
+    )
 
 
 def test_a_sources_unix_deadline_is_converted_once_by_the_core():

@@ -1,4 +1,5 @@
-"""Cloud metadata termination sources (``_native.MetadataWatch``, ``probe_metadata``).
+"""Cloud metadata termination sources (``_native.MetadataWatch``, each
+cloud's ``probe`` in ``_native.platforms()``).
 
 Everything runs against ``tests/fake_metadata.py`` on 127.0.0.1, which plays GCE,
 AWS and Azure at once. The first section checks the fake itself (it is shared with
@@ -35,6 +36,12 @@ from fake_metadata import (
     etag,
 )
 from tf_failure_handling import _native
+
+
+def _probe(cloud: str):
+    """The core's probe of ``cloud``: its row's ``probe`` in ``_native.platforms()``."""
+    return next(row["probe"] for row in _native.platforms() if row["name"] == cloud)
+
 
 CLOUDS = ("gce", "aws", "azure")
 #: MetadataWatch's default poll interval; a notice is seen within it plus a request.
@@ -512,30 +519,30 @@ def test_hostile_server(fake, watches, cloud, fault, caplog):
     w.close()
 
 
-# ------------------------------------------------------------ probe_metadata
+# ------------------------------------------------------------ a cloud's probe
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_probe_finds_each_cloud(fake, cloud):
-    assert _native.probe_metadata(cloud, fake.base, 1.0) is True
+    assert _probe(cloud)(fake.base, 1.0) is True
 
 
 def test_probe_aws_imdsv1(fake):
     fake.aws_imdsv1 = True
-    assert _native.probe_metadata("aws", fake.base) is True
+    assert _probe("aws")(fake.base) is True
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_probe_false_with_nothing_listening(cloud):
     start = time.monotonic()
-    assert _native.probe_metadata(cloud, f"http://127.0.0.1:{_free_port()}", 1.0) is False
+    assert _probe(cloud)(f"http://127.0.0.1:{_free_port()}", 1.0) is False
     assert time.monotonic() - start < SEEN_WITHIN
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_probe_false_for_a_server_error(fake, cloud):
     fake.set(fault="500", fault_scope="all")
-    assert _native.probe_metadata(cloud, fake.base, 1.0) is False
+    assert _probe(cloud)(fake.base, 1.0) is False
     assert fake.requests
 
 
@@ -544,7 +551,7 @@ def test_probe_false_for_a_server_error(fake, cloud):
 def test_probe_is_bounded_by_its_timeout(fake, cloud):
     fake.set(fault="hang", fault_scope="all")
     start = time.monotonic()
-    assert _native.probe_metadata(cloud, fake.base, 0.5) is False
+    assert _probe(cloud)(fake.base, 0.5) is False
     elapsed = time.monotonic() - start
     # A probe that ignored its timeout would wait for the hung server: a hang.
     assert 0.4 < elapsed < SEEN_WITHIN, f"probe took {elapsed:.3f}s with a 0.5s timeout"

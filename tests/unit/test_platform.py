@@ -8,6 +8,7 @@ DMI tables are redirected for every test (``_isolated_environment``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import http.server
 import signal
@@ -18,7 +19,7 @@ import warnings
 
 import pytest
 from fake_metadata import FakeMetadata, aws_action
-from tf_failure_handling import TerminationConfig, _native, testing
+from tf_failure_handling import TerminationConfig, testing
 from tf_failure_handling._platforms import clouds, kubernetes, slurm
 from tf_failure_handling._platforms import common as shared
 from tf_failure_handling._platforms import platform as _platform
@@ -105,21 +106,33 @@ class FakeMetadataServer:
 #: timeout (:func:`_patient_probe`); the tests of a server that never answers put the
 #: core's back (``PRODUCTION_PROBE``): they measure it.
 ANSWERING_TIMEOUT = 60.0
-PRODUCTION_PROBE = _native.probe_metadata
+#: Each cloud's probe as the core's table gives it (its row's ``probe``).
+PRODUCTION_PROBES = {c.NAME: c.probe for c in clouds.CLOUDS}
+
+
+def PRODUCTION_PROBE(cloud, base, timeout=None, **kwargs):
+    """The core's probe of ``cloud``."""
+    return PRODUCTION_PROBES[cloud](base, timeout, **kwargs)
 
 
 def _patient_probe(cloud, base, timeout=None, **kwargs):
-    """``_native.probe_metadata`` with :data:`ANSWERING_TIMEOUT` where the package
-    leaves the timeout to the core."""
+    """The core's probe with :data:`ANSWERING_TIMEOUT` where the package leaves the
+    timeout to the core."""
     patient = ANSWERING_TIMEOUT if timeout is None else timeout
     return PRODUCTION_PROBE(cloud, base, patient, **kwargs)
+
+
+def _use_probe(monkeypatch, probe) -> None:
+    """Every cloud probes with ``probe(cloud, base, ...)`` (in place of its row's)."""
+    for cloud in clouds.CLOUDS:
+        monkeypatch.setattr(cloud, "probe", functools.partial(probe, cloud.NAME))
 
 
 @pytest.fixture
 def metadata(monkeypatch):
     server = FakeMetadataServer()
     monkeypatch.setenv("GCE_METADATA_IP", server.address)
-    monkeypatch.setattr(_native, "probe_metadata", _patient_probe)
+    _use_probe(monkeypatch, _patient_probe)
     _platform.detect.cache_clear()
     yield server
     _platform.detect.cache_clear()
@@ -364,7 +377,7 @@ def test_not_on_gce_without_a_server(monkeypatch):
 
 @pytest.mark.timeout(20)
 def test_on_gce_is_bounded_when_the_server_never_answers(metadata, monkeypatch):
-    monkeypatch.setattr(_native, "probe_metadata", PRODUCTION_PROBE)
+    _use_probe(monkeypatch, PRODUCTION_PROBE)
     metadata.hang = True
     start = time.monotonic()
     assert clouds.on_gce() is False
@@ -413,7 +426,7 @@ def test_http_error_responses_are_closed(metadata, fn):
 
 @pytest.mark.timeout(20)
 def test_termination_watcher_is_bounded_when_the_server_never_answers(metadata, monkeypatch):
-    monkeypatch.setattr(_native, "probe_metadata", PRODUCTION_PROBE)
+    _use_probe(monkeypatch, PRODUCTION_PROBE)
     metadata.hang = True
     start = time.monotonic()
     assert clouds.termination_watcher() is False
@@ -668,7 +681,7 @@ def test_a_probe_that_raises_is_not_that_cloud(monkeypatch, dmi):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(_native, "probe_metadata", broken, raising=False)
+    _use_probe(monkeypatch, broken)
     dmi(sys_vendor="Amazon EC2")
     monkeypatch.setenv(clouds.AZURE.variable, "http://" + NO_METADATA_SERVER)
     assert _platform.environment().cloud is None
@@ -676,12 +689,7 @@ def test_a_probe_that_raises_is_not_that_cloud(monkeypatch, dmi):
 
 def test_probe_gets_the_cloud_and_base_and_leaves_the_timeout_to_the_core(monkeypatch, dmi):
     calls = []
-    monkeypatch.setattr(
-        _native,
-        "probe_metadata",
-        lambda *a, **kw: calls.append((*a, kw)) or a[0] == "azure",
-        raising=False,
-    )
+    _use_probe(monkeypatch, lambda *a, **kw: calls.append((*a, kw)) or a[0] == "azure")
     dmi(sys_vendor="Amazon EC2")
     monkeypatch.setenv(clouds.AZURE.variable, "127.0.0.1:9")
     env = _platform.environment()

@@ -1,8 +1,8 @@
 """Ctrl-C while the package waits on one of its native threads (issue 8, item 5).
 
-``_native.probe_metadata`` and ``MetadataWatch`` run requests on Rust threads that
-log through pyo3-log, and a log record needs the GIL (always for the first record of
-a logger, the "cold log cache", and for every record that passes the level). A wait
+A cloud's probe (its row of ``_native.platforms()``) and ``MetadataWatch`` run requests on
+Rust threads that log through pyo3-log, and a log record needs the GIL (always for the
+first record of a logger, the "cold log cache", and for every record that passes the level). A wait
 on such a thread that held the GIL deadlocked: SIGINT during a probe of a server that
 never answers hung for good. Each case runs in a fresh interpreter (a cold log cache,
 and pytest's own signal handling untouched); the subprocess timeout only turns a hang
@@ -31,6 +31,8 @@ if sys.argv[1] == "debug":
     logging.basicConfig(level=logging.DEBUG)
 
 from tf_failure_handling import _native
+
+PROBES = {row['name']: row.get('probe') for row in _native.platforms()}
 
 
 CONNECTED = threading.Event()  # a server accepted a connection
@@ -139,7 +141,7 @@ def test_sigint_during_a_probe_of_a_silent_server_raises_keyboard_interrupt_prom
         # Once the probe's request reached the server, the probe is waiting for it.
         sent = interrupt_after(0.1, once=CONNECTED)
         try:
-            found = _native.probe_metadata({cloud!r}, base, {BLOCKED})
+            found = PROBES[{cloud!r}](base, {BLOCKED})
         except KeyboardInterrupt:
             report("interrupted", after=time.monotonic() - sent[0])
         else:
@@ -162,7 +164,7 @@ def test_a_failing_probe_logs_from_its_thread_and_returns_false(tmp_path, loggin
         """
         base = server(hang_up)
         started = time.monotonic()
-        found = _native.probe_metadata("aws", base, BLOCKED)
+        found = PROBES["aws"](base, BLOCKED)
         report("returned", found=found, took=time.monotonic() - started)
         """.replace("BLOCKED", str(BLOCKED)),
         logging_mode,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .. import _errors
 from .._bounded_call import BoundedCall
-from .._native import coordination_bounds, tf_get_ms
+from .._native import coordination_bounds
 
 _local = threading.local()
 
@@ -67,7 +67,7 @@ class Client:
 
     def __init__(self, service: Any, write_timeout: Optional[float] = None) -> None:
         self._service = service
-        self._write_timeout, _, _ = coordination_bounds(write_timeout)
+        self._write_timeout = coordination_bounds(write_timeout)[0]
 
     @property
     def service(self) -> Any:
@@ -90,7 +90,7 @@ class Client:
         """The value of ``key``, waiting up to ``timeout`` seconds; None if not set by then."""
         try:
             # TF's milliseconds, never its 0 ("wait forever"): the core converts.
-            return self._service.get_config_key_value(key, tf_get_ms(timeout))
+            return self._service.get_config_key_value(key, coordination_bounds(get=timeout)[3])
         except _errors.module().DeadlineExceededError:
             return None
 

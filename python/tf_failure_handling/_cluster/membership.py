@@ -155,7 +155,7 @@ def unreachable_peers(
         return None
     peers = _peer_tasks(cluster_resolver, me)
     answers: dict = {}
-    _, probe_ms, join = coordination_bounds()
+    _, probe_ms, join, _, _ = coordination_bounds()
 
     def check(task: str) -> None:
         try:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 
 from .. import _errors
 from .._bounded_call import BoundedCall
-from .._native import SharesAction, assign_shares
+from .._native import SharesWaits, assign_shares
 from . import saver_hook, tf_reads_only
 
 log = logging.getLogger("tf_failure_handling")
@@ -372,7 +372,7 @@ def _check_and_merge(plan: Plan, split: _Split, save: _Save, parts: list) -> Non
             )
     save.waits.handle("parts_checked")
     start = save.waits.poll()
-    if isinstance(start, SharesAction.Keep):
+    if isinstance(start, SharesWaits.Action.Keep):
         raise _errors.make(
             "DeadlineExceededError",
             f"The merge of checkpoint {name} was not started: it is expected to take "

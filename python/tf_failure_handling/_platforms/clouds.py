@@ -1,9 +1,9 @@
-"""The clouds (GCE and Cloud TPU VMs, Amazon EC2, Azure): one :class:`Cloud` per row of
-the core's table (``src/sources/clouds.rs``: the variable naming its metadata service,
-its default base, its exit code and grace periods; the sysfs lines that name its
-machines are checked there, with its probe), and TF's GCE ``termination_watcher``
-for users who pass it. Their notices are the core's too (``_native.MetadataWatch``);
-the page: docs/getting-started/clouds.md.
+"""The clouds (GCE and Cloud TPU VMs, Amazon EC2, Azure): one :class:`Cloud` per cloud's
+row of the core's table (``_native.platforms``, from ``src/sources/clouds.rs``: the
+variable naming its metadata service, its default base, its exit code and grace periods,
+its probe; the sysfs lines that name its machines are checked there, with its probe),
+and TF's GCE ``termination_watcher`` for users who pass it. Their notices are the core's
+too (``_native.MetadataWatch``); the page: docs/getting-started/clouds.md.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import logging
 import os
 from typing import Any, Optional
 
-from .._native import clouds as _table
 from . import common
 
 log = logging.getLogger("tf_failure_handling")
@@ -40,6 +39,9 @@ class Cloud(common.Platform):
         #: Its default ``exit_fn`` (its row's exit code).
         self.exit_fn = common.exit_for(row["exit_code"])
         self._grace_period = row["grace_period"]
+        #: Its metadata service's probe (the core's: ``probe(base, timeout=None, *,
+        #: terminating=False, sysfs=None)``).
+        self.probe = row["probe"]
 
     def check(self) -> Optional[str]:
         if not self._host_port:
@@ -57,7 +59,7 @@ class Cloud(common.Platform):
         """Its probe; without its variable, only when :data:`SYSFS` names its machines
         (the core's lines; TensorFlow's GCE: always)."""
         sysfs = None if checked is not None else SYSFS
-        return common.probe(self.NAME, self.metadata_base(checked), sysfs)
+        return common.probe(self.probe, self.NAME, self.metadata_base(checked), sysfs)
 
     def metadata_base(self, checked: Optional[str]) -> str:
         return checked or self.default_base
@@ -68,7 +70,7 @@ class Cloud(common.Platform):
 
 
 #: Every cloud, in detection order (GCE first, as TF).
-CLOUDS: tuple = tuple(Cloud(row) for row in _table())
+CLOUDS: tuple = tuple(Cloud(row) for row in common.TABLE.values() if row["kind"] == "cloud")
 GCE, AWS, AZURE = CLOUDS
 
 
@@ -100,9 +102,7 @@ def termination_watcher() -> bool:
     (``sources::gce_terminating``).
     """
     try:
-        from .._native import probe_metadata
-
-        return bool(probe_metadata(GCE.NAME, gce_base(), terminating=True))
+        return bool(GCE.probe(gce_base(), terminating=True))
     except Exception as e:  # noqa: BLE001 - a flaky metadata server must not kill training
         log.debug("GCE maintenance-event poll failed: %s", e)
         return False

@@ -13,12 +13,17 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from .._native import DEFAULT_EXIT_CODE
+from .._native import DEFAULT_EXIT_CODE, platforms
 
 log = logging.getLogger("tf_failure_handling")
 
 # DEFAULT_EXIT_CODE is the core's (src/sources/clouds.rs: Borg's and TF's default
 # ``exit_fn``'s).
+
+#: The core's table of the platforms (``_native.platforms``): a row per cloud, in
+#: detection order (its variable, default base, exit code, grace periods and probe),
+#: then Kubernetes' (its SIGTERM's deadlines).
+TABLE: dict = {row["name"]: row for row in platforms()}
 
 #: A host name's bytes, as the native client accepts them (``http::BaseUrl``).
 _HOST_NAME_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._")
@@ -207,13 +212,14 @@ def metadata_url(name: str) -> Optional[str]:
     return url.rstrip("/")
 
 
-def probe(cloud: str, base: str, sysfs: Optional[str] = None) -> bool:
-    """``_native.probe_metadata`` (with ``sysfs``: only when the lines there name the
-    cloud's machines), with any failure meaning "not that cloud"."""
+def probe(
+    row_probe: Callable[..., bool], cloud: str, base: str, sysfs: Optional[str] = None
+) -> bool:
+    """A cloud's native probe (its row's ``probe`` in ``_native.platforms()``; with
+    ``sysfs``: only when the lines there name the cloud's machines), with any failure
+    meaning "not that cloud"."""
     try:
-        from .._native import probe_metadata
-
-        return bool(probe_metadata(cloud, base, sysfs=sysfs))
+        return bool(row_probe(base, sysfs=sysfs))
     except Exception as e:  # noqa: BLE001 - off that cloud anything can come back
         log.debug("not on %s (%s): %s", cloud, base, e)
         return False

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._native import kubernetes_sigterm_deadlines
 from . import common
 
 #: Seconds Kubernetes leaves between SIGTERM and SIGKILL for this pod (not visible
@@ -27,8 +26,8 @@ class Kubernetes(common.Platform):
 
     def deadlines(self, env: Any, unix_now: float) -> tuple:
         """``unix_now`` plus the pod's grace period; a kill only when it was stated
-        (``src/sources/kubernetes.rs``)."""
-        return kubernetes_sigterm_deadlines(unix_now, env.settings.get(self.NAME))
+        (its row of the core's table, ``src/sources/kubernetes.rs``)."""
+        return common.TABLE[self.NAME]["sigterm_deadlines"](unix_now, env.settings.get(self.NAME))
 
 
 PLATFORM = Kubernetes()

@@ -18,8 +18,11 @@ import subprocess
 import threading
 from typing import Any, Optional
 
-from .._native import SlurmAction, SlurmEvent, SlurmJob
+from .._native import SlurmJob
 from . import common
+
+SlurmEvent = SlurmJob.Event
+SlurmAction = SlurmJob.Action
 
 log = logging.getLogger("tf_failure_handling")
 

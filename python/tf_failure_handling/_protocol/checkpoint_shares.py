@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from .. import _errors
 from .._integrations import tf_shares
-from .._native import SharesAction, SharesWaits
+from .._native import SharesWaits
 from .checkpoint_files import delete_file, make_dirs, read_or_none
 from .non_chief_saves import NON_CHIEF_SAVES_ENV
 
@@ -96,7 +96,7 @@ def probe(client: Any, worker: int, workers: int, directory: str) -> str:
     probe = f"{directory.rstrip('/')}/{PROBE_FILE}{token}"
     waits.handle("token")
     # The core paces the looks: a shared file system may show the file a little later.
-    while isinstance(look := waits.poll(), SharesAction.Look):
+    while isinstance(look := waits.poll(), SharesWaits.Action.Look):
         waits.handle("looked", seen=read_or_none(probe) == token)
     seen, looked = look.seen, look.looked
     if not seen:

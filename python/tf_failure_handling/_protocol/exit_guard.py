@@ -8,7 +8,7 @@ exit at the deadline ends with 137, and a Job's ``podFailurePolicy`` that ignore
 restart code then counts the preemption as a failure.
 
 So ``SaveAndExit`` arms a guard before it calls the default ``exit_fn``: a Rust thread
-(``_native.arm_exit_guard``) that, at ``EXIT_GUARD_LEAD`` seconds before the moment the
+(``_native.exit_guard``) that, at ``EXIT_GUARD_LEAD`` seconds before the moment the
 platform kills the process, ends it with the same code (``_exit``; the checkpoint and
 the records' ``exit`` line are written by then) when the process is in its exit by then.
 Python's threading shutdown tells it so (a hook the first arming registers), or the
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from .._native import arm_exit_guard, disarm_exit_guard
+from .._native import exit_guard
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -36,7 +36,7 @@ def arm(deadline: Optional[float], now: float, code: int) -> Optional[float]:
     the seconds it waits, or None when nothing is armed. Never raises: without the guard
     the exit goes on as TensorFlow's does."""
     try:
-        delay = arm_exit_guard(deadline, now, code)
+        delay = exit_guard(deadline, now, code)
     except Exception as e:  # noqa: BLE001 - the exit goes on unguarded, as TF's
         log.warning("The exit guard could not be armed (%s); the exit is not guarded.", e)
         return None
@@ -52,4 +52,4 @@ def arm(deadline: Optional[float], now: float, code: int) -> Optional[float]:
 
 def disarm() -> None:
     """Stands every waiting guard down: a new handler means the process trains on."""
-    disarm_exit_guard()
+    exit_guard()

@@ -10,7 +10,6 @@ import threading
 from typing import Callable, Optional
 
 from .. import _errors
-from .._native import TF_WAIT_FOREVER_MS
 
 
 class _Store:
@@ -99,8 +98,9 @@ class InMemoryCoordinationService:
         if not self._store.set(str(key), str(value)):
             raise _errors.make("AlreadyExistsError", f"Config key {key} already exists.")
 
-    def get_config_key_value(self, key: str, timeout_in_ms: int = TF_WAIT_FOREVER_MS) -> str:
-        """Blocks until ``key`` is set; ``timeout_in_ms`` 0 means forever, as in TF."""
+    def get_config_key_value(self, key: str, timeout_in_ms: Optional[int] = None) -> str:
+        """Blocks until ``key`` is set; ``timeout_in_ms`` 0 means forever, as in TF (whose
+        default it is; None, the default here, is the same)."""
         self._maybe_fail(self._get_faults, key, "get")
         timeout = None if not timeout_in_ms else timeout_in_ms / 1000
         status, payload = self._store.get(str(key), timeout)
