@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``tf_failure_handling._native``."""
 
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, ClassVar, List, Optional, TypeVar
 
 __version__: str
 RUN_TO_CHECKPOINT: str
@@ -100,18 +100,9 @@ def grpc_options_with_keepalive(current: str) -> Optional[str]: ...
 class CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
 
-def input_resume(
-    iteration: int,
-    batches: int,
-    previous: int,
-    per_iteration: Optional[int],
-    steps_per_iteration: Optional[int],
-    new_iteration: Optional[bool],
-    first_used: int,
-) -> InputResume: ...
-
 class InputResume:
-    """Where a restarted input resumes (src/input_position.rs ``InputResume``)."""
+    """Where a restarted input resumes (src/input_position.rs ``InputResume``), with the
+    functions that answer it and the timing of a slow resume."""
 
     class Fresh(InputResume): ...
 
@@ -124,15 +115,26 @@ class InputResume:
         iteration: int
         batches: int
 
-def input_batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
+    @staticmethod
+    def of(
+        iteration: int,
+        batches: int,
+        previous: int,
+        per_iteration: Optional[int],
+        steps_per_iteration: Optional[int],
+        new_iteration: Optional[bool],
+        first_used: int,
+    ) -> InputResume: ...
+    @staticmethod
+    def batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
 
-class InputTiming:
-    """The timing of a resume's slow part (a replay, or with ``advance`` the making of
-    earlier iterators) and when each is logged; reads the clock itself."""
+    class Timing:
+        """The timing of a resume's slow part (a replay, or with ``advance`` the making
+        of earlier iterators) and when each is logged; reads the clock itself."""
 
-    def __init__(self, advance: bool = False) -> None: ...
-    def poll_timeout(self) -> float: ...
-    def poll(self) -> Optional[float]: ...
+        def __init__(self, advance: bool = False) -> None: ...
+        def poll_timeout(self) -> float: ...
+        def poll(self) -> Optional[float]: ...
 
 class TaskEvent:
     """What a served task's threads report (``src/ps_control/task.rs``)."""
@@ -504,20 +506,28 @@ def is_ps_failure(e: object) -> bool: ...
 def classify_failure(e: object) -> tuple[bool, bool]: ...
 def failed_ps_instances(message: str) -> set[int]: ...
 
-# The preemption records (src/records.rs): bytes in, JSON text out; lines stamped.
-#: Each field of the records' schema, and whether a line must have it.
-RECORD_FIELDS: dict[str, bool]
+class RecordsCore:
+    """The preemption records' core (src/records.rs): bytes in, JSON text out; lines
+    stamped. Not made: its attributes are plain functions."""
 
-def read_records(
-    sources: list[tuple[str, Optional[bytes]]], task: Optional[tuple[str, str]] = None
-) -> str:
-    """JSON text: ``{"preemptions", "resumes", "skipped", "groups"}`` of the files ``(name, bytes,
-    or None if unreadable)``; with ``task`` ``(job, str(task))``, its last exit or null."""
+    #: Each field of the records' schema, and whether a line must have it.
+    FIELDS: ClassVar[dict[str, bool]]
 
-def record_valid(value: object, field: Optional[str] = None) -> bool: ...
-def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) -> bool: ...
-def stamp_record(record: dict[str, Any]) -> int: ...
-def records_bound(timeout: Optional[float] = None, notice_line: bool = False) -> float: ...
+    @staticmethod
+    def read(
+        sources: list[tuple[str, Optional[bytes]]], task: Optional[tuple[str, str]] = None
+    ) -> str:
+        """JSON text: ``{"preemptions", "resumes", "skipped", "groups"}`` of the files
+        ``(name, bytes, or None if unreadable)``; with ``task`` ``(job, str(task))``, its
+        last exit or null."""
+    @staticmethod
+    def valid(value: object, field: Optional[str] = None) -> bool: ...
+    @staticmethod
+    def claim_resume(folder: str, job: str, task: str, preemption: Optional[str]) -> bool: ...
+    @staticmethod
+    def stamp(record: dict[str, Any]) -> int: ...
+    @staticmethod
+    def bound(timeout: Optional[float] = None, notice_line: bool = False) -> float: ...
 
 TF_WAIT_FOREVER_MS: int
 SIMULATED_CLUSTER_BOUND: float

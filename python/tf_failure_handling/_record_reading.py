@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from . import _record_paths as _paths
-from ._native import RECORD_FIELDS, read_records, record_valid
+from ._native import RecordsCore
 from ._record_paths import DEFAULT_SUBDIR, _join, _local, is_local
 
 
@@ -91,13 +91,13 @@ class Records:
 #: The schema: each known field, and a check of a value for it (``FIELDS[name](value)``;
 #: ``null`` is the same as absent). A line must have :data:`REQUIRED`; any other field is
 #: kept in ``extra`` whatever its value. The rules (docs/records.md) are in the Rust core.
-FIELDS: dict = {n: functools.partial(record_valid, field=n) for n in RECORD_FIELDS}
-REQUIRED = tuple(n for n, required in RECORD_FIELDS.items() if required)
+FIELDS: dict = {n: functools.partial(RecordsCore.valid, field=n) for n in RecordsCore.FIELDS}
+REQUIRED = tuple(n for n, required in RecordsCore.FIELDS.items() if required)
 
 
 def valid(obj: Any) -> bool:
     """Whether ``obj`` (a parsed line) is of the schema's shape."""
-    return record_valid(obj)
+    return RecordsCore.valid(obj)
 
 
 class _Reader:
@@ -191,7 +191,7 @@ def load(path: Union[str, os.PathLike]) -> Records:
     """
     path = os.fspath(path)
     reader = _Reader(path)
-    found = json.loads(read_records(_read(reader, _sources(reader, path))))
+    found = json.loads(RecordsCore.read(_read(reader, _sources(reader, path))))
     return Records(
         [Preemption(**p) for p in found["preemptions"]],
         [Resume(**r) for r in found["resumes"]],
@@ -227,5 +227,5 @@ def last_exit(folder: Optional[str], job: str, task: Any) -> Optional[Preemption
         sources = _read(reader, _task_sources(reader, folder, job, task))
     except OSError:
         return None
-    found = json.loads(read_records(sources, (job, str(task))))
+    found = json.loads(RecordsCore.read(sources, (job, str(task))))
     return None if found is None else Preemption(**found)

@@ -27,8 +27,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from . import _record_paths as _paths
-from ._native import claim_resume as _claim_resume
-from ._native import records_bound, stamp_record
+from ._native import RecordsCore
 from ._record_paths import (  # re-exported: where the records go
     DEFAULT_SUBDIR,
     RECORDS_DIR_ENV,
@@ -73,9 +72,10 @@ SCHEMA_VERSION = 1
 STAGES = ("notice", "agreement", "save_start", "save_end", "exit", "error", "resumed", "requeue")
 # How long Recorder.close waits for an object store to take the lines still queued
 # (the ``exit`` line among them) before the process exits without them is the core's:
-# FLUSH_BOUND in src/records.rs (``records_bound``). The wall-clock time a line carries
-# (seconds since the Unix epoch: the clock a reader compares across hosts and
-# restarts) is stamped by the binding as the line is built (``stamp_record``).
+# FLUSH_BOUND in src/records.rs (``RecordsCore.bound``). The wall-clock time a line
+# carries (seconds since the Unix epoch: the clock a reader compares across hosts and
+# restarts) is stamped by the binding as the line is built (``RecordsCore.stamp``).
+_bound = RecordsCore.bound
 
 
 # --------------------------------------------------------------------- writing
@@ -233,7 +233,7 @@ class _Queue:
     def wait_empty(self, timeout: Optional[float] = None) -> tuple:
         """Whether every job ran within ``timeout`` seconds (None: the core's bound
         before the exit), and that bound."""
-        bound = records_bound(timeout)
+        bound = _bound(timeout)
         with self._cond:
             return self._cond.wait_for(self._empty, bound), bound
 
@@ -314,7 +314,7 @@ class Recorder:
         }
         if stage == "notice" and self.platform is not None and job == self.job:
             record.setdefault("platform", self.platform)
-        stamp = stamp_record(record)
+        stamp = RecordsCore.stamp(record)
         line = json.dumps(record, sort_keys=True, default=str)
         log.info("Preemption %s: %s", stage, line)
         data = (line + "\n").encode()
@@ -396,4 +396,4 @@ def claim_resume(folder: str, job: str, task: Any, preemption: Optional[str]) ->
     """True the first time this process asks for a ``(folder, job, task,
     preemption)``: a second handler of the same run (tf_keras makes several) must not
     write a second ``resumed`` line, even before the first one reached the store."""
-    return _claim_resume(folder, job, str(task), preemption)
+    return RecordsCore.claim_resume(folder, job, str(task), preemption)

@@ -16,10 +16,10 @@
 //! | `retry.rs` | `WriteKind`: what a write of the driver is (its schedule, and the retry rule's, are `ProtocolCore`'s, `crate::protocol`) |
 //! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait, a closure's error in TF's order), `TaskProtocol` (a served task's), `TaskCalls` |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
-//! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes; `InputTiming`: when a slow resume is logged (`crate::input_position`) |
+//! | `input_position.rs` | `InputResume`: where a restarted input resumes (`InputResume.of`, `InputResume.batches_given`), and `InputResume.Timing`: when a slow resume is logged (`crate::input_position`) |
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
-//! | `records.rs` | the preemption records (`crate::records`): bytes in, JSON text of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines; each line's wall-clock stamp; the records' waits' bounds |
+//! | `records.rs` | `RecordsCore`, the preemption records (`crate::records`): bytes in, JSON text of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines; each line's wall-clock stamp; the records' waits' bounds |
 //! | `shares.rs` | `assign_shares`: which worker writes which tensor of a checkpoint the workers write together; `SharesWaits` and `SharesAction`: every wait of the shares (the probe, a save's waits, whether the chief starts the merge) as events in, actions out (`crate::shares`) |
 //! | `slurm.rs` | `SlurmJob`, `SlurmEvent`, `SlurmAction`: the SLURM job's protocol object (`crate::sources::slurm::Job`); the requeue's pauses waited |
 //! | `wire.rs` | `py_enum!`: a core `wire!` declaration (`crate::wire`) expanded into its Python class and conversions, one line per type; the conversions of core field types (a `Round` is its key) |

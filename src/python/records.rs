@@ -16,7 +16,7 @@ use super::errors;
 use crate::records::schema::{self, Shape};
 use crate::records::{self as core, Claims};
 
-/// The claims of this process (`records.claim_resume`). Taken without calling
+/// The claims of this process (`RecordsCore.claim_resume`). Taken without calling
 /// Python.
 static CLAIMS: Mutex<Claims> = Mutex::new(Claims::new());
 
@@ -126,16 +126,27 @@ fn records_bound(timeout: Option<f64>, notice_line: bool) -> f64 {
     timeout.unwrap_or(if notice_line { core::NOTICE_LINE_BOUND } else { core::FLUSH_BOUND })
 }
 
+/// The records' core as Python reaches it: one object, `RecordsCore`, that holds
+/// the schema (`FIELDS`: each field, and whether a line must have it), its check
+/// (`valid`), the reader (`read`, which checks each line), the stamp of a line
+/// being written (`stamp`), a task's claim of its resume (`claim_resume`) and the
+/// bound of the records' waits (`bound`). It is not made: its attributes are plain
+/// functions (not methods), so `RecordsCore.read(...)` calls `read_records`.
+#[pyclass(frozen, module = "tf_failure_handling._native")]
+pub(crate) struct RecordsCore;
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let fields = PyDict::new(m.py());
     for (name, _) in schema::FIELDS {
         fields.set_item(name, schema::REQUIRED.contains(&name))?;
     }
-    m.add("RECORD_FIELDS", fields)?;
-    m.add_function(wrap_pyfunction!(read_records, m)?)?;
-    m.add_function(wrap_pyfunction!(record_valid, m)?)?;
-    m.add_function(wrap_pyfunction!(claim_resume, m)?)?;
-    m.add_function(wrap_pyfunction!(stamp_record, m)?)?;
-    m.add_function(wrap_pyfunction!(records_bound, m)?)?;
+    m.add_class::<RecordsCore>()?;
+    let t = m.py().get_type::<RecordsCore>();
+    t.setattr("FIELDS", fields)?;
+    t.setattr("read", wrap_pyfunction!(read_records, m)?)?;
+    t.setattr("valid", wrap_pyfunction!(record_valid, m)?)?;
+    t.setattr("claim_resume", wrap_pyfunction!(claim_resume, m)?)?;
+    t.setattr("stamp", wrap_pyfunction!(stamp_record, m)?)?;
+    t.setattr("bound", wrap_pyfunction!(records_bound, m)?)?;
     Ok(())
 }

@@ -186,11 +186,12 @@ def records_and_shares() -> None:
     timing."""
     line = b'{"schema": 1, "stage": "exit", "time": 5.0, "job": "w", "task": 0}\n'
     name = threading.current_thread().name
-    assert '"preemptions"' in _native.read_records([(name, line), (name + "x", None)])
-    assert _native.read_records([(name, line)], ("w", "0")) != "null"
-    assert _native.record_valid({"stage": "exit", "time": 1.0, "job": "w", "task": 0})
-    assert _native.stamp_record({"stage": "exit"}) > 0
-    _native.claim_resume(name, "w", "0", None)
+    core = _native.RecordsCore
+    assert '"preemptions"' in core.read([(name, line), (name + "x", None)])
+    assert core.read([(name, line)], ("w", "0")) != "null"
+    assert core.valid({"stage": "exit", "time": 1.0, "job": "w", "task": 0})
+    assert core.stamp({"stage": "exit"}) > 0
+    core.claim_resume(name, "w", "0", None)
     probe = _native.SharesWaits(probe=True)
     assert probe.poll().timeout > 0
     probe.handle("token")
@@ -201,7 +202,7 @@ def records_and_shares() -> None:
     save.handle("parts_checked")
     assert isinstance(save.poll(), _native.SharesAction.Merge)
     save.handle("merged")
-    assert _native.InputTiming(advance=True).poll_timeout() >= 0
+    assert _native.InputResume.Timing(advance=True).poll_timeout() >= 0
 
 
 SCENARIOS = {

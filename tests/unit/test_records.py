@@ -388,7 +388,7 @@ def test_an_object_store_line_never_waits_and_close_waits_for_it(store, caplog, 
     # A store that never answers: close gives up at its bound and says so.
     store.gate = threading.Event()
     # The core's bound is 10 s (src/records.rs): the test's wait is cut to 0.2 s.
-    monkeypatch.setattr(records, "records_bound", lambda timeout=None: 0.2)
+    monkeypatch.setattr(records, "_bound", lambda timeout=None: 0.2)
     rec.write("exit", code=42)
     with caplog.at_level("WARNING", logger="tf_failure_handling"):
         rec.close()

@@ -15,7 +15,7 @@ import threading
 from typing import Any, Iterator, Optional
 
 from .. import records
-from .._native import records_bound
+from .._native import RecordsCore
 from .._platforms import platform as _platform
 from .state import HandlerState
 
@@ -23,7 +23,7 @@ log = logging.getLogger("tf_failure_handling")
 
 # How long a stage of the training thread waits for the notice line being written (the
 # core took the notice, the notice thread writes its line) before it writes its own is
-# the core's: NOTICE_LINE_BOUND in src/records.rs (``records_bound(notice_line=True)``).
+# the core's: NOTICE_LINE_BOUND in src/records.rs (``RecordsCore.bound(notice_line=True)``).
 
 
 class StageRecords:
@@ -52,7 +52,7 @@ class StageRecords:
 
     def _open(self) -> None:
         """Opens a preemption unless one is open, after the notice line being written."""
-        bound = records_bound(notice_line=True)
+        bound = RecordsCore.bound(notice_line=True)
         if self._notice_line.acquire(timeout=bound):
             self._notice_line.release()
         else:
