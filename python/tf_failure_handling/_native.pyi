@@ -49,6 +49,11 @@ class ProtocolCore:
     def poll(self) -> Optional[Action]: ...
     def poll_timeout(self, waiting: bool = False) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
+    #: What a write of the driver is (``src/writes.rs``; a field of ``Action``).
+    WriteKind: ClassVar[type[_WriteKind]]
+    @staticmethod
+    def unix_time_of(moment: float, core: ProtocolCore) -> float:
+        """The wall-clock time of ``moment``, a time on ``core``'s clock, read now."""
 
 class SignalWatch:
     """Watches signals from any thread. An ``owner`` (a handler) holds back previously
@@ -61,10 +66,10 @@ class SignalWatch:
     ) -> None: ...
     def close(self, at_exit: bool = False) -> list[int]: ...
 
-class Input:
-    """One input of the protocol driver, as ``Inbox.recv`` returns it."""
+class _Input:
+    """One input of the protocol driver, as ``Inbox.recv`` returns it (``Inbox.Input``)."""
 
-    class Notice(Input):
+    class Notice(_Input):
         source: Optional[str]
         signal: Optional[int]
         at: float
@@ -79,16 +84,16 @@ class Input:
             kill: Optional[float] = None,
         ) -> None: ...
 
-    class StepKey(Input):
+    class StepKey(_Input):
         round: str
         value: str
         def __init__(self, round: str, value: str) -> None: ...
 
-    class KeyReadFailed(Input):
+    class KeyReadFailed(_Input):
         round: str
         def __init__(self, round: str) -> None: ...
 
-    class Stop(Input):
+    class Stop(_Input):
         def __init__(self) -> None: ...
 
 DEFAULT_GRACE_PERIOD: float
@@ -184,9 +189,6 @@ class TaskProtocol:
     def answer(self, request: Any) -> dict[str, Any]: ...
     def state(self) -> dict[str, Any]: ...
 
-def unix_time_of(moment: float, core: ProtocolCore) -> float:
-    """The wall-clock time of ``moment``, a time on ``core``'s clock, read now."""
-
 class Abandoned:
     """A call abandoned so that a new one could start (``TaskCalls.start``)."""
 
@@ -204,12 +206,12 @@ class TaskCalls:
     def start(self, task: str) -> tuple[int, Optional[Abandoned]]: ...
     def returned(self, task: str, id: int) -> bool: ...
 
-class WriteKind:
+class _WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
 
-    class Acknowledge(WriteKind): ...
-    class Claim(WriteKind): ...
-    class Announce(WriteKind): ...
+    class Acknowledge(_WriteKind): ...
+    class Claim(_WriteKind): ...
+    class Announce(_WriteKind): ...
 
 class Event:
     """An input of the protocol driver (``ProtocolCore.handle``)."""
@@ -401,7 +403,7 @@ class Action:
     # The driver's writes (ProtocolCore.poll).
     class Write(Action):
         id: int
-        kind: WriteKind
+        kind: _WriteKind
         key: str
         value: str
         timeout: float
@@ -416,7 +418,7 @@ class Action:
         left: float
 
     class Written(Action):
-        kind: WriteKind
+        kind: _WriteKind
         key: str
         value: str
         what: str
@@ -425,7 +427,7 @@ class Action:
         ends_notice: bool
 
     class WriteGaveUp(Action):
-        kind: WriteKind
+        kind: _WriteKind
         key: str
         value: str
         what: str
@@ -435,7 +437,7 @@ class Action:
         ends_notice: bool
 
     class Raised(Action):
-        kind: WriteKind
+        kind: _WriteKind
         key: str
         value: str
         what: str
@@ -448,12 +450,14 @@ class Action:
 class Inbox:
     """The protocol driver's inputs in one place (``src/inbox.rs``); ``recv`` releases the GIL."""
 
+    #: What an inbox holds (``Inbox.Input.Notice``, ``.StepKey``, ``.KeyReadFailed``, ``.Stop``).
+    Input: ClassVar[type[_Input]]
     def __init__(self) -> None: ...
-    def post(self, input: Input) -> bool: ...
+    def post(self, input: _Input) -> bool: ...
     def recv(
         self, timeout: Optional[float] = None, signals: Optional[SignalWatch] = None
-    ) -> Optional[Input]: ...
-    def drain(self) -> list[Input]: ...
+    ) -> Optional[_Input]: ...
+    def drain(self) -> list[_Input]: ...
 
 CLOSURE_QUEUE_MAX_SIZE: int
 

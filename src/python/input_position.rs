@@ -77,11 +77,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // it (`InputResume.of`, `InputResume.batches_given`: plain functions, not
     // methods) and the timing of a slow resume (`InputResume.Timing`).
     m.add_class::<InputResume>()?;
+    super::wire::nest::<InputResume, InputTiming>(m.py(), "Timing")?;
     let t = m.py().get_type::<InputResume>();
-    let timing = m.py().get_type::<InputTiming>();
-    timing.setattr("__qualname__", "InputResume.Timing")?;
-    t.setattr("Timing", timing)?;
     t.setattr("of", wrap_pyfunction!(input_resume, m)?)?;
-    t.setattr("batches_given", wrap_pyfunction!(input_batches_given, m)?)?;
-    Ok(())
+    t.setattr("batches_given", wrap_pyfunction!(input_batches_given, m)?)
 }

@@ -79,7 +79,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::ProtocolCore>()?;
     m.add_class::<handler::Event>()?;
     m.add_class::<handler::Action>()?;
-    m.add_function(wrap_pyfunction!(handler::unix_time_of, m)?)?;
     m.add("DEFAULT_GRACE_PERIOD", crate::grace::DEFAULT_GRACE_PERIOD)?;
     handler::add_run(m.py())?;
     signals::register(m)?;

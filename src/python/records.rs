@@ -4,7 +4,7 @@
 //! their bytes; the core parses, checks and folds them with the GIL released and
 //! answers in JSON text ([`crate::records::Records::to_json`]), which the Python
 //! module turns into its dataclasses. Writing: the binding stamps each line with
-//! the wall clock as it is built ([`stamp_record`]).
+//! the wall clock as it is built ([`stamp`]).
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -26,7 +26,7 @@ static CLAIMS: Mutex<Claims> = Mutex::new(Claims::new());
 /// ([`core::last_exit`]), or `null`.
 #[pyfunction]
 #[pyo3(signature = (sources, task = None))]
-fn read_records(py: Python<'_>, sources: Vec<(String, Option<PyBackedBytes>)>, task: Option<(String, String)>) -> String {
+fn read(py: Python<'_>, sources: Vec<(String, Option<PyBackedBytes>)>, task: Option<(String, String)>) -> String {
     py.detach(|| {
         let found = core::read(sources.iter().map(|(name, data)| (name.as_str(), data.as_deref())));
         match task {
@@ -44,7 +44,7 @@ fn read_records(py: Python<'_>, sources: Vec<(String, Option<PyBackedBytes>)>, t
 /// `ValueError` for a `field` the schema does not name; what a look-up raised.
 #[pyfunction]
 #[pyo3(signature = (value, field = None))]
-fn record_valid(value: &Bound<'_, PyAny>, field: Option<&str>) -> PyResult<bool> {
+fn valid(value: &Bound<'_, PyAny>, field: Option<&str>) -> PyResult<bool> {
     if let Some(name) = field {
         let kind = schema::kind(name).ok_or_else(|| errors::bad_value(format!("not a field of the records' schema: {name:?}")))?;
         return Ok(kind.accepts(shape(value)));
@@ -96,7 +96,7 @@ fn shape(value: &Bound<'_, PyAny>) -> Shape {
 ///
 /// What the dict raised (a plain dict raises nothing).
 #[pyfunction]
-fn stamp_record(record: &Bound<'_, PyDict>) -> PyResult<u64> {
+fn stamp(record: &Bound<'_, PyDict>) -> PyResult<u64> {
     let now = unix_now();
     let time = match record.get_item("time")? {
         Some(t) if t.is_truthy()? => t.extract::<f64>().ok(),
@@ -122,7 +122,7 @@ fn stamp_record(record: &Bound<'_, PyDict>) -> PyResult<u64> {
 /// ([`crate::records::FLUSH_BOUND`]).
 #[pyfunction]
 #[pyo3(signature = (timeout = None, notice_line = false))]
-fn records_bound(timeout: Option<f64>, notice_line: bool) -> f64 {
+fn bound(timeout: Option<f64>, notice_line: bool) -> f64 {
     timeout.unwrap_or(if notice_line { core::NOTICE_LINE_BOUND } else { core::FLUSH_BOUND })
 }
 
@@ -131,7 +131,7 @@ fn records_bound(timeout: Option<f64>, notice_line: bool) -> f64 {
 /// (`valid`), the reader (`read`, which checks each line), the stamp of a line
 /// being written (`stamp`), a task's claim of its resume (`claim_resume`) and the
 /// bound of the records' waits (`bound`). It is not made: its attributes are plain
-/// functions (not methods), so `RecordsCore.read(...)` calls `read_records`.
+/// functions (not methods).
 #[pyclass(frozen, module = "tf_failure_handling._native")]
 pub(crate) struct RecordsCore;
 
@@ -143,10 +143,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RecordsCore>()?;
     let t = m.py().get_type::<RecordsCore>();
     t.setattr("FIELDS", fields)?;
-    t.setattr("read", wrap_pyfunction!(read_records, m)?)?;
-    t.setattr("valid", wrap_pyfunction!(record_valid, m)?)?;
+    t.setattr("read", wrap_pyfunction!(read, m)?)?;
+    t.setattr("valid", wrap_pyfunction!(valid, m)?)?;
     t.setattr("claim_resume", wrap_pyfunction!(claim_resume, m)?)?;
-    t.setattr("stamp", wrap_pyfunction!(stamp_record, m)?)?;
-    t.setattr("bound", wrap_pyfunction!(records_bound, m)?)?;
-    Ok(())
+    t.setattr("stamp", wrap_pyfunction!(stamp, m)?)?;
+    t.setattr("bound", wrap_pyfunction!(bound, m)?)
 }

@@ -100,3 +100,11 @@ impl FromPyObject<'_, '_> for Round {
             .ok_or_else(|| PyValueError::new_err(format!("{key:?} is not a step key")))
     }
 }
+
+/// Makes the class `T` a type of the class `Owner` (the agreed nesting: Python reaches
+/// it as `Owner.name`, and its repr says so) rather than a name of the module.
+pub(crate) fn nest<Owner: pyo3::PyTypeInfo, T: pyo3::PyTypeInfo>(py: Python<'_>, name: &str) -> PyResult<()> {
+    let (owner, nested) = (py.get_type::<Owner>(), py.get_type::<T>());
+    nested.setattr("__qualname__", format!("{}.{name}", owner.qualname()?))?;
+    owner.setattr(name, nested)
+}

@@ -17,8 +17,8 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 66,
-    "native_constants": 12,
+    "native_names": 53,
+    "native_constants": 11,
     "native_constants_not_allowed": 1,
     "native_constant_uses": 1,
     "binding_methods": 76,
