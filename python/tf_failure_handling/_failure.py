@@ -1,9 +1,10 @@
 """Worker and parameter-server failure classification, on the Rust classifier.
 
 Re-exports the native replacements of TensorFlow 2.21's ``_is_worker_failure``,
-``_is_ps_failure``, ``_extract_failed_ps_instances`` and ``Cluster``'s transient-failure
-counters (``TransientFailures``); ``classify_failure(e)`` answers ``(is_ps_failure(e),
-is_worker_failure(e))`` in one call. docs/how-it-works.md, "The coordinator", tells why.
+``_is_ps_failure`` and ``Cluster``'s transient-failure counters (``TransientFailures``);
+``classify_failure(e)`` answers ``(is_ps_failure(e), is_worker_failure(e))`` in one call.
+docs/how-it-works.md, "The coordinator", tells why. (``_extract_failed_ps_instances``'s
+replacement, ``_native.failed_ps_instances``, is only the tests'.)
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ from typing import Any
 
 from . import _errors
 from ._native import TransientFailures, classify_failure, is_ps_failure, is_worker_failure
-from ._native import failed_ps_instances as extract_failed_ps_instances
 
 __all__ = [
     "TransientFailures",
     "classify_failure",
-    "extract_failed_ps_instances",
     "is_ps_failure",
     "is_worker_failure",
 ]

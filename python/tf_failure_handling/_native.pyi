@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``tf_failure_handling._native``."""
 
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, ClassVar, List, Optional, TypeVar
 
 __version__: str
 RUN_TO_CHECKPOINT: str
@@ -49,6 +49,11 @@ class ProtocolCore:
     def poll(self) -> Optional[Action]: ...
     def poll_timeout(self, waiting: bool = False) -> Optional[float]: ...
     def state(self) -> dict[str, Any]: ...
+    #: What a write of the driver is (``src/writes.rs``; a field of ``Action``).
+    WriteKind: ClassVar[type[_WriteKind]]
+    @staticmethod
+    def unix_time_of(moment: float, core: ProtocolCore) -> float:
+        """The wall-clock time of ``moment``, a time on ``core``'s clock, read now."""
 
 class SignalWatch:
     """Watches signals from any thread. An ``owner`` (a handler) holds back previously
@@ -61,10 +66,10 @@ class SignalWatch:
     ) -> None: ...
     def close(self, at_exit: bool = False) -> list[int]: ...
 
-class Input:
-    """One input of the protocol driver, as ``Inbox.recv`` returns it."""
+class _Input:
+    """One input of the protocol driver, as ``Inbox.recv`` returns it (``Inbox.Input``)."""
 
-    class Notice(Input):
+    class Notice(_Input):
         source: Optional[str]
         signal: Optional[int]
         at: float
@@ -79,16 +84,16 @@ class Input:
             kill: Optional[float] = None,
         ) -> None: ...
 
-    class StepKey(Input):
+    class StepKey(_Input):
         round: str
         value: str
         def __init__(self, round: str, value: str) -> None: ...
 
-    class KeyReadFailed(Input):
+    class KeyReadFailed(_Input):
         round: str
         def __init__(self, round: str) -> None: ...
 
-    class Stop(Input):
+    class Stop(_Input):
         def __init__(self) -> None: ...
 
 DEFAULT_GRACE_PERIOD: float
@@ -96,18 +101,9 @@ DEFAULT_GRACE_PERIOD: float
 class _CallTimeout(Exception):
     """A call to a task did not return within its bound (``src/ps_control/calls.rs``)."""
 
-def input_resume(
-    iteration: int,
-    batches: int,
-    previous: int,
-    per_iteration: Optional[int],
-    steps_per_iteration: Optional[int],
-    new_iteration: Optional[bool],
-    first_used: int,
-) -> InputResume: ...
-
 class InputResume:
-    """Where a restarted input resumes (src/input_position.rs ``InputResume``)."""
+    """Where a restarted input resumes (src/input_position.rs ``InputResume``), with the
+    functions that answer it and the timing of a slow resume."""
 
     class Fresh(InputResume): ...
 
@@ -120,15 +116,26 @@ class InputResume:
         iteration: int
         batches: int
 
-def input_batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
+    @staticmethod
+    def of(
+        iteration: int,
+        batches: int,
+        previous: int,
+        per_iteration: Optional[int],
+        steps_per_iteration: Optional[int],
+        new_iteration: Optional[bool],
+        first_used: int,
+    ) -> InputResume: ...
+    @staticmethod
+    def batches_given(start: int, runs_now: int, runs_at_made: int, per_run: int) -> int: ...
 
-class InputTiming:
-    """The timing of a resume's slow part (a replay, or with ``advance`` the making of
-    earlier iterators) and when each is logged; reads the clock itself."""
+    class Timing:
+        """The timing of a resume's slow part (a replay, or with ``advance`` the making
+        of earlier iterators) and when each is logged; reads the clock itself."""
 
-    def __init__(self, advance: bool = False) -> None: ...
-    def poll_timeout(self) -> float: ...
-    def poll(self) -> Optional[float]: ...
+        def __init__(self, advance: bool = False) -> None: ...
+        def poll_timeout(self) -> float: ...
+        def poll(self) -> Optional[float]: ...
 
 class _TaskEvent:
     """What a served task's threads report (``src/ps_control/task.rs``)."""
@@ -184,9 +191,6 @@ class TaskProtocol:
     def answer(self, request: Any) -> dict[str, Any]: ...
     def state(self) -> dict[str, Any]: ...
 
-def unix_time_of(moment: float, core: ProtocolCore) -> float:
-    """The wall-clock time of ``moment``, a time on ``core``'s clock, read now."""
-
 class Abandoned:
     """A call abandoned so that a new one could start (``CoordinatorProtocol.start_call``)."""
 
@@ -197,12 +201,12 @@ class Abandoned:
     @property
     def max(self) -> int: ...
 
-class WriteKind:
+class _WriteKind:
     """What a write of the driver is (``src/writes.rs``)."""
 
-    class Acknowledge(WriteKind): ...
-    class Claim(WriteKind): ...
-    class Announce(WriteKind): ...
+    class Acknowledge(_WriteKind): ...
+    class Claim(_WriteKind): ...
+    class Announce(_WriteKind): ...
 
 class Event:
     """An input of the protocol driver (``ProtocolCore.handle``)."""
@@ -394,7 +398,7 @@ class Action:
     # The driver's writes (ProtocolCore.poll).
     class Write(Action):
         id: int
-        kind: WriteKind
+        kind: _WriteKind
         key: str
         value: str
         timeout: float
@@ -409,7 +413,7 @@ class Action:
         left: float
 
     class Written(Action):
-        kind: WriteKind
+        kind: _WriteKind
         key: str
         value: str
         what: str
@@ -418,7 +422,7 @@ class Action:
         ends_notice: bool
 
     class WriteGaveUp(Action):
-        kind: WriteKind
+        kind: _WriteKind
         key: str
         value: str
         what: str
@@ -428,7 +432,7 @@ class Action:
         ends_notice: bool
 
     class Raised(Action):
-        kind: WriteKind
+        kind: _WriteKind
         key: str
         value: str
         what: str
@@ -441,12 +445,14 @@ class Action:
 class Inbox:
     """The protocol driver's inputs in one place (``src/inbox.rs``); ``recv`` releases the GIL."""
 
+    #: What an inbox holds (``Inbox.Input.Notice``, ``.StepKey``, ``.KeyReadFailed``, ``.Stop``).
+    Input: ClassVar[type[_Input]]
     def __init__(self) -> None: ...
-    def post(self, input: Input) -> bool: ...
+    def post(self, input: _Input) -> bool: ...
     def recv(
         self, timeout: Optional[float] = None, signals: Optional[SignalWatch] = None
-    ) -> Optional[Input]: ...
-    def drain(self) -> list[Input]: ...
+    ) -> Optional[_Input]: ...
+    def drain(self) -> list[_Input]: ...
 
 class ClosureQueue:
     """TF's ``_CoordinatedClosureQueue`` on a native core; blocking calls release the GIL."""
@@ -500,8 +506,6 @@ def is_ps_failure(e: object) -> bool: ...
 def classify_failure(e: object) -> tuple[bool, bool]: ...
 def failed_ps_instances(message: str) -> set[int]: ...
 
-# The preemption records (src/records.rs): bytes in, JSON text out; lines stamped.
-#: Each field of the records' schema, and whether a line must have it.
 RECORD_FIELDS: dict[str, bool]
 
 def read_records(

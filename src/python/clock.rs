@@ -13,7 +13,7 @@
 //! [`unix_now`] reads the wall clock (`CLOCK_REALTIME`), only for stamps another
 //! process or a record reads (a notice's moment, a handler's take-over; a task's last call, which
 //! `ps_control.rs`'s `serving` compares with the wall clock now) and for the
-//! conversion of a platform's wall-clock deadline (`handler.rs`'s `unix_time_of`). It is read
+//! conversion of a platform's wall-clock deadline (`handler.rs`'s `unix_time_of`, `ProtocolCore.unix_time_of` in Python). It is read
 //! afresh each time rather than moved on from a monotonic reading: a platform's
 //! deadline is a wall-clock time, and a VM's wall clock is corrected (by NTP,
 //! after a live migration) while the monotonic clock is not;

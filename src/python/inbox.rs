@@ -1,4 +1,4 @@
-//! `Inbox` and `Input`: [`crate::inbox`] for Python.
+//! `Inbox` and its `Inbox.Input`: [`crate::inbox`] for Python.
 //!
 //! The driver thread of a handler blocks in [`PyInbox::recv`] with the GIL
 //! released ([`wait_sliced`]: on the main thread in slices with
@@ -148,6 +148,6 @@ impl PyInbox {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyInbox>()?;
-    m.add_class::<Input>()?;
-    Ok(())
+    // `Input` is what an inbox holds: Python reaches it as `Inbox.Input`.
+    super::wire::nest::<PyInbox, Input>(m.py(), "Input")
 }

@@ -47,7 +47,7 @@ fn input_batches_given(start: u64, runs_now: u64, runs_at_made: u64, per_run: u6
 /// `InputTiming(advance=False)` times a replay of skipped batches (a line every
 /// interval), `InputTiming(advance=True)` the making of earlier iterators (a line at
 /// its end when slow). It reads the clock itself.
-#[pyclass(frozen, module = "tf_failure_handling._native")]
+#[pyclass(frozen, name = "Timing", module = "tf_failure_handling._native")]
 pub(crate) struct InputTiming(Mutex<Timing>);
 
 #[pymethods]
@@ -73,9 +73,12 @@ impl InputTiming {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<InputTiming>()?;
+    // One name crosses: `InputResume`, the answer, with the functions that give
+    // it (`InputResume.of`, `InputResume.batches_given`: plain functions, not
+    // methods) and the timing of a slow resume (`InputResume.Timing`).
     m.add_class::<InputResume>()?;
-    m.add_function(wrap_pyfunction!(input_resume, m)?)?;
-    m.add_function(wrap_pyfunction!(input_batches_given, m)?)?;
-    Ok(())
+    super::wire::nest::<InputResume, InputTiming>(m.py(), "Timing")?;
+    let t = m.py().get_type::<InputResume>();
+    t.setattr("of", wrap_pyfunction!(input_resume, m)?)?;
+    t.setattr("batches_given", wrap_pyfunction!(input_batches_given, m)?)
 }

@@ -16,7 +16,7 @@
 //! | `retry.rs` | `WriteKind`: what a write of the driver is (its schedule, and the retry rule's, are `ProtocolCore`'s, `crate::protocol`) |
 //! | `ps_control.rs` | the parameter-server task control (`crate::ps_control`): `CoordinatorProtocol` (the coordinator's protocol object: polls, releases, drains, the save's wait, a closure's error in TF's order), `TaskProtocol` (a served task's); each with its event and action types nested (`CoordinatorProtocol.Event`) |
 //! | `host_memory.rs` | `copy_place`: whether a non-chief's whole copy of a checkpoint may go to memory (`crate::host_memory`) |
-//! | `input_position.rs` | `input_resume`, `input_batches_given`: where a restarted input resumes; `InputTiming`: when a slow resume is logged (`crate::input_position`) |
+//! | `input_position.rs` | `InputResume`: where a restarted input resumes (`InputResume.of`, `InputResume.batches_given`), and `InputResume.Timing`: when a slow resume is logged (`crate::input_position`) |
 //! | `logs.rs` | the global logger: pyo3-log behind a gate that keeps unattached threads out of the interpreter once `close()` leaves threads running |
 //! | `layout.rs` | the type fields the stable ABI hides, read where their layout is checked |
 //! | `records.rs` | the preemption records (`crate::records`): bytes in, JSON text of `records.Preemption` and `records.Resume` out; the schema's checks; the claims of `resumed` lines; each line's wall-clock stamp; the records' waits' bounds |
@@ -79,7 +79,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::ProtocolCore>()?;
     m.add_class::<handler::Event>()?;
     m.add_class::<handler::Action>()?;
-    m.add_function(wrap_pyfunction!(handler::unix_time_of, m)?)?;
     m.add("DEFAULT_GRACE_PERIOD", crate::grace::DEFAULT_GRACE_PERIOD)?;
     handler::add_run(m.py())?;
     signals::register(m)?;

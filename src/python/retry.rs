@@ -1,4 +1,4 @@
-//! `WriteKind`: what a write of the driver is (a field of `Action`), declared once
+//! `ProtocolCore.WriteKind`: what a write of the driver is (a field of `Action`), declared once
 //! in the core ([`crate::writes::WriteKind`]); its schedule is the protocol's
 //! (`ProtocolCore.handle`, `poll`, `poll_timeout`: [`crate::protocol`] over
 //! [`crate::writes`]), and the driver performs it.
@@ -45,7 +45,8 @@ impl FromPyObject<'_, '_> for writes::WriteKind {
     }
 }
 
+/// `WriteKind` is the protocol's vocabulary: Python reaches it as
+/// `ProtocolCore.WriteKind`, not as a name of the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<WriteKind>()?;
-    Ok(())
+    super::wire::nest::<super::handler::ProtocolCore, WriteKind>(m.py(), "WriteKind")
 }

@@ -121,11 +121,11 @@ def handler_core() -> None:
 
 def inbox() -> None:
     box = _native.Inbox()
-    box.post(_native.Input.Notice("test"))
-    box.post(_native.Input.StepKey(_native.RUN_TO_CHECKPOINT, "7"))
+    box.post(_native.Inbox.Input.Notice("test"))
+    box.post(_native.Inbox.Input.StepKey(_native.RUN_TO_CHECKPOINT, "7"))
     assert box.recv(timeout=5) is not None
     box.drain()
-    box.post(_native.Input.Stop())
+    box.post(_native.Inbox.Input.Stop())
 
 
 def signal_watch() -> None:
@@ -133,7 +133,7 @@ def signal_watch() -> None:
     watch = _native.SignalWatch([signal.SIGUSR2], inbox=box)
     assert box.recv(0, watch) is None
     watch.close()
-    box.post(_native.Input.Stop())
+    box.post(_native.Inbox.Input.Stop())
 
 
 def metadata_probe() -> None:
@@ -201,7 +201,7 @@ def records_and_shares() -> None:
     save.handle("parts_checked")
     assert isinstance(save.poll(), _native.SharesWaits.Action.Merge)
     save.handle("merged")
-    assert _native.InputTiming(advance=True).poll_timeout() >= 0
+    assert _native.InputResume.Timing(advance=True).poll_timeout() >= 0
 
 
 SCENARIOS = {

@@ -167,7 +167,8 @@ def test_a_sources_unix_deadline_is_converted_once_by_the_core():
     core.handle(_native.Event.Notice("test", "m", time.time() + 4.0))
     assert core.state()["deadline"] == pytest.approx(104.0, abs=0.01)
     # The conversion the other way (a deadline on the core's clock for the sources).
-    assert _native.unix_time_of(104.0, core) == pytest.approx(time.time() + 4.0, abs=0.01)
+    unix = _native.ProtocolCore.unix_time_of(104.0, core)
+    assert unix == pytest.approx(time.time() + 4.0, abs=0.01)
 
 
 def test_a_worker_that_lost_the_claim_reports_its_own_final_round_plan():
@@ -245,7 +246,7 @@ def test_the_drivers_writes_through_the_protocol_core():
     acknowledgements before the notice's write, a failure due again after the rule's
     pause, and close's last attempts and dropped claim. No assertion depends on how long
     a call takes: the schedule counts on the binding's clock."""
-    Kind, Action, Event = _native.WriteKind, _native.Action, _native.Event
+    Kind, Action, Event = _native.ProtocolCore.WriteKind, _native.Action, _native.Event
     peer_timeout = 3.0  # shorter than the transient-failure window: the bound
     assert peer_timeout < rust.TRANSIENT_FAILURE_WINDOW
     core = _core(worker_id=0, num_workers=2, peer_timeout=peer_timeout)
@@ -297,7 +298,7 @@ def test_what_follows_a_claim_is_the_cores():
     """A won claim queues its announce, of the message its notice came with, due at
     once; a lost one queues nothing; a claim given up or raised (a bug in its attempt)
     leaves the worker not leading. A superseded handler acknowledges nothing."""
-    Kind, Action, Event = _native.WriteKind, _native.Action, _native.Event
+    Kind, Action, Event = _native.ProtocolCore.WriteKind, _native.Action, _native.Event
 
     def claimed(won):
         core = _core(worker_id=0, num_workers=2)

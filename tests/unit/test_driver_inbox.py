@@ -46,31 +46,31 @@ ACK_0 = "RECEIVED_SIGNAL_RUN_TO_CHECKPOINT_0"
 def test_inbox_order_stop_and_drain_through_the_binding():
     inbox = _native.Inbox()
     assert inbox.recv(0) is None, "an empty inbox answers a zero timeout with None"
-    assert inbox.post(_native.Input.Notice("a metadata service", deadline=123.0))
-    assert inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "7"))
-    assert inbox.post(_native.Input.KeyReadFailed("LAST_RUN_TO_CHECKPOINT"))
+    assert inbox.post(_native.Inbox.Input.Notice("a metadata service", deadline=123.0))
+    assert inbox.post(_native.Inbox.Input.StepKey("RUN_TO_CHECKPOINT", "7"))
+    assert inbox.post(_native.Inbox.Input.KeyReadFailed("LAST_RUN_TO_CHECKPOINT"))
 
     first = inbox.recv(0)  # queued inputs are served even with no time left
-    assert isinstance(first, _native.Input.StepKey)
+    assert isinstance(first, _native.Inbox.Input.StepKey)
     assert (first.round, first.value) == ("RUN_TO_CHECKPOINT", "7")
     second = inbox.recv(HANG)
-    assert isinstance(second, _native.Input.KeyReadFailed)
+    assert isinstance(second, _native.Inbox.Input.KeyReadFailed)
     assert second.round == "LAST_RUN_TO_CHECKPOINT"
     third = inbox.recv(HANG)
-    assert isinstance(third, _native.Input.Notice)
+    assert isinstance(third, _native.Inbox.Input.Notice)
     assert (third.source, third.signal, third.deadline) == ("a metadata service", None, 123.0)
 
     with pytest.raises(ValueError, match="not a step key"):
-        inbox.post(_native.Input.StepKey("SOME_KEY", "1"))
+        inbox.post(_native.Inbox.Input.StepKey("SOME_KEY", "1"))
 
-    assert inbox.post(_native.Input.Notice("before the stop"))
-    assert inbox.post(_native.Input.Stop())
-    assert isinstance(inbox.recv(), _native.Input.Stop), "stop wins and never blocks"
-    assert isinstance(inbox.recv(), _native.Input.Stop), "stop is sticky"
-    assert not inbox.post(_native.Input.Notice("after the stop"))
-    assert not inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "8"))
+    assert inbox.post(_native.Inbox.Input.Notice("before the stop"))
+    assert inbox.post(_native.Inbox.Input.Stop())
+    assert isinstance(inbox.recv(), _native.Inbox.Input.Stop), "stop wins and never blocks"
+    assert isinstance(inbox.recv(), _native.Inbox.Input.Stop), "stop is sticky"
+    assert not inbox.post(_native.Inbox.Input.Notice("after the stop"))
+    assert not inbox.post(_native.Inbox.Input.StepKey("RUN_TO_CHECKPOINT", "8"))
     left = inbox.drain()
-    assert [type(i) for i in left] == [_native.Input.Notice]
+    assert [type(i) for i in left] == [_native.Inbox.Input.Notice]
     assert left[0].source == "before the stop"
 
 
@@ -95,10 +95,10 @@ def test_stop_from_another_thread_wakes_a_blocked_receive():
     got = []
     receiver = threading.Thread(target=lambda: got.append(inbox.recv()))
     receiver.start()
-    assert inbox.post(_native.Input.Stop())
+    assert inbox.post(_native.Inbox.Input.Stop())
     receiver.join(HANG)
     assert not receiver.is_alive(), "stop did not wake the receive"
-    assert isinstance(got[0], _native.Input.Stop)
+    assert isinstance(got[0], _native.Inbox.Input.Stop)
 
 
 # ------------------------------------------------------------ the driver
@@ -150,12 +150,12 @@ def test_a_notice_a_step_key_and_a_stop_arriving_together_are_all_handled(make_h
     # ...while a second notice, a step key (as the reader posts it) and the stop of
     # close() arrive together.
     h._notify_termination()
-    assert h._driver.sources.inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "7"))
+    assert h._driver.sources.inbox.post(_native.Inbox.Input.StepKey("RUN_TO_CHECKPOINT", "7"))
     closer = threading.Thread(target=h.close)
     closer.start()
     # Once close() has stopped the inbox it refuses posts; until then a repeat of the
     # same step key is one more of an input already queued.
-    repeat = _native.Input.StepKey("RUN_TO_CHECKPOINT", "7")
+    repeat = _native.Inbox.Input.StepKey("RUN_TO_CHECKPOINT", "7")
     wait_until(lambda: not h._driver.sources.inbox.post(repeat), what="close() to stop the inbox")
     service.released.set()
     closer.join(HANG)
@@ -248,7 +248,7 @@ def test_an_acknowledgement_is_not_queued_behind_a_claims_retries(make_handler, 
     h._notify_termination()
     assert service.entered.wait(HANG), "the claim never started"
     # A leader (worker 1) published while this worker's claim is being retried.
-    assert h._driver.sources.inbox.post(_native.Input.StepKey("RUN_TO_CHECKPOINT", "5"))
+    assert h._driver.sources.inbox.post(_native.Inbox.Input.StepKey("RUN_TO_CHECKPOINT", "5"))
     wait_until(lambda: service.value(ACK_0) == "1", what="the acknowledgement")
     assert "TERMINATED_WORKER" not in service.writes, "the claim was let through early"
     assert service.failures >= 1

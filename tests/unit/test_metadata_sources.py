@@ -225,7 +225,7 @@ def _notice(w: _Watched, timeout: float) -> Optional[tuple]:
     if not w.posted:
         item = w.inbox.recv(timeout)
         if item is not None:
-            assert isinstance(item, _native.Input.Notice), item
+            assert isinstance(item, _native.Inbox.Input.Notice), item
             w.posted.append((item.source, item.deadline))
     return w.posted[0] if w.posted else None
 
@@ -335,7 +335,7 @@ def test_the_notice_is_posted_into_the_inbox(fake, watches, cloud):
         expected, approx, published = _publish(fake, cloud)
         item = inbox.recv(SEEN_WITHIN)
         assert time.monotonic() - published < SEEN_WITHIN
-        assert isinstance(item, _native.Input.Notice), item
+        assert isinstance(item, _native.Inbox.Input.Notice), item
         assert isinstance(item.source, str) and item.source
         if expected is None:
             assert item.deadline is None
@@ -343,7 +343,7 @@ def test_the_notice_is_posted_into_the_inbox(fake, watches, cloud):
             assert item.deadline == pytest.approx(expected, abs=approx)
         assert item.kill == item.deadline, "a cloud's announced end is the kill"
     finally:
-        inbox.post(_native.Input.Stop())
+        inbox.post(_native.Inbox.Input.Stop())
 
 
 @pytest.mark.timeout(30)

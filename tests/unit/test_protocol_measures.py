@@ -17,11 +17,11 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 47,
+    "native_names": 39,
     "native_constants": 8,
     "native_constants_not_allowed": 0,
     "native_constant_uses": 0,
-    "binding_methods": 77,
+    "binding_methods": 80,
     "literal_waits": 0,
     "time_reads": 0,
     "wide_61": 0,

@@ -31,7 +31,6 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from .._native import (
     Inbox,
-    Input,
     MetadataWatch,
     SignalWatch,
     WatcherFnPoll,
@@ -39,6 +38,8 @@ from .._native import (
 from . import platform as _platform
 
 log = logging.getLogger("tf_failure_handling")
+#: What an inbox holds: a notice, a step key, a key-read failure, the stop.
+Input = Inbox.Input
 
 #: Every open NoticeSources, for the exit hook.
 _open_sources: weakref.WeakSet = weakref.WeakSet()
@@ -174,7 +175,7 @@ class NoticeSources:
 
     def receive(self, timeout: Optional[float] = None) -> Any:
         """The most urgent input: ``Input.Stop`` once closed, then step keys and key-read
-        failures (``_native.Input``), then notices (as :class:`Notice`); None after
+        failures (``Inbox.Input``), then notices (as :class:`Notice`); None after
         ``timeout`` seconds (None: wait as long as it takes).
 
         Blocks with the GIL released (in slices on the main thread, so that Ctrl-C

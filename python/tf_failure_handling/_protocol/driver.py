@@ -26,13 +26,14 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from .. import _errors
-from .._native import Action, Event, Input, WriteKind, unix_time_of
+from .._native import Action, Event, Inbox, ProtocolCore
 from .._platforms import notice_sources as _sources
 from .context import Context
 from .notices import NoticeResponse
 from .retries import Retrier
 
 log = logging.getLogger("tf_failure_handling")
+Input, WriteKind = Inbox.Input, ProtocolCore.WriteKind
 
 
 class Driver:
@@ -79,7 +80,9 @@ class Driver:
         the platform and states it, so it is the kill too. A notice after the handler
         exited or was closed is ignored, as a signal would be.
         """
-        unix_deadline = None if deadline is None else unix_time_of(deadline, self._core)
+        unix_deadline = (
+            None if deadline is None else ProtocolCore.unix_time_of(deadline, self._core)
+        )
         if self._state.closing.is_set() or not self.sources.trigger(
             "a termination source", unix_deadline, unix_deadline
         ):

@@ -21,7 +21,10 @@ import numbers
 from typing import Any, Callable, Optional
 
 from .._integrations import tf_input, tf_keras_fit
-from .._native import InputResume, InputTiming, input_batches_given, input_resume
+from .._native import InputResume
+
+#: The core's timing of a resume's slow part (``InputResume.Timing``).
+InputTiming = InputResume.Timing
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -203,7 +206,7 @@ class InputTracker:
         current = self._current
         if current is None:
             return 0
-        return input_batches_given(
+        return InputResume.batches_given(
             current[1], max(0, self._runs()), current[2], self._batches_per_run
         )
 
@@ -252,7 +255,7 @@ class InputTracker:
                 saved["workers"],
                 self.workers,
             )
-        resume = input_resume(
+        resume = InputResume.of(
             saved["iteration"],
             saved["batches"],
             int(saved.get("previous") or 0),

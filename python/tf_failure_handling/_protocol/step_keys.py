@@ -18,7 +18,7 @@ import threading
 from typing import Any, Optional
 
 from .. import _errors
-from .._native import Action, Event, Input
+from .._native import Action, Event, Inbox
 from .._platforms.notice_sources import NoticeSources
 from .context import Context
 from .keys import RUN_TO_CHECKPOINT
@@ -26,6 +26,7 @@ from .ownership import Ownership
 from .retries import Retrier
 
 log = logging.getLogger("tf_failure_handling")
+Input = Inbox.Input
 
 
 class StepKeys:
