@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._native import __version__
 from ._patch import patch, unpatch
 from .handler import PreemptionCheckpointHandler, TerminationConfig
 from .serving import serve
@@ -38,13 +39,6 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        # The installed distribution's version (maturin takes it from Cargo.toml, for
-        # a wheel as for `maturin develop`), read on first use: importlib.metadata
-        # costs tens of milliseconds to import.
-        from importlib.metadata import version
-
-        return version("tf-failure-handling")
     if name in _COORDINATOR_NAMES:
         from . import coordinator
 

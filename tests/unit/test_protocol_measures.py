@@ -17,7 +17,7 @@ _spec.loader.exec_module(measures)
 #: goals are the issue's: names ≤ 40, constants ≤ 12, every other count 0, methods ≤ 80,
 #: the binding's ratio ≤ 0.3.
 AT_MOST = {
-    "native_names": 39,
+    "native_names": 40,
     "native_constants": 8,
     "native_constants_not_allowed": 0,
     "native_constant_uses": 0,
