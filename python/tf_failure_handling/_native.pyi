@@ -822,7 +822,10 @@ def coordination_bounds(
     write_timeout: Optional[float] = None,
     get: Optional[float] = None,
     cluster: Optional[float] = None,
-) -> tuple[float, int, float, Optional[int], float]: ...
+) -> dict[str, Any]:
+    """The bounds of a coordination client's calls, by name: ``write`` (s), ``probe_ms``
+    and ``probe_join`` (s), ``get_ms`` (TensorFlow's milliseconds for a get of ``get``
+    seconds, None without it) and ``cluster`` (s, a simulated cluster's waits)."""
 
 DEFAULT_EXIT_CODE: int
 

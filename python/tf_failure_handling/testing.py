@@ -197,7 +197,7 @@ class SimulatedCluster:
         _errors.module()  # resolve TF's error classes here, not racing in worker threads
         self.num_workers = num_workers
         self.root = os.fspath(root) if root is not None else None
-        self.timeout = coordination_bounds(cluster=timeout)[4]
+        self.timeout = coordination_bounds(cluster=timeout)["cluster"]
         self._chief = chief
         #: Makes each run's service (a subclass can observe or fault the protocol).
         self._service_factory = service_factory or InMemoryCoordinationService

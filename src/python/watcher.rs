@@ -5,6 +5,7 @@
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::clock::now_secs;
 use crate::deadline::{SIMULATED_CLUSTER_BOUND, TF_WAIT_FOREVER_MS};
@@ -43,28 +44,26 @@ impl KeyWatch {
     }
 }
 
-/// The bounds of a coordination client's calls: `(write, probe_ms, probe_join,
-/// get_ms, cluster)`: the seconds one write lasts at most (the owner's
-/// `write_timeout`, else [`COORDINATION_WRITE_TIMEOUT`]), each peer health probe's
-/// timeout in milliseconds (TensorFlow's argument) and the join of its thread,
-/// TensorFlow's `timeout_in_ms` for a get of at most `get` seconds (None without
-/// `get`): never [`TF_WAIT_FOREVER_MS`], which TensorFlow reads as "wait for ever"),
-/// and the bound of each wait of a simulated cluster (`testing.SimulatedCluster`'s
-/// `cluster` timeout, else [`SIMULATED_CLUSTER_BOUND`]).
+/// The bounds of a coordination client's calls, by name: `write`, the seconds one
+/// write lasts at most (the owner's `write_timeout`, else
+/// [`COORDINATION_WRITE_TIMEOUT`]); `probe_ms`, each peer health probe's timeout in
+/// milliseconds (TensorFlow's argument), and `probe_join`, the join of its thread;
+/// `get_ms`, TensorFlow's `timeout_in_ms` for a get of at most `get` seconds (None
+/// without `get`; never [`TF_WAIT_FOREVER_MS`], which TensorFlow reads as "wait for
+/// ever"); and `cluster`, the bound of each wait of a simulated cluster
+/// (`testing.SimulatedCluster`'s `cluster` timeout, else [`SIMULATED_CLUSTER_BOUND`]).
 #[pyfunction]
 #[pyo3(signature = (write_timeout = None, get = None, cluster = None))]
-fn coordination_bounds(write_timeout: Option<f64>, get: Option<f64>, cluster: Option<f64>) -> (f64, u64, f64, Option<u64>, f64) {
+fn coordination_bounds(py: Python<'_>, write_timeout: Option<f64>, get: Option<f64>, cluster: Option<f64>) -> PyResult<Bound<'_, PyDict>> {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturates
     let millis = |seconds: f64| ((seconds * 1000.0) as u64).max(TF_WAIT_FOREVER_MS + 1);
-    let write = write_timeout.unwrap_or(COORDINATION_WRITE_TIMEOUT);
-    let cluster = cluster.unwrap_or(SIMULATED_CLUSTER_BOUND);
-    (
-        write,
-        millis(PEER_PROBE_TIMEOUT),
-        PEER_PROBE_TIMEOUT + JOIN_MARGIN,
-        get.map(millis),
-        cluster,
-    )
+    let bounds = PyDict::new(py);
+    bounds.set_item("write", write_timeout.unwrap_or(COORDINATION_WRITE_TIMEOUT))?;
+    bounds.set_item("probe_ms", millis(PEER_PROBE_TIMEOUT))?;
+    bounds.set_item("probe_join", PEER_PROBE_TIMEOUT + JOIN_MARGIN)?;
+    bounds.set_item("get_ms", get.map(millis))?;
+    bounds.set_item("cluster", cluster.unwrap_or(SIMULATED_CLUSTER_BOUND))?;
+    Ok(bounds)
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

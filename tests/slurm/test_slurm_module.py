@@ -239,11 +239,22 @@ def test_a_sigterm_seen_before_is_no_new_notice(sigterms):
 
 def test_sigusr1_deadline_is_the_job_end(sigterms):
     now = float(int(time.time()))
-    _read_job(sigterms, end=now + 90)
+    fake = _read_job(sigterms, end=now + 90)
     sigterms.setattr(_slurm, "_deliveries", lambda signum: 0)
     # SLURM's SIGKILL comes KillWait (10 s) after the job's end: the kill.
     assert _slurm.notice_deadlines(None, now) == (now + 90, now + 100)
-    assert _slurm.notice_deadlines(now + 60, now) == (now + 60, now + 70)  # SLURM_JOB_END_TIME wins
+    # The warning reads the job's end as it is now, within the notice's short bound: a
+    # time limit changed since the start (scontrol update TimeLimit=) counts, and the
+    # job's end as read wins over SLURM_JOB_END_TIME, which the update leaves as it was.
+    (args, timeout) = fake.calls[-1]
+    assert args == ("show", "job", "-o", "7") and 0 < timeout <= 2
+    fake.job = dict(fake.job, EndTime=_stamp(now + 40))
+    assert _slurm.notice_deadlines(None, now) == (now + 40, now + 50)
+    assert _slurm.notice_deadlines(now + 60, now) == (now + 40, now + 50)
+    # Unreadable: SLURM_JOB_END_TIME, else the end read at the start.
+    fake.job = subprocess.TimeoutExpired("scontrol show job", 2)
+    assert _slurm.notice_deadlines(now + 60, now) == (now + 60, now + 70)
+    assert _slurm.notice_deadlines(None, now) == (now + 90, now + 100)
     _read_job(sigterms, end=now + 90, kill_wait=None)
     assert _slurm.notice_deadlines(None, now) == (now + 90, None), "no KillWait: no kill"
 

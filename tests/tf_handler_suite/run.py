@@ -56,8 +56,11 @@ DUMP_GRACE = 10.0
 NOT_RUN_FILE = cases.REPO / "build" / "not-run.txt"
 LAUNCHER_NAME = "bazel-tf-handler-suite"
 TAIL_LINES = 40
-#: How the short summary names a test (``failed_lines``).
-SUITE_PATH = "tests/tf_handler_suite"
+#: How the short summary names a test (``failed_lines``): by this file, which is in the
+#: repository (TF's test files are not). A CI run whose suite failed listed none of its
+#: tests among the failing ones when they were named ``tests/tf_handler_suite/<TF's
+#: file>::...``, a path that is not in the repository.
+SUITE_PATH = "tests/tf_handler_suite/run.py"
 
 
 def is_ci() -> bool:
@@ -224,7 +227,7 @@ def failed_lines(lines: dict[str, Line]) -> list[str]:
     out = ["=== short test summary info (TensorFlow's handler suite) ==="]
     for ln in failed:
         why = " ".join(ln.why.split())[:300]
-        out.append(f"FAILED {SUITE_PATH}/{ln.file}::{ln.name} - {why}")
+        out.append(f"FAILED {SUITE_PATH}::{ln.file}::{ln.name} - {why}")
     return out
 
 

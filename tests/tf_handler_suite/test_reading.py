@@ -306,4 +306,4 @@ def test_failures_are_named_last_in_pytests_short_summary_form():
     assert run.failed_lines({"a": lines["a"]}) == []
     out = run.failed_lines(lines)
     assert out[0].startswith("=== short test summary info")
-    assert out[1:] == ["FAILED tests/tf_handler_suite/g_test.py::b - hang after 900 s"]
+    assert out[1:] == ["FAILED tests/tf_handler_suite/run.py::g_test.py::b - hang after 900 s"]

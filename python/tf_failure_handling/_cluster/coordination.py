@@ -67,7 +67,7 @@ class Client:
 
     def __init__(self, service: Any, write_timeout: Optional[float] = None) -> None:
         self._service = service
-        self._write_timeout = coordination_bounds(write_timeout)[0]
+        self._write_timeout = coordination_bounds(write_timeout)["write"]
 
     @property
     def service(self) -> Any:
@@ -90,7 +90,8 @@ class Client:
         """The value of ``key``, waiting up to ``timeout`` seconds; None if not set by then."""
         try:
             # TF's milliseconds, never its 0 ("wait forever"): the core converts.
-            return self._service.get_config_key_value(key, coordination_bounds(get=timeout)[3])
+            millis = coordination_bounds(get=timeout)["get_ms"]
+            return self._service.get_config_key_value(key, millis)
         except _errors.module().DeadlineExceededError:
             return None
 

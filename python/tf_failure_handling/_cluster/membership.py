@@ -155,7 +155,8 @@ def unreachable_peers(
         return None
     peers = _peer_tasks(cluster_resolver, me)
     answers: dict = {}
-    _, probe_ms, join, _, _ = coordination_bounds()
+    bounds = coordination_bounds()
+    probe_ms, join = bounds["probe_ms"], bounds["probe_join"]
 
     def check(task: str) -> None:
         try:

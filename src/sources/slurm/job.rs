@@ -7,7 +7,7 @@
 //! | thread | starts with | performs | ends with |
 //! | --- | --- | --- | --- |
 //! | the reader (a daemon, when the handler starts) | [`SlurmEvent::Read`] | `scontrol show job`, `show partition`, `show config` ([`JobRead`]) | [`SlurmAction::Read`]: the job's limits, for the log |
-//! | a notice's (the signal's driver thread) | [`SlurmEvent::Notice`] | for a new SIGTERM of an `srun` task under a `GraceTime`, one `scontrol show job` ([`notice_reads_job`]) | [`SlurmAction::Deadlines`] |
+//! | a notice's (the signal's driver thread) | [`SlurmEvent::Notice`] | for a new SIGTERM of an `srun` task under a `GraceTime` ([`notice_reads_job`]), or the time limit's warning once the job was read, one `scontrol show job` | [`SlurmAction::Deadlines`] |
 //! | the one that saved (after the save) | [`SlurmEvent::Requeue`] | `scontrol show job` and `scontrol requeue`, retried while the controller is busy ([`RequeueRun`]) | [`SlurmAction::Requeued`], or [`SlurmAction::Done`] when it is not this task's to do ([`decides_requeue`]) |
 //!
 //! Each call is an [`SlurmAction::Scontrol`] with its own timeout and a number
@@ -17,7 +17,7 @@
 //! object reads no clock: each call is given `now`.
 
 use super::{
-    decides_requeue, fields, grace_end_of, notice_reads_job, signal_deadlines, Attempt, JobQuery, JobRead, JobShown, RequeueRun,
+    decides_requeue, fields, grace_end_of, notice_reads_job, signal_deadlines, unix_time, Attempt, JobQuery, JobRead, JobShown, RequeueRun,
     RequeueStep, NOTICE_READ_TIMEOUT,
 };
 
@@ -102,6 +102,11 @@ struct NoticeFacts {
     at: f64,
     end: Option<f64>,
     sigterm: bool,
+    /// Not a new SIGTERM, once the job has been read: the time limit's warning
+    /// (SIGUSR1). Its read of the job gives the job's end as it is now: a time limit
+    /// changed since the start (`scontrol update TimeLimit=`) moves `EndTime`, and
+    /// neither the start's read nor `SLURM_JOB_END_TIME` follows it.
+    warning: bool,
     grace_time: Option<f64>,
     kill_wait: Option<f64>,
 }
@@ -109,7 +114,12 @@ struct NoticeFacts {
 impl NoticeFacts {
     fn deadlines(self, job: Option<&[(String, String)]>, unread: Option<String>) -> SlurmAction {
         let grace_end = job.and_then(|job| grace_end_of(job, self.grace_time));
-        let (deadline, kill) = signal_deadlines(self.at, self.end, self.sigterm, grace_end, self.kill_wait);
+        let now_end = job
+            .filter(|_| self.warning)
+            .and_then(|job| job.iter().find(|(k, _)| k == "EndTime"))
+            .and_then(|(_, v)| unix_time(v));
+        let end = now_end.or(self.end);
+        let (deadline, kill) = signal_deadlines(self.at, end, self.sigterm, grace_end, self.kill_wait);
         SlurmAction::Deadlines { deadline, kill, unread }
     }
 }
@@ -346,10 +356,11 @@ impl Job {
             at,
             end: end.or_else(|| read.and_then(JobRead::end_time)),
             sigterm: new_term && read.is_some(),
+            warning: !new_term && read.is_some(),
             grace_time: read.and_then(|r| r.grace_time),
             kill_wait: read.and_then(|r| r.kill_wait),
         };
-        if notice_reads_job(facts.sigterm, srun_step, facts.grace_time) {
+        if facts.warning || notice_reads_job(facts.sigterm, srun_step, facts.grace_time) {
             let args = self.show_job();
             return self.call(Purpose::Notice(facts), args, NOTICE_READ_TIMEOUT);
         }
@@ -513,14 +524,47 @@ mod tests {
         let shown = "JobId=7 PreemptTime=2026-11-25T16:42:37 StartTime=2026-11-25T16:00:00";
         let told = deadlines(job.handle(exited(call, 0, shown, ""), 0.0));
         assert_eq!(told, (Some(at + 20.0), Some(at + 30.0), None), "GraceTime, then KillWait");
-        // The same count again: no new SIGTERM, the job's end only.
-        assert_eq!(deadlines(job.handle(notice(at, 1, true), 0.0)), (Some(end), Some(end + 10.0), None));
+        // The same count again: no new SIGTERM, a warning: the job's end as it is now,
+        // read within the same bound; the start's read when the job shows none.
+        let (call, args, timeout) = scontrol(job.handle(notice(at, 1, true), 0.0));
+        assert_eq!((args.join(" "), timeout), ("show job -o 7".into(), NOTICE_READ_TIMEOUT));
+        let told = deadlines(job.handle(exited(call, 0, "JobId=7 JobState=RUNNING", ""), 0.0));
+        assert_eq!(told, (Some(end), Some(end + 10.0), None));
         // A new one the job cannot be read for: now + KillWait, and why.
         let (call, ..) = scontrol(job.handle(notice(at, 2, true), 0.0));
         let (deadline, _, unread) = deadlines(job.handle(exited(call, 1, "", "Invalid job id"), 0.0));
         assert_eq!((deadline, unread.as_deref()), (Some(at + 10.0), Some("Invalid job id")));
         // The batch step's SIGTERM is not read for.
         assert_eq!(deadlines(job.handle(notice(at, 3, false), 0.0)).0, Some(at + 10.0));
+    }
+
+    #[test]
+    fn a_warning_takes_the_job_s_end_as_it_is_now() {
+        // The time limit was shortened after the start's read (`scontrol update
+        // TimeLimit=`): the warning's read gives the new end.
+        let mut job = read_job();
+        let started_end = super::super::unix_time("2026-11-25T17:42:37").unwrap();
+        let at = started_end - 3000.0;
+        let (call, args, timeout) = scontrol(job.handle(notice(at, 0, true), 0.0));
+        assert_eq!((args.join(" "), timeout), ("show job -o 7".into(), NOTICE_READ_TIMEOUT));
+        let shown = "JobId=7 JobState=RUNNING EndTime=2026-11-25T16:53:07";
+        let now_end = super::super::unix_time("2026-11-25T16:53:07").unwrap();
+        let told = deadlines(job.handle(exited(call, 0, shown, ""), 0.0));
+        assert_eq!(told, (Some(now_end), Some(now_end + 10.0), None));
+        // Unreadable: the start's end, and why.
+        let (call, ..) = scontrol(job.handle(notice(at, 0, false), 0.0));
+        let why = SlurmEvent::NotRun {
+            call,
+            why: "TimeoutExpired: scontrol".into(),
+            timed_out: true,
+        };
+        let (deadline, kill, unread) = deadlines(job.handle(why, 0.0));
+        assert_eq!((deadline, kill), (Some(started_end), Some(started_end + 10.0)));
+        assert_eq!(unread.as_deref(), Some("TimeoutExpired: scontrol"));
+        // A SIGTERM's read does not move the job's end (its deadline is the grace time's).
+        let (call, ..) = scontrol(job.handle(notice(at, 1, true), 0.0));
+        let told = deadlines(job.handle(exited(call, 0, shown, ""), 0.0));
+        assert_eq!(told.0, Some(at + 10.0), "KillWait: no PreemptTime shown");
     }
 
     #[test]
