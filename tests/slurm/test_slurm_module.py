@@ -169,94 +169,105 @@ def _read_job(monkeypatch, grace="20", kill_wait="10", end=None):
     return fake
 
 
-@pytest.fixture
-def sigterms(monkeypatch):
-    """A new SIGTERM for each notice_deadlines call."""
-    count = {"term": 0}
+def _notice(end, at, sigterms):
+    """``(deadline, kill)`` the job answers a notice at ``at`` with, ``sigterms`` the
+    SIGTERMs this process caught so far (the event states them; ``notice_deadlines``
+    leaves the count to the core)."""
+    notice = _slurm.SlurmEvent.Notice(at, end, sigterms, _slurm.in_srun_step())
+    return _slurm._deadlines(_slurm.the_job(), notice)
 
-    def deliveries(signum):
-        if signum == _slurm.signal.SIGTERM:
-            count["term"] += 1
-            return count["term"]
-        return 0
 
-    monkeypatch.setattr(_slurm, "_deliveries", deliveries)
-    return monkeypatch
+class _Sigterms:
+    """Notices as the signals' thread makes them, each stating how many SIGTERMs this
+    process caught so far (``notice_deadlines`` leaves that count to the core)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def new(self, end, at):
+        """A notice of a new SIGTERM."""
+        self.count += 1
+        return _notice(end, at, self.count)
+
+    def again(self, end, at):
+        """A notice with no new SIGTERM (a SIGUSR1, the time limit's warning)."""
+        return _notice(end, at, self.count)
 
 
 def _stamp(unix: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(unix))
 
 
-def test_sigterm_deadline_per_launch_form_and_cause(sigterms):
+def test_sigterm_deadline_per_launch_form_and_cause(monkeypatch):
     now = float(int(time.time()))
-    fake = _read_job(sigterms, grace="20", kill_wait="10")
+    fake = _read_job(monkeypatch, grace="20", kill_wait="10")
     shown = fake.job = {"JobId": "7"}
+    term = _Sigterms().new
 
     # The batch step: SIGTERM comes when the grace time is over; KillWait is left.
-    sigterms.delenv("SLURM_STEP_ID", raising=False)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
     shown.update(PreemptTime=_stamp(now - 20), StartTime=_stamp(now - 100))
-    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
+    assert term(None, now) == (now + 10, now + 10)
 
     # An srun task of a preempted job: the grace time starts with the SIGTERM.
-    sigterms.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
     shown.update(PreemptTime=_stamp(now), StartTime=_stamp(now - 100))
     # SLURM's second SIGTERM ends the grace time; its SIGKILL comes KillWait later.
-    assert _slurm.notice_deadlines(None, now) == (now + 20, now + 30)
+    assert term(None, now) == (now + 20, now + 30)
     # ... read within the core's short bound.
     (args, timeout) = fake.calls[-1]
     assert args == ("show", "job", "-o", "7") and 0 < timeout <= 2
     # ... capped by the job's end (and its SIGKILL, KillWait after it).
-    assert _slurm.notice_deadlines(now + 15, now) == (now + 15, now + 25)
+    assert term(now + 15, now) == (now + 15, now + 25)
 
     # An srun task and a user's scancel (no PreemptTime, or one from an earlier run).
     shown.update(PreemptTime="None")
-    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
+    assert term(None, now) == (now + 10, now + 10)
     shown.update(PreemptTime=_stamp(now - 500))
-    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
+    assert term(None, now) == (now + 10, now + 10)
 
     # The job cannot be read in time: KillWait, the bound that always holds.
     fake.job = subprocess.TimeoutExpired("scontrol show job", 2)
-    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
+    assert term(None, now) == (now + 10, now + 10)
 
     # A partition without a GraceTime is not read at all.
-    fake = _read_job(sigterms, grace=None, kill_wait="10")
+    fake = _read_job(monkeypatch, grace=None, kill_wait="10")
     calls = len(fake.calls)
-    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
+    assert _Sigterms().new(None, now) == (now + 10, now + 10)
     assert len(fake.calls) == calls
 
 
-def test_a_sigterm_seen_before_is_no_new_notice(sigterms):
+def test_a_sigterm_seen_before_is_no_new_notice(monkeypatch):
     """The same SIGTERM count twice: the second notice is not a SIGTERM's (the job's
     end only)."""
     now = float(int(time.time()))
-    _read_job(sigterms, end=now + 90)
-    sigterms.delenv("SLURM_STEP_ID", raising=False)
-    sigterms.setattr(_slurm, "_deliveries", lambda signum: 1)
-    assert _slurm.notice_deadlines(None, now) == (now + 10, now + 10)
-    assert _slurm.notice_deadlines(None, now) == (now + 90, now + 100)
+    _read_job(monkeypatch, end=now + 90)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    sigterms = _Sigterms()
+    assert sigterms.new(None, now) == (now + 10, now + 10)
+    assert sigterms.again(None, now) == (now + 90, now + 100)
 
 
-def test_sigusr1_deadline_is_the_job_end(sigterms):
+def test_sigusr1_deadline_is_the_job_end(monkeypatch):
     now = float(int(time.time()))
-    fake = _read_job(sigterms, end=now + 90)
-    sigterms.setattr(_slurm, "_deliveries", lambda signum: 0)
+    fake = _read_job(monkeypatch, end=now + 90)
+    usr1 = _Sigterms().again
     # SLURM's SIGKILL comes KillWait (10 s) after the job's end: the kill.
-    assert _slurm.notice_deadlines(None, now) == (now + 90, now + 100)
+    assert usr1(None, now) == (now + 90, now + 100)
     # The warning reads the job's end as it is now, within the notice's short bound: a
     # time limit changed since the start (scontrol update TimeLimit=) counts, and the
     # job's end as read wins over SLURM_JOB_END_TIME, which the update leaves as it was.
     (args, timeout) = fake.calls[-1]
     assert args == ("show", "job", "-o", "7") and 0 < timeout <= 2
     fake.job = dict(fake.job, EndTime=_stamp(now + 40))
-    assert _slurm.notice_deadlines(None, now) == (now + 40, now + 50)
-    assert _slurm.notice_deadlines(now + 60, now) == (now + 40, now + 50)
+    assert usr1(None, now) == (now + 40, now + 50)
+    assert usr1(now + 60, now) == (now + 40, now + 50)
     # Unreadable: SLURM_JOB_END_TIME, else the end read at the start.
     fake.job = subprocess.TimeoutExpired("scontrol show job", 2)
-    assert _slurm.notice_deadlines(now + 60, now) == (now + 60, now + 70)
-    assert _slurm.notice_deadlines(None, now) == (now + 90, now + 100)
-    _read_job(sigterms, end=now + 90, kill_wait=None)
-    assert _slurm.notice_deadlines(None, now) == (now + 90, None), "no KillWait: no kill"
+    assert usr1(now + 60, now) == (now + 60, now + 70)
+    assert usr1(None, now) == (now + 90, now + 100)
+    _read_job(monkeypatch, end=now + 90, kill_wait=None)
+    assert usr1(None, now) == (now + 90, None), "no KillWait: no kill"
 
 
 def test_resume_fields_name_the_restart(monkeypatch):
@@ -369,12 +380,12 @@ def test_the_cores_requeue_decision_is_carried_out(
     """Each decision of the core (``src/sources/slurm.rs``, ``requeue``) as task 0
     carries it out: whether ``scontrol requeue`` runs, the outcome, and the record."""
     fake = _FakeScontrol({"JobId": "7", "JobState": "RUNNING", **job}, [(0, "")])
-    _job(monkeypatch, fake, read=False)
-    monkeypatch.setattr(_slurm, "_deliveries", lambda signum: usr1)
+    the_job = _job(monkeypatch, fake, read=False)
     monkeypatch.delenv("SLURM_PROCID", raising=False)
-    monkeypatch.delenv(_slurm.REQUEUE_ENV, raising=False)
     records = _Records()
-    assert _slurm.requeue_after_save(None, records) is expected
+    # Task 0 (no SLURM_PROCID), the requeue on; whether a SIGUSR1 was caught stated.
+    requeue = _slurm.SlurmEvent.Requeue(True, None, usr1 > 0)
+    assert _slurm._requeued(the_job, requeue, records)[0] is expected
     assert fake.requeues == requeues
     ((kind, fields),) = records.lines
     assert kind == "requeue" and fields["requeued"] is expected and fields["reason"] == reason

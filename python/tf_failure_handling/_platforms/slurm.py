@@ -142,11 +142,6 @@ def job_limits() -> Any:
     return job.limits if job is not None else None
 
 
-def _deliveries(signum: int) -> Optional[int]:
-    """How many times ``signum`` was caught: None, the core's count (a test states one)."""
-    return None
-
-
 def in_srun_step() -> bool:
     """Whether this process is a task ``srun`` started (``SLURM_STEP_ID`` is set for
     those and not for the batch step)."""
@@ -165,13 +160,19 @@ def notice_deadlines(end_time: Optional[float], at: float) -> tuple:
         job = the_job()
         if job is None:
             raise LookupError("not under SLURM")
-        event = SlurmEvent.Notice(at, end_time, _deliveries(signal.SIGTERM), in_srun_step())
-        told = _perform(job.core, event)
-        if told.unread is not None:
-            log.info("SLURM job %s: cannot read its PreemptTime (%s).", job_id(), told.unread)
-        return told.deadline, told.kill
+        # None: the core counts the SIGTERMs this process caught itself.
+        return _deadlines(job, SlurmEvent.Notice(at, end_time, None, in_srun_step()))
     except Exception:  # noqa: BLE001 - see the docstring
         return (end_time if end_time is not None and end_time > at else None), None
+
+
+def _deadlines(job: _Job, notice: Any) -> tuple:
+    """``(deadline, kill)`` that the core answers ``notice`` (``SlurmEvent.Notice``)
+    with, once the reads it asks for are performed."""
+    told = _perform(job.core, notice)
+    if told.unread is not None:
+        log.info("SLURM job %s: cannot read the job (%s).", job.id, told.unread)
+    return told.deadline, told.kill
 
 
 # ------------------------------------------------------------------ requeue
@@ -228,10 +229,18 @@ def _requeue_after_save(option: Optional[bool], records: Any) -> tuple:
     job = the_job()
     if job is None:
         return None, None
-    usr1 = _deliveries(signal.SIGUSR1)
-    caught = None if usr1 is None else usr1 > 0
-    event = SlurmEvent.Requeue(enabled, os.environ.get("SLURM_PROCID"), caught)
-    done = _perform(job.core, event)
+    # None: the core knows from its own count whether a SIGUSR1 (the time limit's
+    # warning) was caught.
+    requeue = SlurmEvent.Requeue(enabled, os.environ.get("SLURM_PROCID"), None)
+    return _requeued(job, requeue, records)
+
+
+def _requeued(job: _Job, requeue: Any, records: Any) -> tuple:
+    """Performs the core's answer to ``requeue`` (``SlurmEvent.Requeue``), logs and
+    records its outcome: whether the job was requeued, and the seconds until SLURM's
+    SIGKILL when this process's ``scontrol requeue`` did it."""
+    jid = job.id
+    done = _perform(job.core, requeue)
     if not isinstance(done, SlurmAction.Requeued):
         return None, None
     requeued, message, reason = done.requeued, done.message, done.reason
