@@ -151,7 +151,8 @@ def in_srun_step() -> bool:
 def notice_deadlines(end_time: Optional[float], at: float) -> tuple:
     """``(deadline, kill)`` of the signal that arrived at ``at``, Unix times or None
     (docs/getting-started/slurm.md has the rule per launch form; the core decides,
-    and may first have the job's ``PreemptTime`` read, within its bound).
+    and may first have the job read, within its bound: its ``PreemptTime`` at a
+    SIGTERM, its ``EndTime`` as it is now at the time limit's warning).
     ``end_time`` is ``SLURM_JOB_END_TIME`` if set (else the core uses the job's
     ``EndTime`` once read). The kill needs ``KillWait``: none is assumed. Never
     raises.
