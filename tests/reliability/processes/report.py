@@ -76,9 +76,24 @@ class TrialResult:
         }
 
     def report(self) -> str:
-        """A failure message: seed, plan, violations, notes and the processes' logs."""
+        """A failure message: seed, plan, violations, notes and the processes' logs.
+        Its first line names what failed (the first violation, else the counters that
+        are not zero): a CI log that keeps only pytest's short summary line keeps it."""
+        counters = {
+            "hangs": self.hangs,
+            "lost_steps": self.lost_steps,
+            "mismatched_saves": self.mismatched_saves,
+            "lost_closures": self.lost_closures,
+            "lost_ids": self.lost_ids,
+            "duplicates_unexplained": self.duplicates_unexplained,
+        }
+        failed = ", ".join(f"{k} {v}" for k, v in counters.items() if v)
+        first = ""
+        if self.violations:
+            said = " ".join(str(self.violations[0]).split())[:300]
+            first = f"{len(self.violations)} violation(s), first: {said}; "
         lines = [
-            f"{self.kind} trial, seed {self.seed} "
+            f"{self.kind} trial, seed {self.seed}: {first}{failed or 'no counter above 0'} "
             f"(replay: run_trial(make_plan({self.kind!r}, {self.seed})))",
             f"  plan: {self.plan.describe()}",
             f"  faults injected: {self.faults}",
