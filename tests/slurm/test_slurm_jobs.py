@@ -61,9 +61,13 @@ STEPS, STEP_TIME = 380, 0.1
 #: The preempted batch-step job gets its SIGTERM only when GraceTime ends: it must still
 #: be running then (at most 10 steps a second, ~20 steps done when the test preempts it).
 BATCH_PREEMPT_STEPS = STEPS + int(GRACE_TIME / STEP_TIME)
-#: The time-limit jobs: the first run cannot finish them before the signal (~93 s at
-#: 10 steps/s at most); the requeued run does the rest (~10-20 s after its start).
-LIMIT_STEPS = 1000
+#: The time-limit jobs: the first run cannot finish them before the warning. At 10
+#: steps a second at most, it makes fewer than 1,300 steps before it: those until the
+#: limit is shortened (the handler's read of the job, at most JOB_READ_BOUND after the
+#: first progress line) and the at most WARN_MARGIN + 60 s after that
+#: (:func:`warn_once_ready`; TF's baseline: the signal ~93 s after the start). The
+#: requeued run does the rest.
+LIMIT_STEPS = 1500
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 # The bounds of the tests' waits, each turning a hang into a failure with a message.
