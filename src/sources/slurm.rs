@@ -367,7 +367,7 @@ impl JobRead {
     /// The job's field `key`, if read.
     #[must_use]
     pub fn field(&self, key: &str) -> Option<&str> {
-        self.job.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        field_of(&self.job, key)
     }
 
     /// The job's `EndTime`, Unix seconds; None when unlimited or unknown.
@@ -467,12 +467,23 @@ pub fn unix_time(text: &str) -> Option<f64> {
     (seconds != -1).then_some(seconds as f64)
 }
 
+/// The field `key` of a job's fields (`scontrol show job -o`, [`fields`]).
+#[must_use]
+pub fn field_of<'a>(job: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    job.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+/// The field `key` of a job's fields as Unix seconds ([`unix_time`]).
+#[must_use]
+pub fn time_of(job: &[(String, String)], key: &str) -> Option<f64> {
+    field_of(job, key).and_then(unix_time)
+}
+
 /// [`grace_end`] from the job's fields as a notice read them (`PreemptTime`,
 /// `StartTime`).
 #[must_use]
 pub fn grace_end_of(job: &[(String, String)], grace_time: Option<f64>) -> Option<f64> {
-    let time = |key: &str| job.iter().find(|(k, _)| k == key).and_then(|(_, v)| unix_time(v));
-    grace_end(time("PreemptTime"), time("StartTime"), grace_time)
+    grace_end(time_of(job, "PreemptTime"), time_of(job, "StartTime"), grace_time)
 }
 
 /// The job's `Restarts` field as a count (0 when absent, negative or not a number).
@@ -547,7 +558,7 @@ impl JobShown {
     /// What the job's fields (`scontrol show job -o`) show.
     #[must_use]
     pub fn from_fields(job: &[(String, String)]) -> Self {
-        let field = |key: &str| job.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        let field = |key: &str| field_of(job, key);
         JobShown {
             preempted: field("PreemptTime").and_then(timestamp).is_some(),
             restarts: restarts(field("Restarts")),

@@ -17,8 +17,8 @@
 //! object reads no clock: each call is given `now`.
 
 use super::{
-    decides_requeue, fields, grace_end_of, notice_reads_job, signal_deadlines, unix_time, Attempt, JobQuery, JobRead, JobShown, RequeueRun,
-    RequeueStep, NOTICE_READ_TIMEOUT,
+    decides_requeue, field_of, fields, grace_end_of, notice_reads_job, signal_deadlines, time_of, Attempt, JobQuery, JobRead, JobShown,
+    RequeueRun, RequeueStep, NOTICE_READ_TIMEOUT,
 };
 
 crate::wire! {
@@ -114,10 +114,7 @@ struct NoticeFacts {
 impl NoticeFacts {
     fn deadlines(self, job: Option<&[(String, String)]>, unread: Option<String>) -> SlurmAction {
         let grace_end = job.and_then(|job| grace_end_of(job, self.grace_time));
-        let now_end = job
-            .filter(|_| self.warning)
-            .and_then(|job| job.iter().find(|(k, _)| k == "EndTime"))
-            .and_then(|(_, v)| unix_time(v));
+        let now_end = job.filter(|_| self.warning).and_then(|job| time_of(job, "EndTime"));
         let end = now_end.or(self.end);
         let (deadline, kill) = signal_deadlines(self.at, end, self.sigterm, grace_end, self.kill_wait);
         SlurmAction::Deadlines { deadline, kill, unread }
@@ -314,8 +311,8 @@ impl Job {
                 let job_state = requeuing
                     .first
                     .as_deref()
-                    .and_then(|job| job.iter().find(|(k, _)| k == "JobState"))
-                    .map(|(_, v)| v.clone());
+                    .and_then(|job| field_of(job, "JobState"))
+                    .map(str::to_owned);
                 Step::Do(SlurmAction::Requeued {
                     requeued,
                     message,
