@@ -183,6 +183,25 @@ def tail(path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def last_traceback(path, lines: int = 60) -> str:
+    """The last Python traceback in a log file and the exception lines after it (at most
+    ``lines`` lines), or "" if there is none: why a process exited, put first in a
+    failure message, where a long log tail may be cut off."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, line in enumerate(text) if line.startswith("Traceback (most recent")]
+    if not starts:
+        return ""
+    block = text[starts[-1] :]
+    # The frames are indented; the exception and its message follow them.
+    end = next((i for i, line in enumerate(block[1:], 1) if not line.startswith(" ")), None)
+    if end is not None:
+        block = block[: end + 8]
+    return "\n".join(block[:lines])
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(

@@ -30,6 +30,7 @@ try:  # imported by the tests
         child_environment,
         emit,
         free_ports,
+        last_traceback,
         parse_events,
         poll_until,
         require_loopback,
@@ -42,6 +43,7 @@ except ImportError:  # run as a script (server mode): only the stdlib and TF are
         child_environment,
         emit,
         free_ports,
+        last_traceback,
         parse_events,
         poll_until,
         require_loopback,
@@ -186,9 +188,13 @@ class Proc:
     def describe(self) -> str:
         events = self.events()
         last = json.dumps(events[-3:])[:2000] if events else "none"
+        code = self.popen.poll()
+        # Why it exited first: the log below can be long enough to be cut off.
+        raised = last_traceback(self.stderr_path) if code not in (None, 0) else ""
         return (
-            f"{self.name} (pid={self.popen.pid}, returncode={self.popen.poll()})\n"
-            f"  last events: {last}\n"
+            f"{self.name} (pid={self.popen.pid}, returncode={code})\n"
+            + (f"  its last traceback:\n{raised}\n" if raised else "")
+            + f"  last events: {last}\n"
             f"  the package's last log lines:\n{self.package_log()}\n"
             f"  stderr tail ({self.stderr_path}):\n{tail(self.stderr_path)}"
         )
