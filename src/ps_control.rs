@@ -108,6 +108,14 @@ pub const PORT_PROBE_TIMEOUT: f64 = 1.0;
 /// worker's exit happen before the machine goes.
 pub const DRAIN_MARGIN: f64 = 1.0;
 
+/// Seconds each step of a reconnect to a restarted worker may take: holding the
+/// worker's closures back, then TensorFlow's rebuild of the cluster
+/// (`update_server_def`, well under a second on an idle machine). A closure must not go
+/// to the worker while the rebuild runs: TensorFlow then fails it with "Op type not
+/// registered" (its functions are registered on the new process halfway), an error
+/// that is no worker failure and ends the training.
+pub const RECONNECT_BOUND: f64 = 60.0;
+
 /// Seconds between two polls of the cluster by the coordinator.
 pub const POLL_INTERVAL: f64 = 0.5;
 /// Seconds without a call from the coordinator (a poll or a release) after

@@ -629,6 +629,7 @@ class _CoordinatorAction:
 
     class Reconnect(_CoordinatorAction):
         task: str
+        bound: float
 
     class Notice(_CoordinatorAction):
         task: str

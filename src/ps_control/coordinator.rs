@@ -257,8 +257,9 @@ crate::wire! {
         Poll { task: String, timeout: f64 },
         /// Log this line about `task` (`detail`: the error, or the incarnation).
         Say { line: PollLog, task: String, detail: String },
-        /// Ask TensorFlow to reconnect to `task` (restarted, unknown to this coordinator).
-        Reconnect { task: String },
+        /// Ask TensorFlow to reconnect to `task` (restarted, unknown to this coordinator),
+        /// with no closure going to it meanwhile; each step within `bound` seconds.
+        Reconnect { task: String, bound: f64 },
         /// Hand on `task`'s notice: a PS's is the coordinator's own; a worker is drained.
         Notice {
             task: String,
@@ -614,7 +615,10 @@ impl Coordinator {
                     });
                 }
                 if reconnect(&task, &message) {
-                    self.poll.out.push_back(Action::Reconnect { task });
+                    self.poll.out.push_back(Action::Reconnect {
+                        task,
+                        bound: super::RECONNECT_BOUND,
+                    });
                 }
             }
             Event::Watch { tasks, peer_timeout } => {

@@ -426,6 +426,59 @@ def test_a_restarted_worker_that_no_closure_goes_to_is_released_again(tmp_path, 
         c.stop()
 
 
+#: What the coordinator logs as it starts to reconnect to a restarted worker.
+RECONNECT_LINE = "restarted and no closure has gone to it since"
+
+
+@pytest.mark.timeout(
+    SERVERS_BOUND + FINISH_BOUND + EXIT_BOUND + 2 * START_BOUND + FINISH_BOUND + MARGIN
+)
+@pytest.mark.parametrize("impl", ["ours", "tf"])
+def test_closures_that_resume_as_the_coordinator_reconnects_are_applied_once(tmp_path, impl):
+    """Training resumes just as the coordinator starts to reconnect to a restarted worker
+    (TensorFlow's ``update_server_def``). A closure sent to that worker during the
+    rebuild failed with "Op type not registered 'while_cond_…'" (its functions were
+    registered on the new process halfway), which no coordinator takes for a worker
+    failure: the training ended (CI, and a fresh-clone ``make test``, in
+    ``test_a_restarted_worker_that_no_closure_goes_to_is_released_again``). The
+    reconnect now keeps closures from that worker until the rebuild is done. Before,
+    this test failed at its first run; the coordinator's log is read every 5 ms so that
+    the resume falls inside the rebuild.
+
+    What counts: training ends with every closure applied once (``done``: runs ==
+    counter == 120) and the coordinator exits 0."""
+    c = Cluster(tmp_path)
+    try:
+        c.start_servers()
+        resume = tmp_path / "resume"
+        extra = ["--tf-coordinator"] if impl == "tf" else []
+        pause = EXIT_BOUND + 2 * START_BOUND + MARGIN
+        c.coordinator(
+            "--pause-at", "20", "--pause", str(pause), "--resume-file", str(resume), *extra
+        )
+        c.wait_event("coordinator", "paused", FINISH_BOUND)
+        try:
+            c.procs["worker1"].popen.send_signal(signal.SIGTERM)
+            assert c.wait_exit("worker1", EXIT_BOUND) == RESTART_CODE, c.describe()
+            c.serve("worker", 1)
+            c.wait_event("worker1", "serving", START_BOUND)
+            log = c.procs["coordinator"].stderr_path
+            end = time.monotonic() + START_BOUND
+            while RECONNECT_LINE not in log.read_text(errors="replace"):
+                if time.monotonic() > end:
+                    pytest.fail(f"the coordinator did not reconnect to worker 1\n{c.describe()}")
+                time.sleep(0.005)
+        finally:
+            resume.write_text("")
+        done = c.wait_event("coordinator", "done", FINISH_BOUND)
+        assert done["runs"] == done["counter"] == STEPS, (
+            f"a closure was lost or applied twice: {done}\n{c.describe()}"
+        )
+        assert c.wait_exit("coordinator", EXIT_BOUND) == 0, c.describe()
+    finally:
+        c.stop()
+
+
 # Backstop above its own bounds in sequence (the kill of the first coordinator: 10 s).
 @pytest.mark.timeout(CLUSTER_BOUND + 10 + FINISH_BOUND + EXIT_BOUND + RESUME_BOUND + MARGIN)
 def test_closures_in_flight_at_the_bound_are_named_and_nothing_else_runs(cluster):

@@ -398,7 +398,10 @@ def test_a_restarted_task_the_coordinator_has_not_reconnected_to_is_reconnected(
     # A restarted PS is not reconnected: its loss stays TensorFlow's fatal failure.
     cluster.errors[PS] = RuntimeError(STALE)
     poller = cluster_poller.ClusterPoller(
-        SPEC, lambda *n: notices.append(n), caller=cluster, on_stale_context=stale.append
+        SPEC,
+        lambda *n: notices.append(n),
+        caller=cluster,
+        on_stale_context=lambda task, bound: stale.append(task),
     )
     poller.poll_once()
     assert stale == [W0]
@@ -414,7 +417,7 @@ def test_a_reconnection_that_raises_does_not_end_the_watch():
         cluster.serve(task, job, i)
     cluster.errors[W0] = RuntimeError(STALE)
 
-    def broken(task):
+    def broken(task, bound):
         raise ValueError("no coordinator")
 
     poller = cluster_poller.ClusterPoller(
@@ -425,34 +428,112 @@ def test_a_reconnection_that_raises_does_not_end_the_watch():
 
 
 class _RecoveryThread:
-    """TensorFlow's WorkerPreemptionHandler as request_reconnect sees it."""
+    """TensorFlow's WorkerPreemptionHandler as request_reconnect sees it: with
+    ``rebuild``, a recovery thread that, once a rebuild is due, takes the cluster-update
+    lock, calls ``rebuild()`` (what holds then is what TF's ``update_server_def`` would
+    see), clears the due flag and wakes the waiters, as TF's ``_preemption_handler``."""
 
-    def __init__(self, running: bool = True) -> None:
+    def __init__(self, running: bool = True, rebuild=None) -> None:
         self._cluster_due_for_update_or_finish = threading.Event()
         self._should_preemption_thread_run = running
+        self._cluster_update_lock = threading.Lock()
+        self._worker_up_cond = threading.Condition(self._cluster_update_lock)
+        if rebuild is not None:
+            threading.Thread(target=self._recover, args=(rebuild,), daemon=True).start()
+
+    def _recover(self, rebuild) -> None:
+        self._cluster_due_for_update_or_finish.wait()
+        with self._cluster_update_lock:
+            rebuild()
+            self._worker_up_cond.notify_all()
+            self._cluster_due_for_update_or_finish.clear()
+
+
+class _HeldWorker:
+    """Our coordinator's worker as request_reconnect sees it: its holds, by reason."""
+
+    def __init__(self) -> None:
+        self.holds: list = []
+        self.seen: list = []
+
+    def hold(self, reason: str = "drain", strict: bool = True) -> None:
+        self.holds.append(reason)
+        self.seen.append(("hold", reason))
+
+    def wait_idle(self, timeout: float) -> bool:
+        return True
+
+    def resume(self, reason: str = "drain") -> None:
+        self.holds.remove(reason)
+        self.seen.append(("resume", reason))
 
 
 class _Coordinator:
-    def __init__(self, handler) -> None:
-        self._cluster = type("Cluster", (), {"failure_handler": handler})()
+    def __init__(self, handler, workers=(), queue=None) -> None:
+        cluster = type("Cluster", (), {})()
+        cluster.failure_handler = handler
+        cluster.workers = list(workers)
+        cluster.closure_queue = queue
+        self._cluster = cluster
 
 
-def test_request_reconnect_wakes_the_recovery_thread_once(caplog):
+def test_request_reconnect_holds_the_worker_while_the_cluster_is_rebuilt(caplog):
+    """With our coordinator, the restarted worker's thread takes no closure while TF
+    rebuilds the cluster (a closure sent then failed with "Op type not registered",
+    which ended the training: CI, test_a_restarted_worker_that_no_closure_goes_to_is_
+    released_again); the other worker's is not held, and the hold is lifted after."""
+    workers = [_HeldWorker(), _HeldWorker()]
+    during = []
+    handler = _RecoveryThread(rebuild=lambda: during.append(list(workers[1].holds)))
+    with caplog.at_level(logging.INFO, logger="tf_failure_handling"):
+        assert coordinators.request_reconnect(_Coordinator(handler, workers), W1, 30.0)
+    assert during == [["reconnect"]]
+    assert workers[1].seen == [("hold", "reconnect"), ("resume", "reconnect")]
+    assert workers[0].seen == []
+    assert not handler._cluster_due_for_update_or_finish.is_set()
+    assert sum("reconnecting to it" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_request_reconnect_with_tf_s_coordinator_locks_its_queue_during_the_rebuild():
+    """TF's coordinator cannot hold one worker: its closure queue is locked while the
+    cluster is rebuilt (no thread takes a closure), and unlocked after."""
+    queue = type("Queue", (), {})()
+    queue._queue_lock = threading.Lock()
+    during = []
+    handler = _RecoveryThread(rebuild=lambda: during.append(queue._queue_lock.locked()))
+    assert coordinators.request_reconnect(_Coordinator(handler, [object()], queue), W0, 30.0)
+    assert during == [True]
+    assert not queue._queue_lock.locked()
+
+
+def test_request_reconnect_without_a_rebuild_gives_up_within_its_bound(caplog):
+    """No recovery thread answers: the wait ends at the bound, says so, and the worker
+    takes closures again."""
+    workers = [_HeldWorker()]
     handler = _RecoveryThread()
     with caplog.at_level(logging.INFO, logger="tf_failure_handling"):
-        assert coordinators.request_reconnect(_Coordinator(handler), W0)
-        assert coordinators.request_reconnect(_Coordinator(handler), W0)
-    assert handler._cluster_due_for_update_or_finish.is_set()
-    assert sum("reconnecting to it" in r.getMessage() for r in caplog.records) == 1
+        assert coordinators.request_reconnect(_Coordinator(handler, workers), W0, 0.05)
+    assert workers[0].holds == []
+    assert any("was not rebuilt within" in r.getMessage() for r in caplog.records)
+
+
+def test_request_reconnect_leaves_a_due_rebuild_to_tf():
+    """A rebuild already due (a closure failed on the worker: TF's own path) is not
+    asked again, and nothing is held."""
+    workers = [_HeldWorker()]
+    handler = _RecoveryThread()
+    handler._cluster_due_for_update_or_finish.set()
+    assert coordinators.request_reconnect(_Coordinator(handler, workers), W0, 30.0)
+    assert workers[0].seen == []
 
 
 def test_request_reconnect_asks_nothing_without_a_running_recovery_thread():
     stopped = _RecoveryThread(running=False)
-    assert not coordinators.request_reconnect(_Coordinator(stopped), W0)
+    assert not coordinators.request_reconnect(_Coordinator(stopped), W0, 30.0)
     assert not stopped._cluster_due_for_update_or_finish.is_set()
     # The coordination service's handler has no such thread.
-    assert not coordinators.request_reconnect(_Coordinator(object()), W0)
-    assert not coordinators.request_reconnect(object(), W0)
+    assert not coordinators.request_reconnect(_Coordinator(object()), W0, 30.0)
+    assert not coordinators.request_reconnect(object(), W0, 30.0)
 
 
 def test_a_notice_handler_that_raises_does_not_end_the_watch():

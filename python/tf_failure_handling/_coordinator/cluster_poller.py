@@ -46,14 +46,15 @@ class ClusterPoller:
         caller: Optional[Callable[..., dict]] = None,
         call_timeout: Optional[float] = None,
         listening: Optional[Callable[[str, float], bool]] = None,
-        on_stale_context: Optional[Callable[[str], None]] = None,
+        on_stale_context: Optional[Callable[[str, float], None]] = None,
         peer_timeout: Optional[float] = None,
         protocol: Any = None,
     ) -> None:
         self._on_released = on_released
         #: Called (the poller's thread) with a worker task whose poll failed because it
         #: restarted and this coordinator has not reconnected to it (the core says so;
-        #: never a PS): the coordinator asks TensorFlow to reconnect.
+        #: never a PS), and the bound of each step: the coordinator asks TensorFlow to
+        #: reconnect.
         self._on_stale_context = on_stale_context
         tasks = []
         #: task -> its "host:port" in the cluster spec.
@@ -142,7 +143,7 @@ class ClusterPoller:
         elif isinstance(action, CoordinatorAction.Reconnect):
             if self._on_stale_context is not None:
                 try:
-                    self._on_stale_context(action.task)
+                    self._on_stale_context(action.task, action.bound)
                 except Exception as err:  # noqa: BLE001 - the watch goes on
                     log.warning("Reconnecting to %s failed: %r", action.task, err)
         else:

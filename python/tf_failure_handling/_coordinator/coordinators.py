@@ -6,9 +6,10 @@ worker out of the rotation.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -76,24 +77,78 @@ def protocol_of(coordinator: Any) -> Any:
     return getattr(handler, "_protocol", None)
 
 
-def request_reconnect(coordinator: Any, task: str) -> bool:
+def request_reconnect(coordinator: Any, task: str, bound: float) -> bool:
     """Asks ``coordinator``'s worker-recovery thread (TensorFlow's
     ``WorkerPreemptionHandler``, ours or TF's) to rebuild the cluster's context, as a
     closure failing on a restarted worker does: ``task`` restarted and no closure has
     gone to it since, so no op reaches it (its notices are not heard) until the
-    coordinator reconnects. False where there is no such thread (the coordination
-    service's handler, or none running); True once asked (asking again while a
-    rebuild is due is a no-op)."""
+    coordinator reconnects.
+
+    No closure goes to ``task``'s worker while the rebuild runs (with ours, its thread
+    is held; with TF's, no thread takes a closure): TensorFlow registers the
+    coordinator's functions on the new process during ``update_server_def``, and a
+    closure sent meanwhile failed with "Op type not registered", which no coordinator
+    takes for a worker failure. TF's own path has no such race: the thread whose
+    closure failed waits for the rebuild. Each step (the hold, the lock, the rebuild)
+    waits at most ``bound`` seconds (the core's action says how long).
+
+    False where there is no such thread (the coordination service's handler, or none
+    running); True once asked (a rebuild already due is left to TF's own path)."""
     handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
     due = getattr(handler, "_cluster_due_for_update_or_finish", None)
     if due is None or not getattr(handler, "_should_preemption_thread_run", False):
         return False
-    if not due.is_set():
-        log.info(
-            "%s restarted and no closure has gone to it since: reconnecting to it, so that "
-            "its termination notices are heard.",
-            task,
-        )
-        # The recovery thread holds its lock while it rebuilds; an Event needs none.
-        due.set()
+    if due.is_set():
+        return True
+    log.info(
+        "%s restarted and no closure has gone to it since: reconnecting to it, so that "
+        "its termination notices are heard.",
+        task,
+    )
+    with _no_closure_to(coordinator, task, bound):
+        lock = handler._cluster_update_lock
+        if not lock.acquire(timeout=bound):
+            log.warning("Reconnecting to %s: the cluster is being rebuilt already.", task)
+            return True
+        try:
+            # As TF's worker threads ask: the recovery thread takes the lock that the
+            # wait lets go of, rebuilds, and wakes the wait.
+            due.set()
+            if not handler._worker_up_cond.wait(bound):
+                log.warning(
+                    "Reconnecting to %s: the cluster was not rebuilt within %gs; closures "
+                    "go to it again, and TF's own path reconnects if one fails.",
+                    task,
+                    bound,
+                )
+        finally:
+            lock.release()
     return True
+
+
+@contextlib.contextmanager
+def _no_closure_to(coordinator: Any, task: str, bound: float) -> Iterator[None]:
+    """No new closure goes to ``task``'s worker inside the block: ours holds that
+    worker's thread (and waits, within ``bound``, for its closure in flight); TF's
+    cannot hold one worker, so its closure queue is locked (within ``bound``): no
+    thread takes a closure and ``schedule()`` waits."""
+    workers = workers_of(coordinator)
+    index = int(task.rsplit(":", 1)[1]) if task.startswith("/job:worker/") else -1
+    worker = workers[index] if 0 <= index < len(workers) else None
+    if callable(getattr(worker, "hold", None)):
+        worker.hold("reconnect")
+        try:
+            worker.wait_idle(bound)
+            yield
+        finally:
+            worker.resume("reconnect")
+        return
+    queue = getattr(getattr(coordinator, "_cluster", None), "closure_queue", None)
+    queue_lock = getattr(queue, "_queue_lock", None)
+    if queue_lock is None or not queue_lock.acquire(timeout=bound):
+        yield
+        return
+    try:
+        yield
+    finally:
+        queue_lock.release()

@@ -115,12 +115,13 @@ class PsSteps:
     def _coordinator(self) -> Any:
         return _coordinators.find_coordinator(self._strategy)
 
-    def _reconnect(self, task: str) -> None:
+    def _reconnect(self, task: str, bound: float) -> None:
         """A task restarted and this coordinator's context does not reach it (the
-        poller's thread): TensorFlow's worker recovery is asked to reconnect."""
+        poller's thread): TensorFlow's worker recovery is asked to reconnect, each step
+        within ``bound`` seconds."""
         coordinator = self._coordinator()
         if coordinator is not None:
-            _coordinators.request_reconnect(coordinator, task)
+            _coordinators.request_reconnect(coordinator, task, bound)
 
     def on_notice(self, final_round: bool) -> None:
         """A notice this coordinator acts on (its own or a PS's; the driver's thread):
