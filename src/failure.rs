@@ -97,6 +97,7 @@
 //!   ([`TransientError::UnknownPsTask`]; TF raises `IndexError`), after the
 //!   tasks visited before it were counted.
 
+pub mod lost_peer;
 pub mod response;
 
 use std::collections::BTreeSet;

@@ -35,6 +35,7 @@ macro_rules! words {
 #[cfg(test)]
 mod tests {
     use super::Words;
+    use crate::failure::lost_peer::Detection;
     use crate::failure::response::Question;
     use crate::ps_control::coordinator::{DrainEnd, ReleaseEnd};
     use crate::ps_control::drain::Outcome;
@@ -58,6 +59,7 @@ mod tests {
         round_trips::<Question>();
         round_trips::<ServeBound>();
         round_trips::<Leave>();
+        round_trips::<Detection>();
         assert_eq!(ServeBound::PeerTimeout.word(), "peer_timeout");
         assert_eq!(Question::from_word("derived cancellation"), Some(Question::DerivedCancellation));
     }
