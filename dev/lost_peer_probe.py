@@ -117,6 +117,14 @@ def worker(args) -> int:
             step_var.assign_add(1)
         except Exception as e:  # noqa: BLE001 - the probe records what came
             t_error = time.time()
+            seen = {
+                "index": index,
+                "type": type(e).__name__,
+                "module": type(e).__module__,
+                "code": getattr(e, "error_code", None),
+                "message": str(e),
+                "step": done,
+            }
             if fault_here or (fault_all and index == args.index):
                 # The failing worker itself: report to the cluster as TF's handler does.
                 reported = None
@@ -126,31 +134,17 @@ def worker(args) -> int:
                         reported = "reported"
                     except Exception as r:  # noqa: BLE001
                         reported = f"{type(r).__name__}: {r}"
-                say(
-                    role="faulty",
-                    index=index,
-                    type=type(e).__name__,
-                    module=type(e).__module__,
-                    code=getattr(e, "error_code", None),
-                    message=str(e),
-                    step=done,
-                    reported=reported,
-                )
+                say(role="faulty", reported=reported, **seen)
                 return 1
             written, took, why = _write(checkpoint, args.dir, index)
             say(
                 role="survivor",
-                index=index,
-                type=type(e).__name__,
-                module=type(e).__module__,
-                code=getattr(e, "error_code", None),
-                message=str(e),
-                step=done,
                 t_error=t_error,
                 fault_time=fault_time,
                 written=written,
                 write_seconds=took,
                 write_error=why,
+                **seen,
             )
             sys.stdout.flush()
             os._exit(3)  # TF's exit can hang on the lost peer; the probe only needs the line

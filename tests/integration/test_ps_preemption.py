@@ -111,6 +111,15 @@ class Cluster:
     def describe(self) -> str:
         return "\n".join(p.describe() for p in self.procs.values())
 
+    def finishes_with_every_closure_once(self) -> None:
+        """The coordinator's training ends with every closure applied once (``done``:
+        runs == counter == STEPS), and it exits 0."""
+        done = self.wait_event("coordinator", "done", FINISH_BOUND)
+        assert done["runs"] == done["counter"] == STEPS, (
+            f"a closure was lost or applied twice: {done}\n{self.describe()}"
+        )
+        assert self.wait_exit("coordinator", EXIT_BOUND) == 0, self.describe()
+
     def wait_event(self, name: str, kind: str, bound: float, pred=lambda e: True) -> dict:
         proc = self.procs[name]
         end = time.monotonic() + bound
@@ -417,11 +426,7 @@ def test_a_restarted_worker_that_no_closure_goes_to_is_released_again(tmp_path, 
                 c.wait_log("worker1", "for termination notices", START_BOUND)
         finally:
             resume.write_text("")
-        done = c.wait_event("coordinator", "done", FINISH_BOUND)
-        assert done["runs"] == done["counter"] == STEPS, (
-            f"a closure was lost or applied twice: {done}\n{c.describe()}"
-        )
-        assert c.wait_exit("coordinator", EXIT_BOUND) == 0, c.describe()
+        c.finishes_with_every_closure_once()
     finally:
         c.stop()
 
@@ -470,11 +475,7 @@ def test_closures_that_resume_as_the_coordinator_reconnects_are_applied_once(tmp
                 time.sleep(0.005)
         finally:
             resume.write_text("")
-        done = c.wait_event("coordinator", "done", FINISH_BOUND)
-        assert done["runs"] == done["counter"] == STEPS, (
-            f"a closure was lost or applied twice: {done}\n{c.describe()}"
-        )
-        assert c.wait_exit("coordinator", EXIT_BOUND) == 0, c.describe()
+        c.finishes_with_every_closure_once()
     finally:
         c.stop()
 
