@@ -35,8 +35,9 @@
 //! peer propagated.
 //!
 //! A lost peer found here is a suspicion the caller confirms with a health probe of
-//! the tasks named (the binding's `check_collective_ops_peer_health`): the sign in the
-//! text can come from a service the step talks to that is not a peer.
+//! the tasks named (TensorFlow's `check_collective_ops_peer_health`, which
+//! `_cluster/membership.py` already calls to name the peers that do not answer): the
+//! sign in the text can come from a service the step talks to that is not a peer.
 
 /// TF's canonical code `UNAVAILABLE` (`tf.errors.UNAVAILABLE`).
 pub const UNAVAILABLE: i64 = 14;
