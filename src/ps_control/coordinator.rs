@@ -1277,8 +1277,11 @@ mod tests {
         };
         let (_, said) = round(&mut c, NOW, &fail);
         let reconnects: Vec<_> = said.iter().filter(|a| matches!(a, Action::Reconnect { .. })).collect();
-        // Never a PS.
+        // Never a PS; each with the bound of its steps.
         assert_eq!(reconnects.len(), 2);
+        assert!(reconnects
+            .iter()
+            .all(|a| matches!(a, Action::Reconnect { bound, .. } if *bound == super::super::RECONNECT_BOUND)));
         assert_eq!(said.iter().filter(|a| matches!(a, Action::Say { .. })).count(), 3);
         let (_, said) = round(&mut c, NOW + 1.0, &fail);
         assert!(said.iter().all(|a| matches!(a, Action::Reconnect { .. })));
