@@ -446,9 +446,10 @@ def test_closures_that_resume_as_the_coordinator_reconnects_are_applied_once(tmp
     registered on the new process halfway), which no coordinator takes for a worker
     failure: the training ended (CI, and a fresh-clone ``make test``, in
     ``test_a_restarted_worker_that_no_closure_goes_to_is_released_again``). The
-    reconnect now keeps closures from that worker until the rebuild is done. Before,
-    this test failed at its first run; the coordinator's log is read every 5 ms so that
-    the resume falls inside the rebuild.
+    reconnect now keeps closures from that worker until the rebuild is done. With the
+    old reconnect, this test's steps failed at their first run (ours; TF's coordinator
+    passed 3 runs of them); the coordinator's log is read every 5 ms so that the resume
+    falls inside the rebuild.
 
     What counts: training ends with every closure applied once (``done``: runs ==
     counter == 120) and the coordinator exits 0."""
