@@ -108,7 +108,12 @@ def request_reconnect(coordinator: Any, task: str, bound: float) -> bool:
     with _no_closure_to(coordinator, task, bound):
         lock = handler._cluster_update_lock
         if not lock.acquire(timeout=bound):
-            log.warning("Reconnecting to %s: the cluster is being rebuilt already.", task)
+            log.warning(
+                "Reconnecting to %s: TensorFlow's cluster-update lock was not free within "
+                "%gs (a rebuild is under way); not asking for another.",
+                task,
+                bound,
+            )
             return True
         try:
             # As TF's worker threads ask: the recovery thread takes the lock that the
@@ -138,7 +143,13 @@ def _no_closure_to(coordinator: Any, task: str, bound: float) -> Iterator[None]:
     if callable(getattr(worker, "hold", None)):
         worker.hold("reconnect")
         try:
-            worker.wait_idle(bound)
+            if not worker.wait_idle(bound):
+                log.warning(
+                    "Reconnecting to %s: its closure in flight did not finish within %gs; "
+                    "reconnecting anyway.",
+                    task,
+                    bound,
+                )
             yield
         finally:
             worker.resume("reconnect")
@@ -146,6 +157,13 @@ def _no_closure_to(coordinator: Any, task: str, bound: float) -> Iterator[None]:
     queue = getattr(getattr(coordinator, "_cluster", None), "closure_queue", None)
     queue_lock = getattr(queue, "_queue_lock", None)
     if queue_lock is None or not queue_lock.acquire(timeout=bound):
+        if queue_lock is not None:
+            log.warning(
+                "Reconnecting to %s: TensorFlow's closure queue was not free within %gs; "
+                "reconnecting while closures may still go to it.",
+                task,
+                bound,
+            )
         yield
         return
     try:
