@@ -39,6 +39,8 @@ pub(crate) use answer::action;
 pub use answer::Action;
 /// The protocol's inputs, declared once (`event.rs`).
 mod event;
+/// A step that failed: whether a peer is gone (`lost.rs`).
+mod lost;
 #[allow(unused_imports)]
 pub(crate) use event::event;
 pub use event::Event;
@@ -200,6 +202,8 @@ pub struct Protocol {
     /// When (Unix time) this handler took over its worker's notices
     /// ([`Protocol::handle_take_over`]); None until it did.
     took_over: Option<f64>,
+    /// The failed step whose peers are being probed ([`Protocol::handle_step_failed`]).
+    probing: Option<lost::Probing>,
 }
 
 impl Default for Protocol {
@@ -229,6 +233,7 @@ impl Protocol {
             timing: None,
             timed: None,
             took_over: None,
+            probing: None,
         }
     }
 

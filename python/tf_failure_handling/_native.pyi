@@ -278,7 +278,10 @@ class Event:
         def __init__(self) -> None: ...
 
     class StepFailed(Event):
-        def __init__(self) -> None: ...
+        def __init__(self, code: Optional[int] = None, message: Optional[str] = None) -> None: ...
+
+    class Probed(Event):
+        def __init__(self, unreachable: List[int]) -> None: ...
 
     class Pending(Event):
         def __init__(self, pending: bool) -> None: ...
@@ -340,6 +343,16 @@ class Action:
 
     class ExitUnmerged(Action):
         code: int
+
+    # A failed step (Event.StepFailed, Probed).
+    class Probe(Action):
+        suspects: List[str]
+        detection: Optional[str]
+
+    class PeerLost(Action):
+        lost: List[int]
+        detection: str
+        writes: bool
 
     # The leader's round (Event.Resume, Set, Got, CallFailed).
     class Set(Action):

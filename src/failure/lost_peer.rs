@@ -160,7 +160,8 @@ fn remote_targets(text: &str) -> Vec<String> {
     let mut rest = text;
     while let Some(at) = rest.find(TARGET) {
         rest = &rest[at + TARGET.len()..];
-        let task: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+        // Up to a space, or the end of the status's braces or list.
+        let task: String = rest.chars().take_while(|c| !c.is_whitespace() && !"},;)".contains(*c)).collect();
         if task.starts_with("/job:") && !tasks.contains(&task) {
             tasks.push(task);
         }

@@ -58,11 +58,23 @@ crate::wire! {
         Exit {},
         /// Keep training until the final round of the grace period.
         Countdown {},
-        /// A failed save: raise its error.
+        /// A failed save, or a failed step that lost no peer (`Event.StepFailed`,
+        /// `Event.Probed`): raise its error.
         Raise {},
         /// A failed save in shares: exit with `code`, the unmerged exit code
         /// (`crate::shares::UNMERGED_EXIT_CODE`).
         ExitUnmerged { code: i32 },
+
+        // A failed step (`Event.StepFailed`, `Event.Probed`; `lost.rs`).
+        /// The error can come from a peer that is gone: probe the peers' health
+        /// and report the ids of those that do not answer (`Event.Probed`).
+        /// `suspects`: the tasks the error names; `detection`: how a lost peer
+        /// showed itself in the error (None: the error only may come from one).
+        Probe { suspects: Vec<String>, detection: Option<String> },
+        /// The workers `lost` (ids) are gone without notice, as the probe
+        /// confirmed; `detection` says how it showed. `writes`: this worker is
+        /// the survivor that writes (the lowest id that answered).
+        PeerLost { lost: Vec<u32>, detection: String, writes: bool },
 
         // The leader's round (`Event.Resume`, `Set`, `Got`, `CallFailed`;
         // [`Protocol::leader_next`](super::Protocol::leader_next)).

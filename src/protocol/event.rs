@@ -68,8 +68,15 @@ crate::wire! {
         /// The check before a step ended (a publish or a save is not step time:
         /// the interval restarts now).
         ChecksDone {},
-        /// The step failed: it is not counted, and not a step duration.
-        StepFailed {},
+        /// The step failed with an error of canonical `code` (None: not one of
+        /// TF's `OpError`s) and `message`: it is not counted, and not a step
+        /// duration. `handle` returns `Action.Probe` (the error can come from a
+        /// peer that is gone) or `Action.Raise`.
+        StepFailed { code: Option<i64> = None, message: Option<String> = None },
+        /// The peers `Action.Probe` asked about: `unreachable`, the ids of the
+        /// workers that did not answer. `handle` returns `Action.PeerLost` or
+        /// `Action.Raise`.
+        Probed { unreachable: Vec<u32> },
         /// Whether the next step must take the slow path for something other than
         /// the resolver (a background thread's error).
         Pending { pending: bool },

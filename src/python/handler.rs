@@ -524,9 +524,13 @@ impl Shared {
                 self.after_check();
                 Ok(None)
             }
-            E::StepFailed {} => {
-                self.state.lock().step_failed();
-                Ok(None)
+            E::StepFailed { code, message } => {
+                let action = self.state.lock().handle_step_failed(code, message.as_deref().unwrap_or(""));
+                answer(Action::from(action).into_pyobject(py)?.into_any())
+            }
+            E::Probed { unreachable } => {
+                let action = self.state.lock().handle_probed(&unreachable);
+                answer(Action::from(action).into_pyobject(py)?.into_any())
             }
             E::Pending { pending } => {
                 self.pending.store(pending, Ordering::Release);

@@ -101,19 +101,11 @@ def membership(cluster_resolver: Any) -> Membership:
     return Membership(worker_id, num_workers, is_chief, task_type, task_id)
 
 
-#: Error types (by name) that can mean "a peer is gone".
-_LOST_PEER_ERRORS = (
-    "UnavailableError",
-    "DeadlineExceededError",
-    "AbortedError",
-    "CancelledError",
-    "InternalError",
-)
-
-
 def _peer_tasks(cluster_resolver: Any, me: Membership) -> list:
-    """``(label, task, address)`` of every other chief/worker task of the cluster."""
+    """``(label, task, address, worker id)`` of every other chief/worker task of the
+    cluster (worker ids as :func:`membership` gives them: the chief 0, then the workers)."""
     spec = _as_dict(cluster_resolver.cluster_spec())
+    chiefs = len(spec.get("chief") or [])
     peers = []
     for job in ("chief", "worker"):
         addresses = spec.get(job) or []
@@ -122,7 +114,9 @@ def _peer_tasks(cluster_resolver: Any, me: Membership) -> list:
         for index, address in enumerate(addresses):
             if job == me.task_type and index == me.task_id:
                 continue
-            peers.append((f"{job} {index}", f"/job:{job}/replica:0/task:{index}", address))
+            worker_id = 0 if job == "chief" else index + chiefs
+            task = f"/job:{job}/replica:0/task:{index}"
+            peers.append((f"{job} {index}", task, address, worker_id))
     return peers
 
 
@@ -135,23 +129,19 @@ def coordination_leader(cluster_resolver: Any) -> Optional[str]:
     return None
 
 
-def unreachable_peers(
-    error: Any, service: Any, cluster_resolver: Any, me: Membership
-) -> Optional[list]:
-    """``[(label, task, address, why)]`` of the peers that fail a health probe.
+def unreachable_peers(service: Any, cluster_resolver: Any, me: Membership) -> Optional[list]:
+    """``[(label, task, address, why, worker id)]`` of the peers that fail a health probe.
 
-    None (no probe made) when the error does not look like a lost peer or the
-    service cannot probe (not TF's context). Each probe and its thread's join are
-    bounded by the core (``coordination_bounds``: TF's timeout for the probe); TF holds
-    the GIL inside a probe, so the threads do not make them run in parallel, and the
-    join bound cannot cut one short.
+    Asked by the protocol (``Action.Probe``: the step's error can come from a peer that
+    is gone); None (no probe made) when the service cannot probe (not TF's context).
+    Each probe and its thread's join are bounded by the core (``coordination_bounds``:
+    TF's timeout for the probe); TF holds the GIL inside a probe, so the threads do not
+    make them run in parallel, and the join bound cannot cut one short.
     """
     import threading
 
     probe = getattr(service, "check_collective_ops_peer_health", None)
-    message = str(getattr(error, "message", error))
-    lost = type(error).__name__ in _LOST_PEER_ERRORS or "Collective ops is aborted" in message
-    if probe is None or not lost:
+    if probe is None:
         return None
     peers = _peer_tasks(cluster_resolver, me)
     answers: dict = {}
@@ -168,15 +158,15 @@ def unreachable_peers(
 
     threads = [
         threading.Thread(target=check, args=(task,), name="tfh-peer-probe", daemon=True)
-        for _, task, _ in peers
+        for _, task, _, _ in peers
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(join)
     return [
-        (label, task, address, answers.get(task) or "no answer")
-        for label, task, address in peers
+        (label, task, address, answers.get(task) or "no answer", worker_id)
+        for label, task, address, worker_id in peers
         if task not in answers or answers[task] is not None
     ]
 
@@ -185,7 +175,7 @@ def with_unreachable_named(error: Any, unreachable: list, me: Membership) -> Opt
     """``error`` again (same type) with ``unreachable`` named in its message, or None."""
     if not unreachable:
         return None
-    names = ", ".join(f"{label} ({address}: {why})" for label, _, address, why in unreachable)
+    names = ", ".join(f"{label} ({address}: {why})" for label, _, address, why, _ in unreachable)
     note = (
         f"{getattr(error, 'message', error)}\n[tf_failure_handling] peers that did not answer "
         f"a health probe from worker {me.id_in_cluster}: {names}"

@@ -101,8 +101,8 @@ class StepCheck:
 
     def run_failed(self, error: BaseException) -> BaseException:
         """``run()``'s step raised ``error``: not counted, reported; returns what to raise."""
-        self._core.handle(Event.StepFailed())
-        replacement = self._errors.reported(error)
+        action = self._errors.step_failed(error)
+        replacement = self._errors.reported(error, action)
         if replacement is None:
             return error
         replacement.__cause__ = error
