@@ -361,6 +361,14 @@ impl Protocol {
         self.resolver.as_ref().is_some_and(Resolver::needs_attention)
     }
 
+    /// Whether the last whole step is held after each step that returned: in a
+    /// cluster of several workers (MultiWorkerMirroredStrategy), where the survivors
+    /// of a worker lost without notice save it (`lost.rs`).
+    #[must_use]
+    pub fn holds_steps(&self) -> bool {
+        self.config.is_some_and(|c| c.worker_id.is_some() && c.num_workers > 1)
+    }
+
     // --- step timing -----------------------------------------------------
 
     /// A step starts at `now`. The planner's step time is the interval between

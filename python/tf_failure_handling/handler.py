@@ -47,6 +47,7 @@ from ._protocol.save import SaveAndExit
 from ._protocol.state import HandlerState, Settings
 from ._protocol.step_check import StepCheck
 from ._protocol.step_keys import StepKeys
+from ._protocol.survivor_save import SurvivorSave
 from ._termination_config import TerminationConfig, _check_seconds
 
 log = logging.getLogger("tf_failure_handling")
@@ -265,6 +266,9 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._saver = saver = SaveAndExit(ctx, self._checkpoints, ps, step_keys)
         self._driver = Driver(ctx, sources, notices, step_keys.acknowledge)
         self._steps = StepCheck(ctx, agreement, saver)
+        #: The last whole step, held after each run() in a cluster (``_hold_step``) and
+        #: saved by the survivors of a worker lost without notice.
+        self._survivors = errors.survivors = SurvivorSave(ctx, self._checkpoints, checkpoint_dir)
 
         self._driver.start()
         if not member.local:
@@ -452,6 +456,11 @@ class PreemptionCheckpointHandler(HandlerCore):
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Saves now, recording the run count (TF's private method of this name)."""
         self._checkpoints.save(self._run_counter, args, kwargs)
+
+    def _hold_step(self) -> None:
+        """After a step that returned, in a cluster (``run()`` calls it): the variables
+        are held as the last whole step (``_protocol/survivor_save.py``)."""
+        self._survivors.hold(self._run_counter)
 
     def _core_state(self) -> dict:
         """The protocol object's state, for logs and tests."""

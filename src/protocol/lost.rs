@@ -52,7 +52,7 @@ impl Protocol {
     pub fn handle_step_failed(&mut self, code: Option<i64>, message: &str) -> Action {
         self.step_failed();
         self.probing = None;
-        let in_cluster = self.config.is_some_and(|c| c.worker_id.is_some() && c.num_workers > 1);
+        let in_cluster = self.holds_steps();
         let Some(code) = code.filter(|_| in_cluster) else {
             return Action::Raise {};
         };
@@ -184,6 +184,14 @@ mod tests {
             );
             assert_eq!(p.handle_probed(&[1]), Action::Raise {}, "{code} {message}");
         }
+    }
+
+    #[test]
+    fn the_last_whole_step_is_held_in_a_cluster_of_several_workers_only() {
+        assert!(protocol(Some(1), 2).holds_steps());
+        assert!(!protocol(Some(0), 1).holds_steps());
+        assert!(!protocol(None, 1).holds_steps());
+        assert!(!Protocol::new().holds_steps());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! on, `run()` reads the clock once and takes one mutex for the step-time
 //! sample, loads two atomics (a notice or an agreed step needs attention; a
 //! background thread left an error), calls the user's function and counts
-//! the run. Anything else goes to Python methods of the shim
+//! the run; in a multi-worker cluster it then calls the shim's `_hold_step`
+//! (the last whole step, held for the survivors of a lost worker). Anything else goes to Python methods of the shim
 //! (`_run_check`, `_run_failed`), which ask the [`Resolver`] through the
 //! handler's [`ProtocolCore`] what to do and perform it against TensorFlow.
 //!
@@ -56,6 +57,10 @@ struct Shared {
     /// Set when a background thread of the handler has something the next
     /// step must see (an error it met): `run()` then takes the slow path.
     pending: AtomicBool,
+    /// Mirrors [`Protocol::holds_steps`]: after each step that returned, `run()`
+    /// calls the shim's `_hold_step` (the last whole step, for the survivors of a
+    /// lost worker).
+    hold: AtomicBool,
     /// TensorFlow's `_run_counter`: completed `run()` calls, restored from
     /// the checkpoint.
     run_counter: AtomicU64,
@@ -106,6 +111,7 @@ impl Shared {
         let mut protocol = self.state.lock();
         let out = f(&mut protocol);
         self.attention.store(protocol.needs_attention(), Ordering::Release);
+        self.hold.store(protocol.holds_steps(), Ordering::Release);
         out
     }
 }
@@ -187,6 +193,32 @@ unsafe extern "C-unwind" fn run_fastcall(
         return std::ptr::null_mut();
     }
     core.run_counter.fetch_add(1, Ordering::Relaxed);
+    if core.hold.load(Ordering::Acquire) {
+        let name = intern!(py, "_hold_step").as_ptr();
+        // SAFETY: a new reference to the bound method, or NULL with an error set.
+        let method = unsafe { ffi::PyObject_GetAttr(slf, name) };
+        if method.is_null() {
+            // A bare HandlerCore (no shim) holds nothing.
+            // SAFETY: an error is set; clearing it is always allowed.
+            unsafe { ffi::PyErr_Clear() };
+            return result;
+        }
+        // SAFETY: a call with no arguments; we own `method` and release it after. The
+        // shim's `_hold_step` never raises; if it did, the step's result is dropped and
+        // its error raised.
+        let held = unsafe {
+            let held = ffi::PyObject_CallNoArgs(method);
+            ffi::Py_DECREF(method);
+            held
+        };
+        if held.is_null() {
+            // SAFETY: we own `result`.
+            unsafe { ffi::Py_DECREF(result) };
+            return std::ptr::null_mut();
+        }
+        // SAFETY: we own `held`.
+        unsafe { ffi::Py_DECREF(held) };
+    }
     result
 }
 
@@ -363,6 +395,7 @@ impl Shared {
         Shared {
             attention: AtomicBool::new(false),
             pending: AtomicBool::new(false),
+            hold: AtomicBool::new(false),
             run_counter: AtomicU64::new(0),
             run_thread: AtomicU64::new(0),
             state: Mutex::new(Protocol::new()),

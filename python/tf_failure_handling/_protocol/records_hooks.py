@@ -121,6 +121,14 @@ class StageRecords:
             in_run=in_run,
         )
 
+    def lost_peer(self, lost: list, detection: str, runs: Optional[int]) -> None:
+        """Peers lost without notice (``lost``: their names, ``detection``: how it
+        showed); this survivor saves the last whole step, run ``runs``. It opens a
+        preemption of source ``lost_peer``."""
+        self._open()
+        self._noticed = True
+        self.recorder.write("notice", source="lost_peer", lost=lost, detection=detection, runs=runs)
+
     def agreement(self, round_key: str, step: int) -> None:
         """This worker leads the round: it publishes ``step``."""
         self._open()

@@ -36,6 +36,8 @@ class ErrorReports:
         self._core = core
         #: An error a background thread met; raised by the next run().
         self.pending: Optional[BaseException] = None
+        #: What saves the last whole step when a peer is lost (``survivor_save``).
+        self.survivors: Any = None
 
     def raise_pending(self) -> None:
         """Raises (once) the error a background thread met, if any."""
@@ -96,6 +98,8 @@ class ErrorReports:
                 lost,
                 after.detection,
             )
+            if self.survivors is not None:
+                self.survivors.after_loss(after, names)
         return replacement, unreachable
 
     def propagate(self, error: BaseException, action: Any = None) -> Optional[BaseException]:
