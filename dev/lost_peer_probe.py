@@ -180,10 +180,13 @@ def _write(checkpoint, directory: str, index: int):
 # ------------------------------------------------------------------- harness side
 
 
-def scenario(python: str, fault: str, target: int, workers: int, at: int, steps: int) -> list:
+def start_workers(python: str, script: str, workers: int, prefix: str, args: list) -> tuple:
+    """Starts ``workers`` MWMS workers of ``script worker <args>`` on 127.0.0.1, each with
+    its TF_CONFIG (``--dir`` is added: the scenario's folder). Returns the folder, the
+    processes and their stdout files (``w<i>.out``; stderr in ``w<i>.err``)."""
     ports = free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    tmp = tempfile.mkdtemp(prefix=f"lost-peer-{fault}{target}-")
+    tmp = tempfile.mkdtemp(prefix=prefix)
     procs, outs = [], []
     for i in range(workers):
         env = dict(
@@ -194,23 +197,15 @@ def scenario(python: str, fault: str, target: int, workers: int, at: int, steps:
         )
         out = open(os.path.join(tmp, f"w{i}.out"), "w+")
         err = open(os.path.join(tmp, f"w{i}.err"), "w+")
-        cmd = [
-            python,
-            __file__,
-            "worker",
-            "--fault",
-            fault,
-            "--index",
-            str(target),
-            "--at",
-            str(at),
-            "--steps",
-            str(steps),
-            "--dir",
-            tmp,
-        ]
+        cmd = [python, script, "worker", *args, "--dir", tmp]
         procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env))
         outs.append(out)
+    return tmp, procs, outs
+
+
+def scenario(python: str, fault: str, target: int, workers: int, at: int, steps: int) -> list:
+    args = ["--fault", fault, "--index", str(target), "--at", str(at), "--steps", str(steps)]
+    tmp, procs, outs = start_workers(python, __file__, workers, f"lost-peer-{fault}{target}-", args)
 
     def lines(i):
         outs[i].flush()

@@ -40,13 +40,11 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from lost_peer_probe import PREFIX, free_ports, say
+from lost_peer_probe import PREFIX, say, start_workers
 
 #: How long the workers may take to start, reach the step and fail (a bound on a hang).
 RUN_BOUND = 240.0
@@ -109,23 +107,10 @@ def worker(args) -> int:
 
 
 def scenario(python: str, variant: str, target: int, workers: int, at: int) -> list:
-    ports = free_ports(workers)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    tmp = tempfile.mkdtemp(prefix=f"torn-step-{variant}{target}-")
-    procs, outs = [], []
-    for i in range(workers):
-        env = dict(
-            os.environ,
-            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
-            TF_CPP_MIN_LOG_LEVEL="2",
-            CUDA_VISIBLE_DEVICES="",
-        )
-        out = open(os.path.join(tmp, f"w{i}.out"), "w+")
-        err = open(os.path.join(tmp, f"w{i}.err"), "w+")
-        cmd = [python, __file__, "worker", "--variant", variant, "--target", str(target)]
-        cmd += ["--at", str(at), "--steps", str(at + 5)]
-        procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env))
-        outs.append(out)
+    args = ["--variant", variant, "--target", str(target), "--at", str(at)]
+    args += ["--steps", str(at + 5)]
+    prefix = f"torn-step-{variant}{target}-"
+    tmp, procs, outs = start_workers(python, __file__, workers, prefix, args)
     end = time.monotonic() + RUN_BOUND
     try:
         while time.monotonic() < end and any(p.poll() is None for p in procs):
@@ -158,6 +143,7 @@ def main(argv=None) -> int:
     w.add_argument("--target", type=int, required=True)
     w.add_argument("--at", type=int, required=True)
     w.add_argument("--steps", type=int, required=True)
+    w.add_argument("--dir", required=True)
     p.add_argument("--variants", default="between,after")
     p.add_argument("--targets", default="1,0")
     p.add_argument("--workers", type=int, default=2)

@@ -204,6 +204,9 @@ pub struct Protocol {
     took_over: Option<f64>,
     /// The failed step whose peers are being probed ([`Protocol::handle_step_failed`]).
     probing: Option<lost::Probing>,
+    /// Whether the survivors of a lost worker save ([`Protocol::holds_steps`]; the
+    /// configuration's `lost_worker_saves`, from `TF_FAILURE_HANDLING_LOST_WORKER`).
+    lost_worker_saves: bool,
 }
 
 impl Default for Protocol {
@@ -234,6 +237,7 @@ impl Protocol {
             timed: None,
             took_over: None,
             probing: None,
+            lost_worker_saves: true,
         }
     }
 
@@ -363,10 +367,23 @@ impl Protocol {
 
     /// Whether the last whole step is held after each step that returned: in a
     /// cluster of several workers (MultiWorkerMirroredStrategy), where the survivors
-    /// of a worker lost without notice save it (`lost.rs`).
+    /// of a worker lost without notice save it (`lost.rs`), unless they were
+    /// configured not to.
     #[must_use]
     pub fn holds_steps(&self) -> bool {
+        self.lost_worker_saves && self.in_cluster()
+    }
+
+    /// Whether this worker is one of several (MultiWorkerMirroredStrategy).
+    #[must_use]
+    pub fn in_cluster(&self) -> bool {
         self.config.is_some_and(|c| c.worker_id.is_some() && c.num_workers > 1)
+    }
+
+    /// Whether the survivors of a worker lost without notice save the last whole step
+    /// (the default), or only raise, as TensorFlow does.
+    pub fn set_lost_worker_saves(&mut self, saves: bool) {
+        self.lost_worker_saves = saves;
     }
 
     // --- step timing -----------------------------------------------------

@@ -43,6 +43,7 @@ class ProtocolCore:
         peer_timeout: float = ...,
         save_at_current_run: bool = ...,
         exit_reserve: float = ...,
+        lost_worker_saves: bool = ...,
         clock: Optional[Callable[[], float]] = ...,
     ) -> float: ...
     def handle(self, event: Event) -> Any: ...

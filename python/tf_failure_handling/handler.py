@@ -47,7 +47,7 @@ from ._protocol.save import SaveAndExit
 from ._protocol.state import HandlerState, Settings
 from ._protocol.step_check import StepCheck
 from ._protocol.step_keys import StepKeys
-from ._protocol.survivor_save import SurvivorSave
+from ._protocol.survivor_save import SurvivorSave, lost_worker_saves
 from ._termination_config import TerminationConfig, _check_seconds
 
 log = logging.getLogger("tf_failure_handling")
@@ -187,6 +187,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             num_workers=member.num_workers,
             grace_period=float(defaults.grace_period),
             save_at_current_run=member.ps_coordinator,
+            lost_worker_saves=lost_worker_saves(),
             **options,
         )
         state.configure(

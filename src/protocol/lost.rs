@@ -52,7 +52,7 @@ impl Protocol {
     pub fn handle_step_failed(&mut self, code: Option<i64>, message: &str) -> Action {
         self.step_failed();
         self.probing = None;
-        let in_cluster = self.holds_steps();
+        let in_cluster = self.in_cluster();
         let Some(code) = code.filter(|_| in_cluster) else {
             return Action::Raise {};
         };
@@ -93,7 +93,7 @@ impl Protocol {
         Action::PeerLost {
             lost,
             detection: suspect.detection.word().to_owned(),
-            writes: writer == Some(me),
+            writes: self.lost_worker_saves && writer == Some(me),
         }
     }
 }
@@ -192,6 +192,12 @@ mod tests {
         assert!(!protocol(Some(0), 1).holds_steps());
         assert!(!protocol(None, 1).holds_steps());
         assert!(!Protocol::new().holds_steps());
+        // Configured not to save: nothing held, the loss named, nobody writes.
+        let mut p = protocol(Some(0), 2);
+        p.set_lost_worker_saves(false);
+        assert!(!p.holds_steps());
+        let _ = p.handle_step_failed(Some(UNAVAILABLE), RESET);
+        assert!(matches!(p.handle_probed(&[1]), Action::PeerLost { writes: false, .. }));
     }
 
     #[test]

@@ -435,6 +435,7 @@ impl Shared {
     fn configure(&self, options: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
         let mut clock = None;
         let mut exit_reserve = None;
+        let mut lost_worker_saves = None;
         let mut resolver = false;
         let mut config = self.state.lock().config();
         for (key, value) in options.into_iter().flat_map(|o| o.iter()) {
@@ -446,6 +447,7 @@ impl Shared {
                 "save_at_current_run" => config.save_at_current_run = value.extract()?,
                 "peer_timeout" => config.peer_timeout = value.extract()?,
                 "exit_reserve" => exit_reserve = Some(value.extract::<f64>()?),
+                "lost_worker_saves" => lost_worker_saves = Some(value.extract::<bool>()?),
                 "clock" => clock = Some((!value.is_none()).then(|| value.clone().unbind())),
                 other => {
                     return Err(pyo3::exceptions::PyTypeError::new_err(format!(
@@ -463,6 +465,9 @@ impl Shared {
             }
             if let Some(secs) = exit_reserve {
                 p.set_exit_reserve(secs).map_err(refused)?;
+            }
+            if let Some(saves) = lost_worker_saves {
+                p.set_lost_worker_saves(saves);
             }
             Ok(())
         })?;
@@ -725,7 +730,8 @@ impl ProtocolCore {
     /// mode), `num_workers`, `grace_period` and `save_at_current_run` start a new
     /// resolver; `peer_timeout` bounds the wait for the acknowledgements and the
     /// retries; `exit_reserve` is kept between the last save and the deadline;
-    /// `clock` (a callable returning seconds, None: the monotonic clock) is the
+    /// `lost_worker_saves` (default True): the survivors of a worker lost without
+    /// notice save the last whole step, held after each step; `clock` (a callable returning seconds, None: the monotonic clock) is the
     /// clock the protocol's events are taken on, a simulation's own. Returns the
     /// bound on one coordination-service write of the protocol under the peer
     /// timeout now in force (`write_timeout`): the coordination client's default.

@@ -115,3 +115,14 @@ def test_an_error_a_gone_peer_can_cause_is_probed_to_name_it_but_loses_no_peer(t
     assert type(result.error) is _errors.module().DeadlineExceededError
     assert "did not answer a health probe from worker 0: worker 1" in result.error.message
     assert not [r for r in caplog.records if "lost without notice" in r.getMessage()]
+
+
+@pytest.mark.parametrize("value", ["sometimes", "exit now"])
+def test_a_bad_lost_worker_value_fails_the_handler_at_construction(monkeypatch, tmp_path, value):
+    from tf_failure_handling import PreemptionCheckpointHandler
+
+    monkeypatch.setenv("TF_FAILURE_HANDLING_LOST_WORKER", value)
+    with pytest.raises(ValueError, match=f"TF_FAILURE_HANDLING_LOST_WORKER={value!r}"):
+        PreemptionCheckpointHandler(
+            None, testing.FakeCheckpoint(w=testing.FakeVariable(0)), str(tmp_path)
+        )

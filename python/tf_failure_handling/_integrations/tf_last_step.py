@@ -90,6 +90,10 @@ class LastStep:
         cannot save)."""
         if self.broken is not None:
             return
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            return  # run() traced into a graph: no step has run yet
         try:
             if self._same < 2:
                 self._look_up()

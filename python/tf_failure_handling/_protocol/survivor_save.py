@@ -32,10 +32,33 @@ import os
 from typing import Any, Optional
 
 from .._integrations import tf_last_step
+from .._platforms import common
 from .checkpoints import Checkpoints, _is_tf_checkpoint, _preemption_save_context
 from .context import Context
 
 log = logging.getLogger("tf_failure_handling")
+
+#: ``save`` (the default): the survivors of a worker lost without notice save the last
+#: whole step, then raise; ``raise``: they only raise, as TensorFlow's do (nothing is
+#: held after each step: no copy of the model, no time).
+LOST_WORKER_ENV = "TF_FAILURE_HANDLING_LOST_WORKER"
+SAVE, RAISE = "save", "raise"
+
+
+def lost_worker_saves() -> bool:
+    """Whether the survivors save (:data:`LOST_WORKER_ENV`).
+
+    Raises:
+      ValueError: a value other than ``save`` or ``raise``, naming the variable.
+    """
+    raw = common.env(LOST_WORKER_ENV)
+    if raw is None:
+        return True
+    if raw.lower() not in (SAVE, RAISE):
+        raise common.bad(
+            LOST_WORKER_ENV, os.environ[LOST_WORKER_ENV], "save or raise (or unset: save)"
+        )
+    return raw.lower() == SAVE
 
 
 class SurvivorSave:
@@ -51,6 +74,8 @@ class SurvivorSave:
         #: Whether this handler's survivors save: a ``tf.train.Checkpoint`` the handler
         #: saves itself (with a ``save_fn`` the user saves elsewhere, their own way).
         self.enabled = checkpoints.save_fn is None and _is_tf_checkpoint(self._checkpoint)
+        #: ``TF_FAILURE_HANDLING_LOST_WORKER`` (the core holds nothing when it is off).
+        self.saves = lost_worker_saves()
         self.last_step = tf_last_step.LastStep(self._checkpoint)
 
     def hold(self, run_count: int) -> None:
@@ -63,6 +88,9 @@ class SurvivorSave:
         step's error is what ``run()`` raises). ``names``: a label for each worker id."""
         me = self._ctx.state.membership.id_in_cluster
         lost = [names.get(worker, f"worker {worker}") for worker in action.lost]
+        if not self.saves:
+            log.warning("Worker %s: the survivors do not save (%s=raise).", me, LOST_WORKER_ENV)
+            return
         if not self.enabled:
             log.warning(
                 "Worker %s: the survivors do not save (a save_fn, or a checkpoint that is "
