@@ -45,13 +45,16 @@ PORT = 443
 READY_LINE = "GCS-EMULATOR-READY"
 _IDS = itertools.count()
 _SETUP_TIMEOUT = 30.0
+#: Bound on one openssl run: an RSA key's prime search takes a random time, which a
+#: loaded host stretches (a fresh-clone make test saw one run over 30 s).
+OPENSSL_BOUND = 120.0
 #: Bound on one emulator client call (``list_objects``, ``read_object``).
 CLIENT_BOUND = 60.0
 #: The bounded steps of one :func:`gcs_emulator` life, for a test's pytest-timeout: the
-#: set-up (listing stale namespaces, 3 openssl runs, 2 ip runs of 30 s each, the ready
+#: set-up (listing stale namespaces, 30 s; 3 openssl runs; 2 ip runs of 30 s each; the ready
 #: wait) and the teardown (the emulator's stop, 2 x 10 s; 2 ip runs of 30 s). Stale
 #: namespaces of killed runs, 2 ip runs each, are not counted.
-LIFETIME_BOUND = 30.0 + 3 * 30.0 + 2 * 30.0 + _SETUP_TIMEOUT + 2 * 10.0 + 2 * 30.0
+LIFETIME_BOUND = 30.0 + 3 * OPENSSL_BOUND + 2 * 30.0 + _SETUP_TIMEOUT + 2 * 10.0 + 2 * 30.0
 
 # TensorFlow's GCS defaults retry 10 times from 1 s up to 32 s and wait up to 120 s to
 # connect: against a local emulator a failure should show in seconds, not minutes.
@@ -123,16 +126,19 @@ def _make_certificates(directory: Path) -> tuple[Path, Path, Path]:
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
          "-subj", "/CN=tf-failure-handling test CA", "-keyout", str(ca_key), "-out", str(ca)],
         what,
+        OPENSSL_BOUND,
     )  # fmt: skip
     _run(
         ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={HOSTS[0]}",
          "-keyout", str(key), "-out", str(csr)],
         what,
+        OPENSSL_BOUND,
     )  # fmt: skip
     _run(
         ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
          "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(cert)],
         what,
+        OPENSSL_BOUND,
     )  # fmt: skip
     return ca, cert, key
 
