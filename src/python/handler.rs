@@ -5,8 +5,9 @@
 //! sample, loads two atomics (a notice or an agreed step needs attention; a
 //! background thread left an error), calls the user's function and counts
 //! the run; in a multi-worker cluster it then calls the shim's `_hold_step`
-//! (the last whole step, held for the survivors of a lost worker). Anything else goes to Python methods of the shim
-//! (`_run_check`, `_run_failed`), which ask the [`Resolver`] through the
+//! (the last whole step, held for the survivors of a lost worker). Anything
+//! else goes to Python methods of the shim (`_run_check`, `_run_failed`),
+//! which ask the [`Resolver`] through the
 //! handler's [`ProtocolCore`] what to do and perform it against TensorFlow.
 //!
 //! `run()` is not a PyO3 method but a raw `METH_FASTCALL` function
