@@ -180,6 +180,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         options: dict = {} if exit_reserve is None else {"exit_reserve": exit_reserve}
         if peer_timeout is not None:
             options["peer_timeout"] = float(peer_timeout)
+        survivors_save = lost_worker_saves()  # a bad value fails here, before any thread
         # The protocol object, configured: it answers with the bound on one of its
         # coordination-service writes, the client's default.
         write_bound = core.configure(
@@ -187,7 +188,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             num_workers=member.num_workers,
             grace_period=float(defaults.grace_period),
             save_at_current_run=member.ps_coordinator,
-            lost_worker_saves=lost_worker_saves(),
+            lost_worker_saves=survivors_save,
             **options,
         )
         state.configure(
@@ -269,7 +270,9 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._steps = StepCheck(ctx, agreement, saver)
         #: The last whole step, held after each run() in a cluster (``_hold_step``) and
         #: saved by the survivors of a worker lost without notice.
-        self._survivors = errors.survivors = SurvivorSave(ctx, self._checkpoints, checkpoint_dir)
+        self._survivors = errors.survivors = SurvivorSave(
+            ctx, self._checkpoints, checkpoint_dir, survivors_save
+        )
 
         self._driver.start()
         if not member.local:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from .._native import coordination_bounds
 
@@ -129,8 +129,18 @@ def coordination_leader(cluster_resolver: Any) -> Optional[str]:
     return None
 
 
+class Unreachable(NamedTuple):
+    """A peer that failed a health probe."""
+
+    label: str  # "worker 1"
+    task: str  # "/job:worker/replica:0/task:1"
+    address: str
+    why: str  # the probe's exception type, or "no answer"
+    worker_id: int  # as :func:`membership` gives it
+
+
 def unreachable_peers(service: Any, cluster_resolver: Any, me: Membership) -> Optional[list]:
-    """``[(label, task, address, why, worker id)]`` of the peers that fail a health probe.
+    """The :class:`Unreachable` peers: those that fail a health probe.
 
     Asked by the protocol (``Action.Probe``: the step's error can come from a peer that
     is gone); None (no probe made) when the service cannot probe (not TF's context).
@@ -165,7 +175,7 @@ def unreachable_peers(service: Any, cluster_resolver: Any, me: Membership) -> Op
     for t in threads:
         t.join(join)
     return [
-        (label, task, address, answers.get(task) or "no answer", worker_id)
+        Unreachable(label, task, address, answers.get(task) or "no answer", worker_id)
         for label, task, address, worker_id in peers
         if task not in answers or answers[task] is not None
     ]
@@ -175,7 +185,7 @@ def with_unreachable_named(error: Any, unreachable: list, me: Membership) -> Opt
     """``error`` again (same type) with ``unreachable`` named in its message, or None."""
     if not unreachable:
         return None
-    names = ", ".join(f"{label} ({address}: {why})" for label, _, address, why, _ in unreachable)
+    names = ", ".join(f"{p.label} ({p.address}: {p.why})" for p in unreachable)
     note = (
         f"{getattr(error, 'message', error)}\n[tf_failure_handling] peers that did not answer "
         f"a health probe from worker {me.id_in_cluster}: {names}"

@@ -10,9 +10,9 @@ state as it was when the last ``run()`` returned, not the variables as it finds 
 variable the checkpoint saves, one local copy of each (a distributed variable's own
 components, no collective), in one ``tf.function`` call. A read shares the variable's
 buffer: the copy is made by TensorFlow's next update of that variable (its copy on
-write, in C++), so a variable the step does not change costs nothing, and the host
-holds at most one more copy of the model. ``restore`` writes the held values back into
-the variables, component by component, before the save.
+write, in C++), so a variable the step does not change costs nothing, and at most one
+more copy of the model is held, in the memory the variables live in. ``restore`` writes
+the held values back into the variables, component by component, before the save.
 
 The variables are looked up again at each hold until the set is the same twice in a
 row (an optimizer makes its slots at its first step); ``restore`` refuses, naming them,

@@ -87,9 +87,9 @@ class ErrorReports:
             )
         except Exception as e:  # noqa: BLE001 - only a better message is at stake
             log.info("Could not probe the peers after %r: %s", error, e)
-        after = self._core.handle(Event.Probed([peer[4] for peer in unreachable or ()]))
+        after = self._core.handle(Event.Probed([peer.worker_id for peer in unreachable or ()]))
         if isinstance(after, Action.PeerLost):
-            names = {peer[4]: f"{peer[0]} ({peer[2]})" for peer in unreachable or ()}
+            names = {p.worker_id: f"{p.label} ({p.address})" for p in unreachable or ()}
             lost = ", ".join(names.get(worker, f"worker {worker}") for worker in after.lost)
             log.warning(
                 "Worker %s: lost without notice: %s (%s, and no answer to a health probe). "
@@ -118,7 +118,7 @@ class ErrorReports:
         if isinstance(action, Action.Probe):
             replacement, unreachable = self._probe(error)
         leader = _membership.coordination_leader(self._state.cluster_resolver)
-        if unreachable and any(peer[1] == leader for peer in unreachable):
+        if unreachable and any(peer.task == leader for peer in unreachable):
             # TF's report_error_to_cluster blocks, holding the GIL, until the
             # service's leader answers: with the leader cut off, never.
             log.warning(

@@ -64,7 +64,11 @@ def lost_worker_saves() -> bool:
 class SurvivorSave:
     """Holds the last whole step after each ``run()``; saves it when a peer is lost."""
 
-    def __init__(self, ctx: Context, checkpoints: Checkpoints, checkpoint_dir: Any) -> None:
+    def __init__(
+        self, ctx: Context, checkpoints: Checkpoints, checkpoint_dir: Any, saves: bool
+    ) -> None:
+        """``saves``: :func:`lost_worker_saves`, read once by the handler (which configures
+        the core with it)."""
         self._ctx = ctx
         self._checkpoints = checkpoints
         self._checkpoint = getattr(checkpoints.read, "_checkpoint", None)
@@ -75,7 +79,7 @@ class SurvivorSave:
         #: saves itself (with a ``save_fn`` the user saves elsewhere, their own way).
         self.enabled = checkpoints.save_fn is None and _is_tf_checkpoint(self._checkpoint)
         #: ``TF_FAILURE_HANDLING_LOST_WORKER`` (the core holds nothing when it is off).
-        self.saves = lost_worker_saves()
+        self.saves = saves
         self.last_step = tf_last_step.LastStep(self._checkpoint)
 
     def hold(self, run_count: int) -> None:
