@@ -204,6 +204,8 @@ pub struct Protocol {
     took_over: Option<f64>,
     /// The failed step whose peers are being probed ([`Protocol::handle_step_failed`]).
     probing: Option<lost::Probing>,
+    /// This worker's survivors' save, when it is the writer ([`Protocol::handle_claims`]).
+    writing: Option<lost::Writing>,
     /// Whether the survivors of a lost worker save ([`Protocol::holds_steps`]; the
     /// configuration's `lost_worker_saves`, from `TF_FAILURE_HANDLING_LOST_WORKER`).
     lost_worker_saves: bool,
@@ -237,6 +239,7 @@ impl Protocol {
             timed: None,
             took_over: None,
             probing: None,
+            writing: None,
             lost_worker_saves: true,
         }
     }

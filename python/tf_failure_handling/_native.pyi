@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``tf_failure_handling._native``."""
 
-from typing import Any, Callable, ClassVar, List, Optional, TypeVar
+from typing import Any, Callable, ClassVar, List, Optional, Tuple, TypeVar
 
 __version__: str
 RUN_TO_CHECKPOINT: str
@@ -284,6 +284,12 @@ class Event:
     class Probed(Event):
         def __init__(self, unreachable: List[int]) -> None: ...
 
+    class Job(Event):
+        def __init__(self) -> None: ...
+
+    class Claims(Event):
+        def __init__(self, current: bool, claims: List[Tuple[int, int, List[int]]]) -> None: ...
+
     class Pending(Event):
         def __init__(self, pending: bool) -> None: ...
 
@@ -354,6 +360,23 @@ class Action:
         lost: List[int]
         detection: str
         writes: bool
+
+    # The survivors' save (Event.Job, Event.Claims).
+    class MarkJob(Action): ...
+    class ReadJob(Action): ...
+    class SaveLastStep(Action): ...
+
+    class NameLatest(Action):
+        writer: int
+        runs: int
+
+    class Settled(Action):
+        writer: int
+        discard: bool
+
+    class Refuse(Action):
+        why: str
+        discard: bool
 
     # The leader's round (Event.Resume, Set, Got, CallFailed).
     class Set(Action):

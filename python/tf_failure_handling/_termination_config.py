@@ -31,6 +31,10 @@ def _check_seconds(name: str, value: Any) -> Optional[float]:
     return value
 
 
+#: What the survivors of a worker lost without notice may do (``lost_worker``).
+LOST_WORKER_MODES = ("save", "exit", "raise")
+
+
 class TerminationConfig:
     """How a worker learns of its end, how it exits, and how long it has.
 
@@ -49,7 +53,12 @@ class TerminationConfig:
       ``<checkpoint_dir>/preemption_records``, ``False`` for none),
       ``slurm_requeue`` whether, under SLURM, a job that ends by its time limit or
       a preemption is put back in the queue after the save (default on, unless
-      ``TF_FAILURE_HANDLING_SLURM_REQUEUE=0``; see ``_platforms/slurm.py``);
+      ``TF_FAILURE_HANDLING_SLURM_REQUEUE=0``; see ``_platforms/slurm.py``),
+      ``lost_worker`` what the survivors of a worker lost without notice do:
+      ``"save"`` the last whole step then raise TensorFlow's error (the default),
+      ``"exit"`` save then exit with the restart code (``exit_fn``), ``"raise"`` only
+      raise, as TensorFlow (default: ``TF_FAILURE_HANDLING_LOST_WORKER``, else
+      ``"save"``; docs/lost-worker.md);
     * the defaults follow the platform (``complete`` in ``_platforms/platform.py``): AWS
       and Azure get a grace period (120 s, 30 s) capped by the deadline their notices
       carry; GCE CPU and TPU VMs are supported.
@@ -66,6 +75,7 @@ class TerminationConfig:
         signals: Optional[Sequence[int]] = None,
         records_dir: Any = None,
         slurm_requeue: Optional[bool] = None,
+        lost_worker: Optional[str] = None,
     ) -> None:
         _check_callable("termination_watcher_fn", termination_watcher_fn)
         _check_callable("exit_fn", exit_fn)
@@ -88,6 +98,12 @@ class TerminationConfig:
                 f"slurm_requeue must be True, False or None, got {type(slurm_requeue).__name__}"
             )
         self.slurm_requeue = slurm_requeue
+        if lost_worker is not None and lost_worker not in LOST_WORKER_MODES:
+            raise ValueError(
+                f"lost_worker must be one of {', '.join(map(repr, LOST_WORKER_MODES))} or "
+                f"None, got {lost_worker!r}"
+            )
+        self.lost_worker = lost_worker
 
     @classmethod
     def _from_any(cls, config: Any) -> TerminationConfig:

@@ -47,7 +47,7 @@ from ._protocol.save import SaveAndExit
 from ._protocol.state import HandlerState, Settings
 from ._protocol.step_check import StepCheck
 from ._protocol.step_keys import StepKeys
-from ._protocol.survivor_save import SurvivorSave, lost_worker_saves
+from ._protocol.survivor_save import RAISE, SurvivorSave, lost_worker_mode
 from ._termination_config import TerminationConfig, _check_seconds
 
 log = logging.getLogger("tf_failure_handling")
@@ -180,7 +180,8 @@ class PreemptionCheckpointHandler(HandlerCore):
         options: dict = {} if exit_reserve is None else {"exit_reserve": exit_reserve}
         if peer_timeout is not None:
             options["peer_timeout"] = float(peer_timeout)
-        survivors_save = lost_worker_saves()  # a bad value fails here, before any thread
+        # A bad value of the variable fails here, before any thread.
+        lost_worker = lost_worker_mode(config.lost_worker)
         # The protocol object, configured: it answers with the bound on one of its
         # coordination-service writes, the client's default.
         write_bound = core.configure(
@@ -188,7 +189,7 @@ class PreemptionCheckpointHandler(HandlerCore):
             num_workers=member.num_workers,
             grace_period=float(defaults.grace_period),
             save_at_current_run=member.ps_coordinator,
-            lost_worker_saves=survivors_save,
+            lost_worker_saves=lost_worker != RAISE,
             **options,
         )
         state.configure(
@@ -271,7 +272,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         #: The last whole step, held after each run() in a cluster (``_hold_step``) and
         #: saved by the survivors of a worker lost without notice.
         self._survivors = errors.survivors = SurvivorSave(
-            ctx, self._checkpoints, checkpoint_dir, survivors_save
+            ctx, self._checkpoints, checkpoint_dir, lost_worker, saver.exit_after_loss
         )
 
         self._driver.start()

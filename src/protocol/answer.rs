@@ -76,6 +76,23 @@ crate::wire! {
         /// the survivor that writes (the lowest id that answered).
         PeerLost { lost: Vec<u32>, detection: String, writes: bool },
 
+        // The survivors' save (`Event.Job`, `Event.Claims`; `lost.rs`).
+        /// The chief: write this job's token into the checkpoint folder now.
+        MarkJob {},
+        /// Read the job's token from the checkpoint folder at the first held step.
+        ReadJob {},
+        /// Nothing in the folder objected: save the last whole step under this
+        /// writer's own name, write its claim after it, and read the claims again.
+        SaveLastStep {},
+        /// Make the state file name the checkpoint of `writer`'s claim (`runs`),
+        /// then read the claims again.
+        NameLatest { writer: u32, runs: u64 },
+        /// The state file names `writer`'s checkpoint, and a read after the last
+        /// naming agreed. `discard`: this writer's own checkpoint lost; delete it.
+        Settled { writer: u32, discard: bool },
+        /// Do not write (or stop): `why`. `discard`: delete what this writer wrote.
+        Refuse { why: String, discard: bool },
+
         // The leader's round (`Event.Resume`, `Set`, `Got`, `CallFailed`;
         // [`Protocol::leader_next`](super::Protocol::leader_next)).
         /// Set `key` to `value` within `timeout` seconds; report whether it was

@@ -77,6 +77,14 @@ crate::wire! {
         /// workers that did not answer. `handle` returns `Action.PeerLost` or
         /// `Action.Raise`.
         Probed { unreachable: Vec<u32> },
+        /// Once, at the start: `handle` returns what marks this job in the
+        /// checkpoint folder (`Action.MarkJob`, `ReadJob` or `Proceed`).
+        Job {},
+        /// The writer of the survivors' save read the checkpoint folder:
+        /// `current`, whether this job's mark is still the folder's, and `claims`,
+        /// its job's survivors' claims, each `(writer, runs, lost)`. `handle`
+        /// returns `Action.SaveLastStep`, `NameLatest`, `Settled` or `Refuse`.
+        Claims { current: bool, claims: Vec<(u32, u64, Vec<u32>)> },
         /// Whether the next step must take the slow path for something other than
         /// the resolver (a background thread's error).
         Pending { pending: bool },

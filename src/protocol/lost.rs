@@ -20,6 +20,28 @@
 //! A suspicion the probe does not confirm (every peer answered) came from something
 //! that is not a peer, a remote service the step reads for example, and raises as any
 //! other error.
+//!
+//! The writers agree through the checkpoint folder itself, which every survivor reaches
+//! when the chief, and the coordination service with it, is gone:
+//!
+//! 3. `Event.Job()`, once at the start: the chief of a cluster that holds its steps
+//!    marks the folder with this job's token (`Action.MarkJob`); every other worker
+//!    reads it at its first held step (`Action.ReadJob`), when the chief's mark is
+//!    there (its first step's collectives needed the chief, which marked first).
+//! 4. The writer reads the folder's claims of this job (`Event.Claims`): it refuses to
+//!    write when a newer job has marked the folder, or when a claim already names it
+//!    lost (it was paused, or cut off, and the others saved first). Else it saves its
+//!    checkpoint under a name of its own, then writes its claim: `(writer, runs,
+//!    lost)`, written after the checkpoint's files, so a claim names a whole checkpoint.
+//! 5. It reads the claims again (`Event.Claims`), and the state file is made to name
+//!    the winner, the claim of the most runs (the lowest writer on a tie), until a read
+//!    after its own naming finds the same winner. Whatever order the writers' files
+//!    reach the folder in, the last naming names the winner of every claim: a writer
+//!    names only after its claim is there, and reads again after naming. So a network
+//!    cut's two sides both save, and the state file ends naming one whole checkpoint.
+//!    A writer that reads the winner's claim deletes its own checkpoint; one that
+//!    settled before a later claim landed keeps its files until the next job's mark
+//!    clears every claim's checkpoint the state file does not list.
 
 use crate::failure::lost_peer::{lost_peer, LostPeer, UNAVAILABLE};
 use crate::words::Words;
@@ -37,6 +59,21 @@ const MAY_BE_A_PEER: [i64; 5] = [CANCELLED, DEADLINE_EXCEEDED, ABORTED, INTERNAL
 
 /// What an aborted collective's message starts with, whatever its code.
 const COLLECTIVE_ABORTED: &str = "Collective ops is aborted";
+
+/// A survivor's claim, read back from the checkpoint folder: `(writer, runs, lost)`,
+/// the worker that saved, the run count of the step it saved, and the workers it
+/// found lost.
+pub type Claim = (u32, u64, Vec<u32>);
+
+/// Where this worker's survivors' save is (it is the writer `Action.PeerLost` named).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Writing {
+    /// The folder's claims are read before anything is written.
+    Checking,
+    /// Its checkpoint and its claim are written: the state file was made to name
+    /// `named` (writer, runs; None: not yet), `rounds` times.
+    Naming { named: Option<(u32, u64)>, rounds: u32 },
+}
 
 /// The failed step the protocol asked to probe the peers for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,12 +127,106 @@ impl Protocol {
             return Action::Raise {};
         }
         let writer = (0..config.num_workers).find(|id| !lost.contains(id));
+        let writes = self.lost_worker_saves && writer == Some(me);
+        self.writing = writes.then_some(Writing::Checking);
         Action::PeerLost {
             lost,
             detection: suspect.detection.word().to_owned(),
-            writes: self.lost_worker_saves && writer == Some(me),
+            writes,
         }
     }
+
+    /// At the start: `Action.MarkJob` (the chief of a cluster that holds its steps
+    /// marks the checkpoint folder with this job's token), `Action.ReadJob` (another
+    /// worker of it reads the token at its first held step), or `Action.Proceed`.
+    pub fn handle_job(&self) -> Action {
+        match self.config.and_then(|c| c.worker_id) {
+            Some(0) if self.holds_steps() => Action::MarkJob {},
+            Some(_) if self.holds_steps() => Action::ReadJob {},
+            _ => Action::Proceed {},
+        }
+    }
+
+    /// The writer read the folder: `current`, whether its job's mark is still the
+    /// folder's (no newer job started), and `claims`, the claims of its job.
+    ///
+    /// Before it wrote: `Action.SaveLastStep` (save, then write the claim, then read
+    /// again) or `Action.Refuse`. After: `Action.NameLatest` (make the state file
+    /// name that claim's checkpoint, then read again), `Action.Settled` (a read after
+    /// the last naming found the same winner) or `Action.Refuse`. Not the writer:
+    /// `Action.Raise`.
+    pub fn handle_claims(&mut self, current: bool, claims: &[Claim]) -> Action {
+        let (Some(writing), Some(config)) = (self.writing.take(), self.config) else {
+            return Action::Raise {};
+        };
+        let Some(me) = config.worker_id else {
+            return Action::Raise {};
+        };
+        let newer = || "a newer job has marked the checkpoint folder since (this worker was paused or cut off)".to_owned();
+        match writing {
+            Writing::Checking => {
+                if !current {
+                    return Action::Refuse {
+                        why: newer(),
+                        discard: false,
+                    };
+                }
+                if let Some((writer, ..)) = claims.iter().find(|(writer, _, lost)| *writer != me && lost.contains(&me)) {
+                    return Action::Refuse {
+                        why: format!("worker {writer} found this worker lost and saved first (it was paused or cut off)"),
+                        discard: false,
+                    };
+                }
+                self.writing = Some(Writing::Naming { named: None, rounds: 0 });
+                Action::SaveLastStep {}
+            }
+            Writing::Naming { named, rounds } => {
+                if !current {
+                    return Action::Refuse {
+                        why: newer(),
+                        discard: true,
+                    };
+                }
+                let Some(winner) = winner(claims) else {
+                    return Action::Refuse {
+                        why: "its claim is not in the checkpoint folder".to_owned(),
+                        discard: true,
+                    };
+                };
+                if named == Some(winner) {
+                    return Action::Settled {
+                        writer: winner.0,
+                        discard: winner.0 != me,
+                    };
+                }
+                // Each naming after the first follows a claim that was not there
+                // before, and a job has at most one claim per worker.
+                if rounds > config.num_workers {
+                    return Action::Refuse {
+                        why: format!("the claims did not settle after {rounds} namings"),
+                        discard: false,
+                    };
+                }
+                self.writing = Some(Writing::Naming {
+                    named: Some(winner),
+                    rounds: rounds + 1,
+                });
+                Action::NameLatest {
+                    writer: winner.0,
+                    runs: winner.1,
+                }
+            }
+        }
+    }
+}
+
+/// The claim whose checkpoint the state file names: the most runs, then the lowest
+/// writer. `(writer, runs)`; None without a claim.
+fn winner(claims: &[Claim]) -> Option<(u32, u64)> {
+    claims
+        .iter()
+        .map(|(writer, runs, _)| (*writer, *runs))
+        .max_by_key(|&(writer, runs)| (runs, std::cmp::Reverse(writer)))
 }
 
 #[cfg(test)]
@@ -210,5 +341,104 @@ mod tests {
             assert_eq!(p.handle_step_failed(Some(UNAVAILABLE), RESET), Action::Raise {});
             assert_eq!(p.handle_probed(&[1]), Action::Raise {});
         }
+    }
+
+    /// Worker `me` of `n`, named the writer after losing `lost`.
+    fn writer(me: u32, n: u32, lost: &[u32]) -> Protocol {
+        let mut p = protocol(Some(me), n);
+        let _ = p.handle_step_failed(Some(UNAVAILABLE), RESET);
+        assert!(matches!(p.handle_probed(lost), Action::PeerLost { writes: true, .. }));
+        p
+    }
+
+    #[test]
+    fn the_chief_marks_the_job_and_the_others_read_the_mark() {
+        assert_eq!(protocol(Some(0), 2).handle_job(), Action::MarkJob {});
+        assert_eq!(protocol(Some(1), 2).handle_job(), Action::ReadJob {});
+        assert_eq!(protocol(Some(0), 1).handle_job(), Action::Proceed {});
+        let mut p = protocol(Some(0), 2);
+        p.set_lost_worker_saves(false);
+        assert_eq!(p.handle_job(), Action::Proceed {});
+    }
+
+    #[test]
+    fn a_lone_writer_saves_names_its_own_checkpoint_and_settles() {
+        let mut p = writer(0, 2, &[1]);
+        assert_eq!(p.handle_claims(true, &[]), Action::SaveLastStep {});
+        let mine = [(0, 50, vec![1])];
+        assert_eq!(p.handle_claims(true, &mine), Action::NameLatest { writer: 0, runs: 50 });
+        assert_eq!(p.handle_claims(true, &mine), Action::Settled { writer: 0, discard: false });
+        // Over: another read answers nothing to do.
+        assert_eq!(p.handle_claims(true, &mine), Action::Raise {});
+    }
+
+    #[test]
+    fn a_worker_that_is_not_the_writer_is_not_asked_about_claims() {
+        let mut p = protocol(Some(2), 3);
+        let _ = p.handle_step_failed(Some(UNAVAILABLE), RESET);
+        assert!(matches!(p.handle_probed(&[0]), Action::PeerLost { writes: false, .. }));
+        assert_eq!(p.handle_claims(true, &[]), Action::Raise {});
+    }
+
+    #[test]
+    fn a_newer_job_or_a_claim_that_names_the_writer_lost_refuses_the_save() {
+        let mut p = writer(0, 2, &[1]);
+        assert!(matches!(p.handle_claims(false, &[]), Action::Refuse { discard: false, .. }));
+        // Paused, then resumed: worker 1 found it lost and saved first.
+        let mut p = writer(0, 2, &[1]);
+        match p.handle_claims(true, &[(1, 49, vec![0])]) {
+            Action::Refuse { why, discard } => {
+                assert!(why.contains("worker 1 found this worker lost"), "{why}");
+                assert!(!discard);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A claim that does not name this worker does not stop it.
+        let mut p = writer(0, 3, &[1]);
+        assert_eq!(p.handle_claims(true, &[(2, 49, vec![1])]), Action::SaveLastStep {});
+        // A newer job marked the folder while this writer saved: it deletes its own.
+        assert!(matches!(
+            p.handle_claims(false, &[(0, 50, vec![1])]),
+            Action::Refuse { discard: true, .. }
+        ));
+    }
+
+    #[test]
+    fn both_sides_of_a_cut_end_naming_the_same_claim_in_any_order() {
+        // Side A: worker 0 (lost 1); side B: worker 1 (lost 0). Both checked before
+        // either claim was there.
+        let a_claim = (0, 50, vec![1]);
+        let b_claim = (1, 49, vec![0]);
+        let mut a = writer(0, 2, &[1]);
+        let mut b = writer(1, 2, &[0]);
+        assert_eq!(a.handle_claims(true, &[]), Action::SaveLastStep {});
+        assert_eq!(b.handle_claims(true, &[]), Action::SaveLastStep {});
+        // B reads before A's claim lands and names its own; A then sees both.
+        assert_eq!(
+            b.handle_claims(true, &[b_claim.clone()]),
+            Action::NameLatest { writer: 1, runs: 49 }
+        );
+        let both = [a_claim.clone(), b_claim.clone()];
+        assert_eq!(a.handle_claims(true, &both), Action::NameLatest { writer: 0, runs: 50 });
+        assert_eq!(a.handle_claims(true, &both), Action::Settled { writer: 0, discard: false });
+        // B's naming may land after A's: B's next read sees A's claim and names it.
+        assert_eq!(b.handle_claims(true, &both), Action::NameLatest { writer: 0, runs: 50 });
+        assert_eq!(b.handle_claims(true, &both), Action::Settled { writer: 0, discard: true });
+    }
+
+    #[test]
+    fn a_tie_in_runs_goes_to_the_lowest_writer() {
+        let mut p = writer(2, 3, &[0, 1]);
+        assert_eq!(p.handle_claims(true, &[]), Action::SaveLastStep {});
+        let claims = [(2, 50, vec![0, 1]), (1, 50, vec![0])];
+        assert_eq!(p.handle_claims(true, &claims), Action::NameLatest { writer: 1, runs: 50 });
+        assert_eq!(p.handle_claims(true, &claims), Action::Settled { writer: 1, discard: true });
+    }
+
+    #[test]
+    fn a_writer_whose_claim_is_missing_deletes_what_it_wrote() {
+        let mut p = writer(0, 2, &[1]);
+        assert_eq!(p.handle_claims(true, &[]), Action::SaveLastStep {});
+        assert!(matches!(p.handle_claims(true, &[]), Action::Refuse { discard: true, .. }));
     }
 }

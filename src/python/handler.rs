@@ -571,6 +571,11 @@ impl Shared {
                 let action = self.state.lock().handle_probed(&unreachable);
                 answer(Action::from(action).into_pyobject(py)?.into_any())
             }
+            E::Job {} => answer(Action::from(self.state.lock().handle_job()).into_pyobject(py)?.into_any()),
+            E::Claims { current, claims } => {
+                let action = self.state.lock().handle_claims(current, &claims);
+                answer(Action::from(action).into_pyobject(py)?.into_any())
+            }
             E::Pending { pending } => {
                 self.pending.store(pending, Ordering::Release);
                 Ok(None)

@@ -13,7 +13,7 @@ import logging
 from typing import ClassVar
 
 import pytest
-from tf_failure_handling import _errors, testing
+from tf_failure_handling import TerminationConfig, _errors, testing
 
 from .conftest import RecordingCheckpoint
 
@@ -43,16 +43,17 @@ def _service(gone):
     return ProbedService
 
 
-def _run(tmp_path, error_name, message, gone=()):
+def _run(tmp_path, error_name, message, gone=(), config=None):
     """Worker 0's step 3 raises ``error_name(message)``; worker 1 leaves then without
-    reporting anything (as a killed peer does). Returns worker 0's result."""
+    reporting anything (as a killed peer does). Returns worker 0's result. ``config``:
+    the workers' ``TerminationConfig``."""
     cluster = testing.SimulatedCluster(
         2, root=tmp_path, timeout=CLUSTER_TIMEOUT, service_factory=_service(gone)
     )
 
     def worker(ctx):
         w = testing.FakeVariable(0.0)
-        handler = ctx.handler(RecordingCheckpoint(w=w), ctx.checkpoint_dir)
+        handler = ctx.handler(RecordingCheckpoint(w=w), ctx.checkpoint_dir, config)
         while handler._run_counter < 10:
             if handler._run_counter == 3:
                 if ctx.index == 1:
@@ -79,7 +80,7 @@ def test_a_peer_lost_without_notice_is_confirmed_and_named(tmp_path, caplog):
     lost = [r.getMessage() for r in caplog.records if "lost without notice" in r.getMessage()]
     assert lost == [
         "Worker 0: lost without notice: worker 1 (localhost:1) (connection lost, and no "
-        "answer to a health probe). Raising the step's error, as TensorFlow does."
+        "answer to a health probe)."
     ]
 
 
@@ -126,3 +127,35 @@ def test_a_bad_lost_worker_value_fails_the_handler_at_construction(monkeypatch, 
         PreemptionCheckpointHandler(
             None, testing.FakeCheckpoint(w=testing.FakeVariable(0)), str(tmp_path)
         )
+
+
+def test_lost_worker_exit_makes_the_survivor_exit_through_exit_fn(tmp_path, caplog):
+    """``lost_worker="exit"``: after the loss (and the save, when it has one), the
+    survivor exits through ``exit_fn`` instead of raising the step's error."""
+    caplog.set_level(logging.INFO, logger="tf_failure_handling")
+    exits: list = []
+
+    def exit_fn():
+        exits.append(True)
+        raise SystemExit(42)
+
+    config = TerminationConfig(exit_fn=exit_fn, lost_worker="exit")
+    result = _run(tmp_path, "UnavailableError", RESET, ["/job:worker/replica:0/task:1"], config)
+    assert exits == [True]
+    assert result.exit_code == 42 and result.error is None, result
+    assert "exiting with the restart code (lost_worker: exit)" in caplog.text
+
+
+def test_lost_worker_raise_from_the_config_wins_over_the_environment(monkeypatch, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tf_failure_handling")
+    monkeypatch.setenv("TF_FAILURE_HANDLING_LOST_WORKER", "exit")
+    config = TerminationConfig(exit_fn=lambda: pytest.fail("exit_fn called"), lost_worker="raise")
+    result = _run(tmp_path, "UnavailableError", RESET, ["/job:worker/replica:0/task:1"], config)
+    assert type(result.error) is _errors.module().UnavailableError, result.error
+    assert "the survivors do not save (lost_worker: raise)" in caplog.text
+
+
+@pytest.mark.parametrize("value", ["Save", "sometimes", 1])
+def test_a_bad_lost_worker_option_fails_the_config(value):
+    with pytest.raises(ValueError, match="lost_worker must be one of 'save', 'exit', 'raise'"):
+        TerminationConfig(lost_worker=value)

@@ -158,9 +158,10 @@ class StageRecords:
         self.recorder.write("error", error=f"save failed: {type(error).__name__}: {error}")
 
     def save_end(self, manager: Any, **fields: Any) -> None:
-        """The save through ``manager`` is written: the line names its checkpoint
-        (``fields``: how a non-chief's copy was written, ``Checkpoints.save_fields``)."""
-        path = getattr(manager, "latest_checkpoint", None)
+        """The save through ``manager`` (or to the checkpoint path ``manager``) is
+        written: the line names its checkpoint (``fields``: how a non-chief's copy was
+        written, ``Checkpoints.save_fields``)."""
+        path = manager if isinstance(manager, str) else getattr(manager, "latest_checkpoint", None)
         path = path if isinstance(path, str) else getattr(manager, "directory", None)
         self.recorder.write("save_end", path=path, **fields)
 

@@ -92,8 +92,7 @@ class ErrorReports:
             names = {p.worker_id: f"{p.label} ({p.address})" for p in unreachable or ()}
             lost = ", ".join(names.get(worker, f"worker {worker}") for worker in after.lost)
             log.warning(
-                "Worker %s: lost without notice: %s (%s, and no answer to a health probe). "
-                "Raising the step's error, as TensorFlow does.",
+                "Worker %s: lost without notice: %s (%s, and no answer to a health probe).",
                 self._state.membership.id_in_cluster,
                 lost,
                 after.detection,

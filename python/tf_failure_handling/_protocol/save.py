@@ -90,6 +90,15 @@ class SaveAndExit:
         self._guard_exit(code)
         raise SystemExit(code) from error
 
+    def exit_after_loss(self) -> None:
+        """A worker was lost without notice and ``lost_worker`` is ``exit``: the
+        survivors' save is over (written, or not this worker's), and this worker exits
+        with the restart code, through ``exit_fn`` as after a preemption's save."""
+        self._step_keys.stop_reader()
+        code = _platform.exit_code(self.exit_fn)
+        self._records.exit(code)
+        self.exit_fn()
+
     def save_at(self, action: Any, args: tuple, kwargs: dict) -> None:
         """The save the core asked for (``Action.Save``: its round, step, and how
         long a PS coordinator's closures in flight may take first)."""

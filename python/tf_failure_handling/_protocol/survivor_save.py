@@ -12,10 +12,12 @@ to restart from.
 
 The save:
 
-* goes to the handler's checkpoint folder through a ``CheckpointManager`` of its own,
-  named after the writer (``ckpt-survivor<worker>-<run count>``): two writers that both
-  think they survived (a network cut) never write the same files, and the state file
-  names one whole checkpoint, the last written;
+* goes to the handler's checkpoint folder under a name of the writer's own
+  (``ckpt-survivor<worker>-<run count>``), so two writers that both think they survived
+  (a network cut) never write the same files; the writers then agree through the
+  folder (``survivor_folder``; the protocol decides, ``src/protocol/lost.rs``): a
+  writer that a newer job, or a claim naming it lost, says was paused does not write,
+  and the state file ends naming one whole checkpoint, of the most runs;
 * reads a ``SyncOnRead`` variable's own value on this worker (a warning names them):
   TensorFlow would all-reduce it across the workers, one of which is gone;
 * is refused, with an error line, when nothing whole is held (no step returned since
@@ -29,46 +31,63 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .._integrations import tf_last_step
+from .._native import Action, Event
 from .._platforms import common
+from .._termination_config import LOST_WORKER_MODES
+from . import survivor_folder
 from .checkpoints import Checkpoints, _is_tf_checkpoint, _preemption_save_context
 from .context import Context
+from .survivor_folder import SurvivorFolder, _join
 
 log = logging.getLogger("tf_failure_handling")
 
-#: ``save`` (the default): the survivors of a worker lost without notice save the last
-#: whole step, then raise; ``raise``: they only raise, as TensorFlow's do (nothing is
-#: held after each step: no copy of the model, no time).
+#: What the survivors of a worker lost without notice do, unless
+#: ``TerminationConfig(lost_worker=...)`` says: ``save`` (the default) the last whole
+#: step, then raise; ``exit``: save, then exit with the restart code (``exit_fn``);
+#: ``raise``: only raise, as TensorFlow's do (nothing is held after each step: no copy
+#: of the model, no time).
 LOST_WORKER_ENV = "TF_FAILURE_HANDLING_LOST_WORKER"
-SAVE, RAISE = "save", "raise"
+SAVE, EXIT, RAISE = LOST_WORKER_MODES
 
 
-def lost_worker_saves() -> bool:
-    """Whether the survivors save (:data:`LOST_WORKER_ENV`).
+def lost_worker_mode(option: Optional[str]) -> str:
+    """``option`` (``TerminationConfig.lost_worker``, checked there) if given, else
+    :data:`LOST_WORKER_ENV`, else ``save``.
 
     Raises:
-      ValueError: a value other than ``save`` or ``raise``, naming the variable.
+      ValueError: a value of the variable other than the modes, naming the variable.
     """
+    if option is not None:
+        return option
     raw = common.env(LOST_WORKER_ENV)
     if raw is None:
-        return True
-    if raw.lower() not in (SAVE, RAISE):
+        return SAVE
+    if raw.lower() not in LOST_WORKER_MODES:
         raise common.bad(
-            LOST_WORKER_ENV, os.environ[LOST_WORKER_ENV], "save or raise (or unset: save)"
+            LOST_WORKER_ENV,
+            os.environ[LOST_WORKER_ENV],
+            f"{', '.join(LOST_WORKER_MODES)} (or unset: {SAVE})",
         )
-    return raw.lower() == SAVE
+    return raw.lower()
 
 
 class SurvivorSave:
     """Holds the last whole step after each ``run()``; saves it when a peer is lost."""
 
     def __init__(
-        self, ctx: Context, checkpoints: Checkpoints, checkpoint_dir: Any, saves: bool
+        self,
+        ctx: Context,
+        checkpoints: Checkpoints,
+        checkpoint_dir: Any,
+        mode: str,
+        exit: Callable[[], None],
     ) -> None:
-        """``saves``: :func:`lost_worker_saves`, read once by the handler (which configures
-        the core with it)."""
+        """``mode``: :func:`lost_worker_mode`, read once by the handler (which configures
+        the core with it); ``exit``: the handler's exit with the restart code, for
+        ``exit``."""
         self._ctx = ctx
         self._checkpoints = checkpoints
         self._checkpoint = getattr(checkpoints.read, "_checkpoint", None)
@@ -78,23 +97,51 @@ class SurvivorSave:
         #: Whether this handler's survivors save: a ``tf.train.Checkpoint`` the handler
         #: saves itself (with a ``save_fn`` the user saves elsewhere, their own way).
         self.enabled = checkpoints.save_fn is None and _is_tf_checkpoint(self._checkpoint)
-        #: ``TF_FAILURE_HANDLING_LOST_WORKER`` (the core holds nothing when it is off).
-        self.saves = saves
+        #: ``save``, ``exit`` or ``raise`` (the core holds nothing for ``raise``).
+        self.mode = mode
+        self._exit = exit
         self.last_step = tf_last_step.LastStep(self._checkpoint)
+        #: Where the writers agree (None: no folder to save to).
+        self.folder = None if self._directory is None else SurvivorFolder(self._directory)
+        #: Whether this worker reads the job's mark at its first held step.
+        self._reads_mark = False
+        if self.enabled and self.folder is not None:
+            start = ctx.core.handle(Event.Job())
+            if isinstance(start, Action.MarkJob):
+                try:
+                    self.folder.mark()
+                except Exception as e:  # noqa: BLE001 - only the fence is weaker
+                    log.warning("Could not mark %s for this job: %s", self._directory, e)
+            self._reads_mark = isinstance(start, Action.ReadJob)
 
     def hold(self, run_count: int) -> None:
         """After ``run()`` number ``run_count`` returned: hold the variables."""
         if self.enabled:
+            if self._reads_mark:
+                self._reads_mark = False
+                try:
+                    self.folder.read_mark()
+                except Exception as e:  # noqa: BLE001 - only the fence is weaker
+                    log.warning("Could not read this job's mark in %s: %s", self._directory, e)
             self.last_step.hold(run_count)
 
     def after_loss(self, action: Any, names: dict) -> None:
-        """``Action.PeerLost``: the writer saves the last whole step; never raises (the
-        step's error is what ``run()`` raises). ``names``: a label for each worker id."""
+        """``Action.PeerLost``: recorded; the writer saves the last whole step; with
+        ``exit``, every survivor then exits with the restart code. Raises only what
+        ``exit_fn`` raises (the default's ``SystemExit``): else the step's error is what
+        ``run()`` raises. ``names``: a label for each worker id."""
         me = self._ctx.state.membership.id_in_cluster
         lost = [names.get(worker, f"worker {worker}") for worker in action.lost]
-        if not self.saves:
-            log.warning("Worker %s: the survivors do not save (%s=raise).", me, LOST_WORKER_ENV)
+        self._ctx.records.lost_peer(lost, action.detection, self.last_step.run_count)
+        if self.mode == RAISE:
+            log.warning("Worker %s: the survivors do not save (lost_worker: raise).", me)
             return
+        self._save_if_writer(action, lost, me)
+        if self.mode == EXIT:
+            log.warning("Worker %s: exiting with the restart code (lost_worker: exit).", me)
+            self._exit()
+
+    def _save_if_writer(self, action: Any, lost: list, me: Any) -> None:
         if not self.enabled:
             log.warning(
                 "Worker %s: the survivors do not save (a save_fn, or a checkpoint that is "
@@ -104,28 +151,76 @@ class SurvivorSave:
             return
         if not action.writes:
             log.warning(
-                "Worker %s: the lowest worker that answered saves the last whole step; not "
-                "this one.",
+                "Worker %s: the lowest worker that answered this worker's probe saves the last "
+                "whole step; not this one.",
                 me,
             )
             return
         try:
-            self._save(lost, action.detection)
+            self._save(lost, list(action.lost), action.detection)
         except Exception as e:  # noqa: BLE001 - the step's error is raised all the same
             log.error("Worker %s: the survivors' save failed: %s: %s", me, type(e).__name__, e)
             self._ctx.records.save_failed(e)
 
-    def _save(self, lost: list, detection: str) -> None:
-        import tensorflow as tf
-
+    def _save(self, lost: list, lost_ids: list, detection: str) -> None:
         me = self._ctx.state.membership.id_in_cluster
         held = self.last_step
         runs = held.run_count
-        if self._checkpoint is None or self._directory is None or runs is None:
+        if self._checkpoint is None or self.folder is None or runs is None:
             why = held.broken or "no step returned since the handler started"
             log.error("Worker %s: no last whole step to save (%s): nothing saved.", me, why)
             return
-        missing = held.restore()
+        if self.folder.token is None:
+            log.warning(
+                "Worker %s: this job's mark in %s was not read: a worker paused across a "
+                "restart would not be told apart.",
+                me,
+                self.folder.directory,
+            )
+        writer = self._ctx.state.membership.worker_id
+        agreed = survivor_folder.agree(
+            self._ctx.core,
+            self.folder,
+            writer,
+            runs,
+            lost_ids,
+            lambda: self._write(lost, detection, runs, writer),
+        )
+        if agreed is None:
+            return
+        records = self._ctx.records
+        if isinstance(agreed.end, Action.Refuse):
+            log.error("Worker %s: the survivors' save is not written: %s.", me, agreed.end.why)
+            if agreed.path is not None:
+                records.save_failed(RuntimeError(agreed.end.why))
+        elif agreed.end.discard:
+            named = agreed.named
+            records.save_end(named["checkpoint"], written_by=named["writer"], discarded=agreed.path)
+            log.warning(
+                "Worker %s: worker %d saved a later step (run %d, at %s): this worker's save "
+                "of run %d is discarded.",
+                me,
+                named["writer"],
+                named["runs"],
+                named["checkpoint"],
+                runs,
+            )
+        else:
+            records.save_end(agreed.path)
+            log.warning(
+                "Worker %s: %s lost without notice (%s): saved the last whole step, run %d, at %s.",
+                me,
+                ", ".join(lost),
+                detection,
+                runs,
+                agreed.path,
+            )
+
+    def _write(self, lost: list, detection: str, runs: int, writer: int) -> Optional[str]:
+        """Writes the last whole step's checkpoint under this writer's own name; its
+        path, or None when the checkpoint has variables the hold did not see."""
+        me = self._ctx.state.membership.id_in_cluster
+        missing = self.last_step.restore()
         if missing:
             log.error(
                 "Worker %s: the checkpoint has variables the last whole step was not held for "
@@ -133,9 +228,8 @@ class SurvivorSave:
                 me,
                 ", ".join(missing[:10]),
             )
-            return
+            return None
         records = self._ctx.records
-        records.lost_peer(lost, detection, runs)
         local = tf_last_step.sync_on_read(self._checkpoint)
         if local:
             log.warning(
@@ -145,21 +239,11 @@ class SurvivorSave:
                 ", ".join(local),
             )
         records.save_start("lost_peer", runs)
-        manager = tf.train.CheckpointManager(
-            self._checkpoint,
-            directory=self._directory,
-            max_to_keep=getattr(self._checkpoints.read, "_max_to_keep", None) or 1,
-            checkpoint_name=f"ckpt-survivor{self._ctx.state.membership.worker_id}",
-        )
         self._checkpoints.counter.assign(runs)
+        # As tf.train.CheckpointManager.save counts its saves.
+        counter = getattr(self._checkpoint, "save_counter", None)
+        if counter is not None:
+            counter.assign_add(1)
+        prefix = _join(self.folder.directory, f"ckpt-survivor{writer}-{runs}")
         with _preemption_save_context(), tf_last_step.local_reads():
-            path = manager.save(checkpoint_number=runs)
-        records.save_end(manager)
-        log.warning(
-            "Worker %s: %s lost without notice (%s): saved the last whole step, run %d, at %s.",
-            me,
-            ", ".join(lost),
-            detection,
-            runs,
-            path,
-        )
+            return self._checkpoint.write(prefix)
