@@ -103,6 +103,36 @@ def worker(args) -> int:
 
     done = 0
     fault_time = None
+    if args.abort_after:
+        import threading
+
+        def watch():
+            # The handler's step watch, by hand: no step for --abort-after s, then a
+            # health probe of every peer, and the collectives aborted if one fails.
+            seen, since = -1, time.monotonic()
+            tasks = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]
+            while True:
+                time.sleep(0.5)
+                if done != seen:
+                    seen, since = done, time.monotonic()
+                    continue
+                if time.monotonic() - since < args.abort_after:
+                    continue
+                for peer in range(len(tasks)):
+                    if peer == index:
+                        continue
+                    task = f"/job:worker/replica:0/task:{peer}"
+                    try:
+                        context.context().check_collective_ops_peer_health(task, 2000)
+                    except Exception as e:  # noqa: BLE001
+                        say(role="watch", index=index, probe=task, answer=type(e).__name__)
+                        context.context().abort_collective_ops(
+                            14, f"lost without notice: {task} (no step for {args.abort_after:g} s)"
+                        )
+                        return
+                since = time.monotonic()
+
+        threading.Thread(target=watch, daemon=True).start()
     while done < args.steps:
         fail = 0
         if done == args.at and (fault_here or fault_all):
@@ -147,6 +177,9 @@ def worker(args) -> int:
                 **seen,
             )
             sys.stdout.flush()
+            if args.clean_exit:
+                say(role="exiting", index=index, t=time.time())
+                sys.exit(3)
             os._exit(3)  # TF's exit can hang on the lost peer; the probe only needs the line
         done += 1
         say(role="progress", index=index, step=done, t=time.time())
@@ -203,8 +236,11 @@ def start_workers(python: str, script: str, workers: int, prefix: str, args: lis
     return tmp, procs, outs
 
 
-def scenario(python: str, fault: str, target: int, workers: int, at: int, steps: int) -> list:
+def scenario(
+    python: str, fault: str, target: int, workers: int, at: int, steps: int, extra=()
+) -> list:
     args = ["--fault", fault, "--index", str(target), "--at", str(at), "--steps", str(steps)]
+    args += list(extra)
     tmp, procs, outs = start_workers(python, __file__, workers, f"lost-peer-{fault}{target}-", args)
 
     def lines(i):
@@ -278,11 +314,21 @@ def main(argv=None) -> int:
     w.add_argument("--steps", type=int, required=True)
     w.add_argument("--dir", required=True)
     w.add_argument("--step-sleep", type=float, default=0.02)
+    w.add_argument("--abort-after", type=float, default=0.0)
+    w.add_argument("--clean-exit", action="store_true")
     p.add_argument("--scenarios", default="kill:1,kill:0,stop:1,app:1,bug:1,oom:1")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--at", type=int, default=20)
     p.add_argument("--out", default=None)
     p.add_argument("--python", default=sys.executable)
+    p.add_argument(
+        "--abort-after",
+        type=float,
+        default=0.0,
+        help="each worker aborts its collectives when no step ended for this long and a "
+        "peer fails a health probe (0: never)",
+    )
+    p.add_argument("--clean-exit", action="store_true", help="survivors exit by sys.exit")
     args = p.parse_args(argv)
     if args.mode == "worker":
         return worker(args)
@@ -295,7 +341,8 @@ def main(argv=None) -> int:
     everything = []
     for item in args.scenarios.split(","):
         fault, target = item.split(":")
-        got = scenario(args.python, fault, int(target), args.workers, args.at, 10_000)
+        extra = ["--abort-after", str(args.abort_after)] + ["--clean-exit"] * args.clean_exit
+        got = scenario(args.python, fault, int(target), args.workers, args.at, 10_000, extra)
         for e in got:
             print(json.dumps(e, sort_keys=True)[:3000], flush=True)
         everything += got

@@ -17,6 +17,7 @@
 //! | --- | --- |
 //! | a peer SIGKILLed (non-chief or chief) | `UnavailableError`: "Collective ops is aborted by: recvmsg:Connection reset by peer", the lost task as "remote target" |
 //! | a peer SIGSTOPped (heartbeats stop) | `UnavailableError`: "Error reported from …: The following tasks are unhealthy (stopped sending heartbeats):" and the tasks, one a line (TF 2.19–2.21); "Error reported from …: Task /job:worker/replica:0/task:1 heartbeat timeout." (2.16–2.18) |
+//! | the chief SIGSTOPped (the coordination service frozen with it) | `DeadlineExceededError`: "Collective ops is aborted by: Deadline Exceeded", then "RPC: /tensorflow.CoordinationService/Heartbeat": this worker's own heartbeat to the service went unanswered (TF 2.21, about 10 s after the stop) |
 //! | a peer's own step error, reported to the cluster as TF's handler does | the peer's error type (`InvalidArgumentError`, `ResourceExhaustedError`, …): "Collective ops is aborted by: Error reported from /job:worker/task:1: " and the peer's message |
 //! | the same bug on every worker | its own `InvalidArgumentError` |
 //!
@@ -24,7 +25,10 @@
 //!
 //! A peer is lost when the error is `UNAVAILABLE` and the text that explains it
 //! carries a sign of a lost process: its transport broke, or the coordination service
-//! says it stopped sending heartbeats. The explaining text is the whole message, or,
+//! says it stopped sending heartbeats. The coordination service's host (the chief) is
+//! lost when this worker's own heartbeat to it went unanswered (`UNAVAILABLE` or
+//! `DEADLINE_EXCEEDED`, the heartbeat's RPC named); no task is named then, and the
+//! probe finds which. The explaining text is the whole message, or,
 //! when the message relays an error another task reported ("Error reported from
 //! /job:…: "), what that task reported: an `UnavailableError` the user's own step
 //! raised on a peer (a remote service it reads, say) and that peer reported is no lost
@@ -42,6 +46,13 @@
 /// TF's canonical code `UNAVAILABLE` (`tf.errors.UNAVAILABLE`).
 pub const UNAVAILABLE: i64 = 14;
 
+/// TF's canonical code `DEADLINE_EXCEEDED`.
+pub const DEADLINE_EXCEEDED: i64 = 4;
+
+/// The RPC of this worker's heartbeat to the coordination service, as an error that
+/// came of it names it.
+const HEARTBEAT_RPC: &str = "/tensorflow.CoordinationService/Heartbeat";
+
 /// How a lost peer showed itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Detection {
@@ -51,11 +62,15 @@ pub enum Detection {
     /// The coordination service says the peer stopped sending heartbeats (the process
     /// is frozen, or cut off without its connections being reset).
     StoppedHeartbeats,
+    /// This worker's heartbeat to the coordination service went unanswered: the task
+    /// that hosts it (the chief) is frozen or cut off.
+    ServiceUnanswered,
 }
 
 crate::words!(Detection {
     Detection::ConnectionLost => "connection lost",
     Detection::StoppedHeartbeats => "stopped sending heartbeats",
+    Detection::ServiceUnanswered => "no answer to this worker's heartbeats",
 });
 
 /// A lost peer: how it showed itself, and the tasks the error names
@@ -94,6 +109,12 @@ const CONNECTION_LOST: [&str; 7] = [
 /// Pure: the same answer for the same error.
 #[must_use]
 pub fn lost_peer(code: i64, message: &str) -> Option<LostPeer> {
+    if matches!(code, UNAVAILABLE | DEADLINE_EXCEEDED) && !message.contains(REPORTED_FROM) && message.contains(HEARTBEAT_RPC) {
+        return Some(LostPeer {
+            detection: Detection::ServiceUnanswered,
+            tasks: Vec::new(),
+        });
+    }
     if code != UNAVAILABLE {
         return None;
     }
@@ -108,7 +129,7 @@ pub fn lost_peer(code: i64, message: &str) -> Option<LostPeer> {
     };
     let tasks = match detection {
         Detection::StoppedHeartbeats => heartbeat_tasks(text),
-        Detection::ConnectionLost => remote_targets(text),
+        Detection::ConnectionLost | Detection::ServiceUnanswered => remote_targets(text),
     };
     Some(LostPeer { detection, tasks })
 }
@@ -235,6 +256,23 @@ mod tests {
         assert_eq!(lost_peer(UNAVAILABLE, "the tf.data service is unavailable"), None);
     }
 
+    #[test]
+    fn an_unanswered_heartbeat_to_the_service_is_a_lost_chief_unless_relayed() {
+        let own = "Collective ops is aborted by: Deadline Exceeded\n\nRPC: /tensorflow.CoordinationService/Heartbeat\n";
+        for code in [DEADLINE_EXCEEDED, UNAVAILABLE] {
+            assert_eq!(
+                lost_peer(code, own),
+                Some(LostPeer {
+                    detection: Detection::ServiceUnanswered,
+                    tasks: vec![]
+                })
+            );
+        }
+        assert_eq!(lost_peer(3, own), None, "another code: not the heartbeat's failure");
+        let relayed = format!("Collective ops is aborted by: Error reported from /job:worker/task:1: {own}");
+        assert_eq!(lost_peer(DEADLINE_EXCEEDED, &relayed), None);
+    }
+
     /// Every record of `dev/lost_peer_probe.py` in `tests/fixtures/lost_peer/`: a
     /// survivor of a killed or stopped peer sees a lost peer (naming the target when
     /// the error names a task); every other error is not one.
@@ -266,7 +304,11 @@ mod tests {
                     let lost = got.unwrap_or_else(|| panic!("{what}: not a lost peer: {message}"));
                     let task = format!("/job:worker/replica:0/task:{target}");
                     assert!(lost.tasks.is_empty() || lost.tasks == [task.clone()], "{what}: {lost:?}");
-                    if fault == "stop" {
+                    if fault == "stop" && lost.detection == Detection::ServiceUnanswered {
+                        // The chief, which hosts the service: the probe names it.
+                        assert_eq!(target, "0", "{what}");
+                        assert!(lost.tasks.is_empty(), "{what}");
+                    } else if fault == "stop" {
                         assert_eq!(lost.detection, Detection::StoppedHeartbeats, "{what}");
                         assert_eq!(lost.tasks, [task], "{what}");
                     }

@@ -43,7 +43,7 @@
 //!    settled before a later claim landed keeps its files until the next job's mark
 //!    clears every claim's checkpoint the state file does not list.
 
-use crate::failure::lost_peer::{lost_peer, LostPeer, UNAVAILABLE};
+use crate::failure::lost_peer::{lost_peer, LostPeer, DEADLINE_EXCEEDED, UNAVAILABLE};
 use crate::words::Words;
 
 use super::{Action, Protocol};
@@ -52,7 +52,6 @@ use super::{Action, Protocol};
 /// besides `UNAVAILABLE`: a collective cancelled or aborted, a call past its deadline,
 /// a collective's internal error.
 const CANCELLED: i64 = 1;
-const DEADLINE_EXCEEDED: i64 = 4;
 const ABORTED: i64 = 10;
 const INTERNAL: i64 = 13;
 const MAY_BE_A_PEER: [i64; 5] = [CANCELLED, DEADLINE_EXCEEDED, ABORTED, INTERNAL, UNAVAILABLE];

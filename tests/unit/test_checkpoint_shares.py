@@ -523,9 +523,13 @@ def test_the_chief_s_reads_of_the_parts_and_its_merge_are_bounded(
     if blocked == "fingerprint":
         own = tf_shares.part_fingerprint
 
+        # Worker 1 saves in the thread `_save_in_thread` names after it, which may read
+        # its part before the test holds the thread object: it is told by its name.
+        saver = f"worker-{other._worker}"
+
         def fingerprint(part: str):
             # The chief's read of worker 1's part hangs; each worker's own read does not.
-            if part.endswith("part-00001-of-00002") and threading.current_thread() is not thread:
+            if part.endswith("part-00001-of-00002") and threading.current_thread().name != saver:
                 release.wait(JOIN_BOUND)
             return own(part)
 
