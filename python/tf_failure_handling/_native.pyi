@@ -369,6 +369,7 @@ class Action:
     class NameLatest(Action):
         writer: int
         runs: int
+        unix_time: float
 
     class Settled(Action):
         writer: int

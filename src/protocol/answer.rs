@@ -85,8 +85,9 @@ crate::wire! {
         /// writer's own name, write its claim after it, and read the claims again.
         SaveLastStep {},
         /// Make the state file name the checkpoint of `writer`'s claim (`runs`),
-        /// then read the claims again.
-        NameLatest { writer: u32, runs: u64 },
+        /// stamped `unix_time` (as `tf.train.CheckpointManager` stamps a save), then
+        /// read the claims again.
+        NameLatest { writer: u32, runs: u64, unix_time: f64 },
         /// The state file names `writer`'s checkpoint, and a read after the last
         /// naming agreed. `discard`: this writer's own checkpoint lost; delete it.
         Settled { writer: u32, discard: bool },

@@ -147,14 +147,15 @@ impl Protocol {
     }
 
     /// The writer read the folder: `current`, whether its job's mark is still the
-    /// folder's (no newer job started), and `claims`, the claims of its job.
+    /// folder's (no newer job started), and `claims`, the claims of its job, at
+    /// `unix_now` (the time a naming records in the state file).
     ///
     /// Before it wrote: `Action.SaveLastStep` (save, then write the claim, then read
     /// again) or `Action.Refuse`. After: `Action.NameLatest` (make the state file
     /// name that claim's checkpoint, then read again), `Action.Settled` (a read after
     /// the last naming found the same winner) or `Action.Refuse`. Not the writer:
     /// `Action.Raise`.
-    pub fn handle_claims(&mut self, current: bool, claims: &[Claim]) -> Action {
+    pub fn handle_claims(&mut self, current: bool, claims: &[Claim], unix_now: f64) -> Action {
         let (Some(writing), Some(config)) = (self.writing.take(), self.config) else {
             return Action::Raise {};
         };
@@ -213,6 +214,7 @@ impl Protocol {
                 Action::NameLatest {
                     writer: winner.0,
                     runs: winner.1,
+                    unix_time: unix_now,
                 }
             }
         }
@@ -342,6 +344,9 @@ mod tests {
         }
     }
 
+    /// The Unix time of the tests' folder reads.
+    const T: f64 = 1.0e9;
+
     /// Worker `me` of `n`, named the writer after losing `lost`.
     fn writer(me: u32, n: u32, lost: &[u32]) -> Protocol {
         let mut p = protocol(Some(me), n);
@@ -363,12 +368,19 @@ mod tests {
     #[test]
     fn a_lone_writer_saves_names_its_own_checkpoint_and_settles() {
         let mut p = writer(0, 2, &[1]);
-        assert_eq!(p.handle_claims(true, &[]), Action::SaveLastStep {});
+        assert_eq!(p.handle_claims(true, &[], T), Action::SaveLastStep {});
         let mine = [(0, 50, vec![1])];
-        assert_eq!(p.handle_claims(true, &mine), Action::NameLatest { writer: 0, runs: 50 });
-        assert_eq!(p.handle_claims(true, &mine), Action::Settled { writer: 0, discard: false });
+        assert_eq!(
+            p.handle_claims(true, &mine, T),
+            Action::NameLatest {
+                writer: 0,
+                runs: 50,
+                unix_time: T
+            }
+        );
+        assert_eq!(p.handle_claims(true, &mine, T), Action::Settled { writer: 0, discard: false });
         // Over: another read answers nothing to do.
-        assert_eq!(p.handle_claims(true, &mine), Action::Raise {});
+        assert_eq!(p.handle_claims(true, &mine, T), Action::Raise {});
     }
 
     #[test]
@@ -376,16 +388,16 @@ mod tests {
         let mut p = protocol(Some(2), 3);
         let _ = p.handle_step_failed(Some(UNAVAILABLE), RESET);
         assert!(matches!(p.handle_probed(&[0]), Action::PeerLost { writes: false, .. }));
-        assert_eq!(p.handle_claims(true, &[]), Action::Raise {});
+        assert_eq!(p.handle_claims(true, &[], T), Action::Raise {});
     }
 
     #[test]
     fn a_newer_job_or_a_claim_that_names_the_writer_lost_refuses_the_save() {
         let mut p = writer(0, 2, &[1]);
-        assert!(matches!(p.handle_claims(false, &[]), Action::Refuse { discard: false, .. }));
+        assert!(matches!(p.handle_claims(false, &[], T), Action::Refuse { discard: false, .. }));
         // Paused, then resumed: worker 1 found it lost and saved first.
         let mut p = writer(0, 2, &[1]);
-        match p.handle_claims(true, &[(1, 49, vec![0])]) {
+        match p.handle_claims(true, &[(1, 49, vec![0])], T) {
             Action::Refuse { why, discard } => {
                 assert!(why.contains("worker 1 found this worker lost"), "{why}");
                 assert!(!discard);
@@ -394,10 +406,10 @@ mod tests {
         }
         // A claim that does not name this worker does not stop it.
         let mut p = writer(0, 3, &[1]);
-        assert_eq!(p.handle_claims(true, &[(2, 49, vec![1])]), Action::SaveLastStep {});
+        assert_eq!(p.handle_claims(true, &[(2, 49, vec![1])], T), Action::SaveLastStep {});
         // A newer job marked the folder while this writer saved: it deletes its own.
         assert!(matches!(
-            p.handle_claims(false, &[(0, 50, vec![1])]),
+            p.handle_claims(false, &[(0, 50, vec![1])], T),
             Action::Refuse { discard: true, .. }
         ));
     }
@@ -410,34 +422,59 @@ mod tests {
         let b_claim = (1, 49, vec![0]);
         let mut a = writer(0, 2, &[1]);
         let mut b = writer(1, 2, &[0]);
-        assert_eq!(a.handle_claims(true, &[]), Action::SaveLastStep {});
-        assert_eq!(b.handle_claims(true, &[]), Action::SaveLastStep {});
+        assert_eq!(a.handle_claims(true, &[], T), Action::SaveLastStep {});
+        assert_eq!(b.handle_claims(true, &[], T), Action::SaveLastStep {});
         // B reads before A's claim lands and names its own; A then sees both.
         assert_eq!(
-            b.handle_claims(true, &[b_claim.clone()]),
-            Action::NameLatest { writer: 1, runs: 49 }
+            b.handle_claims(true, std::slice::from_ref(&b_claim), T),
+            Action::NameLatest {
+                writer: 1,
+                runs: 49,
+                unix_time: T
+            }
         );
         let both = [a_claim.clone(), b_claim.clone()];
-        assert_eq!(a.handle_claims(true, &both), Action::NameLatest { writer: 0, runs: 50 });
-        assert_eq!(a.handle_claims(true, &both), Action::Settled { writer: 0, discard: false });
+        assert_eq!(
+            a.handle_claims(true, &both, T),
+            Action::NameLatest {
+                writer: 0,
+                runs: 50,
+                unix_time: T
+            }
+        );
+        assert_eq!(a.handle_claims(true, &both, T), Action::Settled { writer: 0, discard: false });
         // B's naming may land after A's: B's next read sees A's claim and names it.
-        assert_eq!(b.handle_claims(true, &both), Action::NameLatest { writer: 0, runs: 50 });
-        assert_eq!(b.handle_claims(true, &both), Action::Settled { writer: 0, discard: true });
+        assert_eq!(
+            b.handle_claims(true, &both, T),
+            Action::NameLatest {
+                writer: 0,
+                runs: 50,
+                unix_time: T
+            }
+        );
+        assert_eq!(b.handle_claims(true, &both, T), Action::Settled { writer: 0, discard: true });
     }
 
     #[test]
     fn a_tie_in_runs_goes_to_the_lowest_writer() {
         let mut p = writer(2, 3, &[0, 1]);
-        assert_eq!(p.handle_claims(true, &[]), Action::SaveLastStep {});
+        assert_eq!(p.handle_claims(true, &[], T), Action::SaveLastStep {});
         let claims = [(2, 50, vec![0, 1]), (1, 50, vec![0])];
-        assert_eq!(p.handle_claims(true, &claims), Action::NameLatest { writer: 1, runs: 50 });
-        assert_eq!(p.handle_claims(true, &claims), Action::Settled { writer: 1, discard: true });
+        assert_eq!(
+            p.handle_claims(true, &claims, T),
+            Action::NameLatest {
+                writer: 1,
+                runs: 50,
+                unix_time: T
+            }
+        );
+        assert_eq!(p.handle_claims(true, &claims, T), Action::Settled { writer: 1, discard: true });
     }
 
     #[test]
     fn a_writer_whose_claim_is_missing_deletes_what_it_wrote() {
         let mut p = writer(0, 2, &[1]);
-        assert_eq!(p.handle_claims(true, &[]), Action::SaveLastStep {});
-        assert!(matches!(p.handle_claims(true, &[]), Action::Refuse { discard: true, .. }));
+        assert_eq!(p.handle_claims(true, &[], T), Action::SaveLastStep {});
+        assert!(matches!(p.handle_claims(true, &[], T), Action::Refuse { discard: true, .. }));
     }
 }

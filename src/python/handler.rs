@@ -573,7 +573,7 @@ impl Shared {
             }
             E::Job {} => answer(Action::from(self.state.lock().handle_job()).into_pyobject(py)?.into_any()),
             E::Claims { current, claims } => {
-                let action = self.state.lock().handle_claims(current, &claims);
+                let action = self.state.lock().handle_claims(current, &claims, clock::unix_now());
                 answer(Action::from(action).into_pyobject(py)?.into_any())
             }
             E::Pending { pending } => {

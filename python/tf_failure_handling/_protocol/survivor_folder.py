@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import uuid
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -145,10 +144,10 @@ class SurvivorFolder:
         body = {"writer": writer, "runs": runs, "lost": list(lost), "checkpoint": checkpoint}
         file_io.atomic_write_string_to_file(self._claim_path(writer), json.dumps(body))
 
-    def name_latest(self, checkpoint: str, claimed: list) -> None:
-        """Makes the state file name ``checkpoint`` as the latest, keeping the
-        checkpoints it listed, less those of ``claimed`` (every claim's checkpoint of
-        this job: one is named, the others are discarded)."""
+    def name_latest(self, checkpoint: str, claimed: list, stamp: float) -> None:
+        """Makes the state file name ``checkpoint`` as the latest (saved at Unix time
+        ``stamp``), keeping the checkpoints it listed, less those of ``claimed`` (every
+        claim's checkpoint of this job: one is named, the others are discarded)."""
         from tensorflow.python.checkpoint import checkpoint_management
 
         state = checkpoint_management.get_checkpoint_state(self.directory)
@@ -164,7 +163,7 @@ class SurvivorFolder:
                     paths.append(path)
                     stamps.append(stamp)
         paths.append(checkpoint)
-        stamps.append(time.time())
+        stamps.append(stamp)
         checkpoint_management.update_checkpoint_state_internal(
             save_dir=self.directory,
             model_checkpoint_path=checkpoint,
@@ -224,7 +223,8 @@ def agree(
             folder.claim(writer, runs, lost, path)
         elif isinstance(action, Action.NameLatest):
             named = claims[action.writer]["checkpoint"]
-            folder.name_latest(named, [c["checkpoint"] for c in claims.values()])
+            claimed = [c["checkpoint"] for c in claims.values()]
+            folder.name_latest(named, claimed, action.unix_time)
         elif isinstance(action, (Action.Settled, Action.Refuse)):
             if action.discard:
                 folder.discard(writer, path)
