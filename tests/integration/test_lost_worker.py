@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 
 import pytest
 
@@ -45,8 +46,65 @@ HANG_BOUND = RUN_BOUND + STARTUP_BOUND + EXIT_BOUND + RUN_BOUND + 60
 def test_the_survivor_saves_the_last_whole_step_and_the_restart_ends_as_uninterrupted(
     cluster_factory, reference_weights, killed
 ):
+    cluster = _started(cluster_factory, f"lost{killed}")
+    cluster.send_signal(killed, signal.SIGKILL)
+    codes = cluster.wait(EXIT_BOUND, f"the survivor to fail after worker {killed}'s SIGKILL")
+    assert codes[killed] == -signal.SIGKILL, cluster.describe(killed)
+    runs = _survivor_saved(cluster, 1 - killed, killed, codes, ("UnavailableError",))
+    restart_and_check(cluster_factory, "ours", cluster.ckpt_dir, runs, reference_weights)
+
+
+@pytest.mark.timeout(HANG_BOUND + EXIT_BOUND)
+@pytest.mark.parametrize("stopped", [1, 0], ids=["non_chief", "chief"])
+def test_a_paused_worker_is_lost_the_survivor_saves_and_the_resumed_worker_writes_nothing(
+    cluster_factory, reference_weights, stopped
+):
+    """SIGSTOP (a hung process, a frozen host): nothing resets a connection. A stopped
+    non-chief stops sending heartbeats, and the chief's coordination service says so; a
+    stopped chief freezes the service, and the survivor's own heartbeat to it goes
+    unanswered (TF 2.21 aborts the collectives then, about 10 s on). Either way the
+    survivor saves and exits within the bound. Then the paused worker is resumed
+    (SIGCONT): its step fails, it finds the survivor's claim naming it lost, and writes
+    nothing, so the restart resumes at the survivor's save."""
+    cluster = _started(cluster_factory, f"stop{stopped}")
+    survivor = 1 - stopped
+    cluster.send_signal(stopped, signal.SIGSTOP)
+    try:
+        survivor_proc = cluster.procs[survivor]
+        try:
+            code = survivor_proc.wait(timeout=EXIT_BOUND)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the survivor did not exit within {EXIT_BOUND:g} s of worker {stopped}'s "
+                f"SIGSTOP\n{cluster.describe(survivor)}"
+            )
+        codes = [None, None]
+        codes[survivor] = code
+        runs = _survivor_saved(
+            cluster, survivor, stopped, codes, ("UnavailableError", "DeadlineExceededError")
+        )
+    finally:
+        cluster.procs[stopped].send_signal(signal.SIGCONT)
+    try:
+        resumed = cluster.procs[stopped].wait(timeout=EXIT_BOUND)
+    except subprocess.TimeoutExpired:
+        cluster.kill()
+        pytest.fail(
+            f"the resumed worker {stopped} did not exit within {EXIT_BOUND:g} s\n"
+            f"{cluster.describe(stopped)}"
+        )
+    log = cluster.stderr_paths[stopped].read_text(errors="replace")
+    assert resumed not in (0, 42), cluster.describe(stopped)
+    assert "saved the last whole step" not in log, cluster.describe(stopped)
+    surviving = sorted(p.name for p in cluster.ckpt_dir.glob("ckpt-survivor*.index"))
+    assert surviving == [f"ckpt-survivor{survivor}-{runs}.index"], surviving
+    restart_and_check(cluster_factory, "ours", cluster.ckpt_dir, runs, reference_weights)
+
+
+def _started(cluster_factory, name: str):
+    """Two workers of our handler, started and past step ``KILL_AFTER``."""
     cluster = cluster_factory(
-        name=f"lost{killed}",
+        name=name,
         impl="ours",
         steps=STEPS,
         step_sleep=STEP_SLEEP,
@@ -54,22 +112,23 @@ def test_the_survivor_saves_the_last_whole_step_and_the_restart_ends_as_uninterr
     )
     cluster.start()
     cluster.wait_for_progress(KILL_AFTER)
-    cluster.send_signal(killed, signal.SIGKILL)
-    codes = cluster.wait(EXIT_BOUND, f"the survivor to fail after worker {killed}'s SIGKILL")
-    survivor = 1 - killed
+    return cluster
+
+
+def _survivor_saved(cluster, survivor: int, lost_worker: int, codes: list, types: tuple) -> int:
+    """Checks what the survivor did after losing ``lost_worker``; returns the run it saved."""
     details = cluster.describe(survivor)
-    assert codes[killed] == -signal.SIGKILL, details
     assert codes[survivor] not in (0, 42), details
     errors = cluster.events(survivor, "error")
-    assert errors and errors[0]["type"] == "UnavailableError", details
+    assert errors and errors[0]["type"] in types, details
     log = cluster.stderr_paths[survivor].read_text(errors="replace")
-    port = cluster.ports[killed]
-    label = f"worker {killed}"  # TF_CONFIG names every task a worker; worker 0 is the chief
+    port = cluster.ports[lost_worker]
+    label = f"worker {lost_worker}"  # TF_CONFIG names every task a worker; 0 is the chief
     # How the loss shows depends on which comes first: the broken connection, or the
     # coordination service's word that the task stopped sending heartbeats.
     lost = re.findall(
         r"Worker (\d+): lost without notice: (.+) \((connection lost|stopped sending "
-        r"heartbeats), and no answer",
+        r"heartbeats|no answer to this worker's heartbeats), and no answer",
         log,
     )
     assert [(w, who) for w, who, _ in lost] == [(str(survivor), f"{label} (127.0.0.1:{port})")], (
@@ -87,9 +146,14 @@ def test_the_survivor_saves_the_last_whole_step_and_the_restart_ends_as_uninterr
         for f in sorted((cluster.ckpt_dir / "preemption_records").iterdir())
         for line in f.read_text().splitlines()
     ]
-    notice = [x for x in lines if x["stage"] == "notice" and x.get("source") == "lost_peer"]
-    assert len(notice) == 1 and notice[0]["task"] == survivor, lines
+    notice = [
+        x
+        for x in lines
+        if x["stage"] == "notice" and x.get("source") == "lost_peer" and x["task"] == survivor
+    ]
+    assert len(notice) == 1, lines
     assert notice[0]["lost"] == [f"{label} (127.0.0.1:{port})"], lines
     assert notice[0]["runs"] == runs and notice[0]["detection"] == lost[0][2], lines
-    assert [x["path"] for x in lines if x["stage"] == "save_end"] == [path], lines
-    restart_and_check(cluster_factory, "ours", cluster.ckpt_dir, runs, reference_weights)
+    ends = [x["path"] for x in lines if x["stage"] == "save_end" and x["task"] == survivor]
+    assert ends == [path], lines
+    return runs
