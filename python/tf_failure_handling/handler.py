@@ -454,8 +454,10 @@ class PreemptionCheckpointHandler(HandlerCore):
         tf_keras' ``BackupAndRestore(save_before_preemption=True)`` does
         ``_run_counter += 1`` and then calls this once per batch. As with ``run()``,
         the time between two calls (less any save or agreement) is a step time for the
-        grace period's plan.
+        grace period's plan. The batch that just ended is the last whole step the
+        survivors of a lost worker would save (held as after a ``run()``).
         """
+        self._survivors.hold_counted(self._run_counter)
         self._steps.check_now(args, kwargs)
 
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:

@@ -261,3 +261,60 @@ def test_error_inside_fit_on_one_worker_ends_the_other_with_an_error(keras_clust
     assert len(cluster.events(1, "batch")) == fail_at, details
     (peer,) = cluster.events(0, "error")
     assert peer["type"] == failing["type"], details
+
+
+# --------------------------------------------------------------------------- lost worker
+#: Each batch end sleeps this long: the kill lands at a random moment of training.
+LOST_BATCH_SLEEP = 0.2
+#: Batches every worker has finished before the kill.
+LOST_AFTER = 5
+
+
+# Backstop above its own bounds in sequence: the reference, the wait for the batches,
+# the survivor's exit, the restart (+ 60 s for the kills).
+@pytest.mark.timeout(4 * HANG + 60)
+@pytest.mark.parametrize("killed", [1, 0], ids=["non_chief", "chief"])
+def test_a_worker_lost_in_fit_the_survivor_saves_and_the_restart_ends_as_uninterrupted(
+    killed, keras_cluster, reference
+):
+    """A worker SIGKILLed mid-fit (issue 62): the survivor's train step fails, the loss
+    is confirmed, and the survivor that writes saves the last whole batch, N, in the
+    backup folder, with N at least L - 1 (L: the most batches any worker finished). It
+    raises TensorFlow's error. A restarted cluster resumes fit at batch N and ends with
+    exactly the weights of an uninterrupted run."""
+    import re
+
+    cluster = keras_cluster(
+        name=f"lost-{killed}", extra_args=["--batch-sleep", str(LOST_BATCH_SLEEP)]
+    )
+    cluster.start()
+    cluster.wait_until(
+        lambda: min(len(cluster.events(i, "batch")) for i in range(2)) >= LOST_AFTER,
+        HANG,
+        f"{LOST_AFTER} batches on every worker",
+    )
+    cluster.send_signal(killed, signal.SIGKILL)
+    codes = cluster.wait(HANG, f"the survivor to fail after worker {killed}'s SIGKILL")
+    survivor = 1 - killed
+    details = "\n".join(cluster.describe(i) for i in range(2))
+    assert codes[killed] == -signal.SIGKILL and codes[survivor] not in (0, 42), details
+    (error,) = cluster.events(survivor, "error")
+    assert error["type"] == "UnavailableError", details
+    log = cluster.stderr_paths[survivor].read_text(errors="replace")
+    assert re.search(rf"Worker {survivor}: lost without notice: worker {killed} ", log), details
+    saved = re.findall(r"saved the last whole step, run (\d+), at (\S+)\.\n", log)
+    assert len(saved) == 1, details
+    runs, path = int(saved[0][0]), saved[0][1]
+    assert path == str(cluster.ckpt_dir / "chief" / f"ckpt-survivor{survivor}-{runs}"), details
+    finished = max(len(cluster.events(i, "batch")) for i in range(2))
+    assert finished - 1 <= runs <= finished, (runs, finished, details)
+
+    restart = keras_cluster(name=f"lost-restart-{killed}")
+    done = restart.run_to_completion(timeout=HANG)
+    for i in range(2):
+        begin = restart.events(i, "fit_begin")[0]
+        assert (begin["epoch"], begin["batch"]) == divmod(runs, STEPS_PER_EPOCH), begin
+        assert done[i]["batches"] == TOTAL_STEPS - runs, done[i]
+        assert done[i]["iterations"] == TOTAL_STEPS, "optimizer steps over both attempts"
+        difference = max_abs_difference(done[i]["weights"], reference["weights"])
+        assert difference == 0.0, f"worker {i}: max |resumed - uninterrupted| = {difference}"

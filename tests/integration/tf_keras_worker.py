@@ -62,6 +62,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "handled a termination notice",
     )
     p.add_argument(
+        "--batch-sleep",
+        type=float,
+        default=0.0,
+        help="seconds each batch end sleeps (a test's time to act between batches)",
+    )
+    p.add_argument(
         "--fail-at-step",
         type=int,
         default=None,
@@ -144,9 +150,12 @@ def instrument_saves(tf) -> None:
     cls.save = save
 
 
-def probe_callback(tf_keras, fit: int, hold_at, counter: list, fail_at, fail):
+def probe_callback(
+    tf_keras, fit: int, hold_at, counter: list, fail_at, fail, batch_sleep: float = 0.0
+):
     """Reports where each fit starts and each batch that ran; holds at ``hold_at``; sets
-    ``fail`` before the batch ``fail_at`` (counted over the process)."""
+    ``fail`` before the batch ``fail_at`` (counted over the process); sleeps
+    ``batch_sleep`` s at each batch's end."""
 
     class Probe(tf_keras.callbacks.Callback):
         epoch = None
@@ -174,6 +183,8 @@ def probe_callback(tf_keras, fit: int, hold_at, counter: list, fail_at, fail):
             batch = int(batch)
             counter[0] += 1
             emit("batch", fit=fit, epoch=self.epoch, batch=batch)
+            if batch_sleep:
+                time.sleep(batch_sleep)
             if hold_at != (self.epoch, batch):
                 return
             handler = self.model._preemption_handler
@@ -224,6 +235,7 @@ def main(argv=None) -> int:
                     batches,
                     args.fail_at_step,
                     fail,
+                    args.batch_sleep,
                 ),
                 tf_keras.callbacks.BackupAndRestore(args.backup_dir, save_before_preemption=True),
             ]

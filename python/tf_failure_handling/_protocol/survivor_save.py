@@ -105,8 +105,12 @@ class SurvivorSave:
         self.folder = None if self._directory is None else SurvivorFolder(self._directory)
         #: Whether this worker reads the job's mark at its first held step.
         self._reads_mark = False
+        #: Whether steps are held (the core's answer, as ``run()`` reads it natively):
+        #: for libraries that count their own steps (:meth:`hold_counted`).
+        self.holding = False
         if self.enabled and self.folder is not None:
             start = ctx.core.handle(Event.Job())
+            self.holding = isinstance(start, (Action.MarkJob, Action.ReadJob))
             if isinstance(start, Action.MarkJob):
                 try:
                     self.folder.mark()
@@ -124,6 +128,12 @@ class SurvivorSave:
                 except Exception as e:  # noqa: BLE001 - only the fence is weaker
                     log.warning("Could not read this job's mark in %s: %s", self._directory, e)
             self.last_step.hold(run_count)
+
+    def hold_counted(self, run_count: int) -> None:
+        """A library that counts its own steps (tf_keras' ``_run_counter += 1``) ended
+        step ``run_count``: held as after a ``run()``, when steps are held."""
+        if self.holding:
+            self.hold(run_count)
 
     def after_loss(self, action: Any, names: dict) -> None:
         """``Action.PeerLost``: recorded; the writer saves the last whole step; with
