@@ -8,7 +8,8 @@ left no file; a writer that a claim or a newer job says was paused writes nothin
 ``write`` is never called, or what it wrote is deleted); the checkpoints the state file
 listed before are still listed.
 
-The same cases run on ``gs://`` in ``tests/integration/test_lost_worker.py``.
+Each case runs on a local folder and on ``ram://``, TensorFlow's in-memory file system
+(a file system reached through ``tf.io.gfile`` only, as ``gs://`` is).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 
 import pytest
 import tensorflow as tf
@@ -28,6 +30,18 @@ RESET = "Collective ops is aborted by: recvmsg:Connection reset by peer"
 UNAVAILABLE = 14
 #: Bound on a writer thread of the cut (a few small checkpoint writes).
 WRITER_BOUND = 120.0
+
+
+@pytest.fixture(params=["local", "ram"])
+def folder(request, tmp_path) -> str:
+    """The checkpoint folder: a local one, or one on ``ram://``."""
+    if request.param == "local":
+        return str(tmp_path)
+    return f"ram://survivors-{uuid.uuid4().hex}/ckpt"
+
+
+def _path(directory: str, name: str) -> str:
+    return f"{directory}/{name}" if "://" in directory else os.path.join(directory, name)
 
 
 def _writer(me: int, n: int, lost: list) -> _native.ProtocolCore:
@@ -49,7 +63,7 @@ def _writes(directory: str, name: str, value: float, calls: list, before=None):
         calls.append(name)
         if before is not None:
             before()
-        return tf.train.Checkpoint(v=tf.Variable(value)).write(os.path.join(directory, name))
+        return tf.train.Checkpoint(v=tf.Variable(value)).write(_path(directory, name))
 
     return write
 
@@ -75,8 +89,8 @@ def _marked(directory: str) -> tuple:
     return chief, other
 
 
-def test_a_lone_writer_names_its_checkpoint_and_keeps_the_earlier_ones(tmp_path):
-    directory = str(tmp_path)
+def test_a_lone_writer_names_its_checkpoint_and_keeps_the_earlier_ones(folder):
+    directory = folder
     earlier = _earlier_save(directory)
     folder, _ = _marked(directory)
     calls: list = []
@@ -96,13 +110,13 @@ def test_a_lone_writer_names_its_checkpoint_and_keeps_the_earlier_ones(tmp_path)
     assert claim == {"writer": 0, "runs": 50, "lost": [1], "checkpoint": agreed.path}
 
 
-def test_both_sides_of_a_cut_save_and_one_checkpoint_wins_whole(tmp_path):
+def test_both_sides_of_a_cut_save_and_one_checkpoint_wins_whole(folder):
     """A network cut: worker 0 (lost 1) and worker 1 (lost 0) both read the folder before
     either claim is there, then save at once (a barrier in their writes). Whatever order
     their writes reach the folder in, the state file ends naming worker 0's run 50.
     Worker 1 deletes its own files when it read worker 0's claim before it settled; else
     the restart's mark deletes them. Either way the restart finds one checkpoint."""
-    directory = str(tmp_path)
+    directory = folder
     earlier = _earlier_save(directory)
     chief, other = _marked(directory)
     both_checked = threading.Barrier(2, timeout=WRITER_BOUND)
@@ -144,10 +158,10 @@ def test_both_sides_of_a_cut_save_and_one_checkpoint_wins_whole(tmp_path):
     assert chief.claims() == {} and other.claims() == {}
 
 
-def test_a_writer_a_claim_names_lost_writes_nothing(tmp_path):
+def test_a_writer_a_claim_names_lost_writes_nothing(folder):
     """Worker 0 was paused (or on the far side of a cut) while worker 1 found it lost and
     saved: when it resumes, it reads worker 1's claim naming it, and writes nothing."""
-    directory = str(tmp_path)
+    directory = folder
     chief, other = _marked(directory)
     calls: list = []
     first = survivor_folder.agree(
@@ -162,10 +176,10 @@ def test_a_writer_a_claim_names_lost_writes_nothing(tmp_path):
     assert tf.train.latest_checkpoint(directory) == first.path
 
 
-def test_a_writer_paused_across_a_restart_writes_nothing(tmp_path):
+def test_a_writer_paused_across_a_restart_writes_nothing(folder):
     """The job restarted while worker 1 was paused: the new job's chief marked the folder.
     Worker 1 does not write, and a mark made while it saves deletes what it wrote."""
-    directory = str(tmp_path)
+    directory = folder
     earlier = _earlier_save(directory)
     _, paused = _marked(directory)
     SurvivorFolder(directory).mark()  # the new job's chief
