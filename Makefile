@@ -276,6 +276,7 @@ bench: build-release
 	$(PY) benches/bench_patch.py
 	$(PY) benches/bench_ps_notice.py --repeats 2
 	$(PY) benches/bench_records.py --repeats 100
+	$(PY) benches/bench_lost_worker.py
 
 # The long mode of the fault-injection trials (tests/reliability): 10,000 simulated
 # trials, 1,000 more with DEBUG logging through a file handler, 6 real-process trials
