@@ -40,6 +40,12 @@ COMMANDS = (
     ("benches/bench_patch.py", [], ["--repeats", "3"]),
     ("benches/bench_ps_notice.py", ["--repeats", "3"], ["--repeats", "1"]),
     ("benches/bench_records.py", ["--repeats", "300"], ["--repeats", "20"]),
+    # The survivors' hold of the last whole step, per step of a 200 MB model (~2 min).
+    (
+        "benches/bench_lost_worker.py",
+        [],
+        ["--model-mb", "8", "--steps", "3", "--rounds", "1"],
+    ),
     # The input position against TF's iterator checkpoint (~4 min on 2 cores).
     (
         "benches/bench_input_position.py",

@@ -176,7 +176,10 @@ class SurvivorSave:
         me = self._ctx.state.membership.id_in_cluster
         held = self.last_step
         runs = held.run_count
-        if self._checkpoint is None or self.folder is None or runs is None:
+        if self.folder is None:
+            log.error("Worker %s: no checkpoint folder to save the last whole step to.", me)
+            return
+        if runs is None:
             why = held.broken or "no step returned since the handler started"
             log.error("Worker %s: no last whole step to save (%s): nothing saved.", me, why)
             return
