@@ -12,6 +12,7 @@ first epoch, then one per epoch when ``_adapter.should_recreate_iterator()``; fi
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -67,5 +68,39 @@ def fit_on_stack(checkpoint: Any) -> Optional[Fit]:
             if data_handler is None or not hasattr(data_handler, "_dataset"):
                 return None
             return Fit(found.get("self"), data_handler)
+        frame = frame.f_back
+    return None
+
+
+#: The prefix of a survivors' save (``_protocol/survivor_save.py``) in a checkpoint folder.
+SURVIVORS_PREFIX = "ckpt-survivor"
+
+
+def backup_survivors_save() -> Optional[str]:
+    """A survivors' save for a tf_keras non-chief to restore, or None.
+
+    ``BackupAndRestore(save_before_preemption=True)`` makes the handler in
+    ``WorkerTrainingState.__init__``, with its *write* manager: a non-chief's is its own
+    ``workertemp_<task>`` folder, which it restores from, as with TensorFlow's handler
+    (its preemption saves go there). The survivors of a lost worker save once, into the
+    folder every worker reads (``<backup_dir>/chief``, the read manager's): when the
+    state file there names a survivors' save, that is the checkpoint to restore.
+    """
+    frame = sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return None
+        state = frame.f_locals.get("self")
+        if type(state).__name__ == "WorkerTrainingState" and type(state).__module__.startswith(
+            "tf_keras"
+        ):
+            read = getattr(state, "read_checkpoint_manager", None)
+            write = getattr(state, "write_checkpoint_manager", None)
+            if read is None or read is write:
+                return None
+            latest = read.latest_checkpoint
+            if latest and os.path.basename(latest).startswith(SURVIVORS_PREFIX):
+                return latest
+            return None
         frame = frame.f_back
     return None

@@ -36,6 +36,7 @@ import os
 from typing import Any, Optional
 
 from .. import _errors
+from .._integrations import tf_keras_fit
 from .._native import Event
 from . import checkpoint_shares
 from .checkpoint_files import delete_recursively, writable_dir
@@ -258,8 +259,16 @@ class Checkpoints:
         """
         errors = _errors.module()
         self._timing()
+        # A tf_keras non-chief restores its own folder, unless the survivors of a lost
+        # worker saved into the one every worker reads.
+        survivors = tf_keras_fit.backup_survivors_save()
         try:
-            restored = self.read.restore_or_initialize()
+            if survivors is not None:
+                log.info("Restoring the survivors' save %s (tf_keras BackupAndRestore).", survivors)
+                self.read._checkpoint.restore(survivors)
+                restored = survivors
+            else:
+                restored = self.read.restore_or_initialize()
         except errors.OpError as e:
             path = getattr(self.read, "latest_checkpoint", None) or self.read.directory
             cls = errors.DataLossError if type(e) is errors.OpError else type(e)
@@ -274,7 +283,7 @@ class Checkpoints:
             raise clearer from e
         if restored:
             self.restore_seconds = self._timed()
-            self.restored_path = getattr(self.read, "latest_checkpoint", None)
+            self.restored_path = survivors or getattr(self.read, "latest_checkpoint", None)
             self.restore_deferred = _waits_for_variables(getattr(self.read, "_checkpoint", None))
         return int(self.counter.numpy())
 

@@ -91,9 +91,8 @@ class SurvivorSave:
         self._ctx = ctx
         self._checkpoints = checkpoints
         self._checkpoint = getattr(checkpoints.read, "_checkpoint", None)
-        self._directory: Optional[str] = getattr(checkpoints.read, "directory", None) or (
-            os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
-        )
+        #: The folder when the read manager names none.
+        self._given_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
         #: Whether this handler's survivors save: a ``tf.train.Checkpoint`` the handler
         #: saves itself (with a ``save_fn`` the user saves elsewhere, their own way).
         self.enabled = checkpoints.save_fn is None and _is_tf_checkpoint(self._checkpoint)
@@ -101,32 +100,45 @@ class SurvivorSave:
         self.mode = mode
         self._exit = exit
         self.last_step = tf_last_step.LastStep(self._checkpoint)
-        #: Where the writers agree (None: no folder to save to).
-        self.folder = None if self._directory is None else SurvivorFolder(self._directory)
+        #: Where the writers agree (:meth:`_folder`; None: no folder to save to).
+        self.folder: Optional[SurvivorFolder] = None
         #: Whether this worker reads the job's mark at its first held step.
         self._reads_mark = False
         #: Whether steps are held (the core's answer, as ``run()`` reads it natively):
         #: for libraries that count their own steps (:meth:`hold_counted`).
         self.holding = False
-        if self.enabled and self.folder is not None:
+        folder = self._folder()
+        if self.enabled and folder is not None:
             start = ctx.core.handle(Event.Job())
             self.holding = isinstance(start, (Action.MarkJob, Action.ReadJob))
             if isinstance(start, Action.MarkJob):
                 try:
-                    self.folder.mark()
+                    folder.mark()
                 except Exception as e:  # noqa: BLE001 - only the fence is weaker
-                    log.warning("Could not mark %s for this job: %s", self._directory, e)
+                    log.warning("Could not mark %s for this job: %s", folder.directory, e)
             self._reads_mark = isinstance(start, Action.ReadJob)
+
+    def _folder(self) -> Optional[SurvivorFolder]:
+        """The folder of the checkpoints the handler reads, where the survivors save:
+        the read manager's (tf_keras sets its ``_read_checkpoint_manager`` after the
+        handler is built; a non-chief's write manager is a temporary folder)."""
+        directory = getattr(self._checkpoints.read, "directory", None) or self._given_dir
+        if directory is None:
+            return None
+        if self.folder is None or self.folder.directory != directory:
+            self.folder = SurvivorFolder(directory)
+        return self.folder
 
     def hold(self, run_count: int) -> None:
         """After ``run()`` number ``run_count`` returned: hold the variables."""
         if self.enabled:
-            if self._reads_mark:
+            folder = self._folder()
+            if self._reads_mark and folder is not None:
                 self._reads_mark = False
                 try:
-                    self.folder.read_mark()
+                    folder.read_mark()
                 except Exception as e:  # noqa: BLE001 - only the fence is weaker
-                    log.warning("Could not read this job's mark in %s: %s", self._directory, e)
+                    log.warning("Could not read this job's mark in %s: %s", folder.directory, e)
             self.last_step.hold(run_count)
 
     def hold_counted(self, run_count: int) -> None:
@@ -176,7 +188,7 @@ class SurvivorSave:
         me = self._ctx.state.membership.id_in_cluster
         held = self.last_step
         runs = held.run_count
-        if self.folder is None:
+        if self._folder() is None:
             log.error("Worker %s: no checkpoint folder to save the last whole step to.", me)
             return
         if runs is None:
@@ -253,8 +265,10 @@ class SurvivorSave:
             )
         records.save_start("lost_peer", runs)
         self._checkpoints.counter.assign(runs)
-        # As tf.train.CheckpointManager.save counts its saves.
-        counter = getattr(self._checkpoint, "save_counter", None)
+        # As tf.train.CheckpointManager.save counts its saves, when the checkpoint has
+        # counted any: its property would make the counter, inside a strategy's scope a
+        # variable whose creation broadcasts from the chief (a collective, with a peer gone).
+        counter = getattr(self._checkpoint, "_save_counter", None)
         if counter is not None:
             counter.assign_add(1)
         prefix = _join(self.folder.directory, f"ckpt-survivor{writer}-{runs}")
