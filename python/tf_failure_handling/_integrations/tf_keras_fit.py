@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from . import tf_last_step
+
 #: How far up the stack the handler's constructor may be from ``fit``.
 _MAX_FRAMES = 64
 _TRAINING = "tf_keras.src.engine.training"
@@ -72,10 +74,6 @@ def fit_on_stack(checkpoint: Any) -> Optional[Fit]:
     return None
 
 
-#: The prefix of a survivors' save (``_protocol/survivor_save.py``) in a checkpoint folder.
-SURVIVORS_PREFIX = "ckpt-survivor"
-
-
 def backup_survivors_save() -> Optional[str]:
     """A survivors' save for a tf_keras non-chief to restore, or None.
 
@@ -99,7 +97,7 @@ def backup_survivors_save() -> Optional[str]:
             if read is None or read is write:
                 return None
             latest = read.latest_checkpoint
-            if latest and os.path.basename(latest).startswith(SURVIVORS_PREFIX):
+            if latest and os.path.basename(latest).startswith(tf_last_step.SURVIVORS_PREFIX):
                 return latest
             return None
         frame = frame.f_back

@@ -31,6 +31,9 @@ from typing import Any, Iterator, Optional
 
 log = logging.getLogger("tf_failure_handling")
 
+#: The name of a survivors' save in the checkpoint folder, before ``<worker>-<run count>``.
+SURVIVORS_PREFIX = "ckpt-survivor"
+
 
 def _variables(checkpoint: Any) -> list:
     """``(name, component)`` of every variable ``checkpoint`` saves: a distributed

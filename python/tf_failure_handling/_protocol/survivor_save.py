@@ -40,7 +40,7 @@ from .._termination_config import LOST_WORKER_MODES
 from . import survivor_folder
 from .checkpoints import Checkpoints, _is_tf_checkpoint, _preemption_save_context
 from .context import Context
-from .survivor_folder import SurvivorFolder, _join
+from .survivor_folder import SurvivorFolder, joined
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -271,6 +271,7 @@ class SurvivorSave:
         counter = getattr(self._checkpoint, "_save_counter", None)
         if counter is not None:
             counter.assign_add(1)
-        prefix = _join(self.folder.directory, f"ckpt-survivor{writer}-{runs}")
+        name = f"{tf_last_step.SURVIVORS_PREFIX}{writer}-{runs}"
+        prefix = joined(self.folder.directory, name)
         with _preemption_save_context(), tf_last_step.local_reads():
             return self._checkpoint.write(prefix)
