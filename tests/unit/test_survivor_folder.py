@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 
 import pytest
@@ -94,6 +95,7 @@ def test_a_lone_writer_names_its_checkpoint_and_keeps_the_earlier_ones(folder):
     earlier = _earlier_save(directory)
     folder, _ = _marked(directory)
     calls: list = []
+    named_after = time.time()
     agreed = survivor_folder.agree(
         _writer(0, 2, [1]), folder, 0, 50, [1], _writes(directory, "ckpt-survivor0-50", 50.0, calls)
     )
@@ -102,6 +104,9 @@ def test_a_lone_writer_names_its_checkpoint_and_keeps_the_earlier_ones(folder):
     assert _value(agreed.path) == 50.0
     state = tf.train.get_checkpoint_state(directory)
     assert list(state.all_model_checkpoint_paths) == [earlier, agreed.path]
+    # The earlier save keeps its stamp; the survivors' is stamped as the core said.
+    stamps = list(state.all_model_checkpoint_timestamps)
+    assert len(stamps) == 2 and stamps[0] < stamps[1] and stamps[1] >= named_after, stamps
     # A manager opened on the folder afterwards (the restart's) reads it as its own.
     restart = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(0.0)), directory, 3)
     assert restart.latest_checkpoint == agreed.path

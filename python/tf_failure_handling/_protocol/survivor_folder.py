@@ -158,10 +158,10 @@ class SurvivorFolder:
             old_stamps = list(state.all_model_checkpoint_timestamps)
             if len(old_stamps) != len(old):
                 old_stamps = [preserved] * len(old)
-            for path, stamp in zip(old, old_stamps):
+            for path, old_stamp in zip(old, old_stamps):
                 if path not in claimed and path != checkpoint:
                     paths.append(path)
-                    stamps.append(stamp)
+                    stamps.append(old_stamp)
         paths.append(checkpoint)
         stamps.append(stamp)
         checkpoint_management.update_checkpoint_state_internal(
