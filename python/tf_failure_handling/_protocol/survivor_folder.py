@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import uuid
 from typing import Any, Callable, NamedTuple, Optional
 
 from .._native import Action, Event
+from .._record_paths import _join
 from . import checkpoint_files
 
 log = logging.getLogger("tf_failure_handling")
@@ -38,18 +38,12 @@ FOLDER = "lost-worker"
 UNMARKED = "unmarked"
 
 
-def joined(folder: str, *names: str) -> str:
-    if "://" in folder:
-        return "/".join([folder.rstrip("/"), *names])
-    return os.path.join(folder, *names)
-
-
 class SurvivorFolder:
     """The marks and claims of the survivors' save in checkpoint folder ``directory``."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self._mark = joined(directory, FOLDER, "job")
+        self._mark = _join(directory, FOLDER, "job")
         #: This job's token (None: not known; its claims are then ``unmarked``).
         self.token: Optional[str] = None
 
@@ -64,7 +58,7 @@ class SurvivorFolder:
         from tensorflow.python.lib.io import file_io
 
         token = uuid.uuid4().hex
-        checkpoint_files.make_dirs(joined(self.directory, FOLDER))
+        checkpoint_files.make_dirs(_join(self.directory, FOLDER))
         before = checkpoint_files.read_or_none(self._mark)
         file_io.atomic_write_string_to_file(self._mark, token)
         self.token = token
@@ -105,10 +99,10 @@ class SurvivorFolder:
         return text is None or text.strip() == self.token
 
     def _claims_dir(self) -> str:
-        return joined(self.directory, FOLDER, self.token or UNMARKED)
+        return _join(self.directory, FOLDER, self.token or UNMARKED)
 
     def _claim_path(self, writer: int) -> str:
-        return joined(self._claims_dir(), f"claim-{writer}")
+        return _join(self._claims_dir(), f"claim-{writer}")
 
     def claims(self) -> dict:
         """This job's claims, by writer: each a dict of ``writer``, ``runs``, ``lost`` and
@@ -123,7 +117,7 @@ class SurvivorFolder:
             name = name.rstrip("/")
             if not name.startswith("claim-"):
                 continue
-            text = checkpoint_files.read_or_none(joined(folder, name))
+            text = checkpoint_files.read_or_none(_join(folder, name))
             try:
                 claim = json.loads(text or "")
                 found[int(claim["writer"])] = {

@@ -36,11 +36,12 @@ from typing import Any, Callable, Optional
 from .._integrations import tf_last_step
 from .._native import Action, Event
 from .._platforms import common
+from .._record_paths import _join
 from .._termination_config import LOST_WORKER_MODES
 from . import survivor_folder
 from .checkpoints import Checkpoints, _is_tf_checkpoint, _preemption_save_context
 from .context import Context
-from .survivor_folder import SurvivorFolder, joined
+from .survivor_folder import SurvivorFolder
 
 log = logging.getLogger("tf_failure_handling")
 
@@ -132,14 +133,20 @@ class SurvivorSave:
     def hold(self, run_count: int) -> None:
         """After ``run()`` number ``run_count`` returned: hold the variables."""
         if self.enabled:
-            folder = self._folder()
-            if self._reads_mark and folder is not None:
-                self._reads_mark = False
-                try:
-                    folder.read_mark()
-                except Exception as e:  # noqa: BLE001 - only the fence is weaker
-                    log.warning("Could not read this job's mark in %s: %s", folder.directory, e)
+            if self._reads_mark:
+                self._read_mark()
             self.last_step.hold(run_count)
+
+    def _read_mark(self) -> None:
+        """The first held step of a worker that is not the chief: the job's token."""
+        folder = self._folder()
+        if folder is None:
+            return
+        self._reads_mark = False
+        try:
+            folder.read_mark()
+        except Exception as e:  # noqa: BLE001 - only the fence is weaker
+            log.warning("Could not read this job's mark in %s: %s", folder.directory, e)
 
     def hold_counted(self, run_count: int) -> None:
         """A library that counts its own steps (tf_keras' ``_run_counter += 1``) ended
@@ -188,28 +195,29 @@ class SurvivorSave:
         me = self._ctx.state.membership.id_in_cluster
         held = self.last_step
         runs = held.run_count
-        if self._folder() is None:
+        folder = self._folder()
+        if folder is None:
             log.error("Worker %s: no checkpoint folder to save the last whole step to.", me)
             return
         if runs is None:
             why = held.broken or "no step returned since the handler started"
             log.error("Worker %s: no last whole step to save (%s): nothing saved.", me, why)
             return
-        if self.folder.token is None:
+        if folder.token is None:
             log.warning(
                 "Worker %s: this job's mark in %s was not read: a worker paused across a "
                 "restart would not be told apart.",
                 me,
-                self.folder.directory,
+                folder.directory,
             )
         writer = self._ctx.state.membership.worker_id
         agreed = survivor_folder.agree(
             self._ctx.core,
-            self.folder,
+            folder,
             writer,
             runs,
             lost_ids,
-            lambda: self._write(lost, detection, runs, writer),
+            lambda: self._write(folder.directory, lost, detection, runs, writer),
         )
         if agreed is None:
             return
@@ -241,9 +249,12 @@ class SurvivorSave:
                 agreed.path,
             )
 
-    def _write(self, lost: list, detection: str, runs: int, writer: int) -> Optional[str]:
-        """Writes the last whole step's checkpoint under this writer's own name; its
-        path, or None when the checkpoint has variables the hold did not see."""
+    def _write(
+        self, directory: str, lost: list, detection: str, runs: int, writer: int
+    ) -> Optional[str]:
+        """Writes the last whole step's checkpoint into ``directory`` under this writer's
+        own name; its path, or None when the checkpoint has variables the hold did not
+        see."""
         me = self._ctx.state.membership.id_in_cluster
         missing = self.last_step.restore()
         if missing:
@@ -272,6 +283,6 @@ class SurvivorSave:
         if counter is not None:
             counter.assign_add(1)
         name = f"{tf_last_step.SURVIVORS_PREFIX}{writer}-{runs}"
-        prefix = joined(self.folder.directory, name)
+        prefix = _join(directory, name)
         with _preemption_save_context(), tf_last_step.local_reads():
             return self._checkpoint.write(prefix)
