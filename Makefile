@@ -277,10 +277,12 @@ bench: build-release
 	$(PY) benches/bench_ps_notice.py --repeats 2
 	$(PY) benches/bench_records.py --repeats 100
 	$(PY) benches/bench_lost_worker.py
+	$(PY) benches/bench_lost_worker_exit.py
 
 # The long mode of the fault-injection trials (tests/reliability): 10,000 simulated
 # trials, 1,000 more with DEBUG logging through a file handler, 6 real-process trials
-# of each of 4 kinds and 60 of ps_preemption (issue 48: at least 60), then the table the
+# of each of 4 kinds, 60 of ps_preemption (issue 48: at least 60) and 25 of lost_worker
+# (issue 62: at least 20 of our handler, every fifth TensorFlow's), then the table the
 # README's Reliability section shows.
 reliability: build
 	$(PY) tests/reliability/run.py

@@ -46,6 +46,13 @@ COMMANDS = (
         [],
         ["--model-mb", "8", "--steps", "3", "--rounds", "1"],
     ),
+    # From a worker lost without notice to the survivor's exit, and the steps lost, TF's
+    # handler and ours, 200 MB model (8 runs of 2 fresh TF workers, ~8 min).
+    (
+        "benches/bench_lost_worker_exit.py",
+        [],
+        ["--model-mb", "8", "--repeats", "1", "--kill-after", "5"],
+    ),
     # The input position against TF's iterator checkpoint (~4 min on 2 cores).
     (
         "benches/bench_input_position.py",
@@ -60,10 +67,10 @@ COMMANDS = (
     # The demo (make demo, about a minute): its preemption report, as docs/records.md
     # shows it, and how long it took (demo/README.md).
     ("demo/run_demo.py", [], []),
-    # A mid-sized run of the trials (~30 min on 2 cores: 60 of ps_preemption, the
+    # A mid-sized run of the trials (~40 min on 2 cores: 60 of ps_preemption, the
     # identity trials of issue 48, 2 of each other real-process kind); ``make
     # reliability`` is the long mode (10,000 simulated trials, 6 real-process trials of
-    # each kind and 60 of ps_preemption, about two hours).
+    # each kind, 60 of ps_preemption and 25 of lost_worker, about three hours).
     (
         "tests/reliability/run.py",
         [

@@ -289,7 +289,42 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="a fault of a shares save, injected into TensorFlow (shares_faults.py)",
     )
+    p.add_argument(
+        "--paired-gap",
+        type=float,
+        default=None,
+        help="each step also adds the same amount to model.pair_a and model.pair_b, in two "
+        "separate all-reduces this many seconds apart (an invariant, pair_a == pair_b, that "
+        "a torn save breaks); start and done report both",
+    )
     return p.parse_args(argv)
+
+
+def build_pair(strategy, model, index: int):
+    """``model.pair_a`` and ``model.pair_b`` (mirrored, saved with the model) and
+    ``add_step(which, step)``: one all-reduce that adds the workers' mean of
+    ``(step + 1) * (index + 1)`` to ``pair_<which>``. A step that adds to both in two calls has two
+    collectives; a worker lost between them leaves ``pair_a`` ahead of ``pair_b`` on the
+    survivors, which a save of the last whole step must not keep."""
+    import tensorflow as tf
+
+    with strategy.scope():
+        model.pair_a = tf.Variable(0.0, name="pair_a", aggregation=tf.VariableAggregation.MEAN)
+        model.pair_b = tf.Variable(0.0, name="pair_b", aggregation=tf.VariableAggregation.MEAN)
+
+    def adder(var):
+        @tf.function
+        def add(amount):
+            strategy.run(var.assign_add, args=(amount,))
+
+        return add
+
+    adders = {"a": adder(model.pair_a), "b": adder(model.pair_b)}
+
+    def add_step(which: str, step: int) -> None:
+        adders[which](tf.constant(float((step + 1) * (index + 1))))
+
+    return add_step
 
 
 #: One ballast variable holds at most this many MiB (a few variables, as a model has).
@@ -559,6 +594,9 @@ def main(argv=None) -> int:
     model, optimizer, distributed_step = build_training(strategy)
     if args.ballast_mb:
         add_ballast(strategy, model, args.ballast_mb)
+    add_pair = None
+    if args.paired_gap is not None:
+        add_pair = build_pair(strategy, model, args.index)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
 
     config_kwargs = {}
@@ -607,12 +645,17 @@ def main(argv=None) -> int:
         steps=args.steps,
         setup_s=round(t_handler - T_PROCESS_START, 3),
         handler_init_s=round(time.monotonic() - t_handler, 3),
+        pair=pair_values(model),
     )
 
     def train_step(step: int):
         x, y = batch_for(step, args.index)
         fail = args.fail_at_step is not None and step == args.fail_at_step
         loss = distributed_step(tf.constant(x), tf.constant(y), tf.constant(fail))
+        if add_pair is not None:
+            add_pair("a", step)
+            time.sleep(args.paired_gap)
+            add_pair("b", step)
         if args.step_sleep > 0:
             time.sleep(args.step_sleep)
         return loss
@@ -646,9 +689,17 @@ def main(argv=None) -> int:
         weights={
             "kernel": [float(v) for v in model.kernel.numpy().ravel()],
             "bias": [float(v) for v in model.bias.numpy().ravel()],
+            **({} if add_pair is None else dict(zip(("pair_a", "pair_b"), pair_values(model)))),
         },
     )
     return 0
+
+
+def pair_values(model):
+    """``[pair_a, pair_b]`` (``--paired-gap``), else None."""
+    if not hasattr(model, "pair_a"):
+        return None
+    return [float(model.pair_a.numpy()), float(model.pair_b.numpy())]
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@
 (``make reliability`` runs it with the defaults.) Simulated trials run on the
 in-memory cluster (``simulation.py``); process trials run real TensorFlow
 workers and ParameterServerStrategy clusters on 127.0.0.1 (``process_trials.py``):
-M seeds of each kind (6 by default), and of the ``ps_preemption`` kind
-:data:`PS_PREEMPTION_SEEDS` when ``--process-seeds`` is not given (else M, unless
-``--ps-preemption-seeds`` says otherwise). Their own table (``processes/report.py``:
+M seeds of each kind (6 by default), and of the ``ps_preemption`` and ``lost_worker``
+kinds :data:`PS_PREEMPTION_SEEDS` and :data:`LOST_WORKER_SEEDS` when ``--process-seeds``
+is not given (else M, unless ``--ps-preemption-seeds`` or ``--lost-worker-seeds`` says
+otherwise). Their own table (``processes/report.py``:
 faults, hangs, violations, lost ids and duplicated closures, explained or not, by kind
 and variant) is printed after them and written with the figure.
 
@@ -53,6 +54,9 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/, so that `reliability` impor
 #: ``ps_preemption`` trials of the long mode (issue 48: at least 60; TensorFlow's own
 #: coordinator is one variant among them, its row apart).
 PS_PREEMPTION_SEEDS = 60
+#: ``lost_worker`` trials of the long mode (issue 62: at least 20 of our handler; every
+#: fifth seed is TensorFlow's handler, its row apart: 25 seeds are 20 of ours).
+LOST_WORKER_SEEDS = 25
 #: Real-process trials of every other kind in the long mode.
 PROCESS_SEEDS = 6
 ZERO_COLUMNS = ("lost steps", "hangs", "mismatched saves", "lost closures", "wrong outcomes")
@@ -371,15 +375,15 @@ def run_debug_logging(
     return totals
 
 
-def run_processes(tally: Tally, start: int, seeds_per_kind: int, ps_preemption_seeds: int) -> list:
+def run_processes(tally: Tally, start: int, seeds_per_kind: int, counts: dict) -> list:
     """Runs the real-process trials into ``tally``; their results (for their own table).
-    A ``ps_preemption`` trial of a variant other than ours (TensorFlow's coordinator)
-    has its own row."""
+    ``counts``: the seeds of a kind other than ``seeds_per_kind``. A trial of a variant
+    other than ours (TensorFlow's coordinator or handler) has its own row."""
     from reliability import process_trials
 
     results = []
     for kind in process_trials.KINDS:
-        count = ps_preemption_seeds if kind == "ps_preemption" else seeds_per_kind
+        count = counts.get(kind, seeds_per_kind)
         for seed in range(start, start + count):
             r = process_trials.run_trial(process_trials.make_plan(kind, seed))
             results.append(r)
@@ -420,13 +424,20 @@ def main(argv=None) -> int:
         "--process-seeds",
         type=int,
         default=None,
-        help=f"real-process trials per kind (5 kinds; default {PROCESS_SEEDS})",
+        help=f"real-process trials per kind (default {PROCESS_SEEDS})",
     )
     p.add_argument(
         "--ps-preemption-seeds",
         type=int,
         default=None,
         help=f"ps_preemption trials (default {PS_PREEMPTION_SEEDS}, or --process-seeds when "
+        "that is given)",
+    )
+    p.add_argument(
+        "--lost-worker-seeds",
+        type=int,
+        default=None,
+        help=f"lost_worker trials (default {LOST_WORKER_SEEDS}, or --process-seeds when "
         "that is given)",
     )
     p.add_argument("--seed", type=int, default=0, help="first seed")
@@ -459,27 +470,31 @@ def main(argv=None) -> int:
         logged = run_debug_logging(
             tally, debug_start, args.debug_trials, max(1, args.debug_trials // 5)
         )
-    ps_seeds = args.ps_preemption_seeds
-    if ps_seeds is None:
-        ps_seeds = PS_PREEMPTION_SEEDS if args.process_seeds is None else args.process_seeds
+    given = args.process_seeds
+    counts = {
+        "ps_preemption": PS_PREEMPTION_SEEDS if given is None else given,
+        "lost_worker": LOST_WORKER_SEEDS if given is None else given,
+    }
+    if args.ps_preemption_seeds is not None:
+        counts["ps_preemption"] = args.ps_preemption_seeds
+    if args.lost_worker_seeds is not None:
+        counts["lost_worker"] = args.lost_worker_seeds
     if args.process_seeds is None:
         args.process_seeds = PROCESS_SEEDS
-    if args.process_seeds or ps_seeds:
+    others = {k: n for k, n in counts.items() if n != args.process_seeds}
+    if args.process_seeds or any(counts.values()):
         print(
-            f"Running {args.process_seeds} real-process trials of each kind "
-            f"({ps_seeds} of ps_preemption)...",
+            f"Running {args.process_seeds} real-process trials of each kind"
+            + "".join(f", {n} of {k}" for k, n in others.items())
+            + "...",
             flush=True,
         )
-        process_results = run_processes(tally, args.seed, args.process_seeds, ps_seeds)
+        process_results = run_processes(tally, args.seed, args.process_seeds, counts)
     seeds = (
         f"simulated {args.seed}..{args.seed + args.sim_trials - 1}, "
         f"DEBUG logging {debug_start}..{debug_start + args.debug_trials - 1}, "
         f"real-process {args.seed}..{args.seed + args.process_seeds - 1} of each kind"
-        + (
-            f" (ps_preemption {args.seed}..{args.seed + ps_seeds - 1})"
-            if ps_seeds != args.process_seeds
-            else ""
-        )
+        + "".join(f", {k} {args.seed}..{args.seed + n - 1}" for k, n in others.items())
     )
     print()
     print(tally.table(seeds))

@@ -37,8 +37,10 @@ from .process_trials import (
     reference_weights,
     run_trial,
 )
-from .processes import harness, netns, ps_checks, ps_preemption, trials
+from .processes import harness, lost_worker, netns, ps_checks, ps_preemption, trials
 from .processes.plans import (
+    LOST_FAULTS,
+    LOST_MOMENTS,
     PS_COORDINATORS,
     PS_MOMENTS,
     PS_ROLES,
@@ -76,6 +78,10 @@ PS_SEED = 6
 #: 39 -- 2 PS, 3 workers, a fetch() every 7th run, a grace period of 3 s and a 25 s
 #: deadline: a worker's notice, the PS's notice during that worker's drain.
 PS_PREEMPTION_SEEDS = (36, 22, 39)
+#: lost_worker seeds for make test (issue 62: a network cut), our handler: 7 cuts off the
+#: non-chief of 2 workers; 33 the chief of 3 (whose coordination service goes with it),
+#: one step's pair collectives 0.02 s apart.
+LOST_WORKER_CUT_SEEDS = {"non_chief": 7, "chief_of_3": 33}
 
 #: The trials' bounds that a test goes through in sequence, for its pytest-timeout (the
 #: backstop above them): ``trial_root``'s reference run (a fixture's setup), ...
@@ -115,6 +121,15 @@ def check(result: TrialResult) -> None:
     assert result.mismatched_saves == 0 and result.lost_closures == 0, result.report()
 
 
+def check_lost(result: TrialResult) -> None:
+    """A ``lost_worker`` trial of our handler: no violation, no hang, no torn save; at
+    most one step lost (the trial's own check, L - 1, made a violation)."""
+    assert result.ok, result.report()
+    assert result.hangs == 0 and result.mismatched_saves == 0, result.report()
+    assert result.lost_steps <= 1, result.report()
+    assert result.notes["restored"][0] >= result.notes["L"] - 1 > 0, result.report()
+
+
 # ------------------------------------------------------------------ plans (no processes)
 def test_plans_are_reproducible_from_their_seed():
     for kind in KINDS:
@@ -143,6 +158,29 @@ def test_plans_cover_the_fault_space():
     assert all(p["closures"] >= 5000 for p in ps)
     kills = [k for p in ps for k in p["kills"]]
     assert {tuple(k["workers"]) for k in kills} == {(0,), (1,), (0, 1)}
+
+
+def test_lost_worker_plans_cover_faults_targets_sizes_and_moments():
+    plans = [make_plan("lost_worker", s).params for s in range(200)]
+    ours = [p for p in plans if p["impl"] == "ours"]
+    assert {p["fault"] for p in ours} == set(LOST_FAULTS)
+    assert {p["moment"] for p in ours} == set(LOST_MOMENTS)
+    assert {p["num_workers"] for p in ours} == {2, 3}
+    sizes_and_targets = {(p["num_workers"], p["target"]) for p in ours}
+    assert sizes_and_targets == {(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)}
+    assert {(p["fault"], p["target"] == 0) for p in ours} == {
+        (f, chief) for f in LOST_FAULTS for chief in (False, True)
+    }
+    # TensorFlow's handler is every fifth seed: 20 of the long mode's 25 are ours.
+    assert [s for s in range(25) if plans[s]["impl"] == "tf"] == [4, 9, 14, 19, 24]
+    assert {p["paired_gap"] for p in ours} >= {0.0, 0.05}
+
+
+def test_lost_worker_cut_seeds_are_cuts_of_our_handler():
+    chosen = {k: make_plan("lost_worker", s).params for k, s in LOST_WORKER_CUT_SEEDS.items()}
+    assert all(p["fault"] == "cut" and p["impl"] == "ours" for p in chosen.values())
+    assert (chosen["non_chief"]["num_workers"], chosen["non_chief"]["target"]) == (2, 1)
+    assert (chosen["chief_of_3"]["num_workers"], chosen["chief_of_3"]["target"]) == (3, 0)
 
 
 def test_ps_preemption_plans_cover_roles_faults_and_moments():
@@ -545,6 +583,28 @@ def test_partition_before_the_notice_names_the_cut_off_worker(trial_root):
     require_netns()
     result = run_trial(make_plan("partition", HEARTBEAT_PARTITION_SEED), trial_root)
     check(result)
+
+
+# Backstop above its own bounds in sequence: its reference run, the ip commands, the
+# progress, the life's end after the cut, the restart.
+@pytest.mark.timeout(
+    lost_worker.RESTART_BOUND
+    + PARTITION_IP_BOUND
+    + harness.START_TIMEOUT
+    + lost_worker.LOST_BOUND
+    + lost_worker.RESTART_BOUND
+    + MARGIN
+)
+@pytest.mark.parametrize("cut", sorted(LOST_WORKER_CUT_SEEDS))
+def test_a_network_cut_the_survivors_save_and_the_restart_resumes_there(tmp_path, cut):
+    """Success for a cut (issue 62): every worker of both sides ends within the bound
+    (none hangs on the other side), and the restart resumes at L - 1 or later (L: the
+    highest step any worker finished before the cut), at one run on every worker, with
+    pair_a == pair_b, and ends with exactly an uninterrupted run's weights."""
+    require_netns()
+    result = run_trial(make_plan("lost_worker", LOST_WORKER_CUT_SEEDS[cut]), tmp_path)
+    check_lost(result)
+    assert result.faults == {"cut": 1}, result.report()
 
 
 # Backstop above its own bounds in sequence: reference, the trial's.

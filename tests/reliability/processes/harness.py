@@ -59,11 +59,13 @@ STOP_WATCHER = _native.STOP_WATCHER
 
 
 class Workers:
-    """One life of a 2-worker MWMS cluster of ``trial_worker.py mwms`` processes.
+    """One life of an MWMS cluster of ``trial_worker.py mwms`` processes (2 workers
+    unless ``num_workers`` says).
 
     ``hosts[i]`` is worker ``i``'s address (127.0.0.1 unless a partition trial put
     it on a veth address); ``netns[i]`` the network namespace it runs in (None: this
-    one).
+    one). ``trial_args`` go to ``trial_worker.py``, ``worker_args`` to every worker's
+    ``mwms_worker.py``.
     """
 
     def __init__(
@@ -78,7 +80,9 @@ class Workers:
         hosts=None,
         netns=None,
         trial_args=(),
+        worker_args=(),
         env=None,
+        num_workers: int = NUM_WORKERS,
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -87,13 +91,15 @@ class Workers:
         self.impl = impl
         self.steps = steps
         self.step_sleep = step_sleep
-        self.hosts = list(hosts or ["127.0.0.1"] * NUM_WORKERS)
-        self.netns = list(netns or [None] * NUM_WORKERS)
+        self.num_workers = num_workers
+        self.hosts = list(hosts or ["127.0.0.1"] * num_workers)
+        self.netns = list(netns or [None] * num_workers)
         self.trial_args = [str(a) for a in trial_args]
+        self.worker_args = [str(a) for a in worker_args]
         self.env = dict(env or {})
         self.procs: list = []
-        self.stdout = [self.workdir / f"{name}-worker{i}.stdout" for i in range(NUM_WORKERS)]
-        self.stderr = [self.workdir / f"{name}-worker{i}.stderr" for i in range(NUM_WORKERS)]
+        self.stdout = [self.workdir / f"{name}-worker{i}.stdout" for i in range(num_workers)]
+        self.stderr = [self.workdir / f"{name}-worker{i}.stderr" for i in range(num_workers)]
         self.sent: list = []  # (time.time(), worker, signal name)
 
     def command(self, index: int, ports: list) -> list:
@@ -108,15 +114,15 @@ class Workers:
         )
         # trial_worker.py's "mwms" subcommand comes before the worker's options.
         cmd[2:2] = ["mwms", "--hosts", ",".join(self.hosts), *self.trial_args]
-        cmd += ["--progress-every", "1"]
+        cmd += ["--progress-every", "1", *self.worker_args]
         if self.netns[index] is not None:
             cmd = ["ip", "netns", "exec", self.netns[index], *cmd]
         return cmd
 
     def start(self) -> Workers:
-        ports = free_ports(NUM_WORKERS)
+        ports = free_ports(self.num_workers)
         env = {**child_environment(), **self.env}
-        for i in range(NUM_WORKERS):
+        for i in range(self.num_workers):
             with open(self.stdout[i], "wb") as out, open(self.stderr[i], "wb") as err:
                 popen = start_process(
                     self.command(i, ports),
@@ -168,7 +174,7 @@ class Workers:
 
         def ready() -> bool:
             done = True
-            for i in range(NUM_WORKERS):
+            for i in range(self.num_workers):
                 if self.progress(i) >= step:
                     continue
                 if self.procs[i].poll() is not None:
@@ -198,7 +204,7 @@ class Workers:
 
     def wait(self, timeout: float, indices=None) -> list:
         """Waits (bounded) for the workers to exit; their codes, None for a hang."""
-        indices = range(NUM_WORKERS) if indices is None else indices
+        indices = range(self.num_workers) if indices is None else indices
         deadline = time.monotonic() + timeout
         codes = []
         for i in indices:
@@ -230,22 +236,33 @@ def peer_env(seconds: float) -> dict:
 _REFERENCE: dict = {}
 
 
-def reference_weights(workdir: Optional[Path] = None, steps: int = STEPS) -> dict:
-    """Final weights of one uninterrupted run (TF's handler), computed once per process."""
-    if steps not in _REFERENCE:
+def reference_weights(
+    workdir: Optional[Path] = None,
+    steps: int = STEPS,
+    num_workers: int = NUM_WORKERS,
+    worker_args: tuple = (),
+    timeout: float = RUN_TIMEOUT,
+) -> dict:
+    """Final weights of one uninterrupted run (TF's handler), computed once per process
+    for each ``(steps, num_workers, worker_args)``; ``timeout`` bounds the run."""
+    key = (steps, num_workers, tuple(str(a) for a in worker_args))
+    if key not in _REFERENCE:
         root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="ref-"))
+        name = "reference" if key[1:] == (NUM_WORKERS, ()) else f"reference-{len(_REFERENCE)}"
         workers = Workers(
-            root / "reference",
+            root / name,
             "reference",
-            ckpt_dir=root / "reference" / "train" / "ckpt",
+            ckpt_dir=root / name / "train" / "ckpt",
             impl="tf",
             steps=steps,
             step_sleep=0.0,
+            worker_args=worker_args,
+            num_workers=num_workers,
         ).start()
         try:
-            codes = workers.wait(RUN_TIMEOUT)
-            done = [workers.events(i, "done") for i in range(NUM_WORKERS)]
-            if codes != [0] * NUM_WORKERS or not all(done):
+            codes = workers.wait(timeout)
+            done = [workers.events(i, "done") for i in range(num_workers)]
+            if codes != [0] * num_workers or not all(done):
                 raise RuntimeError(
                     f"the uninterrupted reference run failed (exit codes {codes})\n"
                     + workers.describe_all()
@@ -253,11 +270,12 @@ def reference_weights(workdir: Optional[Path] = None, steps: int = STEPS) -> dic
         finally:
             workers.kill()
         weights = [d[0]["weights"] for d in done]
-        mismatch = weights_mismatch(weights[1], weights[0])
-        if mismatch:
-            raise RuntimeError(f"reference workers disagree: {mismatch}")
-        _REFERENCE[steps] = weights[0]
-    return _REFERENCE[steps]
+        for other in weights[1:]:
+            mismatch = weights_mismatch(other, weights[0])
+            if mismatch:
+                raise RuntimeError(f"reference workers disagree: {mismatch}")
+        _REFERENCE[key] = weights[0]
+    return _REFERENCE[key]
 
 
 def weights_mismatch(actual: dict, expected: dict) -> Optional[str]:
@@ -314,19 +332,21 @@ def round_windows(workers: Workers) -> dict:
     for round_key in (RUN_TO_CHECKPOINT, LAST_RUN_TO_CHECKPOINT):
         publish = [
             e
-            for i in range(NUM_WORKERS)
+            for i in range(workers.num_workers)
             for e in kv_sets(workers, i, round_key)
             if e["key"] == round_key and e["value"] != STOP_WATCHER and e.get("ok")
         ]
         acks = [
-            e for i in range(NUM_WORKERS) for e in kv_sets(workers, i, f"{ACK_PREFIX}_{round_key}_")
+            e
+            for i in range(workers.num_workers)
+            for e in kv_sets(workers, i, f"{ACK_PREFIX}_{round_key}_")
         ]
         if publish:
             start = min(e["t_start"] for e in publish)
             end = max([e["t"] for e in acks] or [start])
             windows[round_key] = (start, end)
     saves = []
-    for i in range(NUM_WORKERS):
+    for i in range(workers.num_workers):
         begins = [e["t"] for e in workers.events(i, "save_begin")]
         for j, e in enumerate(workers.events(i, "save")):
             saves.append((begins[j] if j < len(begins) else e["t_start"], e["t_end"]))
@@ -366,4 +386,4 @@ def await_moment(workers: Workers, moment: str, timeout: float = MOMENT_TIMEOUT)
             return bool(workers.events(i, "save"))
         return True
 
-    return poll_until(lambda: any(began(i) for i in range(NUM_WORKERS)), timeout, 0.005)
+    return poll_until(lambda: any(began(i) for i in range(workers.num_workers)), timeout, 0.005)

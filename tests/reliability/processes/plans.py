@@ -10,7 +10,14 @@ from __future__ import annotations
 import dataclasses
 import random
 
-KINDS = ("preemption", "crash_during_save", "partition", "ps_worker_kills", "ps_preemption")
+KINDS = (
+    "preemption",
+    "crash_during_save",
+    "partition",
+    "ps_worker_kills",
+    "ps_preemption",
+    "lost_worker",
+)
 #: Moments at which a second notice can land (the vocabulary of ``simulation.py``).
 MOMENTS = (
     "during_step",
@@ -86,6 +93,8 @@ def make_plan(kind: str, seed: int) -> Plan:
     if kind not in KINDS:
         raise ValueError(f"unknown trial kind {kind!r}; kinds: {', '.join(KINDS)}")
     rng = random.Random(f"{kind}:{seed}")
+    if kind == "lost_worker":  # its variant follows the seed (every LOST_TF_EVERY-th)
+        return Plan(kind, seed, _plan_lost_worker(rng, seed))
     return Plan(kind, seed, _PLANNERS[kind](rng))
 
 
@@ -143,6 +152,43 @@ def _plan_partition(rng: random.Random) -> dict:
         # Seconds from the SIGTERM to the cut (negative: the cut comes first).
         "cut_offset": rng.choice((rng.uniform(-0.3, 0.0), rng.uniform(0.0, 0.3))),
         "ack_delay": rng.choice((0.0, 0.5)),
+    }
+
+
+#: The faults of a ``lost_worker`` trial: a crash, a pause (SIGCONT once the others
+#: ended), a network cut (the target behind a veth pair that goes down).
+LOST_FAULTS = ("SIGKILL", "SIGSTOP", "cut")
+#: Where a ``lost_worker`` fault lands: inside training, inside the agreement of a
+#: preemption (a SIGTERM to a random worker first), inside that preemption's save.
+LOST_MOMENTS = ("training", "agreement", "save")
+#: Every this-many seeds of ``lost_worker`` runs TensorFlow's handler: a variant reported
+#: in its own row (it saves nothing: how many steps it loses).
+LOST_TF_EVERY = 5
+
+
+def lost_variant(params: dict) -> str:
+    """The row of the report a ``lost_worker`` plan belongs to: its handler."""
+    return "TF's handler" if params.get("impl") == "tf" else "ours"
+
+
+def _plan_lost_worker(rng: random.Random, seed: int) -> dict:
+    num_workers = rng.choice((2, 2, 3))
+    target = rng.choice((0, rng.randrange(1, num_workers)))
+    moment = rng.choices(LOST_MOMENTS, weights=(3, 1, 1))[0]
+    return {
+        "impl": "tf" if seed % LOST_TF_EVERY == LOST_TF_EVERY - 1 else "ours",
+        "num_workers": num_workers,
+        "fault": rng.choice(LOST_FAULTS),
+        "target": target,  # 0 is the chief
+        "moment": moment,
+        "step": rng.randint(5, 30),  # the fault once every worker finished this step
+        "delay": rng.uniform(0.0, 0.06),  # ... plus this: inside a step, or its collectives
+        # A preemption's notice, for the agreement and save moments.
+        "notice_target": rng.randrange(num_workers),
+        "ack_delay": 0.5 if moment == "agreement" else 0.0,
+        "slow_save": 1.0 if moment == "save" else 0.0,
+        # Seconds between the step's two pair collectives (mwms_worker --paired-gap).
+        "paired_gap": rng.choice((0.0, 0.02, 0.05)),
     }
 
 

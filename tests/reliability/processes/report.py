@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Optional
 
-from .plans import Plan, ps_features, ps_variant
+from .plans import Plan, lost_variant, ps_features, ps_variant
 
 
 @dataclasses.dataclass
@@ -47,7 +47,11 @@ class TrialResult:
     @property
     def variant(self) -> str:
         """The report's row within the kind (``ps_preemption``: its coordinator)."""
-        return ps_variant(self.plan.params) if self.kind == "ps_preemption" else "-"
+        if self.kind == "ps_preemption":
+            return ps_variant(self.plan.params)
+        if self.kind == "lost_worker":
+            return lost_variant(self.plan.params)
+        return "-"
 
     def fault(self, kind: str, n: int = 1) -> None:
         self.faults[kind] = self.faults.get(kind, 0) + n
@@ -182,13 +186,28 @@ def format_table(results) -> str:
     return "\n".join(lines)
 
 
+#: What holds in each ``lost_worker`` variant (the table's note under it).
+LOST_NOTES = {
+    "ours": "every restart resumed at L - 1 or later (L: the highest step any worker "
+    "finished before the loss), at one run on every worker, with pair_a == pair_b (no "
+    "torn step) and an uninterrupted run's weights at the end; no hang",
+    "TF's handler": "it saves nothing at a loss: lost steps (L - the restored run) and "
+    "hangs are measured, not violations; the restart must still end with an "
+    "uninterrupted run's weights",
+}
+
+
 def feature_lines(results) -> list:
-    """Under the table: what each ``ps_preemption`` variant guarantees, and its trials
-    (and failures) by what the plan varied."""
+    """Under the table: what each ``lost_worker`` and ``ps_preemption`` variant
+    guarantees, and the ``ps_preemption`` trials (and failures) by what the plan
+    varied."""
+    lines = [""]
+    lost = [r for r in results if r.kind == "lost_worker"]
+    for variant in dict.fromkeys(r.variant for r in lost):
+        lines.append(f"lost_worker, {variant}: {LOST_NOTES.get(variant, '')}.")
     ps = [r for r in results if r.kind == "ps_preemption"]
     if not ps:
-        return []
-    lines = [""]
+        return lines if lost else []
     for variant in dict.fromkeys(r.variant for r in ps):
         lines.append(f"ps_preemption, {variant}: {VARIANT_NOTES.get(variant, '')}.")
     counts: dict = {}

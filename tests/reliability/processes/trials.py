@@ -18,7 +18,7 @@ from typing import Optional
 from ci import is_ci
 from integration.mwms_worker import poll_until, tail
 
-from . import ps_checks, ps_preemption
+from . import lost_worker, ps_checks, ps_preemption
 from .harness import (
     EXIT_CODE,
     EXIT_TIMEOUT,
@@ -568,6 +568,8 @@ def run_trial(
             lives = _trial_preemption(plan, result, workdir)
         elif plan.kind == "crash_during_save":
             lives = _trial_crash_during_save(plan, result, workdir)
+        elif plan.kind == "lost_worker":
+            lives = lost_worker.trial(plan, result, workdir)
         else:
             lives = _trial_partition(plan, result, workdir)
     finally:
