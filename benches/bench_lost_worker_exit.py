@@ -108,11 +108,10 @@ def main(argv=None) -> int:
             )
         )
     _report.print_readme_table(
-        f"From a lost worker to the survivor's exit, {args.model_mb} MB model "
-        f"(medians of {args.repeats})",
+        f"From a lost worker to the survivor's exit, {args.model_mb} MB model",
         (
             "lost",
-            "loss to exit, TF",
+            f"loss to exit, TF (median of {args.repeats})",
             "steps lost, TF",
             "loss to exit, ours",
             "steps lost, ours",
