@@ -113,6 +113,14 @@ Kinds:
       after its drain is no such cause: the coordinator let it go;
     * the last life prints ``done`` with runs == steps.
 
+``lost_worker``
+    2 or 3 MWMS workers; the chief or a non-chief is SIGKILLed, SIGSTOPped or cut off (a
+    network namespace whose veth link goes down) with no notice, mid-training or during
+    a preemption's agreement or save; every fifth seed runs TensorFlow's handler, a
+    variant in its own row (``processes/lost_worker.py`` has the invariants: the
+    restart resumes at L - 1 or later, no torn step, an uninterrupted run's weights, no
+    hang).
+
 Every trial returns a :class:`TrialResult` with the counters of the reliability
 table: faults injected by kind, lost steps, hangs, mismatched saves, lost (and
 duplicated) closures, lost ids and duplicates explained or not (``ps_preemption``),

@@ -23,6 +23,7 @@ import importlib.util
 
 import pytest
 from ci import is_ci
+from integration.gcs_emulator import LIFETIME_BOUND
 from integration.ps_cluster import DONE_EXIT_BOUND
 
 from .process_trials import (
@@ -82,6 +83,33 @@ PS_PREEMPTION_SEEDS = (36, 22, 39)
 #: non-chief of 2 workers; 33 the chief of 3 (whose coordination service goes with it),
 #: one step's pair collectives 0.02 s apart.
 LOST_WORKER_CUT_SEEDS = {"non_chief": 7, "chief_of_3": 33}
+
+
+def lost_plan(fault: str, target: int) -> Plan:
+    """A ``lost_worker`` plan of our handler, 2 workers, mid-training (for gs://)."""
+    params = {
+        "impl": "ours",
+        "num_workers": 2,
+        "fault": fault,
+        "target": target,
+        "moment": "training",
+        "step": 10,
+        "delay": 0.01,
+        "notice_target": 0,
+        "ack_delay": 0.0,
+        "slow_save": 0.0,
+        "paired_gap": 0.02,
+    }
+    return Plan("lost_worker", -1, params)
+
+
+#: On gs:// (the emulator, where a rename is a copy and a delete): the chief SIGKILLed
+#: (the coordination service goes with it: the non-chief writes), the non-chief paused
+#: (the chief writes; the resumed worker finds the claim naming it lost).
+LOST_WORKER_GCS_PLANS = {
+    "chief_killed": lost_plan("SIGKILL", 0),
+    "non_chief_paused": lost_plan("SIGSTOP", 1),
+}
 
 #: The trials' bounds that a test goes through in sequence, for its pytest-timeout (the
 #: backstop above them): ``trial_root``'s reference run (a fixture's setup), ...
@@ -605,6 +633,38 @@ def test_a_network_cut_the_survivors_save_and_the_restart_resumes_there(tmp_path
     result = run_trial(make_plan("lost_worker", LOST_WORKER_CUT_SEEDS[cut]), tmp_path)
     check_lost(result)
     assert result.faults == {"cut": 1}, result.report()
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    from integration.gcs_emulator import require_gcs_emulator
+
+    with require_gcs_emulator() as emu:
+        yield emu
+
+
+# Backstop above its own bounds in sequence: the module's emulator, its reference run,
+# the progress, the life's end after the fault (a paused one: after its SIGCONT too),
+# the restart.
+@pytest.mark.timeout(
+    LIFETIME_BOUND
+    + lost_worker.RESTART_BOUND
+    + harness.START_TIMEOUT
+    + 2 * lost_worker.LOST_BOUND
+    + lost_worker.RESTART_BOUND
+    + MARGIN
+)
+@pytest.mark.parametrize("case", sorted(LOST_WORKER_GCS_PLANS))
+def test_a_lost_worker_on_gs_the_survivors_save_and_the_restart_resumes_there(tmp_path, gcs, case):
+    """As the cut test, through TensorFlow's own GCS file system against the emulator:
+    the survivors' checkpoint, its claim and the state file are objects of the bucket."""
+    result = run_trial(LOST_WORKER_GCS_PLANS[case], tmp_path, gcs=gcs)
+    check_lost(result)
+    folder = result.notes["ckpt_dir"].removeprefix(f"gs://{gcs.bucket}/") + "/"
+    objects = gcs.list_objects(folder)
+    saved = [o for o in objects if "/ckpt-survivor" in o and o.endswith(".index")]
+    assert len(saved) == 1, objects
+    assert f"{folder}lost-worker/job" in objects, objects
 
 
 # Backstop above its own bounds in sequence: reference, the trial's.

@@ -73,7 +73,7 @@ class Workers:
         workdir: Path,
         name: str,
         *,
-        ckpt_dir: Path,
+        ckpt_dir,
         impl: str = "ours",
         steps: int = STEPS,
         step_sleep: float = STEP_SLEEP,
@@ -87,7 +87,8 @@ class Workers:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
-        self.ckpt_dir = Path(ckpt_dir)
+        #: A local folder, or a ``gs://`` URL (kept as text: a Path would fold its ``//``).
+        self.ckpt_dir = ckpt_dir if "://" in str(ckpt_dir) else Path(ckpt_dir)
         self.impl = impl
         self.steps = steps
         self.step_sleep = step_sleep

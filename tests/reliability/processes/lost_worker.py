@@ -65,12 +65,20 @@ RESTART_BOUND = 300.0
 _AWAITED = {"agreement": "during_ack", "save": "during_save"}
 
 
-def trial(plan: Plan, result: TrialResult, workdir: Path) -> list:
+def trial(plan: Plan, result: TrialResult, workdir: Path, gcs=None) -> list:
+    """Runs ``plan``; with ``gcs`` (``integration.gcs_emulator.GcsEmulator``), every life
+    runs inside the emulator's network namespace and checkpoints to ``gs://`` through
+    TensorFlow's own GCS file system (a SIGKILL or SIGSTOP: a cut needs a namespace of
+    its own)."""
     p = plan.params
     worker_args = ("--paired-gap", p["paired_gap"])
     reference = reference_weights(
         workdir, LOST_STEPS, p["num_workers"], worker_args, timeout=RESTART_BOUND
     )
+    storage = _Storage(workdir, gcs)
+    result.notes["ckpt_dir"] = str(storage.ckpt_dir)
+    if gcs is not None and p["fault"] == "cut":
+        raise ValueError("a cut trial runs in a namespace of its own, not the emulator's")
     if p["fault"] == "cut":
         why = netns_unavailable()
         if why:
@@ -80,27 +88,47 @@ def trial(plan: Plan, result: TrialResult, workdir: Path) -> list:
                 result.skipped = why
             return []
         with Partition() as net:
-            life = _life(p, workdir, worker_args, net)
+            life = _life(p, workdir, worker_args, net, storage)
             try:
                 finished = _faulty_life(p, result, life, net)
             finally:
                 life.kill()  # before the namespace goes
     else:
-        life = _life(p, workdir, worker_args, None)
+        life = _life(p, workdir, worker_args, None, storage)
         try:
             finished = _faulty_life(p, result, life, None)
         finally:
             life.kill()
     if finished is None:
         return [life]
-    return [life, _restart(p, result, workdir, worker_args, reference, finished)]
+    return [life, _restart(p, result, workdir, worker_args, reference, finished, storage)]
 
 
-def _life(p: dict, workdir: Path, worker_args: tuple, net: Optional[Partition]) -> Workers:
+class _Storage:
+    """Where a trial's lives checkpoint: ``workdir/train/ckpt``, or a ``gs://`` folder
+    of the emulator's bucket (the lives then run in its namespace, with its variables)."""
+
+    def __init__(self, workdir: Path, gcs) -> None:
+        self.gcs = gcs
+        if gcs is None:
+            self.ckpt_dir = workdir / "train" / "ckpt"
+        else:
+            self.ckpt_dir = f"gs://{gcs.bucket}/{workdir.name}/ckpt"
+
+    def env(self) -> dict:
+        return {} if self.gcs is None else dict(self.gcs.env)
+
+    def netns(self, n: int):
+        return None if self.gcs is None else [self.gcs.namespace] * n
+
+
+def _life(
+    p: dict, workdir: Path, worker_args: tuple, net: Optional[Partition], storage: _Storage
+) -> Workers:
     n = p["num_workers"]
     trial_args = ["--ack-delay", p["ack_delay"], "--slow-save", p["slow_save"]]
-    env = peer_env(LOST_PEER_TIMEOUT)
-    hosts = netns = None
+    env = {**storage.env(), **peer_env(LOST_PEER_TIMEOUT)}
+    hosts, netns = None, storage.netns(n)
     if net is not None:
         hosts = [net.host_address] * n
         hosts[p["target"]] = net.ns_address
@@ -113,7 +141,7 @@ def _life(p: dict, workdir: Path, worker_args: tuple, net: Optional[Partition]) 
     return Workers(
         workdir,
         "lost",
-        ckpt_dir=workdir / "train" / "ckpt",
+        ckpt_dir=storage.ckpt_dir,
         impl=p["impl"],
         steps=LOST_STEPS,
         hosts=hosts,
@@ -182,15 +210,17 @@ def _restart(
     worker_args: tuple,
     reference: dict,
     finished: int,
+    storage: _Storage,
 ) -> Workers:
     """A clean life: resumes at L - 1 or later (ours), unbroken, ends as uninterrupted."""
     n = p["num_workers"]
     life = Workers(
         workdir,
         "restart",
-        ckpt_dir=workdir / "train" / "ckpt",
+        ckpt_dir=storage.ckpt_dir,
         impl=p["impl"],
-        env=peer_env(LOST_PEER_TIMEOUT),
+        netns=storage.netns(n),
+        env={**storage.env(), **peer_env(LOST_PEER_TIMEOUT)},
         steps=LOST_STEPS,
         step_sleep=0.0,
         worker_args=worker_args,

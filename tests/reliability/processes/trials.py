@@ -546,12 +546,19 @@ def _trial_ps_preemption(plan: Plan, result: TrialResult, workdir: Path) -> list
 
 
 def run_trial(
-    plan: Plan, root: Optional[Path] = None, *, impl: str = "ours", keep: bool = False
+    plan: Plan,
+    root: Optional[Path] = None,
+    *,
+    impl: str = "ours",
+    keep: bool = False,
+    gcs=None,
 ) -> TrialResult:
     """Runs one planned trial in a fresh directory (kept if it failed or ``keep``).
 
     The MWMS kinds use tf_failure_handling's handler; ``impl`` picks the PS
     coordinator (``"tf"`` runs the same trial against TensorFlow's, for comparison).
+    ``gcs``: a ``lost_worker`` trial checkpoints to that emulator's bucket
+    (:func:`lost_worker.trial`).
     """
     result = TrialResult(plan.kind, plan.seed, plan)
     root = Path(root) if root is not None else Path(tempfile.gettempdir())
@@ -569,7 +576,7 @@ def run_trial(
         elif plan.kind == "crash_during_save":
             lives = _trial_crash_during_save(plan, result, workdir)
         elif plan.kind == "lost_worker":
-            lives = lost_worker.trial(plan, result, workdir)
+            lives = lost_worker.trial(plan, result, workdir, gcs)
         else:
             lives = _trial_partition(plan, result, workdir)
     finally:
