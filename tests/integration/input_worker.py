@@ -20,7 +20,9 @@ a ``tf.function``, with ``handler.track_input``; ``--no-track`` leaves that line
 ``--ports`` empty: no strategy (one process). ``--preempt-at N``: worker
 ``--preempt-worker`` sends itself SIGTERM after its ``N``-th step and holds (bounded)
 until its handler has handled the notice; the handler then saves at the agreed step
-and exits. The end writes ``--out`` (JSON: ``counts``, ``trace``, ``steps`` run by this
+and exits. ``--kill-at N`` (custom stack): that worker SIGKILLs itself after its
+``N``-th step instead, with no notice; the survivors save the last whole step and
+raise. The end writes ``--out`` (JSON: ``counts``, ``trace``, ``steps`` run by this
 process); an exit writes nothing.
 """
 
@@ -56,6 +58,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeat", action="store_true", help="dataset.repeat() (one iterator)")
     p.add_argument("--preempt-at", type=int, default=None)
     p.add_argument("--preempt-worker", type=int, default=0)
+    p.add_argument(
+        "--kill-at",
+        type=int,
+        default=None,
+        help="custom stack: worker --preempt-worker SIGKILLs itself after this step (a "
+        "worker lost without notice)",
+    )
     p.add_argument("--no-track", action="store_true")
     p.add_argument(
         "--input",
@@ -175,6 +184,8 @@ def run_custom(args) -> None:
             steps += 1
             if args.preempt_at == handler.total_run_calls and args.index == args.preempt_worker:
                 hold(handler, f"step {args.preempt_at}")
+            if args.kill_at == handler.total_run_calls and args.index == args.preempt_worker:
+                os.kill(os.getpid(), signal.SIGKILL)
     finish(args, counts.numpy(), trace.numpy(), steps)
     handler.close()
 

@@ -13,6 +13,8 @@ batches again and never its last: the counts differ.
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -192,6 +194,40 @@ def test_a_restore_with_another_worker_count_warns_and_resumes_by_global_batch(
     args = ["--stack", "custom"]
     outputs, logs = attempts(tmp_path, 2, args, [12], restart_workers=1)
     assert "saved by 2 worker(s), this run has 1" in logs[-1][0]
+    check_as_uninterrupted(outputs, references(2, args))
+
+
+#: (killed worker, workers of the restart): the non-chief, then the chief (its
+#: coordination service goes with it) with a restart of one worker.
+LOST = [pytest.param(1, 2, id="non_chief"), pytest.param(0, 1, id="chief-restart_with_1")]
+
+
+@pytest.mark.timeout(3 * ATTEMPT_TIMEOUT)
+@pytest.mark.parametrize("killed,restart_workers", LOST)
+def test_a_worker_lost_without_notice_the_survivor_saves_the_input_position_too(
+    tmp_path, references, killed, restart_workers
+):
+    """Issue 62: a worker SIGKILLs itself after step 12 of 24 (no notice). The survivor
+    saves the last whole step with its input position, and raises. The restart resumes
+    at the step saved (L - 1 or later: no step is trained twice, none skipped) and
+    trains every id as often and in the same order as an uninterrupted run; a restart
+    with one worker warns and resumes by global batch, as after a preemption's save."""
+    args = ["--stack", "custom"]
+    results = run_cluster(
+        tmp_path, "lost", 2, [*args, "--kill-at", "12", "--preempt-worker", str(killed)]
+    )
+    survivor = 1 - killed
+    assert results[killed][0] == -signal.SIGKILL, tail(results[killed][2])
+    code, _, log = results[survivor]
+    assert code not in (0, EXIT_AFTER_SAVE), f"the survivor raises: exit {code}\n{tail(log)}"
+    saved = re.findall(r"saved the last whole step, run (\d+), at ", log)
+    assert len(saved) == 1 and int(saved[0]) in (11, 12), tail(log)
+    restart = run_cluster(tmp_path, "last", restart_workers, args)
+    outputs = finished(restart, "the restart")
+    total = EPOCHS * (64 // 8)
+    assert [o["steps"] for o in outputs] == [total - int(saved[0])] * restart_workers
+    if restart_workers == 1:
+        assert "saved by 2 worker(s), this run has 1" in restart[0][2], tail(restart[0][2])
     check_as_uninterrupted(outputs, references(2, args))
 
 
