@@ -134,10 +134,7 @@ def _life(
         hosts[p["target"]] = net.ns_address
         netns = [None] * n
         netns[p["target"]] = net.namespace
-        no_proxy = f"127.0.0.1,localhost,{net.host_address},{net.ns_address}"
-        env.update(NO_PROXY=no_proxy, no_proxy=no_proxy)
-        for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
-            env[var] = ""
+        env.update(net.env())
     return Workers(
         workdir,
         "lost",

@@ -97,6 +97,14 @@ class Partition:
             raise
         return self
 
+    def env(self) -> dict:
+        """Variables that keep a process's gRPC off any proxy for the two addresses."""
+        no_proxy = f"127.0.0.1,localhost,{self.host_address},{self.ns_address}"
+        env = {"NO_PROXY": no_proxy, "no_proxy": no_proxy}
+        for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
+            env[var] = ""
+        return env
+
     def cut(self) -> float:
         """Takes the link down on both sides; returns the time.time() of the cut."""
         at = time.time()

@@ -339,13 +339,7 @@ def _trial_partition(plan: Plan, result: TrialResult, workdir: Path) -> list:
         hosts[isolated] = net.ns_address
         netns = [None, None]
         netns[isolated] = net.namespace
-        env = {
-            **peer_env(PARTITION_PEER_TIMEOUT),
-            "NO_PROXY": f"127.0.0.1,localhost,{net.host_address},{net.ns_address}",
-            "no_proxy": f"127.0.0.1,localhost,{net.host_address},{net.ns_address}",
-        }
-        for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
-            env[var] = ""
+        env = {**peer_env(PARTITION_PEER_TIMEOUT), **net.env()}
         workers = Workers(
             workdir,
             "partitioned",
