@@ -69,7 +69,9 @@ def one_run(impl: str, killed: int, args, root: Path) -> tuple:
         log = cluster.stderr_paths[survivor].read_text(errors="replace")
         saved = [int(n) for n in SAVED.findall(log)]
         if impl == "ours" and len(saved) != 1:
-            raise RuntimeError(f"ours: the survivor logged {saved} saves\n{cluster.describe(survivor)}")
+            raise RuntimeError(
+                f"ours: the survivor logged {saved} saves\n{cluster.describe(survivor)}"
+            )
         resumed = saved[0] if saved else 0
         return took, finished - resumed
     finally:
