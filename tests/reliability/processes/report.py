@@ -186,11 +186,12 @@ def format_table(results) -> str:
     return "\n".join(lines)
 
 
-#: What holds in each ``lost_worker`` variant (the table's note under it).
+#: What each ``lost_worker`` variant's trials check (the table's note under it).
 LOST_NOTES = {
-    "ours": "every restart resumed at L - 1 or later (L: the highest step any worker "
-    "finished before the loss), at one run on every worker, with pair_a == pair_b (no "
-    "torn step) and an uninterrupted run's weights at the end; no hang",
+    "ours": "each trial checks that the restart resumes at L - 1 or later (L: the highest "
+    "step any worker finished before the loss), at one run on every worker, with "
+    "pair_a == pair_b (no torn step) and an uninterrupted run's weights at the end, and "
+    "that nothing hangs; any other outcome is a violation",
     "TF's handler": "it saves nothing at a loss: lost steps (L - the restored run) and "
     "hangs are measured, not violations; the restart must still end with an "
     "uninterrupted run's weights",
