@@ -13,7 +13,8 @@ JSON object per line, prefixed with ``EVENT ``:
 
 * ``start``: ``restored`` (``handler.total_run_calls`` after construction), ``pid``,
   ``index``, ``impl``; ``rss`` (bytes resident right after the handler's construction,
-  where the peak below starts: :func:`reset_peak_rss`), ``wchar`` (bytes written so far).
+  where the peak below starts: :func:`reset_peak_rss`), ``wchar`` (bytes written so far),
+  ``pair`` (``[pair_a, pair_b]`` as restored, with ``--paired-gap``; else null).
 * ``progress``: every ``--progress-every`` steps: ``step`` (run calls done), ``loss``.
 * ``save``: every ``tf.train.CheckpointManager.save`` call in this process (whoever
   makes it): ``runs`` (the ``checkpointed_runs`` value being saved), ``t_start``,
