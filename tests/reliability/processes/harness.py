@@ -220,6 +220,22 @@ class Workers:
             kill_process(popen)
 
 
+def ended_cleanly(workers: Workers, result, bound: float, label: str) -> bool:
+    """Waits (bounded) for a life that must run to its end: True when every worker
+    exited 0; else the hang (counted, stacks dumped) or the exit codes are a violation
+    of ``result``, prefixed with ``label``."""
+    codes = workers.wait(bound)
+    if None in codes:
+        result.hangs += 1
+        result.violations.append(f"{label}the restarted run did not finish in {bound:.0f}s")
+        workers.dump_stacks()
+        return False
+    if codes != [0] * workers.num_workers:
+        result.violations.append(f"{label}the restarted run exited with {codes}")
+        return False
+    return True
+
+
 def dump_stacks(popen: subprocess.Popen, stderr: Path) -> None:
     """SIGUSR2 (``trial_worker.STACKS_SIGNAL``) to a live process, then wait for its dump."""
     if popen.poll() is not None:

@@ -40,6 +40,7 @@ from ci import is_ci
 from .harness import (
     Workers,
     await_moment,
+    ended_cleanly,
     peer_env,
     reference_weights,
     weights_mismatch,
@@ -71,22 +72,22 @@ def trial(plan: Plan, result: TrialResult, workdir: Path, gcs=None) -> list:
     TensorFlow's own GCS file system (a SIGKILL or SIGSTOP: a cut needs a namespace of
     its own)."""
     p = plan.params
+    if gcs is not None and p["fault"] == "cut":
+        raise ValueError("a cut trial runs in a namespace of its own, not the emulator's")
+    why = netns_unavailable() if p["fault"] == "cut" else None
+    if why:
+        if is_ci():  # a trial that cannot run is a failure in CI, never a skip
+            result.violations.append(f"CI=true and the cut cannot be made: {why}")
+        else:
+            result.skipped = why
+        return []
     worker_args = ("--paired-gap", p["paired_gap"])
     reference = reference_weights(
         workdir, LOST_STEPS, p["num_workers"], worker_args, timeout=RESTART_BOUND
     )
     storage = _Storage(workdir, gcs)
     result.notes["ckpt_dir"] = str(storage.ckpt_dir)
-    if gcs is not None and p["fault"] == "cut":
-        raise ValueError("a cut trial runs in a namespace of its own, not the emulator's")
     if p["fault"] == "cut":
-        why = netns_unavailable()
-        if why:
-            if is_ci():  # a trial that cannot run is a failure in CI, never a skip
-                result.violations.append(f"CI=true and the cut cannot be made: {why}")
-            else:
-                result.skipped = why
-            return []
         with Partition() as net:
             life = _life(p, workdir, worker_args, net, storage)
             try:
@@ -223,14 +224,7 @@ def _restart(
         worker_args=worker_args,
         num_workers=n,
     ).start()
-    codes = life.wait(RESTART_BOUND)
-    if None in codes:
-        result.hangs += 1
-        result.violations.append(f"the restarted run did not finish in {RESTART_BOUND:.0f}s")
-        life.dump_stacks()
-        return life
-    if codes != [0] * n:
-        result.violations.append(f"the restarted run exited with {codes}")
+    if not ended_cleanly(life, result, RESTART_BOUND, ""):
         return life
     starts = [life.events(i, "start") for i in range(n)]
     done = [life.events(i, "done") for i in range(n)]

@@ -30,6 +30,7 @@ from .harness import (
     await_moment,
     chief_dir,
     dump_stacks,
+    ended_cleanly,
     moment_of,
     non_chief_parent,
     peer_env,
@@ -62,14 +63,7 @@ def _restart_and_check(
     workers = Workers(
         workdir, name, ckpt_dir=ckpt_dir, env=peer_env(PEER_TIMEOUT), step_sleep=0.0
     ).start()
-    codes = workers.wait(RUN_TIMEOUT)
-    if None in codes:
-        result.hangs += 1
-        result.violations.append(f"{name}: the restarted run did not finish in {RUN_TIMEOUT:.0f}s")
-        workers.dump_stacks()
-        return workers
-    if codes != [0] * NUM_WORKERS:
-        result.violations.append(f"{name}: the restarted run exited with {codes}")
+    if not ended_cleanly(workers, result, RUN_TIMEOUT, f"{name}: "):
         return workers
     restored = []
     for i in range(NUM_WORKERS):
