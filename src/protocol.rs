@@ -204,6 +204,14 @@ pub struct Protocol {
     took_over: Option<f64>,
     /// The failed step whose peers are being probed ([`Protocol::handle_step_failed`]).
     probing: Option<lost::Probing>,
+    /// How a peer lost inside the preemption protocol showed itself: a call of the
+    /// protocol that gave up (publish, acknowledgement, step-key read), or
+    /// acknowledgements missing at the peer timeout. The error raised then names no
+    /// peer; the next failed step suspects one ([`Protocol::unanswered`]).
+    unanswered: Option<crate::failure::lost_peer::Detection>,
+    /// A non-chief's wait for the chief's checkpoint of the round it saved
+    /// ([`Protocol::handle_confirm`]).
+    confirming: Option<lost::Confirming>,
     /// This worker's survivors' save, when it is the writer ([`Protocol::handle_claims`]).
     writing: Option<lost::Writing>,
     /// Whether the survivors of a lost worker save ([`Protocol::holds_steps`]; the
@@ -239,6 +247,8 @@ impl Protocol {
             timed: None,
             took_over: None,
             probing: None,
+            unanswered: None,
+            confirming: None,
             writing: None,
             lost_worker_saves: true,
         }

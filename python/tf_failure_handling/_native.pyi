@@ -290,6 +290,9 @@ class Event:
     class Claims(Event):
         def __init__(self, current: bool, claims: List[Tuple[int, int, List[int]]]) -> None: ...
 
+    class Confirm(Event):
+        def __init__(self, seen: bool, unreachable: Optional[List[int]] = None) -> None: ...
+
     class Pending(Event):
         def __init__(self, pending: bool) -> None: ...
 
@@ -360,6 +363,10 @@ class Action:
         lost: List[int]
         detection: str
         writes: bool
+
+    # A non-chief's wait for the chief's checkpoint (Event.Confirm).
+    class Look(Action):
+        seconds: float
 
     # The survivors' save (Event.Job, Event.Claims).
     class MarkJob(Action): ...

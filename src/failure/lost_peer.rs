@@ -65,12 +65,27 @@ pub enum Detection {
     /// This worker's heartbeat to the coordination service went unanswered: the task
     /// that hosts it (the chief) is frozen or cut off.
     ServiceUnanswered,
+    /// A call of the preemption protocol to the coordination service (publishing
+    /// the agreed step, an acknowledgement, reading a step key) went unanswered
+    /// until its retry rule gave up: the task that hosts the service is frozen, cut
+    /// off or gone. The call's error names no peer; the probe finds it.
+    ProtocolUnanswered,
+    /// The agreed step's acknowledgements of some workers did not come within the
+    /// peer timeout: those workers are frozen, cut off or gone.
+    Unacknowledged,
+    /// A non-chief saved a preemption's round, and the chief's checkpoint of it did
+    /// not appear in the folder before the chief stopped answering: the chief died
+    /// (or froze) inside its save.
+    UnfinishedSave,
 }
 
 crate::words!(Detection {
     Detection::ConnectionLost => "connection lost",
     Detection::StoppedHeartbeats => "stopped sending heartbeats",
     Detection::ServiceUnanswered => "no answer to this worker's heartbeats",
+    Detection::ProtocolUnanswered => "no answer to the preemption protocol's calls",
+    Detection::Unacknowledged => "the agreed step not acknowledged",
+    Detection::UnfinishedSave => "the chief's save of the round not written",
 });
 
 /// A lost peer: how it showed itself, and the tasks the error names
@@ -129,7 +144,7 @@ pub fn lost_peer(code: i64, message: &str) -> Option<LostPeer> {
     };
     let tasks = match detection {
         Detection::StoppedHeartbeats => heartbeat_tasks(text),
-        Detection::ConnectionLost | Detection::ServiceUnanswered => remote_targets(text),
+        _ => remote_targets(text),
     };
     Some(LostPeer { detection, tasks })
 }

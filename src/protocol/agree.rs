@@ -28,6 +28,7 @@ use std::collections::VecDeque;
 
 use super::{Action, ConfigError, Protocol};
 use crate::acks::AckStep;
+use crate::failure::lost_peer::Detection;
 use crate::retry::{Retry, Verdict};
 use crate::step_resolution::{write_timeout, Round, StepKeyError, WriteBound, ACK_VALUE};
 
@@ -188,6 +189,7 @@ impl Protocol {
                     // The wait ended while reads were failing: the service's
                     // error, not a silent peer, is what to report.
                     self.acks = None;
+                    self.unanswered(Detection::ProtocolUnanswered);
                     return Action::GaveUp {
                         what: format!("reading {}", missing[0]),
                         attempts,
@@ -222,6 +224,7 @@ impl Protocol {
             return self.agreed(&agreeing, now);
         }
         self.acks = None;
+        self.unanswered(Detection::Unacknowledged);
         Action::Missing {
             round: agreeing.round,
             step: agreeing.step,
@@ -330,6 +333,7 @@ impl Protocol {
                     }
                     Some(Verdict::GiveUp { attempts, seconds }) => {
                         self.acks = None;
+                        self.unanswered(Detection::ProtocolUnanswered);
                         Action::GaveUp {
                             what: format!("reading {key}"),
                             attempts,
@@ -369,7 +373,10 @@ impl Protocol {
                     left,
                 }
             }
-            Verdict::GiveUp { attempts, seconds } => Action::GaveUp { what, attempts, seconds },
+            Verdict::GiveUp { attempts, seconds } => {
+                self.unanswered(Detection::ProtocolUnanswered);
+                Action::GaveUp { what, attempts, seconds }
+            }
         }
     }
 

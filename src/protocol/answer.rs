@@ -76,6 +76,11 @@ crate::wire! {
         /// the survivor that writes (the lowest id that answered).
         PeerLost { lost: Vec<u32>, detection: String, writes: bool },
 
+        // A non-chief's wait for the chief's checkpoint of its last round
+        // (`Event.Confirm`; `lost.rs`; also `Proceed`, `Probe`, `PeerLost`, `GaveUp`).
+        /// Look at the checkpoint folder's state file again in `seconds`.
+        Look { seconds: f64 },
+
         // The survivors' save (`Event.Job`, `Event.Claims`; `lost.rs`).
         /// The chief: write this job's token into the checkpoint folder now.
         MarkJob {},

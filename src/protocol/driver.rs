@@ -315,7 +315,10 @@ impl Protocol {
                     });
                 }
             }
-            Verdict::GiveUp { attempts, seconds } => self.end_unwritten(id, WriteEnd::GaveUp { attempts, seconds }),
+            Verdict::GiveUp { attempts, seconds } => {
+                self.unanswered(crate::failure::lost_peer::Detection::ProtocolUnanswered);
+                self.end_unwritten(id, WriteEnd::GaveUp { attempts, seconds });
+            }
         }
     }
 

@@ -85,6 +85,13 @@ crate::wire! {
         /// its job's survivors' claims, each `(writer, runs, lost)`. `handle`
         /// returns `Action.SaveLastStep`, `NameLatest`, `Settled` or `Refuse`.
         Claims { current: bool, claims: Vec<(u32, u64, Vec<u32>)> },
+        /// A non-chief saved a preemption's last round (`Event.Saved` answered
+        /// `Action.Exit`) and looked at the checkpoint folder: `seen`, whether its
+        /// state file names the chief's checkpoint of the round; `unreachable`,
+        /// after a probe `Action.Probe` asked for (made before the look), the ids
+        /// of the workers that did not answer. `handle` returns `Action.Proceed`,
+        /// `Look`, `Probe`, `PeerLost` or `GaveUp`.
+        Confirm { seen: bool, unreachable: Option<Vec<u32>> = None },
         /// Whether the next step must take the slow path for something other than
         /// the resolver (a background thread's error).
         Pending { pending: bool },

@@ -10,7 +10,11 @@
 //!    ([`lost_peer`]) is probed; so is every other error of the codes a gone peer can
 //!    cause (cancelled, deadline exceeded, aborted, internal, unavailable) or of an
 //!    aborted collective, to name in the error the peers that do not answer, as
-//!    before.
+//!    before. A peer lost inside a preemption's round shows no such text: the
+//!    error is the protocol's own (a call to the coordination service that gave up,
+//!    or acknowledgements missing at the peer timeout), and the protocol, which
+//!    raised it, suspects a lost peer itself ([`Protocol::unanswered`]).
+//!    The probe then finds which.
 //! 2. `Event.Probed(unreachable)`: the worker ids that did not answer. A lost peer the
 //!    text suggested is **confirmed** when at least one peer did not answer: the answer
 //!    is `Action.PeerLost` with the lost workers, how the loss showed itself, and
@@ -43,7 +47,8 @@
 //!    settled before a later claim landed keeps its files until the next job's mark
 //!    clears every claim's checkpoint the state file does not list.
 
-use crate::failure::lost_peer::{lost_peer, LostPeer, DEADLINE_EXCEEDED, UNAVAILABLE};
+use crate::failure::lost_peer::{lost_peer, Detection, LostPeer, DEADLINE_EXCEEDED, UNAVAILABLE};
+use crate::grace::EXIT_GUARD_LEAD;
 use crate::words::Words;
 
 use super::{Action, Protocol};
@@ -74,6 +79,23 @@ pub(super) enum Writing {
     Naming { named: Option<(u32, u64)>, rounds: u32 },
 }
 
+/// Seconds between two looks for the chief's checkpoint ([`Protocol::handle_confirm`]):
+/// a read of the folder's small state file.
+pub const LOOK_INTERVAL: f64 = 0.1;
+/// Seconds between two probes of the peers while the chief's checkpoint is awaited.
+pub const CHIEF_PROBE_INTERVAL: f64 = 1.0;
+
+/// A non-chief's wait for the chief's checkpoint of the round it saved.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Confirming {
+    /// When the wait started.
+    started: f64,
+    /// When the peers were probed last.
+    probed: Option<f64>,
+    /// How many probes were made.
+    probes: u32,
+}
+
 /// The failed step the protocol asked to probe the peers for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Probing {
@@ -92,7 +114,13 @@ impl Protocol {
         let Some(code) = code.filter(|_| in_cluster) else {
             return Action::Raise {};
         };
-        let suspect = lost_peer(code, message);
+        let hint = self.unanswered.take();
+        let suspect = lost_peer(code, message).or_else(|| {
+            hint.map(|detection| LostPeer {
+                detection,
+                tasks: Vec::new(),
+            })
+        });
         if suspect.is_none() && !MAY_BE_A_PEER.contains(&code) && !message.contains(COLLECTIVE_ABORTED) {
             return Action::Raise {};
         }
@@ -104,34 +132,98 @@ impl Protocol {
         action
     }
 
+    /// A call of the preemption protocol gave up, or acknowledgements were missing
+    /// (`detection`): the error it raises names no peer, so the next failed step
+    /// (that error, reported) suspects a lost one, which the probe confirms or not.
+    pub(super) fn unanswered(&mut self, detection: Detection) {
+        self.unanswered = Some(detection);
+    }
+
     /// The probe `Action.Probe` asked for found the workers `unreachable` (their ids)
     /// not answering: `Action.PeerLost` when that confirms a lost peer, else
     /// `Action.Raise`.
     pub fn handle_probed(&mut self, unreachable: &[u32]) -> Action {
         let probing = self.probing.take();
-        let (Some(Probing { suspect: Some(suspect) }), Some(config)) = (probing, self.config) else {
+        let Some(Probing { suspect: Some(suspect) }) = probing else {
             return Action::Raise {};
         };
-        let Some(me) = config.worker_id else {
+        self.peer_lost(unreachable, suspect.detection)
+    }
+
+    /// The peers `unreachable` (ids) are lost, as `detection` showed: `Action.PeerLost`,
+    /// naming the writer (the lowest worker id that answered, this one included), or
+    /// `Action.Raise` when none of them is another worker of the cluster.
+    fn peer_lost(&mut self, unreachable: &[u32], detection: Detection) -> Action {
+        let Some((Some(me), num_workers)) = self.config.map(|c| (c.worker_id, c.num_workers)) else {
             return Action::Raise {};
         };
-        let mut lost: Vec<u32> = unreachable
-            .iter()
-            .copied()
-            .filter(|&id| id != me && id < config.num_workers)
-            .collect();
+        let mut lost: Vec<u32> = unreachable.iter().copied().filter(|&id| id != me && id < num_workers).collect();
         lost.sort_unstable();
         lost.dedup();
         if lost.is_empty() {
             return Action::Raise {};
         }
-        let writer = (0..config.num_workers).find(|id| !lost.contains(id));
+        let writer = (0..num_workers).find(|id| !lost.contains(id));
         let writes = self.lost_worker_saves && writer == Some(me);
         self.writing = writes.then_some(Writing::Checking);
         Action::PeerLost {
             lost,
-            detection: suspect.detection.word().to_owned(),
+            detection: detection.word().to_owned(),
             writes,
+        }
+    }
+
+    /// A non-chief that saved a preemption's last round looked for the chief's
+    /// checkpoint of it at `now`: `seen`, whether the folder's state file names it;
+    /// `unreachable`, when it probed the peers first (as `Action.Probe` asked), the
+    /// ids of those that did not answer (the look came after the probe).
+    ///
+    /// The answer: `Action.Proceed` (seen, or nothing to confirm: the chief, a
+    /// single worker, survivors that do not save), `Action.Look` (look again in
+    /// `seconds`), `Action.Probe` (probe the peers, then look; once a second),
+    /// `Action.PeerLost` (the chief did not answer and its checkpoint is not
+    /// there: the survivors save the round's step, which every survivor holds,
+    /// then exit as after the save) or `Action.GaveUp` (the chief still answers,
+    /// and the peer timeout, or the platform's stated end, passed: exit without).
+    pub fn handle_confirm(&mut self, seen: bool, unreachable: Option<&[u32]>, now: f64) -> Action {
+        let me = self.config.and_then(|c| c.worker_id);
+        if seen || !self.holds_steps() || me == Some(0) {
+            self.confirming = None;
+            return Action::Proceed {};
+        }
+        let mut confirming = self.confirming.take().unwrap_or(Confirming {
+            started: now,
+            probed: None,
+            probes: 0,
+        });
+        if let Some(unreachable) = unreachable {
+            confirming.probed = Some(now);
+            confirming.probes += 1;
+            if unreachable.contains(&0) {
+                return self.peer_lost(unreachable, Detection::UnfinishedSave);
+            }
+        }
+        let waited = now - confirming.started;
+        // While the chief answers, for the peer timeout; never past the platform's end.
+        let end = self.kill_deadline().map_or(self.peer_timeout, |kill| {
+            (kill - EXIT_GUARD_LEAD - confirming.started).min(self.peer_timeout)
+        });
+        if waited >= end {
+            return Action::GaveUp {
+                what: "waiting for the chief's checkpoint of the round this worker saved".to_owned(),
+                attempts: confirming.probes,
+                seconds: waited,
+            };
+        }
+        self.confirming = Some(confirming);
+        match confirming.probed {
+            Some(at) if now - at < CHIEF_PROBE_INTERVAL => Action::Look {
+                seconds: LOOK_INTERVAL.min(end - waited),
+            },
+            _ => Action::Probe {
+                suspects: Vec::new(),
+                detection: None,
+            },
         }
     }
 
@@ -469,6 +561,82 @@ mod tests {
             }
         );
         assert_eq!(p.handle_claims(true, &claims, T), Action::Settled { writer: 1, discard: true });
+    }
+
+    #[test]
+    fn a_non_chief_exits_once_the_chiefs_checkpoint_of_the_round_is_there() {
+        let mut p = protocol(Some(1), 2);
+        assert_eq!(p.handle_confirm(true, None, 0.0), Action::Proceed {}, "seen at the first look");
+        // Not there yet: a probe first, then looks until a second has passed.
+        assert_eq!(
+            p.handle_confirm(false, None, 0.0),
+            Action::Probe {
+                suspects: vec![],
+                detection: None
+            }
+        );
+        assert_eq!(p.handle_confirm(false, Some(&[]), 0.1), Action::Look { seconds: LOOK_INTERVAL });
+        assert!(matches!(p.handle_confirm(false, None, 0.5), Action::Look { .. }));
+        assert!(matches!(p.handle_confirm(false, None, 1.2), Action::Probe { .. }));
+        assert_eq!(p.handle_confirm(true, Some(&[]), 1.3), Action::Proceed {});
+        // The chief, a single worker and survivors that do not save confirm nothing.
+        assert_eq!(protocol(Some(0), 2).handle_confirm(false, None, 0.0), Action::Proceed {});
+        assert_eq!(protocol(Some(0), 1).handle_confirm(false, None, 0.0), Action::Proceed {});
+        let mut q = protocol(Some(1), 2);
+        q.set_lost_worker_saves(false);
+        assert_eq!(q.handle_confirm(false, None, 0.0), Action::Proceed {});
+    }
+
+    #[test]
+    fn a_chief_gone_inside_its_save_makes_the_survivors_save_the_round() {
+        // Worker 1 of 3 writes; worker 2 does not; the look after the probe decides.
+        for (me, writes) in [(1, true), (2, false)] {
+            let mut p = protocol(Some(me), 3);
+            assert!(matches!(p.handle_confirm(false, None, 0.0), Action::Probe { .. }));
+            assert_eq!(
+                p.handle_confirm(false, Some(&[0]), 0.2),
+                Action::PeerLost {
+                    lost: vec![0],
+                    detection: "the chief's save of the round not written".to_owned(),
+                    writes,
+                }
+            );
+        }
+        // The chief named its checkpoint and ended between the look and the probe: seen.
+        let mut p = protocol(Some(1), 2);
+        let _ = p.handle_confirm(false, None, 0.0);
+        assert_eq!(p.handle_confirm(true, Some(&[0]), 0.2), Action::Proceed {});
+        // Another non-chief gone, the chief answering: the wait goes on.
+        let mut p = protocol(Some(1), 3);
+        let _ = p.handle_confirm(false, None, 0.0);
+        assert!(matches!(p.handle_confirm(false, Some(&[2]), 0.2), Action::Look { .. }));
+    }
+
+    #[test]
+    fn a_chief_that_answers_is_waited_for_the_peer_timeout_then_not() {
+        let mut p = protocol(Some(1), 2); // peer timeout 30 s
+        let mut now = 0.0;
+        let mut event: Option<Vec<u32>> = None;
+        let end = loop {
+            match p.handle_confirm(false, event.as_deref(), now) {
+                Action::Look { seconds } => {
+                    assert!(seconds > 0.0 && seconds <= LOOK_INTERVAL);
+                    now += seconds;
+                    event = None;
+                }
+                Action::Probe { .. } => event = Some(vec![]),
+                other => break other,
+            }
+        };
+        match end {
+            Action::GaveUp { attempts, seconds, .. } => {
+                assert!((30.0..30.0 + LOOK_INTERVAL).contains(&seconds), "{seconds}");
+                assert!(attempts >= 29, "a probe a second: {attempts}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A new wait starts afresh.
+        assert!(matches!(p.handle_confirm(false, None, 100.0), Action::Probe { .. }));
     }
 
     #[test]

@@ -83,6 +83,7 @@ impl Protocol {
             },
             Verdict::GiveUp { attempts, seconds } => {
                 self.reader.stopped = true;
+                self.unanswered(crate::failure::lost_peer::Detection::ProtocolUnanswered);
                 Action::GaveUp { what, attempts, seconds }
             }
         }

@@ -571,6 +571,10 @@ impl Shared {
                 let action = self.state.lock().handle_probed(&unreachable);
                 answer(Action::from(action).into_pyobject(py)?.into_any())
             }
+            E::Confirm { seen, unreachable } => {
+                let action = self.state.lock().handle_confirm(seen, unreachable.as_deref(), now);
+                answer(Action::from(action).into_pyobject(py)?.into_any())
+            }
             E::Job {} => answer(Action::from(self.state.lock().handle_job()).into_pyobject(py)?.into_any()),
             E::Claims { current, claims } => {
                 let action = self.state.lock().handle_claims(current, &claims, clock::unix_now());

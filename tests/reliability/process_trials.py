@@ -37,9 +37,10 @@ Kinds:
     preemption whose saves are slow, and SIGKILL to one worker while it saves (before
     or after its data files are written, never after the state file names them).
     Invariants: the other worker stops (no hang); the restart restores the last
-    *complete* checkpoint of the chief (A, 0, or the chief's finished save when only
-    the non-chief was killed), never the partial one, and ends with the weights of
-    an uninterrupted run.
+    *complete* checkpoint (A, 0, or the chief's finished save when only the non-chief
+    was killed; when the chief was killed, the survivor's own save of the round's step,
+    issue 62, if the state file names one, which must be of that step), never the
+    chief's partial one, and ends with the weights of an uninterrupted run.
 ``partition``
     One worker runs in a network namespace behind a veth pair; a SIGTERM reaches a
     worker and, at a random moment around it, the veth link goes down. Invariant: the

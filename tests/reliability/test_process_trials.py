@@ -83,6 +83,12 @@ PS_PREEMPTION_SEEDS = (36, 22, 39)
 #: non-chief of 2 workers; 33 the chief of 3 (whose coordination service goes with it),
 #: one step's pair collectives 0.02 s apart.
 LOST_WORKER_CUT_SEEDS = {"non_chief": 7, "chief_of_3": 33}
+#: lost_worker seeds for make test (issue 62), a worker lost inside a preemption, 2
+#: workers: 41 the chief SIGSTOPped as the non-chief publishes the agreed step (the
+#: leader's own calls go unanswered); 46 the non-chief SIGKILLed while the chief awaits its
+#: acknowledgement; 45 the chief SIGKILLed inside its save (the non-chief, saved, does not
+#: find the chief's checkpoint).
+LOST_WORKER_PREEMPTION_SEEDS = {"leader_unanswered": 41, "ack_missing": 46, "chief_in_save": 45}
 
 
 def lost_plan(fault: str, target: int) -> Plan:
@@ -209,6 +215,21 @@ def test_lost_worker_cut_seeds_are_cuts_of_our_handler():
     assert all(p["fault"] == "cut" and p["impl"] == "ours" for p in chosen.values())
     assert (chosen["non_chief"]["num_workers"], chosen["non_chief"]["target"]) == (2, 1)
     assert (chosen["chief_of_3"]["num_workers"], chosen["chief_of_3"]["target"]) == (3, 0)
+
+
+def test_lost_worker_preemption_seeds_lose_a_worker_inside_a_preemption():
+    chosen = {
+        k: make_plan("lost_worker", s).params for k, s in LOST_WORKER_PREEMPTION_SEEDS.items()
+    }
+    picked = {
+        k: (p["impl"], p["num_workers"], p["fault"], p["target"], p["moment"], p["notice_target"])
+        for k, p in chosen.items()
+    }
+    assert picked == {
+        "leader_unanswered": ("ours", 2, "SIGSTOP", 0, "agreement", 1),
+        "ack_missing": ("ours", 2, "SIGKILL", 1, "agreement", 0),
+        "chief_in_save": ("ours", 2, "SIGKILL", 0, "save", 0),
+    }
 
 
 def test_ps_preemption_plans_cover_roles_faults_and_moments():
@@ -633,6 +654,27 @@ def test_a_network_cut_the_survivors_save_and_the_restart_resumes_there(tmp_path
     result = run_trial(make_plan("lost_worker", LOST_WORKER_CUT_SEEDS[cut]), tmp_path)
     check_lost(result)
     assert result.faults == {"cut": 1}, result.report()
+
+
+# Backstop above its own bounds in sequence: its reference run, the progress, the life's
+# end after the fault (a paused one: after its SIGCONT too), the restart.
+@pytest.mark.timeout(
+    lost_worker.RESTART_BOUND
+    + harness.START_TIMEOUT
+    + 2 * lost_worker.LOST_BOUND
+    + lost_worker.RESTART_BOUND
+    + MARGIN
+)
+@pytest.mark.parametrize("case", sorted(LOST_WORKER_PREEMPTION_SEEDS))
+def test_a_worker_lost_inside_a_preemption_the_survivors_save_and_the_restart_resumes_there(
+    tmp_path, case
+):
+    """Success for a worker lost inside a preemption's agreement or the chief's save
+    (issue 62): as the cut test, and the state file names the survivors' checkpoint (the
+    round's own save never became one)."""
+    result = run_trial(make_plan("lost_worker", LOST_WORKER_PREEMPTION_SEEDS[case]), tmp_path)
+    check_lost(result)
+    assert (result.notes["named"] or "").startswith("ckpt-survivor"), result.report()
 
 
 @pytest.fixture(scope="module")

@@ -132,6 +132,10 @@ class LastStep:
         if self._values is None or self._components is None:
             return ["(nothing held)"]
         held = {id(c) for _, c in self._components}
+        # The checkpoint's count of its saves, made at its first save (a preemption's
+        # round may make it after the last hold): the survivors' save counts itself.
+        counter = getattr(self._checkpoint, "_save_counter", None)
+        held.update(id(c) for c in getattr(counter, "values", None) or (counter,))
         missing = [name for name, c in _variables(self._checkpoint) if id(c) not in held]
         if missing:
             return missing

@@ -21,6 +21,7 @@ from .._native import Action, Event
 from .._platforms import platform as _platform
 from . import exit_guard as _exit_guard
 from .checkpoints import Checkpoints
+from .chief_checkpoint import ChiefCheckpoint
 from .context import Context
 from .ps_steps import PsSteps
 from .step_keys import StepKeys
@@ -50,6 +51,7 @@ class SaveAndExit:
         self._checkpoints = checkpoints
         self._ps = ps
         self._step_keys = step_keys
+        self._chief_checkpoint = ChiefCheckpoint(ctx, checkpoints)
         #: The handler's ``_exit_fn`` (a view: set there, it is the one called); the
         #: configured one (or the platform's default) until then.
         self.exit_fn: Callable[[], Any] = ctx.state.settings.exit_fn
@@ -118,6 +120,8 @@ class SaveAndExit:
         self._records.save_end(self._checkpoints.write, **self._checkpoints.save_fields())
         after = self._core.handle(Event.Saved(round_key))
         if isinstance(after, Action.Exit):
+            # A non-chief's round is saved once the chief's checkpoint is there.
+            self._chief_checkpoint.confirm()
             # The signal watch stays: until close(), a further notice is absorbed,
             # not handed back to whatever was installed before (which could kill
             # a worker that exit_fn chose to keep running).

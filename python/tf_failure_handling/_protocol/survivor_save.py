@@ -130,6 +130,11 @@ class SurvivorSave:
             self.folder = SurvivorFolder(directory)
         return self.folder
 
+    def directory(self) -> Optional[str]:
+        """The folder the survivors save to (None: none)."""
+        folder = self._folder()
+        return None if folder is None else folder.directory
+
     def hold(self, run_count: int) -> None:
         """After ``run()`` number ``run_count`` returned: hold the variables."""
         if self.enabled:
@@ -154,11 +159,12 @@ class SurvivorSave:
         if self.holding:
             self.hold(run_count)
 
-    def after_loss(self, action: Any, names: dict) -> None:
+    def after_loss(self, action: Any, names: dict, then_exit: bool = True) -> None:
         """``Action.PeerLost``: recorded; the writer saves the last whole step; with
         ``exit``, every survivor then exits with the restart code. Raises only what
         ``exit_fn`` raises (the default's ``SystemExit``): else the step's error is what
-        ``run()`` raises. ``names``: a label for each worker id."""
+        ``run()`` raises. ``names``: a label for each worker id. ``then_exit``: False
+        when the caller exits anyway (after a preemption's round: ``chief_checkpoint``)."""
         me = self._ctx.state.membership.id_in_cluster
         lost = [names.get(worker, f"worker {worker}") for worker in action.lost]
         self._ctx.records.lost_peer(lost, action.detection, self.last_step.run_count)
@@ -166,7 +172,7 @@ class SurvivorSave:
             log.warning("Worker %s: the survivors do not save (lost_worker: raise).", me)
             return
         self._save_if_writer(action, lost, me)
-        if self.mode == EXIT:
+        if self.mode == EXIT and then_exit:
             log.warning("Worker %s: exiting with the restart code (lost_worker: exit).", me)
             self._exit()
 

@@ -632,6 +632,78 @@ fn leader_publishing(now: f64) -> Protocol {
     p
 }
 
+/// How the protocol suspects a lost peer from the error the protocol's own call raised
+/// (`Event.StepFailed` with its code, as `reporting` asks; the text names no peer):
+/// the `Action.Probe`'s detection, or None when it would raise without a suspicion.
+fn suspected(p: &mut Protocol) -> Option<String> {
+    match p.handle_step_failed(Some(crate::failure::lost_peer::DEADLINE_EXCEEDED), "named by the protocol") {
+        Action::Probe { detection, .. } => detection,
+        _ => None,
+    }
+}
+
+/// A peer lost inside a preemption's round (issue 62): the round's call that gave up,
+/// or the acknowledgements missing, make the next failed step suspect a lost peer,
+/// once; without them the same error suspects none.
+#[test]
+fn a_round_that_gave_up_or_missed_acknowledgements_suspects_a_lost_peer() {
+    let unanswered = Some("no answer to the preemption protocol's calls".to_owned());
+    // The leader's publish given up.
+    let mut p = leader_publishing(10.0);
+    p.leader_next(10.0, 0.0);
+    let mut at = 0.0;
+    let gave_up = loop {
+        match p.leader_call_failed(10.0, at, false) {
+            Action::Pause { seconds, .. } => at += seconds.max(0.1),
+            other => break other,
+        }
+    };
+    assert!(matches!(gave_up, Action::GaveUp { .. }), "{gave_up:?}");
+    assert_eq!(suspected(&mut p), unanswered);
+    assert_eq!(suspected(&mut p), None, "one failed step takes the suspicion");
+    // The reader given up.
+    let mut p = worker_1_of_2(0.0);
+    p.set_peer_timeout(1.0).unwrap();
+    let mut at = 0.0;
+    while !matches!(p.reader_failed(at, at, false), Action::GaveUp { .. }) {
+        at += 0.6;
+    }
+    assert_eq!(suspected(&mut p), unanswered);
+    // The driver's acknowledgement given up.
+    let mut p = worker_1_of_2(0.0);
+    p.set_peer_timeout(1.0).unwrap();
+    p.step_key(Round::Initial, "3", false, 0.0, 0.0).unwrap().unwrap();
+    let ack = p.newest_write().unwrap();
+    let mut at = 0.0;
+    loop {
+        assert!(matches!(p.poll(at), Some(DriverAction::Write { .. })), "the acknowledgement is due");
+        p.write_failed(ack, at, false);
+        match p.poll(at) {
+            Some(DriverAction::Finished {
+                end: WriteEnd::GaveUp { .. },
+                ..
+            }) => break,
+            Some(DriverAction::Retrying { pause, .. }) => at += pause.max(0.1),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(suspected(&mut p), unanswered);
+    // The leader's wait past the peer timeout, a worker missing.
+    let mut p = leader_publishing(10.0);
+    p.set_peer_timeout(5.0).unwrap();
+    p.leader_next(10.0, 0.0);
+    p.leader_called(Some("1"), 10.0, 0.0).unwrap();
+    p.leader_called(Some("1"), 10.0, 0.0).unwrap();
+    p.leader_next(10.0, 0.0);
+    p.leader_called(None, 20.0, 6.0).unwrap();
+    p.leader_called(None, 20.0, 6.0).unwrap();
+    assert!(matches!(p.leader_called(None, 20.0, 6.0).unwrap(), Action::Missing { .. }));
+    assert_eq!(suspected(&mut p), Some("the agreed step not acknowledged".to_owned()));
+    // Without either, the same error suspects none (the probe only names who is gone).
+    let mut p = worker_1_of_2(0.0);
+    assert_eq!(suspected(&mut p), None);
+}
+
 fn set_key(a: &Action) -> (&str, &str) {
     match a {
         Action::Set { key, value, .. } => (key.as_str(), value.as_str()),

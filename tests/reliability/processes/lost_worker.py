@@ -30,6 +30,7 @@ restart must still end with an uninterrupted run's weights.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -102,7 +103,16 @@ def trial(plan: Plan, result: TrialResult, workdir: Path, gcs=None) -> list:
             life.kill()
     if finished is None:
         return [life]
+    if gcs is None:
+        # What the restart restores: the checkpoint the state file names after the loss.
+        state = Path(storage.ckpt_dir) / "checkpoint"
+        named = re.search(r'^model_checkpoint_path: "(.*)"$', _text(state), re.M)
+        result.notes["named"] = named.group(1) if named else None
     return [life, _restart(p, result, workdir, worker_args, reference, finished, storage)]
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 class _Storage:

@@ -211,6 +211,16 @@ def _trial_preemption(plan: Plan, result: TrialResult, workdir: Path) -> list:
     return lives
 
 
+def _survivors_checkpoint(ckpt: Path) -> Optional[int]:
+    """The run count of the survivors' checkpoint (``ckpt-survivor<worker>-<runs>``) the
+    state file in ``ckpt`` names, or None when it names another (or none)."""
+    state = ckpt / "checkpoint"
+    if not state.exists():
+        return None
+    found = re.search(r'^model_checkpoint_path: "ckpt-survivor\d+-(\d+)"$', state.read_text(), re.M)
+    return int(found.group(1)) if found else None
+
+
 def _trial_crash_during_save(plan: Plan, result: TrialResult, workdir: Path) -> list:
     p = plan.params
     reference_weights(workdir)
@@ -304,6 +314,16 @@ def _trial_crash_during_save(plan: Plan, result: TrialResult, workdir: Path) -> 
     partial = crash.events(target, "save_begin")[0]["runs"]
     if chief_saves:
         complete = chief_saves[-1]
+    # The chief killed inside its save: the survivor saves the round's step itself
+    # (issue 62), a whole checkpoint of its own name that the state file names.
+    survivors = _survivors_checkpoint(ckpt)
+    result.notes["survivors_saved"] = survivors
+    if survivors is not None:
+        if survivors != partial:
+            result.violations.append(
+                f"the survivors saved run {survivors}, not the round's run {partial}"
+            )
+        complete = survivors
     result.notes["complete"] = complete
     result.notes["partial"] = partial
     final = _restart_and_check(result, workdir, ckpt, complete, "restart")
