@@ -41,6 +41,9 @@ pub use answer::Action;
 mod event;
 /// A step that failed: whether a peer is gone (`lost.rs`).
 mod lost;
+
+/// The step watch: a step blocked on a peer that is gone (issue 62).
+pub mod watch;
 #[allow(unused_imports)]
 pub(crate) use event::event;
 pub use event::Event;
@@ -212,6 +215,8 @@ pub struct Protocol {
     /// A non-chief's wait for the chief's checkpoint of the round it saved
     /// ([`Protocol::handle_confirm`]).
     confirming: Option<lost::Confirming>,
+    /// The step the step watch follows ([`Protocol::handle_watch`]).
+    watching: Option<watch::Watching>,
     /// This worker's survivors' save, when it is the writer ([`Protocol::handle_claims`]).
     writing: Option<lost::Writing>,
     /// Whether the survivors of a lost worker save ([`Protocol::holds_steps`]; the
@@ -249,6 +254,7 @@ impl Protocol {
             probing: None,
             unanswered: None,
             confirming: None,
+            watching: None,
             writing: None,
             lost_worker_saves: true,
         }

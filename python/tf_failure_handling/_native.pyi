@@ -290,6 +290,12 @@ class Event:
     class Claims(Event):
         def __init__(self, current: bool, claims: List[Tuple[int, int, List[int]]]) -> None: ...
 
+    class Watch(Event):
+        def __init__(self) -> None: ...
+
+    class WatchProbed(Event):
+        def __init__(self, unreachable: List[int]) -> None: ...
+
     class Confirm(Event):
         def __init__(self, seen: bool, unreachable: Optional[List[int]] = None) -> None: ...
 
@@ -367,6 +373,10 @@ class Action:
     # A non-chief's wait for the chief's checkpoint (Event.Confirm).
     class Look(Action):
         seconds: float
+
+    # The step watch (Event.Watch, Event.WatchProbed).
+    class Abort(Action):
+        message: str
 
     # The survivors' save (Event.Job, Event.Claims).
     class MarkJob(Action): ...

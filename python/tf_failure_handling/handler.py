@@ -47,6 +47,7 @@ from ._protocol.save import SaveAndExit
 from ._protocol.state import HandlerState, Settings
 from ._protocol.step_check import StepCheck
 from ._protocol.step_keys import StepKeys
+from ._protocol.step_watch import StepWatch
 from ._protocol.survivor_save import RAISE, SurvivorSave, lost_worker_mode
 from ._termination_config import TerminationConfig, _check_seconds
 
@@ -278,6 +279,9 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._driver.start()
         if not member.local:
             step_keys.start_reader()
+        #: A step blocked on a peer that is gone, when TensorFlow does not abort it.
+        self._step_watch = StepWatch(ctx)
+        self._step_watch.start()
         _open.add(self)
         ownership.take_over()
         if member.ps_coordinator:
@@ -406,6 +410,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._ownership.give_up()
         self._driver.stop()
         self._step_keys.stop_reader()
+        self._step_watch.stop()
         self._records.close()
         self._ps.end_watch()
         tracker = getattr(self, "_input_tracker", None)

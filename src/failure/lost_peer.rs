@@ -77,6 +77,10 @@ pub enum Detection {
     /// not appear in the folder before the chief stopped answering: the chief died
     /// (or froze) inside its save.
     UnfinishedSave,
+    /// This worker's step stayed blocked past the handler's bound (its peer timeout)
+    /// and a peer did not answer a health probe: the handler aborted the step's
+    /// collectives itself (TensorFlow had not).
+    StepBlocked,
 }
 
 crate::words!(Detection {
@@ -86,6 +90,7 @@ crate::words!(Detection {
     Detection::ProtocolUnanswered => "no answer to the preemption protocol's calls",
     Detection::Unacknowledged => "the agreed step not acknowledged",
     Detection::UnfinishedSave => "the chief's save of the round not written",
+    Detection::StepBlocked => "a step blocked past the peer timeout",
 });
 
 /// A lost peer: how it showed itself, and the tasks the error names

@@ -78,8 +78,15 @@ crate::wire! {
 
         // A non-chief's wait for the chief's checkpoint of its last round
         // (`Event.Confirm`; `lost.rs`; also `Proceed`, `Probe`, `PeerLost`, `GaveUp`).
-        /// Look at the checkpoint folder's state file again in `seconds`.
+        /// Look at the checkpoint folder's state file again in `seconds` (the
+        /// step watch: report again then, `Event.Watch`).
         Look { seconds: f64 },
+
+        // The step watch (`Event.Watch`, `Event.WatchProbed`; `watch.rs`; also
+        // `Look`, `Probe`, `Done`).
+        /// Abort this worker's collectives (TensorFlow's `abort_collective_ops`)
+        /// with `message`: a peer did not answer while the step was blocked.
+        Abort { message: String },
 
         // The survivors' save (`Event.Job`, `Event.Claims`; `lost.rs`).
         /// The chief: write this job's token into the checkpoint folder now.

@@ -92,6 +92,14 @@ crate::wire! {
         /// of the workers that did not answer. `handle` returns `Action.Proceed`,
         /// `Look`, `Probe`, `PeerLost` or `GaveUp`.
         Confirm { seen: bool, unreachable: Option<Vec<u32>> = None },
+        /// A look of the step watch (the binding adds whether a `run()` is calling
+        /// its function, and the run count): `handle` returns `Action.Look`,
+        /// `Probe` or `Done`.
+        Watch {},
+        /// The peers the step watch's `Action.Probe` asked about: `unreachable`,
+        /// the ids of those that did not answer. `handle` returns `Action.Abort`
+        /// or `Look`.
+        WatchProbed { unreachable: Vec<u32> },
         /// Whether the next step must take the slow path for something other than
         /// the resolver (a background thread's error).
         Pending { pending: bool },

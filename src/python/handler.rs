@@ -575,6 +575,16 @@ impl Shared {
                 let action = self.state.lock().handle_confirm(seen, unreachable.as_deref(), now);
                 answer(Action::from(action).into_pyobject(py)?.into_any())
             }
+            E::Watch {} => {
+                let in_run = self.run_thread.load(Ordering::Relaxed) & IN_RUN != 0;
+                let runs = self.run_counter.load(Ordering::Relaxed);
+                let action = self.state.lock().handle_watch(in_run, runs, now);
+                answer(Action::from(action).into_pyobject(py)?.into_any())
+            }
+            E::WatchProbed { unreachable } => {
+                let action = self.state.lock().handle_watch_probed(&unreachable, now);
+                answer(Action::from(action).into_pyobject(py)?.into_any())
+            }
             E::Job {} => answer(Action::from(self.state.lock().handle_job()).into_pyobject(py)?.into_any()),
             E::Claims { current, claims } => {
                 let action = self.state.lock().handle_claims(current, &claims, clock::unix_now());

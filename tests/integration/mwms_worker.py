@@ -291,6 +291,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="a fault of a shares save, injected into TensorFlow (shares_faults.py)",
     )
     p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=None,
+        help="the coordination service's heartbeat timeout, in seconds (TF's default is 10): "
+        "a long one keeps TensorFlow from aborting a step blocked on a paused peer",
+    )
+    p.add_argument(
         "--paired-gap",
         type=float,
         default=None,
@@ -576,6 +583,29 @@ def build_training(strategy):
     return model, optimizer, distributed_step
 
 
+def configure_heartbeat_timeout(seconds: float) -> None:
+    """The coordination service MultiWorkerMirroredStrategy would configure, with a
+    heartbeat timeout of ``seconds`` (the strategy keeps a configuration it finds)."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_all_reduce_strategy, multi_worker_util
+    from tensorflow.python.eager import context
+
+    # The strategy's own import of the proto (its module moved between TF versions).
+    coordination_config_pb2 = collective_all_reduce_strategy.coordination_config_pb2
+
+    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        heartbeat_timeout_in_ms=int(seconds * 1000),
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+            for job in ("chief", "worker")
+            if job in spec.jobs
+        ],
+    )
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     ports = [int(p) for p in args.ports.split(",") if p]
@@ -591,6 +621,8 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         importlib.import_module("shares_faults").install(args.fault, emit)
 
+    if args.heartbeat_timeout is not None:
+        configure_heartbeat_timeout(args.heartbeat_timeout)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer, distributed_step = build_training(strategy)
     if args.ballast_mb:

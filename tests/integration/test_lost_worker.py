@@ -23,6 +23,7 @@ import json
 import re
 import signal
 import subprocess
+from typing import Optional
 
 import pytest
 
@@ -101,22 +102,76 @@ def test_a_paused_worker_is_lost_the_survivor_saves_and_the_resumed_worker_write
     restart_and_check(cluster_factory, "ours", cluster.ckpt_dir, runs, reference_weights)
 
 
-def _started(cluster_factory, name: str):
+#: The coordination service's heartbeat timeout of the hung-worker test: far past the
+#: handler's own bound (its peer timeout) and the test's, so only the handler aborts.
+LONG_HEARTBEAT = 600.0
+#: The handler's own bound on a blocked step there (TF_FAILURE_HANDLING_PEER_TIMEOUT).
+STEP_BOUND = 5.0
+
+
+@pytest.mark.timeout(HANG_BOUND + EXIT_BOUND)
+def test_a_hung_peer_tensorflow_does_not_abort_the_handlers_bound_aborts_and_the_survivor_saves(
+    cluster_factory, reference_weights
+):
+    """Issue 62, "A hung worker": with a heartbeat timeout of 600 s, TensorFlow aborts
+    nothing when the non-chief is SIGSTOPped, and the chief's step waits in its
+    all-reduce. Success: the handler's step watch finds the step blocked past its bound
+    (the peer timeout, 5 s) with worker 1 not answering a health probe, aborts the
+    collectives itself, and the chief saves the last whole step (L - 1 or later) and
+    raises TensorFlow's UnavailableError, well within the bound; the restart ends as
+    uninterrupted."""
+    cluster = _started(
+        cluster_factory,
+        "hung",
+        ["--heartbeat-timeout", str(LONG_HEARTBEAT)],
+        {"TF_FAILURE_HANDLING_PEER_TIMEOUT": str(STEP_BOUND)},
+    )
+    cluster.send_signal(1, signal.SIGSTOP)
+    try:
+        try:
+            code = cluster.procs[0].wait(timeout=EXIT_BOUND)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the chief did not exit within {EXIT_BOUND:g} s of worker 1's SIGSTOP "
+                f"(a heartbeat timeout of {LONG_HEARTBEAT:g} s)\n{cluster.describe(0)}"
+            )
+        log = cluster.stderr_paths[0].read_text(errors="replace")
+        assert "did not answer a health probe: aborting this worker's collectives" in log, (
+            cluster.describe(0)
+        )
+        runs = _survivor_saved(
+            cluster,
+            0,
+            1,
+            [code, None],
+            ("UnavailableError",),
+            "a step blocked past the peer timeout",
+        )
+    finally:
+        cluster.kill()
+    restart_and_check(cluster_factory, "ours", cluster.ckpt_dir, runs, reference_weights)
+
+
+def _started(cluster_factory, name: str, extra: tuple = (), env: Optional[dict] = None):
     """Two workers of our handler, started and past step ``KILL_AFTER``."""
     cluster = cluster_factory(
         name=name,
         impl="ours",
         steps=STEPS,
         step_sleep=STEP_SLEEP,
-        extra_args=["--progress-every", "1"],
+        extra_args=["--progress-every", "1", *extra],
+        **({"env": env} if env else {}),
     )
     cluster.start()
     cluster.wait_for_progress(KILL_AFTER)
     return cluster
 
 
-def _survivor_saved(cluster, survivor: int, lost_worker: int, codes: list, types: tuple) -> int:
-    """Checks what the survivor did after losing ``lost_worker``; returns the run it saved."""
+def _survivor_saved(
+    cluster, survivor: int, lost_worker: int, codes: list, types: tuple, detection: str = ""
+) -> int:
+    """Checks what the survivor did after losing ``lost_worker`` (``detection``: how the
+    loss must have shown, else any way a step's error shows it); returns the run it saved."""
     details = cluster.describe(survivor)
     assert codes[survivor] not in (0, 42), details
     errors = cluster.events(survivor, "error")
@@ -126,11 +181,12 @@ def _survivor_saved(cluster, survivor: int, lost_worker: int, codes: list, types
     label = f"worker {lost_worker}"  # TF_CONFIG names every task a worker; 0 is the chief
     # How the loss shows depends on which comes first: the broken connection, or the
     # coordination service's word that the task stopped sending heartbeats.
-    lost = re.findall(
-        r"Worker (\d+): lost without notice: (.+) \((connection lost|stopped sending "
-        r"heartbeats|no answer to this worker's heartbeats), and no answer",
-        log,
+    shown = (
+        re.escape(detection)
+        if detection
+        else (r"connection lost|stopped sending heartbeats|no answer to this worker's heartbeats")
     )
+    lost = re.findall(rf"Worker (\d+): lost without notice: (.+) \(({shown}), and no answer", log)
     assert [(w, who) for w, who, _ in lost] == [(str(survivor), f"{label} (127.0.0.1:{port})")], (
         details
     )

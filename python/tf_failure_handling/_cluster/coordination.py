@@ -101,3 +101,14 @@ class Client:
             self._write_timeout if timeout is None else timeout,
             "report_error_to_cluster",
         )
+
+    def abort_collectives(self, message: str) -> bool:
+        """Aborts this worker's collectives (TF's ``abort_collective_ops``, code
+        UNAVAILABLE): the step blocked in one raises ``message``. False when the service
+        cannot (a test's stand-in without it). It returns at once: it only marks the
+        collective executor aborted and cancels what waits in it."""
+        abort = getattr(self._service, "abort_collective_ops", None)
+        if abort is None:
+            return False
+        abort(_errors.module().UNAVAILABLE, message)
+        return True
