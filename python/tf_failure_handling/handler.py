@@ -57,8 +57,8 @@ log = logging.getLogger("tf_failure_handling")
 def _peer_timeout(config: TerminationConfig) -> Optional[float]:
     """The peer timeout ``TerminationConfig(peer_timeout=...)`` or
     ``TF_FAILURE_HANDLING_PEER_TIMEOUT`` sets; None: the core's default
-    (``DEFAULT_PEER_TIMEOUT``, ``src/step_resolution.rs``), the seconds the leader waits
-    for every worker to acknowledge a step key."""
+    (``DEFAULT_PEER_TIMEOUT``, ``src/step_resolution.rs``): the bound on every wait for a
+    peer (acknowledgements, a blocked step before its peers are probed: step_watch)."""
     if config.peer_timeout is not None:
         return config.peer_timeout
     raw = os.environ.get(PEER_TIMEOUT_ENV)
@@ -270,8 +270,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._saver = saver = SaveAndExit(ctx, self._checkpoints, ps, step_keys)
         self._driver = Driver(ctx, sources, notices, step_keys.acknowledge)
         self._steps = StepCheck(ctx, agreement, saver)
-        #: The last whole step, held after each run() in a cluster (``_hold_step``) and
-        #: saved by the survivors of a worker lost without notice.
+        #: The last whole step, held after each run() (``_hold_step``), saved by survivors.
         self._survivors = errors.survivors = SurvivorSave(
             ctx, self._checkpoints, checkpoint_dir, lost_worker, saver.exit_after_loss
         )
@@ -279,9 +278,7 @@ class PreemptionCheckpointHandler(HandlerCore):
         self._driver.start()
         if not member.local:
             step_keys.start_reader()
-        #: A step blocked on a peer that is gone, when TensorFlow does not abort it.
-        self._step_watch = StepWatch(ctx)
-        self._step_watch.start()
+        self._step_watch = StepWatch(ctx).start()  # a step blocked on a peer that is gone
         _open.add(self)
         ownership.take_over()
         if member.ps_coordinator:

@@ -36,17 +36,18 @@ class StepWatch:
         self._ctx = ctx
         self.thread: Optional[threading.Thread] = None
 
-    def start(self) -> None:
+    def start(self) -> StepWatch:
         """Starts the thread, unless the protocol has nothing to watch (local mode, a
         single worker)."""
         if isinstance(self._ctx.core.handle(Event.Watch()), Action.Done):
-            return
+            return self
         self.thread = threading.Thread(
             target=self._watch,
             name=f"tfh-step-watch-{self._ctx.state.membership.id_in_cluster}",
             daemon=True,
         )
         self.thread.start()
+        return self
 
     def stop(self, join: bool = True) -> None:
         """After the handler's ``closing`` is set: joins the thread for the core's bound."""
