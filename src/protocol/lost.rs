@@ -323,24 +323,29 @@ fn winner(claims: &[Claim]) -> Option<(u32, u64)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::protocol::Config;
 
     const RESET: &str = "Collective ops is aborted by: recvmsg:Connection reset by peer \
                          {grpc_status:14, remote target /job:worker/replica:0/task:1}";
 
-    fn protocol(worker_id: Option<u32>, num_workers: u32) -> Protocol {
+    /// Worker `worker_id` of `num_workers`, no grace period, `peer_timeout` seconds.
+    pub(in crate::protocol) fn configured(worker_id: Option<u32>, num_workers: u32, peer_timeout: f64) -> Protocol {
         let mut p = Protocol::new();
         p.configure(Config {
             worker_id,
             num_workers,
             grace_period: 0.0,
             save_at_current_run: false,
-            peer_timeout: 30.0,
+            peer_timeout,
         })
         .expect("a valid configuration");
         p
+    }
+
+    fn protocol(worker_id: Option<u32>, num_workers: u32) -> Protocol {
+        configured(worker_id, num_workers, 30.0)
     }
 
     #[test]

@@ -110,20 +110,7 @@ impl Protocol {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Config;
-
-    fn protocol(worker_id: Option<u32>, num_workers: u32, peer_timeout: f64) -> Protocol {
-        let mut p = Protocol::new();
-        p.configure(Config {
-            worker_id,
-            num_workers,
-            grace_period: 0.0,
-            save_at_current_run: false,
-            peer_timeout,
-        })
-        .expect("a valid configuration");
-        p
-    }
+    use crate::protocol::lost::tests::configured as protocol;
 
     #[test]
     fn a_step_past_the_bound_is_probed_once_a_second_and_a_silent_peer_aborts_it() {
