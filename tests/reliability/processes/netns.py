@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Optional
 
+from ci import is_ci
+
 _NETNS_PROBE: Optional[tuple] = None
 _PARTITION_IDS = itertools.count()
 #: Bound on one ``ip`` command (it takes milliseconds; only turns a hang into a failure).
@@ -22,6 +24,20 @@ IP_BOUND = 30.0
 #: 8 to set it up, 2 to cut it, 2 to remove it; the probe (once a process): 8 + 2.
 PARTITION_LIFE_BOUND = 12 * IP_BOUND
 PROBE_BOUND = 10 * IP_BOUND
+
+
+def netns_missing(result, what: str) -> bool:
+    """Whether a trial that needs network namespaces cannot make them: then under
+    ``CI=true`` a violation (``CI=true and <what>: <why>``), never a skip; elsewhere
+    ``result`` is skipped with the reason."""
+    why = netns_unavailable()
+    if not why:
+        return False
+    if is_ci():
+        result.violations.append(f"CI=true and {what}: {why}")
+    else:
+        result.skipped = why
+    return True
 
 
 def netns_unavailable() -> Optional[str]:

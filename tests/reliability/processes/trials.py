@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ci import is_ci
 from integration.mwms_worker import poll_until, tail
 
 from . import lost_worker, ps_checks, ps_preemption
@@ -38,7 +37,7 @@ from .harness import (
     round_windows,
     weights_mismatch,
 )
-from .netns import Partition, netns_unavailable
+from .netns import Partition, netns_missing
 from .plans import KINDS, NUM_WORKERS, Plan, make_plan
 from .report import TrialResult
 
@@ -214,10 +213,7 @@ def _trial_preemption(plan: Plan, result: TrialResult, workdir: Path) -> list:
 def _survivors_checkpoint(ckpt: Path) -> Optional[int]:
     """The run count of the survivors' checkpoint (``ckpt-survivor<worker>-<runs>``) the
     state file in ``ckpt`` names, or None when it names another (or none)."""
-    state = ckpt / "checkpoint"
-    if not state.exists():
-        return None
-    found = re.search(r'^model_checkpoint_path: "ckpt-survivor\d+-(\d+)"$', state.read_text(), re.M)
+    found = re.fullmatch(r"ckpt-survivor\d+-(\d+)", lost_worker.named_checkpoint(ckpt) or "")
     return int(found.group(1)) if found else None
 
 
@@ -340,12 +336,7 @@ def _trial_crash_during_save(plan: Plan, result: TrialResult, workdir: Path) -> 
 
 def _trial_partition(plan: Plan, result: TrialResult, workdir: Path) -> list:
     p = plan.params
-    why = netns_unavailable()
-    if why:
-        if is_ci():  # a trial that cannot run is a failure in CI, never a skip
-            result.violations.append(f"CI=true and the partition trial cannot run: {why}")
-        else:
-            result.skipped = why
+    if netns_missing(result, "the partition trial cannot run"):
         return []
     isolated = p["isolated"]
     with Partition() as net:
