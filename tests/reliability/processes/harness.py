@@ -13,6 +13,7 @@ The protocol's key names and the peer-timeout variable are the package's own.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -236,14 +237,41 @@ def ended_cleanly(workers: Workers, result, bound: float, label: str) -> bool:
     return True
 
 
+#: Seconds gdb may take to print a hung process's native stacks (a TF process has ~100
+#: threads; about 5 s on a quiet machine).
+NATIVE_STACKS_BOUND = 90.0
+
+
 def dump_stacks(popen: subprocess.Popen, stderr: Path) -> None:
-    """SIGUSR2 (``trial_worker.STACKS_SIGNAL``) to a live process, then wait for its dump."""
+    """SIGUSR2 (``trial_worker.STACKS_SIGNAL``) to a live process, then wait for its dump.
+
+    When gdb is installed, every thread's native stack follows (appended to the same
+    file): a process stuck in a C++ destructor at interpreter exit shows Python only
+    "Garbage-collecting", with no frame to say what it waits for."""
     if popen.poll() is not None:
         return
     size = stderr.stat().st_size if stderr.exists() else 0
     popen.send_signal(signal.SIGUSR2)
     poll_until(lambda: stderr.exists() and stderr.stat().st_size > size, 5.0, 0.05)
     time.sleep(0.2)  # the rest of the dump
+    gdb = shutil.which("gdb")
+    if gdb is None or popen.poll() is not None:
+        return
+    command = [gdb, "-p", str(popen.pid), "-batch", "-nx", "-ex", "thread apply all bt 30"]
+    with open(stderr, "a") as out:
+        out.write(f"\n--- native stacks of pid {popen.pid} (gdb) ---\n")
+        out.flush()
+        try:
+            subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=NATIVE_STACKS_BOUND,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            out.write(f"--- gdb gave no stacks in {NATIVE_STACKS_BOUND:.0f} s ---\n")
 
 
 def peer_env(seconds: float) -> dict:
