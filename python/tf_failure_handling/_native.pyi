@@ -293,6 +293,9 @@ class Event:
     class Watch(Event):
         def __init__(self) -> None: ...
 
+    class Scope(Event):
+        def __init__(self, entered: bool) -> None: ...
+
     class WatchProbed(Event):
         def __init__(self, unreachable: List[int]) -> None: ...
 

@@ -386,11 +386,12 @@ class PreemptionCheckpointHandler(HandlerCore):
     def watch_preemption_scope(self) -> Iterator[None]:
         """Reports an ``OpError`` raised inside the block to the cluster, then re-raises it.
 
-        With MultiWorkerMirroredStrategy ``run`` already does this; the scope is
-        for TPUStrategy-style loops, as in TensorFlow.
-        """
+        With MultiWorkerMirroredStrategy ``run`` already does this; the scope is for
+        TPUStrategy-style loops, as in TensorFlow, and tf_keras' batch loop (the step
+        watch follows ``_run_counter`` inside it, as inside ``run()``)."""
         try:
-            yield
+            with self._step_watch.scope():
+                yield
         except _errors.module().OpError as e:
             self._errors.propagate(e)
             raise
@@ -398,8 +399,7 @@ class PreemptionCheckpointHandler(HandlerCore):
     def close(self) -> None:
         """Stops the watchers and restores the signal handlers. Idempotent.
 
-        TensorFlow relies on ``__del__`` for this; ``__del__`` calls it too.
-        """
+        TensorFlow relies on ``__del__`` for this; ``__del__`` calls it too."""
         if self._state.closed:
             return
         self._state.closed = True

@@ -103,6 +103,11 @@ crate::wire! {
         /// Whether the next step must take the slow path for something other than
         /// the resolver (a background thread's error).
         Pending { pending: bool },
+        /// A `watch_preemption_scope` block was `entered` (or left). While one is
+        /// open, the step watch (`Watch`) follows the run count as it does while a
+        /// `run()` calls its function: the step of a library that counts its own
+        /// (tf_keras `fit`'s batch loop, whose `_run_counter` it adds to) is watched.
+        Scope { entered: bool },
         /// After a notice: `handle` returns what still fits before this worker's
         /// earliest deadline, `(fit, seconds left, seconds needed, final_round)` with
         /// `fit` one of "both", "one_save", "neither", "unknown" (the grace

@@ -73,6 +73,10 @@ struct Shared {
     /// word, two plain stores per `run()` (no read-modify-write on the hot
     /// path; two threads in `run()` at once are not supported anyway).
     run_thread: AtomicU64,
+    /// Open `watch_preemption_scope` blocks (`Event.Scope`): while there is one,
+    /// the step watch counts a step in progress as if a `run()` were calling its
+    /// function.
+    scopes: AtomicU64,
     /// The protocol: resolver, planner, step timing and every bound from them.
     state: Mutex<Protocol>,
     /// The clock the protocol's events are taken on (`configure(clock=...)`): None
@@ -399,6 +403,7 @@ impl Shared {
             hold: AtomicBool::new(false),
             run_counter: AtomicU64::new(0),
             run_thread: AtomicU64::new(0),
+            scopes: AtomicU64::new(0),
             state: Mutex::new(Protocol::new()),
             clock: Mutex::new(None),
         }
@@ -576,7 +581,7 @@ impl Shared {
                 answer(Action::from(action).into_pyobject(py)?.into_any())
             }
             E::Watch {} => {
-                let in_run = self.run_thread.load(Ordering::Relaxed) & IN_RUN != 0;
+                let in_run = self.run_thread.load(Ordering::Relaxed) & IN_RUN != 0 || self.scopes.load(Ordering::Relaxed) > 0;
                 let runs = self.run_counter.load(Ordering::Relaxed);
                 let action = self.state.lock().handle_watch(in_run, runs, now);
                 answer(Action::from(action).into_pyobject(py)?.into_any())
@@ -592,6 +597,15 @@ impl Shared {
             }
             E::Pending { pending } => {
                 self.pending.store(pending, Ordering::Release);
+                Ok(None)
+            }
+            E::Scope { entered } => {
+                if entered {
+                    self.scopes.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    // Never below 0: a block left twice (a bug) leaves nothing watched.
+                    let _ = self.scopes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                }
                 Ok(None)
             }
             E::Fit {} => answer(self.fit(now)?.into_pyobject(py)?.into_any()),

@@ -12,6 +12,7 @@ after batch 3 of epoch 1, the 10th run, whatever the machine's speed.
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -283,8 +284,6 @@ def test_a_worker_lost_in_fit_the_survivor_saves_and_the_restart_ends_as_uninter
     backup folder, with N at least L - 1 (L: the most batches any worker finished). It
     raises TensorFlow's error. A restarted cluster resumes fit at batch N and ends with
     exactly the weights of an uninterrupted run."""
-    import re
-
     cluster = keras_cluster(
         name=f"lost-{killed}", extra_args=["--batch-sleep", str(LOST_BATCH_SLEEP)]
     )
@@ -298,19 +297,92 @@ def test_a_worker_lost_in_fit_the_survivor_saves_and_the_restart_ends_as_uninter
     codes = cluster.wait(HANG, f"the survivor to fail after worker {killed}'s SIGKILL")
     survivor = 1 - killed
     details = "\n".join(cluster.describe(i) for i in range(2))
-    assert codes[killed] == -signal.SIGKILL and codes[survivor] not in (0, 42), details
+    assert codes[killed] == -signal.SIGKILL, details
+    runs = _survivor_saved(cluster, survivor, killed)
+    _restart_resumes(keras_cluster, f"lost-restart-{killed}", runs, reference)
+
+
+#: The coordination service's heartbeat timeout of the paused-worker test: far past the
+#: handler's bound and the test's, so only the handler's step watch can end the batch.
+LONG_HEARTBEAT = 600.0
+#: The handler's own bound on a blocked batch there (TF_FAILURE_HANDLING_PEER_TIMEOUT).
+STEP_BOUND = 5.0
+#: Batches after which the non-chief SIGSTOPs itself: inside epoch 1 (batch 2 of 6), so
+#: the chief blocks in the next batch's all-reduce, inside fit's batch loop.
+PAUSE_AFTER = STEPS_PER_EPOCH + 2
+
+
+@pytest.mark.timeout(4 * HANG + 60)
+def test_a_worker_paused_in_fit_the_step_watch_aborts_the_batch_and_the_survivor_saves(
+    keras_cluster, reference
+):
+    """Issue 62, "A hung worker", under tf_keras ``fit``: the non-chief stops (SIGSTOP)
+    between two batches, with a heartbeat timeout of 600 s, so TensorFlow aborts nothing
+    and the chief's next batch waits in its all-reduce. Success: the chief's step watch
+    (inside tf_keras' ``watch_preemption_scope``, by ``_run_counter``) finds the batch
+    blocked past the peer timeout (5 s) with worker 1 not answering a health probe and
+    aborts the collectives; the chief saves batch 8, the last whole one, raises
+    ``UnavailableError`` naming detection "a step blocked past the peer timeout", and
+    the restart resumes at batch 8 with the uninterrupted run's weights. Without the
+    watch the chief waits for the 600 s heartbeat and fails this test's bound."""
+    from tf_failure_handling.handler import PEER_TIMEOUT_ENV
+
+    cluster = keras_cluster(
+        name="paused",
+        extra_args=["--heartbeat-timeout", str(LONG_HEARTBEAT)],
+        worker_args={1: ["--pause-after", str(PAUSE_AFTER)]},
+        env={PEER_TIMEOUT_ENV: str(STEP_BOUND)},
+    )
+    cluster.start()
+    try:
+        cluster.wait_for(1, "pausing")
+        try:
+            code = cluster.procs[0].wait(timeout=HANG)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the chief did not exit within {HANG:g} s of worker 1's pause (a heartbeat "
+                f"timeout of {LONG_HEARTBEAT:g} s)\n{cluster.describe(0)}"
+            )
+        log = cluster.stderr_paths[0].read_text(errors="replace")
+        assert "did not answer a health probe: aborting this worker's collectives" in log, (
+            cluster.describe(0)
+        )
+        assert code not in (0, 42), cluster.describe(0)
+        runs = _survivor_saved(cluster, 0, 1, "a step blocked past the peer timeout")
+        assert runs == PAUSE_AFTER, (runs, cluster.describe(0))
+    finally:
+        cluster.kill()
+    _restart_resumes(keras_cluster, "paused-restart", runs, reference)
+
+
+def _survivor_saved(cluster, survivor: int, lost: int, detection: str = "") -> int:
+    """Checks that ``survivor`` lost ``lost`` (shown as ``detection``, when given), raised
+    TensorFlow's ``UnavailableError`` and saved the last whole batch, N, once, in the
+    backup folder every worker reads, with N at least L - 1; returns N."""
+    import re
+
+    details = "\n".join(cluster.describe(i) for i in range(2))
+    assert cluster.procs[survivor].poll() not in (None, 0, 42), details
     (error,) = cluster.events(survivor, "error")
     assert error["type"] == "UnavailableError", details
     log = cluster.stderr_paths[survivor].read_text(errors="replace")
-    assert re.search(rf"Worker {survivor}: lost without notice: worker {killed} ", log), details
+    shown = rf" \({re.escape(detection)}," if detection else " "
+    assert re.search(rf"Worker {survivor}: lost without notice: worker {lost} .*{shown}", log), (
+        details
+    )
     saved = re.findall(r"saved the last whole step, run (\d+), at (\S+)\.\n", log)
     assert len(saved) == 1, details
     runs, path = int(saved[0][0]), saved[0][1]
     assert path == str(cluster.ckpt_dir / "chief" / f"ckpt-survivor{survivor}-{runs}"), details
     finished = max(len(cluster.events(i, "batch")) for i in range(2))
     assert finished - 1 <= runs <= finished, (runs, finished, details)
+    return runs
 
-    restart = keras_cluster(name=f"lost-restart-{killed}")
+
+def _restart_resumes(keras_cluster, name: str, runs: int, reference) -> None:
+    """A restarted cluster resumes fit at batch ``runs`` and ends with exactly the
+    uninterrupted run's weights, after as many optimizer steps."""
+    restart = keras_cluster(name=name)
     done = restart.run_to_completion(timeout=HANG)
     for i in range(2):
         begin = restart.events(i, "fit_begin")[0]

@@ -33,10 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
-from mwms_worker import emit, reporting_the_end, tf_config  # the script's directory is on sys.path
+# The script's directory is on sys.path.
+from mwms_worker import configure_heartbeat_timeout, emit, reporting_the_end, tf_config
 
 IN_FEATURES = 4
 OUT_FEATURES = 2
@@ -73,6 +75,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="the batch of this index (from 0, over the process) raises InvalidArgumentError "
         "inside this worker's train step",
+    )
+    p.add_argument(
+        "--pause-after",
+        type=int,
+        default=None,
+        help="SIGSTOP this process after this many batches (over the process): a worker "
+        "paused between two batches, the others blocked in the next one's all-reduce",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=None,
+        help="the coordination service's heartbeat timeout, in seconds (TF's default is 10): "
+        "a long one keeps TensorFlow from aborting a batch blocked on a paused peer",
     )
     return p.parse_args(argv)
 
@@ -151,11 +167,19 @@ def instrument_saves(tf) -> None:
 
 
 def probe_callback(
-    tf_keras, fit: int, hold_at, counter: list, fail_at, fail, batch_sleep: float = 0.0
+    tf_keras,
+    fit: int,
+    hold_at,
+    counter: list,
+    fail_at,
+    fail,
+    batch_sleep: float = 0.0,
+    pause_after=None,
 ):
     """Reports where each fit starts and each batch that ran; holds at ``hold_at``; sets
     ``fail`` before the batch ``fail_at`` (counted over the process); sleeps
-    ``batch_sleep`` s at each batch's end."""
+    ``batch_sleep`` s at each batch's end; SIGSTOPs this process once ``pause_after``
+    batches have ended (counted over the process), after reporting the last one."""
 
     class Probe(tf_keras.callbacks.Callback):
         epoch = None
@@ -183,6 +207,9 @@ def probe_callback(
             batch = int(batch)
             counter[0] += 1
             emit("batch", fit=fit, epoch=self.epoch, batch=batch)
+            if pause_after is not None and counter[0] == pause_after:
+                emit("pausing", batches=counter[0])
+                os.kill(os.getpid(), signal.SIGSTOP)
             if batch_sleep:
                 time.sleep(batch_sleep)
             if hold_at != (self.epoch, batch):
@@ -213,6 +240,8 @@ def main(argv=None) -> int:
     import tf_keras
 
     instrument_saves(tf)
+    if args.heartbeat_timeout is not None:
+        configure_heartbeat_timeout(args.heartbeat_timeout)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     # Created outside the strategy's scope: this worker's own variable, not mirrored.
     fail = tf.Variable(0.0, trainable=False, name="inject_failure")
@@ -236,6 +265,7 @@ def main(argv=None) -> int:
                     args.fail_at_step,
                     fail,
                     args.batch_sleep,
+                    args.pause_after,
                 ),
                 tf_keras.callbacks.BackupAndRestore(args.backup_dir, save_before_preemption=True),
             ]

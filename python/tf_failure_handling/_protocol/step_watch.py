@@ -12,15 +12,19 @@ not answer, the watch aborts this worker's collectives (``Action.Abort``). The s
 raises, and its failure takes the lost-peer path (``reporting``: probe, the survivors'
 save, raise). This module probes, aborts and waits.
 
-Only ``run()`` is watched: the step of a library that counts its own (tf_keras ``fit``)
-is not in a ``run()``, and TensorFlow's heartbeat timeout is its bound.
+A library that counts its own steps instead of calling ``run()`` is watched inside the
+handler's ``watch_preemption_scope`` (:meth:`StepWatch.scope`, ``Event.Scope``): tf_keras
+``fit`` opens one around each epoch's batch loop and adds to ``_run_counter`` after each
+batch, so a batch that has not ended past the bound is a blocked step. Outside both,
+nothing is watched (TensorFlow's heartbeat timeout is the bound).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from typing import Optional
+from typing import Iterator, Optional
 
 from .._cluster import membership as _membership
 from .._native import Action, Event
@@ -48,6 +52,16 @@ class StepWatch:
         )
         self.thread.start()
         return self
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """A block whose steps the watch follows by the run count (``Event.Scope``)."""
+        core = self._ctx.core
+        core.handle(Event.Scope(True))
+        try:
+            yield
+        finally:
+            core.handle(Event.Scope(False))
 
     def stop(self, join: bool = True) -> None:
         """After the handler's ``closing`` is set: joins the thread for the core's bound."""
