@@ -67,11 +67,11 @@ COMMANDS = (
     # The demo (make demo, about a minute): its preemption report, as docs/records.md
     # shows it, and how long it took (demo/README.md).
     ("demo/run_demo.py", [], []),
-    # A mid-sized run of the trials (~30 min on 2 cores before lost_worker, whose trials
-    # took medians of 22 and 24 s in two quiet runs of 25: 60 of ps_preemption, the identity
-    # trials of issue 48, 2 of each other real-process kind); ``make reliability`` is the
-    # long mode (10,000 simulated trials, 6 real-process trials of each kind, 60 of
-    # ps_preemption and 25 of lost_worker; about two hours before lost_worker's 25).
+    # A mid-sized run of the trials (~45 min on 2 cores: 60 of ps_preemption, the identity
+    # trials of issue 48; 25 of lost_worker, issue 62's, medians of 22 and 24 s in two quiet
+    # runs; 2 of each other real-process kind); ``make reliability`` is the long mode
+    # (10,000 simulated trials, 6 real-process trials of each kind, 60 of ps_preemption and
+    # 25 of lost_worker; about two and a half hours).
     (
         "tests/reliability/run.py",
         [
@@ -83,6 +83,8 @@ COMMANDS = (
             "2",
             "--ps-preemption-seeds",
             "60",
+            "--lost-worker-seeds",
+            "25",
         ],
         ["--sim-trials", "200", "--debug-trials", "20", "--process-seeds", "1"],
     ),
