@@ -67,7 +67,7 @@ COMMANDS = (
     # The demo (make demo, about a minute): its preemption report, as docs/records.md
     # shows it, and how long it took (demo/README.md).
     ("demo/run_demo.py", [], []),
-    # A mid-sized run of the trials (~45 min on 2 cores: 60 of ps_preemption, the identity
+    # A mid-sized run of the trials (~27 min on 2 cores: 60 of ps_preemption, the identity
     # trials of issue 48; 25 of lost_worker, issue 62's, medians of 22 and 24 s in two quiet
     # runs; 2 of each other real-process kind); ``make reliability`` is the long mode
     # (10,000 simulated trials, 6 real-process trials of each kind, 60 of ps_preemption and
