@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import signal
 import subprocess
 import time
@@ -265,6 +266,27 @@ class Cluster:
                 )
             _LIVE_PROCESSES.discard(proc)
         return list(self.returncodes)
+
+    def chief_aborted_its_collectives(self, timeout: float, after: str) -> int:
+        """Waits (bounded) for the chief to exit ``after`` a fault of worker 1's that
+        TensorFlow does not abort (a heartbeat timeout longer than ``timeout``); checks
+        that its log says the step watch aborted its collectives, with worker 1 not
+        answering. Returns its exit code (the test kills worker 1)."""
+        try:
+            code = self.procs[0].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the chief did not exit within {timeout:g} s of {after} (TensorFlow's "
+                f"heartbeat timeout is longer: only the step watch ends the step)\n"
+                f"{self.describe(0)}"
+            )
+        log = self.stderr_paths[0].read_text(errors="replace")
+        assert re.search(
+            r"Worker 0: the step is blocked and worker 1 \(.*\) did not answer a health "
+            r"probe: aborting this worker's collectives",
+            log,
+        ), self.describe(0)
+        return code
 
     def run_to_completion(self, timeout: float = 240.0) -> list[dict]:
         """Start (if needed), wait for exit 0 everywhere; return the ``done`` events."""

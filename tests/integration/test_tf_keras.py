@@ -12,7 +12,6 @@ after batch 3 of epoch 1, the 10th run, whatever the machine's speed.
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -336,17 +335,7 @@ def test_a_worker_paused_in_fit_the_step_watch_aborts_the_batch_and_the_survivor
     cluster.start()
     try:
         cluster.wait_for(1, "pausing")
-        try:
-            code = cluster.procs[0].wait(timeout=HANG)
-        except subprocess.TimeoutExpired:
-            pytest.fail(
-                f"the chief did not exit within {HANG:g} s of worker 1's pause (a heartbeat "
-                f"timeout of {LONG_HEARTBEAT:g} s)\n{cluster.describe(0)}"
-            )
-        log = cluster.stderr_paths[0].read_text(errors="replace")
-        assert "did not answer a health probe: aborting this worker's collectives" in log, (
-            cluster.describe(0)
-        )
+        code = cluster.chief_aborted_its_collectives(HANG, "worker 1's pause")
         assert code not in (0, 42), cluster.describe(0)
         runs = _survivor_saved(cluster, 0, 1, "a step blocked past the peer timeout")
         assert runs == PAUSE_AFTER, (runs, cluster.describe(0))
