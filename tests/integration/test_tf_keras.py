@@ -320,9 +320,9 @@ def test_a_worker_paused_in_fit_the_step_watch_aborts_the_batch_and_the_survivor
     and the chief's next batch waits in its all-reduce. Success: the chief's step watch
     (inside tf_keras' ``watch_preemption_scope``, by ``_run_counter``) finds the batch
     blocked past the peer timeout (5 s) with worker 1 not answering a health probe and
-    aborts the collectives; the chief saves batch 8, the last whole one, raises
+    aborts the collectives; the chief saves run 8, the last whole batch, raises
     ``UnavailableError`` naming detection "a step blocked past the peer timeout", and
-    the restart resumes at batch 8 with the uninterrupted run's weights. Without the
+    the restart resumes after run 8 with the uninterrupted run's weights. Without the
     watch the chief waits for the 600 s heartbeat and fails this test's bound."""
     from tf_failure_handling.handler import PEER_TIMEOUT_ENV
 
