@@ -93,8 +93,8 @@ crate::wire! {
         /// `Look`, `Probe`, `PeerLost` or `GaveUp`.
         Confirm { seen: bool, unreachable: Option<Vec<u32>> = None },
         /// A look of the step watch (the binding adds whether a `run()` is calling
-        /// its function, and the run count): `handle` returns `Action.Look`,
-        /// `Probe` or `Done`.
+        /// its function or a `Scope` is open, and the run count): `handle` returns
+        /// `Action.Look`, `Probe` or `Done`.
         Watch {},
         /// The peers the step watch's `Action.Probe` asked about: `unreachable`,
         /// the ids of those that did not answer. `handle` returns `Action.Abort`

@@ -12,7 +12,8 @@
 //! path (`lost.rs`: probe, the survivors' save, raise), suspecting the peer the watch
 //! found ([`Protocol::unanswered`]).
 //!
-//! 1. `Event.Watch()`: the binding adds whether a `run()` is calling its function and
+//! 1. `Event.Watch()`: the binding adds whether a step is in progress (a `run()` is
+//!    calling its function, or a `watch_preemption_scope` is open: `Event.Scope`) and
 //!    the run count. The answer is `Action.Look` (report again in `seconds`),
 //!    `Action.Probe` (probe the peers, report with `Event.WatchProbed`) or
 //!    `Action.Done` (not a cluster's worker: nothing to watch).
@@ -40,8 +41,9 @@ pub(super) struct Watching {
 }
 
 impl Protocol {
-    /// A look of the step watch at `now`: `in_run`, whether a `run()` is calling its
-    /// function, and `runs`, the run count (a new step when it changed).
+    /// A look of the step watch at `now`: `in_run`, whether a step is in progress (a
+    /// `run()` is calling its function, or a `watch_preemption_scope` is open), and
+    /// `runs`, the run count (a new step when it changed).
     pub fn handle_watch(&mut self, in_run: bool, runs: u64, now: f64) -> Action {
         if !self.in_cluster() {
             return Action::Done {};
